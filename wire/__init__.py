@@ -1,0 +1,76 @@
+"""mpl.wire: the contract every other part leans on.
+
+Dependency direction (checked by ``tests/test_layering.py``)::
+
+    mpl.wire  <-  mpl.broker
+              <-  mpl.worker
+              <-  mpl.driver     (its local-cluster helpers alone start broker/worker code)
+
+wire imports nothing else of ours; broker and worker never import each other. msgpack and
+cloudpickle are imported here and nowhere else.
+
+Modules: ``errors`` (the error tree), ``record`` (tagged dataclasses), ``codec`` (record <->
+frames), ``remote`` (errors on the wire), one module per message family (``control``,
+``sessions``, ``jobs``, ``data``), ``cluster`` (ClusterSpec), ``graph`` (the IR),
+``sockets`` (socket options every part applies) and ``persist`` (values in files).
+"""
+
+from mpl.wire.cluster import ClusterSpec, Device, Node, RuntimeInfo, SPUConfig
+from mpl.wire.codec import MAGIC_FRAME, Pickled, decode, encode
+from mpl.wire.errors import (
+    AuthenticationError,
+    ClusterSpecError,
+    DeviceError,
+    DeviceInferenceError,
+    DeviceNotFoundError,
+    GraphError,
+    JobAbortedError,
+    MplError,
+    MplTimeoutError,
+    ProtocolError,
+    RegistrationError,
+    RemoteError,
+    SessionError,
+    WorkerLostError,
+)
+from mpl.wire.graph import OPCODES, Arg, Graph, GraphBuilder, Op, check, fill, format_graph
+from mpl.wire.record import Record
+from mpl.wire.remote import ErrorInfo, from_info, to_info
+
+__all__ = [
+    "MAGIC_FRAME",
+    "OPCODES",
+    "Arg",
+    "AuthenticationError",
+    "ClusterSpec",
+    "ClusterSpecError",
+    "Device",
+    "DeviceError",
+    "DeviceInferenceError",
+    "DeviceNotFoundError",
+    "ErrorInfo",
+    "Graph",
+    "GraphBuilder",
+    "GraphError",
+    "JobAbortedError",
+    "MplError",
+    "MplTimeoutError",
+    "Node",
+    "Op",
+    "Pickled",
+    "ProtocolError",
+    "Record",
+    "RegistrationError",
+    "RemoteError",
+    "RuntimeInfo",
+    "SPUConfig",
+    "SessionError",
+    "WorkerLostError",
+    "check",
+    "decode",
+    "encode",
+    "fill",
+    "format_graph",
+    "from_info",
+    "to_info",
+]

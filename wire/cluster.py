@@ -1,0 +1,356 @@
+"""ClusterSpec: the parties (nodes, by rank) and the devices built on them.
+
+The dict/YAML form is mplang's::
+
+    cluster_id: demo                 # optional, default "cluster_<n>"
+    nodes:                           # a list: rank = index
+      - name: alice
+        endpoint: "127.0.0.1:6000"   # optional, informational here (workers dial the broker)
+        runtime_info: {version: "1", platform: linux, op_bindings: {}, any_key: kept}
+    devices:
+      P0:  {kind: PPU, members: [alice]}
+      SP0: {kind: SPU, members: [alice, bob], config: {protocol: SEMI2K, field: FM64}}
+
+``from_dict(to_dict(spec)) == spec`` always holds. Every validation failure raises
+:class:`ClusterSpecError` naming the field, e.g. ``devices.P0.members: a PPU has exactly one
+member, got 2``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mpl.wire.errors import ClusterSpecError
+
+__all__ = [
+    "SPU_FIELDS",
+    "SPU_PROTOCOLS",
+    "ClusterSpec",
+    "Device",
+    "Node",
+    "RuntimeInfo",
+    "SPUConfig",
+]
+
+SPU_PROTOCOLS = ("SEMI2K", "ABY3", "CHEETAH")
+SPU_FIELDS = ("FM64", "FM128")
+DEVICE_KINDS = ("PPU", "SPU")
+# Members each protocol runs with: ABY3 is 3-party replicated sharing, CHEETAH is 2-party only.
+_PROTOCOL_PARTIES = {"ABY3": 3, "CHEETAH": 2}
+_LINK_KEYS = (
+    "recv_timeout_ms",
+    "connect_retry_times",
+    "connect_retry_interval_ms",
+    "http_max_payload_size",
+)
+
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    """What a node reports about itself; extra keys are kept and re-emitted flat."""
+
+    version: str = "N/A"
+    platform: str = "N/A"
+    op_bindings: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One party. Its rank is its index in the cluster's node list."""
+
+    name: str
+    rank: int
+    endpoint: str = ""
+    runtime_info: RuntimeInfo = field(default_factory=RuntimeInfo)
+
+
+@dataclass(frozen=True)
+class SPUConfig:
+    """An SPU device's MPC settings, with defaults filled in."""
+
+    protocol: str = "SEMI2K"
+    field: str = "FM64"
+    fxp_fraction_bits: int = 18
+    recv_timeout_ms: int = 30_000
+    connect_retry_times: int = 30
+    connect_retry_interval_ms: int = 100
+    http_max_payload_size: int = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Device:
+    """A logical device: a PPU (one party, plaintext) or an SPU (several parties, MPC)."""
+
+    name: str
+    kind: str
+    members: tuple[str, ...]
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The nodes and devices of one cluster. Build it with :meth:`simple` or :meth:`from_dict`."""
+
+    cluster_id: str
+    nodes: tuple[Node, ...]
+    devices: dict[str, Device]
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    # -- lookups --------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return len(self.nodes)
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(f"no node {name!r}")
+
+    def device(self, name: str) -> Device:
+        """The device called ``name``; ``KeyError`` listing the devices that exist otherwise."""
+        try:
+            return self.devices[name]
+        except KeyError:
+            raise KeyError(
+                f"no device {name!r}; devices: {', '.join(sorted(self.devices))}"
+            ) from None
+
+    def ranks(self, device: str) -> tuple[int, ...]:
+        """The member ranks of ``device``, in member order."""
+        return tuple(self.node(m).rank for m in self.device(device).members)
+
+    def ppu_of(self, rank: int) -> str | None:
+        """The PPU device whose member is ``rank``, if any."""
+        for d in self.devices.values():
+            if d.kind == "PPU" and self.node(d.members[0]).rank == rank:
+                return d.name
+        return None
+
+    def spu_config(self, device: str) -> SPUConfig:
+        d = self.device(device)
+        if d.kind != "SPU":
+            raise ValueError(f"device {device!r} is a {d.kind}, not an SPU")
+        return _spu_config(d.config, f"devices.{device}.config")
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def simple(
+        cls,
+        world_size: int,
+        *,
+        spu_protocol: str = "SEMI2K",
+        spu_field: str = "FM64",
+        fxp_fraction_bits: int = 18,
+        spu_members: Sequence[int] | None = None,
+        enable_spu: bool = True,
+        endpoints: Sequence[str] | None = None,
+        cluster_id: str | None = None,
+    ) -> ClusterSpec:
+        """Nodes ``node0..node{n-1}``, PPUs ``P0..P{n-1}`` and one SPU ``SP0``.
+
+        ``SP0`` spans every node unless ``spu_members`` (ranks) says otherwise. A single node
+        gets no SPU; ``enable_spu=False`` makes a plaintext-only cluster of any size.
+        """
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ClusterSpecError(f"world_size: must be a positive int, got {world_size!r}")
+        if endpoints is not None and len(endpoints) != world_size:
+            raise ClusterSpecError(f"endpoints: {len(endpoints)} given for {world_size} nodes")
+        nodes = [
+            {"name": f"node{i}", "endpoint": endpoints[i] if endpoints else ""}
+            for i in range(world_size)
+        ]
+        devices: dict[str, Any] = {
+            f"P{i}": {"kind": "PPU", "members": [f"node{i}"]} for i in range(world_size)
+        }
+        if enable_spu and (world_size >= 2 or spu_members is not None):
+            members = list(range(world_size)) if spu_members is None else list(spu_members)
+            devices["SP0"] = {
+                "kind": "SPU",
+                "members": [f"node{r}" for r in members],
+                "config": {
+                    "protocol": spu_protocol,
+                    "field": spu_field,
+                    "fxp_fraction_bits": fxp_fraction_bits,
+                },
+            }
+        return cls.from_dict(
+            {"cluster_id": cluster_id or f"sim_{world_size}", "nodes": nodes, "devices": devices}
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ClusterSpec:
+        """Parse mplang's dict form; see the module docstring."""
+        if not isinstance(data, Mapping):
+            raise ClusterSpecError(f"cluster: expected a mapping, got {type(data).__name__}")
+        raw_nodes = _require(data, "nodes", "cluster")
+        raw_devices = _require(data, "devices", "cluster")
+        if not isinstance(raw_nodes, list) or not raw_nodes:
+            raise ClusterSpecError("nodes: expected a non-empty list")
+        if not isinstance(raw_devices, Mapping):
+            raise ClusterSpecError("devices: expected a mapping of name to device")
+        nodes = tuple(_parse_node(n, i) for i, n in enumerate(raw_nodes))
+        devices = {str(k): _parse_device(str(k), v) for k, v in raw_devices.items()}
+        cluster_id = data.get("cluster_id") or f"cluster_{len(nodes)}"
+        if not isinstance(cluster_id, str):
+            raise ClusterSpecError("cluster_id: expected a string")
+        return cls(cluster_id=cluster_id, nodes=nodes, devices=devices)
+
+    @classmethod
+    def from_yaml(cls, source: str | Path) -> ClusterSpec:
+        """Load from a YAML file path, or from YAML text."""
+        import yaml  # only the YAML paths need it
+
+        is_path = isinstance(source, Path) or ("\n" not in source and Path(source).is_file())
+        text = Path(source).read_text() if is_path else str(source)
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ClusterSpecError(f"cluster YAML does not parse: {exc}") from exc
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The dict form; ``from_dict`` of it gives an equal spec."""
+        nodes = []
+        for n in self.nodes:
+            ri = n.runtime_info
+            info: dict[str, Any] = {
+                "version": ri.version,
+                "platform": ri.platform,
+                "op_bindings": dict(ri.op_bindings),
+                **ri.extra,
+            }
+            nodes.append({"name": n.name, "endpoint": n.endpoint, "runtime_info": info})
+        devices = {
+            d.name: {"kind": d.kind, "members": list(d.members), "config": dict(d.config)}
+            for d in self.devices.values()
+        }
+        return {"cluster_id": self.cluster_id, "nodes": nodes, "devices": devices}
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        text: str = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        return text
+
+
+def _require(data: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in data:
+        raise ClusterSpecError(f"{where}.{key}: missing key")
+    return data[key]
+
+
+def _parse_node(raw: Any, rank: int) -> Node:
+    where = f"nodes[{rank}]"
+    if not isinstance(raw, Mapping):
+        raise ClusterSpecError(f"{where}: expected a mapping")
+    name = _require(raw, "name", where)
+    if not isinstance(name, str) or not name:
+        raise ClusterSpecError(f"{where}.name: expected a non-empty string")
+    endpoint = raw.get("endpoint", "") or ""
+    if not isinstance(endpoint, str):
+        raise ClusterSpecError(f"{where}.endpoint: expected a string")
+    info = raw.get("runtime_info") or {}
+    if not isinstance(info, Mapping):
+        raise ClusterSpecError(f"{where}.runtime_info: expected a mapping")
+    bindings = info.get("op_bindings") or {}
+    if not isinstance(bindings, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in bindings.items()
+    ):
+        raise ClusterSpecError(f"{where}.runtime_info.op_bindings: expected str -> str")
+    version, platform = info.get("version", "N/A"), info.get("platform", "N/A")
+    if not isinstance(version, str) or not isinstance(platform, str):
+        raise ClusterSpecError(f"{where}.runtime_info: version and platform must be strings")
+    extra = {k: v for k, v in info.items() if k not in ("version", "platform", "op_bindings")}
+    return Node(name, rank, endpoint, RuntimeInfo(version, platform, dict(bindings), extra))
+
+
+def _parse_device(name: str, raw: Any) -> Device:
+    where = f"devices.{name}"
+    if not isinstance(raw, Mapping):
+        raise ClusterSpecError(f"{where}: expected a mapping")
+    kind = _require(raw, "kind", where)
+    if not isinstance(kind, str) or kind.upper() not in DEVICE_KINDS:
+        raise ClusterSpecError(f"{where}.kind: unknown kind {kind!r}; expected PPU or SPU")
+    members = _require(raw, "members", where)
+    if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+        raise ClusterSpecError(f"{where}.members: expected a list of node names")
+    config = raw.get("config") or {}
+    if not isinstance(config, Mapping):
+        raise ClusterSpecError(f"{where}.config: expected a mapping")
+    return Device(name, kind.upper(), tuple(members), dict(config))
+
+
+def _spu_config(config: Mapping[str, Any], where: str) -> SPUConfig:
+    # mplang nests runtime settings under runtime_config and link settings under link_desc.
+    flat = {**config.get("runtime_config", {}), **config.get("link_desc", {}), **config}
+    protocol = flat.get("protocol", "SEMI2K")
+    if not isinstance(protocol, str) or protocol.upper() not in SPU_PROTOCOLS:
+        raise ClusterSpecError(
+            f"{where}.protocol: unknown SPU protocol {protocol!r}; expected one of "
+            f"{', '.join(SPU_PROTOCOLS)}"
+        )
+    fld = flat.get("field", "FM64")
+    if not isinstance(fld, str) or fld.upper() not in SPU_FIELDS:
+        raise ClusterSpecError(
+            f"{where}.field: unknown SPU field {fld!r}; expected one of {', '.join(SPU_FIELDS)}"
+        )
+    ints: dict[str, int] = {}
+    for key in ("fxp_fraction_bits", *_LINK_KEYS):
+        if key in flat:
+            value = flat[key]
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ClusterSpecError(f"{where}.{key}: expected a positive int, got {value!r}")
+            ints[key] = value
+    bits = ints.get("fxp_fraction_bits", 18)
+    if bits >= (62 if fld.upper() == "FM64" else 126):
+        raise ClusterSpecError(f"{where}.fxp_fraction_bits: {bits} is too large for {fld}")
+    return SPUConfig(protocol=protocol.upper(), field=fld.upper(), **ints)
+
+
+def _validate(spec: ClusterSpec) -> None:
+    seen: dict[str, int] = {}
+    for i, node in enumerate(spec.nodes):
+        if node.rank != i:
+            raise ClusterSpecError(f"nodes[{i}].rank: must equal its index {i}, got {node.rank}")
+        if node.name in seen:
+            raise ClusterSpecError(
+                f"nodes[{i}].name: duplicate node {node.name!r} (also nodes[{seen[node.name]}])"
+            )
+        seen[node.name] = i
+    if not spec.devices:
+        raise ClusterSpecError("devices: a cluster needs at least one device")
+    for key, dev in spec.devices.items():
+        where = f"devices.{key}"
+        if dev.name != key:
+            raise ClusterSpecError(f"{where}.name: does not match its key ({dev.name!r})")
+        if dev.kind not in DEVICE_KINDS:
+            raise ClusterSpecError(f"{where}.kind: unknown kind {dev.kind!r}")
+        for m in dev.members:
+            if m not in seen:
+                raise ClusterSpecError(f"{where}.members: unknown member {m!r}")
+        if len(set(dev.members)) != len(dev.members):
+            raise ClusterSpecError(f"{where}.members: a member is listed twice")
+        if dev.kind == "PPU" and len(dev.members) != 1:
+            raise ClusterSpecError(
+                f"{where}.members: a PPU has exactly one member, got {len(dev.members)}"
+            )
+        if dev.kind == "SPU":
+            cfg = _spu_config(dev.config, f"{where}.config")
+            if len(dev.members) < 2:
+                raise ClusterSpecError(
+                    f"{where}.members: an SPU needs a world size of at least 2, "
+                    f"got {len(dev.members)}"
+                )
+            need = _PROTOCOL_PARTIES.get(cfg.protocol)
+            if need is not None and len(dev.members) != need:
+                raise ClusterSpecError(
+                    f"{where}.members: {cfg.protocol} runs with exactly {need} members, "
+                    f"got {len(dev.members)}"
+                )

@@ -1,0 +1,50 @@
+"""Data family: reading and freeing stored values, and peer-to-peer moves.
+
+``Fetch`` and ``Delete`` go driver -> broker -> worker; the fetch answer comes back as a
+``Reply``. ``Move`` goes straight from one worker's PUSH to another's PULL: it never touches
+the broker. A move is keyed by (session, job, op, seq, src); the receiver keeps the first
+copy and discards duplicates, so delivery is exactly once in any arrival order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mpl.wire.record import Record
+
+__all__ = ["Delete", "Fetch", "Move"]
+
+
+@dataclass(frozen=True)
+class Fetch(Record, tag="fetch"):
+    """Bring the value stored as ``uri`` on ``rank`` back to the driver."""
+
+    session: str
+    req: int
+    rank: int
+    uri: str
+
+
+@dataclass(frozen=True)
+class Delete(Record, tag="delete"):
+    """Free values the driver no longer references, per rank (batched)."""
+
+    session: str
+    uris: dict[int, list[str]]
+
+
+@dataclass(frozen=True)
+class Move(Record, tag="move"):
+    """One value from rank ``src`` to rank ``dst`` for op ``op`` of ``job``.
+
+    ``seq`` tells apart the moves of one op (several sources, or an op that repeats).
+    """
+
+    session: str
+    job: str
+    op: int
+    seq: int
+    src: int
+    dst: int
+    value: Any

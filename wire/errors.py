@@ -1,0 +1,186 @@
+"""Every error mpl raises, in one tree.
+
+::
+
+    MplError
+    ├── ProtocolError             malformed or unexpected wire traffic
+    ├── ClusterSpecError          (also ValueError) a bad cluster description
+    ├── GraphError                (also ValueError) a graph that fails the checker
+    ├── RegistrationError         a worker the broker refused (duplicate rank, bad rank)
+    ├── AuthenticationError       a peer whose key is not allowed
+    ├── SessionError              (also KeyError) an unknown session or value name
+    ├── RemoteError               code running on a worker raised
+    ├── WorkerLostError           a worker a job needed died or went silent
+    ├── JobAbortedError           the job was stopped because another rank failed
+    ├── MplTimeoutError           (also TimeoutError) a wait ran past its deadline
+    └── DeviceError               misuse of the device API
+        ├── DeviceNotFoundError   (also KeyError) no device of that name
+        └── DeviceInferenceError  mp.device() could not pick a device
+
+Errors cross the wire as ``mpl.wire.remote.ErrorInfo`` records and are re-raised on the driver
+as the same class, carrying the remote rank, op and traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AuthenticationError",
+    "ClusterSpecError",
+    "DeviceError",
+    "DeviceInferenceError",
+    "DeviceNotFoundError",
+    "GraphError",
+    "JobAbortedError",
+    "MplError",
+    "MplTimeoutError",
+    "ProtocolError",
+    "RegistrationError",
+    "RemoteError",
+    "SessionError",
+    "WorkerLostError",
+]
+
+
+class MplError(Exception):
+    """Base of every mpl error. Catch this to handle any failure of the runtime itself."""
+
+
+class ProtocolError(MplError):
+    """Wire data that does not decode: wrong magic or version, bad header, unknown tag,
+    missing or extra frames, a field of the wrong type, or an oversize part.
+
+    You see it when a peer speaks another mpl version or sends garbage. Daemons log it and
+    keep serving; check that every process runs the same mpl release.
+    """
+
+
+class ClusterSpecError(MplError, ValueError):
+    """A cluster description is invalid; the message names the offending field.
+
+    Fix the dict or YAML file: node names must be unique, device members must name nodes,
+    a PPU has exactly one member, an SPU has a known protocol and field and enough members.
+    """
+
+
+class GraphError(MplError, ValueError):
+    """A graph fails the checker: an undefined value, a wrong number of inputs or outputs,
+    a rank outside the cluster, an unknown opcode, or a placement rule broken.
+
+    Graphs come from tracing; if you built one by hand, fix the op the message names.
+    """
+
+
+class RegistrationError(MplError):
+    """The broker refused a worker: its rank is outside the cluster or already held by a
+    live worker.
+
+    Start each rank once. A worker that died may re-register as soon as the broker has
+    noticed its death (at most 3 s).
+    """
+
+
+class AuthenticationError(MplError):
+    """A peer's key is not allowed, or it tried to take a rank pinned to another key.
+
+    Check the CURVE keys the daemons were started with and the keys pinned in the cluster.
+    """
+
+
+class SessionError(MplError, KeyError):
+    """An unknown session, or no value saved under that name in this session.
+
+    Names are per session unless saved with ``persist=True``; check the spelling and that
+    the session you attached to is the one that saved it.
+    """
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable.
+        return str(self.args[0]) if self.args else ""
+
+
+class RemoteError(MplError):
+    """Code running on a worker raised. The driver re-raises it with the remote details.
+
+    Attributes: ``rank`` and ``op`` say where it happened, ``remote_type`` is the exception's
+    class name on the worker, ``remote_message`` its text and ``remote_traceback`` the worker
+    traceback. Fix the function the op ran; the rest of the job was aborted.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        op: str = "",
+        remote_type: str = "",
+        remote_traceback: str = "",
+        job: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.remote_message = message
+        self.rank = rank
+        self.op = op
+        self.remote_type = remote_type
+        self.remote_traceback = remote_traceback
+        self.job = job
+
+    def __str__(self) -> str:
+        where = f"rank {self.rank}" if self.rank is not None else "a worker"
+        if self.op:
+            where += f", op {self.op}"
+        head = f"[{where}] {self.remote_type or 'Error'}: {self.remote_message}"
+        if self.remote_traceback:
+            head += "\n--- remote traceback ---\n" + self.remote_traceback.rstrip()
+        return head
+
+
+class WorkerLostError(MplError):
+    """A worker the job needed died (its socket closed) or stopped heartbeating for 3 s.
+
+    Attributes ``rank`` and ``reason``. The job's other ranks were released. Restart the
+    worker; it re-registers by itself and the next job can run.
+    """
+
+    def __init__(self, message: str, *, rank: int | None = None, job: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.job = job
+
+
+class JobAbortedError(MplError):
+    """This rank's part of a job was stopped because another rank failed or died.
+
+    Workers see it internally; a driver sees the root cause (``RemoteError`` or
+    ``WorkerLostError``) instead, unless the job was cancelled on purpose.
+    """
+
+    def __init__(self, message: str, *, job: str = "", rank: int | None = None) -> None:
+        super().__init__(message)
+        self.job = job
+        self.rank = rank
+
+
+class MplTimeoutError(MplError, TimeoutError):
+    """A wait ran past its deadline: a reply, a peer move, a connection.
+
+    Every blocking call in mpl has one. Raise the ``timeout=`` of the call if the work is
+    legitimately slow; otherwise check ``ctx.status()`` for a dead or busy rank.
+    """
+
+
+class DeviceError(MplError):
+    """Misuse of the device API: an unsupported move or a device of the wrong kind."""
+
+
+class DeviceNotFoundError(DeviceError, KeyError):
+    """No device of that name exists in the cluster; the message lists those that do."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class DeviceInferenceError(DeviceError):
+    """``mp.device()`` could not pick a device from the arguments.
+
+    It needs exactly one device among them, or a single secure device (SPU) when several
+    are involved. Name the device explicitly: ``mp.device("P0")``.
+    """

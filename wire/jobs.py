@@ -1,0 +1,128 @@
+"""Job family: one graph run on the ranks that take part in it.
+
+::
+
+    driver                   broker                         worker (each rank of the job)
+      | -- Program -------->  |   graph by digest, once       |
+      | -- Exec ----------->  | -- Program (if it lacks it) -> |
+      |                       | -- Exec (its own bindings) --> |  runs, moves peer to peer
+      |                       | <---------------- Done ------- |  small outputs inline
+      |                       | <---------------- Failed ----- |  or the error, with the op
+      |                       | -- Abort (the other ranks) --> |  stop waiting at once
+      | <------- JobResult -  |   once: all Done, or the first failure / lost rank
+      | -- Cancel --------->  |   the driver gave up (its deadline passed)
+
+Graph values are named ``<job>/<output index>`` in the session's store on every rank that
+holds them, so the driver knows the references before the job ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpl.wire.graph import Graph
+from mpl.wire.record import Record
+from mpl.wire.remote import ErrorInfo
+
+__all__ = [
+    "Abort",
+    "Cancel",
+    "Done",
+    "Exec",
+    "Failed",
+    "JobResult",
+    "Lit",
+    "Program",
+    "output_uri",
+]
+
+
+def output_uri(job: str, index: int) -> str:
+    """The store name of output ``index`` of ``job``."""
+    return f"{job}/{index}"
+
+
+@dataclass(frozen=True)
+class Lit(Record, tag="lit"):
+    """A host value bound to a graph input (as opposed to a store reference)."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class Program(Record, tag="program"):
+    """A graph, sent once per digest; ``Exec`` then names it by digest."""
+
+    digest: str
+    graph: Graph
+
+
+@dataclass(frozen=True)
+class Exec(Record, tag="exec"):
+    """Run graph ``digest`` in ``session`` as ``job``.
+
+    ``bindings[rank][i]`` binds graph input ``i`` on that rank: a store URI (``str``), a
+    :class:`Lit`, or ``None`` where the rank does not hold the input. The broker forwards to
+    each rank only its own bindings. Outputs listed in ``inline`` come back in ``Done`` when
+    they are small.
+    """
+
+    session: str
+    job: str
+    digest: str
+    ranks: tuple[int, ...]
+    bindings: dict[int, list[Any]]
+    inline: tuple[int, ...] = ()
+    timeout_s: float = 0.0  # 0: the worker's default
+
+
+@dataclass(frozen=True)
+class Done(Record, tag="done"):
+    """A rank finished its part. ``values[output index]`` holds the small outputs asked for."""
+
+    session: str
+    job: str
+    rank: int
+    values: dict[int, Any] = field(default_factory=dict)
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Failed(Record, tag="failed"):
+    session: str
+    job: str
+    rank: int
+    error: ErrorInfo
+
+
+@dataclass(frozen=True)
+class Abort(Record, tag="abort"):
+    """Stop ``job`` on this rank: drop its state and wake anything waiting for it."""
+
+    session: str
+    job: str
+    error: ErrorInfo
+
+
+@dataclass(frozen=True)
+class Cancel(Record, tag="cancel"):
+    """The driver gives up on ``job``; the broker aborts it everywhere."""
+
+    session: str
+    job: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class JobResult(Record, tag="result"):
+    """The broker's one answer to ``Exec``: ``values[output][rank]``, or an error.
+
+    ``missing_program`` means the broker lacked the graph: send ``Program`` and retry.
+    """
+
+    job: str
+    values: dict[int, dict[int, Any]] = field(default_factory=dict)
+    error: ErrorInfo | None = None
+    missing_program: bool = False
+    stats: dict[int, dict[str, float]] = field(default_factory=dict)

@@ -1,0 +1,141 @@
+"""Tagged records: the dataclasses that cross the wire.
+
+A record is a frozen dataclass that subclasses :class:`Record` with a ``tag``::
+
+    @dataclass(frozen=True)
+    class Heartbeat(Record, tag="hb"):
+        sent_at: float
+
+On the wire it is the msgpack array ``[tag, field0, field1, ...]`` in declaration order
+(see ``mpl.wire.codec``). Decoding looks the tag up in one registry and checks every field
+against its annotation, so a peer cannot hand us a ``str`` where an ``int`` belongs.
+Supported annotations: ``Any``/``object``, ``int``, ``float``, ``bool``, ``str``, ``bytes``,
+``None``, unions, ``list[X]``, ``tuple[X, ...]``, ``tuple[X, Y]``, ``dict[K, V]``, ``Literal``,
+``numpy.ndarray`` and other records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, TypeVar
+
+from mpl.wire.errors import ProtocolError
+
+__all__ = ["Record", "record_class", "record_fields", "record_from_fields"]
+
+R = TypeVar("R", bound="Record")
+_Check = Callable[[Any], bool]
+
+
+class Record:
+    """Base of every wire record. Subclass with ``tag="..."`` and ``@dataclass(frozen=True)``."""
+
+    TAG: ClassVar[str] = ""
+    _registry: ClassVar[dict[str, type[Record]]] = {}
+
+    def __init_subclass__(cls, *, tag: str = "", **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not tag:
+            return
+        if tag in Record._registry:
+            raise TypeError(f"record tag {tag!r} is used twice")
+        cls.TAG = tag
+        Record._registry[tag] = cls
+
+
+def record_class(tag: str) -> type[Record] | None:
+    """The record class registered under ``tag``, or None."""
+    return Record._registry.get(tag)
+
+
+class _Spec:
+    """What decoding needs to know about one record class, built once per class."""
+
+    __slots__ = ("checks", "names")
+
+    def __init__(self, cls: type[Any]) -> None:
+        if not dataclasses.is_dataclass(cls):
+            raise TypeError(f"{cls.__name__} must be a dataclass")
+        hints = typing.get_type_hints(cls)
+        fields = dataclasses.fields(cls)
+        self.names: tuple[str, ...] = tuple(f.name for f in fields)
+        self.checks: tuple[tuple[str, _Check, Any], ...] = tuple(
+            (f.name, _checker(hints[f.name]), hints[f.name]) for f in fields
+        )
+
+
+_SPECS: dict[type[Record], _Spec] = {}
+
+
+def _spec(cls: type[Record]) -> _Spec:
+    spec = _SPECS.get(cls)
+    if spec is None:
+        spec = _SPECS[cls] = _Spec(cls)
+    return spec
+
+
+def record_fields(rec: Record) -> list[Any]:
+    """The field values of ``rec`` in declaration order."""
+    return [getattr(rec, name) for name in _spec(type(rec)).names]
+
+
+def record_from_fields(cls: type[R], values: Sequence[Any]) -> R:
+    """Build ``cls`` from decoded field values, checking each against its annotation."""
+    spec = _spec(cls)
+    if len(values) != len(spec.names):
+        raise ProtocolError(f"record {cls.TAG!r} needs {len(spec.names)} fields, got {len(values)}")
+    for (name, check, hint), value in zip(spec.checks, values, strict=True):
+        if not check(value):
+            raise ProtocolError(
+                f"record {cls.TAG!r} field {name!r}: expected {_show(hint)}, "
+                f"got {type(value).__name__}"
+            )
+    return cls(*values)
+
+
+def _show(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def _checker(hint: Any) -> _Check:
+    """Compile an annotation into a fast predicate."""
+    if hint is Any or hint is object:
+        return lambda v: True
+    if hint is None or hint is type(None):
+        return lambda v: v is None
+    if hint is bool:
+        return lambda v: type(v) is bool
+    if hint is int:
+        return lambda v: isinstance(v, int) and not isinstance(v, bool)
+    if hint is float:
+        return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+    if isinstance(hint, type):
+        return lambda v: isinstance(v, hint)
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        parts = tuple(_checker(a) for a in args)
+        return lambda v: any(p(v) for p in parts)
+    if origin is typing.Literal:
+        allowed = frozenset(args)
+        return lambda v: isinstance(v, (str, int)) and v in allowed
+    if origin is list:
+        item = _checker(args[0]) if args else _checker(Any)
+        return lambda v: isinstance(v, list) and all(item(x) for x in v)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            item = _checker(args[0])
+            return lambda v: isinstance(v, tuple) and all(item(x) for x in v)
+        items = tuple(_checker(a) for a in args)
+        return lambda v: (
+            isinstance(v, tuple)
+            and len(v) == len(items)
+            and all(c(x) for c, x in zip(items, v, strict=True))
+        )
+    if origin is dict:
+        key, val = (_checker(args[0]), _checker(args[1])) if args else (_checker(Any),) * 2
+        return lambda v: isinstance(v, dict) and all(key(k) and val(x) for k, x in v.items())
+    raise TypeError(f"unsupported record annotation {hint!r}")

@@ -1,0 +1,130 @@
+"""Session family: a driver's isolated workspace on the cluster, and named values in it.
+
+::
+
+    driver                           broker                        workers
+      | -- OpenSession ------------>  |
+      | <------------ SessionOpened -  |   session id, cluster, directory
+      | -- SaveSymbol -------------->  | -- SaveSymbol --------------> |  alias (and file)
+      | <------------------- Reply --  | <------------------- Ack ---- |
+      | -- LoadSymbol -------------->  |   answered from the broker's table
+      | -- DeleteSymbol ------------>  | -- DeleteSymbol ------------> |
+      | -- CloseSession ------------>  | -- SessionClosed -----------> |  free every object
+
+A session whose drivers stopped heartbeating for its lease is closed the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mpl.wire.record import Record
+from mpl.wire.remote import ErrorInfo
+
+__all__ = [
+    "Ack",
+    "CloseSession",
+    "DeleteSymbol",
+    "LoadSymbol",
+    "OpenSession",
+    "Reply",
+    "SaveSymbol",
+    "SessionClosed",
+    "SessionOpened",
+    "StatusRequest",
+    "SymbolInfo",
+]
+
+
+@dataclass(frozen=True)
+class OpenSession(Record, tag="open"):
+    """Create a session, or attach to the named one if it exists."""
+
+    req: int
+    name: str  # "" for a fresh anonymous session
+    lease_s: float
+    client: str  # pid@host of the driver, for status
+
+
+@dataclass(frozen=True)
+class SessionOpened(Record, tag="opened"):
+    req: int
+    session: str
+    broker_id: str
+    cluster: dict[str, Any]
+    heartbeat_s: float
+    attached: bool  # True when the session already existed
+
+
+@dataclass(frozen=True)
+class CloseSession(Record, tag="close"):
+    session: str
+
+
+@dataclass(frozen=True)
+class SessionClosed(Record, tag="closed"):
+    """Broker to workers: free everything the session holds."""
+
+    session: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class SymbolInfo(Record, tag="symbol"):
+    """What a name stands for: where the value lives and what it looked like."""
+
+    name: str
+    device: str
+    ranks: tuple[int, ...]
+    persist: bool
+    meta: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SaveSymbol(Record, tag="save"):
+    """Name the value at ``uri`` (held by ``info.ranks``) in the session, or on disk."""
+
+    session: str
+    req: int
+    uri: str
+    info: SymbolInfo
+
+
+@dataclass(frozen=True)
+class LoadSymbol(Record, tag="load"):
+    session: str
+    req: int
+    name: str
+
+
+@dataclass(frozen=True)
+class DeleteSymbol(Record, tag="unsave"):
+    session: str
+    req: int
+    name: str
+    ranks: tuple[int, ...] = ()
+    persist: bool = False
+
+
+@dataclass(frozen=True)
+class Ack(Record, tag="ack"):
+    """A worker's answer to a fanned-out request (save, delete symbol)."""
+
+    req: int
+    rank: int
+    error: ErrorInfo | None = None
+
+
+@dataclass(frozen=True)
+class StatusRequest(Record, tag="status"):
+    req: int
+
+
+@dataclass(frozen=True)
+class Reply(Record, tag="reply"):
+    """The answer to a driver request ``req``: a value, or an error."""
+
+    req: int
+    value: Any = None
+    error: ErrorInfo | None = None
