@@ -32,8 +32,11 @@ def summarize(xs: list[float]) -> dict[str, Any]:
 def record(phase: str, metric: str, xs: list[float], unit: str = "s", **extra: Any) -> None:
     row = {"phase": phase, "metric": metric, "unit": unit, **summarize(xs), **extra}
     ROWS.append(row)
-    print(f"[{phase}] {metric}: {fmt(row['median'], unit)} (min {fmt(row['min'], unit)}, "
-          f"max {fmt(row['max'], unit)}, n={row['n']})", flush=True)
+    print(
+        f"[{phase}] {metric}: {fmt(row['median'], unit)} (min {fmt(row['min'], unit)}, "
+        f"max {fmt(row['max'], unit)}, n={row['n']})",
+        flush=True,
+    )
 
 
 def measure(fn: Callable[[], Any], reps: int, warmup: int = 3) -> list[float]:
@@ -72,8 +75,11 @@ def phase_codec() -> None:
     big = Lit(np.ones(8 * 1024 * 1024, dtype=np.float64))  # 64 MiB
     record("codec", "encode+decode 64 MiB float64 array", measure(lambda: decode(encode(big)), 50))
     small = Heartbeat({"objects": 3, "bytes_in": 1024})
-    record("codec", "encode+decode small header-only message",
-           measure(lambda: decode(encode(small)), 20000, warmup=100))
+    record(
+        "codec",
+        "encode+decode small header-only message",
+        measure(lambda: decode(encode(small)), 20000, warmup=100),
+    )
 
 
 PHASES: dict[str, Callable[[], None]] = {"codec": phase_codec}
@@ -83,8 +89,10 @@ def table() -> str:
     lines = ["| phase | metric | median | min | max | n |", "|---|---|---|---|---|---|"]
     for r in ROWS:
         u = r["unit"]
-        lines.append(f"| {r['phase']} | {r['metric']} | {fmt(r['median'], u)} | "
-                     f"{fmt(r['min'], u)} | {fmt(r['max'], u)} | {r['n']} |")
+        lines.append(
+            f"| {r['phase']} | {r['metric']} | {fmt(r['median'], u)} | "
+            f"{fmt(r['min'], u)} | {fmt(r['max'], u)} | {r['n']} |"
+        )
     return "\n".join(lines)
 
 
@@ -103,8 +111,14 @@ def main() -> int:
     print(table())
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"meta": {"label": "mpl", "date": time.strftime("%Y-%m-%d %H:%M:%S")},
-                       "rows": ROWS}, f, indent=1)
+            json.dump(
+                {
+                    "meta": {"label": "mpl", "date": time.strftime("%Y-%m-%d %H:%M:%S")},
+                    "rows": ROWS,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

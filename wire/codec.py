@@ -33,6 +33,8 @@ out of band. ``decode`` raises :class:`ProtocolError` for anything malformed, an
 
 from __future__ import annotations
 
+import threading
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,6 +56,7 @@ __all__ = [
     "decode",
     "encode",
     "frames_nbytes",
+    "pickle_by_value",
 ]
 
 MAGIC = b"MPL"
@@ -116,6 +119,26 @@ def _prepare(obj: Any) -> Any:
     return obj  # tuples, records and the rest reach Encoder.default
 
 
+_tls = threading.local()
+
+
+def _default(obj: Any) -> Any:
+    encoder: _Encoder = _tls.encoder
+    return encoder.default(obj)
+
+
+def _packer(depth: int) -> Any:
+    """A reusable msgpack Packer per nesting depth (a new Packer costs microseconds)."""
+    packers: list[Any] | None = getattr(_tls, "packers", None)
+    if packers is None:
+        packers = _tls.packers = []
+    while len(packers) <= depth:
+        packers.append(
+            msgpack.Packer(default=_default, strict_types=True, use_bin_type=True, autoreset=True)
+        )
+    return packers[depth]
+
+
 class _Encoder:
     __slots__ = ("bufs",)
 
@@ -123,9 +146,17 @@ class _Encoder:
         self.bufs: list[Any] = []
 
     def pack(self, obj: Any) -> bytes:
-        packed: bytes = msgpack.packb(
-            _prepare(obj), default=self.default, strict_types=True, use_bin_type=True
-        )
+        depth: int = getattr(_tls, "depth", 0)
+        _tls.depth = depth + 1
+        try:
+            packed: bytes = _packer(depth).pack(_prepare(obj))
+        except BaseException:
+            _tls.packers[depth] = msgpack.Packer(  # never reuse one that failed mid-way
+                default=_default, strict_types=True, use_bin_type=True, autoreset=True
+            )
+            raise
+        finally:
+            _tls.depth = depth
         return packed
 
     def add(self, buf: Any) -> int:
@@ -195,8 +226,23 @@ def encode(msg: Record) -> list[Any]:
     if not isinstance(msg, Record) or not msg.TAG:
         raise TypeError(f"encode needs a tagged Record, got {type(msg).__name__}")
     enc = _Encoder()
-    header = enc.pack([msg.TAG, *record_fields(msg)])
+    outer = getattr(_tls, "encoder", None)  # encode() may run inside another's default()
+    _tls.encoder = enc
+    try:
+        header = enc.pack([msg.TAG, *record_fields(msg)])
+    finally:
+        _tls.encoder = outer
     return [MAGIC_FRAME, header, *enc.bufs]
+
+
+def pickle_by_value(module: types.ModuleType) -> None:
+    """Ship ``module``'s functions by value (their code), not by reference.
+
+    By default cloudpickle sends functions of importable modules as "module.name", which a
+    worker can only load if it has the same module installed. Functions of ``__main__`` always
+    travel by value.
+    """
+    cloudpickle.register_pickle_by_value(module)
 
 
 def frames_nbytes(frames: Sequence[Any]) -> int:

@@ -10,6 +10,7 @@ Worker lifecycle::
       | <-- Heartbeat ------------->   |   every HEARTBEAT_S both ways; 3 missed = dead
       | <------------- Reregister ---  |   the broker does not know this sender (it restarted)
       | -- Bye --------------------->  |   orderly exit: the broker marks the rank dead at once
+      | == Channel ================>   |   from the worker's result socket: "I am rank R too"
 
 Any message counts as a heartbeat. Drivers heartbeat too, to keep their sessions' leases.
 """
@@ -27,6 +28,7 @@ __all__ = [
     "HEARTBEAT_LIVENESS",
     "HEARTBEAT_S",
     "Bye",
+    "Channel",
     "Directory",
     "Heartbeat",
     "PeerInfo",
@@ -92,9 +94,21 @@ class Directory(Record, tag="directory"):
 
 @dataclass(frozen=True)
 class Heartbeat(Record, tag="hb"):
-    """I am alive. Workers attach counters (objects held, bytes moved) for ``status``."""
+    """I am alive. Workers attach counters (objects held, bytes moved) for ``status``;
+    drivers list the sessions whose leases they keep."""
 
     stats: dict[str, int] = field(default_factory=dict)
+    sessions: list[str] = field(default_factory=list)
+    rank: int = -1  # the sender's rank if it is a worker
+
+
+@dataclass(frozen=True)
+class Channel(Record, tag="channel"):
+    """An extra socket of the worker serving ``rank``: its job threads send results on it,
+    so answers leave without a detour through the I/O thread."""
+
+    rank: int
+    incarnation: str
 
 
 @dataclass(frozen=True)

@@ -55,8 +55,14 @@ def to_info(
     op: str = "",
     job: str = "",
     with_traceback: bool = True,
+    remote: bool = False,
 ) -> ErrorInfo:
-    """Describe ``exc`` for the wire. Exceptions that are not ours travel as ``RemoteError``."""
+    """Describe ``exc`` for the wire.
+
+    Exceptions that are not ours travel as ``RemoteError``; with ``remote=True`` ours do too
+    (an error raised inside an op is reported where it happened, with its class name as
+    ``remote_type``).
+    """
     trace = "".join(_tb.format_exception(exc)) if with_traceback else ""
     if isinstance(exc, _e.RemoteError):
         return ErrorInfo(
@@ -70,7 +76,7 @@ def to_info(
         )
     message = str(exc.args[0]) if len(exc.args) == 1 else str(exc)
     own_rank = getattr(exc, "rank", None)
-    if isinstance(exc, _e.MplError) and type(exc).__name__ in _KINDS:
+    if isinstance(exc, _e.MplError) and type(exc).__name__ in _KINDS and not remote:
         return ErrorInfo(
             type(exc).__name__,
             message,

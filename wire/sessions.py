@@ -44,7 +44,7 @@ class OpenSession(Record, tag="open"):
     req: int
     name: str  # "" for a fresh anonymous session
     lease_s: float
-    client: str  # pid@host of the driver, for status
+    client: str  # the driver client's id: attachments are counted per client
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,10 @@ class SessionOpened(Record, tag="opened"):
 
 @dataclass(frozen=True)
 class CloseSession(Record, tag="close"):
+    """The client detaches; the session closes when no client is left."""
+
     session: str
+    client: str
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,72 @@
+"""Calls in flight: jobs and other fanned-out requests, gathered into one answer each.
+
+A call has a driver waiting on it and a set of ranks still owing an answer. The first
+failure (or the loss of a rank it needs) ends it at once; otherwise it ends when the last
+rank answers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpl.wire.remote import ErrorInfo
+from mpl.wire.sessions import SymbolInfo
+
+__all__ = ["Call", "CallTable", "JobCall", "RequestCall"]
+
+
+@dataclass
+class Call:
+    driver: bytes
+    session: str
+    ranks: tuple[int, ...]
+    pending: set[int]
+    started: float
+
+
+@dataclass
+class JobCall(Call):
+    job: str = ""
+    values: dict[int, dict[int, Any]] = field(default_factory=dict)
+    stats: dict[int, dict[str, float]] = field(default_factory=dict)
+
+
+@dataclass
+class RequestCall(Call):
+    """A driver request answered by one or more workers: fetch, save or delete a name."""
+
+    req: int = 0  # the driver's request number
+    bid: int = 0  # the broker's request number, sent to the workers
+    kind: str = ""  # "fetch" | "save" | "unsave"
+    symbol: SymbolInfo | None = None
+
+
+class CallTable:
+    """Jobs by id and requests by broker request number."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, JobCall] = {}
+        self.requests: dict[int, RequestCall] = {}
+        self._next_req = 0
+
+    def new_req(self) -> int:
+        self._next_req += 1
+        return self._next_req
+
+    def involving(self, rank: int) -> list[JobCall | RequestCall]:
+        calls: list[JobCall | RequestCall] = [j for j in self.jobs.values() if rank in j.pending]
+        calls += [r for r in self.requests.values() if rank in r.pending]
+        return calls
+
+    def of_session(self, sid: str) -> list[JobCall]:
+        return [j for j in self.jobs.values() if j.session == sid]
+
+
+def lost_rank_error(rank: int, reason: str, job: str = "") -> ErrorInfo:
+    return ErrorInfo(
+        "WorkerLostError",
+        f"rank {rank} was lost ({reason}); the other ranks of the call were released",
+        rank=rank,
+        job=job,
+    )

@@ -1,0 +1,177 @@
+"""The broker's ZeroMQ shell: one ROUTER socket, one poll loop, no blocking calls.
+
+It decodes each message (never unpickling: payloads pass through opaque), feeds it to
+:class:`BrokerState` and sends what the state asks for. A socket monitor reports closed
+TCP connections; the identity frame's source fd maps them back to a peer, so a killed
+worker is noticed in milliseconds rather than after 3 missed heartbeats.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from mpl.broker.state import BrokerState, Send
+from mpl.wire.cluster import ClusterSpec
+from mpl.wire.codec import decode, encode
+from mpl.wire.control import HEARTBEAT_S, Bye
+from mpl.wire.errors import ProtocolError
+from mpl.wire.record import Record
+from mpl.wire.sockets import configure, drain
+
+__all__ = ["Broker"]
+
+log = logging.getLogger("mpl.broker")
+_POLL_MS = 100  # upper bound on how long a stop request waits
+_BATCH = 256  # messages handled per wake-up before timers get a turn
+
+
+class Broker:
+    """A broker bound to ``listen`` (``tcp://127.0.0.1:0`` picks a free port).
+
+    Run it with :meth:`serve_forever` (blocking) or :meth:`start` (a thread); stop it with
+    :meth:`stop`, from any thread or a signal handler.
+    """
+
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        listen: str = "tcp://127.0.0.1:5555",
+        *,
+        context: zmq.Context[Any] | None = None,
+        heartbeat_s: float = HEARTBEAT_S,
+    ) -> None:
+        self._own_context = context is None
+        self.ctx: zmq.Context[Any] = context or zmq.Context()
+        self.router = configure(self.ctx.socket(zmq.ROUTER))
+        self.router.bind(listen)
+        self.address: str = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.monitor: zmq.Socket[Any] | None = None
+        if self.address.startswith("tcp://"):
+            self.monitor = self.router.get_monitor_socket(
+                zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+            )
+        self.state = BrokerState(cluster, now=time.monotonic(), heartbeat_s=heartbeat_s)
+        self._fd_peer: dict[int, bytes] = {}
+        self._peer_fd: dict[bytes, int] = {}
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> Broker:
+        """Serve on a background thread (the in-process simulator's mode)."""
+        self._thread = threading.Thread(target=self.serve_forever, name="mpl-broker", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Ask the loop to finish; it exits within ``_POLL_MS``."""
+        self._stopping.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def serve_forever(self) -> None:
+        log.info("broker %s serving %s", self.state.broker_id, self.address)
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        if self.monitor is not None:
+            poller.register(self.monitor, zmq.POLLIN)
+        next_tick = 0.0
+        try:
+            while not self._stopping.is_set():
+                wait = max(0.0, min(next_tick - time.monotonic(), _POLL_MS / 1000))
+                ready = dict(poller.poll(int(wait * 1000)))
+                if self.router in ready:
+                    self._drain_router()
+                if self.monitor is not None and self.monitor in ready:
+                    self._drain_monitor()
+                now = time.monotonic()
+                if now >= next_tick:
+                    self._perform(self.state.tick(now))
+                    next_tick = now + min(0.1, self.state.heartbeat_s / 4)
+            self._say_goodbye()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.monitor is not None:
+            self.router.disable_monitor()
+            self.monitor.close(linger=0)
+        self.router.close()
+        if self._own_context:
+            self.ctx.term()
+
+    # -- loop body ------------------------------------------------------------------------
+    def _drain_router(self) -> None:
+        for frames in drain(self.router, _BATCH):
+            peer = frames[0].bytes
+            if peer not in self._peer_fd and self.monitor is not None:
+                fd = frames[0].get(zmq.SRCFD)
+                if fd >= 0:
+                    self._fd_peer[fd] = peer
+                    self._peer_fd[peer] = fd
+            now = time.monotonic()
+            self.state.counters["bytes_routed"] += sum(len(f) for f in frames[1:])
+            try:
+                msg = decode(frames[1:], unpickle=False)
+            except ProtocolError as exc:
+                log.warning("bad message from %s: %s", peer.hex(), exc)
+                self._perform(self.state.protocol_error(peer, exc))
+                continue
+            self._perform(self.state.handle(peer, msg, now, frames[1:]))
+
+    def _drain_monitor(self) -> None:
+        assert self.monitor is not None
+        while True:
+            try:
+                event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            fd = event["value"]
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                stale = self._fd_peer.pop(fd, None)  # fds are reused
+                if stale is not None:
+                    self._peer_fd.pop(stale, None)
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                peer = self._fd_peer.pop(fd, None)
+                if peer is not None:
+                    self._peer_fd.pop(peer, None)
+                    self._perform(self.state.disconnected(peer, time.monotonic()))
+
+    def _perform(self, actions: list[Send]) -> None:
+        encoded: dict[int, list[Any]] = {}  # broadcasts are encoded once
+        pending = list(actions)
+        while pending:
+            action = pending.pop(0)
+            frames = action.raw
+            if frames is None:
+                frames = encoded.get(id(action.msg))
+                if frames is None:
+                    frames = encoded[id(action.msg)] = encode(action.msg)
+            try:
+                self.router.send_multipart([action.peer, *frames], zmq.NOBLOCK, copy=False)
+            except zmq.ZMQError as exc:
+                if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+                    raise
+                # unroutable: the peer is gone (or stuck); its calls fail back to their senders
+                log.warning("cannot deliver %s to %s: %s", action.msg.TAG, action.peer.hex(), exc)
+                self.state.errors.append(f"undeliverable {action.msg.TAG}: {exc.strerror}")
+                pending += self.state.disconnected(action.peer, time.monotonic())
+
+    def _say_goodbye(self) -> None:
+        bye: Record = Bye("broker shutting down")
+        for peer in list(self.state.registry.by_peer) + list(self.state.drivers):
+            with contextlib.suppress(zmq.ZMQError):
+                self.router.send_multipart([peer, *encode(bye)], zmq.NOBLOCK)

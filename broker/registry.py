@@ -1,0 +1,116 @@
+"""Which worker serves which rank, how recently each was heard from, and what it caches."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from mpl.wire.control import Directory, PeerInfo, WorkerHello
+from mpl.wire.errors import RegistrationError
+
+__all__ = ["PROGRAM_SLOTS", "Registry", "WorkerEntry"]
+
+# The broker mirrors each worker's program LRU. Both see the same sequence of programs, and
+# the worker keeps at least as many, so whatever the broker believes is cached really is.
+PROGRAM_SLOTS = 256
+
+
+@dataclass
+class WorkerEntry:
+    rank: int
+    peer: bytes
+    hello: WorkerHello
+    joined: float
+    last_seen: float
+    stats: dict[str, int] = field(default_factory=dict)
+    programs: OrderedDict[str, None] = field(default_factory=OrderedDict)
+
+    def needs_program(self, digest: str) -> bool:
+        """True if ``digest`` must be sent first; records it as sent either way."""
+        if digest in self.programs:
+            self.programs.move_to_end(digest)
+            return False
+        self.programs[digest] = None
+        if len(self.programs) > PROGRAM_SLOTS:
+            self.programs.popitem(last=False)
+        return True
+
+    def peer_info(self) -> PeerInfo:
+        h = self.hello
+        return PeerInfo(self.rank, h.incarnation, h.data_addr, h.spu_addr, h.curve_key)
+
+
+@dataclass
+class Lost:
+    """A rank whose worker is gone, and why."""
+
+    at: float
+    reason: str
+    hello: WorkerHello
+
+
+class Registry:
+    """Live workers by rank and by peer identity; refuses a second claim on a live rank."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.by_rank: dict[int, WorkerEntry] = {}
+        self.by_peer: dict[bytes, WorkerEntry] = {}
+        self.channels: dict[bytes, WorkerEntry] = {}  # a worker's extra (result) sockets
+        self.lost: dict[int, Lost] = {}
+
+    def worker(self, peer: bytes) -> WorkerEntry | None:
+        """The worker speaking through ``peer``: its main socket or one of its channels."""
+        return self.by_peer.get(peer) or self.channels.get(peer)
+
+    def add_channel(self, peer: bytes, rank: int, incarnation: str) -> bool:
+        entry = self.by_rank.get(rank)
+        if entry is None or entry.hello.incarnation != incarnation:
+            return False
+        self.channels[peer] = entry
+        return True
+
+    def admit(self, peer: bytes, hello: WorkerHello, now: float) -> WorkerEntry:
+        """Register ``peer`` as ``hello.rank``; raises RegistrationError when refused.
+
+        The same process (same incarnation) re-registering from a new socket replaces its
+        old entry; a different process claiming a live rank is refused.
+        """
+        rank = hello.rank
+        if not 0 <= rank < self.world_size:
+            raise RegistrationError(
+                f"rank {rank} is outside this cluster (ranks 0..{self.world_size - 1})"
+            )
+        current = self.by_rank.get(rank)
+        if current is not None and current.peer != peer:
+            if current.hello.incarnation != hello.incarnation:
+                h = current.hello
+                raise RegistrationError(
+                    f"rank {rank} is already served by a live worker (pid {h.pid} on {h.host}); "
+                    "stop it first, or wait until the broker notices its death (at most 3 s)"
+                )
+            self.by_peer.pop(current.peer, None)
+        entry = WorkerEntry(rank, peer, hello, now, now)
+        if current is not None and current.hello.incarnation == hello.incarnation:
+            entry.programs = current.programs
+        self.by_rank[rank] = entry
+        self.by_peer[peer] = entry
+        self.lost.pop(rank, None)
+        return entry
+
+    def remove(self, peer: bytes, reason: str, now: float) -> WorkerEntry | None:
+        if self.channels.pop(peer, None) is not None:
+            return None  # a result socket closing is not the worker dying
+        entry = self.by_peer.pop(peer, None)
+        if entry is not None and self.by_rank.get(entry.rank) is entry:
+            del self.by_rank[entry.rank]
+            self.lost[entry.rank] = Lost(now, reason, entry.hello)
+            for channel in [p for p, e in self.channels.items() if e is entry]:
+                del self.channels[channel]
+        return entry
+
+    def silent(self, now: float, timeout: float) -> list[WorkerEntry]:
+        return [e for e in self.by_rank.values() if now - e.last_seen > timeout]
+
+    def directory(self) -> Directory:
+        return Directory({r: e.peer_info() for r, e in sorted(self.by_rank.items())})

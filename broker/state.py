@@ -1,0 +1,583 @@
+"""The broker's decision logic: messages and timer ticks in, messages to send out. No I/O.
+
+``BrokerState.handle(peer, msg, now)`` and ``tick(now)`` return a list of :class:`Send`
+actions; the ZeroMQ shell in ``daemon.py`` performs them. Everything here is driven by
+explicit timestamps, so tests run it without sockets or sleeps.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mpl.broker.calls import Call, CallTable, JobCall, RequestCall, lost_rank_error
+from mpl.broker.registry import Registry, WorkerEntry
+from mpl.broker.sessions import SessionTable
+from mpl.wire.cluster import ClusterSpec
+from mpl.wire.control import (
+    HEARTBEAT_LIVENESS,
+    HEARTBEAT_S,
+    Bye,
+    Channel,
+    Heartbeat,
+    Refused,
+    Reregister,
+    Welcome,
+    WorkerHello,
+)
+from mpl.wire.data import Delete, Fetch
+from mpl.wire.errors import RegistrationError
+from mpl.wire.jobs import Abort, Cancel, Done, Exec, Failed, JobResult, Program
+from mpl.wire.record import Record
+from mpl.wire.remote import ErrorInfo
+from mpl.wire.sessions import (
+    Ack,
+    CloseSession,
+    DeleteSymbol,
+    LoadSymbol,
+    OpenSession,
+    Reply,
+    SaveSymbol,
+    SessionClosed,
+    SessionOpened,
+    StatusRequest,
+    SymbolInfo,
+)
+
+__all__ = ["BrokerState", "Send"]
+
+PROGRAM_CACHE = 1024
+RECENT_ERRORS = 20
+_FROM_WORKERS: frozenset[type[Record]] = frozenset({Done, Failed, Reply, Ack})
+_FROM_ANYONE: frozenset[type[Record]] = frozenset(
+    {WorkerHello, Channel, Heartbeat, Bye, StatusRequest}
+)
+
+
+@dataclass(frozen=True)
+class Send:
+    """Send ``msg`` to the peer with routing identity ``peer``.
+
+    ``raw``, when given, holds the frames ``msg`` arrived in: the shell forwards them as they
+    are instead of encoding ``msg`` again.
+    """
+
+    peer: bytes
+    msg: Record
+    raw: Any = None
+
+
+def _error(kind: str, message: str, **kw: Any) -> ErrorInfo:
+    return ErrorInfo(kind, message, **kw)
+
+
+class BrokerState:
+    """Registry of ranks, sessions, calls in flight and deadlines, for one cluster."""
+
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        *,
+        now: float,
+        broker_id: str = "",
+        heartbeat_s: float = HEARTBEAT_S,
+        liveness: int = HEARTBEAT_LIVENESS,
+    ) -> None:
+        self.cluster = cluster
+        self.broker_id = broker_id or f"b{secrets.token_hex(4)}"
+        self.heartbeat_s = heartbeat_s
+        self.silence_s = heartbeat_s * liveness
+        self.started = now
+        self.registry = Registry(cluster.world_size)
+        self.sessions = SessionTable()
+        self.calls = CallTable()
+        self.drivers: dict[bytes, float] = {}  # driver sockets -> last seen
+        self.beating: set[bytes] = set()  # driver sockets that heartbeat (and get beats back)
+        self.programs: OrderedDict[str, Program] = OrderedDict()
+        self.persisted: dict[str, SymbolInfo] = {}
+        self.errors: deque[str] = deque(maxlen=RECENT_ERRORS)
+        self.counters = {"jobs_done": 0, "jobs_failed": 0, "bytes_routed": 0, "protocol_errors": 0}
+        self._next_beat = now
+        self._handlers: dict[type[Record], Callable[[bytes, Any, float], list[Send]]] = {
+            WorkerHello: self._on_hello,
+            Channel: self._on_channel,
+            Heartbeat: self._on_heartbeat,
+            Bye: self._on_bye,
+            OpenSession: self._on_open,
+            CloseSession: self._on_close,
+            Program: self._on_program,
+            Exec: self._on_exec,
+            Done: self._on_done,
+            Failed: self._on_failed,
+            Cancel: self._on_cancel,
+            Fetch: self._on_fetch,
+            Reply: self._on_worker_reply,
+            Ack: self._on_ack,
+            Delete: self._on_delete,
+            SaveSymbol: self._on_save,
+            LoadSymbol: self._on_load,
+            DeleteSymbol: self._on_unsave,
+            StatusRequest: self._on_status,
+        }
+
+    # -- entry points ---------------------------------------------------------------------
+    def handle(self, peer: bytes, msg: Record, now: float, raw: Any = None) -> list[Send]:
+        """React to one decoded message from ``peer`` (``raw``: the frames it came in)."""
+        worker = self.registry.worker(peer)
+        if worker is not None:
+            worker.last_seen = now
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            return [self._refuse(peer, "ProtocolError", f"unexpected message {msg.TAG!r}")]
+        kind = type(msg)
+        if kind not in _FROM_ANYONE:
+            if kind in _FROM_WORKERS and worker is None:
+                self._note(f"dropped {msg.TAG!r} from a peer that is not a registered worker")
+                return []  # maybe a worker socket from before a restart: nobody reads replies
+            if kind not in _FROM_WORKERS and worker is not None:
+                return [self._refuse(peer, "ProtocolError", f"a worker may not send {msg.TAG!r}")]
+            if worker is None:
+                self.drivers[peer] = now
+        if isinstance(msg, Exec):
+            return self._on_exec(peer, msg, now, raw)
+        return handler(peer, msg, now)
+
+    def protocol_error(self, peer: bytes, error: Exception) -> list[Send]:
+        """A message from ``peer`` did not decode: count it and tell the sender."""
+        self.counters["protocol_errors"] += 1
+        return [self._refuse(peer, "ProtocolError", f"bad message: {error}")]
+
+    def disconnected(self, peer: bytes, now: float) -> list[Send]:
+        """The transport saw ``peer``'s connection close."""
+        if peer in self.registry.by_peer:
+            return self._lose_worker(peer, "its connection closed", now)
+        self.drivers.pop(peer, None)
+        self.beating.discard(peer)
+        return []
+
+    def tick(self, now: float) -> list[Send]:
+        """Timers: heartbeats out, silent workers and expired sessions."""
+        out: list[Send] = []
+        for entry in self.registry.silent(now, self.silence_s):
+            out += self._lose_worker(entry.peer, f"silent for {now - entry.last_seen:.1f} s", now)
+        for session in self.sessions.expired(now):
+            out += self._close_session(session.sid, f"lease of {session.lease_s:g} s expired")
+        for peer, seen in list(self.drivers.items()):
+            if now - seen > self.silence_s:  # a driver socket that went quiet
+                del self.drivers[peer]
+                self.beating.discard(peer)
+        if now >= self._next_beat:
+            self._next_beat = now + self.heartbeat_s
+            beat = Heartbeat()
+            out += [Send(p, beat) for p in self.registry.by_peer]
+            out += [Send(p, beat) for p in self.beating]
+        return out
+
+    def next_deadline(self) -> float:
+        return self._next_beat
+
+    # -- control --------------------------------------------------------------------------
+    def _on_hello(self, peer: bytes, msg: WorkerHello, now: float) -> list[Send]:
+        self.drivers.pop(peer, None)
+        try:
+            entry = self.registry.admit(peer, msg, now)
+        except RegistrationError as exc:
+            self._note(f"refused rank {msg.rank} (pid {msg.pid} on {msg.host}): {exc}")
+            return [Send(peer, Refused(ErrorInfo("RegistrationError", str(exc), rank=msg.rank)))]
+        for info in msg.symbols:
+            self.persisted[info.name] = info
+        welcome = Welcome(
+            entry.rank,
+            self.cluster.world_size,
+            self.broker_id,
+            self.heartbeat_s,
+            self.cluster.to_dict(),
+        )
+        return [Send(peer, welcome), *self._broadcast_directory()]
+
+    def _on_channel(self, peer: bytes, msg: Channel, now: float) -> list[Send]:
+        if not self.registry.add_channel(peer, msg.rank, msg.incarnation):
+            self._note(f"ignored a channel for rank {msg.rank}: no such live worker")
+        return []
+
+    def _on_heartbeat(self, peer: bytes, msg: Heartbeat, now: float) -> list[Send]:
+        worker = self.registry.by_peer.get(peer)
+        if worker is not None:
+            worker.stats = msg.stats
+            return []
+        if msg.rank >= 0:  # a worker we do not know: we restarted, or it was dropped
+            return [Send(peer, Reregister(self.broker_id))]
+        self.drivers[peer] = now
+        self.beating.add(peer)
+        gone = [sid for sid in msg.sessions if self.sessions.get(sid, now) is None]
+        return [Send(peer, Reregister(self.broker_id))] if gone else []
+
+    def _on_bye(self, peer: bytes, msg: Bye, now: float) -> list[Send]:
+        if peer in self.registry.by_peer:
+            return self._lose_worker(peer, f"it said goodbye ({msg.reason or 'shutdown'})", now)
+        return self.disconnected(peer, now)
+
+    def _lose_worker(self, peer: bytes, reason: str, now: float) -> list[Send]:
+        entry = self.registry.remove(peer, reason, now)
+        if entry is None:
+            return []
+        self._note(f"rank {entry.rank} lost: {reason}")
+        out: list[Send] = []
+        for call in self.calls.involving(entry.rank):
+            info = lost_rank_error(entry.rank, reason, getattr(call, "job", ""))
+            out += self._fail_call(call, info)
+        return out + self._broadcast_directory()
+
+    def _broadcast_directory(self) -> list[Send]:
+        directory = self.registry.directory()
+        return [Send(p, directory) for p in self.registry.by_peer]
+
+    # -- sessions -------------------------------------------------------------------------
+    def _on_open(self, peer: bytes, msg: OpenSession, now: float) -> list[Send]:
+        if peer in self.registry.by_peer:
+            return [self._refuse(peer, "ProtocolError", "a worker cannot open a session")]
+        if msg.lease_s <= 0:
+            return [Send(peer, self._req_error(msg.req, "SessionError", "lease_s must be > 0"))]
+        entry, attached = self.sessions.open(msg.client, msg.name, msg.lease_s, now)
+        opened = SessionOpened(
+            msg.req, entry.sid, self.broker_id, self.cluster.to_dict(), self.heartbeat_s, attached
+        )
+        return [Send(peer, opened)]
+
+    def _on_close(self, peer: bytes, msg: CloseSession, now: float) -> list[Send]:
+        if self.sessions.detach(msg.client, msg.session):
+            return self._close_session(msg.session, "closed by its driver")
+        return []
+
+    def _close_session(self, sid: str, reason: str) -> list[Send]:
+        entry = self.sessions.remove(sid)
+        if entry is None:
+            return []
+        out: list[Send] = []
+        info = _error("JobAbortedError", f"session {sid} closed: {reason}")
+        for job in self.calls.of_session(sid):
+            out += self._fail_call(job, info)
+        closed = SessionClosed(sid, reason)
+        out += [Send(p, closed) for p in self.registry.by_peer]
+        return out
+
+    def _no_session(self, sid: str) -> ErrorInfo:
+        return _error(
+            "SessionError",
+            f"unknown session {sid!r}: it was closed, its lease expired, or the broker restarted",
+        )
+
+    # -- jobs -----------------------------------------------------------------------------
+    def _on_program(self, peer: bytes, msg: Program, now: float) -> list[Send]:
+        self.programs[msg.digest] = msg
+        self.programs.move_to_end(msg.digest)
+        while len(self.programs) > PROGRAM_CACHE:
+            self.programs.popitem(last=False)
+        return []
+
+    def _on_exec(self, peer: bytes, msg: Exec, now: float, raw: Any = None) -> list[Send]:
+        def answer(error: ErrorInfo | None = None, missing: bool = False) -> list[Send]:
+            self.counters["jobs_failed"] += error is not None
+            return [Send(peer, JobResult(msg.job, error=error, missing_program=missing))]
+
+        session = self.sessions.get(msg.session, now)
+        if session is None:
+            return answer(self._no_session(msg.session))
+        program = self.programs.get(msg.digest)
+        if program is None:
+            return answer(missing=True)
+        self.programs.move_to_end(msg.digest)
+        if msg.job in self.calls.jobs:
+            return answer(_error("ProtocolError", f"job id {msg.job!r} is already running"))
+        workers: list[WorkerEntry] = []
+        for rank in msg.ranks:
+            entry = self.registry.by_rank.get(rank)
+            if entry is None:
+                return answer(self._absent(rank, msg.job))
+            workers.append(entry)
+        self.calls.jobs[msg.job] = JobCall(
+            peer, msg.session, msg.ranks, set(msg.ranks), now, job=msg.job
+        )
+        session.jobs.add(msg.job)
+        # A rank must see only its own bindings (host values are private to their party).
+        # When no other rank's bindings are in the message, it goes out as it came.
+        shared = set(msg.bindings) <= {msg.ranks[0]} if len(msg.ranks) == 1 else not msg.bindings
+        out: list[Send] = []
+        for entry in workers:
+            if entry.needs_program(msg.digest):
+                out.append(Send(entry.peer, program))
+            if shared:
+                out.append(Send(entry.peer, msg, raw))
+                continue
+            mine = {entry.rank: msg.bindings[entry.rank]} if entry.rank in msg.bindings else {}
+            forwarded = Exec(
+                msg.session, msg.job, msg.digest, msg.ranks, mine, msg.inline, msg.timeout_s
+            )
+            out.append(Send(entry.peer, forwarded))
+        return out
+
+    def _absent(self, rank: int, job: str = "") -> ErrorInfo:
+        lost = self.registry.lost.get(rank)
+        why = f"lost: {lost.reason}" if lost else "never registered"
+        return _error(
+            "WorkerLostError", f"rank {rank} has no live worker ({why})", rank=rank, job=job
+        )
+
+    def _on_done(self, peer: bytes, msg: Done, now: float) -> list[Send]:
+        job = self.calls.jobs.get(msg.job)
+        if job is None or msg.rank not in job.pending:
+            return []  # the job already ended (aborted); late answers are dropped
+        job.pending.discard(msg.rank)
+        for index, value in msg.values.items():
+            job.values.setdefault(index, {})[msg.rank] = value
+        job.stats[msg.rank] = msg.stats
+        if job.pending:
+            return []
+        del self.calls.jobs[msg.job]
+        self._session_jobs_discard(job)
+        self.counters["jobs_done"] += 1
+        return [Send(job.driver, JobResult(msg.job, job.values, stats=job.stats))]
+
+    def _on_failed(self, peer: bytes, msg: Failed, now: float) -> list[Send]:
+        job = self.calls.jobs.get(msg.job)
+        if job is None:
+            return []
+        self._note(f"job {msg.job} failed on rank {msg.rank}: {msg.error.message[:200]}")
+        return self._fail_call(job, msg.error)
+
+    def _on_cancel(self, peer: bytes, msg: Cancel, now: float) -> list[Send]:
+        job = self.calls.jobs.get(msg.job)
+        if job is None:
+            return []
+        return self._fail_call(
+            job, _error("JobAbortedError", f"cancelled: {msg.reason}", job=msg.job)
+        )
+
+    def _fail_call(self, call: Call, error: ErrorInfo) -> list[Send]:
+        """End ``call`` with ``error``: answer its driver once and release its other ranks."""
+        out: list[Send] = []
+        if isinstance(call, JobCall):
+            if self.calls.jobs.pop(call.job, None) is None:
+                return []
+            self._session_jobs_discard(call)
+            self.counters["jobs_failed"] += 1
+            out.append(Send(call.driver, JobResult(call.job, error=error)))
+            abort = Abort(call.session, call.job, error)
+            # every rank drops the job, including those that finished (their outputs are orphans)
+            out += [
+                Send(e.peer, abort)
+                for r in call.ranks
+                if (e := self.registry.by_rank.get(r)) is not None and r != error.rank
+            ]
+        elif isinstance(call, RequestCall) and self.calls.requests.pop(call.bid, None) is not None:
+            out.append(Send(call.driver, Reply(call.req, error=error)))
+        return out
+
+    def _session_jobs_discard(self, job: JobCall) -> None:
+        session = self.sessions.get(job.session)
+        if session is not None:
+            session.jobs.discard(job.job)
+
+    # -- data -----------------------------------------------------------------------------
+    def _on_fetch(self, peer: bytes, msg: Fetch, now: float) -> list[Send]:
+        if self.sessions.get(msg.session, now) is None:
+            return [Send(peer, Reply(msg.req, error=self._no_session(msg.session)))]
+        entry = self.registry.by_rank.get(msg.rank)
+        if entry is None:
+            return [Send(peer, Reply(msg.req, error=self._absent(msg.rank)))]
+        bid = self.calls.new_req()
+        self.calls.requests[bid] = RequestCall(
+            peer, msg.session, (msg.rank,), {msg.rank}, now, req=msg.req, bid=bid, kind="fetch"
+        )
+        return [Send(entry.peer, Fetch(msg.session, bid, msg.rank, msg.uri))]
+
+    def _on_worker_reply(self, peer: bytes, msg: Reply, now: float) -> list[Send]:
+        call = self.calls.requests.pop(msg.req, None)
+        if call is None:
+            return []
+        return [Send(call.driver, Reply(call.req, msg.value, msg.error))]
+
+    def _on_delete(self, peer: bytes, msg: Delete, now: float) -> list[Send]:
+        if self.sessions.get(msg.session) is None:
+            return []  # the session is gone and its objects with it
+        return [
+            Send(e.peer, Delete(msg.session, {rank: uris}))
+            for rank, uris in msg.uris.items()
+            if uris and (e := self.registry.by_rank.get(rank)) is not None
+        ]
+
+    # -- names ----------------------------------------------------------------------------
+    def _fan_out(
+        self,
+        peer: bytes,
+        sid: str,
+        req: int,
+        ranks: tuple[int, ...],
+        kind: str,
+        now: float,
+        make: Callable[[int], Record],
+        symbol: SymbolInfo | None = None,
+    ) -> list[Send]:
+        for rank in ranks:
+            if rank not in self.registry.by_rank:
+                return [Send(peer, Reply(req, error=self._absent(rank)))]
+        bid = self.calls.new_req()
+        self.calls.requests[bid] = RequestCall(
+            peer, sid, ranks, set(ranks), now, req=req, bid=bid, kind=kind, symbol=symbol
+        )
+        message = make(bid)
+        return [Send(self.registry.by_rank[r].peer, message) for r in ranks]
+
+    def _on_save(self, peer: bytes, msg: SaveSymbol, now: float) -> list[Send]:
+        if self.sessions.get(msg.session, now) is None:
+            return [Send(peer, Reply(msg.req, error=self._no_session(msg.session)))]
+        return self._fan_out(
+            peer,
+            msg.session,
+            msg.req,
+            msg.info.ranks,
+            "save",
+            now,
+            lambda bid: SaveSymbol(msg.session, bid, msg.uri, msg.info),
+            msg.info,
+        )
+
+    def _on_load(self, peer: bytes, msg: LoadSymbol, now: float) -> list[Send]:
+        session = self.sessions.get(msg.session, now)
+        if session is None:
+            return [Send(peer, Reply(msg.req, error=self._no_session(msg.session)))]
+        info = session.symbols.get(msg.name) or self.persisted.get(msg.name)
+        if info is None:
+            known = sorted({*session.symbols, *self.persisted})
+            return [
+                Send(
+                    peer,
+                    Reply(
+                        msg.req,
+                        error=_error(
+                            "SessionError",
+                            f"no value named {msg.name!r} in this session or on disk; "
+                            f"known names: {', '.join(known) or 'none'}",
+                        ),
+                    ),
+                )
+            ]
+        return [Send(peer, Reply(msg.req, value=info))]
+
+    def _on_unsave(self, peer: bytes, msg: DeleteSymbol, now: float) -> list[Send]:
+        session = self.sessions.get(msg.session, now)
+        if session is None:
+            return [Send(peer, Reply(msg.req, error=self._no_session(msg.session)))]
+        info = session.symbols.get(msg.name) or self.persisted.get(msg.name)
+        if info is None:
+            return [
+                Send(
+                    peer,
+                    Reply(
+                        msg.req,
+                        error=_error("SessionError", f"no value named {msg.name!r} to delete"),
+                    ),
+                )
+            ]
+        return self._fan_out(
+            peer,
+            msg.session,
+            msg.req,
+            info.ranks,
+            "unsave",
+            now,
+            lambda bid: DeleteSymbol(msg.session, bid, msg.name, info.ranks, info.persist),
+            info,
+        )
+
+    def _on_ack(self, peer: bytes, msg: Ack, now: float) -> list[Send]:
+        call = self.calls.requests.get(msg.req)
+        if call is None or msg.rank not in call.pending:
+            return []
+        if msg.error is not None:
+            return self._fail_call(call, msg.error)
+        call.pending.discard(msg.rank)
+        if call.pending:
+            return []
+        del self.calls.requests[msg.req]
+        info = call.symbol
+        session = self.sessions.get(call.session)
+        if info is not None:
+            table = self.persisted if info.persist else (session.symbols if session else {})
+            if call.kind == "save":
+                table[info.name] = info
+            else:
+                table.pop(info.name, None)
+                if session is not None:
+                    session.symbols.pop(info.name, None)
+        return [Send(call.driver, Reply(call.req))]
+
+    # -- status ---------------------------------------------------------------------------
+    def _on_status(self, peer: bytes, msg: StatusRequest, now: float) -> list[Send]:
+        return [Send(peer, Reply(msg.req, value=self.status(now)))]
+
+    def status(self, now: float) -> dict[str, Any]:
+        ranks: list[dict[str, Any]] = []
+        for rank in range(self.cluster.world_size):
+            entry = self.registry.by_rank.get(rank)
+            if entry is not None:
+                ranks.append(
+                    {
+                        "rank": rank,
+                        "state": "up",
+                        "pid": entry.hello.pid,
+                        "host": entry.hello.host,
+                        "heartbeat_age_s": now - entry.last_seen,
+                        **entry.stats,
+                    }
+                )
+                continue
+            lost = self.registry.lost.get(rank)
+            ranks.append(
+                {
+                    "rank": rank,
+                    "state": "lost" if lost else "absent",
+                    "pid": lost.hello.pid if lost else "",
+                    "host": lost.hello.host if lost else "",
+                    "heartbeat_age_s": None,
+                    "reason": lost.reason if lost else "",
+                }
+            )
+        sessions = [
+            {
+                "session": s.sid,
+                "name": s.name,
+                "drivers": len(s.clients),
+                "idle_s": now - s.last_seen,
+                "lease_s": s.lease_s,
+                "symbols": len(s.symbols),
+                "jobs": len(s.jobs),
+            }
+            for s in self.sessions.by_id.values()
+        ]
+        return {
+            "broker_id": self.broker_id,
+            "uptime_s": now - self.started,
+            "world_size": self.cluster.world_size,
+            "cluster_id": self.cluster.cluster_id,
+            "ranks": ranks,
+            "sessions": sessions,
+            "jobs_in_flight": len(self.calls.jobs),
+            "persisted_symbols": sorted(self.persisted),
+            "errors": list(self.errors),
+            **self.counters,
+        }
+
+    # -- helpers --------------------------------------------------------------------------
+    def _refuse(self, peer: bytes, kind: str, message: str) -> Send:
+        self._note(message)
+        return Send(peer, Refused(_error(kind, message)))
+
+    def _req_error(self, req: int, kind: str, message: str) -> Reply:
+        return Reply(req, error=_error(kind, message))
+
+    def _note(self, text: str) -> None:
+        self.errors.append(text)

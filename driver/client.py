@@ -1,0 +1,299 @@
+"""The low-level driver client: requests to the broker, each with a deadline.
+
+Every calling thread gets its own DEALER socket and waits for its answer on it, so a call
+costs one round trip and no hand-off between threads. A background thread heartbeats on a
+socket of its own, naming the client's open sessions to keep their leases, and watches the
+broker: if the broker goes silent for 3 heartbeats, waiting calls fail at once
+(``MplTimeoutError``) instead of running out their deadlines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from mpl.wire.codec import decode, encode
+from mpl.wire.control import HEARTBEAT_LIVENESS, HEARTBEAT_S, Bye, Heartbeat, Refused, Reregister
+from mpl.wire.data import Delete, Fetch
+from mpl.wire.errors import MplError, MplTimeoutError, ProtocolError, SessionError
+from mpl.wire.graph import Graph
+from mpl.wire.jobs import Cancel, Exec, JobResult, Program
+from mpl.wire.record import Record
+from mpl.wire.remote import from_info
+from mpl.wire.sessions import (
+    CloseSession,
+    DeleteSymbol,
+    LoadSymbol,
+    OpenSession,
+    Reply,
+    SaveSymbol,
+    SessionOpened,
+    StatusRequest,
+    SymbolInfo,
+)
+from mpl.wire.sockets import configure
+
+__all__ = ["Client"]
+
+log = logging.getLogger("mpl.driver")
+_SLICE_S = 0.1  # waits wake this often to notice a lost broker
+_REPORT_GRACE_S = 1.0
+
+
+class _ThreadSocket:
+    """One thread's DEALER; closed when the thread's locals are collected or the client closes."""
+
+    def __init__(self, client: Client) -> None:
+        self.sock = configure(client.ctx.socket(zmq.DEALER), linger_ms=0)
+        self.sock.connect(client.address)
+        self._client = client
+        with client._sockets_lock:
+            client._sockets.add(self)
+
+    def close(self) -> None:
+        with self._client._sockets_lock:
+            self._client._sockets.discard(self)
+        if not self.sock.closed:
+            self.sock.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter shutdown nothing is left to clean
+            self.close()
+
+
+class Client:
+    """A connection to the broker at ``address``; safe to share between threads.
+
+    ``timeout`` bounds control requests (sessions, fetches, names, status) and
+    ``job_timeout`` bounds jobs; both can be overridden per call.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        context: zmq.Context[Any] | None = None,
+        timeout: float = 30.0,
+        job_timeout: float = 600.0,
+        heartbeat_s: float = HEARTBEAT_S,
+    ) -> None:
+        self.address = address
+        self.timeout = timeout
+        self.job_timeout = job_timeout
+        self.heartbeat_s = heartbeat_s
+        self.client_id = secrets.token_hex(4)
+        self._own_context = context is None
+        self.ctx: zmq.Context[Any] = context or zmq.Context()
+        self._local = threading.local()
+        self._sockets: set[_ThreadSocket] = set()
+        self._sockets_lock = threading.Lock()
+        self._reqs = itertools.count(1)
+        self._jobs = itertools.count(1)
+        self._programs: set[str] = set()
+        self.sessions: set[str] = set()
+        self.broker_id = ""
+        self._silence: MplError | None = None  # set while the broker is not heard
+        self._closing = threading.Event()
+        self._closed = False
+        self._beat = threading.Thread(target=self._heartbeat, name="mpl-driver-beat", daemon=True)
+        self._beat.start()
+
+    # -- sessions -------------------------------------------------------------------------
+    def open_session(self, name: str = "", *, lease_s: float = 60.0) -> SessionOpened:
+        """Open a session, or attach to the named one."""
+        req = next(self._reqs)
+        opened = self._call(
+            OpenSession(req, name, lease_s, self.client_id),
+            lambda m: isinstance(m, SessionOpened) and m.req == req,
+            self.timeout,
+            "opening a session",
+        )
+        assert isinstance(opened, SessionOpened)
+        if opened.broker_id != self.broker_id:
+            self.broker_id = opened.broker_id
+            self._programs.clear()
+        self.sessions.add(opened.session)
+        return opened
+
+    def close_session(self, session: str) -> None:
+        self.sessions.discard(session)
+        self._send(CloseSession(session, self.client_id))
+
+    # -- jobs -----------------------------------------------------------------------------
+    def submit(
+        self,
+        session: str,
+        graph: Graph,
+        bindings: dict[int, list[Any]],
+        *,
+        inline: tuple[int, ...] = (),
+        timeout: float | None = None,
+    ) -> JobResult:
+        """Run ``graph`` as one job and wait for its result; raises the job's error.
+
+        Workers give up waiting for peer data after ``timeout`` seconds and report it; the
+        driver waits a little longer (``_REPORT_GRACE_S``) so that report, which says which
+        rank waited for what, arrives before the driver's own MplTimeoutError would.
+        """
+        limit = self.job_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit + _REPORT_GRACE_S
+        job = f"{self.client_id}.{next(self._jobs)}"
+        ranks = tuple(sorted({r for op in graph.ops for r in op.ranks} | set(bindings)))
+        msg = Exec(session, job, graph.digest, ranks, bindings, inline, limit)
+        for attempt in range(2):
+            if attempt or graph.digest not in self._programs:
+                self._send(Program(graph.digest, graph))
+                self._programs.add(graph.digest)
+            try:
+                result = self._call(
+                    msg,
+                    lambda m: isinstance(m, JobResult) and m.job == job,
+                    deadline - time.monotonic(),
+                    f"job {job}",
+                )
+            except MplTimeoutError:
+                self._send(Cancel(session, job, f"the driver stopped waiting after {limit:g} s"))
+                raise
+            assert isinstance(result, JobResult)
+            if not result.missing_program:
+                if result.error is not None:
+                    raise from_info(result.error)
+                return result
+        raise ProtocolError(f"the broker keeps losing program {graph.digest}")
+
+    # -- data and names -------------------------------------------------------------------
+    def fetch(self, session: str, rank: int, uri: str, *, timeout: float | None = None) -> Any:
+        req = next(self._reqs)
+        return self._reply(Fetch(session, req, rank, uri), req, timeout, f"fetching {uri}")
+
+    def delete(self, session: str, uris: dict[int, list[str]]) -> None:
+        """Free values on the workers; no answer, but ordered after this thread's jobs."""
+        if any(uris.values()):
+            self._send(Delete(session, uris))
+
+    def save_symbol(
+        self, session: str, uri: str, info: SymbolInfo, *, timeout: float | None = None
+    ) -> None:
+        req = next(self._reqs)
+        self._reply(SaveSymbol(session, req, uri, info), req, timeout, f"saving {info.name!r}")
+
+    def load_symbol(self, session: str, name: str, *, timeout: float | None = None) -> SymbolInfo:
+        req = next(self._reqs)
+        info = self._reply(LoadSymbol(session, req, name), req, timeout, f"loading {name!r}")
+        if not isinstance(info, SymbolInfo):
+            raise ProtocolError("the broker answered a load with something else")
+        return info
+
+    def delete_symbol(self, session: str, name: str, *, timeout: float | None = None) -> None:
+        req = next(self._reqs)
+        self._reply(DeleteSymbol(session, req, name), req, timeout, f"deleting {name!r}")
+
+    def status(self, *, timeout: float | None = None) -> dict[str, Any]:
+        req = next(self._reqs)
+        value = self._reply(StatusRequest(req), req, timeout, "asking for status")
+        if not isinstance(value, dict):
+            raise ProtocolError("status reply is not a mapping")
+        return value
+
+    def close(self) -> None:
+        """Stop heartbeating and close every socket (LINGER is short: never hangs)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._closing.set()
+        self._beat.join(5)
+        with self._sockets_lock:
+            sockets = list(self._sockets)
+        for s in sockets:
+            s.close()
+        if self._own_context:
+            self.ctx.term()
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _socket(self) -> zmq.Socket[Any]:
+        if self._closed:
+            raise MplError("the client is closed")
+        holder: _ThreadSocket | None = getattr(self._local, "socket", None)
+        if holder is None or holder.sock.closed:
+            holder = self._local.socket = _ThreadSocket(self)
+        return holder.sock
+
+    def _send(self, msg: Record) -> None:
+        self._socket().send_multipart(encode(msg), copy=False)
+
+    def _reply(self, msg: Record, req: int, timeout: float | None, what: str) -> Any:
+        reply = self._call(msg, lambda m: isinstance(m, Reply) and m.req == req, timeout, what)
+        assert isinstance(reply, Reply)
+        if reply.error is not None:
+            raise from_info(reply.error)
+        return reply.value
+
+    def _call(
+        self, msg: Record, match: Callable[[Record], bool], timeout: float | None, what: str
+    ) -> Record:
+        """Send ``msg`` and wait on this thread's socket for the answer ``match`` accepts."""
+        limit = self.timeout if timeout is None else max(0.0, timeout)
+        sock = self._socket()
+        sock.send_multipart(encode(msg), copy=False)
+        deadline = time.monotonic() + limit
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise MplTimeoutError(
+                    f"{what}: no answer from the broker at {self.address} within {limit:g} s"
+                )
+            if self._silence is not None:
+                raise self._silence
+            if not sock.poll(int(min(left, _SLICE_S) * 1000) + 1):
+                continue
+            try:
+                answer = decode(sock.recv_multipart(copy=False))
+            except ProtocolError as exc:
+                log.warning("bad message from the broker: %s", exc)
+                continue
+            if match(answer):
+                return answer
+            if isinstance(answer, Refused):
+                raise from_info(answer.error)
+            if isinstance(answer, Bye):
+                raise SessionError(f"the broker at {self.address} shut down")
+            # otherwise: a late answer to a call this thread gave up on; drop it
+
+    def _heartbeat(self) -> None:
+        sock = configure(self.ctx.socket(zmq.DEALER), linger_ms=0)
+        sock.connect(self.address)
+        heard = time.monotonic()
+        next_beat = heard
+        try:
+            while not self._closing.is_set():
+                now = time.monotonic()
+                if now >= next_beat:
+                    next_beat = now + self.heartbeat_s
+                    sock.send_multipart(encode(Heartbeat(sessions=sorted(self.sessions))))
+                if sock.poll(int(max(0.0, next_beat - now) * 1000) + 1):
+                    heard = time.monotonic()
+                    self._silence = None
+                    try:
+                        msg = decode(sock.recv_multipart(copy=False))
+                    except ProtocolError:
+                        continue
+                    if isinstance(msg, Reregister):  # the broker restarted: sessions are gone
+                        self._programs.clear()
+                        if self.sessions:
+                            log.warning("the broker at %s restarted; sessions lost", self.address)
+                            self.sessions.clear()
+                elif time.monotonic() - heard > self.heartbeat_s * HEARTBEAT_LIVENESS:
+                    self._silence = MplTimeoutError(
+                        f"no heartbeat from the broker at {self.address} for "
+                        f"{time.monotonic() - heard:.1f} s"
+                    )
+        finally:
+            sock.close()

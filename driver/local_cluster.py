@@ -1,0 +1,213 @@
+"""A cluster of real daemons on this machine: one ``mpl-broker`` and one ``mpl-worker`` per
+rank, as separate processes on free loopback ports, stopped by pid.
+
+``mp.local_cluster`` wraps this; tests use it directly to kill and restart processes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from mpl.wire.cluster import ClusterSpec
+from mpl.wire.errors import MplError, MplTimeoutError
+
+__all__ = ["ProcessCluster", "daemon_command"]
+
+_LISTENING = re.compile(r"mpl-broker listening on (\S+)")
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: the kernel SIGTERMs it if this process dies, so a
+    crashed driver never leaves daemons behind."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:  # not Linux: close() still stops them
+        pass
+
+
+def daemon_command(name: str) -> list[str]:
+    """How to start ``mpl-broker`` / ``mpl-worker`` with this interpreter's installation."""
+    script = Path(sys.executable).with_name(name)
+    if script.exists():
+        return [str(script)]
+    module = {"mpl-broker": "mpl.broker.cli", "mpl-worker": "mpl.worker.cli"}[name]
+    return [sys.executable, "-c", f"from {module} import main; main()"]
+
+
+class ProcessCluster:
+    """Start a broker and ``cluster.world_size`` workers; :meth:`close` stops them all.
+
+    Logs and the cluster file go to ``run_dir`` (a temporary directory unless given).
+    """
+
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        *,
+        run_dir: Path | None = None,
+        heartbeat_s: float = 1.0,
+        job_timeout_s: float = 600.0,
+        ready_timeout: float = 30.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self._tmp = None
+        if run_dir is None:
+            self._tmp = tempfile.mkdtemp(prefix="mpl-cluster-")
+            run_dir = Path(self._tmp)
+        self.run_dir = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.heartbeat_s = heartbeat_s
+        self.job_timeout_s = job_timeout_s
+        self.env = {**os.environ, "JAX_ENABLE_X64": "1", **(env or {})}
+        self.cluster_file = run_dir / "cluster.yaml"
+        self.cluster_file.write_text(cluster.to_yaml())
+        self.broker: subprocess.Popen[bytes] | None = None
+        self.workers: dict[int, subprocess.Popen[bytes]] = {}
+        self.address = ""
+        try:
+            self.start_broker(ready_timeout=ready_timeout)
+            for rank in range(cluster.world_size):
+                self.start_worker(rank)
+            self.wait_ready(ready_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- processes ------------------------------------------------------------------------
+    def start_broker(self, *, listen: str | None = None, ready_timeout: float = 30.0) -> str:
+        """Start the broker (on its previous address when restarting); returns its URL."""
+        out = self.run_dir / "broker.out"
+        out.write_text("")
+        cmd = [
+            *daemon_command("mpl-broker"),
+            "--listen",
+            listen or self.address or "tcp://127.0.0.1:0",
+            "--cluster",
+            str(self.cluster_file),
+            "--heartbeat",
+            str(self.heartbeat_s),
+            "-v",
+        ]
+        with open(out, "ab") as stdout, open(self.run_dir / "broker.log", "ab") as log:
+            self.broker = subprocess.Popen(
+                cmd, stdout=stdout, stderr=log, env=self.env, preexec_fn=_die_with_parent
+            )
+        deadline = time.monotonic() + ready_timeout
+        while time.monotonic() < deadline:
+            match = _LISTENING.search(out.read_text())
+            if match:
+                self.address = match.group(1)
+                return self.address
+            if self.broker.poll() is not None:
+                raise MplError(
+                    f"mpl-broker exited with {self.broker.returncode}: {self._tail('broker.log')}"
+                )
+            time.sleep(0.01)
+        raise MplTimeoutError(f"mpl-broker did not start within {ready_timeout:g} s")
+
+    def start_worker(self, rank: int) -> subprocess.Popen[bytes]:
+        cmd = [
+            *daemon_command("mpl-worker"),
+            "--broker",
+            self.address,
+            "--rank",
+            str(rank),
+            "--data-root",
+            str(self.run_dir / f"rank{rank}"),
+            "--heartbeat",
+            str(self.heartbeat_s),
+            "--job-timeout",
+            str(self.job_timeout_s),
+            "-v",
+        ]
+        with open(self.run_dir / f"worker{rank}.log", "ab") as log:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.run_dir,
+                preexec_fn=_die_with_parent,
+            )
+        self.workers[rank] = proc
+        return proc
+
+    def wait_ready(self, timeout: float = 30.0, ranks: list[int] | None = None) -> dict[str, Any]:
+        """Poll the broker's status until every rank (or those given) is up."""
+        from mpl.broker.query import query_status
+
+        want = set(range(self.cluster.world_size) if ranks is None else ranks)
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            try:
+                last = query_status(self.address, timeout=1.0)
+            except MplTimeoutError:
+                continue
+            up = {r["rank"] for r in last["ranks"] if r["state"] == "up"}
+            if want <= up:
+                return last
+            for rank, proc in self.workers.items():
+                if rank in want and proc.poll() is not None:
+                    raise MplError(
+                        f"mpl-worker rank {rank} exited with {proc.returncode}: "
+                        f"{self._tail(f'worker{rank}.log')}"
+                    )
+            time.sleep(0.02)
+        raise MplTimeoutError(f"ranks {sorted(want)} were not all up within {timeout:g} s: {last}")
+
+    def kill_worker(self, rank: int, sig: int = signal.SIGKILL) -> None:
+        proc = self.workers[rank]
+        proc.send_signal(sig)
+        proc.wait(10)
+
+    def kill_broker(self, sig: int = signal.SIGKILL) -> None:
+        assert self.broker is not None
+        self.broker.send_signal(sig)
+        self.broker.wait(10)
+
+    def pids(self) -> list[int]:
+        procs = [self.broker, *self.workers.values()]
+        return [p.pid for p in procs if p is not None]
+
+    def close(self) -> None:
+        """SIGTERM everything, then SIGKILL what is still running after 5 s."""
+        procs = [p for p in [*self.workers.values(), self.broker] if p is not None]
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        for p in procs:
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def _tail(self, name: str) -> str:
+        try:
+            return (self.run_dir / name).read_text()[-2000:]
+        except OSError:
+            return ""
+
+    def __enter__(self) -> ProcessCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Stop the cluster scripts/cluster-up.sh started: SIGTERM each pid, SIGKILL after 5 s.
+set -euo pipefail
+RUN="$(cd "$(dirname "$0")/.." && pwd)/.mpl/run"
+shopt -s nullglob
+pidfiles=("$RUN"/*.pid)
+if [ ${#pidfiles[@]} -eq 0 ]; then
+  echo "no cluster is running (no pid files in $RUN)"
+  exit 0
+fi
+for f in "${pidfiles[@]}"; do kill -TERM "$(cat "$f")" 2>/dev/null || true; done
+for f in "${pidfiles[@]}"; do
+  pid="$(cat "$f")"
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$pid" 2>/dev/null; then
+    echo "pid $pid ignored SIGTERM; killing it" >&2
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$f"
+done
+rm -f "$RUN/broker.url"
+echo "stopped ${#pidfiles[@]} processes"

@@ -1,0 +1,73 @@
+"""Shared fixtures: in-process clusters (inproc://) and real daemons on loopback (tcp://).
+
+Every process a test starts is stopped by its pid in teardown, every socket has a bounded
+LINGER, and waits poll with a deadline instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("JAX_ENABLE_X64", "1")
+
+import pytest
+
+from mpl.driver.client import Client
+from mpl.driver.local_cluster import ProcessCluster
+from mpl.driver.simulator import InProcessCluster
+from mpl.wire import ClusterSpec
+from mpl.wire.codec import pickle_by_value
+
+sys.path.insert(0, str(Path(__file__).parent))
+import helpers
+
+pickle_by_value(helpers)  # workers do not have the tests package: ship these functions
+
+
+class Cluster:
+    """One cluster under test, whichever transport it runs on."""
+
+    def __init__(self, kind: str, impl: InProcessCluster | ProcessCluster) -> None:
+        self.kind = kind
+        self.impl = impl
+        self.address = impl.address
+        self.clients: list[Client] = []
+
+    def client(self, **kw: Any) -> Client:
+        ctx = self.impl.ctx if isinstance(self.impl, InProcessCluster) else None
+        c = Client(self.address, context=ctx, **kw)
+        self.clients.append(c)
+        return c
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
+        self.impl.close()
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+    made: list[Cluster] = []
+
+    def make(kind: str, world_size: int = 2, **kw: Any) -> Cluster:
+        spec = kw.pop("spec", None) or ClusterSpec.simple(world_size, enable_spu=False)
+        if kind == "inproc":
+            impl: Any = InProcessCluster(spec, data_root=tmp_path / f"sim{len(made)}", **kw)
+        else:
+            impl = ProcessCluster(spec, run_dir=tmp_path / f"run{len(made)}", **kw)
+        cluster = Cluster(kind, impl)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for c in made:
+        c.close()
+
+
+@pytest.fixture(params=["inproc", "tcp"])
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)

@@ -1,0 +1,65 @@
+"""Functions tests run on workers, and small test utilities (shipped by value)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from mpl.wire import GraphBuilder
+
+
+def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll ``pred`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def double(x: Any) -> Any:
+    return x * 2
+
+
+def add(a: Any, b: Any) -> Any:
+    return a + b
+
+
+def one() -> int:
+    return 1
+
+
+def boom(x: Any) -> Any:
+    raise ValueError(f"boom on {x!r}")
+
+
+def nap(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def nap_then(x: Any, seconds: float) -> Any:
+    time.sleep(seconds)
+    return x
+
+
+def make_array(n: int) -> np.ndarray:
+    return np.arange(n, dtype=np.float64)
+
+
+def chain(world: int = 2) -> GraphBuilder:
+    return GraphBuilder(world)
+
+
+def stats(client: Any, rank: int) -> dict[str, Any]:
+    """The status row of ``rank`` (its heartbeat counters lag by up to one heartbeat)."""
+    for row in client.status()["ranks"]:
+        if row["rank"] == rank:
+            return dict(row)
+    raise KeyError(rank)

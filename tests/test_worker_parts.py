@@ -1,0 +1,156 @@
+"""The worker's pure parts: the control-plane core, the mailbox, and the interpreter."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from mpl.wire import GraphBuilder, JobAbortedError, MplTimeoutError
+from mpl.wire.control import (
+    Bye,
+    Directory,
+    Heartbeat,
+    PeerInfo,
+    Refused,
+    Reregister,
+    Welcome,
+    WorkerHello,
+)
+from mpl.wire.jobs import Program
+from mpl.wire.remote import ErrorInfo
+from mpl.worker.core import PROGRAM_SLOTS, Joined, Reconnect, Stop, ToBroker, WorkerCore
+from mpl.worker.interpreter import ABSENT, Plan, run_graph
+from mpl.worker.mailbox import Mailbox
+
+
+def core() -> WorkerCore:
+    return WorkerCore(WorkerHello(1, "inc", 1, "h", "tcp://d", ""), now=0.0, heartbeat_s=1.0)
+
+
+def welcome(broker: str = "B") -> Welcome:
+    return Welcome(1, 2, broker, 1.0, {})
+
+
+def test_hello_is_resent_with_capped_backoff_until_welcome() -> None:
+    c = core()
+    times = [t / 10 for t in range(0, 100)]
+    hellos = [t for t in times if c.tick(t, dict)]
+    gaps = [b - a for a, b in itertools.pairwise(hellos)]
+    assert gaps[0] < gaps[-1] <= 2.05
+    actions = c.on_broker(welcome(), 10.0)
+    assert actions == [Joined("B", True)]
+    assert c.on_broker(welcome(), 10.5) == [Joined("B", False)]
+
+
+def test_heartbeats_then_reconnect_when_the_broker_goes_silent() -> None:
+    c = core()
+    c.on_broker(welcome(), 0.0)
+    beats = [a for t in (0.5, 1.0, 1.5, 2.0) for a in c.tick(t, lambda: {"objects": 1})]
+    assert all(isinstance(a, ToBroker) and isinstance(a.msg, Heartbeat) for a in beats)
+    assert beats[0].msg.rank == 1 and beats[0].msg.stats == {"objects": 1}
+    c.on_broker(Heartbeat(), 2.0)
+    assert not any(isinstance(a, Reconnect) for a in c.tick(4.9, dict))
+    assert isinstance(c.tick(5.1, dict)[0], Reconnect)
+    assert isinstance(c.tick(5.2, dict)[0].msg, WorkerHello)  # rejoining
+
+
+def test_reregister_bye_and_refusal() -> None:
+    c = core()
+    c.on_broker(welcome(), 0.0)
+    out = c.on_broker(Reregister("B2"), 1.0)
+    assert isinstance(out[0].msg, WorkerHello)
+    c.on_broker(welcome("B2"), 1.1)
+    c.on_broker(Bye("restart"), 2.0)
+    assert not c.joined
+    fresh = core()
+    stop = fresh.on_broker(Refused(ErrorInfo("RegistrationError", "taken")), 0.0)
+    assert isinstance(stop[0], Stop) and stop[0].error.message == "taken"
+
+
+def test_directory_and_program_cache_lru() -> None:
+    c = core()
+    c.on_broker(Directory({0: PeerInfo(0, "i", "tcp://a", "")}), 0.0)
+    assert c.directory[0].data_addr == "tcp://a"
+    for i in range(PROGRAM_SLOTS + 5):
+        c.on_broker(Program(f"d{i}", GraphBuilder(1).build([])), 0.0)
+    assert c.program("d0") is None and c.program(f"d{PROGRAM_SLOTS + 4}") is not None
+
+
+KEY = ("s", "j", 3, 0, 0)
+
+
+def test_mailbox_delivers_once_in_any_order() -> None:
+    box = Mailbox()
+    assert box.deliver(KEY, "early")  # before anyone waits
+    assert not box.deliver(KEY, "dup")
+    assert box.take(KEY, time.monotonic() + 1) == "early"
+    assert not box.deliver(KEY, "after take")
+    got: list[Any] = []
+    late = ("s", "j", 4, 0, 1)
+    t = threading.Thread(target=lambda: got.append(box.take(late, time.monotonic() + 5)))
+    t.start()
+    box.deliver(late, "late")
+    t.join(5)
+    assert got == ["late"] and box.duplicates == 2
+    box.end("s", "j")
+    assert not box.deliver(("s", "j", 9, 0, 0), "for an ended job")
+
+
+def test_mailbox_abort_wakes_waiters_and_deadline_is_bounded() -> None:
+    box = Mailbox()
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            box.take(KEY, time.monotonic() + 30)
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.05)  # let it block; the assertion below is on how fast abort releases it
+    start = time.monotonic()
+    box.abort("s", "j", "rank 0 failed")
+    t.join(5)
+    assert time.monotonic() - start < 0.5
+    assert isinstance(errors[0], JobAbortedError) and "rank 0 failed" in str(errors[0])
+    with pytest.raises(MplTimeoutError, match="did not arrive in time"):
+        box.take(("s", "k", 1, 0, 1), time.monotonic() + 0.05)
+
+
+class FakeJob:
+    session, job, deadline = "s", "j", 0.0
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.sent: list[tuple[int, int, Any]] = []
+
+    def send(self, dst: int, op: int, seq: int, value: Any) -> None:
+        self.sent.append((dst, op, value))
+
+    def recv(self, src: int, op: int, seq: int) -> Any:
+        return f"from {src}"
+
+    def extension(self, name: str) -> Any:
+        raise KeyError(name)
+
+
+def test_interpreter_runs_only_this_ranks_ops_and_frees_intermediates() -> None:
+    b = GraphBuilder(2)
+    x = b.input((0,))
+    y = b.op("pcall", [x], ranks=(0,), fn=b.fn(lambda v: v + 1))[0]
+    z = b.op("shuffle", [y], ranks=(0, 1), routing={1: 0, 0: 0})[0]
+    w = b.op("pcall", [z], ranks=(1,), fn=b.fn(str.upper))[0]
+    g = b.build([z, w])
+    plan = Plan.build(g, 0)
+    assert 1 in plan.free_after[1]  # y is dropped after the shuffle reads it
+    job = FakeJob(0)
+    out = run_graph(plan, [41], job)
+    assert out == [42, ABSENT]
+    assert job.sent == [(1, 1, 42)]
+    other = run_graph(Plan.build(g, 1), [ABSENT], FakeJob(1))
+    assert other == ["from 0", "FROM 0"]

@@ -1,0 +1,255 @@
+"""The worker's ZeroMQ shell: one I/O thread polling three sockets.
+
+* a DEALER to the broker: control, jobs, fetches (re-created if the broker goes silent);
+* a PULL it binds for peer moves (its address goes to the broker's directory).
+
+Jobs run on per-session threads (``jobs.py``), so heartbeats and fetches keep flowing while a
+job computes. Job threads send their answers on a second DEALER, the result channel (one
+socket behind a lock, announced to the broker with ``Channel``), and their moves on the
+peer links (``peers.py``): neither waits for the I/O thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket as _socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from mpl.wire.codec import decode, encode
+from mpl.wire.control import HEARTBEAT_S, Bye, Channel, WorkerHello
+from mpl.wire.data import Delete, Fetch, Move
+from mpl.wire.errors import ProtocolError
+from mpl.wire.jobs import Abort, Exec
+from mpl.wire.record import Record
+from mpl.wire.remote import ErrorInfo
+from mpl.wire.sessions import DeleteSymbol, SaveSymbol, SessionClosed
+from mpl.wire.sockets import configure, drain
+from mpl.worker.core import Joined, Reconnect, Stop, ToBroker, WorkerCore
+from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
+from mpl.worker.mailbox import Mailbox
+from mpl.worker.peers import PeerLinks
+from mpl.worker.store import ObjectStore, SymbolDisk
+
+__all__ = ["Worker"]
+
+log = logging.getLogger("mpl.worker")
+_POLL_MS = 100
+_BATCH = 256
+
+
+class Worker:
+    """One rank's worker, connected to the broker at ``broker``.
+
+    ``data_bind`` is where peers reach it (default ``tcp://<host>:0``, a free port);
+    ``data_root`` holds values saved with ``persist=True``. Run it with
+    :meth:`serve_forever` or :meth:`start`; stop it with :meth:`stop` from anywhere.
+    """
+
+    def __init__(
+        self,
+        broker: str,
+        rank: int,
+        *,
+        context: zmq.Context[Any] | None = None,
+        data_root: Path | None = None,
+        host: str = "127.0.0.1",
+        data_bind: str | None = None,
+        heartbeat_s: float = HEARTBEAT_S,
+        job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
+        extensions: dict[str, Callable[[], Any]] | None = None,
+    ) -> None:
+        self.broker_url = broker
+        self.rank = rank
+        self._own_context = context is None
+        self.ctx: zmq.Context[Any] = context or zmq.Context()
+        self.incarnation = secrets.token_hex(8)
+        self.pull = configure(self.ctx.socket(zmq.PULL))
+        self.pull.bind(data_bind or f"tcp://{host}:0")
+        self.data_addr: str = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
+        # Results queue while the connection is (re)established rather than being dropped.
+        self._results = configure(self.ctx.socket(zmq.DEALER))
+        self._results.connect(broker)
+        self._results_lock = threading.Lock()
+        self.dealer: zmq.Socket[Any] = self._new_dealer()
+        disk = SymbolDisk(data_root) if data_root is not None else None
+        self.store = ObjectStore(disk)
+        hello = WorkerHello(
+            rank,
+            self.incarnation,
+            os.getpid(),
+            _socket.gethostname(),
+            self.data_addr,
+            "",
+            disk.infos() if disk else [],
+        )
+        self.core = WorkerCore(hello, now=time.monotonic(), heartbeat_s=heartbeat_s)
+        self.mailbox = Mailbox()
+        self.peers = PeerLinks(self.ctx, lambda: self.core.directory)
+        self.jobs = Jobs(
+            rank,
+            self.store,
+            self.mailbox,
+            self.peers,
+            self._post,
+            extensions=extensions,
+            job_timeout_s=job_timeout_s,
+        )
+        self.refused: ErrorInfo | None = None
+        self.joined = threading.Event()
+        self.bytes_in = 0
+        self.protocol_errors = 0
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> Worker:
+        self._thread = threading.Thread(
+            target=self.serve_forever, name=f"mpl-worker-{self.rank}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def serve_forever(self) -> None:
+        log.info("rank %d: data on %s, joining %s", self.rank, self.data_addr, self.broker_url)
+        try:
+            poller: zmq.Poller | None = None
+            while not self._stopping.is_set():
+                dealer = self.dealer
+                self._perform(self.core.tick(time.monotonic(), self.stats))
+                if poller is None or dealer is not self.dealer:
+                    poller = zmq.Poller()  # the dealer is replaced on reconnect
+                    for sock in (self.dealer, self.pull):
+                        poller.register(sock, zmq.POLLIN)
+                ready = dict(poller.poll(self._wait_ms()))
+                if self.dealer in ready:
+                    self._drain(self.dealer, self._on_broker)
+                if self.pull in ready:
+                    self._drain(self.pull, self._on_peer)
+            self._send(Bye("worker shutting down"))
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.jobs.close_all("the worker is shutting down")
+        self.peers.close()
+        with self._results_lock:
+            self._results.close()
+        for sock in (self.dealer, self.pull):
+            sock.close()
+        if self._own_context:
+            self.ctx.term()
+
+    def stats(self) -> dict[str, int]:
+        return {
+            **self.jobs.stats(),
+            "bytes_in": self.bytes_in,
+            "protocol_errors": self.protocol_errors,
+        }
+
+    # -- sockets --------------------------------------------------------------------------
+    def _new_dealer(self) -> zmq.Socket[Any]:
+        sock = configure(self.ctx.socket(zmq.DEALER))
+        sock.setsockopt(zmq.IMMEDIATE, 1)  # no queueing towards a broker that is not there
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        sock.connect(self.broker_url)
+        return sock
+
+    def _wait_ms(self) -> int:
+        core = self.core
+        due = core.next_beat if core.joined else core.next_hello
+        return max(0, min(_POLL_MS, int((due - time.monotonic()) * 1000) + 1))
+
+    def _send(self, msg: Record) -> None:
+        """Send to the broker from the I/O thread; dropped if the broker is unreachable."""
+        try:
+            self.dealer.send_multipart(encode(msg), zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            log.debug("rank %d: broker unreachable, dropped %s", self.rank, msg.TAG)
+
+    def _post(self, msg: Record) -> None:
+        """Send to the broker from any thread, on the result channel."""
+        frames = encode(msg)
+        with self._results_lock:
+            if self._closed:
+                return
+            try:
+                self._results.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                log.warning("rank %d: result queue full, dropped %s", self.rank, msg.TAG)
+
+    def _drain(self, sock: zmq.Socket[Any], handle: Callable[[Record], None]) -> None:
+        for frames in drain(sock, _BATCH):
+            try:
+                msg = decode(frames)
+            except ProtocolError as exc:
+                self.protocol_errors += 1
+                log.warning("rank %d: dropped a bad message: %s", self.rank, exc)
+                continue
+            if sock is self.pull:
+                self.bytes_in += sum(len(f) for f in frames)
+            handle(msg)
+
+    # -- messages -------------------------------------------------------------------------
+    def _on_broker(self, msg: Record) -> None:
+        self._perform(self.core.on_broker(msg, time.monotonic()))
+        if isinstance(msg, Exec):
+            self.jobs.exec(msg, self.core.program(msg.digest))
+        elif isinstance(msg, Abort):
+            self.jobs.abort(msg)
+        elif isinstance(msg, Fetch):
+            self.jobs.fetch(msg, self._send)
+        elif isinstance(msg, Delete):
+            self.jobs.delete(msg)
+        elif isinstance(msg, SaveSymbol):
+            self.jobs.save(msg)
+        elif isinstance(msg, DeleteSymbol):
+            self.jobs.unsave(msg)
+        elif isinstance(msg, SessionClosed):
+            self.jobs.close_session(msg.session, msg.reason)
+
+    def _on_peer(self, msg: Record) -> None:
+        if not isinstance(msg, Move) or msg.dst != self.rank:
+            self.protocol_errors += 1
+            log.warning("rank %d: unexpected %s on the peer socket", self.rank, msg.TAG)
+            return
+        self.mailbox.deliver((msg.session, msg.job, msg.op, msg.seq, msg.src), msg.value)
+
+    def _perform(self, actions: list[Any]) -> None:
+        for action in actions:
+            if isinstance(action, ToBroker):
+                self._send(action.msg)
+            elif isinstance(action, Reconnect):
+                log.warning("rank %d: reconnecting to the broker: %s", self.rank, action.reason)
+                self.dealer.close(linger=0)
+                self.dealer = self._new_dealer()
+            elif isinstance(action, Joined):
+                log.info("rank %d: joined broker %s", self.rank, action.broker_id)
+                if action.new_broker:
+                    self.jobs.close_all("the broker restarted")
+                with self._results_lock:  # the broker learns our result channel anew
+                    self._results.send_multipart(encode(Channel(self.rank, self.incarnation)))
+                self.joined.set()
+            elif isinstance(action, Stop):
+                self.refused = action.error
+                log.error("rank %d: refused by the broker: %s", self.rank, action.error.message)
+                self._stopping.set()

@@ -1,0 +1,182 @@
+"""Runs one rank's part of a graph: the ops this rank takes part in, in order.
+
+Kernels live in :data:`KERNELS`, one per opcode, and see the world through a
+:class:`JobContext` (the store, peer moves, the deadline). A kernel gets the op's inputs as
+this rank holds them (:data:`ABSENT` where it does not) and returns one value per output,
+:data:`ABSENT` for outputs this rank will not hold. Values are dropped after their last
+use, so a large intermediate does not outlive the op that consumes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from mpl.wire.errors import JobAbortedError
+from mpl.wire.graph import Graph, Op, fill
+
+__all__ = ["ABSENT", "KERNELS", "JobContext", "OpFailed", "Plan", "op_label", "run_graph"]
+
+
+class _Absent:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Any = _Absent()
+
+
+class JobContext(Protocol):
+    """What a running job may do besides computing."""
+
+    session: str
+    job: str
+    rank: int
+    deadline: float
+
+    def send(self, dst: int, op: int, seq: int, value: Any) -> None: ...
+
+    def recv(self, src: int, op: int, seq: int) -> Any: ...
+
+    def extension(self, name: str) -> Any:
+        """A per-worker service a kernel needs (e.g. "spu"), created on first use."""
+        ...
+
+
+Kernel = Callable[[JobContext, Graph, int, Op, list[Any]], list[Any]]
+KERNELS: dict[str, Kernel] = {}
+
+
+def kernel(opcode: str) -> Callable[[Kernel], Kernel]:
+    def register(fn: Kernel) -> Kernel:
+        KERNELS[opcode] = fn
+        return fn
+
+    return register
+
+
+class OpFailed(Exception):
+    """An op raised; carries which op, for the error sent back to the driver."""
+
+    def __init__(self, label: str, cause: BaseException) -> None:
+        super().__init__(f"{label}: {cause}")
+        self.label = label
+        self.cause = cause
+
+
+def op_label(graph: Graph, index: int) -> str:
+    op = graph.ops[index]
+    fn = op.attrs.get("fn")
+    name = op.attrs.get("name") or ""
+    if not name and type(fn) is int and 0 <= fn < len(graph.fns):
+        name = getattr(graph.fns[fn], "__qualname__", "") or getattr(graph.fns[fn], "__name__", "")
+    return f"{index} ({op.opcode} {name})" if name else f"{index} ({op.opcode})"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one rank needs to know to run a graph, computed once per program."""
+
+    graph: Graph
+    rank: int
+    free_after: tuple[tuple[int, ...], ...]  # values to drop once op k has run
+
+    @classmethod
+    def build(cls, graph: Graph, rank: int) -> Plan:
+        keep = set(graph.outputs)
+        last: dict[int, int] = {}
+        for k, op in enumerate(graph.ops):
+            for v in op.inputs:
+                last[v] = k
+        free: list[list[int]] = [[] for _ in graph.ops]
+        for v, k in last.items():
+            if v not in keep:
+                free[k].append(v)
+        return cls(graph, rank, tuple(tuple(f) for f in free))
+
+
+def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
+    """Run ``plan``'s graph on its rank; return the graph outputs (ABSENT where not held)."""
+    graph, rank = plan.graph, plan.rank
+    env: dict[int, Any] = {i: v for i, v in enumerate(inputs) if v is not ABSENT}
+    vid = len(graph.inputs)
+    for k, op in enumerate(graph.ops):
+        if rank in op.ranks:
+            args = [env.get(v, ABSENT) for v in op.inputs]
+            try:
+                outs = KERNELS[op.opcode](ctx, graph, k, op, args)
+            except (JobAbortedError, OpFailed):
+                raise
+            except Exception as exc:
+                raise OpFailed(op_label(graph, k), exc) from exc
+            for i, value in enumerate(outs):
+                if value is not ABSENT:
+                    env[vid + i] = value
+        vid += op.nout
+        for v in plan.free_after[k]:
+            env.pop(v, None)
+    return [env.get(v, ABSENT) for v in graph.outputs]
+
+
+# -- kernels -------------------------------------------------------------------------------
+
+
+@kernel("pcall")
+def _pcall(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> list[Any]:
+    fn = graph.fns[op.attrs["fn"]]
+    if "args" in op.attrs or "kwargs" in op.attrs:
+        result = fn(*fill(op.attrs.get("args", ()), args), **fill(op.attrs.get("kwargs", {}), args))
+    else:
+        result = fn(*args)
+    return split_outputs(result, op.nout)
+
+
+def split_outputs(result: Any, nout: int) -> list[Any]:
+    if nout == 1:
+        return [result]
+    if nout == 0:
+        return []
+    if not isinstance(result, (tuple, list)) or len(result) != nout:
+        got = (
+            f"{type(result).__name__} of length {len(result)}"
+            if isinstance(result, (tuple, list))
+            else type(result).__name__
+        )
+        raise TypeError(
+            f"the function must return a tuple of {nout} values (nout={nout}), got {got}"
+        )
+    return list(result)
+
+
+@kernel("constant")
+def _constant(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> list[Any]:
+    return [op.attrs["value"]]
+
+
+@kernel("getitem")
+def _getitem(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> list[Any]:
+    return [args[0][op.attrs["key"]]]
+
+
+@kernel("converge")
+def _converge(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> list[Any]:
+    held = [a for a in args if a is not ABSENT]
+    return [held[0]]  # the checker guarantees exactly one input is held here
+
+
+@kernel("shuffle")
+def _shuffle(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> list[Any]:
+    routing: dict[int, int] = op.attrs["routing"]
+    me, value = ctx.rank, args[0]
+    for dst, src in routing.items():  # send first, so swaps do not deadlock
+        if src == me and dst != me:
+            ctx.send(dst, k, 0, value)
+    source = routing.get(me)
+    if source is None:
+        return [ABSENT]
+    if source == me:
+        return [value]
+    return [ctx.recv(source, k, 0)]

@@ -1,0 +1,338 @@
+"""Running jobs off the I/O thread: one runner thread per active session.
+
+Within a session, work runs in arrival order (jobs, deletes, saves, late fetches), which is
+the order the broker forwarded it in; so a job sees the outputs of the jobs before it and
+a delete never overtakes the job that still reads the value. Sessions do not wait for each
+other. A runner thread exits after a while without work and is recreated on demand.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from mpl.wire.data import Delete, Fetch, Move
+from mpl.wire.errors import JobAbortedError, SessionError
+from mpl.wire.graph import Graph
+from mpl.wire.jobs import Abort, Done, Exec, Failed, Lit, Program, output_uri
+from mpl.wire.record import Record
+from mpl.wire.remote import ErrorInfo, to_info
+from mpl.wire.sessions import Ack, DeleteSymbol, Reply, SaveSymbol
+from mpl.worker.interpreter import ABSENT, OpFailed, Plan, run_graph
+from mpl.worker.mailbox import Mailbox
+from mpl.worker.peers import PeerLinks
+from mpl.worker.store import ObjectStore, symbol_uri
+
+__all__ = ["DEFAULT_JOB_TIMEOUT_S", "Jobs"]
+
+log = logging.getLogger("mpl.worker")
+DEFAULT_JOB_TIMEOUT_S = 600.0
+INLINE_BYTES = 64 * 1024  # outputs up to this size ride back inside Done
+_RUNNER_IDLE_S = 30.0
+_CLOSED_MEMORY = 1024
+
+
+def is_small(value: Any, budget: int = INLINE_BYTES) -> bool:
+    """Cheap bound on the encoded size: only plain data qualifies for inline return."""
+    return _size(value, budget, 0) <= budget
+
+
+def _size(value: Any, budget: int, depth: int) -> int:
+    t = type(value)
+    if value is None or t in (bool, int, float) or isinstance(value, np.generic):
+        return 16
+    if t in (str, bytes):
+        return len(value) + 8
+    if t is np.ndarray:
+        return int(value.nbytes) + 64 if not value.dtype.hasobject else budget + 1
+    if t in (list, tuple) and depth < 4 and len(value) <= 256:
+        total = 8
+        for item in value:
+            total += _size(item, budget, depth + 1)
+            if total > budget:
+                break
+        return total
+    if t is dict and depth < 4 and len(value) <= 256:
+        total = 8
+        for k, v in value.items():
+            total += _size(k, budget, depth + 1) + _size(v, budget, depth + 1)
+            if total > budget:
+                break
+        return total
+    return budget + 1
+
+
+class _Runner:
+    """A thread that runs one session's tasks in order."""
+
+    def __init__(self, sid: str, retire: Callable[[_Runner], bool]) -> None:
+        self.sid = sid
+        self.tasks: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._retire = retire
+        self.thread = threading.Thread(target=self._loop, name=f"mpl-session-{sid}", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                task = self.tasks.get(timeout=_RUNNER_IDLE_S)
+            except queue.Empty:
+                if self._retire(self):
+                    return
+                continue
+            try:
+                task()
+            except Exception:  # a task reports its own errors; this is a last resort
+                log.exception("session %s: task crashed", self.sid)
+
+
+class _JobRun:
+    """A job's view of the world (the interpreter's JobContext)."""
+
+    def __init__(self, jobs: Jobs, session: str, job: str, deadline: float) -> None:
+        self._jobs = jobs
+        self.session = session
+        self.job = job
+        self.rank = jobs.rank
+        self.deadline = deadline
+
+    def send(self, dst: int, op: int, seq: int, value: Any) -> None:
+        move = Move(self.session, self.job, op, seq, self.rank, dst, value)
+        self._jobs.peers.send(
+            move, self.deadline, lambda: self._jobs.mailbox.aborted(self.session, self.job)
+        )
+
+    def recv(self, src: int, op: int, seq: int) -> Any:
+        key = (self.session, self.job, op, seq, src)
+        return self._jobs.mailbox.take(key, self.deadline, f"the move from rank {src}")
+
+    def extension(self, name: str) -> Any:
+        return self._jobs.extension(name)
+
+
+class Jobs:
+    """Everything a worker does on behalf of sessions, behind the I/O thread."""
+
+    def __init__(
+        self,
+        rank: int,
+        store: ObjectStore,
+        mailbox: Mailbox,
+        peers: PeerLinks,
+        post: Callable[[Record], None],
+        *,
+        extensions: dict[str, Callable[[], Any]] | None = None,
+        job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
+    ) -> None:
+        self.rank = rank
+        self.store = store
+        self.mailbox = mailbox
+        self.peers = peers
+        self.post = post  # thread-safe: send a message to the broker
+        self.job_timeout_s = job_timeout_s
+        self._factories = dict(extensions or {})
+        self._extensions: dict[str, Any] = {}
+        self._runners: dict[str, _Runner] = {}
+        self._closed: OrderedDict[str, str] = OrderedDict()
+        self._plans: dict[tuple[str, int], Plan] = {}
+        self._lock = threading.Lock()
+        self._active: set[tuple[str, str]] = set()
+        self.done = 0
+        self.failed = 0
+
+    # -- scheduling -----------------------------------------------------------------------
+    def _submit(self, sid: str, task: Callable[[], None]) -> None:
+        with self._lock:
+            runner = self._runners.get(sid)
+            if runner is None:
+                runner = self._runners[sid] = _Runner(sid, self._retire)
+            runner.tasks.put(task)
+
+    def _retire(self, runner: _Runner) -> bool:
+        with self._lock:
+            if not runner.tasks.empty():
+                return False
+            if self._runners.get(runner.sid) is runner:
+                del self._runners[runner.sid]
+            return True
+
+    def closed(self, sid: str) -> str | None:
+        return self._closed.get(sid)
+
+    def extension(self, name: str) -> Any:
+        with self._lock:
+            ext = self._extensions.get(name)
+            if ext is None:
+                factory = self._factories.get(name)
+                if factory is None:
+                    raise RuntimeError(f"this worker has no {name!r} support")
+                ext = self._extensions[name] = factory()
+            return ext
+
+    # -- jobs -----------------------------------------------------------------------------
+    def exec(self, msg: Exec, program: Program | None) -> None:
+        if program is None:
+            error = ErrorInfo(
+                "ProtocolError",
+                f"program {msg.digest} is not cached here",
+                rank=self.rank,
+                job=msg.job,
+            )
+            self.post(Failed(msg.session, msg.job, self.rank, error))
+            return
+        self._submit(msg.session, lambda: self._run(msg, program.graph))
+
+    def _plan(self, digest: str, graph: Graph) -> Plan:
+        key = (digest, self.rank)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) > 512:
+                self._plans.clear()
+            plan = self._plans[key] = Plan.build(graph, self.rank)
+        return plan
+
+    def _run(self, msg: Exec, graph: Graph) -> None:
+        sid, job = msg.session, msg.job
+        if self.closed(sid) or self.mailbox.aborted(sid, job):
+            self.mailbox.end(sid, job)
+            return
+        started = time.monotonic()
+        timeout = msg.timeout_s if msg.timeout_s > 0 else self.job_timeout_s
+        run = _JobRun(self, sid, job, started + timeout)
+        self._active.add((sid, job))
+        try:
+            mine = msg.bindings.get(self.rank) or [None] * len(graph.inputs)
+            inputs = [self._resolve(sid, b) for b in mine]
+            if len(inputs) != len(graph.inputs):
+                raise SessionError(
+                    f"job binds {len(inputs)} inputs on rank {self.rank}, "
+                    f"the graph has {len(graph.inputs)}"
+                )
+            outputs = run_graph(self._plan(msg.digest, graph), inputs, run)
+        except JobAbortedError:
+            self.store.drop_job(sid, job)
+            return
+        except OpFailed as exc:
+            self.failed += 1
+            info = to_info(exc.cause, rank=self.rank, op=exc.label, job=job, remote=True)
+            self.post(Failed(sid, job, self.rank, info))
+            return
+        except Exception as exc:
+            self.failed += 1
+            self.post(
+                Failed(sid, job, self.rank, to_info(exc, rank=self.rank, op="inputs", job=job))
+            )
+            return
+        finally:
+            self._active.discard((sid, job))
+            self.mailbox.end(sid, job)
+        if self.closed(sid) or self.mailbox.aborted(sid, job):
+            return
+        values: dict[int, Any] = {}
+        for i, value in enumerate(outputs):
+            if value is ABSENT:
+                continue
+            self.store.put(sid, output_uri(job, i), value)
+            if i in msg.inline and is_small(value):
+                values[i] = value
+        self.done += 1
+        self.post(Done(sid, job, self.rank, values, {"run_s": time.monotonic() - started}))
+
+    def _resolve(self, sid: str, binding: Any) -> Any:
+        if binding is None:
+            return ABSENT
+        if isinstance(binding, Lit):
+            return binding.value
+        if isinstance(binding, str):
+            return self.store.get(sid, binding)
+        raise SessionError(f"bad input binding {binding!r}")
+
+    def abort(self, msg: Abort) -> None:
+        self.mailbox.abort(msg.session, msg.job, msg.error.message)
+        self.store.drop_job(msg.session, msg.job)
+
+    # -- data and names -------------------------------------------------------------------
+    def fetch(self, msg: Fetch, reply_now: Callable[[Record], None]) -> None:
+        if self.store.has(msg.session, msg.uri):  # answer at once, even during a long job
+            reply_now(self._fetch_reply(msg))
+            return
+        self._submit(msg.session, lambda: self.post(self._fetch_reply(msg)))
+
+    def _fetch_reply(self, msg: Fetch) -> Reply:
+        try:
+            return Reply(msg.req, value=self.store.get(msg.session, msg.uri))
+        except Exception as exc:
+            return Reply(
+                msg.req, error=to_info(exc, rank=self.rank, op="fetch", with_traceback=False)
+            )
+
+    def delete(self, msg: Delete) -> None:
+        uris = msg.uris.get(self.rank, [])
+        self._submit(msg.session, lambda: self.store.delete(msg.session, uris))
+
+    def save(self, msg: SaveSymbol) -> None:
+        def task() -> None:
+            try:
+                value = self.store.get(msg.session, msg.uri)
+                if msg.info.persist:
+                    if self.store.disk is None:
+                        raise SessionError("this worker has no data root to persist values in")
+                    self.store.disk.save(msg.info, value)
+                else:
+                    self.store.put(msg.session, symbol_uri(msg.info.name), value)
+                self.post(Ack(msg.req, self.rank))
+            except Exception as exc:
+                self.post(Ack(msg.req, self.rank, to_info(exc, rank=self.rank, op="save")))
+
+        self._submit(msg.session, task)
+
+    def unsave(self, msg: DeleteSymbol) -> None:
+        def task() -> None:
+            self.store.delete(msg.session, [symbol_uri(msg.name)])
+            if msg.persist and self.store.disk is not None:
+                self.store.disk.delete(msg.name)
+            self.post(Ack(msg.req, self.rank))
+
+        self._submit(msg.session, task)
+
+    # -- sessions -------------------------------------------------------------------------
+    def close_session(self, sid: str, reason: str) -> None:
+        self._closed[sid] = reason
+        while len(self._closed) > _CLOSED_MEMORY:
+            self._closed.popitem(last=False)
+        for s, job in list(self._active):
+            if s == sid:
+                self.mailbox.abort(s, job, reason)
+        self.mailbox.close_session(sid, reason)
+        self.store.close(sid)
+        with self._lock:
+            runner = self._runners.get(sid)
+        if runner is not None:  # whatever is still queued may have recreated objects
+
+            def forget() -> None:
+                self.store.close(sid)
+
+            runner.tasks.put(forget)
+
+    def close_all(self, reason: str) -> None:
+        for sid in self.store.session_ids() + list(self._runners):
+            self.close_session(sid, reason)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "objects": self.store.count(),
+            "sessions": len(self.store.session_ids()),
+            "jobs_running": len(self._active),
+            "jobs_done": self.done,
+            "jobs_failed": self.failed,
+            "moves_pending": self.mailbox.pending(),
+            "moves_duplicate": self.mailbox.duplicates,
+            "bytes_out": self.peers.bytes_out,
+        }

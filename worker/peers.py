@@ -1,0 +1,84 @@
+"""Outgoing peer links: one PUSH socket per destination rank, connected on first use.
+
+Job threads send on these directly (each socket behind its own lock), so a large move never
+waits for the I/O thread. Addresses come from the broker's directory; when a peer comes
+back with a new address, its socket is replaced.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from mpl.wire.codec import encode
+from mpl.wire.control import PeerInfo
+from mpl.wire.data import Move
+from mpl.wire.errors import JobAbortedError, MplTimeoutError, WorkerLostError
+from mpl.wire.sockets import configure
+
+__all__ = ["PeerLinks"]
+
+_RETRY_S = 0.05
+
+
+class _Link:
+    def __init__(self, sock: zmq.Socket[Any], addr: str) -> None:
+        self.sock = sock
+        self.addr = addr
+        self.lock = threading.Lock()
+
+
+class PeerLinks:
+    def __init__(self, ctx: zmq.Context[Any], directory: Callable[[], dict[int, PeerInfo]]) -> None:
+        self._ctx = ctx
+        self._directory = directory
+        self._links: dict[int, _Link] = {}
+        self._lock = threading.Lock()
+        self.bytes_out = 0
+
+    def send(self, move: Move, deadline: float, aborted: Callable[[], str | None]) -> None:
+        """Queue ``move`` to its destination; raises instead of blocking past ``deadline``."""
+        link = self._link(move.dst)
+        frames = encode(move)
+        with link.lock:
+            while True:
+                try:
+                    link.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                    break
+                except zmq.Again:  # the peer's queue is full: wait, but not forever
+                    reason = aborted()
+                    if reason is not None:
+                        raise JobAbortedError(f"job aborted: {reason}") from None
+                    if time.monotonic() > deadline:
+                        raise MplTimeoutError(
+                            f"rank {move.dst} did not take a move in time (its queue is full)"
+                        ) from None
+                    time.sleep(_RETRY_S)
+        self.bytes_out += sum(memoryview(f).nbytes for f in frames)
+
+    def _link(self, dst: int) -> _Link:
+        peer = self._directory().get(dst)
+        if peer is None:
+            raise WorkerLostError(f"rank {dst} is not in the broker's directory", rank=dst)
+        with self._lock:
+            link = self._links.get(dst)
+            if link is not None and link.addr == peer.data_addr:
+                return link
+            if link is not None:
+                with link.lock:
+                    link.sock.close(linger=0)
+            sock = configure(self._ctx.socket(zmq.PUSH))
+            sock.connect(peer.data_addr)
+            link = self._links[dst] = _Link(sock, peer.data_addr)
+            return link
+
+    def close(self) -> None:
+        with self._lock:
+            for link in self._links.values():
+                with link.lock:
+                    link.sock.close()
+            self._links.clear()
