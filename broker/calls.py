@@ -29,7 +29,8 @@ class Call:
 class JobCall(Call):
     job: str = ""
     values: dict[int, dict[int, Any]] = field(default_factory=dict)
-    stats: dict[int, dict[str, float]] = field(default_factory=dict)
+    stats: dict[int, dict[str, Any]] = field(default_factory=dict)
+    metas: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass

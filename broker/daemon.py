@@ -20,7 +20,7 @@ from zmq.utils.monitor import recv_monitor_message
 from mpl.broker.state import BrokerState, Send
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import decode, encode
-from mpl.wire.control import HEARTBEAT_S, Bye
+from mpl.wire.control import HEARTBEAT_S, Bye, Directory, Heartbeat
 from mpl.wire.errors import ProtocolError
 from mpl.wire.record import Record
 from mpl.wire.sockets import configure, drain
@@ -166,8 +166,16 @@ class Broker:
                 if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
                     raise
                 # unroutable: the peer is gone (or stuck); its calls fail back to their senders
-                log.warning("cannot deliver %s to %s: %s", action.msg.TAG, action.peer.hex(), exc)
-                self.state.errors.append(f"undeliverable {action.msg.TAG}: {exc.strerror}")
+                routine = isinstance(action.msg, (Heartbeat, Directory))
+                log.log(
+                    logging.INFO if routine else logging.WARNING,
+                    "cannot deliver %s to %s: %s",
+                    action.msg.TAG,
+                    action.peer.hex(),
+                    exc,
+                )
+                if not routine:
+                    self.state.errors.append(f"undeliverable {action.msg.TAG}: {exc.strerror}")
                 pending += self.state.disconnected(action.peer, time.monotonic())
 
     def _say_goodbye(self) -> None:

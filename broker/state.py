@@ -334,12 +334,14 @@ class BrokerState:
         for index, value in msg.values.items():
             job.values.setdefault(index, {})[msg.rank] = value
         job.stats[msg.rank] = msg.stats
+        for index, meta in msg.metas.items():
+            job.metas.setdefault(index, meta)
         if job.pending:
             return []
         del self.calls.jobs[msg.job]
         self._session_jobs_discard(job)
         self.counters["jobs_done"] += 1
-        return [Send(job.driver, JobResult(msg.job, job.values, stats=job.stats))]
+        return [Send(job.driver, JobResult(msg.job, job.values, stats=job.stats, metas=job.metas))]
 
     def _on_failed(self, peer: bytes, msg: Failed, now: float) -> list[Send]:
         job = self.calls.jobs.get(msg.job)

@@ -1,1 +1,112 @@
-"""placeholder"""
+"""mpl.driver: write one program, run it across parties.
+
+    import mpl.driver as mp
+
+    with mp.local_cluster(2) as ctx:            # or mp.Simulator.simple(2), mp.connect(url)
+        x = mp.device("P0")(load_alice)()       # runs on party P0; x stays there
+        y = mp.device("P1")(load_bob)()
+        z = mp.device("SP0")(lambda a, b: a < b)(x, y)   # MPC: neither sees the other's data
+        print(mp.fetch(mp.put("P0", z)))        # reveal to P0, then bring it here
+
+Modules: contexts (``context``), values (``values``), the device API (``devices``), traced
+programs (``programs``, over ``recorder``), the party API (``simp``) and collectives
+(``collective``), named values (``names``), SPU support (``spu``), trace files
+(``tracefile``). The low-level ``client`` speaks the wire protocol; ``simulator`` and
+``launcher`` are the only modules that start broker and worker code, and they are imported
+on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpl.driver import collective, simp
+from mpl.driver.context import Context, Status, connect, get_context, set_context
+from mpl.driver.devices import device, fetch, put
+from mpl.driver.names import delete, load, save
+from mpl.driver.programs import Function, Program, compile, function
+from mpl.driver.values import Value
+from mpl.wire.cluster import ClusterSpec
+from mpl.wire.errors import (
+    ClusterSpecError,
+    DeviceError,
+    DeviceInferenceError,
+    DeviceNotFoundError,
+    GraphError,
+    JobAbortedError,
+    MplError,
+    MplTimeoutError,
+    ProtocolError,
+    RemoteError,
+    SessionError,
+    WorkerLostError,
+)
+
+__all__ = [
+    "ClusterSpec",
+    "ClusterSpecError",
+    "Context",
+    "DeviceError",
+    "DeviceInferenceError",
+    "DeviceNotFoundError",
+    "Function",
+    "GraphError",
+    "JobAbortedError",
+    "LocalCluster",
+    "MplError",
+    "MplTimeoutError",
+    "Program",
+    "ProtocolError",
+    "RemoteError",
+    "SessionError",
+    "Simulator",
+    "Status",
+    "Value",
+    "WorkerLostError",
+    "collective",
+    "compile",
+    "connect",
+    "delete",
+    "device",
+    "fetch",
+    "function",
+    "get_context",
+    "load",
+    "local_cluster",
+    "put",
+    "save",
+    "set_context",
+    "simp",
+    "trace",
+]
+
+
+def trace(path: str) -> str:
+    """Write a Chrome/Perfetto trace of the current context's last jobs to ``path``."""
+    from mpl.driver.context import current
+
+    return current().trace(path)
+
+
+_LAZY = {
+    "Simulator": "mpl.driver.simulator",
+    "LocalCluster": "mpl.driver.launcher",
+    "local_cluster": "mpl.driver.launcher",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # The in-process runtime and the process launcher pull in the broker and worker code:
+    # load them when first used, so `import mpl.driver` stays light.
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mpl.driver' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -41,7 +41,11 @@ from mpl.wire.sessions import (
 )
 from mpl.wire.sockets import configure
 
-__all__ = ["Client"]
+__all__ = ["INPROC_CONTEXTS", "Client"]
+
+# inproc:// endpoints only exist inside one ZeroMQ context: in-process clusters register
+# theirs here, so a Client (or mp.connect) given such an address can reach it.
+INPROC_CONTEXTS: dict[str, zmq.Context[Any]] = {}
 
 log = logging.getLogger("mpl.driver")
 _SLICE_S = 0.1  # waits wake this often to notice a lost broker
@@ -90,6 +94,12 @@ class Client:
         self.job_timeout = job_timeout
         self.heartbeat_s = heartbeat_s
         self.client_id = secrets.token_hex(4)
+        if context is None and address.startswith("inproc://"):
+            context = INPROC_CONTEXTS.get(address)
+            if context is None:
+                raise MplError(
+                    f"{address} is an in-process address, and no simulator here serves it"
+                )
         self._own_context = context is None
         self.ctx: zmq.Context[Any] = context or zmq.Context()
         self._local = threading.local()

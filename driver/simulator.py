@@ -1,7 +1,7 @@
-"""In-process clusters: the real broker and worker code on threads, over inproc:// sockets.
+"""``mp.Simulator``: the real broker and worker code on threads, over inproc:// sockets.
 
-This is what ``mp.Simulator`` runs on. It is not a fake: the same ``Broker`` and ``Worker``
-classes as the daemons, the same codec and messages; only the transport is in-memory.
+It is not a fake: the same ``Broker`` and ``Worker`` classes as the daemons, the same codec
+and messages; only the transport is in-memory (and SPU links are in-memory too).
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ from typing import Any
 import zmq
 
 from mpl.broker.daemon import Broker
+from mpl.driver.client import INPROC_CONTEXTS, Client
+from mpl.driver.context import Context
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.control import HEARTBEAT_S
 from mpl.wire.errors import MplTimeoutError
 from mpl.worker.daemon import Worker
 
-__all__ = ["InProcessCluster"]
+__all__ = ["InProcessCluster", "Simulator"]
 
 
 class InProcessCluster:
@@ -48,6 +50,7 @@ class InProcessCluster:
             cluster, f"inproc://mpl-{name}-broker", context=self.ctx, heartbeat_s=heartbeat_s
         ).start()
         self.address = self.broker.address
+        INPROC_CONTEXTS[self.address] = self.ctx
         self.workers = [
             Worker(
                 self.address,
@@ -70,6 +73,7 @@ class InProcessCluster:
                 )
 
     def close(self) -> None:
+        INPROC_CONTEXTS.pop(self.address, None)
         for w in self.workers:
             w.stop()
         for w in self.workers:
@@ -86,3 +90,41 @@ class InProcessCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Simulator(Context):
+    """A whole cluster inside this process: ``mp.Simulator(cluster)`` or ``.simple(n)``.
+
+    ``with sim:`` makes it current; ``sim.close()`` stops its threads.
+    """
+
+    def __init__(
+        self,
+        cluster: ClusterSpec | None = None,
+        *,
+        session: str = "",
+        timeout: float = 30.0,
+        **options: Any,
+    ) -> None:
+        self.runtime = InProcessCluster(cluster or ClusterSpec.simple(2), **options)
+        client = Client(self.runtime.address, context=self.runtime.ctx, timeout=timeout)
+        try:
+            super().__init__(client, session=session)
+        except BaseException:
+            client.close()
+            self.runtime.close()
+            raise
+
+    @classmethod
+    def simple(cls, world_size: int, **options: Any) -> Simulator:
+        """A simulator of ``ClusterSpec.simple(world_size)``; options go to ``ClusterSpec.simple``
+        (``spu_protocol``, ``spu_field``...) or to the simulator (``timeout``, ``session``)."""
+        spec_keys = {"spu_protocol", "spu_field", "fxp_fraction_bits", "spu_members", "enable_spu"}
+        spec = ClusterSpec.simple(
+            world_size, **{k: options.pop(k) for k in list(options) if k in spec_keys}
+        )
+        return cls(spec, **options)
+
+    def _shutdown(self) -> None:
+        super()._shutdown()
+        self.runtime.close()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stop the cluster scripts/cluster-up.sh started: SIGTERM each pid, SIGKILL after 5 s.
 set -euo pipefail
-RUN="$(cd "$(dirname "$0")/.." && pwd)/.mpl/run"
+RUN="${MPL_RUN_DIR:-$(cd "$(dirname "$0")/.." && pwd)/.mpl/run}"
 shopt -s nullglob
 pidfiles=("$RUN"/*.pid)
 if [ ${#pidfiles[@]} -eq 0 ]; then

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Start a broker and N workers (default 2) in the background on free loopback ports.
-# Logs, pids and the broker URL go to .mpl/run/; the URL is printed on stdout.
+# Logs, pids and the broker URL go to .mpl/run/ (or $MPL_RUN_DIR); the URL is printed on stdout.
 # Stop them with scripts/cluster-down.sh.   Usage: scripts/cluster-up.sh [N]
 set -euo pipefail
 source "$(dirname "$0")/_venv.sh"
 ensure_venv
 N="${1:-2}"
 [[ "$N" =~ ^[1-9][0-9]*$ ]] || { echo "usage: $0 [N]   (N = number of workers, >= 1)" >&2; exit 2; }
-RUN="$ROOT/.mpl/run"
+RUN="${MPL_RUN_DIR:-$ROOT/.mpl/run}"
 mkdir -p "$RUN"
 for pidfile in "$RUN"/*.pid; do
   [ -e "$pidfile" ] || continue
@@ -51,7 +51,7 @@ while time.monotonic() < deadline:
     if len(up) == n:
         sys.exit(0)
     time.sleep(0.05)
-sys.exit(f"not all {n} workers joined within 30 s; see .mpl/run/worker*.log")
+sys.exit(f"not all {n} workers joined within 30 s; see the worker logs")
 PY
 echo "$URL" > "$RUN/broker.url"
 echo "$URL"

@@ -17,7 +17,7 @@ os.environ.setdefault("JAX_ENABLE_X64", "1")
 import pytest
 
 from mpl.driver.client import Client
-from mpl.driver.local_cluster import ProcessCluster
+from mpl.driver.launcher import ProcessCluster
 from mpl.driver.simulator import InProcessCluster
 from mpl.wire import ClusterSpec
 from mpl.wire.codec import pickle_by_value

@@ -13,7 +13,7 @@ import pytest
 import zmq
 from helpers import double, nap_then, one, stats, wait_until
 
-from mpl.driver.local_cluster import daemon_command
+from mpl.driver.launcher import daemon_command
 from mpl.wire import GraphBuilder, SessionError, WorkerLostError, encode
 from mpl.wire.data import Move
 from mpl.wire.jobs import Lit, output_uri

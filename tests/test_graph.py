@@ -116,6 +116,15 @@ def test_builder_reports_errors_at_trace_time() -> None:
     x = b.input((0,))
     with pytest.raises(GraphError, match="not covered"):
         b.op("pcall", [x], ranks=(1,), fn=b.fn(abs))
-    b.op("pcall", [x], ranks=(0,), fn=b.fn(abs))
-    with pytest.raises(GraphError, match="before the first op"):
-        b.input((1,))
+
+
+def test_builder_accepts_late_inputs_and_renumbers() -> None:
+    b = GraphBuilder(2)
+    x = b.input((0,))
+    y = b.op("pcall", [x], ranks=(0,), fn=b.fn(abs))[0]
+    late = b.input((0,))  # e.g. a value captured halfway through a trace
+    z = b.op("pcall", [y, late], ranks=(0,), fn=b.fn(max))[0]
+    g = b.build([z])
+    assert g.inputs == ((0,), (0,))
+    assert [op.inputs for op in g.ops] == [(0,), (2, 1)]
+    assert g.outputs == (3,)

@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("wire", "broker", "worker", "driver")
 # driver modules allowed to start broker and worker code (in-process simulator, local cluster)
-LAUNCHERS = {"driver/simulator.py", "driver/local_cluster.py"}
+LAUNCHERS = {"driver/simulator.py", "driver/launcher.py"}
 
 
 def imports(path: Path, top_level_only: bool = False) -> set[str]:

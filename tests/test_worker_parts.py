@@ -127,6 +127,7 @@ class FakeJob:
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
+        self.spans: list[list[Any]] = []
         self.sent: list[tuple[int, int, Any]] = []
 
     def send(self, dst: int, op: int, seq: int, value: Any) -> None:

@@ -322,23 +322,27 @@ def fill(template: Any, values: Sequence[Any]) -> Any:
 
 
 class GraphBuilder:
-    """Builds a graph op by op, checking each op as it is added (errors at trace time)."""
+    """Builds a graph op by op, checking each op as it is added (errors at trace time).
+
+    Inputs may be declared at any point (a value captured halfway through a trace); the
+    builder numbers values provisionally and :meth:`build` renumbers them so that graph
+    inputs come first, as the IR requires.
+    """
 
     def __init__(self, world_size: int, name: str = "") -> None:
         self.world_size = world_size
         self.name = name
-        self._inputs: list[Ranks] = []
-        self._ops: list[Op] = []
+        self._inputs: list[int] = []  # provisional ids of the inputs, in declaration order
+        self._ops: list[Op] = []  # with provisional ids
+        self._op_first: list[int] = []  # provisional id of each op's first output
         self._fns: list[Any] = []
         self._fn_ids: dict[int, int] = {}
-        self.placements: list[Ranks] = []
+        self.placements: list[Ranks] = []  # by provisional id
 
     def input(self, ranks: Sequence[int]) -> int:
-        if self._ops:
-            raise GraphError("graph inputs must be declared before the first op")
-        placed = _check_ranks(tuple(ranks), self.world_size, f"input %{len(self._inputs)}")
-        self._inputs.append(placed)
+        placed = _check_ranks(tuple(ranks), self.world_size, f"input {len(self._inputs)}")
         self.placements.append(placed)
+        self._inputs.append(len(self.placements) - 1)
         return len(self.placements) - 1
 
     def fn(self, f: Any) -> int:
@@ -364,15 +368,25 @@ class GraphBuilder:
         outs = _check_op(op, self.placements, view, len(self._ops))
         self._ops.append(op)
         first = len(self.placements)
+        self._op_first.append(first)
         self.placements.extend(outs)
         return list(range(first, first + nout))
 
     def build(self, outputs: Sequence[int]) -> Graph:
+        final: dict[int, int] = {v: i for i, v in enumerate(self._inputs)}
+        ops = []
+        for op, first in zip(self._ops, self._op_first, strict=True):
+            ops.append(
+                Op(op.opcode, tuple(final[v] for v in op.inputs), op.nout, op.ranks, op.attrs)
+            )
+            base = len(final)
+            for i in range(op.nout):
+                final[first + i] = base + i
         graph = Graph(
             self.world_size,
-            tuple(self._inputs),
-            tuple(self._ops),
-            tuple(outputs),
+            tuple(self.placements[v] for v in self._inputs),
+            tuple(ops),
+            tuple(final[v] for v in outputs),
             tuple(self._fns),
             self.name,
         )

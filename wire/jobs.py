@@ -85,7 +85,8 @@ class Done(Record, tag="done"):
     job: str
     rank: int
     values: dict[int, Any] = field(default_factory=dict)
-    stats: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+    metas: dict[int, str] = field(default_factory=dict)  # "float64[3]"-style descriptions
 
 
 @dataclass(frozen=True)
@@ -125,4 +126,5 @@ class JobResult(Record, tag="result"):
     values: dict[int, dict[int, Any]] = field(default_factory=dict)
     error: ErrorInfo | None = None
     missing_program: bool = False
-    stats: dict[int, dict[str, float]] = field(default_factory=dict)
+    stats: dict[int, dict[str, Any]] = field(default_factory=dict)
+    metas: dict[int, str] = field(default_factory=dict)

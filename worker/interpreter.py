@@ -9,6 +9,7 @@ use, so a large intermediate does not outlive the op that consumes it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -36,6 +37,7 @@ class JobContext(Protocol):
     job: str
     rank: int
     deadline: float
+    spans: list[list[Any]]  # [op index, label, start s, end s] relative to the job's start
 
     def send(self, dst: int, op: int, seq: int, value: Any) -> None: ...
 
@@ -48,6 +50,7 @@ class JobContext(Protocol):
 
 Kernel = Callable[[JobContext, Graph, int, Op, list[Any]], list[Any]]
 KERNELS: dict[str, Kernel] = {}
+_MAX_SPANS = 2000  # per job and rank, for mp.trace
 
 
 def kernel(opcode: str) -> Callable[[Kernel], Kernel]:
@@ -103,15 +106,19 @@ def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
     graph, rank = plan.graph, plan.rank
     env: dict[int, Any] = {i: v for i, v in enumerate(inputs) if v is not ABSENT}
     vid = len(graph.inputs)
+    origin = time.monotonic()
     for k, op in enumerate(graph.ops):
         if rank in op.ranks:
             args = [env.get(v, ABSENT) for v in op.inputs]
+            start = time.monotonic()
             try:
                 outs = KERNELS[op.opcode](ctx, graph, k, op, args)
             except (JobAbortedError, OpFailed):
                 raise
             except Exception as exc:
                 raise OpFailed(op_label(graph, k), exc) from exc
+            if len(ctx.spans) < _MAX_SPANS:
+                ctx.spans.append([k, op_label(graph, k), start - origin, time.monotonic() - origin])
             for i, value in enumerate(outs):
                 if value is not ABSENT:
                     env[vid + i] = value

@@ -39,6 +39,18 @@ _RUNNER_IDLE_S = 30.0
 _CLOSED_MEMORY = 1024
 
 
+def describe(value: Any) -> str:
+    """A short description of a value for ``repr(Value)``: ``float64[3, 2]``, ``int``, ..."""
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype}[{', '.join(map(str, value.shape))}]"
+    if isinstance(value, np.generic):
+        return str(value.dtype)
+    describe_self = getattr(value, "mpl_describe", None)
+    if callable(describe_self):
+        return str(describe_self())
+    return type(value).__name__
+
+
 def is_small(value: Any, budget: int = INLINE_BYTES) -> bool:
     """Cheap bound on the encoded size: only plain data qualifies for inline return."""
     return _size(value, budget, 0) <= budget
@@ -102,6 +114,7 @@ class _JobRun:
         self.job = job
         self.rank = jobs.rank
         self.deadline = deadline
+        self.spans: list[list[Any]] = []
 
     def send(self, dst: int, op: int, seq: int, value: Any) -> None:
         move = Move(self.session, self.job, op, seq, self.rank, dst, value)
@@ -203,7 +216,7 @@ class Jobs:
         if self.closed(sid) or self.mailbox.aborted(sid, job):
             self.mailbox.end(sid, job)
             return
-        started = time.monotonic()
+        started, wall = time.monotonic(), time.time()
         timeout = msg.timeout_s if msg.timeout_s > 0 else self.job_timeout_s
         run = _JobRun(self, sid, job, started + timeout)
         self._active.add((sid, job))
@@ -236,14 +249,17 @@ class Jobs:
         if self.closed(sid) or self.mailbox.aborted(sid, job):
             return
         values: dict[int, Any] = {}
+        metas: dict[int, str] = {}
         for i, value in enumerate(outputs):
             if value is ABSENT:
                 continue
             self.store.put(sid, output_uri(job, i), value)
+            metas[i] = describe(value)
             if i in msg.inline and is_small(value):
                 values[i] = value
         self.done += 1
-        self.post(Done(sid, job, self.rank, values, {"run_s": time.monotonic() - started}))
+        stats = {"run_s": time.monotonic() - started, "started": wall, "ops": run.spans}
+        self.post(Done(sid, job, self.rank, values, stats, metas))
 
     def _resolve(self, sid: str, binding: Any) -> Any:
         if binding is None:

@@ -14,14 +14,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from mpl.driver.client import Client
+from mpl.driver.context import Context
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.errors import MplError, MplTimeoutError
 
-__all__ = ["ProcessCluster", "daemon_command"]
+__all__ = ["LocalCluster", "ProcessCluster", "daemon_command", "local_cluster"]
 
 _LISTENING = re.compile(r"mpl-broker listening on (\S+)")
 _PR_SET_PDEATHSIG = 1
@@ -211,3 +214,47 @@ class ProcessCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class LocalCluster(Context):
+    """A context on daemons it started itself; leaving its ``with`` block stops them."""
+
+    def __init__(self, cluster: ClusterSpec, *, timeout: float = 30.0, **options: Any) -> None:
+        self.processes = ProcessCluster(cluster, **options)
+        try:
+            super().__init__(Client(self.processes.address, timeout=timeout))
+        except BaseException:
+            self.processes.close()
+            raise
+        self._creator = threading.get_ident()
+        self._depth = 0
+
+    def __enter__(self) -> LocalCluster:
+        super().__enter__()
+        if threading.get_ident() == self._creator:
+            self._depth += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        if threading.get_ident() == self._creator:
+            self._depth -= 1
+            if self._depth == 0:
+                self.close()
+
+    def _shutdown(self) -> None:
+        try:
+            super()._shutdown()
+        finally:
+            self.processes.close()
+
+
+def local_cluster(cluster: ClusterSpec | int = 2, **options: Any) -> LocalCluster:
+    """Spawn ``mpl-broker`` and one ``mpl-worker`` per rank on free loopback ports.
+
+    Use it as ``with mp.local_cluster(2) as ctx:``: the processes stop when the block ends,
+    also when it raises (and if this process dies, the kernel stops them too). Options:
+    ``timeout`` (control requests), ``heartbeat_s``, ``job_timeout_s``, ``run_dir`` (logs).
+    """
+    spec = ClusterSpec.simple(cluster) if isinstance(cluster, int) else cluster
+    return LocalCluster(spec, **options)

@@ -1,0 +1,209 @@
+"""Contexts: one session on a cluster, and which context is current in each thread.
+
+``with ctx:`` makes ``ctx`` current in this thread for the block (contexts nest, and any
+thread may enter any context); ``mp.set_context(ctx)`` makes it the default of threads with
+no ``with`` active. ``ctx.close()`` ends the session: the workers free everything it held.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from mpl.driver.client import Client
+from mpl.wire.cluster import ClusterSpec
+from mpl.wire.errors import MplError
+from mpl.wire.graph import Graph
+from mpl.wire.jobs import JobResult
+from mpl.wire.status import format_status
+
+__all__ = ["Context", "Status", "connect", "current", "get_context", "set_context"]
+
+_DELETE_BATCH = 256
+_JOB_MEMORY = 64  # jobs kept for mp.trace()
+
+
+class _Stack(threading.local):
+    def __init__(self) -> None:
+        self.contexts: list[Context] = []
+
+
+_stack = _Stack()
+_default: Context | None = None
+
+
+def current() -> Context:
+    """The current context: the innermost ``with ctx:`` of this thread, else the default."""
+    if _stack.contexts:
+        return _stack.contexts[-1]
+    if _default is not None:
+        return _default
+    raise MplError(
+        "no mpl context: create one and enter it, e.g. `with mp.Simulator.simple(2):`, "
+        "`with mp.local_cluster(2):`, or call mp.set_context(mp.connect(url))"
+    )
+
+
+def get_context() -> Context | None:
+    """The current context, or None."""
+    try:
+        return current()
+    except MplError:
+        return None
+
+
+def set_context(ctx: Context | None) -> None:
+    """Make ``ctx`` the default context of every thread (None clears it)."""
+    global _default
+    _default = ctx
+
+
+class Status(dict[str, Any]):
+    """The broker's status report: a dict, printed as the ``mpl-broker status`` table."""
+
+    def __str__(self) -> str:
+        return format_status(self)
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What ``mp.trace`` draws: one job's per-rank op spans."""
+
+    job: str
+    name: str
+    started: float  # driver wall clock
+    seconds: float
+    stats: dict[int, dict[str, Any]]
+
+
+class Context:
+    """One session on a cluster, reached through a broker."""
+
+    def __init__(self, client: Client, *, session: str = "", lease_s: float = 60.0) -> None:
+        self.client = client
+        opened = client.open_session(session, lease_s=lease_s)
+        self.session = opened.session
+        self.name = session
+        self.cluster = ClusterSpec.from_dict(opened.cluster)
+        self._released: list[tuple[tuple[int, ...], str]] = []
+        self._released_lock = threading.Lock()
+        self.jobs: deque[JobRecord] = deque(maxlen=_JOB_MEMORY)
+        self.jobs_run = 0
+        self.closed = False
+
+    @property
+    def address(self) -> str:
+        """The broker's URL."""
+        return self.client.address
+
+    # -- activation -----------------------------------------------------------------------
+    def __enter__(self) -> Context:
+        self._check_open()
+        _stack.contexts.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if _stack.contexts and _stack.contexts[-1] is self:
+            _stack.contexts.pop()
+        elif self in _stack.contexts:
+            _stack.contexts.remove(self)
+
+    def close(self) -> None:
+        """End the session; the workers free every value it held. Idempotent."""
+        global _default
+        if self.closed:
+            return
+        self.closed = True
+        if _default is self:
+            _default = None
+        try:
+            self.client.close_session(self.session)
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        self.client.close()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise MplError("this context is closed")
+
+    # -- what values and programs use ------------------------------------------------------
+    def run(
+        self,
+        graph: Graph,
+        bindings: dict[int, list[Any]],
+        *,
+        inline: tuple[int, ...] = (),
+        timeout: float | None = None,
+    ) -> JobResult:
+        """Run ``graph`` as one job (after sending any deletes waiting in the batch)."""
+        self._check_open()
+        self.flush()
+        wall, start = time.time(), time.monotonic()
+        result = self.client.submit(self.session, graph, bindings, inline=inline, timeout=timeout)
+        self.jobs_run += 1
+        self.jobs.append(
+            JobRecord(result.job, graph.name, wall, time.monotonic() - start, result.stats)
+        )
+        return result
+
+    def fetch_raw(self, rank: int, uri: str, *, timeout: float | None = None) -> Any:
+        self._check_open()
+        self.flush()
+        return self.client.fetch(self.session, rank, uri, timeout=timeout)
+
+    def release(self, parties: tuple[int, ...], uri: str) -> None:
+        """A Value was dropped: queue its deletion (safe from any thread, even the GC)."""
+        if self.closed:
+            return
+        with self._released_lock:
+            self._released.append((parties, uri))
+
+    def flush(self) -> None:
+        """Send the deletes queued by dropped Values now (jobs and fetches do it first)."""
+        with self._released_lock:
+            batch, self._released = self._released, []
+        if not batch or self.closed:
+            return
+        for start in range(0, len(batch), _DELETE_BATCH):
+            uris: dict[int, list[str]] = {}
+            for parties, uri in batch[start : start + _DELETE_BATCH]:
+                for rank in parties:
+                    uris.setdefault(rank, []).append(uri)
+            self.client.delete(self.session, uris)
+
+    def status(self, *, timeout: float | None = None) -> Status:
+        """The cluster's status: ranks, liveness, sessions, jobs, bytes moved, errors."""
+        return Status(self.client.status(timeout=timeout))
+
+    def trace(self, path: str) -> str:
+        """Write a Chrome/Perfetto trace of the last jobs to ``path``; returns ``path``."""
+        from mpl.driver.tracefile import write_trace
+
+        return write_trace(list(self.jobs), self.cluster, path)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"session {self.session}"
+        return (
+            f"<{type(self).__name__} {self.address} {state}, world size {self.cluster.world_size}>"
+        )
+
+
+def connect(
+    url: str, *, session: str | None = None, timeout: float = 30.0, lease_s: float = 60.0
+) -> Context:
+    """Attach to a running broker. ``session="name"`` creates or re-attaches that session.
+
+    The cluster spec comes from the broker. ``timeout`` bounds each control request; a
+    broker that does not answer raises ``MplTimeoutError``.
+    """
+    client = Client(url, timeout=timeout)
+    try:
+        return Context(client, session=session or "", lease_s=lease_s)
+    except BaseException:
+        client.close()
+        raise

@@ -1,0 +1,233 @@
+"""The device API: ``mp.device``, ``mp.put``, ``mp.fetch``, and moves between devices.
+
+=============  =========================================================================
+move           how
+=============  =========================================================================
+PPU -> PPU     a peer move (``shuffle``) from the owner to the target
+PPU -> SPU     seal: the owner secret-shares it and sends each member its share
+SPU -> PPU     reveal: every member sends its share to the target, which reconstructs
+SPU -> SPU     not supported (``NotImplementedError``)
+host -> PPU    a job input bound on that party only
+host -> SPU    the driver makes the shares and binds one to each member
+=============  =========================================================================
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mpl.driver import spu as _spu
+from mpl.driver.context import current
+from mpl.driver.recorder import Recorder, active, cluster_now, emit
+from mpl.driver.tree import flatten, tree_map, unflatten
+from mpl.driver.values import NOT_CACHED, Value
+from mpl.wire.cluster import ClusterSpec, Device
+from mpl.wire.errors import DeviceError, DeviceInferenceError, DeviceNotFoundError
+from mpl.wire.graph import Arg
+
+__all__ = ["DeviceCall", "device", "fetch", "getitem", "move", "put"]
+
+
+def _device(cluster: ClusterSpec, name: str) -> Device:
+    try:
+        return cluster.device(name)
+    except KeyError:
+        raise DeviceNotFoundError(
+            f"no device {name!r} in cluster {cluster.cluster_id}; devices: "
+            f"{', '.join(sorted(cluster.devices))}"
+        ) from None
+
+
+def infer_device(cluster: ClusterSpec, values: Sequence[Value]) -> str:
+    """mplang's rules: the one device among the arguments, else the one secure device."""
+    devices = sorted({v.device for v in values if v.device is not None})
+    if not devices:
+        raise DeviceInferenceError(
+            "cannot infer a device: no argument lives on a device; name one, e.g. mp.device('P0')"
+        )
+    if len(devices) == 1:
+        return devices[0]
+    secure = [d for d in devices if _device(cluster, d).kind == "SPU"]
+    if not secure:
+        raise DeviceInferenceError(
+            "cannot infer a device: arguments live on multiple PPU devices "
+            f"({', '.join(devices)}); name the device that should run the function"
+        )
+    if len(secure) > 1:
+        raise DeviceInferenceError(
+            f"Ambiguous device: arguments live on several secure devices ({', '.join(secure)})"
+        )
+    return secure[0]
+
+
+class DeviceCall:
+    """``mp.device(id)``: decorate a function to run on that device."""
+
+    def __init__(self, dev_id: str | None, nout: int | None) -> None:
+        if nout is not None and (not isinstance(nout, int) or nout < 0):
+            raise ValueError(f"nout must be a non-negative int, got {nout!r}")
+        self.dev_id = dev_id
+        self.nout = nout
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        if not callable(fn):
+            raise TypeError(f"mp.device(...) decorates a function, got {type(fn).__name__}")
+
+        @functools.wraps(fn)
+        def on_device(*args: Any, **kwargs: Any) -> Any:
+            return _call(self.dev_id, self.nout, fn, args, kwargs)
+
+        return on_device
+
+    def __repr__(self) -> str:
+        return f"mp.device({self.dev_id!r}{'' if self.nout is None else f', nout={self.nout}'})"
+
+
+def device(dev_id: str | None = None, *, nout: int | None = None) -> DeviceCall:
+    """``mp.device("P0")(fn)(*args)`` runs ``fn`` on P0; ``mp.device()`` infers the device.
+
+    Arguments living on other devices are moved first; host values are sent along.
+    Returns one :class:`Value`, or a tuple of ``nout`` Values.
+    """
+    return DeviceCall(dev_id, nout)
+
+
+def _call(
+    dev_id: str | None,
+    nout: int | None,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    cluster = cluster_now()
+    leaves, treedef = flatten((args, kwargs))
+    name = dev_id or infer_device(cluster, [v for v in leaves if isinstance(v, Value)])
+    dev = _device(cluster, name)
+    if dev.kind == "SPU":
+        outs = _spu.run(cluster, dev, fn, leaves, treedef, nout)
+    else:
+        outs = _ppu_call(cluster, dev, fn, leaves, treedef, nout)
+    return outs[0] if nout is None else tuple(outs)
+
+
+def _ppu_call(
+    cluster: ClusterSpec,
+    dev: Device,
+    fn: Callable[..., Any],
+    leaves: list[Any],
+    treedef: Any,
+    nout: int | None,
+) -> list[Value]:
+    rank = cluster.ranks(dev.name)[0]
+
+    def build(rec: Recorder) -> list[tuple[int, str | None]]:
+        inputs: list[int] = []
+        template: list[Any] = []
+        for leaf in leaves:
+            if isinstance(leaf, Value):
+                inputs.append(move(rec, leaf, dev.name))
+            elif rec.traced:
+                template.append(leaf)  # a host value is baked into the traced program
+                continue
+            else:
+                inputs.append(rec.host(leaf, (rank,)))
+            template.append(Arg(len(inputs) - 1))
+        targs, tkwargs = unflatten(treedef, template)
+        outs = rec.op(
+            "pcall",
+            inputs,
+            ranks=(rank,),
+            nout=1 if nout is None else nout,
+            fn=rec.fn(fn),
+            args=targs,
+            kwargs=tkwargs,
+            name=_name(fn),
+        )
+        return [(o, dev.name) for o in outs]
+
+    return emit(build, name=_name(fn))
+
+
+def _name(fn: Any) -> str:
+    return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or "fn")
+
+
+def move(rec: Recorder, value: Value, target: str) -> int:
+    """The symbol of ``value`` once it is on device ``target`` (moving it if needed)."""
+    sym = rec.of(value)
+    if value.device == target:
+        return sym
+    cluster = rec.cluster
+    dst = _device(cluster, target)
+    src_kind = _device(cluster, value.device).kind if value.device else "simp"
+    if dst.kind == "SPU":
+        if src_kind == "SPU":
+            raise NotImplementedError(
+                f"moving a secret value from {value.device} to {target} (SPU to SPU re-sharing) "
+                "is not supported; reveal it to a PPU first if the parties agree"
+            )
+        return _spu.seal(rec, sym, value, dst)
+    rank = cluster.ranks(target)[0]
+    if src_kind == "SPU":
+        return _spu.reveal(rec, sym, value, rank)
+    if value.parties == (rank,):
+        return sym
+    source = value.parties[0] if rank not in value.parties else rank
+    return rec.op("shuffle", [sym], ranks=(source, rank), routing={rank: source})[0]
+
+
+def put(dev_id: str, x: Any) -> Value:
+    """Place a host value on a device, or move a Value there (see the module table)."""
+    cluster = cluster_now()
+    dev = _device(cluster, dev_id)
+    if isinstance(x, Value):
+        return emit(lambda rec: [(move(rec, x, dev_id), dev_id)], name=f"put {dev_id}")[0]
+    if dev.kind == "SPU":
+        return _spu.put_host(cluster, dev, x)
+    rank = cluster.ranks(dev_id)[0]
+    return emit(lambda rec: [(rec.host(x, (rank,)), dev_id)], name=f"put {dev_id}")[0]
+
+
+def getitem(value: Value, key: Any) -> Value:
+    """``value[key]`` computed where the value lives."""
+    if value.device is not None and cluster_now().device(value.device).kind == "SPU":
+        return _spu.getitem(value, key)
+    return emit(
+        lambda rec: [
+            (rec.op("getitem", [rec.of(value)], ranks=value.parties, key=key)[0], value.device)
+        ],
+        name="getitem",
+    )[0]
+
+
+def fetch(x: Any, *, timeout: float | None = None) -> Any:
+    """Bring Values (anywhere in lists, tuples, dicts) to the driver.
+
+    A PPU value comes back as is. A multi-party value comes back as a list by rank, with
+    None where a rank holds nothing. An SPU value is reconstructed here: that reveals the
+    secret to whoever runs the driver. Inside ``@mp.function`` it returns its input.
+    """
+    if active() is not None:
+        return x
+    return tree_map(lambda leaf: _fetch_one(leaf, timeout), x)
+
+
+def _fetch_one(value: Any, timeout: float | None) -> Any:
+    if not isinstance(value, Value):
+        return value
+    if value.traced:
+        raise DeviceError("cannot fetch a traced value outside its @mp.function")
+    ctx = value._ctx if value._ctx is not None else current()
+    if value.device is not None and ctx.cluster.device(value.device).kind == "SPU":
+        return _spu.fetch(ctx, value, timeout)
+    got = {}
+    for rank in value.parties:
+        cached = value.cached(rank)
+        got[rank] = (
+            cached if cached is not NOT_CACHED else ctx.fetch_raw(rank, value._uri, timeout=timeout)
+        )
+    if len(value.parties) == 1:
+        return got[value.parties[0]]
+    return [got.get(r) for r in range(ctx.cluster.world_size)]

@@ -1,0 +1,177 @@
+"""``@mp.function`` and ``mp.compile``: trace a Python function into ONE graph, run it as
+ONE job (one driver -> broker -> workers round trip, whatever the number of ops).
+
+Tracing records placements, not data: Python control flow on the driver is unrolled, host
+values are baked in as constants, and Values reached through closures become inputs. A
+traced program is cached per argument structure, placement and host values.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from mpl.driver.context import Context, current
+from mpl.driver.recorder import Recorder, active, bind, tracing, wrap
+from mpl.driver.tree import flatten, unflatten
+from mpl.driver.values import Value
+from mpl.wire.cluster import ClusterSpec
+from mpl.wire.errors import MplError
+from mpl.wire.graph import Graph, format_graph
+
+__all__ = ["Function", "Program", "compile", "function"]
+
+_TRACES = 64  # programs cached per function
+
+
+class Program:
+    """A traced graph plus how to bind its inputs and rebuild its outputs."""
+
+    def __init__(
+        self,
+        name: str,
+        rec: Recorder,
+        graph: Graph,
+        params: list[int],
+        out_tree: Any,
+        outs: list[tuple[str, Any, str | None]],
+    ) -> None:
+        self.name = name
+        self.graph = graph
+        self._sources = list(rec.sources)
+        self._captured = list(rec._held)  # Values read through closures stay alive with us
+        self._params = params  # leaf positions of the Value arguments
+        self._out_tree = out_tree
+        self._outs = outs  # per output leaf: ("v", output index, device) | ("h", host value, None)
+
+    def __str__(self) -> str:
+        return format_graph(self.graph)
+
+    def __repr__(self) -> str:
+        return f"<mp.Program {self.name}: {len(self.graph.ops)} ops>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.run(current(), args, kwargs)
+
+    def run(self, ctx: Context, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        leaves, _ = flatten((args, kwargs))
+        params = [leaves[i] for i in self._params]
+        for v in [*params, *self._captured]:
+            if not isinstance(v, Value) or v._ctx is not ctx:
+                raise MplError(f"{v!r} is not a value of the context running {self.name}")
+        slots: list[Value | None] = []
+        it = iter(params)
+        for kind, _, _ in self._sources:
+            slots.append(next(it) if kind == "param" else None)
+        bindings = bind(self._sources, self.graph.world_size, slots)
+        n = len(self.graph.outputs)
+        result = ctx.run(self.graph, bindings, inline=tuple(range(n)))
+        placements = self.graph.placements
+        devices: list[str | None] = [None] * n
+        for kind, index, device in self._outs:
+            if kind == "v":
+                devices[index] = device
+        values = wrap(
+            ctx,
+            result.job,
+            [(-1, d) for d in devices],
+            [placements[v] for v in self.graph.outputs],
+            result,
+        )
+        out = [values[index] if kind == "v" else index for kind, index, _ in self._outs]
+        return unflatten(self._out_tree, out)
+
+
+def _trace(
+    fn: Callable[..., Any],
+    cluster: ClusterSpec,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    name: str,
+) -> Program:
+    rec = Recorder(cluster, traced=True, name=name)
+    leaves, treedef = flatten((args, kwargs))
+    params: list[int] = []
+    traced_leaves: list[Any] = []
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, Value):
+            if leaf.traced:
+                raise MplError("a traced value cannot be an argument of a new trace")
+            traced_leaves.append(rec.traced_value(rec.param(leaf.parties), leaf.device))
+            params.append(i)
+        else:
+            traced_leaves.append(leaf)
+    targs, tkwargs = unflatten(treedef, traced_leaves)
+    with tracing(rec):
+        result = fn(*targs, **tkwargs)
+    out_leaves, out_tree = flatten(result)
+    outputs: list[int] = []
+    outs: list[tuple[str, Any, str | None]] = []
+    for leaf in out_leaves:
+        if isinstance(leaf, Value):
+            outputs.append(rec.of(leaf))  # a captured concrete Value becomes an input
+            outs.append(("v", len(outputs) - 1, leaf.device))
+        else:
+            outs.append(("h", leaf, None))
+    return Program(name, rec, rec.builder.build(outputs), params, out_tree, outs)
+
+
+def _key(args: tuple[Any, ...], kwargs: dict[str, Any], cluster: ClusterSpec) -> Any:
+    leaves, treedef = flatten((args, kwargs))
+    parts: list[Any] = []
+    for leaf in leaves:
+        if isinstance(leaf, Value):
+            parts.append(("V", leaf.device, leaf.parties))
+            continue
+        try:
+            hash(leaf)
+            parts.append(("L", type(leaf), leaf))
+        except TypeError:
+            parts.append(("U", id(leaf)))  # unhashable host values (arrays) retrace
+    return (treedef, tuple(parts), id(cluster))
+
+
+class Function:
+    """A function traced into one graph per argument structure; call it in a context."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.name = str(getattr(fn, "__qualname__", "function"))
+        self._programs: OrderedDict[Any, Program] = OrderedDict()
+        self.traces = 0  # how many times the function was traced (cache misses)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if active() is not None:  # called inside another trace: inline it there
+            return self.fn(*args, **kwargs)
+        ctx = current()
+        return self.compile(ctx.cluster, *args, **kwargs).run(ctx, args, kwargs)
+
+    def compile(self, cluster: ClusterSpec, *args: Any, **kwargs: Any) -> Program:
+        key = _key(args, kwargs, cluster)
+        program = self._programs.get(key)
+        if program is None:
+            program = _trace(self.fn, cluster, args, kwargs, self.name)
+            self.traces += 1
+            self._programs[key] = program
+            while len(self._programs) > _TRACES:
+                self._programs.popitem(last=False)
+        else:
+            self._programs.move_to_end(key)
+        return program
+
+
+def function(fn: Callable[..., Any]) -> Function:
+    """Decorator: calls trace ``fn`` into one graph and run it as one job."""
+    return fn if isinstance(fn, Function) else Function(fn)
+
+
+def compile(
+    fn: Callable[..., Any], *args: Any, cluster: ClusterSpec | None = None, **kwargs: Any
+) -> Program:
+    """Trace ``fn`` for these arguments; ``str(program)`` prints its IR, calling runs it."""
+    target = cluster or current().cluster
+    func = fn if isinstance(fn, Function) else Function(fn)
+    return func.compile(target, *args, **kwargs)

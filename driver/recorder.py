@@ -1,0 +1,240 @@
+"""Recording ops into a graph: for one eager call, or for a whole ``@mp.function`` trace.
+
+Every API that computes (device calls, ``put``, ``simp``, collectives) describes its ops to
+a :class:`Recorder` through :func:`emit`. Outside a trace, ``emit`` records into a fresh
+recorder and runs the graph at once as one job; inside a trace, the ops join the traced
+graph and the results are traced Values.
+
+Host values become job inputs bound on the ranks that need them (eager), or constants of
+the graph (traced). So an eager call's graph does not depend on the data it is given, and
+is cached and sent to the broker once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mpl.driver.context import Context, current
+from mpl.driver.values import Value
+from mpl.wire.cluster import ClusterSpec
+from mpl.wire.errors import MplError
+from mpl.wire.graph import Arg, Graph, GraphBuilder
+from mpl.wire.jobs import Lit, output_uri
+
+__all__ = ["Recorder", "active", "emit"]
+
+Ranks = tuple[int, ...]
+Out = tuple[int, str | None]  # (symbol, device) of one result
+_GRAPH_CACHE = 512
+
+
+class _Active(threading.local):
+    def __init__(self) -> None:
+        self.recorders: list[Recorder] = []
+
+
+_active = _Active()
+
+
+def active() -> Recorder | None:
+    """The recorder of the trace being built in this thread, if any."""
+    return _active.recorders[-1] if _active.recorders else None
+
+
+def cluster_now() -> ClusterSpec:
+    rec = active()
+    return rec.cluster if rec is not None else current().cluster
+
+
+class Recorder:
+    """A graph under construction, with the bindings of its inputs."""
+
+    def __init__(
+        self, cluster: ClusterSpec, *, traced: bool, ctx: Context | None = None, name: str = ""
+    ) -> None:
+        self.cluster = cluster
+        self.traced = traced
+        self.ctx = ctx
+        self.builder = GraphBuilder(cluster.world_size, name)
+        self.sources: list[
+            tuple[str, Any, Ranks]
+        ] = []  # per input: ("uri"|"lit"|"param", x, ranks)
+        self._inputs: dict[int, int] = {}  # id(Value) -> symbol
+        self._held: list[Value] = []  # keeps bound Values alive until the job has run
+        self.key: list[Any] = []  # structure of the eager graph, for the cache
+
+    # -- inputs ---------------------------------------------------------------------------
+    def of(self, value: Value) -> int:
+        """The symbol standing for ``value`` in this graph (binding it as an input if needed)."""
+        if value._recorder is self:
+            return value._sym
+        if value._recorder is not None:
+            raise MplError(
+                "a traced value escaped its @mp.function trace; return it from the function "
+                "instead of storing it outside"
+            )
+        if self.ctx is not None and value._ctx is not self.ctx:
+            raise MplError(f"{value!r} belongs to another context than the one running this call")
+        sym = self._inputs.get(id(value))
+        if sym is None:
+            sym = self.builder.input(value.parties)
+            self._inputs[id(value)] = sym
+            self.sources.append(("uri", value._uri, value.parties))
+            self._held.append(value)
+            self.key.append(("in", value.parties))
+        return sym
+
+    def param(self, ranks: Ranks) -> int:
+        """A traced program's parameter: bound to a Value when the program runs."""
+        sym = self.builder.input(ranks)
+        self.sources.append(("param", None, ranks))
+        return sym
+
+    def host(self, value: Any, ranks: Sequence[int]) -> int:
+        """A host value made available on ``ranks``."""
+        ranks = tuple(sorted(set(ranks)))
+        if self.traced:
+            return self.op("constant", [], ranks=ranks, value=value)[0]
+        sym = self.builder.input(ranks)
+        self.sources.append(("lit", value, ranks))
+        self.key.append(("lit", ranks))
+        return sym
+
+    # -- ops ------------------------------------------------------------------------------
+    def fn(self, f: Any) -> int:
+        return self.builder.fn(f)
+
+    def op(
+        self,
+        opcode: str,
+        inputs: Sequence[int],
+        *,
+        ranks: Sequence[int],
+        nout: int = 1,
+        **attrs: Any,
+    ) -> list[int]:
+        outs = self.builder.op(opcode, inputs, ranks=ranks, nout=nout, **attrs)
+        fn = attrs.get("fn")
+        frozen = {k: v for k, v in attrs.items() if k != "fn"}
+        self.key.append(
+            (
+                opcode,
+                tuple(inputs),
+                tuple(ranks),
+                nout,
+                id(self.builder._fns[fn]) if type(fn) is int else None,
+                _freeze(frozen),
+            )
+        )
+        return outs
+
+    def placement(self, sym: int) -> Ranks:
+        return self.builder.placements[sym]
+
+    def traced_value(self, sym: int, device: str | None) -> Value:
+        return Value(device, self.placement(sym), recorder=self, sym=sym)
+
+    # -- running (eager) ------------------------------------------------------------------
+    def run(self, ctx: Context, outs: Sequence[Out]) -> list[Value]:
+        graph = self._cached_graph([s for s, _ in outs])
+        bindings = bind(self.sources, graph.world_size, [None] * len(self.sources))
+        result = ctx.run(graph, bindings, inline=tuple(range(len(outs))))
+        self._held.clear()
+        return wrap(ctx, result.job, outs, [self.placement(s) for s, _ in outs], result)
+
+    def _cached_graph(self, outputs: list[int]) -> Graph:
+        key = (tuple(self.key), tuple(outputs), id(self.cluster))
+        graph = _EAGER.get(key)
+        if graph is None:
+            graph = self.builder.build(outputs)
+            _EAGER[key] = graph
+            while len(_EAGER) > _GRAPH_CACHE:
+                _EAGER.popitem(last=False)
+        else:
+            _EAGER.move_to_end(key)
+        return graph
+
+
+# Eager graphs by structure. Keys hold function ids, so the graphs (which hold the functions)
+# keep them alive and an id is never reused while its entry exists.
+_EAGER: OrderedDict[Any, Graph] = OrderedDict()
+
+
+def _freeze(x: Any) -> Any:
+    t = type(x)
+    if t is dict:
+        return ("d", tuple((k, _freeze(v)) for k, v in x.items()))
+    if t in (list, tuple):
+        return (t.__name__, tuple(_freeze(v) for v in x))
+    if t is Arg:
+        return ("arg", x.index)
+    try:
+        hash(x)
+    except TypeError:
+        return ("id", id(x))
+    return x
+
+
+def bind(
+    sources: Sequence[tuple[str, Any, Ranks]], world_size: int, params: Sequence[Value | None]
+) -> dict[int, list[Any]]:
+    """Per-rank input bindings: each rank gets its inputs' URIs or literals, None elsewhere."""
+    bindings: dict[int, list[Any]] = {}
+    n = len(sources)
+    for i, (kind, x, ranks) in enumerate(sources):
+        if kind == "param":
+            value = params[i]
+            assert value is not None
+            binding: Any = value._uri
+        elif kind == "uri":
+            binding = x
+        else:
+            binding = Lit(x)
+        for r in ranks:
+            bindings.setdefault(r, [None] * n)[i] = binding
+    return bindings
+
+
+def wrap(
+    ctx: Context, job: str, outs: Sequence[Out], placements: Sequence[Ranks], result: Any
+) -> list[Value]:
+    """Values for a finished job's outputs, with the small ones already cached."""
+    values = []
+    for i, ((_, device), ranks) in enumerate(zip(outs, placements, strict=True)):
+        cache = result.values.get(i)
+        meta = result.metas.get(i, "") if hasattr(result, "metas") else ""
+        values.append(
+            Value(
+                device, ranks, ctx=ctx, uri=output_uri(job, i), owned=True, cache=cache, meta=meta
+            )
+        )
+    return values
+
+
+def emit(build: Callable[[Recorder], Sequence[Out]], name: str = "") -> list[Value]:
+    """Record ops with ``build``; in a trace return traced Values, else run them now."""
+    rec = active()
+    if rec is not None:
+        return [rec.traced_value(sym, dev) for sym, dev in build(rec)]
+    ctx = current()
+    ctx._check_open()
+    rec = Recorder(ctx.cluster, traced=False, ctx=ctx, name=name)
+    outs = build(rec)
+    return rec.run(ctx, outs)
+
+
+class tracing:
+    """Make ``rec`` the active recorder of this thread for a block."""
+
+    def __init__(self, rec: Recorder) -> None:
+        self.rec = rec
+
+    def __enter__(self) -> Recorder:
+        _active.recorders.append(self.rec)
+        return self.rec
+
+    def __exit__(self, *exc: object) -> None:
+        _active.recorders.pop()

@@ -1,0 +1,35 @@
+"""Shared by the examples: connect to a running cluster (--url) or start a local one."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Iterator
+
+import mpl.driver as mp
+
+
+@contextlib.contextmanager
+def cluster(description: str, world_size: int) -> Iterator[mp.Context]:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--url", help="a running broker (e.g. from scripts/cluster-up.sh); "
+                        "default: start a local cluster for this run")
+    parser.add_argument("--sim", action="store_true", help="run in-process (mp.Simulator)")
+    args = parser.parse_args()
+    if args.url:
+        ctx = mp.connect(args.url)
+        with ctx:
+            try:
+                yield ctx
+            finally:
+                ctx.close()
+    elif args.sim:
+        sim = mp.Simulator.simple(world_size)
+        with sim:
+            try:
+                yield sim
+            finally:
+                sim.close()
+    else:
+        with mp.local_cluster(world_size) as ctx:
+            yield ctx
