@@ -13,6 +13,7 @@ import click
 
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.errors import ClusterSpecError, MplError
+from mpl.wire.lifetime import die_with_parent
 
 __all__ = ["main"]
 
@@ -68,6 +69,7 @@ def main(
     """
     if ctx.invoked_subcommand is not None:
         return
+    die_with_parent()
     logging.basicConfig(
         level=[logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)],
         format="%(asctime)s mpl-broker %(levelname)s %(message)s",

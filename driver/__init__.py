@@ -27,6 +27,7 @@ from mpl.driver.names import delete, load, save
 from mpl.driver.programs import Function, Program, compile, function
 from mpl.driver.values import Value
 from mpl.wire.cluster import ClusterSpec
+from mpl.wire.codec import pickle_by_value
 from mpl.wire.errors import (
     ClusterSpecError,
     DeviceError,
@@ -73,6 +74,7 @@ __all__ = [
     "get_context",
     "load",
     "local_cluster",
+    "pickle_by_value",
     "put",
     "save",
     "set_context",

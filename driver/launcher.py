@@ -6,7 +6,6 @@ rank, as separate processes on free loopback ports, stopped by pid.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import shutil
@@ -23,21 +22,11 @@ from mpl.driver.client import Client
 from mpl.driver.context import Context
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.errors import MplError, MplTimeoutError
+from mpl.wire.lifetime import PARENT_ENV
 
 __all__ = ["LocalCluster", "ProcessCluster", "daemon_command", "local_cluster"]
 
 _LISTENING = re.compile(r"mpl-broker listening on (\S+)")
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: the kernel SIGTERMs it if this process dies, so a
-    crashed driver never leaves daemons behind."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:  # not Linux: close() still stops them
-        pass
 
 
 def daemon_command(name: str) -> list[str]:
@@ -74,7 +63,12 @@ class ProcessCluster:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.heartbeat_s = heartbeat_s
         self.job_timeout_s = job_timeout_s
-        self.env = {**os.environ, "JAX_ENABLE_X64": "1", **(env or {})}
+        self.env = {
+            **os.environ,
+            "JAX_ENABLE_X64": "1",
+            PARENT_ENV: str(os.getpid()),
+            **(env or {}),
+        }
         self.cluster_file = run_dir / "cluster.yaml"
         self.cluster_file.write_text(cluster.to_yaml())
         self.broker: subprocess.Popen[bytes] | None = None
@@ -105,9 +99,7 @@ class ProcessCluster:
             "-v",
         ]
         with open(out, "ab") as stdout, open(self.run_dir / "broker.log", "ab") as log:
-            self.broker = subprocess.Popen(
-                cmd, stdout=stdout, stderr=log, env=self.env, preexec_fn=_die_with_parent
-            )
+            self.broker = subprocess.Popen(cmd, stdout=stdout, stderr=log, env=self.env)
         deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:
             match = _LISTENING.search(out.read_text())
@@ -143,7 +135,6 @@ class ProcessCluster:
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 cwd=self.run_dir,
-                preexec_fn=_die_with_parent,
             )
         self.workers[rank] = proc
         return proc

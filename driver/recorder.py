@@ -103,6 +103,17 @@ class Recorder:
         self.key.append(("lit", ranks))
         return sym
 
+    def host_each(self, values: dict[int, Any]) -> int:
+        """A value made of a different host value on each rank (e.g. one share per member)."""
+        ranks = tuple(sorted(values))
+        if self.traced:
+            parts = [self.op("constant", [], ranks=(r,), value=values[r])[0] for r in ranks]
+            return self.op("converge", parts, ranks=ranks)[0]
+        sym = self.builder.input(ranks)
+        self.sources.append(("each", dict(values), ranks))
+        self.key.append(("each", ranks))
+        return sym
+
     # -- ops ------------------------------------------------------------------------------
     def fn(self, f: Any) -> int:
         return self.builder.fn(f)
@@ -191,6 +202,10 @@ def bind(
             binding: Any = value._uri
         elif kind == "uri":
             binding = x
+        elif kind == "each":
+            for r in ranks:
+                bindings.setdefault(r, [None] * n)[i] = Lit(x[r])
+            continue
         else:
             binding = Lit(x)
         for r in ranks:

@@ -57,6 +57,7 @@ class InProcessCluster:
                 rank,
                 context=self.ctx,
                 data_bind=f"inproc://mpl-{name}-data-{rank}",
+                spu_bind=f"inproc://mpl-{name}-spu-{rank}",
                 data_root=data_root / f"rank{rank}",
                 heartbeat_s=heartbeat_s,
                 job_timeout_s=job_timeout_s,

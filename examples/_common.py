@@ -12,8 +12,11 @@ import mpl.driver as mp
 @contextlib.contextmanager
 def cluster(description: str, world_size: int) -> Iterator[mp.Context]:
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--url", help="a running broker (e.g. from scripts/cluster-up.sh); "
-                        "default: start a local cluster for this run")
+    parser.add_argument(
+        "--url",
+        help="a running broker (e.g. from scripts/cluster-up.sh); "
+        "default: start a local cluster for this run",
+    )
     parser.add_argument("--sim", action="store_true", help="run in-process (mp.Simulator)")
     args = parser.parse_args()
     if args.url:

@@ -28,8 +28,11 @@ def summary(ages: np.ndarray) -> np.ndarray:
 def combine(*parts: np.ndarray) -> dict[str, float]:
     n, s, ss = np.sum(parts, axis=0)
     mean = s / n
-    return {"patients": int(n), "mean age": round(float(mean), 3),
-            "variance": round(float(ss / n - mean**2), 3)}
+    return {
+        "patients": int(n),
+        "mean age": round(float(mean), 3),
+        "variance": round(float(ss / n - mean**2), 3),
+    }
 
 
 @mp.function
@@ -46,6 +49,8 @@ if __name__ == "__main__":
         result = mp.fetch(hospital_stats())
         everything = np.concatenate([load_ages(r, 1000 + 250 * r) for r in range(3)])
         print("joint statistics computed at P2:", result)
-        print(f"check (all data in one place):    mean {everything.mean():.3f}, "
-              f"variance {everything.var():.3f}")
+        print(
+            f"check (all data in one place):    mean {everything.mean():.3f}, "
+            f"variance {everything.var():.3f}"
+        )
         assert abs(result["mean age"] - everything.mean()) < 1e-3

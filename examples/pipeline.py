@@ -27,8 +27,11 @@ def clean(raw: np.ndarray) -> np.ndarray:
 
 
 def aggregate(values: np.ndarray) -> dict[str, float]:
-    return {"n": int(values.size), "mean": round(float(values.mean()), 4),
-            "p95": round(float(np.percentile(values, 95)), 4)}
+    return {
+        "n": int(values.size),
+        "mean": round(float(values.mean()), 4),
+        "p95": round(float(np.percentile(values, 95)), 4),
+    }
 
 
 @mp.function

@@ -23,8 +23,8 @@ echo "== starting a local cluster: mpl-broker + 3 mpl-worker (logs in $MPL_RUN_D
 URL="$("$ROOT/scripts/cluster-up.sh" 3)"
 echo "   broker at $URL"
 
-examples=(party_stats pipeline)
-long=()
+examples=(millionaire party_stats pipeline)
+long=(secure_stats logistic_regression)
 if [ "$SHORT" = 0 ]; then examples+=("${long[@]}"); fi
 for name in "${examples[@]}"; do
   echo

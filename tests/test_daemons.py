@@ -94,7 +94,7 @@ def test_garbage_to_broker_and_peer_port_leaves_both_serving(make_cluster: Any) 
         assert junk.poll(5000), "the broker answers garbage with a refusal"
         junk.close()
         peer = ctx.socket(zmq.PUSH)
-        peer.linger = 0
+        peer.linger = 2000  # bounded, but long enough for the queued frames to leave
         data_addr = _data_addr(cluster, 1)
         peer.connect(data_addr)
         peer.send_multipart([b"MPL\x01", b"garbage"])

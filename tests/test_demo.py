@@ -16,8 +16,12 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_demo_short_runs_the_examples() -> None:
     env = {**os.environ, "MPL_VENV": os.environ.get("MPL_VENV", str(ROOT / ".venv"))}
     out = subprocess.run(
-        [str(ROOT / "scripts" / "demo.sh"), "--short"], capture_output=True, text=True,
-        timeout=280, env=env, cwd=ROOT,
+        [str(ROOT / "scripts" / "demo.sh"), "--short"],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=env,
+        cwd=ROOT,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "joint statistics computed at P2" in out.stdout

@@ -335,9 +335,14 @@ class _Decoder:
         try:
             return cloudpickle.loads(payload, buffers=oob)
         except Exception as exc:
+            hint = "; the sender's code or packages may be missing here"
+            if isinstance(exc, ModuleNotFoundError):
+                hint = (
+                    f"; functions of module {exc.name!r} travel by reference: install it on "
+                    "the workers, or ship it by value with mp.pickle_by_value(module)"
+                )
             raise ProtocolError(
-                f"cannot unpickle a value ({type(exc).__name__}: {exc}); the sender's code "
-                "or packages may be missing here"
+                f"cannot unpickle a value ({type(exc).__name__}: {exc}){hint}"
             ) from exc
 
 

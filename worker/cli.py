@@ -10,6 +10,8 @@ from typing import Any
 
 import click
 
+from mpl.wire.lifetime import die_with_parent
+
 __all__ = ["main"]
 
 
@@ -64,6 +66,7 @@ def main(
     Example:
       mpl-worker --broker tcp://127.0.0.1:5555 --rank 0 --data-root /srv/mpl/alice
     """
+    die_with_parent()
     logging.basicConfig(
         level=[logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)],
         format=f"%(asctime)s mpl-worker[{rank}] %(levelname)s %(message)s",

@@ -86,6 +86,7 @@ class WorkerCore:
         self.next_beat = now
         self.directory: dict[int, PeerInfo] = {}
         self.programs: OrderedDict[str, Program] = OrderedDict()
+        self.broken: dict[str, str] = {}  # programs that did not load here, and why
 
     def tick(self, now: float, stats: Callable[[], dict[str, int]]) -> list[Action]:
         if not self.joined:

@@ -27,7 +27,7 @@ from mpl.wire.codec import decode, encode
 from mpl.wire.control import HEARTBEAT_S, Bye, Channel, WorkerHello
 from mpl.wire.data import Delete, Fetch, Move
 from mpl.wire.errors import ProtocolError
-from mpl.wire.jobs import Abort, Exec
+from mpl.wire.jobs import Abort, Exec, Failed, Program
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import DeleteSymbol, SaveSymbol, SessionClosed
@@ -36,6 +36,8 @@ from mpl.worker.core import Joined, Reconnect, Stop, ToBroker, WorkerCore
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
 from mpl.worker.mailbox import Mailbox
 from mpl.worker.peers import PeerLinks
+from mpl.worker.spu_kernels import SpuService
+from mpl.worker.spu_link import SpuLinks
 from mpl.worker.store import ObjectStore, SymbolDisk
 
 __all__ = ["Worker"]
@@ -62,6 +64,7 @@ class Worker:
         data_root: Path | None = None,
         host: str = "127.0.0.1",
         data_bind: str | None = None,
+        spu_bind: str | None = None,
         heartbeat_s: float = HEARTBEAT_S,
         job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
         extensions: dict[str, Callable[[], Any]] | None = None,
@@ -81,26 +84,34 @@ class Worker:
         self.dealer: zmq.Socket[Any] = self._new_dealer()
         disk = SymbolDisk(data_root) if data_root is not None else None
         self.store = ObjectStore(disk)
+        self.spu_links = SpuLinks(
+            self.ctx, spu_bind or f"tcp://{host}:0", rank, lambda: self.core.directory
+        )
         hello = WorkerHello(
             rank,
             self.incarnation,
             os.getpid(),
             _socket.gethostname(),
             self.data_addr,
-            "",
+            self.spu_links.address,
             disk.infos() if disk else [],
         )
         self.core = WorkerCore(hello, now=time.monotonic(), heartbeat_s=heartbeat_s)
         self.mailbox = Mailbox()
         self.peers = PeerLinks(self.ctx, lambda: self.core.directory)
+        services: dict[str, Callable[[], Any]] = {
+            "spu": lambda: SpuService(self.spu_links, data_root),
+            **(extensions or {}),
+        }
         self.jobs = Jobs(
             rank,
             self.store,
             self.mailbox,
             self.peers,
             self._post,
-            extensions=extensions,
+            extensions=services,
             job_timeout_s=job_timeout_s,
+            spu_mailbox=self.spu_links.mailbox,
         )
         self.refused: ErrorInfo | None = None
         self.joined = threading.Event()
@@ -151,6 +162,7 @@ class Worker:
         self._closed = True
         self.jobs.close_all("the worker is shutting down")
         self.peers.close()
+        self.spu_links.close()
         with self._results_lock:
             self._results.close()
         for sock in (self.dealer, self.pull):
@@ -162,7 +174,7 @@ class Worker:
         return {
             **self.jobs.stats(),
             "bytes_in": self.bytes_in,
-            "protocol_errors": self.protocol_errors,
+            "protocol_errors": self.protocol_errors + self.spu_links.protocol_errors,
         }
 
     # -- sockets --------------------------------------------------------------------------
@@ -202,6 +214,8 @@ class Worker:
             try:
                 msg = decode(frames)
             except ProtocolError as exc:
+                if sock is self.dealer and self._undecodable(frames, exc):
+                    continue
                 self.protocol_errors += 1
                 log.warning("rank %d: dropped a bad message: %s", self.rank, exc)
                 continue
@@ -213,7 +227,7 @@ class Worker:
     def _on_broker(self, msg: Record) -> None:
         self._perform(self.core.on_broker(msg, time.monotonic()))
         if isinstance(msg, Exec):
-            self.jobs.exec(msg, self.core.program(msg.digest))
+            self.jobs.exec(msg, self.core.program(msg.digest), self.core.broken.get(msg.digest))
         elif isinstance(msg, Abort):
             self.jobs.abort(msg)
         elif isinstance(msg, Fetch):
@@ -226,6 +240,29 @@ class Worker:
             self.jobs.unsave(msg)
         elif isinstance(msg, SessionClosed):
             self.jobs.close_session(msg.session, msg.reason)
+
+    def _undecodable(self, frames: list[Any], exc: ProtocolError) -> bool:
+        """A program or job whose values do not unpickle here (say, a module this worker
+        lacks): remember why, so the job that needs it fails with that reason."""
+        try:
+            msg = decode(frames, unpickle=False)
+        except ProtocolError:
+            return False
+        if isinstance(msg, Program):
+            log.warning("rank %d: cannot load program %s: %s", self.rank, msg.digest, exc)
+            self.core.broken[msg.digest] = str(exc)
+            return True
+        if isinstance(msg, Exec):
+            info = ErrorInfo(
+                "ProtocolError",
+                f"cannot load the job's inputs here: {exc}",
+                rank=self.rank,
+                op="inputs",
+                job=msg.job,
+            )
+            self._send(Failed(msg.session, msg.job, self.rank, info))
+            return True
+        return False
 
     def _on_peer(self, msg: Record) -> None:
         if not isinstance(msg, Move) or msg.dst != self.rank:

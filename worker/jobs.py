@@ -28,6 +28,7 @@ from mpl.wire.sessions import Ack, DeleteSymbol, Reply, SaveSymbol
 from mpl.worker.interpreter import ABSENT, OpFailed, Plan, run_graph
 from mpl.worker.mailbox import Mailbox
 from mpl.worker.peers import PeerLinks
+from mpl.worker.spu_link import SpuMailbox
 from mpl.worker.store import ObjectStore, symbol_uri
 
 __all__ = ["DEFAULT_JOB_TIMEOUT_S", "Jobs"]
@@ -143,12 +144,14 @@ class Jobs:
         *,
         extensions: dict[str, Callable[[], Any]] | None = None,
         job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
+        spu_mailbox: SpuMailbox | None = None,
     ) -> None:
         self.rank = rank
         self.store = store
         self.mailbox = mailbox
         self.peers = peers
         self.post = post  # thread-safe: send a message to the broker
+        self.spu_mailbox = spu_mailbox
         self.job_timeout_s = job_timeout_s
         self._factories = dict(extensions or {})
         self._extensions: dict[str, Any] = {}
@@ -190,14 +193,14 @@ class Jobs:
             return ext
 
     # -- jobs -----------------------------------------------------------------------------
-    def exec(self, msg: Exec, program: Program | None) -> None:
+    def exec(self, msg: Exec, program: Program | None, broken: str | None = None) -> None:
         if program is None:
-            error = ErrorInfo(
-                "ProtocolError",
-                f"program {msg.digest} is not cached here",
-                rank=self.rank,
-                job=msg.job,
+            why = (
+                f"cannot load the program here: {broken}"
+                if broken
+                else (f"program {msg.digest} is not cached here")
             )
+            error = ErrorInfo("ProtocolError", why, rank=self.rank, op="program", job=msg.job)
             self.post(Failed(msg.session, msg.job, self.rank, error))
             return
         self._submit(msg.session, lambda: self._run(msg, program.graph))
@@ -246,6 +249,8 @@ class Jobs:
         finally:
             self._active.discard((sid, job))
             self.mailbox.end(sid, job)
+            if self.spu_mailbox is not None:
+                self.spu_mailbox.end(sid, job)
         if self.closed(sid) or self.mailbox.aborted(sid, job):
             return
         values: dict[int, Any] = {}
@@ -272,6 +277,8 @@ class Jobs:
 
     def abort(self, msg: Abort) -> None:
         self.mailbox.abort(msg.session, msg.job, msg.error.message)
+        if self.spu_mailbox is not None:
+            self.spu_mailbox.abort(msg.session, msg.job, msg.error.message)
         self.store.drop_job(msg.session, msg.job)
 
     # -- data and names -------------------------------------------------------------------
@@ -326,7 +333,11 @@ class Jobs:
         for s, job in list(self._active):
             if s == sid:
                 self.mailbox.abort(s, job, reason)
+                if self.spu_mailbox is not None:
+                    self.spu_mailbox.abort(s, job, reason)
         self.mailbox.close_session(sid, reason)
+        if self.spu_mailbox is not None:
+            self.spu_mailbox.close_session(sid, reason)
         self.store.close(sid)
         with self._lock:
             runner = self._runners.get(sid)
@@ -342,7 +353,11 @@ class Jobs:
             self.close_session(sid, reason)
 
     def stats(self) -> dict[str, int]:
+        extra: dict[str, int] = {}
+        for ext in list(self._extensions.values()):
+            extra.update(getattr(ext, "stats", dict)())
         return {
+            **extra,
             "objects": self.store.count(),
             "sessions": len(self.store.session_ids()),
             "jobs_running": len(self._active),
