@@ -13,15 +13,12 @@ import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from mpl.driver.recorder import Recorder, emit
 from mpl.driver.tree import unflatten
 from mpl.driver.values import Value
 from mpl.wire.cluster import ClusterSpec, Device
 from mpl.wire.errors import DeviceError
 from mpl.wire.graph import Arg
-from mpl.wire.shares import make_shares, reconstruct
 
 if TYPE_CHECKING:
     from mpl.driver.context import Context
@@ -43,7 +40,9 @@ def _config(cluster: ClusterSpec, dev: Device) -> dict[str, Any]:
 
 
 def _is_array(x: Any) -> bool:
-    return isinstance(x, np.ndarray) or type(x).__module__.startswith(("jax", "jaxlib"))
+    return type(x).__name__ in ("ndarray", "Array", "ArrayImpl") and type(x).__module__.startswith(
+        ("numpy", "jax", "jaxlib")
+    )
 
 
 def run(
@@ -67,7 +66,7 @@ def run(
             if isinstance(leaf, Value):
                 inputs.append(move(rec, leaf, dev.name))
             elif _is_array(leaf):
-                inputs.append(rec.host(np.asarray(leaf), members))  # a public input
+                inputs.append(rec.host(leaf, members))  # a public input
             else:
                 template.append(leaf)  # a constant of the compiled program
                 continue
@@ -127,6 +126,8 @@ def reveal(rec: Recorder, sym: int, value: Value, rank: int) -> int:
 
 def put_host(cluster: ClusterSpec, dev: Device, x: Any) -> Value:
     """The driver shares ``x`` and binds one share to each member (only shares leave here)."""
+    from mpl.wire.shares import make_shares
+
     members = _members(cluster, dev)
     shares = make_shares(x, len(members), _config(cluster, dev))
     return emit(
@@ -146,6 +147,8 @@ def getitem(value: Value, key: Any) -> Value:
 def fetch(ctx: Context, value: Value, timeout: float | None) -> Any:
     """Rebuild a secret at the driver from every member's share: this REVEALS it to the
     driver (whoever runs it learns the plaintext)."""
+    from mpl.wire.shares import reconstruct
+
     assert value.device is not None
     dev = ctx.cluster.device(value.device)
     shares = [ctx.fetch_raw(r, value._uri, timeout=timeout) for r in _members(ctx.cluster, dev)]

@@ -199,3 +199,23 @@ def test_encode_rejects_non_records_and_unpicklable_values() -> None:
 
     with pytest.raises(TypeError, match="cannot send"):
         encode(Box(threading.Lock()))
+
+
+@pytest.mark.parametrize("size", [10, 500, 20_000])
+def test_opaque_passthrough_keeps_every_kind_intact(size: int) -> None:
+    value = [
+        set(range(size)),  # pickled: inline or in a frame depending on its size
+        np.arange(size, dtype=np.int32),
+        np.float32(2.5),
+        b"x" * size,
+        bytearray(b"y" * 3),
+    ]
+    opaque = decode(encode(Box(value)), unpickle=False)
+    from mpl.wire.codec import Opaque
+
+    assert isinstance(opaque.value[1], Opaque)  # arrays stay undecoded in the broker's mode
+    back = decode(encode(opaque)).value
+    assert back[0] == value[0]
+    assert back[1].tolist() == value[1].tolist()
+    assert back[2] == value[2] and type(back[2]) is np.float32
+    assert back[3] == value[3] and back[4] == value[4]

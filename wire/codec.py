@@ -33,14 +33,17 @@ out of band. ``decode`` raises :class:`ProtocolError` for anything malformed, an
 
 from __future__ import annotations
 
+import sys
 import threading
 import types
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 import msgpack
-import numpy as np
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from mpl.wire.errors import ProtocolError
 from mpl.wire.record import Record, record_class, record_fields, record_from_fields
@@ -52,6 +55,7 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "VERSION",
     "ZERO_COPY_BYTES",
+    "Opaque",
     "Pickled",
     "decode",
     "encode",
@@ -69,6 +73,21 @@ ZERO_COPY_BYTES = 64 * 1024  # pyzmq's copy threshold: below it copying beats tr
 _ARRAY, _BUFFER, _PICKLE, _TUPLE, _RECORD, _SCALAR, _BIGINT = range(1, 8)
 _BUF_KINDS: tuple[type, ...] = (bytes, bytearray, memoryview)
 _INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1
+
+
+class Opaque:
+    """An array, buffer or numpy scalar kept undecoded (``decode(..., unpickle=False)``):
+    the broker routes data without materialising it, and without importing numpy."""
+
+    __slots__ = ("buffer", "code", "head")
+
+    def __init__(self, code: int, head: Any, buffer: Any) -> None:
+        self.code = code
+        self.head = head  # the ext payload without its buffer index (raw bytes for scalars)
+        self.buffer = buffer
+
+    def __repr__(self) -> str:
+        return f"Opaque({self.code}, {self.head!r})"
 
 
 class Pickled:
@@ -167,13 +186,16 @@ class _Encoder:
         t = type(obj)
         if t is tuple:
             return msgpack.ExtType(_TUPLE, self.pack(list(obj)))
-        if t is np.ndarray and not obj.dtype.hasobject:
+        np = sys.modules.get("numpy")  # without numpy loaded there is no array to send
+        if np is not None and t is np.ndarray and not obj.dtype.hasobject:
             return msgpack.ExtType(_ARRAY, self.pack(self._array(obj)))
         if isinstance(obj, Record):
             return msgpack.ExtType(_RECORD, self.pack([obj.TAG, *record_fields(obj)]))
         if t is _Wrapped:
             return self._wrapped(obj.value)
-        if isinstance(obj, np.generic) and not obj.dtype.hasobject:
+        if t is Opaque:
+            return self._opaque(obj)
+        if np is not None and isinstance(obj, np.generic) and not obj.dtype.hasobject:
             descr = np.lib.format.dtype_to_descr(obj.dtype)
             return msgpack.ExtType(_SCALAR, self.pack([descr, obj.tobytes()]))
         if t is Pickled:
@@ -190,7 +212,15 @@ class _Encoder:
             data = value.cast("B") if value.c_contiguous else memoryview(value.tobytes())
         return msgpack.ExtType(_BUFFER, self.pack([_BUF_KINDS.index(t), self.add(data)]))
 
+    def _opaque(self, obj: Opaque) -> msgpack.ExtType:
+        if obj.code == _SCALAR:
+            return msgpack.ExtType(_SCALAR, obj.head)
+        index = self.add(obj.buffer)
+        return msgpack.ExtType(obj.code, self.pack([*obj.head, index]))
+
     def _array(self, arr: np.ndarray[Any, Any]) -> list[Any]:
+        import numpy as np
+
         if not arr.flags.c_contiguous:
             arr = arr.copy(order="C")
         descr = np.lib.format.dtype_to_descr(arr.dtype)
@@ -199,7 +229,7 @@ class _Encoder:
 
     def _pickled(self, payload: Any, buffers: list[Any]) -> list[Any]:
         oob = [self.add(b) for b in buffers]
-        if len(memoryview(payload)) < ZERO_COPY_BYTES:
+        if len(memoryview(payload)) < _INLINE_BYTES:  # small: inline, as msgpack bin
             return [bytes(payload), -1, oob]
         return [None, self.add(payload), oob]
 
@@ -276,11 +306,16 @@ class _Decoder:
                 raise ProtocolError("tuple extension does not hold a list")
             return tuple(items)
         if code == _ARRAY:
+            if not self.unpickle:
+                descr, shape, index = _triple(self.unpack(data))
+                return Opaque(_ARRAY, [descr, shape], self.take(index))
             return self._array(self.unpack(data))
         if code == _RECORD:
             return _build(self.unpack(data))
         if code == _BUFFER:
             kind, index = _pair(self.unpack(data))
+            if not self.unpickle:
+                return Opaque(_BUFFER, [kind], self.take(index))
             buf = memoryview(self.take(index))
             if kind == 0:
                 return buf.tobytes()
@@ -290,6 +325,10 @@ class _Decoder:
                 return buf
             raise ProtocolError(f"unknown buffer kind {kind!r}")
         if code == _SCALAR:
+            if not self.unpickle:
+                return Opaque(_SCALAR, data, None)
+            import numpy as np
+
             descr, raw = _pair(self.unpack(data))
             dtype = _dtype(descr)
             if type(raw) is not bytes or len(raw) != dtype.itemsize:
@@ -302,9 +341,9 @@ class _Decoder:
         raise ProtocolError(f"unknown extension type {code}")
 
     def _array(self, spec: Any) -> np.ndarray[Any, Any]:
-        if type(spec) is not list or len(spec) != 3:
-            raise ProtocolError("malformed array descriptor")
-        descr, shape, index = spec
+        import numpy as np
+
+        descr, shape, index = _triple(spec)
         dtype = _dtype(descr)
         if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
             raise ProtocolError(f"bad array shape {shape!r}")
@@ -346,6 +385,12 @@ class _Decoder:
             ) from exc
 
 
+def _triple(obj: Any) -> tuple[Any, Any, Any]:
+    if type(obj) is not list or len(obj) != 3:
+        raise ProtocolError("malformed extension payload")
+    return obj[0], obj[1], obj[2]
+
+
 def _pair(obj: Any) -> tuple[Any, Any]:
     if type(obj) is not list or len(obj) != 2:
         raise ProtocolError("malformed extension payload")
@@ -353,6 +398,8 @@ def _pair(obj: Any) -> tuple[Any, Any]:
 
 
 def _dtype(descr: Any) -> np.dtype[Any]:
+    import numpy as np
+
     try:
         if isinstance(descr, list):
             descr = [tuple(x) if isinstance(x, list) else x for x in descr]
@@ -378,7 +425,8 @@ def decode(frames: Sequence[Any], *, unpickle: bool = True) -> Record:
 
     ``frames`` may hold bytes, memoryviews or ``zmq.Frame`` objects (receive with
     ``copy=False`` to keep large arrays zero-copy). With ``unpickle=False`` pickled values
-    come back as :class:`Pickled` and re-encode verbatim: the broker's mode.
+    come back as :class:`Pickled`, arrays and buffers as :class:`Opaque`, and both re-encode
+    verbatim: the broker's mode (it routes data it never opens).
 
     Raises :class:`ProtocolError` for any malformed input, and no other exception.
     """

@@ -33,8 +33,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-import numpy as np
-
 from mpl.wire.errors import GraphError
 from mpl.wire.record import Record
 
@@ -405,7 +403,7 @@ def _fmt_value(value: Any, graph: Graph, key: str) -> str:
     if key == "fn" and type(value) is int and 0 <= value < len(graph.fns):
         fn = graph.fns[value]
         return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn)
-    if isinstance(value, np.ndarray):
+    if type(value).__name__ == "ndarray":
         return f"array<{value.dtype}{list(value.shape)}>"
     if type(value) is dict:
         return "{" + ", ".join(f"{k}: {_fmt_value(v, graph, '')}" for k, v in value.items()) + "}"

@@ -20,6 +20,7 @@ __all__ = ["LINGER_MS", "configure", "drain", "recv_message", "send_message"]
 
 LINGER_MS = 200
 _HWM = 10_000
+_POLLIN = int(zmq.POLLIN)  # a plain int: `int & IntFlag` would build an enum each time
 
 
 def configure(sock: zmq.Socket[Any], *, linger_ms: int = LINGER_MS) -> zmq.Socket[Any]:
@@ -41,7 +42,7 @@ def drain(sock: zmq.Socket[Any], limit: int = 256) -> Iterator[list[zmq.Frame]]:
     exception costs more than the check.
     """
     for i in range(limit):
-        if i and not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        if i and not int(sock.getsockopt(zmq.EVENTS)) & _POLLIN:
             return
         try:
             yield sock.recv_multipart(zmq.NOBLOCK, copy=False)

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
-
-import numpy as np
 
 from mpl.wire.data import Delete, Fetch, Move
 from mpl.wire.errors import JobAbortedError, SessionError
@@ -42,9 +41,10 @@ _CLOSED_MEMORY = 1024
 
 def describe(value: Any) -> str:
     """A short description of a value for ``repr(Value)``: ``float64[3, 2]``, ``int``, ..."""
-    if isinstance(value, np.ndarray):
+    np = sys.modules.get("numpy")  # no numpy loaded: no numpy values to describe
+    if np is not None and isinstance(value, np.ndarray):
         return f"{value.dtype}[{', '.join(map(str, value.shape))}]"
-    if isinstance(value, np.generic):
+    if np is not None and isinstance(value, np.generic):
         return str(value.dtype)
     describe_self = getattr(value, "mpl_describe", None)
     if callable(describe_self):
@@ -59,11 +59,16 @@ def is_small(value: Any, budget: int = INLINE_BYTES) -> bool:
 
 def _size(value: Any, budget: int, depth: int) -> int:
     t = type(value)
-    if value is None or t in (bool, int, float) or isinstance(value, np.generic):
+    np = sys.modules.get("numpy")
+    if (
+        value is None
+        or t in (bool, int, float)
+        or (np is not None and isinstance(value, np.generic))
+    ):
         return 16
     if t in (str, bytes):
         return len(value) + 8
-    if t is np.ndarray:
+    if np is not None and t is np.ndarray:
         return int(value.nbytes) + 64 if not value.dtype.hasobject else budget + 1
     if t in (list, tuple) and depth < 4 and len(value) <= 256:
         total = 8

@@ -18,10 +18,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from mpl.wire.graph import Graph, Op, fill
-from mpl.wire.shares import SpuShare, flatten, libspu, make_shares, reconstruct, runtime_config
 from mpl.worker.interpreter import ABSENT, JobContext, kernel, split_outputs
 from mpl.worker.spu_link import SpuLinks, link_id
 
@@ -33,6 +30,8 @@ _COMPILE_CACHE = 256
 
 @kernel("spu.seal")
 def _seal(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> list[Any]:
+    from mpl.wire.shares import make_shares
+
     members: tuple[int, ...] = op.attrs["members"]
     owner = _owner(graph, k)
     if ctx.rank == owner:
@@ -56,6 +55,8 @@ def _owner(graph: Graph, k: int) -> int:
 
 @kernel("spu.reveal")
 def _reveal(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> list[Any]:
+    from mpl.wire.shares import reconstruct
+
     members: tuple[int, ...] = op.attrs["members"]
     to: int = op.attrs["to"]
     if ctx.rank != to:
@@ -93,7 +94,10 @@ class SpuService:
         }
 
     def run(self, ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> list[Any]:
+        import numpy as np
         import spu.api as api
+
+        from mpl.wire.shares import SpuShare, flatten, libspu, runtime_config
 
         lib = libspu()
         members: tuple[int, ...] = op.attrs["members"]
@@ -146,7 +150,10 @@ class SpuService:
                 self.cache_hits += 1
                 return hit
         import jax
+        import numpy as np
         import spu.utils.frontend as fe
+
+        from mpl.wire.shares import libspu
 
         lib = libspu()
         fn = graph.fns[op.attrs["fn"]]
@@ -185,6 +192,8 @@ class SpuService:
         return entry
 
     def _link(self, ctx: JobContext, k: int, members: tuple[int, ...], local: int) -> Any:
+        from mpl.wire.shares import libspu
+
         lib = libspu()
         desc = lib.link.Desc()
         for member in members:
@@ -207,6 +216,8 @@ def _channel_class() -> Any:
     global _CHANNEL
     if _CHANNEL is not None:
         return _CHANNEL
+    from mpl.wire.shares import libspu
+
     base: Any = libspu().link.IChannel
 
     class Channel(base):  # type: ignore[misc]
@@ -258,6 +269,8 @@ def _channel_class() -> Any:
 
 def _quiet_logs(log_dir: Path | None) -> None:
     """libspu logs to stdout and brpc to stderr unless told otherwise: send both to a file."""
+    from mpl.wire.shares import libspu
+
     lib = libspu()
     options = lib.logging.LogOptions()
     options.enable_console_logger = False
