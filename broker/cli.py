@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -31,7 +32,7 @@ _LOOPBACK = ("tcp://127.0.0.1:", "tcp://localhost:", "tcp://[::1]:", "inproc://"
     "--cluster",
     "cluster_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Cluster spec (YAML): nodes by rank and their devices.",
+    help="Cluster spec (YAML, or JSON if it ends in .json): nodes by rank and their devices.",
 )
 @click.option(
     "--world-size",
@@ -78,7 +79,7 @@ def main(
         raise click.UsageError("give exactly one of --cluster FILE or --world-size N")
     try:
         cluster = (
-            ClusterSpec.from_yaml(cluster_file)
+            ClusterSpec.from_file(cluster_file)
             if cluster_file
             else ClusterSpec.simple(world_size or 1)
         )
@@ -94,6 +95,7 @@ def main(
     except Exception as exc:  # a bad endpoint or a port in use
         raise click.ClickException(f"cannot listen on {listen}: {exc}") from exc
     _stop_on_signals(broker.stop)
+    gc.freeze()  # start-up objects never die: keep the collector from walking them
     click.echo(
         f"mpl-broker listening on {broker.address} "
         f"(world size {cluster.world_size}, pid {os.getpid()})"

@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from mpl.broker.state import BrokerState, Send
 from mpl.wire.cluster import ClusterSpec
@@ -28,7 +27,7 @@ from mpl.wire.sockets import configure, drain
 __all__ = ["Broker"]
 
 log = logging.getLogger("mpl.broker")
-_POLL_MS = 100  # upper bound on how long a stop request waits
+_TICK_S = 0.05  # timers and disconnect events run this often; it also bounds a stop's wait
 _BATCH = 256  # messages handled per wake-up before timers get a turn
 
 
@@ -72,7 +71,7 @@ class Broker:
         return self
 
     def stop(self) -> None:
-        """Ask the loop to finish; it exits within ``_POLL_MS``."""
+        """Ask the loop to finish; it exits within ``_TICK_S``."""
         self._stopping.set()
 
     def join(self, timeout: float | None = None) -> None:
@@ -81,23 +80,20 @@ class Broker:
 
     def serve_forever(self) -> None:
         log.info("broker %s serving %s", self.state.broker_id, self.address)
-        poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
-        if self.monitor is not None:
-            poller.register(self.monitor, zmq.POLLIN)
         next_tick = 0.0
         try:
             while not self._stopping.is_set():
-                wait = max(0.0, min(next_tick - time.monotonic(), _POLL_MS / 1000))
-                ready = dict(poller.poll(int(wait * 1000)))
-                if self.router in ready:
+                # Only the ROUTER is polled on the hot path; socket-monitor events (closed
+                # connections) are read with the timers, at least every _TICK_S.
+                wait = max(0.0, min(next_tick - time.monotonic(), _TICK_S))
+                if self.router.poll(int(wait * 1000) + 1):
                     self._drain_router()
-                if self.monitor is not None and self.monitor in ready:
-                    self._drain_monitor()
                 now = time.monotonic()
                 if now >= next_tick:
+                    if self.monitor is not None:
+                        self._drain_monitor()
                     self._perform(self.state.tick(now))
-                    next_tick = now + min(0.1, self.state.heartbeat_s / 4)
+                    next_tick = time.monotonic() + min(_TICK_S, self.state.heartbeat_s / 4)
             self._say_goodbye()
         finally:
             self.close()
@@ -134,17 +130,17 @@ class Broker:
 
     def _drain_monitor(self) -> None:
         assert self.monitor is not None
-        while True:
-            try:
-                event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            fd = event["value"]
-            if event["event"] == zmq.EVENT_ACCEPTED:
+        for frames in drain(self.monitor):
+            # libzmq's monitor event: [uint16 event, uint32 value (the fd)], then the endpoint
+            head = frames[0].bytes
+            if len(head) < 6:
+                continue
+            event, fd = int.from_bytes(head[:2], "little"), int.from_bytes(head[2:6], "little")
+            if event == zmq.EVENT_ACCEPTED:
                 stale = self._fd_peer.pop(fd, None)  # fds are reused
                 if stale is not None:
                     self._peer_fd.pop(stale, None)
-            elif event["event"] == zmq.EVENT_DISCONNECTED:
+            elif event == zmq.EVENT_DISCONNECTED:
                 peer = self._fd_peer.pop(fd, None)
                 if peer is not None:
                     self._peer_fd.pop(peer, None)

@@ -1,7 +1,8 @@
-"""One-shot questions to a running broker, for the command line."""
+"""One-shot questions to a running broker, for the command line and launchers."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -11,26 +12,49 @@ from mpl.wire.errors import MplTimeoutError, ProtocolError
 from mpl.wire.sessions import Reply, StatusRequest
 from mpl.wire.sockets import configure, recv_message, send_message
 
-__all__ = ["query_status"]
+__all__ = ["StatusProbe", "query_status"]
 
 
-def query_status(url: str, *, timeout: float = 5.0) -> dict[str, Any]:
-    """Ask the broker at ``url`` for its status dict; MplTimeoutError if it does not answer."""
-    ctx = zmq.Context()
-    sock = configure(ctx.socket(zmq.DEALER), linger_ms=0)
-    try:
-        sock.connect(url)
-        send_message(sock, StatusRequest(1))
+class StatusProbe:
+    """Asks a broker for its status over one socket, as often as needed.
+
+    A question sent before the broker listens waits in the socket and is answered the
+    moment it comes up, which is what a launcher waiting for readiness wants.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._ctx: zmq.Context[Any] = zmq.Context()
+        self._sock = configure(self._ctx.socket(zmq.DEALER), linger_ms=0)
+        self._sock.connect(url)
+        self._reqs = itertools.count(1)
+
+    def ask(self, timeout: float) -> dict[str, Any]:
+        req = next(self._reqs)
+        send_message(self._sock, StatusRequest(req))
         deadline = time.monotonic() + timeout
-        while sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
-            msg = recv_message(sock)
-            if isinstance(msg, Reply) and msg.req == 1:
+        while self._sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+            msg = recv_message(self._sock)
+            if isinstance(msg, Reply) and msg.req == req:
                 if msg.error is not None:
                     msg.error.raise_()
                 if not isinstance(msg.value, dict):
                     raise ProtocolError("status reply is not a mapping")
                 return msg.value
-        raise MplTimeoutError(f"no answer from a broker at {url} within {timeout:g} s")
-    finally:
-        sock.close()
-        ctx.term()
+        raise MplTimeoutError(f"no answer from a broker at {self.url} within {timeout:g} s")
+
+    def close(self) -> None:
+        self._sock.close()
+        self._ctx.term()
+
+    def __enter__(self) -> StatusProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def query_status(url: str, *, timeout: float = 5.0) -> dict[str, Any]:
+    """Ask the broker at ``url`` for its status dict; MplTimeoutError if it does not answer."""
+    with StatusProbe(url) as probe:
+        return probe.ask(timeout)

@@ -48,7 +48,7 @@ __all__ = ["INPROC_CONTEXTS", "Client"]
 INPROC_CONTEXTS: dict[str, zmq.Context[Any]] = {}
 
 log = logging.getLogger("mpl.driver")
-_SLICE_S = 0.1  # waits wake this often to notice a lost broker
+_SLICE_MS = 100  # waits wake this often to notice a lost broker
 _REPORT_GRACE_S = 1.0
 
 
@@ -57,6 +57,7 @@ class _ThreadSocket:
 
     def __init__(self, client: Client) -> None:
         self.sock = configure(client.ctx.socket(zmq.DEALER), linger_ms=0)
+        self.sock.setsockopt(zmq.RCVTIMEO, _SLICE_MS)  # a blocking recv, woken every slice
         self.sock.connect(client.address)
         self._client = client
         with client._sockets_lock:
@@ -254,28 +255,44 @@ class Client:
         sock = self._socket()
         sock.send_multipart(encode(msg), copy=False)
         deadline = time.monotonic() + limit
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise MplTimeoutError(
-                    f"{what}: no answer from the broker at {self.address} within {limit:g} s"
-                )
-            if self._silence is not None:
-                raise self._silence
-            if not sock.poll(int(min(left, _SLICE_S) * 1000) + 1):
-                continue
-            try:
-                answer = decode(sock.recv_multipart(copy=False))
-            except ProtocolError as exc:
-                log.warning("bad message from the broker: %s", exc)
-                continue
-            if match(answer):
-                return answer
-            if isinstance(answer, Refused):
-                raise from_info(answer.error)
-            if isinstance(answer, Bye):
-                raise SessionError(f"the broker at {self.address} shut down")
-            # otherwise: a late answer to a call this thread gave up on; drop it
+        short = False  # RCVTIMEO lowered for the last slice before the deadline
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise MplTimeoutError(
+                        f"{what}: no answer from the broker at {self.address} within {limit:g} s"
+                    )
+                if self._silence is not None:
+                    raise self._silence
+                if left * 1000 < _SLICE_MS:
+                    sock.setsockopt(zmq.RCVTIMEO, int(left * 1000) + 1)
+                    short = True
+                try:
+                    frames = sock.recv_multipart(copy=False)
+                except zmq.Again:
+                    continue
+                answer = self._answer(frames, match)
+                if answer is not None:
+                    return answer
+        finally:
+            if short:
+                sock.setsockopt(zmq.RCVTIMEO, _SLICE_MS)
+
+    def _answer(self, frames: list[Any], match: Callable[[Record], bool]) -> Record | None:
+        """The awaited answer among what arrived, or None for a stale message."""
+        try:
+            answer = decode(frames)
+        except ProtocolError as exc:
+            log.warning("bad message from the broker: %s", exc)
+            return None
+        if match(answer):
+            return answer
+        if isinstance(answer, Refused):
+            raise from_info(answer.error)
+        if isinstance(answer, Bye):
+            raise SessionError(f"the broker at {self.address} shut down")
+        return None  # a late answer to a call this thread gave up on
 
     def _heartbeat(self) -> None:
         sock = configure(self.ctx.socket(zmq.DEALER), linger_ms=0)

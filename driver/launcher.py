@@ -6,10 +6,12 @@ rank, as separate processes on free loopback ports, stopped by pid.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +29,13 @@ from mpl.wire.lifetime import PARENT_ENV
 __all__ = ["LocalCluster", "ProcessCluster", "daemon_command", "local_cluster"]
 
 _LISTENING = re.compile(r"mpl-broker listening on (\S+)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def daemon_command(name: str) -> list[str]:
@@ -69,23 +78,44 @@ class ProcessCluster:
             PARENT_ENV: str(os.getpid()),
             **(env or {}),
         }
-        self.cluster_file = run_dir / "cluster.yaml"
-        self.cluster_file.write_text(cluster.to_yaml())
+        self.cluster_file = run_dir / "cluster.json"  # JSON: the broker then skips importing yaml
+        self.cluster_file.write_text(json.dumps(cluster.to_dict()))
         self.broker: subprocess.Popen[bytes] | None = None
         self.workers: dict[int, subprocess.Popen[bytes]] = {}
         self.address = ""
         try:
-            self.start_broker(ready_timeout=ready_timeout)
-            for rank in range(cluster.world_size):
-                self.start_worker(rank)
-            self.wait_ready(ready_timeout)
+            self._start_all(ready_timeout)
         except BaseException:
             self.close()
             raise
 
     # -- processes ------------------------------------------------------------------------
-    def start_broker(self, *, listen: str | None = None, ready_timeout: float = 30.0) -> str:
-        """Start the broker (on its previous address when restarting); returns its URL."""
+    def _start_all(self, ready_timeout: float) -> None:
+        """Start the broker and the workers at once: workers keep saying hello until the
+        broker listens. The port is picked here, so a rare clash just means another try."""
+        for attempt in range(3):
+            self.address = f"tcp://127.0.0.1:{_free_port()}"
+            self.start_broker(listen=self.address, wait=False)
+            for rank in range(self.cluster.world_size):
+                self.start_worker(rank)
+            try:
+                self.wait_ready(ready_timeout)
+                return
+            except MplError:
+                assert self.broker is not None
+                if self.broker.poll() is None or attempt == 2:
+                    raise
+                for proc in self.workers.values():  # the port was taken: start over
+                    proc.kill()
+                    proc.wait(5)
+
+    def start_broker(
+        self, *, listen: str | None = None, ready_timeout: float = 30.0, wait: bool = True
+    ) -> str:
+        """Start the broker (on its previous address when restarting); returns its URL.
+
+        With ``wait`` it returns once the broker prints the address it listens on.
+        """
         out = self.run_dir / "broker.out"
         out.write_text("")
         cmd = [
@@ -100,6 +130,8 @@ class ProcessCluster:
         ]
         with open(out, "ab") as stdout, open(self.run_dir / "broker.log", "ab") as log:
             self.broker = subprocess.Popen(cmd, stdout=stdout, stderr=log, env=self.env)
+        if not wait:
+            return self.address
         deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:
             match = _LISTENING.search(out.read_text())
@@ -140,27 +172,33 @@ class ProcessCluster:
         return proc
 
     def wait_ready(self, timeout: float = 30.0, ranks: list[int] | None = None) -> dict[str, Any]:
-        """Poll the broker's status until every rank (or those given) is up."""
-        from mpl.broker.query import query_status
+        """Ask the broker's status until every rank (or those given) is up."""
+        from mpl.broker.query import StatusProbe
 
         want = set(range(self.cluster.world_size) if ranks is None else ranks)
         deadline = time.monotonic() + timeout
         last: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            try:
-                last = query_status(self.address, timeout=1.0)
-            except MplTimeoutError:
-                continue
-            up = {r["rank"] for r in last["ranks"] if r["state"] == "up"}
-            if want <= up:
-                return last
-            for rank, proc in self.workers.items():
-                if rank in want and proc.poll() is not None:
+        with StatusProbe(self.address) as probe:
+            while time.monotonic() < deadline:
+                try:
+                    last = probe.ask(max(0.05, min(1.0, deadline - time.monotonic())))
+                except MplTimeoutError:
+                    last = {}
+                up = {r["rank"] for r in last.get("ranks", []) if r["state"] == "up"}
+                if want <= up:
+                    return last
+                for rank, proc in self.workers.items():
+                    if rank in want and proc.poll() is not None:
+                        raise MplError(
+                            f"mpl-worker rank {rank} exited with {proc.returncode}: "
+                            f"{self._tail(f'worker{rank}.log')}"
+                        )
+                if self.broker is not None and self.broker.poll() is not None:
                     raise MplError(
-                        f"mpl-worker rank {rank} exited with {proc.returncode}: "
-                        f"{self._tail(f'worker{rank}.log')}"
+                        f"mpl-broker exited with {self.broker.returncode}: "
+                        f"{self._tail('broker.log')}"
                     )
-            time.sleep(0.02)
+                time.sleep(0.01)
         raise MplTimeoutError(f"ranks {sorted(want)} were not all up within {timeout:g} s: {last}")
 
     def kill_worker(self, rank: int, sig: int = signal.SIGKILL) -> None:

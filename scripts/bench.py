@@ -9,15 +9,27 @@ Rows look like the reference harness's (``../shared/bench/anchor_mplang``): phas
 unit, n, median, min, max, plus extras, and metric names match where the same thing is
 measured, so both JSON files line up. Phases:
 
-  codec   encode+decode of a 64 MiB float64 array and of a small header-only message
+  codec      encode+decode of a 64 MiB float64 array and of a small header-only message
+  floor      raw pyzmq: relayed round trip; 64 MiB PUSH->PULL between processes
+  spu-floor  raw libspu over brpc between processes: millionaire, 100x100 matmul (+ reveal)
+  dist       real daemons: trivial job + fetch (2p, 3p), P0->P1 64 MiB move
+  spu        real daemons: millionaire and matmul, sealed, run and revealed in one job
+  import     `import mpl.driver` in a fresh process
+  startup    broker + 2 workers until ready; idle worker RSS
+
+--reference FILE prints the reference harness's rows (results.json) beside ours.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -64,6 +76,28 @@ def fmt(value: float, unit: str) -> str:
 
 # -- phases --------------------------------------------------------------------------------
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+MIB = 1024 * 1024
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def spawn(*args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, os.path.join(HERE, "bench_floor.py"), *args])
+
+
+def percentiles(xs: list[float]) -> dict[str, float]:
+    ys = sorted(xs)
+    return {"p50": ys[len(ys) // 2], "p99": ys[min(len(ys) - 1, int(len(ys) * 0.99))]}
+
 
 def phase_codec() -> None:
     import numpy as np
@@ -72,7 +106,7 @@ def phase_codec() -> None:
     from mpl.wire.control import Heartbeat
     from mpl.wire.jobs import Lit
 
-    big = Lit(np.ones(8 * 1024 * 1024, dtype=np.float64))  # 64 MiB
+    big = Lit(np.ones(8 * MIB, dtype=np.float64))  # 64 MiB
     record("codec", "encode+decode 64 MiB float64 array", measure(lambda: decode(encode(big)), 50))
     small = Heartbeat({"objects": 3, "bytes_in": 1024})
     record(
@@ -82,16 +116,356 @@ def phase_codec() -> None:
     )
 
 
-PHASES: dict[str, Callable[[], None]] = {"codec": phase_codec}
+def phase_floor() -> None:
+    """Raw pyzmq: a relayed round trip, and a 64 MiB PUSH->PULL between two processes."""
+    import zmq
+
+    front, back = (f"tcp://127.0.0.1:{p}" for p in free_ports(2))
+    procs = [spawn("relay", front, back), spawn("echo", back)]
+    ctx = zmq.Context()
+    d = ctx.socket(zmq.DEALER)
+    d.linger = 0
+    d.connect(front)
+    time.sleep(0.5)  # let the echo register with the relay (a bench, not a test)
+
+    def rt() -> None:
+        d.send_multipart([b"MPL\x01", b"x" * 40])
+        d.recv_multipart()
+
+    xs = measure(rt, 2000, warmup=200)
+    record("floor", "raw pyzmq driver->relay->worker round trip", xs, **percentiles(xs))
+    d.send_multipart([b"stop"])
+    for p in procs:
+        p.wait(10)
+    record(
+        "floor", "raw pyzmq PUSH->PULL 64 MiB", [_raw_move(ctx, 64) for _ in range(10)], unit="MB/s"
+    )
+    d.close()
+    ctx.term()
+
+
+def _raw_move(ctx: Any, mib: int) -> float:
+    import numpy as np
+    import zmq
+
+    data_port, ack_port = free_ports(2)
+    ack = ctx.socket(zmq.PULL)
+    ack.bind(f"tcp://127.0.0.1:{ack_port}")
+    proc = spawn("pull", f"tcp://127.0.0.1:{data_port}", f"tcp://127.0.0.1:{ack_port}", "2")
+    push = ctx.socket(zmq.PUSH)
+    push.linger = 1000
+    push.connect(f"tcp://127.0.0.1:{data_port}")
+    payload = np.ones(mib * MIB // 8)
+    push.send(b"warm")
+    ack.recv()
+    t0 = time.perf_counter()
+    push.send(payload, copy=False)
+    ack.recv()
+    seconds = time.perf_counter() - t0
+    proc.wait(10)
+    push.close()
+    ack.close()
+    return payload.nbytes / seconds / 1e6
+
+
+def _spu_floor(world: int, case: str, protocol: str, field: str, n: int = 20) -> list[float]:
+    ports = ",".join(map(str, free_ports(world)))
+    out = os.path.join(tempfile.mkdtemp(prefix="mpl-bench-"), "times.json")
+    procs = [
+        spawn("spu", str(r), str(world), ports, case, protocol, field, str(n), out)
+        for r in range(world)
+    ]
+    for p in procs:
+        p.wait(600)
+    with open(out) as f:
+        times: list[float] = json.load(f)
+    return times
+
+
+def phase_spu_floor() -> None:
+    """Raw libspu between separate processes (brpc, spawn per run): the SPU floor."""
+    for world, protocol, field in ((2, "SEMI2K", "FM128"), (3, "ABY3", "FM64")):
+        record(
+            "floor",
+            f"raw libspu {protocol} {world}p millionaire + reveal",
+            _spu_floor(world, "millionaire", protocol, field),
+        )
+        record(
+            "floor",
+            f"raw libspu {protocol} {world}p 100x100 f64 matmul + reveal",
+            _spu_floor(world, "matmul", protocol, field),
+        )
+
+
+def _cluster(world: int, protocol: str = "SEMI2K", field: str = "FM128") -> Any:
+    import mpl.driver as mp
+
+    return mp.local_cluster(
+        mp.ClusterSpec.simple(world, spu_protocol=protocol, spu_field=field), timeout=60.0
+    )
+
+
+def phase_dist() -> None:
+    """Real daemons on loopback: trivial jobs, a 64 MiB move."""
+    import numpy as np
+
+    import mpl.driver as mp
+
+    for world in (2, 3):
+        with _cluster(world):
+            one = mp.device("P0")(lambda: 1)
+            xs = measure(lambda one=one: mp.fetch(one()), 1000, warmup=50)
+            record(
+                f"dist{world}",
+                f"trivial job (1 pcall on P0) + fetch, {world}p",
+                xs,
+                **percentiles(xs),
+            )
+
+            everyone = mp.function(lambda n=world: mp.simp.pcall(tuple(range(n)), lambda: 1))
+            xs = measure(lambda f=everyone: mp.fetch(f()), 1000, warmup=50)
+            record(
+                f"dist{world}",
+                f"(i) trivial pcall-all+fetch, compiled, {world}p",
+                xs,
+                **percentiles(xs),
+            )
+            if world == 2:
+                big = mp.device("P0")(lambda: np.ones(8 * MIB))()
+
+                @mp.function
+                def move(v: mp.Value) -> mp.Value:
+                    return mp.put("P1", v)
+
+                rates = []
+                for _ in range(8):
+                    t0 = time.perf_counter()
+                    moved = move(big)
+                    rates.append(64 * MIB / (time.perf_counter() - t0) / 1e6)
+                    del moved
+                record("dist2", "(ii) P0->P1 64 MiB f64: net transfer", rates[2:], unit="MB/s")
+
+
+def phase_spu() -> None:
+    """SPU through mpl on real daemons: seal, run and reveal in one job."""
+    import numpy as np
+
+    import mpl.driver as mp
+
+    for world, protocol, field in ((2, "SEMI2K", "FM128"), (3, "ABY3", "FM64")):
+        with _cluster(world, protocol, field) as ctx:
+            last = f"P{world - 1}"
+            a = mp.device("P0")(lambda: np.asarray(3_000_000))()
+            b = mp.device(last)(lambda: np.asarray(5_000_000))()
+            x = mp.device("P0")(lambda: np.random.default_rng(0).random((100, 100)))()
+            y = mp.device(last)(lambda: np.random.default_rng(1).random((100, 100)))()
+
+            @mp.function
+            def millionaire(u: mp.Value, v: mp.Value) -> mp.Value:
+                return mp.put("P0", mp.device("SP0")(lambda p, q: p < q)(u, v))
+
+            @mp.function
+            def matmul(u: mp.Value, v: mp.Value) -> mp.Value:
+                return mp.put("P0", mp.device("SP0")(lambda p, q: p @ q)(u, v))
+
+            record(
+                f"spu{world}",
+                f"(iii) SPU {protocol} {world}p millionaire (reveal to P0)",
+                measure(lambda a=a, b=b: mp.fetch(millionaire(a, b)), 20, warmup=3),
+            )
+            record(
+                f"spu{world}",
+                f"(iii) SPU {protocol} {world}p 100x100 f64 matmul + reveal",
+                measure(lambda x=x, y=y: mp.fetch(matmul(x, y)), 20, warmup=3),
+            )
+            del ctx
+
+
+def phase_import() -> None:
+    times = []
+    for _ in range(6):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import mpl.driver"], check=True)
+        times.append(time.perf_counter() - t0)
+    record("import", "(c) fresh `python -c 'import mpl.driver'` wall", times[1:])
+
+
+def phase_startup() -> None:
+    from mpl.driver.launcher import ProcessCluster
+    from mpl.wire import ClusterSpec
+
+    times, rss = [], []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        cluster = ProcessCluster(ClusterSpec.simple(2))
+        times.append(time.perf_counter() - t0)
+        time.sleep(1.0)  # idle a moment before reading memory
+        rss += [_rss_mib(p.pid) for p in cluster.workers.values()]
+        cluster.close()
+    record("startup", "(c) start broker + 2 workers -> all ready", times)
+    record("startup", "(c) worker RSS idle", rss, unit="MiB")
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+PHASES: dict[str, Callable[[], None]] = {
+    "codec": phase_codec,
+    "floor": phase_floor,
+    "spu-floor": phase_spu_floor,
+    "dist": phase_dist,
+    "spu": phase_spu,
+    "import": phase_import,
+    "startup": phase_startup,
+}
 
 
 def table() -> str:
-    lines = ["| phase | metric | median | min | max | n |", "|---|---|---|---|---|---|"]
+    lines = ["| phase | metric | median | p99 | min | max | n |", "|---|---|---|---|---|---|---|"]
     for r in ROWS:
         u = r["unit"]
+        p99 = fmt(r["p99"], u) if "p99" in r else ""
         lines.append(
-            f"| {r['phase']} | {r['metric']} | {fmt(r['median'], u)} | "
+            f"| {r['phase']} | {r['metric']} | {fmt(r['median'], u)} | {p99} | "
             f"{fmt(r['min'], u)} | {fmt(r['max'], u)} | {r['n']} |"
+        )
+    return "\n".join(lines)
+
+
+def _find(rows: list[dict[str, Any]], phase: str, metric: str) -> dict[str, Any] | None:
+    return next((r for r in rows if r["phase"] == phase and r["metric"] == metric), None)
+
+
+def _value(row: dict[str, Any] | None, key: str = "median") -> float | None:
+    if row is None or key not in row or not isinstance(row[key], (int, float)):
+        return None
+    return float(row[key])
+
+
+# (label, ours (phase, metric, key), reference (phase, metric, key), floor (phase, metric), target)
+_M = "(iii) SPU SEMI2K 2p millionaire (reveal to P0)"
+_MM = "(iii) SPU SEMI2K 2p 100x100 f64 matmul + reveal"
+_A = "(iii) SPU ABY3 3p millionaire (reveal to P0)"
+_AM = "(iii) SPU ABY3 3p 100x100 f64 matmul + reveal"
+COMPARE: list[
+    tuple[
+        str,
+        tuple[str, str, str],
+        tuple[str, str, str],
+        tuple[str, str] | None,
+        Callable[[float, float | None], bool],
+        str,
+    ]
+] = [
+    (
+        "trivial job + fetch, 2p, p50",
+        ("dist2", "(i) trivial pcall-all+fetch, compiled, 2p", "median"),
+        ("http2", "(i) trivial pcall-all+fetch, compiled, 2p", "median"),
+        ("floor", "raw pyzmq driver->relay->worker round trip"),
+        lambda v, f: v <= 0.5e-3,
+        "<= 0.5 ms",
+    ),
+    (
+        "trivial job + fetch, 2p, p99",
+        ("dist2", "(i) trivial pcall-all+fetch, compiled, 2p", "p99"),
+        ("http2", "", ""),
+        None,
+        lambda v, f: v <= 1e-3,
+        "<= 1 ms",
+    ),
+    (
+        "trivial job + fetch, 3p, p50",
+        ("dist3", "(i) trivial pcall-all+fetch, compiled, 3p", "median"),
+        ("http3", "(i) trivial pcall-all+fetch, compiled, 3p", "median"),
+        None,
+        lambda v, f: v <= 0.7e-3,
+        "<= 0.7 ms",
+    ),
+    (
+        "P0->P1 64 MiB move (MB/s)",
+        ("dist2", "(ii) P0->P1 64 MiB f64: net transfer", "median"),
+        ("http2", "(ii) P0->P1 64 MiB f64: net transfer", "MBps_net"),
+        ("floor", "raw pyzmq PUSH->PULL 64 MiB"),
+        lambda v, f: f is not None and v >= 0.8 * f,
+        ">= 80% of raw PUSH/PULL",
+    ),
+    (
+        "SPU SEMI2K/FM128 2p millionaire + reveal",
+        ("spu2", _M, "median"),
+        ("http2-brpc", _M, "median"),
+        ("floor", "raw libspu SEMI2K 2p millionaire + reveal"),
+        lambda v, f: f is not None and v <= f + 1e-3,
+        "<= floor + 1 ms",
+    ),
+    (
+        "SPU SEMI2K/FM128 2p 100x100 matmul + reveal",
+        ("spu2", _MM, "median"),
+        ("http2-brpc", _MM, "median"),
+        ("floor", "raw libspu SEMI2K 2p 100x100 f64 matmul + reveal"),
+        lambda v, f: f is not None and v <= 1.1 * f,
+        "<= 1.1 x floor",
+    ),
+    (
+        "SPU ABY3/FM64 3p millionaire + reveal",
+        ("spu3", _A, "median"),
+        ("http3-brpc", _A, "median"),
+        ("floor", "raw libspu ABY3 3p millionaire + reveal"),
+        lambda v, f: f is not None and v <= f + 1e-3,
+        "<= floor + 1 ms",
+    ),
+    (
+        "SPU ABY3/FM64 3p 100x100 matmul + reveal",
+        ("spu3", _AM, "median"),
+        ("http3-brpc", _AM, "median"),
+        ("floor", "raw libspu ABY3 3p 100x100 f64 matmul + reveal"),
+        lambda v, f: f is not None and v <= 1.1 * f,
+        "<= 1.1 x floor",
+    ),
+    (
+        "import (fresh process)",
+        ("import", "(c) fresh `python -c 'import mpl.driver'` wall", "median"),
+        ("import", "(c) fresh `python -c 'import mplang'` wall", "median"),
+        None,
+        lambda v, f: v <= 0.3,
+        "<= 0.3 s",
+    ),
+    (
+        "worker idle RSS (MiB)",
+        ("startup", "(c) worker RSS idle", "median"),
+        ("http2", "(c) worker rank0 RSS idle / peak (VmHWM)", "min"),
+        None,
+        lambda v, f: v <= 100,
+        "<= 100 MiB",
+    ),
+    (
+        "start broker + 2 workers until ready",
+        ("startup", "(c) start broker + 2 workers -> all ready", "median"),
+        ("http2", "(c) start 2 workers -> all /health OK", "median"),
+        None,
+        lambda v, f: v <= 0.5,
+        "<= 0.5 s",
+    ),
+]
+
+
+def summary(reference: list[dict[str, Any]]) -> str:
+    lines = ["| metric | reference | floor | mpl | target | met |", "|---|---|---|---|---|---|"]
+    for label, ours, ref, floor, ok, target in COMPARE:
+        mine = _value(_find(ROWS, ours[0], ours[1]), ours[2])
+        if mine is None:
+            continue
+        theirs = _value(_find(reference, ref[0], ref[1]), ref[2]) if ref[1] else None
+        base = _value(_find(ROWS, *floor)) if floor else None
+        unit = "MB/s" if "MB/s" in label else "MiB" if "MiB)" in label else "s"
+        show = lambda v, unit=unit: fmt(v, unit) if v is not None else "-"  # noqa: E731
+        lines.append(
+            f"| {label} | {show(theirs)} | {show(base)} | {show(mine)} | {target} | "
+            f"{'yes' if ok(mine, base) else 'NO'} |"
         )
     return "\n".join(lines)
 
@@ -100,6 +474,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--phases", default=",".join(PHASES), help="comma-separated phases")
     ap.add_argument("--json", default="", help="write the rows here as JSON")
+    ap.add_argument("--reference", default="", help="the reference harness's results.json")
     args = ap.parse_args()
     wanted = [p.strip() for p in args.phases.split(",") if p.strip()]
     unknown = [p for p in wanted if p not in PHASES]
@@ -109,6 +484,12 @@ def main() -> int:
         PHASES[p]()
     print()
     print(table())
+    reference: list[dict[str, Any]] = []
+    if args.reference:
+        with open(args.reference) as f:
+            reference = json.load(f)["rows"]
+    print()
+    print(summary(reference))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

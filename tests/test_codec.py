@@ -16,12 +16,12 @@ from mpl.wire import Record, decode, encode
 from mpl.wire.codec import MAGIC_FRAME, Pickled
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Box(Record, tag="test.box"):
     value: Any
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Typed(Record, tag="test.typed"):
     n: int
     name: str

@@ -16,7 +16,7 @@ from mpl.wire.control import Heartbeat, WorkerHello
 from mpl.wire.jobs import Exec, Lit
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Pair(Record, tag="test.pair"):
     n: int
     items: list[str]

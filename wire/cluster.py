@@ -215,6 +215,20 @@ class ClusterSpec:
             raise ClusterSpecError(f"cluster YAML does not parse: {exc}") from exc
         return cls.from_dict(data)
 
+    @classmethod
+    def from_file(cls, path: str | Path) -> ClusterSpec:
+        """Load a ``.json`` file with the json module, anything else as YAML."""
+        path = Path(path)
+        if path.suffix == ".json":
+            import json
+
+            try:
+                data = json.loads(path.read_text())
+            except json.JSONDecodeError as exc:
+                raise ClusterSpecError(f"cluster JSON does not parse: {exc}") from exc
+            return cls.from_dict(data)
+        return cls.from_yaml(path)
+
     def to_dict(self) -> dict[str, Any]:
         """The dict form; ``from_dict`` of it gives an equal spec."""
         nodes = []

@@ -39,7 +39,6 @@ import types
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import cloudpickle
 import msgpack
 
 if TYPE_CHECKING:
@@ -75,6 +74,13 @@ _BUF_KINDS: tuple[type, ...] = (bytes, bytearray, memoryview)
 _INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1
 
 
+def _cloudpickle() -> Any:
+    """cloudpickle, imported when first needed: the broker never pickles or unpickles."""
+    import cloudpickle
+
+    return cloudpickle
+
+
 class Opaque:
     """An array, buffer or numpy scalar kept undecoded (``decode(..., unpickle=False)``):
     the broker routes data without materialising it, and without importing numpy."""
@@ -100,7 +106,7 @@ class Pickled:
         self.buffers = buffers
 
     def load(self) -> Any:
-        return cloudpickle.loads(self.payload, buffers=self.buffers)
+        return _cloudpickle().loads(self.payload, buffers=self.buffers)
 
     def __repr__(self) -> str:
         return f"Pickled({len(memoryview(self.payload))} bytes, {len(self.buffers)} buffers)"
@@ -241,7 +247,7 @@ class _Encoder:
             return False
 
         try:
-            payload = cloudpickle.dumps(obj, protocol=5, buffer_callback=keep)
+            payload = _cloudpickle().dumps(obj, protocol=5, buffer_callback=keep)
         except Exception as exc:
             raise TypeError(f"cannot send {type(obj).__name__} object: {exc}") from exc
         return msgpack.ExtType(_PICKLE, self.pack(self._pickled(payload, oob)))
@@ -272,7 +278,7 @@ def pickle_by_value(module: types.ModuleType) -> None:
     worker can only load if it has the same module installed. Functions of ``__main__`` always
     travel by value.
     """
-    cloudpickle.register_pickle_by_value(module)
+    _cloudpickle().register_pickle_by_value(module)
 
 
 def frames_nbytes(frames: Sequence[Any]) -> int:
@@ -372,7 +378,7 @@ class _Decoder:
         if not self.unpickle:
             return Pickled(payload, oob)
         try:
-            return cloudpickle.loads(payload, buffers=oob)
+            return _cloudpickle().loads(payload, buffers=oob)
         except Exception as exc:
             hint = "; the sender's code or packages may be missing here"
             if isinstance(exc, ModuleNotFoundError):

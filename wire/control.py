@@ -42,7 +42,7 @@ HEARTBEAT_S = 1.0
 HEARTBEAT_LIVENESS = 3  # a peer silent for HEARTBEAT_S * HEARTBEAT_LIVENESS is dead
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class PeerInfo(Record, tag="peer"):
     """Where to reach one worker directly."""
 
@@ -53,7 +53,7 @@ class PeerInfo(Record, tag="peer"):
     curve_key: str = ""  # its CURVE public key (z85) when the cluster runs with --curve
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class WorkerHello(Record, tag="hello"):
     """A worker asks to serve ``rank``. ``incarnation`` is new for every process start."""
 
@@ -67,7 +67,7 @@ class WorkerHello(Record, tag="hello"):
     curve_key: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Welcome(Record, tag="welcome"):
     """The broker accepted a worker."""
 
@@ -78,21 +78,21 @@ class Welcome(Record, tag="welcome"):
     cluster: dict[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Refused(Record, tag="refused"):
     """The broker refused a worker or a request it cannot route."""
 
     error: ErrorInfo
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Directory(Record, tag="directory"):
     """Every live worker's addresses, keyed by rank."""
 
     peers: dict[int, PeerInfo]
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Heartbeat(Record, tag="hb"):
     """I am alive. Workers attach counters (objects held, bytes moved) for ``status``;
     drivers list the sessions whose leases they keep."""
@@ -102,7 +102,7 @@ class Heartbeat(Record, tag="hb"):
     rank: int = -1  # the sender's rank if it is a worker
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Channel(Record, tag="channel"):
     """An extra socket of the worker serving ``rank``: its job threads send results on it,
     so answers leave without a detour through the I/O thread."""
@@ -111,14 +111,14 @@ class Channel(Record, tag="channel"):
     incarnation: str
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Reregister(Record, tag="rereg"):
     """The broker does not know the sender (it restarted): say hello again."""
 
     broker_id: str
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Bye(Record, tag="bye"):
     """An orderly goodbye; the receiver forgets the sender at once."""
 

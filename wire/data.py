@@ -16,7 +16,7 @@ from mpl.wire.record import Record
 __all__ = ["Delete", "Fetch", "Move"]
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Fetch(Record, tag="fetch"):
     """Bring the value stored as ``uri`` on ``rank`` back to the driver."""
 
@@ -26,7 +26,7 @@ class Fetch(Record, tag="fetch"):
     uri: str
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Delete(Record, tag="delete"):
     """Free values the driver no longer references, per rank (batched)."""
 
@@ -34,7 +34,7 @@ class Delete(Record, tag="delete"):
     uris: dict[int, list[str]]
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Move(Record, tag="move"):
     """One value from rank ``src`` to rank ``dst`` for op ``op`` of ``job``.
 

@@ -50,14 +50,14 @@ __all__ = [
 Ranks = tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Arg(Record, tag="arg"):
     """Placeholder for op input ``index`` inside a pcall's argument template."""
 
     index: int
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Op(Record, tag="op"):
     opcode: str
     inputs: tuple[int, ...]
@@ -66,7 +66,7 @@ class Op(Record, tag="op"):
     attrs: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Graph(Record, tag="graph"):
     world_size: int
     inputs: tuple[tuple[int, ...], ...]  # placement of each graph input

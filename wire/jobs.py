@@ -43,14 +43,14 @@ def output_uri(job: str, index: int) -> str:
     return f"{job}/{index}"
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Lit(Record, tag="lit"):
     """A host value bound to a graph input (as opposed to a store reference)."""
 
     value: Any
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Program(Record, tag="program"):
     """A graph, sent once per digest; ``Exec`` then names it by digest."""
 
@@ -58,7 +58,7 @@ class Program(Record, tag="program"):
     graph: Graph
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Exec(Record, tag="exec"):
     """Run graph ``digest`` in ``session`` as ``job``.
 
@@ -77,7 +77,7 @@ class Exec(Record, tag="exec"):
     timeout_s: float = 0.0  # 0: the worker's default
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Done(Record, tag="done"):
     """A rank finished its part. ``values[output index]`` holds the small outputs asked for."""
 
@@ -89,7 +89,7 @@ class Done(Record, tag="done"):
     metas: dict[int, str] = field(default_factory=dict)  # "float64[3]"-style descriptions
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Failed(Record, tag="failed"):
     session: str
     job: str
@@ -97,7 +97,7 @@ class Failed(Record, tag="failed"):
     error: ErrorInfo
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Abort(Record, tag="abort"):
     """Stop ``job`` on this rank: drop its state and wake anything waiting for it."""
 
@@ -106,7 +106,7 @@ class Abort(Record, tag="abort"):
     error: ErrorInfo
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Cancel(Record, tag="cancel"):
     """The driver gives up on ``job``; the broker aborts it everywhere."""
 
@@ -115,7 +115,7 @@ class Cancel(Record, tag="cancel"):
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class JobResult(Record, tag="result"):
     """The broker's one answer to ``Exec``: ``values[output][rank]``, or an error.
 

@@ -1,10 +1,14 @@
 """Tagged records: the dataclasses that cross the wire.
 
-A record is a frozen dataclass that subclasses :class:`Record` with a ``tag``::
+A record is a dataclass that subclasses :class:`Record` with a ``tag``::
 
-    @dataclass(frozen=True)
+    @dataclass(eq=False, repr=False)
     class Heartbeat(Record, tag="hb"):
         sent_at: float
+
+:class:`Record` itself supplies equality, ``repr`` and immutability (a field cannot be
+reassigned once set), so the dataclass only generates ``__init__``: defining a frozen
+dataclass costs several times more, and daemons import dozens of records at start-up.
 
 On the wire it is the msgpack array ``[tag, field0, field1, ...]`` in declaration order
 (see ``mpl.wire.codec``). Decoding looks the tag up in one registry and checks every field
@@ -31,10 +35,29 @@ _Check = Callable[[Any], bool]
 
 
 class Record:
-    """Base of every wire record. Subclass with ``tag="..."`` and ``@dataclass(frozen=True)``."""
+    """Base of every wire record. Subclass with ``tag="..."`` and ``@dataclass(eq=False,
+    repr=False)``; records compare by type and fields and cannot be modified."""
 
     TAG: ClassVar[str] = ""
     _registry: ClassVar[dict[str, type[Record]]] = {}
+    __hash__ = None  # type: ignore[assignment]  # fields are often dicts or lists
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.__dict__:
+            raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return record_fields(self) == record_fields(other)
+
+    def __repr__(self) -> str:
+        names = _spec(type(self)).names
+        return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
 
     def __init_subclass__(cls, *, tag: str = "", **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -11,7 +11,7 @@ from mpl.wire.record import Record
 __all__ = ["ErrorInfo", "from_info", "to_info"]
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class ErrorInfo(Record, tag="error"):
     """An error as it crosses the wire: the mpl class name plus the remote details."""
 

@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class OpenSession(Record, tag="open"):
     """Create a session, or attach to the named one if it exists."""
 
@@ -47,7 +47,7 @@ class OpenSession(Record, tag="open"):
     client: str  # the driver client's id: attachments are counted per client
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class SessionOpened(Record, tag="opened"):
     req: int
     session: str
@@ -57,7 +57,7 @@ class SessionOpened(Record, tag="opened"):
     attached: bool  # True when the session already existed
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class CloseSession(Record, tag="close"):
     """The client detaches; the session closes when no client is left."""
 
@@ -65,7 +65,7 @@ class CloseSession(Record, tag="close"):
     client: str
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class SessionClosed(Record, tag="closed"):
     """Broker to workers: free everything the session holds."""
 
@@ -73,7 +73,7 @@ class SessionClosed(Record, tag="closed"):
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class SymbolInfo(Record, tag="symbol"):
     """What a name stands for: where the value lives and what it looked like."""
 
@@ -84,7 +84,7 @@ class SymbolInfo(Record, tag="symbol"):
     meta: dict[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class SaveSymbol(Record, tag="save"):
     """Name the value at ``uri`` (held by ``info.ranks``) in the session, or on disk."""
 
@@ -94,14 +94,14 @@ class SaveSymbol(Record, tag="save"):
     info: SymbolInfo
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class LoadSymbol(Record, tag="load"):
     session: str
     req: int
     name: str
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class DeleteSymbol(Record, tag="unsave"):
     session: str
     req: int
@@ -110,7 +110,7 @@ class DeleteSymbol(Record, tag="unsave"):
     persist: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Ack(Record, tag="ack"):
     """A worker's answer to a fanned-out request (save, delete symbol)."""
 
@@ -119,12 +119,12 @@ class Ack(Record, tag="ack"):
     error: ErrorInfo | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class StatusRequest(Record, tag="status"):
     req: int
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class Reply(Record, tag="reply"):
     """The answer to a driver request ``req``: a value, or an error."""
 

@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, repr=False)
 class SpuShare(Record, tag="spushare"):
     """One member's share of one array."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import sys
@@ -89,6 +90,7 @@ def main(
     def stop(signum: int, frame: Any) -> None:
         worker.stop()
 
+    gc.freeze()  # start-up objects never die: keep the collector from walking them
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     click.echo(

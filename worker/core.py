@@ -34,7 +34,7 @@ __all__ = ["PROGRAM_SLOTS", "Joined", "Reconnect", "Stop", "ToBroker", "WorkerCo
 # At least the broker's mirror (its PROGRAM_SLOTS): an LRU fed the same sequence with more
 # room holds everything the smaller one does.
 PROGRAM_SLOTS = 512
-_HELLO_FIRST, _HELLO_MAX = 0.2, 2.0
+_HELLO_FIRST, _HELLO_MAX = 0.05, 2.0  # quick retries while a broker starts up
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,185 @@
+"""The floors mpl is compared with: raw pyzmq and raw libspu between separate processes.
+
+Used by ``scripts/bench.py``; each role runs as its own process:
+
+    python scripts/bench_floor.py relay FRONT BACK        # ROUTER<->ROUTER relay
+    python scripts/bench_floor.py echo BACK               # a DEALER that echoes
+    python scripts/bench_floor.py pull ADDR ACK N         # receives N frames, acks each
+    python scripts/bench_floor.py spu RANK WORLD PORTS CASE PROTOCOL FIELD N OUT
+
+The SPU floor uses libspu directly: brpc links created once, ``spawn()`` per run, the
+owners make shares, shares go over the link, ``Runtime`` + set_var/run/get_var, and every
+share of the result goes to rank 0, which reconstructs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import zmq
+
+
+def relay(front: str, back: str) -> None:
+    ctx = zmq.Context()
+    f, b = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
+    f.bind(front)
+    b.bind(back)
+    poller = zmq.Poller()
+    poller.register(f, zmq.POLLIN)
+    poller.register(b, zmq.POLLIN)
+    worker = None
+    while True:
+        ready = dict(poller.poll())
+        if b in ready:
+            m = b.recv_multipart()
+            if m[1] == b"hi":
+                worker = m[0]
+            elif m[1] == b"bye":
+                return
+            else:
+                f.send_multipart(m[1:])
+        if f in ready:
+            m = f.recv_multipart()
+            b.send_multipart([worker, *m])
+
+
+def echo(back: str) -> None:
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.connect(back)
+    s.send(b"hi")
+    while True:
+        m = s.recv_multipart()
+        if m[-1] == b"stop":
+            s.send(b"bye")
+            time.sleep(0.2)
+            return
+        s.send_multipart(m)
+
+
+def pull(addr: str, ack: str, n: int) -> None:
+    ctx = zmq.Context()
+    p, a = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    p.bind(addr)
+    a.connect(ack)
+    for _ in range(n):
+        frame = p.recv(copy=False)
+        a.send(str(len(frame.buffer)).encode())
+    time.sleep(0.2)
+
+
+def spu_party(
+    rank: int, world: int, ports: list[int], case: str, protocol: str, field: str, n: int, out: str
+) -> None:
+    os.environ.setdefault("JAX_ENABLE_X64", "1")
+    import numpy as np
+    import spu.api as api
+    import spu.libspu as lib
+    import spu.utils.frontend as fe
+
+    opts = lib.logging.LogOptions()
+    opts.enable_console_logger = False
+    opts.system_log_path = "/dev/null"
+    lib.logging.setup_logging(opts)
+    cfg = lib.RuntimeConfig(getattr(lib.ProtocolKind, protocol), getattr(lib.FieldType, field), 18)
+    io = api.Io(world, cfg)
+    if case == "millionaire":
+        fn: Any = lambda a, b: a < b  # noqa: E731
+        make = lambda r: np.asarray(3_000_000 + 2_000_000 * r)  # noqa: E731
+    else:
+        fn = lambda a, b: a @ b  # noqa: E731
+        make = lambda r: np.random.default_rng(r).random((100, 100))  # noqa: E731
+    owners = [0, world - 1]  # input a on rank 0, input b on the last rank
+    vis = [lib.Visibility.VIS_SECRET] * 2
+    exe, _ = fe.compile(
+        fe.Kind.JAX,
+        fn,
+        [make(0), make(1)],
+        {},
+        ["a", "b"],
+        vis,
+        lambda outs: [f"o{i}" for i in range(len(outs))],
+    )
+    desc = lib.link.Desc()
+    desc.recv_timeout_ms = 60_000
+    for r, port in enumerate(ports):
+        desc.add_party(f"p{r}", f"127.0.0.1:{port}")
+    link = lib.link.create_brpc(desc, rank)
+    times: list[float] = []
+    for i in range(n + 3):
+        link.barrier()
+        t0 = time.perf_counter()
+        sub = link.spawn()
+        inputs: list[Any] = [None, None]
+        for slot, owner in enumerate(owners):
+            if owner == rank:
+                shares = io.make_shares(make(slot), lib.Visibility.VIS_SECRET)
+                for peer in range(world):
+                    if peer != rank:
+                        sub.send_async(peer, _pack(shares[peer]))
+                inputs[slot] = shares[rank]
+            else:
+                inputs[slot] = _unpack(lib, sub.recv(owner))
+        runtime = api.Runtime(sub, cfg)
+        runtime.set_var("a", inputs[0])
+        runtime.set_var("b", inputs[1])
+        runtime.run(exe)
+        share = runtime.get_var(exe.output_names[0])
+        if rank == 0:
+            parts = [share] + [_unpack(lib, sub.recv(peer)) for peer in range(1, world)]
+            io.reconstruct(parts)
+        else:
+            sub.send_async(0, _pack(share))
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    link.barrier()
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(times, f)
+    link.stop_link()
+
+
+def _pack(share: Any) -> bytes:
+    parts = [share.meta, *share.share_chunks]
+    head = len(parts).to_bytes(4, "little") + b"".join(len(p).to_bytes(8, "little") for p in parts)
+    return head + b"".join(parts)
+
+
+def _unpack(lib: Any, data: bytes) -> Any:
+    n = int.from_bytes(data[:4], "little")
+    sizes = [int.from_bytes(data[4 + 8 * i : 12 + 8 * i], "little") for i in range(n)]
+    pos, parts = 4 + 8 * n, []
+    for size in sizes:
+        parts.append(data[pos : pos + size])
+        pos += size
+    share = lib.Share()
+    share.meta = parts[0]
+    share.share_chunks = parts[1:]
+    return share
+
+
+if __name__ == "__main__":
+    role, args = sys.argv[1], sys.argv[2:]
+    if role == "relay":
+        relay(*args)
+    elif role == "echo":
+        echo(*args)
+    elif role == "pull":
+        pull(args[0], args[1], int(args[2]))
+    elif role == "spu":
+        spu_party(
+            int(args[0]),
+            int(args[1]),
+            [int(p) for p in args[2].split(",")],
+            args[3],
+            args[4],
+            args[5],
+            int(args[6]),
+            args[7],
+        )
+    else:
+        sys.exit(f"unknown role {role}")
