@@ -23,6 +23,7 @@ from mpl.wire.status import format_status
 __all__ = ["Context", "Status", "connect", "current", "get_context", "set_context"]
 
 _DELETE_BATCH = 256
+_DELETE_EVERY_S = 1.0
 _JOB_MEMORY = 64  # jobs kept for mp.trace()
 
 
@@ -90,6 +91,7 @@ class Context:
         self.cluster = ClusterSpec.from_dict(opened.cluster)
         self._released: list[tuple[tuple[int, ...], str]] = []
         self._released_lock = threading.Lock()
+        self._flushed = time.monotonic()
         self.jobs: deque[JobRecord] = deque(maxlen=_JOB_MEMORY)
         self.jobs_run = 0
         self.closed = False
@@ -142,7 +144,7 @@ class Context:
     ) -> JobResult:
         """Run ``graph`` as one job (after sending any deletes waiting in the batch)."""
         self._check_open()
-        self.flush()
+        self._maybe_flush()
         wall, start = time.time(), time.monotonic()
         result = self.client.submit(self.session, graph, bindings, inline=inline, timeout=timeout)
         self.jobs_run += 1
@@ -153,7 +155,7 @@ class Context:
 
     def fetch_raw(self, rank: int, uri: str, *, timeout: float | None = None) -> Any:
         self._check_open()
-        self.flush()
+        self._maybe_flush()
         return self.client.fetch(self.session, rank, uri, timeout=timeout)
 
     def release(self, parties: tuple[int, ...], uri: str) -> None:
@@ -163,8 +165,21 @@ class Context:
         with self._released_lock:
             self._released.append((parties, uri))
 
+    def _maybe_flush(self) -> None:
+        """Before a job or fetch: send the queued deletes once a batch is full or old."""
+        pending = self._released
+        if pending and (
+            len(pending) >= _DELETE_BATCH or time.monotonic() - self._flushed > _DELETE_EVERY_S
+        ):
+            self.flush()
+
     def flush(self) -> None:
-        """Send the deletes queued by dropped Values now (jobs and fetches do it first)."""
+        """Send the deletes queued by dropped Values now.
+
+        Jobs and fetches do it by themselves once ``_DELETE_BATCH`` values are waiting or a
+        second has passed; call this to free the workers' memory at once.
+        """
+        self._flushed = time.monotonic()
         with self._released_lock:
             batch, self._released = self._released, []
         if not batch or self.closed:

@@ -225,3 +225,18 @@ def test_millionaire_on_daemons_and_a_member_killed_mid_run(tmp_path: Any) -> No
         # the survivor's SPU runtime was released: it runs new work at once
         wait_until(lambda: stats(ctx.client, 0).get("jobs_running") == 0, what="rank 0 free")
         assert mp.fetch(mp.device("P0")(lambda: "alive")()) == "alive"
+
+
+def test_lanes_are_reused_and_rebuilt_after_a_failure(sim3: mp.Context) -> None:
+    with sim3:
+        x = mp.put("P0", np.arange(4.0))
+        before = _spu_counts(sim3).get("spu_lanes", 0)
+        inc = mp.device("SP0")(lambda a: a + 1)
+        for _ in range(3):
+            x = inc(x)
+        assert _spu_counts(sim3)["spu_lanes"] - before == 3  # one lane per member, reused
+        with pytest.raises(mp.RemoteError):
+            mp.device("SP0")(lambda a: a @ np.ones((9, 9)))(x)  # fails: every member drops
+        x = inc(x)  # a fresh lane, agreed on by every member
+        assert np.allclose(mp.fetch(x), [4, 5, 6, 7], atol=1e-3)
+        assert _spu_counts(sim3)["spu_lanes"] - before == 6

@@ -11,6 +11,7 @@ The ``spu`` package (which imports jax) is loaded on first use only.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from mpl.wire.record import Record
 __all__ = [
     "SpuShare",
     "flatten",
+    "io_for",
     "libspu",
     "make_shares",
     "map_shares",
@@ -65,20 +67,47 @@ def libspu() -> Any:
     return lib
 
 
+def _key(config: Mapping[str, Any]) -> tuple[str, str, int]:
+    return (
+        str(config.get("protocol", "SEMI2K")),
+        str(config.get("field", "FM64")),
+        int(config.get("fxp_fraction_bits", 18)),
+    )
+
+
+_cache = threading.local()  # libspu objects are cheap to reuse, not to build (per thread)
+
+
 def runtime_config(config: Mapping[str, Any]) -> Any:
     """A libspu RuntimeConfig from a device's ``{protocol, field, fxp_fraction_bits}``."""
-    lib = libspu()
-    cfg = lib.RuntimeConfig()
-    cfg.protocol = getattr(lib.ProtocolKind, str(config.get("protocol", "SEMI2K")))
-    cfg.field = getattr(lib.FieldType, str(config.get("field", "FM64")))
-    cfg.fxp_fraction_bits = int(config.get("fxp_fraction_bits", 18))
+    configs = _cache.__dict__.setdefault("configs", {})
+    key = _key(config)
+    cfg = configs.get(key)
+    if cfg is None:
+        cfg = configs[key] = _new_config(key)
     return cfg
 
 
-def _io(n: int, config: Mapping[str, Any]) -> Any:
+def _new_config(key: tuple[str, str, int]) -> Any:
+    protocol, field, bits = key
+    lib = libspu()
+    cfg = lib.RuntimeConfig()
+    cfg.protocol = getattr(lib.ProtocolKind, protocol)
+    cfg.field = getattr(lib.FieldType, field)
+    cfg.fxp_fraction_bits = bits
+    return cfg
+
+
+def io_for(n: int, config: Mapping[str, Any]) -> Any:
+    """An Io for ``n`` parties (reused by this thread)."""
     import spu.api as api
 
-    return api.Io(n, runtime_config(config))
+    ios = _cache.__dict__.setdefault("ios", {})
+    key = (n, *_key(config))
+    io = ios.get(key)
+    if io is None:
+        io = ios[key] = api.Io(n, runtime_config(config))
+    return io
 
 
 def map_shares(fn: Callable[[Any], Any], tree: Any) -> Any:
@@ -109,7 +138,7 @@ def flatten(tree: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
 def make_shares(value: Any, n: int, config: Mapping[str, Any], *, secret: bool = True) -> list[Any]:
     """Split ``value`` (an array, a number, or a list/tuple/dict of them) into ``n`` share
     structures, one per member, each shaped like ``value``."""
-    io = _io(n, config)
+    io = io_for(n, config)
     lib = libspu()
     vis = lib.Visibility.VIS_SECRET if secret else lib.Visibility.VIS_PUBLIC
     leaves, rebuild = flatten(value)
@@ -127,7 +156,7 @@ def make_shares(value: Any, n: int, config: Mapping[str, Any], *, secret: bool =
 
 def reconstruct(shares: list[Any], config: Mapping[str, Any]) -> Any:
     """Rebuild the plaintext from every member's share structure (same layout each)."""
-    io = _io(len(shares), config)
+    io = io_for(len(shares), config)
     per_member = [flatten(s)[0] for s in shares]
     _, rebuild = flatten(shares[0])
     out = []

@@ -100,7 +100,12 @@ class Worker:
         self.mailbox = Mailbox()
         self.peers = PeerLinks(self.ctx, lambda: self.core.directory)
         services: dict[str, Callable[[], Any]] = {
-            "spu": lambda: SpuService(self.spu_links, data_root),
+            "spu": lambda: SpuService(
+                self.spu_links,
+                lambda: self.core.directory,
+                lambda session: self.jobs.spu_failures.get(session, 0),
+                data_root,
+            ),
             **(extensions or {}),
         }
         self.jobs = Jobs(

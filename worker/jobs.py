@@ -165,6 +165,10 @@ class Jobs:
         self._plans: dict[tuple[str, int], Plan] = {}
         self._lock = threading.Lock()
         self._active: set[tuple[str, str]] = set()
+        # SPU lanes are dropped by every member at the same points: the failed SPU jobs.
+        self._spu_jobs: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._spu_counted: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self.spu_failures: dict[str, int] = {}
         self.done = 0
         self.failed = 0
 
@@ -184,6 +188,20 @@ class Jobs:
                 del self._runners[runner.sid]
             return True
 
+    def spu_job_failed(self, sid: str, job: str) -> None:
+        """Count a failed or aborted job that has SPU ops (once), and drop the lanes."""
+        with self._lock:
+            key = (sid, job)
+            if key not in self._spu_jobs or key in self._spu_counted:
+                return
+            self._spu_counted[key] = None
+            while len(self._spu_counted) > _CLOSED_MEMORY:
+                self._spu_counted.popitem(last=False)
+            self.spu_failures[sid] = self.spu_failures.get(sid, 0) + 1
+            service = self._extensions.get("spu")
+        if service is not None:
+            service.drop_lanes(sid)
+
     def closed(self, sid: str) -> str | None:
         return self._closed.get(sid)
 
@@ -199,6 +217,10 @@ class Jobs:
 
     # -- jobs -----------------------------------------------------------------------------
     def exec(self, msg: Exec, program: Program | None, broken: str | None = None) -> None:
+        if program is not None and any(op.opcode == "spu.run" for op in program.graph.ops):
+            self._spu_jobs[(msg.session, msg.job)] = None
+            while len(self._spu_jobs) > _CLOSED_MEMORY:
+                self._spu_jobs.popitem(last=False)
         if program is None:
             why = (
                 f"cannot load the program here: {broken}"
@@ -223,6 +245,7 @@ class Jobs:
         sid, job = msg.session, msg.job
         if self.closed(sid) or self.mailbox.aborted(sid, job):
             self.mailbox.end(sid, job)
+            self.spu_job_failed(sid, job)
             return
         started, wall = time.monotonic(), time.time()
         timeout = msg.timeout_s if msg.timeout_s > 0 else self.job_timeout_s
@@ -239,14 +262,17 @@ class Jobs:
             outputs = run_graph(self._plan(msg.digest, graph), inputs, run)
         except JobAbortedError:
             self.store.drop_job(sid, job)
+            self.spu_job_failed(sid, job)
             return
         except OpFailed as exc:
             self.failed += 1
+            self.spu_job_failed(sid, job)
             info = to_info(exc.cause, rank=self.rank, op=exc.label, job=job, remote=True)
             self.post(Failed(sid, job, self.rank, info))
             return
         except Exception as exc:
             self.failed += 1
+            self.spu_job_failed(sid, job)
             self.post(
                 Failed(sid, job, self.rank, to_info(exc, rank=self.rank, op="inputs", job=job))
             )
@@ -257,6 +283,7 @@ class Jobs:
             if self.spu_mailbox is not None:
                 self.spu_mailbox.end(sid, job)
         if self.closed(sid) or self.mailbox.aborted(sid, job):
+            self.spu_job_failed(sid, job)
             return
         values: dict[int, Any] = {}
         metas: dict[int, str] = {}
@@ -284,6 +311,7 @@ class Jobs:
         self.mailbox.abort(msg.session, msg.job, msg.error.message)
         if self.spu_mailbox is not None:
             self.spu_mailbox.abort(msg.session, msg.job, msg.error.message)
+        self.spu_job_failed(msg.session, msg.job)
         self.store.drop_job(msg.session, msg.job)
 
     # -- data and names -------------------------------------------------------------------
@@ -343,6 +371,11 @@ class Jobs:
         self.mailbox.close_session(sid, reason)
         if self.spu_mailbox is not None:
             self.spu_mailbox.close_session(sid, reason)
+        with self._lock:
+            self.spu_failures.pop(sid, None)
+            service = self._extensions.get("spu")
+        if service is not None:
+            service.drop_lanes(sid)
         self.store.close(sid)
         with self._lock:
             runner = self._runners.get(sid)

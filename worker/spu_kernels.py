@@ -3,7 +3,7 @@
 * ``spu.seal``: the owner secret-shares its value and sends each member its share.
 * ``spu.run``: every member compiles the JAX function for the actual input shapes, dtypes
   and visibilities (cached by program, op and inputs: once per key, not per call) and runs
-  it with libspu over this op's own link (``spu_link.py``).
+  it with libspu over the session's lane for the device (``spu_link.py``).
 * ``spu.reveal``: every member sends its share to the target, which reconstructs.
 
 The ``spu`` package (and jax) is imported by the first SPU op, not when the worker starts.
@@ -11,16 +11,19 @@ The ``spu`` package (and jax) is imported by the first SPU op, not when the work
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mpl.wire.control import PeerInfo
 from mpl.wire.graph import Graph, Op, fill
 from mpl.worker.interpreter import ABSENT, JobContext, kernel, split_outputs
-from mpl.worker.spu_link import SpuLinks, link_id
+from mpl.worker.spu_link import SpuLinks
 
 __all__ = ["SpuService"]
 
@@ -74,16 +77,46 @@ def _run(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> list
     return service.run(ctx, graph, k, op, args)
 
 
-class SpuService:
-    """Per-worker SPU state: the compile cache and its counters; links come from ``links``."""
+class _Lane:
+    """One libspu link and Runtime kept by this member for a session's SPU device."""
 
-    def __init__(self, links: SpuLinks, log_dir: Path | None = None) -> None:
+    def __init__(self, lane_id: str) -> None:
+        self.id = lane_id
+        self.link: Any = None
+        self.runtime: Any = None
+        self.job: tuple[str, str] = ("", "")  # the job using the lane now (for aborts)
+        self.deadline = 0.0
+
+
+class SpuService:
+    """Per-worker SPU state: lanes (links and Runtimes reused job after job), the compile
+    cache, and their counters.
+
+    Lanes make a run cheap: no link handshake and no collective Runtime set-up per job
+    (CHEETAH's set-up alone takes hundreds of milliseconds). Members must agree on which
+    lane a job uses, so a lane is dropped everywhere at the same point: when a job with SPU
+    ops fails or is aborted (every member learns that from the broker), or when the session
+    closes. The lane id counts those drops and names the members' incarnations, so a
+    restarted member also gets a fresh lane on every side.
+    """
+
+    def __init__(
+        self,
+        links: SpuLinks,
+        directory: Callable[[], dict[int, PeerInfo]],
+        failures: Callable[[str], int],
+        log_dir: Path | None = None,
+    ) -> None:
         self.links = links
+        self._directory = directory
+        self._failures = failures  # per session: failed SPU jobs so far (kept by Jobs)
         self._compiled: OrderedDict[Any, tuple[Any, Any, Any]] = OrderedDict()
+        self._lanes: dict[tuple[Any, ...], _Lane] = {}
         self._lock = threading.Lock()
         self.compiles = 0
         self.cache_hits = 0
         self.runs = 0
+        self.lanes_made = 0
         _quiet_logs(log_dir)
 
     def stats(self) -> dict[str, int]:
@@ -91,13 +124,55 @@ class SpuService:
             "spu_compiles": self.compiles,
             "spu_cache_hits": self.cache_hits,
             "spu_runs": self.runs,
+            "spu_lanes": self.lanes_made,
         }
 
-    def run(self, ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> list[Any]:
-        import numpy as np
+    # -- lanes ----------------------------------------------------------------------------
+    def drop_lanes(self, session: str) -> None:
+        """Forget the session's lanes: a job that used them failed, or the session closed."""
+        with self._lock:
+            dropped = [self._lanes.pop(k) for k in [k for k in self._lanes if k[0] == session]]
+        for lane in dropped:
+            self.links.mailbox.drop_lane(lane.id)
+
+    def _lane(
+        self, ctx: JobContext, device: str, members: tuple[int, ...], local: int, config: Any
+    ) -> _Lane:
+        import hashlib
+
         import spu.api as api
 
-        from mpl.wire.shares import SpuShare, flatten, libspu, runtime_config
+        from mpl.wire.shares import libspu, runtime_config
+
+        directory = self._directory()
+        incarnations = tuple(directory[m].incarnation if m in directory else "?" for m in members)
+        key = (ctx.session, device, members, incarnations)
+        with self._lock:
+            lane = self._lanes.get(key)
+            if lane is not None:
+                return lane
+            tag = hashlib.sha1("/".join(incarnations).encode()).hexdigest()[:8]
+            lane = _Lane(f"{ctx.session}/{device}/{tag}/{self._failures(ctx.session)}")
+        lib = libspu()
+        desc = lib.link.Desc()
+        for member in members:
+            desc.add_party(f"r{member}", f"mpl-{member}")  # addresses unused: our channels carry it
+        desc.recv_timeout_ms = max(1000, int((ctx.deadline - time.monotonic()) * 1000))
+        lane.job, lane.deadline = (ctx.session, ctx.job), ctx.deadline
+        channel_class = _channel_class()
+        channels = [None if m == ctx.rank else channel_class(self.links, lane, m) for m in members]
+        lane.link = lib.link.create_with_channels(desc, local, channels)
+        lane.runtime = api.Runtime(lane.link, runtime_config(config))
+        with self._lock:
+            self._lanes[key] = lane
+            self.lanes_made += 1
+        return lane
+
+    # -- running --------------------------------------------------------------------------
+    def run(self, ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> list[Any]:
+        import numpy as np
+
+        from mpl.wire.shares import SpuShare, flatten, io_for, libspu
 
         lib = libspu()
         members: tuple[int, ...] = op.attrs["members"]
@@ -116,13 +191,14 @@ class SpuService:
                     specs.append((leaf.shape, leaf.dtype, leaf.secret))
                     continue
                 arr = np.asarray(leaf)  # a host value: a public input every member builds alike
-                public_io = public_io or api.Io(len(members), runtime_config(config))
+                public_io = public_io or io_for(len(members), config)
                 shares.append(public_io.make_shares(arr, lib.Visibility.VIS_PUBLIC)[local])
                 specs.append((tuple(arr.shape), str(arr.dtype), False))
         exe, out_specs, out_rebuild = self._compile(graph, k, op, layout, specs)
-        link = self._link(ctx, k, members, local)
         try:
-            runtime = api.Runtime(link, runtime_config(config))
+            lane = self._lane(ctx, op.attrs["device"], members, local, config)
+            lane.job, lane.deadline = (ctx.session, ctx.job), ctx.deadline
+            runtime = lane.runtime
             for name, share in zip(exe.input_names, shares, strict=True):
                 runtime.set_var(name, share)
             runtime.run(exe)
@@ -130,6 +206,11 @@ class SpuService:
                 SpuShare.from_libspu(runtime.get_var(name), shape, dtype)
                 for name, (shape, dtype) in zip(exe.output_names, out_specs, strict=True)
             ]
+            for name in (*exe.input_names, *exe.output_names):
+                runtime.del_var(name)
+        except BaseException:
+            self.drop_lanes(ctx.session)  # the lane's state is unknown now; the job fails
+            raise
         finally:
             self.runs += 1
         return split_outputs(out_rebuild(outs), op.nout)
@@ -184,28 +265,14 @@ class SpuService:
             return jax.tree_util.tree_unflatten(treedef, values)
 
         entry = (exe, out_specs, rebuild_out)
+        if not self.compiles:
+            gc.freeze()  # jax is loaded now: keep the collector off its many module objects
         with self._lock:
             self.compiles += 1
             self._compiled[key] = entry
             while len(self._compiled) > _COMPILE_CACHE:
                 self._compiled.popitem(last=False)
         return entry
-
-    def _link(self, ctx: JobContext, k: int, members: tuple[int, ...], local: int) -> Any:
-        from mpl.wire.shares import libspu
-
-        lib = libspu()
-        desc = lib.link.Desc()
-        for member in members:
-            desc.add_party(f"r{member}", f"mpl-{member}")  # addresses unused: our channels carry it
-        desc.recv_timeout_ms = max(1000, int((ctx.deadline - time.monotonic()) * 1000))
-        name = link_id(ctx.session, ctx.job, k)
-        channel_class = _channel_class()
-        channels = [
-            None if m == ctx.rank else channel_class(self.links, name, m, ctx.deadline)
-            for m in members
-        ]
-        return lib.link.create_with_channels(desc, local, channels)
 
 
 _CHANNEL: Any = None
@@ -223,21 +290,22 @@ def _channel_class() -> Any:
     class Channel(base):  # type: ignore[misc]
         """One direction pair with one member, for one link."""
 
-        def __init__(self, links: SpuLinks, link: str, peer: int, deadline: float) -> None:
+        def __init__(self, links: SpuLinks, lane: _Lane, peer: int) -> None:
             super().__init__()
-            self.links, self.link, self.peer, self.deadline = links, link, peer, deadline
+            self.links, self.lane, self.peer = links, lane, peer
 
         def Send(self, key: str, data: bytes) -> None:
-            self.links.send(self.peer, self.link, key, data)
+            self.links.send(self.peer, self.lane.id, key, data)
 
         def SendAsync(self, key: str, data: bytes) -> None:
-            self.links.send(self.peer, self.link, key, data)
+            self.links.send(self.peer, self.lane.id, key, data)
 
         def SendAsyncThrottled(self, key: str, data: bytes) -> None:
-            self.links.send(self.peer, self.link, key, data)
+            self.links.send(self.peer, self.lane.id, key, data)
 
         def Recv(self, key: str) -> bytes:
-            return self.links.recv(self.link, self.peer, key, self.deadline)
+            lane = self.lane
+            return self.links.recv(lane.id, self.peer, key, lane.job, lane.deadline)
 
         def TestSend(self, timeout: int) -> None:
             self.Send("__test__", b"\x00")
@@ -261,7 +329,7 @@ def _channel_class() -> Any:
             pass  # our deadline is the job's
 
         def GetRecvTimeout(self) -> int:
-            return max(0, int((self.deadline - time.monotonic()) * 1000))
+            return max(0, int((self.lane.deadline - time.monotonic()) * 1000))
 
     _CHANNEL = Channel
     return Channel

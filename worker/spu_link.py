@@ -3,14 +3,15 @@
 libspu talks through channels we implement in Python (``create_with_channels``) instead of
 its brpc transport: a brpc peer that dies makes yacl ``exit()`` the surviving process after
 its retries, and nothing releases a run blocked in a brpc receive. Here a receive waits in
-:class:`SpuMailbox`, which an abort or the job's deadline wakes at once, so a failed member
-never takes the others down or leaves them blocked.
+:class:`SpuMailbox`, which an abort of the job being run, or the job's deadline, wakes at
+once, so a failed member never takes the others down or leaves them blocked.
 
-Wire format on the SPU socket (raw frames, no codec: these are many small messages)::
+A *lane* is one libspu link (and Runtime) that the members of an SPU device keep for a
+session and reuse job after job; its id is ``<session>/<device>/<members' incarnations>/<n>``
+and every member computes the same one. Wire format on the SPU socket (raw frames, no codec:
+these are many small messages)::
 
-    [b"MPLS", link id, source rank (ascii), libspu key, payload]
-
-A link id is ``<session>/<job>/<op>``: every SPU op of every job has its own namespace.
+    [b"MPLS", lane id, source rank (ascii), libspu key, payload]
 """
 
 from __future__ import annotations
@@ -28,46 +29,50 @@ from mpl.wire.control import PeerInfo
 from mpl.wire.errors import JobAbortedError, MplTimeoutError, WorkerLostError
 from mpl.wire.sockets import configure, drain
 
-__all__ = ["SPU_MAGIC", "SpuLinks", "SpuMailbox", "link_id"]
+__all__ = ["SPU_MAGIC", "SpuLinks", "SpuMailbox"]
 
 log = logging.getLogger("mpl.worker")
 SPU_MAGIC = b"MPLS"
-_ENDED_MEMORY = 4096
-
-
-def link_id(session: str, job: str, op: int) -> str:
-    return f"{session}/{job}/{op}"
-
-
-def _job_of(link: str) -> tuple[str, str]:
-    session, job, _ = link.split("/", 2)
-    return session, job
+_MEMORY = 4096  # dead lanes and aborted jobs remembered
+_PUMP_S = 0.05  # a waiting receive reads the socket this long before checking aborts again
 
 
 class SpuMailbox:
-    """libspu messages by (link, source, key), first in first out per key."""
+    """libspu messages by (lane, source, key), first in first out per key."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._items: dict[tuple[str, int, str], collections.deque[bytes]] = {}
         self._aborted: collections.OrderedDict[tuple[str, str], str] = collections.OrderedDict()
-        self._ended: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
+        self._dead: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.dropped = 0
 
-    def put(self, link: str, src: int, key: str, data: bytes) -> None:
-        job = _job_of(link)
+    def put(self, lane: str, src: int, key: str, data: bytes) -> None:
         with self._cond:
-            if job in self._ended or job in self._aborted:
+            if lane in self._dead:
                 self.dropped += 1
                 return
-            self._items.setdefault((link, src, key), collections.deque()).append(data)
+            self._items.setdefault((lane, src, key), collections.deque()).append(data)
             self._cond.notify_all()
 
-    def get(self, link: str, src: int, key: str, deadline: float) -> bytes:
-        job = _job_of(link)
-        slot = (link, src, key)
-        with self._cond:
-            while True:
+    def get(
+        self,
+        lane: str,
+        src: int,
+        key: str,
+        job: tuple[str, str],
+        deadline: float,
+        pump: Callable[[float], bool] | None = None,
+    ) -> bytes:
+        """The next message ``key`` from ``src`` on ``lane``, for ``job`` (session, job id).
+
+        ``pump(seconds)`` reads the socket for a while if nobody else is reading it; the
+        waiting thread then takes its message straight off the socket instead of being
+        woken by the receiving thread (one thread switch less per message).
+        """
+        slot = (lane, src, key)
+        while True:
+            with self._cond:
                 queue = self._items.get(slot)
                 if queue:
                     data = queue.popleft()
@@ -77,43 +82,55 @@ class SpuMailbox:
                 reason = self._aborted.get(job)
                 if reason is not None:
                     raise JobAbortedError(f"job {job[1]} aborted: {reason}", job=job[1])
+                if lane in self._dead:
+                    raise JobAbortedError(f"SPU lane {lane} was dropped", job=job[1])
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise MplTimeoutError(
                         f"SPU message {key!r} from rank {src} did not arrive in time; "
                         "that member may be slow or dead"
                     )
-                self._cond.wait(left)
+                if pump is None:
+                    self._cond.wait(left)
+                    continue
+            if not pump(min(left, _PUMP_S)):  # another receive reads the socket: let it
+                with self._cond:
+                    if slot not in self._items:
+                        self._cond.wait(0.002)
 
     def abort(self, session: str, job: str, reason: str) -> None:
+        """Wake whatever ``job`` waits on with JobAbortedError."""
         with self._cond:
             self._aborted[(session, job)] = reason
-            while len(self._aborted) > _ENDED_MEMORY:
+            while len(self._aborted) > _MEMORY:
                 self._aborted.popitem(last=False)
-            self._drop(session, job)
             self._cond.notify_all()
 
     def end(self, session: str, job: str) -> None:
         with self._cond:
             self._aborted.pop((session, job), None)
-            self._ended[(session, job)] = None
-            while len(self._ended) > _ENDED_MEMORY:
-                self._ended.popitem(last=False)
-            self._drop(session, job)
+
+    def drop_lane(self, lane: str) -> None:
+        """Forget a lane: its waiting receives fail, its late messages are dropped."""
+        with self._cond:
+            self._dead[lane] = None
+            while len(self._dead) > _MEMORY:
+                self._dead.popitem(last=False)
+            for slot in [s for s in self._items if s[0] == lane]:
+                del self._items[slot]
+            self._cond.notify_all()
 
     def close_session(self, session: str, reason: str) -> None:
         with self._cond:
-            for link, _, _ in list(self._items):
-                s, job = _job_of(link)
-                if s == session:
-                    self._aborted[(s, job)] = reason
-                    self._drop(s, job)
+            for lane in {s[0] for s in self._items if s[0].startswith(f"{session}/")}:
+                self._dead[lane] = None
+            for slot in [s for s in self._items if s[0].startswith(f"{session}/")]:
+                del self._items[slot]
             self._cond.notify_all()
 
-    def _drop(self, session: str, job: str) -> None:
-        prefix = f"{session}/{job}/"
-        for slot in [s for s in self._items if s[0].startswith(prefix)]:
-            del self._items[slot]
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._items)
 
 
 class SpuLinks:
@@ -135,20 +152,40 @@ class SpuLinks:
         self.mailbox = SpuMailbox()
         self._push: dict[int, tuple[str, zmq.Socket[Any], threading.Lock]] = {}
         self._lock = threading.Lock()
+        self._reading = threading.Lock()  # whoever holds it reads the PULL socket
+        self._waiting = 0  # receives in progress: the background thread leaves the socket alone
         self.protocol_errors = 0
         self.messages_in = 0
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._receive, name=f"mpl-spu-{rank}", daemon=True)
         self._thread.start()
 
-    def send(self, dst: int, link: str, key: str, data: bytes) -> None:
+    def send(self, dst: int, lane: str, key: str, data: bytes) -> None:
         _, sock, lock = self._socket(dst)
-        frames = [SPU_MAGIC, link.encode(), str(self.rank).encode(), key.encode(), data]
+        frames = [SPU_MAGIC, lane.encode(), str(self.rank).encode(), key.encode(), data]
         with lock:
             sock.send_multipart(frames, copy=len(data) < 65536)
 
-    def recv(self, link: str, src: int, key: str, deadline: float) -> bytes:
-        return self.mailbox.get(link, src, key, deadline)
+    def recv(self, lane: str, src: int, key: str, job: tuple[str, str], deadline: float) -> bytes:
+        with self._lock:
+            self._waiting += 1
+        try:
+            return self.mailbox.get(lane, src, key, job, deadline, self._pump)
+        finally:
+            with self._lock:
+                self._waiting -= 1
+
+    def _pump(self, seconds: float) -> bool:
+        """Read the socket for up to ``seconds`` unless another thread is: False then."""
+        if not self._reading.acquire(blocking=False):
+            return False
+        try:
+            if self.pull.poll(int(seconds * 1000) + 1):
+                for frames in drain(self.pull):
+                    self._deliver(frames)
+        finally:
+            self._reading.release()
+        return True
 
     def _socket(self, dst: int) -> tuple[str, zmq.Socket[Any], threading.Lock]:
         peer = self._directory().get(dst)
@@ -166,23 +203,28 @@ class SpuLinks:
             return entry
 
     def _receive(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.pull, zmq.POLLIN)
+        """Keep the socket drained while no receive is waiting (waiting ones read it)."""
         try:
             while not self._stopping.is_set():
-                if not poller.poll(100):
+                if self._waiting or not self._reading.acquire(blocking=False):
+                    time.sleep(0.005)
                     continue
-                for frames in drain(self.pull):
-                    self._deliver(frames)
+                try:
+                    if self.pull.poll(10):
+                        for frames in drain(self.pull):
+                            self._deliver(frames)
+                finally:
+                    self._reading.release()
         finally:
-            self.pull.close()
+            with self._reading:
+                self.pull.close()
 
     def _deliver(self, frames: list[zmq.Frame]) -> None:
         try:
-            magic, link, src, key, data = frames
+            magic, lane, src, key, data = frames
             if magic.bytes != SPU_MAGIC:
                 raise ValueError("bad magic")
-            self.mailbox.put(link.bytes.decode(), int(src.bytes), key.bytes.decode(), data.bytes)
+            self.mailbox.put(lane.bytes.decode(), int(src.bytes), key.bytes.decode(), data.bytes)
             self.messages_in += 1
         except (ValueError, UnicodeDecodeError):
             self.protocol_errors += 1
