@@ -20,12 +20,11 @@ from typing import Any
 
 from mpl.driver import spu as _spu
 from mpl.driver.context import current
-from mpl.driver.recorder import Recorder, active, cluster_now, emit
-from mpl.driver.tree import flatten, tree_map, unflatten
+from mpl.driver.recorder import Recorder, active, call_template, cluster_now, emit
+from mpl.driver.tree import flatten, tree_map
 from mpl.driver.values import NOT_CACHED, Value
 from mpl.wire.cluster import ClusterSpec, Device
 from mpl.wire.errors import DeviceError, DeviceInferenceError, DeviceNotFoundError
-from mpl.wire.graph import Arg
 
 __all__ = ["DeviceCall", "device", "fetch", "getitem", "move", "put"]
 
@@ -123,18 +122,12 @@ def _ppu_call(
     rank = cluster.ranks(dev.name)[0]
 
     def build(rec: Recorder) -> list[tuple[int, str | None]]:
-        inputs: list[int] = []
-        template: list[Any] = []
-        for leaf in leaves:
-            if isinstance(leaf, Value):
-                inputs.append(move(rec, leaf, dev.name))
-            elif rec.traced:
-                template.append(leaf)  # a host value is baked into the traced program
-                continue
-            else:
-                inputs.append(rec.host(leaf, (rank,)))
-            template.append(Arg(len(inputs) - 1))
-        targs, tkwargs = unflatten(treedef, template)
+        inputs, targs, tkwargs = call_template(
+            leaves,
+            treedef,
+            lambda v: move(rec, v, dev.name),
+            lambda x: None if rec.traced else rec.host(x, (rank,)),  # traced: baked in
+        )
         outs = rec.op(
             "pcall",
             inputs,

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mpl.driver.context import Context, current
+from mpl.driver.tree import unflatten
 from mpl.driver.values import Value
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.errors import MplError
@@ -227,6 +228,31 @@ def wrap(
             )
         )
     return values
+
+
+def call_template(
+    leaves: list[Any],
+    treedef: Any,
+    value: Callable[[Value], int],
+    host: Callable[[Any], int | None],
+) -> tuple[list[int], Any, Any]:
+    """The op inputs and (args, kwargs) templates of a function call on flattened arguments.
+
+    Each Value leaf becomes an input through ``value`` (which may move it first); each host
+    leaf becomes an input through ``host``, or stays in the template where ``host`` returns
+    None (a constant of the traced program).
+    """
+    inputs: list[int] = []
+    template: list[Any] = []
+    for leaf in leaves:
+        sym = value(leaf) if isinstance(leaf, Value) else host(leaf)
+        if sym is None:
+            template.append(leaf)
+            continue
+        inputs.append(sym)
+        template.append(Arg(len(inputs) - 1))
+    targs, tkwargs = unflatten(treedef, template)
+    return inputs, targs, tkwargs
 
 
 def emit(build: Callable[[Recorder], Sequence[Out]], name: str = "") -> list[Value]:

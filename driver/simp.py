@@ -14,10 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mpl.driver.recorder import Recorder, emit
-from mpl.driver.tree import flatten, unflatten
+from mpl.driver.recorder import Recorder, call_template, emit
+from mpl.driver.tree import flatten
 from mpl.driver.values import Value
-from mpl.wire.graph import Arg
 
 __all__ = ["constant", "converge", "pcall", "shuffle"]
 
@@ -42,18 +41,9 @@ def pcall(
     leaves, treedef = flatten((args, kwargs))
 
     def build(rec: Recorder) -> list[tuple[int, str | None]]:
-        inputs: list[int] = []
-        template: list[Any] = []
-        for leaf in leaves:
-            if isinstance(leaf, Value):
-                inputs.append(rec.of(leaf))
-            elif rec.traced:
-                template.append(leaf)
-                continue
-            else:
-                inputs.append(rec.host(leaf, ranks))
-            template.append(Arg(len(inputs) - 1))
-        targs, tkwargs = unflatten(treedef, template)
+        inputs, targs, tkwargs = call_template(
+            leaves, treedef, rec.of, lambda x: None if rec.traced else rec.host(x, ranks)
+        )
         outs = rec.op(
             "pcall",
             inputs,

@@ -13,12 +13,10 @@ import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mpl.driver.recorder import Recorder, emit
-from mpl.driver.tree import unflatten
+from mpl.driver.recorder import Recorder, call_template, emit
 from mpl.driver.values import Value
 from mpl.wire.cluster import ClusterSpec, Device
 from mpl.wire.errors import DeviceError
-from mpl.wire.graph import Arg
 
 if TYPE_CHECKING:
     from mpl.driver.context import Context
@@ -60,18 +58,12 @@ def run(
     name = str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "fn"))
 
     def build(rec: Recorder) -> list[tuple[int, str | None]]:
-        inputs: list[int] = []
-        template: list[Any] = []
-        for leaf in leaves:
-            if isinstance(leaf, Value):
-                inputs.append(move(rec, leaf, dev.name))
-            elif _is_array(leaf):
-                inputs.append(rec.host(leaf, members))  # a public input
-            else:
-                template.append(leaf)  # a constant of the compiled program
-                continue
-            template.append(Arg(len(inputs) - 1))
-        targs, tkwargs = unflatten(treedef, template)
+        inputs, targs, tkwargs = call_template(
+            leaves,
+            treedef,
+            lambda v: move(rec, v, dev.name),  # PPU-held values are sealed
+            lambda x: rec.host(x, members) if _is_array(x) else None,  # public input, or constant
+        )
         outs = rec.op(
             "spu.run",
             inputs,

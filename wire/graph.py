@@ -427,7 +427,8 @@ def format_graph(graph: Graph) -> str:
         attrs = ", ".join(
             f"{k}={_fmt_value(v, graph, k)}"
             for k, v in sorted(op.attrs.items())
-            if not (type(v) in (dict, tuple, list) and not v)  # empty templates are noise
+            if k != "name"  # a label; `fn` already says it
+            and not (type(v) in (dict, tuple, list) and not v)  # empty templates are noise
         )
         args = ", ".join(f"%{v}" for v in op.inputs)
         placed = " ".join(_fmt_ranks(placements[next_value + i]) for i in range(op.nout))

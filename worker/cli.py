@@ -74,6 +74,8 @@ def main(
     )
     from mpl.worker.daemon import Worker
 
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(f"warning: peer data on {host} is not encrypted", err=True)
     root = data_root or Path(".mpl") / "data" / f"rank{rank}"
     try:
         worker = Worker(
