@@ -14,14 +14,20 @@ ensure_venv() {
       || { echo "mpl needs Python 3.11 (spu ships cp311 wheels only); found $("$base" -V)" >&2; exit 1; }
     echo "creating $VENV" >&2
     "$base" -m venv "$VENV"
-    "$PY" -m pip install -q --upgrade pip setuptools wheel
+    "$PY" -m pip install -q --upgrade pip setuptools wheel > "$VENV/install.log" 2>&1 \
+      || { cat "$VENV/install.log" >&2; exit 1; }
   fi
   local stamp="$VENV/.mpl-install-stamp" want
   want="$( (cat "$ROOT/pyproject.toml"; cd "$ROOT" && find wire broker worker driver -name '*.py' -o -name py.typed | sort) | sha256sum | cut -c1-32)"
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "installing mpl (strict editable, with dev extras) into $VENV" >&2
     rm -rf "$ROOT/build/__editable__"*
-    "$PY" -m pip install -q -e "$ROOT[dev]" --config-settings editable_mode=strict
+    if ! "$PY" -m pip install -q -e "$ROOT[dev]" --config-settings editable_mode=strict \
+        > "$VENV/install.log" 2>&1; then
+      cat "$VENV/install.log" >&2
+      echo "installing mpl failed (log above, also in $VENV/install.log)" >&2
+      exit 1
+    fi
     echo "$want" > "$stamp"
   fi
   export PATH="$VENV/bin:$PATH"
