@@ -22,7 +22,6 @@ class Call:
     session: str
     ranks: tuple[int, ...]
     pending: set[int]
-    started: float
 
 
 @dataclass

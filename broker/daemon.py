@@ -18,7 +18,7 @@ import zmq
 
 from mpl.broker.state import BrokerState, Send
 from mpl.wire.cluster import ClusterSpec
-from mpl.wire.codec import decode, encode
+from mpl.wire.codec import decode, encode, frames_nbytes
 from mpl.wire.control import HEARTBEAT_S, Bye, Directory, Heartbeat
 from mpl.wire.errors import ProtocolError
 from mpl.wire.record import Record
@@ -119,7 +119,7 @@ class Broker:
                     self._fd_peer[fd] = peer
                     self._peer_fd[peer] = fd
             now = time.monotonic()
-            self.state.counters["bytes_routed"] += sum(len(f) for f in frames[1:])
+            self.state.counters["bytes_routed"] += frames_nbytes(frames[1:])
             try:
                 msg = decode(frames[1:], unpickle=False)
             except ProtocolError as exc:

@@ -20,7 +20,6 @@ class SessionEntry:
     sid: str
     name: str
     lease_s: float
-    created: float
     last_seen: float
     clients: set[str] = field(default_factory=set)
     symbols: dict[str, SymbolInfo] = field(default_factory=dict)
@@ -40,7 +39,7 @@ class SessionTable:
         attached = sid is not None
         if sid is None:
             sid = f"s{secrets.token_hex(6)}"
-            self.by_id[sid] = SessionEntry(sid, name, lease_s, now, now)
+            self.by_id[sid] = SessionEntry(sid, name, lease_s, now)
             if name:
                 self.by_name[name] = sid
         entry = self.by_id[sid]

@@ -299,7 +299,7 @@ class BrokerState:
                 return answer(self._absent(rank, msg.job))
             workers.append(entry)
         self.calls.jobs[msg.job] = JobCall(
-            peer, msg.session, msg.ranks, set(msg.ranks), now, job=msg.job
+            peer, msg.session, msg.ranks, set(msg.ranks), job=msg.job
         )
         session.jobs.add(msg.job)
         # A rank must see only its own bindings (host values are private to their party).
@@ -392,7 +392,7 @@ class BrokerState:
             return [Send(peer, Reply(msg.req, error=self._absent(msg.rank)))]
         bid = self.calls.new_req()
         self.calls.requests[bid] = RequestCall(
-            peer, msg.session, (msg.rank,), {msg.rank}, now, req=msg.req, bid=bid, kind="fetch"
+            peer, msg.session, (msg.rank,), {msg.rank}, req=msg.req, bid=bid, kind="fetch"
         )
         return [Send(entry.peer, Fetch(msg.session, bid, msg.rank, msg.uri))]
 
@@ -428,7 +428,7 @@ class BrokerState:
                 return [Send(peer, Reply(req, error=self._absent(rank)))]
         bid = self.calls.new_req()
         self.calls.requests[bid] = RequestCall(
-            peer, sid, ranks, set(ranks), now, req=req, bid=bid, kind=kind, symbol=symbol
+            peer, sid, ranks, set(ranks), req=req, bid=bid, kind=kind, symbol=symbol
         )
         message = make(bid)
         return [Send(self.registry.by_rank[r].peer, message) for r in ranks]

@@ -93,7 +93,6 @@ class Context:
         self._released_lock = threading.Lock()
         self._flushed = time.monotonic()
         self.jobs: deque[JobRecord] = deque(maxlen=_JOB_MEMORY)
-        self.jobs_run = 0
         self.closed = False
 
     @property
@@ -147,7 +146,6 @@ class Context:
         self._maybe_flush()
         wall, start = time.time(), time.monotonic()
         result = self.client.submit(self.session, graph, bindings, inline=inline, timeout=timeout)
-        self.jobs_run += 1
         self.jobs.append(
             JobRecord(result.job, graph.name, wall, time.monotonic() - start, result.stats)
         )

@@ -13,7 +13,7 @@ from typing import Any
 
 import zmq
 
-from mpl.wire.codec import decode, encode
+from mpl.wire.codec import decode, encode, frames_nbytes
 from mpl.wire.record import Record
 
 __all__ = ["LINGER_MS", "configure", "drain", "recv_message", "send_message"]
@@ -56,7 +56,7 @@ def send_message(
     """Encode and send ``msg`` behind ``envelope``; returns the bytes sent."""
     frames = encode(msg)
     sock.send_multipart([*envelope, *frames], flags=flags, copy=False)
-    return sum(memoryview(f).nbytes for f in frames)
+    return frames_nbytes(frames)
 
 
 def recv_message(sock: zmq.Socket[Any], *, unpickle: bool = True) -> Record:

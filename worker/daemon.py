@@ -23,7 +23,7 @@ from typing import Any
 
 import zmq
 
-from mpl.wire.codec import decode, encode
+from mpl.wire.codec import decode, encode, frames_nbytes
 from mpl.wire.control import HEARTBEAT_S, Bye, Channel, WorkerHello
 from mpl.wire.data import Delete, Fetch, Move
 from mpl.wire.errors import ProtocolError
@@ -225,7 +225,7 @@ class Worker:
                 log.warning("rank %d: dropped a bad message: %s", self.rank, exc)
                 continue
             if sock is self.pull:
-                self.bytes_in += sum(len(f) for f in frames)
+                self.bytes_in += frames_nbytes(frames)
             handle(msg)
 
     # -- messages -------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 
 import zmq
 
-from mpl.wire.codec import encode
+from mpl.wire.codec import encode, frames_nbytes
 from mpl.wire.control import PeerInfo
 from mpl.wire.data import Move
 from mpl.wire.errors import JobAbortedError, MplTimeoutError, WorkerLostError
@@ -58,7 +58,7 @@ class PeerLinks:
                             f"rank {move.dst} did not take a move in time (its queue is full)"
                         ) from None
                     time.sleep(_RETRY_S)
-        self.bytes_out += sum(memoryview(f).nbytes for f in frames)
+        self.bytes_out += frames_nbytes(frames)
 
     def _link(self, dst: int) -> _Link:
         peer = self._directory().get(dst)

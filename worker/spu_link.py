@@ -128,10 +128,6 @@ class SpuMailbox:
                 del self._items[slot]
             self._cond.notify_all()
 
-    def pending(self) -> int:
-        with self._cond:
-            return len(self._items)
-
 
 class SpuLinks:
     """This worker's end of every SPU link: a PULL socket it binds, a PUSH per member."""
@@ -155,7 +151,6 @@ class SpuLinks:
         self._reading = threading.Lock()  # whoever holds it reads the PULL socket
         self._waiting = 0  # receives in progress: the background thread leaves the socket alone
         self.protocol_errors = 0
-        self.messages_in = 0
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._receive, name=f"mpl-spu-{rank}", daemon=True)
         self._thread.start()
@@ -225,7 +220,6 @@ class SpuLinks:
             if magic.bytes != SPU_MAGIC:
                 raise ValueError("bad magic")
             self.mailbox.put(lane.bytes.decode(), int(src.bytes), key.bytes.decode(), data.bytes)
-            self.messages_in += 1
         except (ValueError, UnicodeDecodeError):
             self.protocol_errors += 1
             log.warning("rank %d: dropped a malformed SPU link message", self.rank)
