@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from mpl.wire.control import Directory, PeerInfo, WorkerHello
 from mpl.wire.errors import RegistrationError
+from mpl.wire.lru import LRU
 
 __all__ = ["PROGRAM_SLOTS", "Registry", "WorkerEntry"]
 
@@ -23,16 +23,13 @@ class WorkerEntry:
     joined: float
     last_seen: float
     stats: dict[str, int] = field(default_factory=dict)
-    programs: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    programs: LRU[str, bool] = field(default_factory=lambda: LRU(PROGRAM_SLOTS))
 
     def needs_program(self, digest: str) -> bool:
         """True if ``digest`` must be sent first; records it as sent either way."""
-        if digest in self.programs:
-            self.programs.move_to_end(digest)
+        if self.programs.touch(digest):
             return False
-        self.programs[digest] = None
-        if len(self.programs) > PROGRAM_SLOTS:
-            self.programs.popitem(last=False)
+        self.programs[digest] = True
         return True
 
     def peer_info(self) -> PeerInfo:

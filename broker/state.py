@@ -8,7 +8,7 @@ explicit timestamps, so tests run it without sockets or sleeps.
 from __future__ import annotations
 
 import secrets
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +31,7 @@ from mpl.wire.control import (
 from mpl.wire.data import Delete, Fetch
 from mpl.wire.errors import RegistrationError
 from mpl.wire.jobs import Abort, Cancel, Done, Exec, Failed, JobResult, Program
+from mpl.wire.lru import LRU
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import (
@@ -96,7 +97,7 @@ class BrokerState:
         self.calls = CallTable()
         self.drivers: dict[bytes, float] = {}  # driver sockets -> last seen
         self.beating: set[bytes] = set()  # driver sockets that heartbeat (and get beats back)
-        self.programs: OrderedDict[str, Program] = OrderedDict()
+        self.programs: LRU[str, Program] = LRU(PROGRAM_CACHE)
         self.persisted: dict[str, SymbolInfo] = {}
         self.errors: deque[str] = deque(maxlen=RECENT_ERRORS)
         self.counters = {"jobs_done": 0, "jobs_failed": 0, "bytes_routed": 0, "protocol_errors": 0}
@@ -273,9 +274,6 @@ class BrokerState:
     # -- jobs -----------------------------------------------------------------------------
     def _on_program(self, peer: bytes, msg: Program, now: float) -> list[Send]:
         self.programs[msg.digest] = msg
-        self.programs.move_to_end(msg.digest)
-        while len(self.programs) > PROGRAM_CACHE:
-            self.programs.popitem(last=False)
         return []
 
     def _on_exec(self, peer: bytes, msg: Exec, now: float, raw: Any = None) -> list[Send]:
@@ -286,10 +284,9 @@ class BrokerState:
         session = self.sessions.get(msg.session, now)
         if session is None:
             return answer(self._no_session(msg.session))
-        program = self.programs.get(msg.digest)
+        program = self.programs.touch(msg.digest)
         if program is None:
             return answer(missing=True)
-        self.programs.move_to_end(msg.digest)
         if msg.job in self.calls.jobs:
             return answer(_error("ProtocolError", f"job id {msg.job!r} is already running"))
         workers: list[WorkerEntry] = []

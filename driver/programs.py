@@ -9,7 +9,6 @@ traced program is cached per argument structure, placement and host values.
 from __future__ import annotations
 
 import functools
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +19,7 @@ from mpl.driver.values import Value
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.errors import MplError
 from mpl.wire.graph import Graph, format_graph
+from mpl.wire.lru import LRU
 
 __all__ = ["Function", "Program", "compile", "function"]
 
@@ -140,7 +140,7 @@ class Function:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.name = str(getattr(fn, "__qualname__", "function"))
-        self._programs: OrderedDict[Any, Program] = OrderedDict()
+        self._programs: LRU[Any, Program] = LRU(_TRACES)
         self.traces = 0  # how many times the function was traced (cache misses)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -151,15 +151,11 @@ class Function:
 
     def compile(self, cluster: ClusterSpec, *args: Any, **kwargs: Any) -> Program:
         key = _key(args, kwargs, cluster)
-        program = self._programs.get(key)
+        program = self._programs.touch(key)
         if program is None:
             program = _trace(self.fn, cluster, args, kwargs, self.name)
             self.traces += 1
             self._programs[key] = program
-            while len(self._programs) > _TRACES:
-                self._programs.popitem(last=False)
-        else:
-            self._programs.move_to_end(key)
         return program
 
 

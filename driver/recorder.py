@@ -13,7 +13,6 @@ is cached and sent to the broker once.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +23,7 @@ from mpl.wire.cluster import ClusterSpec
 from mpl.wire.errors import MplError
 from mpl.wire.graph import Arg, Graph, GraphBuilder
 from mpl.wire.jobs import Lit, output_uri
+from mpl.wire.lru import LRU
 
 __all__ = ["Recorder", "active", "emit"]
 
@@ -159,20 +159,16 @@ class Recorder:
 
     def _cached_graph(self, outputs: list[int]) -> Graph:
         key = (tuple(self.key), tuple(outputs), id(self.cluster))
-        graph = _EAGER.get(key)
+        graph = _EAGER.touch(key)
         if graph is None:
             graph = self.builder.build(outputs)
             _EAGER[key] = graph
-            while len(_EAGER) > _GRAPH_CACHE:
-                _EAGER.popitem(last=False)
-        else:
-            _EAGER.move_to_end(key)
         return graph
 
 
 # Eager graphs by structure. Keys hold function ids, so the graphs (which hold the functions)
 # keep them alive and an id is never reused while its entry exists.
-_EAGER: OrderedDict[Any, Graph] = OrderedDict()
+_EAGER: LRU[Any, Graph] = LRU(_GRAPH_CACHE)
 
 
 def _freeze(x: Any) -> Any:

@@ -12,7 +12,8 @@ cloudpickle are imported here and nowhere else.
 Modules: ``errors`` (the error tree), ``record`` (tagged dataclasses), ``codec`` (record <->
 frames), ``remote`` (errors on the wire), one module per message family (``control``,
 ``sessions``, ``jobs``, ``data``), ``cluster`` (ClusterSpec), ``graph`` (the IR),
-``sockets`` (socket options every part applies) and ``persist`` (values in files).
+``sockets`` (socket options every part applies), ``persist`` (values in files), ``shares``
+(SPU shares) and ``lru`` (the bounded caches every part keeps).
 """
 
 from mpl.wire.cluster import ClusterSpec, Device, Node, RuntimeInfo, SPUConfig

@@ -8,7 +8,6 @@ perhaps by a restarted broker) and :class:`Stop` (refused: the rank is taken).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from mpl.wire.control import (
     WorkerHello,
 )
 from mpl.wire.jobs import Program
+from mpl.wire.lru import LRU
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 
@@ -85,7 +85,7 @@ class WorkerCore:
         self.hello_wait = _HELLO_FIRST
         self.next_beat = now
         self.directory: dict[int, PeerInfo] = {}
-        self.programs: OrderedDict[str, Program] = OrderedDict()
+        self.programs: LRU[str, Program] = LRU(PROGRAM_SLOTS)
         self.broken: dict[str, str] = {}  # programs that did not load here, and why
 
     def tick(self, now: float, stats: Callable[[], dict[str, int]]) -> list[Action]:
@@ -126,16 +126,10 @@ class WorkerCore:
             self.directory = msg.peers
         elif isinstance(msg, Program):
             self.programs[msg.digest] = msg
-            self.programs.move_to_end(msg.digest)
-            while len(self.programs) > PROGRAM_SLOTS:
-                self.programs.popitem(last=False)
         return []
 
     def program(self, digest: str) -> Program | None:
-        program = self.programs.get(digest)
-        if program is not None:
-            self.programs.move_to_end(digest)
-        return program
+        return self.programs.touch(digest)
 
     def _rejoin(self, now: float) -> None:
         self.joined = False

@@ -13,7 +13,6 @@ import queue
 import sys
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +20,7 @@ from mpl.wire.data import Delete, Fetch, Move
 from mpl.wire.errors import JobAbortedError, SessionError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Abort, Done, Exec, Failed, Lit, Program, output_uri
+from mpl.wire.lru import LRU
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo, to_info
 from mpl.wire.sessions import Ack, DeleteSymbol, Reply, SaveSymbol
@@ -161,13 +161,13 @@ class Jobs:
         self._factories = dict(extensions or {})
         self._extensions: dict[str, Any] = {}
         self._runners: dict[str, _Runner] = {}
-        self._closed: OrderedDict[str, str] = OrderedDict()
+        self._closed: LRU[str, str] = LRU(_CLOSED_MEMORY)
         self._plans: dict[tuple[str, int], Plan] = {}
         self._lock = threading.Lock()
         self._active: set[tuple[str, str]] = set()
         # SPU lanes are dropped by every member at the same points: the failed SPU jobs.
-        self._spu_jobs: OrderedDict[tuple[str, str], None] = OrderedDict()
-        self._spu_counted: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._spu_jobs: LRU[tuple[str, str], bool] = LRU(_CLOSED_MEMORY)
+        self._spu_counted: LRU[tuple[str, str], bool] = LRU(_CLOSED_MEMORY)
         self.spu_failures: dict[str, int] = {}
         self.done = 0
         self.failed = 0
@@ -194,9 +194,7 @@ class Jobs:
             key = (sid, job)
             if key not in self._spu_jobs or key in self._spu_counted:
                 return
-            self._spu_counted[key] = None
-            while len(self._spu_counted) > _CLOSED_MEMORY:
-                self._spu_counted.popitem(last=False)
+            self._spu_counted[key] = True
             self.spu_failures[sid] = self.spu_failures.get(sid, 0) + 1
             service = self._extensions.get("spu")
         if service is not None:
@@ -218,9 +216,7 @@ class Jobs:
     # -- jobs -----------------------------------------------------------------------------
     def exec(self, msg: Exec, program: Program | None, broken: str | None = None) -> None:
         if program is not None and any(op.opcode == "spu.run" for op in program.graph.ops):
-            self._spu_jobs[(msg.session, msg.job)] = None
-            while len(self._spu_jobs) > _CLOSED_MEMORY:
-                self._spu_jobs.popitem(last=False)
+            self._spu_jobs[(msg.session, msg.job)] = True
         if program is None:
             why = (
                 f"cannot load the program here: {broken}"
@@ -361,8 +357,6 @@ class Jobs:
     # -- sessions -------------------------------------------------------------------------
     def close_session(self, sid: str, reason: str) -> None:
         self._closed[sid] = reason
-        while len(self._closed) > _CLOSED_MEMORY:
-            self._closed.popitem(last=False)
         for s, job in list(self._active):
             if s == sid:
                 self.mailbox.abort(s, job, reason)

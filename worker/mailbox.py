@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from typing import Any
 
 from mpl.wire.errors import JobAbortedError, MplTimeoutError
+from mpl.wire.lru import LRU
 
 __all__ = ["Mailbox", "MoveKey"]
 
@@ -27,8 +27,8 @@ class Mailbox:
         self._cond = threading.Condition()
         self._items: dict[MoveKey, Any] = {}
         self._seen: dict[JobKey, set[MoveKey]] = {}
-        self._aborted: OrderedDict[JobKey, str] = OrderedDict()
-        self._ended: OrderedDict[JobKey, None] = OrderedDict()
+        self._aborted: LRU[JobKey, str] = LRU(_ENDED_MEMORY)
+        self._ended: LRU[JobKey, bool] = LRU(_ENDED_MEMORY)
         self.duplicates = 0
 
     def deliver(self, key: MoveKey, value: Any) -> bool:
@@ -69,8 +69,6 @@ class Mailbox:
         """Wake everything waiting on ``job`` with JobAbortedError and drop its moves."""
         with self._cond:
             self._aborted[(session, job)] = reason
-            while len(self._aborted) > _ENDED_MEMORY:
-                self._aborted.popitem(last=False)
             self._drop((session, job))
             self._cond.notify_all()
 
@@ -84,9 +82,7 @@ class Mailbox:
             key = (session, job)
             self._aborted.pop(key, None)
             self._drop(key)
-            self._ended[key] = None
-            while len(self._ended) > _ENDED_MEMORY:
-                self._ended.popitem(last=False)
+            self._ended[key] = True
 
     def close_session(self, session: str, reason: str) -> None:
         with self._cond:

@@ -15,13 +15,13 @@ import gc
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mpl.wire.control import PeerInfo
 from mpl.wire.graph import Graph, Op, fill
+from mpl.wire.lru import LRU
 from mpl.worker.interpreter import ABSENT, JobContext, kernel, split_outputs
 from mpl.worker.spu_link import SpuLinks
 
@@ -110,7 +110,7 @@ class SpuService:
         self.links = links
         self._directory = directory
         self._failures = failures  # per session: failed SPU jobs so far (kept by Jobs)
-        self._compiled: OrderedDict[Any, tuple[Any, Any, Any]] = OrderedDict()
+        self._compiled: LRU[Any, tuple[Any, Any, Any]] = LRU(_COMPILE_CACHE)
         self._lanes: dict[tuple[Any, ...], _Lane] = {}
         self._lock = threading.Lock()
         self.compiles = 0
@@ -225,9 +225,8 @@ class SpuService:
     ) -> tuple[Any, Any, Any]:
         key = (graph.digest, k, tuple(specs))
         with self._lock:
-            hit = self._compiled.get(key)
+            hit = self._compiled.touch(key)
             if hit is not None:
-                self._compiled.move_to_end(key)
                 self.cache_hits += 1
                 return hit
         import jax
@@ -270,8 +269,6 @@ class SpuService:
         with self._lock:
             self.compiles += 1
             self._compiled[key] = entry
-            while len(self._compiled) > _COMPILE_CACHE:
-                self._compiled.popitem(last=False)
         return entry
 
 

@@ -27,6 +27,7 @@ import zmq
 
 from mpl.wire.control import PeerInfo
 from mpl.wire.errors import JobAbortedError, MplTimeoutError, WorkerLostError
+from mpl.wire.lru import LRU
 from mpl.wire.sockets import configure, drain
 
 __all__ = ["SPU_MAGIC", "SpuLinks", "SpuMailbox"]
@@ -43,8 +44,8 @@ class SpuMailbox:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._items: dict[tuple[str, int, str], collections.deque[bytes]] = {}
-        self._aborted: collections.OrderedDict[tuple[str, str], str] = collections.OrderedDict()
-        self._dead: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._aborted: LRU[tuple[str, str], str] = LRU(_MEMORY)
+        self._dead: LRU[str, bool] = LRU(_MEMORY)
         self.dropped = 0
 
     def put(self, lane: str, src: int, key: str, data: bytes) -> None:
@@ -102,8 +103,6 @@ class SpuMailbox:
         """Wake whatever ``job`` waits on with JobAbortedError."""
         with self._cond:
             self._aborted[(session, job)] = reason
-            while len(self._aborted) > _MEMORY:
-                self._aborted.popitem(last=False)
             self._cond.notify_all()
 
     def end(self, session: str, job: str) -> None:
@@ -113,9 +112,7 @@ class SpuMailbox:
     def drop_lane(self, lane: str) -> None:
         """Forget a lane: its waiting receives fail, its late messages are dropped."""
         with self._cond:
-            self._dead[lane] = None
-            while len(self._dead) > _MEMORY:
-                self._dead.popitem(last=False)
+            self._dead[lane] = True
             for slot in [s for s in self._items if s[0] == lane]:
                 del self._items[slot]
             self._cond.notify_all()
@@ -123,7 +120,7 @@ class SpuMailbox:
     def close_session(self, session: str, reason: str) -> None:
         with self._cond:
             for lane in {s[0] for s in self._items if s[0].startswith(f"{session}/")}:
-                self._dead[lane] = None
+                self._dead[lane] = True
             for slot in [s for s in self._items if s[0].startswith(f"{session}/")]:
                 del self._items[slot]
             self._cond.notify_all()
