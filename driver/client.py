@@ -157,7 +157,11 @@ class Client:
         limit = self.job_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit + _REPORT_GRACE_S
         job = f"{self.client_id}.{next(self._jobs)}"
-        ranks = tuple(sorted({r for op in graph.ops for r in op.ranks} | set(bindings)))
+        ranks = (
+            graph.ranks
+            if set(bindings) <= set(graph.ranks)
+            else tuple(sorted({*graph.ranks, *bindings}))
+        )
         msg = Exec(session, job, graph.digest, ranks, bindings, inline, limit)
         for attempt in range(2):
             if attempt or graph.digest not in self._programs:

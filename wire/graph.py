@@ -88,6 +88,15 @@ class Graph(Record, tag="graph"):
         return h.hexdigest()[:32]
 
     @cached_property
+    def ranks(self) -> tuple[int, ...]:
+        """Every rank that runs an op of this graph."""
+        return tuple(sorted({r for op in self.ops for r in op.ranks}))
+
+    @cached_property
+    def opcodes(self) -> frozenset[str]:
+        return frozenset(op.opcode for op in self.ops)
+
+    @cached_property
     def placements(self) -> list[Ranks]:
         """The placement of every value, as the checker computed it."""
         return check(self)

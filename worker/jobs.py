@@ -215,7 +215,7 @@ class Jobs:
 
     # -- jobs -----------------------------------------------------------------------------
     def exec(self, msg: Exec, program: Program | None, broken: str | None = None) -> None:
-        if program is not None and any(op.opcode == "spu.run" for op in program.graph.ops):
+        if program is not None and "spu.run" in program.graph.opcodes:
             self._spu_jobs[(msg.session, msg.job)] = True
         if program is None:
             why = (
