@@ -137,10 +137,12 @@ class Simulator(Context):
             "fxp_fraction_bits",
             "spu_members",
             "enable_spu",
-            "trusted",
         }
+        trusted = bool(options.pop("trusted", False))
         spec = ClusterSpec.simple(
-            world_size, **{k: options.pop(k) for k in list(options) if k in spec_keys}
+            world_size,
+            trusted=trusted,
+            **{k: options.pop(k) for k in list(options) if k in spec_keys},
         )
         return cls(spec, **options)
 
