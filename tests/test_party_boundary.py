@@ -213,3 +213,13 @@ def test_traced_put_binds_each_share_and_private_value_on_its_rank_only(
         for other in range(3):
             for chunk in shares[other][0].chunks:
                 assert (chunk in received) == (other == r), (r, other)
+
+
+def test_trusted_in_the_cluster_spec() -> None:
+    spec = mp.ClusterSpec.from_dict({**mp.ClusterSpec.simple(2).to_dict(), "trusted": True})
+    assert spec.trusted and mp.ClusterSpec.from_dict(spec.to_dict()) == spec
+    assert (
+        not mp.ClusterSpec.simple(2).trusted and "trusted" not in mp.ClusterSpec.simple(2).to_dict()
+    )
+    with pytest.raises(mp.ClusterSpecError, match="trusted: expected true or false"):
+        mp.ClusterSpec.from_dict({**spec.to_dict(), "trusted": "yes"})

@@ -162,6 +162,7 @@ class ClusterSpec:
 
         ``SP0`` spans every node unless ``spu_members`` (ranks) says otherwise. A single node
         gets no SPU; ``enable_spu=False`` makes a plaintext-only cluster of any size.
+        ``trusted=True`` lets pickles cross between parties (one organisation runs them all).
         """
         if not isinstance(world_size, int) or world_size < 1:
             raise ClusterSpecError(f"world_size: must be a positive int, got {world_size!r}")
