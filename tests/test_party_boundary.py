@@ -223,3 +223,15 @@ def test_trusted_in_the_cluster_spec() -> None:
     )
     with pytest.raises(mp.ClusterSpecError, match="trusted: expected true or false"):
         mp.ClusterSpec.from_dict({**spec.to_dict(), "trusted": "yes"})
+
+
+def test_a_driver_refuses_a_pickled_answer_at_once(make_cluster: Any) -> None:
+    # workers that send pickles (they trust everyone), a driver that does not trust them
+    spec = mp.ClusterSpec.simple(2, enable_spu=False, trusted=True)
+    client = make_cluster("inproc", spec=spec).client(timeout=20)
+    sid = client.open_session().session
+    b = GraphBuilder(2)
+    p = b.op("pcall", [], ranks=(0,), fn=b.fn(make_point), args=(3,))[0]
+    job = client.submit(sid, b.build([p]), {}).job
+    with pytest.raises(ProtocolError, match="pickled value"):
+        client.fetch(sid, 0, f"{job}/0")  # fails on the answer, not after the 20 s deadline
