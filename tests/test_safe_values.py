@@ -277,6 +277,22 @@ def test_dataframes_series_and_arrow_tables_round_trip_exactly() -> None:
     pd.testing.assert_frame_equal(decode(encode(opaque), safe=True).value, df)
 
 
+def test_a_compressed_arrow_stream_is_refused_before_it_inflates() -> None:
+    pa = pytest.importorskip("pyarrow", reason="tables need pyarrow (mpl[tables])")
+    table = pa.table({"x": pa.array([0] * 100_000), "c": pa.array(["a", "b"] * 50_000)})
+    table = table.set_column(1, "c", table.column("c").dictionary_encode())
+    for compression in ("zstd", "lz4"):
+        sink = pa.BufferOutputStream()
+        options = pa.ipc.IpcWriteOptions(compression=compression)
+        with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+            writer.write_table(table)
+        bomb = sink.getvalue()
+        assert bomb.size < table.nbytes // 10
+        frames = [MAGIC_FRAME, msgpack.packb(["lit", msgpack.ExtType(10, msgpack.packb([2, 0]))])]
+        with pytest.raises(ProtocolError, match="compressed Arrow table"):
+            decode([*frames, bomb], safe=True)
+
+
 def test_a_dataframe_of_python_objects_is_refused_at_the_sender() -> None:
     pd = pytest.importorskip("pandas", reason="tables need pandas and pyarrow (mpl[tables])")
     pytest.importorskip("pyarrow", reason="tables need pyarrow (mpl[tables])")

@@ -2,9 +2,12 @@
 
 A ``pandas.DataFrame``, a ``pandas.Series`` or a ``pyarrow.Table`` travels as one Arrow IPC
 stream in one buffer frame; the receiver reads it back zero-copy and validates it in full
-before handing it out. Arrow IPC is a data format: decoding it runs no code of the sender's
-choosing (pyarrow >= 14.0.1 no longer unpickles extension types). pandas' own metadata in
-the schema (index, column order, dtypes) is JSON interpreted by pyarrow.
+before handing it out. Compressed streams are refused before anything is read: a few bytes
+of zstd can inflate to gigabytes, while an uncompressed stream's table only views its frame.
+
+Arrow IPC is a data format: decoding it runs no code of the sender's choosing (pyarrow >=
+14.0.1 no longer unpickles extension types). pandas' own metadata in the schema (index,
+column order, dtypes) is JSON interpreted by pyarrow.
 
 pyarrow is an optional extra (``pip install mpl[tables]``). pandas and pyarrow are imported
 only when a message holds a table, or when the value being sent is one of theirs (looked up
@@ -13,6 +16,7 @@ in ``sys.modules``, so sending other values never imports them).
 
 from __future__ import annotations
 
+import struct
 import sys
 from typing import Any
 
@@ -82,7 +86,13 @@ def from_ipc(kind: Any, buf: Any) -> Any:
     if pa is None:
         raise ProtocolError(f"a table arrived, but {_NEEDS_PYARROW}")
     try:
-        with pa.ipc.open_stream(pa.py_buffer(buf)) as reader:
+        data = pa.py_buffer(buf)
+        for message in pa.ipc.MessageReader.open_stream(data):
+            if message.type in ("record batch", "dictionary") and _compressed(
+                message.metadata.to_pybytes()
+            ):
+                raise ProtocolError("a compressed Arrow table was refused (it could inflate)")
+        with pa.ipc.open_stream(data) as reader:
             table = reader.read_all()
         table.validate(full=True)  # hostile offsets must fail here, not crash a reader later
         if kind == TABLE:
@@ -98,3 +108,40 @@ def from_ipc(kind: Any, buf: Any) -> Any:
         raise
     except BaseException as exc:  # pyarrow and pandas raise many types; all mean malformed
         raise ProtocolError(f"malformed Arrow table: {type(exc).__name__}: {exc}") from exc
+
+
+def _compressed(meta: bytes) -> bool:
+    """Whether an IPC message (its flatbuffer ``Message``) declares body compression.
+
+    Read by hand, with every offset checked: ``Message.header`` (field 2) is a RecordBatch,
+    or a DictionaryBatch whose ``data`` (field 1) is one; a RecordBatch's ``compression`` is
+    its field 3.
+    """
+
+    def read(fmt: str, pos: int) -> int:
+        if pos < 0 or pos + struct.calcsize(fmt) > len(meta):
+            raise ProtocolError("malformed Arrow message metadata")
+        value: int = struct.unpack_from(fmt, meta, pos)[0]
+        return value
+
+    def field(table: int, index: int) -> int:
+        vtable = table - read("<i", table)
+        if 4 + 2 * index >= read("<H", vtable):
+            return 0
+        return read("<H", vtable + 4 + 2 * index)
+
+    def child(table: int, index: int) -> int:
+        offset = field(table, index)
+        if not offset:
+            raise ProtocolError("malformed Arrow message metadata")
+        return table + offset + read("<I", table + offset)
+
+    root = read("<I", 0)
+    kind_at = field(root, 1)
+    kind = read("<B", root + kind_at) if kind_at else 0
+    batch = child(root, 2)
+    if kind == 2:  # DictionaryBatch
+        batch = child(batch, 1)
+    elif kind != 3:  # RecordBatch
+        raise ProtocolError(f"unexpected Arrow message type {kind}")
+    return field(batch, 3) != 0
