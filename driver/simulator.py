@@ -131,13 +131,7 @@ class Simulator(Context):
         """A simulator of ``ClusterSpec.simple(world_size)``; options go to ``ClusterSpec.simple``
         (``spu_protocol``, ``spu_field``, ``trusted``...) or to the simulator (``timeout``,
         ``session``)."""
-        spec_keys = {
-            "spu_protocol",
-            "spu_field",
-            "fxp_fraction_bits",
-            "spu_members",
-            "enable_spu",
-        }
+        spec_keys = {"spu_protocol", "spu_field", "fxp_fraction_bits", "spu_members", "enable_spu"}
         trusted = bool(options.pop("trusted", False))
         spec = ClusterSpec.simple(
             world_size,
