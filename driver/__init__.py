@@ -40,6 +40,7 @@ from mpl.wire.errors import (
     ProtocolError,
     RemoteError,
     SessionError,
+    UnsafeValueError,
     WorkerLostError,
 )
 
@@ -62,6 +63,7 @@ __all__ = [
     "SessionError",
     "Simulator",
     "Status",
+    "UnsafeValueError",
     "Value",
     "WorkerLostError",
     "collective",

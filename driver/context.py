@@ -207,14 +207,20 @@ class Context:
 
 
 def connect(
-    url: str, *, session: str | None = None, timeout: float = 30.0, lease_s: float = 60.0
+    url: str,
+    *,
+    session: str | None = None,
+    timeout: float = 30.0,
+    lease_s: float = 60.0,
+    trusted: bool = False,
 ) -> Context:
     """Attach to a running broker. ``session="name"`` creates or re-attaches that session.
 
     The cluster spec comes from the broker. ``timeout`` bounds each control request; a
-    broker that does not answer raises ``MplTimeoutError``.
+    broker that does not answer raises ``MplTimeoutError``. ``trusted=True`` accepts pickled
+    results (a cluster one organisation runs end to end); the broker's spec cannot turn it on.
     """
-    client = Client(url, timeout=timeout)
+    client = Client(url, timeout=timeout, trusted=trusted)
     try:
         return Context(client, session=session or "", lease_s=lease_s)
     except BaseException:

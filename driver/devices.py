@@ -126,7 +126,7 @@ def _ppu_call(
             leaves,
             treedef,
             lambda v: move(rec, v, dev.name),
-            lambda x: None if rec.traced else rec.host(x, (rank,)),  # traced: baked in
+            lambda x: rec.host(x, (rank,)),  # a job input on that party only
         )
         outs = rec.op(
             "pcall",

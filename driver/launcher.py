@@ -6,6 +6,7 @@ rank, as separate processes on free loopback ports, stopped by pid.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -159,6 +160,7 @@ class ProcessCluster:
             "--job-timeout",
             str(self.job_timeout_s),
             "-v",
+            *(["--trusted"] if self.cluster.trusted else []),
         ]
         with open(self.run_dir / f"worker{rank}.log", "ab") as log:
             proc = subprocess.Popen(
@@ -251,7 +253,9 @@ class LocalCluster(Context):
     def __init__(self, cluster: ClusterSpec, *, timeout: float = 30.0, **options: Any) -> None:
         self.processes = ProcessCluster(cluster, **options)
         try:
-            super().__init__(Client(self.processes.address, timeout=timeout))
+            super().__init__(
+                Client(self.processes.address, timeout=timeout, trusted=cluster.trusted)
+            )
         except BaseException:
             self.processes.close()
             raise
@@ -278,12 +282,17 @@ class LocalCluster(Context):
             self.processes.close()
 
 
-def local_cluster(cluster: ClusterSpec | int = 2, **options: Any) -> LocalCluster:
+def local_cluster(
+    cluster: ClusterSpec | int = 2, *, trusted: bool | None = None, **options: Any
+) -> LocalCluster:
     """Spawn ``mpl-broker`` and one ``mpl-worker`` per rank on free loopback ports.
 
     Use it as ``with mp.local_cluster(2) as ctx:``: the processes stop when the block ends,
     also when it raises (and if this process dies, the kernel stops them too). Options:
     ``timeout`` (control requests), ``heartbeat_s``, ``job_timeout_s``, ``run_dir`` (logs).
+    ``trusted=True`` (or ``trusted: true`` in the spec) lets pickles cross between parties.
     """
     spec = ClusterSpec.simple(cluster) if isinstance(cluster, int) else cluster
+    if trusted is not None and trusted != spec.trusted:
+        spec = dataclasses.replace(spec, trusted=trusted)
     return LocalCluster(spec, **options)

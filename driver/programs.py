@@ -2,8 +2,9 @@
 ONE job (one driver -> broker -> workers round trip, whatever the number of ops).
 
 Tracing records placements, not data: Python control flow on the driver is unrolled, host
-values are baked in as constants, and Values reached through closures become inputs. A
-traced program is cached per argument structure, placement and host values.
+values (and the shares of ``mp.put`` on an SPU) become job inputs bound on the ranks that use
+them, never constants of the graph every rank receives, and Values reached through closures
+become inputs. A traced program is cached per argument structure, placement and host values.
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ a :class:`Recorder` through :func:`emit`. Outside a trace, ``emit`` records into
 recorder and runs the graph at once as one job; inside a trace, the ops join the traced
 graph and the results are traced Values.
 
-Host values become job inputs bound on the ranks that need them (eager), or constants of
-the graph (traced). So an eager call's graph does not depend on the data it is given, and
-is cached and sent to the broker once.
+Host values become job inputs bound on the ranks that need them, in a trace as in an eager
+call, never constants of the graph: every rank of a job receives the whole graph, but only
+its own bindings (so a share or a party's private value reaches that party alone). An eager
+call's graph does not depend on the data it is given, and is cached and sent once.
 """
 
 from __future__ import annotations
@@ -95,21 +96,17 @@ class Recorder:
         return sym
 
     def host(self, value: Any, ranks: Sequence[int]) -> int:
-        """A host value made available on ``ranks``."""
+        """A host value made available on ``ranks``: a job input bound on those ranks only."""
         ranks = tuple(sorted(set(ranks)))
-        if self.traced:
-            return self.op("constant", [], ranks=ranks, value=value)[0]
         sym = self.builder.input(ranks)
         self.sources.append(("lit", value, ranks))
         self.key.append(("lit", ranks))
         return sym
 
     def host_each(self, values: dict[int, Any]) -> int:
-        """A value made of a different host value on each rank (e.g. one share per member)."""
+        """A value made of a different host value on each rank (e.g. one share per member):
+        each rank is bound its own part only."""
         ranks = tuple(sorted(values))
-        if self.traced:
-            parts = [self.op("constant", [], ranks=(r,), value=values[r])[0] for r in ranks]
-            return self.op("converge", parts, ranks=ranks)[0]
         sym = self.builder.input(ranks)
         self.sources.append(("each", dict(values), ranks))
         self.key.append(("each", ranks))

@@ -42,7 +42,7 @@ def pcall(
 
     def build(rec: Recorder) -> list[tuple[int, str | None]]:
         inputs, targs, tkwargs = call_template(
-            leaves, treedef, rec.of, lambda x: None if rec.traced else rec.host(x, ranks)
+            leaves, treedef, rec.of, lambda x: rec.host(x, ranks)
         )
         outs = rec.op(
             "pcall",

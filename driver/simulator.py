@@ -6,6 +6,7 @@ and messages; only the transport is in-memory (and SPU links are in-memory too).
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import tempfile
 import time
@@ -62,6 +63,7 @@ class InProcessCluster:
                 heartbeat_s=heartbeat_s,
                 job_timeout_s=job_timeout_s,
                 extensions=(extensions or {}).get(rank),
+                trusted=cluster.trusted,
             ).start()
             for rank in range(cluster.world_size)
         ]
@@ -96,7 +98,9 @@ class InProcessCluster:
 class Simulator(Context):
     """A whole cluster inside this process: ``mp.Simulator(cluster)`` or ``.simple(n)``.
 
-    ``with sim:`` makes it current; ``sim.close()`` stops its threads.
+    ``with sim:`` makes it current; ``sim.close()`` stops its threads. Like a deployment it
+    is not trusted by default: values crossing between parties must be in the safe value
+    format. ``trusted=True`` (or ``trusted: true`` in the spec) lets pickles cross.
     """
 
     def __init__(
@@ -105,10 +109,16 @@ class Simulator(Context):
         *,
         session: str = "",
         timeout: float = 30.0,
+        trusted: bool | None = None,
         **options: Any,
     ) -> None:
-        self.runtime = InProcessCluster(cluster or ClusterSpec.simple(2), **options)
-        client = Client(self.runtime.address, context=self.runtime.ctx, timeout=timeout)
+        spec = cluster or ClusterSpec.simple(2)
+        if trusted is not None and trusted != spec.trusted:
+            spec = dataclasses.replace(spec, trusted=trusted)
+        self.runtime = InProcessCluster(spec, **options)
+        client = Client(
+            self.runtime.address, context=self.runtime.ctx, timeout=timeout, trusted=spec.trusted
+        )
         try:
             super().__init__(client, session=session)
         except BaseException:
@@ -119,10 +129,14 @@ class Simulator(Context):
     @classmethod
     def simple(cls, world_size: int, **options: Any) -> Simulator:
         """A simulator of ``ClusterSpec.simple(world_size)``; options go to ``ClusterSpec.simple``
-        (``spu_protocol``, ``spu_field``...) or to the simulator (``timeout``, ``session``)."""
+        (``spu_protocol``, ``spu_field``, ``trusted``...) or to the simulator (``timeout``,
+        ``session``)."""
         spec_keys = {"spu_protocol", "spu_field", "fxp_fraction_bits", "spu_members", "enable_spu"}
+        trusted = bool(options.pop("trusted", False))
         spec = ClusterSpec.simple(
-            world_size, **{k: options.pop(k) for k in list(options) if k in spec_keys}
+            world_size,
+            trusted=trusted,
+            **{k: options.pop(k) for k in list(options) if k in spec_keys},
         )
         return cls(spec, **options)
 

@@ -13,7 +13,9 @@ Modules: ``errors`` (the error tree), ``record`` (tagged dataclasses), ``codec``
 frames), ``remote`` (errors on the wire), one module per message family (``control``,
 ``sessions``, ``jobs``, ``data``), ``cluster`` (ClusterSpec), ``graph`` (the IR),
 ``sockets`` (socket options every part applies), ``persist`` (values in files), ``shares``
-(SPU shares) and ``lru`` (the bounded caches every part keeps).
+(SPU shares), ``lru`` (the bounded caches every part keeps), ``decoder`` (the decoding half
+of the codec), ``safe_values`` (the safe value format: what may cross between parties) and
+``tables`` (pandas/pyarrow tables as Arrow IPC).
 """
 
 from mpl.wire.cluster import ClusterSpec, Device, Node, RuntimeInfo, SPUConfig
@@ -32,6 +34,7 @@ from mpl.wire.errors import (
     RegistrationError,
     RemoteError,
     SessionError,
+    UnsafeValueError,
     WorkerLostError,
 )
 from mpl.wire.graph import OPCODES, Arg, Graph, GraphBuilder, Op, check, fill, format_graph
@@ -66,6 +69,7 @@ __all__ = [
     "RuntimeInfo",
     "SPUConfig",
     "SessionError",
+    "UnsafeValueError",
     "WorkerLostError",
     "check",
     "decode",

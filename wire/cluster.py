@@ -10,6 +10,7 @@ The dict/YAML form is mplang's::
     devices:
       P0:  {kind: PPU, members: [alice]}
       SP0: {kind: SPU, members: [alice, bob], config: {protocol: SEMI2K, field: FM64}}
+    trusted: false                   # optional: true lets pickles cross between parties
 
 ``from_dict(to_dict(spec)) == spec`` always holds. Every validation failure raises
 :class:`ClusterSpecError` naming the field, e.g. ``devices.P0.members: a PPU has exactly one
@@ -98,6 +99,9 @@ class ClusterSpec:
     cluster_id: str
     nodes: tuple[Node, ...]
     devices: dict[str, Device]
+    # One organisation runs every party: values crossing between parties may be pickles
+    # (mpl.wire.safe_values). Each process honours its own copy, never one from the network.
+    trusted: bool = False
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -152,11 +156,13 @@ class ClusterSpec:
         enable_spu: bool = True,
         endpoints: Sequence[str] | None = None,
         cluster_id: str | None = None,
+        trusted: bool = False,
     ) -> ClusterSpec:
         """Nodes ``node0..node{n-1}``, PPUs ``P0..P{n-1}`` and one SPU ``SP0``.
 
         ``SP0`` spans every node unless ``spu_members`` (ranks) says otherwise. A single node
         gets no SPU; ``enable_spu=False`` makes a plaintext-only cluster of any size.
+        ``trusted=True`` lets pickles cross between parties (one organisation runs them all).
         """
         if not isinstance(world_size, int) or world_size < 1:
             raise ClusterSpecError(f"world_size: must be a positive int, got {world_size!r}")
@@ -181,7 +187,12 @@ class ClusterSpec:
                 },
             }
         return cls.from_dict(
-            {"cluster_id": cluster_id or f"sim_{world_size}", "nodes": nodes, "devices": devices}
+            {
+                "cluster_id": cluster_id or f"sim_{world_size}",
+                "nodes": nodes,
+                "devices": devices,
+                "trusted": trusted,
+            }
         )
 
     @classmethod
@@ -200,7 +211,10 @@ class ClusterSpec:
         cluster_id = data.get("cluster_id") or f"cluster_{len(nodes)}"
         if not isinstance(cluster_id, str):
             raise ClusterSpecError("cluster_id: expected a string")
-        return cls(cluster_id=cluster_id, nodes=nodes, devices=devices)
+        trusted = data.get("trusted", False)
+        if not isinstance(trusted, bool):
+            raise ClusterSpecError(f"trusted: expected true or false, got {trusted!r}")
+        return cls(cluster_id=cluster_id, nodes=nodes, devices=devices, trusted=trusted)
 
     @classmethod
     def from_yaml(cls, source: str | Path) -> ClusterSpec:
@@ -245,7 +259,10 @@ class ClusterSpec:
             d.name: {"kind": d.kind, "members": list(d.members), "config": dict(d.config)}
             for d in self.devices.values()
         }
-        return {"cluster_id": self.cluster_id, "nodes": nodes, "devices": devices}
+        out: dict[str, Any] = {"cluster_id": self.cluster_id, "nodes": nodes, "devices": devices}
+        if self.trusted:
+            out["trusted"] = True
+        return out
 
     def to_yaml(self) -> str:
         import yaml

@@ -22,13 +22,19 @@ ext code   payload (msgpack)                                  decodes to
 5 RECORD   [tag, fields...]                                   a nested Record
 6 SCALAR   [dtype descr, raw bytes]                           numpy scalar
 7 BIGINT   signed big-endian bytes                            int beyond 64 bits
+8 COMPLEX  two little-endian float64 (raw, not msgpack)       complex
+9 SET      [frozen (bool), items]                             set / frozenset
+10 TABLE   [kind 0 DataFrame, 1 Series, 2 pyarrow.Table,      the table, read from Arrow
+           3 unnamed Series; buffer index]                    IPC (``mpl.wire.tables``)
 =========  =================================================  ==========================
 
 Arrays and larger buffers (SPU share chunks) never enter msgpack: the sender hands their
 memory to ZeroMQ (zero-copy from ``ZERO_COPY_BYTES``) and the receiver's array views the
-frame it got. Every
-other object (callables included) goes through cloudpickle protocol 5 with its large buffers
-out of band. ``decode`` raises :class:`ProtocolError` for anything malformed, and nothing else.
+frame it got. Every other object (callables included) goes through cloudpickle protocol 5
+with its large buffers out of band, except in *safe mode* (``mpl.wire.safe_values``): there
+the sender refuses it with ``UnsafeValueError`` and the receiver refuses any pickle with
+``ProtocolError``. ``decode`` raises :class:`ProtocolError` for anything malformed, and
+nothing else. The decoding half lives in ``mpl.wire.decoder``.
 """
 
 from __future__ import annotations
@@ -41,11 +47,25 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from mpl.wire.decoder import (
+    ARRAY,
+    BIGINT,
+    BUFFER,
+    PICKLE,
+    RECORD,
+    SCALAR,
+    TUPLE,
+    Decoder,
+    Opaque,
+    Pickled,
+    build_record,
+)
+from mpl.wire.errors import ProtocolError, UnsafeValueError
+from mpl.wire.record import Record, record_fields
+from mpl.wire.safe_values import MAX_DEPTH, encode_extra, unsafe
+
 if TYPE_CHECKING:
     import numpy as np
-
-from mpl.wire.errors import ProtocolError
-from mpl.wire.record import Record, record_class, record_fields, record_from_fields
 
 __all__ = [
     "MAGIC",
@@ -56,6 +76,7 @@ __all__ = [
     "ZERO_COPY_BYTES",
     "Opaque",
     "Pickled",
+    "check_safe",
     "decode",
     "encode",
     "frames_nbytes",
@@ -69,7 +90,6 @@ MAX_HEADER_BYTES = 16 * 1024 * 1024
 MAX_FRAMES = 1 << 16
 ZERO_COPY_BYTES = 64 * 1024  # pyzmq's copy threshold: below it copying beats tracking
 
-_ARRAY, _BUFFER, _PICKLE, _TUPLE, _RECORD, _SCALAR, _BIGINT = range(1, 8)
 _BUF_KINDS: tuple[type, ...] = (bytes, bytearray, memoryview)
 _INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1
 
@@ -79,37 +99,6 @@ def _cloudpickle() -> Any:
     import cloudpickle
 
     return cloudpickle
-
-
-class Opaque:
-    """An array, buffer or numpy scalar kept undecoded (``decode(..., unpickle=False)``):
-    the broker routes data without materialising it, and without importing numpy."""
-
-    __slots__ = ("buffer", "code", "head")
-
-    def __init__(self, code: int, head: Any, buffer: Any) -> None:
-        self.code = code
-        self.head = head  # the ext payload without its buffer index (raw bytes for scalars)
-        self.buffer = buffer
-
-    def __repr__(self) -> str:
-        return f"Opaque({self.code}, {self.head!r})"
-
-
-class Pickled:
-    """A pickled value kept opaque: the broker forwards these without ever unpickling."""
-
-    __slots__ = ("buffers", "payload")
-
-    def __init__(self, payload: Any, buffers: list[Any]) -> None:
-        self.payload = payload
-        self.buffers = buffers
-
-    def load(self) -> Any:
-        return _cloudpickle().loads(self.payload, buffers=self.buffers)
-
-    def __repr__(self) -> str:
-        return f"Pickled({len(memoryview(self.payload))} bytes, {len(self.buffers)} buffers)"
 
 
 class _Wrapped:
@@ -165,13 +154,16 @@ def _packer(depth: int) -> Any:
 
 
 class _Encoder:
-    __slots__ = ("bufs",)
+    __slots__ = ("bufs", "safe")
 
-    def __init__(self) -> None:
+    def __init__(self, safe: bool = False) -> None:
         self.bufs: list[Any] = []
+        self.safe = safe  # refuse what would need a pickle (mpl.wire.safe_values)
 
     def pack(self, obj: Any) -> bytes:
         depth: int = getattr(_tls, "depth", 0)
+        if depth >= MAX_DEPTH:  # the decoder would refuse it: fail here, at the sender
+            raise ValueError(f"value nested deeper than {MAX_DEPTH} levels")
         _tls.depth = depth + 1
         try:
             packed: bytes = _packer(depth).pack(_prepare(obj))
@@ -191,36 +183,41 @@ class _Encoder:
     def default(self, obj: Any) -> Any:
         t = type(obj)
         if t is tuple:
-            return msgpack.ExtType(_TUPLE, self.pack(list(obj)))
+            return msgpack.ExtType(TUPLE, self.pack(list(obj)))
         np = sys.modules.get("numpy")  # without numpy loaded there is no array to send
         if np is not None and t is np.ndarray and not obj.dtype.hasobject:
-            return msgpack.ExtType(_ARRAY, self.pack(self._array(obj)))
+            return msgpack.ExtType(ARRAY, self.pack(self._array(obj)))
         if isinstance(obj, Record):
-            return msgpack.ExtType(_RECORD, self.pack([obj.TAG, *record_fields(obj)]))
+            return msgpack.ExtType(RECORD, self.pack([obj.TAG, *record_fields(obj)]))
         if t is _Wrapped:
             return self._wrapped(obj.value)
         if t is Opaque:
             return self._opaque(obj)
         if np is not None and isinstance(obj, np.generic) and not obj.dtype.hasobject:
             descr = np.lib.format.dtype_to_descr(obj.dtype)
-            return msgpack.ExtType(_SCALAR, self.pack([descr, obj.tobytes()]))
+            return msgpack.ExtType(SCALAR, self.pack([descr, obj.tobytes()]))
+        extra = encode_extra(obj, self)
+        if extra is not None:
+            return extra
+        if self.safe:
+            raise unsafe(obj)
         if t is Pickled:
-            return msgpack.ExtType(_PICKLE, self.pack(self._pickled(obj.payload, obj.buffers)))
+            return msgpack.ExtType(PICKLE, self.pack(self._pickled(obj.payload, obj.buffers)))
         return self._pickle(obj)
 
     def _wrapped(self, value: Any) -> msgpack.ExtType:
         t = type(value)
         if t is int:
             size = (value.bit_length() + 8) // 8
-            return msgpack.ExtType(_BIGINT, value.to_bytes(size, "big", signed=True))
+            return msgpack.ExtType(BIGINT, value.to_bytes(size, "big", signed=True))
         data = value
         if t is memoryview:
             data = value.cast("B") if value.c_contiguous else memoryview(value.tobytes())
-        return msgpack.ExtType(_BUFFER, self.pack([_BUF_KINDS.index(t), self.add(data)]))
+        return msgpack.ExtType(BUFFER, self.pack([_BUF_KINDS.index(t), self.add(data)]))
 
     def _opaque(self, obj: Opaque) -> msgpack.ExtType:
-        if obj.code == _SCALAR:
-            return msgpack.ExtType(_SCALAR, obj.head)
+        if obj.code == SCALAR:
+            return msgpack.ExtType(SCALAR, obj.head)
         index = self.add(obj.buffer)
         return msgpack.ExtType(obj.code, self.pack([*obj.head, index]))
 
@@ -250,25 +247,43 @@ class _Encoder:
             payload = _cloudpickle().dumps(obj, protocol=5, buffer_callback=keep)
         except Exception as exc:
             raise TypeError(f"cannot send {type(obj).__name__} object: {exc}") from exc
-        return msgpack.ExtType(_PICKLE, self.pack(self._pickled(payload, oob)))
+        return msgpack.ExtType(PICKLE, self.pack(self._pickled(payload, oob)))
 
 
-def encode(msg: Record) -> list[Any]:
+def encode(msg: Record, *, safe: bool = False) -> list[Any]:
     """Encode one record into frames ``[MAGIC_FRAME, header, *buffers]``.
 
     Buffers are the original objects' memory (no copy); send them with ``copy=False`` and
-    keep the arrays unchanged until ZeroMQ is done with them.
+    keep the arrays unchanged until ZeroMQ is done with them. With ``safe=True`` only the safe
+    value format is written: any other value raises :class:`UnsafeValueError` naming its
+    type, and nothing is pickled.
     """
     if not isinstance(msg, Record) or not msg.TAG:
         raise TypeError(f"encode needs a tagged Record, got {type(msg).__name__}")
-    enc = _Encoder()
+    enc = _Encoder(safe)
+    header = _pack(enc, [msg.TAG, *record_fields(msg)])
+    return [MAGIC_FRAME, header, *enc.bufs]
+
+
+def _pack(enc: _Encoder, obj: Any) -> bytes:
     outer = getattr(_tls, "encoder", None)  # encode() may run inside another's default()
     _tls.encoder = enc
     try:
-        header = enc.pack([msg.TAG, *record_fields(msg)])
+        return enc.pack(obj)
     finally:
         _tls.encoder = outer
-    return [MAGIC_FRAME, header, *enc.bufs]
+
+
+def check_safe(value: Any, where: str = "") -> None:
+    """Raise :class:`UnsafeValueError` unless ``value`` is in the safe value format.
+
+    ``where`` says where the value was going ("to the driver (fetch of j/0)"), for the
+    message. Arrays cost nothing here (their memory is not touched).
+    """
+    try:
+        _pack(_Encoder(safe=True), value)
+    except UnsafeValueError as exc:
+        raise unsafe(exc.type_name or "value", where) from None
 
 
 def pickle_by_value(module: types.ModuleType) -> None:
@@ -286,153 +301,15 @@ def frames_nbytes(frames: Sequence[Any]) -> int:
     return sum(memoryview(f).nbytes for f in frames)
 
 
-class _Decoder:
-    __slots__ = ("bufs", "unpickle", "used")
-
-    def __init__(self, bufs: Sequence[Any], unpickle: bool) -> None:
-        self.bufs = bufs
-        self.used = [False] * len(bufs)
-        self.unpickle = unpickle
-
-    def unpack(self, data: bytes) -> Any:
-        return msgpack.unpackb(data, ext_hook=self.ext, strict_map_key=False, raw=False)
-
-    def take(self, index: Any) -> Any:
-        if type(index) is not int or not 0 <= index < len(self.bufs):
-            raise ProtocolError(f"header references buffer {index!r}, message has {len(self.bufs)}")
-        if self.used[index]:
-            raise ProtocolError(f"buffer {index} is referenced twice")
-        self.used[index] = True
-        return self.bufs[index]
-
-    def ext(self, code: int, data: bytes) -> Any:
-        if code == _TUPLE:
-            items = self.unpack(data)
-            if type(items) is not list:
-                raise ProtocolError("tuple extension does not hold a list")
-            return tuple(items)
-        if code == _ARRAY:
-            if not self.unpickle:
-                descr, shape, index = _triple(self.unpack(data))
-                return Opaque(_ARRAY, [descr, shape], self.take(index))
-            return self._array(self.unpack(data))
-        if code == _RECORD:
-            return _build(self.unpack(data))
-        if code == _BUFFER:
-            kind, index = _pair(self.unpack(data))
-            if not self.unpickle:
-                return Opaque(_BUFFER, [kind], self.take(index))
-            buf = memoryview(self.take(index))
-            if kind == 0:
-                return buf.tobytes()
-            if kind == 1:
-                return bytearray(buf)
-            if kind == 2:
-                return buf
-            raise ProtocolError(f"unknown buffer kind {kind!r}")
-        if code == _SCALAR:
-            if not self.unpickle:
-                return Opaque(_SCALAR, data, None)
-            import numpy as np
-
-            descr, raw = _pair(self.unpack(data))
-            dtype = _dtype(descr)
-            if type(raw) is not bytes or len(raw) != dtype.itemsize:
-                raise ProtocolError("numpy scalar of the wrong size")
-            return np.frombuffer(raw, dtype=dtype)[0]
-        if code == _BIGINT:
-            return int.from_bytes(data, "big", signed=True)
-        if code == _PICKLE:
-            return self._pickle(self.unpack(data))
-        raise ProtocolError(f"unknown extension type {code}")
-
-    def _array(self, spec: Any) -> np.ndarray[Any, Any]:
-        import numpy as np
-
-        descr, shape, index = _triple(spec)
-        dtype = _dtype(descr)
-        if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
-            raise ProtocolError(f"bad array shape {shape!r}")
-        buf = self.take(index)
-        count = int(np.prod(shape, dtype=np.int64))
-        if memoryview(buf).nbytes != count * dtype.itemsize:
-            raise ProtocolError(
-                f"array buffer holds {memoryview(buf).nbytes} bytes, shape {tuple(shape)} "
-                f"of {dtype} needs {count * dtype.itemsize}"
-            )
-        if dtype.itemsize == 0:
-            arr = np.empty(shape, dtype=dtype)
-        else:
-            arr = np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
-        arr.flags.writeable = False
-        return arr
-
-    def _pickle(self, spec: Any) -> Any:
-        if type(spec) is not list or len(spec) != 3 or type(spec[2]) is not list:
-            raise ProtocolError("malformed pickle descriptor")
-        inline, index, oob_indexes = spec
-        payload = inline if inline is not None else self.take(index)
-        if inline is not None and (type(inline) is not bytes or index != -1):
-            raise ProtocolError("malformed pickle descriptor")
-        oob = [memoryview(self.take(i)) for i in oob_indexes]
-        if not self.unpickle:
-            return Pickled(payload, oob)
-        try:
-            return _cloudpickle().loads(payload, buffers=oob)
-        except Exception as exc:
-            hint = "; the sender's code or packages may be missing here"
-            if isinstance(exc, ModuleNotFoundError):
-                hint = (
-                    f"; functions of module {exc.name!r} travel by reference: install it on "
-                    "the workers, or ship it by value with mp.pickle_by_value(module)"
-                )
-            raise ProtocolError(
-                f"cannot unpickle a value ({type(exc).__name__}: {exc}){hint}"
-            ) from exc
-
-
-def _triple(obj: Any) -> tuple[Any, Any, Any]:
-    if type(obj) is not list or len(obj) != 3:
-        raise ProtocolError("malformed extension payload")
-    return obj[0], obj[1], obj[2]
-
-
-def _pair(obj: Any) -> tuple[Any, Any]:
-    if type(obj) is not list or len(obj) != 2:
-        raise ProtocolError("malformed extension payload")
-    return obj[0], obj[1]
-
-
-def _dtype(descr: Any) -> np.dtype[Any]:
-    import numpy as np
-
-    try:
-        if isinstance(descr, list):
-            descr = [tuple(x) if isinstance(x, list) else x for x in descr]
-        dtype = np.lib.format.descr_to_dtype(descr)
-    except Exception as exc:
-        raise ProtocolError(f"bad dtype {descr!r}") from exc
-    if dtype.hasobject:
-        raise ProtocolError("object arrays cannot travel as raw buffers")
-    return dtype
-
-
-def _build(items: Any) -> Record:
-    if type(items) is not list or not items or type(items[0]) is not str:
-        raise ProtocolError("header is not a [tag, fields...] array")
-    cls = record_class(items[0])
-    if cls is None:
-        raise ProtocolError(f"unknown message tag {items[0]!r}")
-    return record_from_fields(cls, items[1:])
-
-
-def decode(frames: Sequence[Any], *, unpickle: bool = True) -> Record:
+def decode(frames: Sequence[Any], *, unpickle: bool = True, safe: bool = False) -> Record:
     """Decode frames made by :func:`encode` back into a record.
 
     ``frames`` may hold bytes, memoryviews or ``zmq.Frame`` objects (receive with
     ``copy=False`` to keep large arrays zero-copy). With ``unpickle=False`` pickled values
     come back as :class:`Pickled`, arrays and buffers as :class:`Opaque`, and both re-encode
-    verbatim: the broker's mode (it routes data it never opens).
+    verbatim: the broker's mode (it routes data it never opens). With ``safe=True`` a
+    pickled value anywhere in the message is a ProtocolError and is never loaded: use it for
+    everything that comes from another party.
 
     Raises :class:`ProtocolError` for any malformed input, and no other exception.
     """
@@ -453,10 +330,10 @@ def decode(frames: Sequence[Any], *, unpickle: bool = True) -> Record:
         raise ProtocolError(f"bad magic frame {magic[:16]!r}: not an mpl message")
     if header_len > MAX_HEADER_BYTES:
         raise ProtocolError(f"header of {header_len} bytes exceeds {MAX_HEADER_BYTES}")
-    dec = _Decoder(frames[2:], unpickle)
+    dec = Decoder(frames[2:], unpickle, safe)
     try:
         items = dec.unpack(header)
-        msg = _build(items)
+        msg = build_record(items)
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack, numpy and dataclass errors all mean "malformed"

@@ -4,6 +4,7 @@
 
     MplError
     ├── ProtocolError             malformed or unexpected wire traffic
+    ├── UnsafeValueError          (also TypeError) a value the safe format does not carry
     ├── ClusterSpecError          (also ValueError) a bad cluster description
     ├── GraphError                (also ValueError) a graph that fails the checker
     ├── RegistrationError         a worker the broker refused (duplicate rank, bad rank)
@@ -37,6 +38,7 @@ __all__ = [
     "RegistrationError",
     "RemoteError",
     "SessionError",
+    "UnsafeValueError",
     "WorkerLostError",
 ]
 
@@ -52,6 +54,19 @@ class ProtocolError(MplError):
     You see it when a peer speaks another mpl version or sends garbage. Daemons log it and
     keep serving; check that every process runs the same mpl release.
     """
+
+
+class UnsafeValueError(MplError, TypeError):
+    """A value of a type the safe value format does not carry was about to cross a party
+    boundary (a peer move, a result or fetch for a driver, a value persisted to disk).
+
+    You see it at the sender, naming the type and where the value was going; nothing was
+    sent. Return numpy arrays, numbers, strings, bytes, lists, tuples, dicts, sets or tables
+    instead (see ``mpl.wire.safe_values``), or, only if one organisation runs every party,
+    declare the cluster ``trusted: true`` so that pickles may cross.
+    """
+
+    type_name: str = ""
 
 
 class ClusterSpecError(MplError, ValueError):

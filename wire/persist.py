@@ -1,6 +1,9 @@
 """Records in files: the same frames as on the wire, length-prefixed in one byte string.
 
 Layout: ``MAGIC_FRAME``, then for each frame an 8-byte little-endian length and its bytes.
+Files hold the safe value format only (``mpl.wire.safe_values``), even in a trusted
+cluster: ``dumps`` refuses other values with ``UnsafeValueError`` and ``loads`` refuses a
+pickle (files written before mpl had the safe format) with ``ProtocolError``, unloaded.
 ``loads`` raises :class:`ProtocolError` for anything malformed, like ``decode``.
 """
 
@@ -15,7 +18,7 @@ __all__ = ["dumps", "loads"]
 
 def dumps(msg: Record) -> bytes:
     parts = [MAGIC_FRAME]
-    for frame in encode(msg):
+    for frame in encode(msg, safe=True):
         view = memoryview(frame)
         parts.append(view.nbytes.to_bytes(8, "little"))
         parts.append(view.tobytes() if not isinstance(frame, bytes) else frame)
@@ -37,4 +40,4 @@ def loads(data: bytes | memoryview) -> Record:
             raise ProtocolError("truncated persisted record")
         frames.append(view[pos : pos + size])
         pos += size
-    return decode(frames)
+    return decode(frames, safe=True)

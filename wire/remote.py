@@ -32,6 +32,7 @@ _KINDS: dict[str, type[_e.MplError]] = {
     for cls in (
         _e.MplError,
         _e.ProtocolError,
+        _e.UnsafeValueError,
         _e.ClusterSpecError,
         _e.GraphError,
         _e.RegistrationError,

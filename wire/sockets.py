@@ -59,6 +59,7 @@ def send_message(
     return frames_nbytes(frames)
 
 
-def recv_message(sock: zmq.Socket[Any], *, unpickle: bool = True) -> Record:
-    """Receive and decode one message without an envelope (DEALER, PULL, PAIR)."""
-    return decode(sock.recv_multipart(copy=False), unpickle=unpickle)
+def recv_message(sock: zmq.Socket[Any], *, unpickle: bool = True, safe: bool = True) -> Record:
+    """Receive and decode one message without an envelope (DEALER, PULL, PAIR); in the safe
+    value format unless ``safe=False`` (see ``mpl.wire.safe_values``)."""
+    return decode(sock.recv_multipart(copy=False), unpickle=unpickle, safe=safe)

@@ -46,6 +46,12 @@ __all__ = ["main"]
     type=click.FloatRange(min=0.05),
     help="Heartbeat interval in seconds (the broker's Welcome overrides it).",
 )
+@click.option(
+    "--trusted",
+    is_flag=True,
+    help="Accept and send pickled values between parties (as `trusted: true` in the cluster "
+    "spec): only when one organisation runs every party.",
+)
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def main(
     broker: str,
@@ -54,6 +60,7 @@ def main(
     host: str,
     job_timeout: float,
     heartbeat: float,
+    trusted: bool,
     verbose: int,
 ) -> None:
     """Run the mpl worker for one party (rank) of a cluster.
@@ -85,6 +92,7 @@ def main(
             host=host,
             heartbeat_s=heartbeat,
             job_timeout_s=job_timeout,
+            trusted=trusted,
         )
     except Exception as exc:  # a bad endpoint, an unusable data root
         raise click.ClickException(f"cannot start: {exc}") from exc

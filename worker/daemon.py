@@ -68,9 +68,11 @@ class Worker:
         heartbeat_s: float = HEARTBEAT_S,
         job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
         extensions: dict[str, Callable[[], Any]] | None = None,
+        trusted: bool = False,
     ) -> None:
         self.broker_url = broker
         self.rank = rank
+        self.trusted = trusted  # this party's own choice: pickles may cross between parties
         self._own_context = context is None
         self.ctx: zmq.Context[Any] = context or zmq.Context()
         self.incarnation = secrets.token_hex(8)
@@ -98,7 +100,7 @@ class Worker:
         )
         self.core = WorkerCore(hello, now=time.monotonic(), heartbeat_s=heartbeat_s)
         self.mailbox = Mailbox()
-        self.peers = PeerLinks(self.ctx, lambda: self.core.directory)
+        self.peers = PeerLinks(self.ctx, lambda: self.core.directory, safe=not trusted)
         services: dict[str, Callable[[], Any]] = {
             "spu": lambda: SpuService(
                 self.spu_links,
@@ -117,6 +119,7 @@ class Worker:
             extensions=services,
             job_timeout_s=job_timeout_s,
             spu_mailbox=self.spu_links.mailbox,
+            trusted=trusted,
         )
         self.refused: ErrorInfo | None = None
         self.joined = threading.Event()
@@ -216,8 +219,8 @@ class Worker:
 
     def _drain(self, sock: zmq.Socket[Any], handle: Callable[[Record], None]) -> None:
         for frames in drain(sock, _BATCH):
-            try:
-                msg = decode(frames)
+            try:  # peers are other parties: their values never unpickle here
+                msg = decode(frames, safe=sock is self.pull and not self.trusted)
             except ProtocolError as exc:
                 if sock is self.dealer and self._undecodable(frames, exc):
                     continue

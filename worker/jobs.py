@@ -16,13 +16,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mpl.wire.codec import check_safe
 from mpl.wire.data import Delete, Fetch, Move
-from mpl.wire.errors import JobAbortedError, SessionError
+from mpl.wire.errors import JobAbortedError, SessionError, UnsafeValueError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Abort, Done, Exec, Failed, Lit, Program, output_uri
 from mpl.wire.lru import LRU
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo, to_info
+from mpl.wire.safe_values import unsafe
 from mpl.wire.sessions import Ack, DeleteSymbol, Reply, SaveSymbol
 from mpl.worker.interpreter import ABSENT, OpFailed, Plan, run_graph
 from mpl.worker.mailbox import Mailbox
@@ -124,9 +126,13 @@ class _JobRun:
 
     def send(self, dst: int, op: int, seq: int, value: Any) -> None:
         move = Move(self.session, self.job, op, seq, self.rank, dst, value)
-        self._jobs.peers.send(
-            move, self.deadline, lambda: self._jobs.mailbox.aborted(self.session, self.job)
-        )
+        try:
+            self._jobs.peers.send(
+                move, self.deadline, lambda: self._jobs.mailbox.aborted(self.session, self.job)
+            )
+        except UnsafeValueError as exc:
+            where = f"from rank {self.rank} to rank {dst} (a move for op {op} of job {self.job})"
+            raise unsafe(exc.type_name or "value", where) from None
 
     def recv(self, src: int, op: int, seq: int) -> Any:
         key = (self.session, self.job, op, seq, src)
@@ -150,8 +156,10 @@ class Jobs:
         extensions: dict[str, Callable[[], Any]] | None = None,
         job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
         spu_mailbox: SpuMailbox | None = None,
+        trusted: bool = False,
     ) -> None:
         self.rank = rank
+        self.trusted = trusted  # results to drivers may be pickles (a trusted cluster)
         self.store = store
         self.mailbox = mailbox
         self.peers = peers
@@ -319,7 +327,10 @@ class Jobs:
 
     def _fetch_reply(self, msg: Fetch) -> Reply:
         try:
-            return Reply(msg.req, value=self.store.get(msg.session, msg.uri))
+            value = self.store.get(msg.session, msg.uri)
+            if not self.trusted:  # refuse here, with a reason, rather than fail to encode
+                check_safe(value, f"to the driver (fetch of {msg.uri} from rank {self.rank})")
+            return Reply(msg.req, value=value)
         except Exception as exc:
             return Reply(
                 msg.req, error=to_info(exc, rank=self.rank, op="fetch", with_traceback=False)

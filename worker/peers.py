@@ -33,8 +33,18 @@ class _Link:
 
 
 class PeerLinks:
-    def __init__(self, ctx: zmq.Context[Any], directory: Callable[[], dict[int, PeerInfo]]) -> None:
+    """``safe``: moves are written in the safe value format (``mpl.wire.safe_values``); off
+    only in a trusted cluster, where they may carry pickles."""
+
+    def __init__(
+        self,
+        ctx: zmq.Context[Any],
+        directory: Callable[[], dict[int, PeerInfo]],
+        *,
+        safe: bool = True,
+    ) -> None:
         self._ctx = ctx
+        self.safe = safe
         self._directory = directory
         self._links: dict[int, _Link] = {}
         self._lock = threading.Lock()
@@ -43,7 +53,7 @@ class PeerLinks:
     def send(self, move: Move, deadline: float, aborted: Callable[[], str | None]) -> None:
         """Queue ``move`` to its destination; raises instead of blocking past ``deadline``."""
         link = self._link(move.dst)
-        frames = encode(move)
+        frames = encode(move, safe=self.safe)
         with link.lock:
             while True:
                 try:

@@ -14,9 +14,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from mpl.wire.errors import SessionError
+from mpl.wire.errors import ProtocolError, SessionError, UnsafeValueError
 from mpl.wire.jobs import Lit
 from mpl.wire.persist import dumps, loads
+from mpl.wire.safe_values import unsafe
 from mpl.wire.sessions import SymbolInfo
 
 __all__ = ["ObjectStore", "SymbolDisk", "symbol_uri"]
@@ -38,7 +39,11 @@ def check_name(name: str) -> str:
 
 
 class SymbolDisk:
-    """Values saved with ``persist=True``: ``<root>/symbols/<name>.value`` and ``.info``."""
+    """Values saved with ``persist=True``: ``<root>/symbols/<name>.value`` and ``.info``.
+
+    Files hold the safe value format only: a value of another type is refused when saved,
+    and a file holding a pickle (written by an older mpl) is refused, never unpickled.
+    """
 
     def __init__(self, root: Path) -> None:
         self.dir = root / "symbols"
@@ -47,7 +52,12 @@ class SymbolDisk:
 
     def save(self, info: SymbolInfo, value: Any) -> None:
         name = check_name(info.name)
-        self._write(self.dir / f"{name}.value", dumps(Lit(value)))
+        try:
+            data = dumps(Lit(value))
+        except UnsafeValueError as exc:
+            where = f"to disk (mp.save of {name!r} with persist=True)"
+            raise unsafe(exc.type_name or "value", where) from None
+        self._write(self.dir / f"{name}.value", data)
         self._write(self.dir / f"{name}.info", dumps(info))  # last: it marks the value complete
         self._cache[name] = value
 
@@ -56,7 +66,15 @@ class SymbolDisk:
             return self._cache[name]
         if not (self.dir / f"{name}.info").exists():
             raise SessionError(f"no value named {name!r} on this worker")
-        record = loads((self.dir / f"{name}.value").read_bytes())
+        path = self.dir / f"{name}.value"
+        try:
+            record = loads(path.read_bytes())
+        except ProtocolError as exc:
+            raise ProtocolError(
+                f"refusing to load the persisted value {name!r} from {path}: {exc}. Files "
+                "written by mpl before its safe value format may hold pickles, which are never "
+                "loaded: re-create the value and save it again, or delete the file"
+            ) from None
         if not isinstance(record, Lit):
             raise SessionError(f"the file for {name!r} does not hold a value")
         self._cache[name] = record.value

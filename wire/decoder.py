@@ -1,0 +1,255 @@
+"""Frames -> values: the decoding half of the codec (``mpl.wire.codec.decode`` drives it).
+
+Every decision here treats the frames as hostile: indexes are checked, each buffer frame is
+used at most once, array shapes must match their buffers, extension nesting is bounded
+(``MAX_DEPTH``), and in safe mode a pickle is refused without being looked at. Anything
+malformed raises :class:`ProtocolError`; nothing else escapes (see ``codec.decode``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from mpl.wire.errors import ProtocolError
+from mpl.wire.record import Record, record_class, record_from_fields
+from mpl.wire.safe_values import COMPLEX, MAX_DEPTH, SET, TABLE, make_set, unpack_complex
+from mpl.wire.tables import from_ipc
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = [
+    "ARRAY",
+    "BIGINT",
+    "BUFFER",
+    "PICKLE",
+    "RECORD",
+    "SCALAR",
+    "TUPLE",
+    "Decoder",
+    "Opaque",
+    "Pickled",
+    "build_record",
+]
+
+ARRAY, BUFFER, PICKLE, TUPLE, RECORD, SCALAR, BIGINT = range(1, 8)
+_MAX_DIMS = 64  # numpy's own limit
+_MAX_ITEMS = 1 << 48  # beyond any real array; keeps shape arithmetic in range
+
+
+def _cloudpickle() -> Any:
+    """cloudpickle, imported when first needed: the broker never pickles or unpickles."""
+    import cloudpickle
+
+    return cloudpickle
+
+
+class Opaque:
+    """An array, buffer, table or numpy scalar kept undecoded (``decode(..., unpickle=False)``):
+    the broker routes data without materialising it, and without importing numpy."""
+
+    __slots__ = ("buffer", "code", "head")
+
+    def __init__(self, code: int, head: Any, buffer: Any) -> None:
+        self.code = code
+        self.head = head  # the ext payload without its buffer index (raw bytes for scalars)
+        self.buffer = buffer
+
+    def __repr__(self) -> str:
+        return f"Opaque({self.code}, {self.head!r})"
+
+
+class Pickled:
+    """A pickled value kept opaque: the broker forwards these without ever unpickling."""
+
+    __slots__ = ("buffers", "payload")
+
+    def __init__(self, payload: Any, buffers: list[Any]) -> None:
+        self.payload = payload
+        self.buffers = buffers
+
+    def load(self) -> Any:
+        return _cloudpickle().loads(self.payload, buffers=self.buffers)
+
+    def __repr__(self) -> str:
+        return f"Pickled({len(memoryview(self.payload))} bytes, {len(self.buffers)} buffers)"
+
+
+class Decoder:
+    """One message's decoding state: its buffer frames, which are used, and how deep we are.
+
+    ``unpickle=False`` is the broker's mode (arrays, buffers, tables and pickles stay opaque);
+    ``safe=True`` refuses pickles (a ProtocolError; the payload is never loaded).
+    """
+
+    __slots__ = ("bufs", "depth", "safe", "unpickle", "used")
+
+    def __init__(self, bufs: Sequence[Any], unpickle: bool, safe: bool = False) -> None:
+        self.bufs = bufs
+        self.used = [False] * len(bufs)
+        self.unpickle = unpickle
+        self.safe = safe
+        self.depth = 0
+
+    def unpack(self, data: bytes) -> Any:
+        if self.depth >= MAX_DEPTH:
+            raise ProtocolError(f"value nested deeper than {MAX_DEPTH} levels")
+        self.depth += 1
+        try:
+            return msgpack.unpackb(data, ext_hook=self.ext, strict_map_key=False, raw=False)
+        finally:
+            self.depth -= 1
+
+    def take(self, index: Any) -> Any:
+        if type(index) is not int or not 0 <= index < len(self.bufs):
+            raise ProtocolError(f"header references buffer {index!r}, message has {len(self.bufs)}")
+        if self.used[index]:
+            raise ProtocolError(f"buffer {index} is referenced twice")
+        self.used[index] = True
+        return self.bufs[index]
+
+    def ext(self, code: int, data: bytes) -> Any:
+        if code == TUPLE:
+            items = self.unpack(data)
+            if type(items) is not list:
+                raise ProtocolError("tuple extension does not hold a list")
+            return tuple(items)
+        if code == ARRAY:
+            if not self.unpickle:
+                descr, shape, index = triple(self.unpack(data))
+                return Opaque(ARRAY, [descr, shape], self.take(index))
+            return self._array(self.unpack(data))
+        if code == RECORD:
+            return build_record(self.unpack(data))
+        if code == BUFFER:
+            kind, index = pair(self.unpack(data))
+            if not self.unpickle:
+                return Opaque(BUFFER, [kind], self.take(index))
+            buf = memoryview(self.take(index))
+            if kind == 0:
+                return buf.tobytes()
+            if kind == 1:
+                return bytearray(buf)
+            if kind == 2:
+                return buf
+            raise ProtocolError(f"unknown buffer kind {kind!r}")
+        if code == SCALAR:
+            if not self.unpickle:
+                return Opaque(SCALAR, data, None)
+            import numpy as np
+
+            descr, raw = pair(self.unpack(data))
+            dtype = to_dtype(descr)
+            if type(raw) is not bytes or len(raw) != dtype.itemsize:
+                raise ProtocolError("numpy scalar of the wrong size")
+            return np.frombuffer(raw, dtype=dtype)[0]
+        if code == BIGINT:
+            return int.from_bytes(data, "big", signed=True)
+        if code == PICKLE:
+            return self._pickle(self.unpack(data))
+        if code == COMPLEX:
+            return unpack_complex(data)
+        if code == SET:
+            return make_set(self.unpack(data))
+        if code == TABLE:
+            kind, index = pair(self.unpack(data))
+            if not self.unpickle:
+                return Opaque(TABLE, [kind], self.take(index))
+            return from_ipc(kind, self.take(index))
+        raise ProtocolError(f"unknown extension type {code}")
+
+    def _array(self, spec: Any) -> np.ndarray[Any, Any]:
+        import numpy as np
+
+        descr, shape, index = triple(spec)
+        dtype = to_dtype(descr)
+        if (
+            type(shape) is not list
+            or len(shape) > _MAX_DIMS
+            or not all(type(d) is int and 0 <= d <= _MAX_ITEMS for d in shape)
+        ):
+            raise ProtocolError(f"bad array shape {shape!r}")
+        count = 1
+        for d in shape:  # Python ints: no silent overflow, unlike np.prod
+            count *= d
+        if count > _MAX_ITEMS:
+            raise ProtocolError(f"array shape {tuple(shape)} is too large")
+        buf = self.take(index)
+        if memoryview(buf).nbytes != count * dtype.itemsize:
+            raise ProtocolError(
+                f"array buffer holds {memoryview(buf).nbytes} bytes, shape {tuple(shape)} "
+                f"of {dtype} needs {count * dtype.itemsize}"
+            )
+        if dtype.itemsize == 0:
+            arr = np.empty(shape, dtype=dtype)
+        else:
+            arr = np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
+        arr.flags.writeable = False
+        return arr
+
+    def _pickle(self, spec: Any) -> Any:
+        if self.safe:
+            raise ProtocolError(
+                "a pickled value arrived where only the safe value format is accepted "
+                "(it was not loaded); the sender must send plain data, or every party must "
+                "declare the cluster trusted"
+            )
+        if type(spec) is not list or len(spec) != 3 or type(spec[2]) is not list:
+            raise ProtocolError("malformed pickle descriptor")
+        inline, index, oob_indexes = spec
+        payload = inline if inline is not None else self.take(index)
+        if inline is not None and (type(inline) is not bytes or index != -1):
+            raise ProtocolError("malformed pickle descriptor")
+        oob = [memoryview(self.take(i)) for i in oob_indexes]
+        if not self.unpickle:
+            return Pickled(payload, oob)
+        try:
+            return _cloudpickle().loads(payload, buffers=oob)
+        except BaseException as exc:  # a pickle may raise SystemExit: it must not stop us
+            hint = "; the sender's code or packages may be missing here"
+            if isinstance(exc, ModuleNotFoundError):
+                hint = (
+                    f"; functions of module {exc.name!r} travel by reference: install it on "
+                    "the workers, or ship it by value with mp.pickle_by_value(module)"
+                )
+            raise ProtocolError(
+                f"cannot unpickle a value ({type(exc).__name__}: {exc}){hint}"
+            ) from exc
+
+
+def triple(obj: Any) -> tuple[Any, Any, Any]:
+    if type(obj) is not list or len(obj) != 3:
+        raise ProtocolError("malformed extension payload")
+    return obj[0], obj[1], obj[2]
+
+
+def pair(obj: Any) -> tuple[Any, Any]:
+    if type(obj) is not list or len(obj) != 2:
+        raise ProtocolError("malformed extension payload")
+    return obj[0], obj[1]
+
+
+def to_dtype(descr: Any) -> np.dtype[Any]:
+    import numpy as np
+
+    try:
+        if isinstance(descr, list):
+            descr = [tuple(x) if isinstance(x, list) else x for x in descr]
+        dtype = np.lib.format.descr_to_dtype(descr)
+    except Exception as exc:
+        raise ProtocolError(f"bad dtype {descr!r}") from exc
+    if dtype.hasobject:
+        raise ProtocolError("object arrays cannot travel as raw buffers")
+    return dtype
+
+
+def build_record(items: Any) -> Record:
+    if type(items) is not list or not items or type(items[0]) is not str:
+        raise ProtocolError("header is not a [tag, fields...] array")
+    cls = record_class(items[0])
+    if cls is None:
+        raise ProtocolError(f"unknown message tag {items[0]!r}")
+    return record_from_fields(cls, items[1:])

@@ -1,0 +1,147 @@
+"""Tables in the safe value format: pandas and pyarrow values as Arrow IPC streams.
+
+A ``pandas.DataFrame``, a ``pandas.Series`` or a ``pyarrow.Table`` travels as one Arrow IPC
+stream in one buffer frame; the receiver reads it back zero-copy and validates it in full
+before handing it out. Compressed streams are refused before anything is read: a few bytes
+of zstd can inflate to gigabytes, while an uncompressed stream's table only views its frame.
+
+Arrow IPC is a data format: decoding it runs no code of the sender's choosing (pyarrow >=
+14.0.1 no longer unpickles extension types). pandas' own metadata in the schema (index,
+column order, dtypes) is JSON interpreted by pyarrow.
+
+pyarrow is an optional extra (``pip install mpl[tables]``). pandas and pyarrow are imported
+only when a message holds a table, or when the value being sent is one of theirs (looked up
+in ``sys.modules``, so sending other values never imports them).
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from typing import Any
+
+from mpl.wire.errors import ProtocolError, UnsafeValueError
+
+__all__ = ["DATAFRAME", "SERIES", "TABLE", "UNNAMED_SERIES", "from_ipc", "table_kind", "to_ipc"]
+
+DATAFRAME, SERIES, TABLE, UNNAMED_SERIES = 0, 1, 2, 3  # a Series named None keeps that name
+_NEEDS_PYARROW = (
+    "tables travel as Arrow IPC, which needs pyarrow: install it with `pip install mpl[tables]` "
+    "on every party"
+)
+
+
+def table_kind(obj: Any) -> int | None:
+    """DATAFRAME, SERIES or TABLE when ``obj`` is exactly one of those types, else None."""
+    pd = sys.modules.get("pandas")
+    if pd is not None:
+        t = type(obj)
+        if t is pd.DataFrame:
+            return DATAFRAME
+        if t is pd.Series:
+            return UNNAMED_SERIES if obj.name is None else SERIES
+    pa = sys.modules.get("pyarrow")
+    if pa is not None and type(obj) is pa.Table:
+        return TABLE
+    return None
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow
+    except ImportError:
+        return None
+    return pyarrow
+
+
+def to_ipc(obj: Any, kind: int) -> Any:
+    """``obj`` as an Arrow IPC stream (a ``pyarrow.Buffer``, which ZeroMQ sends as is)."""
+    pa = _pyarrow()
+    if pa is None:
+        raise UnsafeValueError(f"cannot send a {type(obj).__name__}: {_NEEDS_PYARROW}")
+    try:
+        if kind == DATAFRAME:
+            table = pa.Table.from_pandas(obj, preserve_index=True)
+        elif kind in (SERIES, UNNAMED_SERIES):
+            frame = obj.to_frame(name="series" if kind == UNNAMED_SERIES else obj.name)
+            table = pa.Table.from_pandas(frame, preserve_index=True)
+        else:
+            table = obj
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return sink.getvalue()
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise UnsafeValueError(
+            f"cannot send this {type(obj).__name__} as an Arrow table ({exc}); columns of "
+            "Python objects do not travel between parties: convert them to numbers or strings"
+        ) from exc
+
+
+def from_ipc(kind: Any, buf: Any) -> Any:
+    """Read a table sent by :func:`to_ipc`; ProtocolError for anything malformed."""
+    if kind not in (DATAFRAME, SERIES, TABLE, UNNAMED_SERIES):
+        raise ProtocolError(f"unknown table kind {kind!r}")
+    pa = _pyarrow()
+    if pa is None:
+        raise ProtocolError(f"a table arrived, but {_NEEDS_PYARROW}")
+    try:
+        data = pa.py_buffer(buf)
+        for message in pa.ipc.MessageReader.open_stream(data):
+            if message.type in ("record batch", "dictionary") and _compressed(
+                message.metadata.to_pybytes()
+            ):
+                raise ProtocolError("a compressed Arrow table was refused (it could inflate)")
+        with pa.ipc.open_stream(data) as reader:
+            table = reader.read_all()
+        table.validate(full=True)  # hostile offsets must fail here, not crash a reader later
+        if kind == TABLE:
+            return table
+        frame = table.to_pandas()
+        if kind in (SERIES, UNNAMED_SERIES):
+            if frame.shape[1] != 1:
+                raise ProtocolError("a Series table must have exactly one column")
+            series = frame.iloc[:, 0]
+            return series.rename(None) if kind == UNNAMED_SERIES else series
+        return frame
+    except ProtocolError:
+        raise
+    except BaseException as exc:  # pyarrow and pandas raise many types; all mean malformed
+        raise ProtocolError(f"malformed Arrow table: {type(exc).__name__}: {exc}") from exc
+
+
+def _compressed(meta: bytes) -> bool:
+    """Whether an IPC message (its flatbuffer ``Message``) declares body compression.
+
+    Read by hand, with every offset checked: ``Message.header`` (field 2) is a RecordBatch,
+    or a DictionaryBatch whose ``data`` (field 1) is one; a RecordBatch's ``compression`` is
+    its field 3.
+    """
+
+    def read(fmt: str, pos: int) -> int:
+        if pos < 0 or pos + struct.calcsize(fmt) > len(meta):
+            raise ProtocolError("malformed Arrow message metadata")
+        value: int = struct.unpack_from(fmt, meta, pos)[0]
+        return value
+
+    def field(table: int, index: int) -> int:
+        vtable = table - read("<i", table)
+        if 4 + 2 * index >= read("<H", vtable):
+            return 0
+        return read("<H", vtable + 4 + 2 * index)
+
+    def child(table: int, index: int) -> int:
+        offset = field(table, index)
+        if not offset:
+            raise ProtocolError("malformed Arrow message metadata")
+        return table + offset + read("<I", table + offset)
+
+    root = read("<I", 0)
+    kind_at = field(root, 1)
+    kind = read("<B", root + kind_at) if kind_at else 0
+    batch = child(root, 2)
+    if kind == 2:  # DictionaryBatch
+        batch = child(batch, 1)
+    elif kind != 3:  # RecordBatch
+        raise ProtocolError(f"unexpected Arrow message type {kind}")
+    return field(batch, 3) != 0
