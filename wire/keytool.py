@@ -62,3 +62,7 @@ def show(file: Path) -> None:
         click.echo(load_public_key(file))
     except KeyFileError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+if __name__ == "__main__":
+    main()
