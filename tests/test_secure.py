@@ -143,6 +143,10 @@ def test_a_worker_with_another_nodes_key_cannot_take_a_rank(deployment: Deployme
     assert impostor.wait(5) != 0
     assert time.monotonic() - started < 5
     assert "may not speak for rank 0" in deployment.log("impostor")
+    # a key the spec does not pin at all is stopped in the handshake
+    outsider = deployment.start_worker(1, key="intruder", name="outsider")
+    assert outsider.wait(5) != 0
+    assert "refused this worker's key" in deployment.log("outsider")
     rows = rank_rows(deployment)
     assert rows[0]["state"] == "up" and rows[0]["pid"] == genuine
     # the genuine rank 0 still works

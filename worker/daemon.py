@@ -100,6 +100,13 @@ class Worker:
         self.data_addr: str = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
         # Results queue while the connection is (re)established rather than being dropped.
         self._results = self._broker_socket()
+        # secure mode: a broker that refuses our key says so only in the handshake, so watch
+        # it (on the result socket, which lives as long as the worker) and give up at once
+        self._handshakes: zmq.Socket[Any] | None = None
+        if curve is not None:
+            self._handshakes = self._results.get_monitor_socket(
+                zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            )
         self._results.connect(broker)
         self._results_lock = threading.Lock()
         self.dealer: zmq.Socket[Any] = self._new_dealer()
@@ -177,9 +184,12 @@ class Worker:
                 self._perform(self.core.tick(time.monotonic(), self.stats))
                 if poller is None or dealer is not self.dealer:
                     poller = zmq.Poller()  # the dealer is replaced on reconnect
-                    for sock in (self.dealer, self.pull):
-                        poller.register(sock, zmq.POLLIN)
+                    for sock in (self.dealer, self.pull, self._handshakes):
+                        if sock is not None:
+                            poller.register(sock, zmq.POLLIN)
                 ready = dict(poller.poll(self._wait_ms()))
+                if self._handshakes is not None and self._handshakes in ready:
+                    self._handshake_failed(self._handshakes.recv_multipart())
                 if self.dealer in ready:
                     self._drain(self.dealer, self._on_broker)
                 if self.pull in ready:
@@ -196,6 +206,9 @@ class Worker:
         self.peers.close()
         self.spu_links.close()
         with self._results_lock:
+            if self._handshakes is not None:
+                self._results.disable_monitor()
+                self._handshakes.close(linger=0)
             self._results.close()
         for sock in (self.dealer, self.pull):
             sock.close()
@@ -305,6 +318,22 @@ class Worker:
             self._send(Failed(msg.session, msg.job, self.rank, info))
             return True
         return False
+
+    def _handshake_failed(self, event: list[bytes]) -> None:
+        if self.core.joined:
+            return  # a welcomed worker keeps retrying: the broker may come back
+        auth = int.from_bytes(event[0][:2], "little") == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        why = (
+            "refused this worker's key (it is not a node key in the broker's cluster spec)"
+            if auth
+            else "failed the CURVE handshake (it does not run CURVE, or it is not the "
+            "broker whose key this worker's spec pins)"
+        )
+        self.refused = ErrorInfo(
+            "AuthenticationError", f"the broker at {self.broker_url} {why}", rank=self.rank
+        )
+        log.error("rank %d: %s", self.rank, self.refused.message)
+        self._stopping.set()
 
     def _from_src(self, msg: Record, frame: zmq.Frame) -> bool:
         """Secure mode: a move counts only from the rank its connection proved to be."""
