@@ -183,3 +183,33 @@ def test_plaintext_brokers_keep_accepting_hellos_without_identities() -> None:
 )
 def test_plaintext_is_safe_only_on_loopback(endpoint: str, safe: bool) -> None:
     assert plaintext_safe(endpoint) is safe
+
+
+# -- what a peer can send ---------------------------------------------------------------------
+def test_sockets_bound_frame_size_and_handshake_time() -> None:
+    from helpers import wait_until
+
+    from mpl.wire.sockets import HANDSHAKE_IVL_MS, MAX_MESSAGE, configure
+
+    ctx = zmq.Context()
+    pull = configure(ctx.socket(zmq.PULL), max_message=1024)
+    push = configure(ctx.socket(zmq.PUSH))
+    try:
+        assert push.getsockopt(zmq.MAXMSGSIZE) == MAX_MESSAGE
+        assert pull.getsockopt(zmq.HANDSHAKE_IVL) == HANDSHAKE_IVL_MS <= 10_000
+        pull.bind("tcp://127.0.0.1:0")
+        push.connect(pull.getsockopt_string(zmq.LAST_ENDPOINT))
+        push.send(b"x" * 2048)  # too big: the receiver drops the connection
+
+        def small() -> bytes | None:
+            try:  # the sender reconnects; small frames get through again
+                push.send(b"small", zmq.NOBLOCK)
+            except zmq.Again:
+                return None
+            return pull.recv() if pull.poll(100) else None
+
+        assert wait_until(small, what="a small frame") == b"small"  # never the big one
+    finally:
+        pull.close(0)
+        push.close(0)
+        ctx.term()
