@@ -79,6 +79,15 @@ def test_allowed_driver_runs_a_move_and_an_spu_millionaire(deployment: Deploymen
         poorer = mp.device("SP0")(lambda a, b: a < b)(alice, bob)
         assert bool(mp.fetch(mp.put("P0", poorer))) is True
     ctx.close()
+    # the broker's key alone pins it just as well as a whole spec
+    pinned = mp.connect(
+        deployment.address,
+        key=deployment.key("analyst"),
+        broker_key=deployment.public["broker"],
+    )
+    with pinned:
+        assert mp.fetch(mp.device("P1")(lambda: "hi")()) == "hi"
+    pinned.close()
     # the status command speaks CURVE too, as a listed driver
     out = subprocess.run(
         [

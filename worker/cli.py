@@ -199,6 +199,14 @@ def _worker_curve(rank: int, key_file: Path | None, cluster_file: Path | None) -
     if cluster is None or not cluster.secure:
         raise click.UsageError("--key needs --cluster: this party's spec that pins the keys")
     try:
-        return Curve(load_keypair(key_file), cluster)
+        curve = Curve(load_keypair(key_file), cluster)
     except KeyFileError as exc:
         raise click.BadParameter(str(exc), param_hint="--key") from exc
+    if curve.keys.public != cluster.nodes[rank].curve_key:
+        # the broker decides (it refuses the rank); this only says why ahead of time
+        click.echo(
+            f"warning: {key_file} is not nodes[{rank}].curve_key in {cluster_file}: "
+            "the broker will refuse this worker",
+            err=True,
+        )
+    return curve
