@@ -61,7 +61,16 @@ INPROC_CONTEXTS: dict[str, zmq.Context[Any]] = {}
 log = logging.getLogger("mpl.driver")
 _SLICE_MS = 100  # waits wake this often to notice a lost broker
 _REPORT_GRACE_S = 1.0
-_HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+_HANDSHAKE_EVENTS = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_CONNECTED
+    | zmq.EVENT_HANDSHAKE_SUCCEEDED
+)
+# A server that does not hold the pinned key cannot answer our CURVE hello: it drops the
+# connection without an error event. This many connections in a row without a handshake
+# (one per reconnect interval, ~0.1 s) mean we are not talking to our broker.
+_CONNECTS_WITHOUT_HANDSHAKE = 5
 
 
 class _ThreadSocket:
@@ -129,6 +138,7 @@ class Client:
         self.broker_id = ""
         self._silence: MplError | None = None  # set while the broker is not heard
         self._refused: MplError | None = None  # set for good when the broker refuses our key
+        self._unshaken = 0  # connections of the heartbeat socket without a CURVE handshake
         self._closing = threading.Event()
         self._closed = False
         self._beat = threading.Thread(target=self._heartbeat, name="mpl-driver-beat", daemon=True)
@@ -364,6 +374,13 @@ class Client:
     def _handshake_failed(self, monitor: zmq.Socket[Any]) -> None:
         frames = monitor.recv_multipart()
         event = int.from_bytes(frames[0][:2], "little")
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._unshaken = 0
+            return
+        if event == zmq.EVENT_CONNECTED:
+            self._unshaken += 1
+            if self._unshaken < _CONNECTS_WITHOUT_HANDSHAKE:
+                return
         if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             self._refused = AuthenticationError(
                 f"the broker at {self.address} refused this driver's key "

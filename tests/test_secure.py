@@ -117,6 +117,16 @@ def test_unknown_driver_key_is_refused_at_once_and_logged(deployment: Deployment
             timeout=30,
         )
     assert time.monotonic() - started < 5
+    # a driver pinning a key the server does not hold (not our broker) also learns at once
+    started = time.monotonic()
+    with pytest.raises(AuthenticationError, match="no secure handshake"):
+        mp.connect(
+            deployment.address,
+            key=deployment.key("analyst"),
+            broker_key=deployment.public["intruder"],
+            timeout=30,
+        )
+    assert time.monotonic() - started < 5
     intruder = deployment.public["intruder"]
     wait_until(
         lambda: (
