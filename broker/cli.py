@@ -209,7 +209,8 @@ def status(
     try:
         report = query_status(url, timeout=timeout, curve=curve)
     except MplError as exc:
-        raise click.ClickException(str(exc)) from exc
+        hint = "" if curve else " (a secure broker answers only listed drivers: pass --key)"
+        raise click.ClickException(f"{exc}{hint}") from exc
     if as_json:
         import json
 

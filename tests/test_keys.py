@@ -213,3 +213,33 @@ def test_sockets_bound_frame_size_and_handshake_time() -> None:
         pull.close(0)
         push.close(0)
         ctx.term()
+
+
+def test_the_gatekeeper_admits_pinned_keys_names_them_and_logs_refusals_rate_limited(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from zmq.utils import z85 as z85_codec
+
+    from mpl.wire.curve import BROKER_DOMAIN, PEER_DOMAIN, broker_admits, peer_admits
+    from mpl.wire.zap import Gatekeeper
+
+    spec = keyed()
+    ctx = zmq.Context()
+    gate = Gatekeeper(ctx, {**broker_admits(spec), **peer_admits(spec)})  # not started
+    try:
+        node1, driver = spec.nodes[1].curve_key, spec.drivers[0].curve_key
+        assert gate.callback(BROKER_DOMAIN, node1.encode())
+        assert gate.callback(BROKER_DOMAIN, driver.encode())
+        assert gate.callback(PEER_DOMAIN, node1.encode())
+        assert not gate.callback(PEER_DOMAIN, driver.encode())  # drivers never reach workers
+        assert gate.curve_user_id(z85_codec.decode(node1)) == "node:node1"
+        assert gate.curve_user_id(z85_codec.decode(driver)) == "driver:analyst"
+        stranger = z85().encode()
+        with caplog.at_level("WARNING", logger="mpl.auth"):
+            for _ in range(100):
+                assert not gate.callback(BROKER_DOMAIN, stranger)
+        assert gate.refused == 101
+        lines = [r for r in caplog.records if stranger.decode() in r.getMessage()]
+        assert len(lines) == 1  # a client retrying its handshake cannot flood the log
+    finally:
+        ctx.term()
