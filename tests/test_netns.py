@@ -81,8 +81,11 @@ def hosts() -> Iterator[Hosts]:
     try:
         try:
             made.up()
+            probe = subprocess.run([*made.run_in("drv"), "true"], capture_output=True, timeout=30)
+            if probe.returncode != 0:
+                raise RuntimeError(f"ip netns exec: {probe.stderr.decode(errors='replace')}")
         except (RuntimeError, OSError) as exc:
-            pytest.skip(f"cannot make network namespaces here: {exc}")
+            pytest.skip(f"cannot use network namespaces here: {exc}")
         yield made
     finally:
         made.down()

@@ -13,7 +13,9 @@ Modules: ``errors`` (the error tree), ``record`` (tagged dataclasses), ``codec``
 frames), ``remote`` (errors on the wire), one module per message family (``control``,
 ``sessions``, ``jobs``, ``data``), ``cluster`` (ClusterSpec), ``graph`` (the IR),
 ``sockets`` (socket options every part applies), ``persist`` (values in files), ``shares``
-(SPU shares) and ``lru`` (the bounded caches every part keeps).
+(SPU shares) and ``lru`` (the bounded caches every part keeps). Trust: ``identity`` (who
+sent a message), ``keys`` (CURVE key files) and ``keytool`` (``mpl-keys``), ``curve``
+(CurveZMQ on a socket) and ``zap`` (the ZAP handler of a daemon).
 """
 
 from mpl.wire.cluster import ClusterSpec, Device, Node, RuntimeInfo, SPUConfig

@@ -12,7 +12,7 @@ connection delivers (:func:`mpl.wire.identity.frame_identity`).
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -44,6 +44,7 @@ class Curve:
     keys: KeyPair
     cluster: ClusterSpec | None = None
     broker_key: str = ""
+    _ranks: dict[str, int | None] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def broker(self) -> str:
@@ -74,9 +75,13 @@ class Curve:
 
     def sender_rank(self, frame: Any) -> int | None:
         """The rank of the worker whose authenticated connection delivered ``frame``."""
-        if self.cluster is None:
+        who = frame_identity(frame)
+        if who is None or self.cluster is None:
             return None
-        return rank_of(frame_identity(frame), self.cluster)
+        ranks = self._ranks
+        if who not in ranks:  # identities are few (one per node): remember each lookup
+            ranks[who] = rank_of(who, self.cluster)
+        return ranks[who]
 
 
 def broker_admits(cluster: ClusterSpec) -> dict[str, dict[str, str]]:
