@@ -21,7 +21,7 @@ from helpers import wait_until
 import mpl.driver as mp
 from mpl.broker.query import StatusProbe
 from mpl.driver.launcher import daemon_command
-from mpl.wire import AuthenticationError, encode
+from mpl.wire import encode
 from mpl.wire.curve import Curve
 from mpl.wire.data import Move
 from mpl.wire.keys import load_keypair
@@ -109,7 +109,7 @@ def test_allowed_driver_runs_a_move_and_an_spu_millionaire(deployment: Deploymen
 def test_unknown_driver_key_is_refused_at_once_and_logged(deployment: Deployment) -> None:
     up(deployment)
     started = time.monotonic()
-    with pytest.raises(AuthenticationError, match="refused this driver's key"):
+    with pytest.raises(mp.AuthenticationError, match="refused this driver's key"):
         mp.connect(
             deployment.address,
             key=deployment.key("intruder"),
@@ -119,7 +119,7 @@ def test_unknown_driver_key_is_refused_at_once_and_logged(deployment: Deployment
     assert time.monotonic() - started < 5
     # a driver pinning a key the server does not hold (not our broker) also learns at once
     started = time.monotonic()
-    with pytest.raises(AuthenticationError, match="no secure handshake"):
+    with pytest.raises(mp.AuthenticationError, match="no secure handshake"):
         mp.connect(
             deployment.address,
             key=deployment.key("analyst"),
