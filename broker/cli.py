@@ -13,12 +13,20 @@ from typing import Any
 import click
 
 from mpl.wire.cluster import ClusterSpec
-from mpl.wire.errors import ClusterSpecError, MplError
+from mpl.wire.curve import Curve, plaintext_safe
+from mpl.wire.errors import ClusterSpecError, KeyFileError, MplError
+from mpl.wire.keys import is_z85_key, load_keypair
 from mpl.wire.lifetime import die_with_parent
+from mpl.wire.sockets import MAX_MESSAGE
 
 __all__ = ["main"]
 
-_LOOPBACK = ("tcp://127.0.0.1:", "tcp://localhost:", "tcp://[::1]:", "inproc://", "ipc://")
+_NO_KEYS = (
+    "{where} is not a loopback address, and without keys all traffic is plaintext and "
+    "unauthenticated: anyone who reaches it can act as any party. Make keys with "
+    "`mpl-keys new NAME`, pin them in the cluster spec and pass --key; or, on a private "
+    "network you trust, pass --insecure."
+)
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -46,6 +54,25 @@ _LOOPBACK = ("tcp://127.0.0.1:", "tcp://localhost:", "tcp://[::1]:", "inproc://"
     type=click.FloatRange(min=0.05),
     help="Heartbeat interval in seconds; a peer silent for 3 intervals is dead.",
 )
+@click.option(
+    "--key",
+    "key_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The broker's secret key file (mpl-keys new broker): secure mode. Needs a --cluster "
+    "that pins keys; its broker.curve_key must be this key's public half.",
+)
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="Allow --listen on a non-loopback address without keys (plaintext; private networks).",
+)
+@click.option(
+    "--max-message",
+    default=MAX_MESSAGE,
+    show_default=True,
+    type=click.IntRange(min=1024),
+    help="Largest frame (bytes) a peer may send; a bigger one drops its connection.",
+)
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 @click.pass_context
 def main(
@@ -54,6 +81,9 @@ def main(
     cluster_file: Path | None,
     world_size: int | None,
     heartbeat: float,
+    key_file: Path | None,
+    insecure: bool,
+    max_message: int,
     verbose: int,
 ) -> None:
     """Run the mpl broker: it connects drivers and the ranked workers of one cluster.
@@ -66,7 +96,12 @@ def main(
     Examples:
       mpl-broker --world-size 2
       mpl-broker --listen tcp://127.0.0.1:0 --cluster cluster.yaml
+      mpl-broker --listen tcp://10.0.0.1:5555 --cluster cluster.yaml --key broker.key_secret
       mpl-broker status tcp://127.0.0.1:5555
+
+    Secure mode (--key): every connection runs CurveZMQ, and only the workers and drivers
+    whose keys the cluster spec pins get in. Without keys the broker listens on loopback
+    only, unless --insecure.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -85,37 +120,97 @@ def main(
         )
     except ClusterSpecError as exc:
         raise click.BadParameter(str(exc), param_hint="--cluster") from exc
-    if not listen.startswith(_LOOPBACK):
-        click.echo(f"warning: {listen} is not loopback and traffic is not encrypted", err=True)
+    curve = _broker_curve(cluster, key_file)
+    if curve is None and not plaintext_safe(listen):
+        if not insecure:
+            raise click.UsageError(_NO_KEYS.format(where=f"--listen {listen}"))
+        click.echo(f"warning: {listen} is not loopback and traffic is plaintext", err=True)
 
     from mpl.broker.daemon import Broker
 
     try:
-        broker = Broker(cluster, listen, heartbeat_s=heartbeat)
+        broker = Broker(
+            cluster, listen, heartbeat_s=heartbeat, curve=curve, max_message=max_message
+        )
     except Exception as exc:  # a bad endpoint or a port in use
         raise click.ClickException(f"cannot listen on {listen}: {exc}") from exc
     _stop_on_signals(broker.stop)
     gc.freeze()  # start-up objects never die: keep the collector from walking them
     click.echo(
         f"mpl-broker listening on {broker.address} "
-        f"(world size {cluster.world_size}, pid {os.getpid()})"
+        f"(world size {cluster.world_size}, {'CURVE' if curve else 'plaintext'}, "
+        f"pid {os.getpid()})"
     )
     sys.stdout.flush()
     broker.serve_forever()
+
+
+def _broker_curve(cluster: ClusterSpec, key_file: Path | None) -> Curve | None:
+    """The broker's CURVE settings, or None in plaintext mode; usage errors exit 2."""
+    if key_file is None:
+        if cluster.secure:
+            raise click.UsageError(
+                "the cluster spec pins keys: pass --key with the broker's secret key file"
+            )
+        return None
+    if not cluster.secure:
+        raise click.UsageError(
+            "--key needs a --cluster spec that pins keys (broker, nodes and drivers)"
+        )
+    try:
+        keys = load_keypair(key_file)
+    except KeyFileError as exc:
+        raise click.BadParameter(str(exc), param_hint="--key") from exc
+    if keys.public != cluster.broker_key:
+        raise click.BadParameter(
+            f"{key_file} is not the key the spec pins as broker.curve_key", param_hint="--key"
+        )
+    return Curve(keys, cluster)
 
 
 @main.command()
 @click.argument("url")
 @click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for the answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
-def status(url: str, timeout: float, as_json: bool) -> None:
+@click.option(
+    "--key",
+    "key_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A driver's secret key file, to ask a secure broker.",
+)
+@click.option(
+    "--cluster",
+    "cluster_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="With --key: the spec that pins the broker's key.",
+)
+@click.option("--broker-key", help="With --key, instead of --cluster: the broker's public key.")
+def status(
+    url: str,
+    timeout: float,
+    as_json: bool,
+    key_file: Path | None,
+    cluster_file: Path | None,
+    broker_key: str | None,
+) -> None:
     """Print a running broker's status: ranks, liveness, sessions, jobs, bytes, errors."""
     from mpl.broker.query import query_status
 
+    curve = None
+    if key_file is not None:
+        try:
+            spec = ClusterSpec.from_file(cluster_file) if cluster_file else None
+            if broker_key is not None and not is_z85_key(broker_key):
+                raise click.BadParameter("not a 40-character z85 key", param_hint="--broker-key")
+            curve = Curve(load_keypair(key_file), spec, broker_key or "")
+            curve.broker  # noqa: B018 - fails early without a broker key
+        except (KeyFileError, ClusterSpecError, ValueError) as exc:
+            raise click.UsageError(str(exc)) from exc
     try:
-        report = query_status(url, timeout=timeout)
+        report = query_status(url, timeout=timeout, curve=curve)
     except MplError as exc:
-        raise click.ClickException(str(exc)) from exc
+        hint = "" if curve else " (a secure broker answers only listed drivers: pass --key)"
+        raise click.ClickException(f"{exc}{hint}") from exc
     if as_json:
         import json
 

@@ -4,6 +4,10 @@ It decodes each message (never unpickling: payloads pass through opaque), feeds 
 :class:`BrokerState` and sends what the state asks for. A socket monitor reports closed
 TCP connections; the identity frame's source fd maps them back to a peer, so a killed
 worker is noticed in milliseconds rather than after 3 missed heartbeats.
+
+In secure mode (``curve``) the ROUTER is a CURVE server: a :class:`Gatekeeper` admits only
+the workers and drivers the broker's spec pins, and each message goes to the state with
+the identity its connection authenticated as (``who``).
 """
 
 from __future__ import annotations
@@ -20,9 +24,12 @@ from mpl.broker.state import BrokerState, Send
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import decode, encode, frames_nbytes
 from mpl.wire.control import HEARTBEAT_S, Bye, Directory, Heartbeat
+from mpl.wire.curve import BROKER_DOMAIN, Curve, broker_admits
 from mpl.wire.errors import ProtocolError
+from mpl.wire.identity import frame_identity
 from mpl.wire.record import Record
-from mpl.wire.sockets import configure, drain
+from mpl.wire.sockets import MAX_MESSAGE, configure, drain
+from mpl.wire.zap import Gatekeeper
 
 __all__ = ["Broker"]
 
@@ -45,10 +52,20 @@ class Broker:
         *,
         context: zmq.Context[Any] | None = None,
         heartbeat_s: float = HEARTBEAT_S,
+        curve: Curve | None = None,
+        max_message: int = MAX_MESSAGE,
     ) -> None:
         self._own_context = context is None
         self.ctx: zmq.Context[Any] = context or zmq.Context()
-        self.router = configure(self.ctx.socket(zmq.ROUTER))
+        self.gatekeeper: Gatekeeper | None = None
+        self.router = configure(self.ctx.socket(zmq.ROUTER), max_message=max_message)
+        if curve is not None:
+            # the ZAP handler runs before the socket binds: a CURVE server without one
+            # would let in any client that knows the broker's public key
+            self.gatekeeper = Gatekeeper(self.ctx, broker_admits(cluster))
+            self.gatekeeper.start()
+            curve.serve(self.router, BROKER_DOMAIN)
+        self.secure = curve is not None
         self.router.bind(listen)
         self.address: str = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
         self.monitor: zmq.Socket[Any] | None = None
@@ -56,7 +73,9 @@ class Broker:
             self.monitor = self.router.get_monitor_socket(
                 zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
             )
-        self.state = BrokerState(cluster, now=time.monotonic(), heartbeat_s=heartbeat_s)
+        self.state = BrokerState(
+            cluster, now=time.monotonic(), heartbeat_s=heartbeat_s, secure=self.secure
+        )
         self._fd_peer: dict[int, bytes] = {}
         self._peer_fd: dict[bytes, int] = {}
         self._stopping = threading.Event()
@@ -106,6 +125,8 @@ class Broker:
             self.router.disable_monitor()
             self.monitor.close(linger=0)
         self.router.close()
+        if self.gatekeeper is not None:
+            self.gatekeeper.stop()
         if self._own_context:
             self.ctx.term()
 
@@ -126,7 +147,8 @@ class Broker:
                 log.warning("bad message from %s: %s", peer.hex(), exc)
                 self._perform(self.state.protocol_error(peer, exc))
                 continue
-            self._perform(self.state.handle(peer, msg, now, frames[1:]))
+            who = frame_identity(frames[1]) if self.secure else None
+            self._perform(self.state.handle(peer, msg, now, frames[1:], who=who))
 
     def _drain_monitor(self) -> None:
         assert self.monitor is not None

@@ -8,9 +8,10 @@ from typing import Any
 
 import zmq
 
+from mpl.wire.curve import Curve
 from mpl.wire.errors import MplTimeoutError, ProtocolError
 from mpl.wire.sessions import Reply, StatusRequest
-from mpl.wire.sockets import configure, recv_message, send_message
+from mpl.wire.sockets import CONTROL_MAX_MESSAGE, configure, recv_message, send_message
 
 __all__ = ["StatusProbe", "query_status"]
 
@@ -22,10 +23,14 @@ class StatusProbe:
     moment it comes up, which is what a launcher waiting for readiness wants.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, curve: Curve | None = None) -> None:
         self.url = url
         self._ctx: zmq.Context[Any] = zmq.Context()
-        self._sock = configure(self._ctx.socket(zmq.DEALER), linger_ms=0)
+        self._sock = configure(
+            self._ctx.socket(zmq.DEALER), linger_ms=0, max_message=CONTROL_MAX_MESSAGE
+        )
+        if curve is not None:
+            curve.dial(self._sock, curve.broker)
         self._sock.connect(url)
         self._reqs = itertools.count(1)
 
@@ -54,7 +59,7 @@ class StatusProbe:
         self.close()
 
 
-def query_status(url: str, *, timeout: float = 5.0) -> dict[str, Any]:
+def query_status(url: str, *, timeout: float = 5.0, curve: Curve | None = None) -> dict[str, Any]:
     """Ask the broker at ``url`` for its status dict; MplTimeoutError if it does not answer."""
-    with StatusProbe(url) as probe:
+    with StatusProbe(url, curve=curve) as probe:
         return probe.ask(timeout)

@@ -30,6 +30,7 @@ from mpl.wire.control import (
 )
 from mpl.wire.data import Delete, Fetch
 from mpl.wire.errors import RegistrationError
+from mpl.wire.identity import node_identity, rank_of
 from mpl.wire.jobs import Abort, Cancel, Done, Exec, Failed, JobResult, Program
 from mpl.wire.lru import LRU
 from mpl.wire.record import Record
@@ -86,8 +87,11 @@ class BrokerState:
         broker_id: str = "",
         heartbeat_s: float = HEARTBEAT_S,
         liveness: int = HEARTBEAT_LIVENESS,
+        secure: bool = False,
     ) -> None:
         self.cluster = cluster
+        # Secure mode: `who` (the authenticated sender) decides who may speak for a rank.
+        self.secure = secure
         self.broker_id = broker_id or f"b{secrets.token_hex(4)}"
         self.heartbeat_s = heartbeat_s
         self.silence_s = heartbeat_s * liveness
@@ -125,8 +129,18 @@ class BrokerState:
         }
 
     # -- entry points ---------------------------------------------------------------------
-    def handle(self, peer: bytes, msg: Record, now: float, raw: Any = None) -> list[Send]:
-        """React to one decoded message from ``peer`` (``raw``: the frames it came in)."""
+    def handle(
+        self, peer: bytes, msg: Record, now: float, raw: Any = None, who: str | None = None
+    ) -> list[Send]:
+        """React to one decoded message from ``peer`` (``raw``: the frames it came in).
+
+        ``who`` is the sender's authenticated identity (``node:<name>`` / ``driver:<name>``,
+        from the CURVE key its connection proved), ``None`` in plaintext mode.
+        """
+        if self.secure and isinstance(msg, (WorkerHello, Channel)):
+            impostor = self._impostor(peer, msg.rank, who, msg.TAG)
+            if impostor is not None:
+                return [impostor]
         worker = self.registry.worker(peer)
         if worker is not None:
             worker.last_seen = now
@@ -181,6 +195,24 @@ class BrokerState:
         return self._next_beat
 
     # -- control --------------------------------------------------------------------------
+    def _impostor(self, peer: bytes, rank: int, who: str | None, tag: str) -> Send | None:
+        """Refuse a claim on ``rank`` unless node ``rank``'s own key made it.
+
+        The incarnation every worker sees in the Directory is no credential, and the order
+        of arrival after a broker restart gives no rank to whoever speaks first.
+        """
+        if rank_of(who, self.cluster) == rank:
+            return None
+        self.counters["protocol_errors"] += 1
+        name = self.cluster.nodes[rank].name if 0 <= rank < self.cluster.world_size else "?"
+        message = (
+            f"{who or 'an unauthenticated peer'} may not speak for rank {rank} "
+            f"(only {node_identity(name)} may); check that the worker was started with "
+            f"rank {rank}'s key"
+        )
+        self._note(f"refused {tag!r}: {message}")
+        return Send(peer, Refused(ErrorInfo("AuthenticationError", message, rank=rank)))
+
     def _on_hello(self, peer: bytes, msg: WorkerHello, now: float) -> list[Send]:
         self.drivers.pop(peer, None)
         try:

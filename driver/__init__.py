@@ -29,12 +29,14 @@ from mpl.driver.values import Value
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import pickle_by_value
 from mpl.wire.errors import (
+    AuthenticationError,
     ClusterSpecError,
     DeviceError,
     DeviceInferenceError,
     DeviceNotFoundError,
     GraphError,
     JobAbortedError,
+    KeyFileError,
     MplError,
     MplTimeoutError,
     ProtocolError,
@@ -45,6 +47,7 @@ from mpl.wire.errors import (
 )
 
 __all__ = [
+    "AuthenticationError",
     "ClusterSpec",
     "ClusterSpecError",
     "Context",
@@ -54,6 +57,7 @@ __all__ = [
     "Function",
     "GraphError",
     "JobAbortedError",
+    "KeyFileError",
     "LocalCluster",
     "MplError",
     "MplTimeoutError",

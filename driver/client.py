@@ -5,6 +5,10 @@ costs one round trip and no hand-off between threads. A background thread heartb
 socket of its own, naming the client's open sessions to keep their leases, and watches the
 broker: if the broker goes silent for 3 heartbeats, waiting calls fail at once
 (``MplTimeoutError``) instead of running out their deadlines.
+
+In secure mode (``curve``) every socket is a CURVE client pinned to the broker's key. The
+heartbeat socket watches its handshakes: a broker that refuses this driver's key makes
+waiting and later calls raise ``AuthenticationError`` at once, not after their timeout.
 """
 
 from __future__ import annotations
@@ -22,8 +26,15 @@ import zmq
 
 from mpl.wire.codec import decode, encode
 from mpl.wire.control import HEARTBEAT_LIVENESS, HEARTBEAT_S, Bye, Heartbeat, Refused, Reregister
+from mpl.wire.curve import Curve
 from mpl.wire.data import Delete, Fetch
-from mpl.wire.errors import MplError, MplTimeoutError, ProtocolError, SessionError
+from mpl.wire.errors import (
+    AuthenticationError,
+    MplError,
+    MplTimeoutError,
+    ProtocolError,
+    SessionError,
+)
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Cancel, Exec, JobResult, Program
 from mpl.wire.record import Record
@@ -39,7 +50,7 @@ from mpl.wire.sessions import (
     StatusRequest,
     SymbolInfo,
 )
-from mpl.wire.sockets import configure
+from mpl.wire.sockets import CONTROL_MAX_MESSAGE, configure
 
 __all__ = ["INPROC_CONTEXTS", "Client"]
 
@@ -50,6 +61,16 @@ INPROC_CONTEXTS: dict[str, zmq.Context[Any]] = {}
 log = logging.getLogger("mpl.driver")
 _SLICE_MS = 100  # waits wake this often to notice a lost broker
 _REPORT_GRACE_S = 1.0
+_HANDSHAKE_EVENTS = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_CONNECTED
+    | zmq.EVENT_HANDSHAKE_SUCCEEDED
+)
+# A server that does not hold the pinned key cannot answer our CURVE hello: it drops the
+# connection without an error event. This many connections in a row without a handshake
+# (one per reconnect interval, ~0.1 s) mean we are not talking to our broker.
+_CONNECTS_WITHOUT_HANDSHAKE = 5
 
 
 class _ThreadSocket:
@@ -57,6 +78,8 @@ class _ThreadSocket:
 
     def __init__(self, client: Client) -> None:
         self.sock = configure(client.ctx.socket(zmq.DEALER), linger_ms=0)
+        if client.curve is not None:
+            client.curve.dial(self.sock, client.curve.broker)
         self.sock.setsockopt(zmq.RCVTIMEO, _SLICE_MS)  # a blocking recv, woken every slice
         self.sock.connect(client.address)
         self._client = client
@@ -90,8 +113,10 @@ class Client:
         job_timeout: float = 600.0,
         heartbeat_s: float = HEARTBEAT_S,
         trusted: bool = False,
+        curve: Curve | None = None,
     ) -> None:
         self.address = address
+        self.curve = curve
         # Results come from other parties: pickled ones load only if this driver's own spec
         # says trusted (never because the broker says so).
         self.trusted = trusted
@@ -116,6 +141,8 @@ class Client:
         self.sessions: set[str] = set()
         self.broker_id = ""
         self._silence: MplError | None = None  # set while the broker is not heard
+        self._refused: MplError | None = None  # set for good when the broker refuses our key
+        self._unshaken = 0  # connections of the heartbeat socket without a CURVE handshake
         self._closing = threading.Event()
         self._closed = False
         self._beat = threading.Thread(target=self._heartbeat, name="mpl-driver-beat", daemon=True)
@@ -271,6 +298,8 @@ class Client:
                     raise MplTimeoutError(
                         f"{what}: no answer from the broker at {self.address} within {limit:g} s"
                     )
+                if self._refused is not None:
+                    raise self._refused
                 if self._silence is not None:
                     raise self._silence
                 if left * 1000 < _SLICE_MS:
@@ -317,7 +346,14 @@ class Client:
             raise ProtocolError(f"the answer could not be accepted: {exc}") from None
 
     def _heartbeat(self) -> None:
-        sock = configure(self.ctx.socket(zmq.DEALER), linger_ms=0)
+        sock = configure(self.ctx.socket(zmq.DEALER), linger_ms=0, max_message=CONTROL_MAX_MESSAGE)
+        monitor: zmq.Socket[Any] | None = None
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        if self.curve is not None:
+            self.curve.dial(sock, self.curve.broker)
+            monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)
+            poller.register(monitor, zmq.POLLIN)
         sock.connect(self.address)
         heard = time.monotonic()
         next_beat = heard
@@ -327,7 +363,10 @@ class Client:
                 if now >= next_beat:
                     next_beat = now + self.heartbeat_s
                     sock.send_multipart(encode(Heartbeat(sessions=sorted(self.sessions))))
-                if sock.poll(int(max(0.0, next_beat - now) * 1000) + 1):
+                ready = dict(poller.poll(int(max(0.0, next_beat - now) * 1000) + 1))
+                if monitor is not None and monitor in ready:
+                    self._handshake_failed(monitor)
+                if sock in ready:
                     heard = time.monotonic()
                     self._silence = None
                     try:
@@ -345,4 +384,30 @@ class Client:
                         f"{time.monotonic() - heard:.1f} s"
                     )
         finally:
+            if monitor is not None:
+                sock.disable_monitor()
+                monitor.close(linger=0)
             sock.close()
+
+    def _handshake_failed(self, monitor: zmq.Socket[Any]) -> None:
+        frames = monitor.recv_multipart()
+        event = int.from_bytes(frames[0][:2], "little")
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._unshaken = 0
+            return
+        if event == zmq.EVENT_CONNECTED:
+            self._unshaken += 1
+            if self._unshaken < _CONNECTS_WITHOUT_HANDSHAKE:
+                return
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            self._refused = AuthenticationError(
+                f"the broker at {self.address} refused this driver's key "
+                f"{self.curve.keys.public if self.curve else ''}: it is not among the "
+                "drivers its cluster spec lists"
+            )
+        else:
+            self._refused = AuthenticationError(
+                f"no secure handshake with the broker at {self.address}: it does not run "
+                "CURVE, or its key is not the broker key this driver pinned"
+            )
+        log.error("%s", self._refused)

@@ -11,13 +11,16 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mpl.driver.client import Client
 from mpl.wire.cluster import ClusterSpec
+from mpl.wire.curve import Curve
 from mpl.wire.errors import MplError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import JobResult
+from mpl.wire.keys import is_z85_key, load_keypair
 from mpl.wire.status import format_status
 
 __all__ = ["Context", "Status", "connect", "current", "get_context", "set_context"]
@@ -213,16 +216,44 @@ def connect(
     timeout: float = 30.0,
     lease_s: float = 60.0,
     trusted: bool = False,
+    key: str | Path | None = None,
+    cluster: ClusterSpec | str | Path | None = None,
+    broker_key: str | None = None,
 ) -> Context:
     """Attach to a running broker. ``session="name"`` creates or re-attaches that session.
 
     The cluster spec comes from the broker. ``timeout`` bounds each control request; a
     broker that does not answer raises ``MplTimeoutError``. ``trusted=True`` accepts pickled
     results (a cluster one organisation runs end to end); the broker's spec cannot turn it on.
+
+    Secure mode: ``key`` is this driver's secret key file (``mpl-keys new NAME``), and the
+    broker's public key is pinned from ``cluster`` (your own copy of the spec, a path or a
+    ``ClusterSpec``) or given as ``broker_key`` (z85). A broker that does not list this
+    driver's key raises ``AuthenticationError`` within a few seconds.
     """
-    client = Client(url, timeout=timeout, trusted=trusted)
+    client = Client(
+        url, timeout=timeout, trusted=trusted, curve=_driver_curve(key, cluster, broker_key)
+    )
     try:
         return Context(client, session=session or "", lease_s=lease_s)
     except BaseException:
         client.close()
         raise
+
+
+def _driver_curve(
+    key: str | Path | None, cluster: ClusterSpec | str | Path | None, broker_key: str | None
+) -> Curve | None:
+    spec = ClusterSpec.from_file(cluster) if isinstance(cluster, (str, Path)) else cluster
+    if key is None:
+        if broker_key or (spec is not None and spec.secure):
+            raise MplError("secure mode needs key= (this driver's NAME.key_secret file)")
+        return None
+    if broker_key is not None and not is_z85_key(broker_key):
+        raise MplError("broker_key: expected the broker's 40-character z85 public key")
+    if not broker_key and (spec is None or not spec.secure):
+        raise MplError(
+            "key= needs the broker's public key: pass cluster= (a spec that pins keys) "
+            "or broker_key="
+        )
+    return Curve(load_keypair(key), spec, broker_key or "")

@@ -2,6 +2,9 @@
 rank, as separate processes on free loopback ports, stopped by pid.
 
 ``mp.local_cluster`` wraps this; tests use it directly to kill and restart processes.
+With ``secure=True`` it makes a key pair for the broker, every node and one driver
+(``local``) in ``<run_dir>/keys``, pins them in the spec it writes, and starts every daemon
+in secure mode (CurveZMQ with ZAP), as a real deployment would run.
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ from typing import Any
 from mpl.driver.client import Client
 from mpl.driver.context import Context
 from mpl.wire.cluster import ClusterSpec
+from mpl.wire.curve import Curve
 from mpl.wire.errors import MplError, MplTimeoutError
+from mpl.wire.keys import load_keypair, write_keypair
 from mpl.wire.lifetime import PARENT_ENV
 
 __all__ = ["LocalCluster", "ProcessCluster", "daemon_command", "local_cluster"]
 
 _LISTENING = re.compile(r"mpl-broker listening on (\S+)")
+LOCAL_DRIVER = "local"  # the driver key a secure local cluster makes for its own context
 
 
 def _free_port() -> int:
@@ -63,14 +69,19 @@ class ProcessCluster:
         job_timeout_s: float = 600.0,
         ready_timeout: float = 30.0,
         env: dict[str, str] | None = None,
+        secure: bool = False,
     ) -> None:
-        self.cluster = cluster
         self._tmp = None
         if run_dir is None:
             self._tmp = tempfile.mkdtemp(prefix="mpl-cluster-")
             run_dir = Path(self._tmp)
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
+        self.keys_dir = run_dir / "keys"
+        self.curve: Curve | None = None  # the driver's side, in secure mode
+        if secure:
+            cluster = self._make_keys(cluster)
+        self.cluster = cluster
         self.heartbeat_s = heartbeat_s
         self.job_timeout_s = job_timeout_s
         self.env = {
@@ -89,6 +100,23 @@ class ProcessCluster:
         except BaseException:
             self.close()
             raise
+
+    def _make_keys(self, cluster: ClusterSpec) -> ClusterSpec:
+        """Key pairs for the broker, every node and the local driver; the spec pinning them."""
+        made = {}
+        for name in ["broker", *(n.name for n in cluster.nodes), LOCAL_DRIVER]:
+            made[name] = write_keypair(self.keys_dir, name, overwrite=True)[2]
+        spec = cluster.with_keys(
+            made["broker"],
+            [made[n.name] for n in cluster.nodes],
+            {LOCAL_DRIVER: made[LOCAL_DRIVER]},
+        )
+        self.curve = Curve(load_keypair(self.key_file(LOCAL_DRIVER)), spec)
+        return spec
+
+    def key_file(self, name: str) -> Path:
+        """The secret key file of ``name`` (``broker``, a node name, ``local``)."""
+        return self.keys_dir / f"{name}.key_secret"
 
     # -- processes ------------------------------------------------------------------------
     def _start_all(self, ready_timeout: float) -> None:
@@ -129,6 +157,8 @@ class ProcessCluster:
             str(self.heartbeat_s),
             "-v",
         ]
+        if self.curve is not None:
+            cmd += ["--key", str(self.key_file("broker"))]
         with open(out, "ab") as stdout, open(self.run_dir / "broker.log", "ab") as log:
             self.broker = subprocess.Popen(cmd, stdout=stdout, stderr=log, env=self.env)
         if not wait:
@@ -162,6 +192,9 @@ class ProcessCluster:
             "-v",
             *(["--trusted"] if self.cluster.trusted else []),
         ]
+        if self.curve is not None:
+            name = self.cluster.nodes[rank].name
+            cmd += ["--key", str(self.key_file(name)), "--cluster", str(self.cluster_file)]
         with open(self.run_dir / f"worker{rank}.log", "ab") as log:
             proc = subprocess.Popen(
                 cmd,
@@ -180,7 +213,7 @@ class ProcessCluster:
         want = set(range(self.cluster.world_size) if ranks is None else ranks)
         deadline = time.monotonic() + timeout
         last: dict[str, Any] = {}
-        with StatusProbe(self.address) as probe:
+        with StatusProbe(self.address, curve=self.curve) as probe:
             while time.monotonic() < deadline:
                 try:
                     last = probe.ask(max(0.05, min(1.0, deadline - time.monotonic())))
@@ -253,9 +286,13 @@ class LocalCluster(Context):
     def __init__(self, cluster: ClusterSpec, *, timeout: float = 30.0, **options: Any) -> None:
         self.processes = ProcessCluster(cluster, **options)
         try:
-            super().__init__(
-                Client(self.processes.address, timeout=timeout, trusted=cluster.trusted)
+            client = Client(
+                self.processes.address,
+                timeout=timeout,
+                trusted=cluster.trusted,
+                curve=self.processes.curve,
             )
+            super().__init__(client)
         except BaseException:
             self.processes.close()
             raise
@@ -289,7 +326,8 @@ def local_cluster(
 
     Use it as ``with mp.local_cluster(2) as ctx:``: the processes stop when the block ends,
     also when it raises (and if this process dies, the kernel stops them too). Options:
-    ``timeout`` (control requests), ``heartbeat_s``, ``job_timeout_s``, ``run_dir`` (logs).
+    ``timeout`` (control requests), ``heartbeat_s``, ``job_timeout_s``, ``run_dir`` (logs),
+    ``secure=True`` (keys made in a temporary folder, every socket on CurveZMQ).
     ``trusted=True`` (or ``trusted: true`` in the spec) lets pickles cross between parties.
     """
     spec = ClusterSpec.simple(cluster) if isinstance(cluster, int) else cluster

@@ -18,9 +18,16 @@ def cluster(description: str, world_size: int) -> Iterator[mp.Context]:
         "default: start a local cluster for this run",
     )
     parser.add_argument("--sim", action="store_true", help="run in-process (mp.Simulator)")
+    parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="without --url: a local cluster in secure mode (fresh keys, CurveZMQ everywhere)",
+    )
+    parser.add_argument("--key", help="with --url: this driver's secret key file (secure mode)")
+    parser.add_argument("--cluster", help="with --key: your copy of the spec pinning the keys")
     args = parser.parse_args()
     if args.url:
-        ctx = mp.connect(args.url)
+        ctx = mp.connect(args.url, key=args.key, cluster=args.cluster)
         with ctx:
             try:
                 yield ctx
@@ -34,5 +41,5 @@ def cluster(description: str, world_size: int) -> Iterator[mp.Context]:
             finally:
                 sim.close()
     else:
-        with mp.local_cluster(world_size) as ctx:
+        with mp.local_cluster(world_size, secure=args.secure) as ctx:
             yield ctx

@@ -4,7 +4,7 @@ Alice's wealth lives on P0 and Bob's on P1. The comparison runs under MPC on SP0
 party secret-shares its number to the SPU members, and only the one-bit answer is revealed
 (to Alice). Neither party, nor the driver, ever sees the other number.
 
-    python examples/millionaire.py [--url URL | --sim]
+    python examples/millionaire.py [--url URL [--key K --cluster C] | --sim | --secure]
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ measured, so both JSON files line up. Phases:
   spu        real daemons: millionaire and matmul, sealed, run and revealed in one job
   import     `import mpl.driver` in a fresh process
   startup    broker + 2 workers until ready; idle worker RSS
+  secure     (--secure) plaintext vs secure (CurveZMQ) daemons in one sitting: trivial job +
+             fetch, 64 MiB P0->P1 move, raw CURVE PUSH/PULL floor, secure connect-to-first-job
 
 --reference FILE prints the reference harness's rows (results.json) beside ours.
 """
@@ -144,15 +146,23 @@ def phase_floor() -> None:
     ctx.term()
 
 
-def _raw_move(ctx: Any, mib: int) -> float:
+def _raw_move(ctx: Any, mib: int, curve: bool = False) -> float:
     import numpy as np
     import zmq
 
     data_port, ack_port = free_ports(2)
     ack = ctx.socket(zmq.PULL)
     ack.bind(f"tcp://127.0.0.1:{ack_port}")
-    proc = spawn("pull", f"tcp://127.0.0.1:{data_port}", f"tcp://127.0.0.1:{ack_port}", "2")
+    env = None
     push = ctx.socket(zmq.PUSH)
+    if curve:  # CURVE on both ends, fresh throw-away keys
+        server_public, server_secret = zmq.curve_keypair()
+        env = {**os.environ, "MPL_BENCH_CURVE_SECRET": server_secret.decode()}
+        push.curve_serverkey = server_public
+        push.curve_publickey, push.curve_secretkey = zmq.curve_keypair()
+    data, acks = f"tcp://127.0.0.1:{data_port}", f"tcp://127.0.0.1:{ack_port}"
+    script = os.path.join(HERE, "bench_floor.py")
+    proc = subprocess.Popen([sys.executable, script, "pull", data, acks, "2"], env=env)
     push.linger = 1000
     push.connect(f"tcp://127.0.0.1:{data_port}")
     payload = np.ones(mib * MIB // 8)
@@ -314,6 +324,62 @@ def _rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def phase_secure() -> None:
+    """Plaintext against secure daemons in the same sitting, and the raw CURVE floor."""
+    import numpy as np
+    import zmq
+
+    import mpl.driver as mp
+    from mpl.driver.launcher import LOCAL_DRIVER
+
+    ctx = zmq.Context()
+    for curve in (False, True):
+        name = "CURVE " if curve else ""
+        rates = [_raw_move(ctx, 64, curve=curve) for _ in range(6)]
+        record("secure", f"raw pyzmq {name}PUSH->PULL 64 MiB", rates[1:], unit="MB/s")
+    ctx.term()
+    # Both clusters run at once and take turns, so load from elsewhere on a shared machine
+    # falls on both alike.
+    spec = mp.ClusterSpec.simple(2, enable_spu=False)
+    clusters = {
+        mode: mp.local_cluster(spec, timeout=60.0, secure=mode == "secure")
+        for mode in ("plaintext", "secure")
+    }
+    try:
+        times: dict[str, list[float]] = {mode: [] for mode in clusters}
+        rates: dict[str, list[float]] = {mode: [] for mode in clusters}
+        for turn in range(6):
+            for mode, cluster in clusters.items():
+                mp.set_context(cluster)  # not `with`: leaving it would stop the cluster
+                one = mp.device("P0")(lambda: 1)
+                times[mode] += measure(lambda one=one: mp.fetch(one()), 100, warmup=10)
+                big = mp.device("P0")(lambda: np.ones(8 * MIB))()
+                t0 = time.perf_counter()
+                moved = mp.put("P1", big)
+                mp.fetch(mp.device("P1")(lambda v: v.shape)(moved))
+                if turn:
+                    rates[mode].append(64 * MIB / (time.perf_counter() - t0) / 1e6)
+                del moved, big
+        mp.set_context(None)
+        for mode in clusters:
+            xs = times[mode]
+            record("secure", f"trivial job + fetch, 2p, {mode}", xs, **percentiles(xs))
+            record("secure", f"P0->P1 64 MiB f64 move, {mode}", rates[mode], unit="MB/s")
+        procs = clusters["secure"].processes
+        key, pinned = procs.key_file(LOCAL_DRIVER), procs.cluster
+        firsts = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            with mp.connect(procs.address, key=key, cluster=pinned) as driver:
+                mp.fetch(mp.device("P0")(lambda: 1)())
+                firsts.append(time.perf_counter() - t0)
+                driver.close()
+        record("secure", "secure driver: connect to first job's result", firsts)
+    finally:
+        for cluster in clusters.values():
+            cluster.close()
+
+
 PHASES: dict[str, Callable[[], None]] = {
     "codec": phase_codec,
     "floor": phase_floor,
@@ -322,6 +388,7 @@ PHASES: dict[str, Callable[[], None]] = {
     "spu": phase_spu,
     "import": phase_import,
     "startup": phase_startup,
+    "secure": phase_secure,
 }
 
 
@@ -472,11 +539,22 @@ def summary(reference: list[dict[str, Any]]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--phases", default=",".join(PHASES), help="comma-separated phases")
+    ap.add_argument(
+        "--phases",
+        default=",".join(p for p in PHASES if p != "secure"),
+        help="comma-separated phases",
+    )
+    ap.add_argument(
+        "--secure",
+        action="store_true",
+        help="also run the secure phase (plaintext vs CurveZMQ in the same sitting)",
+    )
     ap.add_argument("--json", default="", help="write the rows here as JSON")
     ap.add_argument("--reference", default="", help="the reference harness's results.json")
     args = ap.parse_args()
     wanted = [p.strip() for p in args.phases.split(",") if p.strip()]
+    if args.secure and "secure" not in wanted:
+        wanted.append("secure")
     unknown = [p for p in wanted if p not in PHASES]
     if unknown:
         ap.error(f"unknown phase(s) {unknown}; choose from {list(PHASES)}")

@@ -5,6 +5,7 @@ Used by ``scripts/bench.py``; each role runs as its own process:
     python scripts/bench_floor.py relay FRONT BACK        # ROUTER<->ROUTER relay
     python scripts/bench_floor.py echo BACK               # a DEALER that echoes
     python scripts/bench_floor.py pull ADDR ACK N         # receives N frames, acks each
+    MPL_BENCH_CURVE_SECRET=<z85> ... pull ADDR ACK N      # the same, as a CURVE server
     python scripts/bench_floor.py spu RANK WORLD PORTS CASE PROTOCOL FIELD N OUT
 
 The SPU floor uses libspu directly: brpc links created once, ``spawn()`` per run, the
@@ -62,8 +63,12 @@ def echo(back: str) -> None:
 
 
 def pull(addr: str, ack: str, n: int) -> None:
+    secret = os.environ.get("MPL_BENCH_CURVE_SECRET", "")  # not in argv: ps shows that
     ctx = zmq.Context()
     p, a = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    if secret:  # CURVE on the data socket: the floor for mpl's secure moves
+        p.curve_server = True
+        p.curve_secretkey = secret.encode()
     p.bind(addr)
     a.connect(ack)
     for _ in range(n):

@@ -32,4 +32,7 @@ for name in "${examples[@]}"; do
   "$PY" "examples/$name.py" --url "$URL"
 done
 echo
+echo "== examples/millionaire.py --secure: the same on a local cluster in secure mode (CurveZMQ)"
+"$PY" examples/millionaire.py --secure
+echo
 "$VENV/bin/mpl-broker" status "$URL" | head -6

@@ -15,7 +15,9 @@ frames), ``remote`` (errors on the wire), one module per message family (``contr
 ``sockets`` (socket options every part applies), ``persist`` (values in files), ``shares``
 (SPU shares), ``lru`` (the bounded caches every part keeps), ``decoder`` (the decoding half
 of the codec), ``safe_values`` (the safe value format: what may cross between parties) and
-``tables`` (pandas/pyarrow tables as Arrow IPC).
+``tables`` (pandas/pyarrow tables as Arrow IPC). Trust: ``identity`` (who sent a message),
+``keys`` (CURVE key files) and ``keytool`` (``mpl-keys``), ``curve`` (CurveZMQ on a socket)
+and ``zap`` (the ZAP handler of a daemon).
 """
 
 from mpl.wire.cluster import ClusterSpec, Device, Node, RuntimeInfo, SPUConfig

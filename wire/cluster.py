@@ -12,6 +12,18 @@ The dict/YAML form is mplang's::
       SP0: {kind: SPU, members: [alice, bob], config: {protocol: SEMI2K, field: FM64}}
     trusted: false                   # optional: true lets pickles cross between parties
 
+Secure mode (ARCHITECTURE.md section 6) pins every party's CURVE public key (z85, made with
+``mpl-keys new NAME``)::
+
+    broker: {curve_key: "<z85>"}
+    nodes:
+      - {name: alice, curve_key: "<z85>"}
+    drivers:
+      - {name: analyst, curve_key: "<z85>"}
+
+Either the broker, every node and at least one driver have keys, or nothing has: a spec
+with some keys is refused rather than half secure.
+
 ``from_dict(to_dict(spec)) == spec`` always holds. Every validation failure raises
 :class:`ClusterSpecError` naming the field, e.g. ``devices.P0.members: a PPU has exactly one
 member, got 2``.
@@ -25,12 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from mpl.wire.errors import ClusterSpecError
+from mpl.wire.keys import is_z85_key
 
 __all__ = [
     "SPU_FIELDS",
     "SPU_PROTOCOLS",
     "ClusterSpec",
     "Device",
+    "DriverKey",
     "Node",
     "RuntimeInfo",
     "SPUConfig",
@@ -67,6 +81,15 @@ class Node:
     rank: int
     endpoint: str = ""
     runtime_info: RuntimeInfo = field(default_factory=RuntimeInfo)
+    curve_key: str = ""  # its worker's CURVE public key (z85); "" in plaintext mode
+
+
+@dataclass(frozen=True)
+class DriverKey:
+    """A driver allowed to use a secure cluster, and the public key it proves itself with."""
+
+    name: str
+    curve_key: str
 
 
 @dataclass(frozen=True)
@@ -99,6 +122,8 @@ class ClusterSpec:
     cluster_id: str
     nodes: tuple[Node, ...]
     devices: dict[str, Device]
+    broker_key: str = ""  # the broker's CURVE public key; "" in plaintext mode
+    drivers: tuple[DriverKey, ...] = ()
     # One organisation runs every party: values crossing between parties may be pickles
     # (mpl.wire.safe_values). Each process honours its own copy, never one from the network.
     trusted: bool = False
@@ -110,6 +135,11 @@ class ClusterSpec:
     @property
     def world_size(self) -> int:
         return len(self.nodes)
+
+    @property
+    def secure(self) -> bool:
+        """True when the spec pins keys: every socket then runs CurveZMQ."""
+        return bool(self.broker_key)
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -214,7 +244,20 @@ class ClusterSpec:
         trusted = data.get("trusted", False)
         if not isinstance(trusted, bool):
             raise ClusterSpecError(f"trusted: expected true or false, got {trusted!r}")
-        return cls(cluster_id=cluster_id, nodes=nodes, devices=devices, trusted=trusted)
+        broker = data.get("broker") or {}
+        if not isinstance(broker, Mapping):
+            raise ClusterSpecError("broker: expected a mapping such as {curve_key: <z85>}")
+        raw_drivers = data.get("drivers") or []
+        if not isinstance(raw_drivers, list):
+            raise ClusterSpecError("drivers: expected a list of {name, curve_key}")
+        return cls(
+            cluster_id=cluster_id,
+            nodes=nodes,
+            devices=devices,
+            broker_key=_key(broker.get("curve_key"), "broker.curve_key"),
+            drivers=tuple(_parse_driver(d, i) for i, d in enumerate(raw_drivers)),
+            trusted=trusted,
+        )
 
     @classmethod
     def from_yaml(cls, source: str | Path) -> ClusterSpec:
@@ -254,7 +297,10 @@ class ClusterSpec:
                 "op_bindings": dict(ri.op_bindings),
                 **ri.extra,
             }
-            nodes.append({"name": n.name, "endpoint": n.endpoint, "runtime_info": info})
+            node: dict[str, Any] = {"name": n.name, "endpoint": n.endpoint, "runtime_info": info}
+            if n.curve_key:
+                node["curve_key"] = n.curve_key
+            nodes.append(node)
         devices = {
             d.name: {"kind": d.kind, "members": list(d.members), "config": dict(d.config)}
             for d in self.devices.values()
@@ -262,7 +308,24 @@ class ClusterSpec:
         out: dict[str, Any] = {"cluster_id": self.cluster_id, "nodes": nodes, "devices": devices}
         if self.trusted:
             out["trusted"] = True
+        if self.broker_key:
+            out["broker"] = {"curve_key": self.broker_key}
+        if self.drivers:
+            out["drivers"] = [{"name": d.name, "curve_key": d.curve_key} for d in self.drivers]
         return out
+
+    def with_keys(
+        self, broker: str, nodes: Sequence[str], drivers: Mapping[str, str]
+    ) -> ClusterSpec:
+        """This spec with CURVE keys pinned: ``nodes`` by rank, ``drivers`` by name."""
+        data = self.to_dict()
+        if len(nodes) != self.world_size:
+            raise ClusterSpecError(f"nodes: {len(nodes)} keys given for {self.world_size} nodes")
+        for node, key in zip(data["nodes"], nodes, strict=True):
+            node["curve_key"] = key
+        data["broker"] = {"curve_key": broker}
+        data["drivers"] = [{"name": n, "curve_key": k} for n, k in drivers.items()]
+        return ClusterSpec.from_dict(data)
 
     def to_yaml(self) -> str:
         import yaml
@@ -299,7 +362,32 @@ def _parse_node(raw: Any, rank: int) -> Node:
     if not isinstance(version, str) or not isinstance(platform, str):
         raise ClusterSpecError(f"{where}.runtime_info: version and platform must be strings")
     extra = {k: v for k, v in info.items() if k not in ("version", "platform", "op_bindings")}
-    return Node(name, rank, endpoint, RuntimeInfo(version, platform, dict(bindings), extra))
+    key = _key(raw.get("curve_key"), f"{where}.curve_key")
+    return Node(name, rank, endpoint, RuntimeInfo(version, platform, dict(bindings), extra), key)
+
+
+def _key(value: Any, where: str) -> str:
+    if value is None or value == "":
+        return ""
+    if not is_z85_key(value):
+        raise ClusterSpecError(
+            f"{where}: expected a 40-character z85 public key (see `mpl-keys show FILE`), "
+            f"got {str(value)[:60]!r}"
+        )
+    return str(value)
+
+
+def _parse_driver(raw: Any, index: int) -> DriverKey:
+    where = f"drivers[{index}]"
+    if not isinstance(raw, Mapping):
+        raise ClusterSpecError(f"{where}: expected a mapping {{name, curve_key}}")
+    name = _require(raw, "name", where)
+    if not isinstance(name, str) or not name:
+        raise ClusterSpecError(f"{where}.name: expected a non-empty string")
+    key = _key(_require(raw, "curve_key", where), f"{where}.curve_key")
+    if not key:
+        raise ClusterSpecError(f"{where}.curve_key: missing key")
+    return DriverKey(name, key)
 
 
 def _parse_device(name: str, raw: Any) -> Device:
@@ -357,6 +445,7 @@ def _validate(spec: ClusterSpec) -> None:
         seen[node.name] = i
     if not spec.devices:
         raise ClusterSpecError("devices: a cluster needs at least one device")
+    _validate_keys(spec)
     for key, dev in spec.devices.items():
         where = f"devices.{key}"
         if dev.name != key:
@@ -385,3 +474,35 @@ def _validate(spec: ClusterSpec) -> None:
                     f"{where}.members: {cfg.protocol} runs with exactly {need} members, "
                     f"got {len(dev.members)}"
                 )
+
+
+def _validate_keys(spec: ClusterSpec) -> None:
+    """All keys or none, and no key or driver name used twice."""
+    keyed = [f"nodes[{n.rank}].curve_key" for n in spec.nodes if n.curve_key]
+    if spec.broker_key:
+        keyed.append("broker.curve_key")
+    keyed += [f"drivers[{i}]" for i in range(len(spec.drivers))]
+    if not keyed:
+        return
+    hint = "a secure spec pins the broker's, every node's and at least one driver's key"
+    if not spec.broker_key:
+        raise ClusterSpecError(f"broker.curve_key: missing key ({hint}; {keyed[0]} has one)")
+    for node in spec.nodes:
+        if not node.curve_key:
+            raise ClusterSpecError(f"nodes[{node.rank}].curve_key: missing key ({hint})")
+    if not spec.drivers:
+        raise ClusterSpecError(f"drivers: missing; {hint}")
+    owners: dict[str, str] = {spec.broker_key: "broker.curve_key"}
+    names: dict[str, int] = {}
+    fields = [(f"nodes[{n.rank}].curve_key", n.curve_key) for n in spec.nodes]
+    fields += [(f"drivers[{i}].curve_key", d.curve_key) for i, d in enumerate(spec.drivers)]
+    for where, key in fields:
+        if key in owners:  # one key, two identities: ZAP could not tell who is speaking
+            raise ClusterSpecError(f"{where}: the same key as {owners[key]}")
+        owners[key] = where
+    for i, d in enumerate(spec.drivers):
+        if d.name in names:
+            raise ClusterSpecError(
+                f"drivers[{i}].name: duplicate driver {d.name!r} (also drivers[{names[d.name]}])"
+            )
+        names[d.name] = i

@@ -9,6 +9,7 @@
     ├── GraphError                (also ValueError) a graph that fails the checker
     ├── RegistrationError         a worker the broker refused (duplicate rank, bad rank)
     ├── AuthenticationError       a peer whose key is not allowed
+    ├── KeyFileError              (also ValueError) a missing or unusable CURVE key file
     ├── SessionError              (also KeyError) an unknown session or value name
     ├── RemoteError               code running on a worker raised
     ├── WorkerLostError           a worker a job needed died or went silent
@@ -32,6 +33,7 @@ __all__ = [
     "DeviceNotFoundError",
     "GraphError",
     "JobAbortedError",
+    "KeyFileError",
     "MplError",
     "MplTimeoutError",
     "ProtocolError",
@@ -98,6 +100,15 @@ class AuthenticationError(MplError):
     """A peer's key is not allowed, or it tried to take a rank pinned to another key.
 
     Check the CURVE keys the daemons were started with and the keys pinned in the cluster.
+    """
+
+
+class KeyFileError(MplError, ValueError):
+    """A CURVE key file is missing, holds only the public key where the secret one is
+    needed, or holds something that is not a key; the message names the file.
+
+    Make keys with ``mpl-keys new NAME``; give daemons and drivers the ``NAME.key_secret``
+    file, and the other parties the ``NAME.key`` file's key (``mpl-keys show NAME.key``).
     """
 
 

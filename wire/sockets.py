@@ -2,8 +2,10 @@
 
 Every socket gets a bounded LINGER (so ``Context.term()`` never hangs) and bounded
 high-water marks; ROUTER sockets get ROUTER_MANDATORY so an unroutable send raises instead
-of vanishing. Frames are sent with ``copy=False``: pyzmq still copies those under its 64 KiB
-threshold and hands larger ones to libzmq without a copy.
+of vanishing. Whatever a peer can reach is bounded too: no frame above ``max_message``
+(MAXMSGSIZE; a bigger one drops the connection, it is never buffered) and no CURVE
+handshake that takes longer than HANDSHAKE_IVL. Frames are sent with ``copy=False``: pyzmq
+still copies those under its 64 KiB threshold and hands larger ones to libzmq without a copy.
 """
 
 from __future__ import annotations
@@ -16,16 +18,34 @@ import zmq
 from mpl.wire.codec import decode, encode, frames_nbytes
 from mpl.wire.record import Record
 
-__all__ = ["LINGER_MS", "configure", "drain", "recv_message", "send_message"]
+__all__ = [
+    "CONTROL_MAX_MESSAGE",
+    "HANDSHAKE_IVL_MS",
+    "LINGER_MS",
+    "MAX_MESSAGE",
+    "configure",
+    "drain",
+    "recv_message",
+    "send_message",
+]
 
 LINGER_MS = 200
+# Frames on sockets that carry values (jobs, fetches, moves, SPU shares) may be this big;
+# `--max-message` changes it. Sockets that carry only control (heartbeats, status) take less.
+MAX_MESSAGE = 4 << 30
+CONTROL_MAX_MESSAGE = 4 << 20
+HANDSHAKE_IVL_MS = 5_000  # libzmq's default is 30 s: a stalled handshake holds a slot that long
 _HWM = 10_000
 _POLLIN = int(zmq.POLLIN)  # a plain int: `int & IntFlag` would build an enum each time
 
 
-def configure(sock: zmq.Socket[Any], *, linger_ms: int = LINGER_MS) -> zmq.Socket[Any]:
+def configure(
+    sock: zmq.Socket[Any], *, linger_ms: int = LINGER_MS, max_message: int = MAX_MESSAGE
+) -> zmq.Socket[Any]:
     """Apply mpl's standard options to a new socket and return it."""
     sock.setsockopt(zmq.LINGER, linger_ms)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_message)
+    sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
     sock.setsockopt(zmq.SNDHWM, _HWM)
     sock.setsockopt(zmq.RCVHWM, _HWM)
     if sock.type == zmq.ROUTER:

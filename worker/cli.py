@@ -11,7 +11,12 @@ from typing import Any
 
 import click
 
+from mpl.wire.cluster import ClusterSpec
+from mpl.wire.curve import Curve, plaintext_safe
+from mpl.wire.errors import ClusterSpecError, KeyFileError
+from mpl.wire.keys import load_keypair
 from mpl.wire.lifetime import die_with_parent
+from mpl.wire.sockets import MAX_MESSAGE
 
 __all__ = ["main"]
 
@@ -30,7 +35,46 @@ __all__ = ["main"]
     "--host",
     default="127.0.0.1",
     show_default=True,
-    help="Interface to bind for peer data; other workers connect to it.",
+    help="Address to bind for peer data and SPU links; other workers connect to it.",
+)
+@click.option(
+    "--data-port",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="TCP port for peer data (0: any free port). Open it to the other workers.",
+)
+@click.option(
+    "--spu-port",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="TCP port for SPU links (0: any free port). Open it to the other workers.",
+)
+@click.option(
+    "--key",
+    "key_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="This node's secret key file (mpl-keys new NAME): secure mode. Needs --cluster.",
+)
+@click.option(
+    "--cluster",
+    "cluster_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="This party's own copy of the cluster spec: the broker's and the peers' keys are "
+    "pinned from it, never taken from the network.",
+)
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="Allow --host on a non-loopback address without keys (plaintext; private networks).",
+)
+@click.option(
+    "--max-message",
+    default=MAX_MESSAGE,
+    show_default=True,
+    type=click.IntRange(min=1024),
+    help="Largest frame (bytes) a peer may send; a bigger one drops its connection.",
 )
 @click.option(
     "--job-timeout",
@@ -58,6 +102,12 @@ def main(
     rank: int,
     data_root: Path | None,
     host: str,
+    data_port: int,
+    spu_port: int,
+    key_file: Path | None,
+    cluster_file: Path | None,
+    insecure: bool,
+    max_message: int,
     job_timeout: float,
     heartbeat: float,
     trusted: bool,
@@ -67,12 +117,19 @@ def main(
 
     It registers with the broker, runs its part of every job, exchanges data directly with
     the other workers, and keeps its party's values. If the broker restarts it re-registers
-    by itself. A second worker for a rank that is already served is refused (exit code 3).
-    SIGTERM or Ctrl-C stops it within 2 seconds.
+    by itself. A second worker for a rank that is already served, or a worker whose key is
+    not the rank's key in the broker's spec, is refused (exit code 3). SIGTERM or Ctrl-C
+    stops it within 2 seconds.
+
+    Secure mode (--key and --cluster): every socket runs CurveZMQ; the worker talks only to
+    the broker and peers whose keys its own spec pins, and only the spec's nodes may send it
+    data. Without keys it binds loopback only, unless --insecure.
 
     \b
-    Example:
+    Examples:
       mpl-worker --broker tcp://127.0.0.1:5555 --rank 0 --data-root /srv/mpl/alice
+      mpl-worker --broker tcp://10.0.0.1:5555 --rank 0 --host 10.0.0.2 \\
+          --data-port 6000 --spu-port 6001 --key node0.key_secret --cluster cluster.yaml
     """
     die_with_parent()
     logging.basicConfig(
@@ -81,18 +138,33 @@ def main(
     )
     from mpl.worker.daemon import Worker
 
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        click.echo(f"warning: peer data on {host} is not encrypted", err=True)
+    curve = _worker_curve(rank, key_file, cluster_file)
+    if curve is None and not plaintext_safe(host):
+        if not insecure:
+            raise click.UsageError(
+                f"--host {host} is not a loopback address, and without keys peer data is "
+                "plaintext and unauthenticated: anyone who reaches it can forge moves. Make "
+                "keys with `mpl-keys new NAME`, pin them in the cluster spec and pass --key "
+                "and --cluster; or, on a private network you trust, pass --insecure."
+            )
+        click.echo(f"warning: peer data on {host} is plaintext", err=True)
+    # the worker's own spec (secure mode) may declare the cluster trusted too
+    own_spec_trusted = curve is not None and curve.cluster is not None and curve.cluster.trusted
     root = data_root or Path(".mpl") / "data" / f"rank{rank}"
+    bind_host = f"[{host}]" if ":" in host else host
     try:
         worker = Worker(
             broker,
             rank,
             data_root=root,
             host=host,
+            data_bind=f"tcp://{bind_host}:{data_port}",
+            spu_bind=f"tcp://{bind_host}:{spu_port}",
             heartbeat_s=heartbeat,
             job_timeout_s=job_timeout,
-            trusted=trusted,
+            trusted=trusted or own_spec_trusted,
+            curve=curve,
+            max_message=max_message,
         )
     except Exception as exc:  # a bad endpoint, an unusable data root
         raise click.ClickException(f"cannot start: {exc}") from exc
@@ -105,10 +177,46 @@ def main(
     signal.signal(signal.SIGINT, stop)
     click.echo(
         f"mpl-worker rank {rank} (pid {worker.core.hello.pid}) data {worker.data_addr}, "
-        f"broker {broker}"
+        f"spu {worker.spu_links.address}, broker {broker}, "
+        f"{'CURVE' if curve else 'plaintext'}"
     )
     sys.stdout.flush()
     worker.serve_forever()
     if worker.refused is not None:
         click.echo(f"mpl-worker: refused: {worker.refused.message}", err=True)
         sys.exit(3)
+
+
+def _worker_curve(rank: int, key_file: Path | None, cluster_file: Path | None) -> Curve | None:
+    """The worker's CURVE settings, or None in plaintext mode; usage errors exit 2."""
+    cluster = None
+    if cluster_file is not None:
+        try:
+            cluster = ClusterSpec.from_file(cluster_file)
+        except ClusterSpecError as exc:
+            raise click.BadParameter(str(exc), param_hint="--cluster") from exc
+        if rank >= cluster.world_size:
+            raise click.BadParameter(
+                f"rank {rank} is not in the cluster (ranks 0..{cluster.world_size - 1})",
+                param_hint="--rank",
+            )
+    if key_file is None:
+        if cluster is not None and cluster.secure:
+            raise click.UsageError(
+                "the cluster spec pins keys: pass --key with this node's secret key file"
+            )
+        return None
+    if cluster is None or not cluster.secure:
+        raise click.UsageError("--key needs --cluster: this party's spec that pins the keys")
+    try:
+        curve = Curve(load_keypair(key_file), cluster)
+    except KeyFileError as exc:
+        raise click.BadParameter(str(exc), param_hint="--key") from exc
+    if curve.keys.public != cluster.nodes[rank].curve_key:
+        # the broker decides (it refuses the rank); this only says why ahead of time
+        click.echo(
+            f"warning: {key_file} is not nodes[{rank}].curve_key in {cluster_file}: "
+            "the broker will refuse this worker",
+            err=True,
+        )
+    return curve

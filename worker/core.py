@@ -114,7 +114,7 @@ class WorkerCore:
             self.broker_id = msg.broker_id
             return [Joined(msg.broker_id, new)]
         elif isinstance(msg, Refused):
-            if not self.joined and msg.error.kind == "RegistrationError":
+            if not self.joined and msg.error.kind in ("RegistrationError", "AuthenticationError"):
                 return [Stop(msg.error)]
         elif isinstance(msg, Reregister):
             self._rejoin(now)

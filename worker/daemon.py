@@ -7,6 +7,11 @@ Jobs run on per-session threads (``jobs.py``), so heartbeats and fetches keep fl
 job computes. Job threads send their answers on a second DEALER, the result channel (one
 socket behind a lock, announced to the broker with ``Channel``), and their moves on the
 peer links (``peers.py``): neither waits for the I/O thread.
+
+In secure mode (``curve``) every socket runs CurveZMQ with keys from the worker's OWN copy
+of the cluster spec: its DEALERs pin the broker's key, its peer links pin each rank's key,
+and its data and SPU sockets admit only the spec's nodes (a :class:`Gatekeeper`). A move
+whose ``src`` is not the rank its connection authenticated as is counted and dropped.
 """
 
 from __future__ import annotations
@@ -25,13 +30,15 @@ import zmq
 
 from mpl.wire.codec import decode, encode, frames_nbytes
 from mpl.wire.control import HEARTBEAT_S, Bye, Channel, WorkerHello
+from mpl.wire.curve import PEER_DOMAIN, Curve, peer_admits
 from mpl.wire.data import Delete, Fetch, Move
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Abort, Exec, Failed, Program
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import DeleteSymbol, SaveSymbol, SessionClosed
-from mpl.wire.sockets import configure, drain
+from mpl.wire.sockets import MAX_MESSAGE, configure, drain
+from mpl.wire.zap import Gatekeeper
 from mpl.worker.core import Joined, Reconnect, Stop, ToBroker, WorkerCore
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
 from mpl.worker.mailbox import Mailbox
@@ -69,25 +76,51 @@ class Worker:
         job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
         extensions: dict[str, Callable[[], Any]] | None = None,
         trusted: bool = False,
+        curve: Curve | None = None,
+        max_message: int = MAX_MESSAGE,
     ) -> None:
         self.broker_url = broker
         self.rank = rank
         self.trusted = trusted  # this party's own choice: pickles may cross between parties
+        self.curve = curve
+        self._max_message = max_message
         self._own_context = context is None
         self.ctx: zmq.Context[Any] = context or zmq.Context()
+        self.gatekeeper: Gatekeeper | None = None
+        if curve is not None:
+            if curve.cluster is None or not curve.cluster.secure:
+                raise ValueError("a secure worker needs its own cluster spec with keys")
+            # running before the servers bind: a CURVE server without a ZAP handler would
+            # let in anyone who knows this worker's public key
+            self.gatekeeper = Gatekeeper(self.ctx, peer_admits(curve.cluster))
+            self.gatekeeper.start()
         self.incarnation = secrets.token_hex(8)
-        self.pull = configure(self.ctx.socket(zmq.PULL))
+        self.pull = configure(self.ctx.socket(zmq.PULL), max_message=max_message)
+        if curve is not None:
+            curve.serve(self.pull, PEER_DOMAIN)
         self.pull.bind(data_bind or f"tcp://{host}:0")
         self.data_addr: str = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
         # Results queue while the connection is (re)established rather than being dropped.
-        self._results = configure(self.ctx.socket(zmq.DEALER))
+        self._results = self._broker_socket()
+        # secure mode: a broker that refuses our key says so only in the handshake, so watch
+        # it (on the result socket, which lives as long as the worker) and give up at once
+        self._handshakes: zmq.Socket[Any] | None = None
+        if curve is not None:
+            self._handshakes = self._results.get_monitor_socket(
+                zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            )
         self._results.connect(broker)
         self._results_lock = threading.Lock()
         self.dealer: zmq.Socket[Any] = self._new_dealer()
         disk = SymbolDisk(data_root) if data_root is not None else None
         self.store = ObjectStore(disk)
         self.spu_links = SpuLinks(
-            self.ctx, spu_bind or f"tcp://{host}:0", rank, lambda: self.core.directory
+            self.ctx,
+            spu_bind or f"tcp://{host}:0",
+            rank,
+            lambda: self.core.directory,
+            curve=curve,
+            max_message=max_message,
         )
         hello = WorkerHello(
             rank,
@@ -97,10 +130,13 @@ class Worker:
             self.data_addr,
             self.spu_links.address,
             disk.infos() if disk else [],
+            curve.keys.public if curve else "",
         )
         self.core = WorkerCore(hello, now=time.monotonic(), heartbeat_s=heartbeat_s)
         self.mailbox = Mailbox()
-        self.peers = PeerLinks(self.ctx, lambda: self.core.directory, safe=not trusted)
+        self.peers = PeerLinks(
+            self.ctx, lambda: self.core.directory, safe=not trusted, curve=curve
+        )
         services: dict[str, Callable[[], Any]] = {
             "spu": lambda: SpuService(
                 self.spu_links,
@@ -153,9 +189,12 @@ class Worker:
                 self._perform(self.core.tick(time.monotonic(), self.stats))
                 if poller is None or dealer is not self.dealer:
                     poller = zmq.Poller()  # the dealer is replaced on reconnect
-                    for sock in (self.dealer, self.pull):
-                        poller.register(sock, zmq.POLLIN)
+                    for sock in (self.dealer, self.pull, self._handshakes):
+                        if sock is not None:
+                            poller.register(sock, zmq.POLLIN)
                 ready = dict(poller.poll(self._wait_ms()))
+                if self._handshakes is not None and self._handshakes in ready:
+                    self._handshake_failed(self._handshakes.recv_multipart())
                 if self.dealer in ready:
                     self._drain(self.dealer, self._on_broker)
                 if self.pull in ready:
@@ -172,9 +211,14 @@ class Worker:
         self.peers.close()
         self.spu_links.close()
         with self._results_lock:
+            if self._handshakes is not None:
+                self._results.disable_monitor()
+                self._handshakes.close(linger=0)
             self._results.close()
         for sock in (self.dealer, self.pull):
             sock.close()
+        if self.gatekeeper is not None:
+            self.gatekeeper.stop()
         if self._own_context:
             self.ctx.term()
 
@@ -186,8 +230,14 @@ class Worker:
         }
 
     # -- sockets --------------------------------------------------------------------------
+    def _broker_socket(self) -> zmq.Socket[Any]:
+        sock = configure(self.ctx.socket(zmq.DEALER), max_message=self._max_message)
+        if self.curve is not None:
+            self.curve.dial(sock, self.curve.broker)  # the broker key of OUR spec
+        return sock
+
     def _new_dealer(self) -> zmq.Socket[Any]:
-        sock = configure(self.ctx.socket(zmq.DEALER))
+        sock = self._broker_socket()
         sock.setsockopt(zmq.IMMEDIATE, 1)  # no queueing towards a broker that is not there
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
@@ -229,6 +279,8 @@ class Worker:
                 continue
             if sock is self.pull:
                 self.bytes_in += frames_nbytes(frames)
+                if self.curve is not None and not self._from_src(msg, frames[0]):
+                    continue
             handle(msg)
 
     # -- messages -------------------------------------------------------------------------
@@ -270,6 +322,37 @@ class Worker:
             )
             self._send(Failed(msg.session, msg.job, self.rank, info))
             return True
+        return False
+
+    def _handshake_failed(self, event: list[bytes]) -> None:
+        if self.core.joined:
+            return  # a welcomed worker keeps retrying: the broker may come back
+        auth = int.from_bytes(event[0][:2], "little") == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        why = (
+            "refused this worker's key (it is not a node key in the broker's cluster spec)"
+            if auth
+            else "failed the CURVE handshake (it does not run CURVE, or it is not the "
+            "broker whose key this worker's spec pins)"
+        )
+        self.refused = ErrorInfo(
+            "AuthenticationError", f"the broker at {self.broker_url} {why}", rank=self.rank
+        )
+        log.error("rank %d: %s", self.rank, self.refused.message)
+        self._stopping.set()
+
+    def _from_src(self, msg: Record, frame: zmq.Frame) -> bool:
+        """Secure mode: a move counts only from the rank its connection proved to be."""
+        sender = self.curve.sender_rank(frame) if self.curve is not None else None
+        if isinstance(msg, Move) and sender == msg.src:
+            return True
+        self.protocol_errors += 1
+        log.warning(
+            "rank %d: dropped a %s claiming src %s from rank %s",
+            self.rank,
+            msg.TAG,
+            getattr(msg, "src", "?"),
+            sender,
+        )
         return False
 
     def _on_peer(self, msg: Record) -> None:

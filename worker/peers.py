@@ -2,7 +2,8 @@
 
 Job threads send on these directly (each socket behind its own lock), so a large move never
 waits for the I/O thread. Addresses come from the broker's directory; when a peer comes
-back with a new address, its socket is replaced.
+back with a new address, its socket is replaced. In secure mode each socket pins the
+destination rank's key from this worker's own spec, not the directory's.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import zmq
 
 from mpl.wire.codec import encode, frames_nbytes
 from mpl.wire.control import PeerInfo
+from mpl.wire.curve import Curve
 from mpl.wire.data import Move
 from mpl.wire.errors import JobAbortedError, MplTimeoutError, WorkerLostError
 from mpl.wire.sockets import configure
@@ -42,9 +44,11 @@ class PeerLinks:
         directory: Callable[[], dict[int, PeerInfo]],
         *,
         safe: bool = True,
+        curve: Curve | None = None,
     ) -> None:
         self._ctx = ctx
         self.safe = safe
+        self._curve = curve
         self._directory = directory
         self._links: dict[int, _Link] = {}
         self._lock = threading.Lock()
@@ -82,6 +86,8 @@ class PeerLinks:
                 with link.lock:
                     link.sock.close(linger=0)
             sock = configure(self._ctx.socket(zmq.PUSH))
+            if self._curve is not None:
+                self._curve.dial(sock, self._curve.node_key(dst))
             sock.connect(peer.data_addr)
             link = self._links[dst] = _Link(sock, peer.data_addr)
             return link

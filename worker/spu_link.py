@@ -26,9 +26,10 @@ from typing import Any
 import zmq
 
 from mpl.wire.control import PeerInfo
+from mpl.wire.curve import PEER_DOMAIN, Curve
 from mpl.wire.errors import JobAbortedError, MplTimeoutError, WorkerLostError
 from mpl.wire.lru import LRU
-from mpl.wire.sockets import configure, drain
+from mpl.wire.sockets import MAX_MESSAGE, configure, drain
 
 __all__ = ["SPU_MAGIC", "SpuLinks", "SpuMailbox"]
 
@@ -127,7 +128,12 @@ class SpuMailbox:
 
 
 class SpuLinks:
-    """This worker's end of every SPU link: a PULL socket it binds, a PUSH per member."""
+    """This worker's end of every SPU link: a PULL socket it binds, a PUSH per member.
+
+    In secure mode the PULL admits only the spec's nodes, each PUSH pins its member's key
+    from this worker's own spec, and a message whose source rank is not the rank its
+    connection authenticated as is counted and dropped.
+    """
 
     def __init__(
         self,
@@ -135,11 +141,17 @@ class SpuLinks:
         bind: str,
         rank: int,
         directory: Callable[[], dict[int, PeerInfo]],
+        *,
+        curve: Curve | None = None,
+        max_message: int = MAX_MESSAGE,
     ) -> None:
         self.rank = rank
         self._ctx = ctx
         self._directory = directory
-        self.pull = configure(ctx.socket(zmq.PULL))
+        self._curve = curve
+        self.pull = configure(ctx.socket(zmq.PULL), max_message=max_message)
+        if curve is not None:
+            curve.serve(self.pull, PEER_DOMAIN)
         self.pull.bind(bind)
         self.address: str = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
         self.mailbox = SpuMailbox()
@@ -190,6 +202,8 @@ class SpuLinks:
                     with entry[2]:
                         entry[1].close(linger=0)
                 sock = configure(self._ctx.socket(zmq.PUSH))
+                if self._curve is not None:
+                    self._curve.dial(sock, self._curve.node_key(dst))
                 sock.connect(peer.spu_addr)
                 entry = self._push[dst] = (peer.spu_addr, sock, threading.Lock())
             return entry
@@ -216,7 +230,12 @@ class SpuLinks:
             magic, lane, src, key, data = frames
             if magic.bytes != SPU_MAGIC:
                 raise ValueError("bad magic")
-            self.mailbox.put(lane.bytes.decode(), int(src.bytes), key.bytes.decode(), data.bytes)
+            source = int(src.bytes)
+            if self._curve is not None and self._curve.sender_rank(magic) != source:
+                self.protocol_errors += 1
+                log.warning("rank %d: dropped an SPU message forging source %d", self.rank, source)
+                return
+            self.mailbox.put(lane.bytes.decode(), source, key.bytes.decode(), data.bytes)
         except (ValueError, UnicodeDecodeError):
             self.protocol_errors += 1
             log.warning("rank %d: dropped a malformed SPU link message", self.rank)
