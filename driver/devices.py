@@ -80,6 +80,12 @@ class DeviceCall:
 
         return on_device
 
+    @property
+    def jax(self) -> DeviceCall:
+        """mplang's ``mp.device("P0").jax(fn)``: the same call. A PPU runs any Python
+        function, JAX included, and an SPU always compiles JAX."""
+        return self
+
     def __repr__(self) -> str:
         return f"mp.device({self.dev_id!r}{'' if self.nout is None else f', nout={self.nout}'})"
 

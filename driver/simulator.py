@@ -6,6 +6,7 @@ and messages; only the transport is in-memory (and SPU links are in-memory too).
 
 from __future__ import annotations
 
+import inspect
 import secrets
 import tempfile
 import time
@@ -23,6 +24,13 @@ from mpl.wire.errors import MplTimeoutError
 from mpl.worker.daemon import Worker
 
 __all__ = ["InProcessCluster", "Simulator"]
+
+# Every keyword ClusterSpec.simple takes (mplang's included) goes to the spec.
+_SIMPLE_KEYWORDS = frozenset(
+    name
+    for name, p in inspect.signature(ClusterSpec.simple).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY
+)
 
 
 class InProcessCluster:
@@ -94,19 +102,22 @@ class InProcessCluster:
 
 
 class Simulator(Context):
-    """A whole cluster inside this process: ``mp.Simulator(cluster)`` or ``.simple(n)``.
+    """A whole cluster inside this process: ``mp.Simulator(cluster)`` or ``.simple(n)``
+    (``mp.Simulator(n)`` is ``.simple(n)``).
 
     ``with sim:`` makes it current; ``sim.close()`` stops its threads.
     """
 
     def __init__(
         self,
-        cluster: ClusterSpec | None = None,
+        cluster: ClusterSpec | int | None = None,
         *,
         session: str = "",
         timeout: float = 30.0,
         **options: Any,
     ) -> None:
+        if isinstance(cluster, int):  # mplang v1's mp.Simulator(world_size)
+            cluster = ClusterSpec.simple(cluster)
         self.runtime = InProcessCluster(cluster or ClusterSpec.simple(2), **options)
         client = Client(self.runtime.address, context=self.runtime.ctx, timeout=timeout)
         try:
@@ -119,8 +130,9 @@ class Simulator(Context):
     @classmethod
     def simple(cls, world_size: int, **options: Any) -> Simulator:
         """A simulator of ``ClusterSpec.simple(world_size)``; options go to ``ClusterSpec.simple``
-        (``spu_protocol``, ``spu_field``...) or to the simulator (``timeout``, ``session``)."""
-        spec_keys = {"spu_protocol", "spu_field", "fxp_fraction_bits", "spu_members", "enable_spu"}
+        (``spu_protocol``, ``spu_field``, ``op_bindings``...) or to the simulator
+        (``timeout``, ``session``)."""
+        spec_keys = _SIMPLE_KEYWORDS
         spec = ClusterSpec.simple(
             world_size, **{k: options.pop(k) for k in list(options) if k in spec_keys}
         )
