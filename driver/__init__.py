@@ -32,7 +32,7 @@ from mpl.driver.compat import (
     set_root_context,
 )
 from mpl.driver.context import Context, Status, connect, get_context, set_context
-from mpl.driver.devices import device, put
+from mpl.driver.devices import device, kernel, put
 from mpl.driver.names import delete, load, save
 from mpl.driver.programs import Function, Program, compile, function
 from mpl.driver.values import Value
@@ -85,6 +85,7 @@ __all__ = [
     "get_context",
     "get_dev_attr",
     "is_device_obj",
+    "kernel",
     "load",
     "local_cluster",
     "make_driver",

@@ -62,8 +62,10 @@ class ProcessCluster:
         job_timeout_s: float = 600.0,
         ready_timeout: float = 30.0,
         env: dict[str, str] | None = None,
+        worker_args: dict[int, list[str]] | None = None,
     ) -> None:
         self.cluster = cluster
+        self.worker_args = worker_args or {}  # extra mpl-worker options per rank
         self._tmp = None
         if run_dir is None:
             self._tmp = tempfile.mkdtemp(prefix="mpl-cluster-")
@@ -159,6 +161,7 @@ class ProcessCluster:
             "--job-timeout",
             str(self.job_timeout_s),
             "-v",
+            *self.worker_args.get(rank, []),
         ]
         with open(self.run_dir / f"worker{rank}.log", "ab") as log:
             proc = subprocess.Popen(

@@ -45,6 +45,7 @@ class InProcessCluster:
         job_timeout_s: float = 600.0,
         ready_timeout: float = 10.0,
         extensions: dict[int, dict[str, Any]] | None = None,
+        worker_options: dict[int, dict[str, Any]] | None = None,
     ) -> None:
         self.cluster = cluster
         self.ctx: zmq.Context[Any] = zmq.Context()
@@ -70,6 +71,7 @@ class InProcessCluster:
                 heartbeat_s=heartbeat_s,
                 job_timeout_s=job_timeout_s,
                 extensions=(extensions or {}).get(rank),
+                **(worker_options or {}).get(rank, {}),  # e.g. code="kernels", kernels=[...]
             ).start()
             for rank in range(cluster.world_size)
         ]

@@ -13,7 +13,8 @@ Modules: ``errors`` (the error tree), ``record`` (tagged dataclasses), ``codec``
 frames), ``remote`` (errors on the wire), one module per message family (``control``,
 ``sessions``, ``jobs``, ``data``), ``cluster`` (ClusterSpec), ``graph`` (the IR),
 ``sockets`` (socket options every part applies), ``persist`` (values in files), ``shares``
-(SPU shares) and ``lru`` (the bounded caches every part keeps).
+(SPU shares), ``lru`` (the bounded caches every part keeps) and ``kernels`` (named kernels:
+a call by name, no code).
 """
 
 from mpl.wire.cluster import ClusterSpec, Device, Node, RuntimeInfo, SPUConfig
@@ -35,6 +36,7 @@ from mpl.wire.errors import (
     WorkerLostError,
 )
 from mpl.wire.graph import OPCODES, Arg, Graph, GraphBuilder, Op, check, fill, format_graph
+from mpl.wire.kernels import KernelRef
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo, from_info, to_info
 
@@ -54,6 +56,7 @@ __all__ = [
     "GraphBuilder",
     "GraphError",
     "JobAbortedError",
+    "KernelRef",
     "MplError",
     "MplTimeoutError",
     "Node",

@@ -46,6 +46,23 @@ __all__ = ["main"]
     type=click.FloatRange(min=0.05),
     help="Heartbeat interval in seconds (the broker's Welcome overrides it).",
 )
+@click.option(
+    "--code",
+    type=click.Choice(["any", "kernels"]),
+    default="any",
+    show_default=True,
+    help="What this party runs: 'any' function the driver sends, or only 'kernels' "
+    "(named kernels installed here, and the built-in ops; anything pickled is refused).",
+)
+@click.option(
+    "--kernels",
+    "kernel_modules",
+    multiple=True,
+    metavar="MODULE",
+    help="A module whose kernels mp.kernel(...) may call (its MPL_KERNELS mapping, else its "
+    "public functions as 'MODULE:name'); repeatable. Installed packages add theirs through "
+    "the 'mpl.kernels' entry points.",
+)
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def main(
     broker: str,
@@ -54,6 +71,8 @@ def main(
     host: str,
     job_timeout: float,
     heartbeat: float,
+    code: str,
+    kernel_modules: tuple[str, ...],
     verbose: int,
 ) -> None:
     """Run the mpl worker for one party (rank) of a cluster.
@@ -85,6 +104,8 @@ def main(
             host=host,
             heartbeat_s=heartbeat,
             job_timeout_s=job_timeout,
+            code=code,
+            kernels=kernel_modules,
         )
     except Exception as exc:  # a bad endpoint, an unusable data root
         raise click.ClickException(f"cannot start: {exc}") from exc

@@ -51,8 +51,10 @@ def with_canonical_inputs(
     if tuple(actual) == tuple(canonical):
         return fn
     import jax
+    import numpy as np
 
-    outer_x64 = bool(jax.config.jax_enable_x64)  # read before compile_scope changes it
+    # This process's own mode, read before compile_scope turns 64-bit mode on.
+    outer_x64 = bool(jax.dtypes.canonicalize_dtype(np.float64) == np.float64)
 
     def converted(*xs: Any) -> Any:
         cast = [
