@@ -49,6 +49,7 @@ from mpl.wire.errors import (
     MplTimeoutError,
     ProtocolError,
     RemoteError,
+    RemotePermissionError,
     SessionError,
     WorkerLostError,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "Program",
     "ProtocolError",
     "RemoteError",
+    "RemotePermissionError",
     "SessionError",
     "Simulator",
     "Status",

@@ -117,6 +117,7 @@ def test_code_kernels_refuses_pickled_code_before_unpickling(ctx: Context, tmp_p
     with pytest.raises(mp.RemoteError, match="--code kernels") as info:
         mp.fetch(mp.device("P0")(Trap(refused))())
     assert info.value.remote_type == "PermissionError" and info.value.rank == 0
+    assert isinstance(info.value, PermissionError)  # also catchable as PermissionError
     with pytest.raises(mp.RemoteError, match="the job's inputs") as info:
         mp.fetch(mp.device("P0")(mp.kernel("math.scale"))(Trap(refused)))  # a pickled input
     assert info.value.remote_type == "PermissionError"

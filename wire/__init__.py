@@ -32,6 +32,7 @@ from mpl.wire.errors import (
     ProtocolError,
     RegistrationError,
     RemoteError,
+    RemotePermissionError,
     SessionError,
     WorkerLostError,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "Record",
     "RegistrationError",
     "RemoteError",
+    "RemotePermissionError",
     "RuntimeInfo",
     "SPUConfig",
     "SessionError",

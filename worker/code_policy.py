@@ -8,7 +8,7 @@ kernels), moves, SPU seal and reveal, constants, and arrays, numbers and strings
 ``spu.run`` carries a pickled JAX function, so it is refused too.
 
 A refused program is remembered (boundedly) by digest, and every job that runs it fails
-with a ``RemoteError`` whose remote type is ``PermissionError``.
+with a ``RemotePermissionError`` (a ``RemoteError`` that is also a ``PermissionError``).
 """
 
 from __future__ import annotations
