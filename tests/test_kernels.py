@@ -122,6 +122,9 @@ def test_code_kernels_refuses_pickled_code_before_unpickling(ctx: Context, tmp_p
         mp.fetch(mp.device("P0")(mp.kernel("math.scale"))(Trap(refused)))  # a pickled input
     assert info.value.remote_type == "PermissionError"
     assert not refused.exists()  # nothing was unpickled on rank 0
+    pickled_on_p1 = mp.device("P1")(lambda: {1, 2})()  # a set travels pickled
+    with pytest.raises(mp.RemotePermissionError, match="a value moved from rank 1"):
+        mp.fetch(mp.device("P0")(mp.kernel("math.scale"))(pickled_on_p1))  # fails, not hangs
     x = mp.put("P0", np.arange(2.0))  # and it still runs what it allows
     np.testing.assert_array_equal(mp.fetch(mp.device("P0")(mp.kernel("math.scale"))(x)), [0, 2])
 

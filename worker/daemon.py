@@ -278,6 +278,19 @@ class Worker:
             log.warning("rank %d: %s", self.rank, why)
         elif isinstance(opaque, Exec):
             self._refuse_job(opaque, REFUSAL.format(what="the job's inputs"))
+        elif isinstance(opaque, Move) and opaque.dst == self.rank:
+            # Fail the job now rather than let it wait for a value it will never accept.
+            why = REFUSAL.format(what=f"a value moved from rank {opaque.src}")
+            info = ErrorInfo(
+                "RemoteError",
+                why,
+                rank=self.rank,
+                op=f"{opaque.op} (move from rank {opaque.src})",
+                remote_type="PermissionError",
+                job=opaque.job,
+            )
+            self._post(Failed(opaque.session, opaque.job, self.rank, info))
+            self.jobs.abort(Abort(opaque.session, opaque.job, info))  # wake our waiting part
         else:
             self.protocol_errors += 1
             log.warning("rank %d: refused a %s holding pickles", self.rank, opaque.TAG)
