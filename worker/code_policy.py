@@ -1,8 +1,9 @@
 """``mpl-worker --code kernels``: run named kernels and built-in ops, never shipped code.
 
-Under this policy a message from the broker is first decoded with pickles left opaque
-(:class:`mpl.wire.codec.Pickled`), and one that holds any pickle is refused before anything
-in it is unpickled: unpickling is where shipped code would run. What still works is what
+Under this policy every message (from the broker or a peer) is first decoded with pickles
+left opaque (:class:`mpl.wire.codec.Pickled`), and one that holds any pickle is refused
+before anything in it is unpickled: unpickling is where shipped code would run. A refused
+peer move fails its job at once. What still works is what
 travels without pickles: ``mp.kernel`` calls (a name, resolved to the operator's installed
 kernels), moves, SPU seal and reveal, constants, and arrays, numbers and strings as inputs.
 ``spu.run`` carries a pickled JAX function, so it is refused too.
