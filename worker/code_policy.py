@@ -6,7 +6,9 @@ before anything in it is unpickled: unpickling is where shipped code would run. 
 peer move fails its job at once. What still works is what
 travels without pickles: ``mp.kernel`` calls (a name, resolved to the operator's installed
 kernels), moves, SPU seal and reveal, constants, and arrays, numbers and strings as inputs.
-``spu.run`` carries a pickled JAX function, so it is refused too.
+``spu.run`` carries a pickled JAX function, so it is refused too. A program is checked as a
+whole, without unpickling any of it: one that ships a pickled function for another party is
+refused here as well, so keep such a party's part of a program to kernels and built-in ops.
 
 A refused program is remembered (boundedly) by digest, and every job that runs it fails
 with a ``RemotePermissionError`` (a ``RemoteError`` that is also a ``PermissionError``).
