@@ -1,8 +1,9 @@
 """Named kernels (``mp.kernel``) and ``mpl-worker --code kernels``, with real daemons.
 
-One cluster of two workers that load the same small kernel module (``--kernels``) and bind
-it under different logical names through their nodes' ``op_bindings``; rank 0 refuses
-shipped code (``--code kernels``), rank 1 takes any.
+One cluster of two workers over a small package on their PYTHONPATH: a module loaded with
+``--kernels``, and an installed distribution (``*.dist-info``) declaring an ``mpl.kernels``
+entry point. The nodes bind the same kernels under different logical names through their
+``op_bindings``; rank 0 refuses shipped code (``--code kernels``), rank 1 takes any.
 """
 
 from __future__ import annotations
@@ -52,11 +53,15 @@ class Trap:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessCluster]:
     pkg = tmp_path_factory.mktemp("pkg")
     (pkg / "acme_kernels.py").write_text(KERNEL_MODULE)
+    dist = pkg / "acme_kernels-0.1.dist-info"  # what installing a package leaves behind
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-kernels\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[mpl.kernels]\nacme.summary = acme_kernels:summary\n")
     spec = ClusterSpec.simple(
         2,
         op_bindings=[
-            {"math.scale": "acme_kernels:scale"},
-            {"times": "acme_kernels:scale", "stats.summary": "acme_kernels:summary"},
+            {"math.scale": "acme_kernels:scale", "stats.summary": "acme.summary"},
+            {"times": "acme_kernels:scale", "summarize": "acme.summary"},
         ],
     )
     procs = ProcessCluster(
@@ -85,13 +90,15 @@ def test_one_kernel_under_different_names_on_two_nodes(ctx: Context) -> None:
     np.testing.assert_array_equal(mp.fetch(mp.device("P0")(mp.kernel("math.scale"))(x)), [0, 2, 4])
     tripled = mp.device("P1")(mp.kernel("times"))(x, factor=3)  # moved P0 -> P1 first
     np.testing.assert_array_equal(mp.fetch(tripled), [0, 3, 6])
-    total, count = mp.device("P1", nout=2)(mp.kernel("stats.summary"))(x)
+    total, count = mp.device("P1", nout=2)(mp.kernel("summarize"))(x)  # an entry point
+    assert (mp.fetch(total), mp.fetch(count)) == (3.0, 3)
+    total, count = mp.device("P0", nout=2)(mp.kernel("stats.summary"))(x)  # the same, on P0
     assert (mp.fetch(total), mp.fetch(count)) == (3.0, 3)
 
     @mp.function
     def traced(v: mp.Value) -> Any:
         doubled = mp.device("P0")(mp.kernel("math.scale"))(v)
-        return mp.device("P1", nout=2)(mp.kernel("stats.summary"))(doubled)
+        return mp.device("P1", nout=2)(mp.kernel("summarize"))(doubled)
 
     assert tuple(mp.fetch(list(traced(x)))) == (6.0, 3)
 
@@ -101,9 +108,11 @@ def test_an_unbound_name_lists_what_the_node_offers(ctx: Context) -> None:
     with pytest.raises(mp.RemoteError, match="'times' is not bound") as info:
         mp.fetch(mp.device("P0")(mp.kernel("times"))(x))  # bound on node1 only
     offered = info.value.remote_message.split("this node offers: ")[1]
-    assert "math.scale" in offered and "acme_kernels:scale" in offered
+    assert {"math.scale", "acme_kernels:scale", "stats.summary", "acme.summary"} <= set(
+        offered.split(", ")
+    )
     assert "mpl.io.read_npy" in offered  # mpl's own kernels, found through entry points
-    assert "times" not in offered.split(", ")
+    assert "times" not in offered.split(", ") and "summarize" not in offered.split(", ")
     assert info.value.remote_type == "LookupError" and info.value.rank == 0
 
 
