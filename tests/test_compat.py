@@ -86,6 +86,9 @@ def test_evaluate_and_fetch_in_both_spellings(sim: mp.Context) -> None:
     assert mp.fetch(sim, v1) == 6  # fetch(ctx, value)
     v2 = mp.evaluate(program, 5, context=sim)  # mplang v2: evaluate(fn, *args, context=)
     assert mp.fetch(v2, context=sim) == 10
+    offline = mp.compile(program, 3, cluster=ClusterSpec.simple(2))  # no context needed
+    assert "pcall" in str(offline)
+    assert mp.fetch(sim, mp.evaluate(sim, offline, 3)) == 3  # mplang: evaluate(ctx, compiled)
     traced = mp.evaluate(sim, mp.function(program), 3)
     assert mp.get_dev_attr(traced) == "local_1" and mp.is_device_obj(traced)
     secret = mp.evaluate(sim, lambda: mp.device("SP0")(lambda a: a * 3)(mp.put("P0", 7)))
