@@ -11,9 +11,10 @@
 Modules: contexts (``context``), values (``values``), the device API (``devices``), traced
 programs (``programs``, over ``recorder``), the party API (``simp``) and collectives
 (``collective``), named values (``names``), SPU support (``spu``), trace files
-(``tracefile``). The low-level ``client`` speaks the wire protocol; ``simulator`` and
-``launcher`` are the only modules that start broker and worker code, and they are imported
-on first use.
+(``tracefile``), and mplang's spellings of the entry points (``compat``: ``evaluate``,
+``make_simulator``, ``make_driver``...). The low-level ``client`` speaks the wire protocol;
+``simulator`` and ``launcher`` are the only modules that start broker and worker code, and
+they are imported on first use.
 """
 
 from __future__ import annotations
@@ -21,8 +22,17 @@ from __future__ import annotations
 from typing import Any
 
 from mpl.driver import collective, simp
+from mpl.driver.compat import (
+    evaluate,
+    fetch,
+    get_dev_attr,
+    is_device_obj,
+    make_driver,
+    make_simulator,
+    set_root_context,
+)
 from mpl.driver.context import Context, Status, connect, get_context, set_context
-from mpl.driver.devices import device, fetch, put
+from mpl.driver.devices import device, kernel, put
 from mpl.driver.names import delete, load, save
 from mpl.driver.programs import Function, Program, compile, function
 from mpl.driver.values import Value
@@ -41,6 +51,7 @@ from mpl.wire.errors import (
     MplTimeoutError,
     ProtocolError,
     RemoteError,
+    RemotePermissionError,
     SessionError,
     UnsafeValueError,
     WorkerLostError,
@@ -64,6 +75,7 @@ __all__ = [
     "Program",
     "ProtocolError",
     "RemoteError",
+    "RemotePermissionError",
     "SessionError",
     "Simulator",
     "Status",
@@ -75,15 +87,22 @@ __all__ = [
     "connect",
     "delete",
     "device",
+    "evaluate",
     "fetch",
     "function",
     "get_context",
+    "get_dev_attr",
+    "is_device_obj",
+    "kernel",
     "load",
     "local_cluster",
+    "make_driver",
+    "make_simulator",
     "pickle_by_value",
     "put",
     "save",
     "set_context",
+    "set_root_context",
     "simp",
     "trace",
 ]

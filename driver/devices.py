@@ -25,8 +25,9 @@ from mpl.driver.tree import flatten, tree_map
 from mpl.driver.values import NOT_CACHED, Value
 from mpl.wire.cluster import ClusterSpec, Device
 from mpl.wire.errors import DeviceError, DeviceInferenceError, DeviceNotFoundError
+from mpl.wire.kernels import KernelRef
 
-__all__ = ["DeviceCall", "device", "fetch", "getitem", "move", "put"]
+__all__ = ["DeviceCall", "device", "fetch", "getitem", "kernel", "move", "put"]
 
 
 def _device(cluster: ClusterSpec, name: str) -> Device:
@@ -80,6 +81,12 @@ class DeviceCall:
 
         return on_device
 
+    @property
+    def jax(self) -> DeviceCall:
+        """mplang's ``mp.device("P0").jax(fn)``: the same call. A PPU runs any Python
+        function, JAX included, and an SPU always compiles JAX."""
+        return self
+
     def __repr__(self) -> str:
         return f"mp.device({self.dev_id!r}{'' if self.nout is None else f', nout={self.nout}'})"
 
@@ -104,6 +111,11 @@ def _call(
     leaves, treedef = flatten((args, kwargs))
     name = dev_id or infer_device(cluster, [v for v in leaves if isinstance(v, Value)])
     dev = _device(cluster, name)
+    if dev.kind == "SPU" and isinstance(fn, KernelRef):
+        raise DeviceError(
+            f"{fn.__name__} cannot run on SPU {dev.name}: named kernels run on a PPU; "
+            "an SPU runs a JAX function"
+        )
     if dev.kind == "SPU":
         outs = _spu.run(cluster, dev, fn, leaves, treedef, nout)
     else:
@@ -169,6 +181,21 @@ def move(rec: Recorder, value: Value, target: str) -> int:
         return sym
     source = value.parties[0] if rank not in value.parties else rank
     return rec.op("shuffle", [sym], ranks=(source, rank), routing={rank: source})[0]
+
+
+def kernel(name: str) -> KernelRef:
+    """A call of the logical op ``name``, usable wherever a function is:
+    ``mp.device("P0")(mp.kernel("io.read_table"))(path)``, eager or inside ``@mp.function``,
+    with ``nout`` as for any function.
+
+    No code travels: each worker runs the kernel its node binds ``name`` to in
+    ``runtime_info.op_bindings`` (or the kernel with that id) among those its operator
+    installed (``mpl.kernels`` entry points, ``mpl-worker --kernels MODULE``). A name the
+    node cannot resolve fails with a ``RemoteError`` listing what it offers.
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"mp.kernel takes a kernel name, got {name!r}")
+    return KernelRef(name)
 
 
 def put(dev_id: str, x: Any) -> Value:

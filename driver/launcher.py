@@ -70,7 +70,9 @@ class ProcessCluster:
         ready_timeout: float = 30.0,
         env: dict[str, str] | None = None,
         secure: bool = False,
+        worker_args: dict[int, list[str]] | None = None,
     ) -> None:
+        self.worker_args = worker_args or {}  # extra mpl-worker options per rank
         self._tmp = None
         if run_dir is None:
             self._tmp = tempfile.mkdtemp(prefix="mpl-cluster-")
@@ -191,6 +193,7 @@ class ProcessCluster:
             str(self.job_timeout_s),
             "-v",
             *(["--trusted"] if self.cluster.trusted else []),
+            *self.worker_args.get(rank, []),
         ]
         if self.curve is not None:
             name = self.cluster.nodes[rank].name

@@ -7,6 +7,7 @@ and messages; only the transport is in-memory (and SPU links are in-memory too).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import secrets
 import tempfile
 import time
@@ -25,6 +26,13 @@ from mpl.worker.daemon import Worker
 
 __all__ = ["InProcessCluster", "Simulator"]
 
+# Every keyword ClusterSpec.simple takes (mplang's included) goes to the spec.
+_SIMPLE_KEYWORDS = frozenset(
+    name
+    for name, p in inspect.signature(ClusterSpec.simple).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY
+)
+
 
 class InProcessCluster:
     """A broker and one worker per rank, each on its own thread, sharing one ZeroMQ context."""
@@ -38,6 +46,7 @@ class InProcessCluster:
         job_timeout_s: float = 600.0,
         ready_timeout: float = 10.0,
         extensions: dict[int, dict[str, Any]] | None = None,
+        worker_options: dict[int, dict[str, Any]] | None = None,
     ) -> None:
         self.cluster = cluster
         self.ctx: zmq.Context[Any] = zmq.Context()
@@ -64,6 +73,7 @@ class InProcessCluster:
                 job_timeout_s=job_timeout_s,
                 extensions=(extensions or {}).get(rank),
                 trusted=cluster.trusted,
+                **(worker_options or {}).get(rank, {}),  # e.g. code="kernels", kernels=[...]
             ).start()
             for rank in range(cluster.world_size)
         ]
@@ -96,7 +106,8 @@ class InProcessCluster:
 
 
 class Simulator(Context):
-    """A whole cluster inside this process: ``mp.Simulator(cluster)`` or ``.simple(n)``.
+    """A whole cluster inside this process: ``mp.Simulator(cluster)`` or ``.simple(n)``
+    (``mp.Simulator(n)`` is ``.simple(n)``).
 
     ``with sim:`` makes it current; ``sim.close()`` stops its threads. Like a deployment it
     is not trusted by default: values crossing between parties must be in the safe value
@@ -105,13 +116,15 @@ class Simulator(Context):
 
     def __init__(
         self,
-        cluster: ClusterSpec | None = None,
+        cluster: ClusterSpec | int | None = None,
         *,
         session: str = "",
         timeout: float = 30.0,
         trusted: bool | None = None,
         **options: Any,
     ) -> None:
+        if isinstance(cluster, int):  # mplang v1's mp.Simulator(world_size)
+            cluster = ClusterSpec.simple(cluster)
         spec = cluster or ClusterSpec.simple(2)
         if trusted is not None and trusted != spec.trusted:
             spec = dataclasses.replace(spec, trusted=trusted)
@@ -129,9 +142,9 @@ class Simulator(Context):
     @classmethod
     def simple(cls, world_size: int, **options: Any) -> Simulator:
         """A simulator of ``ClusterSpec.simple(world_size)``; options go to ``ClusterSpec.simple``
-        (``spu_protocol``, ``spu_field``, ``trusted``...) or to the simulator (``timeout``,
-        ``session``)."""
-        spec_keys = {"spu_protocol", "spu_field", "fxp_fraction_bits", "spu_members", "enable_spu"}
+        (``spu_protocol``, ``spu_field``, ``op_bindings``, ``trusted``...) or to the simulator
+        (``timeout``, ``session``)."""
+        spec_keys = _SIMPLE_KEYWORDS - {"trusted"}
         trusted = bool(options.pop("trusted", False))
         spec = ClusterSpec.simple(
             world_size,

@@ -23,7 +23,7 @@ echo "== starting a local cluster: mpl-broker + 3 mpl-worker (logs in $MPL_RUN_D
 URL="$("$ROOT/scripts/cluster-up.sh" 3)"
 echo "   broker at $URL"
 
-examples=(millionaire party_stats pipeline)
+examples=(millionaire party_stats pipeline party_files)
 long=(secure_stats logistic_regression)
 if [ "$SHORT" = 0 ]; then examples+=("${long[@]}"); fi
 for name in "${examples[@]}"; do

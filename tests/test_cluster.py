@@ -44,10 +44,10 @@ def test_simple_cluster() -> None:
     spec = ClusterSpec.simple(3)
     assert spec.world_size == 3
     assert [n.name for n in spec.nodes] == ["node0", "node1", "node2"]
-    assert sorted(spec.devices) == ["P0", "P1", "P2", "SP0"]
+    assert sorted(spec.devices) == ["P0", "P1", "P2", "SP0", "local_0", "local_1", "local_2"]
     assert spec.ranks("SP0") == (0, 1, 2) and spec.ranks("P2") == (2,)
     cfg = spec.spu_config("SP0")
-    assert (cfg.protocol, cfg.field, cfg.fxp_fraction_bits) == ("SEMI2K", "FM64", 18)
+    assert (cfg.protocol, cfg.field, cfg.fxp_fraction_bits) == ("SEMI2K", "FM128", 18)
     assert "SP0" not in ClusterSpec.simple(1).devices
     assert ClusterSpec.simple(3, spu_members=[1, 2]).ranks("SP0") == (1, 2)
     assert ClusterSpec.simple(2).ppu_of(1) == "P1"

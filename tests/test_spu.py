@@ -28,7 +28,7 @@ def matmul(a: Any, b: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def sim3() -> Iterator[mp.Context]:
-    ctx = mp.Simulator.simple(3)  # SEMI2K / FM64 over all three nodes
+    ctx = mp.Simulator.simple(3)  # SEMI2K / FM128 (the default) over all three nodes
     with ctx:
         yield ctx
     ctx.close()

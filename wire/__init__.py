@@ -13,11 +13,12 @@ Modules: ``errors`` (the error tree), ``record`` (tagged dataclasses), ``codec``
 frames), ``remote`` (errors on the wire), one module per message family (``control``,
 ``sessions``, ``jobs``, ``data``), ``cluster`` (ClusterSpec), ``graph`` (the IR),
 ``sockets`` (socket options every part applies), ``persist`` (values in files), ``shares``
-(SPU shares), ``lru`` (the bounded caches every part keeps), ``decoder`` (the decoding half
-of the codec), ``safe_values`` (the safe value format: what may cross between parties) and
-``tables`` (pandas/pyarrow tables as Arrow IPC). Trust: ``identity`` (who sent a message),
-``keys`` (CURVE key files) and ``keytool`` (``mpl-keys``), ``curve`` (CurveZMQ on a socket)
-and ``zap`` (the ZAP handler of a daemon).
+(SPU shares), ``lru`` (the bounded caches every part keeps), ``kernels`` (named kernels: a
+call by name, no code), ``decoder`` (the decoding half of the codec), ``safe_values`` (the
+safe value format: what may cross between parties) and ``tables`` (pandas/pyarrow tables as
+Arrow IPC). Trust: ``identity`` (who sent a message), ``keys`` (CURVE key files) and
+``keytool`` (``mpl-keys``), ``curve`` (CurveZMQ on a socket) and ``zap`` (the ZAP handler of
+a daemon).
 """
 
 from mpl.wire.cluster import ClusterSpec, Device, Node, RuntimeInfo, SPUConfig
@@ -35,11 +36,13 @@ from mpl.wire.errors import (
     ProtocolError,
     RegistrationError,
     RemoteError,
+    RemotePermissionError,
     SessionError,
     UnsafeValueError,
     WorkerLostError,
 )
 from mpl.wire.graph import OPCODES, Arg, Graph, GraphBuilder, Op, check, fill, format_graph
+from mpl.wire.kernels import KernelRef
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo, from_info, to_info
 
@@ -59,6 +62,7 @@ __all__ = [
     "GraphBuilder",
     "GraphError",
     "JobAbortedError",
+    "KernelRef",
     "MplError",
     "MplTimeoutError",
     "Node",
@@ -68,6 +72,7 @@ __all__ = [
     "Record",
     "RegistrationError",
     "RemoteError",
+    "RemotePermissionError",
     "RuntimeInfo",
     "SPUConfig",
     "SessionError",

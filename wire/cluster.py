@@ -10,6 +10,7 @@ The dict/YAML form is mplang's::
     devices:
       P0:  {kind: PPU, members: [alice]}
       SP0: {kind: SPU, members: [alice, bob], config: {protocol: SEMI2K, field: FM64}}
+      local_1: {kind: local, members: [bob]}   # mplang v1 spelling: read as a PPU
     trusted: false                   # optional: true lets pickles cross between parties
 
 Secure mode (ARCHITECTURE.md section 6) pins every party's CURVE public key (z85, made with
@@ -53,6 +54,7 @@ __all__ = [
 SPU_PROTOCOLS = ("SEMI2K", "ABY3", "CHEETAH")
 SPU_FIELDS = ("FM64", "FM128")
 DEVICE_KINDS = ("PPU", "SPU")
+_PPU_ALIASES = ("LOCAL",)  # other spellings of a PPU, read as PPU
 # Members each protocol runs with: ABY3 is 3-party replicated sharing, CHEETAH is 2-party only.
 _PROTOCOL_PARTIES = {"ABY3": 3, "CHEETAH": 2}
 _LINK_KEYS = (
@@ -97,7 +99,7 @@ class SPUConfig:
     """An SPU device's MPC settings, with defaults filled in."""
 
     protocol: str = "SEMI2K"
-    field: str = "FM64"
+    field: str = "FM128"  # mplang's default
     fxp_fraction_bits: int = 18
     recv_timeout_ms: int = 30_000
     connect_retry_times: int = 30
@@ -180,32 +182,70 @@ class ClusterSpec:
         world_size: int,
         *,
         spu_protocol: str = "SEMI2K",
-        spu_field: str = "FM64",
+        spu_field: str = "FM128",
         fxp_fraction_bits: int = 18,
         spu_members: Sequence[int] | None = None,
         enable_spu: bool = True,
         endpoints: Sequence[str] | None = None,
         cluster_id: str | None = None,
         trusted: bool = False,
+        runtime_version: str = "simulated",
+        runtime_platform: str = "simulated",
+        op_bindings: Sequence[Mapping[str, str]] | Mapping[str, str] | None = None,
+        enable_ppu_device: bool = True,
+        enable_local_device: bool = True,
+        enable_spu_device: bool = True,
     ) -> ClusterSpec:
-        """Nodes ``node0..node{n-1}``, PPUs ``P0..P{n-1}`` and one SPU ``SP0``.
+        """Nodes ``node0..node{n-1}``, PPUs ``P0..P{n-1}``, ``local_0..local_{n-1}`` and one
+        SPU ``SP0``, with mplang's keywords and defaults.
 
-        ``SP0`` spans every node unless ``spu_members`` (ranks) says otherwise. A single node
-        gets no SPU; ``enable_spu=False`` makes a plaintext-only cluster of any size.
-        ``trusted=True`` lets pickles cross between parties (one organisation runs them all).
+        - ``SP0`` spans every node unless ``spu_members`` (ranks) says otherwise; SEMI2K over
+          FM128 by default, as in mplang. A single node gets no SPU; ``enable_spu=False`` (or
+          mplang's ``enable_spu_device=False``) makes a plaintext-only cluster of any size.
+        - ``local_{i}`` are mplang v1's per-node devices (kind ``local``, run as PPUs: the same
+          party as ``P{i}``); ``enable_local_device=False`` / ``enable_ppu_device=False`` drop
+          either family.
+        - Endpoints default to ``localhost:{5000+i}`` (informational: workers dial the broker).
+        - ``runtime_version`` / ``runtime_platform`` fill each node's ``runtime_info``;
+          ``op_bindings`` is one ``{logical op: kernel id}`` mapping per node (a list of
+          ``world_size`` mappings), or one mapping for every node.
+        - ``trusted=True`` lets pickles cross between parties (one organisation runs them all).
         """
         if not isinstance(world_size, int) or world_size < 1:
             raise ClusterSpecError(f"world_size: must be a positive int, got {world_size!r}")
         if endpoints is not None and len(endpoints) != world_size:
             raise ClusterSpecError(f"endpoints: {len(endpoints)} given for {world_size} nodes")
+        bindings = _simple_bindings(op_bindings, world_size)
+        with_spu = enable_spu and enable_spu_device and (world_size >= 2 or spu_members is not None)
+        if not (enable_ppu_device or enable_local_device or with_spu):
+            raise ClusterSpecError(
+                "devices: enable at least one of the PPU, local or SPU device families"
+            )
         nodes = [
-            {"name": f"node{i}", "endpoint": endpoints[i] if endpoints else ""}
+            {
+                "name": f"node{i}",
+                "endpoint": endpoints[i] if endpoints else f"localhost:{5000 + i}",
+                "runtime_info": {
+                    "version": runtime_version,
+                    "platform": runtime_platform,
+                    "op_bindings": bindings[i],
+                },
+            }
             for i in range(world_size)
         ]
-        devices: dict[str, Any] = {
-            f"P{i}": {"kind": "PPU", "members": [f"node{i}"]} for i in range(world_size)
-        }
-        if enable_spu and (world_size >= 2 or spu_members is not None):
+        devices: dict[str, Any] = {}
+        if enable_ppu_device:
+            devices.update(
+                {f"P{i}": {"kind": "PPU", "members": [f"node{i}"]} for i in range(world_size)}
+            )
+        if enable_local_device:
+            devices.update(
+                {
+                    f"local_{i}": {"kind": "local", "members": [f"node{i}"]}
+                    for i in range(world_size)
+                }
+            )
+        if with_spu:
             members = list(range(world_size)) if spu_members is None else list(spu_members)
             devices["SP0"] = {
                 "kind": "SPU",
@@ -334,6 +374,19 @@ class ClusterSpec:
         return text
 
 
+def _simple_bindings(
+    op_bindings: Sequence[Mapping[str, str]] | Mapping[str, str] | None, world_size: int
+) -> list[dict[str, str]]:
+    """``ClusterSpec.simple``'s op_bindings: one mapping per node, or one for all."""
+    if op_bindings is None:
+        return [{} for _ in range(world_size)]
+    if isinstance(op_bindings, Mapping):
+        return [dict(op_bindings) for _ in range(world_size)]
+    if len(op_bindings) != world_size:
+        raise ClusterSpecError(f"op_bindings: {len(op_bindings)} given for {world_size} nodes")
+    return [dict(b or {}) for b in op_bindings]
+
+
 def _require(data: Mapping[str, Any], key: str, where: str) -> Any:
     if key not in data:
         raise ClusterSpecError(f"{where}.{key}: missing key")
@@ -358,9 +411,9 @@ def _parse_node(raw: Any, rank: int) -> Node:
         isinstance(k, str) and isinstance(v, str) for k, v in bindings.items()
     ):
         raise ClusterSpecError(f"{where}.runtime_info.op_bindings: expected str -> str")
-    version, platform = info.get("version", "N/A"), info.get("platform", "N/A")
-    if not isinstance(version, str) or not isinstance(platform, str):
-        raise ClusterSpecError(f"{where}.runtime_info: version and platform must be strings")
+    # YAML reads `version: 1.0` as a number: mplang accepts it, so keep its text.
+    version = _text(info.get("version", "N/A"), f"{where}.runtime_info.version")
+    platform = _text(info.get("platform", "N/A"), f"{where}.runtime_info.platform")
     extra = {k: v for k, v in info.items() if k not in ("version", "platform", "op_bindings")}
     key = _key(raw.get("curve_key"), f"{where}.curve_key")
     return Node(name, rank, endpoint, RuntimeInfo(version, platform, dict(bindings), extra), key)
@@ -390,13 +443,25 @@ def _parse_driver(raw: Any, index: int) -> DriverKey:
     return DriverKey(name, key)
 
 
+def _text(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise ClusterSpecError(f"{where}: expected a string or a number, got {value!r}")
+
+
 def _parse_device(name: str, raw: Any) -> Device:
     where = f"devices.{name}"
     if not isinstance(raw, Mapping):
         raise ClusterSpecError(f"{where}: expected a mapping")
     kind = _require(raw, "kind", where)
+    if isinstance(kind, str) and kind.upper() in _PPU_ALIASES:
+        kind = "PPU"  # mplang v1's per-node `local` devices are plaintext single-party devices
     if not isinstance(kind, str) or kind.upper() not in DEVICE_KINDS:
-        raise ClusterSpecError(f"{where}.kind: unknown kind {kind!r}; expected PPU or SPU")
+        raise ClusterSpecError(
+            f"{where}.kind: unknown kind {kind!r}; expected PPU (or local) or SPU"
+        )
     members = _require(raw, "members", where)
     if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
         raise ClusterSpecError(f"{where}.members: expected a list of node names")
@@ -415,7 +480,7 @@ def _spu_config(config: Mapping[str, Any], where: str) -> SPUConfig:
             f"{where}.protocol: unknown SPU protocol {protocol!r}; expected one of "
             f"{', '.join(SPU_PROTOCOLS)}"
         )
-    fld = flat.get("field", "FM64")
+    fld = flat.get("field", "FM128")
     if not isinstance(fld, str) or fld.upper() not in SPU_FIELDS:
         raise ClusterSpecError(
             f"{where}.field: unknown SPU field {fld!r}; expected one of {', '.join(SPU_FIELDS)}"

@@ -12,6 +12,7 @@
     ├── KeyFileError              (also ValueError) a missing or unusable CURVE key file
     ├── SessionError              (also KeyError) an unknown session or value name
     ├── RemoteError               code running on a worker raised
+    │   └── RemotePermissionError (also PermissionError) a worker did not permit the op
     ├── WorkerLostError           a worker a job needed died or went silent
     ├── JobAbortedError           the job was stopped because another rank failed
     ├── MplTimeoutError           (also TimeoutError) a wait ran past its deadline
@@ -39,6 +40,7 @@ __all__ = [
     "ProtocolError",
     "RegistrationError",
     "RemoteError",
+    "RemotePermissionError",
     "SessionError",
     "UnsafeValueError",
     "WorkerLostError",
@@ -157,6 +159,15 @@ class RemoteError(MplError):
         if self.remote_traceback:
             head += "\n--- remote traceback ---\n" + self.remote_traceback.rstrip()
         return head
+
+
+class RemotePermissionError(RemoteError, PermissionError):
+    """A worker did not permit what the op asked: it runs only named kernels (``mpl-worker
+    --code kernels``) and refused a pickled function or input without unpickling it, or a
+    kernel refused a path outside the worker's data root, or the op raised PermissionError.
+
+    Call a kernel that party installed (``mp.kernel(name)``), or ask its operator.
+    """
 
 
 class WorkerLostError(MplError):

@@ -94,7 +94,10 @@ def from_info(info: ErrorInfo) -> _e.MplError:
     """Rebuild the exception an :class:`ErrorInfo` describes."""
     cls = _KINDS.get(info.kind, _e.RemoteError)
     if cls is _e.RemoteError:
-        return _e.RemoteError(
+        remote = (
+            _e.RemotePermissionError if info.remote_type == "PermissionError" else _e.RemoteError
+        )
+        return remote(
             info.message,
             rank=info.rank,
             op=info.op,

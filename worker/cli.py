@@ -96,6 +96,23 @@ __all__ = ["main"]
     help="Accept and send pickled values between parties (as `trusted: true` in the cluster "
     "spec): only when one organisation runs every party.",
 )
+@click.option(
+    "--code",
+    type=click.Choice(["any", "kernels"]),
+    default="any",
+    show_default=True,
+    help="What this party runs: 'any' function the driver sends, or only 'kernels' "
+    "(named kernels installed here, and the built-in ops; anything pickled is refused).",
+)
+@click.option(
+    "--kernels",
+    "kernel_modules",
+    multiple=True,
+    metavar="MODULE",
+    help="A module whose kernels mp.kernel(...) may call (its MPL_KERNELS mapping, else its "
+    "public functions as 'MODULE:name'); repeatable. Installed packages add theirs through "
+    "the 'mpl.kernels' entry points.",
+)
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def main(
     broker: str,
@@ -111,6 +128,8 @@ def main(
     job_timeout: float,
     heartbeat: float,
     trusted: bool,
+    code: str,
+    kernel_modules: tuple[str, ...],
     verbose: int,
 ) -> None:
     """Run the mpl worker for one party (rank) of a cluster.
@@ -165,6 +184,8 @@ def main(
             trusted=trusted or own_spec_trusted,
             curve=curve,
             max_message=max_message,
+            code=code,
+            kernels=kernel_modules,
         )
     except Exception as exc:  # a bad endpoint, an unusable data root
         raise click.ClickException(f"cannot start: {exc}") from exc

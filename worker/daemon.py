@@ -22,7 +22,7 @@ import secrets
 import socket as _socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +34,16 @@ from mpl.wire.curve import PEER_DOMAIN, Curve, peer_admits
 from mpl.wire.data import Delete, Fetch, Move
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Abort, Exec, Failed, Program
+from mpl.wire.lru import LRU
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import DeleteSymbol, SaveSymbol, SessionClosed
 from mpl.wire.sockets import MAX_MESSAGE, configure, drain
 from mpl.wire.zap import Gatekeeper
+from mpl.worker.code_policy import CODE_POLICIES, REFUSAL, holds_pickle
 from mpl.worker.core import Joined, Reconnect, Stop, ToBroker, WorkerCore
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
+from mpl.worker.kernel_table import KernelTable, node_bindings
 from mpl.worker.mailbox import Mailbox
 from mpl.worker.peers import PeerLinks
 from mpl.worker.spu_kernels import SpuService
@@ -78,7 +81,13 @@ class Worker:
         trusted: bool = False,
         curve: Curve | None = None,
         max_message: int = MAX_MESSAGE,
+        code: str = "any",
+        kernels: Sequence[str] = (),
     ) -> None:
+        if code not in CODE_POLICIES:
+            raise ValueError(f"code policy must be one of {', '.join(CODE_POLICIES)}, got {code!r}")
+        self.code = code
+        self._refused_code: LRU[str, str] = LRU(256)  # programs refused by the code policy
         self.broker_url = broker
         self.rank = rank
         self.trusted = trusted  # this party's own choice: pickles may cross between parties
@@ -137,6 +146,9 @@ class Worker:
         self.peers = PeerLinks(
             self.ctx, lambda: self.core.directory, safe=not trusted, curve=curve
         )
+        kernel_table = KernelTable(
+            lambda: node_bindings(self.core.cluster, rank), kernels, data_root
+        )
         services: dict[str, Callable[[], Any]] = {
             "spu": lambda: SpuService(
                 self.spu_links,
@@ -144,6 +156,7 @@ class Worker:
                 lambda session: self.jobs.spu_failures.get(session, 0),
                 data_root,
             ),
+            "kernels": lambda: kernel_table,
             **(extensions or {}),
         }
         self.jobs = Jobs(
@@ -269,6 +282,8 @@ class Worker:
 
     def _drain(self, sock: zmq.Socket[Any], handle: Callable[[Record], None]) -> None:
         for frames in drain(sock, _BATCH):
+            if self.code != "any" and self._refuses(frames):
+                continue
             try:  # peers are other parties: their values never unpickle here
                 msg = decode(frames, safe=sock is self.pull and not self.trusted)
             except ProtocolError as exc:
@@ -286,7 +301,9 @@ class Worker:
     # -- messages -------------------------------------------------------------------------
     def _on_broker(self, msg: Record) -> None:
         self._perform(self.core.on_broker(msg, time.monotonic()))
-        if isinstance(msg, Exec):
+        if isinstance(msg, Exec) and msg.digest in self._refused_code:
+            self._refuse_job(msg, self._refused_code[msg.digest])
+        elif isinstance(msg, Exec):
             self.jobs.exec(msg, self.core.program(msg.digest), self.core.broken.get(msg.digest))
         elif isinstance(msg, Abort):
             self.jobs.abort(msg)
@@ -300,6 +317,50 @@ class Worker:
             self.jobs.unsave(msg)
         elif isinstance(msg, SessionClosed):
             self.jobs.close_session(msg.session, msg.reason)
+
+    def _refuses(self, frames: list[Any]) -> bool:
+        """``--code kernels``: look for pickles with nothing unpickled; refuse what has any
+        (see ``code_policy.py``). True when the message was dealt with here."""
+        try:
+            opaque = decode(frames, unpickle=False)
+        except ProtocolError:
+            return False  # the normal path counts and logs it
+        if not holds_pickle(opaque):
+            return False
+        if isinstance(opaque, Program):
+            why = REFUSAL.format(what=f"program {opaque.graph.name or opaque.digest}")
+            self._refused_code[opaque.digest] = why
+            log.warning("rank %d: %s", self.rank, why)
+        elif isinstance(opaque, Exec):
+            self._refuse_job(opaque, REFUSAL.format(what="the job's inputs"))
+        elif isinstance(opaque, Move) and opaque.dst == self.rank:
+            # Fail the job now rather than let it wait for a value it will never accept.
+            why = REFUSAL.format(what=f"a value moved from rank {opaque.src}")
+            info = ErrorInfo(
+                "RemoteError",
+                why,
+                rank=self.rank,
+                op=f"{opaque.op} (move from rank {opaque.src})",
+                remote_type="PermissionError",
+                job=opaque.job,
+            )
+            self._post(Failed(opaque.session, opaque.job, self.rank, info))
+            self.jobs.abort(Abort(opaque.session, opaque.job, info))  # wake our waiting part
+        else:
+            self.protocol_errors += 1
+            log.warning("rank %d: refused a %s holding pickles", self.rank, opaque.TAG)
+        return True
+
+    def _refuse_job(self, msg: Exec, why: str) -> None:
+        info = ErrorInfo(
+            "RemoteError",
+            why,
+            rank=self.rank,
+            op="program",
+            remote_type="PermissionError",
+            job=msg.job,
+        )
+        self._send(Failed(msg.session, msg.job, self.rank, info))
 
     def _undecodable(self, frames: list[Any], exc: ProtocolError) -> bool:
         """A program or job whose values do not unpickle here (say, a module this worker

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from mpl.wire.errors import JobAbortedError
 from mpl.wire.graph import Graph, Op, fill
+from mpl.wire.kernels import KernelRef
 
 __all__ = ["ABSENT", "KERNELS", "JobContext", "OpFailed", "Plan", "op_label", "run_graph"]
 
@@ -134,6 +135,8 @@ def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
 @kernel("pcall")
 def _pcall(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> list[Any]:
     fn = graph.fns[op.attrs["fn"]]
+    if isinstance(fn, KernelRef):  # mp.kernel(name): this node's installed implementation
+        fn = ctx.extension("kernels").resolve(fn.name)
     if "args" in op.attrs or "kwargs" in op.attrs:
         result = fn(*fill(op.attrs.get("args", ()), args), **fill(op.attrs.get("kwargs", {}), args))
     else:

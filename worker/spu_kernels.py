@@ -3,7 +3,8 @@
 * ``spu.seal``: the owner secret-shares its value and sends each member its share.
 * ``spu.run``: every member compiles the JAX function for the actual input shapes, dtypes
   and visibilities (cached by program, op and inputs: once per key, not per call) and runs
-  it with libspu over the session's lane for the device (``spu_link.py``).
+  it with libspu over the session's lane for the device (``spu_link.py``). The function
+  sees its inputs in JAX's canonical dtypes, as in spu's simulator (``spu_dtypes.py``).
 * ``spu.reveal``: every member sends its share to the target, which reconstructs.
 
 The ``spu`` package (and jax) is imported by the first SPU op, not when the worker starts.
@@ -23,6 +24,7 @@ from mpl.wire.control import PeerInfo
 from mpl.wire.graph import Graph, Op, fill
 from mpl.wire.lru import LRU
 from mpl.worker.interpreter import ABSENT, JobContext, kernel, split_outputs
+from mpl.worker.spu_dtypes import canonical_dtypes, compile_scope, with_canonical_inputs
 from mpl.worker.spu_link import SpuLinks
 
 __all__ = ["SpuService"]
@@ -223,7 +225,9 @@ class SpuService:
         layout: list[tuple[int, Any]],
         specs: list[tuple[tuple[int, ...], str, bool]],
     ) -> tuple[Any, Any, Any]:
-        key = (graph.digest, k, tuple(specs))
+        actual = [dtype for _, dtype, _ in specs]
+        canonical = canonical_dtypes(actual)
+        key = (graph.digest, k, tuple(specs), canonical)
         with self._lock:
             hit = self._compiled.touch(key)
             if hit is not None:
@@ -246,17 +250,20 @@ class SpuService:
             return fn(*fill(template_args, values), **fill(template_kwargs, values))
 
         spec_of: Any = jax.ShapeDtypeStruct
-        examples = [spec_of(shape, np.dtype(dtype)) for shape, dtype, _ in specs]
         vis = [lib.Visibility.VIS_SECRET if s else lib.Visibility.VIS_PUBLIC for _, _, s in specs]
-        exe, out_tree = fe.compile(
-            fe.Kind.JAX,
-            flat_fn,
-            examples,
-            {},
-            [f"in{i}" for i in range(len(specs))],
-            vis,
-            lambda outs: [f"out{i}" for i in range(len(outs))],
-        )
+        # Shares keep their maker's dtype; the function sees JAX's canonical one (spu_dtypes).
+        program = with_canonical_inputs(flat_fn, actual, canonical)
+        with compile_scope(actual, canonical):
+            examples = [spec_of(shape, np.dtype(dtype)) for shape, dtype, _ in specs]
+            exe, out_tree = fe.compile(
+                fe.Kind.JAX,
+                program,
+                examples,
+                {},
+                [f"in{i}" for i in range(len(specs))],
+                vis,
+                lambda outs: [f"out{i}" for i in range(len(outs))],
+            )
         out_leaves, treedef = jax.tree_util.tree_flatten(out_tree)
         out_specs = [(tuple(s.shape), str(np.dtype(s.dtype))) for s in out_leaves]
 

@@ -1,0 +1,62 @@
+"""mpl's own kernels: read and write ``.npy`` and CSV files under the worker's data root.
+
+Registered as entry points (group ``mpl.kernels``) under the kernel ids ``mpl.io.read_npy``,
+``mpl.io.write_npy``, ``mpl.io.read_csv`` and ``mpl.io.write_csv``; call them with
+``mp.kernel("mpl.io.read_npy")`` or bind a logical name to them in ``op_bindings``.
+
+Every path is relative to the worker's ``--data-root`` and must stay inside it: an absolute
+path, ``..`` or a symbolic link leading out raises ``PermissionError``. A party thus decides
+which files a program may touch by what it puts under its data root.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mpl.worker.kernel_table import data_root
+
+__all__ = ["read_csv", "read_npy", "write_csv", "write_npy"]
+
+
+def _confined(path: str) -> Path:
+    if not isinstance(path, str) or not path:
+        raise TypeError(f"a path must be a non-empty string, got {path!r}")
+    root = data_root().resolve()
+    if Path(path).is_absolute():
+        raise PermissionError(f"{path!r}: paths are relative to the worker's data root")
+    target = (root / path).resolve()
+    if not target.is_relative_to(root):
+        raise PermissionError(f"{path!r} leads outside the worker's data root")
+    return target
+
+
+def read_npy(path: str) -> Any:
+    """The array stored in ``path`` (no pickled objects: ``allow_pickle=False``)."""
+    return np.load(_confined(path), allow_pickle=False)
+
+
+def write_npy(path: str, array: Any) -> str:
+    """Store ``array`` in ``path`` (parent folders are made); returns ``path``."""
+    target = _confined(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "wb") as f:  # a file object: np.save would append ".npy" to a name
+        np.save(f, np.asarray(array), allow_pickle=False)
+    return path
+
+
+def read_csv(path: str, *, delimiter: str = ",", skip_header: int = 0) -> Any:
+    """A numeric CSV file as a 2-D float array (``skip_header`` lines skipped)."""
+    return np.loadtxt(
+        _confined(path), delimiter=delimiter, skiprows=skip_header, ndmin=2, dtype=np.float64
+    )
+
+
+def write_csv(path: str, array: Any, *, delimiter: str = ",", header: str = "") -> str:
+    """Store a 1-D or 2-D numeric array as CSV in ``path``; returns ``path``."""
+    target = _confined(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    np.savetxt(target, np.asarray(array), delimiter=delimiter, header=header, comments="")
+    return path

@@ -1,0 +1,147 @@
+"""The kernels a worker offers, and how a logical op's name finds one.
+
+A kernel is a plain Python function a party's operator installed. It is known by a kernel
+id, from two sources:
+
+- installed packages, through Python entry points in the group ``mpl.kernels``: the entry
+  point's name is the kernel id, its value ``"module:function"`` (mpl ships its own
+  ``mpl.io.*`` kernels this way, see ``io_kernels.py``);
+- ``mpl-worker --kernels MODULE``: the module's ``MPL_KERNELS`` mapping (kernel id ->
+  function) if it has one, else each public function defined in it, as ``"MODULE:name"``.
+
+``mp.kernel(name)`` resolves on each worker through its node's ``runtime_info.op_bindings``
+(logical op -> kernel id); a name with no binding may name a kernel id directly. A name
+that finds nothing fails with a ``LookupError`` listing what this node offers.
+
+While a kernel runs, :func:`data_root` is the worker's ``--data-root``, so file kernels can
+keep their paths inside it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import importlib
+import inspect
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ENTRY_POINT_GROUP", "KernelTable", "data_root", "module_kernels", "node_bindings"]
+
+ENTRY_POINT_GROUP = "mpl.kernels"
+_DATA_ROOT: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
+    "mpl_data_root", default=None
+)
+
+
+def data_root() -> Path:
+    """The running worker's data root (only while a kernel runs)."""
+    root = _DATA_ROOT.get()
+    if root is None:
+        raise RuntimeError("this worker has no data root (start it with --data-root)")
+    return root
+
+
+def node_bindings(cluster: Mapping[str, Any], rank: int) -> dict[str, str]:
+    """``op_bindings`` of node ``rank`` in a cluster spec's dict form ({} when absent)."""
+    nodes = cluster.get("nodes") or []
+    if not 0 <= rank < len(nodes):
+        return {}
+    info = nodes[rank].get("runtime_info") or {}
+    bindings = info.get("op_bindings") or {}
+    return {str(k): str(v) for k, v in bindings.items()}
+
+
+def module_kernels(module_name: str) -> dict[str, Callable[..., Any]]:
+    """The kernels ``mpl-worker --kernels MODULE`` registers (see the module docstring)."""
+    module = importlib.import_module(module_name)
+    declared = getattr(module, "MPL_KERNELS", None)
+    if declared is not None:
+        if not isinstance(declared, Mapping) or not all(
+            isinstance(k, str) and callable(v) for k, v in declared.items()
+        ):
+            raise TypeError(f"{module_name}.MPL_KERNELS must map kernel ids to functions")
+        return dict(declared)
+    return {
+        f"{module_name}:{name}": fn
+        for name, fn in vars(module).items()
+        if inspect.isfunction(fn) and not name.startswith("_") and fn.__module__ == module_name
+    }
+
+
+class KernelTable:
+    """One worker's kernels: entry points (loaded on first use) and ``--kernels`` modules.
+
+    ``bindings`` returns this node's current op_bindings (they come with the cluster spec).
+    """
+
+    def __init__(
+        self,
+        bindings: Callable[[], Mapping[str, str]],
+        modules: Sequence[str] = (),
+        root: Path | None = None,
+    ) -> None:
+        self._bindings = bindings
+        self._root = root
+        self._lock = threading.Lock()
+        self._entry_points: dict[str, Any] | None = None  # scanned on first use
+        self._loaded: dict[str, Callable[..., Any]] = {}
+        for module in modules:  # a module that does not import stops the worker at start
+            self._loaded.update(module_kernels(module))
+
+    def ids(self) -> list[str]:
+        """Every kernel id installed here."""
+        return sorted({*self._installed(), *self._loaded})
+
+    def _installed(self) -> dict[str, Any]:
+        # Scanning the installed packages costs milliseconds: not at start-up, only when asked.
+        if self._entry_points is None:
+            self._entry_points = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+        return self._entry_points
+
+    def offered(self) -> list[str]:
+        """The names ``mp.kernel`` may use on this node: bound logical ops, and kernel ids."""
+        ids = set(self.ids())
+        bound = {name for name, kid in self._bindings().items() if kid in ids}
+        return sorted(bound | ids)
+
+    def resolve(self, name: str) -> Callable[..., Any]:
+        """The function ``mp.kernel(name)`` runs here, wrapped to see :func:`data_root`."""
+        bindings = self._bindings()
+        kernel_id = bindings.get(name, name)
+        fn = self._load(kernel_id)
+        if fn is None:
+            how = (
+                f"is bound to {kernel_id!r}, which is not installed here"
+                if (name in bindings)
+                else "is not bound to a kernel here"
+            )
+            raise LookupError(
+                f"kernel {name!r} {how}; this node offers: {', '.join(self.offered()) or 'nothing'}"
+            )
+        root = self._root
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            token = _DATA_ROOT.set(root)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _DATA_ROOT.reset(token)
+
+        return call
+
+    def _load(self, kernel_id: str) -> Callable[..., Any] | None:
+        with self._lock:
+            fn = self._loaded.get(kernel_id)
+            if fn is not None:
+                return fn
+            ep = self._installed().get(kernel_id)
+            if ep is None:
+                return None
+            loaded: Callable[..., Any] = ep.load()
+            if not callable(loaded):
+                raise TypeError(f"entry point {kernel_id!r} ({ep.value}) is not callable")
+            self._loaded[kernel_id] = loaded
+            return loaded
