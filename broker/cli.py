@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import logging
 import os
 import signal
 import sys
@@ -15,6 +14,8 @@ import click
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.errors import ClusterSpecError, MplError
 from mpl.wire.lifetime import die_with_parent
+from mpl.wire.logs import configure_logging
+from mpl.wire.metrics_cli import metrics_options, start_metrics
 
 __all__ = ["main"]
 
@@ -47,6 +48,7 @@ _LOOPBACK = ("tcp://127.0.0.1:", "tcp://localhost:", "tcp://[::1]:", "inproc://"
     help="Heartbeat interval in seconds; a peer silent for 3 intervals is dead.",
 )
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@metrics_options
 @click.pass_context
 def main(
     ctx: click.Context,
@@ -55,6 +57,9 @@ def main(
     world_size: int | None,
     heartbeat: float,
     verbose: int,
+    log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Run the mpl broker: it connects drivers and the ranked workers of one cluster.
 
@@ -67,14 +72,12 @@ def main(
       mpl-broker --world-size 2
       mpl-broker --listen tcp://127.0.0.1:0 --cluster cluster.yaml
       mpl-broker status tcp://127.0.0.1:5555
+      mpl-broker --world-size 2 --metrics-port 9464 --log-format json
     """
     if ctx.invoked_subcommand is not None:
         return
     die_with_parent()
-    logging.basicConfig(
-        level=[logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)],
-        format="%(asctime)s mpl-broker %(levelname)s %(message)s",
-    )
+    configure_logging("broker", verbose, log_format)
     if (cluster_file is None) == (world_size is None):
         raise click.UsageError("give exactly one of --cluster FILE or --world-size N")
     try:
@@ -95,11 +98,18 @@ def main(
     except Exception as exc:  # a bad endpoint or a port in use
         raise click.ClickException(f"cannot listen on {listen}: {exc}") from exc
     _stop_on_signals(broker.stop)
+    server = None
+    if metrics_port is not None:
+        from mpl.broker.metrics import serve_metrics
+
+        server = start_metrics(lambda: serve_metrics(broker, metrics_host, metrics_port))
     gc.freeze()  # start-up objects never die: keep the collector from walking them
     click.echo(
         f"mpl-broker listening on {broker.address} "
         f"(world size {cluster.world_size}, pid {os.getpid()})"
     )
+    if server is not None:
+        click.echo(f"mpl-broker metrics on {server.url}metrics, status page on {server.url}")
     sys.stdout.flush()
     broker.serve_forever()
 

@@ -29,6 +29,7 @@ from mpl.wire.lifetime import PARENT_ENV
 __all__ = ["LocalCluster", "ProcessCluster", "daemon_command", "local_cluster"]
 
 _LISTENING = re.compile(r"mpl-broker listening on (\S+)")
+_METRICS = re.compile(r"metrics on (http://\S+)/metrics")
 
 
 def _free_port() -> int:
@@ -62,8 +63,12 @@ class ProcessCluster:
         job_timeout_s: float = 600.0,
         ready_timeout: float = 30.0,
         env: dict[str, str] | None = None,
+        broker_args: tuple[str, ...] = (),
+        worker_args: tuple[str, ...] = (),
     ) -> None:
         self.cluster = cluster
+        self.broker_args = tuple(broker_args)  # extra options, e.g. ("--metrics-port", "0")
+        self.worker_args = tuple(worker_args)
         self._tmp = None
         if run_dir is None:
             self._tmp = tempfile.mkdtemp(prefix="mpl-cluster-")
@@ -127,6 +132,7 @@ class ProcessCluster:
             "--heartbeat",
             str(self.heartbeat_s),
             "-v",
+            *self.broker_args,
         ]
         with open(out, "ab") as stdout, open(self.run_dir / "broker.log", "ab") as log:
             self.broker = subprocess.Popen(cmd, stdout=stdout, stderr=log, env=self.env)
@@ -159,6 +165,7 @@ class ProcessCluster:
             "--job-timeout",
             str(self.job_timeout_s),
             "-v",
+            *self.worker_args,
         ]
         with open(self.run_dir / f"worker{rank}.log", "ab") as log:
             proc = subprocess.Popen(
@@ -200,6 +207,18 @@ class ProcessCluster:
                     )
                 time.sleep(0.01)
         raise MplTimeoutError(f"ranks {sorted(want)} were not all up within {timeout:g} s: {last}")
+
+    def metrics_url(self, name: str = "broker", timeout: float = 10.0) -> str:
+        """The base URL (``http://host:port``) a daemon printed for its metrics port;
+        ``name`` is ``broker`` or ``worker<R>``."""
+        path = self.run_dir / ("broker.out" if name == "broker" else f"{name}.log")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            match = _METRICS.search(path.read_text() if path.exists() else "")
+            if match:
+                return match.group(1)
+            time.sleep(0.02)
+        raise MplTimeoutError(f"{name} printed no metrics address within {timeout:g} s")
 
     def kill_worker(self, rank: int, sig: int = signal.SIGKILL) -> None:
         proc = self.workers[rank]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import logging
 import signal
 import sys
 from pathlib import Path
@@ -12,6 +11,8 @@ from typing import Any
 import click
 
 from mpl.wire.lifetime import die_with_parent
+from mpl.wire.logs import configure_logging
+from mpl.wire.metrics_cli import metrics_options, start_metrics
 
 __all__ = ["main"]
 
@@ -47,6 +48,7 @@ __all__ = ["main"]
     help="Heartbeat interval in seconds (the broker's Welcome overrides it).",
 )
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@metrics_options
 def main(
     broker: str,
     rank: int,
@@ -55,6 +57,9 @@ def main(
     job_timeout: float,
     heartbeat: float,
     verbose: int,
+    log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Run the mpl worker for one party (rank) of a cluster.
 
@@ -68,10 +73,7 @@ def main(
       mpl-worker --broker tcp://127.0.0.1:5555 --rank 0 --data-root /srv/mpl/alice
     """
     die_with_parent()
-    logging.basicConfig(
-        level=[logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)],
-        format=f"%(asctime)s mpl-worker[{rank}] %(levelname)s %(message)s",
-    )
+    configure_logging("worker", verbose, log_format, rank=rank)
     from mpl.worker.daemon import Worker
 
     if host not in ("127.0.0.1", "localhost", "::1"):
@@ -95,6 +97,11 @@ def main(
     gc.freeze()  # start-up objects never die: keep the collector from walking them
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    if metrics_port is not None:
+        from mpl.worker.metrics import serve_metrics
+
+        server = start_metrics(lambda: serve_metrics(worker, metrics_host, metrics_port))
+        click.echo(f"mpl-worker rank {rank} metrics on {server.url}metrics")
     click.echo(
         f"mpl-worker rank {rank} (pid {worker.core.hello.pid}) data {worker.data_addr}, "
         f"broker {broker}"

@@ -28,13 +28,16 @@ from mpl.wire.control import HEARTBEAT_S, Bye, Channel, WorkerHello
 from mpl.wire.data import Delete, Fetch, Move
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Abort, Exec, Failed, Program
+from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import DeleteSymbol, SaveSymbol, SessionClosed
+from mpl.wire.snapshot import SnapshotSlot
 from mpl.wire.sockets import configure, drain
 from mpl.worker.core import Joined, Reconnect, Stop, ToBroker, WorkerCore
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
 from mpl.worker.mailbox import Mailbox
+from mpl.worker.metrics import rss_bytes
 from mpl.worker.peers import PeerLinks
 from mpl.worker.spu_kernels import SpuService
 from mpl.worker.spu_link import SpuLinks
@@ -122,6 +125,8 @@ class Worker:
         self.joined = threading.Event()
         self.bytes_in = 0
         self.protocol_errors = 0
+        self.snapshots = SnapshotSlot()  # copies of stats() for the metrics thread
+        self.refusals = RefusalLog(log)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -148,6 +153,7 @@ class Worker:
             while not self._stopping.is_set():
                 dealer = self.dealer
                 self._perform(self.core.tick(time.monotonic(), self.stats))
+                self.snapshots.serve(self.stats)
                 if poller is None or dealer is not self.dealer:
                     poller = zmq.Poller()  # the dealer is replaced on reconnect
                     for sock in (self.dealer, self.pull):
@@ -180,6 +186,7 @@ class Worker:
             **self.jobs.stats(),
             "bytes_in": self.bytes_in,
             "protocol_errors": self.protocol_errors + self.spu_links.protocol_errors,
+            "rss_bytes": rss_bytes(),
         }
 
     # -- sockets --------------------------------------------------------------------------
@@ -222,7 +229,8 @@ class Worker:
                 if sock is self.dealer and self._undecodable(frames, exc):
                     continue
                 self.protocol_errors += 1
-                log.warning("rank %d: dropped a bad message: %s", self.rank, exc)
+                source = "the broker" if sock is self.dealer else "a peer"
+                self.refusals.refused(source, f"dropped a bad message: {exc}")
                 continue
             if sock is self.pull:
                 self.bytes_in += frames_nbytes(frames)
@@ -272,7 +280,7 @@ class Worker:
     def _on_peer(self, msg: Record) -> None:
         if not isinstance(msg, Move) or msg.dst != self.rank:
             self.protocol_errors += 1
-            log.warning("rank %d: unexpected %s on the peer socket", self.rank, msg.TAG)
+            self.refusals.refused("a peer", f"unexpected {msg.TAG} on the peer socket")
             return
         self.mailbox.deliver((msg.session, msg.job, msg.op, msg.seq, msg.src), msg.value)
 

@@ -264,6 +264,13 @@ class Jobs:
             self.failed += 1
             self.spu_job_failed(sid, job)
             info = to_info(exc.cause, rank=self.rank, op=exc.label, job=job, remote=True)
+            log.info(
+                "job %s failed at op %s: %s",
+                job,
+                exc.label,
+                info.message[:200],
+                extra={"session": sid, "job": job, "error": info.message[:200]},
+            )
             self.post(Failed(sid, job, self.rank, info))
             return
         except Exception as exc:
