@@ -11,9 +11,9 @@
 Modules: contexts (``context``), values (``values``), the device API (``devices``), traced
 programs (``programs``, over ``recorder``), the party API (``simp``) and collectives
 (``collective``), named values (``names``), SPU support (``spu``), trace files
-(``tracefile``). The low-level ``client`` speaks the wire protocol; ``simulator`` and
-``launcher`` are the only modules that start broker and worker code, and they are imported
-on first use.
+(``tracefile``), progress of running jobs (``job_progress``). The low-level ``client`` speaks
+the wire protocol; ``simulator`` and ``launcher`` are the only modules that start broker
+and worker code, and they are imported on first use.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 from mpl.driver import collective, simp
 from mpl.driver.context import Context, Status, connect, get_context, set_context
 from mpl.driver.devices import device, fetch, put
+from mpl.driver.job_progress import progress
 from mpl.driver.names import delete, load, save
 from mpl.driver.programs import Function, Program, compile, function
 from mpl.driver.values import Value
@@ -75,6 +76,7 @@ __all__ = [
     "load",
     "local_cluster",
     "pickle_by_value",
+    "progress",
     "put",
     "save",
     "set_context",

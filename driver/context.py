@@ -190,8 +190,14 @@ class Context:
             self.client.delete(self.session, uris)
 
     def status(self, *, timeout: float | None = None) -> Status:
-        """The cluster's status: ranks, liveness, sessions, jobs, bytes moved, errors."""
-        return Status(self.client.status(timeout=timeout))
+        """The cluster's status: ranks, liveness, sessions, jobs, bytes moved, errors.
+
+        ``status()["progress"]`` holds this driver's own jobs in flight: per job the slowest
+        rank's ``done``/``total`` ops and the ``op`` it runs, and every rank under ``ranks``.
+        """
+        report = Status(self.client.status(timeout=timeout))
+        report["progress"] = self.client.progress.running()
+        return report
 
     def trace(self, path: str) -> str:
         """Write a Chrome/Perfetto trace of the last jobs to ``path``; returns ``path``."""

@@ -21,10 +21,11 @@ from mpl.wire.errors import JobAbortedError, SessionError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Abort, Done, Exec, Failed, Lit, Program, output_uri
 from mpl.wire.lru import LRU
+from mpl.wire.progress import EVERY_S, FIRST_AFTER_S, Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo, to_info
 from mpl.wire.sessions import Ack, DeleteSymbol, Reply, SaveSymbol
-from mpl.worker.interpreter import ABSENT, OpFailed, Plan, run_graph
+from mpl.worker.interpreter import ABSENT, OpFailed, Plan, op_label, run_graph
 from mpl.worker.mailbox import Mailbox
 from mpl.worker.peers import PeerLinks
 from mpl.worker.spu_link import SpuMailbox
@@ -121,6 +122,15 @@ class _JobRun:
         self.rank = jobs.rank
         self.deadline = deadline
         self.spans: list[list[Any]] = []
+        self._next_report = time.monotonic() + FIRST_AFTER_S  # short jobs report nothing
+
+    def starting(self, done: int, total: int, graph: Graph, index: int) -> None:
+        now = time.monotonic()
+        if now < self._next_report:
+            return
+        self._next_report = now + EVERY_S
+        label = op_label(graph, index)
+        self._jobs.post(Progress(self.session, self.job, self.rank, done, total, label))
 
     def send(self, dst: int, op: int, seq: int, value: Any) -> None:
         move = Move(self.session, self.job, op, seq, self.rank, dst, value)
