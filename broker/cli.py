@@ -72,6 +72,7 @@ def main(
       mpl-broker --world-size 2
       mpl-broker --listen tcp://127.0.0.1:0 --cluster cluster.yaml
       mpl-broker status tcp://127.0.0.1:5555
+      mpl-broker status tcp://127.0.0.1:5555 --watch 1
       mpl-broker --world-size 2 --metrics-port 9464 --log-format json
     """
     if ctx.invoked_subcommand is not None:
@@ -118,9 +119,26 @@ def main(
 @click.argument("url")
 @click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for the answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
-def status(url: str, timeout: float, as_json: bool) -> None:
+@click.option(
+    "--watch",
+    "watch_s",
+    type=click.FloatRange(min=0.1),
+    is_flag=False,
+    flag_value=2.0,
+    default=None,
+    metavar="[SECONDS]",
+    help="Redraw the table in place every SECONDS (2 if not given) until Ctrl-C.",
+)
+def status(url: str, timeout: float, as_json: bool, watch_s: float | None) -> None:
     """Print a running broker's status: ranks, liveness, sessions, jobs, bytes, errors."""
     from mpl.broker.query import query_status
+
+    if watch_s is not None:
+        from mpl.broker.watch import watch_status
+
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C ends the watch
+        watch_status(url, watch_s, timeout=timeout)
+        return
 
     try:
         report = query_status(url, timeout=timeout)
