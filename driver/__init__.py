@@ -85,11 +85,12 @@ __all__ = [
 ]
 
 
-def trace(path: str) -> str:
-    """Write a Chrome/Perfetto trace of the current context's last jobs to ``path``."""
+def trace(path: str, *, last: int | None = None) -> str:
+    """Write a Chrome/Perfetto trace of the current context's last jobs (or the ``last``
+    few) to ``path``."""
     from mpl.driver.context import current
 
-    return current().trace(path)
+    return current().trace(path, last=last)
 
 
 _LAZY = {

@@ -199,11 +199,13 @@ class Context:
         report["progress"] = self.client.progress.running()
         return report
 
-    def trace(self, path: str) -> str:
-        """Write a Chrome/Perfetto trace of the last jobs to ``path``; returns ``path``."""
+    def trace(self, path: str, *, last: int | None = None) -> str:
+        """Write a Chrome/Perfetto trace of the last jobs (all kept, or the ``last`` few) to
+        ``path``; returns ``path``."""
         from mpl.driver.tracefile import write_trace
 
-        return write_trace(list(self.jobs), self.cluster, path)
+        jobs = list(self.jobs)
+        return write_trace(jobs[-last:] if last else jobs, self.cluster, path)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"session {self.session}"
