@@ -151,3 +151,40 @@ def test_refusals_are_logged_once_per_peer(make_cluster: Any) -> None:
     assert len(refusals) == 2  # ... but each peer is logged once
     assert len({ln["peer"] for ln in refusals}) == 2
     assert all("bad message" in ln["error"] for ln in refusals)
+
+
+def test_grafana_dashboard_uses_only_metrics_the_daemons_export() -> None:
+    import re
+
+    from mpl.broker.metrics import broker_families
+    from mpl.worker.metrics import worker_families
+
+    status = {
+        "ranks": [{"rank": 0, "state": "up", "objects": 1, "rss_bytes": 1, "spu_lanes": 0}],
+        "sessions": [],
+        "jobs_in_flight": 0,
+        "world_size": 1,
+    }
+    ledger = {
+        "outcomes": {"ok": 0},
+        "buckets": [(0.1, 0)],
+        "seconds_sum": 0.0,
+        "seconds_count": 0,
+        "jobs_per_second": 0.0,
+    }
+    exported: set[str] = set()
+    families = [*broker_families({"status": status, "ledger": ledger}), *worker_families({}, 0)]
+    for family in families:
+        exported |= {s.name for s in family.samples} | {family.name}
+    dashboard = json.loads(
+        (Path(__file__).parent.parent / "deploy" / "grafana-mpl.json").read_text()
+    )
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"\bmpl_[a-z_]+", e)}
+    assert used and used <= exported, used - exported
+    required = {
+        "mpl_jobs_total", "mpl_job_seconds_bucket", "mpl_jobs_in_flight", "mpl_workers_up",
+        "mpl_sessions", "mpl_bytes_total", "mpl_protocol_errors_total", "mpl_worker_objects",
+        "mpl_worker_rss_bytes", "mpl_spu_lanes",
+    }  # fmt: skip
+    assert required <= exported
