@@ -188,3 +188,30 @@ def test_grafana_dashboard_uses_only_metrics_the_daemons_export() -> None:
         "mpl_worker_rss_bytes", "mpl_spu_lanes",
     }  # fmt: skip
     assert required <= exported
+
+
+def test_refusal_log_is_bounded_per_peer_and_per_second() -> None:
+    import logging
+
+    from mpl.wire.logs import RefusalLog
+
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("test.refusals")
+    logger.propagate = False
+    logger.addHandler(Keep())
+    now = [0.0]
+    refusals = RefusalLog(logger, quiet_s=60.0, burst=3, clock=lambda: now[0])
+    for _ in range(5):
+        refusals.refused("a", "bad")
+    assert lines == ["refused a: bad"]  # repeats of one peer within a minute: counted only
+    for peer in "bcdef":
+        refusals.refused(peer, "bad")
+    assert len(lines) == 3 and refusals.suppressed == 4 + 3  # at most 3 lines a second
+    now[0] = 61.0
+    refusals.refused("a", "bad again")
+    assert lines[-1] == "refused a: bad again (4 more refusals from it were not logged)"
