@@ -215,3 +215,25 @@ def test_refusal_log_is_bounded_per_peer_and_per_second() -> None:
     now[0] = 61.0
     refusals.refused("a", "bad again")
     assert lines[-1] == "refused a: bad again (4 more refusals from it were not logged)"
+
+
+def test_ledger_outcomes_are_a_fixed_set_whatever_error_kind_arrives() -> None:
+    from mpl.broker.ledger import OUTCOMES, JobLedger
+    from mpl.wire.jobs import Exec, JobResult
+    from mpl.wire.remote import ErrorInfo
+
+    clock = [0.0]
+    ledger = JobLedger(clock=lambda: clock[0])
+    for i, kind in enumerate(["WorkerLostError", "Weird<kind>", "x" * 500, ""]):
+        ledger.received(Exec("s", f"j{i}", "d", (0, 1), {}))
+        clock[0] += 0.2
+        span = ledger.sent(JobResult(f"j{i}", error=ErrorInfo(kind, "m")))
+        assert span is not None and span.outcome in OUTCOMES
+    ledger.received(Exec("s", "ok", "d", (0,), {}))
+    clock[0] += 0.003
+    ledger.sent(JobResult("ok", stats={0: {"started": 5.0, "run_s": 0.002}}))
+    assert set(ledger.outcomes) == set(OUTCOMES)
+    assert ledger.outcomes["worker_lost"] == 1 and ledger.outcomes["failed"] == 3
+    assert ledger.outcomes["ok"] == 1 and ledger.count == 5
+    assert ledger.recent[-1].ranks == {0: (5.0, 0.002)}  # the worker's own timing
+    assert sum(ledger.bucket_counts) == 5 and ledger.bucket_counts[2] == 1  # 3 ms: in (2.5, 5] ms
