@@ -8,15 +8,18 @@ import os
 import select
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from helpers import nap, wait_until
 from test_broker_state import W0, W1, D, open_session, program
 
 from mpl.broker.state import BrokerState
 from mpl.driver.job_progress import JobProgress, ProgressBoard, progress
-from mpl.wire import ClusterSpec
+from mpl.wire import ClusterSpec, GraphBuilder
 from mpl.wire.jobs import Done, Exec
 from mpl.wire.progress import Progress
 
@@ -167,3 +170,31 @@ def test_broker_forwards_progress_only_from_the_rank_itself_throttled() -> None:
     assert len(forwarded(W1, Progress(sid, "j", 1, 2, 4, "op"), 1.5)) == 1
     state.handle(W0, Done(sid, "j", 0), 1.6)
     assert forwarded(W0, Progress(sid, "j", 0, 4, 4, "op"), 2.0) == []  # rank 0 has finished
+
+
+def test_a_long_single_op_is_reported_while_it_runs(make_cluster: Any) -> None:
+    cluster = make_cluster("inproc")
+    client = cluster.client()
+    sid = client.open_session().session
+    b = GraphBuilder(2)
+    v = b.op("pcall", [], ranks=(0,), fn=b.fn(nap), args=(1.5,))[0]
+    graph = b.build([v])
+    ended = threading.Event()
+
+    def run() -> None:
+        client.submit(sid, graph, {}, timeout=20)
+        ended.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        seen = wait_until(
+            lambda: [p for p in client.progress.running().values() if p["rank"] == 0],
+            timeout=5,
+            what="a report of the op in progress",
+        )
+        assert not ended.is_set()
+        assert seen[0]["done"] == 0 and seen[0]["total"] == 1 and "nap" in seen[0]["op"]
+    finally:
+        t.join(20)
+    assert ended.is_set() and client.progress.running() == {}

@@ -154,6 +154,7 @@ class Worker:
                 dealer = self.dealer
                 self._perform(self.core.tick(time.monotonic(), self.stats))
                 self.snapshots.serve(self.stats)
+                self.jobs.report_progress()
                 if poller is None or dealer is not self.dealer:
                     poller = zmq.Poller()  # the dealer is replaced on reconnect
                     for sock in (self.dealer, self.pull):
