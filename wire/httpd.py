@@ -20,6 +20,8 @@ from typing import Any
 __all__ = ["MetricsServer"]
 
 log = logging.getLogger("mpl.metrics")
+_MAX_CONCURRENT = 8  # requests served at once; more get 503 (scrapers and a few browsers)
+_CLIENT_TIMEOUT_S = 10.0
 
 
 class MetricsServer:
@@ -41,8 +43,21 @@ class MetricsServer:
     ) -> None:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+        busy = threading.BoundedSemaphore(_MAX_CONCURRENT)
+
         class Handler(BaseHTTPRequestHandler):
+            timeout = _CLIENT_TIMEOUT_S  # a client that stalls cannot hold a thread forever
+
             def do_GET(self) -> None:
+                if not busy.acquire(blocking=False):
+                    self._reply(503, "text/plain", b"busy\n")
+                    return
+                try:
+                    self._serve()
+                finally:
+                    busy.release()
+
+            def _serve(self) -> None:
                 path = self.path.split("?", 1)[0]
                 try:
                     if path == "/metrics":
