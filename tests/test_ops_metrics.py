@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import zmq
 from helpers import boom, one, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
+from mpl.driver.launcher import daemon_command
 from mpl.wire import GraphBuilder, RemoteError
 
 pytestmark = pytest.mark.daemons
@@ -237,3 +239,20 @@ def test_ledger_outcomes_are_a_fixed_set_whatever_error_kind_arrives() -> None:
     assert ledger.outcomes["ok"] == 1 and ledger.count == 5
     assert ledger.recent[-1].ranks == {0: (5.0, 0.002)}  # the worker's own timing
     assert sum(ledger.bucket_counts) == 5 and ledger.bucket_counts[2] == 1  # 3 ms: in (2.5, 5] ms
+
+
+def test_a_duplicate_rank_refusal_is_logged_with_its_peer(make_cluster: Any) -> None:
+    cluster = make_cluster("tcp", broker_args=("--log-format", "json"))
+    cmd = [*daemon_command("mpl-worker"), "--broker", cluster.address, "--rank", "1"]
+    for _ in range(2):  # the same refusal twice: two peers (a socket each), two lines
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=20, cwd=cluster.impl.run_dir
+        )
+        assert proc.returncode == 3
+    lines = [
+        ln
+        for ln in json_lines(cluster.impl.run_dir / "broker.log")
+        if "already served" in ln.get("error", "")
+    ]
+    assert len(lines) == 2 and len({ln["peer"] for ln in lines}) == 2
+    assert all(ln["level"] == "warning" and ln["role"] == "broker" for ln in lines)
