@@ -165,11 +165,10 @@ class ProcessCluster:
             "--job-timeout",
             str(self.job_timeout_s),
             "-v",
-            *self.worker_args,
         ]
         with open(self.run_dir / f"worker{rank}.log", "ab") as log:
             proc = subprocess.Popen(
-                cmd,
+                [*cmd, *self.worker_args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self.env,

@@ -13,10 +13,7 @@ Modules: ``errors`` (the error tree), ``record`` (tagged dataclasses), ``codec``
 frames), ``remote`` (errors on the wire), one module per message family (``control``,
 ``sessions``, ``jobs``, ``data``), ``cluster`` (ClusterSpec), ``graph`` (the IR),
 ``sockets`` (socket options every part applies), ``persist`` (values in files), ``shares``
-(SPU shares), ``lru`` (the bounded caches every part keeps), and what operating the
-daemons needs: ``progress`` (the job progress record), ``logs`` (text/JSON logging and the
-refusal limiter), ``snapshot`` and ``httpd`` (the metrics port), ``metrics_cli`` (the
-options both daemons share).
+(SPU shares) and ``lru`` (the bounded caches every part keeps).
 """
 
 from mpl.wire.cluster import ClusterSpec, Device, Node, RuntimeInfo, SPUConfig
