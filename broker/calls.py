@@ -30,6 +30,7 @@ class JobCall(Call):
     values: dict[int, dict[int, Any]] = field(default_factory=dict)
     stats: dict[int, dict[str, Any]] = field(default_factory=dict)
     metas: dict[int, str] = field(default_factory=dict)
+    progress_sent: dict[int, float] = field(default_factory=dict)  # rank -> last forwarded
 
 
 @dataclass

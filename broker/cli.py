@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import logging
 import os
 import signal
 import sys
@@ -17,6 +16,8 @@ from mpl.wire.curve import Curve, plaintext_safe
 from mpl.wire.errors import ClusterSpecError, KeyFileError, MplError
 from mpl.wire.keys import is_z85_key, load_keypair
 from mpl.wire.lifetime import die_with_parent
+from mpl.wire.logs import configure_logging
+from mpl.wire.metrics_cli import metrics_options, start_metrics
 from mpl.wire.sockets import MAX_MESSAGE
 
 __all__ = ["main"]
@@ -74,6 +75,7 @@ _NO_KEYS = (
     help="Largest frame (bytes) a peer may send; a bigger one drops its connection.",
 )
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@metrics_options
 @click.pass_context
 def main(
     ctx: click.Context,
@@ -85,6 +87,9 @@ def main(
     insecure: bool,
     max_message: int,
     verbose: int,
+    log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Run the mpl broker: it connects drivers and the ranked workers of one cluster.
 
@@ -98,6 +103,8 @@ def main(
       mpl-broker --listen tcp://127.0.0.1:0 --cluster cluster.yaml
       mpl-broker --listen tcp://10.0.0.1:5555 --cluster cluster.yaml --key broker.key_secret
       mpl-broker status tcp://127.0.0.1:5555
+      mpl-broker status tcp://127.0.0.1:5555 --watch 1
+      mpl-broker --world-size 2 --metrics-port 9464 --log-format json
 
     Secure mode (--key): every connection runs CurveZMQ, and only the workers and drivers
     whose keys the cluster spec pins get in. Without keys the broker listens on loopback
@@ -106,10 +113,7 @@ def main(
     if ctx.invoked_subcommand is not None:
         return
     die_with_parent()
-    logging.basicConfig(
-        level=[logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)],
-        format="%(asctime)s mpl-broker %(levelname)s %(message)s",
-    )
+    configure_logging("broker", verbose, log_format)
     if (cluster_file is None) == (world_size is None):
         raise click.UsageError("give exactly one of --cluster FILE or --world-size N")
     try:
@@ -135,12 +139,19 @@ def main(
     except Exception as exc:  # a bad endpoint or a port in use
         raise click.ClickException(f"cannot listen on {listen}: {exc}") from exc
     _stop_on_signals(broker.stop)
+    server = None
+    if metrics_port is not None:
+        from mpl.broker.metrics import serve_metrics
+
+        server = start_metrics(lambda: serve_metrics(broker, metrics_host, metrics_port))
     gc.freeze()  # start-up objects never die: keep the collector from walking them
     click.echo(
         f"mpl-broker listening on {broker.address} "
         f"(world size {cluster.world_size}, {'CURVE' if curve else 'plaintext'}, "
         f"pid {os.getpid()})"
     )
+    if server is not None:
+        click.echo(f"mpl-broker metrics on {server.url}metrics, status page on {server.url}")
     sys.stdout.flush()
     broker.serve_forever()
 
@@ -185,6 +196,16 @@ def _broker_curve(cluster: ClusterSpec, key_file: Path | None) -> Curve | None:
     help="With --key: the spec that pins the broker's key.",
 )
 @click.option("--broker-key", help="With --key, instead of --cluster: the broker's public key.")
+@click.option(
+    "--watch",
+    "watch_s",
+    type=click.FloatRange(min=0.1),
+    is_flag=False,
+    flag_value=2.0,
+    default=None,
+    metavar="[SECONDS]",
+    help="Redraw the table in place every SECONDS (2 if not given) until Ctrl-C.",
+)
 def status(
     url: str,
     timeout: float,
@@ -192,6 +213,7 @@ def status(
     key_file: Path | None,
     cluster_file: Path | None,
     broker_key: str | None,
+    watch_s: float | None,
 ) -> None:
     """Print a running broker's status: ranks, liveness, sessions, jobs, bytes, errors."""
     from mpl.broker.query import query_status
@@ -206,6 +228,13 @@ def status(
             curve.broker  # noqa: B018 - fails early without a broker key
         except (KeyFileError, ClusterSpecError, ValueError) as exc:
             raise click.UsageError(str(exc)) from exc
+    if watch_s is not None:
+        from mpl.broker.watch import watch_status
+
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C ends the watch
+        watch_status(url, watch_s, timeout=timeout, curve=curve)
+        return
+
     try:
         report = query_status(url, timeout=timeout, curve=curve)
     except MplError as exc:

@@ -20,14 +20,17 @@ from typing import Any
 
 import zmq
 
+from mpl.broker.ledger import JobLedger
 from mpl.broker.state import BrokerState, Send
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import decode, encode, frames_nbytes
-from mpl.wire.control import HEARTBEAT_S, Bye, Directory, Heartbeat
+from mpl.wire.control import HEARTBEAT_S, Bye, Directory, Heartbeat, Refused
 from mpl.wire.curve import BROKER_DOMAIN, Curve, broker_admits
 from mpl.wire.errors import ProtocolError
 from mpl.wire.identity import frame_identity
+from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
+from mpl.wire.snapshot import SnapshotSlot
 from mpl.wire.sockets import MAX_MESSAGE, configure, drain
 from mpl.wire.zap import Gatekeeper
 
@@ -76,6 +79,9 @@ class Broker:
         self.state = BrokerState(
             cluster, now=time.monotonic(), heartbeat_s=heartbeat_s, secure=self.secure
         )
+        self.ledger = JobLedger()  # job outcomes and durations, for metrics and the page
+        self.snapshots = SnapshotSlot()  # copies of the state for the metrics thread
+        self.refusals = RefusalLog(log)
         self._fd_peer: dict[int, bytes] = {}
         self._peer_fd: dict[bytes, int] = {}
         self._stopping = threading.Event()
@@ -112,6 +118,7 @@ class Broker:
                     if self.monitor is not None:
                         self._drain_monitor()
                     self._perform(self.state.tick(now))
+                    self.snapshots.serve(self._snapshot)
                     next_tick = time.monotonic() + min(_TICK_S, self.state.heartbeat_s / 4)
             self._say_goodbye()
         finally:
@@ -144,10 +151,11 @@ class Broker:
             try:
                 msg = decode(frames[1:], unpickle=False)
             except ProtocolError as exc:
-                log.warning("bad message from %s: %s", peer.hex(), exc)
-                self._perform(self.state.protocol_error(peer, exc))
+                self.refusals.refused(peer.hex(), f"bad message: {exc}")
+                self._perform(self.state.protocol_error(peer, exc), logged=True)
                 continue
             who = frame_identity(frames[1]) if self.secure else None
+            self.ledger.received(msg)
             self._perform(self.state.handle(peer, msg, now, frames[1:], who=who))
 
     def _drain_monitor(self) -> None:
@@ -168,11 +176,31 @@ class Broker:
                     self._peer_fd.pop(peer, None)
                     self._perform(self.state.disconnected(peer, time.monotonic()))
 
-    def _perform(self, actions: list[Send]) -> None:
+    def _snapshot(self) -> dict[str, Any]:
+        return {"status": self.state.status(time.monotonic()), "ledger": self.ledger.snapshot()}
+
+    def _observe(self, action: Send, logged: bool) -> None:
+        """Metrics and log lines for what the broker sends (not sent yet)."""
+        msg = action.msg
+        if type(msg) is Refused:
+            if not logged:
+                self.refusals.refused(action.peer.hex(), msg.error.message, kind=msg.error.kind)
+            return
+        span = self.ledger.sent(msg)
+        if span is not None and span.outcome != "ok":
+            log.info(
+                "job %s ended: %s",
+                span.job,
+                span.outcome,
+                extra={"session": span.session, "job": span.job},
+            )
+
+    def _perform(self, actions: list[Send], logged: bool = False) -> None:
         encoded: dict[int, list[Any]] = {}  # broadcasts are encoded once
         pending = list(actions)
         while pending:
             action = pending.pop(0)
+            self._observe(action, logged)
             frames = action.raw
             if frames is None:
                 frames = encoded.get(id(action.msg))

@@ -33,6 +33,7 @@ from mpl.wire.errors import RegistrationError
 from mpl.wire.identity import node_identity, rank_of
 from mpl.wire.jobs import Abort, Cancel, Done, Exec, Failed, JobResult, Program
 from mpl.wire.lru import LRU
+from mpl.wire.progress import EVERY_S, Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import (
@@ -53,7 +54,7 @@ __all__ = ["BrokerState", "Send"]
 
 PROGRAM_CACHE = 1024
 RECENT_ERRORS = 20
-_FROM_WORKERS: frozenset[type[Record]] = frozenset({Done, Failed, Reply, Ack})
+_FROM_WORKERS: frozenset[type[Record]] = frozenset({Done, Failed, Reply, Ack, Progress})
 _FROM_ANYONE: frozenset[type[Record]] = frozenset(
     {WorkerHello, Channel, Heartbeat, Bye, StatusRequest}
 )
@@ -117,6 +118,7 @@ class BrokerState:
             Exec: self._on_exec,
             Done: self._on_done,
             Failed: self._on_failed,
+            Progress: self._on_progress,
             Cancel: self._on_cancel,
             Fetch: self._on_fetch,
             Reply: self._on_worker_reply,
@@ -378,6 +380,24 @@ class BrokerState:
             return []
         self._note(f"job {msg.job} failed on rank {msg.rank}: {msg.error.message[:200]}")
         return self._fail_call(job, msg.error)
+
+    def _on_progress(self, peer: bytes, msg: Progress, now: float) -> list[Send]:
+        """Forward a rank's progress to the job's driver: only from the worker serving that
+        rank, for a job in flight that still waits on it, and throttled per job and rank."""
+        job = self.calls.jobs.get(msg.job)
+        worker = self.registry.worker(peer)
+        if (
+            job is None
+            or worker is None
+            or worker.rank != msg.rank
+            or msg.rank not in job.pending
+            or msg.session != job.session
+        ):
+            return []
+        if now - job.progress_sent.get(msg.rank, -EVERY_S) < EVERY_S * 0.8:
+            return []
+        job.progress_sent[msg.rank] = now
+        return [Send(job.driver, msg)]
 
     def _on_cancel(self, peer: bytes, msg: Cancel, now: float) -> list[Send]:
         job = self.calls.jobs.get(msg.job)

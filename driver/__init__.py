@@ -11,10 +11,10 @@
 Modules: contexts (``context``), values (``values``), the device API (``devices``), traced
 programs (``programs``, over ``recorder``), the party API (``simp``) and collectives
 (``collective``), named values (``names``), SPU support (``spu``), trace files
-(``tracefile``), and mplang's spellings of the entry points (``compat``: ``evaluate``,
-``make_simulator``, ``make_driver``...). The low-level ``client`` speaks the wire protocol;
-``simulator`` and ``launcher`` are the only modules that start broker and worker code, and
-they are imported on first use.
+(``tracefile``), progress of running jobs (``job_progress``), and mplang's spellings of the
+entry points (``compat``: ``evaluate``, ``make_simulator``, ``make_driver``...). The
+low-level ``client`` speaks the wire protocol; ``simulator`` and ``launcher`` are the only
+modules that start broker and worker code, and they are imported on first use.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from mpl.driver.compat import (
 )
 from mpl.driver.context import Context, Status, connect, get_context, set_context
 from mpl.driver.devices import device, kernel, put
+from mpl.driver.job_progress import progress
 from mpl.driver.names import delete, load, save
 from mpl.driver.programs import Function, Program, compile, function
 from mpl.driver.values import Value
@@ -99,6 +100,7 @@ __all__ = [
     "make_driver",
     "make_simulator",
     "pickle_by_value",
+    "progress",
     "put",
     "save",
     "set_context",
@@ -108,11 +110,12 @@ __all__ = [
 ]
 
 
-def trace(path: str) -> str:
-    """Write a Chrome/Perfetto trace of the current context's last jobs to ``path``."""
+def trace(path: str, *, last: int | None = None) -> str:
+    """Write a Chrome/Perfetto trace of the current context's last jobs (or the ``last``
+    few) to ``path``."""
     from mpl.driver.context import current
 
-    return current().trace(path)
+    return current().trace(path, last=last)
 
 
 _LAZY = {

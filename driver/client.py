@@ -24,6 +24,7 @@ from typing import Any
 
 import zmq
 
+from mpl.driver.job_progress import ProgressBoard
 from mpl.wire.codec import decode, encode
 from mpl.wire.control import HEARTBEAT_LIVENESS, HEARTBEAT_S, Bye, Heartbeat, Refused, Reregister
 from mpl.wire.curve import Curve
@@ -37,6 +38,7 @@ from mpl.wire.errors import (
 )
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Cancel, Exec, JobResult, Program
+from mpl.wire.progress import Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import from_info
 from mpl.wire.sessions import (
@@ -139,6 +141,7 @@ class Client:
         self._jobs = itertools.count(1)
         self._programs: set[str] = set()
         self.sessions: set[str] = set()
+        self.progress = ProgressBoard()  # jobs in flight: where their ranks are
         self.broker_id = ""
         self._silence: MplError | None = None  # set while the broker is not heard
         self._refused: MplError | None = None  # set for good when the broker refuses our key
@@ -194,6 +197,7 @@ class Client:
             else tuple(sorted({*graph.ranks, *bindings}))
         )
         msg = Exec(session, job, graph.digest, ranks, bindings, inline, limit)
+        self.progress.begin(job)  # ended when its JobResult arrives (see _answer)
         for attempt in range(2):
             if attempt or graph.digest not in self._programs:
                 self._send(Program(graph.digest, graph))
@@ -206,6 +210,7 @@ class Client:
                     f"job {job}",
                 )
             except MplTimeoutError:
+                self.progress.end(job, False)
                 self._send(Cancel(session, job, f"the driver stopped waiting after {limit:g} s"))
                 raise
             assert isinstance(result, JobResult)
@@ -308,6 +313,7 @@ class Client:
                 try:
                     frames = sock.recv_multipart(copy=False)
                 except zmq.Again:
+                    self.progress.tick()
                     continue
                 answer = self._answer(frames, match)
                 if answer is not None:
@@ -324,8 +330,13 @@ class Client:
             self._refuse_answer(frames, match, exc)
             log.warning("bad message from the broker: %s", exc)
             return None
+        if isinstance(answer, JobResult) and not answer.missing_program:
+            self.progress.end(answer.job, answer.error is None)
         if match(answer):
             return answer
+        if isinstance(answer, Progress):
+            self.progress.update(answer)
+            return None
         if isinstance(answer, Refused):
             raise from_info(answer.error)
         if isinstance(answer, Bye):

@@ -193,14 +193,22 @@ class Context:
             self.client.delete(self.session, uris)
 
     def status(self, *, timeout: float | None = None) -> Status:
-        """The cluster's status: ranks, liveness, sessions, jobs, bytes moved, errors."""
-        return Status(self.client.status(timeout=timeout))
+        """The cluster's status: ranks, liveness, sessions, jobs, bytes moved, errors.
 
-    def trace(self, path: str) -> str:
-        """Write a Chrome/Perfetto trace of the last jobs to ``path``; returns ``path``."""
+        ``status()["progress"]`` holds this driver's own jobs in flight: per job the slowest
+        rank's ``done``/``total`` ops and the ``op`` it runs, and every rank under ``ranks``.
+        """
+        report = Status(self.client.status(timeout=timeout))
+        report["progress"] = self.client.progress.running()
+        return report
+
+    def trace(self, path: str, *, last: int | None = None) -> str:
+        """Write a Chrome/Perfetto trace of the last jobs (all kept, or the ``last`` few) to
+        ``path``; returns ``path``."""
         from mpl.driver.tracefile import write_trace
 
-        return write_trace(list(self.jobs), self.cluster, path)
+        jobs = list(self.jobs)
+        return write_trace(jobs[-last:] if last else jobs, self.cluster, path)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"session {self.session}"

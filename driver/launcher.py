@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ __all__ = ["LocalCluster", "ProcessCluster", "daemon_command", "local_cluster"]
 
 _LISTENING = re.compile(r"mpl-broker listening on (\S+)")
 LOCAL_DRIVER = "local"  # the driver key a secure local cluster makes for its own context
+_METRICS = re.compile(r"metrics on (http://\S+)/metrics")
 
 
 def _free_port() -> int:
@@ -70,9 +72,12 @@ class ProcessCluster:
         ready_timeout: float = 30.0,
         env: dict[str, str] | None = None,
         secure: bool = False,
-        worker_args: dict[int, list[str]] | None = None,
+        broker_args: Sequence[str] = (),
+        worker_args: Sequence[str] | Mapping[int, Sequence[str]] = (),
     ) -> None:
-        self.worker_args = worker_args or {}  # extra mpl-worker options per rank
+        self.broker_args = tuple(broker_args)  # extra options, e.g. ("--metrics-port", "0")
+        # extra mpl-worker options: the same for every rank, or per rank
+        self.worker_args = worker_args
         self._tmp = None
         if run_dir is None:
             self._tmp = tempfile.mkdtemp(prefix="mpl-cluster-")
@@ -158,6 +163,7 @@ class ProcessCluster:
             "--heartbeat",
             str(self.heartbeat_s),
             "-v",
+            *self.broker_args,
         ]
         if self.curve is not None:
             cmd += ["--key", str(self.key_file("broker"))]
@@ -178,6 +184,10 @@ class ProcessCluster:
             time.sleep(0.01)
         raise MplTimeoutError(f"mpl-broker did not start within {ready_timeout:g} s")
 
+    def _worker_args(self, rank: int) -> tuple[str, ...]:
+        extra = self.worker_args
+        return tuple(extra.get(rank, ())) if isinstance(extra, Mapping) else tuple(extra)
+
     def start_worker(self, rank: int) -> subprocess.Popen[bytes]:
         cmd = [
             *daemon_command("mpl-worker"),
@@ -193,7 +203,7 @@ class ProcessCluster:
             str(self.job_timeout_s),
             "-v",
             *(["--trusted"] if self.cluster.trusted else []),
-            *self.worker_args.get(rank, []),
+            *self._worker_args(rank),
         ]
         if self.curve is not None:
             name = self.cluster.nodes[rank].name
@@ -238,6 +248,18 @@ class ProcessCluster:
                     )
                 time.sleep(0.01)
         raise MplTimeoutError(f"ranks {sorted(want)} were not all up within {timeout:g} s: {last}")
+
+    def metrics_url(self, name: str = "broker", timeout: float = 10.0) -> str:
+        """The base URL (``http://host:port``) a daemon printed for its metrics port;
+        ``name`` is ``broker`` or ``worker<R>``."""
+        path = self.run_dir / ("broker.out" if name == "broker" else f"{name}.log")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            match = _METRICS.search(path.read_text() if path.exists() else "")
+            if match:
+                return match.group(1)
+            time.sleep(0.02)
+        raise MplTimeoutError(f"{name} printed no metrics address within {timeout:g} s")
 
     def kill_worker(self, rank: int, sig: int = signal.SIGKILL) -> None:
         proc = self.workers[rank]

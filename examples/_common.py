@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 from collections.abc import Iterator
 
 import mpl.driver as mp
@@ -31,6 +32,9 @@ def cluster(description: str, world_size: int) -> Iterator[mp.Context]:
         with ctx:
             try:
                 yield ctx
+                trace = os.environ.get("MPL_TRACE")  # scripts/demo.sh: trace the last job
+                if trace and ctx.jobs:
+                    ctx.trace(trace, last=1)
             finally:
                 ctx.close()
     elif args.sim:

@@ -18,5 +18,5 @@ for f in "${pidfiles[@]}"; do
   fi
   rm -f "$f"
 done
-rm -f "$RUN/broker.url"
+rm -f "$RUN/broker.url" "$RUN/metrics.url"
 echo "stopped ${#pidfiles[@]} processes"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Start a broker and N workers (default 2) in the background on free loopback ports.
 # Logs, pids and the broker URL go to .mpl/run/ (or $MPL_RUN_DIR); the URL is printed on stdout.
+# The broker's metrics and status page listen on a free loopback port: see $RUN/metrics.url.
 # Stop them with scripts/cluster-down.sh.   Usage: scripts/cluster-up.sh [N]
 set -euo pipefail
 source "$(dirname "$0")/_venv.sh"
@@ -19,7 +20,7 @@ for pidfile in "$RUN"/*.pid; do
 done
 
 : > "$RUN/broker.out"
-nohup "$VENV/bin/mpl-broker" --listen tcp://127.0.0.1:0 --world-size "$N" -v \
+nohup "$VENV/bin/mpl-broker" --listen tcp://127.0.0.1:0 --world-size "$N" -v --metrics-port 0 \
   > "$RUN/broker.out" 2> "$RUN/broker.log" < /dev/null &
 echo $! > "$RUN/broker.pid"
 
@@ -54,4 +55,5 @@ while time.monotonic() < deadline:
 sys.exit(f"not all {n} workers joined within 30 s; see the worker logs")
 PY
 echo "$URL" > "$RUN/broker.url"
+sed -n 's/^mpl-broker metrics on [^ ]*, status page on \(http[^ ]*\).*/\1/p' "$RUN/broker.out" > "$RUN/metrics.url"
 echo "$URL"

@@ -22,17 +22,33 @@ trap '"$ROOT/scripts/cluster-down.sh" > /dev/null' EXIT
 echo "== starting a local cluster: mpl-broker + 3 mpl-worker (logs in $MPL_RUN_DIR)"
 URL="$("$ROOT/scripts/cluster-up.sh" 3)"
 echo "   broker at $URL"
+if [ -s "$MPL_RUN_DIR/metrics.url" ]; then
+  echo "   its status page (open it while the demo runs): $(cat "$MPL_RUN_DIR/metrics.url")"
+  echo "   Prometheus metrics: $(cat "$MPL_RUN_DIR/metrics.url")metrics"
+fi
 
 examples=(millionaire party_stats pipeline party_files)
 long=(secure_stats logistic_regression)
 if [ "$SHORT" = 0 ]; then examples+=("${long[@]}"); fi
+TRACE="$MPL_RUN_DIR/last-job.trace.json"
+rm -f "$TRACE"
+last="${examples[-1]}"
 for name in "${examples[@]}"; do
   echo
   echo "== examples/$name.py: $(sed -n '1s/^"""//p' "examples/$name.py")"
-  "$PY" "examples/$name.py" --url "$URL"
+  if [ "$name" = "$last" ]; then
+    MPL_TRACE="$TRACE" "$PY" "examples/$name.py" --url "$URL"
+  else
+    "$PY" "examples/$name.py" --url "$URL"
+  fi
 done
+echo
+echo "== the cluster now: mpl-broker status $URL"
+"$VENV/bin/mpl-broker" status "$URL"
+echo
+echo "== a Perfetto trace of the last job (examples/$last.py): $TRACE"
+echo "   open https://ui.perfetto.dev and drop the file on it (or use chrome://tracing):"
+echo "   one row per rank, one span per op"
 echo
 echo "== examples/millionaire.py --secure: the same on a local cluster in secure mode (CurveZMQ)"
 "$PY" examples/millionaire.py --secure
-echo
-"$VENV/bin/mpl-broker" status "$URL" | head -6

@@ -129,6 +129,10 @@ class FakeJob:
         self.rank = rank
         self.spans: list[list[Any]] = []
         self.sent: list[tuple[int, int, Any]] = []
+        self.progress: list[tuple[int, int, int]] = []
+
+    def starting(self, done: int, total: int, graph: Any, index: int) -> None:
+        self.progress.append((done, total, index))
 
     def send(self, dst: int, op: int, seq: int, value: Any) -> None:
         self.sent.append((dst, op, value))
@@ -153,5 +157,6 @@ def test_interpreter_runs_only_this_ranks_ops_and_frees_intermediates() -> None:
     out = run_graph(plan, [41], job)
     assert out == [42, ABSENT]
     assert job.sent == [(1, 1, 42)]
+    assert job.progress == [(0, 2, 0), (1, 2, 1)]  # rank 0 runs ops 0 and 1 of the 3
     other = run_graph(Plan.build(g, 1), [ABSENT], FakeJob(1))
     assert other == ["from 0", "FROM 0"]

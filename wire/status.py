@@ -72,6 +72,16 @@ def format_status(status: dict[str, Any]) -> str:
         "",
         *_table(["session", "name", "drivers", "idle", "lease", "symbols", "jobs"], sessions),
     ]
+    running = status.get("progress") or {}
+    if running:
+        lines += ["", "this driver's jobs in progress:"]
+        for job, p in running.items():
+            where = (
+                f"rank {p['rank']} at op {p['done']}/{p['total']} ({p['op']})"
+                if p.get("rank") is not None
+                else "no report yet"
+            )
+            lines.append(f"  {job}: {p.get('elapsed_s', 0):.1f} s, slowest {where}")
     errors = status.get("errors", [])
     lines += ["", f"recent errors ({len(errors)}):" if errors else "recent errors: none"]
     lines += [f"  {e}" for e in errors]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import logging
 import signal
 import sys
 from pathlib import Path
@@ -16,6 +15,8 @@ from mpl.wire.curve import Curve, plaintext_safe
 from mpl.wire.errors import ClusterSpecError, KeyFileError
 from mpl.wire.keys import load_keypair
 from mpl.wire.lifetime import die_with_parent
+from mpl.wire.logs import configure_logging
+from mpl.wire.metrics_cli import metrics_options, start_metrics
 from mpl.wire.sockets import MAX_MESSAGE
 
 __all__ = ["main"]
@@ -114,6 +115,7 @@ __all__ = ["main"]
     "the 'mpl.kernels' entry points.",
 )
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@metrics_options
 def main(
     broker: str,
     rank: int,
@@ -131,6 +133,9 @@ def main(
     code: str,
     kernel_modules: tuple[str, ...],
     verbose: int,
+    log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Run the mpl worker for one party (rank) of a cluster.
 
@@ -151,10 +156,7 @@ def main(
           --data-port 6000 --spu-port 6001 --key node0.key_secret --cluster cluster.yaml
     """
     die_with_parent()
-    logging.basicConfig(
-        level=[logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)],
-        format=f"%(asctime)s mpl-worker[{rank}] %(levelname)s %(message)s",
-    )
+    configure_logging("worker", verbose, log_format, rank=rank)
     from mpl.worker.daemon import Worker
 
     curve = _worker_curve(rank, key_file, cluster_file)
@@ -196,6 +198,11 @@ def main(
     gc.freeze()  # start-up objects never die: keep the collector from walking them
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    if metrics_port is not None:
+        from mpl.worker.metrics import serve_metrics
+
+        server = start_metrics(lambda: serve_metrics(worker, metrics_host, metrics_port))
+        click.echo(f"mpl-worker rank {rank} metrics on {server.url}metrics")
     click.echo(
         f"mpl-worker rank {rank} (pid {worker.core.hello.pid}) data {worker.data_addr}, "
         f"spu {worker.spu_links.address}, broker {broker}, "

@@ -34,10 +34,12 @@ from mpl.wire.curve import PEER_DOMAIN, Curve, peer_admits
 from mpl.wire.data import Delete, Fetch, Move
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Abort, Exec, Failed, Program
+from mpl.wire.logs import RefusalLog
 from mpl.wire.lru import LRU
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import DeleteSymbol, SaveSymbol, SessionClosed
+from mpl.wire.snapshot import SnapshotSlot
 from mpl.wire.sockets import MAX_MESSAGE, configure, drain
 from mpl.wire.zap import Gatekeeper
 from mpl.worker.code_policy import CODE_POLICIES, REFUSAL, holds_pickle
@@ -45,6 +47,7 @@ from mpl.worker.core import Joined, Reconnect, Stop, ToBroker, WorkerCore
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
 from mpl.worker.kernel_table import KernelTable, node_bindings
 from mpl.worker.mailbox import Mailbox
+from mpl.worker.metrics import rss_bytes
 from mpl.worker.peers import PeerLinks
 from mpl.worker.spu_kernels import SpuService
 from mpl.worker.spu_link import SpuLinks
@@ -174,6 +177,8 @@ class Worker:
         self.joined = threading.Event()
         self.bytes_in = 0
         self.protocol_errors = 0
+        self.snapshots = SnapshotSlot()  # copies of stats() for the metrics thread
+        self.refusals = RefusalLog(log)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -200,6 +205,8 @@ class Worker:
             while not self._stopping.is_set():
                 dealer = self.dealer
                 self._perform(self.core.tick(time.monotonic(), self.stats))
+                self.snapshots.serve(self.stats)
+                self.jobs.report_progress()
                 if poller is None or dealer is not self.dealer:
                     poller = zmq.Poller()  # the dealer is replaced on reconnect
                     for sock in (self.dealer, self.pull, self._handshakes):
@@ -240,6 +247,7 @@ class Worker:
             **self.jobs.stats(),
             "bytes_in": self.bytes_in,
             "protocol_errors": self.protocol_errors + self.spu_links.protocol_errors,
+            "rss_bytes": rss_bytes(),
         }
 
     # -- sockets --------------------------------------------------------------------------
@@ -290,7 +298,8 @@ class Worker:
                 if sock is self.dealer and self._undecodable(frames, exc):
                     continue
                 self.protocol_errors += 1
-                log.warning("rank %d: dropped a bad message: %s", self.rank, exc)
+                source = "the broker" if sock is self.dealer else "a peer"
+                self.refusals.refused(source, f"dropped a bad message: {exc}")
                 continue
             if sock is self.pull:
                 self.bytes_in += frames_nbytes(frames)
@@ -419,7 +428,7 @@ class Worker:
     def _on_peer(self, msg: Record) -> None:
         if not isinstance(msg, Move) or msg.dst != self.rank:
             self.protocol_errors += 1
-            log.warning("rank %d: unexpected %s on the peer socket", self.rank, msg.TAG)
+            self.refusals.refused("a peer", f"unexpected {msg.TAG} on the peer socket")
             return
         self.mailbox.deliver((msg.session, msg.job, msg.op, msg.seq, msg.src), msg.value)
 

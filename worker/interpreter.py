@@ -48,6 +48,10 @@ class JobContext(Protocol):
         """A per-worker service a kernel needs (e.g. "spu"), created on first use."""
         ...
 
+    def starting(self, done: int, total: int, graph: Graph, index: int) -> None:
+        """Op ``index`` starts; ``done`` of this rank's ``total`` ops have run (progress)."""
+        ...
+
 
 Kernel = Callable[[JobContext, Graph, int, Op, list[Any]], list[Any]]
 KERNELS: dict[str, Kernel] = {}
@@ -87,6 +91,7 @@ class Plan:
     graph: Graph
     rank: int
     free_after: tuple[tuple[int, ...], ...]  # values to drop once op k has run
+    ops_here: int = 0  # ops this rank takes part in (progress reports count them)
 
     @classmethod
     def build(cls, graph: Graph, rank: int) -> Plan:
@@ -99,7 +104,8 @@ class Plan:
         for v, k in last.items():
             if v not in keep:
                 free[k].append(v)
-        return cls(graph, rank, tuple(tuple(f) for f in free))
+        here = sum(1 for op in graph.ops if rank in op.ranks)
+        return cls(graph, rank, tuple(tuple(f) for f in free), here)
 
 
 def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
@@ -108,8 +114,11 @@ def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
     env: dict[int, Any] = {i: v for i, v in enumerate(inputs) if v is not ABSENT}
     vid = len(graph.inputs)
     origin = time.monotonic()
+    done = 0
     for k, op in enumerate(graph.ops):
         if rank in op.ranks:
+            ctx.starting(done, plan.ops_here, graph, k)
+            done += 1
             args = [env.get(v, ABSENT) for v in op.inputs]
             start = time.monotonic()
             try:

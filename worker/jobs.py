@@ -22,11 +22,12 @@ from mpl.wire.errors import JobAbortedError, SessionError, UnsafeValueError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Abort, Done, Exec, Failed, Lit, Program, output_uri
 from mpl.wire.lru import LRU
+from mpl.wire.progress import EVERY_S, FIRST_AFTER_S, Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo, to_info
 from mpl.wire.safe_values import unsafe
 from mpl.wire.sessions import Ack, DeleteSymbol, Reply, SaveSymbol
-from mpl.worker.interpreter import ABSENT, OpFailed, Plan, run_graph
+from mpl.worker.interpreter import ABSENT, OpFailed, Plan, op_label, run_graph
 from mpl.worker.mailbox import Mailbox
 from mpl.worker.peers import PeerLinks
 from mpl.worker.spu_link import SpuMailbox
@@ -123,6 +124,27 @@ class _JobRun:
         self.rank = jobs.rank
         self.deadline = deadline
         self.spans: list[list[Any]] = []
+        self._next_report = time.monotonic() + FIRST_AFTER_S  # short jobs report nothing
+        self._position: tuple[int, int, Graph, int] | None = None
+        self._reported: tuple[int, int] | None = None
+
+    def starting(self, done: int, total: int, graph: Graph, index: int) -> None:
+        self._position = (done, total, graph, index)
+        self.report(time.monotonic())
+
+    def report(self, now: float) -> None:
+        """Send where the job is if a report is due and says something new. Called at each
+        op (job thread) and by the I/O thread, so a long op is reported too."""
+        position = self._position
+        if position is None or now < self._next_report:
+            return
+        done, total, graph, index = position
+        if self._reported == (done, index):
+            return
+        self._next_report = now + EVERY_S
+        self._reported = (done, index)
+        label = op_label(graph, index)
+        self._jobs.post(Progress(self.session, self.job, self.rank, done, total, label))
 
     def send(self, dst: int, op: int, seq: int, value: Any) -> None:
         move = Move(self.session, self.job, op, seq, self.rank, dst, value)
@@ -173,6 +195,7 @@ class Jobs:
         self._plans: dict[tuple[str, int], Plan] = {}
         self._lock = threading.Lock()
         self._active: set[tuple[str, str]] = set()
+        self._runs: dict[tuple[str, str], _JobRun] = {}  # running jobs, for progress reports
         # SPU lanes are dropped by every member at the same points: the failed SPU jobs.
         self._spu_jobs: LRU[tuple[str, str], bool] = LRU(_CLOSED_MEMORY)
         self._spu_counted: LRU[tuple[str, str], bool] = LRU(_CLOSED_MEMORY)
@@ -255,6 +278,7 @@ class Jobs:
         timeout = msg.timeout_s if msg.timeout_s > 0 else self.job_timeout_s
         run = _JobRun(self, sid, job, started + timeout)
         self._active.add((sid, job))
+        self._runs[(sid, job)] = run
         try:
             mine = msg.bindings.get(self.rank) or [None] * len(graph.inputs)
             inputs = [self._resolve(sid, b) for b in mine]
@@ -272,6 +296,13 @@ class Jobs:
             self.failed += 1
             self.spu_job_failed(sid, job)
             info = to_info(exc.cause, rank=self.rank, op=exc.label, job=job, remote=True)
+            log.info(
+                "job %s failed at op %s: %s",
+                job,
+                exc.label,
+                info.message[:200],
+                extra={"session": sid, "job": job, "error": info.message[:200]},
+            )
             self.post(Failed(sid, job, self.rank, info))
             return
         except Exception as exc:
@@ -283,6 +314,7 @@ class Jobs:
             return
         finally:
             self._active.discard((sid, job))
+            self._runs.pop((sid, job), None)
             self.mailbox.end(sid, job)
             if self.spu_mailbox is not None:
                 self.spu_mailbox.end(sid, job)
@@ -394,6 +426,15 @@ class Jobs:
     def close_all(self, reason: str) -> None:
         for sid in self.store.session_ids() + list(self._runners):
             self.close_session(sid, reason)
+
+    def report_progress(self) -> None:
+        """From the I/O thread: report running jobs whose op runs long (no op boundary
+        came to report it)."""
+        if not self._runs:
+            return
+        now = time.monotonic()
+        for run in list(self._runs.values()):
+            run.report(now)
 
     def stats(self) -> dict[str, int]:
         extra: dict[str, int] = {}

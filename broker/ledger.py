@@ -1,0 +1,138 @@
+"""What the broker remembers about jobs for its metrics and status page. No I/O.
+
+The shell shows it every message it decodes (:meth:`JobLedger.received`) and every message
+it sends (:meth:`JobLedger.sent`): a job starts with its ``Exec`` and ends with the one
+``JobResult`` the broker answers it with. From that come the job counters by outcome, the
+job-duration histogram, jobs per second, and the last jobs per rank for the timeline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from mpl.wire.jobs import Exec, JobResult
+from mpl.wire.lru import LRU
+from mpl.wire.record import Record
+
+__all__ = ["BUCKETS", "OUTCOMES", "JobLedger", "JobSpan", "outcome_of"]
+
+# Seconds; the jobs people run here range from a millisecond round trip to long MPC jobs.
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+           60.0, 300.0)  # fmt: skip
+# A label value per outcome: a fixed set, whatever error kind a peer writes (label
+# cardinality must not follow network input).
+OUTCOMES = ("ok", "failed", "worker_lost", "aborted", "timeout", "rejected")
+_KIND_OUTCOME = {
+    "WorkerLostError": "worker_lost",
+    "JobAbortedError": "aborted",
+    "MplTimeoutError": "timeout",
+    "SessionError": "rejected",
+    "ProtocolError": "rejected",
+    "AuthenticationError": "rejected",
+}
+_STARTED_LIMIT = 65536  # jobs in flight remembered; beyond it the oldest start is forgotten
+_RATE_WINDOW_S = 10.0
+
+
+def outcome_of(result: JobResult) -> str:
+    if result.error is None:
+        return "ok"
+    return _KIND_OUTCOME.get(result.error.kind, "failed")
+
+
+@dataclass(frozen=True)
+class JobSpan:
+    """One finished job, as the timeline draws it."""
+
+    job: str
+    session: str
+    started: float  # wall clock at the broker
+    seconds: float
+    outcome: str
+    ranks: dict[int, tuple[float, float]]  # rank -> (wall start, seconds) of its part
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "session": self.session,
+            "started": self.started,
+            "seconds": self.seconds,
+            "outcome": self.outcome,
+            "ranks": {str(r): list(span) for r, span in self.ranks.items()},
+        }
+
+
+class JobLedger:
+    """Job counts, durations and the last ``recent`` jobs, fed by the broker's shell."""
+
+    def __init__(self, recent: int = 200, clock: Any = time.monotonic) -> None:
+        self.clock = clock
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)
+        self.bucket_counts = [0] * len(BUCKETS)  # not cumulative: job count per bucket
+        self.seconds_sum = 0.0
+        self.count = 0
+        self.recent: deque[JobSpan] = deque(maxlen=recent)
+        self._ends: deque[float] = deque(maxlen=100_000)
+        # job -> (monotonic start, wall start, session, ranks)
+        self._started: LRU[str, tuple[float, float, str, tuple[int, ...]]] = LRU(_STARTED_LIMIT)
+
+    def received(self, msg: Record) -> None:
+        if type(msg) is Exec and msg.job not in self._started:
+            self._started[msg.job] = (self.clock(), time.time(), msg.session, msg.ranks)
+
+    def sent(self, msg: Record) -> JobSpan | None:
+        """Note a message the broker sends; the finished job if it answers one."""
+        if type(msg) is JobResult and not msg.missing_program:
+            return self._finish(msg)
+        return None
+
+    def _finish(self, result: JobResult) -> JobSpan | None:
+        now = self.clock()
+        start = self._started.pop(result.job, None)
+        outcome = outcome_of(result)
+        self.outcomes[outcome] += 1
+        self._ends.append(now)
+        if start is None:  # an Exec we never saw (forgotten, or answered before it counted)
+            return None
+        mono, wall, session, ranks = start
+        seconds = now - mono
+        self.count += 1
+        self.seconds_sum += seconds
+        for i, bound in enumerate(BUCKETS):
+            if seconds <= bound:
+                self.bucket_counts[i] += 1
+                break
+        parts: dict[int, tuple[float, float]] = {}
+        for rank in ranks:
+            stats = result.stats.get(rank) or {}
+            began, run_s = stats.get("started"), stats.get("run_s")
+            if isinstance(began, (int, float)) and isinstance(run_s, (int, float)):
+                parts[rank] = (float(began), float(run_s))
+            else:  # failed jobs carry no per-rank stats: draw the broker's view
+                parts[rank] = (wall, seconds)
+        span = JobSpan(result.job, session, wall, seconds, outcome, parts)
+        self.recent.append(span)
+        return span
+
+    def jobs_per_second(self, window_s: float = _RATE_WINDOW_S) -> float:
+        now = self.clock()
+        ended = 0
+        for t in reversed(self._ends):
+            if now - t > window_s:
+                break
+            ended += 1
+        return ended / window_s
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy that another thread may read while the broker goes on."""
+        return {
+            "outcomes": dict(self.outcomes),
+            "buckets": list(zip(BUCKETS, self.bucket_counts, strict=True)),
+            "seconds_sum": self.seconds_sum,
+            "seconds_count": self.count,
+            "jobs_per_second": self.jobs_per_second(),
+            "recent": [span.to_dict() for span in self.recent],
+        }

@@ -1,0 +1,190 @@
+"""Progress of the driver's jobs in flight: the numbers, and a bar on a terminal.
+
+Workers report where each rank of a long job is (``mpl.wire.progress.Progress``); the
+client hands every report to its :class:`ProgressBoard`. The board keeps the numbers for
+``ctx.status()`` and for whoever watches a job (a Future, say, through :meth:`watch`), and
+draws one tqdm line per job that has run for :data:`BAR_AFTER_S`, showing the slowest
+rank, when stderr is a terminal. ``mp.progress(False)`` or ``MPL_PROGRESS=0`` turns the
+bar off; the numbers are kept either way.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpl.wire.lru import LRU
+from mpl.wire.progress import Progress
+
+__all__ = ["BAR_AFTER_S", "JobProgress", "ProgressBoard", "bars_enabled", "progress"]
+
+BAR_AFTER_S = 1.0  # jobs shorter than this never show a bar
+_REMEMBERED = 4096  # jobs in flight tracked per client (one that ends unseen is forgotten)
+
+_enabled: bool | None = None  # None: follow MPL_PROGRESS (default on)
+
+
+def progress(enabled: bool | None = None) -> bool:
+    """Turn progress bars on or off for this process (``None``: just ask); returns the
+    setting now. Bars show only when stderr is a terminal; ``MPL_PROGRESS=0`` is the default
+    off switch."""
+    global _enabled
+    if enabled is not None:
+        _enabled = bool(enabled)
+    if _enabled is not None:
+        return _enabled
+    return os.environ.get("MPL_PROGRESS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def bars_enabled() -> bool:
+    stream = sys.stderr
+    return progress() and stream is not None and stream.isatty()
+
+
+@dataclass
+class JobProgress:
+    """Where one job is: per rank, ``(ops done, ops total, op running now)``."""
+
+    job: str
+    started: float = field(default_factory=time.monotonic)
+    ranks: dict[int, tuple[int, int, str]] = field(default_factory=dict)
+
+    def slowest(self) -> tuple[int, int, int, str] | None:
+        """``(rank, done, total, op)`` of the rank least far along, or None before any report."""
+        if not self.ranks:
+            return None
+        rank, (done, total, op) = min(
+            self.ranks.items(), key=lambda kv: (kv[1][0] / max(kv[1][1], 1), kv[0])
+        )
+        return rank, done, total, op
+
+    def to_dict(self) -> dict[str, Any]:
+        slow = self.slowest()
+        return {
+            "job": self.job,
+            "elapsed_s": time.monotonic() - self.started,
+            "rank": slow[0] if slow else None,
+            "done": slow[1] if slow else 0,
+            "total": slow[2] if slow else 0,
+            "op": slow[3] if slow else "",
+            "ranks": {r: {"done": d, "total": t, "op": o} for r, (d, t, o) in self.ranks.items()},
+        }
+
+
+class _Bar:
+    """One tqdm line for one job (tqdm is imported when the first bar is drawn)."""
+
+    def __init__(self, job: str, elapsed: float) -> None:
+        from tqdm import tqdm
+
+        # a terminal that reports no size (a fresh pty says 0 x 0) would hide the bar
+        size = shutil.get_terminal_size((100, 24))
+        self.bar = tqdm(
+            total=None,
+            desc=f"mpl job {job}",
+            unit="op",
+            leave=True,
+            ncols=size.columns or 100,
+            nrows=size.lines or 24,
+        )
+        self.bar.start_t -= elapsed  # rates and times count from the job's start
+
+    def show(self, p: JobProgress) -> None:
+        slow = p.slowest()
+        if slow is None:
+            self.bar.refresh()
+            return
+        rank, done, total, op = slow
+        self.bar.total = total
+        self.bar.n = done
+        self.bar.set_postfix_str(f"rank {rank}: {op}", refresh=False)
+        self.bar.refresh()
+
+    def finish(self, ok: bool) -> None:
+        if ok and self.bar.total:
+            self.bar.n = self.bar.total
+            self.bar.set_postfix_str("done", refresh=False)
+            self.bar.refresh()
+        self.bar.close()
+
+
+class ProgressBoard:
+    """The progress of one client's jobs in flight; safe to use from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: LRU[str, JobProgress] = LRU(_REMEMBERED)
+        self._bars: dict[str, _Bar] = {}
+        self._watchers: dict[str, list[Callable[[JobProgress], None]]] = {}
+        self._mine = threading.local()  # the job this thread waits for
+
+    def begin(self, job: str) -> None:
+        """A job was submitted by this thread."""
+        with self._lock:
+            self._jobs[job] = JobProgress(job)
+        self._mine.job = job
+
+    def update(self, msg: Progress) -> None:
+        """A report arrived (from whichever thread received it)."""
+        with self._lock:
+            p = self._jobs.get(msg.job)
+            if p is None:
+                return  # a job that already ended, or not ours
+            p.ranks[msg.rank] = (msg.done, msg.total, msg.op)
+            watchers = list(self._watchers.get(msg.job, ()))
+        for watch in watchers:
+            watch(p)
+        self._draw(p)
+
+    def tick(self) -> None:
+        """This thread woke while waiting: a bar appears once its job runs long enough,
+        even before any report (one long op sends none)."""
+        job = getattr(self._mine, "job", None)
+        p = self._jobs.get(job) if job is not None else None
+        if p is not None:
+            self._draw(p)
+
+    def end(self, job: str, ok: bool) -> None:
+        """The job's answer arrived."""
+        with self._lock:
+            self._jobs.pop(job, None)
+            self._watchers.pop(job, None)
+            bar = self._bars.pop(job, None)
+        if getattr(self._mine, "job", None) == job:
+            self._mine.job = None
+        if bar is not None:
+            bar.finish(ok)
+
+    def get(self, job: str) -> JobProgress | None:
+        with self._lock:
+            return self._jobs.get(job)
+
+    def watch(self, job: str, callback: Callable[[JobProgress], None]) -> None:
+        """Call ``callback(progress)`` on every report for ``job`` until it ends."""
+        with self._lock:
+            if job in self._jobs:
+                self._watchers.setdefault(job, []).append(callback)
+
+    def running(self) -> dict[str, dict[str, Any]]:
+        """Every job in flight as plain numbers (``ctx.status()["progress"]``)."""
+        with self._lock:
+            return {job: p.to_dict() for job, p in self._jobs.items()}
+
+    def _draw(self, p: JobProgress) -> None:
+        bar = self._bars.get(p.job)
+        if bar is None:
+            if time.monotonic() - p.started < BAR_AFTER_S or not bars_enabled():
+                return
+            with self._lock:
+                if p.job not in self._jobs:
+                    return
+                bar = self._bars.get(p.job)
+                if bar is None:
+                    bar = self._bars[p.job] = _Bar(p.job, time.monotonic() - p.started)
+        bar.show(p)
