@@ -27,7 +27,7 @@ if [ -s "$MPL_RUN_DIR/metrics.url" ]; then
   echo "   Prometheus metrics: $(cat "$MPL_RUN_DIR/metrics.url")metrics"
 fi
 
-examples=(millionaire party_stats pipeline party_files)
+examples=(millionaire party_files party_stats pipeline)  # pipeline last: its trace spans 3 ranks
 long=(secure_stats logistic_regression)
 if [ "$SHORT" = 0 ]; then examples+=("${long[@]}"); fi
 TRACE="$MPL_RUN_DIR/last-job.trace.json"

@@ -33,6 +33,15 @@ def scale(x, factor=2):
 def summary(x):
     x = np.asarray(x)
     return float(x.sum()), int(x.size)
+
+
+class Box:  # not in the safe value format: it crosses only a trusted cluster, pickled
+    def __init__(self, x):
+        self.x = x
+
+
+def boxed(x):
+    return Box(x)
 """
 
 
@@ -59,6 +68,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessCluster
     (dist / "entry_points.txt").write_text("[mpl.kernels]\nacme.summary = acme_kernels:summary\n")
     spec = ClusterSpec.simple(
         2,
+        trusted=True,  # so a pickled peer move can reach the rank that refuses code
         op_bindings=[
             {"math.scale": "acme_kernels:scale", "stats.summary": "acme.summary"},
             {"times": "acme_kernels:scale", "summarize": "acme.summary"},
@@ -131,7 +141,7 @@ def test_code_kernels_refuses_pickled_code_before_unpickling(ctx: Context, tmp_p
         mp.fetch(mp.device("P0")(mp.kernel("math.scale"))(Trap(refused)))  # a pickled input
     assert info.value.remote_type == "PermissionError"
     assert not refused.exists()  # nothing was unpickled on rank 0
-    pickled_on_p1 = mp.device("P1")(lambda: {1, 2})()  # a set travels pickled
+    pickled_on_p1 = mp.device("P1")(mp.kernel("acme_kernels:boxed"))(1)  # a pickled value
     with pytest.raises(mp.RemotePermissionError, match="a value moved from rank 1"):
         mp.fetch(mp.device("P0")(mp.kernel("math.scale"))(pickled_on_p1))  # fails, not hangs
     x = mp.put("P0", np.arange(2.0))  # and it still runs what it allows

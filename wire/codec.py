@@ -62,7 +62,7 @@ from mpl.wire.decoder import (
 )
 from mpl.wire.errors import ProtocolError, UnsafeValueError
 from mpl.wire.record import Record, record_fields
-from mpl.wire.safe_values import MAX_DEPTH, encode_extra, unsafe
+from mpl.wire.safe_values import MAX_DEPTH, encode_extra, host_array, unsafe
 
 if TYPE_CHECKING:
     import numpy as np
@@ -200,7 +200,10 @@ class _Encoder:
         if extra is not None:
             return extra
         if self.safe:
-            raise unsafe(obj)
+            array = host_array(obj)
+            if array is None:
+                raise unsafe(obj)
+            return msgpack.ExtType(ARRAY, self.pack(self._array(array)))
         if t is Pickled:
             return msgpack.ExtType(PICKLE, self.pack(self._pickled(obj.payload, obj.buffers)))
         return self._pickle(obj)

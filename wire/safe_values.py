@@ -12,6 +12,7 @@ value                                              travels as
 ``str``, ``bytes``, ``bytearray``, ``memoryview``  msgpack, or a raw frame from 1 KiB
 numpy arrays of every non-object dtype             a raw frame, zero-copy (ARRAY)
 numpy scalars of those dtypes                      SCALAR: dtype and raw bytes
+JAX arrays (what an SPU or jax function returns)   as the numpy array they convert to
 ``list``, ``tuple``, ``dict`` (keys: any of       msgpack containers (TUPLE for tuples)
 these that hash), ``set``, ``frozenset``            SET: a flag and the items
 ``pandas.DataFrame``/``Series``, ``pyarrow.Table``  TABLE: Arrow IPC in a frame (needs
@@ -47,6 +48,7 @@ __all__ = [
     "SET",
     "TABLE",
     "encode_extra",
+    "host_array",
     "make_set",
     "type_name",
     "unpack_complex",
@@ -102,6 +104,21 @@ def encode_extra(obj: Any, enc: _Packing) -> msgpack.ExtType | None:
     if kind is not None:
         return msgpack.ExtType(TABLE, enc.pack([kind, enc.add(to_ipc(obj, kind))]))
     return None
+
+
+def host_array(obj: Any) -> Any:
+    """``obj`` as a numpy array when it is a JAX array, else None.
+
+    JAX arrays are plain data (jax and jaxlib types with ``__array__``); the receiver gets
+    the numpy array, as it would from any party that does not run jax.
+    """
+    module = getattr(type(obj), "__module__", "") or ""
+    if module.partition(".")[0] not in ("jax", "jaxlib") or not hasattr(obj, "__array__"):
+        return None
+    import numpy as np
+
+    out = np.asarray(obj)
+    return None if out.dtype.hasobject else out
 
 
 def unpack_complex(data: bytes) -> complex:

@@ -271,15 +271,20 @@ class Worker:
         return max(0, min(_POLL_MS, int((due - time.monotonic()) * 1000) + 1))
 
     def _send(self, msg: Record) -> None:
-        """Send to the broker from the I/O thread; dropped if the broker is unreachable."""
+        """Send to the broker from the I/O thread; dropped if the broker is unreachable.
+
+        Everything a worker sends travels on to the broker or a driver, other parties: in
+        the safe value format unless this party declared the cluster trusted."""
         try:
-            self.dealer.send_multipart(encode(msg), zmq.NOBLOCK, copy=False)
+            self.dealer.send_multipart(
+                encode(msg, safe=not self.trusted), zmq.NOBLOCK, copy=False
+            )
         except zmq.Again:
             log.debug("rank %d: broker unreachable, dropped %s", self.rank, msg.TAG)
 
     def _post(self, msg: Record) -> None:
         """Send to the broker from any thread, on the result channel."""
-        frames = encode(msg)
+        frames = encode(msg, safe=not self.trusted)  # results go on to a driver: plain data
         with self._results_lock:
             if self._closed:
                 return
