@@ -9,11 +9,11 @@
         print(mp.fetch(mp.put("P0", z)))        # reveal to P0, then bring it here
 
 Modules: contexts (``context``), values (``values``), the device API (``devices``), traced
-programs (``programs``, over ``recorder``), the party API (``simp``) and collectives
-(``collective``), named values (``names``), SPU support (``spu``), trace files
-(``tracefile``). The low-level ``client`` speaks the wire protocol; ``simulator`` and
-``launcher`` are the only modules that start broker and worker code, and they are imported
-on first use.
+programs (``programs``, over ``recorder``), jobs in flight (``futures``, over ``inflight``),
+the party API (``simp``) and collectives (``collective``), named values (``names``), SPU
+support (``spu``), trace files (``tracefile``). The low-level ``client`` speaks the wire
+protocol; ``simulator`` and ``launcher`` are the only modules that start broker and worker
+code, and they are imported on first use.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 from mpl.driver import collective, simp
 from mpl.driver.context import Context, Status, connect, get_context, set_context
 from mpl.driver.devices import device, fetch, put
+from mpl.driver.futures import as_completed, submit, wait
 from mpl.driver.names import delete, load, save
 from mpl.driver.programs import Function, Program, compile, function
 from mpl.driver.values import Value
@@ -64,6 +65,7 @@ __all__ = [
     "Status",
     "Value",
     "WorkerLostError",
+    "as_completed",
     "collective",
     "compile",
     "connect",
@@ -79,7 +81,9 @@ __all__ = [
     "save",
     "set_context",
     "simp",
+    "submit",
     "trace",
+    "wait",
 ]
 
 
