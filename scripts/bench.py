@@ -33,6 +33,7 @@ mpl / floor (for rates, above 1 is better; for times, below).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import socket
@@ -341,8 +342,8 @@ class _RawRelay:
         self.sock.linger = 0
         self.sock.connect(front)
         deadline = time.monotonic() + 30
-        while True:  # the echoes are registered once a request comes back
-            self.sock.send_multipart([b"ping", b"x"])
+        for i in itertools.count():  # the echoes are registered once a request comes back
+            self.sock.send_multipart([b"ping%d" % i, b"x"])
             if self.sock.poll(200):
                 self.sock.recv_multipart()
                 break
@@ -444,9 +445,7 @@ def phase_fanout() -> None:
             floor=statistics.median(floor),
             **percentiles(xs),
         )
-    from itertools import pairwise
-
-    per_rank = [(medians[b] - medians[a]) / (b - a) for a, b in pairwise(sorted(medians))]
+    per_rank = [(medians[b] - medians[a]) / (b - a) for a, b in itertools.pairwise(sorted(medians))]
     record("fanout", "cost per added rank (between successive sizes)", per_rank)
 
 

@@ -74,7 +74,9 @@ def fanrelay(front: str, back: str, n: int) -> None:
                 if byes == n:
                     return
                 continue
-            entry = owed[m[2]]
+            entry = owed.get(m[2])
+            if entry is None:  # a request id reused while it was still owed
+                continue
             entry[0] -= 1
             if entry[0] == 0:
                 del owed[m[2]]
