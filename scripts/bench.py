@@ -682,6 +682,41 @@ COMPARE: list[
         "<= 100 MiB",
     ),
     (
+        "pipelined trivial jobs/s, 64 in flight, 2p",
+        ("pipeline", "trivial jobs/s, 64 in flight (mp.submit), 2p", "median"),
+        ("", "", ""),
+        None,
+        lambda v, f: f is not None and v >= 0.5 * f,
+        ">= 50% of the raw relay",
+    ),
+    *[
+        (
+            f"pcall on all {n} ranks + fetch",
+            ("fanout", f"trivial pcall on all {n} ranks + fetch", "median"),
+            ("", "", ""),
+            None,
+            lambda v, f: f is not None and v <= 1.5 * f,
+            "<= 1.5 x raw fan-out",
+        )
+        for n in (2, 4, 8, 16, 32)
+    ],
+    (
+        "eager move + call, per call",
+        ("eager", "eager move + call (P0 -> P1), per call", "median"),
+        ("", "", ""),
+        None,
+        lambda v, f: v <= 0.7e-3,
+        "<= 0.7 ms",
+    ),
+    (
+        "@mp.function cache-hit overhead (driver)",
+        ("eager", "driver cost of an @mp.function cache hit (round trip stubbed)", "median"),
+        ("", "", ""),
+        None,
+        lambda v, f: v <= 50e-6,
+        "<= 50 us",
+    ),
+    (
         "start broker + 2 workers until ready",
         ("startup", "(c) start broker + 2 workers -> all ready", "median"),
         ("http2", "(c) start 2 workers -> all /health OK", "median"),
@@ -699,8 +734,17 @@ def summary(reference: list[dict[str, Any]]) -> str:
         if mine is None:
             continue
         theirs = _value(_find(reference, ref[0], ref[1]), ref[2]) if ref[1] else None
-        base = _value(_find(ROWS, *floor)) if floor else None
-        unit = "MB/s" if "MB/s" in label else "MiB" if "MiB)" in label else "s"
+        # rows measured against their own floor carry it; others name a floor row
+        base = _value(_find(ROWS, *floor)) if floor else _value(_find(ROWS, *ours[:2]), "floor")
+        unit = (
+            "MB/s"
+            if "MB/s" in label
+            else "MiB"
+            if "MiB)" in label
+            else "jobs/s"
+            if "jobs/s" in label
+            else "s"
+        )
         show = lambda v, unit=unit: fmt(v, unit) if v is not None else "-"  # noqa: E731
         lines.append(
             f"| {label} | {show(theirs)} | {show(base)} | {show(mine)} | {target} | "
