@@ -4,6 +4,7 @@ under the in-process Simulator and under real daemons."""
 from __future__ import annotations
 
 import gc
+import signal
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future
 from typing import Any
@@ -182,3 +183,20 @@ def test_a_future_fails_at_its_deadline(make_cluster: Any, transport: str) -> No
     y = quick.op("constant", [], ranks=(1,), value=3)[0]
     again = client.submit_async(sid, quick.build([y]), {}, inline=(0,), timeout=5)
     assert again.result(timeout=10).values[0] == {1: 3}
+
+
+def test_a_silent_broker_fails_the_futures_in_flight(make_cluster: Any) -> None:
+    cluster = make_cluster("tcp")
+    client = cluster.client(heartbeat_s=0.2)
+    sid = client.open_session().session
+    b = GraphBuilder(2)
+    x = b.op("pcall", [], ranks=(0,), fn=b.fn(nap_then), args=(1, 3.0))[0]
+    futures = [client.submit_async(sid, b.build([x]), {}, timeout=60) for _ in range(3)]
+    broker = cluster.impl.broker
+    broker.send_signal(signal.SIGSTOP)  # silent, not gone: no socket closes
+    try:
+        for f in futures:
+            with pytest.raises(MplTimeoutError, match="no heartbeat from the broker"):
+                f.result(timeout=20)  # settled by the pump; this bound only guards the test
+    finally:
+        broker.send_signal(signal.SIGCONT)
