@@ -9,12 +9,13 @@
         print(mp.fetch(mp.put("P0", z)))        # reveal to P0, then bring it here
 
 Modules: contexts (``context``), values (``values``), the device API (``devices``), traced
-programs (``programs``, over ``recorder``), the party API (``simp``) and collectives
-(``collective``), named values (``names``), SPU support (``spu``), trace files
-(``tracefile``), progress of running jobs (``job_progress``), and mplang's spellings of the
-entry points (``compat``: ``evaluate``, ``make_simulator``, ``make_driver``...). The
-low-level ``client`` speaks the wire protocol; ``simulator`` and ``launcher`` are the only
-modules that start broker and worker code, and they are imported on first use.
+programs (``programs``, over ``recorder``), jobs in flight (``futures``, over ``inflight``),
+the party API (``simp``) and collectives (``collective``), named values (``names``), SPU
+support (``spu``), trace files (``tracefile``), progress of running jobs (``job_progress``),
+and mplang's spellings of the entry points (``compat``: ``evaluate``, ``make_simulator``,
+``make_driver``...). The low-level ``client`` speaks the wire protocol; ``simulator`` and
+``launcher`` are the only modules that start broker and worker code, and they are imported
+on first use.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from mpl.driver.compat import (
 )
 from mpl.driver.context import Context, Status, connect, get_context, set_context
 from mpl.driver.devices import device, kernel, put
+from mpl.driver.futures import as_completed, submit, wait
 from mpl.driver.job_progress import progress
 from mpl.driver.names import delete, load, save
 from mpl.driver.programs import Function, Program, compile, function
@@ -83,6 +85,7 @@ __all__ = [
     "UnsafeValueError",
     "Value",
     "WorkerLostError",
+    "as_completed",
     "collective",
     "compile",
     "connect",
@@ -106,7 +109,9 @@ __all__ = [
     "set_context",
     "set_root_context",
     "simp",
+    "submit",
     "trace",
+    "wait",
 ]
 
 

@@ -20,10 +20,12 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import zmq
 
+from mpl.driver.inflight import JobPump, Pending
 from mpl.driver.job_progress import ProgressBoard
 from mpl.wire.codec import decode, encode
 from mpl.wire.control import HEARTBEAT_LIVENESS, HEARTBEAT_S, Bye, Heartbeat, Refused, Reregister
@@ -148,6 +150,8 @@ class Client:
         self._unshaken = 0  # connections of the heartbeat socket without a CURVE handshake
         self._closing = threading.Event()
         self._closed = False
+        self._pump: JobPump | None = None  # started by the first submit_async
+        self._pump_lock = threading.Lock()
         self._beat = threading.Thread(target=self._heartbeat, name="mpl-driver-beat", daemon=True)
         self._beat.start()
 
@@ -188,16 +192,8 @@ class Client:
         driver waits a little longer (``_REPORT_GRACE_S``) so that report, which says which
         rank waited for what, arrives before the driver's own MplTimeoutError would.
         """
-        limit = self.job_timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit + _REPORT_GRACE_S
-        job = f"{self.client_id}.{next(self._jobs)}"
-        ranks = (
-            graph.ranks
-            if set(bindings) <= set(graph.ranks)
-            else tuple(sorted({*graph.ranks, *bindings}))
-        )
-        msg = Exec(session, job, graph.digest, ranks, bindings, inline, limit)
-        self.progress.begin(job)  # ended when its JobResult arrives (see _answer)
+        msg, limit, deadline = self._exec(session, graph, bindings, inline, timeout)
+        job = msg.job
         for attempt in range(2):
             if attempt or graph.digest not in self._programs:
                 self._send(Program(graph.digest, graph))
@@ -219,6 +215,65 @@ class Client:
                     raise from_info(result.error)
                 return result
         raise ProtocolError(f"the broker keeps losing program {graph.digest}")
+
+    def submit_async(
+        self,
+        session: str,
+        graph: Graph,
+        bindings: dict[int, list[Any]],
+        *,
+        finish: Callable[[JobResult], Any] = lambda result: result,
+        keep: Any = None,
+        inline: tuple[int, ...] = (),
+        timeout: float | None = None,
+    ) -> Future[Any]:
+        """Start ``graph`` as one job and return at once; the future holds ``finish(result)``.
+
+        ``finish`` runs on the client's pump thread when the result arrives; ``keep`` (the
+        job's input Values) stays referenced until then, so their deletes cannot overtake the
+        job. The future fails with the job's error, with ``MplTimeoutError`` at its deadline,
+        or with ``MplError`` if the client closes first.
+        """
+        msg, limit, deadline = self._exec(session, graph, bindings, inline, timeout)
+        future: Future[Any] = Future()
+        future.set_running_or_notify_cancel()  # jobs are not taken back once handed over
+        self._job_pump().put(Pending(msg, graph, deadline, limit, future, finish, keep))
+        return future
+
+    def abandon_jobs(self, reason: str) -> None:
+        """Fail every job still in flight from ``submit_async`` with ``MplError(reason)``."""
+        with self._pump_lock:
+            pump, self._pump = self._pump, None
+        if pump is not None:
+            pump.close(reason)
+
+    def _job_pump(self) -> JobPump:
+        with self._pump_lock:
+            if self._closed:
+                raise MplError("the client is closed")
+            if self._pump is None:
+                self._pump = JobPump(self)
+            return self._pump
+
+    def _exec(
+        self,
+        session: str,
+        graph: Graph,
+        bindings: dict[int, list[Any]],
+        inline: tuple[int, ...],
+        timeout: float | None,
+    ) -> tuple[Exec, float, float]:
+        """The Exec for one job, its time limit, and the driver's deadline for its answer."""
+        limit = self.job_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit + _REPORT_GRACE_S
+        job = f"{self.client_id}.{next(self._jobs)}"
+        ranks = (
+            graph.ranks
+            if set(bindings) <= set(graph.ranks)
+            else tuple(sorted({*graph.ranks, *bindings}))
+        )
+        self.progress.begin(job)  # ended when its JobResult arrives
+        return Exec(session, job, graph.digest, ranks, bindings, inline, limit), limit, deadline
 
     # -- data and names -------------------------------------------------------------------
     def fetch(self, session: str, rank: int, uri: str, *, timeout: float | None = None) -> Any:
@@ -258,6 +313,7 @@ class Client:
         """Stop heartbeating and close every socket (LINGER is short: never hangs)."""
         if self._closed:
             return
+        self.abandon_jobs("the client was closed while the job was in flight")
         self._closed = True
         self._closing.set()
         self._beat.join(5)
@@ -276,6 +332,13 @@ class Client:
         if holder is None or holder.sock.closed:
             holder = self._local.socket = _ThreadSocket(self)
         return holder.sock
+
+    def _drop_thread_socket(self) -> None:
+        """Close the calling thread's DEALER (a thread about to end calls it)."""
+        holder: _ThreadSocket | None = getattr(self._local, "socket", None)
+        if holder is not None:
+            self._local.socket = None
+            holder.close()
 
     def _send(self, msg: Record) -> None:
         self._socket().send_multipart(encode(msg), copy=False)

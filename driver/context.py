@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,6 +126,9 @@ class Context:
         if _default is self:
             _default = None
         try:
+            self.client.abandon_jobs(
+                f"the context (session {self.session}) was closed while the job was in flight"
+            )
             self.client.close_session(self.session)
         finally:
             self._shutdown()
@@ -153,6 +158,34 @@ class Context:
             JobRecord(result.job, graph.name, wall, time.monotonic() - start, result.stats)
         )
         return result
+
+    def submit(
+        self,
+        graph: Graph,
+        bindings: dict[int, list[Any]],
+        finish: Callable[[JobResult], Any],
+        *,
+        keep: Any = None,
+        inline: tuple[int, ...] = (),
+        timeout: float | None = None,
+    ) -> Future[Any]:
+        """Start ``graph`` as one job without waiting: a future of ``finish(result)``.
+
+        ``keep`` (the job's input Values) stays alive until the job has run.
+        """
+        self._check_open()
+        self._maybe_flush()
+        wall, start = time.time(), time.monotonic()
+
+        def record(result: JobResult) -> Any:
+            self.jobs.append(
+                JobRecord(result.job, graph.name, wall, time.monotonic() - start, result.stats)
+            )
+            return finish(result)
+
+        return self.client.submit_async(
+            self.session, graph, bindings, finish=record, keep=keep, inline=inline, timeout=timeout
+        )
 
     def fetch_raw(self, rank: int, uri: str, *, timeout: float | None = None) -> Any:
         self._check_open()

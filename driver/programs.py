@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from mpl.driver.context import Context, current
@@ -20,6 +21,7 @@ from mpl.driver.values import Value
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.errors import MplError
 from mpl.wire.graph import Graph, format_graph
+from mpl.wire.jobs import JobResult
 from mpl.wire.lru import LRU
 
 __all__ = ["Function", "Program", "compile", "function"]
@@ -57,6 +59,25 @@ class Program:
         return self.run(current(), args, kwargs)
 
     def run(self, ctx: Context, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run as one job in ``ctx`` and wait: the outputs, as the traced function returned them."""
+        bindings = self._bind(ctx, args, kwargs)
+        result = ctx.run(self.graph, bindings, inline=tuple(range(len(self.graph.outputs))))
+        return self._outputs(ctx, result)
+
+    def submit(self, ctx: Context, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[Any]:
+        """Start as one job in ``ctx`` without waiting: a future of what ``run`` returns."""
+        bindings = self._bind(ctx, args, kwargs)
+        return ctx.submit(
+            self.graph,
+            bindings,
+            lambda result: self._outputs(ctx, result),
+            keep=(args, kwargs),  # the input Values outlive the job: no delete overtakes it
+            inline=tuple(range(len(self.graph.outputs))),
+        )
+
+    def _bind(
+        self, ctx: Context, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> dict[int, list[Any]]:
         leaves, _ = flatten((args, kwargs))
         params = [leaves[i] for i in self._params]
         for v in [*params, *self._captured]:
@@ -66,9 +87,10 @@ class Program:
         it = iter(params)
         for kind, _, _ in self._sources:
             slots.append(next(it) if kind == "param" else None)
-        bindings = bind(self._sources, self.graph.world_size, slots)
+        return bind(self._sources, self.graph.world_size, slots)
+
+    def _outputs(self, ctx: Context, result: JobResult) -> Any:
         n = len(self.graph.outputs)
-        result = ctx.run(self.graph, bindings, inline=tuple(range(n)))
         placements = self.graph.placements
         devices: list[str | None] = [None] * n
         for kind, index, device in self._outs:

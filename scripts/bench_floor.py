@@ -4,6 +4,7 @@ Used by ``scripts/bench.py``; each role runs as its own process:
 
     python scripts/bench_floor.py relay FRONT BACK        # ROUTER<->ROUTER relay
     python scripts/bench_floor.py echo BACK               # a DEALER that echoes
+    python scripts/bench_floor.py fanrelay FRONT BACK N   # one request to N echoes, one reply
     python scripts/bench_floor.py pull ADDR ACK N         # receives N frames, acks each
     MPL_BENCH_CURVE_SECRET=<z85> ... pull ADDR ACK N      # the same, as a CURVE server
     python scripts/bench_floor.py spu RANK WORLD PORTS CASE PROTOCOL FIELD N OUT
@@ -45,7 +46,47 @@ def relay(front: str, back: str) -> None:
                 f.send_multipart(m[1:])
         if f in ready:
             m = f.recv_multipart()
-            b.send_multipart([worker, *m])
+            if worker is not None:  # before the echo says hi, requests are dropped
+                b.send_multipart([worker, *m])
+
+
+def fanrelay(front: str, back: str, n: int) -> None:
+    """The raw fan-out floor: each request goes to all N echoes; the N replies make one answer."""
+    ctx = zmq.Context()
+    f, b = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
+    f.bind(front)
+    b.bind(back)
+    workers: list[bytes] = []
+    while len(workers) < n:
+        m = b.recv_multipart()
+        if m[1] == b"hi":
+            workers.append(m[0])
+    poller = zmq.Poller()
+    poller.register(f, zmq.POLLIN)
+    poller.register(b, zmq.POLLIN)
+    owed: dict[bytes, list[Any]] = {}  # request id -> [replies still owed, driver envelope]
+    byes = 0
+    while True:
+        ready = dict(poller.poll())
+        if b in ready:
+            m = b.recv_multipart()
+            if m[1] == b"bye":
+                byes += 1
+                if byes == n:
+                    return
+                continue
+            entry = owed.get(m[2])
+            if entry is None:  # a request id reused while it was still owed
+                continue
+            entry[0] -= 1
+            if entry[0] == 0:
+                del owed[m[2]]
+                f.send_multipart(m[1:])
+        if f in ready:
+            m = f.recv_multipart()  # [driver, request id, payload]
+            owed[m[1]] = [n, m[0]]
+            for w in workers:
+                b.send_multipart([w, *m])
 
 
 def echo(back: str) -> None:
@@ -173,6 +214,8 @@ if __name__ == "__main__":
         relay(*args)
     elif role == "echo":
         echo(*args)
+    elif role == "fanrelay":
+        fanrelay(args[0], args[1], int(args[2]))
     elif role == "pull":
         pull(args[0], args[1], int(args[2]))
     elif role == "spu":

@@ -85,8 +85,11 @@ class _Spec:
         hints = typing.get_type_hints(cls)
         fields = dataclasses.fields(cls)
         self.names: tuple[str, ...] = tuple(f.name for f in fields)
-        self.checks: tuple[tuple[str, _Check, Any], ...] = tuple(
-            (f.name, _checker(hints[f.name]), hints[f.name]) for f in fields
+        # per field: (position, name, check, hint); fields that accept anything need no check
+        self.checks: tuple[tuple[int, str, _Check, Any], ...] = tuple(
+            (i, f.name, check, hints[f.name])
+            for i, f in enumerate(fields)
+            if (check := _checker(hints[f.name])) is not None
         )
 
 
@@ -110,7 +113,8 @@ def record_from_fields(cls: type[R], values: Sequence[Any]) -> R:
     spec = _spec(cls)
     if len(values) != len(spec.names):
         raise ProtocolError(f"record {cls.TAG!r} needs {len(spec.names)} fields, got {len(values)}")
-    for (name, check, hint), value in zip(spec.checks, values, strict=True):
+    for i, name, check, hint in spec.checks:
+        value = values[i]
         if not check(value):
             raise ProtocolError(
                 f"record {cls.TAG!r} field {name!r}: expected {_show(hint)}, "
@@ -123,42 +127,74 @@ def _show(hint: Any) -> str:
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
-def _checker(hint: Any) -> _Check:
-    """Compile an annotation into a fast predicate."""
+def _is_int(v: Any) -> bool:
+    return type(v) is int or (isinstance(v, int) and not isinstance(v, bool))
+
+
+def _is_float(v: Any) -> bool:
+    t = type(v)
+    return t is float or t is int or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def _checker(hint: Any) -> _Check | None:
+    """Compile an annotation into a fast predicate; None when any value is accepted.
+
+    Containers of anything check only the container (and their keys), not every item.
+    """
     if hint is Any or hint is object:
-        return lambda v: True
+        return None
     if hint is None or hint is type(None):
         return lambda v: v is None
     if hint is bool:
         return lambda v: type(v) is bool
     if hint is int:
-        return lambda v: isinstance(v, int) and not isinstance(v, bool)
+        return _is_int
     if hint is float:
-        return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+        return _is_float
+    if hint is str:
+        return lambda v: type(v) is str or isinstance(v, str)
     if isinstance(hint, type):
         return lambda v: isinstance(v, hint)
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        parts = tuple(_checker(a) for a in args)
+        checks = [_checker(a) for a in args]
+        if any(c is None for c in checks):
+            return None
+        parts = tuple(c for c in checks if c is not None)
         return lambda v: any(p(v) for p in parts)
     if origin is typing.Literal:
         allowed = frozenset(args)
         return lambda v: isinstance(v, (str, int)) and v in allowed
     if origin is list:
-        item = _checker(args[0]) if args else _checker(Any)
-        return lambda v: isinstance(v, list) and all(item(x) for x in v)
+        item = _checker(args[0]) if args else None
+        if item is None:
+            return lambda v: isinstance(v, list)
+        return lambda v: isinstance(v, list) and all(map(item, v))
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
-            item = _checker(args[0])
-            return lambda v: isinstance(v, tuple) and all(item(x) for x in v)
-        items = tuple(_checker(a) for a in args)
+            each = _checker(args[0])
+            if each is None:
+                return lambda v: isinstance(v, tuple)
+            return lambda v: isinstance(v, tuple) and all(map(each, v))
+        items = tuple(_checker(a) or _anything for a in args)
         return lambda v: (
             isinstance(v, tuple)
             and len(v) == len(items)
             and all(c(x) for c, x in zip(items, v, strict=True))
         )
     if origin is dict:
-        key, val = (_checker(args[0]), _checker(args[1])) if args else (_checker(Any),) * 2
-        return lambda v: isinstance(v, dict) and all(key(k) and val(x) for k, x in v.items())
+        key, val = (_checker(args[0]), _checker(args[1])) if args else (None, None)
+        if key is None and val is None:
+            return lambda v: isinstance(v, dict)
+        if val is None:
+            assert key is not None
+            return lambda v: isinstance(v, dict) and all(map(key, v))
+        if key is None:
+            return lambda v: isinstance(v, dict) and all(map(val, v.values()))
+        return lambda v: isinstance(v, dict) and all(map(key, v)) and all(map(val, v.values()))
     raise TypeError(f"unsupported record annotation {hint!r}")
+
+
+def _anything(v: Any) -> bool:
+    return True

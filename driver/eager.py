@@ -1,0 +1,136 @@
+"""Eager device calls on a cache hit: a lookup and one send, no recording.
+
+The first eager call of a function on a PPU, for a given argument structure and placement,
+is recorded and checked as a one-op graph (with the moves its arguments need). Its
+:class:`Plan` remembers which argument leaf binds each graph input. A later call with the
+same function, structure and placements finds the plan by that key and only binds the new
+leaves: no recorder, no graph building, no checks. Host values are job inputs, so the graph
+never depends on their data; the key therefore holds only each Value's device and ranks
+(and which leaves are the same Value, since a Value passed twice is one input).
+
+``stats`` counts recordings and replays, so tests can prove the cache by counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mpl.driver.context import Context
+from mpl.driver.recorder import Out, Recorder, wrap
+from mpl.driver.values import Value
+from mpl.wire.cluster import ClusterSpec
+from mpl.wire.graph import Graph
+from mpl.wire.jobs import Lit
+from mpl.wire.lru import LRU
+
+__all__ = ["Plan", "lookup", "plan_key", "record", "stats"]
+
+_PLANS = 512
+
+stats = {"recorded": 0, "replayed": 0}  # plans recorded (graph built and checked) / reused
+
+
+class Plan:
+    """A recorded eager call: its graph, and which argument leaf binds each input."""
+
+    __slots__ = ("cluster", "graph", "inline", "outs", "placements", "sources")
+
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        graph: Graph,
+        sources: Sequence[tuple[bool, int, tuple[int, ...]]],
+        outs: Sequence[Out],
+        placements: Sequence[tuple[int, ...]],
+    ) -> None:
+        self.cluster = cluster  # held, so the id in the key is never reused while we live
+        self.graph = graph
+        self.sources = tuple(sources)  # per input: (is a Value, leaf index, ranks)
+        self.outs = list(outs)
+        self.placements = list(placements)
+        self.inline = tuple(range(len(outs)))
+
+    def run(self, ctx: Context, leaves: Sequence[Any]) -> list[Value]:
+        """Bind ``leaves`` and run the graph as one job."""
+        n = len(self.sources)
+        bindings: dict[int, list[Any]] = {}
+        for i, (is_value, leaf, ranks) in enumerate(self.sources):
+            binding = leaves[leaf]._uri if is_value else Lit(leaves[leaf])
+            for r in ranks:
+                row = bindings.get(r)
+                if row is None:
+                    row = bindings[r] = [None] * n
+                row[i] = binding
+        result = ctx.run(self.graph, bindings, inline=self.inline)
+        return wrap(ctx, result.job, self.outs, self.placements, result)
+
+
+_plans: LRU[Any, Plan] = LRU(_PLANS)
+
+
+def plan_key(
+    ctx: Context, target: str, nout: int | None, fn: Any, treedef: Any, leaves: Sequence[Any]
+) -> Any:
+    """The cache key of an eager call, or None when it must be recorded every time.
+
+    None for a Value of another context or of a trace (recording raises the right error),
+    and for a function that cannot be a dict key.
+    """
+    parts: list[Any] = []
+    first: dict[int, int] = {}
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, Value):
+            if leaf._recorder is not None or leaf._ctx is not ctx:
+                return None
+            parts.append((leaf.device, leaf.parties, first.setdefault(id(leaf), i)))
+        else:
+            parts.append(None)
+    key = (target, nout, fn, treedef, tuple(parts), id(ctx.cluster))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def lookup(key: Any, cluster: ClusterSpec) -> Plan | None:
+    plan = _plans.touch(key)
+    if plan is None or plan.cluster is not cluster:
+        return None
+    stats["replayed"] += 1
+    return plan
+
+
+def record(
+    key: Any,
+    ctx: Context,
+    name: str,
+    build: Callable[[Recorder, Callable[[int], None]], Sequence[Out]],
+) -> Plan | None:
+    """Record the call once with ``build`` and keep its plan under ``key``.
+
+    ``build(rec, leaf_done)`` records the ops and calls ``leaf_done(i)`` after handling
+    argument leaf ``i``, so each input the recorder bound is tied to its leaf. None if some
+    input is not one leaf's value (e.g. per-rank shares): such calls are not cached.
+    """
+    rec = Recorder(ctx.cluster, traced=False, ctx=ctx, name=name)
+    leaf_of: list[int] = []
+
+    def leaf_done(i: int) -> None:
+        leaf_of.extend([i] * (len(rec.sources) - len(leaf_of)))
+
+    outs = build(rec, leaf_done)
+    if len(leaf_of) != len(rec.sources) or any(
+        kind not in ("uri", "lit") for kind, _, _ in rec.sources
+    ):
+        return None
+    graph = rec.builder.build([s for s, _ in outs])
+    sources = [
+        (kind == "uri", leaf, ranks)
+        for (kind, _, ranks), leaf in zip(rec.sources, leaf_of, strict=True)
+    ]
+    plan = Plan(ctx.cluster, graph, sources, outs, [rec.placement(s) for s, _ in outs])
+    stats["recorded"] += 1
+    _plans[key] = plan
+    return plan

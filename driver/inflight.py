@@ -1,0 +1,231 @@
+"""Jobs in flight without waiting: the pump behind ``mp.submit``.
+
+A caller hands the pump an ``Exec`` and gets a ``concurrent.futures.Future`` back at once.
+One pump thread per client owns one DEALER (made like any calling thread's, by
+``Client._socket``), sends what callers queued, and settles futures as the broker's
+``JobResult``s arrive, so one thread can keep many jobs in flight and any thread may wait on
+the futures (``concurrent.futures.wait`` / ``as_completed`` work on them as on any other).
+
+Every future is settled, never left waiting: by its result or error, by its deadline
+(``MplTimeoutError``, and the job is cancelled at the broker), by a silent broker, or by the
+client closing (``MplError`` naming the job).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from mpl.wire.codec import decode, encode
+from mpl.wire.control import Bye, Refused
+from mpl.wire.errors import MplError, MplTimeoutError, ProtocolError, SessionError
+from mpl.wire.graph import Graph
+from mpl.wire.jobs import Cancel, Exec, JobResult, Program
+from mpl.wire.progress import Progress
+from mpl.wire.remote import from_info
+
+if TYPE_CHECKING:
+    from mpl.driver.client import Client
+
+__all__ = ["JobPump", "Pending"]
+
+log = logging.getLogger("mpl.driver")
+_IDLE_MS = 100  # the pump wakes this often to check deadlines and the broker's silence
+
+
+@dataclass(eq=False)
+class Pending:
+    """One job handed to the pump: what to send, and the future to settle."""
+
+    msg: Exec
+    graph: Graph
+    deadline: float  # monotonic; the future fails with MplTimeoutError after it
+    limit: float  # the job's timeout, for messages
+    future: Future[Any]
+    finish: Callable[[JobResult], Any]  # runs on the pump thread; its return is the result
+    keep: Any = None  # what must stay alive until the job has run (its input Values)
+    attempts: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class JobPump:
+    """Sends queued jobs and settles their futures, on one thread of its own."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._lock = threading.Lock()
+        self._queue: collections.deque[Pending] = collections.deque()
+        self._inflight: dict[str, Pending] = {}
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._woken = False  # a wake byte is on its way: later submits need not write one
+        self._closing: str | None = None  # the reason futures still pending fail with
+        self._thread = threading.Thread(target=self._run, name="mpl-driver-pump", daemon=True)
+        self._thread.start()
+
+    def __len__(self) -> int:
+        """Jobs queued or in flight."""
+        with self._lock:
+            return len(self._queue) + len(self._inflight)
+
+    def put(self, pending: Pending) -> None:
+        """Queue a job; its future settles on the pump thread."""
+        with self._lock:
+            if self._closing is not None:
+                raise MplError(self._closing)
+            self._queue.append(pending)
+            if self._woken:
+                return
+            self._woken = True
+        os.write(self._wake_w, b"!")
+
+    def close(self, reason: str) -> None:
+        """Fail every pending future with ``reason`` and stop the thread (bounded wait)."""
+        with self._lock:
+            if self._closing is None:
+                self._closing = reason
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"!")
+        self._thread.join(5)
+        if not self._thread.is_alive():
+            for fd in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    # -- the pump thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        sock: zmq.Socket[Any] | None = None
+        try:
+            sock = self._client._socket()
+            poller = zmq.Poller()
+            poller.register(sock, zmq.POLLIN)
+            poller.register(self._wake_r, zmq.POLLIN)
+            while self._closing is None:
+                ready = dict(poller.poll(self._poll_ms()))
+                if self._wake_r in ready:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 4096)
+                self._send_queued(sock)
+                if sock in ready:
+                    self._receive(sock)
+                self._expire(sock)
+        except Exception as exc:  # the pump must never leave futures waiting
+            log.exception("the job pump stopped")
+            with self._lock:
+                self._closing = self._closing or f"the driver's job pump failed: {exc!r}"
+        finally:
+            self._fail_all(MplError, self._closing or "the client is closed")
+            if sock is not None:
+                # the socket belongs to this thread: close it here, not from another thread
+                with contextlib.suppress(Exception):
+                    self._client._drop_thread_socket()
+
+    def _poll_ms(self) -> int:
+        if not self._inflight:
+            return _IDLE_MS
+        soonest = min(p.deadline for p in self._inflight.values())
+        return max(0, min(_IDLE_MS, int((soonest - time.monotonic()) * 1000) + 1))
+
+    def _send_queued(self, sock: zmq.Socket[Any]) -> None:
+        with self._lock:
+            batch = list(self._queue)
+            self._queue.clear()
+            self._woken = False
+        for p in batch:
+            self._inflight[p.msg.job] = p
+            self._send(sock, p, with_program=p.graph.digest not in self._client._programs)
+
+    def _send(self, sock: zmq.Socket[Any], p: Pending, *, with_program: bool) -> None:
+        p.attempts += 1
+        if with_program:
+            sock.send_multipart(encode(Program(p.graph.digest, p.graph)), copy=False)
+            self._client._programs.add(p.graph.digest)
+        sock.send_multipart(encode(p.msg), copy=False)
+
+    def _receive(self, sock: zmq.Socket[Any]) -> None:
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                # results come from other parties: pickles load only in a trusted cluster
+                msg = decode(frames, safe=not self._client.trusted)
+            except ProtocolError as exc:
+                log.warning("bad message from the broker: %s", exc)
+                continue
+            if isinstance(msg, JobResult):
+                self._settle(sock, msg)
+            elif isinstance(msg, Progress):
+                self._client.progress.update(msg)
+            elif isinstance(msg, Refused):
+                self._fail_all(type(from_info(msg.error)), msg.error.message)
+            elif isinstance(msg, Bye):
+                self._fail_all(SessionError, f"the broker at {self._client.address} shut down")
+
+    def _settle(self, sock: zmq.Socket[Any], result: JobResult) -> None:
+        p = self._inflight.pop(result.job, None)
+        if p is None:
+            return  # an answer to a job that already timed out
+        if not result.missing_program:
+            self._client.progress.end(result.job, result.error is None)
+        if result.missing_program:
+            if p.attempts < 2:  # the broker lost the graph (or it overtook another socket's)
+                self._inflight[p.msg.job] = p
+                self._send(sock, p, with_program=True)
+                return
+            _fail(p, ProtocolError(f"the broker keeps losing program {p.graph.digest}"))
+            return
+        if result.error is not None:
+            _fail(p, from_info(result.error))
+            return
+        try:
+            value = p.finish(result)
+        except BaseException as exc:
+            _fail(p, exc)
+            return
+        p.keep = None
+        p.future.set_result(value)
+
+    def _expire(self, sock: zmq.Socket[Any]) -> None:
+        now = time.monotonic()
+        silence = self._client._silence
+        for job, p in list(self._inflight.items()):
+            if silence is not None:
+                del self._inflight[job]
+                _fail(p, silence)
+            elif now >= p.deadline:
+                del self._inflight[job]
+                reason = f"the driver stopped waiting after {p.limit:g} s"
+                sock.send_multipart(encode(Cancel(p.msg.session, job, reason)), copy=False)
+                _fail(
+                    p,
+                    MplTimeoutError(
+                        f"job {job}: no answer from the broker at {self._client.address} "
+                        f"within {p.limit:g} s"
+                    ),
+                )
+
+    def _fail_all(self, make: Callable[[str], BaseException], text: str) -> None:
+        with self._lock:
+            queued = list(self._queue)
+            self._queue.clear()
+        for p in [*queued, *self._inflight.values()]:
+            _fail(p, make(f"job {p.msg.job}: {text}"))
+        self._inflight.clear()
+
+
+def _fail(p: Pending, exc: BaseException) -> None:
+    p.keep = None
+    if not p.future.done():
+        p.future.set_exception(exc)

@@ -1,0 +1,101 @@
+"""Eager device calls on a cache hit replay a recorded plan: counted, not timed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from helpers import add
+
+import mpl.driver as mp
+from mpl.driver import eager
+from mpl.wire.errors import MplError
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[mp.Context]:
+    ctx = mp.Simulator.simple(3)
+    yield ctx
+    ctx.close()
+
+
+@pytest.fixture(scope="module")
+def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[mp.Context]:
+    with mp.local_cluster(3, run_dir=tmp_path_factory.mktemp("lc")) as ctx:
+        yield ctx
+
+
+@pytest.fixture(params=["sim", "procs"])
+def ctx(request: pytest.FixtureRequest) -> Iterator[mp.Context]:
+    context: mp.Context = request.getfixturevalue(request.param)
+    with context:
+        yield context
+
+
+def counts() -> tuple[int, int]:
+    return eager.stats["recorded"], eager.stats["replayed"]
+
+
+def test_a_repeated_call_records_once_then_replays(ctx: mp.Context) -> None:
+    def scale(v: np.ndarray, k: float) -> np.ndarray:
+        return v * k
+
+    call = mp.device("P1")(scale)
+    recorded, replayed = counts()
+    jobs = ctx.status()["jobs_done"]
+    first = call(mp.put("P0", np.ones(3)), 2.0)  # a move P0 -> P1 and the call
+    assert counts() == (recorded + 1, replayed)
+    results = []
+    for i in range(20):  # new Values in the same place, new host values: same plan
+        results.append(mp.device("P1")(scale)(mp.put("P0", np.full(3, i)), 10.0 + i))
+    assert counts() == (recorded + 1, replayed + 20)
+    assert ctx.status()["jobs_done"] - jobs == 2 * 21  # still one job per put and per call
+    np.testing.assert_array_equal(mp.fetch(first), [2.0, 2.0, 2.0])
+    for i, r in enumerate(results):
+        np.testing.assert_array_equal(mp.fetch(r), np.full(3, i * (10.0 + i)))
+        assert r.device == "P1" and r.parties == (1,)
+
+
+def test_placement_structure_and_aliasing_each_get_their_own_plan(ctx: mp.Context) -> None:
+    on_p0, on_p1 = mp.put("P0", 3), mp.put("P1", 4)
+    call = mp.device("P2")(add)
+    recorded, _ = counts()
+    assert mp.fetch(call(on_p0, on_p1)) == 7
+    assert mp.fetch(call(on_p1, on_p0)) == 7  # other moves: another plan
+    assert mp.fetch(call(on_p0, on_p0)) == 6  # one Value twice is one input: another plan
+    assert mp.fetch(call(on_p0, 10)) == 13  # a host leaf: another plan
+    assert mp.fetch(call(a=on_p0, b=on_p1)) == 7  # keywords: another structure
+    assert counts()[0] == recorded + 5
+    again = [call(on_p0, on_p1), call(on_p1, on_p0), call(on_p0, on_p0), call(on_p0, 5)]
+    assert counts()[0] == recorded + 5  # all four replayed
+    assert mp.fetch(again) == [7, 7, 6, 8]
+    pair = mp.device("P1", nout=2)(lambda a: (a, a + 1))
+    assert mp.fetch(list(pair(on_p0))) == [3, 4]
+    assert mp.fetch(list(pair(mp.put("P0", 8)))) == [8, 9]
+
+
+def test_values_of_another_context_are_still_refused(ctx: mp.Context) -> None:
+    other = mp.Simulator.simple(3)
+    try:
+        with other:
+            foreign = mp.put("P0", 1)
+        call = mp.device("P1")(add)
+        with pytest.raises(MplError, match="another context"):
+            call(foreign, 1)
+        with pytest.raises(MplError, match="another context"):
+            call(foreign, 1)  # never cached
+    finally:
+        other.close()
+
+
+def test_function_calls_inside_a_trace_do_not_touch_the_plans(sim: mp.Context) -> None:
+    @mp.function
+    def twice(v: mp.Value) -> mp.Value:
+        return mp.device("P1")(add)(v, v)
+
+    with sim:
+        x = mp.put("P0", 21)
+        before = counts()
+        assert mp.fetch(twice(x)) == 42
+        assert counts() == before
