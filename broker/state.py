@@ -1,8 +1,19 @@
 """The broker's decision logic: messages and timer ticks in, messages to send out. No I/O.
 
-``BrokerState.handle(peer, msg, now)`` and ``tick(now)`` return a list of :class:`Send`
-actions; the ZeroMQ shell in ``daemon.py`` performs them. Everything here is driven by
-explicit timestamps, so tests run it without sockets or sleeps.
+``BrokerState.handle(peer, msg, now, raw, who=who)`` and ``tick(now)`` return a list of
+:class:`Send` actions; the ZeroMQ shell in ``daemon.py`` performs them. Everything here is
+driven by explicit timestamps, so tests run it without sockets or sleeps.
+
+Every message is judged by who really sent it, never by a field the sender wrote:
+
+* a worker's answers (``Done``, ``Failed``, ``Reply``, ``Ack``) count only when they come
+  from the socket (or result channel) registered for the rank they name, in secure mode
+  also from that node's key, and only for calls sent to that rank; others are dropped and
+  counted (``forged_replies``);
+* a driver is an identity (``driver:<name>``): its key in secure mode, the name its
+  routing id declares in plaintext mode (:mod:`mpl.wire.routing`). Sessions belong to the
+  identity that opened them and the ones it shares them with; programs are cached per
+  identity; a ``sym:`` value is read only once loaded into the caller's own session.
 """
 
 from __future__ import annotations
@@ -15,7 +26,8 @@ from typing import Any
 
 from mpl.broker.calls import Call, CallTable, JobCall, RequestCall, lost_rank_error
 from mpl.broker.registry import Registry, WorkerEntry
-from mpl.broker.sessions import SessionTable
+from mpl.broker.sessions import SessionEntry, SessionTable
+from mpl.broker.status_view import build_status
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.control import (
     HEARTBEAT_LIVENESS,
@@ -30,10 +42,12 @@ from mpl.wire.control import (
 )
 from mpl.wire.data import Delete, Fetch
 from mpl.wire.errors import RegistrationError
+from mpl.wire.identity import driver_identity, driver_name, rank_of
 from mpl.wire.jobs import Abort, Cancel, Done, Exec, Failed, JobResult, Program
 from mpl.wire.lru import LRU
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
+from mpl.wire.routing import check_driver_name, plaintext_identity
 from mpl.wire.sessions import (
     Ack,
     CloseSession,
@@ -52,6 +66,7 @@ __all__ = ["BrokerState", "Send"]
 
 PROGRAM_CACHE = 1024
 RECENT_ERRORS = 20
+MAX_SHARE = 64  # identities one session may be shared with
 _FROM_WORKERS: frozenset[type[Record]] = frozenset({Done, Failed, Reply, Ack})
 _FROM_ANYONE: frozenset[type[Record]] = frozenset(
     {WorkerHello, Channel, Heartbeat, Bye, StatusRequest}
@@ -97,12 +112,21 @@ class BrokerState:
         self.calls = CallTable()
         self.drivers: dict[bytes, float] = {}  # driver sockets -> last seen
         self.beating: set[bytes] = set()  # driver sockets that heartbeat (and get beats back)
-        self.programs: LRU[str, Program] = LRU(PROGRAM_CACHE)
+        self.programs: LRU[tuple[str, str], Program] = LRU(PROGRAM_CACHE)  # (driver, digest)
         self.persisted: dict[str, SymbolInfo] = {}
         self.errors: deque[str] = deque(maxlen=RECENT_ERRORS)
-        self.counters = {"jobs_done": 0, "jobs_failed": 0, "bytes_routed": 0, "protocol_errors": 0}
+        self.counters = {
+            "jobs_done": 0,
+            "jobs_failed": 0,
+            "bytes_routed": 0,
+            "protocol_errors": 0,
+            "forged_replies": 0,
+            "refused_requests": 0,
+        }
         self._next_beat = now
-        self._handlers: dict[type[Record], Callable[[bytes, Any, float], list[Send]]] = {
+        self._handlers: dict[
+            type[Record], Callable[[bytes, Any, float, str | None], list[Send]]
+        ] = {
             WorkerHello: self._on_hello,
             Channel: self._on_channel,
             Heartbeat: self._on_heartbeat,
@@ -125,8 +149,15 @@ class BrokerState:
         }
 
     # -- entry points ---------------------------------------------------------------------
-    def handle(self, peer: bytes, msg: Record, now: float, raw: Any = None) -> list[Send]:
-        """React to one decoded message from ``peer`` (``raw``: the frames it came in)."""
+    def handle(
+        self, peer: bytes, msg: Record, now: float, raw: Any = None, who: str | None = None
+    ) -> list[Send]:
+        """React to one decoded message from ``peer`` (``raw``: the frames it came in).
+
+        ``who`` is the sender's authenticated identity (secure mode: ``node:<name>`` or
+        ``driver:<name>``, stamped by the ZAP handler), or ``None`` in plaintext mode, where
+        the routing identity ``peer`` is what there is to go by.
+        """
         worker = self.registry.worker(peer)
         if worker is not None:
             worker.last_seen = now
@@ -141,10 +172,18 @@ class BrokerState:
             if kind not in _FROM_WORKERS and worker is not None:
                 return [self._refuse(peer, "ProtocolError", f"a worker may not send {msg.TAG!r}")]
             if worker is None:
+                if self._identity(peer, who) is None:
+                    return [
+                        self._refuse(
+                            peer,
+                            "AuthenticationError",
+                            f"{who} is not a driver: it may not send {msg.TAG!r}",
+                        )
+                    ]
                 self.drivers[peer] = now
         if isinstance(msg, Exec):
-            return self._on_exec(peer, msg, now, raw)
-        return handler(peer, msg, now)
+            return self._on_exec(peer, msg, now, who, raw)
+        return handler(peer, msg, now, who)
 
     def protocol_error(self, peer: bytes, error: Exception) -> list[Send]:
         """A message from ``peer`` did not decode: count it and tell the sender."""
@@ -181,7 +220,9 @@ class BrokerState:
         return self._next_beat
 
     # -- control --------------------------------------------------------------------------
-    def _on_hello(self, peer: bytes, msg: WorkerHello, now: float) -> list[Send]:
+    def _on_hello(
+        self, peer: bytes, msg: WorkerHello, now: float, who: str | None = None
+    ) -> list[Send]:
         self.drivers.pop(peer, None)
         try:
             entry = self.registry.admit(peer, msg, now)
@@ -199,12 +240,18 @@ class BrokerState:
         )
         return [Send(peer, welcome), *self._broadcast_directory()]
 
-    def _on_channel(self, peer: bytes, msg: Channel, now: float) -> list[Send]:
-        if not self.registry.add_channel(peer, msg.rank, msg.incarnation):
+    def _on_channel(
+        self, peer: bytes, msg: Channel, now: float, who: str | None = None
+    ) -> list[Send]:
+        if who is not None and rank_of(who, self.cluster) != msg.rank:
+            self._note(f"ignored a channel for rank {msg.rank} from {who}")
+        elif not self.registry.add_channel(peer, msg.rank, msg.incarnation):
             self._note(f"ignored a channel for rank {msg.rank}: no such live worker")
         return []
 
-    def _on_heartbeat(self, peer: bytes, msg: Heartbeat, now: float) -> list[Send]:
+    def _on_heartbeat(
+        self, peer: bytes, msg: Heartbeat, now: float, who: str | None = None
+    ) -> list[Send]:
         worker = self.registry.by_peer.get(peer)
         if worker is not None:
             worker.stats = msg.stats
@@ -213,10 +260,17 @@ class BrokerState:
             return [Send(peer, Reregister(self.broker_id))]
         self.drivers[peer] = now
         self.beating.add(peer)
-        gone = [sid for sid in msg.sessions if self.sessions.get(sid, now) is None]
+        identity = self._identity(peer, who)
+        gone = False
+        for sid in msg.sessions:
+            session = self.sessions.get(sid)
+            if session is None:
+                gone = True
+            elif identity is not None and session.allows(identity):
+                session.last_seen = now  # only its own drivers keep a session's lease
         return [Send(peer, Reregister(self.broker_id))] if gone else []
 
-    def _on_bye(self, peer: bytes, msg: Bye, now: float) -> list[Send]:
+    def _on_bye(self, peer: bytes, msg: Bye, now: float, who: str | None = None) -> list[Send]:
         if peer in self.registry.by_peer:
             return self._lose_worker(peer, f"it said goodbye ({msg.reason or 'shutdown'})", now)
         return self.disconnected(peer, now)
@@ -237,18 +291,45 @@ class BrokerState:
         return [Send(p, directory) for p in self.registry.by_peer]
 
     # -- sessions -------------------------------------------------------------------------
-    def _on_open(self, peer: bytes, msg: OpenSession, now: float) -> list[Send]:
-        if peer in self.registry.by_peer:
+    def _on_open(
+        self, peer: bytes, msg: OpenSession, now: float, who: str | None = None
+    ) -> list[Send]:
+        identity = self._identity(peer, who)
+        if peer in self.registry.by_peer or identity is None:
             return [self._refuse(peer, "ProtocolError", "a worker cannot open a session")]
         if msg.lease_s <= 0:
             return [Send(peer, self._req_error(msg.req, "SessionError", "lease_s must be > 0"))]
-        entry, attached = self.sessions.open(msg.client, msg.name, msg.lease_s, now)
+        shared: frozenset[str] | None = None
+        if msg.share_with is not None:
+            try:
+                shared = frozenset(driver_identity(check_driver_name(n)) for n in msg.share_with)
+            except ValueError as exc:
+                return [Send(peer, self._req_error(msg.req, "SessionError", str(exc)))]
+            if len(shared) > MAX_SHARE:
+                too_many = f"a session is shared with at most {MAX_SHARE} drivers"
+                return [Send(peer, self._req_error(msg.req, "SessionError", too_many))]
+        existing = self.sessions.named(msg.name)
+        if existing is not None:
+            if not existing.allows(identity):
+                return [Send(peer, Reply(msg.req, error=self._denied(existing, identity)))]
+            if shared is not None and identity != existing.owner:
+                error = self._denied(existing, identity, "change who shares")
+                return [Send(peer, Reply(msg.req, error=error))]
+        entry, attached = self.sessions.open(identity, msg.client, msg.name, msg.lease_s, now)
+        if shared is not None:
+            entry.shared = shared
         opened = SessionOpened(
             msg.req, entry.sid, self.broker_id, self.cluster.to_dict(), self.heartbeat_s, attached
         )
         return [Send(peer, opened)]
 
-    def _on_close(self, peer: bytes, msg: CloseSession, now: float) -> list[Send]:
+    def _on_close(
+        self, peer: bytes, msg: CloseSession, now: float, who: str | None = None
+    ) -> list[Send]:
+        session = self._session(peer, who, msg.session)
+        if isinstance(session, ErrorInfo):
+            self._note(f"ignored a close of session {msg.session}: {session.message}")
+            return []
         if self.sessions.detach(msg.client, msg.session):
             return self._close_session(msg.session, "closed by its driver")
         return []
@@ -271,20 +352,82 @@ class BrokerState:
             f"unknown session {sid!r}: it was closed, its lease expired, or the broker restarted",
         )
 
+    def _identity(self, peer: bytes, who: str | None) -> str | None:
+        """The driver identity of a message's sender; None when it is not a driver."""
+        if who is None:
+            return plaintext_identity(peer)
+        return who if driver_name(who) is not None else None
+
+    def _session(
+        self, peer: bytes, who: str | None, sid: str, now: float | None = None
+    ) -> SessionEntry | ErrorInfo:
+        """Session ``sid`` if the sender may act in it (renewing its lease when ``now`` is
+        given), else the error to answer with."""
+        session = self.sessions.get(sid)
+        if session is None:
+            return self._no_session(sid)
+        identity = self._identity(peer, who)
+        if identity is None or not session.allows(identity):
+            return self._denied(session, identity or str(who))
+        if now is not None:
+            session.last_seen = now
+        return session
+
+    def _denied(self, session: SessionEntry, identity: str, what: str = "use") -> ErrorInfo:
+        self.counters["refused_requests"] += 1
+        label = f"{session.sid} ({session.name!r})" if session.name else session.sid
+        message = (
+            f"{identity} may not {what} session {label}: only the driver that opened it, "
+            "and the drivers it shares it with, may"
+        )
+        if what != "use":
+            message = f"{identity} may not {what} session {label}: only its owner may"
+        self._note(message)
+        return _error("SessionAccessError", message)
+
+    def _unloaded(self, session: SessionEntry, uri: str) -> ErrorInfo:
+        self.counters["refused_requests"] += 1
+        message = (
+            f"{uri!r} is not a value of session {session.sid}: persisted values are read "
+            f"only after mp.load({uri[4:]!r}) in the reading session"
+        )
+        self._note(message)
+        return _error("SessionAccessError", message)
+
     # -- jobs -----------------------------------------------------------------------------
-    def _on_program(self, peer: bytes, msg: Program, now: float) -> list[Send]:
-        self.programs[msg.digest] = msg
+    def _on_program(
+        self, peer: bytes, msg: Program, now: float, who: str | None = None
+    ) -> list[Send]:
+        identity = self._identity(peer, who)
+        if identity is None:
+            return []
+        if msg.graph.digest != msg.digest:  # decoded graphs carry the digest of their bytes
+            self.counters["protocol_errors"] += 1
+            return [
+                self._refuse(
+                    peer,
+                    "ProtocolError",
+                    f"program sent as {msg.digest} has digest {msg.graph.digest}: refused",
+                )
+            ]
+        self.programs[(identity, msg.digest)] = msg
         return []
 
-    def _on_exec(self, peer: bytes, msg: Exec, now: float, raw: Any = None) -> list[Send]:
+    def _on_exec(
+        self, peer: bytes, msg: Exec, now: float, who: str | None = None, raw: Any = None
+    ) -> list[Send]:
         def answer(error: ErrorInfo | None = None, missing: bool = False) -> list[Send]:
             self.counters["jobs_failed"] += error is not None
             return [Send(peer, JobResult(msg.job, error=error, missing_program=missing))]
 
-        session = self.sessions.get(msg.session, now)
-        if session is None:
-            return answer(self._no_session(msg.session))
-        program = self.programs.touch(msg.digest)
+        session = self._session(peer, who, msg.session, now)
+        if isinstance(session, ErrorInfo):
+            return answer(session)
+        for bound in msg.bindings.values():
+            for uri in bound if isinstance(bound, list) else ():
+                if isinstance(uri, str) and not session.may_read(uri):
+                    return answer(self._unloaded(session, uri))
+        program = self.programs.touch((self._identity(peer, who) or "", msg.digest))
         if program is None:
             return answer(missing=True)
         if msg.job in self.calls.jobs:
@@ -323,9 +466,11 @@ class BrokerState:
             "WorkerLostError", f"rank {rank} has no live worker ({why})", rank=rank, job=job
         )
 
-    def _on_done(self, peer: bytes, msg: Done, now: float) -> list[Send]:
+    def _on_done(self, peer: bytes, msg: Done, now: float, who: str | None = None) -> list[Send]:
+        if not self._speaks_for(peer, who, msg.rank, msg.TAG):
+            return []
         job = self.calls.jobs.get(msg.job)
-        if job is None or msg.rank not in job.pending:
+        if job is None or msg.rank not in job.pending or msg.session != job.session:
             return []  # the job already ended (aborted); late answers are dropped
         job.pending.discard(msg.rank)
         for index, value in msg.values.items():
@@ -340,23 +485,35 @@ class BrokerState:
         self.counters["jobs_done"] += 1
         return [Send(job.driver, JobResult(msg.job, job.values, stats=job.stats, metas=job.metas))]
 
-    def _on_failed(self, peer: bytes, msg: Failed, now: float) -> list[Send]:
+    def _on_failed(
+        self, peer: bytes, msg: Failed, now: float, who: str | None = None
+    ) -> list[Send]:
+        if not self._speaks_for(peer, who, msg.rank, msg.TAG):
+            return []
+        job = self.calls.jobs.get(msg.job)
+        if job is None or msg.rank not in job.ranks or msg.session != job.session:
+            return []
+        self._note(f"job {msg.job} failed on rank {msg.rank}: {msg.error.message[:200]}")
+        return self._fail_call(job, msg.error, failed=msg.rank)
+
+    def _on_cancel(
+        self, peer: bytes, msg: Cancel, now: float, who: str | None = None
+    ) -> list[Send]:
         job = self.calls.jobs.get(msg.job)
         if job is None:
             return []
-        self._note(f"job {msg.job} failed on rank {msg.rank}: {msg.error.message[:200]}")
-        return self._fail_call(job, msg.error)
-
-    def _on_cancel(self, peer: bytes, msg: Cancel, now: float) -> list[Send]:
-        job = self.calls.jobs.get(msg.job)
-        if job is None:
+        session = self._session(peer, who, job.session)
+        if isinstance(session, ErrorInfo) or msg.session != job.session:
+            self._note(f"ignored a cancel of job {msg.job} from {self._identity(peer, who)}")
             return []
         return self._fail_call(
             job, _error("JobAbortedError", f"cancelled: {msg.reason}", job=msg.job)
         )
 
-    def _fail_call(self, call: Call, error: ErrorInfo) -> list[Send]:
-        """End ``call`` with ``error``: answer its driver once and release its other ranks."""
+    def _fail_call(self, call: Call, error: ErrorInfo, failed: int | None = None) -> list[Send]:
+        """End ``call`` with ``error``: answer its driver once and release its other ranks
+        (all but ``failed``, the rank that reported the failure, or else ``error.rank``)."""
+        skip = error.rank if failed is None else failed
         out: list[Send] = []
         if isinstance(call, JobCall):
             if self.calls.jobs.pop(call.job, None) is None:
@@ -369,7 +526,7 @@ class BrokerState:
             out += [
                 Send(e.peer, abort)
                 for r in call.ranks
-                if (e := self.registry.by_rank.get(r)) is not None and r != error.rank
+                if (e := self.registry.by_rank.get(r)) is not None and r != skip
             ]
         elif isinstance(call, RequestCall) and self.calls.requests.pop(call.bid, None) is not None:
             out.append(Send(call.driver, Reply(call.req, error=error)))
@@ -381,9 +538,12 @@ class BrokerState:
             session.jobs.discard(job.job)
 
     # -- data -----------------------------------------------------------------------------
-    def _on_fetch(self, peer: bytes, msg: Fetch, now: float) -> list[Send]:
-        if self.sessions.get(msg.session, now) is None:
-            return [Send(peer, Reply(msg.req, error=self._no_session(msg.session)))]
+    def _on_fetch(self, peer: bytes, msg: Fetch, now: float, who: str | None = None) -> list[Send]:
+        session = self._session(peer, who, msg.session, now)
+        if isinstance(session, ErrorInfo):
+            return [Send(peer, Reply(msg.req, error=session))]
+        if not session.may_read(msg.uri):
+            return [Send(peer, Reply(msg.req, error=self._unloaded(session, msg.uri)))]
         entry = self.registry.by_rank.get(msg.rank)
         if entry is None:
             return [Send(peer, Reply(msg.req, error=self._absent(msg.rank)))]
@@ -393,15 +553,27 @@ class BrokerState:
         )
         return [Send(entry.peer, Fetch(msg.session, bid, msg.rank, msg.uri))]
 
-    def _on_worker_reply(self, peer: bytes, msg: Reply, now: float) -> list[Send]:
-        call = self.calls.requests.pop(msg.req, None)
-        if call is None:
+    def _on_worker_reply(
+        self, peer: bytes, msg: Reply, now: float, who: str | None = None
+    ) -> list[Send]:
+        worker = self.registry.worker(peer)
+        rank = worker.rank if worker is not None else -1
+        if not self._speaks_for(peer, who, rank, msg.TAG):
             return []
+        call = self.calls.requests.get(msg.req)
+        if call is None or call.kind != "fetch":
+            return []
+        if rank not in call.pending:
+            return self._forged(peer, f"a fetch reply for rank {call.ranks[0]} from rank {rank}")
+        del self.calls.requests[msg.req]
         return [Send(call.driver, Reply(call.req, msg.value, msg.error))]
 
-    def _on_delete(self, peer: bytes, msg: Delete, now: float) -> list[Send]:
-        if self.sessions.get(msg.session) is None:
-            return []  # the session is gone and its objects with it
+    def _on_delete(
+        self, peer: bytes, msg: Delete, now: float, who: str | None = None
+    ) -> list[Send]:
+        session = self._session(peer, who, msg.session)
+        if isinstance(session, ErrorInfo):
+            return []  # the session is gone and its objects with it, or it is not theirs
         return [
             Send(e.peer, Delete(msg.session, {rank: uris}))
             for rank, uris in msg.uris.items()
@@ -430,9 +602,14 @@ class BrokerState:
         message = make(bid)
         return [Send(self.registry.by_rank[r].peer, message) for r in ranks]
 
-    def _on_save(self, peer: bytes, msg: SaveSymbol, now: float) -> list[Send]:
-        if self.sessions.get(msg.session, now) is None:
-            return [Send(peer, Reply(msg.req, error=self._no_session(msg.session)))]
+    def _on_save(
+        self, peer: bytes, msg: SaveSymbol, now: float, who: str | None = None
+    ) -> list[Send]:
+        session = self._session(peer, who, msg.session, now)
+        if isinstance(session, ErrorInfo):
+            return [Send(peer, Reply(msg.req, error=session))]
+        if not session.may_read(msg.uri):
+            return [Send(peer, Reply(msg.req, error=self._unloaded(session, msg.uri)))]
         return self._fan_out(
             peer,
             msg.session,
@@ -444,11 +621,15 @@ class BrokerState:
             msg.info,
         )
 
-    def _on_load(self, peer: bytes, msg: LoadSymbol, now: float) -> list[Send]:
-        session = self.sessions.get(msg.session, now)
-        if session is None:
-            return [Send(peer, Reply(msg.req, error=self._no_session(msg.session)))]
+    def _on_load(
+        self, peer: bytes, msg: LoadSymbol, now: float, who: str | None = None
+    ) -> list[Send]:
+        session = self._session(peer, who, msg.session, now)
+        if isinstance(session, ErrorInfo):
+            return [Send(peer, Reply(msg.req, error=session))]
         info = session.symbols.get(msg.name) or self.persisted.get(msg.name)
+        if info is not None and msg.name not in session.symbols:
+            session.loaded.add(msg.name)  # from now on this session may read it
         if info is None:
             known = sorted({*session.symbols, *self.persisted})
             return [
@@ -466,11 +647,15 @@ class BrokerState:
             ]
         return [Send(peer, Reply(msg.req, value=info))]
 
-    def _on_unsave(self, peer: bytes, msg: DeleteSymbol, now: float) -> list[Send]:
-        session = self.sessions.get(msg.session, now)
-        if session is None:
-            return [Send(peer, Reply(msg.req, error=self._no_session(msg.session)))]
+    def _on_unsave(
+        self, peer: bytes, msg: DeleteSymbol, now: float, who: str | None = None
+    ) -> list[Send]:
+        session = self._session(peer, who, msg.session, now)
+        if isinstance(session, ErrorInfo):
+            return [Send(peer, Reply(msg.req, error=session))]
         info = session.symbols.get(msg.name) or self.persisted.get(msg.name)
+        if info is not None and not session.may_read(f"sym:{msg.name}"):
+            return [Send(peer, Reply(msg.req, error=self._unloaded(session, f"sym:{msg.name}")))]
         if info is None:
             return [
                 Send(
@@ -492,10 +677,14 @@ class BrokerState:
             info,
         )
 
-    def _on_ack(self, peer: bytes, msg: Ack, now: float) -> list[Send]:
-        call = self.calls.requests.get(msg.req)
-        if call is None or msg.rank not in call.pending:
+    def _on_ack(self, peer: bytes, msg: Ack, now: float, who: str | None = None) -> list[Send]:
+        if not self._speaks_for(peer, who, msg.rank, msg.TAG):
             return []
+        call = self.calls.requests.get(msg.req)
+        if call is None or call.kind == "fetch":
+            return []
+        if msg.rank not in call.pending:
+            return self._forged(peer, f"an ack for rank(s) {call.ranks} from rank {msg.rank}")
         if msg.error is not None:
             return self._fail_call(call, msg.error)
         call.pending.discard(msg.rank)
@@ -515,60 +704,22 @@ class BrokerState:
         return [Send(call.driver, Reply(call.req))]
 
     # -- status ---------------------------------------------------------------------------
-    def _on_status(self, peer: bytes, msg: StatusRequest, now: float) -> list[Send]:
-        return [Send(peer, Reply(msg.req, value=self.status(now)))]
+    def _on_status(
+        self, peer: bytes, msg: StatusRequest, now: float, who: str | None = None
+    ) -> list[Send]:
+        if who is None:
+            return [Send(peer, Reply(msg.req, value=self.status(now)))]
+        identity = self._identity(peer, who)
+        if identity is None:
+            self.counters["refused_requests"] += 1
+            error = _error("AuthenticationError", f"{who} is not a driver: no status for it")
+            return [Send(peer, Reply(msg.req, error=error))]
+        return [Send(peer, Reply(msg.req, value=self.status(now, viewer=identity)))]
 
-    def status(self, now: float) -> dict[str, Any]:
-        ranks: list[dict[str, Any]] = []
-        for rank in range(self.cluster.world_size):
-            entry = self.registry.by_rank.get(rank)
-            if entry is not None:
-                ranks.append(
-                    {
-                        "rank": rank,
-                        "state": "up",
-                        "pid": entry.hello.pid,
-                        "host": entry.hello.host,
-                        "heartbeat_age_s": now - entry.last_seen,
-                        **entry.stats,
-                    }
-                )
-                continue
-            lost = self.registry.lost.get(rank)
-            ranks.append(
-                {
-                    "rank": rank,
-                    "state": "lost" if lost else "absent",
-                    "pid": lost.hello.pid if lost else "",
-                    "host": lost.hello.host if lost else "",
-                    "heartbeat_age_s": None,
-                    "reason": lost.reason if lost else "",
-                }
-            )
-        sessions = [
-            {
-                "session": s.sid,
-                "name": s.name,
-                "drivers": len(s.clients),
-                "idle_s": now - s.last_seen,
-                "lease_s": s.lease_s,
-                "symbols": len(s.symbols),
-                "jobs": len(s.jobs),
-            }
-            for s in self.sessions.by_id.values()
-        ]
-        return {
-            "broker_id": self.broker_id,
-            "uptime_s": now - self.started,
-            "world_size": self.cluster.world_size,
-            "cluster_id": self.cluster.cluster_id,
-            "ranks": ranks,
-            "sessions": sessions,
-            "jobs_in_flight": len(self.calls.jobs),
-            "persisted_symbols": sorted(self.persisted),
-            "errors": list(self.errors),
-            **self.counters,
-        }
+    def status(self, now: float, viewer: str | None = None) -> dict[str, Any]:
+        """The status table; ``viewer`` (a driver identity, secure mode) sees its own
+        sessions in full, the others only as a count, and no recent errors."""
+        return build_status(self, now, viewer)
 
     # -- helpers --------------------------------------------------------------------------
     def _refuse(self, peer: bytes, kind: str, message: str) -> Send:
@@ -580,3 +731,23 @@ class BrokerState:
 
     def _note(self, text: str) -> None:
         self.errors.append(text)
+
+    def _speaks_for(self, peer: bytes, who: str | None, rank: int, tag: str) -> bool:
+        """True when ``peer`` is the socket (or result channel) registered for ``rank`` and,
+        in secure mode, ``who`` is that rank's node; else the message is dropped, counted."""
+        entry = self.registry.worker(peer)
+        if (
+            entry is not None
+            and entry.rank == rank
+            and self.registry.by_rank.get(rank) is entry
+            and (who is None or rank_of(who, self.cluster) == rank)
+        ):
+            return True
+        claimed = f"rank {entry.rank}" if entry is not None else "an unregistered peer"
+        self._forged(peer, f"{tag!r} for rank {rank} from {claimed} ({who or 'plaintext'})")
+        return False
+
+    def _forged(self, peer: bytes, what: str) -> list[Send]:
+        self.counters["forged_replies"] += 1
+        self._note(f"dropped {what}")
+        return []

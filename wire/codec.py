@@ -29,10 +29,15 @@ memory to ZeroMQ (zero-copy from ``ZERO_COPY_BYTES``) and the receiver's array v
 frame it got. Every
 other object (callables included) goes through cloudpickle protocol 5 with its large buffers
 out of band. ``decode`` raises :class:`ProtocolError` for anything malformed, and nothing else.
+
+A record class that sets ``WIRE_DIGEST = True`` (the graph) gets its ``digest`` computed by
+``decode`` from the bytes it arrived in (:func:`frames_digest`), so a receiver can compare
+it with the digest a sender claims without trusting the sender or re-pickling anything.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import threading
 import types
@@ -58,6 +63,7 @@ __all__ = [
     "Pickled",
     "decode",
     "encode",
+    "frames_digest",
     "frames_nbytes",
     "pickle_by_value",
 ]
@@ -281,17 +287,34 @@ def pickle_by_value(module: types.ModuleType) -> None:
     _cloudpickle().register_pickle_by_value(module)
 
 
+def frames_digest(frames: Sequence[Any]) -> str:
+    """The digest of a record's encoding (its header and buffer frames, without the magic):
+    sha256 over each frame's length and bytes, as 32 hex digits."""
+    h = hashlib.sha256()
+    for frame in frames:
+        view = memoryview(frame)
+        h.update(view.nbytes.to_bytes(8, "little"))
+        h.update(view)
+    return h.hexdigest()[:32]
+
+
+def _set_wire_digest(rec: Record, header: Any, bufs: Sequence[Any]) -> None:
+    if getattr(type(rec), "WIRE_DIGEST", False):
+        rec.__dict__["digest"] = frames_digest([header, *bufs])  # fills a cached_property
+
+
 def frames_nbytes(frames: Sequence[Any]) -> int:
     """Total size of a frame list, for accounting."""
     return sum(memoryview(f).nbytes for f in frames)
 
 
 class _Decoder:
-    __slots__ = ("bufs", "unpickle", "used")
+    __slots__ = ("bufs", "taken", "unpickle", "used")
 
     def __init__(self, bufs: Sequence[Any], unpickle: bool) -> None:
         self.bufs = bufs
         self.used = [False] * len(bufs)
+        self.taken: list[Any] = []  # buffers in the order the header references them
         self.unpickle = unpickle
 
     def unpack(self, data: bytes) -> Any:
@@ -303,7 +326,9 @@ class _Decoder:
         if self.used[index]:
             raise ProtocolError(f"buffer {index} is referenced twice")
         self.used[index] = True
-        return self.bufs[index]
+        buf = self.bufs[index]
+        self.taken.append(buf)
+        return buf
 
     def ext(self, code: int, data: bytes) -> Any:
         if code == _TUPLE:
@@ -317,7 +342,10 @@ class _Decoder:
                 return Opaque(_ARRAY, [descr, shape], self.take(index))
             return self._array(self.unpack(data))
         if code == _RECORD:
-            return _build(self.unpack(data))
+            first = len(self.taken)
+            rec = _build(self.unpack(data))
+            _set_wire_digest(rec, data, self.taken[first:])
+            return rec
         if code == _BUFFER:
             kind, index = _pair(self.unpack(data))
             if not self.unpickle:
@@ -457,6 +485,7 @@ def decode(frames: Sequence[Any], *, unpickle: bool = True) -> Record:
     try:
         items = dec.unpack(header)
         msg = _build(items)
+        _set_wire_digest(msg, header, dec.taken)
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack, numpy and dataclass errors all mean "malformed"
