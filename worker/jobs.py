@@ -226,6 +226,7 @@ class Jobs:
             error = ErrorInfo("ProtocolError", why, rank=self.rank, op="program", job=msg.job)
             self.post(Failed(msg.session, msg.job, self.rank, error))
             return
+        self.mailbox.expect(msg.session, msg.job)  # its moves are welcome from now on
         self._submit(msg.session, lambda: self._run(msg, program.graph))
 
     def _plan(self, digest: str, graph: Graph) -> Plan:
@@ -397,5 +398,7 @@ class Jobs:
             "jobs_failed": self.failed,
             "moves_pending": self.mailbox.pending(),
             "moves_duplicate": self.mailbox.duplicates,
+            "moves_held": self.mailbox.held(),
+            "moves_dropped": self.mailbox.dropped,
             "bytes_out": self.peers.bytes_out,
         }

@@ -153,6 +153,7 @@ class SpuService:
                 return lane
             tag = hashlib.sha1("/".join(incarnations).encode()).hexdigest()[:8]
             lane = _Lane(f"{ctx.session}/{device}/{tag}/{self._failures(ctx.session)}")
+        self.links.mailbox.open_lane(lane.id)  # peers' messages for it are welcome now
         lib = libspu()
         desc = lib.link.Desc()
         for member in members:
