@@ -75,6 +75,9 @@ class SessionTable:
             entry.lease_s = max(entry.lease_s, lease_s)
         return entry, attached
 
+    def owned_by(self, owner: str) -> int:
+        return sum(1 for s in self.by_id.values() if s.owner == owner)
+
     def get(self, sid: str, now: float | None = None) -> SessionEntry | None:
         """The session ``sid``; passing ``now`` renews its lease."""
         entry = self.by_id.get(sid)

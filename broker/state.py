@@ -67,6 +67,7 @@ __all__ = ["BrokerState", "Send"]
 PROGRAM_CACHE = 1024
 RECENT_ERRORS = 20
 MAX_SHARE = 64  # identities one session may be shared with
+MAX_OWNED = 256  # sessions one driver identity may hold open at once
 _FROM_WORKERS: frozenset[type[Record]] = frozenset({Done, Failed, Reply, Ack})
 _FROM_ANYONE: frozenset[type[Record]] = frozenset(
     {WorkerHello, Channel, Heartbeat, Bye, StatusRequest}
@@ -315,6 +316,12 @@ class BrokerState:
             if shared is not None and identity != existing.owner:
                 error = self._denied(existing, identity, "change who shares")
                 return [Send(peer, Reply(msg.req, error=error))]
+        elif self.sessions.owned_by(identity) >= MAX_OWNED:
+            too_many = (
+                f"{identity} already holds {MAX_OWNED} open sessions: close some first "
+                "(mp.close_session or ctx.close())"
+            )
+            return [Send(peer, self._req_error(msg.req, "SessionError", too_many))]
         entry, attached = self.sessions.open(identity, msg.client, msg.name, msg.lease_s, now)
         if shared is not None:
             entry.shared = shared

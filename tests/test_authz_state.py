@@ -312,3 +312,14 @@ def test_plaintext_identity_is_the_declared_name() -> None:
     assert plaintext_identity(rid) == "driver:alice" and rid != driver_routing_id("alice")
     assert plaintext_identity(b"\x00k\x8b").startswith("driver:~")
     assert plaintext_identity(b"drv:bad name/1").startswith("driver:~")
+
+
+def test_one_driver_cannot_fill_the_session_table(state: BrokerState) -> None:
+    from mpl.broker.state import MAX_OWNED
+
+    for _ in range(MAX_OWNED):
+        open_session(state, A)
+    out = state.handle(A, OpenSession(9, "", 60.0, "a"), 0.1)
+    assert "close some first" in sent(out, Reply, A)[0].error.message
+    assert open_session(state, B)  # another driver is not affected
+    assert len(state.sessions.by_id) == MAX_OWNED + 1
