@@ -125,6 +125,7 @@ class SpuService:
             "spu_cache_hits": self.cache_hits,
             "spu_runs": self.runs,
             "spu_lanes": self.lanes_made,
+            "spu_messages_dropped": self.links.mailbox.held_dropped,  # for lanes not opened
         }
 
     # -- lanes ----------------------------------------------------------------------------
