@@ -29,10 +29,6 @@ memory to ZeroMQ (zero-copy from ``ZERO_COPY_BYTES``) and the receiver's array v
 frame it got. Every
 other object (callables included) goes through cloudpickle protocol 5 with its large buffers
 out of band. ``decode`` raises :class:`ProtocolError` for anything malformed, and nothing else.
-
-A record class that sets ``WIRE_DIGEST = True`` (the graph) gets its ``digest`` computed by
-``decode`` from the bytes it arrived in (:func:`frames_digest`), so a receiver can compare
-it with the digest a sender claims without trusting the sender or re-pickling anything.
 """
 
 from __future__ import annotations
@@ -299,6 +295,9 @@ def frames_digest(frames: Sequence[Any]) -> str:
 
 
 def _set_wire_digest(rec: Record, header: Any, bufs: Sequence[Any]) -> None:
+    """A record class that sets ``WIRE_DIGEST = True`` (the graph) gets its ``digest``
+    computed by ``decode`` from the bytes it arrived in, so a receiver compares it with the
+    digest a sender claims without trusting the sender or re-pickling anything."""
     if getattr(type(rec), "WIRE_DIGEST", False):
         rec.__dict__["digest"] = frames_digest([header, *bufs])  # fills a cached_property
 
