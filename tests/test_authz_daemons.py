@@ -99,7 +99,8 @@ def test_a_registered_worker_cannot_answer_for_another_rank(make_cluster: Any, z
     victim.send(Program(graph.digest, graph))
     victim.send(Exec(sid, "victim-job", graph.digest, (0, 1), {}, (0, 1)))
     victim.send(Fetch(sid, 7, 1, output_uri("victim-job", 1)))  # queued behind the job
-    time.sleep(0.2)  # the job is running: the forgeries must beat the genuine answers
+    # the forgeries must reach the broker while the job waits for rank 1's genuine answer
+    wait_until(lambda: watcher.status()["jobs_in_flight"] == 1, what="the job to be running")
     public = directory.peers[1].incarnation
     channel = Raw(zctx, cluster.address)
     channel.send(Channel(1, public))  # the incarnation every worker sees
@@ -117,7 +118,7 @@ def test_a_registered_worker_cannot_answer_for_another_rank(make_cluster: Any, z
     reply = victim.wait_for(lambda m: isinstance(m, Reply) and m.req == 7)
     assert isinstance(reply, Reply) and reply.error is None
     status = watcher.status()
-    assert status["forged_replies"] >= 42, status["errors"][-3:]
+    assert status["forged_replies"] >= 41, status["errors"][-3:]  # 39 acks, a done, a failed
     assert [r["state"] for r in status["ranks"]] == ["up", "up", "up"]
 
 
