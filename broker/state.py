@@ -68,6 +68,7 @@ PROGRAM_CACHE = 1024
 RECENT_ERRORS = 20
 MAX_SHARE = 64  # identities one session may be shared with
 MAX_OWNED = 256  # sessions one driver identity may hold open at once
+MAX_CLIENTS = 1024  # driver clients attached to one session at once
 _FROM_WORKERS: frozenset[type[Record]] = frozenset({Done, Failed, Reply, Ack})
 _FROM_ANYONE: frozenset[type[Record]] = frozenset(
     {WorkerHello, Channel, Heartbeat, Bye, StatusRequest}
@@ -316,6 +317,9 @@ class BrokerState:
             if shared is not None and identity != existing.owner:
                 error = self._denied(existing, identity, "change who shares")
                 return [Send(peer, Reply(msg.req, error=error))]
+            if msg.client not in existing.clients and len(existing.clients) >= MAX_CLIENTS:
+                full = f"session {msg.name!r} already has {MAX_CLIENTS} clients attached"
+                return [Send(peer, self._req_error(msg.req, "SessionError", full))]
         elif self.sessions.owned_by(identity) >= MAX_OWNED:
             too_many = (
                 f"{identity} already holds {MAX_OWNED} open sessions: close some first "

@@ -323,3 +323,14 @@ def test_one_driver_cannot_fill_the_session_table(state: BrokerState) -> None:
     assert "close some first" in sent(out, Reply, A)[0].error.message
     assert open_session(state, B)  # another driver is not affected
     assert len(state.sessions.by_id) == MAX_OWNED + 1
+
+
+def test_one_session_takes_a_bounded_number_of_clients(state: BrokerState) -> None:
+    from mpl.broker.state import MAX_CLIENTS
+
+    open_session(state, A, "s")
+    for i in range(MAX_CLIENTS - 1):
+        state.handle(A, OpenSession(2, "s", 60.0, f"client{i}"), 0.1)
+    out = state.handle(A, OpenSession(3, "s", 60.0, "one-too-many"), 0.1)
+    assert "clients attached" in sent(out, Reply, A)[0].error.message
+    assert sent(state.handle(A, OpenSession(4, "s", 60.0, "client0"), 0.1), SessionOpened)
