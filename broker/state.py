@@ -21,12 +21,14 @@ from __future__ import annotations
 import secrets
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from mpl.broker.access import Access
+from mpl.broker.actions import Send
 from mpl.broker.calls import Call, CallTable, JobCall, RequestCall, lost_rank_error
+from mpl.broker.names import Names
 from mpl.broker.registry import Registry, WorkerEntry
-from mpl.broker.sessions import SessionEntry, SessionTable
+from mpl.broker.sessions import SessionTable
 from mpl.broker.status_view import build_status
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.control import (
@@ -42,12 +44,10 @@ from mpl.wire.control import (
 )
 from mpl.wire.data import Delete, Fetch
 from mpl.wire.errors import RegistrationError
-from mpl.wire.identity import driver_identity, driver_name, rank_of
 from mpl.wire.jobs import Abort, Cancel, Done, Exec, Failed, JobResult, Program
 from mpl.wire.lru import LRU
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
-from mpl.wire.routing import check_driver_name, plaintext_identity
 from mpl.wire.sessions import (
     Ack,
     CloseSession,
@@ -66,26 +66,10 @@ __all__ = ["BrokerState", "Send"]
 
 PROGRAM_CACHE = 1024
 RECENT_ERRORS = 20
-MAX_SHARE = 64  # identities one session may be shared with
-MAX_OWNED = 256  # sessions one driver identity may hold open at once
-MAX_CLIENTS = 1024  # driver clients attached to one session at once
 _FROM_WORKERS: frozenset[type[Record]] = frozenset({Done, Failed, Reply, Ack})
 _FROM_ANYONE: frozenset[type[Record]] = frozenset(
     {WorkerHello, Channel, Heartbeat, Bye, StatusRequest}
 )
-
-
-@dataclass(frozen=True)
-class Send:
-    """Send ``msg`` to the peer with routing identity ``peer``.
-
-    ``raw``, when given, holds the frames ``msg`` arrived in: the shell forwards them as they
-    are instead of encoding ``msg`` again.
-    """
-
-    peer: bytes
-    msg: Record
-    raw: Any = None
 
 
 def _error(kind: str, message: str, **kw: Any) -> ErrorInfo:
@@ -117,14 +101,9 @@ class BrokerState:
         self.programs: LRU[tuple[str, str], Program] = LRU(PROGRAM_CACHE)  # (driver, digest)
         self.persisted: dict[str, SymbolInfo] = {}
         self.errors: deque[str] = deque(maxlen=RECENT_ERRORS)
-        self.counters = {
-            "jobs_done": 0,
-            "jobs_failed": 0,
-            "bytes_routed": 0,
-            "protocol_errors": 0,
-            "forged_replies": 0,
-            "refused_requests": 0,
-        }
+        self.counters = {"jobs_done": 0, "jobs_failed": 0, "bytes_routed": 0, "protocol_errors": 0}
+        self.access = Access(cluster, self.registry, self.sessions, self.counters, self._note)
+        self.names = Names(self)
         self._next_beat = now
         self._handlers: dict[
             type[Record], Callable[[bytes, Any, float, str | None], list[Send]]
@@ -142,11 +121,11 @@ class BrokerState:
             Cancel: self._on_cancel,
             Fetch: self._on_fetch,
             Reply: self._on_worker_reply,
-            Ack: self._on_ack,
+            Ack: self.names.on_ack,
             Delete: self._on_delete,
-            SaveSymbol: self._on_save,
-            LoadSymbol: self._on_load,
-            DeleteSymbol: self._on_unsave,
+            SaveSymbol: self.names.on_save,
+            LoadSymbol: self.names.on_load,
+            DeleteSymbol: self.names.on_unsave,
             StatusRequest: self._on_status,
         }
 
@@ -174,7 +153,7 @@ class BrokerState:
             if kind not in _FROM_WORKERS and worker is not None:
                 return [self._refuse(peer, "ProtocolError", f"a worker may not send {msg.TAG!r}")]
             if worker is None:
-                if self._identity(peer, who) is None:
+                if self.access.driver(peer, who) is None:
                     return [
                         self._refuse(
                             peer,
@@ -245,7 +224,7 @@ class BrokerState:
     def _on_channel(
         self, peer: bytes, msg: Channel, now: float, who: str | None = None
     ) -> list[Send]:
-        if who is not None and rank_of(who, self.cluster) != msg.rank:
+        if not self.access.channel_key_ok(who, msg.rank):
             self._note(f"ignored a channel for rank {msg.rank} from {who}")
         elif not self.registry.add_channel(peer, msg.rank, msg.incarnation):
             self._note(f"ignored a channel for rank {msg.rank}: no such live worker")
@@ -262,7 +241,7 @@ class BrokerState:
             return [Send(peer, Reregister(self.broker_id))]
         self.drivers[peer] = now
         self.beating.add(peer)
-        identity = self._identity(peer, who)
+        identity = self.access.driver(peer, who)
         gone = False
         for sid in msg.sessions:
             session = self.sessions.get(sid)
@@ -296,36 +275,14 @@ class BrokerState:
     def _on_open(
         self, peer: bytes, msg: OpenSession, now: float, who: str | None = None
     ) -> list[Send]:
-        identity = self._identity(peer, who)
+        identity = self.access.driver(peer, who)
         if peer in self.registry.by_peer or identity is None:
             return [self._refuse(peer, "ProtocolError", "a worker cannot open a session")]
         if msg.lease_s <= 0:
             return [Send(peer, self._req_error(msg.req, "SessionError", "lease_s must be > 0"))]
-        shared: frozenset[str] | None = None
-        if msg.share_with is not None:
-            try:
-                shared = frozenset(driver_identity(check_driver_name(n)) for n in msg.share_with)
-            except ValueError as exc:
-                return [Send(peer, self._req_error(msg.req, "SessionError", str(exc)))]
-            if len(shared) > MAX_SHARE:
-                too_many = f"a session is shared with at most {MAX_SHARE} drivers"
-                return [Send(peer, self._req_error(msg.req, "SessionError", too_many))]
-        existing = self.sessions.named(msg.name)
-        if existing is not None:
-            if not existing.allows(identity):
-                return [Send(peer, Reply(msg.req, error=self._denied(existing, identity)))]
-            if shared is not None and identity != existing.owner:
-                error = self._denied(existing, identity, "change who shares")
-                return [Send(peer, Reply(msg.req, error=error))]
-            if msg.client not in existing.clients and len(existing.clients) >= MAX_CLIENTS:
-                full = f"session {msg.name!r} already has {MAX_CLIENTS} clients attached"
-                return [Send(peer, self._req_error(msg.req, "SessionError", full))]
-        elif self.sessions.owned_by(identity) >= MAX_OWNED:
-            too_many = (
-                f"{identity} already holds {MAX_OWNED} open sessions: close some first "
-                "(mp.close_session or ctx.close())"
-            )
-            return [Send(peer, self._req_error(msg.req, "SessionError", too_many))]
+        shared, error = self.access.opening(identity, msg)
+        if error is not None:
+            return [Send(peer, Reply(msg.req, error=error))]
         entry, attached = self.sessions.open(identity, msg.client, msg.name, msg.lease_s, now)
         if shared is not None:
             entry.shared = shared
@@ -337,7 +294,7 @@ class BrokerState:
     def _on_close(
         self, peer: bytes, msg: CloseSession, now: float, who: str | None = None
     ) -> list[Send]:
-        session = self._session(peer, who, msg.session)
+        session = self.access.session(peer, who, msg.session)
         if isinstance(session, ErrorInfo):
             self._note(f"ignored a close of session {msg.session}: {session.message}")
             return []
@@ -357,59 +314,11 @@ class BrokerState:
         out += [Send(p, closed) for p in self.registry.by_peer]
         return out
 
-    def _no_session(self, sid: str) -> ErrorInfo:
-        return _error(
-            "SessionError",
-            f"unknown session {sid!r}: it was closed, its lease expired, or the broker restarted",
-        )
-
-    def _identity(self, peer: bytes, who: str | None) -> str | None:
-        """The driver identity of a message's sender; None when it is not a driver."""
-        if who is None:
-            return plaintext_identity(peer)
-        return who if driver_name(who) is not None else None
-
-    def _session(
-        self, peer: bytes, who: str | None, sid: str, now: float | None = None
-    ) -> SessionEntry | ErrorInfo:
-        """Session ``sid`` if the sender may act in it (renewing its lease when ``now`` is
-        given), else the error to answer with."""
-        session = self.sessions.get(sid)
-        if session is None:
-            return self._no_session(sid)
-        identity = self._identity(peer, who)
-        if identity is None or not session.allows(identity):
-            return self._denied(session, identity or str(who))
-        if now is not None:
-            session.last_seen = now
-        return session
-
-    def _denied(self, session: SessionEntry, identity: str, what: str = "use") -> ErrorInfo:
-        self.counters["refused_requests"] += 1
-        label = f"{session.sid} ({session.name!r})" if session.name else session.sid
-        message = (
-            f"{identity} may not {what} session {label}: only the driver that opened it, "
-            "and the drivers it shares it with, may"
-        )
-        if what != "use":
-            message = f"{identity} may not {what} session {label}: only its owner may"
-        self._note(message)
-        return _error("SessionAccessError", message)
-
-    def _unloaded(self, session: SessionEntry, uri: str) -> ErrorInfo:
-        self.counters["refused_requests"] += 1
-        message = (
-            f"{uri!r} is not a value of session {session.sid}: persisted values are read "
-            f"only after mp.load({uri[4:]!r}) in the reading session"
-        )
-        self._note(message)
-        return _error("SessionAccessError", message)
-
     # -- jobs -----------------------------------------------------------------------------
     def _on_program(
         self, peer: bytes, msg: Program, now: float, who: str | None = None
     ) -> list[Send]:
-        identity = self._identity(peer, who)
+        identity = self.access.driver(peer, who)
         if identity is None:
             return []
         if msg.graph.digest != msg.digest:  # decoded graphs carry the digest of their bytes
@@ -431,14 +340,13 @@ class BrokerState:
             self.counters["jobs_failed"] += error is not None
             return [Send(peer, JobResult(msg.job, error=error, missing_program=missing))]
 
-        session = self._session(peer, who, msg.session, now)
+        session = self.access.session(peer, who, msg.session, now)
         if isinstance(session, ErrorInfo):
             return answer(session)
-        for bound in msg.bindings.values():
-            for uri in bound if isinstance(bound, list) else ():
-                if isinstance(uri, str) and not session.may_read(uri):
-                    return answer(self._unloaded(session, uri))
-        program = self.programs.touch((self._identity(peer, who) or "", msg.digest))
+        unreadable = self.access.unreadable_binding(session, msg.bindings)
+        if unreadable is not None:
+            return answer(self.access.unloaded(session, unreadable))
+        program = self.programs.touch((self.access.driver(peer, who) or "", msg.digest))
         if program is None:
             return answer(missing=True)
         if msg.job in self.calls.jobs:
@@ -478,7 +386,7 @@ class BrokerState:
         )
 
     def _on_done(self, peer: bytes, msg: Done, now: float, who: str | None = None) -> list[Send]:
-        if not self._speaks_for(peer, who, msg.rank, msg.TAG):
+        if not self.access.speaks_for(peer, who, msg.rank, msg.TAG):
             return []
         job = self.calls.jobs.get(msg.job)
         if job is None or msg.rank not in job.pending or msg.session != job.session:
@@ -499,7 +407,7 @@ class BrokerState:
     def _on_failed(
         self, peer: bytes, msg: Failed, now: float, who: str | None = None
     ) -> list[Send]:
-        if not self._speaks_for(peer, who, msg.rank, msg.TAG):
+        if not self.access.speaks_for(peer, who, msg.rank, msg.TAG):
             return []
         job = self.calls.jobs.get(msg.job)
         if job is None or msg.rank not in job.ranks or msg.session != job.session:
@@ -513,9 +421,9 @@ class BrokerState:
         job = self.calls.jobs.get(msg.job)
         if job is None:
             return []
-        session = self._session(peer, who, job.session)
+        session = self.access.session(peer, who, job.session)
         if isinstance(session, ErrorInfo) or msg.session != job.session:
-            self._note(f"ignored a cancel of job {msg.job} from {self._identity(peer, who)}")
+            self._note(f"ignored a cancel of job {msg.job} from {self.access.driver(peer, who)}")
             return []
         return self._fail_call(
             job, _error("JobAbortedError", f"cancelled: {msg.reason}", job=msg.job)
@@ -550,11 +458,11 @@ class BrokerState:
 
     # -- data -----------------------------------------------------------------------------
     def _on_fetch(self, peer: bytes, msg: Fetch, now: float, who: str | None = None) -> list[Send]:
-        session = self._session(peer, who, msg.session, now)
+        session = self.access.session(peer, who, msg.session, now)
         if isinstance(session, ErrorInfo):
             return [Send(peer, Reply(msg.req, error=session))]
         if not session.may_read(msg.uri):
-            return [Send(peer, Reply(msg.req, error=self._unloaded(session, msg.uri)))]
+            return [Send(peer, Reply(msg.req, error=self.access.unloaded(session, msg.uri)))]
         entry = self.registry.by_rank.get(msg.rank)
         if entry is None:
             return [Send(peer, Reply(msg.req, error=self._absent(msg.rank)))]
@@ -569,20 +477,21 @@ class BrokerState:
     ) -> list[Send]:
         worker = self.registry.worker(peer)
         rank = worker.rank if worker is not None else -1
-        if not self._speaks_for(peer, who, rank, msg.TAG):
+        if not self.access.speaks_for(peer, who, rank, msg.TAG):
             return []
         call = self.calls.requests.get(msg.req)
         if call is None or call.kind != "fetch":
             return []
         if rank not in call.pending:
-            return self._forged(peer, f"a fetch reply for rank {call.ranks[0]} from rank {rank}")
+            self.access.forged(f"a fetch reply for rank {call.ranks[0]} from rank {rank}")
+            return []
         del self.calls.requests[msg.req]
         return [Send(call.driver, Reply(call.req, msg.value, msg.error))]
 
     def _on_delete(
         self, peer: bytes, msg: Delete, now: float, who: str | None = None
     ) -> list[Send]:
-        session = self._session(peer, who, msg.session)
+        session = self.access.session(peer, who, msg.session)
         if isinstance(session, ErrorInfo):
             return []  # the session is gone and its objects with it, or it is not theirs
         return [
@@ -591,136 +500,13 @@ class BrokerState:
             if uris and (e := self.registry.by_rank.get(rank)) is not None
         ]
 
-    # -- names ----------------------------------------------------------------------------
-    def _fan_out(
-        self,
-        peer: bytes,
-        sid: str,
-        req: int,
-        ranks: tuple[int, ...],
-        kind: str,
-        now: float,
-        make: Callable[[int], Record],
-        symbol: SymbolInfo | None = None,
-    ) -> list[Send]:
-        for rank in ranks:
-            if rank not in self.registry.by_rank:
-                return [Send(peer, Reply(req, error=self._absent(rank)))]
-        bid = self.calls.new_req()
-        self.calls.requests[bid] = RequestCall(
-            peer, sid, ranks, set(ranks), req=req, bid=bid, kind=kind, symbol=symbol
-        )
-        message = make(bid)
-        return [Send(self.registry.by_rank[r].peer, message) for r in ranks]
-
-    def _on_save(
-        self, peer: bytes, msg: SaveSymbol, now: float, who: str | None = None
-    ) -> list[Send]:
-        session = self._session(peer, who, msg.session, now)
-        if isinstance(session, ErrorInfo):
-            return [Send(peer, Reply(msg.req, error=session))]
-        if not session.may_read(msg.uri):
-            return [Send(peer, Reply(msg.req, error=self._unloaded(session, msg.uri)))]
-        return self._fan_out(
-            peer,
-            msg.session,
-            msg.req,
-            msg.info.ranks,
-            "save",
-            now,
-            lambda bid: SaveSymbol(msg.session, bid, msg.uri, msg.info),
-            msg.info,
-        )
-
-    def _on_load(
-        self, peer: bytes, msg: LoadSymbol, now: float, who: str | None = None
-    ) -> list[Send]:
-        session = self._session(peer, who, msg.session, now)
-        if isinstance(session, ErrorInfo):
-            return [Send(peer, Reply(msg.req, error=session))]
-        info = session.symbols.get(msg.name) or self.persisted.get(msg.name)
-        if info is not None and msg.name not in session.symbols:
-            session.loaded.add(msg.name)  # from now on this session may read it
-        if info is None:
-            known = sorted({*session.symbols, *self.persisted})
-            return [
-                Send(
-                    peer,
-                    Reply(
-                        msg.req,
-                        error=_error(
-                            "SessionError",
-                            f"no value named {msg.name!r} in this session or on disk; "
-                            f"known names: {', '.join(known) or 'none'}",
-                        ),
-                    ),
-                )
-            ]
-        return [Send(peer, Reply(msg.req, value=info))]
-
-    def _on_unsave(
-        self, peer: bytes, msg: DeleteSymbol, now: float, who: str | None = None
-    ) -> list[Send]:
-        session = self._session(peer, who, msg.session, now)
-        if isinstance(session, ErrorInfo):
-            return [Send(peer, Reply(msg.req, error=session))]
-        info = session.symbols.get(msg.name) or self.persisted.get(msg.name)
-        if info is not None and not session.may_read(f"sym:{msg.name}"):
-            return [Send(peer, Reply(msg.req, error=self._unloaded(session, f"sym:{msg.name}")))]
-        if info is None:
-            return [
-                Send(
-                    peer,
-                    Reply(
-                        msg.req,
-                        error=_error("SessionError", f"no value named {msg.name!r} to delete"),
-                    ),
-                )
-            ]
-        return self._fan_out(
-            peer,
-            msg.session,
-            msg.req,
-            info.ranks,
-            "unsave",
-            now,
-            lambda bid: DeleteSymbol(msg.session, bid, msg.name, info.ranks, info.persist),
-            info,
-        )
-
-    def _on_ack(self, peer: bytes, msg: Ack, now: float, who: str | None = None) -> list[Send]:
-        if not self._speaks_for(peer, who, msg.rank, msg.TAG):
-            return []
-        call = self.calls.requests.get(msg.req)
-        if call is None or call.kind == "fetch":
-            return []
-        if msg.rank not in call.pending:
-            return self._forged(peer, f"an ack for rank(s) {call.ranks} from rank {msg.rank}")
-        if msg.error is not None:
-            return self._fail_call(call, msg.error)
-        call.pending.discard(msg.rank)
-        if call.pending:
-            return []
-        del self.calls.requests[msg.req]
-        info = call.symbol
-        session = self.sessions.get(call.session)
-        if info is not None:
-            table = self.persisted if info.persist else (session.symbols if session else {})
-            if call.kind == "save":
-                table[info.name] = info
-            else:
-                table.pop(info.name, None)
-                if session is not None:
-                    session.symbols.pop(info.name, None)
-        return [Send(call.driver, Reply(call.req))]
-
     # -- status ---------------------------------------------------------------------------
     def _on_status(
         self, peer: bytes, msg: StatusRequest, now: float, who: str | None = None
     ) -> list[Send]:
         if who is None:
             return [Send(peer, Reply(msg.req, value=self.status(now)))]
-        identity = self._identity(peer, who)
+        identity = self.access.driver(peer, who)
         if identity is None:
             self.counters["refused_requests"] += 1
             error = _error("AuthenticationError", f"{who} is not a driver: no status for it")
@@ -742,23 +528,3 @@ class BrokerState:
 
     def _note(self, text: str) -> None:
         self.errors.append(text)
-
-    def _speaks_for(self, peer: bytes, who: str | None, rank: int, tag: str) -> bool:
-        """True when ``peer`` is the socket (or result channel) registered for ``rank`` and,
-        in secure mode, ``who`` is that rank's node; else the message is dropped, counted."""
-        entry = self.registry.worker(peer)
-        if (
-            entry is not None
-            and entry.rank == rank
-            and self.registry.by_rank.get(rank) is entry
-            and (who is None or rank_of(who, self.cluster) == rank)
-        ):
-            return True
-        claimed = f"rank {entry.rank}" if entry is not None else "an unregistered peer"
-        self._forged(peer, f"{tag!r} for rank {rank} from {claimed} ({who or 'plaintext'})")
-        return False
-
-    def _forged(self, peer: bytes, what: str) -> list[Send]:
-        self.counters["forged_replies"] += 1
-        self._note(f"dropped {what}")
-        return []

@@ -315,7 +315,7 @@ def test_plaintext_identity_is_the_declared_name() -> None:
 
 
 def test_one_driver_cannot_fill_the_session_table(state: BrokerState) -> None:
-    from mpl.broker.state import MAX_OWNED
+    from mpl.broker.access import MAX_OWNED
 
     for _ in range(MAX_OWNED):
         open_session(state, A)
@@ -326,7 +326,7 @@ def test_one_driver_cannot_fill_the_session_table(state: BrokerState) -> None:
 
 
 def test_one_session_takes_a_bounded_number_of_clients(state: BrokerState) -> None:
-    from mpl.broker.state import MAX_CLIENTS
+    from mpl.broker.access import MAX_CLIENTS
 
     open_session(state, A, "s")
     for i in range(MAX_CLIENTS - 1):
