@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
+from helpers import wait_until
 
+from mpl.wire.sessions import DeleteSymbol
 from mpl.worker.holding import Holding
+from mpl.worker.jobs import Jobs
 from mpl.worker.mailbox import Mailbox
 from mpl.worker.spu_link import SpuMailbox
+from mpl.worker.store import ObjectStore, SymbolDisk
 
 
 class Clock:
@@ -81,3 +88,18 @@ def test_spu_messages_for_unknown_lanes_are_held_bounded_then_handed_over() -> N
     lane.open_lane("s/SP0/t/0")
     assert lane.get("s/SP0/t/0", 1, "a", ("s", "j"), deadline) == b"1"
     assert lane.get("s/SP0/t/0", 1, "a", ("s", "j"), deadline) == b"2"
+
+
+def test_a_symbol_name_never_reaches_outside_the_data_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    outside = tmp_path / "secret.value"
+    outside.write_bytes(b"not yours")
+    (tmp_path / "secret.info").write_bytes(b"")
+    store = ObjectStore(SymbolDisk(root))
+    with pytest.raises(ValueError, match="bad value name"):
+        store.get("s", "sym:../../secret")
+    posted: list[Any] = []
+    jobs = Jobs(0, store, Mailbox(), None, posted.append)  # type: ignore[arg-type]
+    jobs.unsave(DeleteSymbol("s", 7, "../../secret", (0,), True))
+    wait_until(lambda: posted, what="the ack")
+    assert posted[0].error is not None and outside.exists()

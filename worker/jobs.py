@@ -28,7 +28,7 @@ from mpl.worker.interpreter import ABSENT, OpFailed, Plan, run_graph
 from mpl.worker.mailbox import Mailbox
 from mpl.worker.peers import PeerLinks
 from mpl.worker.spu_link import SpuMailbox
-from mpl.worker.store import ObjectStore, symbol_uri
+from mpl.worker.store import ObjectStore, check_name, symbol_uri
 
 __all__ = ["DEFAULT_JOB_TIMEOUT_S", "Jobs"]
 
@@ -348,6 +348,11 @@ class Jobs:
 
     def unsave(self, msg: DeleteSymbol) -> None:
         def task() -> None:
+            try:
+                check_name(msg.name)  # whoever relays it, no file outside the data root
+            except ValueError as exc:
+                self.post(Ack(msg.req, self.rank, to_info(exc, rank=self.rank, op="unsave")))
+                return
             self.store.delete(msg.session, [symbol_uri(msg.name)])
             if msg.persist and self.store.disk is not None:
                 self.store.disk.delete(msg.name)
