@@ -1,18 +1,31 @@
-"""Which worker serves which rank, how recently each was heard from, and what it caches."""
+"""Which worker serves which rank, how recently each was heard from, and what it caches.
+
+A worker's incarnation (random per process start, sent in its ``WorkerHello``) is a secret
+between the worker and the broker: it lets the same process re-register from a new socket
+and announce its result channel. The directory every worker receives carries only a digest
+of it (:func:`public_incarnation`), so another worker cannot replay it to take the rank or
+add a channel speaking for it.
+"""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 from mpl.wire.control import Directory, PeerInfo, WorkerHello
 from mpl.wire.errors import RegistrationError
 from mpl.wire.lru import LRU
 
-__all__ = ["PROGRAM_SLOTS", "Registry", "WorkerEntry"]
+__all__ = ["PROGRAM_SLOTS", "Registry", "WorkerEntry", "public_incarnation"]
 
 # The broker mirrors each worker's program LRU. Both see the same sequence of programs, and
 # the worker keeps at least as many, so whatever the broker believes is cached really is.
 PROGRAM_SLOTS = 256
+
+
+def public_incarnation(incarnation: str) -> str:
+    """What peers learn of a worker's incarnation: new per process start, not replayable."""
+    return hashlib.sha256(b"mpl-incarnation:" + incarnation.encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -34,7 +47,9 @@ class WorkerEntry:
 
     def peer_info(self) -> PeerInfo:
         h = self.hello
-        return PeerInfo(self.rank, h.incarnation, h.data_addr, h.spu_addr, h.curve_key)
+        return PeerInfo(
+            self.rank, public_incarnation(h.incarnation), h.data_addr, h.spu_addr, h.curve_key
+        )
 
 
 @dataclass
@@ -61,8 +76,16 @@ class Registry:
         return self.by_peer.get(peer) or self.channels.get(peer)
 
     def add_channel(self, peer: bytes, rank: int, incarnation: str) -> bool:
+        """Let ``peer`` speak for ``rank`` too, if it knows the rank's secret incarnation.
+
+        A registered worker's own socket cannot become another rank's channel, and a
+        channel stays bound to the worker entry it was added for.
+        """
         entry = self.by_rank.get(rank)
         if entry is None or entry.hello.incarnation != incarnation:
+            return False
+        current = self.worker(peer)
+        if current is not None and current is not entry:
             return False
         self.channels[peer] = entry
         return True

@@ -1,4 +1,8 @@
-"""Sessions: which driver clients are attached, their leases, and the names saved in each.
+"""Sessions: who owns each, which driver clients are attached, leases, and saved names.
+
+A session belongs to the driver identity that opened it (``driver:<name>``: the key's name
+in secure mode, the declared name in plaintext mode, see :mod:`mpl.wire.routing`). Only the
+owner and the identities it shares the session with may attach to it or act in it.
 
 A session stays open while some message for it arrives (a job, a fetch, or a driver's
 heartbeat naming it) at least once per lease. A client detaches with ``CloseSession``; the
@@ -21,9 +25,24 @@ class SessionEntry:
     name: str
     lease_s: float
     last_seen: float
+    owner: str = ""  # the driver identity that opened it
+    shared: frozenset[str] = frozenset()  # other driver identities the owner let in
     clients: set[str] = field(default_factory=set)
     symbols: dict[str, SymbolInfo] = field(default_factory=dict)
+    loaded: set[str] = field(default_factory=set)  # persisted names loaded into it
     jobs: set[str] = field(default_factory=set)
+
+    def allows(self, identity: str) -> bool:
+        """True when the driver ``identity`` may attach to and act in this session."""
+        return identity == self.owner or identity in self.shared
+
+    def may_read(self, uri: str) -> bool:
+        """True unless ``uri`` names a value (``sym:<name>``) not saved in or loaded into
+        this session: persisted values are reached only through a load."""
+        if not uri.startswith("sym:"):
+            return True
+        name = uri[4:]
+        return name in self.symbols or name in self.loaded
 
 
 class SessionTable:
@@ -33,13 +52,20 @@ class SessionTable:
         self.by_id: dict[str, SessionEntry] = {}
         self.by_name: dict[str, str] = {}
 
-    def open(self, client: str, name: str, lease_s: float, now: float) -> tuple[SessionEntry, bool]:
-        """Create a session, or attach ``client`` to the named one. Returns (entry, attached)."""
+    def named(self, name: str) -> SessionEntry | None:
+        sid = self.by_name.get(name) if name else None
+        return self.by_id.get(sid) if sid is not None else None
+
+    def open(
+        self, owner: str, client: str, name: str, lease_s: float, now: float
+    ) -> tuple[SessionEntry, bool]:
+        """Create a session owned by ``owner``, or attach ``client`` to the named one (the
+        caller checks first that ``owner`` may). Returns (entry, attached)."""
         sid = self.by_name.get(name) if name else None
         attached = sid is not None
         if sid is None:
-            sid = f"s{secrets.token_hex(6)}"
-            self.by_id[sid] = SessionEntry(sid, name, lease_s, now)
+            sid = f"s{secrets.token_hex(8)}"
+            self.by_id[sid] = SessionEntry(sid, name, lease_s, now, owner=owner)
             if name:
                 self.by_name[name] = sid
         entry = self.by_id[sid]
@@ -48,6 +74,9 @@ class SessionTable:
         if attached:
             entry.lease_s = max(entry.lease_s, lease_s)
         return entry, attached
+
+    def owned_by(self, owner: str) -> int:
+        return sum(1 for s in self.by_id.values() if s.owner == owner)
 
     def get(self, sid: str, now: float | None = None) -> SessionEntry | None:
         """The session ``sid``; passing ``now`` renews its lease."""

@@ -1,8 +1,19 @@
 """The broker's decision logic: messages and timer ticks in, messages to send out. No I/O.
 
-``BrokerState.handle(peer, msg, now)`` and ``tick(now)`` return a list of :class:`Send`
-actions; the ZeroMQ shell in ``daemon.py`` performs them. Everything here is driven by
-explicit timestamps, so tests run it without sockets or sleeps.
+``BrokerState.handle(peer, msg, now, raw, who=who)`` and ``tick(now)`` return a list of
+:class:`Send` actions; the ZeroMQ shell in ``daemon.py`` performs them. Everything here is
+driven by explicit timestamps, so tests run it without sockets or sleeps.
+
+Every message is judged by who really sent it, never by a field the sender wrote:
+
+* a worker's answers (``Done``, ``Failed``, ``Reply``, ``Ack``) count only when they come
+  from the socket (or result channel) registered for the rank they name, in secure mode
+  also from that node's key, and only for calls sent to that rank; others are dropped and
+  counted (``forged_replies``);
+* a driver is an identity (``driver:<name>``): its key in secure mode, the name its
+  routing id declares in plaintext mode (:mod:`mpl.wire.routing`). Sessions belong to the
+  identity that opened them and the ones it shares them with; programs are cached per
+  identity; a ``sym:`` value is read only once loaded into the caller's own session.
 """
 
 from __future__ import annotations
@@ -10,12 +21,15 @@ from __future__ import annotations
 import secrets
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from mpl.broker.access import Access
+from mpl.broker.actions import Send
 from mpl.broker.calls import Call, CallTable, JobCall, RequestCall, lost_rank_error
+from mpl.broker.names import Names
 from mpl.broker.registry import Registry, WorkerEntry
 from mpl.broker.sessions import SessionTable
+from mpl.broker.status_view import build_status
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.control import (
     HEARTBEAT_LIVENESS,
@@ -60,19 +74,6 @@ _FROM_ANYONE: frozenset[type[Record]] = frozenset(
 )
 
 
-@dataclass(frozen=True)
-class Send:
-    """Send ``msg`` to the peer with routing identity ``peer``.
-
-    ``raw``, when given, holds the frames ``msg`` arrived in: the shell forwards them as they
-    are instead of encoding ``msg`` again.
-    """
-
-    peer: bytes
-    msg: Record
-    raw: Any = None
-
-
 def _error(kind: str, message: str, **kw: Any) -> ErrorInfo:
     return ErrorInfo(kind, message, **kw)
 
@@ -102,12 +103,16 @@ class BrokerState:
         self.calls = CallTable()
         self.drivers: dict[bytes, float] = {}  # driver sockets -> last seen
         self.beating: set[bytes] = set()  # driver sockets that heartbeat (and get beats back)
-        self.programs: LRU[str, Program] = LRU(PROGRAM_CACHE)
+        self.programs: LRU[tuple[str, str], Program] = LRU(PROGRAM_CACHE)  # (driver, digest)
         self.persisted: dict[str, SymbolInfo] = {}
         self.errors: deque[str] = deque(maxlen=RECENT_ERRORS)
         self.counters = {"jobs_done": 0, "jobs_failed": 0, "bytes_routed": 0, "protocol_errors": 0}
+        self.access = Access(cluster, self.registry, self.sessions, self.counters, self._note)
+        self.names = Names(self)
         self._next_beat = now
-        self._handlers: dict[type[Record], Callable[[bytes, Any, float], list[Send]]] = {
+        self._handlers: dict[
+            type[Record], Callable[[bytes, Any, float, str | None], list[Send]]
+        ] = {
             WorkerHello: self._on_hello,
             Channel: self._on_channel,
             Heartbeat: self._on_heartbeat,
@@ -122,11 +127,11 @@ class BrokerState:
             Cancel: self._on_cancel,
             Fetch: self._on_fetch,
             Reply: self._on_worker_reply,
-            Ack: self._on_ack,
+            Ack: self.names.on_ack,
             Delete: self._on_delete,
-            SaveSymbol: self._on_save,
-            LoadSymbol: self._on_load,
-            DeleteSymbol: self._on_unsave,
+            SaveSymbol: self.names.on_save,
+            LoadSymbol: self.names.on_load,
+            DeleteSymbol: self.names.on_unsave,
             StatusRequest: self._on_status,
         }
 
@@ -136,8 +141,9 @@ class BrokerState:
     ) -> list[Send]:
         """React to one decoded message from ``peer`` (``raw``: the frames it came in).
 
-        ``who`` is the sender's authenticated identity (``node:<name>`` / ``driver:<name>``,
-        from the CURVE key its connection proved), ``None`` in plaintext mode.
+        ``who`` is the sender's authenticated identity (secure mode: ``node:<name>`` or
+        ``driver:<name>``, from the CURVE key its connection proved), or ``None`` in plaintext
+        mode, where the routing identity ``peer`` is what there is to go by.
         """
         if self.secure and isinstance(msg, (WorkerHello, Channel)):
             impostor = self._impostor(peer, msg.rank, who, msg.TAG)
@@ -157,10 +163,18 @@ class BrokerState:
             if kind not in _FROM_WORKERS and worker is not None:
                 return [self._refuse(peer, "ProtocolError", f"a worker may not send {msg.TAG!r}")]
             if worker is None:
+                if self.access.driver(peer, who) is None:
+                    return [
+                        self._refuse(
+                            peer,
+                            "AuthenticationError",
+                            f"{who} is not a driver: it may not send {msg.TAG!r}",
+                        )
+                    ]
                 self.drivers[peer] = now
         if isinstance(msg, Exec):
-            return self._on_exec(peer, msg, now, raw)
-        return handler(peer, msg, now)
+            return self._on_exec(peer, msg, now, who, raw)
+        return handler(peer, msg, now, who)
 
     def protocol_error(self, peer: bytes, error: Exception) -> list[Send]:
         """A message from ``peer`` did not decode: count it and tell the sender."""
@@ -215,7 +229,9 @@ class BrokerState:
         self._note(f"refused {tag!r}: {message}")
         return Send(peer, Refused(ErrorInfo("AuthenticationError", message, rank=rank)))
 
-    def _on_hello(self, peer: bytes, msg: WorkerHello, now: float) -> list[Send]:
+    def _on_hello(
+        self, peer: bytes, msg: WorkerHello, now: float, who: str | None = None
+    ) -> list[Send]:
         self.drivers.pop(peer, None)
         try:
             entry = self.registry.admit(peer, msg, now)
@@ -233,12 +249,18 @@ class BrokerState:
         )
         return [Send(peer, welcome), *self._broadcast_directory()]
 
-    def _on_channel(self, peer: bytes, msg: Channel, now: float) -> list[Send]:
-        if not self.registry.add_channel(peer, msg.rank, msg.incarnation):
+    def _on_channel(
+        self, peer: bytes, msg: Channel, now: float, who: str | None = None
+    ) -> list[Send]:
+        if not self.access.channel_key_ok(who, msg.rank):
+            self._note(f"ignored a channel for rank {msg.rank} from {who}")
+        elif not self.registry.add_channel(peer, msg.rank, msg.incarnation):
             self._note(f"ignored a channel for rank {msg.rank}: no such live worker")
         return []
 
-    def _on_heartbeat(self, peer: bytes, msg: Heartbeat, now: float) -> list[Send]:
+    def _on_heartbeat(
+        self, peer: bytes, msg: Heartbeat, now: float, who: str | None = None
+    ) -> list[Send]:
         worker = self.registry.by_peer.get(peer)
         if worker is not None:
             worker.stats = msg.stats
@@ -247,10 +269,17 @@ class BrokerState:
             return [Send(peer, Reregister(self.broker_id))]
         self.drivers[peer] = now
         self.beating.add(peer)
-        gone = [sid for sid in msg.sessions if self.sessions.get(sid, now) is None]
+        identity = self.access.driver(peer, who)
+        gone = False
+        for sid in msg.sessions:
+            session = self.sessions.get(sid)
+            if session is None:
+                gone = True
+            elif identity is not None and session.allows(identity):
+                session.last_seen = now  # only its own drivers keep a session's lease
         return [Send(peer, Reregister(self.broker_id))] if gone else []
 
-    def _on_bye(self, peer: bytes, msg: Bye, now: float) -> list[Send]:
+    def _on_bye(self, peer: bytes, msg: Bye, now: float, who: str | None = None) -> list[Send]:
         if peer in self.registry.by_peer:
             return self._lose_worker(peer, f"it said goodbye ({msg.reason or 'shutdown'})", now)
         return self.disconnected(peer, now)
@@ -271,18 +300,32 @@ class BrokerState:
         return [Send(p, directory) for p in self.registry.by_peer]
 
     # -- sessions -------------------------------------------------------------------------
-    def _on_open(self, peer: bytes, msg: OpenSession, now: float) -> list[Send]:
-        if peer in self.registry.by_peer:
+    def _on_open(
+        self, peer: bytes, msg: OpenSession, now: float, who: str | None = None
+    ) -> list[Send]:
+        identity = self.access.driver(peer, who)
+        if peer in self.registry.by_peer or identity is None:
             return [self._refuse(peer, "ProtocolError", "a worker cannot open a session")]
         if msg.lease_s <= 0:
             return [Send(peer, self._req_error(msg.req, "SessionError", "lease_s must be > 0"))]
-        entry, attached = self.sessions.open(msg.client, msg.name, msg.lease_s, now)
+        shared, error = self.access.opening(identity, msg)
+        if error is not None:
+            return [Send(peer, Reply(msg.req, error=error))]
+        entry, attached = self.sessions.open(identity, msg.client, msg.name, msg.lease_s, now)
+        if shared is not None:
+            entry.shared = shared
         opened = SessionOpened(
             msg.req, entry.sid, self.broker_id, self.cluster.to_dict(), self.heartbeat_s, attached
         )
         return [Send(peer, opened)]
 
-    def _on_close(self, peer: bytes, msg: CloseSession, now: float) -> list[Send]:
+    def _on_close(
+        self, peer: bytes, msg: CloseSession, now: float, who: str | None = None
+    ) -> list[Send]:
+        session = self.access.session(peer, who, msg.session)
+        if isinstance(session, ErrorInfo):
+            self._note(f"ignored a close of session {msg.session}: {session.message}")
+            return []
         if self.sessions.detach(msg.client, msg.session):
             return self._close_session(msg.session, "closed by its driver")
         return []
@@ -299,26 +342,39 @@ class BrokerState:
         out += [Send(p, closed) for p in self.registry.by_peer]
         return out
 
-    def _no_session(self, sid: str) -> ErrorInfo:
-        return _error(
-            "SessionError",
-            f"unknown session {sid!r}: it was closed, its lease expired, or the broker restarted",
-        )
-
     # -- jobs -----------------------------------------------------------------------------
-    def _on_program(self, peer: bytes, msg: Program, now: float) -> list[Send]:
-        self.programs[msg.digest] = msg
+    def _on_program(
+        self, peer: bytes, msg: Program, now: float, who: str | None = None
+    ) -> list[Send]:
+        identity = self.access.driver(peer, who)
+        if identity is None:
+            return []
+        if msg.graph.digest != msg.digest:  # decoded graphs carry the digest of their bytes
+            self.counters["protocol_errors"] += 1
+            return [
+                self._refuse(
+                    peer,
+                    "ProtocolError",
+                    f"program sent as {msg.digest} has digest {msg.graph.digest}: refused",
+                )
+            ]
+        self.programs[(identity, msg.digest)] = msg
         return []
 
-    def _on_exec(self, peer: bytes, msg: Exec, now: float, raw: Any = None) -> list[Send]:
+    def _on_exec(
+        self, peer: bytes, msg: Exec, now: float, who: str | None = None, raw: Any = None
+    ) -> list[Send]:
         def answer(error: ErrorInfo | None = None, missing: bool = False) -> list[Send]:
             self.counters["jobs_failed"] += error is not None
             return [Send(peer, JobResult(msg.job, error=error, missing_program=missing))]
 
-        session = self.sessions.get(msg.session, now)
-        if session is None:
-            return answer(self._no_session(msg.session))
-        program = self.programs.touch(msg.digest)
+        session = self.access.session(peer, who, msg.session, now)
+        if isinstance(session, ErrorInfo):
+            return answer(session)
+        unreadable = self.access.unreadable_binding(session, msg.bindings)
+        if unreadable is not None:
+            return answer(self.access.unloaded(session, unreadable))
+        program = self.programs.touch((self.access.driver(peer, who) or "", msg.digest))
         if program is None:
             return answer(missing=True)
         if msg.job in self.calls.jobs:
@@ -357,9 +413,11 @@ class BrokerState:
             "WorkerLostError", f"rank {rank} has no live worker ({why})", rank=rank, job=job
         )
 
-    def _on_done(self, peer: bytes, msg: Done, now: float) -> list[Send]:
+    def _on_done(self, peer: bytes, msg: Done, now: float, who: str | None = None) -> list[Send]:
+        if not self.access.speaks_for(peer, who, msg.rank, msg.TAG):
+            return []
         job = self.calls.jobs.get(msg.job)
-        if job is None or msg.rank not in job.pending:
+        if job is None or msg.rank not in job.pending or msg.session != job.session:
             return []  # the job already ended (aborted); late answers are dropped
         job.pending.discard(msg.rank)
         for index, value in msg.values.items():
@@ -374,41 +432,51 @@ class BrokerState:
         self.counters["jobs_done"] += 1
         return [Send(job.driver, JobResult(msg.job, job.values, stats=job.stats, metas=job.metas))]
 
-    def _on_failed(self, peer: bytes, msg: Failed, now: float) -> list[Send]:
+    def _on_failed(
+        self, peer: bytes, msg: Failed, now: float, who: str | None = None
+    ) -> list[Send]:
+        if not self.access.speaks_for(peer, who, msg.rank, msg.TAG):
+            return []
         job = self.calls.jobs.get(msg.job)
-        if job is None:
+        if job is None or msg.rank not in job.ranks or msg.session != job.session:
             return []
         self._note(f"job {msg.job} failed on rank {msg.rank}: {msg.error.message[:200]}")
-        return self._fail_call(job, msg.error)
+        return self._fail_call(job, msg.error, failed=msg.rank)
 
-    def _on_progress(self, peer: bytes, msg: Progress, now: float) -> list[Send]:
+    def _on_progress(
+        self, peer: bytes, msg: Progress, now: float, who: str | None = None
+    ) -> list[Send]:
         """Forward a rank's progress to the job's driver: only from the worker serving that
-        rank, for a job in flight that still waits on it, and throttled per job and rank."""
+        rank (with its key in secure mode), for a job in flight that still waits on it, and
+        throttled per job and rank."""
+        if not self.access.speaks_for(peer, who, msg.rank, msg.TAG):
+            return []
         job = self.calls.jobs.get(msg.job)
-        worker = self.registry.worker(peer)
-        if (
-            job is None
-            or worker is None
-            or worker.rank != msg.rank
-            or msg.rank not in job.pending
-            or msg.session != job.session
-        ):
+        if job is None or msg.rank not in job.pending or msg.session != job.session:
             return []
         if now - job.progress_sent.get(msg.rank, -EVERY_S) < EVERY_S * 0.8:
             return []
         job.progress_sent[msg.rank] = now
         return [Send(job.driver, msg)]
 
-    def _on_cancel(self, peer: bytes, msg: Cancel, now: float) -> list[Send]:
+    def _on_cancel(
+        self, peer: bytes, msg: Cancel, now: float, who: str | None = None
+    ) -> list[Send]:
         job = self.calls.jobs.get(msg.job)
         if job is None:
+            return []
+        session = self.access.session(peer, who, job.session)
+        if isinstance(session, ErrorInfo) or msg.session != job.session:
+            self._note(f"ignored a cancel of job {msg.job} from {self.access.driver(peer, who)}")
             return []
         return self._fail_call(
             job, _error("JobAbortedError", f"cancelled: {msg.reason}", job=msg.job)
         )
 
-    def _fail_call(self, call: Call, error: ErrorInfo) -> list[Send]:
-        """End ``call`` with ``error``: answer its driver once and release its other ranks."""
+    def _fail_call(self, call: Call, error: ErrorInfo, failed: int | None = None) -> list[Send]:
+        """End ``call`` with ``error``: answer its driver once and release its other ranks
+        (all but ``failed``, the rank that reported the failure, or else ``error.rank``)."""
+        skip = error.rank if failed is None else failed
         out: list[Send] = []
         if isinstance(call, JobCall):
             if self.calls.jobs.pop(call.job, None) is None:
@@ -421,7 +489,7 @@ class BrokerState:
             out += [
                 Send(e.peer, abort)
                 for r in call.ranks
-                if (e := self.registry.by_rank.get(r)) is not None and r != error.rank
+                if (e := self.registry.by_rank.get(r)) is not None and r != skip
             ]
         elif isinstance(call, RequestCall) and self.calls.requests.pop(call.bid, None) is not None:
             out.append(Send(call.driver, Reply(call.req, error=error)))
@@ -433,9 +501,12 @@ class BrokerState:
             session.jobs.discard(job.job)
 
     # -- data -----------------------------------------------------------------------------
-    def _on_fetch(self, peer: bytes, msg: Fetch, now: float) -> list[Send]:
-        if self.sessions.get(msg.session, now) is None:
-            return [Send(peer, Reply(msg.req, error=self._no_session(msg.session)))]
+    def _on_fetch(self, peer: bytes, msg: Fetch, now: float, who: str | None = None) -> list[Send]:
+        session = self.access.session(peer, who, msg.session, now)
+        if isinstance(session, ErrorInfo):
+            return [Send(peer, Reply(msg.req, error=session))]
+        if not session.may_read(msg.uri):
+            return [Send(peer, Reply(msg.req, error=self.access.unloaded(session, msg.uri)))]
         entry = self.registry.by_rank.get(msg.rank)
         if entry is None:
             return [Send(peer, Reply(msg.req, error=self._absent(msg.rank)))]
@@ -445,182 +516,51 @@ class BrokerState:
         )
         return [Send(entry.peer, Fetch(msg.session, bid, msg.rank, msg.uri))]
 
-    def _on_worker_reply(self, peer: bytes, msg: Reply, now: float) -> list[Send]:
-        call = self.calls.requests.pop(msg.req, None)
-        if call is None:
+    def _on_worker_reply(
+        self, peer: bytes, msg: Reply, now: float, who: str | None = None
+    ) -> list[Send]:
+        worker = self.registry.worker(peer)
+        rank = worker.rank if worker is not None else -1
+        if not self.access.speaks_for(peer, who, rank, msg.TAG):
             return []
+        call = self.calls.requests.get(msg.req)
+        if call is None or call.kind != "fetch":
+            return []
+        if rank not in call.pending:
+            self.access.forged(f"a fetch reply for rank {call.ranks[0]} from rank {rank}")
+            return []
+        del self.calls.requests[msg.req]
         return [Send(call.driver, Reply(call.req, msg.value, msg.error))]
 
-    def _on_delete(self, peer: bytes, msg: Delete, now: float) -> list[Send]:
-        if self.sessions.get(msg.session) is None:
-            return []  # the session is gone and its objects with it
+    def _on_delete(
+        self, peer: bytes, msg: Delete, now: float, who: str | None = None
+    ) -> list[Send]:
+        session = self.access.session(peer, who, msg.session)
+        if isinstance(session, ErrorInfo):
+            return []  # the session is gone and its objects with it, or it is not theirs
         return [
             Send(e.peer, Delete(msg.session, {rank: uris}))
             for rank, uris in msg.uris.items()
             if uris and (e := self.registry.by_rank.get(rank)) is not None
         ]
 
-    # -- names ----------------------------------------------------------------------------
-    def _fan_out(
-        self,
-        peer: bytes,
-        sid: str,
-        req: int,
-        ranks: tuple[int, ...],
-        kind: str,
-        now: float,
-        make: Callable[[int], Record],
-        symbol: SymbolInfo | None = None,
-    ) -> list[Send]:
-        for rank in ranks:
-            if rank not in self.registry.by_rank:
-                return [Send(peer, Reply(req, error=self._absent(rank)))]
-        bid = self.calls.new_req()
-        self.calls.requests[bid] = RequestCall(
-            peer, sid, ranks, set(ranks), req=req, bid=bid, kind=kind, symbol=symbol
-        )
-        message = make(bid)
-        return [Send(self.registry.by_rank[r].peer, message) for r in ranks]
-
-    def _on_save(self, peer: bytes, msg: SaveSymbol, now: float) -> list[Send]:
-        if self.sessions.get(msg.session, now) is None:
-            return [Send(peer, Reply(msg.req, error=self._no_session(msg.session)))]
-        return self._fan_out(
-            peer,
-            msg.session,
-            msg.req,
-            msg.info.ranks,
-            "save",
-            now,
-            lambda bid: SaveSymbol(msg.session, bid, msg.uri, msg.info),
-            msg.info,
-        )
-
-    def _on_load(self, peer: bytes, msg: LoadSymbol, now: float) -> list[Send]:
-        session = self.sessions.get(msg.session, now)
-        if session is None:
-            return [Send(peer, Reply(msg.req, error=self._no_session(msg.session)))]
-        info = session.symbols.get(msg.name) or self.persisted.get(msg.name)
-        if info is None:
-            known = sorted({*session.symbols, *self.persisted})
-            return [
-                Send(
-                    peer,
-                    Reply(
-                        msg.req,
-                        error=_error(
-                            "SessionError",
-                            f"no value named {msg.name!r} in this session or on disk; "
-                            f"known names: {', '.join(known) or 'none'}",
-                        ),
-                    ),
-                )
-            ]
-        return [Send(peer, Reply(msg.req, value=info))]
-
-    def _on_unsave(self, peer: bytes, msg: DeleteSymbol, now: float) -> list[Send]:
-        session = self.sessions.get(msg.session, now)
-        if session is None:
-            return [Send(peer, Reply(msg.req, error=self._no_session(msg.session)))]
-        info = session.symbols.get(msg.name) or self.persisted.get(msg.name)
-        if info is None:
-            return [
-                Send(
-                    peer,
-                    Reply(
-                        msg.req,
-                        error=_error("SessionError", f"no value named {msg.name!r} to delete"),
-                    ),
-                )
-            ]
-        return self._fan_out(
-            peer,
-            msg.session,
-            msg.req,
-            info.ranks,
-            "unsave",
-            now,
-            lambda bid: DeleteSymbol(msg.session, bid, msg.name, info.ranks, info.persist),
-            info,
-        )
-
-    def _on_ack(self, peer: bytes, msg: Ack, now: float) -> list[Send]:
-        call = self.calls.requests.get(msg.req)
-        if call is None or msg.rank not in call.pending:
-            return []
-        if msg.error is not None:
-            return self._fail_call(call, msg.error)
-        call.pending.discard(msg.rank)
-        if call.pending:
-            return []
-        del self.calls.requests[msg.req]
-        info = call.symbol
-        session = self.sessions.get(call.session)
-        if info is not None:
-            table = self.persisted if info.persist else (session.symbols if session else {})
-            if call.kind == "save":
-                table[info.name] = info
-            else:
-                table.pop(info.name, None)
-                if session is not None:
-                    session.symbols.pop(info.name, None)
-        return [Send(call.driver, Reply(call.req))]
-
     # -- status ---------------------------------------------------------------------------
-    def _on_status(self, peer: bytes, msg: StatusRequest, now: float) -> list[Send]:
-        return [Send(peer, Reply(msg.req, value=self.status(now)))]
+    def _on_status(
+        self, peer: bytes, msg: StatusRequest, now: float, who: str | None = None
+    ) -> list[Send]:
+        if who is None:
+            return [Send(peer, Reply(msg.req, value=self.status(now)))]
+        identity = self.access.driver(peer, who)
+        if identity is None:
+            self.counters["refused_requests"] += 1
+            error = _error("AuthenticationError", f"{who} is not a driver: no status for it")
+            return [Send(peer, Reply(msg.req, error=error))]
+        return [Send(peer, Reply(msg.req, value=self.status(now, viewer=identity)))]
 
-    def status(self, now: float) -> dict[str, Any]:
-        ranks: list[dict[str, Any]] = []
-        for rank in range(self.cluster.world_size):
-            entry = self.registry.by_rank.get(rank)
-            if entry is not None:
-                ranks.append(
-                    {
-                        "rank": rank,
-                        "state": "up",
-                        "pid": entry.hello.pid,
-                        "host": entry.hello.host,
-                        "heartbeat_age_s": now - entry.last_seen,
-                        **entry.stats,
-                    }
-                )
-                continue
-            lost = self.registry.lost.get(rank)
-            ranks.append(
-                {
-                    "rank": rank,
-                    "state": "lost" if lost else "absent",
-                    "pid": lost.hello.pid if lost else "",
-                    "host": lost.hello.host if lost else "",
-                    "heartbeat_age_s": None,
-                    "reason": lost.reason if lost else "",
-                }
-            )
-        sessions = [
-            {
-                "session": s.sid,
-                "name": s.name,
-                "drivers": len(s.clients),
-                "idle_s": now - s.last_seen,
-                "lease_s": s.lease_s,
-                "symbols": len(s.symbols),
-                "jobs": len(s.jobs),
-            }
-            for s in self.sessions.by_id.values()
-        ]
-        return {
-            "broker_id": self.broker_id,
-            "uptime_s": now - self.started,
-            "world_size": self.cluster.world_size,
-            "cluster_id": self.cluster.cluster_id,
-            "ranks": ranks,
-            "sessions": sessions,
-            "jobs_in_flight": len(self.calls.jobs),
-            "persisted_symbols": sorted(self.persisted),
-            "errors": list(self.errors),
-            **self.counters,
-        }
+    def status(self, now: float, viewer: str | None = None) -> dict[str, Any]:
+        """The status table; ``viewer`` (a driver identity, secure mode) sees its own
+        sessions in full, the others only as a count, and no recent errors."""
+        return build_status(self, now, viewer)
 
     # -- helpers --------------------------------------------------------------------------
     def _refuse(self, peer: bytes, kind: str, message: str) -> Send:

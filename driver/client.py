@@ -9,6 +9,12 @@ broker: if the broker goes silent for 3 heartbeats, waiting calls fail at once
 In secure mode (``curve``) every socket is a CURVE client pinned to the broker's key. The
 heartbeat socket watches its handshakes: a broker that refuses this driver's key makes
 waiting and later calls raise ``AuthenticationError`` at once, not after their timeout.
+
+Who the client is: in secure mode, the name its key is pinned to in the cluster spec; in
+plaintext mode, the ``driver`` name it declares on every socket's routing id
+(:mod:`mpl.wire.routing`), by default a random one, so each client is a driver of its own.
+Sessions belong to that identity. Job ids are random, so nobody can forge traffic for a job
+before it exists.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from mpl.wire.jobs import Cancel, Exec, JobResult, Program
 from mpl.wire.progress import Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import from_info
+from mpl.wire.routing import check_driver_name, driver_routing_id
 from mpl.wire.sessions import (
     CloseSession,
     DeleteSymbol,
@@ -85,6 +92,7 @@ class _ThreadSocket:
         if client.curve is not None:
             client.curve.dial(self.sock, client.curve.broker)
         self.sock.setsockopt(zmq.RCVTIMEO, _SLICE_MS)  # a blocking recv, woken every slice
+        self.sock.setsockopt(zmq.ROUTING_ID, driver_routing_id(client.driver))
         self.sock.connect(client.address)
         self._client = client
         with client._sockets_lock:
@@ -105,7 +113,8 @@ class Client:
     """A connection to the broker at ``address``; safe to share between threads.
 
     ``timeout`` bounds control requests (sessions, fetches, names, status) and
-    ``job_timeout`` bounds jobs; both can be overridden per call.
+    ``job_timeout`` bounds jobs; both can be overridden per call. ``driver`` is the name
+    this client goes by in plaintext mode (default: a random one of its own).
     """
 
     def __init__(
@@ -118,6 +127,7 @@ class Client:
         heartbeat_s: float = HEARTBEAT_S,
         trusted: bool = False,
         curve: Curve | None = None,
+        driver: str | None = None,
     ) -> None:
         self.address = address
         self.curve = curve
@@ -128,6 +138,7 @@ class Client:
         self.job_timeout = job_timeout
         self.heartbeat_s = heartbeat_s
         self.client_id = secrets.token_hex(4)
+        self.driver = check_driver_name(driver) if driver is not None else f"d{self.client_id}"
         if context is None and address.startswith("inproc://"):
             context = INPROC_CONTEXTS.get(address)
             if context is None:
@@ -140,7 +151,6 @@ class Client:
         self._sockets: set[_ThreadSocket] = set()
         self._sockets_lock = threading.Lock()
         self._reqs = itertools.count(1)
-        self._jobs = itertools.count(1)
         self._programs: set[str] = set()
         self.sessions: set[str] = set()
         self.progress = ProgressBoard()  # jobs in flight: where their ranks are
@@ -156,15 +166,29 @@ class Client:
         self._beat.start()
 
     # -- sessions -------------------------------------------------------------------------
-    def open_session(self, name: str = "", *, lease_s: float = 60.0) -> SessionOpened:
-        """Open a session, or attach to the named one."""
+    def open_session(
+        self, name: str = "", *, lease_s: float = 60.0, share_with: list[str] | None = None
+    ) -> SessionOpened:
+        """Open a session, or attach to the named one.
+
+        ``share_with`` names the drivers (besides this one) that may attach to the session
+        and act in it; only the session's owner may set it (a list replaces the previous one).
+        Raises ``SessionAccessError`` when the named session belongs to another driver.
+        """
         req = next(self._reqs)
+        share = None if share_with is None else [check_driver_name(n) for n in share_with]
         opened = self._call(
-            OpenSession(req, name, lease_s, self.client_id),
-            lambda m: isinstance(m, SessionOpened) and m.req == req,
+            OpenSession(req, name, lease_s, self.client_id, share),
+            lambda m: isinstance(m, (SessionOpened, Reply)) and m.req == req,
             self.timeout,
             "opening a session",
         )
+        if isinstance(opened, Reply):
+            raise (
+                from_info(opened.error)
+                if opened.error
+                else ProtocolError("the broker answered an open with something else")
+            )
         assert isinstance(opened, SessionOpened)
         if opened.broker_id != self.broker_id:
             self.broker_id = opened.broker_id
@@ -266,7 +290,7 @@ class Client:
         """The Exec for one job, its time limit, and the driver's deadline for its answer."""
         limit = self.job_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit + _REPORT_GRACE_S
-        job = f"{self.client_id}.{next(self._jobs)}"
+        job = secrets.token_hex(12)  # unguessable: no one can prepare traffic for it
         ranks = (
             graph.ranks
             if set(bindings) <= set(graph.ranks)
@@ -428,6 +452,7 @@ class Client:
             self.curve.dial(sock, self.curve.broker)
             monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)
             poller.register(monitor, zmq.POLLIN)
+        sock.setsockopt(zmq.ROUTING_ID, driver_routing_id(self.driver))
         sock.connect(self.address)
         heard = time.monotonic()
         next_beat = heard

@@ -88,9 +88,16 @@ class JobRecord:
 class Context:
     """One session on a cluster, reached through a broker."""
 
-    def __init__(self, client: Client, *, session: str = "", lease_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        client: Client,
+        *,
+        session: str = "",
+        lease_s: float = 60.0,
+        share_with: list[str] | None = None,
+    ) -> None:
         self.client = client
-        opened = client.open_session(session, lease_s=lease_s)
+        opened = client.open_session(session, lease_s=lease_s, share_with=share_with)
         self.session = opened.session
         self.name = session
         self.cluster = ClusterSpec.from_dict(opened.cluster)
@@ -260,8 +267,18 @@ def connect(
     key: str | Path | None = None,
     cluster: ClusterSpec | str | Path | None = None,
     broker_key: str | None = None,
+    share_with: list[str] | None = None,
+    driver: str | None = None,
 ) -> Context:
     """Attach to a running broker. ``session="name"`` creates or re-attaches that session.
+
+    A session belongs to the driver that opened it. ``share_with=["auditor"]`` lets the
+    named drivers attach to it too (``mp.connect(url, session="s")`` as ``auditor``) and
+    run, fetch, save, load, delete and close in it; only the owner may set it, when opening
+    or re-attaching (a list replaces the previous one). Another driver attaching raises
+    ``SessionAccessError``. A driver's name is the one its key is pinned to in secure mode;
+    in plaintext mode it is ``driver`` (default: a random name, so each connection is a
+    driver of its own).
 
     The cluster spec comes from the broker. ``timeout`` bounds each control request; a
     broker that does not answer raises ``MplTimeoutError``. ``trusted=True`` accepts pickled
@@ -273,10 +290,14 @@ def connect(
     driver's key raises ``AuthenticationError`` within a few seconds.
     """
     client = Client(
-        url, timeout=timeout, trusted=trusted, curve=_driver_curve(key, cluster, broker_key)
+        url,
+        timeout=timeout,
+        trusted=trusted,
+        curve=_driver_curve(key, cluster, broker_key),
+        driver=driver,
     )
     try:
-        return Context(client, session=session or "", lease_s=lease_s)
+        return Context(client, session=session or "", lease_s=lease_s, share_with=share_with)
     except BaseException:
         client.close()
         raise

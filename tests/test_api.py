@@ -206,8 +206,8 @@ def test_collectives(ctx: mp.Context) -> None:
 
 def test_names_and_two_drivers_on_one_session(ctx: mp.Context) -> None:
     name = f"shared-{id(ctx)}"
-    first = mp.connect(ctx.address, session=name)
-    second = mp.connect(ctx.address, session=name)
+    first = mp.connect(ctx.address, session=name, share_with=["second"])
+    second = mp.connect(ctx.address, session=name, driver="second")
     try:
         with first:
             model = mp.device("P2")(lambda: np.eye(2))()

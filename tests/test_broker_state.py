@@ -159,7 +159,8 @@ def test_lease_expiry_and_close_tell_every_worker(state: BrokerState) -> None:
     out = state.tick(2.0)
     assert {a.peer for a in out if isinstance(a.msg, SessionClosed)} == {W0, W1}
     other = open_session(state, now=2.0, name="n")
-    state.handle(b"other-client", OpenSession(2, "n", 60.0, "c2"), 2.0)
+    state.handle(D, OpenSession(3, "n", 60.0, "c1", ["c2"]), 2.0)  # the owner shares it
+    state.handle(b"drv:c2/1", OpenSession(2, "n", 60.0, "c2"), 2.0)
     assert not sent(state.handle(D, CloseSession(other, "c1"), 2.1), SessionClosed)
     assert sent(state.handle(D, CloseSession(other, "c2"), 2.2), SessionClosed)
 

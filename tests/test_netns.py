@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from deploy import Deployment
+from deployment import Deployment
 
 pytestmark = [pytest.mark.daemons, pytest.mark.spu]
 

@@ -205,7 +205,7 @@ def test_deletes_free_objects(make_cluster: Any, transport: str) -> None:
 def test_named_values(make_cluster: Any, transport: str) -> None:
     cluster = make_cluster(transport)
     owner, other = cluster.client(), cluster.client()
-    sid = owner.open_session("shared").session
+    sid = owner.open_session("shared", share_with=[other.driver]).session
     b = GraphBuilder(2)
     v = b.op("constant", [], ranks=(1,), value=[1, 2])[0]
     job = owner.submit(sid, b.build([v]), {}).job

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zmq
-from deploy import Deployment, free_port
+from deployment import Deployment, free_port
 from helpers import wait_until
 
 import mpl.driver as mp

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mpl.wire import GraphBuilder, JobAbortedError, MplTimeoutError
+from mpl.wire import Graph, GraphBuilder, JobAbortedError, MplTimeoutError
 from mpl.wire.control import (
     Bye,
     Directory,
@@ -75,9 +75,10 @@ def test_directory_and_program_cache_lru() -> None:
     c = core()
     c.on_broker(Directory({0: PeerInfo(0, "i", "tcp://a", "")}), 0.0)
     assert c.directory[0].data_addr == "tcp://a"
-    for i in range(PROGRAM_SLOTS + 5):
-        c.on_broker(Program(f"d{i}", GraphBuilder(1).build([])), 0.0)
-    assert c.program("d0") is None and c.program(f"d{PROGRAM_SLOTS + 4}") is not None
+    graphs = [Graph(1, (), (), (), name=f"g{i}") for i in range(PROGRAM_SLOTS + 5)]
+    for g in graphs:
+        c.on_broker(Program(g.digest, g), 0.0)
+    assert c.program(graphs[0].digest) is None and c.program(graphs[-1].digest) is not None
 
 
 KEY = ("s", "j", 3, 0, 0)

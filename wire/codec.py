@@ -59,6 +59,8 @@ from mpl.wire.decoder import (
     Opaque,
     Pickled,
     build_record,
+    frames_digest,
+    set_wire_digest,
 )
 from mpl.wire.errors import ProtocolError, UnsafeValueError
 from mpl.wire.record import Record, record_fields
@@ -79,6 +81,7 @@ __all__ = [
     "check_safe",
     "decode",
     "encode",
+    "frames_digest",
     "frames_nbytes",
     "pickle_by_value",
 ]
@@ -337,6 +340,7 @@ def decode(frames: Sequence[Any], *, unpickle: bool = True, safe: bool = False) 
     try:
         items = dec.unpack(header)
         msg = build_record(items)
+        set_wire_digest(msg, header, dec.taken)
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack, numpy and dataclass errors all mean "malformed"

@@ -8,6 +8,7 @@ malformed raises :class:`ProtocolError`; nothing else escapes (see ``codec.decod
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,8 @@ __all__ = [
     "Opaque",
     "Pickled",
     "build_record",
+    "frames_digest",
+    "set_wire_digest",
 ]
 
 ARRAY, BUFFER, PICKLE, TUPLE, RECORD, SCALAR, BIGINT = range(1, 8)
@@ -85,11 +88,12 @@ class Decoder:
     ``safe=True`` refuses pickles (a ProtocolError; the payload is never loaded).
     """
 
-    __slots__ = ("bufs", "depth", "safe", "unpickle", "used")
+    __slots__ = ("bufs", "depth", "safe", "taken", "unpickle", "used")
 
     def __init__(self, bufs: Sequence[Any], unpickle: bool, safe: bool = False) -> None:
         self.bufs = bufs
         self.used = [False] * len(bufs)
+        self.taken: list[Any] = []  # buffers in the order the header references them
         self.unpickle = unpickle
         self.safe = safe
         self.depth = 0
@@ -109,7 +113,9 @@ class Decoder:
         if self.used[index]:
             raise ProtocolError(f"buffer {index} is referenced twice")
         self.used[index] = True
-        return self.bufs[index]
+        buf = self.bufs[index]
+        self.taken.append(buf)
+        return buf
 
     def ext(self, code: int, data: bytes) -> Any:
         if code == TUPLE:
@@ -123,7 +129,10 @@ class Decoder:
                 return Opaque(ARRAY, [descr, shape], self.take(index))
             return self._array(self.unpack(data))
         if code == RECORD:
-            return build_record(self.unpack(data))
+            first = len(self.taken)
+            rec = build_record(self.unpack(data))
+            set_wire_digest(rec, data, self.taken[first:])
+            return rec
         if code == BUFFER:
             kind, index = pair(self.unpack(data))
             if not self.unpickle:
@@ -253,3 +262,22 @@ def build_record(items: Any) -> Record:
     if cls is None:
         raise ProtocolError(f"unknown message tag {items[0]!r}")
     return record_from_fields(cls, items[1:])
+
+
+def frames_digest(frames: Sequence[Any]) -> str:
+    """The digest of a record's encoding (its header and buffer frames, without the magic):
+    sha256 over each frame's length and bytes, as 32 hex digits."""
+    h = hashlib.sha256()
+    for frame in frames:
+        view = memoryview(frame)
+        h.update(view.nbytes.to_bytes(8, "little"))
+        h.update(view)
+    return h.hexdigest()[:32]
+
+
+def set_wire_digest(rec: Record, header: Any, bufs: Sequence[Any]) -> None:
+    """A record class that sets ``WIRE_DIGEST = True`` (the graph) gets its ``digest``
+    computed by ``decode`` from the bytes it arrived in, so a receiver compares it with the
+    digest a sender claims without trusting the sender or re-pickling anything."""
+    if getattr(type(rec), "WIRE_DIGEST", False):
+        rec.__dict__["digest"] = frames_digest([header, *bufs])  # fills a cached_property

@@ -11,6 +11,7 @@
     ├── AuthenticationError       a peer whose key is not allowed
     ├── KeyFileError              (also ValueError) a missing or unusable CURVE key file
     ├── SessionError              (also KeyError) an unknown session or value name
+    │   └── SessionAccessError    (also PermissionError) a session this driver may not use
     ├── RemoteError               code running on a worker raised
     │   └── RemotePermissionError (also PermissionError) a worker did not permit the op
     ├── WorkerLostError           a worker a job needed died or went silent
@@ -41,6 +42,7 @@ __all__ = [
     "RegistrationError",
     "RemoteError",
     "RemotePermissionError",
+    "SessionAccessError",
     "SessionError",
     "UnsafeValueError",
     "WorkerLostError",
@@ -123,6 +125,16 @@ class SessionError(MplError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable.
         return str(self.args[0]) if self.args else ""
+
+
+class SessionAccessError(SessionError, PermissionError):
+    """A driver used a session it does not own and was not shared with, asked for a
+    persisted value without loading it into its own session, or otherwise acted for another
+    driver. The message names the session and the identity the broker saw.
+
+    Sessions belong to the driver that opened them: ask the owner to share it
+    (``mp.connect(url, session="s", share_with=["you"])``), or open your own session.
+    """
 
 
 class RemoteError(MplError):

@@ -27,11 +27,10 @@ content hash that workers cache graphs by.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar
 
 from mpl.wire.errors import GraphError
 from mpl.wire.record import Record
@@ -75,17 +74,18 @@ class Graph(Record, tag="graph"):
     fns: tuple[Any, ...] = ()
     name: str = ""
 
+    WIRE_DIGEST: ClassVar[bool] = True  # decode fills in ``digest`` from the received bytes
+
     @cached_property
     def digest(self) -> str:
-        """sha256 of the encoded graph: equal graphs from one driver share it."""
-        from mpl.wire.codec import encode  # codec imports record types; avoid a cycle
+        """sha256 of the encoded graph: equal graphs from one driver share it.
 
-        h = hashlib.sha256()
-        for frame in encode(self)[1:]:
-            view = memoryview(frame)
-            h.update(view.nbytes.to_bytes(8, "little"))
-            h.update(view)
-        return h.hexdigest()[:32]
+        A decoded graph's digest is that of the bytes it arrived in (the codec computes it),
+        so a receiver checks a ``Program``'s claimed digest against it.
+        """
+        from mpl.wire.codec import encode, frames_digest  # codec imports records: no cycle
+
+        return frames_digest(encode(self)[1:])
 
     @cached_property
     def ranks(self) -> tuple[int, ...]:

@@ -38,6 +38,7 @@ _KINDS: dict[str, type[_e.MplError]] = {
         _e.RegistrationError,
         _e.AuthenticationError,
         _e.SessionError,
+        _e.SessionAccessError,
         _e.RemoteError,
         _e.WorkerLostError,
         _e.JobAbortedError,

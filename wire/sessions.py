@@ -39,12 +39,19 @@ __all__ = [
 
 @dataclass(eq=False, repr=False)
 class OpenSession(Record, tag="open"):
-    """Create a session, or attach to the named one if it exists."""
+    """Create a session, or attach to the named one if it exists.
+
+    The session belongs to the driver identity that opens it; only that identity and the
+    driver names in ``share_with`` may attach to it or act in it. ``share_with`` is set
+    when the owner opens or re-attaches (a list replaces the previous one; ``None`` keeps
+    it); anyone else sending one is refused.
+    """
 
     req: int
     name: str  # "" for a fresh anonymous session
     lease_s: float
     client: str  # the driver client's id: attachments are counted per client
+    share_with: list[str] | None = None  # driver names (not identities) let in besides
 
 
 @dataclass(eq=False, repr=False)

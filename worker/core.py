@@ -1,6 +1,10 @@
 """The worker's control-plane decisions, without I/O: joining, heartbeats, reconnects,
 the peer directory and the program cache.
 
+A program is cached under its digest only if the digest is that of the graph's own bytes
+(the codec computes it on decode): whoever relays programs cannot slip a different graph in
+under a digest that drivers' jobs name.
+
 ``tick(now, stats)`` and ``on_broker(msg, now)`` return actions for the ZeroMQ shell:
 :class:`ToBroker`, :class:`Reconnect` (make a fresh socket), :class:`Joined` (welcomed,
 perhaps by a restarted broker) and :class:`Stop` (refused: the rank is taken).
@@ -87,6 +91,7 @@ class WorkerCore:
         self.directory: dict[int, PeerInfo] = {}
         self.programs: LRU[str, Program] = LRU(PROGRAM_SLOTS)
         self.broken: dict[str, str] = {}  # programs that did not load here, and why
+        self.refused_programs = 0  # programs whose digest did not match their graph
 
     def tick(self, now: float, stats: Callable[[], dict[str, int]]) -> list[Action]:
         if not self.joined:
@@ -125,8 +130,20 @@ class WorkerCore:
         elif isinstance(msg, Directory):
             self.directory = msg.peers
         elif isinstance(msg, Program):
-            self.programs[msg.digest] = msg
+            self._cache_program(msg)
         return []
+
+    def _cache_program(self, msg: Program) -> None:
+        if msg.graph.digest != msg.digest:
+            self.refused_programs += 1
+            if msg.digest not in self.programs:  # a genuine copy stays usable
+                self.broken[msg.digest] = (
+                    f"ProtocolError: the program sent as {msg.digest} has digest "
+                    f"{msg.graph.digest}; refused"
+                )
+            return
+        self.programs[msg.digest] = msg
+        self.broken.pop(msg.digest, None)
 
     def program(self, digest: str) -> Program | None:
         return self.programs.touch(digest)

@@ -31,7 +31,7 @@ from mpl.worker.interpreter import ABSENT, OpFailed, Plan, op_label, run_graph
 from mpl.worker.mailbox import Mailbox
 from mpl.worker.peers import PeerLinks
 from mpl.worker.spu_link import SpuMailbox
-from mpl.worker.store import ObjectStore, symbol_uri
+from mpl.worker.store import ObjectStore, check_name, symbol_uri
 
 __all__ = ["DEFAULT_JOB_TIMEOUT_S", "Jobs"]
 
@@ -257,6 +257,7 @@ class Jobs:
             error = ErrorInfo("ProtocolError", why, rank=self.rank, op="program", job=msg.job)
             self.post(Failed(msg.session, msg.job, self.rank, error))
             return
+        self.mailbox.expect(msg.session, msg.job)  # its moves are welcome from now on
         self._submit(msg.session, lambda: self._run(msg, program.graph))
 
     def _plan(self, digest: str, graph: Graph) -> Plan:
@@ -390,6 +391,11 @@ class Jobs:
 
     def unsave(self, msg: DeleteSymbol) -> None:
         def task() -> None:
+            try:
+                check_name(msg.name)  # whoever relays it, no file outside the data root
+            except ValueError as exc:
+                self.post(Ack(msg.req, self.rank, to_info(exc, rank=self.rank, op="unsave")))
+                return
             self.store.delete(msg.session, [symbol_uri(msg.name)])
             if msg.persist and self.store.disk is not None:
                 self.store.disk.delete(msg.name)
@@ -449,5 +455,7 @@ class Jobs:
             "jobs_failed": self.failed,
             "moves_pending": self.mailbox.pending(),
             "moves_duplicate": self.mailbox.duplicates,
+            "moves_held": self.mailbox.held(),
+            "moves_dropped": self.mailbox.dropped,
             "bytes_out": self.peers.bytes_out,
         }

@@ -4,6 +4,12 @@ A move is keyed by (session, job, op, seq, src). The first copy is kept and late
 are discarded; a move for a job that already ended is dropped. A waiting op wakes when its
 move arrives, when its job is aborted (``JobAbortedError``) or at its deadline
 (``MplTimeoutError``): never later.
+
+Moves are accepted for the jobs this worker has been told about (:meth:`Mailbox.expect`,
+when the broker's ``Exec`` arrives, or a job thread waiting for one). A move for any other
+job may have overtaken its ``Exec``, or may be forged for a job that will never run: it
+waits in a bounded :class:`~mpl.worker.holding.Holding` area until its job is announced,
+and is dropped (counted) when that is full or the move is a few seconds old.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Any
 
 from mpl.wire.errors import JobAbortedError, MplTimeoutError
 from mpl.wire.lru import LRU
+from mpl.worker.holding import Holding
 
 __all__ = ["Mailbox", "MoveKey"]
 
@@ -23,34 +30,70 @@ _ENDED_MEMORY = 4096  # ended jobs remembered, to drop their late or duplicate m
 
 
 class Mailbox:
-    def __init__(self) -> None:
+    def __init__(self, holding: Holding | None = None) -> None:
         self._cond = threading.Condition()
         self._items: dict[MoveKey, Any] = {}
         self._seen: dict[JobKey, set[MoveKey]] = {}
+        self._known: LRU[JobKey, bool] = LRU(_ENDED_MEMORY)
+        self._held = holding or Holding()
         self._aborted: LRU[JobKey, str] = LRU(_ENDED_MEMORY)
         self._ended: LRU[JobKey, bool] = LRU(_ENDED_MEMORY)
         self.duplicates = 0
 
+    @property
+    def dropped(self) -> int:
+        """Moves for unknown jobs that did not fit in the holding area, or expired there."""
+        return self._held.dropped
+
+    def held(self) -> int:
+        with self._cond:
+            return self._held.entries
+
+    def expect(self, session: str, job: str) -> None:
+        """This worker runs ``job``: accept its moves, including those already held."""
+        with self._cond:
+            self._expect((session, job))
+
+    def _expect(self, job: JobKey) -> None:
+        if job in self._known or job in self._ended or job in self._aborted:
+            return
+        self._known[job] = True
+        for key, value in self._held.release(job):
+            self._store(key, value)  # type: ignore[arg-type]
+        self._cond.notify_all()
+
     def deliver(self, key: MoveKey, value: Any) -> bool:
-        """Store an arriving move; False when it is a duplicate or its job has ended."""
+        """Store an arriving move; False when it is a duplicate, its job has ended, or its
+        job is unknown and the holding area has no room for it."""
         job = key[:2]
         with self._cond:
             if job in self._ended or job in self._aborted:
                 self.duplicates += 1
                 return False
-            seen = self._seen.setdefault(job, set())
-            if key in seen:
+            if job not in self._known:
+                if self._held.holds(job, key):
+                    self.duplicates += 1
+                    return False
+                return self._held.hold(job, key, value)
+            if not self._store(key, value):
                 self.duplicates += 1
                 return False
-            seen.add(key)
-            self._items[key] = value
             self._cond.notify_all()
             return True
+
+    def _store(self, key: MoveKey, value: Any) -> bool:
+        seen = self._seen.setdefault(key[:2], set())
+        if key in seen:
+            return False
+        seen.add(key)
+        self._items[key] = value
+        return True
 
     def take(self, key: MoveKey, deadline: float, what: str = "") -> Any:
         """Wait for ``key``; raise JobAbortedError or MplTimeoutError instead of hanging."""
         job = key[:2]
         with self._cond:
+            self._expect(job)  # a job thread waits for it: the job is real
             while True:
                 if key in self._items:
                     return self._items.pop(key)
@@ -86,10 +129,11 @@ class Mailbox:
 
     def close_session(self, session: str, reason: str) -> None:
         with self._cond:
-            for job in {k[:2] for k in self._items} | set(self._seen):
+            for job in {k[:2] for k in self._items} | set(self._seen) | set(self._known):
                 if job[0] == session:
                     self._aborted[job] = reason
                     self._drop(job)
+            self._held.forget(lambda job: job[0] == session)  # type: ignore[index]
             self._cond.notify_all()
 
     def pending(self) -> int:
@@ -97,5 +141,7 @@ class Mailbox:
             return len(self._items)
 
     def _drop(self, job: JobKey) -> None:
+        self._known.pop(job, None)
+        self._held.release(job)
         for key in self._seen.pop(job, ()):
             self._items.pop(key, None)

@@ -127,6 +127,7 @@ class SpuService:
             "spu_cache_hits": self.cache_hits,
             "spu_runs": self.runs,
             "spu_lanes": self.lanes_made,
+            "spu_messages_dropped": self.links.mailbox.held_dropped,  # for lanes not opened
         }
 
     # -- lanes ----------------------------------------------------------------------------
@@ -155,6 +156,7 @@ class SpuService:
                 return lane
             tag = hashlib.sha1("/".join(incarnations).encode()).hexdigest()[:8]
             lane = _Lane(f"{ctx.session}/{device}/{tag}/{self._failures(ctx.session)}")
+        self.links.mailbox.open_lane(lane.id)  # peers' messages for it are welcome now
         lib = libspu()
         desc = lib.link.Desc()
         for member in members:

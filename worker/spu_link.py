@@ -30,6 +30,7 @@ from mpl.wire.curve import PEER_DOMAIN, Curve
 from mpl.wire.errors import JobAbortedError, MplTimeoutError, WorkerLostError
 from mpl.wire.lru import LRU
 from mpl.wire.sockets import MAX_MESSAGE, configure, drain
+from mpl.worker.holding import Holding
 
 __all__ = ["SPU_MAGIC", "SpuLinks", "SpuMailbox"]
 
@@ -40,19 +41,49 @@ _PUMP_S = 0.05  # a waiting receive reads the socket this long before checking a
 
 
 class SpuMailbox:
-    """libspu messages by (lane, source, key), first in first out per key."""
+    """libspu messages by (lane, source, key), first in first out per key.
 
-    def __init__(self) -> None:
+    Messages are accepted for the lanes this worker opened (:meth:`open_lane`); those for
+    any other lane wait in a bounded holding area until it opens (a peer may open a lane
+    first), and are dropped, counted, when it is full or they are a few seconds old.
+    """
+
+    def __init__(self, holding: Holding | None = None) -> None:
         self._cond = threading.Condition()
         self._items: dict[tuple[str, int, str], collections.deque[bytes]] = {}
         self._aborted: LRU[tuple[str, str], str] = LRU(_MEMORY)
         self._dead: LRU[str, bool] = LRU(_MEMORY)
+        self._open: LRU[str, bool] = LRU(_MEMORY)
+        self._held = holding or Holding()
+        self._arrivals = 0  # tells apart held messages that share a key
         self.dropped = 0
+
+    @property
+    def held_dropped(self) -> int:
+        return self._held.dropped
+
+    def open_lane(self, lane: str) -> None:
+        """This worker uses ``lane``: accept its messages, including those held."""
+        with self._cond:
+            self._open_lane(lane)
+
+    def _open_lane(self, lane: str) -> None:
+        if lane in self._open or lane in self._dead:
+            return
+        self._open[lane] = True
+        for held, data in self._held.release(lane):
+            slot: tuple[str, int, str] = (lane, *held[:2])  # type: ignore[index]
+            self._items.setdefault(slot, collections.deque()).append(data)
+        self._cond.notify_all()
 
     def put(self, lane: str, src: int, key: str, data: bytes) -> None:
         with self._cond:
             if lane in self._dead:
                 self.dropped += 1
+                return
+            if lane not in self._open:
+                self._arrivals += 1
+                self._held.hold(lane, (src, key, self._arrivals), data)
                 return
             self._items.setdefault((lane, src, key), collections.deque()).append(data)
             self._cond.notify_all()
@@ -73,6 +104,8 @@ class SpuMailbox:
         woken by the receiving thread (one thread switch less per message).
         """
         slot = (lane, src, key)
+        with self._cond:
+            self._open_lane(lane)  # the local runtime receives on it: the lane is real
         while True:
             with self._cond:
                 queue = self._items.get(slot)
@@ -114,12 +147,15 @@ class SpuMailbox:
         """Forget a lane: its waiting receives fail, its late messages are dropped."""
         with self._cond:
             self._dead[lane] = True
+            self._open.pop(lane, None)
+            self._held.release(lane)
             for slot in [s for s in self._items if s[0] == lane]:
                 del self._items[slot]
             self._cond.notify_all()
 
     def close_session(self, session: str, reason: str) -> None:
         with self._cond:
+            self._held.forget(lambda lane: str(lane).startswith(f"{session}/"))
             for lane in {s[0] for s in self._items if s[0].startswith(f"{session}/")}:
                 self._dead[lane] = True
             for slot in [s for s in self._items if s[0].startswith(f"{session}/")]:

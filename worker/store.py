@@ -124,7 +124,7 @@ class ObjectStore:
             if uri in objects:
                 return objects[uri]
         if uri.startswith("sym:") and self.disk is not None:
-            return self.disk.load(uri[4:])
+            return self.disk.load(check_name(uri[4:]))  # no path out of the data root
         raise SessionError(f"no value {uri!r} in session {session} on this worker")
 
     def has(self, session: str, uri: str) -> bool:

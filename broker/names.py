@@ -1,0 +1,154 @@
+"""Named values: save, load and delete a name in a session (or on the workers' disks).
+
+``SaveSymbol`` and ``DeleteSymbol`` fan out to the ranks holding the value, each answers
+with an ``Ack`` (counted only from those ranks), and the driver gets one ``Reply``.
+``LoadSymbol`` is answered from the broker's tables; loading a persisted name is also what
+lets the session read it (``sym:<name>``) from then on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from mpl.broker.actions import Send
+from mpl.broker.calls import RequestCall
+from mpl.wire.record import Record
+from mpl.wire.remote import ErrorInfo
+from mpl.wire.sessions import Ack, DeleteSymbol, LoadSymbol, Reply, SaveSymbol, SymbolInfo
+
+if TYPE_CHECKING:
+    from mpl.broker.state import BrokerState
+
+__all__ = ["Names"]
+
+
+class Names:
+    """The name handlers of one :class:`~mpl.broker.state.BrokerState`."""
+
+    def __init__(self, state: BrokerState) -> None:
+        self.state = state
+
+    def _fan_out(
+        self,
+        peer: bytes,
+        sid: str,
+        req: int,
+        ranks: tuple[int, ...],
+        kind: str,
+        now: float,
+        make: Callable[[int], Record],
+        symbol: SymbolInfo | None = None,
+    ) -> list[Send]:
+        for rank in ranks:
+            if rank not in self.state.registry.by_rank:
+                return [Send(peer, Reply(req, error=self.state._absent(rank)))]
+        bid = self.state.calls.new_req()
+        self.state.calls.requests[bid] = RequestCall(
+            peer, sid, ranks, set(ranks), req=req, bid=bid, kind=kind, symbol=symbol
+        )
+        message = make(bid)
+        return [Send(self.state.registry.by_rank[r].peer, message) for r in ranks]
+
+    def on_save(
+        self, peer: bytes, msg: SaveSymbol, now: float, who: str | None = None
+    ) -> list[Send]:
+        session = self.state.access.session(peer, who, msg.session, now)
+        if isinstance(session, ErrorInfo):
+            return [Send(peer, Reply(msg.req, error=session))]
+        if not session.may_read(msg.uri):
+            return [Send(peer, Reply(msg.req, error=self.state.access.unloaded(session, msg.uri)))]
+        return self._fan_out(
+            peer,
+            msg.session,
+            msg.req,
+            msg.info.ranks,
+            "save",
+            now,
+            lambda bid: SaveSymbol(msg.session, bid, msg.uri, msg.info),
+            msg.info,
+        )
+
+    def on_load(
+        self, peer: bytes, msg: LoadSymbol, now: float, who: str | None = None
+    ) -> list[Send]:
+        session = self.state.access.session(peer, who, msg.session, now)
+        if isinstance(session, ErrorInfo):
+            return [Send(peer, Reply(msg.req, error=session))]
+        info = session.symbols.get(msg.name) or self.state.persisted.get(msg.name)
+        if info is not None and msg.name not in session.symbols:
+            session.loaded.add(msg.name)  # from now on this session may read it
+        if info is None:
+            known = sorted({*session.symbols, *self.state.persisted})
+            return [
+                Send(
+                    peer,
+                    Reply(
+                        msg.req,
+                        error=ErrorInfo(
+                            "SessionError",
+                            f"no value named {msg.name!r} in this session or on disk; "
+                            f"known names: {', '.join(known) or 'none'}",
+                        ),
+                    ),
+                )
+            ]
+        return [Send(peer, Reply(msg.req, value=info))]
+
+    def on_unsave(
+        self, peer: bytes, msg: DeleteSymbol, now: float, who: str | None = None
+    ) -> list[Send]:
+        session = self.state.access.session(peer, who, msg.session, now)
+        if isinstance(session, ErrorInfo):
+            return [Send(peer, Reply(msg.req, error=session))]
+        info = session.symbols.get(msg.name) or self.state.persisted.get(msg.name)
+        uri = f"sym:{msg.name}"
+        if info is not None and not session.may_read(uri):
+            return [Send(peer, Reply(msg.req, error=self.state.access.unloaded(session, uri)))]
+        if info is None:
+            return [
+                Send(
+                    peer,
+                    Reply(
+                        msg.req,
+                        error=ErrorInfo("SessionError", f"no value named {msg.name!r} to delete"),
+                    ),
+                )
+            ]
+        return self._fan_out(
+            peer,
+            msg.session,
+            msg.req,
+            info.ranks,
+            "unsave",
+            now,
+            lambda bid: DeleteSymbol(msg.session, bid, msg.name, info.ranks, info.persist),
+            info,
+        )
+
+    def on_ack(self, peer: bytes, msg: Ack, now: float, who: str | None = None) -> list[Send]:
+        if not self.state.access.speaks_for(peer, who, msg.rank, msg.TAG):
+            return []
+        call = self.state.calls.requests.get(msg.req)
+        if call is None or call.kind == "fetch":
+            return []
+        if msg.rank not in call.pending:
+            self.state.access.forged(f"an ack for rank(s) {call.ranks} from rank {msg.rank}")
+            return []
+        if msg.error is not None:
+            return self.state._fail_call(call, msg.error)
+        call.pending.discard(msg.rank)
+        if call.pending:
+            return []
+        del self.state.calls.requests[msg.req]
+        info = call.symbol
+        session = self.state.sessions.get(call.session)
+        if info is not None:
+            table = self.state.persisted if info.persist else (session.symbols if session else {})
+            if call.kind == "save":
+                table[info.name] = info
+            else:
+                table.pop(info.name, None)
+                if session is not None:
+                    session.symbols.pop(info.name, None)
+        return [Send(call.driver, Reply(call.req))]

@@ -1,0 +1,76 @@
+"""The status report the broker answers ``StatusRequest`` with, for one viewer.
+
+In plaintext mode (loopback only) the asker sees everything: it is the operator's tool. In
+secure mode the asker is a driver identity, and another driver's sessions are not its
+business: it sees its own sessions (those it owns or shares) in full, the others only as a
+count, and no recent errors (they quote other drivers' failures; the broker's log has them).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mpl.broker.state import BrokerState
+
+__all__ = ["build_status"]
+
+
+def _rank_rows(state: BrokerState, now: float) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for rank in range(state.cluster.world_size):
+        entry = state.registry.by_rank.get(rank)
+        if entry is not None:
+            rows.append(
+                {
+                    "rank": rank,
+                    "state": "up",
+                    "pid": entry.hello.pid,
+                    "host": entry.hello.host,
+                    "heartbeat_age_s": now - entry.last_seen,
+                    **entry.stats,
+                }
+            )
+            continue
+        lost = state.registry.lost.get(rank)
+        rows.append(
+            {
+                "rank": rank,
+                "state": "lost" if lost else "absent",
+                "pid": lost.hello.pid if lost else "",
+                "host": lost.hello.host if lost else "",
+                "heartbeat_age_s": None,
+                "reason": lost.reason if lost else "",
+            }
+        )
+    return rows
+
+
+def build_status(state: BrokerState, now: float, viewer: str | None = None) -> dict[str, Any]:
+    """The status dict; ``viewer`` None is the full (plaintext) view."""
+    visible = [s for s in state.sessions.by_id.values() if viewer is None or s.allows(viewer)]
+    sessions = [
+        {
+            "session": s.sid,
+            "name": s.name,
+            "drivers": len(s.clients),
+            "idle_s": now - s.last_seen,
+            "lease_s": s.lease_s,
+            "symbols": len(s.symbols),
+            "jobs": len(s.jobs),
+        }
+        for s in visible
+    ]
+    return {
+        "broker_id": state.broker_id,
+        "uptime_s": now - state.started,
+        "world_size": state.cluster.world_size,
+        "cluster_id": state.cluster.cluster_id,
+        "ranks": _rank_rows(state, now),
+        "sessions": sessions,
+        "other_sessions": len(state.sessions.by_id) - len(visible),
+        "jobs_in_flight": len(state.calls.jobs),
+        "persisted_symbols": sorted(state.persisted),
+        "errors": list(state.errors) if viewer is None else [],
+        **state.counters,
+    }
