@@ -401,6 +401,7 @@ class Jobs:
             extra.update(getattr(ext, "stats", dict)())
         return {
             **extra,
+            **self.store.stats(),
             "objects": self.store.count(),
             "sessions": len(self.store.session_ids()),
             "jobs_running": len(self._active),
