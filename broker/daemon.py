@@ -21,6 +21,7 @@ from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import decode, encode, frames_nbytes
 from mpl.wire.control import HEARTBEAT_S, Bye, Directory, Heartbeat
 from mpl.wire.errors import ProtocolError
+from mpl.wire.guard import Guard
 from mpl.wire.record import Record
 from mpl.wire.sockets import configure, drain
 
@@ -57,6 +58,7 @@ class Broker:
                 zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
             )
         self.state = BrokerState(cluster, now=time.monotonic(), heartbeat_s=heartbeat_s)
+        self.guard = Guard(log, self.state.counters)  # one bad message never stops the loop
         self._fd_peer: dict[int, bytes] = {}
         self._peer_fd: dict[bytes, int] = {}
         self._stopping = threading.Event()
@@ -90,9 +92,12 @@ class Broker:
                     self._drain_router()
                 now = time.monotonic()
                 if now >= next_tick:
-                    if self.monitor is not None:
-                        self._drain_monitor()
-                    self._perform(self.state.tick(now))
+                    try:
+                        if self.monitor is not None:
+                            self._drain_monitor()
+                        self._perform(self.state.tick(now))
+                    except Exception as exc:
+                        self._contain(None, None, exc)
                     next_tick = time.monotonic() + min(_TICK_S, self.state.heartbeat_s / 4)
             self._say_goodbye()
         finally:
@@ -120,13 +125,24 @@ class Broker:
                     self._peer_fd[peer] = fd
             now = time.monotonic()
             self.state.counters["bytes_routed"] += frames_nbytes(frames[1:])
-            try:
-                msg = decode(frames[1:], unpickle=False)
-            except ProtocolError as exc:
-                log.warning("bad message from %s: %s", peer.hex(), exc)
-                self._perform(self.state.protocol_error(peer, exc))
-                continue
-            self._perform(self.state.handle(peer, msg, now, frames[1:]))
+            msg: Record | None = None
+            try:  # one message's failure stays that message's failure
+                try:
+                    msg = decode(frames[1:], unpickle=False)
+                except ProtocolError as exc:
+                    log.warning("bad message from %s: %s", peer.hex(), exc)
+                    self._perform(self.state.protocol_error(peer, exc))
+                    continue
+                self._perform(self.state.handle(peer, msg, now, frames[1:]))
+            except Exception as exc:
+                self._contain(peer, msg, exc)
+
+    def _contain(self, peer: bytes | None, msg: Record | None, exc: Exception) -> None:
+        """Count and log a failure, and answer the sender if it waits for an answer."""
+        reply = self.guard.internal(peer.hex() if peer else "the timers", msg, exc)
+        if reply is not None and peer is not None:
+            with contextlib.suppress(Exception):
+                self.router.send_multipart([peer, *encode(reply)], zmq.NOBLOCK, copy=False)
 
     def _drain_monitor(self) -> None:
         assert self.monitor is not None

@@ -27,6 +27,7 @@ from mpl.wire.codec import decode, encode, frames_nbytes
 from mpl.wire.control import HEARTBEAT_S, Bye, Channel, WorkerHello
 from mpl.wire.data import Delete, Fetch, Move
 from mpl.wire.errors import ProtocolError
+from mpl.wire.guard import Guard, substitute
 from mpl.wire.jobs import Abort, Exec, Failed, Program
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
@@ -125,6 +126,8 @@ class Worker:
         self.joined = threading.Event()
         self.bytes_in = 0
         self.protocol_errors = 0
+        self._faults: dict[str, int] = {}
+        self.guard = Guard(log, self._faults)  # counts internal_errors; the loop goes on
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -183,6 +186,7 @@ class Worker:
             **self.jobs.stats(),
             "bytes_in": self.bytes_in,
             "protocol_errors": self.protocol_errors + self.spu_links.protocol_errors,
+            "internal_errors": self._faults["internal_errors"],
         }
 
     # -- sockets --------------------------------------------------------------------------
@@ -201,14 +205,19 @@ class Worker:
 
     def _send(self, msg: Record) -> None:
         """Send to the broker from the I/O thread; dropped if the broker is unreachable."""
+        frames = self._encode(msg)
+        if frames is None:
+            return
         try:
-            self.dealer.send_multipart(encode(msg), zmq.NOBLOCK, copy=False)
+            self.dealer.send_multipart(frames, zmq.NOBLOCK, copy=False)
         except zmq.Again:
             log.debug("rank %d: broker unreachable, dropped %s", self.rank, msg.TAG)
 
     def _post(self, msg: Record) -> None:
         """Send to the broker from any thread, on the result channel."""
-        frames = encode(msg)
+        frames = self._encode(msg)
+        if frames is None:
+            return
         with self._results_lock:
             if self._closed:
                 return
@@ -216,6 +225,16 @@ class Worker:
                 self._results.send_multipart(frames, zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 log.warning("rank %d: result queue full, dropped %s", self.rank, msg.TAG)
+
+    def _encode(self, msg: Record) -> list[Any] | None:
+        """``msg``'s frames; if it cannot be encoded (a result that does not pickle), the
+        same answer carrying the error instead, so the one waiting learns why."""
+        try:
+            return encode(msg)
+        except Exception as exc:
+            self.guard.internal("this worker", msg, exc)
+            instead = substitute(msg, exc, self.rank)
+            return encode(instead) if instead is not None else None
 
     def _drain(self, sock: zmq.Socket[Any], handle: Callable[[Record], None]) -> None:
         for frames in drain(sock, _BATCH):
@@ -229,7 +248,13 @@ class Worker:
                 continue
             if sock is self.pull:
                 self.bytes_in += frames_nbytes(frames)
-            handle(msg)
+            try:  # one message's failure stays that message's failure
+                handle(msg)
+            except Exception as exc:
+                source = "the broker" if sock is self.dealer else "a peer"
+                reply = self.guard.internal(source, msg, exc, rank=self.rank)
+                if reply is not None and sock is self.dealer:
+                    self._send(reply)
 
     # -- messages -------------------------------------------------------------------------
     def _on_broker(self, msg: Record) -> None:

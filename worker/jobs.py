@@ -109,7 +109,7 @@ class _Runner:
                 continue
             try:
                 task()
-            except Exception:  # a task reports its own errors; this is a last resort
+            except BaseException:  # tasks report their own errors; the runner must not die
                 log.exception("session %s: task crashed", self.sid)
 
 
@@ -274,7 +274,7 @@ class Jobs:
             info = to_info(exc.cause, rank=self.rank, op=exc.label, job=job, remote=True)
             self.post(Failed(sid, job, self.rank, info))
             return
-        except Exception as exc:
+        except BaseException as exc:  # user code may raise SystemExit: still a failed job
             self.failed += 1
             self.spu_job_failed(sid, job)
             self.post(
@@ -358,10 +358,13 @@ class Jobs:
 
     def unsave(self, msg: DeleteSymbol) -> None:
         def task() -> None:
-            self.store.delete(msg.session, [symbol_uri(msg.name)])
-            if msg.persist and self.store.disk is not None:
-                self.store.disk.delete(msg.name)
-            self.post(Ack(msg.req, self.rank))
+            try:
+                self.store.delete(msg.session, [symbol_uri(msg.name)])
+                if msg.persist and self.store.disk is not None:
+                    self.store.disk.delete(msg.name)
+                self.post(Ack(msg.req, self.rank))
+            except Exception as exc:  # a bad name, a disk error: the driver hears of it
+                self.post(Ack(msg.req, self.rank, to_info(exc, rank=self.rank, op="delete")))
 
         self._submit(msg.session, task)
 
