@@ -31,6 +31,13 @@ from mpl.wire.control import (
 from mpl.wire.data import Delete, Fetch
 from mpl.wire.errors import RegistrationError
 from mpl.wire.jobs import Abort, Cancel, Done, Exec, Failed, JobResult, Program
+from mpl.wire.limits import (
+    MAX_PERSISTED_NAMES,
+    MAX_SESSIONS,
+    check_lease,
+    check_ranks,
+    valid_name,
+)
 from mpl.wire.lru import LRU
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
@@ -98,7 +105,7 @@ class BrokerState:
         self.drivers: dict[bytes, float] = {}  # driver sockets -> last seen
         self.beating: set[bytes] = set()  # driver sockets that heartbeat (and get beats back)
         self.programs: LRU[str, Program] = LRU(PROGRAM_CACHE)
-        self.persisted: dict[str, SymbolInfo] = {}
+        self.persisted: LRU[str, SymbolInfo] = LRU(MAX_PERSISTED_NAMES)
         self.errors: deque[str] = deque(maxlen=RECENT_ERRORS)
         self.counters = {"jobs_done": 0, "jobs_failed": 0, "bytes_routed": 0, "protocol_errors": 0}
         self._next_beat = now
@@ -189,7 +196,8 @@ class BrokerState:
             self._note(f"refused rank {msg.rank} (pid {msg.pid} on {msg.host}): {exc}")
             return [Send(peer, Refused(ErrorInfo("RegistrationError", str(exc), rank=msg.rank)))]
         for info in msg.symbols:
-            self.persisted[info.name] = info
+            if valid_name(info.name):  # names become file names on the workers
+                self.persisted[info.name] = info
         welcome = Welcome(
             entry.rank,
             self.cluster.world_size,
@@ -240,8 +248,11 @@ class BrokerState:
     def _on_open(self, peer: bytes, msg: OpenSession, now: float) -> list[Send]:
         if peer in self.registry.by_peer:
             return [self._refuse(peer, "ProtocolError", "a worker cannot open a session")]
-        if msg.lease_s <= 0:
-            return [Send(peer, self._req_error(msg.req, "SessionError", "lease_s must be > 0"))]
+        refusal = check_lease(msg.lease_s)
+        if refusal is None and len(self.sessions.by_id) >= MAX_SESSIONS:
+            refusal = f"the broker holds {MAX_SESSIONS} sessions already: close some first"
+        if refusal is not None:
+            return [Send(peer, self._req_error(msg.req, "SessionError", refusal))]
         entry, attached = self.sessions.open(msg.client, msg.name, msg.lease_s, now)
         opened = SessionOpened(
             msg.req, entry.sid, self.broker_id, self.cluster.to_dict(), self.heartbeat_s, attached
@@ -281,6 +292,9 @@ class BrokerState:
             self.counters["jobs_failed"] += error is not None
             return [Send(peer, JobResult(msg.job, error=error, missing_program=missing))]
 
+        refusal = check_ranks(msg.ranks, f"job {msg.job}")
+        if refusal is not None:
+            return answer(_error("ProtocolError", refusal, job=msg.job))
         session = self.sessions.get(msg.session, now)
         if session is None:
             return answer(self._no_session(msg.session))
@@ -431,6 +445,9 @@ class BrokerState:
         return [Send(self.registry.by_rank[r].peer, message) for r in ranks]
 
     def _on_save(self, peer: bytes, msg: SaveSymbol, now: float) -> list[Send]:
+        refusal = check_ranks(msg.info.ranks, f"saving {msg.info.name!r}")
+        if refusal is not None:
+            return [Send(peer, self._req_error(msg.req, "ProtocolError", refusal))]
         if self.sessions.get(msg.session, now) is None:
             return [Send(peer, Reply(msg.req, error=self._no_session(msg.session)))]
         return self._fan_out(

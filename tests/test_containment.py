@@ -74,7 +74,7 @@ def test_hostile_records_leave_the_broker_serving(make_cluster: Any) -> None:
         hostile = {
             "a 5,000-digit rank in a fetch": _record("fetch", _p(sid), _p(2), _huge(), _p("0/0")),
             "a 5,000-digit rank in a hello": _record(
-                "hello", _huge(), _p("i"), _p(1), _p("h"), _p("tcp://x:1"), _p(""), _p([])
+                "hello", _huge(), _p("i"), _p(1), _p("h"), _p("tcp://x:1"), _p(""), _p([]), _p("")
             ),
             "a value 600 deep in a save": _record(
                 "save",

@@ -61,8 +61,9 @@ from mpl.wire.decoder import (
     build_record,
 )
 from mpl.wire.errors import ProtocolError, UnsafeValueError
+from mpl.wire.limits import MAX_DEPTH, MAX_FRAMES, MAX_HEADER_BYTES
 from mpl.wire.record import Record, record_fields
-from mpl.wire.safe_values import MAX_DEPTH, encode_extra, unsafe
+from mpl.wire.safe_values import encode_extra, unsafe
 
 if TYPE_CHECKING:
     import numpy as np
@@ -86,8 +87,6 @@ __all__ = [
 MAGIC = b"MPL"
 VERSION = 1
 MAGIC_FRAME = MAGIC + bytes([VERSION])
-MAX_HEADER_BYTES = 16 * 1024 * 1024
-MAX_FRAMES = 1 << 16
 ZERO_COPY_BYTES = 64 * 1024  # pyzmq's copy threshold: below it copying beats tracking
 
 _BUF_KINDS: tuple[type, ...] = (bytes, bytearray, memoryview)
@@ -333,6 +332,7 @@ def decode(frames: Sequence[Any], *, unpickle: bool = True, safe: bool = False) 
     dec = Decoder(frames[2:], unpickle, safe)
     try:
         items = dec.unpack(header)
+        dec.check_nesting(items)
         msg = build_record(items)
     except ProtocolError:
         raise

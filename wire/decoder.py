@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from mpl.wire.errors import ProtocolError
-from mpl.wire.record import Record, record_class, record_from_fields
-from mpl.wire.safe_values import COMPLEX, MAX_DEPTH, SET, TABLE, make_set, unpack_complex
+from mpl.wire.limits import MAX_CONTAINERS, MAX_DEPTH, MAX_HEADER_ITEMS, MAX_NESTING
+from mpl.wire.record import Record, record_class, record_fields, record_from_fields
+from mpl.wire.safe_values import COMPLEX, SET, TABLE, make_set, unpack_complex
 from mpl.wire.tables import from_ipc
 
 if TYPE_CHECKING:
@@ -38,6 +39,8 @@ __all__ = [
 ARRAY, BUFFER, PICKLE, TUPLE, RECORD, SCALAR, BIGINT = range(1, 8)
 _MAX_DIMS = 64  # numpy's own limit
 _MAX_ITEMS = 1 << 48  # beyond any real array; keeps shape arithmetic in range
+_SEQUENCES = (list, tuple, set, frozenset)
+_NESTED = frozenset({dict, *_SEQUENCES})
 
 
 def _cloudpickle() -> Any:
@@ -85,7 +88,7 @@ class Decoder:
     ``safe=True`` refuses pickles (a ProtocolError; the payload is never loaded).
     """
 
-    __slots__ = ("bufs", "depth", "safe", "unpickle", "used")
+    __slots__ = ("bufs", "containers", "depth", "safe", "unpickle", "used")
 
     def __init__(self, bufs: Sequence[Any], unpickle: bool, safe: bool = False) -> None:
         self.bufs = bufs
@@ -93,15 +96,57 @@ class Decoder:
         self.unpickle = unpickle
         self.safe = safe
         self.depth = 0
+        self.containers = 0  # lists and dicts built so far, across every payload
 
     def unpack(self, data: bytes) -> Any:
         if self.depth >= MAX_DEPTH:
             raise ProtocolError(f"value nested deeper than {MAX_DEPTH} levels")
         self.depth += 1
         try:
-            return msgpack.unpackb(data, ext_hook=self.ext, strict_map_key=False, raw=False)
+            return msgpack.unpackb(
+                data,
+                ext_hook=self.ext,
+                strict_map_key=False,
+                raw=False,
+                list_hook=self._built,
+                object_hook=self._built,
+                max_array_len=MAX_HEADER_ITEMS,  # refused before msgpack allocates them
+                max_map_len=MAX_HEADER_ITEMS,
+            )
         finally:
             self.depth -= 1
+
+    def _built(self, container: Any) -> Any:
+        """Called by msgpack for each list and dict: bounds what a header may cost."""
+        self.containers += 1
+        if self.containers > MAX_CONTAINERS:
+            raise ProtocolError(f"header builds more than {MAX_CONTAINERS} lists and dicts")
+        return container
+
+    def check_nesting(self, items: Any) -> None:
+        """Refuse containers nested deeper than ``MAX_NESTING``. Every container (tuples,
+        sets and records too) comes from a msgpack list or dict, so a message that built
+        fewer than ``MAX_NESTING`` of them cannot be that deep: small messages skip the walk.
+        """
+        if self.containers < MAX_NESTING:
+            return
+        stack: list[tuple[Any, int]] = [(items, 1)]
+        while stack:
+            obj, level = stack.pop()
+            if level > MAX_NESTING:
+                raise ProtocolError(f"value nested deeper than {MAX_NESTING} levels")
+            t = type(obj)
+            if t is dict:
+                children: Any = [*obj.keys(), *obj.values()]
+            elif t in _SEQUENCES:
+                children = obj
+            elif isinstance(obj, Record):
+                children = record_fields(obj)
+            else:
+                continue
+            stack += [
+                (x, level + 1) for x in children if type(x) in _NESTED or isinstance(x, Record)
+            ]
 
     def take(self, index: Any) -> Any:
         if type(index) is not int or not 0 <= index < len(self.bufs):

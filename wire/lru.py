@@ -18,12 +18,14 @@ class LRU(OrderedDict[K, V]):
     def __init__(self, limit: int) -> None:
         super().__init__()
         self.limit = limit
+        self.dropped = 0  # entries pushed out by newer ones, for status
 
     def __setitem__(self, key: K, value: V) -> None:
         super().__setitem__(key, value)
         self.move_to_end(key)
         if len(self) > self.limit:
             self.popitem(last=False)
+            self.dropped += 1
 
     def touch(self, key: K) -> V | None:
         value = self.get(key)

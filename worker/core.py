@@ -86,7 +86,7 @@ class WorkerCore:
         self.next_beat = now
         self.directory: dict[int, PeerInfo] = {}
         self.programs: LRU[str, Program] = LRU(PROGRAM_SLOTS)
-        self.broken: dict[str, str] = {}  # programs that did not load here, and why
+        self.broken: LRU[str, str] = LRU(PROGRAM_SLOTS)  # programs that did not load here, why
 
     def tick(self, now: float, stats: Callable[[], dict[str, int]]) -> list[Action]:
         if not self.joined:

@@ -21,6 +21,7 @@ from mpl.wire.data import Delete, Fetch, Move
 from mpl.wire.errors import JobAbortedError, SessionError, UnsafeValueError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Abort, Done, Exec, Failed, Lit, Program, output_uri
+from mpl.wire.limits import job_timeout
 from mpl.wire.lru import LRU
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo, to_info
@@ -252,7 +253,15 @@ class Jobs:
             self.spu_job_failed(sid, job)
             return
         started, wall = time.monotonic(), time.time()
-        timeout = msg.timeout_s if msg.timeout_s > 0 else self.job_timeout_s
+        try:  # capped by this worker's --job-timeout
+            timeout = job_timeout(msg.timeout_s, self.job_timeout_s)
+        except ValueError as exc:
+            self.failed += 1
+            self.mailbox.end(sid, job)
+            self.spu_job_failed(sid, job)
+            error = ErrorInfo("ProtocolError", str(exc), rank=self.rank, op="timeout", job=job)
+            self.post(Failed(sid, job, self.rank, error))
+            return
         run = _JobRun(self, sid, job, started + timeout)
         self._active.add((sid, job))
         try:
@@ -412,5 +421,6 @@ class Jobs:
             "jobs_failed": self.failed,
             "moves_pending": self.mailbox.pending(),
             "moves_duplicate": self.mailbox.duplicates,
+            "moves_dropped": self.mailbox.dropped,
             "bytes_out": self.peers.bytes_out,
         }

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from mpl.wire.errors import JobAbortedError, MplTimeoutError
+from mpl.wire.limits import MAX_MOVES_PENDING
 from mpl.wire.lru import LRU
 
 __all__ = ["Mailbox", "MoveKey"]
@@ -30,6 +31,7 @@ class Mailbox:
         self._aborted: LRU[JobKey, str] = LRU(_ENDED_MEMORY)
         self._ended: LRU[JobKey, bool] = LRU(_ENDED_MEMORY)
         self.duplicates = 0
+        self.dropped = 0  # refused: too many moves waiting (mpl.wire.limits)
 
     def deliver(self, key: MoveKey, value: Any) -> bool:
         """Store an arriving move; False when it is a duplicate or its job has ended."""
@@ -41,6 +43,9 @@ class Mailbox:
             seen = self._seen.setdefault(job, set())
             if key in seen:
                 self.duplicates += 1
+                return False
+            if len(self._items) >= MAX_MOVES_PENDING:  # moves for jobs that never come
+                self.dropped += 1
                 return False
             seen.add(key)
             self._items[key] = value

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import secrets
 import threading
 import zlib
@@ -29,6 +28,7 @@ from typing import Any
 
 from mpl.wire.errors import ProtocolError, SessionError, UnsafeValueError
 from mpl.wire.jobs import Lit
+from mpl.wire.limits import check_symbol_name as check_name
 from mpl.wire.lru import LRU, SizedLRU
 from mpl.wire.persist import loads, read_symbol_head, split_symbol, symbol_chunks
 from mpl.wire.safe_values import unsafe
@@ -38,23 +38,11 @@ __all__ = ["CACHE_BYTES", "SymbolDisk", "check_name"]
 
 log = logging.getLogger("mpl.worker")
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SUFFIX = ".sym"
 _LOCKS = 64  # stripes: saves of different names rarely share one
 CACHE_BYTES = 256 * 1024 * 1024  # loaded values kept in memory, at most
 _CACHE_ENTRIES = 1024
 _CORRUPT_MEMORY = 1024
-
-
-def check_name(name: str) -> str:
-    """``name`` if it is a valid value name, else ``ValueError``. Names become file names,
-    so this is what keeps ``sym:../x`` inside the data root: checked on every path."""
-    if type(name) is not str or not _NAME.match(name):
-        raise ValueError(
-            f"bad value name {name!r}: use 1-128 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
-    return name
 
 
 class SymbolDisk:
