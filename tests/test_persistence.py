@@ -8,12 +8,14 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from mpl.wire.errors import ProtocolError
-from mpl.wire.jobs import Lit
+from mpl.wire import GraphBuilder
+from mpl.wire.errors import ProtocolError, SessionError
+from mpl.wire.jobs import Lit, output_uri
 from mpl.wire.persist import dumps
 from mpl.wire.sessions import SymbolInfo
 from mpl.worker.store import ObjectStore
@@ -110,7 +112,7 @@ def test_a_corrupt_file_is_reported_not_skipped(
     disk.save(_info("good"), [1, 2])
     (disk.dir / "bad.sym").write_bytes(b"MPS\x01" + b"\xff" * 20)
     with caplog.at_level(logging.ERROR, logger="mpl.worker"):
-        names = [i.name for i in disk.infos()]
+        names = [i.name for i in disk.scan()]
     assert names == ["good"]
     assert disk.stats()["corrupt_files"] == 1
     assert any("bad.sym" in r.getMessage() for r in caplog.records)
@@ -127,3 +129,24 @@ def test_a_crash_mid_save_leaves_the_old_value_and_no_temporary(tmp_path: Path) 
     assert _leftovers(fresh) == []
     fresh.delete("v")
     assert SymbolDisk(tmp_path).infos() == []
+
+
+@pytest.mark.daemons
+def test_a_restarted_broker_learns_the_names_persisted_now(make_cluster: Any) -> None:
+    cluster = make_cluster("tcp")
+    client = cluster.client()
+    sid = client.open_session().session
+    b = GraphBuilder(2)
+    v = b.op("constant", [], ranks=(1,), value=np.arange(3))[0]
+    job = client.submit(sid, b.build([v]), {}, timeout=5).job
+    for name in ("kept", "gone"):  # both saved after the worker started
+        client.save_symbol(sid, output_uri(job, 0), SymbolInfo(name, "P1", (1,), True, {}))
+    client.delete_symbol(sid, "gone")
+    cluster.impl.kill_broker()
+    cluster.impl.start_broker()
+    cluster.impl.wait_ready(5.0)
+    fresh = client.open_session().session
+    assert client.load_symbol(fresh, "kept").ranks == (1,)
+    assert client.fetch(fresh, 1, "sym:kept", timeout=5).tolist() == [0, 1, 2]
+    with pytest.raises(SessionError, match="no value named 'gone'"):
+        client.load_symbol(fresh, "gone")

@@ -11,6 +11,7 @@ peer links (``peers.py``): neither waits for the I/O thread.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -307,7 +308,11 @@ class Worker:
     def _perform(self, actions: list[Any]) -> None:
         for action in actions:
             if isinstance(action, ToBroker):
-                self._send(action.msg)
+                msg = action.msg
+                if isinstance(msg, WorkerHello) and self.store.disk is not None:
+                    # the names persisted now, not at start: a restarted broker learns them
+                    msg = dataclasses.replace(msg, symbols=self.store.disk.infos())
+                self._send(msg)
             elif isinstance(action, Reconnect):
                 log.warning("rank %d: reconnecting to the broker: %s", self.rank, action.reason)
                 self.dealer.close(linger=0)

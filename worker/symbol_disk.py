@@ -55,7 +55,10 @@ class SymbolDisk:
         self._cache_lock = threading.Lock()
         self._cache: SizedLRU[str, Any] = SizedLRU(_CACHE_ENTRIES, cache_bytes)
         self.corrupt: LRU[str, str] = LRU(_CORRUPT_MEMORY)  # file name -> why it is unreadable
+        self._index_lock = threading.Lock()
+        self._index: dict[str, SymbolInfo] = {}  # what is on disk now: one entry per file
         self._sweep_temporaries()
+        self.scan()
 
     # -- the three operations -------------------------------------------------------------
     def save(self, info: SymbolInfo, value: Any) -> None:
@@ -72,6 +75,8 @@ class SymbolDisk:
             self._drop_legacy(name)
             with self._cache_lock:
                 self._cache.put(name, value, size)
+            with self._index_lock:
+                self._index[name] = info
             self.corrupt.pop(name + _SUFFIX, None)
 
     def load(self, name: str) -> Any:
@@ -93,9 +98,18 @@ class SymbolDisk:
             for path in (self._path(name), *self._legacy(name)):
                 path.unlink(missing_ok=True)
             self._sync_dir()
+            with self._index_lock:
+                self._index.pop(name, None)
 
     def infos(self) -> list[SymbolInfo]:
-        """Descriptions of every persisted value; unreadable files are reported, not hidden."""
+        """Descriptions of every value persisted here now (what a worker's hello lists, on
+        every registration, so a restarted broker learns exactly the current names)."""
+        with self._index_lock:
+            return list(self._index.values())
+
+    def scan(self) -> list[SymbolInfo]:
+        """Read every description from disk afresh; unreadable files are reported (logged
+        and counted), never hidden."""
         out: dict[str, SymbolInfo] = {}
         for path in sorted(self.dir.glob("*.info")):  # earlier releases' layout
             info = self._info(path, lambda p: loads(p.read_bytes()))
@@ -105,6 +119,8 @@ class SymbolDisk:
             info = self._info(path, _read_head)
             if info is not None:
                 out[info.name] = info
+        with self._index_lock:
+            self._index = out
         return list(out.values())
 
     def stats(self) -> dict[str, int]:
