@@ -21,6 +21,7 @@ from mpl.wire.jobs import Exec, JobResult, Lit
 from mpl.wire.limits import (
     MAX_CONTAINERS,
     MAX_FRAMES,
+    MAX_HEADER_BYTES,
     MAX_HEADER_ITEMS,
     MAX_LEASE_S,
     MAX_NESTING,
@@ -75,6 +76,11 @@ def test_nesting_is_bounded_where_decoding_starts() -> None:
     for _ in range(MAX_NESTING - 5):
         ok = [ok]
     assert decode(encode(Lit(ok))).value == ok
+    too_deep: Any = []
+    for _ in range(MAX_NESTING):
+        too_deep = [too_deep]
+    with pytest.raises(ValueError, match="nested deeper"):  # refused at the sender too
+        encode(Lit(too_deep))
     tuples = (1,)
     for _ in range(50):  # tuples are extensions: the same walk counts them
         tuples = (tuples,)
@@ -83,7 +89,7 @@ def test_nesting_is_bounded_where_decoding_starts() -> None:
 
 
 def test_a_big_header_of_empty_lists_is_refused_cheaply() -> None:
-    items = MAX_HEADER_ITEMS  # the largest list a header may hold, all of it empty lists
+    items = 2 * 2**20  # 2 MiB of empty lists
     header = b"\x92" + _p("lit") + b"\xdd" + items.to_bytes(4, "big") + b"\x90" * items
     tracemalloc.start()
     try:
@@ -92,10 +98,16 @@ def test_a_big_header_of_empty_lists_is_refused_cheaply() -> None:
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 16 * 2**20, f"rejecting a {len(header) >> 20} MiB header cost {peak >> 20} MiB"
-    longer = b"\x92" + _p("lit") + b"\xdd" + (items + 1).to_bytes(4, "big") + b"\x90" * items
+    assert peak < 24 * 2**20, f"rejecting a {len(header) >> 20} MiB header cost {peak >> 20} MiB"
+    too_many = MAX_HEADER_ITEMS + 1
+    longer = b"\x92" + _p("lit") + b"\xdd" + too_many.to_bytes(4, "big") + b"\x90" * 64
     with pytest.raises(ProtocolError):  # refused before msgpack allocates the list
         decode([MAGIC_FRAME, longer])
+
+
+def test_a_header_too_big_is_refused_at_the_sender() -> None:
+    with pytest.raises(ValueError, match="send bulk data as numpy arrays"):
+        encode(Lit([0.5] * (MAX_HEADER_BYTES // 9 + 1)))
 
 
 def test_frames_per_message_are_bounded() -> None:

@@ -61,7 +61,7 @@ from mpl.wire.decoder import (
     build_record,
 )
 from mpl.wire.errors import ProtocolError, UnsafeValueError
-from mpl.wire.limits import MAX_DEPTH, MAX_FRAMES, MAX_HEADER_BYTES
+from mpl.wire.limits import MAX_DEPTH, MAX_FRAMES, MAX_HEADER_BYTES, MAX_NESTING
 from mpl.wire.record import Record, record_fields
 from mpl.wire.safe_values import encode_extra, unsafe
 
@@ -113,7 +113,7 @@ _INLINE_BYTES = 1024  # smaller bytes ride inside the header, larger ones get a 
 _ATOMS = frozenset({str, float, bool, type(None)})
 
 
-def _prepare(obj: Any) -> Any:
+def _prepare(obj: Any, level: int = 1) -> Any:
     """Wrap what msgpack would otherwise swallow: buffers (they belong in frames, and
     bytearray/memoryview must keep their type) and ints beyond 64 bits."""
     t = type(obj)
@@ -125,10 +125,12 @@ def _prepare(obj: Any) -> Any:
         return obj if len(obj) < _INLINE_BYTES else _Wrapped(obj)
     if t is bytearray or t is memoryview:
         return _Wrapped(obj)
-    if t is list:
-        return [_prepare(x) for x in obj]
-    if t is dict:
-        return {_prepare(k): _prepare(v) for k, v in obj.items()}
+    if t is list or t is dict:
+        if level > MAX_NESTING:  # the decoder refuses it (mpl.wire.limits): say so here
+            raise ValueError(f"value nested deeper than {MAX_NESTING} levels")
+        if t is list:
+            return [_prepare(x, level + 1) for x in obj]
+        return {_prepare(k, level + 1): _prepare(v, level + 1) for k, v in obj.items()}
     return obj  # tuples, records and the rest reach Encoder.default
 
 
@@ -261,6 +263,11 @@ def encode(msg: Record, *, safe: bool = False) -> list[Any]:
         raise TypeError(f"encode needs a tagged Record, got {type(msg).__name__}")
     enc = _Encoder(safe)
     header = _pack(enc, [msg.TAG, *record_fields(msg)])
+    if len(header) > MAX_HEADER_BYTES:  # every receiver would refuse it: say why, here
+        raise ValueError(
+            f"a {msg.TAG!r} message header of {len(header)} bytes exceeds {MAX_HEADER_BYTES}: "
+            "send bulk data as numpy arrays or bytes (they travel outside the header)"
+        )
     return [MAGIC_FRAME, header, *enc.bufs]
 
 
@@ -332,7 +339,6 @@ def decode(frames: Sequence[Any], *, unpickle: bool = True, safe: bool = False) 
     dec = Decoder(frames[2:], unpickle, safe)
     try:
         items = dec.unpack(header)
-        dec.check_nesting(items)
         msg = build_record(items)
     except ProtocolError:
         raise

@@ -15,7 +15,7 @@ import msgpack
 
 from mpl.wire.errors import ProtocolError
 from mpl.wire.limits import MAX_CONTAINERS, MAX_DEPTH, MAX_HEADER_ITEMS, MAX_NESTING
-from mpl.wire.record import Record, record_class, record_fields, record_from_fields
+from mpl.wire.record import Record, record_class, record_from_fields
 from mpl.wire.safe_values import COMPLEX, SET, TABLE, make_set, unpack_complex
 from mpl.wire.tables import from_ipc
 
@@ -39,8 +39,6 @@ __all__ = [
 ARRAY, BUFFER, PICKLE, TUPLE, RECORD, SCALAR, BIGINT = range(1, 8)
 _MAX_DIMS = 64  # numpy's own limit
 _MAX_ITEMS = 1 << 48  # beyond any real array; keeps shape arithmetic in range
-_SEQUENCES = (list, tuple, set, frozenset)
-_NESTED = frozenset({dict, *_SEQUENCES})
 
 
 def _cloudpickle() -> Any:
@@ -102,8 +100,9 @@ class Decoder:
         if self.depth >= MAX_DEPTH:
             raise ProtocolError(f"value nested deeper than {MAX_DEPTH} levels")
         self.depth += 1
+        built = self.containers
         try:
-            return msgpack.unpackb(
+            items = msgpack.unpackb(
                 data,
                 ext_hook=self.ext,
                 strict_map_key=False,
@@ -115,6 +114,9 @@ class Decoder:
             )
         finally:
             self.depth -= 1
+        if self.containers - built >= MAX_NESTING:  # fewer containers cannot nest that deep
+            check_nesting(items)
+        return items
 
     def _built(self, container: Any) -> Any:
         """Called by msgpack for each list and dict: bounds what a header may cost."""
@@ -122,31 +124,6 @@ class Decoder:
         if self.containers > MAX_CONTAINERS:
             raise ProtocolError(f"header builds more than {MAX_CONTAINERS} lists and dicts")
         return container
-
-    def check_nesting(self, items: Any) -> None:
-        """Refuse containers nested deeper than ``MAX_NESTING``. Every container (tuples,
-        sets and records too) comes from a msgpack list or dict, so a message that built
-        fewer than ``MAX_NESTING`` of them cannot be that deep: small messages skip the walk.
-        """
-        if self.containers < MAX_NESTING:
-            return
-        stack: list[tuple[Any, int]] = [(items, 1)]
-        while stack:
-            obj, level = stack.pop()
-            if level > MAX_NESTING:
-                raise ProtocolError(f"value nested deeper than {MAX_NESTING} levels")
-            t = type(obj)
-            if t is dict:
-                children: Any = [*obj.keys(), *obj.values()]
-            elif t in _SEQUENCES:
-                children = obj
-            elif isinstance(obj, Record):
-                children = record_fields(obj)
-            else:
-                continue
-            stack += [
-                (x, level + 1) for x in children if type(x) in _NESTED or isinstance(x, Record)
-            ]
 
     def take(self, index: Any) -> Any:
         if type(index) is not int or not 0 <= index < len(self.bufs):
@@ -263,6 +240,19 @@ class Decoder:
             raise ProtocolError(
                 f"cannot unpickle a value ({type(exc).__name__}: {exc}){hint}"
             ) from exc
+
+
+def check_nesting(items: Any) -> None:
+    """Refuse lists and dicts nested deeper than ``MAX_NESTING`` within one msgpack payload
+    (each extension, a tuple or a record, is a payload of its own, bounded by
+    ``MAX_DEPTH``): the encoder refuses the same, so what decodes always re-encodes."""
+    stack: list[tuple[Any, int]] = [(items, 1)] if type(items) in (list, dict) else []
+    while stack:
+        obj, level = stack.pop()
+        if level > MAX_NESTING:
+            raise ProtocolError(f"value nested deeper than {MAX_NESTING} levels")
+        children = obj.values() if type(obj) is dict else obj
+        stack += [(x, level + 1) for x in children if type(x) is list or type(x) is dict]
 
 
 def triple(obj: Any) -> tuple[Any, Any, Any]:

@@ -36,21 +36,22 @@ __all__ = [
 ]
 
 # -- one message --------------------------------------------------------------------------
-# The header is msgpack; bulk data (arrays, bytes from 1 KiB) travels in frames, outside it.
-# 4 MiB is far beyond any control message, and keeps the worst decoding cost (short objects
-# of a few bytes each, capped in number by MAX_CONTAINERS) to tens of MiB.
-MAX_HEADER_BYTES = 4 * 1024 * 1024
+# The header is msgpack; bulk data (arrays, bytes from 1 KiB) travels in frames, outside it,
+# unbounded. 16 MiB holds a Python list of about 1.7 million floats.
+MAX_HEADER_BYTES = 16 * 1024 * 1024
 # Buffer frames one message may carry (each array or large byte string is one frame).
 MAX_FRAMES = 1 << 16
-# Items in one msgpack list or dict of a header (msgpack allocates room for them as soon
-# as it reads the count). A million is beyond any control message; send data as arrays.
-MAX_HEADER_ITEMS = 1 << 20
-# Lists and dicts (msgpack's own containers) one header may build. An empty list is 1 byte
-# on the wire and ~60 bytes in memory: without this bound a 2 MiB header of empty lists
-# costs 129 MiB to decode. 64 Ki containers cost at most ~4 MiB.
-MAX_CONTAINERS = 1 << 16
-# Containers (lists, tuples, dicts, sets, records) nested in one another. Re-encoding a
-# value must never fail where decoding it succeeded (msgpack packs 511 levels at most).
+# Items in one msgpack list or dict of a header: msgpack allocates room for them (8 bytes
+# each) as soon as it reads the count, before the items arrive.
+MAX_HEADER_ITEMS = 1 << 22
+# Lists and dicts (msgpack's own containers) one header may build: 256 Ki, room for a list
+# of that many records as dicts. An empty list is 1 byte on the wire and ~60 bytes in
+# memory: without this bound a 2 MiB header of empty lists costs 129 MiB to refuse; with
+# it, at most ~16 MiB of lists plus the 8 bytes per item above.
+MAX_CONTAINERS = 1 << 18
+# Lists and dicts nested in one another within one msgpack payload (each tuple, set or
+# record starts a payload of its own, bounded by MAX_DEPTH). The encoder refuses the same,
+# so what decodes always re-encodes (msgpack itself packs 511 levels at most).
 MAX_NESTING = 100
 # Codec extensions (tuples, records, sets) nested in one another: each is a separate
 # msgpack payload and a level of the decoder's recursion.
