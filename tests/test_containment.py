@@ -176,3 +176,30 @@ def test_an_unencodable_fetch_is_a_remote_error_naming_its_type(make_cluster: An
     v = arr.op("constant", [], ranks=(0,), value=np.arange(3))[0]
     job2 = client.submit(sid, arr.build([v]), {}, timeout=5).job
     assert client.fetch(sid, 0, f"{job2}/0", timeout=5).tolist() == [0, 1, 2]
+
+
+class _BrokenStats:
+    """An extension whose counters fail twice (then recover, so heartbeats resume)."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+
+    def stats(self) -> dict[str, int]:
+        if self.failures < 2:
+            self.failures += 1
+            raise RuntimeError("stats are broken")
+        return {}
+
+
+def test_a_failing_timer_is_contained_and_the_worker_serves_on(make_cluster: Any) -> None:
+    cluster = make_cluster("inproc", extensions={0: {"broken": _BrokenStats}})
+    worker = cluster.impl.workers[0]
+    worker.jobs.extension("broken")  # the next two heartbeats' stats() raise
+    wait_until(lambda: worker._faults["internal_errors"] >= 2, what="two failed heartbeats")
+    assert worker._thread is not None and worker._thread.is_alive()
+    client = cluster.client()
+    sid = client.open_session().session
+    b = GraphBuilder(2)
+    x = b.op("constant", [], ranks=(0,), value=21)[0]
+    y = b.op("pcall", [x], ranks=(0,), fn=b.fn(double))[0]
+    assert client.submit(sid, b.build([y]), {}, inline=(0,), timeout=5).values[0] == {0: 42}

@@ -154,7 +154,10 @@ class Worker:
             poller: zmq.Poller | None = None
             while not self._stopping.is_set():
                 dealer = self.dealer
-                self._perform(self.core.tick(time.monotonic(), self.stats))
+                try:  # timers are guarded like messages: a failing stats() must not stop us
+                    self._perform(self.core.tick(time.monotonic(), self.stats))
+                except Exception as exc:
+                    self.guard.internal("the timers", None, exc)
                 if poller is None or dealer is not self.dealer:
                     poller = zmq.Poller()  # the dealer is replaced on reconnect
                     for sock in (self.dealer, self.pull):
