@@ -32,7 +32,9 @@ from mpl.wire.data import Delete, Fetch
 from mpl.wire.errors import RegistrationError
 from mpl.wire.jobs import Abort, Cancel, Done, Exec, Failed, JobResult, Program
 from mpl.wire.limits import (
+    MAX_CALLS,
     MAX_PERSISTED_NAMES,
+    MAX_SESSION_SYMBOLS,
     MAX_SESSIONS,
     check_lease,
     check_ranks,
@@ -292,7 +294,7 @@ class BrokerState:
             self.counters["jobs_failed"] += error is not None
             return [Send(peer, JobResult(msg.job, error=error, missing_program=missing))]
 
-        refusal = check_ranks(msg.ranks, f"job {msg.job}")
+        refusal = check_ranks(msg.ranks, f"job {msg.job}") or self._too_busy()
         if refusal is not None:
             return answer(_error("ProtocolError", refusal, job=msg.job))
         session = self.sessions.get(msg.session, now)
@@ -401,6 +403,8 @@ class BrokerState:
         entry = self.registry.by_rank.get(msg.rank)
         if entry is None:
             return [Send(peer, Reply(msg.req, error=self._absent(msg.rank)))]
+        if (busy := self._too_busy()) is not None:
+            return [Send(peer, self._req_error(msg.req, "ProtocolError", busy))]
         bid = self.calls.new_req()
         self.calls.requests[bid] = RequestCall(
             peer, msg.session, (msg.rank,), {msg.rank}, req=msg.req, bid=bid, kind="fetch"
@@ -437,6 +441,8 @@ class BrokerState:
         for rank in ranks:
             if rank not in self.registry.by_rank:
                 return [Send(peer, Reply(req, error=self._absent(rank)))]
+        if (busy := self._too_busy()) is not None:
+            return [Send(peer, self._req_error(req, "ProtocolError", busy))]
         bid = self.calls.new_req()
         self.calls.requests[bid] = RequestCall(
             peer, sid, ranks, set(ranks), req=req, bid=bid, kind=kind, symbol=symbol
@@ -448,8 +454,13 @@ class BrokerState:
         refusal = check_ranks(msg.info.ranks, f"saving {msg.info.name!r}")
         if refusal is not None:
             return [Send(peer, self._req_error(msg.req, "ProtocolError", refusal))]
-        if self.sessions.get(msg.session, now) is None:
+        session = self.sessions.get(msg.session, now)
+        if session is None:
             return [Send(peer, Reply(msg.req, error=self._no_session(msg.session)))]
+        full = len(session.symbols) >= MAX_SESSION_SYMBOLS
+        if full and not msg.info.persist and msg.info.name not in session.symbols:
+            refusal = f"the session holds {MAX_SESSION_SYMBOLS} names already: delete some"
+            return [Send(peer, self._req_error(msg.req, "SessionError", refusal))]
         return self._fan_out(
             peer,
             msg.session,
@@ -588,6 +599,11 @@ class BrokerState:
         }
 
     # -- helpers --------------------------------------------------------------------------
+    def _too_busy(self) -> str | None:
+        if len(self.calls.jobs) + len(self.calls.requests) < MAX_CALLS:
+            return None
+        return f"the broker has {MAX_CALLS} calls in flight: wait for some to finish"
+
     def _refuse(self, peer: bytes, kind: str, message: str) -> Send:
         self._note(message)
         return Send(peer, Refused(_error(kind, message)))

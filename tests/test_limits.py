@@ -14,9 +14,11 @@ import zmq
 from helpers import double, stats, wait_until
 from test_broker_state import D, hello, open_session, program, sent
 
+import mpl.broker.state as broker_state
 from mpl.broker.state import BrokerState
-from mpl.wire import ClusterSpec, GraphBuilder, ProtocolError
+from mpl.wire import ClusterSpec, GraphBuilder, ProtocolError, RemoteError
 from mpl.wire.codec import MAGIC_FRAME, decode, encode
+from mpl.wire.data import Fetch
 from mpl.wire.jobs import Exec, JobResult, Lit
 from mpl.wire.limits import (
     MAX_CONTAINERS,
@@ -30,7 +32,7 @@ from mpl.wire.limits import (
     job_timeout,
 )
 from mpl.wire.record import Record
-from mpl.wire.sessions import OpenSession, Reply, SaveSymbol, SessionOpened, SymbolInfo
+from mpl.wire.sessions import Ack, OpenSession, Reply, SaveSymbol, SessionOpened, SymbolInfo
 from mpl.worker.mailbox import Mailbox
 
 HUGE = 10**5000
@@ -171,7 +173,6 @@ def test_an_infinite_job_timeout_fails_the_job_with_a_clear_error(make_cluster: 
     x = b.op("constant", [], ranks=(0,), value=2)[0]
     g = b.build([b.op("pcall", [x], ranks=(0,), fn=b.fn(double))[0]])
     client.submit(sid, g, {}, inline=(0,), timeout=5)  # sends the program
-    from mpl.wire import RemoteError
 
     with pytest.raises((ProtocolError, RemoteError), match="timeout_s"):
         client.submit(sid, g, {}, inline=(0,), timeout=math.inf)
@@ -230,3 +231,37 @@ def test_hostile_moves_leave_the_worker_serving(make_cluster: Any) -> None:
     y = b.op("shuffle", [x], ranks=(0, 1), routing={1: 0})[0]
     z = b.op("pcall", [y], ranks=(1,), fn=b.fn(double))[0]
     assert client.submit(sid, b.build([z]), {}, inline=(0,), timeout=5).values[0] == {1: 14}
+
+
+def test_calls_in_flight_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(broker_state, "MAX_CALLS", 3)
+    s = _state()
+    sid = open_session(s)
+    for req in range(3):  # the workers never answer: three fetches stay in flight
+        assert sent(s.handle(D, Fetch(sid, req, 0, "j/0"), 0.0), Fetch)
+    (reply,) = sent(s.handle(D, Fetch(sid, 9, 0, "j/0"), 0.0), Reply, D)
+    assert reply.req == 9 and "calls in flight" in reply.error.message
+    prog = program()
+    s.handle(D, prog, 0.0)
+    (result,) = sent(s.handle(D, Exec(sid, "j9", prog.digest, (0, 1), {}), 0.0), JobResult, D)
+    assert result.error is not None and "calls in flight" in result.error.message
+    assert len(s.calls.requests) == 3 and not s.calls.jobs
+
+
+def test_names_per_session_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(broker_state, "MAX_SESSION_SYMBOLS", 2)
+    s = _state()
+    sid = open_session(s)
+    for i, name in enumerate(("a", "b")):
+        (save,) = sent(
+            s.handle(D, SaveSymbol(sid, i, "j/0", SymbolInfo(name, "P0", (0,), False, {})), 0.0),
+            SaveSymbol,
+        )
+        s.handle(b"w0", Ack(save.req, 0), 0.0)
+    out = s.handle(D, SaveSymbol(sid, 7, "j/0", SymbolInfo("c", "P0", (0,), False, {})), 0.0)
+    (reply,) = sent(out, Reply, D)
+    assert reply.req == 7 and "names already" in reply.error.message
+    assert sent(
+        s.handle(D, SaveSymbol(sid, 8, "j/0", SymbolInfo("a", "P0", (0,), False, {})), 0.0),
+        SaveSymbol,
+    )

@@ -16,6 +16,7 @@ __all__ = [
     "BIG",
     "INT_MAX",
     "INT_MIN",
+    "MAX_CALLS",
     "MAX_CONTAINERS",
     "MAX_DEPTH",
     "MAX_FRAMES",
@@ -26,6 +27,7 @@ __all__ = [
     "MAX_NESTING",
     "MAX_PERSISTED_NAMES",
     "MAX_SESSIONS",
+    "MAX_SESSION_SYMBOLS",
     "BigInt",
     "check_lease",
     "check_ranks",
@@ -70,6 +72,11 @@ MAX_LEASE_S = 86_400.0
 # -- tables keyed by network input -----------------------------------------------------------
 # Sessions one broker holds open at once; beyond it OpenSession is refused.
 MAX_SESSIONS = 10_000
+# Calls (jobs, fetches, saves) the broker tracks in flight at once; beyond it new ones are
+# refused until some finish.
+MAX_CALLS = 100_000
+# Names one session may hold (values saved without persist=True).
+MAX_SESSION_SYMBOLS = 100_000
 # Persisted names the broker's table lists (fed by workers' hellos and saves).
 MAX_PERSISTED_NAMES = 100_000
 # Peer moves waiting on a worker for their op (a move for a job that never comes waits
