@@ -26,6 +26,7 @@ from mpl.wire.data import Delete, Fetch
 from mpl.wire.errors import MplError, MplTimeoutError, ProtocolError, SessionError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Cancel, Exec, JobResult, Program
+from mpl.wire.lru import LRU
 from mpl.wire.record import Record
 from mpl.wire.remote import from_info
 from mpl.wire.sessions import (
@@ -50,6 +51,7 @@ INPROC_CONTEXTS: dict[str, zmq.Context[Any]] = {}
 log = logging.getLogger("mpl.driver")
 _SLICE_MS = 100  # waits wake this often to notice a lost broker
 _REPORT_GRACE_S = 1.0
+_LOST_MEMORY = 1024
 
 
 class _ThreadSocket:
@@ -114,6 +116,8 @@ class Client:
         self._jobs = itertools.count(1)
         self._programs: set[str] = set()
         self.sessions: set[str] = set()
+        # sessions a restarted broker forgot: calls in flight for them fail at once
+        self._lost: LRU[str, bool] = LRU(_LOST_MEMORY)
         self.broker_id = ""
         self._silence: MplError | None = None  # set while the broker is not heard
         self._closing = threading.Event()
@@ -273,6 +277,11 @@ class Client:
                     )
                 if self._silence is not None:
                     raise self._silence
+                if getattr(msg, "session", None) in self._lost:  # sent to a broker now gone
+                    raise SessionError(
+                        f"{what}: the broker at {self.address} restarted and lost session "
+                        f"{getattr(msg, 'session', '')}; open a new session"
+                    )
                 if left * 1000 < _SLICE_MS:
                     sock.setsockopt(zmq.RCVTIMEO, int(left * 1000) + 1)
                     short = True
@@ -338,6 +347,9 @@ class Client:
                         self._programs.clear()
                         if self.sessions:
                             log.warning("the broker at %s restarted; sessions lost", self.address)
+                            if msg.broker_id != self.broker_id:  # not an expiry: a restart
+                                for sid in list(self.sessions):
+                                    self._lost[sid] = True
                             self.sessions.clear()
                 elif time.monotonic() - heard > self.heartbeat_s * HEARTBEAT_LIVENESS:
                     self._silence = MplTimeoutError(

@@ -10,15 +10,16 @@ from __future__ import annotations
 import dataclasses
 import sys
 import threading
+import time
 from typing import Any
 
 import msgpack
 import numpy as np
 import pytest
 import zmq
-from helpers import double, stats, wait_until
+from helpers import double, nap, stats, wait_until
 
-from mpl.wire import ClusterSpec, GraphBuilder, RemoteError
+from mpl.wire import ClusterSpec, GraphBuilder, RemoteError, SessionError
 from mpl.wire.codec import MAGIC_FRAME, pickle_by_value
 
 pytestmark = pytest.mark.daemons
@@ -203,3 +204,29 @@ def test_a_failing_timer_is_contained_and_the_worker_serves_on(make_cluster: Any
     x = b.op("constant", [], ranks=(0,), value=21)[0]
     y = b.op("pcall", [x], ranks=(0,), fn=b.fn(double))[0]
     assert client.submit(sid, b.build([y]), {}, inline=(0,), timeout=5).values[0] == {0: 42}
+
+
+def test_calls_in_flight_fail_soon_after_the_broker_restarts(make_cluster: Any) -> None:
+    cluster = make_cluster("tcp")
+    client = cluster.client()
+    sid = client.open_session().session
+    b = GraphBuilder(2)
+    b.op("pcall", [], ranks=(0,), fn=b.fn(nap), args=(30.0,))
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            client.submit(sid, b.build([]), {}, timeout=20)
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    wait_until(lambda: stats(client, 0).get("jobs_running") == 1, what="the job to start")
+    cluster.impl.kill_broker()
+    cluster.impl.start_broker()
+    restarted = time.monotonic()
+    t.join(10)
+    assert errors and isinstance(errors[0], SessionError), errors
+    assert "restarted" in str(errors[0])
+    assert time.monotonic() - restarted < 4.0  # the next heartbeat (1 s) tells the driver
