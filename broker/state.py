@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from mpl.broker.admission import refuse_call, refuse_open, refuse_save
 from mpl.broker.calls import Call, CallTable, JobCall, RequestCall, lost_rank_error
 from mpl.broker.registry import Registry, WorkerEntry
 from mpl.broker.sessions import SessionTable
@@ -31,15 +32,7 @@ from mpl.wire.control import (
 from mpl.wire.data import Delete, Fetch
 from mpl.wire.errors import RegistrationError
 from mpl.wire.jobs import Abort, Cancel, Done, Exec, Failed, JobResult, Program
-from mpl.wire.limits import (
-    MAX_CALLS,
-    MAX_PERSISTED_NAMES,
-    MAX_SESSION_SYMBOLS,
-    MAX_SESSIONS,
-    check_lease,
-    check_ranks,
-    valid_name,
-)
+from mpl.wire.limits import MAX_PERSISTED_NAMES, check_ranks, valid_name
 from mpl.wire.lru import LRU
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
@@ -250,10 +243,7 @@ class BrokerState:
     def _on_open(self, peer: bytes, msg: OpenSession, now: float) -> list[Send]:
         if peer in self.registry.by_peer:
             return [self._refuse(peer, "ProtocolError", "a worker cannot open a session")]
-        refusal = check_lease(msg.lease_s)
-        if refusal is None and len(self.sessions.by_id) >= MAX_SESSIONS:
-            refusal = f"the broker holds {MAX_SESSIONS} sessions already: close some first"
-        if refusal is not None:
+        if (refusal := refuse_open(msg.lease_s, len(self.sessions.by_id))) is not None:
             return [Send(peer, self._req_error(msg.req, "SessionError", refusal))]
         entry, attached = self.sessions.open(msg.client, msg.name, msg.lease_s, now)
         opened = SessionOpened(
@@ -294,8 +284,7 @@ class BrokerState:
             self.counters["jobs_failed"] += error is not None
             return [Send(peer, JobResult(msg.job, error=error, missing_program=missing))]
 
-        refusal = check_ranks(msg.ranks, f"job {msg.job}") or self._too_busy()
-        if refusal is not None:
+        if refusal := check_ranks(msg.ranks, f"job {msg.job}") or refuse_call(self.calls):
             return answer(_error("ProtocolError", refusal, job=msg.job))
         session = self.sessions.get(msg.session, now)
         if session is None:
@@ -403,7 +392,7 @@ class BrokerState:
         entry = self.registry.by_rank.get(msg.rank)
         if entry is None:
             return [Send(peer, Reply(msg.req, error=self._absent(msg.rank)))]
-        if (busy := self._too_busy()) is not None:
+        if (busy := refuse_call(self.calls)) is not None:
             return [Send(peer, self._req_error(msg.req, "ProtocolError", busy))]
         bid = self.calls.new_req()
         self.calls.requests[bid] = RequestCall(
@@ -441,7 +430,7 @@ class BrokerState:
         for rank in ranks:
             if rank not in self.registry.by_rank:
                 return [Send(peer, Reply(req, error=self._absent(rank)))]
-        if (busy := self._too_busy()) is not None:
+        if (busy := refuse_call(self.calls)) is not None:
             return [Send(peer, self._req_error(req, "ProtocolError", busy))]
         bid = self.calls.new_req()
         self.calls.requests[bid] = RequestCall(
@@ -451,16 +440,11 @@ class BrokerState:
         return [Send(self.registry.by_rank[r].peer, message) for r in ranks]
 
     def _on_save(self, peer: bytes, msg: SaveSymbol, now: float) -> list[Send]:
-        refusal = check_ranks(msg.info.ranks, f"saving {msg.info.name!r}")
-        if refusal is not None:
-            return [Send(peer, self._req_error(msg.req, "ProtocolError", refusal))]
         session = self.sessions.get(msg.session, now)
         if session is None:
             return [Send(peer, Reply(msg.req, error=self._no_session(msg.session)))]
-        full = len(session.symbols) >= MAX_SESSION_SYMBOLS
-        if full and not msg.info.persist and msg.info.name not in session.symbols:
-            refusal = f"the session holds {MAX_SESSION_SYMBOLS} names already: delete some"
-            return [Send(peer, self._req_error(msg.req, "SessionError", refusal))]
+        if (refusal := refuse_save(msg.info, session.symbols)) is not None:
+            return [Send(peer, self._req_error(msg.req, "ProtocolError", refusal))]
         return self._fan_out(
             peer,
             msg.session,
@@ -599,11 +583,6 @@ class BrokerState:
         }
 
     # -- helpers --------------------------------------------------------------------------
-    def _too_busy(self) -> str | None:
-        if len(self.calls.jobs) + len(self.calls.requests) < MAX_CALLS:
-            return None
-        return f"the broker has {MAX_CALLS} calls in flight: wait for some to finish"
-
     def _refuse(self, peer: bytes, kind: str, message: str) -> Send:
         self._note(message)
         return Send(peer, Refused(_error(kind, message)))

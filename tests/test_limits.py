@@ -14,7 +14,7 @@ import zmq
 from helpers import double, stats, wait_until
 from test_broker_state import D, hello, open_session, program, sent
 
-import mpl.broker.state as broker_state
+import mpl.broker.admission as broker_admission
 from mpl.broker.state import BrokerState
 from mpl.wire import ClusterSpec, GraphBuilder, ProtocolError, RemoteError
 from mpl.wire.codec import MAGIC_FRAME, decode, encode
@@ -234,7 +234,7 @@ def test_hostile_moves_leave_the_worker_serving(make_cluster: Any) -> None:
 
 
 def test_calls_in_flight_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(broker_state, "MAX_CALLS", 3)
+    monkeypatch.setattr(broker_admission, "MAX_CALLS", 3)
     s = _state()
     sid = open_session(s)
     for req in range(3):  # the workers never answer: three fetches stay in flight
@@ -249,7 +249,7 @@ def test_calls_in_flight_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_names_per_session_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(broker_state, "MAX_SESSION_SYMBOLS", 2)
+    monkeypatch.setattr(broker_admission, "MAX_SESSION_SYMBOLS", 2)
     s = _state()
     sid = open_session(s)
     for i, name in enumerate(("a", "b")):
