@@ -27,6 +27,7 @@ from mpl.wire.codec import decode, encode, frames_nbytes
 from mpl.wire.control import HEARTBEAT_S, Bye, Directory, Heartbeat, Refused
 from mpl.wire.curve import BROKER_DOMAIN, Curve, broker_admits
 from mpl.wire.errors import ProtocolError
+from mpl.wire.guard import Guard
 from mpl.wire.identity import frame_identity
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
@@ -82,6 +83,7 @@ class Broker:
         self.ledger = JobLedger()  # job outcomes and durations, for metrics and the page
         self.snapshots = SnapshotSlot()  # copies of the state for the metrics thread
         self.refusals = RefusalLog(log)
+        self.guard = Guard(log, self.state.counters)  # one bad message never stops the loop
         self._fd_peer: dict[int, bytes] = {}
         self._peer_fd: dict[bytes, int] = {}
         self._stopping = threading.Event()
@@ -115,10 +117,13 @@ class Broker:
                     self._drain_router()
                 now = time.monotonic()
                 if now >= next_tick:
-                    if self.monitor is not None:
-                        self._drain_monitor()
-                    self._perform(self.state.tick(now))
-                    self.snapshots.serve(self._snapshot)
+                    try:
+                        if self.monitor is not None:
+                            self._drain_monitor()
+                        self._perform(self.state.tick(now))
+                        self.snapshots.serve(self._snapshot)
+                    except Exception as exc:
+                        self._contain(None, None, exc)
                     next_tick = time.monotonic() + min(_TICK_S, self.state.heartbeat_s / 4)
             self._say_goodbye()
         finally:
@@ -148,15 +153,26 @@ class Broker:
                     self._peer_fd[peer] = fd
             now = time.monotonic()
             self.state.counters["bytes_routed"] += frames_nbytes(frames[1:])
-            try:
-                msg = decode(frames[1:], unpickle=False)
-            except ProtocolError as exc:
-                self.refusals.refused(peer.hex(), f"bad message: {exc}")
-                self._perform(self.state.protocol_error(peer, exc), logged=True)
-                continue
-            who = frame_identity(frames[1]) if self.secure else None
-            self.ledger.received(msg)
-            self._perform(self.state.handle(peer, msg, now, frames[1:], who=who))
+            msg: Record | None = None
+            try:  # one message's failure stays that message's failure
+                try:
+                    msg = decode(frames[1:], unpickle=False)
+                except ProtocolError as exc:
+                    self.refusals.refused(peer.hex(), f"bad message: {exc}")
+                    self._perform(self.state.protocol_error(peer, exc), logged=True)
+                    continue
+                who = frame_identity(frames[1]) if self.secure else None
+                self.ledger.received(msg)
+                self._perform(self.state.handle(peer, msg, now, frames[1:], who=who))
+            except Exception as exc:
+                self._contain(peer, msg, exc)
+
+    def _contain(self, peer: bytes | None, msg: Record | None, exc: Exception) -> None:
+        """Count and log a failure, and answer the sender if it waits for an answer."""
+        reply = self.guard.internal(peer.hex() if peer else "the timers", msg, exc)
+        if reply is not None and peer is not None:
+            with contextlib.suppress(Exception):
+                self.router.send_multipart([peer, *encode(reply)], zmq.NOBLOCK, copy=False)
 
     def _drain_monitor(self) -> None:
         assert self.monitor is not None

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from mpl.broker.actions import Send
+from mpl.broker.admission import refuse_call, refuse_save
 from mpl.broker.calls import RequestCall
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
@@ -43,6 +44,8 @@ class Names:
         for rank in ranks:
             if rank not in self.state.registry.by_rank:
                 return [Send(peer, Reply(req, error=self.state._absent(rank)))]
+        if (busy := refuse_call(self.state.calls)) is not None:
+            return [Send(peer, self.state._req_error(req, "ProtocolError", busy))]
         bid = self.state.calls.new_req()
         self.state.calls.requests[bid] = RequestCall(
             peer, sid, ranks, set(ranks), req=req, bid=bid, kind=kind, symbol=symbol
@@ -58,6 +61,8 @@ class Names:
             return [Send(peer, Reply(msg.req, error=session))]
         if not session.may_read(msg.uri):
             return [Send(peer, Reply(msg.req, error=self.state.access.unloaded(session, msg.uri)))]
+        if (refusal := refuse_save(msg.info, session.symbols)) is not None:
+            return [Send(peer, self.state._req_error(msg.req, "ProtocolError", refusal))]
         return self._fan_out(
             peer,
             msg.session,

@@ -25,6 +25,7 @@ from typing import Any
 
 from mpl.broker.access import Access
 from mpl.broker.actions import Send
+from mpl.broker.admission import refuse_call, refuse_open
 from mpl.broker.calls import Call, CallTable, JobCall, RequestCall, lost_rank_error
 from mpl.broker.names import Names
 from mpl.broker.registry import Registry, WorkerEntry
@@ -46,6 +47,7 @@ from mpl.wire.data import Delete, Fetch
 from mpl.wire.errors import RegistrationError
 from mpl.wire.identity import node_identity, rank_of
 from mpl.wire.jobs import Abort, Cancel, Done, Exec, Failed, JobResult, Program
+from mpl.wire.limits import MAX_PERSISTED_NAMES, check_ranks, valid_name
 from mpl.wire.lru import LRU
 from mpl.wire.progress import EVERY_S, Progress
 from mpl.wire.record import Record
@@ -104,7 +106,7 @@ class BrokerState:
         self.drivers: dict[bytes, float] = {}  # driver sockets -> last seen
         self.beating: set[bytes] = set()  # driver sockets that heartbeat (and get beats back)
         self.programs: LRU[tuple[str, str], Program] = LRU(PROGRAM_CACHE)  # (driver, digest)
-        self.persisted: dict[str, SymbolInfo] = {}
+        self.persisted: LRU[str, SymbolInfo] = LRU(MAX_PERSISTED_NAMES)
         self.errors: deque[str] = deque(maxlen=RECENT_ERRORS)
         self.counters = {"jobs_done": 0, "jobs_failed": 0, "bytes_routed": 0, "protocol_errors": 0}
         self.access = Access(cluster, self.registry, self.sessions, self.counters, self._note)
@@ -239,7 +241,8 @@ class BrokerState:
             self._note(f"refused rank {msg.rank} (pid {msg.pid} on {msg.host}): {exc}")
             return [Send(peer, Refused(ErrorInfo("RegistrationError", str(exc), rank=msg.rank)))]
         for info in msg.symbols:
-            self.persisted[info.name] = info
+            if valid_name(info.name):  # names become file names on the workers
+                self.persisted[info.name] = info
         welcome = Welcome(
             entry.rank,
             self.cluster.world_size,
@@ -306,8 +309,8 @@ class BrokerState:
         identity = self.access.driver(peer, who)
         if peer in self.registry.by_peer or identity is None:
             return [self._refuse(peer, "ProtocolError", "a worker cannot open a session")]
-        if msg.lease_s <= 0:
-            return [Send(peer, self._req_error(msg.req, "SessionError", "lease_s must be > 0"))]
+        if (refusal := refuse_open(msg.lease_s, len(self.sessions.by_id))) is not None:
+            return [Send(peer, self._req_error(msg.req, "SessionError", refusal))]
         shared, error = self.access.opening(identity, msg)
         if error is not None:
             return [Send(peer, Reply(msg.req, error=error))]
@@ -368,6 +371,8 @@ class BrokerState:
             self.counters["jobs_failed"] += error is not None
             return [Send(peer, JobResult(msg.job, error=error, missing_program=missing))]
 
+        if refusal := check_ranks(msg.ranks, f"job {msg.job}") or refuse_call(self.calls):
+            return answer(_error("ProtocolError", refusal, job=msg.job))
         session = self.access.session(peer, who, msg.session, now)
         if isinstance(session, ErrorInfo):
             return answer(session)
@@ -510,6 +515,10 @@ class BrokerState:
         entry = self.registry.by_rank.get(msg.rank)
         if entry is None:
             return [Send(peer, Reply(msg.req, error=self._absent(msg.rank)))]
+        if (busy := refuse_call(self.calls)) is not None:
+            return [Send(peer, self._req_error(msg.req, "ProtocolError", busy))]
+        if (busy := refuse_call(self.calls)) is not None:
+            return [Send(peer, self._req_error(msg.req, "ProtocolError", busy))]
         bid = self.calls.new_req()
         self.calls.requests[bid] = RequestCall(
             peer, msg.session, (msg.rank,), {msg.rank}, req=msg.req, bid=bid, kind="fetch"

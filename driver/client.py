@@ -46,6 +46,7 @@ from mpl.wire.errors import (
 )
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Cancel, Exec, JobResult, Program
+from mpl.wire.lru import LRU
 from mpl.wire.progress import Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import from_info
@@ -82,6 +83,7 @@ _HANDSHAKE_EVENTS = (
 # connection without an error event. This many connections in a row without a handshake
 # (one per reconnect interval, ~0.1 s) mean we are not talking to our broker.
 _CONNECTS_WITHOUT_HANDSHAKE = 5
+_LOST_MEMORY = 1024
 
 
 class _ThreadSocket:
@@ -154,6 +156,8 @@ class Client:
         self._programs: set[str] = set()
         self.sessions: set[str] = set()
         self.progress = ProgressBoard()  # jobs in flight: where their ranks are
+        # sessions a restarted broker forgot: calls in flight for them fail at once
+        self._lost: LRU[str, bool] = LRU(_LOST_MEMORY)
         self.broker_id = ""
         self._silence: MplError | None = None  # set while the broker is not heard
         self._refused: MplError | None = None  # set for good when the broker refuses our key
@@ -394,6 +398,11 @@ class Client:
                     raise self._refused
                 if self._silence is not None:
                     raise self._silence
+                if getattr(msg, "session", None) in self._lost:  # sent to a broker now gone
+                    raise SessionError(
+                        f"{what}: the broker at {self.address} restarted and lost session "
+                        f"{getattr(msg, 'session', '')}; open a new session"
+                    )
                 if left * 1000 < _SLICE_MS:
                     sock.setsockopt(zmq.RCVTIMEO, int(left * 1000) + 1)
                     short = True
@@ -476,6 +485,9 @@ class Client:
                         self._programs.clear()
                         if self.sessions:
                             log.warning("the broker at %s restarted; sessions lost", self.address)
+                            if msg.broker_id != self.broker_id:  # not an expiry: a restart
+                                for sid in list(self.sessions):
+                                    self._lost[sid] = True
                             self.sessions.clear()
                 elif time.monotonic() - heard > self.heartbeat_s * HEARTBEAT_LIVENESS:
                     self._silence = MplTimeoutError(

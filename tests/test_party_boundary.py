@@ -19,7 +19,7 @@ from mpl.wire import GraphBuilder, ProtocolError, RemoteError, encode
 from mpl.wire.data import Move
 from mpl.wire.errors import UnsafeValueError
 from mpl.wire.jobs import Exec, Lit, Program
-from mpl.wire.persist import MAGIC_FRAME
+from mpl.wire.persist import MAGIC_FRAME, dumps
 from mpl.wire.record import Record
 from mpl.wire.sessions import SymbolInfo
 from mpl.wire.shares import SpuShare, flatten
@@ -144,9 +144,9 @@ def test_a_persisted_pickle_is_refused_naming_the_file(tmp_path: Path) -> None:
         data = bytes(f)
         blob += [len(data).to_bytes(8, "little"), data]
     (disk.dir / "old.value").write_bytes(b"".join(blob))
-    disk.save(info, np.arange(3))  # writes old.info (and a good value)...
-    (disk.dir / "old.value").write_bytes(b"".join(blob))  # ...then the old file again
+    (disk.dir / "old.info").write_bytes(dumps(info))
     fresh = SymbolDisk(tmp_path)
+    assert [i.name for i in fresh.infos()] == ["old"]  # the older layout is still listed
     with pytest.raises(ProtocolError, match=r"old\.value.*never loaded"):
         fresh.load("old")
     assert not marker.exists()

@@ -63,8 +63,9 @@ from mpl.wire.decoder import (
     set_wire_digest,
 )
 from mpl.wire.errors import ProtocolError, UnsafeValueError
+from mpl.wire.limits import MAX_DEPTH, MAX_FRAMES, MAX_HEADER_BYTES, MAX_NESTING
 from mpl.wire.record import Record, record_fields
-from mpl.wire.safe_values import MAX_DEPTH, encode_extra, host_array, unsafe
+from mpl.wire.safe_values import encode_extra, host_array, unsafe
 
 if TYPE_CHECKING:
     import numpy as np
@@ -89,8 +90,6 @@ __all__ = [
 MAGIC = b"MPL"
 VERSION = 1
 MAGIC_FRAME = MAGIC + bytes([VERSION])
-MAX_HEADER_BYTES = 16 * 1024 * 1024
-MAX_FRAMES = 1 << 16
 ZERO_COPY_BYTES = 64 * 1024  # pyzmq's copy threshold: below it copying beats tracking
 
 _BUF_KINDS: tuple[type, ...] = (bytes, bytearray, memoryview)
@@ -117,7 +116,7 @@ _INLINE_BYTES = 1024  # smaller bytes ride inside the header, larger ones get a 
 _ATOMS = frozenset({str, float, bool, type(None)})
 
 
-def _prepare(obj: Any) -> Any:
+def _prepare(obj: Any, level: int = 1) -> Any:
     """Wrap what msgpack would otherwise swallow: buffers (they belong in frames, and
     bytearray/memoryview must keep their type) and ints beyond 64 bits."""
     t = type(obj)
@@ -129,10 +128,12 @@ def _prepare(obj: Any) -> Any:
         return obj if len(obj) < _INLINE_BYTES else _Wrapped(obj)
     if t is bytearray or t is memoryview:
         return _Wrapped(obj)
-    if t is list:
-        return [_prepare(x) for x in obj]
-    if t is dict:
-        return {_prepare(k): _prepare(v) for k, v in obj.items()}
+    if t is list or t is dict:
+        if level > MAX_NESTING:  # the decoder refuses it (mpl.wire.limits): say so here
+            raise ValueError(f"value nested deeper than {MAX_NESTING} levels")
+        if t is list:
+            return [_prepare(x, level + 1) for x in obj]
+        return {_prepare(k, level + 1): _prepare(v, level + 1) for k, v in obj.items()}
     return obj  # tuples, records and the rest reach Encoder.default
 
 
@@ -268,6 +269,11 @@ def encode(msg: Record, *, safe: bool = False) -> list[Any]:
         raise TypeError(f"encode needs a tagged Record, got {type(msg).__name__}")
     enc = _Encoder(safe)
     header = _pack(enc, [msg.TAG, *record_fields(msg)])
+    if len(header) > MAX_HEADER_BYTES:  # every receiver would refuse it: say why, here
+        raise ValueError(
+            f"a {msg.TAG!r} message header of {len(header)} bytes exceeds {MAX_HEADER_BYTES}: "
+            "send bulk data as numpy arrays or bytes (they travel outside the header)"
+        )
     return [MAGIC_FRAME, header, *enc.bufs]
 
 

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from mpl.wire.errors import ProtocolError
+from mpl.wire.limits import MAX_CONTAINERS, MAX_DEPTH, MAX_HEADER_ITEMS, MAX_NESTING
 from mpl.wire.record import Record, record_class, record_from_fields
-from mpl.wire.safe_values import COMPLEX, MAX_DEPTH, SET, TABLE, make_set, unpack_complex
+from mpl.wire.safe_values import COMPLEX, SET, TABLE, make_set, unpack_complex
 from mpl.wire.tables import from_ipc
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ class Decoder:
     ``safe=True`` refuses pickles (a ProtocolError; the payload is never loaded).
     """
 
-    __slots__ = ("bufs", "depth", "safe", "taken", "unpickle", "used")
+    __slots__ = ("bufs", "containers", "depth", "safe", "taken", "unpickle", "used")
 
     def __init__(self, bufs: Sequence[Any], unpickle: bool, safe: bool = False) -> None:
         self.bufs = bufs
@@ -97,15 +98,36 @@ class Decoder:
         self.unpickle = unpickle
         self.safe = safe
         self.depth = 0
+        self.containers = 0  # lists and dicts built so far, across every payload
 
     def unpack(self, data: bytes) -> Any:
         if self.depth >= MAX_DEPTH:
             raise ProtocolError(f"value nested deeper than {MAX_DEPTH} levels")
         self.depth += 1
+        built = self.containers
         try:
-            return msgpack.unpackb(data, ext_hook=self.ext, strict_map_key=False, raw=False)
+            items = msgpack.unpackb(
+                data,
+                ext_hook=self.ext,
+                strict_map_key=False,
+                raw=False,
+                list_hook=self._built,
+                object_hook=self._built,
+                max_array_len=MAX_HEADER_ITEMS,  # refused before msgpack allocates them
+                max_map_len=MAX_HEADER_ITEMS,
+            )
         finally:
             self.depth -= 1
+        if self.containers - built >= MAX_NESTING:  # fewer containers cannot nest that deep
+            check_nesting(items)
+        return items
+
+    def _built(self, container: Any) -> Any:
+        """Called by msgpack for each list and dict: bounds what a header may cost."""
+        self.containers += 1
+        if self.containers > MAX_CONTAINERS:
+            raise ProtocolError(f"header builds more than {MAX_CONTAINERS} lists and dicts")
+        return container
 
     def take(self, index: Any) -> Any:
         if type(index) is not int or not 0 <= index < len(self.bufs):
@@ -227,6 +249,19 @@ class Decoder:
             raise ProtocolError(
                 f"cannot unpickle a value ({type(exc).__name__}: {exc}){hint}"
             ) from exc
+
+
+def check_nesting(items: Any) -> None:
+    """Refuse lists and dicts nested deeper than ``MAX_NESTING`` within one msgpack payload
+    (each extension, a tuple or a record, is a payload of its own, bounded by
+    ``MAX_DEPTH``): the encoder refuses the same, so what decodes always re-encodes."""
+    stack: list[tuple[Any, int]] = [(items, 1)] if type(items) in (list, dict) else []
+    while stack:
+        obj, level = stack.pop()
+        if level > MAX_NESTING:
+            raise ProtocolError(f"value nested deeper than {MAX_NESTING} levels")
+        children = obj.values() if type(obj) is dict else obj
+        stack += [(x, level + 1) for x in children if type(x) is list or type(x) is dict]
 
 
 def triple(obj: Any) -> tuple[Any, Any, Any]:

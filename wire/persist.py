@@ -1,28 +1,55 @@
 """Records in files: the same frames as on the wire, length-prefixed in one byte string.
 
-Layout: ``MAGIC_FRAME``, then for each frame an 8-byte little-endian length and its bytes.
-Files hold the safe value format only (``mpl.wire.safe_values``), even in a trusted
-cluster: ``dumps`` refuses other values with ``UnsafeValueError`` and ``loads`` refuses a
-pickle (files written before mpl had the safe format) with ``ProtocolError``, unloaded.
-``loads`` raises :class:`ProtocolError` for anything malformed, like ``decode``.
+Layout of a record: ``MAGIC_FRAME``, then for each frame an 8-byte little-endian length and
+its bytes. Files hold the safe value format only (``mpl.wire.safe_values``), even in a
+trusted cluster: ``dumps`` refuses other values with ``UnsafeValueError`` and ``loads``
+refuses a pickle (files written before mpl had the safe format) with ``ProtocolError``,
+unloaded. ``loads`` raises :class:`ProtocolError` for anything malformed, like ``decode``.
+
+A persisted symbol is ONE file, so that it is published by one atomic rename::
+
+    SYMBOL_MAGIC   b"MPS" + version byte
+    8 bytes        little-endian length L of the description record
+    L bytes        the description (a SymbolInfo record, as ``dumps`` writes it)
+    the rest       the value (a Lit record, as ``dumps`` writes it)
+
+The description comes first so that listing a data root reads a few bytes per name, never
+the values.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import IO, Any
 
 from mpl.wire.codec import MAGIC_FRAME, decode, encode
 from mpl.wire.errors import ProtocolError
 from mpl.wire.record import Record
 
-__all__ = ["dumps", "loads"]
+__all__ = [
+    "MAX_DESCRIPTION_BYTES",
+    "SYMBOL_MAGIC",
+    "dumps",
+    "loads",
+    "read_symbol_head",
+    "split_symbol",
+    "symbol_chunks",
+]
+
+SYMBOL_MAGIC = b"MPS\x01"
+MAX_DESCRIPTION_BYTES = 1 << 20  # a SymbolInfo is a name, ranks and a small meta dict
+
+
+def _chunks(msg: Record) -> Iterator[Any]:
+    yield MAGIC_FRAME
+    for frame in encode(msg, safe=True):
+        view = memoryview(frame)
+        yield view.nbytes.to_bytes(8, "little")
+        yield view
 
 
 def dumps(msg: Record) -> bytes:
-    parts = [MAGIC_FRAME]
-    for frame in encode(msg, safe=True):
-        view = memoryview(frame)
-        parts.append(view.nbytes.to_bytes(8, "little"))
-        parts.append(view.tobytes() if not isinstance(frame, bytes) else frame)
-    return b"".join(parts)
+    return b"".join(bytes(c) if isinstance(c, memoryview) else c for c in _chunks(msg))
 
 
 def loads(data: bytes | memoryview) -> Record:
@@ -41,3 +68,43 @@ def loads(data: bytes | memoryview) -> Record:
         frames.append(view[pos : pos + size])
         pos += size
     return decode(frames, safe=True)
+
+
+def symbol_chunks(info: Record, value: Record) -> Iterator[Any]:
+    """The bytes of a symbol file, in pieces to write one after the other (large arrays are
+    not copied into one string). Encoding happens first: an ``UnsafeValueError`` comes out
+    of the first ``next()``, before anything is written."""
+    head = dumps(info)
+    body = list(_chunks(value))
+    yield SYMBOL_MAGIC + len(head).to_bytes(8, "little")
+    yield head
+    yield from body
+
+
+def read_symbol_head(f: IO[bytes]) -> Record:
+    """The description at the start of an open symbol file."""
+    prefix = f.read(len(SYMBOL_MAGIC) + 8)
+    size = _head_size(prefix)
+    head = f.read(size)
+    if len(head) != size:
+        raise ProtocolError("truncated symbol description")
+    return loads(head)
+
+
+def split_symbol(data: bytes | memoryview) -> tuple[Record, Record]:
+    """(description, value) of a whole symbol file."""
+    view = memoryview(data)
+    start = len(SYMBOL_MAGIC) + 8
+    size = _head_size(view[:start].tobytes())
+    if start + size > len(view):
+        raise ProtocolError("truncated symbol description")
+    return loads(view[start : start + size]), loads(view[start + size :])
+
+
+def _head_size(prefix: bytes) -> int:
+    if len(prefix) < len(SYMBOL_MAGIC) + 8 or prefix[: len(SYMBOL_MAGIC)] != SYMBOL_MAGIC:
+        raise ProtocolError("not an mpl symbol file (bad magic or truncated)")
+    size = int.from_bytes(prefix[len(SYMBOL_MAGIC) :], "little")
+    if size > MAX_DESCRIPTION_BYTES:
+        raise ProtocolError(f"symbol description of {size} bytes exceeds {MAX_DESCRIPTION_BYTES}")
+    return size

@@ -15,7 +15,8 @@ On the wire it is the msgpack array ``[tag, field0, field1, ...]`` in declaratio
 against its annotation, so a peer cannot hand us a ``str`` where an ``int`` belongs.
 Supported annotations: ``Any``/``object``, ``int``, ``float``, ``bool``, ``str``, ``bytes``,
 ``None``, unions, ``list[X]``, ``tuple[X, ...]``, ``tuple[X, Y]``, ``dict[K, V]``, ``Literal``,
-``numpy.ndarray`` and other records.
+``numpy.ndarray`` and other records. ``int`` fields hold 64-bit integers (``BigInt`` fields,
+from ``mpl.wire.limits``, any size); ``bool`` is never accepted as an int.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from mpl.wire.errors import ProtocolError
+from mpl.wire.limits import BIG, int_fits
 
 __all__ = ["Record", "record_class", "record_fields", "record_from_fields"]
 
@@ -82,7 +84,7 @@ class _Spec:
     def __init__(self, cls: type[Any]) -> None:
         if not dataclasses.is_dataclass(cls):
             raise TypeError(f"{cls.__name__} must be a dataclass")
-        hints = typing.get_type_hints(cls)
+        hints = typing.get_type_hints(cls, include_extras=True)
         fields = dataclasses.fields(cls)
         self.names: tuple[str, ...] = tuple(f.name for f in fields)
         # per field: (position, name, check, hint); fields that accept anything need no check
@@ -127,15 +129,6 @@ def _show(hint: Any) -> str:
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
-def _is_int(v: Any) -> bool:
-    return type(v) is int or (isinstance(v, int) and not isinstance(v, bool))
-
-
-def _is_float(v: Any) -> bool:
-    t = type(v)
-    return t is float or t is int or (isinstance(v, (int, float)) and not isinstance(v, bool))
-
-
 def _checker(hint: Any) -> _Check | None:
     """Compile an annotation into a fast predicate; None when any value is accepted.
 
@@ -147,16 +140,20 @@ def _checker(hint: Any) -> _Check | None:
         return lambda v: v is None
     if hint is bool:
         return lambda v: type(v) is bool
-    if hint is int:
-        return _is_int
+    if hint is int:  # 64 bits (mpl.wire.limits): a huge int breaks whoever formats it
+        return int_fits
     if hint is float:
-        return _is_float
+        return lambda v: type(v) is float or int_fits(v)
     if hint is str:
         return lambda v: type(v) is str or isinstance(v, str)
     if isinstance(hint, type):
         return lambda v: isinstance(v, hint)
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
+    if origin is typing.Annotated:  # BigInt: an int field declared to exceed 64 bits
+        if args[0] is int and BIG in hint.__metadata__:
+            return lambda v: type(v) is int
+        return _checker(args[0])
     if origin in (typing.Union, types.UnionType):
         checks = [_checker(a) for a in args]
         if any(c is None for c in checks):

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import msgpack
 
 from mpl.wire.errors import ProtocolError, UnsafeValueError
+from mpl.wire.limits import MAX_DEPTH
 from mpl.wire.tables import table_kind, to_ipc
 
 __all__ = [
@@ -57,7 +58,6 @@ __all__ = [
 
 COMPLEX, SET, TABLE = 8, 9, 10  # codec extension codes after the codec's own 1..7
 EXTRA_CODES = frozenset({COMPLEX, SET, TABLE})
-MAX_DEPTH = 64  # nested extensions (tuples in tuples, records, sets) a message may hold
 _COMPLEX = struct.Struct("<dd")
 
 _WAYS_OUT = (

@@ -90,7 +90,7 @@ class WorkerCore:
         self.next_beat = now
         self.directory: dict[int, PeerInfo] = {}
         self.programs: LRU[str, Program] = LRU(PROGRAM_SLOTS)
-        self.broken: dict[str, str] = {}  # programs that did not load here, and why
+        self.broken: LRU[str, str] = LRU(PROGRAM_SLOTS)  # programs that did not load here, why
         self.refused_programs = 0  # programs whose digest did not match their graph
 
     def tick(self, now: float, stats: Callable[[], dict[str, int]]) -> list[Action]:

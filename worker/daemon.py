@@ -16,6 +16,7 @@ whose ``src`` is not the rank its connection authenticated as is counted and dro
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -33,6 +34,7 @@ from mpl.wire.control import HEARTBEAT_S, Bye, Channel, WorkerHello
 from mpl.wire.curve import PEER_DOMAIN, Curve, peer_admits
 from mpl.wire.data import Delete, Fetch, Move
 from mpl.wire.errors import ProtocolError
+from mpl.wire.guard import Guard, substitute
 from mpl.wire.jobs import Abort, Exec, Failed, Program
 from mpl.wire.logs import RefusalLog
 from mpl.wire.lru import LRU
@@ -179,6 +181,8 @@ class Worker:
         self.protocol_errors = 0
         self.snapshots = SnapshotSlot()  # copies of stats() for the metrics thread
         self.refusals = RefusalLog(log)
+        self._faults: dict[str, int] = {}
+        self.guard = Guard(log, self._faults)  # counts internal_errors; the loop goes on
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -204,9 +208,12 @@ class Worker:
             poller: zmq.Poller | None = None
             while not self._stopping.is_set():
                 dealer = self.dealer
-                self._perform(self.core.tick(time.monotonic(), self.stats))
-                self.snapshots.serve(self.stats)
-                self.jobs.report_progress()
+                try:  # timers are guarded like messages: a failing stats() must not stop us
+                    self._perform(self.core.tick(time.monotonic(), self.stats))
+                    self.snapshots.serve(self.stats)
+                    self.jobs.report_progress()
+                except Exception as exc:
+                    self.guard.internal("the timers", None, exc)
                 if poller is None or dealer is not self.dealer:
                     poller = zmq.Poller()  # the dealer is replaced on reconnect
                     for sock in (self.dealer, self.pull, self._handshakes):
@@ -248,6 +255,7 @@ class Worker:
             "bytes_in": self.bytes_in,
             "protocol_errors": self.protocol_errors + self.spu_links.protocol_errors,
             "rss_bytes": rss_bytes(),
+            "internal_errors": self._faults["internal_errors"],
         }
 
     # -- sockets --------------------------------------------------------------------------
@@ -271,20 +279,20 @@ class Worker:
         return max(0, min(_POLL_MS, int((due - time.monotonic()) * 1000) + 1))
 
     def _send(self, msg: Record) -> None:
-        """Send to the broker from the I/O thread; dropped if the broker is unreachable.
-
-        Everything a worker sends travels on to the broker or a driver, other parties: in
-        the safe value format unless this party declared the cluster trusted."""
+        """Send to the broker from the I/O thread; dropped if the broker is unreachable."""
+        frames = self._encode(msg)
+        if frames is None:
+            return
         try:
-            self.dealer.send_multipart(
-                encode(msg, safe=not self.trusted), zmq.NOBLOCK, copy=False
-            )
+            self.dealer.send_multipart(frames, zmq.NOBLOCK, copy=False)
         except zmq.Again:
             log.debug("rank %d: broker unreachable, dropped %s", self.rank, msg.TAG)
 
     def _post(self, msg: Record) -> None:
         """Send to the broker from any thread, on the result channel."""
-        frames = encode(msg, safe=not self.trusted)  # results go on to a driver: plain data
+        frames = self._encode(msg)
+        if frames is None:
+            return
         with self._results_lock:
             if self._closed:
                 return
@@ -292,6 +300,21 @@ class Worker:
                 self._results.send_multipart(frames, zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 log.warning("rank %d: result queue full, dropped %s", self.rank, msg.TAG)
+
+    def _encode(self, msg: Record) -> list[Any] | None:
+        """``msg``'s frames; if it cannot be encoded (a result that does not pickle, or is
+        not in the safe value format), the same answer carrying the error instead, so the
+        one waiting learns why.
+
+        Everything a worker sends travels on to the broker or a driver, other parties: in
+        the safe value format unless this party declared the cluster trusted."""
+        safe = not self.trusted
+        try:
+            return encode(msg, safe=safe)
+        except Exception as exc:
+            self.guard.internal("this worker", msg, exc)
+            instead = substitute(msg, exc, self.rank)
+            return encode(instead, safe=safe) if instead is not None else None
 
     def _drain(self, sock: zmq.Socket[Any], handle: Callable[[Record], None]) -> None:
         for frames in drain(sock, _BATCH):
@@ -310,7 +333,13 @@ class Worker:
                 self.bytes_in += frames_nbytes(frames)
                 if self.curve is not None and not self._from_src(msg, frames[0]):
                     continue
-            handle(msg)
+            try:  # one message's failure stays that message's failure
+                handle(msg)
+            except Exception as exc:
+                source = "the broker" if sock is self.dealer else "a peer"
+                reply = self.guard.internal(source, msg, exc, rank=self.rank)
+                if reply is not None and sock is self.dealer:
+                    self._send(reply)
 
     # -- messages -------------------------------------------------------------------------
     def _on_broker(self, msg: Record) -> None:
@@ -440,7 +469,11 @@ class Worker:
     def _perform(self, actions: list[Any]) -> None:
         for action in actions:
             if isinstance(action, ToBroker):
-                self._send(action.msg)
+                msg = action.msg
+                if isinstance(msg, WorkerHello) and self.store.disk is not None:
+                    # the names persisted now, not at start: a restarted broker learns them
+                    msg = dataclasses.replace(msg, symbols=self.store.disk.infos())
+                self._send(msg)
             elif isinstance(action, Reconnect):
                 log.warning("rank %d: reconnecting to the broker: %s", self.rank, action.reason)
                 self.dealer.close(linger=0)

@@ -125,7 +125,7 @@ def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
                 outs = KERNELS[op.opcode](ctx, graph, k, op, args)
             except (JobAbortedError, OpFailed):
                 raise
-            except Exception as exc:
+            except BaseException as exc:  # user code: SystemExit and KeyboardInterrupt too
                 raise OpFailed(op_label(graph, k), exc) from exc
             if len(ctx.spans) < _MAX_SPANS:
                 ctx.spans.append([k, op_label(graph, k), start - origin, time.monotonic() - origin])

@@ -21,6 +21,7 @@ from mpl.wire.data import Delete, Fetch, Move
 from mpl.wire.errors import JobAbortedError, SessionError, UnsafeValueError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Abort, Done, Exec, Failed, Lit, Program, output_uri
+from mpl.wire.limits import job_timeout
 from mpl.wire.lru import LRU
 from mpl.wire.progress import EVERY_S, FIRST_AFTER_S, Progress
 from mpl.wire.record import Record
@@ -31,7 +32,8 @@ from mpl.worker.interpreter import ABSENT, OpFailed, Plan, op_label, run_graph
 from mpl.worker.mailbox import Mailbox
 from mpl.worker.peers import PeerLinks
 from mpl.worker.spu_link import SpuMailbox
-from mpl.worker.store import ObjectStore, check_name, symbol_uri
+from mpl.worker.store import ObjectStore, symbol_uri
+from mpl.worker.symbol_disk import check_name
 
 __all__ = ["DEFAULT_JOB_TIMEOUT_S", "Jobs"]
 
@@ -110,7 +112,7 @@ class _Runner:
                 continue
             try:
                 task()
-            except Exception:  # a task reports its own errors; this is a last resort
+            except BaseException:  # tasks report their own errors; the runner must not die
                 log.exception("session %s: task crashed", self.sid)
 
 
@@ -276,7 +278,15 @@ class Jobs:
             self.spu_job_failed(sid, job)
             return
         started, wall = time.monotonic(), time.time()
-        timeout = msg.timeout_s if msg.timeout_s > 0 else self.job_timeout_s
+        try:  # capped by this worker's --job-timeout
+            timeout = job_timeout(msg.timeout_s, self.job_timeout_s)
+        except ValueError as exc:
+            self.failed += 1
+            self.mailbox.end(sid, job)
+            self.spu_job_failed(sid, job)
+            error = ErrorInfo("ProtocolError", str(exc), rank=self.rank, op="timeout", job=job)
+            self.post(Failed(sid, job, self.rank, error))
+            return
         run = _JobRun(self, sid, job, started + timeout)
         self._active.add((sid, job))
         self._runs[(sid, job)] = run
@@ -306,7 +316,7 @@ class Jobs:
             )
             self.post(Failed(sid, job, self.rank, info))
             return
-        except Exception as exc:
+        except BaseException as exc:  # user code may raise SystemExit: still a failed job
             self.failed += 1
             self.spu_job_failed(sid, job)
             self.post(
@@ -393,13 +403,12 @@ class Jobs:
         def task() -> None:
             try:
                 check_name(msg.name)  # whoever relays it, no file outside the data root
-            except ValueError as exc:
-                self.post(Ack(msg.req, self.rank, to_info(exc, rank=self.rank, op="unsave")))
-                return
-            self.store.delete(msg.session, [symbol_uri(msg.name)])
-            if msg.persist and self.store.disk is not None:
-                self.store.disk.delete(msg.name)
-            self.post(Ack(msg.req, self.rank))
+                self.store.delete(msg.session, [symbol_uri(msg.name)])
+                if msg.persist and self.store.disk is not None:
+                    self.store.disk.delete(msg.name)
+                self.post(Ack(msg.req, self.rank))
+            except Exception as exc:  # a bad name, a disk error: the driver hears of it
+                self.post(Ack(msg.req, self.rank, to_info(exc, rank=self.rank, op="delete")))
 
         self._submit(msg.session, task)
 
@@ -448,6 +457,7 @@ class Jobs:
             extra.update(getattr(ext, "stats", dict)())
         return {
             **extra,
+            **self.store.stats(),
             "objects": self.store.count(),
             "sessions": len(self.store.session_ids()),
             "jobs_running": len(self._active),

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from mpl.wire.errors import JobAbortedError, MplTimeoutError
+from mpl.wire.limits import MAX_MOVES_PENDING
 from mpl.wire.lru import LRU
 from mpl.worker.holding import Holding
 
@@ -39,11 +40,13 @@ class Mailbox:
         self._aborted: LRU[JobKey, str] = LRU(_ENDED_MEMORY)
         self._ended: LRU[JobKey, bool] = LRU(_ENDED_MEMORY)
         self.duplicates = 0
+        self.overflow = 0  # refused: too many moves waiting (mpl.wire.limits)
 
     @property
     def dropped(self) -> int:
-        """Moves for unknown jobs that did not fit in the holding area, or expired there."""
-        return self._held.dropped
+        """Moves refused: for unknown jobs that did not fit in the holding area or expired
+        there, or beyond MAX_MOVES_PENDING waiting for known jobs."""
+        return self._held.dropped + self.overflow
 
     def held(self) -> int:
         with self._cond:
@@ -85,6 +88,9 @@ class Mailbox:
         seen = self._seen.setdefault(key[:2], set())
         if key in seen:
             return False
+        if len(self._items) >= MAX_MOVES_PENDING:  # a flood of distinct keys for a real job
+            self.overflow += 1
+            return True  # counted as dropped, not as a duplicate
         seen.add(key)
         self._items[key] = value
         return True

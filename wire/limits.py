@@ -1,0 +1,139 @@
+"""Every bound mpl puts on input from the network, in one place.
+
+Each daemon faces drivers, workers and outsiders it does not trust, so every input has a
+bound, checked where it enters (mostly while decoding) and refused with a
+:class:`~mpl.wire.errors.ProtocolError` or a typed error naming the limit. Each limit below
+says what it bounds and why its value is enough. Tests: ``tests/test_limits.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any
+
+__all__ = [
+    "BIG",
+    "INT_MAX",
+    "INT_MIN",
+    "MAX_CALLS",
+    "MAX_CONTAINERS",
+    "MAX_DEPTH",
+    "MAX_FRAMES",
+    "MAX_HEADER_BYTES",
+    "MAX_HEADER_ITEMS",
+    "MAX_LEASE_S",
+    "MAX_MOVES_PENDING",
+    "MAX_NESTING",
+    "MAX_PERSISTED_NAMES",
+    "MAX_SESSIONS",
+    "MAX_SESSION_SYMBOLS",
+    "BigInt",
+    "check_lease",
+    "check_ranks",
+    "check_symbol_name",
+    "int_fits",
+    "job_timeout",
+    "valid_name",
+]
+
+# -- one message --------------------------------------------------------------------------
+# The header is msgpack; bulk data (arrays, bytes from 1 KiB) travels in frames, outside it,
+# unbounded. 16 MiB holds a Python list of about 1.7 million floats.
+MAX_HEADER_BYTES = 16 * 1024 * 1024
+# Buffer frames one message may carry (each array or large byte string is one frame).
+MAX_FRAMES = 1 << 16
+# Items in one msgpack list or dict of a header: msgpack allocates room for them (8 bytes
+# each) as soon as it reads the count, before the items arrive.
+MAX_HEADER_ITEMS = 1 << 22
+# Lists and dicts (msgpack's own containers) one header may build: 256 Ki, room for a list
+# of that many records as dicts. An empty list is 1 byte on the wire and ~60 bytes in
+# memory: without this bound a 2 MiB header of empty lists costs 129 MiB to refuse; with
+# it, at most ~16 MiB of lists plus the 8 bytes per item above.
+MAX_CONTAINERS = 1 << 18
+# Lists and dicts nested in one another within one msgpack payload (each tuple, set or
+# record starts a payload of its own, bounded by MAX_DEPTH). The encoder refuses the same,
+# so what decodes always re-encodes (msgpack itself packs 511 levels at most).
+MAX_NESTING = 100
+# Codec extensions (tuples, records, sets) nested in one another: each is a separate
+# msgpack payload and a level of the decoder's recursion.
+MAX_DEPTH = 64
+# Integers in record fields annotated ``int`` are 64-bit (as in msgpack): a 5,000-digit
+# rank cannot even be printed in an error message. Fields that may hold more are declared
+# ``BigInt``; values (``Any`` fields) carry ints of any size.
+INT_MIN, INT_MAX = -(1 << 63), (1 << 64) - 1
+BIG = "big"
+BigInt = Annotated[int, BIG]
+
+# -- sessions and jobs ----------------------------------------------------------------------
+# A session's lease: how long it outlives its drivers' silence. Finite, so it expires.
+MAX_LEASE_S = 86_400.0
+
+# -- tables keyed by network input -----------------------------------------------------------
+# Sessions one broker holds open at once; beyond it OpenSession is refused.
+MAX_SESSIONS = 10_000
+# Calls (jobs, fetches, saves) the broker tracks in flight at once; beyond it new ones are
+# refused until some finish.
+MAX_CALLS = 100_000
+# Names one session may hold (values saved without persist=True).
+MAX_SESSION_SYMBOLS = 100_000
+# Persisted names the broker's table lists (fed by workers' hellos and saves).
+MAX_PERSISTED_NAMES = 100_000
+# Peer moves waiting on a worker for their op (a move for a job that never comes waits
+# here until its session closes); beyond it new moves are dropped and counted.
+MAX_MOVES_PENDING = 100_000
+
+
+# A saved value's name: it becomes a file name on the workers that persist it, so it can
+# never climb out of their data root (``sym:../x``).
+_SYMBOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_symbol_name(name: str) -> str:
+    """``name`` if it is a valid value name, else ``ValueError`` saying what is allowed."""
+    if type(name) is not str or not _SYMBOL_NAME.match(name):
+        raise ValueError(
+            f"bad value name {name!r}: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def valid_name(name: str) -> bool:
+    """True if ``check_symbol_name`` accepts ``name``."""
+    return type(name) is str and _SYMBOL_NAME.match(name) is not None
+
+
+def int_fits(value: Any) -> bool:
+    """True for an int (not a bool) within the 64-bit range of record fields."""
+    return type(value) is int and INT_MIN <= value <= INT_MAX
+
+
+def check_lease(lease_s: float) -> str | None:
+    """Why ``lease_s`` is refused, or None: it must be within (0, 1 day]."""
+    if not (isinstance(lease_s, (int, float)) and math.isfinite(lease_s)):
+        return f"lease_s must be a finite number of seconds, got {lease_s!r}"
+    if not 0 < lease_s <= MAX_LEASE_S:
+        return f"lease_s must be within (0, {MAX_LEASE_S:g}] seconds, got {lease_s:g}"
+    return None
+
+
+def check_ranks(ranks: tuple[int, ...], what: str) -> str | None:
+    """Why a request for ``ranks`` is refused, or None: it names at least one rank, once."""
+    if not ranks:
+        return f"{what} names no rank: it would wait for nobody's answer"
+    if len(set(ranks)) != len(ranks):
+        return f"{what} names a rank twice: {list(ranks)}"
+    return None
+
+
+def job_timeout(timeout_s: float, cap_s: float) -> float:
+    """The seconds a worker gives a job that asked for ``timeout_s``: its own
+    ``--job-timeout`` (``cap_s``) at most, and that for 0. NaN, infinite or negative
+    requests raise ``ValueError``."""
+    if not math.isfinite(timeout_s) or timeout_s < 0:
+        raise ValueError(
+            f"timeout_s must be 0 (the worker's default) or a finite number of seconds, "
+            f"got {timeout_s!r}"
+        )
+    return min(timeout_s, cap_s) if timeout_s > 0 else cap_s
