@@ -32,6 +32,7 @@ from mpl.wire.limits import (
     job_timeout,
 )
 from mpl.wire.record import Record
+from mpl.wire.routing import driver_routing_id
 from mpl.wire.sessions import Ack, OpenSession, Reply, SaveSymbol, SessionOpened, SymbolInfo
 from mpl.worker.mailbox import Mailbox
 
@@ -66,7 +67,7 @@ def test_ints_in_record_fields_are_64_bit_unless_declared_big() -> None:
     with pytest.raises(ProtocolError, match="field 'rank'"):  # a float field is no way round
         decode(_record("hello", _bigint(HUGE), *(_p(x) for x in ("i", 1, "h", "a", "", [], ""))))
     with pytest.raises(ProtocolError, match="field 'lease_s'"):
-        decode(_record("open", _p(1), _p(""), _bigint(HUGE), _p("c")))
+        decode(_record("open", _p(1), _p(""), _bigint(HUGE), _p("c"), _p(None)))
     assert decode(encode(Lit(HUGE))).value == HUGE  # values carry ints of any size
 
 
@@ -181,11 +182,14 @@ def test_an_infinite_job_timeout_fails_the_job_with_a_clear_error(make_cluster: 
 # -- tables keyed by network input --------------------------------------------------------------
 def test_sessions_are_bounded() -> None:
     s = _state()
+    # each driver may hold 256 sessions (broker/access.py): spread them over many drivers
+    drivers = [driver_routing_id(f"d{i}") for i in range(MAX_SESSIONS // 200 + 1)]
     for i in range(MAX_SESSIONS):
-        s.handle(D, OpenSession(i, "", 60.0, "c1"), 0.0)
-    out = s.handle(D, OpenSession(-1, "", 60.0, "c1"), 0.0)
-    assert not sent(out, SessionOpened, D)
-    (reply,) = sent(out, Reply, D)
+        s.handle(drivers[i // 200], OpenSession(i, "", 60.0, "c1"), 0.0)
+    last = drivers[-1]
+    out = s.handle(last, OpenSession(-1, "", 60.0, "c1"), 0.0)
+    assert not sent(out, SessionOpened, last)
+    (reply,) = sent(out, Reply, last)
     assert "sessions already" in reply.error.message
 
 
@@ -194,7 +198,8 @@ def test_moves_for_jobs_that_never_come_are_bounded_and_counted(
 ) -> None:
     monkeypatch.setattr(sys.modules[Mailbox.__module__], "MAX_MOVES_PENDING", 100)
     box = Mailbox()
-    kept = [box.deliver(("s", f"ghost{i}", 0, 0, 0), i) for i in range(150)]
+    box.expect("s", "j")  # a real job: its moves skip the holding area (worker/holding.py)
+    kept = [box.deliver(("s", "j", i, 0, 0), i) for i in range(150)]
     assert kept.count(True) == 100 and box.dropped == 50 and box.pending() == 100
 
 

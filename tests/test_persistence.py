@@ -141,6 +141,7 @@ def test_a_restarted_broker_learns_the_names_persisted_now(make_cluster: Any) ->
     job = client.submit(sid, b.build([v]), {}, timeout=5).job
     for name in ("kept", "gone"):  # both saved after the worker started
         client.save_symbol(sid, output_uri(job, 0), SymbolInfo(name, "P1", (1,), True, {}))
+    client.load_symbol(sid, "gone")  # a persisted name is reached through a load first
     client.delete_symbol(sid, "gone")
     cluster.impl.kill_broker()
     cluster.impl.start_broker()

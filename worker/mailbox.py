@@ -78,6 +78,9 @@ class Mailbox:
                     self.duplicates += 1
                     return False
                 return self._held.hold(job, key, value)
+            if len(self._items) >= MAX_MOVES_PENDING:  # a flood of distinct keys for a real job
+                self.overflow += 1
+                return False
             if not self._store(key, value):
                 self.duplicates += 1
                 return False
@@ -88,9 +91,6 @@ class Mailbox:
         seen = self._seen.setdefault(key[:2], set())
         if key in seen:
             return False
-        if len(self._items) >= MAX_MOVES_PENDING:  # a flood of distinct keys for a real job
-            self.overflow += 1
-            return True  # counted as dropped, not as a duplicate
         seen.add(key)
         self._items[key] = value
         return True
