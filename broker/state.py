@@ -423,7 +423,8 @@ class BrokerState:
         self.calls.requests[bid] = RequestCall(
             peer, msg.session, (msg.rank,), {msg.rank}, req=msg.req, bid=bid, kind="fetch"
         )
-        return [Send(entry.peer, Fetch(msg.session, bid, msg.rank, msg.uri))]
+        forward = Fetch(msg.session, bid, msg.rank, msg.uri, msg.reply_to, msg.ticket)
+        return [Send(entry.peer, forward)]
 
     def _on_worker_reply(self, peer: bytes, msg: Reply, now: float) -> list[Send]:
         call = self.calls.requests.pop(msg.req, None)

@@ -20,7 +20,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -51,6 +51,9 @@ from mpl.wire.sessions import (
     SymbolInfo,
 )
 from mpl.wire.sockets import CONTROL_MAX_MESSAGE, configure
+
+if TYPE_CHECKING:
+    from mpl.driver.sealing import DriverSeal
 
 __all__ = ["INPROC_CONTEXTS", "Client"]
 
@@ -120,6 +123,13 @@ class Client:
         # Results come from other parties: pickled ones load only if this driver's own spec
         # says trusted (never because the broker says so).
         self.trusted = trusted
+        # Secure mode seals every payload for its one worker (mpl.driver.sealing); imported
+        # only then, so a plaintext driver does not load the cryptography package.
+        self.seal: DriverSeal | None = None
+        if curve is not None:
+            from mpl.driver.sealing import driver_seal
+
+            self.seal = driver_seal(curve, trusted)
         self.timeout = timeout
         self.job_timeout = job_timeout
         self.heartbeat_s = heartbeat_s
@@ -193,10 +203,14 @@ class Client:
             if set(bindings) <= set(graph.ranks)
             else tuple(sorted({*graph.ranks, *bindings}))
         )
+        seal = self.seal
+        if seal is not None:
+            bindings = seal.bindings(session, job, graph.digest, ranks, bindings)
         msg = Exec(session, job, graph.digest, ranks, bindings, inline, limit)
         for attempt in range(2):
             if attempt or graph.digest not in self._programs:
-                self._send(Program(graph.digest, graph))
+                program = seal.program(graph) if seal else Program(graph.digest, graph)
+                self._send(program)
                 self._programs.add(graph.digest)
             try:
                 result = self._call(
@@ -212,13 +226,18 @@ class Client:
             if not result.missing_program:
                 if result.error is not None:
                     raise from_info(result.error)
-                return result
+                return seal.result(session, result) if seal else result
         raise ProtocolError(f"the broker keeps losing program {graph.digest}")
 
     # -- data and names -------------------------------------------------------------------
     def fetch(self, session: str, rank: int, uri: str, *, timeout: float | None = None) -> Any:
         req = next(self._reqs)
-        return self._reply(Fetch(session, req, rank, uri), req, timeout, f"fetching {uri}")
+        if self.seal is None:
+            return self._reply(Fetch(session, req, rank, uri), req, timeout, f"fetching {uri}")
+        reply_to, ticket = self.seal.fetch_ticket()
+        fetch = Fetch(session, req, rank, uri, reply_to, ticket)
+        value = self._reply(fetch, req, timeout, f"fetching {uri}")
+        return self.seal.fetched(session, rank, uri, ticket, value)
 
     def delete(self, session: str, uris: dict[int, list[str]]) -> None:
         """Free values on the workers; no answer, but ordered after this thread's jobs."""

@@ -36,6 +36,7 @@ from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Abort, Exec, Failed, Program
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
+from mpl.wire.seal import Sealer
 from mpl.wire.sessions import DeleteSymbol, SaveSymbol, SessionClosed
 from mpl.wire.sockets import MAX_MESSAGE, configure, drain
 from mpl.wire.zap import Gatekeeper
@@ -43,6 +44,7 @@ from mpl.worker.core import Joined, Reconnect, Stop, ToBroker, WorkerCore
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
 from mpl.worker.mailbox import Mailbox
 from mpl.worker.peers import PeerLinks
+from mpl.worker.sealing import WorkerSeal
 from mpl.worker.spu_kernels import SpuService
 from mpl.worker.spu_link import SpuLinks
 from mpl.worker.store import ObjectStore, SymbolDisk
@@ -94,6 +96,12 @@ class Worker:
             # let in anyone who knows this worker's public key
             self.gatekeeper = Gatekeeper(self.ctx, peer_admits(curve.cluster))
             self.gatekeeper.start()
+        # secure mode: payloads to and from drivers are sealed end to end (worker/sealing.py)
+        self.seal = (
+            WorkerSeal(Sealer.for_node(curve, rank), rank, trusted=trusted)
+            if curve is not None
+            else None
+        )
         self.incarnation = secrets.token_hex(8)
         self.pull = configure(self.ctx.socket(zmq.PULL), max_message=max_message)
         if curve is not None:
@@ -134,9 +142,7 @@ class Worker:
         )
         self.core = WorkerCore(hello, now=time.monotonic(), heartbeat_s=heartbeat_s)
         self.mailbox = Mailbox()
-        self.peers = PeerLinks(
-            self.ctx, lambda: self.core.directory, safe=not trusted, curve=curve
-        )
+        self.peers = PeerLinks(self.ctx, lambda: self.core.directory, safe=not trusted, curve=curve)
         services: dict[str, Callable[[], Any]] = {
             "spu": lambda: SpuService(
                 self.spu_links,
@@ -251,6 +257,8 @@ class Worker:
 
     def _send(self, msg: Record) -> None:
         """Send to the broker from the I/O thread; dropped if the broker is unreachable."""
+        if self.seal is not None:
+            msg = self.seal.outbound(msg)
         try:
             self.dealer.send_multipart(encode(msg), zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -258,6 +266,8 @@ class Worker:
 
     def _post(self, msg: Record) -> None:
         """Send to the broker from any thread, on the result channel."""
+        if self.seal is not None:
+            msg = self.seal.outbound(msg)
         frames = encode(msg)
         with self._results_lock:
             if self._closed:
@@ -269,8 +279,12 @@ class Worker:
 
     def _drain(self, sock: zmq.Socket[Any], handle: Callable[[Record], None]) -> None:
         for frames in drain(sock, _BATCH):
-            try:  # peers are other parties: their values never unpickle here
-                msg = decode(frames, safe=sock is self.pull and not self.trusted)
+            # Peers are other parties: their values never unpickle here. In secure mode the
+            # broker is not trusted either: what a driver sends is sealed (opened below, and
+            # only then unpickled), so a pickle in the clear from the broker is refused.
+            safe = not self.trusted if sock is self.pull else self.seal is not None
+            try:
+                msg = decode(frames, safe=safe)
             except ProtocolError as exc:
                 if sock is self.dealer and self._undecodable(frames, exc):
                     continue
@@ -285,10 +299,21 @@ class Worker:
 
     # -- messages -------------------------------------------------------------------------
     def _on_broker(self, msg: Record) -> None:
+        if self.seal is not None:
+            opened, answer = self.seal.inbound(msg)
+            if answer is not None:
+                self._send(answer)
+            if opened is None:
+                self.protocol_errors += 1
+                log.warning("rank %d: refused a %s that did not authenticate", self.rank, msg.TAG)
+                return
+            msg = opened
         self._perform(self.core.on_broker(msg, time.monotonic()))
         if isinstance(msg, Exec):
             self.jobs.exec(msg, self.core.program(msg.digest), self.core.broken.get(msg.digest))
         elif isinstance(msg, Abort):
+            if self.seal is not None:
+                self.seal.forget(msg.session, msg.job)
             self.jobs.abort(msg)
         elif isinstance(msg, Fetch):
             self.jobs.fetch(msg, self._send)
