@@ -203,10 +203,10 @@ class Client:
             if set(bindings) <= set(graph.ranks)
             else tuple(sorted({*graph.ranks, *bindings}))
         )
+        msg = Exec(session, job, graph.digest, ranks, bindings, inline, limit)
         seal = self.seal
         if seal is not None:
-            bindings = seal.bindings(session, job, graph.digest, ranks, bindings)
-        msg = Exec(session, job, graph.digest, ranks, bindings, inline, limit)
+            msg = seal.exec(msg)
         for attempt in range(2):
             if attempt or graph.digest not in self._programs:
                 program = seal.program(graph) if seal else Program(graph.digest, graph)

@@ -15,7 +15,7 @@ from mpl.wire.curve import Curve
 from mpl.wire.errors import AuthenticationError
 from mpl.wire.graph import Graph
 from mpl.wire.identity import node_identity
-from mpl.wire.jobs import JobResult, Program
+from mpl.wire.jobs import Exec, JobResult, Program
 from mpl.wire.seal import (
     Sealer,
     done_context,
@@ -62,17 +62,19 @@ class DriverSeal:
         }
         return Program(graph.digest, None, boxes)
 
-    def bindings(
-        self, session: str, job: str, digest: str, ranks: tuple[int, ...], plain: dict[int, Any]
-    ) -> dict[int, Any]:
-        """Every rank of the job gets its own sealed list (or sealed None): it proves the job
-        comes from this driver."""
+    def exec(self, msg: Exec) -> Exec:
+        """``msg`` with every rank's bindings sealed for that rank (a sealed None where it
+        has none: it proves the job comes from this driver)."""
         sealer = self._ready()
-        context = exec_context(session, job, digest)
-        return {
+        context = exec_context(
+            msg.session, msg.job, msg.digest, msg.ranks, msg.inline, msg.timeout_s
+        )
+        plain = msg.bindings
+        sealed: dict[int, Any] = {
             rank: sealer.seal(plain.get(rank), self._node(rank), context, safe=False)
-            for rank in ranks
+            for rank in msg.ranks
         }
+        return Exec(msg.session, msg.job, msg.digest, msg.ranks, sealed, msg.inline, msg.timeout_s)
 
     def result(self, session: str, result: JobResult) -> JobResult:
         sealer = self._ready()

@@ -124,3 +124,25 @@ def test_broker_routes_records_it_does_not_know() -> None:
         record.Record._registry["spushare"] = saved
     value = decode(again).value
     assert value["x"] == share and value["also"] == [share]
+
+
+def test_worker_refuses_a_replayed_or_rerouted_job(pair: tuple[Sealer, ...]) -> None:
+    """A worker opens a job's bindings once, for exactly the ranks, inline outputs and
+    deadline the driver sealed."""
+    from mpl.wire.jobs import Exec, Failed
+    from mpl.wire.seal import exec_context
+    from mpl.worker.sealing import WorkerSeal
+
+    driver, worker, _ = pair
+    seal = WorkerSeal(worker, 0)
+    context = exec_context("s", "j1", "d", (0, 1), (0,), 5.0)
+    sealed = driver.seal([None], "node:node0", context, safe=False)
+    opened, answer = seal.inbound(Exec("s", "j1", "d", (0, 1), {0: sealed}, (0,), 5.0))
+    assert answer is None and isinstance(opened, Exec) and opened.bindings == {0: [None]}
+    opened, answer = seal.inbound(Exec("s", "j1", "d", (0, 1), {0: sealed}, (0,), 5.0))
+    assert opened is None and isinstance(answer, Failed) and "replay" in answer.error.message
+    for ranks, inline, timeout in (((0,), (0,), 5.0), ((0, 1), (), 5.0), ((0, 1), (0,), 60.0)):
+        fresh = WorkerSeal(worker, 0)  # a worker that never saw j1: the seal itself refuses
+        opened, answer = fresh.inbound(Exec("s", "j1", "d", ranks, {0: sealed}, inline, timeout))
+        assert opened is None and isinstance(answer, Failed)
+        assert answer.error.kind == "AuthenticationError", answer.error

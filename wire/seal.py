@@ -63,8 +63,17 @@ def program_context(digest: str) -> str:
     return f"program|{digest}"
 
 
-def exec_context(session: str, job: str, digest: str) -> str:
-    return f"exec|{session}|{job}|{digest}"
+def exec_context(
+    session: str,
+    job: str,
+    digest: str,
+    ranks: tuple[int, ...],
+    inline: tuple[int, ...],
+    timeout: float,
+) -> str:
+    """Everything in an ``Exec`` besides the bindings is bound too: the broker cannot change
+    which ranks take part, what comes back inline, or the job's deadline."""
+    return f"exec|{session}|{job}|{digest}|{list(ranks)}|{list(inline)}|{float(timeout)!r}"
 
 
 def done_context(session: str, job: str, index: int) -> str:

@@ -48,6 +48,7 @@ class WorkerSeal:
         self._job_driver: LRU[tuple[str, str], str] = LRU(_MEMORY)
         self._fetches: LRU[int, Fetch] = LRU(_MEMORY)
         self._refused: LRU[str, str] = LRU(_MEMORY)  # program digest -> why it did not open
+        self._opened: LRU[tuple[str, str], bool] = LRU(_MEMORY)  # jobs run: a replay is refused
         self.refusals = 0
 
     def inbound(self, msg: Record) -> tuple[Record | None, Record | None]:
@@ -90,7 +91,11 @@ class WorkerSeal:
             refused = self._refused.get(msg.digest)
             if refused is not None:
                 raise AuthenticationError(f"program {msg.digest} was refused: {refused}")
-            context = exec_context(msg.session, msg.job, msg.digest)
+            if (msg.session, msg.job) in self._opened:
+                raise AuthenticationError(f"job {msg.job} was already run here: a replay")
+            context = exec_context(
+                msg.session, msg.job, msg.digest, msg.ranks, msg.inline, msg.timeout_s
+            )
             driver, mine = self.sealer.open(msg.bindings.get(self.rank), context, safe=False)
             if mine is not None and type(mine) is not list:
                 raise ProtocolError("a job's sealed bindings are not a list")
@@ -100,6 +105,7 @@ class WorkerSeal:
             info = ErrorInfo(kind, str(exc), rank=self.rank, op="inputs", job=msg.job)
             return None, Failed(msg.session, msg.job, self.rank, info)
         self._job_driver[(msg.session, msg.job)] = driver
+        self._opened[(msg.session, msg.job)] = True
         bindings = {self.rank: mine} if mine is not None else {}
         opened = Exec(
             msg.session, msg.job, msg.digest, msg.ranks, bindings, msg.inline, msg.timeout_s
