@@ -5,11 +5,13 @@ Every payload a driver and a worker exchange through the broker (a job's binding
 program, inline results, fetch replies) is encoded with the codec, then encrypted and
 authenticated for its one recipient:
 
-* **Keys.** The same Curve25519 key pairs as CurveZMQ (a ZeroMQ key is an X25519 key). The
-  sender's secret key and the recipient's public key, taken from the *recipient's and the
-  sender's own copies of the spec*, give a shared secret; HKDF-SHA256 turns it, a fresh
-  random salt and the payload's context into a one-use key.
-* **Binding.** The context names the sender, the recipient and what the payload is for
+* **Keys.** The same Curve25519 key pairs as CurveZMQ (a ZeroMQ key is an X25519 key). One
+  party's secret key and the other's public key, each from its *own copy of the spec*, give
+  an X25519 secret; HKDF-SHA256 turns it into one key per direction (sender, recipient),
+  computed once. Each payload gets a one-use key from that one: keyed BLAKE2b over a fresh
+  random salt and the payload's context (cheaper than HKDF per message: a trivial job seals
+  four times, and on a busy machine each crypto call pays cold caches).
+* **Binding.** The keys name the sender and the recipient, the context what it is for
   (``exec|session|job|digest``, ``done|...``, ``fetch|...|ticket``): a payload replayed into
   another job, request, slot or direction derives another key and fails to open.
 * **Cipher.** ChaCha20-Poly1305 (the ``cryptography`` package, OpenSSL underneath): its
@@ -25,6 +27,7 @@ the driver that sealed it has been proved to be one the worker's own spec lists.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -116,7 +119,7 @@ class Sealer:
         self.identity = identity
         self._secret = X25519PrivateKey.from_private_bytes(_raw_key(secret_z85))
         self._peers = dict(peers)
-        self._shared: dict[str, bytes] = {}
+        self._pair_keys: dict[tuple[str, str], bytes] = {}
 
     @classmethod
     def for_node(cls, curve: Curve, rank: int) -> Sealer:
@@ -245,15 +248,19 @@ class Sealer:
     def _aead(
         self, peer: str, salt: bytes, sender: str, recipient: str, context: str
     ) -> ChaCha20Poly1305:
-        shared = self._shared.get(peer)
-        if shared is None:
+        pair = self._pair_keys.get((sender, recipient))
+        if pair is None:
             public = self._peers.get(peer)
             if public is None:
                 raise AuthenticationError(f"{peer!r} has no key in this process's cluster spec")
-            peer_key = X25519PublicKey.from_public_bytes(_raw_key(public))
-            shared = self._shared[peer] = self._secret.exchange(peer_key)
-        info = b"\0".join((_INFO, sender.encode(), recipient.encode(), context.encode()))
-        key = HKDF(SHA256(), 32, salt, info).derive(shared)
+            shared = self._secret.exchange(X25519PublicKey.from_public_bytes(_raw_key(public)))
+            # one key per direction between two parties, from their X25519 secret
+            info = b"\0".join((_INFO, sender.encode(), recipient.encode()))
+            pair = self._pair_keys[(sender, recipient)] = HKDF(SHA256(), 32, None, info).derive(
+                shared
+            )
+        # and from it a fresh key per payload: keyed BLAKE2b (a PRF) over salt and context
+        key = hashlib.blake2b(salt + context.encode(), key=pair, digest_size=32).digest()
         return ChaCha20Poly1305(key)
 
 
