@@ -65,6 +65,8 @@ class WorkerSeal:
         """Seal what ``msg`` carries for its driver (results, fetch replies)."""
         if isinstance(msg, Done):
             return self._done(msg)
+        if isinstance(msg, Failed):
+            self.forget(msg.session, msg.job)
         if isinstance(msg, Reply):
             fetch = self._fetches.pop(msg.req, None)
             if fetch is not None:
@@ -160,5 +162,5 @@ class WorkerSeal:
             )
 
     def forget(self, session: str, job: str) -> None:
-        """A job that ends without ``Done`` (aborted) needs no recipient any more."""
+        """A job that ends without ``Done`` (failed, aborted) needs no recipient any more."""
         self._job_driver.pop((session, job), None)
