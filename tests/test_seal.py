@@ -146,3 +146,29 @@ def test_worker_refuses_a_replayed_or_rerouted_job(pair: tuple[Sealer, ...]) -> 
         opened, answer = fresh.inbound(Exec("s", "j1", "d", ranks, {0: sealed}, inline, timeout))
         assert opened is None and isinstance(answer, Failed)
         assert answer.error.kind == "AuthenticationError", answer.error
+
+
+def test_large_arrays_are_sealed_and_opened_without_an_extra_copy(
+    pair: tuple[Sealer, ...],
+) -> None:
+    """Sealing allocates the ciphertext and nothing more; opening allocates the plaintext
+    and nothing more (each piece goes straight from one buffer to the other)."""
+    import tracemalloc
+
+    driver, worker, _ = pair
+    size = 32 * 1024 * 1024
+    value = np.ones(size // 8)
+    tracemalloc.start()
+    try:
+        sealed = worker.seal(value, "driver:analyst", "big")
+        _, sealing_peak = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        base, _ = tracemalloc.get_traced_memory()
+        _, opened = driver.open(sealed, "big")
+        _, opening_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(sealed.parts) == 1 + size // CHUNK
+    assert sealing_peak < 1.1 * size, sealing_peak / size
+    assert opening_peak - base < 1.1 * size, (opening_peak - base) / size
+    assert np.array_equal(opened, value)
