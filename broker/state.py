@@ -352,7 +352,9 @@ class BrokerState:
         identity = self.access.driver(peer, who)
         if identity is None:
             return []
-        if msg.graph.digest != msg.digest:  # decoded graphs carry the digest of their bytes
+        # Decoded graphs carry the digest of their bytes. A sealed program (secure mode) has
+        # no graph in the clear: its recipient checks the digest once it has opened it.
+        if msg.graph is not None and msg.graph.digest != msg.digest:
             self.counters["protocol_errors"] += 1
             return [
                 self._refuse(
@@ -523,7 +525,8 @@ class BrokerState:
         self.calls.requests[bid] = RequestCall(
             peer, msg.session, (msg.rank,), {msg.rank}, req=msg.req, bid=bid, kind="fetch"
         )
-        return [Send(entry.peer, Fetch(msg.session, bid, msg.rank, msg.uri))]
+        forward = Fetch(msg.session, bid, msg.rank, msg.uri, msg.reply_to, msg.ticket)
+        return [Send(entry.peer, forward)]
 
     def _on_worker_reply(
         self, peer: bytes, msg: Reply, now: float, who: str | None = None

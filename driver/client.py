@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -63,6 +63,9 @@ from mpl.wire.sessions import (
     SymbolInfo,
 )
 from mpl.wire.sockets import CONTROL_MAX_MESSAGE, configure
+
+if TYPE_CHECKING:
+    from mpl.driver.sealing import DriverSeal
 
 __all__ = ["INPROC_CONTEXTS", "Client"]
 
@@ -136,6 +139,13 @@ class Client:
         # Results come from other parties: pickled ones load only if this driver's own spec
         # says trusted (never because the broker says so).
         self.trusted = trusted
+        # Secure mode seals every payload for its one worker (mpl.driver.sealing); imported
+        # only then, so a plaintext driver does not load the cryptography package.
+        self.seal: DriverSeal | None = None
+        if curve is not None:
+            from mpl.driver.sealing import driver_seal
+
+            self.seal = driver_seal(curve, trusted)
         self.timeout = timeout
         self.job_timeout = job_timeout
         self.heartbeat_s = heartbeat_s
@@ -222,9 +232,13 @@ class Client:
         """
         msg, limit, deadline = self._exec(session, graph, bindings, inline, timeout)
         job = msg.job
+        seal = self.seal
+        if seal is not None:
+            msg = seal.exec(msg)
         for attempt in range(2):
             if attempt or graph.digest not in self._programs:
-                self._send(Program(graph.digest, graph))
+                program = seal.program(graph) if seal else Program(graph.digest, graph)
+                self._send(program)
                 self._programs.add(graph.digest)
             try:
                 result = self._call(
@@ -241,7 +255,7 @@ class Client:
             if not result.missing_program:
                 if result.error is not None:
                     raise from_info(result.error)
-                return result
+                return seal.result(session, result) if seal else result
         raise ProtocolError(f"the broker keeps losing program {graph.digest}")
 
     def submit_async(
@@ -263,6 +277,8 @@ class Client:
         or with ``MplError`` if the client closes first.
         """
         msg, limit, deadline = self._exec(session, graph, bindings, inline, timeout)
+        if self.seal is not None:
+            msg = self.seal.exec(msg)
         future: Future[Any] = Future()
         future.set_running_or_notify_cancel()  # jobs are not taken back once handed over
         self._job_pump().put(Pending(msg, graph, deadline, limit, future, finish, keep))
@@ -306,7 +322,12 @@ class Client:
     # -- data and names -------------------------------------------------------------------
     def fetch(self, session: str, rank: int, uri: str, *, timeout: float | None = None) -> Any:
         req = next(self._reqs)
-        return self._reply(Fetch(session, req, rank, uri), req, timeout, f"fetching {uri}")
+        if self.seal is None:
+            return self._reply(Fetch(session, req, rank, uri), req, timeout, f"fetching {uri}")
+        reply_to, ticket = self.seal.fetch_ticket()
+        fetch = Fetch(session, req, rank, uri, reply_to, ticket)
+        value = self._reply(fetch, req, timeout, f"fetching {uri}")
+        return self.seal.fetched(session, rank, uri, ticket, value)
 
     def delete(self, session: str, uris: dict[int, list[str]]) -> None:
         """Free values on the workers; no answer, but ordered after this thread's jobs."""

@@ -148,7 +148,9 @@ class JobPump:
     def _send(self, sock: zmq.Socket[Any], p: Pending, *, with_program: bool) -> None:
         p.attempts += 1
         if with_program:
-            sock.send_multipart(encode(Program(p.graph.digest, p.graph)), copy=False)
+            seal = self._client.seal
+            program = seal.program(p.graph) if seal else Program(p.graph.digest, p.graph)
+            sock.send_multipart(encode(program), copy=False)
             self._client._programs.add(p.graph.digest)
         sock.send_multipart(encode(p.msg), copy=False)
 
@@ -190,7 +192,8 @@ class JobPump:
             _fail(p, from_info(result.error))
             return
         try:
-            value = p.finish(result)
+            seal = self._client.seal
+            value = p.finish(seal.result(p.msg.session, result) if seal else result)
         except BaseException as exc:
             _fail(p, exc)
             return

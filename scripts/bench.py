@@ -16,8 +16,9 @@ measured, so both JSON files line up. Phases:
   spu        real daemons: millionaire and matmul, sealed, run and revealed in one job
   import     `import mpl.driver` in a fresh process
   startup    broker + 2 workers until ready; idle worker RSS
-  secure     (--secure) plaintext vs secure (CurveZMQ) daemons in one sitting: trivial job +
-             fetch, 64 MiB P0->P1 move, raw CURVE PUSH/PULL floor, secure connect-to-first-job
+  secure     (--secure) plaintext vs secure (CurveZMQ + end-to-end sealing) daemons in one
+             sitting: trivial job + fetch, 64 MiB P0->P1 move, 64 MiB fetch to the driver,
+             raw CURVE PUSH/PULL floor, secure connect-to-first-job, sealing alone
   pipeline   trivial jobs per second with 1, 8, 64 in flight (mp.submit) vs a raw pyzmq relay
              keeping the same window of round trips in flight
   fanout     trivial pcall on all ranks + fetch, world 2..32, vs a raw pyzmq relay fanning
@@ -359,6 +360,7 @@ def phase_secure() -> None:
     try:
         times: dict[str, list[float]] = {mode: [] for mode in clusters}
         rates: dict[str, list[float]] = {mode: [] for mode in clusters}
+        fetches: dict[str, list[float]] = {mode: [] for mode in clusters}
         for turn in range(6):
             for mode, cluster in clusters.items():
                 mp.set_context(cluster)  # not `with`: leaving it would stop the cluster
@@ -370,12 +372,17 @@ def phase_secure() -> None:
                 mp.fetch(mp.device("P1")(lambda v: v.shape)(moved))
                 if turn:
                     rates[mode].append(64 * MIB / (time.perf_counter() - t0) / 1e6)
+                t0 = time.perf_counter()
+                mp.fetch(big)  # secure: sealed by P0 for the driver, through the broker
+                if turn:
+                    fetches[mode].append(64 * MIB / (time.perf_counter() - t0) / 1e6)
                 del moved, big
         mp.set_context(None)
         for mode in clusters:
             xs = times[mode]
             record("secure", f"trivial job + fetch, 2p, {mode}", xs, **percentiles(xs))
             record("secure", f"P0->P1 64 MiB f64 move, {mode}", rates[mode], unit="MB/s")
+            record("secure", f"64 MiB f64 fetch to driver, {mode}", fetches[mode], unit="MB/s")
         procs = clusters["secure"].processes
         key, pinned = procs.key_file(LOCAL_DRIVER), procs.cluster
         firsts = []
@@ -386,6 +393,7 @@ def phase_secure() -> None:
                 firsts.append(time.perf_counter() - t0)
                 driver.close()
         record("secure", "secure driver: connect to first job's result", firsts)
+        _seal_cost(np)
     finally:
         for cluster in clusters.values():
             cluster.close()
@@ -595,6 +603,32 @@ def phase_cpu() -> None:
             [seconds / n],
             floor=floor[role],
         )
+
+
+def _seal_cost(np: Any) -> None:
+    """End-to-end sealing alone, in one process: seal then open 64 MiB, and a small value."""
+    import zmq
+
+    from mpl.wire.seal import Sealer
+
+    (pa, sa), (pb, sb) = (tuple(k.decode() for k in zmq.curve_keypair()) for _ in range(2))
+    a, b = Sealer(sa, "node:a", {"driver:b": pb}), Sealer(sb, "driver:b", {"node:a": pa})
+    big = np.ones(8 * MIB)
+    for what, value, reps in (("64 MiB f64", big, 5), ("small (an int)", 1, 300)):
+        seal_t, open_t = [], []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            box = a.seal(value, "driver:b", "bench")
+            t1 = time.perf_counter()
+            b.open(box, "bench", sender="node:a")
+            seal_t.append(t1 - t0)
+            open_t.append(time.perf_counter() - t1)
+        if value is big:
+            record("secure", f"seal {what}", [64 * MIB / t / 1e6 for t in seal_t], unit="MB/s")
+            record("secure", f"open {what}", [64 * MIB / t / 1e6 for t in open_t], unit="MB/s")
+        else:
+            record("secure", f"seal {what}", seal_t)
+            record("secure", f"open {what}", open_t)
 
 
 PHASES: dict[str, Callable[[], None]] = {

@@ -73,3 +73,19 @@ def test_jax_and_spu_are_never_imported_at_module_level() -> None:
             assert not bad, f"{part}/{path.name} imports {bad} at import time"
     for path in modules("broker"):
         assert not {m for m in imports(path) if m.split(".")[0] in ("jax", "spu")}, path.name
+
+
+def test_the_broker_never_loads_sealing_nor_the_cryptography_package() -> None:
+    """The broker routes sealed payloads without the means to open them: checked in a fresh
+    process, since the import may come through wire."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, mpl.broker.cli, mpl.broker.daemon; print(sorted(m for m in sys.modules "
+        "if m.startswith('cryptography') or m == 'mpl.wire.seal'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout

@@ -79,14 +79,17 @@ def test_allowed_driver_runs_a_move_and_an_spu_millionaire(deployment: Deploymen
         poorer = mp.device("SP0")(lambda a, b: a < b)(alice, bob)
         assert bool(mp.fetch(mp.put("P0", poorer))) is True
     ctx.close()
-    # the broker's key alone pins it just as well as a whole spec
+    # the broker's key alone pins the broker, but a job must be sealed for each worker's
+    # key, which only the spec gives: refused at the driver, saying what is missing
     pinned = mp.connect(
         deployment.address,
         key=deployment.key("analyst"),
         broker_key=deployment.public["broker"],
     )
     with pinned:
-        assert mp.fetch(mp.device("P1")(lambda: "hi")()) == "hi"
+        assert pinned.client.status()["world_size"] == 2
+        with pytest.raises(mp.AuthenticationError, match="cluster spec"):
+            mp.device("P1")(lambda: "hi")()
     pinned.close()
     # the status command speaks CURVE too, as a listed driver
     out = subprocess.run(

@@ -196,6 +196,10 @@ def test_logistic_regression_example_converges() -> None:
 def test_millionaire_on_daemons_and_a_member_killed_mid_run(tmp_path: Any) -> None:
     spec = mp.ClusterSpec.simple(2, spu_protocol="SEMI2K", spu_field="FM128")
     with mp.local_cluster(spec, run_dir=tmp_path) as ctx:
+        # shares bound into a fresh worker's first job, and fetched back through a broker
+        # that never loads the share records: they pass through it opaque
+        secret = mp.put("SP0", np.arange(6.0))
+        assert np.allclose(mp.fetch(secret), np.arange(6.0))
         z = mp.device("SP0")(lt)(mp.put("P0", 3), mp.put("P1", 5))
         assert bool(mp.fetch(mp.put("P0", z))) is True
         # a long SPU run (60 chained matmuls), then rank 1 is killed while rank 0 is in it

@@ -17,8 +17,9 @@ frames), ``remote`` (errors on the wire), one module per message family (``contr
 call by name, no code), ``decoder`` (the decoding half of the codec), ``safe_values`` (the
 safe value format: what may cross between parties) and ``tables`` (pandas/pyarrow tables as
 Arrow IPC). Trust: ``identity`` (who sent a message), ``keys`` (CURVE key files) and
-``keytool`` (``mpl-keys``), ``curve`` (CurveZMQ on a socket) and ``zap`` (the ZAP handler of
-a daemon).
+``keytool`` (``mpl-keys``), ``curve`` (CurveZMQ on a socket), ``zap`` (the ZAP handler of a
+daemon), ``sealed`` (the record of a payload sealed end to end) and ``seal`` (sealing and
+opening it; imported by drivers and workers in secure mode only, never by the broker).
 """
 
 from mpl.wire.cluster import ClusterSpec, Device, Node, RuntimeInfo, SPUConfig

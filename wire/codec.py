@@ -57,6 +57,7 @@ from mpl.wire.decoder import (
     TUPLE,
     Decoder,
     Opaque,
+    OpaqueRecord,
     Pickled,
     build_record,
     frames_digest,
@@ -197,6 +198,8 @@ class _Encoder:
             return self._wrapped(obj.value)
         if t is Opaque:
             return self._opaque(obj)
+        if t is OpaqueRecord:
+            return msgpack.ExtType(RECORD, self.pack([obj.tag, *obj.fields]))
         if np is not None and isinstance(obj, np.generic) and not obj.dtype.hasobject:
             descr = np.lib.format.dtype_to_descr(obj.dtype)
             return msgpack.ExtType(SCALAR, self.pack([descr, obj.tobytes()]))

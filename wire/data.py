@@ -18,12 +18,19 @@ __all__ = ["Delete", "Fetch", "Move"]
 
 @dataclass(eq=False, repr=False)
 class Fetch(Record, tag="fetch"):
-    """Bring the value stored as ``uri`` on ``rank`` back to the driver."""
+    """Bring the value stored as ``uri`` on ``rank`` back to the driver.
+
+    Secure mode: the worker seals the value for ``reply_to`` (a driver identity its own spec
+    lists), bound to ``ticket``, a fresh random string per request, so an old reply replayed
+    by the broker does not open.
+    """
 
     session: str
     req: int
     rank: int
     uri: str
+    reply_to: str = ""
+    ticket: str = ""
 
 
 @dataclass(eq=False, repr=False)

@@ -9,6 +9,7 @@ malformed raises :class:`ProtocolError`; nothing else escapes (see ``codec.decod
 from __future__ import annotations
 
 import hashlib
+import importlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ __all__ = [
     "TUPLE",
     "Decoder",
     "Opaque",
+    "OpaqueRecord",
     "Pickled",
     "build_record",
     "frames_digest",
@@ -40,6 +42,9 @@ __all__ = [
 ]
 
 ARRAY, BUFFER, PICKLE, TUPLE, RECORD, SCALAR, BIGINT = range(1, 8)
+# Records defined in modules that import numpy (so not at start-up): loaded from this fixed
+# table when one first arrives, by a process that decodes values (never by the broker).
+_LATE_RECORDS = {"spushare": "mpl.wire.shares"}
 _MAX_DIMS = 64  # numpy's own limit
 _MAX_ITEMS = 1 << 48  # beyond any real array; keeps shape arithmetic in range
 
@@ -64,6 +69,22 @@ class Opaque:
 
     def __repr__(self) -> str:
         return f"Opaque({self.code}, {self.head!r})"
+
+
+class OpaqueRecord:
+    """A nested record whose tag this process does not know, kept as ``tag`` and raw fields
+    (``decode(..., unpickle=False)`` only). The broker routes records of modules it never
+    imports (SPU shares, sealed payloads) without understanding them; it re-encodes them as
+    they came, with their buffers still opaque. A top-level message must still be known."""
+
+    __slots__ = ("fields", "tag")
+
+    def __init__(self, tag: str, fields: list[Any]) -> None:
+        self.tag = tag
+        self.fields = fields
+
+    def __repr__(self) -> str:
+        return f"OpaqueRecord({self.tag!r}, {len(self.fields)} fields)"
 
 
 class Pickled:
@@ -152,7 +173,14 @@ class Decoder:
             return self._array(self.unpack(data))
         if code == RECORD:
             first = len(self.taken)
-            rec = build_record(self.unpack(data))
+            items = self.unpack(data)
+            tag = items[0] if type(items) is list and items else None
+            if type(tag) is str and record_class(tag) is None:
+                if not self.unpickle:
+                    return OpaqueRecord(tag, items[1:])
+                if tag in _LATE_RECORDS:
+                    importlib.import_module(_LATE_RECORDS[tag])
+            rec = build_record(items)
             set_wire_digest(rec, data, self.taken[first:])
             return rec
         if code == BUFFER:

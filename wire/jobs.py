@@ -24,6 +24,7 @@ from typing import Any
 from mpl.wire.graph import Graph
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
+from mpl.wire.sealed import Sealed
 
 __all__ = [
     "Abort",
@@ -52,10 +53,15 @@ class Lit(Record, tag="lit"):
 
 @dataclass(eq=False, repr=False)
 class Program(Record, tag="program"):
-    """A graph, sent once per digest; ``Exec`` then names it by digest."""
+    """A graph, sent once per digest; ``Exec`` then names it by digest.
+
+    Secure mode: ``graph`` is None and ``sealed[rank]`` holds the graph sealed by the driver
+    for that rank (``mpl.wire.seal``); the broker caches and forwards it unread.
+    """
 
     digest: str
-    graph: Graph
+    graph: Graph | None
+    sealed: dict[int, Sealed] = field(default_factory=dict)
 
 
 @dataclass(eq=False, repr=False)
@@ -65,14 +71,15 @@ class Exec(Record, tag="exec"):
     ``bindings[rank][i]`` binds graph input ``i`` on that rank: a store URI (``str``), a
     :class:`Lit`, or ``None`` where the rank does not hold the input. The broker forwards to
     each rank only its own bindings. Outputs listed in ``inline`` come back in ``Done`` when
-    they are small.
+    they are small. In secure mode ``bindings[rank]`` is that rank's list sealed for it
+    (``mpl.wire.seal``), for every rank of the job.
     """
 
     session: str
     job: str
     digest: str
     ranks: tuple[int, ...]
-    bindings: dict[int, list[Any]]
+    bindings: dict[int, Any]  # list[Any], or a Sealed list in secure mode
     inline: tuple[int, ...] = ()
     timeout_s: float = 0.0  # 0: the worker's default
 

@@ -134,6 +134,9 @@ class WorkerCore:
         return []
 
     def _cache_program(self, msg: Program) -> None:
+        if msg.graph is None:  # still sealed: nothing to run (the daemon opens it first)
+            self.refused_programs += 1
+            return
         if msg.graph.digest != msg.digest:
             self.refused_programs += 1
             if msg.digest not in self.programs:  # a genuine copy stays usable

@@ -40,6 +40,7 @@ from mpl.wire.logs import RefusalLog
 from mpl.wire.lru import LRU
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
+from mpl.wire.seal import Sealer
 from mpl.wire.sessions import DeleteSymbol, SaveSymbol, SessionClosed
 from mpl.wire.snapshot import SnapshotSlot
 from mpl.wire.sockets import MAX_MESSAGE, configure, drain
@@ -51,6 +52,7 @@ from mpl.worker.kernel_table import KernelTable, node_bindings
 from mpl.worker.mailbox import Mailbox
 from mpl.worker.metrics import rss_bytes
 from mpl.worker.peers import PeerLinks
+from mpl.worker.sealing import WorkerSeal
 from mpl.worker.spu_kernels import SpuService
 from mpl.worker.spu_link import SpuLinks
 from mpl.worker.store import ObjectStore, SymbolDisk
@@ -108,6 +110,12 @@ class Worker:
             # let in anyone who knows this worker's public key
             self.gatekeeper = Gatekeeper(self.ctx, peer_admits(curve.cluster))
             self.gatekeeper.start()
+        # secure mode: payloads to and from drivers are sealed end to end (worker/sealing.py)
+        self.seal = (
+            WorkerSeal(Sealer.for_node(curve, rank), rank, trusted=trusted)
+            if curve is not None
+            else None
+        )
         self.incarnation = secrets.token_hex(8)
         self.pull = configure(self.ctx.socket(zmq.PULL), max_message=max_message)
         if curve is not None:
@@ -280,6 +288,8 @@ class Worker:
 
     def _send(self, msg: Record) -> None:
         """Send to the broker from the I/O thread; dropped if the broker is unreachable."""
+        if self.seal is not None:
+            msg = self.seal.outbound(msg)
         frames = self._encode(msg)
         if frames is None:
             return
@@ -290,6 +300,8 @@ class Worker:
 
     def _post(self, msg: Record) -> None:
         """Send to the broker from any thread, on the result channel."""
+        if self.seal is not None:
+            msg = self.seal.outbound(msg)
         frames = self._encode(msg)
         if frames is None:
             return
@@ -320,8 +332,12 @@ class Worker:
         for frames in drain(sock, _BATCH):
             if self.code != "any" and self._refuses(frames):
                 continue
-            try:  # peers are other parties: their values never unpickle here
-                msg = decode(frames, safe=sock is self.pull and not self.trusted)
+            # Peers are other parties: their values never unpickle here. In secure mode the
+            # broker is not trusted either: what a driver sends is sealed (opened below, and
+            # only then unpickled), so a pickle in the clear from the broker is refused.
+            safe = not self.trusted if sock is self.pull else self.seal is not None
+            try:
+                msg = decode(frames, safe=safe)
             except ProtocolError as exc:
                 if sock is self.dealer and self._undecodable(frames, exc):
                     continue
@@ -343,12 +359,23 @@ class Worker:
 
     # -- messages -------------------------------------------------------------------------
     def _on_broker(self, msg: Record) -> None:
+        if self.seal is not None:
+            opened, answer = self.seal.inbound(msg)
+            if answer is not None:
+                self._send(answer)
+            if opened is None:
+                self.protocol_errors += 1
+                log.warning("rank %d: refused a %s that did not authenticate", self.rank, msg.TAG)
+                return
+            msg = opened
         self._perform(self.core.on_broker(msg, time.monotonic()))
         if isinstance(msg, Exec) and msg.digest in self._refused_code:
             self._refuse_job(msg, self._refused_code[msg.digest])
         elif isinstance(msg, Exec):
             self.jobs.exec(msg, self.core.program(msg.digest), self.core.broken.get(msg.digest))
         elif isinstance(msg, Abort):
+            if self.seal is not None:
+                self.seal.forget(msg.session, msg.job)
             self.jobs.abort(msg)
         elif isinstance(msg, Fetch):
             self.jobs.fetch(msg, self._send)
@@ -371,7 +398,8 @@ class Worker:
         if not holds_pickle(opaque):
             return False
         if isinstance(opaque, Program):
-            why = REFUSAL.format(what=f"program {opaque.graph.name or opaque.digest}")
+            name = opaque.graph.name if opaque.graph is not None else ""
+            why = REFUSAL.format(what=f"program {name or opaque.digest}")
             self._refused_code[opaque.digest] = why
             log.warning("rank %d: %s", self.rank, why)
         elif isinstance(opaque, Exec):

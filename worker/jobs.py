@@ -248,19 +248,20 @@ class Jobs:
 
     # -- jobs -----------------------------------------------------------------------------
     def exec(self, msg: Exec, program: Program | None, broken: str | None = None) -> None:
-        if program is not None and "spu.run" in program.graph.opcodes:
+        graph = program.graph if program is not None else None  # None: still sealed
+        if graph is not None and "spu.run" in graph.opcodes:
             self._spu_jobs[(msg.session, msg.job)] = True
-        if program is None:
+        if graph is None:
             why = (
                 f"cannot load the program here: {broken}"
                 if broken
-                else (f"program {msg.digest} is not cached here")
+                else (f"program {msg.digest} is not cached here (or not opened)")
             )
             error = ErrorInfo("ProtocolError", why, rank=self.rank, op="program", job=msg.job)
             self.post(Failed(msg.session, msg.job, self.rank, error))
             return
         self.mailbox.expect(msg.session, msg.job)  # its moves are welcome from now on
-        self._submit(msg.session, lambda: self._run(msg, program.graph))
+        self._submit(msg.session, lambda: self._run(msg, graph))
 
     def _plan(self, digest: str, graph: Graph) -> Plan:
         key = (digest, self.rank)

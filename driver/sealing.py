@@ -1,0 +1,103 @@
+"""The driver's end of end-to-end sealing (secure mode; see ``mpl.wire.seal``).
+
+A job's program is sealed for every node of the driver's own spec, and each rank's
+bindings for that rank alone, bound to (session, job, digest); results and fetch replies
+open only if the node of the rank that answered sealed them for this driver, for exactly
+that job and output, or that fetch's fresh ticket. The broker in between sees ciphertext.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from mpl.wire.curve import Curve
+from mpl.wire.errors import AuthenticationError
+from mpl.wire.graph import Graph
+from mpl.wire.identity import node_identity
+from mpl.wire.jobs import Exec, JobResult, Program
+from mpl.wire.seal import (
+    Sealer,
+    done_context,
+    exec_context,
+    fetch_context,
+    program_context,
+)
+
+__all__ = ["DriverSeal", "driver_seal"]
+
+
+def driver_seal(curve: Curve, trusted: bool) -> DriverSeal:
+    sealer = Sealer.for_driver(curve)
+    return DriverSeal(sealer, curve, trusted)
+
+
+class DriverSeal:
+    def __init__(self, sealer: Sealer | None, curve: Curve, trusted: bool) -> None:
+        self.sealer = sealer
+        self.safe = not trusted  # results come from other parties
+        spec = curve.cluster
+        self._nodes = {n.rank: node_identity(n.name) for n in spec.nodes} if spec else {}
+
+    def _ready(self) -> Sealer:
+        if self.sealer is None:
+            raise AuthenticationError(
+                "this driver cannot seal jobs for the workers: secure mode needs the cluster "
+                "spec that pins the nodes' keys and lists this driver's key "
+                "(mp.connect(url, key=..., cluster='cluster.yaml')), not the broker's key alone"
+            )
+        return self.sealer
+
+    def _node(self, rank: int) -> str:
+        who = self._nodes.get(rank)
+        if who is None:
+            raise AuthenticationError(f"rank {rank} has no key in this driver's cluster spec")
+        return who
+
+    def program(self, graph: Graph) -> Program:
+        sealer = self._ready()
+        context = program_context(graph.digest)
+        boxes = {
+            rank: sealer.seal(graph, who, context, safe=False) for rank, who in self._nodes.items()
+        }
+        return Program(graph.digest, None, boxes)
+
+    def exec(self, msg: Exec) -> Exec:
+        """``msg`` with every rank's bindings sealed for that rank (a sealed None where it
+        has none: it proves the job comes from this driver)."""
+        sealer = self._ready()
+        context = exec_context(
+            msg.session, msg.job, msg.digest, msg.ranks, msg.inline, msg.timeout_s
+        )
+        plain = msg.bindings
+        sealed: dict[int, Any] = {
+            rank: sealer.seal(plain.get(rank), self._node(rank), context, safe=False)
+            for rank in msg.ranks
+        }
+        return Exec(msg.session, msg.job, msg.digest, msg.ranks, sealed, msg.inline, msg.timeout_s)
+
+    def result(self, session: str, result: JobResult) -> JobResult:
+        sealer = self._ready()
+        values = {
+            index: {
+                rank: sealer.open(
+                    sealed,
+                    done_context(session, result.job, index),
+                    sender=self._node(rank),
+                    safe=self.safe,
+                )[1]
+                for rank, sealed in per_rank.items()
+            }
+            for index, per_rank in result.values.items()
+        }
+        return JobResult(
+            result.job, values, result.error, result.missing_program, result.stats, result.metas
+        )
+
+    def fetch_ticket(self) -> tuple[str, str]:
+        """``(reply_to, ticket)`` for a new fetch."""
+        return self._ready().identity, secrets.token_hex(12)
+
+    def fetched(self, session: str, rank: int, uri: str, ticket: str, value: Any) -> Any:
+        context = fetch_context(session, rank, uri, ticket)
+        return self._ready().open(value, context, sender=self._node(rank), safe=self.safe)[1]

@@ -1,0 +1,326 @@
+"""Secure mode seals payloads end to end: a broker with a frame tap records every frame it
+handles and, when told, alters, swaps or forges what it forwards.
+
+The broker, the workers and the driver run in this process, on loopback TCP, each with its
+own ZeroMQ context and its own key; the same run without keys is the control that shows the
+tap does see values when nothing is sealed.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import wait_until
+
+import mpl.driver as mp
+from mpl.broker.daemon import Broker
+from mpl.wire import ClusterSpec, decode, encode
+from mpl.wire.codec import Pickled
+from mpl.wire.curve import Curve
+from mpl.wire.decoder import Opaque, OpaqueRecord
+from mpl.wire.jobs import Exec, Lit, Program
+from mpl.wire.keys import load_keypair, write_keypair
+from mpl.wire.record import Record, record_fields
+from mpl.wire.seal import Sealer, program_context
+from mpl.wire.sealed import Sealed
+from mpl.wire.sessions import Reply
+from mpl.worker.daemon import Worker
+
+Frames = list[Any]
+Alter = Callable[[Record], Record | None]
+
+
+class Tap:
+    """Stands in for the broker's ROUTER: records every message it receives and sends, and
+    lets the test rewrite the messages it sends (``alter``: the decoded record in, the
+    record to send instead, or None to send it unchanged)."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self.seen: list[Frames] = []
+        self.alter: Alter | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+    def recv_multipart(self, *args: Any, **kw: Any) -> Frames:
+        frames: Frames = self._sock.recv_multipart(*args, **kw)
+        self.seen.append([memoryview(f).tobytes() for f in frames[1:]])
+        return frames
+
+    def send_multipart(self, frames: Frames, *args: Any, **kw: Any) -> Any:
+        frames = list(frames)
+        if self.alter is not None:
+            msg = decode(frames[1:], unpickle=False)
+            changed = self.alter(msg)
+            if changed is not None:
+                frames = [frames[0], *encode(changed)]
+        self.seen.append([memoryview(f).tobytes() for f in frames[1:]])
+        return self._sock.send_multipart(frames, *args, **kw)
+
+
+class Setup:
+    def __init__(self, root: Path, secure: bool) -> None:
+        spec = ClusterSpec.simple(2)
+        self.curves: dict[str, Curve | None] = {n: None for n in ("broker", "node0", "node1")}
+        self.driver_key: Path | None = None
+        if secure:
+            names = ("broker", "node0", "node1", "analyst")
+            made = {n: write_keypair(root / "keys", n) for n in names}
+            spec = spec.with_keys(
+                made["broker"][2],
+                [made["node0"][2], made["node1"][2]],
+                {"analyst": made["analyst"][2]},
+            )
+            self.curves = {n: Curve(load_keypair(made[n][1]), spec) for n in names[:3]}
+            self.driver_key = made["analyst"][1]
+        self.spec = spec
+        self.broker = Broker(spec, "tcp://127.0.0.1:0", curve=self.curves["broker"])
+        self.tap = Tap(self.broker.router)
+        self.broker.router = self.tap
+        self.broker.start()
+        self.workers = [
+            Worker(
+                self.broker.address,
+                rank,
+                curve=self.curves[f"node{rank}"],
+                data_root=root / f"data{rank}",
+            ).start()
+            for rank in range(2)
+        ]
+        for w in self.workers:
+            assert w.joined.wait(15), "worker did not join"
+        self.ctx = mp.connect(
+            self.broker.address,
+            key=self.driver_key,
+            cluster=spec if secure else None,
+            timeout=20,
+        )
+
+    def close(self) -> None:
+        self.ctx.close()
+        for w in self.workers:
+            w.stop()
+        for w in self.workers:
+            w.join(5)
+        self.broker.stop()
+        self.broker.join(5)
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Callable[[bool], Setup]]:
+    made: list[Setup] = []
+
+    def build(secure: bool) -> Setup:
+        made.append(Setup(tmp_path, secure))
+        return made[-1]
+
+    yield build
+    for s in made:
+        s.close()
+
+
+HOST_MARK = struct.pack("<d", 777.125) * 8
+RESULT_MARK = struct.pack("<d", 4242.4242) * 8
+TEXT_MARK = b"VALUE-MARKER-91c2"
+CODE_MARK = b"CODE-MARKER-7f3a"
+
+
+def _walk(obj: Any, found: dict[str, int]) -> None:
+    if isinstance(obj, Pickled):
+        found["pickles"] += 1
+    elif isinstance(obj, OpaqueRecord):
+        found[obj.tag] = found.get(obj.tag, 0) + 1
+        for f in obj.fields:
+            _walk(f, found)
+    elif isinstance(obj, Opaque):
+        found["arrays"] += obj.code == 1
+    elif isinstance(obj, Sealed):
+        found["sealed"] += 1  # ciphertext: not walked
+    elif isinstance(obj, Record):
+        found[obj.TAG] = found.get(obj.TAG, 0) + 1
+        for f in record_fields(obj):
+            _walk(f, found)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _walk(x, found)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _walk(k, found)
+            _walk(v, found)
+
+
+def _what_the_broker_saw(tap: Tap) -> tuple[bytes, dict[str, int]]:
+    found = {"pickles": 0, "arrays": 0, "sealed": 0}
+    for frames in tap.seen:
+        _walk(decode(frames, unpickle=False), found)
+    return b"".join(b"".join(f) for f in tap.seen), found
+
+
+def _workload() -> None:
+    host = np.full(64, 777.125)
+    doubled = mp.device("P0")(lambda v: v * 2)(host)  # a host value bound into a job
+    moved = mp.device("P1")(lambda v: v.sum())(doubled)  # P0 -> P1, peer to peer
+    assert mp.fetch(moved) == 777.125 * 2 * 64
+    result = mp.device("P0")(lambda: np.full(64, 4242.4242))()
+    assert np.array_equal(mp.fetch(result), np.full(64, 4242.4242))
+
+    @mp.function
+    def labelled() -> Any:  # a traced job: its output comes back inline, in Done
+        return mp.device("P1")(lambda: "VALUE-MARKER-91c2")()
+
+    assert mp.fetch(labelled()) == "VALUE-MARKER-91c2"
+    assert mp.fetch(mp.device("P1")(lambda: len("CODE-MARKER-7f3a"))()) == 16
+    secret = mp.put("SP0", np.full(4, 31337.0))  # shares made by the driver, one per member
+    assert np.allclose(mp.fetch(secret), 31337.0)  # reconstructed here from fetched shares
+
+
+@pytest.mark.spu
+@pytest.mark.parametrize("secure", [True, False], ids=["sealed", "plaintext-control"])
+def test_broker_tap_sees_no_value_no_share_no_code(
+    make: Callable[[bool], Setup], secure: bool
+) -> None:
+    setup = make(secure)
+    with setup.ctx:
+        _workload()
+    raw, found = _what_the_broker_saw(setup.tap)
+    leaks = {
+        "host value": HOST_MARK in raw,
+        "result": RESULT_MARK in raw,
+        "inline text": TEXT_MARK in raw,
+        "code": CODE_MARK in raw,
+        "shares": found.get("spushare", 0) > 0,
+        "pickles": found["pickles"] > 0,
+        "arrays": found["arrays"] > 0,
+    }
+    if secure:
+        assert not any(leaks.values()), leaks
+        assert found["sealed"] >= 10
+    else:  # the control: the same tap sees everything when nothing is sealed
+        assert all(leaks.values()), leaks
+
+
+def _flip(sealed: Sealed) -> Sealed:
+    parts = list(sealed.parts)
+    first = bytearray(memoryview(parts[0]).tobytes())
+    first[len(first) // 2] ^= 1
+    parts[0] = bytes(first)
+    return Sealed(sealed.sender, sealed.salt, sealed.sizes, parts)
+
+
+def test_a_broker_that_alters_or_swaps_payloads_fails_the_job(
+    make: Callable[[bool], Setup],
+) -> None:
+    setup = make(True)
+    tap = setup.tap
+    kept: dict[str, Any] = {}
+
+    def alter_exec(msg: Record) -> Record | None:
+        if isinstance(msg, Exec) and 0 in msg.bindings:
+            sealed = msg.bindings[0]
+            assert isinstance(sealed, Sealed)
+            return Exec(msg.session, msg.job, msg.digest, msg.ranks, {0: _flip(sealed)})
+        return None
+
+    def replay_exec(msg: Record) -> Record | None:
+        if isinstance(msg, Exec) and 0 in msg.bindings:
+            if "exec" not in kept:
+                kept["exec"] = msg.bindings[0]
+                return None
+            return Exec(msg.session, msg.job, msg.digest, msg.ranks, {0: kept["exec"]})
+        return None
+
+    def replay_reply(msg: Record) -> Record | None:
+        if isinstance(msg, Reply) and isinstance(msg.value, Sealed):
+            if "reply" not in kept:
+                kept["reply"] = msg.value
+                return None
+            return Reply(msg.req, kept["reply"])
+        return None
+
+    def alter_result(msg: Record) -> Record | None:
+        if isinstance(msg, Reply) and isinstance(msg.value, Sealed):
+            return Reply(msg.req, _flip(msg.value))
+        return None
+
+    with setup.ctx:
+        add = mp.device("P0")(lambda v: v + 1)
+        tap.alter = alter_exec
+        with pytest.raises(mp.AuthenticationError, match="failed authentication"):
+            add(np.ones(3))
+        tap.alter = replay_exec  # the inputs of one job, replayed into the next
+        add(np.ones(3))
+        with pytest.raises(mp.AuthenticationError, match="failed authentication"):
+            add(np.full(3, 5.0))
+        tap.alter = None
+        big = 20_000  # larger than what comes back inline with a job: fetched
+        one, two = add(np.zeros(big)), add(np.ones(big))
+        tap.alter = replay_reply  # the answer to one fetch, given for another
+        assert np.array_equal(mp.fetch(one), np.ones(big))
+        with pytest.raises(mp.AuthenticationError, match="failed authentication"):
+            mp.fetch(two)
+        tap.alter = alter_result
+        with pytest.raises(mp.AuthenticationError, match="failed authentication"):
+            mp.fetch(two)
+        tap.alter = None  # and the cluster keeps serving honest traffic
+        assert np.array_equal(mp.fetch(two), np.full(big, 2.0))
+
+
+class Evil:
+    """Unpickling this creates the file at ``path``: code a hostile broker wants run."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (self.path, "w"))
+
+
+def test_a_hostile_broker_cannot_make_a_worker_run_code(
+    make: Callable[[bool], Setup], tmp_path: Path
+) -> None:
+    setup = make(True)
+    marker = tmp_path / "pwned"
+    broker_keys = setup.curves["broker"]
+    assert broker_keys is not None
+    nodes = {f"node:node{r}": setup.spec.nodes[r].curve_key for r in range(2)}
+    # the broker's own key, claiming to be the listed driver
+    forger = Sealer(broker_keys.keys.secret, "driver:analyst", nodes)
+
+    def forge_program(msg: Record) -> Record | None:
+        if isinstance(msg, Program):
+            context = program_context(msg.digest)
+            forged = {
+                r: forger.seal(Evil(str(marker)), f"node:node{r}", context, safe=False)
+                for r in range(2)
+            }
+            return Program(msg.digest, None, forged)
+        return None
+
+    def plain_pickle(msg: Record) -> Record | None:
+        if isinstance(msg, Exec):
+            bindings = {r: [Lit(Evil(str(marker)))] for r in msg.bindings}
+            return Exec(msg.session, msg.job, msg.digest, msg.ranks, bindings)
+        return None
+
+    errors_before = sum(w.protocol_errors for w in setup.workers)
+    with setup.ctx:
+        setup.tap.alter = forge_program
+        with pytest.raises(mp.AuthenticationError, match="refused"):
+            mp.device("P0")(lambda: 1)()
+        setup.tap.alter = plain_pickle
+        with pytest.raises(mp.MplError):
+            mp.device("P0")(lambda v: v)(np.ones(2))
+        setup.tap.alter = None
+        assert mp.fetch(mp.device("P0")(lambda: 41)()) == 41
+    assert not marker.exists()
+    wait_until(
+        lambda: sum(w.protocol_errors for w in setup.workers) >= errors_before + 2,
+        5,
+        "the refusals counted",
+    )

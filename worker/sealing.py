@@ -1,0 +1,166 @@
+"""The worker's end of end-to-end sealing (secure mode): what the broker hands it is opened
+here, what it hands the broker for a driver is sealed here. No I/O.
+
+* A ``Program`` opens only if a driver of this worker's own spec sealed it for this rank
+  and this digest; otherwise it is never cached, and a job naming it fails with
+  ``AuthenticationError``.
+* An ``Exec`` runs only with its bindings sealed for this rank and this (session, job,
+  digest) by such a driver: the broker cannot start a job, replay one into another job, or
+  swap one rank's inputs for another's. That driver is remembered as the job's recipient.
+* ``Done`` values and fetch ``Reply`` values are sealed for the driver that asked, bound to
+  the job and output index, or to the fetch's ticket.
+
+Everything a hostile broker could send here is refused before any pickle in it is loaded:
+the daemon decodes broker traffic with the safe format, and sealed plaintext is decoded
+only after it authenticated.
+"""
+
+from __future__ import annotations
+
+from mpl.wire.data import Fetch
+from mpl.wire.errors import AuthenticationError, ProtocolError
+from mpl.wire.graph import Graph
+from mpl.wire.jobs import Done, Exec, Failed, Program
+from mpl.wire.lru import LRU
+from mpl.wire.record import Record
+from mpl.wire.remote import ErrorInfo, to_info
+from mpl.wire.seal import (
+    Sealer,
+    done_context,
+    exec_context,
+    fetch_context,
+    program_context,
+)
+from mpl.wire.sessions import Reply
+
+__all__ = ["WorkerSeal"]
+
+_MEMORY = 4096  # jobs, fetches and refused programs remembered (bounded: keyed by input)
+
+
+class WorkerSeal:
+    """Opens inbound payloads and seals outbound ones for rank ``rank``."""
+
+    def __init__(self, sealer: Sealer, rank: int, *, trusted: bool = False) -> None:
+        self.sealer = sealer
+        self.rank = rank
+        self.safe = not trusted  # results leave this party: the safe format unless trusted
+        self._job_driver: LRU[tuple[str, str], str] = LRU(_MEMORY)
+        self._fetches: LRU[int, Fetch] = LRU(_MEMORY)
+        self._refused: LRU[str, str] = LRU(_MEMORY)  # program digest -> why it did not open
+        self._opened: LRU[tuple[str, str], bool] = LRU(_MEMORY)  # jobs run: a replay is refused
+        self.refusals = 0
+
+    def inbound(self, msg: Record) -> tuple[Record | None, Record | None]:
+        """``(message to act on, or None; answer for the broker, or None)``."""
+        if isinstance(msg, Program):
+            return self._program(msg), None
+        if isinstance(msg, Exec):
+            return self._exec(msg)
+        if isinstance(msg, Fetch):
+            self._fetches[msg.req] = msg
+        return msg, None
+
+    def outbound(self, msg: Record) -> Record:
+        """Seal what ``msg`` carries for its driver (results, fetch replies)."""
+        if isinstance(msg, Done):
+            return self._done(msg)
+        if isinstance(msg, Failed):
+            self.forget(msg.session, msg.job)
+        if isinstance(msg, Reply):
+            fetch = self._fetches.pop(msg.req, None)
+            if fetch is not None:
+                return self._reply(msg, fetch)
+        return msg
+
+    # -- inbound --------------------------------------------------------------------------
+    def _program(self, msg: Program) -> Program | None:
+        try:
+            _, graph = self.sealer.open(
+                msg.sealed.get(self.rank), program_context(msg.digest), safe=False
+            )
+            if not isinstance(graph, Graph):
+                raise ProtocolError(f"program {msg.digest} holds a {type(graph).__name__}")
+        except (AuthenticationError, ProtocolError) as exc:
+            self.refusals += 1
+            self._refused[msg.digest] = f"{type(exc).__name__}: {exc}"
+            return None
+        self._refused.pop(msg.digest, None)
+        return Program(msg.digest, graph)
+
+    def _exec(self, msg: Exec) -> tuple[Exec | None, Failed | None]:
+        try:
+            refused = self._refused.get(msg.digest)
+            if refused is not None:
+                raise AuthenticationError(f"program {msg.digest} was refused: {refused}")
+            if (msg.session, msg.job) in self._opened:
+                raise AuthenticationError(f"job {msg.job} was already run here: a replay")
+            context = exec_context(
+                msg.session, msg.job, msg.digest, msg.ranks, msg.inline, msg.timeout_s
+            )
+            driver, mine = self.sealer.open(msg.bindings.get(self.rank), context, safe=False)
+            if mine is not None and type(mine) is not list:
+                raise ProtocolError("a job's sealed bindings are not a list")
+        except (AuthenticationError, ProtocolError) as exc:
+            self.refusals += 1
+            kind = type(exc).__name__
+            info = ErrorInfo(kind, str(exc), rank=self.rank, op="inputs", job=msg.job)
+            return None, Failed(msg.session, msg.job, self.rank, info)
+        self._job_driver[(msg.session, msg.job)] = driver
+        self._opened[(msg.session, msg.job)] = True
+        bindings = {self.rank: mine} if mine is not None else {}
+        opened = Exec(
+            msg.session, msg.job, msg.digest, msg.ranks, bindings, msg.inline, msg.timeout_s
+        )
+        return opened, None
+
+    # -- outbound -------------------------------------------------------------------------
+    def _done(self, msg: Done) -> Record:
+        driver = self._job_driver.pop((msg.session, msg.job), None)
+        if driver is None:
+            info = ErrorInfo(
+                "AuthenticationError",
+                f"job {msg.job} has no authenticated driver here to seal its results for",
+                rank=self.rank,
+                job=msg.job,
+            )
+            return Failed(msg.session, msg.job, self.rank, info)
+        try:
+            values = {
+                index: self.sealer.seal(
+                    value, driver, done_context(msg.session, msg.job, index), safe=self.safe
+                )
+                for index, value in msg.values.items()
+            }
+        except Exception as exc:  # an unsafe value: the job fails with the reason
+            info = to_info(exc, rank=self.rank, op="result", job=msg.job, with_traceback=False)
+            return Failed(msg.session, msg.job, self.rank, info)
+        return Done(msg.session, msg.job, msg.rank, values, msg.stats, msg.metas)
+
+    def _reply(self, msg: Reply, fetch: Fetch) -> Reply:
+        if msg.error is not None:
+            return msg
+        if not self.sealer.knows(fetch.reply_to) or not fetch.ticket:
+            return Reply(
+                msg.req,
+                error=ErrorInfo(
+                    "AuthenticationError",
+                    f"a fetch of {fetch.uri} asks for a reply to {fetch.reply_to!r}, which is "
+                    "not a driver this worker's cluster spec lists",
+                    rank=self.rank,
+                    op="fetch",
+                ),
+            )
+        context = fetch_context(fetch.session, self.rank, fetch.uri, fetch.ticket)
+        try:
+            return Reply(
+                msg.req, self.sealer.seal(msg.value, fetch.reply_to, context, safe=self.safe)
+            )
+        except Exception as exc:
+            return Reply(
+                msg.req, error=to_info(exc, rank=self.rank, op="fetch", with_traceback=False)
+            )
+
+    def forget(self, session: str, job: str) -> None:
+        """A job that ends without ``Done`` (failed, aborted) needs no recipient any more."""
+        self._job_driver.pop((session, job), None)
