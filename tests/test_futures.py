@@ -200,3 +200,18 @@ def test_a_silent_broker_fails_the_futures_in_flight(make_cluster: Any) -> None:
                 f.result(timeout=20)  # settled by the pump; this bound only guards the test
     finally:
         broker.send_signal(signal.SIGCONT)
+
+
+def test_futures_work_in_secure_mode(tmp_path: Any) -> None:
+    # the pump thread seals programs and bindings and opens results, as blocking calls do
+    with mp.local_cluster(2, secure=True, run_dir=tmp_path) as ctx, ctx:
+        x = mp.put("P0", 20)
+        futures = [mp.submit(step, x, i) for i in range(8)]
+        assert [mp.fetch(f.result(timeout=30)) for f in futures] == [20 + i for i in range(8)]
+        with pytest.raises(mp.RemoteError):
+            mp.submit(boom_fn, x).result(timeout=30)
+
+
+@mp.function
+def boom_fn(x: mp.Value) -> mp.Value:
+    return mp.device("P0")(boom)(x)
