@@ -28,6 +28,7 @@ from mpl.broker.actions import Send
 from mpl.broker.admission import refuse_call, refuse_open
 from mpl.broker.calls import Call, CallTable, JobCall, RequestCall, lost_rank_error
 from mpl.broker.names import Names
+from mpl.broker.persisted import PersistedTable
 from mpl.broker.registry import Registry, WorkerEntry
 from mpl.broker.sessions import SessionTable
 from mpl.broker.status_view import build_status
@@ -47,7 +48,7 @@ from mpl.wire.data import Delete, Fetch
 from mpl.wire.errors import RegistrationError
 from mpl.wire.identity import node_identity, rank_of
 from mpl.wire.jobs import Abort, Cancel, Done, Exec, Failed, JobResult, Program
-from mpl.wire.limits import MAX_PERSISTED_NAMES, check_ranks, valid_name
+from mpl.wire.limits import MAX_PERSISTED_NAMES, check_ranks
 from mpl.wire.lru import LRU
 from mpl.wire.progress import EVERY_S, Progress
 from mpl.wire.record import Record
@@ -63,7 +64,6 @@ from mpl.wire.sessions import (
     SessionClosed,
     SessionOpened,
     StatusRequest,
-    SymbolInfo,
 )
 
 __all__ = ["BrokerState", "Send"]
@@ -106,7 +106,7 @@ class BrokerState:
         self.drivers: dict[bytes, float] = {}  # driver sockets -> last seen
         self.beating: set[bytes] = set()  # driver sockets that heartbeat (and get beats back)
         self.programs: LRU[tuple[str, str], Program] = LRU(PROGRAM_CACHE)  # (driver, digest)
-        self.persisted: LRU[str, SymbolInfo] = LRU(MAX_PERSISTED_NAMES)
+        self.persisted = PersistedTable(MAX_PERSISTED_NAMES)  # (name, rank): each party's own
         self.errors: deque[str] = deque(maxlen=RECENT_ERRORS)
         self.counters = {"jobs_done": 0, "jobs_failed": 0, "bytes_routed": 0, "protocol_errors": 0}
         self.access = Access(cluster, self.registry, self.sessions, self.counters, self._note)
@@ -240,9 +240,7 @@ class BrokerState:
         except RegistrationError as exc:
             self._note(f"refused rank {msg.rank} (pid {msg.pid} on {msg.host}): {exc}")
             return [Send(peer, Refused(ErrorInfo("RegistrationError", str(exc), rank=msg.rank)))]
-        for info in msg.symbols:
-            if valid_name(info.name):  # names become file names on the workers
-                self.persisted[info.name] = info
+        self.persisted.replace_rank(entry.rank, msg.symbols)  # what its disk holds now
         welcome = Welcome(
             entry.rank,
             self.cluster.world_size,

@@ -70,7 +70,7 @@ def build_status(state: BrokerState, now: float, viewer: str | None = None) -> d
         "sessions": sessions,
         "other_sessions": len(state.sessions.by_id) - len(visible),
         "jobs_in_flight": len(state.calls.jobs),
-        "persisted_symbols": sorted(state.persisted),
+        "persisted_symbols": state.persisted.names(),
         "errors": list(state.errors) if viewer is None else [],
         **state.counters,
     }

@@ -340,16 +340,32 @@ class Client:
         req = next(self._reqs)
         self._reply(SaveSymbol(session, req, uri, info), req, timeout, f"saving {info.name!r}")
 
-    def load_symbol(self, session: str, name: str, *, timeout: float | None = None) -> SymbolInfo:
+    def load_symbol(
+        self,
+        session: str,
+        name: str,
+        *,
+        parties: tuple[int, ...] = (),
+        timeout: float | None = None,
+    ) -> SymbolInfo:
         req = next(self._reqs)
-        info = self._reply(LoadSymbol(session, req, name), req, timeout, f"loading {name!r}")
+        load = LoadSymbol(session, req, name, tuple(parties))
+        info = self._reply(load, req, timeout, f"loading {name!r}")
         if not isinstance(info, SymbolInfo):
             raise ProtocolError("the broker answered a load with something else")
         return info
 
-    def delete_symbol(self, session: str, name: str, *, timeout: float | None = None) -> None:
+    def delete_symbol(
+        self,
+        session: str,
+        name: str,
+        *,
+        parties: tuple[int, ...] = (),
+        timeout: float | None = None,
+    ) -> None:
         req = next(self._reqs)
-        self._reply(DeleteSymbol(session, req, name), req, timeout, f"deleting {name!r}")
+        unsave = DeleteSymbol(session, req, name, tuple(parties))
+        self._reply(unsave, req, timeout, f"deleting {name!r}")
 
     def status(self, *, timeout: float | None = None) -> dict[str, Any]:
         req = next(self._reqs)

@@ -2,14 +2,18 @@
 
 A name lives in the session (any driver attached to it can load it) or, with
 ``persist=True``, on the disks of the workers holding the value, where it outlives the
-session and restarts and any later session can load it.
+session and restarts and any later session can load it. Each party persists under its
+own namespace: two parties saving ``model`` keep two values, chosen with ``parties=``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from mpl.driver.context import current
 from mpl.driver.recorder import active
 from mpl.driver.values import Value
+from mpl.wire.cluster import ClusterSpec
 from mpl.wire.errors import MplError
 from mpl.wire.sessions import SymbolInfo
 
@@ -28,13 +32,24 @@ def save(value: Value, name: str, *, persist: bool = False) -> None:
     ctx.client.save_symbol(ctx.session, value._uri, info)
 
 
-def load(name: str) -> Value:
-    """The value saved as ``name`` (in this session, or persisted by any session)."""
+def load(name: str, parties: int | str | Sequence[int | str] | None = None) -> Value:
+    """The value saved as ``name``: the session's own, else a persisted one.
+
+    Persisted names belong to the parties that wrote them (each party's own namespace).
+    ``parties`` (ranks, or PPU device names) says whose; without it, every party holding
+    ``name`` must hold one value (an SPU value's shares, a multi-party value), else the
+    load is refused naming the parties. Several parties given explicitly make one
+    party-level Value spanning them.
+    """
     ctx = current()
-    info = ctx.client.load_symbol(ctx.session, name)
+    ranks = _ranks(ctx.cluster, parties)
+    info = ctx.client.load_symbol(ctx.session, name, parties=ranks)
+    device = info.device or None
+    if device is None and len(info.ranks) == 1:
+        device = ctx.cluster.ppu_of(info.ranks[0])
     return Value(
-        info.device or None,
-        info.ranks,
+        device,
+        tuple(info.ranks),
         ctx=ctx,
         uri=f"sym:{name}",
         owned=False,
@@ -42,14 +57,36 @@ def load(name: str) -> Value:
     )
 
 
-def delete(*items: str | Value) -> None:
-    """Forget names (and their files when persisted), or free Values now."""
+def _ranks(
+    cluster: ClusterSpec, parties: int | str | Sequence[int | str] | None
+) -> tuple[int, ...]:
+    if parties is None:
+        return ()
+    items = [parties] if isinstance(parties, (int, str)) else list(parties)
+    out: set[int] = set()
+    for item in items:
+        if isinstance(item, str):
+            out.update(cluster.ranks(item))
+        elif isinstance(item, int) and 0 <= item < cluster.world_size:
+            out.add(item)
+        else:
+            raise ValueError(
+                f"parties: {item!r} is neither a rank in 0..{cluster.world_size - 1} "
+                "nor a device name"
+            )
+    return tuple(sorted(out))
+
+
+def delete(*items: str | Value, parties: int | str | Sequence[int | str] | None = None) -> None:
+    """Forget names (and their files when persisted), or free Values now. ``parties``
+    says whose persisted value a name means, as for :func:`load`."""
     ctx = current()
+    ranks = _ranks(ctx.cluster, parties)
     for item in items:
         if isinstance(item, Value):
             if item._owned and item._ctx is not None:
                 item._owned = False
                 item._ctx.release(item.parties, item._uri)
         else:
-            ctx.client.delete_symbol(ctx.session, item)
+            ctx.client.delete_symbol(ctx.session, item, parties=ranks)
     ctx.flush()

@@ -103,13 +103,20 @@ class SaveSymbol(Record, tag="save"):
 
 @dataclass(eq=False, repr=False)
 class LoadSymbol(Record, tag="load"):
+    """Load ``name``: the session's own first, else what ``parties`` (ranks; ``()``: every
+    rank that has it) persisted under that name, each in its own namespace."""
+
     session: str
     req: int
     name: str
+    parties: tuple[int, ...] = ()
 
 
 @dataclass(eq=False, repr=False)
 class DeleteSymbol(Record, tag="unsave"):
+    """Forget ``name``. From a driver, ``ranks`` says whose persisted value (``()``: the
+    one value the name resolves to); to a worker, the ranks that delete."""
+
     session: str
     req: int
     name: str
