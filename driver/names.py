@@ -21,11 +21,20 @@ __all__ = ["delete", "load", "save"]
 
 
 def save(value: Value, name: str, *, persist: bool = False) -> None:
-    """Name ``value`` in the session; ``persist=True`` also writes it to the workers' disks."""
-    if active() is not None or value.traced:
-        raise MplError("mp.save runs outside @mp.function: save what the function returns")
+    """Name ``value`` in the session; ``persist=True`` also writes it to the disks of the
+    workers holding it, each under its own party's namespace.
+
+    Inside ``@mp.function`` the save is part of the call: the value becomes an output of
+    the function's job and is named as soon as the job has run (before the call returns).
+    """
     if not isinstance(name, str) or not name:
         raise ValueError(f"a name must be a non-empty string, got {name!r}")
+    rec = active()
+    if rec is not None:
+        rec.saves.append((rec.of(value), name, persist, value.device))
+        return
+    if value.traced:
+        raise MplError("a traced value is saved inside its own @mp.function trace only")
     ctx = value._ctx or current()
     ctx.flush()
     info = SymbolInfo(name, value.device or "", value.parties, persist, {"meta": value._meta})
@@ -40,6 +49,9 @@ def load(name: str, parties: int | str | Sequence[int | str] | None = None) -> V
     ``name`` must hold one value (an SPU value's shares, a multi-party value), else the
     load is refused naming the parties. Several parties given explicitly make one
     party-level Value spanning them.
+
+    Inside ``@mp.function`` the name is looked up when the function is traced (and again
+    in each new session that runs it) and read by the workers when its job runs.
     """
     ctx = current()
     ranks = _ranks(ctx.cluster, parties)
@@ -47,6 +59,9 @@ def load(name: str, parties: int | str | Sequence[int | str] | None = None) -> V
     device = info.device or None
     if device is None and len(info.ranks) == 1:
         device = ctx.cluster.ppu_of(info.ranks[0])
+    rec = active()
+    if rec is not None:  # in @mp.function: an input of the job, read when it runs
+        return rec.traced_value(rec.symbol(name, tuple(info.ranks), ranks), device)
     return Value(
         device,
         tuple(info.ranks),

@@ -7,6 +7,7 @@ means or the holders must make one value.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -134,3 +135,26 @@ def test_same_name_from_two_parties_survives_a_broker_restart(make_cluster: Any)
         assert mp.fetch(theirs).tolist() == [7.0, 7.0]
         mp.delete("model", parties=(1,))  # forgets rank 1's value only
         assert mp.fetch(mp.load("model")).tolist() == [0, 1, 2]
+
+
+def test_load_and_save_inside_a_function_are_part_of_the_call(tmp_path: Path) -> None:
+    with mp.Simulator.simple(2, data_root=tmp_path):
+        mp.save(mp.put("P1", np.arange(4.0)), "weights", persist=True)
+
+        @mp.function
+        def step(scale: Any) -> Any:
+            w = mp.load("weights", parties=(1,))
+            out = mp.device("P1")(lambda a, s: a * s)(w, scale)
+            mp.save(out, "scaled")
+            mp.save(out, "kept", persist=True)
+            return mp.device("P1")(np.sum)(out)
+
+        assert mp.fetch(step(mp.put("P1", 2.0))) == 12.0
+        assert mp.fetch(mp.load("scaled")).tolist() == [0.0, 2.0, 4.0, 6.0]
+        program = mp.compile(step, mp.put("P1", 1.0))
+        with pytest.raises(mp.MplError, match="saves names"):
+            mp.submit(program, mp.put("P1", 1.0))
+    with mp.Simulator.simple(2, data_root=tmp_path):  # a new cluster on the same disks
+        assert mp.fetch(mp.load("kept", parties=(1,))).tolist() == [0.0, 2.0, 4.0, 6.0]
+        # traced in the other session: this session loads the name before the job reads it
+        assert mp.fetch(program(mp.put("P1", 1.0))) == 6.0
