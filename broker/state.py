@@ -27,6 +27,7 @@ from mpl.broker.access import Access
 from mpl.broker.actions import Send
 from mpl.broker.admission import refuse_call, refuse_open
 from mpl.broker.calls import Call, CallTable, JobCall, RequestCall, lost_rank_error
+from mpl.broker.listing import Listing
 from mpl.broker.names import Names
 from mpl.broker.persisted import PersistedTable
 from mpl.broker.registry import Registry, WorkerEntry
@@ -55,8 +56,10 @@ from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import (
     Ack,
+    CloseNamed,
     CloseSession,
     DeleteSymbol,
+    ListRequest,
     LoadSymbol,
     OpenSession,
     Reply,
@@ -111,6 +114,7 @@ class BrokerState:
         self.counters = {"jobs_done": 0, "jobs_failed": 0, "bytes_routed": 0, "protocol_errors": 0}
         self.access = Access(cluster, self.registry, self.sessions, self.counters, self._note)
         self.names = Names(self)
+        self.listing = Listing(self)
         self._next_beat = now
         self._handlers: dict[
             type[Record], Callable[[bytes, Any, float, str | None], list[Send]]
@@ -135,6 +139,8 @@ class BrokerState:
             LoadSymbol: self.names.on_load,
             DeleteSymbol: self.names.on_unsave,
             StatusRequest: self._on_status,
+            ListRequest: self.listing.on_list,
+            CloseNamed: self.listing.on_close_named,
         }
 
     # -- entry points ---------------------------------------------------------------------

@@ -52,8 +52,10 @@ from mpl.wire.record import Record
 from mpl.wire.remote import from_info
 from mpl.wire.routing import check_driver_name, driver_routing_id
 from mpl.wire.sessions import (
+    CloseNamed,
     CloseSession,
     DeleteSymbol,
+    ListRequest,
     LoadSymbol,
     OpenSession,
     Reply,
@@ -366,6 +368,21 @@ class Client:
         req = next(self._reqs)
         unsave = DeleteSymbol(session, req, name, tuple(parties))
         self._reply(unsave, req, timeout, f"deleting {name!r}")
+
+    def listing(
+        self, what: str, session: str = "", *, timeout: float | None = None
+    ) -> dict[str, Any] | list[Any]:
+        """What the broker lets this driver see: ``sessions``, ``symbols`` or ``programs``."""
+        req = next(self._reqs)
+        value = self._reply(ListRequest(req, what, session), req, timeout, f"listing {what}")
+        if not isinstance(value, (dict, list)):
+            raise ProtocolError("the broker answered a listing with something else")
+        return value
+
+    def close_named(self, name: str, *, timeout: float | None = None) -> None:
+        """Close the session called ``name`` (its owner only) for every attached client."""
+        req = next(self._reqs)
+        self._reply(CloseNamed(req, name), req, timeout, f"closing session {name!r}")
 
     def status(self, *, timeout: float | None = None) -> dict[str, Any]:
         req = next(self._reqs)

@@ -10,6 +10,8 @@
       | -- LoadSymbol -------------->  |   answered from the broker's table
       | -- DeleteSymbol ------------>  | -- DeleteSymbol ------------> |
       | -- CloseSession ------------>  | -- SessionClosed -----------> |  free every object
+      | -- CloseNamed (owner) ------>  | -- SessionClosed -----------> |  the same, by name
+      | -- ListRequest ------------->  |   answered from the broker's tables
 
 A session whose drivers stopped heartbeating for its lease is closed the same way.
 """
@@ -23,9 +25,12 @@ from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 
 __all__ = [
+    "LISTINGS",
     "Ack",
+    "CloseNamed",
     "CloseSession",
     "DeleteSymbol",
+    "ListRequest",
     "LoadSymbol",
     "OpenSession",
     "Reply",
@@ -131,6 +136,30 @@ class Ack(Record, tag="ack"):
     req: int
     rank: int
     error: ErrorInfo | None = None
+
+
+LISTINGS = ("sessions", "symbols", "programs")
+
+
+@dataclass(eq=False, repr=False)
+class ListRequest(Record, tag="listing"):
+    """A driver asks what it may see: ``what`` is one of :data:`LISTINGS`. ``sessions``:
+    the caller's own sessions in full, the others only counted; ``symbols``: the names of
+    ``session`` (if given) and the persisted names, per party; ``programs``: the programs
+    the broker caches for the caller. The ``Reply`` holds a dict."""
+
+    req: int
+    what: str
+    session: str = ""
+
+
+@dataclass(eq=False, repr=False)
+class CloseNamed(Record, tag="closenamed"):
+    """Close the session called ``name`` for every client attached to it, freeing its
+    values on the workers; only the session's owner may, from any of its drivers."""
+
+    req: int
+    name: str
 
 
 @dataclass(eq=False, repr=False)
