@@ -31,7 +31,7 @@ from mpl.broker.listing import Listing
 from mpl.broker.names import Names
 from mpl.broker.persisted import PersistedTable
 from mpl.broker.registry import Registry, WorkerEntry
-from mpl.broker.sessions import SessionTable
+from mpl.broker.sessions import SessionTable, session_spec
 from mpl.broker.status_view import build_status
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.control import (
@@ -318,11 +318,17 @@ class BrokerState:
         shared, error = self.access.opening(identity, msg)
         if error is not None:
             return [Send(peer, Reply(msg.req, error=error))]
+        spec, error = session_spec(self.cluster, self.sessions.named(msg.name), msg.cluster)
+        if error is not None:
+            return [Send(peer, Reply(msg.req, error=error))]
         entry, attached = self.sessions.open(identity, msg.client, msg.name, msg.lease_s, now)
         if shared is not None:
             entry.shared = shared
+        if not attached:
+            entry.cluster = spec
+        cluster = entry.cluster or self.cluster.to_dict()
         opened = SessionOpened(
-            msg.req, entry.sid, self.broker_id, self.cluster.to_dict(), self.heartbeat_s, attached
+            msg.req, entry.sid, self.broker_id, cluster, self.heartbeat_s, attached
         )
         return [Send(peer, opened)]
 

@@ -183,18 +183,25 @@ class Client:
 
     # -- sessions -------------------------------------------------------------------------
     def open_session(
-        self, name: str = "", *, lease_s: float = 60.0, share_with: list[str] | None = None
+        self,
+        name: str = "",
+        *,
+        lease_s: float = 60.0,
+        share_with: list[str] | None = None,
+        cluster: dict[str, Any] | None = None,
     ) -> SessionOpened:
         """Open a session, or attach to the named one.
 
         ``share_with`` names the drivers (besides this one) that may attach to the session
         and act in it; only the session's owner may set it (a list replaces the previous one).
         Raises ``SessionAccessError`` when the named session belongs to another driver.
+        ``cluster`` (a spec's dict form) gives the session its own devices over named nodes
+        of the broker's cluster; the broker refuses it with ``ClusterSpecError``.
         """
         req = next(self._reqs)
         share = None if share_with is None else [check_driver_name(n) for n in share_with]
         opened = self._call(
-            OpenSession(req, name, lease_s, self.client_id, share),
+            OpenSession(req, name, lease_s, self.client_id, share, cluster),
             lambda m: isinstance(m, (SessionOpened, Reply)) and m.req == req,
             self.timeout,
             "opening a session",

@@ -57,6 +57,9 @@ class OpenSession(Record, tag="open"):
     lease_s: float
     client: str  # the driver client's id: attachments are counted per client
     share_with: list[str] | None = None  # driver names (not identities) let in besides
+    # the session's own spec (dict form): its nodes are named nodes of the broker's
+    # cluster, its devices are the session's (mpl.wire.session_cluster); None: the broker's
+    cluster: dict[str, Any] | None = None
 
 
 @dataclass(eq=False, repr=False)
