@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -135,3 +136,20 @@ def test_two_sessions_with_different_spu_protocols_run_concurrently() -> None:
     finally:
         for ctx in (semi, aby3, sim):
             ctx.close()
+
+
+def test_a_sessions_own_op_bindings_choose_the_kernel(tmp_path: Path) -> None:
+    (tmp_path / "rank0").mkdir()
+    np.save(tmp_path / "rank0" / "x.npy", np.arange(3.0))  # rank 0's data root
+    sim = mp.Simulator.simple(2, data_root=tmp_path)  # the broker's spec binds nothing
+    spec = ClusterSpec.simple(2, op_bindings=[{"table.load": "mpl.io.read_npy"}, {}])
+    ctx = mp.connect(sim.address, cluster=spec)
+    try:
+        with ctx:
+            loaded = mp.device("P0")(mp.kernel("table.load"))("x.npy")
+            assert mp.fetch(loaded).tolist() == [0.0, 1.0, 2.0]
+        with sim, pytest.raises(mp.RemoteError, match=r"'table\.load' is not bound"):
+            mp.fetch(mp.device("P0")(mp.kernel("table.load"))("x.npy"))
+    finally:
+        ctx.close()
+        sim.close()
