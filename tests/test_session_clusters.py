@@ -153,3 +153,25 @@ def test_a_sessions_own_op_bindings_choose_the_kernel(tmp_path: Path) -> None:
     finally:
         ctx.close()
         sim.close()
+
+
+@pytest.mark.daemons
+@pytest.mark.spu
+def test_secure_sessions_take_their_devices_from_the_drivers_own_copy(make_cluster: Any) -> None:
+    cluster = make_cluster("tcp", world_size=3, secure=True, spec=ClusterSpec.simple(3))
+    pinned = cluster.impl.cluster  # the spec with every key, as the parties agreed on it
+    key = cluster.impl.key_file("local")
+    mine = pinned.to_dict()
+    mine["devices"] = _semi2k_over_0_and_2().to_dict()["devices"]  # same nodes, own devices
+    with mp.connect(cluster.address, key=key, cluster=ClusterSpec.from_dict(mine)) as ctx:
+        a, c = mp.put("alice", np.array([1.0, 7.0])), mp.put("carol", np.array([2.0, 2.0]))
+        assert mp.fetch(mp.device("S2")(lambda x, y: x < y)(a, c)).tolist() == [True, False]
+        ctx.close()
+    forged = dict(mine, nodes=[dict(n) for n in mine["nodes"]])
+    forged["nodes"][1]["curve_key"] = zmq.curve_keypair()[0].decode()
+    with pytest.raises(ClusterSpecError, match=r"nodes\.node1\.curve_key: disagrees"):
+        mp.connect(cluster.address, key=key, cluster=ClusterSpec.from_dict(forged))
+    subset = dict(mine, nodes=[mine["nodes"][0], mine["nodes"][2]])
+    subset["devices"] = {"alice": {"kind": "PPU", "members": ["node0"]}}
+    with pytest.raises(ClusterSpecError, match="lists every node"):
+        mp.connect(cluster.address, key=key, cluster=ClusterSpec.from_dict(subset))
