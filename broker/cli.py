@@ -206,6 +206,18 @@ def _broker_curve(cluster: ClusterSpec, key_file: Path | None) -> Curve | None:
     metavar="[SECONDS]",
     help="Redraw the table in place every SECONDS (2 if not given) until Ctrl-C.",
 )
+@click.option(
+    "--sessions",
+    "show_sessions",
+    is_flag=True,
+    help="List the sessions only (secure mode: yours in full, the others counted).",
+)
+@click.option(
+    "--symbols",
+    "show_symbols",
+    is_flag=True,
+    help="List the persisted names only, one row per party holding one.",
+)
 def status(
     url: str,
     timeout: float,
@@ -214,6 +226,8 @@ def status(
     cluster_file: Path | None,
     broker_key: str | None,
     watch_s: float | None,
+    show_sessions: bool,
+    show_symbols: bool,
 ) -> None:
     """Print a running broker's status: ranks, liveness, sessions, jobs, bytes, errors."""
     from mpl.broker.query import query_status
@@ -237,9 +251,14 @@ def status(
 
     try:
         report = query_status(url, timeout=timeout, curve=curve)
+        if show_symbols:
+            report = query_status(url, timeout=timeout, curve=curve, what="symbols")
     except MplError as exc:
         hint = "" if curve else " (a secure broker answers only listed drivers: pass --key)"
         raise click.ClickException(f"{exc}{hint}") from exc
+    if show_sessions or show_symbols:
+        _print_listing(report, show_sessions, as_json)
+        return
     if as_json:
         import json
 
@@ -248,6 +267,40 @@ def status(
         from mpl.wire.status import format_status
 
         click.echo(format_status(report))
+
+
+def _print_listing(report: dict[str, Any], sessions: bool, as_json: bool) -> None:
+    from mpl.broker.listing import format_rows
+
+    if sessions:
+        rows = report.get("sessions", [])
+        if as_json:
+            import json
+
+            click.echo(json.dumps({"sessions": rows, "others": report.get("other_sessions", 0)}))
+            return
+        columns: tuple[str, ...] = (
+            "session",
+            "name",
+            "owner",
+            "drivers",
+            "idle_s",
+            "lease_s",
+            "symbols",
+            "jobs",
+        )
+        click.echo(format_rows(rows, columns, "no session to show"))
+        if report.get("other_sessions"):
+            click.echo(f"(and {report['other_sessions']} session(s) of other drivers)")
+        return
+    rows = report.get("persisted", [])
+    if as_json:
+        import json
+
+        click.echo(json.dumps({"persisted": rows}))
+        return
+    columns = ("name", "rank", "device", "parties", "meta", "size_bytes")
+    click.echo(format_rows(rows, columns, "no persisted name"))
 
 
 def _stop_on_signals(stop: Any) -> None:

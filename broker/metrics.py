@@ -95,14 +95,25 @@ def serve_metrics(broker: Broker, host: str = "127.0.0.1", port: int = 0) -> Met
     from prometheus_client import CollectorRegistry, ProcessCollector
 
     from mpl.broker.page import render_page
+    from mpl.broker.status_view import anonymous
     from mpl.wire.httpd import MetricsServer
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BrokerCollector(broker.snapshots))
     ProcessCollector(registry=registry)
 
-    def page() -> str | None:
+    secure = broker.state.secure  # fixed at start: read once, not from the loop's tables
+
+    def shown() -> dict[str, Any] | None:
+        """The snapshot as an unauthenticated HTTP client may see it: in secure mode the
+        sessions are drivers' business (only counted), as in ``mpl-broker status``."""
         snap = broker.snapshots.get(_WAIT_S)
+        if snap is None or not secure:
+            return snap
+        return {**snap, "status": anonymous(snap["status"])}
+
+    def page() -> str | None:
+        snap = shown()
         return None if snap is None else render_page(snap)
 
     return MetricsServer(
@@ -110,6 +121,6 @@ def serve_metrics(broker: Broker, host: str = "127.0.0.1", port: int = 0) -> Met
         host=host,
         port=port,
         page=page,
-        status=lambda: broker.snapshots.get(_WAIT_S),
+        status=shown,
         name="mpl-broker-metrics",
     )

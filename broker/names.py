@@ -3,7 +3,9 @@
 ``SaveSymbol`` and ``DeleteSymbol`` fan out to the ranks holding the value, each answers
 with an ``Ack`` (counted only from those ranks), and the driver gets one ``Reply``.
 ``LoadSymbol`` is answered from the broker's tables; loading a persisted name is also what
-lets the session read it (``sym:<name>``) from then on.
+lets the session read it (``sym:<name>``) from then on. Persisted names are per party
+(:mod:`mpl.broker.persisted`): a load or delete says whose, or the holders must make one
+value.
 """
 
 from __future__ import annotations
@@ -80,25 +82,31 @@ class Names:
         session = self.state.access.session(peer, who, msg.session, now)
         if isinstance(session, ErrorInfo):
             return [Send(peer, Reply(msg.req, error=session))]
-        info = session.symbols.get(msg.name) or self.state.persisted.get(msg.name)
-        if info is not None and msg.name not in session.symbols:
-            session.loaded.add(msg.name)  # from now on this session may read it
+        info = self._resolve(session.symbols, msg.name, tuple(msg.parties))
+        if isinstance(info, ErrorInfo):
+            return [Send(peer, Reply(msg.req, error=info))]
         if info is None:
-            known = sorted({*session.symbols, *self.state.persisted})
-            return [
-                Send(
-                    peer,
-                    Reply(
-                        msg.req,
-                        error=ErrorInfo(
-                            "SessionError",
-                            f"no value named {msg.name!r} in this session or on disk; "
-                            f"known names: {', '.join(known) or 'none'}",
-                        ),
-                    ),
-                )
-            ]
+            known = sorted({*session.symbols, *self.state.persisted.names()})
+            where = f" on rank(s) {list(msg.parties)}" if msg.parties else ""
+            error = ErrorInfo(
+                "SessionError",
+                f"no value named {msg.name!r}{where} in this session or on disk; "
+                f"known names: {', '.join(known) or 'none'}",
+            )
+            return [Send(peer, Reply(msg.req, error=error))]
+        if msg.name not in session.symbols:
+            session.loaded.add(msg.name)  # from now on this session may read it
         return [Send(peer, Reply(msg.req, value=info))]
+
+    def _resolve(
+        self, symbols: dict[str, SymbolInfo], name: str, parties: tuple[int, ...]
+    ) -> SymbolInfo | ErrorInfo | None:
+        """The session's own value first (when it is on the ranks asked for), else what
+        those parties persisted under ``name``, each in its own namespace."""
+        own = symbols.get(name)
+        if own is not None and (not parties or set(parties) == set(own.ranks)):
+            return own
+        return self.state.persisted.resolve(name, parties)
 
     def on_unsave(
         self, peer: bytes, msg: DeleteSymbol, now: float, who: str | None = None
@@ -106,7 +114,9 @@ class Names:
         session = self.state.access.session(peer, who, msg.session, now)
         if isinstance(session, ErrorInfo):
             return [Send(peer, Reply(msg.req, error=session))]
-        info = session.symbols.get(msg.name) or self.state.persisted.get(msg.name)
+        info = self._resolve(session.symbols, msg.name, tuple(msg.ranks))
+        if isinstance(info, ErrorInfo):
+            return [Send(peer, Reply(msg.req, error=info))]
         uri = f"sym:{msg.name}"
         if info is not None and not session.may_read(uri):
             return [Send(peer, Reply(msg.req, error=self.state.access.unloaded(session, uri)))]
@@ -149,11 +159,13 @@ class Names:
         info = call.symbol
         session = self.state.sessions.get(call.session)
         if info is not None:
-            table = self.state.persisted if info.persist else (session.symbols if session else {})
-            if call.kind == "save":
-                table[info.name] = info
+            symbols = session.symbols if session is not None else {}
+            if call.kind == "save" and info.persist:
+                self.state.persisted.saved(info, call.ranks)  # each rank's own entry
+            elif call.kind == "save":
+                symbols[info.name] = info
             else:
-                table.pop(info.name, None)
-                if session is not None:
-                    session.symbols.pop(info.name, None)
+                if info.persist:
+                    self.state.persisted.deleted(info.name, call.ranks)
+                symbols.pop(info.name, None)
         return [Send(call.driver, Reply(call.req))]

@@ -55,16 +55,22 @@ def _ranks_table(ranks: list[dict[str, Any]]) -> str:
     return f'<table id="ranks"><tr>{head}</tr>{"".join(rows)}</table>'
 
 
-def _sessions_table(sessions: list[dict[str, Any]]) -> str:
+def _sessions_table(sessions: list[dict[str, Any]], others: int = 0) -> str:
+    hidden = (
+        f'<p class="muted" id="other-sessions">{others} session(s) of drivers, not shown '
+        "(secure mode: a session is its drivers' business)</p>"
+        if others
+        else ""
+    )
     if not sessions:
-        return '<p id="sessions">no open session</p>'
+        return hidden or '<p id="sessions">no open session</p>'
     head = "".join(f"<th>{h}</th>" for h in ("session", "name", "drivers", "idle", "jobs"))
     rows = "".join(
         f'<tr class="session">{_cell(s.get("session", ""))}{_cell(s.get("name", ""))}'
         f"{_cell(s.get('drivers', 0))}{_cell(_age(s.get('idle_s')))}{_cell(s.get('jobs', 0))}</tr>"
         for s in sessions
     )
-    return f'<table id="sessions"><tr>{head}</tr>{rows}</table>'
+    return f'<table id="sessions"><tr>{head}</tr>{rows}</table>{hidden}'
 
 
 def timeline_svg(recent: list[dict[str, Any]], world_size: int, now: float) -> str:
@@ -143,7 +149,8 @@ jobs in flight <b>{escape(str(status.get("jobs_in_flight", 0)))}</b> &middot;
 <b id="jobs-per-second">{ledger["jobs_per_second"]:.1f}</b> jobs/s &middot;
 outcomes: <span id="outcomes">{outcomes or "no job yet"}</span></p>
 <h2>Ranks</h2>{_ranks_table(ranks)}
-<h2>Sessions ({len(status.get("sessions", []))})</h2>{_sessions_table(status.get("sessions", []))}
+<h2>Sessions ({len(status.get("sessions", [])) + int(status.get("other_sessions", 0))})</h2>
+{_sessions_table(status.get("sessions", []), int(status.get("other_sessions", 0)))}
 <h2>Last jobs per rank</h2>
 <p class="muted">last job: <span id="last-job">{escape(str(last))}</span>;
 green: ok, red: failed, purple: worker lost, orange: aborted</p>

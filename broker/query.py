@@ -10,7 +10,7 @@ import zmq
 
 from mpl.wire.curve import Curve
 from mpl.wire.errors import MplTimeoutError, ProtocolError
-from mpl.wire.sessions import Reply, StatusRequest
+from mpl.wire.sessions import ListRequest, Reply, StatusRequest
 from mpl.wire.sockets import CONTROL_MAX_MESSAGE, configure, recv_message, send_message
 
 __all__ = ["StatusProbe", "query_status"]
@@ -34,9 +34,10 @@ class StatusProbe:
         self._sock.connect(url)
         self._reqs = itertools.count(1)
 
-    def ask(self, timeout: float) -> dict[str, Any]:
+    def ask(self, timeout: float, what: str = "status") -> dict[str, Any]:
+        """The broker's status, or (``what`` = ``symbols``) its listing of persisted names."""
         req = next(self._reqs)
-        send_message(self._sock, StatusRequest(req))
+        send_message(self._sock, StatusRequest(req) if what == "status" else ListRequest(req, what))
         deadline = time.monotonic() + timeout
         while self._sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
             msg = recv_message(self._sock)
@@ -44,7 +45,7 @@ class StatusProbe:
                 if msg.error is not None:
                     msg.error.raise_()
                 if not isinstance(msg.value, dict):
-                    raise ProtocolError("status reply is not a mapping")
+                    raise ProtocolError(f"{what} reply is not a mapping")
                 return msg.value
         raise MplTimeoutError(f"no answer from a broker at {self.url} within {timeout:g} s")
 
@@ -59,7 +60,10 @@ class StatusProbe:
         self.close()
 
 
-def query_status(url: str, *, timeout: float = 5.0, curve: Curve | None = None) -> dict[str, Any]:
-    """Ask the broker at ``url`` for its status dict; MplTimeoutError if it does not answer."""
+def query_status(
+    url: str, *, timeout: float = 5.0, curve: Curve | None = None, what: str = "status"
+) -> dict[str, Any]:
+    """Ask the broker at ``url`` for its status dict (or the ``symbols`` listing);
+    MplTimeoutError if it does not answer."""
     with StatusProbe(url, curve=curve) as probe:
-        return probe.ask(timeout)
+        return probe.ask(timeout, what)

@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
+from typing import Any
 
+from mpl.wire.cluster import ClusterSpec
+from mpl.wire.errors import ClusterSpecError
+from mpl.wire.remote import ErrorInfo
+from mpl.wire.session_cluster import session_cluster
 from mpl.wire.sessions import SymbolInfo
 
-__all__ = ["SessionEntry", "SessionTable"]
+__all__ = ["SessionEntry", "SessionTable", "session_spec"]
 
 
 @dataclass
@@ -31,6 +36,7 @@ class SessionEntry:
     symbols: dict[str, SymbolInfo] = field(default_factory=dict)
     loaded: set[str] = field(default_factory=set)  # persisted names loaded into it
     jobs: set[str] = field(default_factory=set)
+    cluster: dict[str, Any] | None = None  # its own spec (dict form); None: the broker's
 
     def allows(self, identity: str) -> bool:
         """True when the driver ``identity`` may attach to and act in this session."""
@@ -101,3 +107,24 @@ class SessionTable:
         if entry is not None and entry.name and self.by_name.get(entry.name) == sid:
             del self.by_name[entry.name]
         return entry
+
+
+def session_spec(
+    broker: ClusterSpec, existing: SessionEntry | None, requested: Any
+) -> tuple[dict[str, Any] | None, ErrorInfo | None]:
+    """The spec (dict form) a session opened with ``requested`` runs on (None: the
+    broker's), or the error to answer with. Attaching to an open session keeps its spec:
+    asking for another one is refused."""
+    if requested is None:
+        return None, None
+    try:
+        spec = session_cluster(broker, requested).to_dict()
+    except ClusterSpecError as exc:
+        return None, ErrorInfo("ClusterSpecError", f"the session's cluster spec: {exc}")
+    if existing is not None and (existing.cluster or broker.to_dict()) != spec:
+        return None, ErrorInfo(
+            "SessionError",
+            f"session {existing.name!r} is open on another cluster spec: attach without "
+            "cluster=, or with the same spec",
+        )
+    return spec, None

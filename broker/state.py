@@ -27,9 +27,11 @@ from mpl.broker.access import Access
 from mpl.broker.actions import Send
 from mpl.broker.admission import refuse_call, refuse_open
 from mpl.broker.calls import Call, CallTable, JobCall, RequestCall, lost_rank_error
+from mpl.broker.listing import Listing
 from mpl.broker.names import Names
+from mpl.broker.persisted import PersistedTable
 from mpl.broker.registry import Registry, WorkerEntry
-from mpl.broker.sessions import SessionTable
+from mpl.broker.sessions import SessionTable, session_spec
 from mpl.broker.status_view import build_status
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.control import (
@@ -47,15 +49,17 @@ from mpl.wire.data import Delete, Fetch
 from mpl.wire.errors import RegistrationError
 from mpl.wire.identity import node_identity, rank_of
 from mpl.wire.jobs import Abort, Cancel, Done, Exec, Failed, JobResult, Program
-from mpl.wire.limits import MAX_PERSISTED_NAMES, check_ranks, valid_name
+from mpl.wire.limits import MAX_PERSISTED_NAMES, check_ranks
 from mpl.wire.lru import LRU
 from mpl.wire.progress import EVERY_S, Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import (
     Ack,
+    CloseNamed,
     CloseSession,
     DeleteSymbol,
+    ListRequest,
     LoadSymbol,
     OpenSession,
     Reply,
@@ -63,7 +67,6 @@ from mpl.wire.sessions import (
     SessionClosed,
     SessionOpened,
     StatusRequest,
-    SymbolInfo,
 )
 
 __all__ = ["BrokerState", "Send"]
@@ -106,11 +109,12 @@ class BrokerState:
         self.drivers: dict[bytes, float] = {}  # driver sockets -> last seen
         self.beating: set[bytes] = set()  # driver sockets that heartbeat (and get beats back)
         self.programs: LRU[tuple[str, str], Program] = LRU(PROGRAM_CACHE)  # (driver, digest)
-        self.persisted: LRU[str, SymbolInfo] = LRU(MAX_PERSISTED_NAMES)
+        self.persisted = PersistedTable(MAX_PERSISTED_NAMES)  # (name, rank): each party's own
         self.errors: deque[str] = deque(maxlen=RECENT_ERRORS)
         self.counters = {"jobs_done": 0, "jobs_failed": 0, "bytes_routed": 0, "protocol_errors": 0}
         self.access = Access(cluster, self.registry, self.sessions, self.counters, self._note)
         self.names = Names(self)
+        self.listing = Listing(self)
         self._next_beat = now
         self._handlers: dict[
             type[Record], Callable[[bytes, Any, float, str | None], list[Send]]
@@ -135,6 +139,8 @@ class BrokerState:
             LoadSymbol: self.names.on_load,
             DeleteSymbol: self.names.on_unsave,
             StatusRequest: self._on_status,
+            ListRequest: self.listing.on_list,
+            CloseNamed: self.listing.on_close_named,
         }
 
     # -- entry points ---------------------------------------------------------------------
@@ -240,9 +246,7 @@ class BrokerState:
         except RegistrationError as exc:
             self._note(f"refused rank {msg.rank} (pid {msg.pid} on {msg.host}): {exc}")
             return [Send(peer, Refused(ErrorInfo("RegistrationError", str(exc), rank=msg.rank)))]
-        for info in msg.symbols:
-            if valid_name(info.name):  # names become file names on the workers
-                self.persisted[info.name] = info
+        self.persisted.replace_rank(entry.rank, msg.symbols)  # what its disk holds now
         welcome = Welcome(
             entry.rank,
             self.cluster.world_size,
@@ -314,11 +318,17 @@ class BrokerState:
         shared, error = self.access.opening(identity, msg)
         if error is not None:
             return [Send(peer, Reply(msg.req, error=error))]
+        spec, error = session_spec(self.cluster, self.sessions.named(msg.name), msg.cluster)
+        if error is not None:
+            return [Send(peer, Reply(msg.req, error=error))]
         entry, attached = self.sessions.open(identity, msg.client, msg.name, msg.lease_s, now)
         if shared is not None:
             entry.shared = shared
+        if not attached:
+            entry.cluster = spec
+        cluster = entry.cluster or self.cluster.to_dict()
         opened = SessionOpened(
-            msg.req, entry.sid, self.broker_id, self.cluster.to_dict(), self.heartbeat_s, attached
+            msg.req, entry.sid, self.broker_id, cluster, self.heartbeat_s, attached
         )
         return [Send(peer, opened)]
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from mpl.broker.listing import session_rows
+
 if TYPE_CHECKING:
     from mpl.broker.state import BrokerState
 
-__all__ = ["build_status"]
+__all__ = ["anonymous", "build_status"]
 
 
 def _rank_rows(state: BrokerState, now: float) -> list[dict[str, Any]]:
@@ -49,18 +51,7 @@ def _rank_rows(state: BrokerState, now: float) -> list[dict[str, Any]]:
 def build_status(state: BrokerState, now: float, viewer: str | None = None) -> dict[str, Any]:
     """The status dict; ``viewer`` None is the full (plaintext) view."""
     visible = [s for s in state.sessions.by_id.values() if viewer is None or s.allows(viewer)]
-    sessions = [
-        {
-            "session": s.sid,
-            "name": s.name,
-            "drivers": len(s.clients),
-            "idle_s": now - s.last_seen,
-            "lease_s": s.lease_s,
-            "symbols": len(s.symbols),
-            "jobs": len(s.jobs),
-        }
-        for s in visible
-    ]
+    sessions = session_rows(visible, now, viewer)
     return {
         "broker_id": state.broker_id,
         "uptime_s": now - state.started,
@@ -70,7 +61,18 @@ def build_status(state: BrokerState, now: float, viewer: str | None = None) -> d
         "sessions": sessions,
         "other_sessions": len(state.sessions.by_id) - len(visible),
         "jobs_in_flight": len(state.calls.jobs),
-        "persisted_symbols": sorted(state.persisted),
+        "persisted_symbols": state.persisted.names(),
         "errors": list(state.errors) if viewer is None else [],
         **state.counters,
     }
+
+
+def anonymous(status: dict[str, Any]) -> dict[str, Any]:
+    """``status`` for a viewer nobody authenticated (the status page and ``/status.json``
+    of a secure broker): every session only counted, no recent errors, no names."""
+    out = dict(status)
+    out["other_sessions"] = status.get("other_sessions", 0) + len(status.get("sessions", []))
+    out["sessions"] = []
+    out["errors"] = []
+    out["persisted_symbols"] = []
+    return out

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpl.driver import admin as _admin
 from mpl.driver import collective, simp
+from mpl.driver.admin import close_session, sessions, symbols
 from mpl.driver.compat import (
     evaluate,
     fetch,
@@ -60,6 +62,9 @@ from mpl.wire.errors import (
     WorkerLostError,
 )
 
+# the function shadows the submodule of the same name (importing it set the attribute)
+programs = _admin.programs
+
 __all__ = [
     "AuthenticationError",
     "ClusterSpec",
@@ -86,6 +91,7 @@ __all__ = [
     "Value",
     "WorkerLostError",
     "as_completed",
+    "close_session",
     "collective",
     "compile",
     "connect",
@@ -103,13 +109,16 @@ __all__ = [
     "make_driver",
     "make_simulator",
     "pickle_by_value",
+    "programs",
     "progress",
     "put",
     "save",
+    "sessions",
     "set_context",
     "set_root_context",
     "simp",
     "submit",
+    "symbols",
     "trace",
     "wait",
 ]

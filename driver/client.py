@@ -52,8 +52,10 @@ from mpl.wire.record import Record
 from mpl.wire.remote import from_info
 from mpl.wire.routing import check_driver_name, driver_routing_id
 from mpl.wire.sessions import (
+    CloseNamed,
     CloseSession,
     DeleteSymbol,
+    ListRequest,
     LoadSymbol,
     OpenSession,
     Reply,
@@ -181,18 +183,25 @@ class Client:
 
     # -- sessions -------------------------------------------------------------------------
     def open_session(
-        self, name: str = "", *, lease_s: float = 60.0, share_with: list[str] | None = None
+        self,
+        name: str = "",
+        *,
+        lease_s: float = 60.0,
+        share_with: list[str] | None = None,
+        cluster: dict[str, Any] | None = None,
     ) -> SessionOpened:
         """Open a session, or attach to the named one.
 
         ``share_with`` names the drivers (besides this one) that may attach to the session
         and act in it; only the session's owner may set it (a list replaces the previous one).
         Raises ``SessionAccessError`` when the named session belongs to another driver.
+        ``cluster`` (a spec's dict form) gives the session its own devices over named nodes
+        of the broker's cluster; the broker refuses it with ``ClusterSpecError``.
         """
         req = next(self._reqs)
         share = None if share_with is None else [check_driver_name(n) for n in share_with]
         opened = self._call(
-            OpenSession(req, name, lease_s, self.client_id, share),
+            OpenSession(req, name, lease_s, self.client_id, share, cluster),
             lambda m: isinstance(m, (SessionOpened, Reply)) and m.req == req,
             self.timeout,
             "opening a session",
@@ -340,16 +349,47 @@ class Client:
         req = next(self._reqs)
         self._reply(SaveSymbol(session, req, uri, info), req, timeout, f"saving {info.name!r}")
 
-    def load_symbol(self, session: str, name: str, *, timeout: float | None = None) -> SymbolInfo:
+    def load_symbol(
+        self,
+        session: str,
+        name: str,
+        *,
+        parties: tuple[int, ...] = (),
+        timeout: float | None = None,
+    ) -> SymbolInfo:
         req = next(self._reqs)
-        info = self._reply(LoadSymbol(session, req, name), req, timeout, f"loading {name!r}")
+        load = LoadSymbol(session, req, name, tuple(parties))
+        info = self._reply(load, req, timeout, f"loading {name!r}")
         if not isinstance(info, SymbolInfo):
             raise ProtocolError("the broker answered a load with something else")
         return info
 
-    def delete_symbol(self, session: str, name: str, *, timeout: float | None = None) -> None:
+    def delete_symbol(
+        self,
+        session: str,
+        name: str,
+        *,
+        parties: tuple[int, ...] = (),
+        timeout: float | None = None,
+    ) -> None:
         req = next(self._reqs)
-        self._reply(DeleteSymbol(session, req, name), req, timeout, f"deleting {name!r}")
+        unsave = DeleteSymbol(session, req, name, tuple(parties))
+        self._reply(unsave, req, timeout, f"deleting {name!r}")
+
+    def listing(
+        self, what: str, session: str = "", *, timeout: float | None = None
+    ) -> dict[str, Any] | list[Any]:
+        """What the broker lets this driver see: ``sessions``, ``symbols`` or ``programs``."""
+        req = next(self._reqs)
+        value = self._reply(ListRequest(req, what, session), req, timeout, f"listing {what}")
+        if not isinstance(value, (dict, list)):
+            raise ProtocolError("the broker answered a listing with something else")
+        return value
+
+    def close_named(self, name: str, *, timeout: float | None = None) -> None:
+        """Close the session called ``name`` (its owner only) for every attached client."""
+        req = next(self._reqs)
+        self._reply(CloseNamed(req, name), req, timeout, f"closing session {name!r}")
 
     def status(self, *, timeout: float | None = None) -> dict[str, Any]:
         req = next(self._reqs)

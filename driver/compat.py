@@ -76,9 +76,9 @@ def make_driver(
 
     mplang's driver talks to every worker's HTTP endpoint; here one broker fronts the
     workers, so give its URL (``"tcp://host:5555"``; a bare ``"host:5555"`` gets ``tcp://``).
-    A list holding one URL is accepted too. ``cluster_spec`` names the devices this driver
-    uses: its nodes must be the broker's (same names, same order), and its devices are read
-    from it on the driver only (each worker still uses its own node's settings).
+    A list holding one URL is accepted too. ``cluster_spec`` is the session's own spec, as
+    ``mp.connect(url, cluster=...)``: its nodes are named nodes of the broker's cluster (any
+    subset; each keeps the broker's rank) and its devices are the session's.
     Other options go to :func:`mpl.driver.connect` (``session``, ``timeout``, ``lease_s``).
     """
     if isinstance(url_or_endpoints, str):
@@ -92,25 +92,9 @@ def make_driver(
         )
     if "://" not in url:
         url = f"tcp://{url}"
-    ctx = connect(url, **options)
     if cluster_spec is not None:
-        try:
-            ctx.cluster = _same_nodes(ctx.cluster, cluster_spec)
-        except BaseException:
-            ctx.close()
-            raise
-    return ctx
-
-
-def _same_nodes(broker: ClusterSpec, mine: ClusterSpec) -> ClusterSpec:
-    theirs = [n.name for n in broker.nodes]
-    ours = [n.name for n in mine.nodes]
-    if theirs != ours:
-        raise ClusterSpecError(
-            f"cluster_spec.nodes: {ours} do not match the broker's nodes {theirs} "
-            "(same names in the same rank order)"
-        )
-    return mine
+        options["cluster"] = cluster_spec
+    return connect(url, **options)
 
 
 def evaluate(*args: Any, context: Context | None = None, **kwargs: Any) -> Any:

@@ -19,10 +19,11 @@ from typing import Any
 from mpl.driver.client import Client
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.curve import Curve
-from mpl.wire.errors import MplError
+from mpl.wire.errors import ClusterSpecError, MplError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import JobResult
 from mpl.wire.keys import is_z85_key, load_keypair
+from mpl.wire.session_cluster import session_cluster
 from mpl.wire.status import format_status
 
 __all__ = ["Context", "Status", "connect", "current", "get_context", "set_context"]
@@ -95,12 +96,24 @@ class Context:
         session: str = "",
         lease_s: float = 60.0,
         share_with: list[str] | None = None,
+        cluster: ClusterSpec | None = None,
     ) -> None:
         self.client = client
-        opened = client.open_session(session, lease_s=lease_s, share_with=share_with)
+        opened = client.open_session(
+            session,
+            lease_s=lease_s,
+            share_with=share_with,
+            cluster=None if cluster is None else cluster.to_dict(),
+        )
         self.session = opened.session
         self.name = session
         self.cluster = ClusterSpec.from_dict(opened.cluster)
+        if cluster is not None:
+            try:
+                self.cluster = _own_devices(self.cluster, cluster, secure=client.curve is not None)
+            except BaseException:
+                client.close_session(self.session)
+                raise
         self._released: list[tuple[tuple[int, ...], str]] = []
         self._released_lock = threading.Lock()
         self._flushed = time.monotonic()
@@ -280,7 +293,13 @@ def connect(
     in plaintext mode it is ``driver`` (default: a random name, so each connection is a
     driver of its own).
 
-    The cluster spec comes from the broker. ``timeout`` bounds each control request; a
+    ``cluster`` (a ``ClusterSpec`` or a path) is the session's own spec: its nodes are named
+    nodes of the broker's cluster (any subset, any order: each keeps the broker's rank; in
+    secure mode their keys must be the broker's), and the session's devices are its devices,
+    with their own SPU protocol, field and fxp bits, so sessions with different SPU settings
+    run side by side over the same workers. A node the broker does not know, or a key that
+    disagrees with the broker's, raises ``ClusterSpecError``. Without ``cluster`` the
+    session uses the broker's spec. ``timeout`` bounds each control request; a
     broker that does not answer raises ``MplTimeoutError``. ``trusted=True`` accepts pickled
     results (a cluster one organisation runs end to end); the broker's spec cannot turn it on.
 
@@ -289,18 +308,37 @@ def connect(
     ``ClusterSpec``) or given as ``broker_key`` (z85). A broker that does not list this
     driver's key raises ``AuthenticationError`` within a few seconds.
     """
+    spec = ClusterSpec.from_file(cluster) if isinstance(cluster, (str, Path)) else cluster
     client = Client(
         url,
         timeout=timeout,
         trusted=trusted,
-        curve=_driver_curve(key, cluster, broker_key),
+        curve=_driver_curve(key, spec, broker_key),
         driver=driver,
     )
     try:
-        return Context(client, session=session or "", lease_s=lease_s, share_with=share_with)
+        return Context(
+            client, session=session or "", lease_s=lease_s, share_with=share_with, cluster=spec
+        )
     except BaseException:
         client.close()
         raise
+
+
+def _own_devices(layout: ClusterSpec, own: ClusterSpec, *, secure: bool) -> ClusterSpec:
+    """The session's spec as this driver trusts it: the devices of its own copy, at the
+    ranks the broker gave the nodes it names (a driver never takes devices from the wire).
+
+    In secure mode the driver's copy pins every node's key by rank, so it must list the
+    broker's nodes in the broker's order; its devices may still use any subset of them.
+    """
+    if secure and [n.name for n in own.nodes] != [n.name for n in layout.nodes]:
+        raise ClusterSpecError(
+            "cluster: in secure mode the session's spec lists every node of the broker's "
+            f"cluster in its order ({', '.join(n.name for n in layout.nodes)}), as it pins "
+            "their keys; its devices may use any subset of the nodes"
+        )
+    return session_cluster(layout, own)
 
 
 def _driver_curve(

@@ -120,6 +120,8 @@ def _call(
     if dev.kind == "SPU":
         outs = _spu.run(cluster, dev, fn, leaves, treedef, nout)
     else:
+        if isinstance(fn, KernelRef):
+            fn = _session_binding(cluster, dev, fn)
         outs = _ppu_call(cluster, dev, fn, leaves, treedef, nout)
     return outs[0] if nout is None else tuple(outs)
 
@@ -196,6 +198,15 @@ def move(rec: Recorder, value: Value, target: str) -> int:
         return sym
     source = value.parties[0] if rank not in value.parties else rank
     return rec.op("shuffle", [sym], ranks=(source, rank), routing={rank: source})[0]
+
+
+def _session_binding(cluster: ClusterSpec, dev: Device, ref: KernelRef) -> KernelRef:
+    """``ref`` as the session's spec binds it on ``dev``'s node: a session opened with its
+    own spec (``mp.connect(url, cluster=spec)``) brings its nodes' ``op_bindings``, which
+    the workers (who bind by the broker's spec) do not know, so the kernel id is sent
+    instead. A worker runs any installed kernel by id anyway: this grants nothing more."""
+    bound = cluster.node(dev.members[0]).runtime_info.op_bindings.get(ref.name)
+    return KernelRef(bound) if bound else ref
 
 
 def kernel(name: str) -> KernelRef:

@@ -67,6 +67,11 @@ class Recorder:
         self._inputs: dict[int, int] = {}  # id(Value) -> symbol
         self._held: list[Value] = []  # keeps bound Values alive until the job has run
         self.key: list[Any] = []  # structure of the eager graph, for the cache
+        # mp.load / mp.save inside a trace: (name, ranks asked) and (symbol, name, persist,
+        # device); a traced program replays the loads in each new session and saves after
+        # its job
+        self.loads: list[tuple[str, Ranks]] = []
+        self.saves: list[tuple[int, str, bool, str | None]] = []
 
     # -- inputs ---------------------------------------------------------------------------
     def of(self, value: Value) -> int:
@@ -87,6 +92,15 @@ class Recorder:
             self.sources.append(("uri", value._uri, value.parties))
             self._held.append(value)
             self.key.append(("in", value.parties))
+        return sym
+
+    def symbol(self, name: str, ranks: Ranks, asked: Ranks) -> int:
+        """A named value (``mp.load`` in a trace): a job input each rank reads from its own
+        store, so the job sees the value the name holds when it runs."""
+        sym = self.builder.input(ranks)
+        self.sources.append(("uri", f"sym:{name}", ranks))
+        self.key.append(("sym", name, ranks))
+        self.loads.append((name, asked))
         return sym
 
     def param(self, ranks: Ranks) -> int:

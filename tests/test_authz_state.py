@@ -230,7 +230,7 @@ def test_a_shared_driver_may_close_and_run(state: BrokerState) -> None:
 
 
 def test_persisted_values_are_read_only_through_a_load(state: BrokerState) -> None:
-    state.persisted["secret"] = SymbolInfo("secret", "P1", (1,), True, {})
+    state.persisted.saved(SymbolInfo("secret", "P1", (1,), True, {}), (1,))
     sid = open_session(state)
     out = state.handle(A, Fetch(sid, 1, 1, "sym:secret"), 0.1)
     error = sent(out, Reply, A)[0].error

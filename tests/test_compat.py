@@ -121,9 +121,18 @@ def test_make_driver_attaches_and_checks_the_spec(sim: mp.Context) -> None:
     finally:
         ctx.close()
     swapped = renamed.to_dict()
-    swapped["nodes"].reverse()  # same names, other ranks
-    with pytest.raises(ClusterSpecError, match="do not match the broker's nodes"):
-        mp.make_driver(sim.address, cluster_spec=ClusterSpec.from_dict(swapped))
+    swapped["nodes"].reverse()  # nodes are matched by name: each keeps the broker's rank
+    ctx = mp.make_driver(sim.address, cluster_spec=ClusterSpec.from_dict(swapped))
+    try:
+        with ctx:
+            assert mp.device("alice")(lambda: 1)().parties == (0,)
+    finally:
+        ctx.close()
+    unknown = renamed.to_dict()
+    unknown["nodes"][1]["name"] = "nodeX"
+    unknown["devices"]["bob"]["members"] = ["nodeX"]
+    with pytest.raises(ClusterSpecError, match="'nodeX' is not a node of the broker's cluster"):
+        mp.make_driver(sim.address, cluster_spec=ClusterSpec.from_dict(unknown))
     with pytest.raises(ValueError, match="one broker"):
         mp.make_driver(["h:1", "h:2"])
     with pytest.raises(ClusterSpecError, match="world_size"):

@@ -70,7 +70,8 @@ def test_hostile_records_leave_the_broker_serving(make_cluster: Any) -> None:
         raw = ctx.socket(zmq.DEALER)
         raw.linger = 0
         raw.connect(cluster.address)
-        assert _raw_call(raw, _record("open", _p(1), _p(""), _p(60.0), _p("raw"), _p(None)))
+        opening = _record("open", _p(1), _p(""), _p(60.0), _p("raw"), _p(None), _p(None))
+        assert _raw_call(raw, opening)
         sid = client.status()["sessions"][0]["session"]
         hostile = {
             "a 5,000-digit rank in a fetch": _record("fetch", _p(sid), _p(2), _huge(), _p("0/0")),

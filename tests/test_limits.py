@@ -67,7 +67,7 @@ def test_ints_in_record_fields_are_64_bit_unless_declared_big() -> None:
     with pytest.raises(ProtocolError, match="field 'rank'"):  # a float field is no way round
         decode(_record("hello", _bigint(HUGE), *(_p(x) for x in ("i", 1, "h", "a", "", [], ""))))
     with pytest.raises(ProtocolError, match="field 'lease_s'"):
-        decode(_record("open", _p(1), _p(""), _bigint(HUGE), _p("c"), _p(None)))
+        decode(_record("open", _p(1), _p(""), _bigint(HUGE), _p("c"), _p(None), _p(None)))
     assert decode(encode(Lit(HUGE))).value == HUGE  # values carry ints of any size
 
 

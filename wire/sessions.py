@@ -10,6 +10,8 @@
       | -- LoadSymbol -------------->  |   answered from the broker's table
       | -- DeleteSymbol ------------>  | -- DeleteSymbol ------------> |
       | -- CloseSession ------------>  | -- SessionClosed -----------> |  free every object
+      | -- CloseNamed (owner) ------>  | -- SessionClosed -----------> |  the same, by name
+      | -- ListRequest ------------->  |   answered from the broker's tables
 
 A session whose drivers stopped heartbeating for its lease is closed the same way.
 """
@@ -23,9 +25,12 @@ from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 
 __all__ = [
+    "LISTINGS",
     "Ack",
+    "CloseNamed",
     "CloseSession",
     "DeleteSymbol",
+    "ListRequest",
     "LoadSymbol",
     "OpenSession",
     "Reply",
@@ -52,6 +57,9 @@ class OpenSession(Record, tag="open"):
     lease_s: float
     client: str  # the driver client's id: attachments are counted per client
     share_with: list[str] | None = None  # driver names (not identities) let in besides
+    # the session's own spec (dict form): its nodes are named nodes of the broker's
+    # cluster, its devices are the session's (mpl.wire.session_cluster); None: the broker's
+    cluster: dict[str, Any] | None = None
 
 
 @dataclass(eq=False, repr=False)
@@ -103,13 +111,20 @@ class SaveSymbol(Record, tag="save"):
 
 @dataclass(eq=False, repr=False)
 class LoadSymbol(Record, tag="load"):
+    """Load ``name``: the session's own first, else what ``parties`` (ranks; ``()``: every
+    rank that has it) persisted under that name, each in its own namespace."""
+
     session: str
     req: int
     name: str
+    parties: tuple[int, ...] = ()
 
 
 @dataclass(eq=False, repr=False)
 class DeleteSymbol(Record, tag="unsave"):
+    """Forget ``name``. From a driver, ``ranks`` says whose persisted value (``()``: the
+    one value the name resolves to); to a worker, the ranks that delete."""
+
     session: str
     req: int
     name: str
@@ -124,6 +139,30 @@ class Ack(Record, tag="ack"):
     req: int
     rank: int
     error: ErrorInfo | None = None
+
+
+LISTINGS = ("sessions", "symbols", "programs")
+
+
+@dataclass(eq=False, repr=False)
+class ListRequest(Record, tag="listing"):
+    """A driver asks what it may see: ``what`` is one of :data:`LISTINGS`. ``sessions``:
+    the caller's own sessions in full, the others only counted; ``symbols``: the names of
+    ``session`` (if given) and the persisted names, per party; ``programs``: the programs
+    the broker caches for the caller. The ``Reply`` holds a dict."""
+
+    req: int
+    what: str
+    session: str = ""
+
+
+@dataclass(eq=False, repr=False)
+class CloseNamed(Record, tag="closenamed"):
+    """Close the session called ``name`` for every client attached to it, freeing its
+    values on the workers; only the session's owner may, from any of its drivers."""
+
+    req: int
+    name: str
 
 
 @dataclass(eq=False, repr=False)
