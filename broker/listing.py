@@ -89,7 +89,7 @@ class Listing:
         if msg.what == "sessions":
             return [Send(peer, Reply(msg.req, value=self.sessions(identity, now)))]
         if msg.what == "programs":
-            return [Send(peer, Reply(msg.req, value=self.programs(identity)))]
+            return [Send(peer, Reply(msg.req, value=self.programs(identity, now)))]
         if msg.what == "symbols":
             own: list[dict[str, Any]] = []
             if msg.session:
@@ -114,9 +114,10 @@ class Listing:
                 rows.append({**_symbol_row(info), "rank": rank})
         return rows
 
-    def programs(self, identity: str) -> list[dict[str, Any]]:
-        """The caller's cached programs, most recently used first (a sealed program's
-        graph is not readable here: its ops and ranks are unknown to the broker)."""
+    def programs(self, identity: str, now: float) -> list[dict[str, Any]]:
+        """The caller's cached programs, most recently used first, with the seconds since
+        each was last sent or run (a sealed program's graph is not readable here: its ops
+        and ranks are unknown to the broker)."""
         rows = []
         for (owner, digest), program in reversed(self.state.programs.items()):
             if owner != identity:
@@ -129,6 +130,9 @@ class Listing:
                     "ops": len(graph.ops) if graph is not None else None,
                     "ranks": list(graph.ranks) if graph is not None else None,
                     "sealed": graph is None,
+                    "idle_s": now - used
+                    if (used := self.state.program_used.get((owner, digest))) is not None
+                    else None,
                 }
             )
         return rows

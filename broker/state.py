@@ -109,6 +109,7 @@ class BrokerState:
         self.drivers: dict[bytes, float] = {}  # driver sockets -> last seen
         self.beating: set[bytes] = set()  # driver sockets that heartbeat (and get beats back)
         self.programs: LRU[tuple[str, str], Program] = LRU(PROGRAM_CACHE)  # (driver, digest)
+        self.program_used: LRU[tuple[str, str], float] = LRU(PROGRAM_CACHE)  # when, for listing
         self.persisted = PersistedTable(MAX_PERSISTED_NAMES)  # (name, rank): each party's own
         self.errors: deque[str] = deque(maxlen=RECENT_ERRORS)
         self.counters = {"jobs_done": 0, "jobs_failed": 0, "bytes_routed": 0, "protocol_errors": 0}
@@ -374,6 +375,7 @@ class BrokerState:
                 )
             ]
         self.programs[(identity, msg.digest)] = msg
+        self.program_used[(identity, msg.digest)] = now
         return []
 
     def _on_exec(
@@ -391,9 +393,11 @@ class BrokerState:
         unreadable = self.access.unreadable_binding(session, msg.bindings)
         if unreadable is not None:
             return answer(self.access.unloaded(session, unreadable))
-        program = self.programs.touch((self.access.driver(peer, who) or "", msg.digest))
+        key = (self.access.driver(peer, who) or "", msg.digest)
+        program = self.programs.touch(key)
         if program is None:
             return answer(missing=True)
+        self.program_used[key] = now
         if msg.job in self.calls.jobs:
             return answer(_error("ProtocolError", f"job id {msg.job!r} is already running"))
         workers: list[WorkerEntry] = []

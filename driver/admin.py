@@ -38,7 +38,8 @@ def symbols(ctx: Context | None = None) -> dict[str, Any]:
 
 def programs(ctx: Context | None = None) -> list[dict[str, Any]]:
     """The programs the broker caches for this driver, most recently used first: ``digest``,
-    ``name``, ``ops`` and ``ranks`` (None when sealed: a secure broker cannot read them)."""
+    ``name``, ``ops`` and ``ranks`` (None when sealed: a secure broker cannot read them), and
+    ``idle_s``, the seconds since the program was last sent or run."""
     rows = _ctx(ctx).client.listing("programs")
     if not isinstance(rows, list):
         raise ProtocolError("the broker answered a programs listing with something else")

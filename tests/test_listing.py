@@ -70,6 +70,7 @@ def test_listing_shows_what_was_made_and_closing_by_name_frees_it(make_cluster: 
         programs = mp.programs(work)
         assert any(p["name"].endswith("twice") and p["ranks"] == [0] for p in programs)
         assert all(p["digest"] for p in programs) and mp.programs(bob) == []
+        assert all(p["idle_s"] is not None and 0 <= p["idle_s"] < 60 for p in programs)
 
         def objects() -> int:  # values the workers hold, from their heartbeats
             return sum(r.get("objects", 0) for r in again.status()["ranks"])
