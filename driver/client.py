@@ -491,7 +491,9 @@ class Client:
                 now = time.monotonic()
                 if now >= next_beat:
                     next_beat = now + self.heartbeat_s
-                    sock.send_multipart(encode(Heartbeat(sessions=sorted(self.sessions))))
+                    beat = encode(Heartbeat(sessions=sorted(self.sessions)))
+                    with contextlib.suppress(zmq.Again):  # a full queue: this beat is moot
+                        sock.send_multipart(beat, zmq.NOBLOCK)
                 ready = dict(poller.poll(int(max(0.0, next_beat - now) * 1000) + 1))
                 if monitor is not None and monitor in ready:
                     self._handshake_failed(monitor)

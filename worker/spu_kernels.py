@@ -301,13 +301,16 @@ def _channel_class() -> Any:
             self.links, self.lane, self.peer = links, lane, peer
 
         def Send(self, key: str, data: bytes) -> None:
-            self.links.send(self.peer, self.lane.id, key, data)
+            lane = self.lane
+            self.links.send(self.peer, lane.id, key, data, lane.job, lane.deadline)
 
         def SendAsync(self, key: str, data: bytes) -> None:
-            self.links.send(self.peer, self.lane.id, key, data)
+            lane = self.lane
+            self.links.send(self.peer, lane.id, key, data, lane.job, lane.deadline)
 
         def SendAsyncThrottled(self, key: str, data: bytes) -> None:
-            self.links.send(self.peer, self.lane.id, key, data)
+            lane = self.lane
+            self.links.send(self.peer, lane.id, key, data, lane.job, lane.deadline)
 
         def Recv(self, key: str) -> bytes:
             lane = self.lane

@@ -38,6 +38,7 @@ log = logging.getLogger("mpl.worker")
 SPU_MAGIC = b"MPLS"
 _MEMORY = 4096  # dead lanes and aborted jobs remembered
 _PUMP_S = 0.05  # a waiting receive reads the socket this long before checking aborts again
+_SEND_RETRY_S = 0.005  # a send to a full queue retries this often, checking aborts each time
 
 
 class SpuMailbox:
@@ -133,6 +134,16 @@ class SpuMailbox:
                     if slot not in self._items:
                         self._cond.wait(0.002)
 
+    def stopped(self, lane: str, job: tuple[str, str]) -> str | None:
+        """Why ``job`` on ``lane`` must stop waiting (aborted, or the lane dropped), or None."""
+        with self._cond:
+            reason = self._aborted.get(job)
+            if reason is not None:
+                return f"job {job[1]} aborted: {reason}"
+            if lane in self._dead:
+                return f"SPU lane {lane} was dropped"
+            return None
+
     def abort(self, session: str, job: str, reason: str) -> None:
         """Wake whatever ``job`` waits on with JobAbortedError."""
         with self._cond:
@@ -200,11 +211,36 @@ class SpuLinks:
         self._thread = threading.Thread(target=self._receive, name=f"mpl-spu-{rank}", daemon=True)
         self._thread.start()
 
-    def send(self, dst: int, lane: str, key: str, data: bytes) -> None:
+    def send(
+        self, dst: int, lane: str, key: str, data: bytes, job: tuple[str, str], deadline: float
+    ) -> None:
+        """Queue one libspu message to ``dst`` without ever blocking past ``job``'s end.
+
+        A member that died (or stopped reading) fills its queue; then the send waits, but
+        raises JobAbortedError as soon as ``job`` is aborted or ``lane`` dropped, and
+        MplTimeoutError at ``deadline``: the runtime that called it fails instead of hanging.
+        """
         _, sock, lock = self._socket(dst)
         frames = [SPU_MAGIC, lane.encode(), str(self.rank).encode(), key.encode(), data]
-        with lock:
-            sock.send_multipart(frames, copy=len(data) < 65536)
+        copy = len(data) < 65536
+        while True:
+            if lock.acquire(timeout=_SEND_RETRY_S):  # another send to dst may be stuck too
+                try:
+                    sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
+                    return
+                except zmq.Again:
+                    pass  # the member's queue is full
+                finally:
+                    lock.release()
+            reason = self.mailbox.stopped(lane, job)
+            if reason is not None:
+                raise JobAbortedError(reason, job=job[1])
+            if time.monotonic() > deadline:
+                raise MplTimeoutError(
+                    f"rank {dst} did not take SPU message {key!r} in time (its queue is "
+                    "full); that member may be slow or dead"
+                )
+            time.sleep(_SEND_RETRY_S)
 
     def recv(self, lane: str, src: int, key: str, job: tuple[str, str], deadline: float) -> bytes:
         with self._lock:
