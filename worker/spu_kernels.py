@@ -122,12 +122,15 @@ class SpuService:
         _quiet_logs(log_dir)
 
     def stats(self) -> dict[str, int]:
+        mailbox = self.links.mailbox
         return {
             "spu_compiles": self.compiles,
             "spu_cache_hits": self.cache_hits,
             "spu_runs": self.runs,
             "spu_lanes": self.lanes_made,
-            "spu_messages_dropped": self.links.mailbox.held_dropped,  # for lanes not opened
+            # for lanes never opened or already dropped, or beyond the mailbox's bounds
+            "spu_messages_dropped": mailbox.held_dropped + mailbox.dropped + mailbox.overflow,
+            "spu_messages_pending": mailbox.pending()[0],
         }
 
     # -- lanes ----------------------------------------------------------------------------
