@@ -46,9 +46,24 @@ from mpl.wire.control import (
 from mpl.wire.data import Delete, Fetch
 from mpl.wire.errors import RegistrationError
 from mpl.wire.identity import node_identity, rank_of
-from mpl.wire.jobs import Abort, Cancel, Done, Exec, Failed, JobResult, Program
-from mpl.wire.limits import MAX_PERSISTED_NAMES, check_ranks, valid_name
-from mpl.wire.lru import LRU
+from mpl.wire.jobs import (
+    Abort,
+    Cancel,
+    Done,
+    Exec,
+    Failed,
+    JobResult,
+    Program,
+    program_nbytes,
+)
+from mpl.wire.limits import (
+    BROKER_PROGRAM_BYTES,
+    MAX_PERSISTED_NAMES,
+    MAX_PROGRAM_BYTES,
+    check_ranks,
+    valid_name,
+)
+from mpl.wire.lru import LRU, SizedLRU
 from mpl.wire.progress import EVERY_S, Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
@@ -105,7 +120,9 @@ class BrokerState:
         self.calls = CallTable()
         self.drivers: dict[bytes, float] = {}  # driver sockets -> last seen
         self.beating: set[bytes] = set()  # driver sockets that heartbeat (and get beats back)
-        self.programs: LRU[tuple[str, str], Program] = LRU(PROGRAM_CACHE)  # (driver, digest)
+        self.programs: SizedLRU[tuple[str, str], Program] = SizedLRU(  # (driver, digest)
+            PROGRAM_CACHE, BROKER_PROGRAM_BYTES
+        )
         self.persisted: LRU[str, SymbolInfo] = LRU(MAX_PERSISTED_NAMES)
         self.errors: deque[str] = deque(maxlen=RECENT_ERRORS)
         self.counters = {"jobs_done": 0, "jobs_failed": 0, "bytes_routed": 0, "protocol_errors": 0}
@@ -363,7 +380,18 @@ class BrokerState:
                     f"program sent as {msg.digest} has digest {msg.graph.digest}: refused",
                 )
             ]
-        self.programs[(identity, msg.digest)] = msg
+        nbytes = program_nbytes(msg)
+        if nbytes > MAX_PROGRAM_BYTES:
+            self.counters["protocol_errors"] += 1
+            return [
+                self._refuse(
+                    peer,
+                    "ProtocolError",
+                    f"program {msg.digest} of {nbytes} bytes exceeds MAX_PROGRAM_BYTES "
+                    f"({MAX_PROGRAM_BYTES}): refused",
+                )
+            ]
+        self.programs.put((identity, msg.digest), msg, nbytes)
         return []
 
     def _on_exec(
@@ -381,7 +409,7 @@ class BrokerState:
         unreadable = self.access.unreadable_binding(session, msg.bindings)
         if unreadable is not None:
             return answer(self.access.unloaded(session, unreadable))
-        program = self.programs.touch((self.access.driver(peer, who) or "", msg.digest))
+        program = self.programs.get((self.access.driver(peer, who) or "", msg.digest))
         if program is None:
             return answer(missing=True)
         if msg.job in self.calls.jobs:
@@ -401,7 +429,7 @@ class BrokerState:
         shared = set(msg.bindings) <= {msg.ranks[0]} if len(msg.ranks) == 1 else not msg.bindings
         out: list[Send] = []
         for entry in workers:
-            if entry.needs_program(msg.digest):
+            if entry.needs_program(msg.digest, program_nbytes(program, entry.rank)):
                 out.append(Send(entry.peer, program))
             if shared:
                 out.append(Send(entry.peer, msg, raw))
