@@ -146,3 +146,24 @@ def test_the_job_pump_never_blocks_on_a_full_queue() -> None:
             assert isinstance(f.exception(timeout=10), MplTimeoutError)
     finally:
         client.close()
+
+
+def test_a_call_fails_in_time_when_the_queue_to_the_broker_is_full() -> None:
+    from mpl.driver.client import Client
+
+    client = Client(_unused_address(), timeout=1.0)  # a broker that never answers
+    try:
+        sock = client._socket()  # this thread's socket: fill its queue to the broker
+        while True:
+            try:
+                sock.send(b"queued", zmq.NOBLOCK)
+            except zmq.Again:
+                break
+        started = time.monotonic()
+        # before, the send of this request blocked forever
+        with pytest.raises(MplTimeoutError, match="took no message"):
+            client.status()
+        assert time.monotonic() - started < 3
+        client.close_session("s")  # a message with no answer: dropped, not blocking
+    finally:
+        client.close()
