@@ -50,9 +50,9 @@ def expected_total(seed: int) -> float:
 class Chaos:
     """The schedule: kill -9 one process at a time, restart it after a short while.
 
-    The thread lives until ``stop``, not just until the schedule is over (``finished``):
-    the daemons it restarts get SIGTERM when the thread that started them ends (the
-    launcher's PR_SET_PDEATHSIG follows the starting thread, not the process).
+    The thread lives until ``stop``, not just until the schedule is over (``finished``), so
+    the daemons it restarted outlive it whatever their parent-death watch follows (it once
+    followed the starting thread: see ``mpl.wire.lifetime``).
     """
 
     def __init__(self, cluster: Any, rng: random.Random) -> None:
