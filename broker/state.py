@@ -380,18 +380,21 @@ class BrokerState:
                     f"program sent as {msg.digest} has digest {msg.graph.digest}: refused",
                 )
             ]
-        nbytes = program_nbytes(msg)
-        if nbytes > MAX_PROGRAM_BYTES:
+        # what one worker would cache (sealed: each rank's box), and all the broker keeps
+        largest = max((program_nbytes(msg, r) for r in msg.sealed), default=0)
+        if msg.graph is not None:
+            largest = program_nbytes(msg)
+        if largest > MAX_PROGRAM_BYTES:
             self.counters["protocol_errors"] += 1
             return [
                 self._refuse(
                     peer,
                     "ProtocolError",
-                    f"program {msg.digest} of {nbytes} bytes exceeds MAX_PROGRAM_BYTES "
+                    f"program {msg.digest} of {largest} bytes exceeds MAX_PROGRAM_BYTES "
                     f"({MAX_PROGRAM_BYTES}): refused",
                 )
             ]
-        self.programs.put((identity, msg.digest), msg, nbytes)
+        self.programs.put((identity, msg.digest), msg, program_nbytes(msg))
         return []
 
     def _on_exec(

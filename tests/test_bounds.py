@@ -89,6 +89,12 @@ def test_the_broker_refuses_a_program_beyond_the_limit(monkeypatch: pytest.Monke
     out = s.handle(b"d", big, 0.0)
     assert "exceeds MAX_PROGRAM_BYTES" in out[0].msg.error.message
     assert s.counters["protocol_errors"] == 1 and len(s.programs) == 1
+    # sealed for each rank: judged by what one worker would cache, not by the sum
+    box = Sealed("d", b"salt", [2000], [b"h" * 40, b"c" * 2016])
+    assert s.handle(b"d", Program("many", None, {r: box for r in range(3)}), 0.0) == []
+    huge = Sealed("d", b"salt", [6000], [b"h" * 40, b"c" * 6016])
+    assert s.handle(b"d", Program("huge", None, {0: huge}), 0.0)
+    assert s.counters["protocol_errors"] == 2 and len(s.programs) == 2
 
 
 def test_a_sealed_program_is_counted_alike_decoded_opaque_or_not() -> None:
