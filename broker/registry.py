@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 
 from mpl.wire.control import Directory, PeerInfo, WorkerHello
 from mpl.wire.errors import RegistrationError
-from mpl.wire.lru import LRU
+from mpl.wire.limits import PROGRAM_MIRROR_BYTES
+from mpl.wire.lru import SizedLRU
 
 __all__ = ["PROGRAM_SLOTS", "Registry", "WorkerEntry", "public_incarnation"]
 
 # The broker mirrors each worker's program LRU. Both see the same sequence of programs, and
-# the worker keeps at least as many, so whatever the broker believes is cached really is.
+# the worker keeps at least as many (and as many bytes: mpl.wire.limits), so whatever the
+# broker believes is cached really is.
 PROGRAM_SLOTS = 256
 
 
@@ -36,13 +38,16 @@ class WorkerEntry:
     joined: float
     last_seen: float
     stats: dict[str, int] = field(default_factory=dict)
-    programs: LRU[str, bool] = field(default_factory=lambda: LRU(PROGRAM_SLOTS))
+    programs: SizedLRU[str, bool] = field(
+        default_factory=lambda: SizedLRU(PROGRAM_SLOTS, PROGRAM_MIRROR_BYTES)
+    )
 
-    def needs_program(self, digest: str) -> bool:
-        """True if ``digest`` must be sent first; records it as sent either way."""
-        if self.programs.touch(digest):
+    def needs_program(self, digest: str, nbytes: int = 0) -> bool:
+        """True if ``digest`` (``nbytes`` as the worker's cache counts it, at most) must be
+        sent first; records it as sent either way."""
+        if self.programs.get(digest):
             return False
-        self.programs[digest] = True
+        self.programs.put(digest, True, nbytes)
         return True
 
     def peer_info(self) -> PeerInfo:

@@ -48,9 +48,23 @@ from mpl.wire.control import (
 from mpl.wire.data import Delete, Fetch
 from mpl.wire.errors import RegistrationError
 from mpl.wire.identity import node_identity, rank_of
-from mpl.wire.jobs import Abort, Cancel, Done, Exec, Failed, JobResult, Program
-from mpl.wire.limits import MAX_PERSISTED_NAMES, check_ranks
-from mpl.wire.lru import LRU
+from mpl.wire.jobs import (
+    Abort,
+    Cancel,
+    Done,
+    Exec,
+    Failed,
+    JobResult,
+    Program,
+    program_nbytes,
+)
+from mpl.wire.limits import (
+    BROKER_PROGRAM_BYTES,
+    MAX_PERSISTED_NAMES,
+    MAX_PROGRAM_BYTES,
+    check_ranks,
+)
+from mpl.wire.lru import LRU, SizedLRU
 from mpl.wire.progress import EVERY_S, Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
@@ -108,7 +122,9 @@ class BrokerState:
         self.calls = CallTable()
         self.drivers: dict[bytes, float] = {}  # driver sockets -> last seen
         self.beating: set[bytes] = set()  # driver sockets that heartbeat (and get beats back)
-        self.programs: LRU[tuple[str, str], Program] = LRU(PROGRAM_CACHE)  # (driver, digest)
+        self.programs: SizedLRU[tuple[str, str], Program] = SizedLRU(  # (driver, digest)
+            PROGRAM_CACHE, BROKER_PROGRAM_BYTES
+        )
         self.program_used: LRU[tuple[str, str], float] = LRU(PROGRAM_CACHE)  # when, for listing
         self.persisted = PersistedTable(MAX_PERSISTED_NAMES)  # (name, rank): each party's own
         self.errors: deque[str] = deque(maxlen=RECENT_ERRORS)
@@ -374,7 +390,21 @@ class BrokerState:
                     f"program sent as {msg.digest} has digest {msg.graph.digest}: refused",
                 )
             ]
-        self.programs[(identity, msg.digest)] = msg
+        # what one worker would cache (sealed: each rank's box), and all the broker keeps
+        largest = max((program_nbytes(msg, r) for r in msg.sealed), default=0)
+        if msg.graph is not None:
+            largest = program_nbytes(msg)
+        if largest > MAX_PROGRAM_BYTES:
+            self.counters["protocol_errors"] += 1
+            return [
+                self._refuse(
+                    peer,
+                    "ProtocolError",
+                    f"program {msg.digest} of {largest} bytes exceeds MAX_PROGRAM_BYTES "
+                    f"({MAX_PROGRAM_BYTES}): refused",
+                )
+            ]
+        self.programs.put((identity, msg.digest), msg, program_nbytes(msg))
         self.program_used[(identity, msg.digest)] = now
         return []
 
@@ -394,7 +424,7 @@ class BrokerState:
         if unreadable is not None:
             return answer(self.access.unloaded(session, unreadable))
         key = (self.access.driver(peer, who) or "", msg.digest)
-        program = self.programs.touch(key)
+        program = self.programs.get(key)
         if program is None:
             return answer(missing=True)
         self.program_used[key] = now
@@ -415,7 +445,7 @@ class BrokerState:
         shared = set(msg.bindings) <= {msg.ranks[0]} if len(msg.ranks) == 1 else not msg.bindings
         out: list[Send] = []
         for entry in workers:
-            if entry.needs_program(msg.digest):
+            if entry.needs_program(msg.digest, program_nbytes(program, entry.rank)):
                 out.append(Send(entry.peer, program))
             if shared:
                 out.append(Send(entry.peer, msg, raw))

@@ -99,6 +99,8 @@ class _ThreadSocket:
         if client.curve is not None:
             client.curve.dial(self.sock, client.curve.broker)
         self.sock.setsockopt(zmq.RCVTIMEO, _SLICE_MS)  # a blocking recv, woken every slice
+        # a send blocks only while the queue to a broker long away is full: not forever
+        self.sock.setsockopt(zmq.SNDTIMEO, max(1, int(client.timeout * 1000)))
         self.sock.setsockopt(zmq.ROUTING_ID, driver_routing_id(client.driver))
         self.sock.connect(client.address)
         self._client = client
@@ -430,7 +432,13 @@ class Client:
             holder.close()
 
     def _send(self, msg: Record) -> None:
-        self._socket().send_multipart(encode(msg), copy=False)
+        """Send without an answer to wait for; dropped (and logged) if the queue to the
+        broker stays full for ``timeout``: a delete or close is then left to the session's
+        end or lease, a program is sent again when the broker asks for it."""
+        try:
+            self._socket().send_multipart(encode(msg), copy=False)
+        except zmq.Again:
+            log.warning("the broker at %s takes no messages: dropped a %s", self.address, msg.TAG)
 
     def _reply(self, msg: Record, req: int, timeout: float | None, what: str) -> Any:
         reply = self._call(msg, lambda m: isinstance(m, Reply) and m.req == req, timeout, what)
@@ -445,7 +453,13 @@ class Client:
         """Send ``msg`` and wait on this thread's socket for the answer ``match`` accepts."""
         limit = self.timeout if timeout is None else max(0.0, timeout)
         sock = self._socket()
-        sock.send_multipart(encode(msg), copy=False)
+        try:
+            sock.send_multipart(encode(msg), copy=False)
+        except zmq.Again:
+            raise MplTimeoutError(
+                f"{what}: the broker at {self.address} took no message for {self.timeout:g} s "
+                "(the queue to it is full)"
+            ) from None
         deadline = time.monotonic() + limit
         short = False  # RCVTIMEO lowered for the last slice before the deadline
         try:
@@ -531,7 +545,9 @@ class Client:
                 now = time.monotonic()
                 if now >= next_beat:
                     next_beat = now + self.heartbeat_s
-                    sock.send_multipart(encode(Heartbeat(sessions=sorted(self.sessions))))
+                    beat = encode(Heartbeat(sessions=sorted(self.sessions)))
+                    with contextlib.suppress(zmq.Again):  # a full queue: this beat is moot
+                        sock.send_multipart(beat, zmq.NOBLOCK)
                 ready = dict(poller.poll(int(max(0.0, next_beat - now) * 1000) + 1))
                 if monitor is not None and monitor in ready:
                     self._handshake_failed(monitor)

@@ -7,8 +7,9 @@ One pump thread per client owns one DEALER (made like any calling thread's, by
 the futures (``concurrent.futures.wait`` / ``as_completed`` work on them as on any other).
 
 Every future is settled, never left waiting: by its result or error, by its deadline
-(``MplTimeoutError``, and the job is cancelled at the broker), by a silent broker, or by the
-client closing (``MplError`` naming the job).
+(``MplTimeoutError``, and the job is cancelled at the broker), by a silent broker, by a
+restarted broker that forgot the job's session (``SessionError``, within ``_IDLE_MS`` of the
+client learning it), or by the client closing (``MplError`` naming the job).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class JobPump:
         self._lock = threading.Lock()
         self._queue: collections.deque[Pending] = collections.deque()
         self._inflight: dict[str, Pending] = {}
+        self._unsent: list[Pending] = []  # in flight, but the socket's queue was full
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._woken = False  # a wake byte is on its way: later submits need not write one
@@ -141,18 +143,27 @@ class JobPump:
             batch = list(self._queue)
             self._queue.clear()
             self._woken = False
-        for p in batch:
+        unsent, self._unsent = self._unsent, []
+        # those that waited for room first, unless their deadline settled them meanwhile
+        retry = [p for p in unsent if self._inflight.get(p.msg.job) is p]
+        for p in [*retry, *batch]:
             self._inflight[p.msg.job] = p
             self._send(sock, p, with_program=p.graph.digest not in self._client._programs)
 
     def _send(self, sock: zmq.Socket[Any], p: Pending, *, with_program: bool) -> None:
+        """Send ``p`` without blocking the pump: while the socket's queue is full (a broker
+        long away), it waits in ``_unsent`` for the next turn, its deadline still running."""
+        try:
+            if with_program:
+                seal = self._client.seal
+                program = seal.program(p.graph) if seal else Program(p.graph.digest, p.graph)
+                sock.send_multipart(encode(program), zmq.NOBLOCK, copy=False)
+                self._client._programs.add(p.graph.digest)
+            sock.send_multipart(encode(p.msg), zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self._unsent.append(p)
+            return
         p.attempts += 1
-        if with_program:
-            seal = self._client.seal
-            program = seal.program(p.graph) if seal else Program(p.graph.digest, p.graph)
-            sock.send_multipart(encode(program), copy=False)
-            self._client._programs.add(p.graph.digest)
-        sock.send_multipart(encode(p.msg), copy=False)
 
     def _receive(self, sock: zmq.Socket[Any]) -> None:
         while True:
@@ -203,14 +214,26 @@ class JobPump:
     def _expire(self, sock: zmq.Socket[Any]) -> None:
         now = time.monotonic()
         silence = self._client._silence
+        lost = self._client._lost
         for job, p in list(self._inflight.items()):
             if silence is not None:
                 del self._inflight[job]
                 _fail(p, silence)
+            elif p.msg.session in lost:  # its answer will never come from the new broker
+                del self._inflight[job]
+                _fail(
+                    p,
+                    SessionError(
+                        f"job {job}: the broker at {self._client.address} restarted and lost "
+                        f"session {p.msg.session}; open a new session"
+                    ),
+                )
             elif now >= p.deadline:
                 del self._inflight[job]
                 reason = f"the driver stopped waiting after {p.limit:g} s"
-                sock.send_multipart(encode(Cancel(p.msg.session, job, reason)), copy=False)
+                with contextlib.suppress(zmq.Again):  # best effort: the broker's own deadline
+                    cancel = encode(Cancel(p.msg.session, job, reason))
+                    sock.send_multipart(cancel, zmq.NOBLOCK, copy=False)
                 _fail(
                     p,
                     MplTimeoutError(
@@ -226,6 +249,7 @@ class JobPump:
         for p in [*queued, *self._inflight.values()]:
             _fail(p, make(f"job {p.msg.job}: {text}"))
         self._inflight.clear()
+        self._unsent.clear()
 
 
 def _fail(p: Pending, exc: BaseException) -> None:

@@ -26,6 +26,8 @@ measured, so both JSON files line up. Phases:
   eager      eager move + call (P0 -> P1) per call; the driver's own cost of an eager call
              and of an @mp.function cache hit (the round trip replaced by a canned answer)
   cpu        CPU per trivial job in each process (driver, broker, workers) vs the raw relay
+  soak       10,000 small jobs with a move: daemons' RSS and table sizes before and after;
+             peak RSS of a 1 GiB P0->P1 move on both ends (scripts/bench_soak.py)
 
 Rows measured against a floor carry it (`floor`, same unit) and the table prints the ratio
 mpl / floor (for rates, above 1 is better; for times, below).
@@ -644,7 +646,15 @@ PHASES: dict[str, Callable[[], None]] = {
     "fanout": phase_fanout,
     "eager": phase_eager,
     "cpu": phase_cpu,
+    "soak": lambda: _soak(),
 }
+
+
+def _soak() -> None:
+    sys.path.insert(0, HERE)
+    from bench_soak import phase_soak
+
+    phase_soak(record)
 
 
 def table() -> str:

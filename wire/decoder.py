@@ -344,3 +344,4 @@ def set_wire_digest(rec: Record, header: Any, bufs: Sequence[Any]) -> None:
     digest a sender claims without trusting the sender or re-pickling anything."""
     if getattr(type(rec), "WIRE_DIGEST", False):
         rec.__dict__["digest"] = frames_digest([header, *bufs])  # fills a cached_property
+        rec.__dict__["wire_nbytes"] = sum(memoryview(f).nbytes for f in (header, *bufs))

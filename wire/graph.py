@@ -88,6 +88,15 @@ class Graph(Record, tag="graph"):
         return frames_digest(encode(self)[1:])
 
     @cached_property
+    def wire_nbytes(self) -> int:
+        """Bytes of the encoded graph (header and buffer frames): what a program cache
+        counts it as. A decoded graph's is that of the bytes it arrived in, so every holder
+        of one program counts the same size."""
+        from mpl.wire.codec import encode  # codec imports records: no cycle
+
+        return sum(memoryview(f).nbytes for f in encode(self)[1:])
+
+    @cached_property
     def ranks(self) -> tuple[int, ...]:
         """Every rank that runs an op of this graph."""
         return tuple(sorted({r for op in self.ops for r in op.ranks}))

@@ -36,6 +36,7 @@ __all__ = [
     "Lit",
     "Program",
     "output_uri",
+    "program_nbytes",
 ]
 
 
@@ -62,6 +63,32 @@ class Program(Record, tag="program"):
     digest: str
     graph: Graph | None
     sealed: dict[int, Sealed] = field(default_factory=dict)
+
+
+def program_nbytes(program: Program, rank: int | None = None) -> int:
+    """What a program cache counts ``program`` as: its graph's encoded bytes, or, sealed
+    (secure mode), the ciphertext sealed for ``rank`` (for every rank when None).
+
+    The ciphertext is never smaller than the graph it opens to, so a worker counting the
+    opened graph never counts more than the broker's mirror of its cache counted.
+    """
+    if program.graph is not None:
+        return program.graph.wire_nbytes
+    boxes = program.sealed.values() if rank is None else [program.sealed.get(rank)]
+    return sum(
+        len(box.salt) + sum(_buffer_nbytes(part) for part in box.parts)
+        for box in boxes
+        if box is not None
+    )
+
+
+def _buffer_nbytes(part: Any) -> int:
+    """Bytes of one ciphertext part: bytes, a frame, or (decoded by the broker, which keeps
+    buffers undecoded) an ``Opaque`` holding one."""
+    try:
+        return memoryview(getattr(part, "buffer", part)).nbytes
+    except TypeError:
+        return 0  # not a buffer: the opener refuses such a box anyway
 
 
 @dataclass(eq=False, repr=False)

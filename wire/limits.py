@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 __all__ = [
     "BIG",
+    "BROKER_PROGRAM_BYTES",
     "INT_MAX",
     "INT_MIN",
     "MAX_CALLS",
@@ -22,12 +23,18 @@ __all__ = [
     "MAX_FRAMES",
     "MAX_HEADER_BYTES",
     "MAX_HEADER_ITEMS",
+    "MAX_JOB_THREADS",
     "MAX_LEASE_S",
     "MAX_MOVES_PENDING",
     "MAX_NESTING",
     "MAX_PERSISTED_NAMES",
+    "MAX_PROGRAM_BYTES",
     "MAX_SESSIONS",
     "MAX_SESSION_SYMBOLS",
+    "MAX_SPU_PENDING",
+    "MAX_SPU_PENDING_BYTES",
+    "PROGRAM_MIRROR_BYTES",
+    "WORKER_PROGRAM_BYTES",
     "BigInt",
     "check_lease",
     "check_ranks",
@@ -82,6 +89,25 @@ MAX_PERSISTED_NAMES = 100_000
 # Peer moves waiting on a worker for their op (a move for a job that never comes waits
 # here until its session closes); beyond it new moves are dropped and counted.
 MAX_MOVES_PENDING = 100_000
+# Job threads one worker runs (a session's tasks run on one of them at a time, in order):
+# sessions beyond it wait for a free thread instead of each making one.
+MAX_JOB_THREADS = 64
+# libspu messages a worker keeps for receives that have not asked for them yet, in number
+# and in bytes (a run consumes its messages as it goes; a flood for a real lane stops
+# here); beyond either, new ones are dropped and counted (``spu_messages_dropped``).
+MAX_SPU_PENDING = 100_000
+MAX_SPU_PENDING_BYTES = 4 << 30
+# Program caches, in bytes of encoded graphs (``mpl.wire.jobs.program_nbytes``) as well as
+# in entries. One program may be at most MAX_PROGRAM_BYTES (functions with what they
+# capture); the broker refuses a bigger one. The broker keeps the programs drivers sent in
+# BROKER_PROGRAM_BYTES, and mirrors each worker's cache in PROGRAM_MIRROR_BYTES; a worker
+# caches WORKER_PROGRAM_BYTES, at least the mirror, so whatever the broker believes a
+# worker caches, it does (an LRU fed the same sequence with more room, counting each
+# program no bigger, holds all the smaller one holds).
+MAX_PROGRAM_BYTES = 256 << 20
+BROKER_PROGRAM_BYTES = 2 << 30
+PROGRAM_MIRROR_BYTES = 1 << 30
+WORKER_PROGRAM_BYTES = 2 << 30
 
 
 # A saved value's name: it becomes a file name on the workers that persist it, so it can

@@ -76,6 +76,10 @@ class SizedLRU(Generic[K, V]):
         self.nbytes -= item[1]
         return item[0]
 
+    def items(self) -> list[tuple[K, V]]:
+        """The entries, least recently used first (a copy: for listings)."""
+        return [(key, value) for key, (value, _) in self._items.items()]
+
     def __contains__(self, key: object) -> bool:
         return key in self._items
 

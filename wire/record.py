@@ -22,6 +22,7 @@ from ``mpl.wire.limits``, any size); ``bool`` is never accepted as an int.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -101,6 +102,11 @@ _SPECS: dict[type[Record], _Spec] = {}
 def _spec(cls: type[Record]) -> _Spec:
     spec = _SPECS.get(cls)
     if spec is None:
+        if not dataclasses.is_dataclass(cls):
+            # A class registers its tag as its body ends, before @dataclass finishes it: if
+            # another thread is importing its module right now (a job thread loading SPU
+            # shares while a share arrives), wait for that import rather than refuse.
+            importlib.import_module(cls.__module__)
         spec = _SPECS[cls] = _Spec(cls)
     return spec
 

@@ -28,15 +28,16 @@ from mpl.wire.control import (
     Welcome,
     WorkerHello,
 )
-from mpl.wire.jobs import Program
-from mpl.wire.lru import LRU
+from mpl.wire.jobs import Program, program_nbytes
+from mpl.wire.limits import WORKER_PROGRAM_BYTES
+from mpl.wire.lru import LRU, SizedLRU
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 
 __all__ = ["PROGRAM_SLOTS", "Joined", "Reconnect", "Stop", "ToBroker", "WorkerCore"]
 
-# At least the broker's mirror (its PROGRAM_SLOTS): an LRU fed the same sequence with more
-# room holds everything the smaller one does.
+# At least the broker's mirror (its PROGRAM_SLOTS, and in bytes see mpl.wire.limits): an LRU
+# fed the same sequence with more room holds everything the smaller one does.
 PROGRAM_SLOTS = 512
 _HELLO_FIRST, _HELLO_MAX = 0.05, 2.0  # quick retries while a broker starts up
 
@@ -89,7 +90,7 @@ class WorkerCore:
         self.hello_wait = _HELLO_FIRST
         self.next_beat = now
         self.directory: dict[int, PeerInfo] = {}
-        self.programs: LRU[str, Program] = LRU(PROGRAM_SLOTS)
+        self.programs: SizedLRU[str, Program] = SizedLRU(PROGRAM_SLOTS, WORKER_PROGRAM_BYTES)
         self.broken: LRU[str, str] = LRU(PROGRAM_SLOTS)  # programs that did not load here, why
         self.refused_programs = 0  # programs whose digest did not match their graph
 
@@ -145,11 +146,11 @@ class WorkerCore:
                     f"{msg.graph.digest}; refused"
                 )
             return
-        self.programs[msg.digest] = msg
+        self.programs.put(msg.digest, msg, program_nbytes(msg))
         self.broken.pop(msg.digest, None)
 
     def program(self, digest: str) -> Program | None:
-        return self.programs.touch(digest)
+        return self.programs.get(digest)
 
     def _rejoin(self, now: float) -> None:
         self.joined = False

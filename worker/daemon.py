@@ -133,6 +133,7 @@ class Worker:
             )
         self._results.connect(broker)
         self._results_lock = threading.Lock()
+        self._channel_owed = False  # joined, but the Channel could not be queued yet
         self.dealer: zmq.Socket[Any] = self._new_dealer()
         disk = SymbolDisk(data_root) if data_root is not None else None
         self.store = ObjectStore(disk)
@@ -218,6 +219,8 @@ class Worker:
                 dealer = self.dealer
                 try:  # timers are guarded like messages: a failing stats() must not stop us
                     self._perform(self.core.tick(time.monotonic(), self.stats))
+                    if self._channel_owed:
+                        self._announce_channel()
                     self.snapshots.serve(self.stats)
                     self.jobs.report_progress()
                 except Exception as exc:
@@ -312,6 +315,20 @@ class Worker:
                 self._results.send_multipart(frames, zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 log.warning("rank %d: result queue full, dropped %s", self.rank, msg.TAG)
+
+    def _announce_channel(self) -> None:
+        """Tell the broker which connection carries our results, without blocking the I/O
+        thread: while the result socket's queue is full (results that piled up while the
+        broker was away), the timers try again on every turn of the loop."""
+        with self._results_lock:
+            if self._closed:
+                return
+            try:
+                frames = encode(Channel(self.rank, self.incarnation))
+                self._results.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                self._channel_owed = False
+            except zmq.Again:
+                log.debug("rank %d: result queue full, the channel is announced later", self.rank)
 
     def _encode(self, msg: Record) -> list[Any] | None:
         """``msg``'s frames; if it cannot be encoded (a result that does not pickle, or is
@@ -510,8 +527,8 @@ class Worker:
                 log.info("rank %d: joined broker %s", self.rank, action.broker_id)
                 if action.new_broker:
                     self.jobs.close_all("the broker restarted")
-                with self._results_lock:  # the broker learns our result channel anew
-                    self._results.send_multipart(encode(Channel(self.rank, self.incarnation)))
+                self._channel_owed = True  # the broker learns our result channel anew
+                self._announce_channel()
                 self.joined.set()
             elif isinstance(action, Stop):
                 self.refused = action.error

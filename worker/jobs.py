@@ -1,15 +1,14 @@
-"""Running jobs off the I/O thread: one runner thread per active session.
+"""Running jobs off the I/O thread, on a bounded pool of job threads (``SessionPool``).
 
 Within a session, work runs in arrival order (jobs, deletes, saves, late fetches), which is
 the order the broker forwarded it in; so a job sees the outputs of the jobs before it and
 a delete never overtakes the job that still reads the value. Sessions do not wait for each
-other. A runner thread exits after a while without work and is recreated on demand.
+other while the pool has a free thread (``job_threads``, MAX_JOB_THREADS by default).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import sys
 import threading
 import time
@@ -21,7 +20,7 @@ from mpl.wire.data import Delete, Fetch, Move
 from mpl.wire.errors import JobAbortedError, SessionError, UnsafeValueError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Abort, Done, Exec, Failed, Lit, Program, output_uri
-from mpl.wire.limits import job_timeout
+from mpl.wire.limits import MAX_JOB_THREADS, job_timeout
 from mpl.wire.lru import LRU
 from mpl.wire.progress import EVERY_S, FIRST_AFTER_S, Progress
 from mpl.wire.record import Record
@@ -31,6 +30,7 @@ from mpl.wire.sessions import Ack, DeleteSymbol, Reply, SaveSymbol
 from mpl.worker.interpreter import ABSENT, OpFailed, Plan, op_label, run_graph
 from mpl.worker.mailbox import Mailbox
 from mpl.worker.peers import PeerLinks
+from mpl.worker.session_pool import SessionPool
 from mpl.worker.spu_link import SpuMailbox
 from mpl.worker.store import ObjectStore, symbol_uri
 from mpl.worker.symbol_disk import check_name
@@ -40,7 +40,6 @@ __all__ = ["DEFAULT_JOB_TIMEOUT_S", "Jobs"]
 log = logging.getLogger("mpl.worker")
 DEFAULT_JOB_TIMEOUT_S = 600.0
 INLINE_BYTES = 64 * 1024  # outputs up to this size ride back inside Done
-_RUNNER_IDLE_S = 30.0
 _CLOSED_MEMORY = 1024
 
 
@@ -90,30 +89,6 @@ def _size(value: Any, budget: int, depth: int) -> int:
                 break
         return total
     return budget + 1
-
-
-class _Runner:
-    """A thread that runs one session's tasks in order."""
-
-    def __init__(self, sid: str, retire: Callable[[_Runner], bool]) -> None:
-        self.sid = sid
-        self.tasks: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._retire = retire
-        self.thread = threading.Thread(target=self._loop, name=f"mpl-session-{sid}", daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            try:
-                task = self.tasks.get(timeout=_RUNNER_IDLE_S)
-            except queue.Empty:
-                if self._retire(self):
-                    return
-                continue
-            try:
-                task()
-            except BaseException:  # tasks report their own errors; the runner must not die
-                log.exception("session %s: task crashed", self.sid)
 
 
 class _JobRun:
@@ -181,6 +156,7 @@ class Jobs:
         job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
         spu_mailbox: SpuMailbox | None = None,
         trusted: bool = False,
+        job_threads: int = MAX_JOB_THREADS,
     ) -> None:
         self.rank = rank
         self.trusted = trusted  # results to drivers may be pickles (a trusted cluster)
@@ -192,7 +168,7 @@ class Jobs:
         self.job_timeout_s = job_timeout_s
         self._factories = dict(extensions or {})
         self._extensions: dict[str, Any] = {}
-        self._runners: dict[str, _Runner] = {}
+        self._pool = SessionPool(job_threads, f"mpl-job-{rank}")
         self._closed: LRU[str, str] = LRU(_CLOSED_MEMORY)
         self._plans: dict[tuple[str, int], Plan] = {}
         self._lock = threading.Lock()
@@ -207,19 +183,7 @@ class Jobs:
 
     # -- scheduling -----------------------------------------------------------------------
     def _submit(self, sid: str, task: Callable[[], None]) -> None:
-        with self._lock:
-            runner = self._runners.get(sid)
-            if runner is None:
-                runner = self._runners[sid] = _Runner(sid, self._retire)
-            runner.tasks.put(task)
-
-    def _retire(self, runner: _Runner) -> bool:
-        with self._lock:
-            if not runner.tasks.empty():
-                return False
-            if self._runners.get(runner.sid) is runner:
-                del self._runners[runner.sid]
-            return True
+        self._pool.submit(sid, task)
 
     def spu_job_failed(self, sid: str, job: str) -> None:
         """Count a failed or aborted job that has SPU ops (once), and drop the lanes."""
@@ -430,17 +394,15 @@ class Jobs:
         if service is not None:
             service.drop_lanes(sid)
         self.store.close(sid)
-        with self._lock:
-            runner = self._runners.get(sid)
-        if runner is not None:  # whatever is still queued may have recreated objects
+        if self._pool.has_work(sid):  # whatever is still queued may have recreated objects
 
             def forget() -> None:
                 self.store.close(sid)
 
-            runner.tasks.put(forget)
+            self._pool.submit(sid, forget)
 
     def close_all(self, reason: str) -> None:
-        for sid in self.store.session_ids() + list(self._runners):
+        for sid in self.store.session_ids() + self._pool.sessions():
             self.close_session(sid, reason)
 
     def report_progress(self) -> None:
@@ -462,6 +424,7 @@ class Jobs:
             "objects": self.store.count(),
             "sessions": len(self.store.session_ids()),
             "jobs_running": len(self._active),
+            "job_threads": self._pool.threads,
             "jobs_done": self.done,
             "jobs_failed": self.failed,
             "moves_pending": self.mailbox.pending(),

@@ -58,20 +58,24 @@ class PeerLinks:
         """Queue ``move`` to its destination; raises instead of blocking past ``deadline``."""
         link = self._link(move.dst)
         frames = encode(move, safe=self.safe)
-        with link.lock:
-            while True:
+        while True:
+            # the lock is taken with a timeout: another send to this peer may be stuck too
+            if link.lock.acquire(timeout=_RETRY_S):
                 try:
                     link.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
                     break
                 except zmq.Again:  # the peer's queue is full: wait, but not forever
-                    reason = aborted()
-                    if reason is not None:
-                        raise JobAbortedError(f"job aborted: {reason}") from None
-                    if time.monotonic() > deadline:
-                        raise MplTimeoutError(
-                            f"rank {move.dst} did not take a move in time (its queue is full)"
-                        ) from None
-                    time.sleep(_RETRY_S)
+                    pass
+                finally:
+                    link.lock.release()
+            reason = aborted()
+            if reason is not None:
+                raise JobAbortedError(f"job aborted: {reason}")
+            if time.monotonic() > deadline:
+                raise MplTimeoutError(
+                    f"rank {move.dst} did not take a move in time (its queue is full)"
+                )
+            time.sleep(_RETRY_S)
         self.bytes_out += frames_nbytes(frames)
 
     def _link(self, dst: int) -> _Link:

@@ -122,12 +122,15 @@ class SpuService:
         _quiet_logs(log_dir)
 
     def stats(self) -> dict[str, int]:
+        mailbox = self.links.mailbox
         return {
             "spu_compiles": self.compiles,
             "spu_cache_hits": self.cache_hits,
             "spu_runs": self.runs,
             "spu_lanes": self.lanes_made,
-            "spu_messages_dropped": self.links.mailbox.held_dropped,  # for lanes not opened
+            # for lanes never opened or already dropped, or beyond the mailbox's bounds
+            "spu_messages_dropped": mailbox.held_dropped + mailbox.dropped + mailbox.overflow,
+            "spu_messages_pending": mailbox.pending()[0],
         }
 
     # -- lanes ----------------------------------------------------------------------------
@@ -301,13 +304,16 @@ def _channel_class() -> Any:
             self.links, self.lane, self.peer = links, lane, peer
 
         def Send(self, key: str, data: bytes) -> None:
-            self.links.send(self.peer, self.lane.id, key, data)
+            lane = self.lane
+            self.links.send(self.peer, lane.id, key, data, lane.job, lane.deadline)
 
         def SendAsync(self, key: str, data: bytes) -> None:
-            self.links.send(self.peer, self.lane.id, key, data)
+            lane = self.lane
+            self.links.send(self.peer, lane.id, key, data, lane.job, lane.deadline)
 
         def SendAsyncThrottled(self, key: str, data: bytes) -> None:
-            self.links.send(self.peer, self.lane.id, key, data)
+            lane = self.lane
+            self.links.send(self.peer, lane.id, key, data, lane.job, lane.deadline)
 
         def Recv(self, key: str) -> bytes:
             lane = self.lane

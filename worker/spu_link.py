@@ -28,6 +28,7 @@ import zmq
 from mpl.wire.control import PeerInfo
 from mpl.wire.curve import PEER_DOMAIN, Curve
 from mpl.wire.errors import JobAbortedError, MplTimeoutError, WorkerLostError
+from mpl.wire.limits import MAX_SPU_PENDING, MAX_SPU_PENDING_BYTES
 from mpl.wire.lru import LRU
 from mpl.wire.sockets import MAX_MESSAGE, configure, drain
 from mpl.worker.holding import Holding
@@ -38,6 +39,7 @@ log = logging.getLogger("mpl.worker")
 SPU_MAGIC = b"MPLS"
 _MEMORY = 4096  # dead lanes and aborted jobs remembered
 _PUMP_S = 0.05  # a waiting receive reads the socket this long before checking aborts again
+_SEND_RETRY_S = 0.005  # a send to a full queue retries this often, checking aborts each time
 
 
 class SpuMailbox:
@@ -46,9 +48,18 @@ class SpuMailbox:
     Messages are accepted for the lanes this worker opened (:meth:`open_lane`); those for
     any other lane wait in a bounded holding area until it opens (a peer may open a lane
     first), and are dropped, counted, when it is full or they are a few seconds old.
+    Messages waiting for their receive are bounded too, in entries and in bytes
+    (MAX_SPU_PENDING, MAX_SPU_PENDING_BYTES): beyond either, a new one is dropped and
+    counted in ``overflow`` (the run that needed it then fails at its deadline).
     """
 
-    def __init__(self, holding: Holding | None = None) -> None:
+    def __init__(
+        self,
+        holding: Holding | None = None,
+        *,
+        max_entries: int = MAX_SPU_PENDING,
+        max_bytes: int = MAX_SPU_PENDING_BYTES,
+    ) -> None:
         self._cond = threading.Condition()
         self._items: dict[tuple[str, int, str], collections.deque[bytes]] = {}
         self._aborted: LRU[tuple[str, str], str] = LRU(_MEMORY)
@@ -56,7 +67,32 @@ class SpuMailbox:
         self._open: LRU[str, bool] = LRU(_MEMORY)
         self._held = holding or Holding()
         self._arrivals = 0  # tells apart held messages that share a key
-        self.dropped = 0
+        self._max_entries = max_entries
+        self._max_bytes = max_bytes
+        self._entries = 0  # messages in _items, and their bytes
+        self._bytes = 0
+        self.dropped = 0  # for lanes already dropped
+        self.overflow = 0  # refused: the mailbox was full
+
+    def pending(self) -> tuple[int, int]:
+        """Messages waiting for their receive, and their bytes."""
+        with self._cond:
+            return self._entries, self._bytes
+
+    def _add(self, slot: tuple[str, int, str], data: bytes) -> bool:
+        if self._entries >= self._max_entries or self._bytes + len(data) > self._max_bytes:
+            self.overflow += 1
+            return False
+        self._items.setdefault(slot, collections.deque()).append(data)
+        self._entries += 1
+        self._bytes += len(data)
+        return True
+
+    def _discard(self, slots: list[tuple[str, int, str]]) -> None:
+        for slot in slots:
+            queue = self._items.pop(slot)
+            self._entries -= len(queue)
+            self._bytes -= sum(len(d) for d in queue)
 
     @property
     def held_dropped(self) -> int:
@@ -73,7 +109,7 @@ class SpuMailbox:
         self._open[lane] = True
         for held, data in self._held.release(lane):
             slot: tuple[str, int, str] = (lane, *held[:2])  # type: ignore[index]
-            self._items.setdefault(slot, collections.deque()).append(data)
+            self._add(slot, data)
         self._cond.notify_all()
 
     def put(self, lane: str, src: int, key: str, data: bytes) -> None:
@@ -85,8 +121,8 @@ class SpuMailbox:
                 self._arrivals += 1
                 self._held.hold(lane, (src, key, self._arrivals), data)
                 return
-            self._items.setdefault((lane, src, key), collections.deque()).append(data)
-            self._cond.notify_all()
+            if self._add((lane, src, key), data):
+                self._cond.notify_all()
 
     def get(
         self,
@@ -111,6 +147,8 @@ class SpuMailbox:
                 queue = self._items.get(slot)
                 if queue:
                     data = queue.popleft()
+                    self._entries -= 1
+                    self._bytes -= len(data)
                     if not queue:
                         del self._items[slot]
                     return data
@@ -133,6 +171,16 @@ class SpuMailbox:
                     if slot not in self._items:
                         self._cond.wait(0.002)
 
+    def stopped(self, lane: str, job: tuple[str, str]) -> str | None:
+        """Why ``job`` on ``lane`` must stop waiting (aborted, or the lane dropped), or None."""
+        with self._cond:
+            reason = self._aborted.get(job)
+            if reason is not None:
+                return f"job {job[1]} aborted: {reason}"
+            if lane in self._dead:
+                return f"SPU lane {lane} was dropped"
+            return None
+
     def abort(self, session: str, job: str, reason: str) -> None:
         """Wake whatever ``job`` waits on with JobAbortedError."""
         with self._cond:
@@ -149,8 +197,7 @@ class SpuMailbox:
             self._dead[lane] = True
             self._open.pop(lane, None)
             self._held.release(lane)
-            for slot in [s for s in self._items if s[0] == lane]:
-                del self._items[slot]
+            self._discard([s for s in self._items if s[0] == lane])
             self._cond.notify_all()
 
     def close_session(self, session: str, reason: str) -> None:
@@ -158,8 +205,7 @@ class SpuMailbox:
             self._held.forget(lambda lane: str(lane).startswith(f"{session}/"))
             for lane in {s[0] for s in self._items if s[0].startswith(f"{session}/")}:
                 self._dead[lane] = True
-            for slot in [s for s in self._items if s[0].startswith(f"{session}/")]:
-                del self._items[slot]
+            self._discard([s for s in self._items if s[0].startswith(f"{session}/")])
             self._cond.notify_all()
 
 
@@ -200,11 +246,36 @@ class SpuLinks:
         self._thread = threading.Thread(target=self._receive, name=f"mpl-spu-{rank}", daemon=True)
         self._thread.start()
 
-    def send(self, dst: int, lane: str, key: str, data: bytes) -> None:
+    def send(
+        self, dst: int, lane: str, key: str, data: bytes, job: tuple[str, str], deadline: float
+    ) -> None:
+        """Queue one libspu message to ``dst`` without ever blocking past ``job``'s end.
+
+        A member that died (or stopped reading) fills its queue; then the send waits, but
+        raises JobAbortedError as soon as ``job`` is aborted or ``lane`` dropped, and
+        MplTimeoutError at ``deadline``: the runtime that called it fails instead of hanging.
+        """
         _, sock, lock = self._socket(dst)
         frames = [SPU_MAGIC, lane.encode(), str(self.rank).encode(), key.encode(), data]
-        with lock:
-            sock.send_multipart(frames, copy=len(data) < 65536)
+        copy = len(data) < 65536
+        while True:
+            if lock.acquire(timeout=_SEND_RETRY_S):  # another send to dst may be stuck too
+                try:
+                    sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
+                    return
+                except zmq.Again:
+                    pass  # the member's queue is full
+                finally:
+                    lock.release()
+            reason = self.mailbox.stopped(lane, job)
+            if reason is not None:
+                raise JobAbortedError(reason, job=job[1])
+            if time.monotonic() > deadline:
+                raise MplTimeoutError(
+                    f"rank {dst} did not take SPU message {key!r} in time (its queue is "
+                    "full); that member may be slow or dead"
+                )
+            time.sleep(_SEND_RETRY_S)
 
     def recv(self, lane: str, src: int, key: str, job: tuple[str, str], deadline: float) -> bytes:
         with self._lock:

@@ -1,0 +1,107 @@
+"""Bounds on tables fed by the network: the SPU mailbox, and the program caches (in entries
+and in bytes, the broker's mirror of each worker's cache in step with it)."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+import mpl.broker.registry as registry
+import mpl.broker.state as broker_state
+import mpl.worker.core as core_module
+from mpl.broker.registry import WorkerEntry
+from mpl.broker.state import BrokerState
+from mpl.wire import ClusterSpec, GraphBuilder
+from mpl.wire.codec import decode, encode
+from mpl.wire.control import WorkerHello
+from mpl.wire.jobs import Program, program_nbytes
+from mpl.wire.sealed import Sealed
+from mpl.worker.core import WorkerCore
+from mpl.worker.spu_link import SpuMailbox
+
+LANE = "s/SP0/t/0"
+
+
+def test_the_spu_mailbox_is_bounded_in_entries_and_counts_what_it_drops() -> None:
+    box = SpuMailbox(max_entries=4, max_bytes=1 << 20)
+    box.open_lane(LANE)
+    for i in range(10):  # a member floods a real lane with distinct keys
+        box.put(LANE, 1, f"k{i}", b"x")
+    assert box.pending() == (4, 4) and box.overflow == 6
+    deadline = time.monotonic() + 1
+    assert box.get(LANE, 1, "k0", ("s", "j"), deadline) == b"x"  # a receive makes room
+    box.put(LANE, 1, "k4", b"y")
+    assert box.pending() == (4, 4) and box.overflow == 6
+
+
+def test_the_spu_mailbox_is_bounded_in_bytes_and_frees_them_with_the_lane() -> None:
+    box = SpuMailbox(max_entries=1000, max_bytes=100)
+    box.open_lane(LANE)
+    box.put(LANE, 1, "a", b"x" * 60)
+    box.put(LANE, 1, "b", b"x" * 60)  # 120 bytes would pass the bound: dropped
+    assert box.pending() == (1, 60) and box.overflow == 1
+    box.drop_lane(LANE)
+    assert box.pending() == (0, 0)
+    other = "s2/SP0/t/0"
+    box.open_lane(other)
+    box.put(other, 1, "a", b"x" * 90)
+    assert box.pending() == (1, 90)
+    box.close_session("s2", "closed")
+    assert box.pending() == (0, 0)
+
+
+def _program(size: int, tag: int) -> Program:
+    b = GraphBuilder(2)
+    v = b.op("constant", [], ranks=(1,), value=bytes([tag % 256]) * size + str(tag).encode())[0]
+    g = b.build([v])
+    return Program(g.digest, g)
+
+
+def test_program_caches_count_bytes_and_the_broker_mirror_stays_in_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(registry, "PROGRAM_MIRROR_BYTES", 40_000)
+    monkeypatch.setattr(core_module, "WORKER_PROGRAM_BYTES", 60_000)
+    mirror = WorkerEntry(1, b"w1", WorkerHello(1, "i", 1, "h", "tcp://d", ""), 0.0, 0.0)
+    worker = WorkerCore(WorkerHello(1, "i", 1, "h", "tcp://d", ""), now=0.0, heartbeat_s=1.0)
+    rng = random.Random(7)
+    made: list[Program] = []
+    for step in range(400):  # new programs of many sizes, and jobs reusing older ones
+        if not made or rng.random() < 0.4:
+            made.append(_program(rng.randrange(200, 12_000), step))
+            p = made[-1]
+        else:
+            p = rng.choice(made)
+        if mirror.needs_program(p.digest, program_nbytes(p, 1)):
+            worker.on_broker(Program(p.digest, p.graph), 0.0)  # what the broker forwards
+        assert worker.program(p.digest) is not None  # the job finds its program
+        assert worker.programs.nbytes <= 60_000 and mirror.programs.nbytes <= 40_000
+    assert len(worker.programs) < len(made)  # before, 512 entries of any size were kept
+
+
+def test_the_broker_refuses_a_program_beyond_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(broker_state, "MAX_PROGRAM_BYTES", 5_000)
+    s = BrokerState(ClusterSpec.simple(2, enable_spu=False), now=0.0, broker_id="B")
+    small, big = _program(100, 1), _program(10_000, 2)
+    assert s.handle(b"d", small, 0.0) == []
+    out = s.handle(b"d", big, 0.0)
+    assert "exceeds MAX_PROGRAM_BYTES" in out[0].msg.error.message
+    assert s.counters["protocol_errors"] == 1 and len(s.programs) == 1
+    # sealed for each rank: judged by what one worker would cache, not by the sum
+    box = Sealed("d", b"salt", [2000], [b"h" * 40, b"c" * 2016])
+    assert s.handle(b"d", Program("many", None, {r: box for r in range(3)}), 0.0) == []
+    huge = Sealed("d", b"salt", [6000], [b"h" * 40, b"c" * 6016])
+    assert s.handle(b"d", Program("huge", None, {0: huge}), 0.0)
+    assert s.counters["protocol_errors"] == 2 and len(s.programs) == 2
+
+
+def test_a_sealed_program_is_counted_alike_decoded_opaque_or_not() -> None:
+    box = Sealed("d", b"salt", [5000], [b"h" * 40, b"c" * 5016])
+    sealed = Program("digest", None, {0: box, 1: box})
+    frames = encode(sealed)
+    at_broker = decode(frames, unpickle=False)  # buffers kept opaque, as the broker does
+    at_worker = decode(frames)
+    assert program_nbytes(at_broker, 0) == program_nbytes(at_worker, 0) == 4 + 40 + 5016
+    assert program_nbytes(at_broker) == 2 * program_nbytes(at_broker, 1)
