@@ -117,7 +117,11 @@ class Registry:
             self.by_peer.pop(current.peer, None)
         entry = WorkerEntry(rank, peer, hello, now, now)
         if current is not None and current.hello.incarnation == hello.incarnation:
+            # the same process again (a repeated hello): it keeps its cache and its channels
             entry.programs = current.programs
+            for channel, bound in list(self.channels.items()):
+                if bound is current:
+                    self.channels[channel] = entry
         self.by_rank[rank] = entry
         self.by_peer[peer] = entry
         self.lost.pop(rank, None)

@@ -163,6 +163,17 @@ def test_a_replayed_incarnation_adds_no_channel_and_takes_no_rank(state: BrokerS
     assert sent(state.handle(b"chan0", Done(sid, "j", 0, {0: 1}), 0.5), JobResult, A)
 
 
+def test_a_worker_that_says_hello_twice_keeps_its_result_channel(state: BrokerState) -> None:
+    # Under load a worker may repeat its hello before the first Welcome arrives; it then
+    # announces its channel once per Welcome. Its results must still count.
+    sid = start_job(state, ranks=(0,))
+    state.handle(b"chan0", Channel(0, "secret0"), 0.1)
+    state.handle(W0, hello(0), 0.2)  # the same process again (same incarnation)
+    state.handle(b"chan0", Channel(0, "secret0"), 0.3)  # the Channel after the 2nd Welcome
+    assert "ignored a channel" not in " ".join(state.errors)
+    assert sent(state.handle(b"chan0", Done(sid, "j", 0, {0: 1}), 0.4), JobResult, A)
+
+
 # -- sessions belong to drivers ----------------------------------------------------------------
 
 

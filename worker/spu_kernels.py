@@ -258,7 +258,11 @@ class SpuService:
         vis = [lib.Visibility.VIS_SECRET if s else lib.Visibility.VIS_PUBLIC for _, _, s in specs]
         # Shares keep their maker's dtype; the function sees JAX's canonical one (spu_dtypes).
         program = with_canonical_inputs(flat_fn, actual, canonical)
-        with compile_scope(actual, canonical):
+        # One compile at a time per process: in the Simulator every member is a thread of
+        # this process, and spu's frontend and JAX's tracing caches are not documented as
+        # safe to enter from two threads at once (a run once failed with "OrderedDict mutated
+        # during iteration"). A daemon has one member, so this costs it nothing.
+        with _COMPILE_LOCK, compile_scope(actual, canonical):
             examples = [spec_of(shape, np.dtype(dtype)) for shape, dtype, _ in specs]
             exe, out_tree = fe.compile(
                 fe.Kind.JAX,
@@ -285,6 +289,7 @@ class SpuService:
 
 
 _CHANNEL: Any = None
+_COMPILE_LOCK = threading.Lock()
 
 
 def _channel_class() -> Any:
