@@ -4,6 +4,15 @@ Within a session, work runs in arrival order (jobs, deletes, saves, late fetches
 the order the broker forwarded it in; so a job sees the outputs of the jobs before it and
 a delete never overtakes the job that still reads the value. Sessions do not wait for each
 other. A runner thread exits after a while without work and is recreated on demand.
+
+Quick jobs skip the hand-off: handing a job to the runner thread and back costs two thread
+wake-ups and a GIL switch, more than a trivial job's whole run on a busy 2-core machine. A
+program runs inline, on the thread that received it, when (1) it is purely local (only the
+opcodes in :data:`INLINE_OPCODES`: no moves to wait for, which the I/O thread itself
+delivers, no SPU, no installed kernels), (2) its last run on this worker took at most
+``inline_s`` (1 ms by default; its first run is always on the runner), and (3) its session
+has nothing queued or running, so arrival order holds. A run that turns out slower sends
+the program's next runs back to the runner thread.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from mpl.wire.data import Delete, Fetch, Move
 from mpl.wire.errors import JobAbortedError, SessionError, UnsafeValueError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Abort, Done, Exec, Failed, Lit, Program, output_uri
+from mpl.wire.kernels import KernelRef
 from mpl.wire.limits import job_timeout
 from mpl.wire.lru import LRU
 from mpl.wire.progress import EVERY_S, FIRST_AFTER_S, Progress
@@ -40,6 +50,9 @@ __all__ = ["DEFAULT_JOB_TIMEOUT_S", "Jobs"]
 log = logging.getLogger("mpl.worker")
 DEFAULT_JOB_TIMEOUT_S = 600.0
 INLINE_BYTES = 64 * 1024  # outputs up to this size ride back inside Done
+INLINE_RUN_S = 0.001  # a program whose last run took at most this may run without hand-off
+# Ops that neither wait on a peer nor reach outside the process (see the module docstring).
+INLINE_OPCODES = frozenset({"pcall", "constant", "getitem", "converge"})
 _RUNNER_IDLE_S = 30.0
 _CLOSED_MEMORY = 1024
 
@@ -92,13 +105,22 @@ def _size(value: Any, budget: int, depth: int) -> int:
     return budget + 1
 
 
+def _local(graph: Graph) -> bool:
+    """The graph's ops neither wait on a peer nor reach outside this process."""
+    return graph.opcodes <= INLINE_OPCODES and not any(isinstance(f, KernelRef) for f in graph.fns)
+
+
 class _Runner:
     """A thread that runs one session's tasks in order."""
 
-    def __init__(self, sid: str, retire: Callable[[_Runner], bool]) -> None:
+    def __init__(
+        self, sid: str, retire: Callable[[_Runner], bool], finished: Callable[[_Runner], None]
+    ) -> None:
         self.sid = sid
         self.tasks: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self.unfinished = 0  # tasks queued or running (changed under Jobs._lock)
         self._retire = retire
+        self._finished = finished
         self.thread = threading.Thread(target=self._loop, name=f"mpl-session-{sid}", daemon=True)
         self.thread.start()
 
@@ -114,6 +136,8 @@ class _Runner:
                 task()
             except BaseException:  # tasks report their own errors; the runner must not die
                 log.exception("session %s: task crashed", self.sid)
+            finally:
+                self._finished(self)
 
 
 class _JobRun:
@@ -181,8 +205,10 @@ class Jobs:
         job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
         spu_mailbox: SpuMailbox | None = None,
         trusted: bool = False,
+        inline_s: float = INLINE_RUN_S,
     ) -> None:
         self.rank = rank
+        self.inline_s = inline_s  # 0 sends every job to the runner thread
         self.trusted = trusted  # results to drivers may be pickles (a trusted cluster)
         self.store = store
         self.mailbox = mailbox
@@ -202,16 +228,30 @@ class Jobs:
         self._spu_jobs: LRU[tuple[str, str], bool] = LRU(_CLOSED_MEMORY)
         self._spu_counted: LRU[tuple[str, str], bool] = LRU(_CLOSED_MEMORY)
         self.spu_failures: dict[str, int] = {}
+        # program digest -> its last run here was quick (see the module docstring)
+        self._quick: LRU[str, bool] = LRU(_CLOSED_MEMORY)
         self.done = 0
         self.failed = 0
+        self.inline = 0  # jobs run without a hand-off to the runner thread
 
     # -- scheduling -----------------------------------------------------------------------
     def _submit(self, sid: str, task: Callable[[], None]) -> None:
         with self._lock:
             runner = self._runners.get(sid)
             if runner is None:
-                runner = self._runners[sid] = _Runner(sid, self._retire)
+                runner = self._runners[sid] = _Runner(sid, self._retire, self._finished)
+            runner.unfinished += 1
             runner.tasks.put(task)
+
+    def _finished(self, runner: _Runner) -> None:
+        with self._lock:
+            runner.unfinished -= 1
+
+    def _idle(self, sid: str) -> bool:
+        """Nothing of session ``sid`` is queued or running on its runner thread."""
+        with self._lock:
+            runner = self._runners.get(sid)
+            return runner is None or runner.unfinished == 0
 
     def _retire(self, runner: _Runner) -> bool:
         with self._lock:
@@ -261,7 +301,18 @@ class Jobs:
             self.post(Failed(msg.session, msg.job, self.rank, error))
             return
         self.mailbox.expect(msg.session, msg.job)  # its moves are welcome from now on
-        self._submit(msg.session, lambda: self._run(msg, graph))
+        if self._quick.get(msg.digest) and self._idle(msg.session):
+            self.inline += 1
+            self._timed_run(msg, graph)
+            return
+        self._submit(msg.session, lambda: self._timed_run(msg, graph))
+
+    def _timed_run(self, msg: Exec, graph: Graph) -> None:
+        """Run the job; remember whether the program may run inline next time."""
+        started = time.perf_counter()
+        self._run(msg, graph)
+        quick = time.perf_counter() - started <= self.inline_s
+        self._quick[msg.digest] = quick and _local(graph)
 
     def _plan(self, digest: str, graph: Graph) -> Plan:
         key = (digest, self.rank)
@@ -464,6 +515,7 @@ class Jobs:
             "jobs_running": len(self._active),
             "jobs_done": self.done,
             "jobs_failed": self.failed,
+            "jobs_inline": self.inline,
             "moves_pending": self.mailbox.pending(),
             "moves_duplicate": self.mailbox.duplicates,
             "moves_held": self.mailbox.held(),
