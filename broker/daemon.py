@@ -32,7 +32,7 @@ from mpl.wire.identity import frame_identity
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
 from mpl.wire.snapshot import SnapshotSlot
-from mpl.wire.sockets import MAX_MESSAGE, configure, drain
+from mpl.wire.sockets import MAX_MESSAGE, configure, drain, send_frames
 from mpl.wire.zap import Gatekeeper
 
 __all__ = ["Broker"]
@@ -223,7 +223,7 @@ class Broker:
                 if frames is None:
                     frames = encoded[id(action.msg)] = encode(action.msg)
             try:
-                self.router.send_multipart([action.peer, *frames], zmq.NOBLOCK, copy=False)
+                send_frames(self.router, [action.peer, *frames])
             except zmq.ZMQError as exc:
                 if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
                     raise

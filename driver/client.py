@@ -62,7 +62,7 @@ from mpl.wire.sessions import (
     StatusRequest,
     SymbolInfo,
 )
-from mpl.wire.sockets import CONTROL_MAX_MESSAGE, configure
+from mpl.wire.sockets import CONTROL_MAX_MESSAGE, configure, recv_frames, send_frames
 
 if TYPE_CHECKING:
     from mpl.driver.sealing import DriverSeal
@@ -390,7 +390,7 @@ class Client:
             holder.close()
 
     def _send(self, msg: Record) -> None:
-        self._socket().send_multipart(encode(msg), copy=False)
+        send_frames(self._socket(), encode(msg), 0)
 
     def _reply(self, msg: Record, req: int, timeout: float | None, what: str) -> Any:
         reply = self._call(msg, lambda m: isinstance(m, Reply) and m.req == req, timeout, what)
@@ -405,7 +405,7 @@ class Client:
         """Send ``msg`` and wait on this thread's socket for the answer ``match`` accepts."""
         limit = self.timeout if timeout is None else max(0.0, timeout)
         sock = self._socket()
-        sock.send_multipart(encode(msg), copy=False)
+        send_frames(sock, encode(msg), 0)
         deadline = time.monotonic() + limit
         short = False  # RCVTIMEO lowered for the last slice before the deadline
         try:
@@ -428,7 +428,7 @@ class Client:
                     sock.setsockopt(zmq.RCVTIMEO, int(left * 1000) + 1)
                     short = True
                 try:
-                    frames = sock.recv_multipart(copy=False)
+                    frames = recv_frames(sock)
                 except zmq.Again:
                     self.progress.tick()
                     continue

@@ -33,6 +33,7 @@ from mpl.wire.graph import Graph
 from mpl.wire.jobs import Cancel, Exec, JobResult, Program
 from mpl.wire.progress import Progress
 from mpl.wire.remote import from_info
+from mpl.wire.sockets import NOBLOCK, recv_frames, send_frames
 
 if TYPE_CHECKING:
     from mpl.driver.client import Client
@@ -152,12 +153,12 @@ class JobPump:
             program = seal.program(p.graph) if seal else Program(p.graph.digest, p.graph)
             sock.send_multipart(encode(program), copy=False)
             self._client._programs.add(p.graph.digest)
-        sock.send_multipart(encode(p.msg), copy=False)
+        send_frames(sock, encode(p.msg), 0)
 
     def _receive(self, sock: zmq.Socket[Any]) -> None:
         while True:
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = recv_frames(sock, NOBLOCK)
             except zmq.Again:
                 return
             try:

@@ -43,7 +43,7 @@ from mpl.wire.remote import ErrorInfo
 from mpl.wire.seal import Sealer
 from mpl.wire.sessions import DeleteSymbol, SaveSymbol, SessionClosed
 from mpl.wire.snapshot import SnapshotSlot
-from mpl.wire.sockets import MAX_MESSAGE, configure, drain
+from mpl.wire.sockets import MAX_MESSAGE, configure, drain, send_frames
 from mpl.wire.zap import Gatekeeper
 from mpl.worker.code_policy import CODE_POLICIES, REFUSAL, holds_pickle
 from mpl.worker.core import Joined, Reconnect, Stop, ToBroker, WorkerCore
@@ -156,9 +156,7 @@ class Worker:
         )
         self.core = WorkerCore(hello, now=time.monotonic(), heartbeat_s=heartbeat_s)
         self.mailbox = Mailbox()
-        self.peers = PeerLinks(
-            self.ctx, lambda: self.core.directory, safe=not trusted, curve=curve
-        )
+        self.peers = PeerLinks(self.ctx, lambda: self.core.directory, safe=not trusted, curve=curve)
         kernel_table = KernelTable(
             lambda: node_bindings(self.core.cluster, rank), kernels, data_root
         )
@@ -294,7 +292,7 @@ class Worker:
         if frames is None:
             return
         try:
-            self.dealer.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            send_frames(self.dealer, frames)
         except zmq.Again:
             log.debug("rank %d: broker unreachable, dropped %s", self.rank, msg.TAG)
 
@@ -309,7 +307,7 @@ class Worker:
             if self._closed:
                 return
             try:
-                self._results.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                send_frames(self._results, frames)
             except zmq.Again:
                 log.warning("rank %d: result queue full, dropped %s", self.rank, msg.TAG)
 

@@ -110,6 +110,15 @@ def _local(graph: Graph) -> bool:
     return graph.opcodes <= INLINE_OPCODES and not any(isinstance(f, KernelRef) for f in graph.fns)
 
 
+_local_runner = threading.local()
+
+
+def _current_runner() -> _Runner | None:
+    """The runner whose thread calls this (None off the runner threads)."""
+    runner: _Runner | None = getattr(_local_runner, "runner", None)
+    return runner
+
+
 class _Runner:
     """A thread that runs one session's tasks in order."""
 
@@ -119,12 +128,20 @@ class _Runner:
         self.sid = sid
         self.tasks: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self.unfinished = 0  # tasks queued or running (changed under Jobs._lock)
+        self._released = False  # the running task already counted itself finished
         self._retire = retire
         self._finished = finished
         self.thread = threading.Thread(target=self._loop, name=f"mpl-session-{sid}", daemon=True)
         self.thread.start()
 
+    def release(self) -> None:
+        """From the running task: count it finished now (its last step is a send)."""
+        if not self._released:
+            self._released = True
+            self._finished(self)
+
     def _loop(self) -> None:
+        _local_runner.runner = self
         while True:
             try:
                 task = self.tasks.get(timeout=_RUNNER_IDLE_S)
@@ -132,12 +149,13 @@ class _Runner:
                 if self._retire(self):
                     return
                 continue
+            self._released = False
             try:
                 task()
             except BaseException:  # tasks report their own errors; the runner must not die
                 log.exception("session %s: task crashed", self.sid)
             finally:
-                self._finished(self)
+                self.release()
 
 
 class _JobRun:
@@ -303,16 +321,23 @@ class Jobs:
         self.mailbox.expect(msg.session, msg.job)  # its moves are welcome from now on
         if self._quick.get(msg.digest) and self._idle(msg.session):
             self.inline += 1
-            self._timed_run(msg, graph)
+            self._timed_run(msg, graph, None)
             return
-        self._submit(msg.session, lambda: self._timed_run(msg, graph))
+        self._submit(msg.session, lambda: self._timed_run(msg, graph, _current_runner()))
 
-    def _timed_run(self, msg: Exec, graph: Graph) -> None:
-        """Run the job; remember whether the program may run inline next time."""
+    def _timed_run(self, msg: Exec, graph: Graph, runner: _Runner | None) -> None:
+        """Run the job, remember whether the program may run inline next time, and answer.
+
+        On a runner, the task counts as finished before the answer goes out: the driver's
+        next job may arrive at once, and should find the session idle."""
         started = time.perf_counter()
-        self._run(msg, graph)
+        reply = self._run(msg, graph)
         quick = time.perf_counter() - started <= self.inline_s
         self._quick[msg.digest] = quick and _local(graph)
+        if runner is not None:
+            runner.release()
+        if reply is not None:
+            self.post(reply)
 
     def _plan(self, digest: str, graph: Graph) -> Plan:
         key = (digest, self.rank)
@@ -323,12 +348,13 @@ class Jobs:
             plan = self._plans[key] = Plan.build(graph, self.rank)
         return plan
 
-    def _run(self, msg: Exec, graph: Graph) -> None:
+    def _run(self, msg: Exec, graph: Graph) -> Record | None:
+        """Run the job; the answer to send (None: aborted, nothing to say)."""
         sid, job = msg.session, msg.job
         if self.closed(sid) or self.mailbox.aborted(sid, job):
             self.mailbox.end(sid, job)
             self.spu_job_failed(sid, job)
-            return
+            return None
         started, wall = time.monotonic(), time.time()
         try:  # capped by this worker's --job-timeout
             timeout = job_timeout(msg.timeout_s, self.job_timeout_s)
@@ -337,8 +363,7 @@ class Jobs:
             self.mailbox.end(sid, job)
             self.spu_job_failed(sid, job)
             error = ErrorInfo("ProtocolError", str(exc), rank=self.rank, op="timeout", job=job)
-            self.post(Failed(sid, job, self.rank, error))
-            return
+            return Failed(sid, job, self.rank, error)
         run = _JobRun(self, sid, job, started + timeout)
         self._active.add((sid, job))
         self._runs[(sid, job)] = run
@@ -354,7 +379,7 @@ class Jobs:
         except JobAbortedError:
             self.store.drop_job(sid, job)
             self.spu_job_failed(sid, job)
-            return
+            return None
         except OpFailed as exc:
             self.failed += 1
             self.spu_job_failed(sid, job)
@@ -366,15 +391,11 @@ class Jobs:
                 info.message[:200],
                 extra={"session": sid, "job": job, "error": info.message[:200]},
             )
-            self.post(Failed(sid, job, self.rank, info))
-            return
+            return Failed(sid, job, self.rank, info)
         except BaseException as exc:  # user code may raise SystemExit: still a failed job
             self.failed += 1
             self.spu_job_failed(sid, job)
-            self.post(
-                Failed(sid, job, self.rank, to_info(exc, rank=self.rank, op="inputs", job=job))
-            )
-            return
+            return Failed(sid, job, self.rank, to_info(exc, rank=self.rank, op="inputs", job=job))
         finally:
             self._active.discard((sid, job))
             self._runs.pop((sid, job), None)
@@ -383,7 +404,7 @@ class Jobs:
                 self.spu_mailbox.end(sid, job)
         if self.closed(sid) or self.mailbox.aborted(sid, job):
             self.spu_job_failed(sid, job)
-            return
+            return None
         values: dict[int, Any] = {}
         metas: dict[int, str] = {}
         for i, value in enumerate(outputs):
@@ -395,7 +416,7 @@ class Jobs:
                 values[i] = value
         self.done += 1
         stats = {"run_s": time.monotonic() - started, "started": wall, "ops": run.spans}
-        self.post(Done(sid, job, self.rank, values, stats, metas))
+        return Done(sid, job, self.rank, values, stats, metas)
 
     def _resolve(self, sid: str, binding: Any) -> Any:
         if binding is None:

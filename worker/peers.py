@@ -20,7 +20,7 @@ from mpl.wire.control import PeerInfo
 from mpl.wire.curve import Curve
 from mpl.wire.data import Move
 from mpl.wire.errors import JobAbortedError, MplTimeoutError, WorkerLostError
-from mpl.wire.sockets import configure
+from mpl.wire.sockets import configure, send_frames
 
 __all__ = ["PeerLinks"]
 
@@ -61,7 +61,7 @@ class PeerLinks:
         with link.lock:
             while True:
                 try:
-                    link.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                    send_frames(link.sock, frames)
                     break
                 except zmq.Again:  # the peer's queue is full: wait, but not forever
                     reason = aborted()
