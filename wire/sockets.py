@@ -25,6 +25,7 @@ __all__ = [
     "MAX_MESSAGE",
     "configure",
     "drain",
+    "poll_in",
     "recv_frames",
     "recv_message",
     "send_frames",
@@ -47,6 +48,8 @@ _COPY_BELOW = 64 * 1024  # pyzmq's copy threshold: smaller frames are copied, no
 # mostly by combining IntFlag enums. Same semantics, same exceptions.
 _raw_send = zmq.backend.Socket.send
 _raw_recv = zmq.backend.Socket.recv
+_raw_get = zmq.backend.Socket.get
+_EVENTS = int(zmq.EVENTS)
 assert issubclass(zmq.Socket, zmq.backend.Socket)
 
 
@@ -73,12 +76,18 @@ def drain(sock: zmq.Socket[Any], limit: int = 256) -> Iterator[list[zmq.Frame]]:
     exception costs more than the check.
     """
     for i in range(limit):
-        if i and not int(sock.getsockopt(zmq.EVENTS)) & _POLLIN:
+        if i and not int(_raw_get(sock, _EVENTS)) & _POLLIN:
             return
         try:
             yield recv_frames(sock, NOBLOCK)
         except zmq.Again:
             return
+
+
+def poll_in(sock: zmq.Socket[Any], timeout_ms: int) -> bool:
+    """Whether a message waits on ``sock`` within ``timeout_ms``: ``sock.poll`` without the
+    Poller object it builds on every call."""
+    return bool(zmq.zmq_poll([(sock, _POLLIN)], timeout_ms))
 
 
 def recv_frames(sock: zmq.Socket[Any], flags: int = 0) -> list[zmq.Frame]:
