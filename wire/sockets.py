@@ -45,12 +45,17 @@ _MORE = int(zmq.SNDMORE)
 _COPY_BELOW = 64 * 1024  # pyzmq's copy threshold: smaller frames are copied, not tracked
 # The hot path calls the compiled socket methods directly: pyzmq's Python layer around them
 # (send_multipart, recv_multipart) costs more per message than the send or receive itself,
-# mostly by combining IntFlag enums. Same semantics, same exceptions.
+# mostly by combining IntFlag enums. Same semantics, same exceptions. An object that only
+# looks like a socket (a test's wrapper that watches the traffic) gets the pyzmq calls.
 _raw_send = zmq.backend.Socket.send
 _raw_recv = zmq.backend.Socket.recv
 _raw_get = zmq.backend.Socket.get
 _EVENTS = int(zmq.EVENTS)
 assert issubclass(zmq.Socket, zmq.backend.Socket)
+
+
+def _compiled(sock: object) -> bool:
+    return isinstance(sock, zmq.backend.Socket)
 
 
 def configure(
@@ -75,8 +80,9 @@ def drain(sock: zmq.Socket[Any], limit: int = 256) -> Iterator[list[zmq.Frame]]:
     Checks ZMQ_EVENTS between receives instead of ending on ``zmq.Again``: building that
     exception costs more than the check.
     """
+    raw = _compiled(sock)
     for i in range(limit):
-        if i and not int(_raw_get(sock, _EVENTS)) & _POLLIN:
+        if i and not int(_raw_get(sock, _EVENTS) if raw else sock.getsockopt(_EVENTS)) & _POLLIN:
             return
         try:
             yield recv_frames(sock, NOBLOCK)
@@ -87,12 +93,16 @@ def drain(sock: zmq.Socket[Any], limit: int = 256) -> Iterator[list[zmq.Frame]]:
 def poll_in(sock: zmq.Socket[Any], timeout_ms: int) -> bool:
     """Whether a message waits on ``sock`` within ``timeout_ms``: ``sock.poll`` without the
     Poller object it builds on every call."""
+    if not _compiled(sock):
+        return bool(sock.poll(timeout_ms, _POLLIN))
     return bool(zmq.zmq_poll([(sock, _POLLIN)], timeout_ms))
 
 
 def recv_frames(sock: zmq.Socket[Any], flags: int = 0) -> list[zmq.Frame]:
     """One multipart message as ``zmq.Frame`` objects (no copy): ``recv_multipart(flags,
     copy=False)`` without its per-part overhead. Raises ``zmq.Again`` as it does."""
+    if not _compiled(sock):
+        return list(sock.recv_multipart(flags, copy=False))
     frame = _raw_recv(sock, flags, False)
     frames = [frame]
     while frame.more:  # the rest of a multipart message is already there: never blocks
@@ -109,6 +119,9 @@ def send_frames(sock: zmq.Socket[Any], frames: Sequence[Any], flags: int = NOBLO
     ``flags`` goes with every part, as in ``send_multipart``; errors are the same
     (``zmq.Again`` on a full queue with NOBLOCK, EHOSTUNREACH from a mandatory ROUTER).
     """
+    if not _compiled(sock):
+        sock.send_multipart(frames, flags, copy=False)
+        return
     last = len(frames) - 1
     for i, frame in enumerate(frames):
         more = _MORE if i < last else 0
