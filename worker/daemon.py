@@ -4,9 +4,11 @@
 * a PULL it binds for peer moves (its address goes to the broker's directory).
 
 Jobs run on per-session threads (``jobs.py``), so heartbeats and fetches keep flowing while a
-job computes. Job threads send their answers on a second DEALER, the result channel (one
-socket behind a lock, announced to the broker with ``Channel``), and their moves on the
-peer links (``peers.py``): neither waits for the I/O thread.
+job computes; only a quick, purely local program whose last run took under a millisecond runs
+on the I/O thread itself (no hand-off, see ``jobs.py``). Job threads send their answers on a
+second DEALER, the result channel (one socket behind a lock, announced to the broker with
+``Channel``), and their moves on the peer links (``peers.py``): neither waits for the I/O
+thread.
 
 In secure mode (``curve``) every socket runs CurveZMQ with keys from the worker's OWN copy
 of the cluster spec: its DEALERs pin the broker's key, its peer links pin each rank's key,
