@@ -32,7 +32,7 @@ from mpl.wire.identity import frame_identity
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
 from mpl.wire.snapshot import SnapshotSlot
-from mpl.wire.sockets import MAX_MESSAGE, configure, drain
+from mpl.wire.sockets import MAX_MESSAGE, configure, drain, poll_in, send_frames
 from mpl.wire.zap import Gatekeeper
 
 __all__ = ["Broker"]
@@ -113,7 +113,7 @@ class Broker:
                 # Only the ROUTER is polled on the hot path; socket-monitor events (closed
                 # connections) are read with the timers, at least every _TICK_S.
                 wait = max(0.0, min(next_tick - time.monotonic(), _TICK_S))
-                if self.router.poll(int(wait * 1000) + 1):
+                if poll_in(self.router, int(wait * 1000) + 1):
                     self._drain_router()
                 now = time.monotonic()
                 if now >= next_tick:
@@ -223,7 +223,7 @@ class Broker:
                 if frames is None:
                     frames = encoded[id(action.msg)] = encode(action.msg)
             try:
-                self.router.send_multipart([action.peer, *frames], zmq.NOBLOCK, copy=False)
+                send_frames(self.router, [action.peer, *frames])
             except zmq.ZMQError as exc:
                 if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
                     raise

@@ -64,7 +64,7 @@ from mpl.wire.sessions import (
     StatusRequest,
     SymbolInfo,
 )
-from mpl.wire.sockets import CONTROL_MAX_MESSAGE, configure
+from mpl.wire.sockets import CONTROL_MAX_MESSAGE, configure, recv_frames
 
 if TYPE_CHECKING:
     from mpl.driver.sealing import DriverSeal
@@ -482,7 +482,7 @@ class Client:
                     sock.setsockopt(zmq.RCVTIMEO, int(left * 1000) + 1)
                     short = True
                 try:
-                    frames = sock.recv_multipart(copy=False)
+                    frames = recv_frames(sock)
                 except zmq.Again:
                     self.progress.tick()
                     continue

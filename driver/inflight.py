@@ -34,6 +34,7 @@ from mpl.wire.graph import Graph
 from mpl.wire.jobs import Cancel, Exec, JobResult, Program
 from mpl.wire.progress import Progress
 from mpl.wire.remote import from_info
+from mpl.wire.sockets import NOBLOCK, recv_frames
 
 if TYPE_CHECKING:
     from mpl.driver.client import Client
@@ -168,7 +169,7 @@ class JobPump:
     def _receive(self, sock: zmq.Socket[Any]) -> None:
         while True:
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = recv_frames(sock, NOBLOCK)
             except zmq.Again:
                 return
             try:

@@ -78,3 +78,15 @@ def make_point(x: int) -> Point:
 
 def point_x(p: Point) -> int:
     return p.x
+
+
+def thread_name() -> str:
+    """The name of the worker thread that runs this (the I/O thread or a session runner)."""
+    import threading
+
+    return threading.current_thread().name
+
+
+def nap_then_thread(seconds: float) -> str:
+    time.sleep(seconds)
+    return thread_name()

@@ -14,6 +14,7 @@ routing id (a raw DEALER) is an anonymous driver of its own, ``driver:~<routing 
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 
@@ -41,6 +42,7 @@ def driver_routing_id(name: str) -> bytes:
     return _PREFIX + check_driver_name(name).encode() + b"/" + secrets.token_hex(6).encode()
 
 
+@functools.lru_cache(maxsize=1024)  # asked for every message a driver sends; bounded
 def plaintext_identity(peer: bytes) -> str:
     """The driver identity the routing id ``peer`` declares (unauthenticated)."""
     if peer.startswith(_PREFIX):

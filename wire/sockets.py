@@ -25,7 +25,10 @@ __all__ = [
     "MAX_MESSAGE",
     "configure",
     "drain",
+    "poll_in",
+    "recv_frames",
     "recv_message",
+    "send_frames",
     "send_message",
 ]
 
@@ -37,6 +40,22 @@ CONTROL_MAX_MESSAGE = 4 << 20
 HANDSHAKE_IVL_MS = 5_000  # libzmq's default is 30 s: a stalled handshake holds a slot that long
 _HWM = 10_000
 _POLLIN = int(zmq.POLLIN)  # a plain int: `int & IntFlag` would build an enum each time
+NOBLOCK = int(zmq.NOBLOCK)
+_MORE = int(zmq.SNDMORE)
+_COPY_BELOW = 64 * 1024  # pyzmq's copy threshold: smaller frames are copied, not tracked
+# The hot path calls the compiled socket methods directly: pyzmq's Python layer around them
+# (send_multipart, recv_multipart) costs more per message than the send or receive itself,
+# mostly by combining IntFlag enums. Same semantics, same exceptions. An object that only
+# looks like a socket (a test's wrapper that watches the traffic) gets the pyzmq calls.
+_raw_send = zmq.backend.Socket.send
+_raw_recv = zmq.backend.Socket.recv
+_raw_get = zmq.backend.Socket.get
+_EVENTS = int(zmq.EVENTS)
+assert issubclass(zmq.Socket, zmq.backend.Socket)
+
+
+def _compiled(sock: object) -> bool:
+    return isinstance(sock, zmq.backend.Socket)
 
 
 def configure(
@@ -61,13 +80,55 @@ def drain(sock: zmq.Socket[Any], limit: int = 256) -> Iterator[list[zmq.Frame]]:
     Checks ZMQ_EVENTS between receives instead of ending on ``zmq.Again``: building that
     exception costs more than the check.
     """
+    raw = _compiled(sock)
     for i in range(limit):
-        if i and not int(sock.getsockopt(zmq.EVENTS)) & _POLLIN:
+        if i and not int(_raw_get(sock, _EVENTS) if raw else sock.getsockopt(_EVENTS)) & _POLLIN:
             return
         try:
-            yield sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            yield recv_frames(sock, NOBLOCK)
         except zmq.Again:
             return
+
+
+def poll_in(sock: zmq.Socket[Any], timeout_ms: int) -> bool:
+    """Whether a message waits on ``sock`` within ``timeout_ms``: ``sock.poll`` without the
+    Poller object it builds on every call."""
+    if not _compiled(sock):
+        return bool(sock.poll(timeout_ms, _POLLIN))
+    return bool(zmq.zmq_poll([(sock, _POLLIN)], timeout_ms))
+
+
+def recv_frames(sock: zmq.Socket[Any], flags: int = 0) -> list[zmq.Frame]:
+    """One multipart message as ``zmq.Frame`` objects (no copy): ``recv_multipart(flags,
+    copy=False)`` without its per-part overhead. Raises ``zmq.Again`` as it does."""
+    if not _compiled(sock):
+        return list(sock.recv_multipart(flags, copy=False))
+    frame = _raw_recv(sock, flags, False)
+    frames = [frame]
+    while frame.more:  # the rest of a multipart message is already there: never blocks
+        frame = _raw_recv(sock, 0, False)
+        frames.append(frame)
+    return frames
+
+
+def send_frames(sock: zmq.Socket[Any], frames: Sequence[Any], flags: int = NOBLOCK) -> None:
+    """Send ``frames`` as one multipart message: ``send_multipart(frames, flags,
+    copy=False)`` without its per-part overhead. Small ``bytes`` frames are copied (cheaper
+    than tracking them); everything else goes to libzmq as it is (zero-copy when large).
+
+    ``flags`` goes with every part, as in ``send_multipart``; errors are the same
+    (``zmq.Again`` on a full queue with NOBLOCK, EHOSTUNREACH from a mandatory ROUTER).
+    """
+    if not _compiled(sock):
+        sock.send_multipart(frames, flags, copy=False)
+        return
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        more = _MORE if i < last else 0
+        if type(frame) is bytes and len(frame) < _COPY_BELOW:
+            _raw_send(sock, frame, flags | more)
+        else:
+            _raw_send(sock, frame, flags | more, False)
 
 
 def send_message(
@@ -75,11 +136,11 @@ def send_message(
 ) -> int:
     """Encode and send ``msg`` behind ``envelope``; returns the bytes sent."""
     frames = encode(msg)
-    sock.send_multipart([*envelope, *frames], flags=flags, copy=False)
+    send_frames(sock, [*envelope, *frames], flags)
     return frames_nbytes(frames)
 
 
 def recv_message(sock: zmq.Socket[Any], *, unpickle: bool = True, safe: bool = True) -> Record:
     """Receive and decode one message without an envelope (DEALER, PULL, PAIR); in the safe
     value format unless ``safe=False`` (see ``mpl.wire.safe_values``)."""
-    return decode(sock.recv_multipart(copy=False), unpickle=unpickle, safe=safe)
+    return decode(recv_frames(sock), unpickle=unpickle, safe=safe)

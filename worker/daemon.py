@@ -4,9 +4,11 @@
 * a PULL it binds for peer moves (its address goes to the broker's directory).
 
 Jobs run on per-session threads (``jobs.py``), so heartbeats and fetches keep flowing while a
-job computes. Job threads send their answers on a second DEALER, the result channel (one
-socket behind a lock, announced to the broker with ``Channel``), and their moves on the
-peer links (``peers.py``): neither waits for the I/O thread.
+job computes; only a quick, purely local program whose last run took under a millisecond runs
+on the I/O thread itself (no hand-off, see ``jobs.py``). Job threads send their answers on a
+second DEALER, the result channel (one socket behind a lock, announced to the broker with
+``Channel``), and their moves on the peer links (``peers.py``): neither waits for the I/O
+thread.
 
 In secure mode (``curve``) every socket runs CurveZMQ with keys from the worker's OWN copy
 of the cluster spec: its DEALERs pin the broker's key, its peer links pin each rank's key,
@@ -43,7 +45,7 @@ from mpl.wire.remote import ErrorInfo
 from mpl.wire.seal import Sealer
 from mpl.wire.sessions import DeleteSymbol, SaveSymbol, SessionClosed
 from mpl.wire.snapshot import SnapshotSlot
-from mpl.wire.sockets import MAX_MESSAGE, configure, drain
+from mpl.wire.sockets import MAX_MESSAGE, configure, drain, send_frames
 from mpl.wire.zap import Gatekeeper
 from mpl.worker.code_policy import CODE_POLICIES, REFUSAL, holds_pickle
 from mpl.worker.core import Joined, Reconnect, Stop, ToBroker, WorkerCore
@@ -157,9 +159,7 @@ class Worker:
         )
         self.core = WorkerCore(hello, now=time.monotonic(), heartbeat_s=heartbeat_s)
         self.mailbox = Mailbox()
-        self.peers = PeerLinks(
-            self.ctx, lambda: self.core.directory, safe=not trusted, curve=curve
-        )
+        self.peers = PeerLinks(self.ctx, lambda: self.core.directory, safe=not trusted, curve=curve)
         kernel_table = KernelTable(
             lambda: node_bindings(self.core.cluster, rank), kernels, data_root
         )
@@ -297,7 +297,7 @@ class Worker:
         if frames is None:
             return
         try:
-            self.dealer.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            send_frames(self.dealer, frames)
         except zmq.Again:
             log.debug("rank %d: broker unreachable, dropped %s", self.rank, msg.TAG)
 
@@ -312,7 +312,7 @@ class Worker:
             if self._closed:
                 return
             try:
-                self._results.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                send_frames(self._results, frames)
             except zmq.Again:
                 log.warning("rank %d: result queue full, dropped %s", self.rank, msg.TAG)
 

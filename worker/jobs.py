@@ -4,6 +4,15 @@ Within a session, work runs in arrival order (jobs, deletes, saves, late fetches
 the order the broker forwarded it in; so a job sees the outputs of the jobs before it and
 a delete never overtakes the job that still reads the value. Sessions do not wait for each
 other while the pool has a free thread (``job_threads``, MAX_JOB_THREADS by default).
+
+Quick jobs skip the hand-off: handing a job to a pool thread and back costs two thread
+wake-ups and a GIL switch, more than a trivial job's whole run on a busy 2-core machine. A
+program runs inline, on the thread that received it, when (1) it is purely local (only the
+opcodes in :data:`INLINE_OPCODES`: no moves to wait for, which the I/O thread itself
+delivers, no SPU, no installed kernels), (2) its last run on this worker took at most
+``inline_s`` (1 ms by default; its first run is always on the pool), and (3) its session
+has nothing queued or running, so arrival order holds. A run that turns out slower sends
+the program's next runs back to the pool.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from mpl.wire.data import Delete, Fetch, Move
 from mpl.wire.errors import JobAbortedError, SessionError, UnsafeValueError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Abort, Done, Exec, Failed, Lit, Program, output_uri
+from mpl.wire.kernels import KernelRef
 from mpl.wire.limits import MAX_JOB_THREADS, job_timeout
 from mpl.wire.lru import LRU
 from mpl.wire.progress import EVERY_S, FIRST_AFTER_S, Progress
@@ -40,6 +50,9 @@ __all__ = ["DEFAULT_JOB_TIMEOUT_S", "Jobs"]
 log = logging.getLogger("mpl.worker")
 DEFAULT_JOB_TIMEOUT_S = 600.0
 INLINE_BYTES = 64 * 1024  # outputs up to this size ride back inside Done
+INLINE_RUN_S = 0.001  # a program whose last run took at most this may run without hand-off
+# Ops that neither wait on a peer nor reach outside the process (see the module docstring).
+INLINE_OPCODES = frozenset({"pcall", "constant", "getitem", "converge"})
 _CLOSED_MEMORY = 1024
 
 
@@ -89,6 +102,11 @@ def _size(value: Any, budget: int, depth: int) -> int:
                 break
         return total
     return budget + 1
+
+
+def _local(graph: Graph) -> bool:
+    """The graph's ops neither wait on a peer nor reach outside this process."""
+    return graph.opcodes <= INLINE_OPCODES and not any(isinstance(f, KernelRef) for f in graph.fns)
 
 
 class _JobRun:
@@ -157,8 +175,10 @@ class Jobs:
         spu_mailbox: SpuMailbox | None = None,
         trusted: bool = False,
         job_threads: int = MAX_JOB_THREADS,
+        inline_s: float = INLINE_RUN_S,
     ) -> None:
         self.rank = rank
+        self.inline_s = inline_s  # 0 sends every job to the pool
         self.trusted = trusted  # results to drivers may be pickles (a trusted cluster)
         self.store = store
         self.mailbox = mailbox
@@ -178,12 +198,19 @@ class Jobs:
         self._spu_jobs: LRU[tuple[str, str], bool] = LRU(_CLOSED_MEMORY)
         self._spu_counted: LRU[tuple[str, str], bool] = LRU(_CLOSED_MEMORY)
         self.spu_failures: dict[str, int] = {}
+        # program digest -> its last run here was quick (see the module docstring)
+        self._quick: LRU[str, bool] = LRU(_CLOSED_MEMORY)
         self.done = 0
         self.failed = 0
+        self.inline = 0  # jobs run without a hand-off to the pool
 
     # -- scheduling -----------------------------------------------------------------------
     def _submit(self, sid: str, task: Callable[[], None]) -> None:
         self._pool.submit(sid, task)
+
+    def _idle(self, sid: str) -> bool:
+        """Nothing of session ``sid`` is queued or running on the pool."""
+        return not self._pool.has_work(sid)
 
     def spu_job_failed(self, sid: str, job: str) -> None:
         """Count a failed or aborted job that has SPU ops (once), and drop the lanes."""
@@ -225,7 +252,20 @@ class Jobs:
             self.post(Failed(msg.session, msg.job, self.rank, error))
             return
         self.mailbox.expect(msg.session, msg.job)  # its moves are welcome from now on
-        self._submit(msg.session, lambda: self._run(msg, graph))
+        if self._quick.get(msg.digest) and self._idle(msg.session):
+            self.inline += 1
+            self._timed_run(msg, graph)
+            return
+        self._submit(msg.session, lambda: self._timed_run(msg, graph))
+
+    def _timed_run(self, msg: Exec, graph: Graph) -> None:
+        """Run the job, remember whether the program may run inline next time, and answer."""
+        started = time.perf_counter()
+        reply = self._run(msg, graph)
+        quick = time.perf_counter() - started <= self.inline_s
+        self._quick[msg.digest] = quick and _local(graph)
+        if reply is not None:
+            self.post(reply)
 
     def _plan(self, digest: str, graph: Graph) -> Plan:
         key = (digest, self.rank)
@@ -236,12 +276,13 @@ class Jobs:
             plan = self._plans[key] = Plan.build(graph, self.rank)
         return plan
 
-    def _run(self, msg: Exec, graph: Graph) -> None:
+    def _run(self, msg: Exec, graph: Graph) -> Record | None:
+        """Run the job; the answer to send (None: aborted, nothing to say)."""
         sid, job = msg.session, msg.job
         if self.closed(sid) or self.mailbox.aborted(sid, job):
             self.mailbox.end(sid, job)
             self.spu_job_failed(sid, job)
-            return
+            return None
         started, wall = time.monotonic(), time.time()
         try:  # capped by this worker's --job-timeout
             timeout = job_timeout(msg.timeout_s, self.job_timeout_s)
@@ -250,8 +291,7 @@ class Jobs:
             self.mailbox.end(sid, job)
             self.spu_job_failed(sid, job)
             error = ErrorInfo("ProtocolError", str(exc), rank=self.rank, op="timeout", job=job)
-            self.post(Failed(sid, job, self.rank, error))
-            return
+            return Failed(sid, job, self.rank, error)
         run = _JobRun(self, sid, job, started + timeout)
         self._active.add((sid, job))
         self._runs[(sid, job)] = run
@@ -267,7 +307,7 @@ class Jobs:
         except JobAbortedError:
             self.store.drop_job(sid, job)
             self.spu_job_failed(sid, job)
-            return
+            return None
         except OpFailed as exc:
             self.failed += 1
             self.spu_job_failed(sid, job)
@@ -279,15 +319,11 @@ class Jobs:
                 info.message[:200],
                 extra={"session": sid, "job": job, "error": info.message[:200]},
             )
-            self.post(Failed(sid, job, self.rank, info))
-            return
+            return Failed(sid, job, self.rank, info)
         except BaseException as exc:  # user code may raise SystemExit: still a failed job
             self.failed += 1
             self.spu_job_failed(sid, job)
-            self.post(
-                Failed(sid, job, self.rank, to_info(exc, rank=self.rank, op="inputs", job=job))
-            )
-            return
+            return Failed(sid, job, self.rank, to_info(exc, rank=self.rank, op="inputs", job=job))
         finally:
             self._active.discard((sid, job))
             self._runs.pop((sid, job), None)
@@ -296,7 +332,7 @@ class Jobs:
                 self.spu_mailbox.end(sid, job)
         if self.closed(sid) or self.mailbox.aborted(sid, job):
             self.spu_job_failed(sid, job)
-            return
+            return None
         values: dict[int, Any] = {}
         metas: dict[int, str] = {}
         for i, value in enumerate(outputs):
@@ -308,7 +344,7 @@ class Jobs:
                 values[i] = value
         self.done += 1
         stats = {"run_s": time.monotonic() - started, "started": wall, "ops": run.spans}
-        self.post(Done(sid, job, self.rank, values, stats, metas))
+        return Done(sid, job, self.rank, values, stats, metas)
 
     def _resolve(self, sid: str, binding: Any) -> Any:
         if binding is None:
@@ -427,6 +463,7 @@ class Jobs:
             "job_threads": self._pool.threads,
             "jobs_done": self.done,
             "jobs_failed": self.failed,
+            "jobs_inline": self.inline,
             "moves_pending": self.mailbox.pending(),
             "moves_duplicate": self.mailbox.duplicates,
             "moves_held": self.mailbox.held(),

@@ -20,7 +20,7 @@ from mpl.wire.control import PeerInfo
 from mpl.wire.curve import Curve
 from mpl.wire.data import Move
 from mpl.wire.errors import JobAbortedError, MplTimeoutError, WorkerLostError
-from mpl.wire.sockets import configure
+from mpl.wire.sockets import configure, send_frames
 
 __all__ = ["PeerLinks"]
 
@@ -62,7 +62,7 @@ class PeerLinks:
             # the lock is taken with a timeout: another send to this peer may be stuck too
             if link.lock.acquire(timeout=_RETRY_S):
                 try:
-                    link.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                    send_frames(link.sock, frames)
                     break
                 except zmq.Again:  # the peer's queue is full: wait, but not forever
                     pass
