@@ -14,6 +14,10 @@ Every message is judged by who really sent it, never by a field the sender wrote
   routing id declares in plaintext mode (:mod:`mpl.wire.routing`). Sessions belong to the
   identity that opened them and the ones it shares them with; programs are cached per
   identity; a ``sym:`` value is read only once loaded into the caller's own session.
+
+Families of handlers live beside it, each a small class over this state: names
+(``names.py``), fetches and deletes (``data.py``), listings (``listing.py``); the checks
+they share are ``access.py`` and ``admission.py``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from mpl.broker.access import Access
 from mpl.broker.actions import Send
 from mpl.broker.admission import refuse_call, refuse_open
 from mpl.broker.calls import Call, CallTable, JobCall, RequestCall, lost_rank_error
+from mpl.broker.data import DataCalls
 from mpl.broker.listing import Listing
 from mpl.broker.names import Names
 from mpl.broker.persisted import PersistedTable
@@ -131,6 +136,7 @@ class BrokerState:
         self.counters = {"jobs_done": 0, "jobs_failed": 0, "bytes_routed": 0, "protocol_errors": 0}
         self.access = Access(cluster, self.registry, self.sessions, self.counters, self._note)
         self.names = Names(self)
+        self.data = DataCalls(self)
         self.listing = Listing(self)
         self._next_beat = now
         self._handlers: dict[
@@ -148,10 +154,10 @@ class BrokerState:
             Failed: self._on_failed,
             Progress: self._on_progress,
             Cancel: self._on_cancel,
-            Fetch: self._on_fetch,
-            Reply: self._on_worker_reply,
+            Fetch: self.data.on_fetch,
+            Reply: self.data.on_worker_reply,
             Ack: self.names.on_ack,
-            Delete: self._on_delete,
+            Delete: self.data.on_delete,
             SaveSymbol: self.names.on_save,
             LoadSymbol: self.names.on_load,
             DeleteSymbol: self.names.on_unsave,
@@ -550,55 +556,6 @@ class BrokerState:
         session = self.sessions.get(job.session)
         if session is not None:
             session.jobs.discard(job.job)
-
-    # -- data -----------------------------------------------------------------------------
-    def _on_fetch(self, peer: bytes, msg: Fetch, now: float, who: str | None = None) -> list[Send]:
-        session = self.access.session(peer, who, msg.session, now)
-        if isinstance(session, ErrorInfo):
-            return [Send(peer, Reply(msg.req, error=session))]
-        if not session.may_read(msg.uri):
-            return [Send(peer, Reply(msg.req, error=self.access.unloaded(session, msg.uri)))]
-        entry = self.registry.by_rank.get(msg.rank)
-        if entry is None:
-            return [Send(peer, Reply(msg.req, error=self._absent(msg.rank)))]
-        if (busy := refuse_call(self.calls)) is not None:
-            return [Send(peer, self._req_error(msg.req, "ProtocolError", busy))]
-        if (busy := refuse_call(self.calls)) is not None:
-            return [Send(peer, self._req_error(msg.req, "ProtocolError", busy))]
-        bid = self.calls.new_req()
-        self.calls.requests[bid] = RequestCall(
-            peer, msg.session, (msg.rank,), {msg.rank}, req=msg.req, bid=bid, kind="fetch"
-        )
-        forward = Fetch(msg.session, bid, msg.rank, msg.uri, msg.reply_to, msg.ticket)
-        return [Send(entry.peer, forward)]
-
-    def _on_worker_reply(
-        self, peer: bytes, msg: Reply, now: float, who: str | None = None
-    ) -> list[Send]:
-        worker = self.registry.worker(peer)
-        rank = worker.rank if worker is not None else -1
-        if not self.access.speaks_for(peer, who, rank, msg.TAG):
-            return []
-        call = self.calls.requests.get(msg.req)
-        if call is None or call.kind != "fetch":
-            return []
-        if rank not in call.pending:
-            self.access.forged(f"a fetch reply for rank {call.ranks[0]} from rank {rank}")
-            return []
-        del self.calls.requests[msg.req]
-        return [Send(call.driver, Reply(call.req, msg.value, msg.error))]
-
-    def _on_delete(
-        self, peer: bytes, msg: Delete, now: float, who: str | None = None
-    ) -> list[Send]:
-        session = self.access.session(peer, who, msg.session)
-        if isinstance(session, ErrorInfo):
-            return []  # the session is gone and its objects with it, or it is not theirs
-        return [
-            Send(e.peer, Delete(msg.session, {rank: uris}))
-            for rank, uris in msg.uris.items()
-            if uris and (e := self.registry.by_rank.get(rank)) is not None
-        ]
 
     # -- status ---------------------------------------------------------------------------
     def _on_status(
