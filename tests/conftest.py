@@ -71,3 +71,34 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
 @pytest.fixture(params=["inproc", "tcp"])
 def transport(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+# -- one program under the in-process Simulator and under real daemons ----------------------
+# A module sets WORLD_SIZE (default 3); ``ctx`` runs each test once per kind of cluster.
+
+
+@pytest.fixture(scope="module")
+def sim(request: pytest.FixtureRequest) -> Iterator[Any]:
+    import mpl.driver as mp
+
+    ctx = mp.Simulator.simple(getattr(request.module, "WORLD_SIZE", 3))
+    yield ctx
+    ctx.close()
+
+
+@pytest.fixture(scope="module")
+def procs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    import mpl.driver as mp
+
+    n = getattr(request.module, "WORLD_SIZE", 3)
+    with mp.local_cluster(n, run_dir=tmp_path_factory.mktemp("lc")) as ctx:
+        yield ctx
+
+
+@pytest.fixture(params=["sim", "procs"])
+def ctx(request: pytest.FixtureRequest) -> Iterator[Any]:
+    context = request.getfixturevalue(request.param)
+    with context:
+        yield context

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,26 +13,6 @@ import pytest
 from helpers import add, boom, double, stats, wait_until
 
 import mpl.driver as mp
-
-
-@pytest.fixture(scope="module")
-def sim() -> Iterator[mp.Context]:
-    ctx = mp.Simulator.simple(3)
-    yield ctx
-    ctx.close()
-
-
-@pytest.fixture(scope="module")
-def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[mp.Context]:
-    with mp.local_cluster(3, run_dir=tmp_path_factory.mktemp("lc")) as ctx:
-        yield ctx
-
-
-@pytest.fixture(params=["sim", "procs"])
-def ctx(request: pytest.FixtureRequest) -> Iterator[mp.Context]:
-    context: mp.Context = request.getfixturevalue(request.param)
-    with context:
-        yield context
 
 
 def stats_program(a: mp.Value, b: mp.Value) -> Any:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 from helpers import add
@@ -11,26 +9,6 @@ from helpers import add
 import mpl.driver as mp
 from mpl.driver import eager
 from mpl.wire.errors import MplError
-
-
-@pytest.fixture(scope="module")
-def sim() -> Iterator[mp.Context]:
-    ctx = mp.Simulator.simple(3)
-    yield ctx
-    ctx.close()
-
-
-@pytest.fixture(scope="module")
-def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[mp.Context]:
-    with mp.local_cluster(3, run_dir=tmp_path_factory.mktemp("lc")) as ctx:
-        yield ctx
-
-
-@pytest.fixture(params=["sim", "procs"])
-def ctx(request: pytest.FixtureRequest) -> Iterator[mp.Context]:
-    context: mp.Context = request.getfixturevalue(request.param)
-    with context:
-        yield context
 
 
 def counts() -> tuple[int, int]:

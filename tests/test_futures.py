@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import signal
-from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future
 from typing import Any
 
@@ -16,25 +15,7 @@ import mpl.driver as mp
 from mpl.wire import GraphBuilder
 from mpl.wire.errors import MplError, MplTimeoutError
 
-
-@pytest.fixture(scope="module")
-def sim() -> Iterator[mp.Context]:
-    ctx = mp.Simulator.simple(2)
-    yield ctx
-    ctx.close()
-
-
-@pytest.fixture(scope="module")
-def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[mp.Context]:
-    with mp.local_cluster(2, run_dir=tmp_path_factory.mktemp("lc")) as ctx:
-        yield ctx
-
-
-@pytest.fixture(params=["sim", "procs"])
-def ctx(request: pytest.FixtureRequest) -> Iterator[mp.Context]:
-    context: mp.Context = request.getfixturevalue(request.param)
-    with context:
-        yield context
+WORLD_SIZE = 2  # of the shared sim / procs / ctx fixtures (conftest.py)
 
 
 @mp.function
