@@ -109,3 +109,57 @@ def test_a_runtime_a_worker_cannot_serve_refuses_the_open(sim: mp.Simulator) -> 
 
 
 mp.pickle_by_value(sys.modules[__name__])
+
+
+# -- the broker's part, driven without sockets ------------------------------------------------
+
+
+def _sent(out: list[Any], kind: type) -> list[tuple[bytes, Any]]:
+    return [(a.peer, a.msg) for a in out if isinstance(a.msg, kind)]
+
+
+def test_the_broker_holds_the_open_until_the_named_nodes_accept() -> None:
+    from mpl.broker.state import BrokerState
+    from mpl.wire.control import Welcome, WorkerHello
+    from mpl.wire.remote import ErrorInfo
+    from mpl.wire.sessions import (
+        Ack,
+        OpenSession,
+        Reply,
+        SessionClosed,
+        SessionOpened,
+        SessionRuntime,
+    )
+
+    def hello(rank: int) -> WorkerHello:
+        return WorkerHello(rank, f"inc{rank}", 100 + rank, "host", f"tcp://x:{rank}", "")
+
+    state = BrokerState(ClusterSpec.simple(3, enable_spu=False), now=0.0, broker_id="B")
+    state.handle(b"w0", hello(0), 0.0)
+    state.handle(b"w2", hello(2), 0.0)  # node1's worker has not joined yet
+    spec = _spec({"node1": {"version": "N/A", "zone": "b"}, "node0": {"zone": "a"}}).to_dict()
+    out = state.handle(b"drv", OpenSession(7, "", 60.0, "c1", cluster=spec), 0.1)
+    assert not _sent(out, SessionOpened)  # held back
+    told = _sent(out, SessionRuntime)
+    assert [(peer, msg.runtime_info["zone"]) for peer, msg in told] == [(b"w0", "a")]
+    sid, bid = told[0][1].session, told[0][1].req
+    assert state.handle(b"w2", Ack(bid, 0), 0.2) == []  # another worker cannot answer for 0
+    out = state.handle(b"w0", Ack(bid, 0), 0.2)
+    assert _sent(out, SessionOpened)[0][1].session == sid
+    out = state.handle(b"w1", hello(1), 0.3)  # joining late, it is told on arrival
+    assert _sent(out, Welcome)
+    late = _sent(out, SessionRuntime)
+    assert [(p, m.session, m.req, m.runtime_info["zone"]) for p, m in late] == [
+        (b"w1", sid, 0, "b")
+    ]
+    # a refusal ends the open with the worker's error, and the session is closed everywhere
+    out = state.handle(b"drv", OpenSession(8, "x", 60.0, "c1", cluster=spec), 0.4)
+    requests = {m.req for _, m in _sent(out, SessionRuntime)}
+    assert len(requests) == 1
+    bid = requests.pop()
+    no = ErrorInfo("ClusterSpecError", "rank 1: runtime_info.version ...", rank=1)
+    out = state.handle(b"w1", Ack(bid, 1, no), 0.5)
+    assert _sent(out, Reply)[0][1].error.kind == "ClusterSpecError"
+    assert {p for p, _ in _sent(out, SessionClosed)} == {b"w0", b"w1", b"w2"}
+    assert state.sessions.named("x") is None
+    assert state.handle(b"w0", Ack(bid, 0), 0.6) == []  # a late answer changes nothing
