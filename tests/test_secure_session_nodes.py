@@ -127,6 +127,10 @@ def test_a_secure_subset_with_a_wrong_key_is_refused(make_cluster: Any) -> None:
     unknown["devices"] = {"alice": {"kind": "PPU", "members": ["node7"]}}
     with pytest.raises(ClusterSpecError, match="'node7' is not a node"):
         mp.connect(cluster.address, key=key, cluster=ClusterSpec.from_dict(unknown))
+    picky = _own_copy(pinned, ["node2", "node0"], _SEMI2K_OVER_2_AND_0).to_dict()
+    picky["nodes"][1]["runtime_info"] = {"version": "99.0", "platform": "N/A"}
+    with pytest.raises(ClusterSpecError, match=r"rank 0: runtime_info\.version '99\.0'"):
+        mp.connect(cluster.address, key=key, cluster=ClusterSpec.from_dict(picky))
     # the refusals left the cluster usable
     good = _own_copy(pinned, ["node2", "node0"], _SEMI2K_OVER_2_AND_0)
     with mp.connect(cluster.address, key=key, cluster=good) as ctx:

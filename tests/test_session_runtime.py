@@ -163,3 +163,20 @@ def test_the_broker_holds_the_open_until_the_named_nodes_accept() -> None:
     assert {p for p, _ in _sent(out, SessionClosed)} == {b"w0", b"w1", b"w2"}
     assert state.sessions.named("x") is None
     assert state.handle(b"w0", Ack(bid, 0), 0.6) == []  # a late answer changes nothing
+
+
+def test_a_worker_that_refused_on_joining_late_fails_that_sessions_jobs() -> None:
+    from mpl.wire.jobs import Exec
+    from mpl.wire.sessions import SessionRuntime
+    from mpl.worker.session_runtime import SessionRuntimes
+
+    node = SessionRuntimes(1, lambda: {"version": "2.5", "platform": "tee-sgx"})
+    assert node.open(SessionRuntime("s1", 0, {"version": "3", "platform": "N/A"})) is None
+    assert node.open(SessionRuntime("s2", 0, {"version": "2", "zone": "b"})) is None
+    failed = node.failed(Exec("s1", "j1", "d", (1,), {}))
+    assert failed is not None and failed.error.kind == "ClusterSpecError"
+    assert "runtime_info.version '3'" in failed.error.message and failed.job == "j1"
+    assert node.failed(Exec("s2", "j2", "d", (1,), {})) is None
+    assert node.of("s2")["zone"] == "b" and node.of("s1")["version"] == "2.5"
+    node.closed("s1")
+    assert node.failed(Exec("s1", "j3", "d", (1,), {})) is None

@@ -391,6 +391,8 @@ class Worker:
         self._perform(self.core.on_broker(msg, time.monotonic()))
         if isinstance(msg, Exec) and msg.digest in self._refused_code:
             self._refuse_job(msg, self._refused_code[msg.digest])
+        elif isinstance(msg, Exec) and (refused := self.runtimes.failed(msg)) is not None:
+            self._send(refused)  # a session whose runtime_info this node refused
         elif isinstance(msg, Exec):
             self.jobs.exec(msg, self.core.program(msg.digest), self.core.broken.get(msg.digest))
         elif isinstance(msg, Abort):

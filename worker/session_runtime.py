@@ -6,7 +6,8 @@ A session opened with its own spec brings its own runtime_info for every node it
 the ``Ack``, which fails the driver's open) when its ``version`` or ``platform`` asks for a
 runtime this node does not run, by the rule of :mod:`mpl.wire.runtime_info`. Sessions
 without their own (and sessions not yet announced) see the node's entry in the spec the
-worker joined with. No I/O.
+worker joined with. A session refused when this worker joined late (no driver waits for
+that answer) fails each of its jobs here with the reason instead. No I/O.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from mpl.wire.jobs import Exec, Failed
 from mpl.wire.limits import MAX_SESSIONS
 from mpl.wire.lru import LRU
 from mpl.wire.remote import ErrorInfo
@@ -46,6 +48,7 @@ class SessionRuntimes:
         # one entry per open session; the broker holds at most MAX_SESSIONS open, and an
         # entry of a session whose close never came is the first to go
         self._sessions: LRU[str, dict[str, Any]] = LRU(MAX_SESSIONS)
+        self._refused: LRU[str, str] = LRU(MAX_SESSIONS)  # session -> why this node refused it
         self.refused = 0
 
     def open(self, msg: SessionRuntime) -> Ack | None:
@@ -54,9 +57,11 @@ class SessionRuntimes:
         why = self.refusal(msg.runtime_info)
         if why is None:
             self._sessions[msg.session] = dict(msg.runtime_info)
+            self._refused.pop(msg.session, None)
         else:
             self.refused += 1
             self._sessions.pop(msg.session, None)
+            self._refused[msg.session] = why
         if not msg.req:
             return None
         error = None if why is None else ErrorInfo("ClusterSpecError", why, rank=self.rank)
@@ -72,8 +77,17 @@ class SessionRuntimes:
         why = incompatibility(info, self._own, self._declared())
         return None if why is None else f"rank {self.rank}: {why}"
 
+    def failed(self, msg: Exec) -> Failed | None:
+        """The failure of a job of a session this node refused, or None: it may run."""
+        why = self._refused.get(msg.session)
+        if why is None:
+            return None
+        info = ErrorInfo("ClusterSpecError", why, rank=self.rank, op="session", job=msg.job)
+        return Failed(msg.session, msg.job, self.rank, info)
+
     def closed(self, session: str) -> None:
         self._sessions.pop(session, None)
+        self._refused.pop(session, None)
 
     def of(self, session: str) -> dict[str, Any]:
         """What kernels of ``session`` see as this node's runtime_info (a copy)."""
