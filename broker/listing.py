@@ -46,7 +46,8 @@ def size_of(meta: str) -> int | None:
 def session_rows(
     sessions: list[SessionEntry], now: float, viewer: str | None = None
 ) -> list[dict[str, Any]]:
-    """One row per session, for a viewer allowed to see it in full."""
+    """One row per session, for a viewer allowed to see it in full (with the runtime_info
+    of each node its own spec named)."""
     return [
         {
             "session": s.sid,
@@ -59,9 +60,21 @@ def session_rows(
             "lease_s": s.lease_s,
             "symbols": len(s.symbols),
             "jobs": len(s.jobs),
+            "runtime_info": _runtime_info(s),
         }
         for s in sessions
     ]
+
+
+def _runtime_info(session: SessionEntry) -> dict[str, Any]:
+    """Node name -> runtime_info, for the nodes the session's own spec named ({}: the
+    session runs on the cluster's spec, and its nodes' runtime_info is the cluster's)."""
+    nodes = (session.cluster or {}).get("nodes") or []
+    return {
+        n["name"]: dict(n.get("runtime_info") or {})
+        for n in nodes
+        if n.get("name") in session.named_nodes
+    }
 
 
 def _symbol_row(info: SymbolInfo) -> dict[str, Any]:

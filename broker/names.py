@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from mpl.broker.actions import Send
 from mpl.broker.admission import refuse_call, refuse_save
 from mpl.broker.calls import RequestCall
+from mpl.broker.session_runtime import OPEN_KIND
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import Ack, DeleteSymbol, LoadSymbol, Reply, SaveSymbol, SymbolInfo
@@ -150,6 +151,8 @@ class Names:
         if msg.rank not in call.pending:
             self.state.access.forged(f"an ack for rank(s) {call.ranks} from rank {msg.rank}")
             return []
+        if call.kind == OPEN_KIND:  # a session's node accepting (or refusing) it
+            return self.state.runtimes.acked(call, msg)
         if msg.error is not None:
             return self.state._fail_call(call, msg.error)
         call.pending.discard(msg.rank)

@@ -37,6 +37,7 @@ class SessionEntry:
     loaded: set[str] = field(default_factory=set)  # persisted names loaded into it
     jobs: set[str] = field(default_factory=set)
     cluster: dict[str, Any] | None = None  # its own spec (dict form); None: the broker's
+    named_nodes: frozenset[str] = frozenset()  # the nodes its own spec named
 
     def allows(self, identity: str) -> bool:
         """True when the driver ``identity`` may attach to and act in this session."""

@@ -36,6 +36,7 @@ from mpl.broker.listing import Listing
 from mpl.broker.names import Names
 from mpl.broker.persisted import PersistedTable
 from mpl.broker.registry import Registry, WorkerEntry
+from mpl.broker.session_runtime import SessionRuntimes
 from mpl.broker.sessions import SessionTable, session_spec
 from mpl.broker.status_view import build_status
 from mpl.wire.cluster import ClusterSpec
@@ -138,6 +139,7 @@ class BrokerState:
         self.names = Names(self)
         self.data = DataCalls(self)
         self.listing = Listing(self)
+        self.runtimes = SessionRuntimes(self)
         self._next_beat = now
         self._handlers: dict[
             type[Record], Callable[[bytes, Any, float, str | None], list[Send]]
@@ -277,7 +279,8 @@ class BrokerState:
             self.heartbeat_s,
             self.cluster.to_dict(),
         )
-        return [Send(peer, welcome), *self._broadcast_directory()]
+        joined = self.runtimes.joined(entry.rank, peer)  # open sessions' runtime_info
+        return [Send(peer, welcome), *joined, *self._broadcast_directory()]
 
     def _on_channel(
         self, peer: bytes, msg: Channel, now: float, who: str | None = None
@@ -353,6 +356,8 @@ class BrokerState:
         opened = SessionOpened(
             msg.req, entry.sid, self.broker_id, cluster, self.heartbeat_s, attached
         )
+        if not attached and spec is not None:  # its nodes' workers accept it first
+            return self.runtimes.announce(peer, entry, msg.cluster or {}, opened)
         return [Send(peer, opened)]
 
     def _on_close(

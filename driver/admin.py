@@ -23,7 +23,9 @@ def _ctx(ctx: Context | None) -> Context:
 def sessions(ctx: Context | None = None) -> dict[str, Any]:
     """``{"sessions": [...], "others": n}``: one row per session the caller may see (id,
     name, owner, ``mine``, ``shared_with``, attached ``drivers``, ``idle_s``, ``lease_s``,
-    counts of ``symbols`` and ``jobs``), and how many other sessions are open."""
+    counts of ``symbols`` and ``jobs``, and ``runtime_info``: node name -> runtime_info for
+    the nodes a session's own spec named, ``{}`` on the cluster's spec), and how many other
+    sessions are open."""
     return _dict(_ctx(ctx).client.listing("sessions"))
 
 

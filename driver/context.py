@@ -19,7 +19,7 @@ from typing import Any
 from mpl.driver.client import Client
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.curve import Curve
-from mpl.wire.errors import ClusterSpecError, MplError
+from mpl.wire.errors import MplError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import JobResult
 from mpl.wire.keys import is_z85_key, load_keypair
@@ -108,12 +108,14 @@ class Context:
         self.session = opened.session
         self.name = session
         self.cluster = ClusterSpec.from_dict(opened.cluster)
-        if cluster is not None:
-            try:
-                self.cluster = _own_devices(self.cluster, cluster, secure=client.curve is not None)
-            except BaseException:
-                client.close_session(self.session)
-                raise
+        try:
+            if cluster is not None:
+                self.cluster = session_cluster(self.cluster, cluster)
+            if client.seal is not None:  # secure mode: which rank is which node, for keys
+                client.seal.bind(self.cluster)
+        except BaseException:
+            client.close_session(self.session)
+            raise
         self._released: list[tuple[tuple[int, ...], str]] = []
         self._released_lock = threading.Lock()
         self._flushed = time.monotonic()
@@ -295,13 +297,14 @@ def connect(
 
     ``cluster`` (a ``ClusterSpec`` or a path) is the session's own spec: its nodes are named
     nodes of the broker's cluster (any subset, any order: each keeps the broker's rank; in
-    secure mode their keys must be the broker's), and the session's devices are its devices,
-    with their own SPU protocol, field and fxp bits, so sessions with different SPU settings
-    run side by side over the same workers. A node the broker does not know, or a key that
-    disagrees with the broker's, raises ``ClusterSpecError``. Without ``cluster`` the
-    session uses the broker's spec. ``timeout`` bounds each control request; a
-    broker that does not answer raises ``MplTimeoutError``. ``trusted=True`` accepts pickled
-    results (a cluster one organisation runs end to end); the broker's spec cannot turn it on.
+    secure mode their keys must be the broker's, and jobs are sealed for them by name), and
+    the session's devices are its devices, with their own SPU protocol, field and fxp bits,
+    so sessions with different SPU settings run side by side over the same workers. A node
+    the broker does not know, or a key that disagrees with the broker's, raises
+    ``ClusterSpecError``. Without ``cluster`` the session uses the broker's spec.
+    ``timeout`` bounds each control request; a broker that does not answer raises
+    ``MplTimeoutError``. ``trusted=True`` accepts pickled results (a cluster one
+    organisation runs end to end); the broker's spec cannot turn it on.
 
     Secure mode: ``key`` is this driver's secret key file (``mpl-keys new NAME``), and the
     broker's public key is pinned from ``cluster`` (your own copy of the spec, a path or a
@@ -323,22 +326,6 @@ def connect(
     except BaseException:
         client.close()
         raise
-
-
-def _own_devices(layout: ClusterSpec, own: ClusterSpec, *, secure: bool) -> ClusterSpec:
-    """The session's spec as this driver trusts it: the devices of its own copy, at the
-    ranks the broker gave the nodes it names (a driver never takes devices from the wire).
-
-    In secure mode the driver's copy pins every node's key by rank, so it must list the
-    broker's nodes in the broker's order; its devices may still use any subset of them.
-    """
-    if secure and [n.name for n in own.nodes] != [n.name for n in layout.nodes]:
-        raise ClusterSpecError(
-            "cluster: in secure mode the session's spec lists every node of the broker's "
-            f"cluster in its order ({', '.join(n.name for n in layout.nodes)}), as it pins "
-            "their keys; its devices may use any subset of the nodes"
-        )
-    return session_cluster(layout, own)
 
 
 def _driver_curve(

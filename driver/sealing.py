@@ -4,6 +4,13 @@ A job's program is sealed for every node of the driver's own spec, and each rank
 bindings for that rank alone, bound to (session, job, digest); results and fetch replies
 open only if the node of the rank that answered sealed them for this driver, for exactly
 that job and output, or that fetch's fresh ticket. The broker in between sees ciphertext.
+
+Keys go by node name, never by the position of a node in the driver's copy of the spec:
+that copy may list any subset of the broker's nodes in any order. Which rank is which node
+is learnt from the session's layout (:meth:`DriverSeal.bind`). The layout comes through the
+broker, but a broker that swapped two ranks would gain nothing: what is sealed for a node
+opens only with that node's key, and a result from a rank opens only if that rank's node
+sealed it, so a lie shows up as ``AuthenticationError``, never as a value in the wrong hands.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from mpl.wire.cluster import ClusterSpec
 from mpl.wire.curve import Curve
 from mpl.wire.errors import AuthenticationError
 from mpl.wire.graph import Graph
@@ -37,7 +45,23 @@ class DriverSeal:
         self.sealer = sealer
         self.safe = not trusted  # results come from other parties
         spec = curve.cluster
-        self._nodes = {n.rank: node_identity(n.name) for n in spec.nodes} if spec else {}
+        self._own = {n.name for n in spec.nodes} if spec else set()  # the nodes we hold keys of
+        self._nodes: dict[int, str] = {}  # rank -> node identity, from the session's layout
+
+    def bind(self, layout: ClusterSpec) -> None:
+        """Learn which rank is which node from a session's layout (the broker's ranks).
+
+        Only nodes of this driver's own spec get a rank here: the others have no key this
+        driver trusts, so nothing is sealed for them. Every session of one broker has the
+        same ranks; a layout that moves a known node to another rank is refused.
+        """
+        ranks = {n.rank: node_identity(n.name) for n in layout.nodes if n.name in self._own}
+        for rank, who in ranks.items():
+            if self._nodes.setdefault(rank, who) != who:
+                raise AuthenticationError(
+                    f"the broker puts {who} at rank {rank}, where an earlier session had "
+                    f"{self._nodes[rank]}: a node's rank never changes on one broker"
+                )
 
     def _ready(self) -> Sealer:
         if self.sealer is None:
@@ -51,7 +75,10 @@ class DriverSeal:
     def _node(self, rank: int) -> str:
         who = self._nodes.get(rank)
         if who is None:
-            raise AuthenticationError(f"rank {rank} has no key in this driver's cluster spec")
+            raise AuthenticationError(
+                f"rank {rank} is not a node of this driver's cluster spec: it holds no key "
+                "to seal for it (name the node in the spec given to mp.connect)"
+            )
         return who
 
     def program(self, graph: Graph) -> Program:

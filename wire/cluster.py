@@ -39,6 +39,7 @@ from typing import Any
 
 from mpl.wire.errors import ClusterSpecError
 from mpl.wire.keys import is_z85_key
+from mpl.wire.runtime_info import oversize
 
 __all__ = [
     "SPU_FIELDS",
@@ -406,6 +407,8 @@ def _parse_node(raw: Any, rank: int) -> Node:
     info = raw.get("runtime_info") or {}
     if not isinstance(info, Mapping):
         raise ClusterSpecError(f"{where}.runtime_info: expected a mapping")
+    if (too_big := oversize(info)) is not None:  # it may come from a driver (a session's spec)
+        raise ClusterSpecError(f"{where}.runtime_info: {too_big}")
     bindings = info.get("op_bindings") or {}
     if not isinstance(bindings, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in bindings.items()

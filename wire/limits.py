@@ -29,6 +29,8 @@ __all__ = [
     "MAX_NESTING",
     "MAX_PERSISTED_NAMES",
     "MAX_PROGRAM_BYTES",
+    "MAX_RUNTIME_INFO_ITEMS",
+    "MAX_RUNTIME_INFO_TEXT",
     "MAX_SESSIONS",
     "MAX_SESSION_SYMBOLS",
     "MAX_SPU_PENDING",
@@ -108,6 +110,13 @@ MAX_PROGRAM_BYTES = 256 << 20
 BROKER_PROGRAM_BYTES = 2 << 30
 PROGRAM_MIRROR_BYTES = 1 << 30
 WORKER_PROGRAM_BYTES = 2 << 30
+
+# A node's runtime_info in a session's spec: it comes from a driver and travels to that
+# node's worker when the session opens. A few dozen keys and bindings describe any runtime:
+# at most MAX_RUNTIME_INFO_ITEMS keys, values and container entries in all, and
+# MAX_RUNTIME_INFO_TEXT characters of text (op_bindings included).
+MAX_RUNTIME_INFO_ITEMS = 1024
+MAX_RUNTIME_INFO_TEXT = 64 * 1024
 
 
 # A saved value's name: it becomes a file name on the workers that persist it, so it can

@@ -3,8 +3,10 @@
 ::
 
     driver                           broker                        workers
-      | -- OpenSession ------------>  |
-      | <------------ SessionOpened -  |   session id, cluster, directory
+      | -- OpenSession ------------>  |   with its own spec: each named node's worker
+      |                                | -- SessionRuntime -----------> |  checks, keeps
+      |                                | <------------------- Ack ----- |  its runtime_info
+      | <------------ SessionOpened -  |   session id, cluster, directory (or a refusal)
       | -- SaveSymbol -------------->  | -- SaveSymbol --------------> |  alias (and file)
       | <------------------- Reply --  | <------------------- Ack ---- |
       | -- LoadSymbol -------------->  |   answered from the broker's table
@@ -37,6 +39,7 @@ __all__ = [
     "SaveSymbol",
     "SessionClosed",
     "SessionOpened",
+    "SessionRuntime",
     "StatusRequest",
     "SymbolInfo",
 ]
@@ -70,6 +73,19 @@ class SessionOpened(Record, tag="opened"):
     cluster: dict[str, Any]
     heartbeat_s: float
     attached: bool  # True when the session already existed
+
+
+@dataclass(eq=False, repr=False)
+class SessionRuntime(Record, tag="runtime"):
+    """Broker to a worker, when a session opens with its own spec naming the worker's node:
+    that node's ``runtime_info`` in the session. The worker answers with an ``Ack``; an
+    error in it (``ClusterSpecError``: a version or platform it cannot serve, see
+    :mod:`mpl.wire.runtime_info`) refuses the session, and the driver's open fails with it.
+    ``req`` 0 asks for no answer (a worker that joins after the session opened)."""
+
+    session: str
+    req: int
+    runtime_info: dict[str, Any]
 
 
 @dataclass(eq=False, repr=False)

@@ -43,7 +43,7 @@ from mpl.wire.lru import LRU
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.seal import Sealer
-from mpl.wire.sessions import DeleteSymbol, SaveSymbol, SessionClosed
+from mpl.wire.sessions import DeleteSymbol, SaveSymbol, SessionClosed, SessionRuntime
 from mpl.wire.snapshot import SnapshotSlot
 from mpl.wire.sockets import MAX_MESSAGE, configure, drain, send_frames
 from mpl.wire.zap import Gatekeeper
@@ -55,6 +55,7 @@ from mpl.worker.mailbox import Mailbox
 from mpl.worker.metrics import rss_bytes
 from mpl.worker.peers import PeerLinks
 from mpl.worker.sealing import WorkerSeal
+from mpl.worker.session_runtime import SessionRuntimes, node_runtime_info
 from mpl.worker.spu_kernels import SpuService
 from mpl.worker.spu_link import SpuLinks
 from mpl.worker.store import ObjectStore, SymbolDisk
@@ -160,8 +161,10 @@ class Worker:
         self.core = WorkerCore(hello, now=time.monotonic(), heartbeat_s=heartbeat_s)
         self.mailbox = Mailbox()
         self.peers = PeerLinks(self.ctx, lambda: self.core.directory, safe=not trusted, curve=curve)
+        # each session's runtime_info for this node: checked at open, seen by kernels
+        self.runtimes = SessionRuntimes(rank, lambda: node_runtime_info(self.core.cluster, rank))
         kernel_table = KernelTable(
-            lambda: node_bindings(self.core.cluster, rank), kernels, data_root
+            lambda: node_bindings(self.core.cluster, rank), kernels, data_root, self.runtimes.of
         )
         services: dict[str, Callable[[], Any]] = {
             "spu": lambda: SpuService(
@@ -388,6 +391,8 @@ class Worker:
         self._perform(self.core.on_broker(msg, time.monotonic()))
         if isinstance(msg, Exec) and msg.digest in self._refused_code:
             self._refuse_job(msg, self._refused_code[msg.digest])
+        elif isinstance(msg, Exec) and (refused := self.runtimes.failed(msg)) is not None:
+            self._send(refused)  # a session whose runtime_info this node refused
         elif isinstance(msg, Exec):
             self.jobs.exec(msg, self.core.program(msg.digest), self.core.broken.get(msg.digest))
         elif isinstance(msg, Abort):
@@ -403,7 +408,10 @@ class Worker:
         elif isinstance(msg, DeleteSymbol):
             self.jobs.unsave(msg)
         elif isinstance(msg, SessionClosed):
+            self.runtimes.closed(msg.session)
             self.jobs.close_session(msg.session, msg.reason)
+        elif isinstance(msg, SessionRuntime) and (ack := self.runtimes.open(msg)) is not None:
+            self._send(ack)
 
     def _refuses(self, frames: list[Any]) -> bool:
         """``--code kernels``: look for pickles with nothing unpickled; refuse what has any

@@ -145,7 +145,7 @@ def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
 def _pcall(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> list[Any]:
     fn = graph.fns[op.attrs["fn"]]
     if isinstance(fn, KernelRef):  # mp.kernel(name): this node's installed implementation
-        fn = ctx.extension("kernels").resolve(fn.name)
+        fn = ctx.extension("kernels").resolve(fn.name, ctx.session)
     if "args" in op.attrs or "kwargs" in op.attrs:
         result = fn(*fill(op.attrs.get("args", ()), args), **fill(op.attrs.get("kwargs", {}), args))
     else:

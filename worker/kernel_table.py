@@ -14,7 +14,8 @@ id, from two sources:
 that finds nothing fails with a ``LookupError`` listing what this node offers.
 
 While a kernel runs, :func:`data_root` is the worker's ``--data-root``, so file kernels can
-keep their paths inside it.
+keep their paths inside it, and :func:`runtime_info` is this node's ``runtime_info`` in the
+job's session (the session's own spec's, else the cluster's).
 """
 
 from __future__ import annotations
@@ -28,11 +29,21 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENTRY_POINT_GROUP", "KernelTable", "data_root", "module_kernels", "node_bindings"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "KernelTable",
+    "data_root",
+    "module_kernels",
+    "node_bindings",
+    "runtime_info",
+]
 
 ENTRY_POINT_GROUP = "mpl.kernels"
 _DATA_ROOT: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
     "mpl_data_root", default=None
+)
+_RUNTIME_INFO: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "mpl_runtime_info", default=None
 )
 
 
@@ -42,6 +53,15 @@ def data_root() -> Path:
     if root is None:
         raise RuntimeError("this worker has no data root (start it with --data-root)")
     return root
+
+
+def runtime_info() -> dict[str, Any]:
+    """This node's ``runtime_info`` in the running kernel's session (only while a kernel
+    runs): ``version``, ``platform``, ``op_bindings`` and any other keys the spec gave it."""
+    info = _RUNTIME_INFO.get()
+    if info is None:
+        raise RuntimeError("runtime_info() is known only while a kernel runs on a worker")
+    return dict(info)
 
 
 def node_bindings(cluster: Mapping[str, Any], rank: int) -> dict[str, str]:
@@ -74,7 +94,8 @@ def module_kernels(module_name: str) -> dict[str, Callable[..., Any]]:
 class KernelTable:
     """One worker's kernels: entry points (loaded on first use) and ``--kernels`` modules.
 
-    ``bindings`` returns this node's current op_bindings (they come with the cluster spec).
+    ``bindings`` returns this node's current op_bindings (they come with the cluster spec);
+    ``runtime`` this node's runtime_info in a session (see :func:`runtime_info`).
     """
 
     def __init__(
@@ -82,9 +103,11 @@ class KernelTable:
         bindings: Callable[[], Mapping[str, str]],
         modules: Sequence[str] = (),
         root: Path | None = None,
+        runtime: Callable[[str], dict[str, Any]] | None = None,
     ) -> None:
         self._bindings = bindings
         self._root = root
+        self._runtime = runtime
         self._lock = threading.Lock()
         self._entry_points: dict[str, Any] | None = None  # scanned on first use
         self._loaded: dict[str, Callable[..., Any]] = {}
@@ -107,8 +130,9 @@ class KernelTable:
         bound = {name for name, kid in self._bindings().items() if kid in ids}
         return sorted(bound | ids)
 
-    def resolve(self, name: str) -> Callable[..., Any]:
-        """The function ``mp.kernel(name)`` runs here, wrapped to see :func:`data_root`."""
+    def resolve(self, name: str, session: str = "") -> Callable[..., Any]:
+        """The function ``mp.kernel(name)`` runs here in ``session``, wrapped to see
+        :func:`data_root` and :func:`runtime_info`."""
         bindings = self._bindings()
         kernel_id = bindings.get(name, name)
         fn = self._load(kernel_id)
@@ -122,12 +146,15 @@ class KernelTable:
                 f"kernel {name!r} {how}; this node offers: {', '.join(self.offered()) or 'nothing'}"
             )
         root = self._root
+        info = self._runtime(session) if self._runtime is not None else {}
 
         def call(*args: Any, **kwargs: Any) -> Any:
             token = _DATA_ROOT.set(root)
+            info_token = _RUNTIME_INFO.set(info)
             try:
                 return fn(*args, **kwargs)
             finally:
+                _RUNTIME_INFO.reset(info_token)
                 _DATA_ROOT.reset(token)
 
         return call

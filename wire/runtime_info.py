@@ -1,0 +1,90 @@
+"""A node's ``runtime_info`` in a session: how big it may be, and whether a worker serves it.
+
+A session opened with its own spec (``mp.connect(url, cluster=spec)``) carries each named
+node's ``runtime_info`` to that node's worker. The worker checks ``version`` and
+``platform`` against what it runs, by this rule:
+
+* a wildcard (``N/A``, ``simulated``, ``*``, ``any`` or empty; mplang's defaults are
+  ``N/A`` and ``simulated``) asks for nothing;
+* otherwise the asked text must equal what the worker runs, or be a prefix of it ending at
+  a ``.``, ``-``, ``_`` or ``+`` (case-insensitive): ``0.1`` is served by ``0.1.0``,
+  ``linux`` by ``linux-x86_64``; ``0.2`` and ``darwin`` are not.
+
+What a worker runs is either of two: its own (mpl's version, and ``<os>-<machine>`` such as
+``linux-x86_64``), or what its node declares in the cluster spec the worker joined with (the
+parties' agreed spec: a session whose spec copies it is always served).
+
+Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from collections.abc import Mapping
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from mpl.wire.limits import MAX_RUNTIME_INFO_ITEMS, MAX_RUNTIME_INFO_TEXT
+
+__all__ = ["WILDCARDS", "incompatibility", "matches", "oversize", "own_runtime"]
+
+WILDCARDS = frozenset({"", "n/a", "simulated", "*", "any"})
+_SEPARATORS = ".-_+"
+_CHECKED = ("version", "platform")
+
+
+def own_runtime() -> dict[str, str]:
+    """What this process runs: ``{"version": mpl's version, "platform": "<os>-<machine>"}``."""
+    try:
+        mpl_version = version("mpl")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        mpl_version = "0"
+    return {"version": mpl_version, "platform": f"{sys.platform}-{platform.machine()}".lower()}
+
+
+def matches(asked: str, have: str) -> bool:
+    """True when a node running ``have`` serves a session asking for ``asked`` (see above)."""
+    want, got = asked.strip().lower(), have.strip().lower()
+    if want in WILDCARDS:
+        return True
+    if got == want:
+        return True
+    return got.startswith(want) and got[len(want)] in _SEPARATORS
+
+
+def incompatibility(asked: Mapping[str, Any], *runs: Mapping[str, Any]) -> str | None:
+    """Why a worker that runs any of ``runs`` cannot serve ``asked``, or None if it can."""
+    for key in _CHECKED:
+        want = str(asked.get(key, "N/A"))
+        offers = [str(r.get(key, "")) for r in runs]
+        if not any(matches(want, have) for have in offers):
+            shown = " or ".join(repr(o) for o in dict.fromkeys(offers) if o)
+            return (
+                f"runtime_info.{key} {want!r} is not served here: this node runs {shown} "
+                f"(a prefix such as {offers[0].split('.')[0]!r}, or N/A for any, would match)"
+            )
+    return None
+
+
+def oversize(info: Any) -> str | None:
+    """Why ``info`` (a node's runtime_info, from a driver) is too big, or None."""
+    items = text = 0
+    stack: list[tuple[Any, int]] = [(info, 0)]
+    while stack:
+        value, depth = stack.pop()
+        items += 1
+        if items > MAX_RUNTIME_INFO_ITEMS:
+            return f"more than {MAX_RUNTIME_INFO_ITEMS} keys and values"
+        if depth > 16:
+            return "nested more than 16 deep"
+        if isinstance(value, (str, bytes)):
+            text += len(value)
+            if text > MAX_RUNTIME_INFO_TEXT:
+                return f"more than {MAX_RUNTIME_INFO_TEXT} characters of text"
+        elif isinstance(value, Mapping):
+            stack.extend((k, depth + 1) for k in value)
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((v, depth + 1) for v in value)
+    return None

@@ -1,0 +1,98 @@
+"""Each session's ``runtime_info`` for this worker's node: checked when the session opens,
+then seen by kernels (:func:`mpl.worker.kernel_table.runtime_info`).
+
+A session opened with its own spec brings its own runtime_info for every node it names
+(``SessionRuntime``, from the broker). This worker refuses it (a ``ClusterSpecError`` in
+the ``Ack``, which fails the driver's open) when its ``version`` or ``platform`` asks for a
+runtime this node does not run, by the rule of :mod:`mpl.wire.runtime_info`. Sessions
+without their own (and sessions not yet announced) see the node's entry in the spec the
+worker joined with. A session refused when this worker joined late (no driver waits for
+that answer) fails each of its jobs here with the reason instead. No I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from mpl.wire.jobs import Exec, Failed
+from mpl.wire.limits import MAX_SESSIONS
+from mpl.wire.lru import LRU
+from mpl.wire.remote import ErrorInfo
+from mpl.wire.runtime_info import incompatibility, oversize, own_runtime
+from mpl.wire.sessions import Ack, SessionRuntime
+
+__all__ = ["SessionRuntimes", "node_runtime_info"]
+
+
+def node_runtime_info(cluster: Mapping[str, Any], rank: int) -> dict[str, Any]:
+    """Node ``rank``'s ``runtime_info`` in a cluster spec's dict form ({} when absent)."""
+    nodes = cluster.get("nodes") or []
+    if not 0 <= rank < len(nodes):
+        return {}
+    info = nodes[rank].get("runtime_info") or {}
+    return dict(info) if isinstance(info, Mapping) else {}
+
+
+class SessionRuntimes:
+    """The runtime_info of each open session on node ``rank``.
+
+    ``declared`` gives the node's runtime_info in the spec this worker joined with: what
+    sessions without their own see, and a runtime this node is taken to serve.
+    """
+
+    def __init__(self, rank: int, declared: Callable[[], Mapping[str, Any]]) -> None:
+        self.rank = rank
+        self._declared = declared
+        self._own = own_runtime()
+        # one entry per open session; the broker holds at most MAX_SESSIONS open, and an
+        # entry of a session whose close never came is the first to go
+        self._sessions: LRU[str, dict[str, Any]] = LRU(MAX_SESSIONS)
+        self._refused: LRU[str, str] = LRU(MAX_SESSIONS)  # session -> why this node refused it
+        self.refused = 0
+
+    def open(self, msg: SessionRuntime) -> Ack | None:
+        """Keep ``msg``'s runtime_info if this node serves it; the answer for the broker
+        (None when it asked for none)."""
+        why = self.refusal(msg.runtime_info)
+        if why is None:
+            self._sessions[msg.session] = dict(msg.runtime_info)
+            self._refused.pop(msg.session, None)
+        else:
+            self.refused += 1
+            self._sessions.pop(msg.session, None)
+            self._refused[msg.session] = why
+        if not msg.req:
+            return None
+        error = None if why is None else ErrorInfo("ClusterSpecError", why, rank=self.rank)
+        return Ack(msg.req, self.rank, error)
+
+    def refusal(self, info: Any) -> str | None:
+        """Why this node refuses a session asking for ``info``, or None if it serves it."""
+        if not isinstance(info, Mapping):
+            return f"runtime_info: expected a mapping, got {type(info).__name__}"
+        too_big = oversize(info)
+        if too_big is not None:
+            return f"runtime_info: {too_big}"
+        why = incompatibility(info, self._own, self._declared())
+        return None if why is None else f"rank {self.rank}: {why}"
+
+    def failed(self, msg: Exec) -> Failed | None:
+        """The failure of a job of a session this node refused, or None: it may run."""
+        why = self._refused.get(msg.session)
+        if why is None:
+            return None
+        info = ErrorInfo("ClusterSpecError", why, rank=self.rank, op="session", job=msg.job)
+        return Failed(msg.session, msg.job, self.rank, info)
+
+    def closed(self, session: str) -> None:
+        self._sessions.pop(session, None)
+        self._refused.pop(session, None)
+
+    def of(self, session: str) -> dict[str, Any]:
+        """What kernels of ``session`` see as this node's runtime_info (a copy)."""
+        info = self._sessions.get(session)
+        return dict(info) if info is not None else dict(self._declared())
+
+    def __len__(self) -> int:
+        return len(self._sessions)
