@@ -214,8 +214,8 @@ class JobPump:
 
     def _expire(self, sock: zmq.Socket[Any]) -> None:
         now = time.monotonic()
-        silence = self._client._silence
-        lost = self._client._lost
+        silence = self._client.watch.silence
+        lost = self._client.watch.lost
         for job, p in list(self._inflight.items()):
             if silence is not None:
                 del self._inflight[job]
