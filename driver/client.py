@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import secrets
 import threading
 import time
@@ -36,6 +37,7 @@ from mpl.wire.control import HEARTBEAT_S, Bye, Refused
 from mpl.wire.curve import Curve
 from mpl.wire.data import Delete, Fetch
 from mpl.wire.errors import MplError, MplTimeoutError, ProtocolError, SessionError
+from mpl.wire.exec_pack import exec_frames
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Cancel, Exec, JobResult, Program
 from mpl.wire.progress import Progress
@@ -55,7 +57,7 @@ from mpl.wire.sessions import (
     StatusRequest,
     SymbolInfo,
 )
-from mpl.wire.sockets import configure, recv_frames
+from mpl.wire.sockets import configure, recv_frames, send_frames
 
 if TYPE_CHECKING:
     from mpl.driver.sealing import DriverSeal
@@ -69,6 +71,27 @@ INPROC_CONTEXTS: dict[str, zmq.Context[Any]] = {}
 log = logging.getLogger("mpl.driver")
 _SLICE_MS = 100  # waits wake this often to notice a lost broker
 _REPORT_GRACE_S = 1.0
+
+
+class _JobIds:
+    """Unguessable job ids, drawn from the OS's CSPRNG a batch at a time: one ``getrandom``
+    call per ``_BATCH`` jobs instead of one per job. Safe to share between threads."""
+
+    _BATCH = 256
+    _BYTES = 12
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool = b""
+        self._at = 0
+
+    def next(self) -> str:
+        with self._lock:
+            if self._at >= len(self._pool):
+                self._pool, self._at = os.urandom(self._BYTES * self._BATCH), 0
+            at = self._at
+            self._at = at + self._BYTES
+            return self._pool[at : at + self._BYTES].hex()
 
 
 class _ThreadSocket:
@@ -147,6 +170,7 @@ class Client:
         self._sockets: set[_ThreadSocket] = set()
         self._sockets_lock = threading.Lock()
         self._reqs = itertools.count(1)
+        self._job_ids = _JobIds()
         self._programs: set[str] = set()
         self.sessions: set[str] = set()
         self.progress = ProgressBoard()  # jobs in flight: where their ranks are
@@ -303,7 +327,7 @@ class Client:
         """The Exec for one job, its time limit, and the driver's deadline for its answer."""
         limit = self.job_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit + _REPORT_GRACE_S
-        job = secrets.token_hex(12)  # unguessable: no one can prepare traffic for it
+        job = self._job_ids.next()  # unguessable: no one can prepare traffic for it
         ranks = (
             graph.ranks
             if set(bindings) <= set(graph.ranks)
@@ -417,7 +441,7 @@ class Client:
         broker stays full for ``timeout``: a delete or close is then left to the session's
         end or lease, a program is sent again when the broker asks for it."""
         try:
-            self._socket().send_multipart(encode(msg), copy=False)
+            send_frames(self._socket(), encode(msg), 0)  # blocks at most SNDTIMEO
         except zmq.Again:
             log.warning("the broker at %s takes no messages: dropped a %s", self.address, msg.TAG)
 
@@ -435,7 +459,8 @@ class Client:
         limit = self.timeout if timeout is None else max(0.0, timeout)
         sock = self._socket()
         try:
-            sock.send_multipart(encode(msg), copy=False)
+            frames = exec_frames(msg) if type(msg) is Exec else encode(msg)
+            send_frames(sock, frames, 0)  # blocks at most SNDTIMEO
         except zmq.Again:
             raise MplTimeoutError(
                 f"{what}: the broker at {self.address} took no message for {self.timeout:g} s "
