@@ -95,8 +95,10 @@ class DeviceCall:
 def device(dev_id: str | None = None, *, nout: int | None = None) -> DeviceCall:
     """``mp.device("P0")(fn)(*args)`` runs ``fn`` on P0; ``mp.device()`` infers the device.
 
-    Arguments living on other devices are moved first; host values are sent along.
-    Returns one :class:`Value`, or a tuple of ``nout`` Values.
+    Arguments living on other devices are moved first; host values are sent along. Outside
+    ``@mp.function``, a small PPU value of another party whose data came back with its job
+    is sent from the driver's copy instead of being moved between workers, so the call is
+    one job on the callee alone. Returns one :class:`Value`, or a tuple of ``nout`` Values.
     """
     return DeviceCall(dev_id, nout)
 
