@@ -75,7 +75,8 @@ _REPORT_GRACE_S = 1.0
 
 class _JobIds:
     """Unguessable job ids, drawn from the OS's CSPRNG a batch at a time: one ``getrandom``
-    call per ``_BATCH`` jobs instead of one per job. Safe to share between threads."""
+    call per ``_BATCH`` jobs instead of one per job. Safe to share between threads; a
+    forked child draws its own batch (it must never repeat its parent's ids)."""
 
     _BATCH = 256
     _BYTES = 12
@@ -84,11 +85,13 @@ class _JobIds:
         self._lock = threading.Lock()
         self._pool = b""
         self._at = 0
+        self._pid = 0
 
     def next(self) -> str:
         with self._lock:
-            if self._at >= len(self._pool):
+            if self._at >= len(self._pool) or self._pid != os.getpid():
                 self._pool, self._at = os.urandom(self._BYTES * self._BATCH), 0
+                self._pid = os.getpid()
             at = self._at
             self._at = at + self._BYTES
             return self._pool[at : at + self._BYTES].hex()
