@@ -1,14 +1,11 @@
 """The low-level driver client: requests to the broker, each with a deadline.
 
 Every calling thread gets its own DEALER socket and waits for its answer on it, so a call
-costs one round trip and no hand-off between threads. A background thread heartbeats on a
-socket of its own, naming the client's open sessions to keep their leases, and watches the
-broker: if the broker goes silent for 3 heartbeats, waiting calls fail at once
-(``MplTimeoutError``) instead of running out their deadlines.
+costs one round trip and no hand-off between threads. A :class:`~mpl.driver.watch.BrokerWatch`
+heartbeats the broker for the client's sessions and tells waiting calls at once when the
+broker is silent, restarted, or refuses this driver's key.
 
-In secure mode (``curve``) every socket is a CURVE client pinned to the broker's key. The
-heartbeat socket watches its handshakes: a broker that refuses this driver's key makes
-waiting and later calls raise ``AuthenticationError`` at once, not after their timeout.
+In secure mode (``curve``) every socket is a CURVE client pinned to the broker's key.
 
 Who the client is: in secure mode, the name its key is pinned to in the cluster spec; in
 plaintext mode, the ``driver`` name it declares on every socket's routing id
@@ -22,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import secrets
 import threading
 import time
@@ -33,20 +31,15 @@ import zmq
 
 from mpl.driver.inflight import JobPump, Pending
 from mpl.driver.job_progress import ProgressBoard
+from mpl.driver.watch import BrokerWatch
 from mpl.wire.codec import decode, encode
-from mpl.wire.control import HEARTBEAT_LIVENESS, HEARTBEAT_S, Bye, Heartbeat, Refused, Reregister
+from mpl.wire.control import HEARTBEAT_S, Bye, Refused
 from mpl.wire.curve import Curve
 from mpl.wire.data import Delete, Fetch
-from mpl.wire.errors import (
-    AuthenticationError,
-    MplError,
-    MplTimeoutError,
-    ProtocolError,
-    SessionError,
-)
+from mpl.wire.errors import MplError, MplTimeoutError, ProtocolError, SessionError
+from mpl.wire.exec_pack import exec_frames
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Cancel, Exec, JobResult, Program
-from mpl.wire.lru import LRU
 from mpl.wire.progress import Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import from_info
@@ -64,7 +57,7 @@ from mpl.wire.sessions import (
     StatusRequest,
     SymbolInfo,
 )
-from mpl.wire.sockets import CONTROL_MAX_MESSAGE, configure, recv_frames
+from mpl.wire.sockets import configure, recv_frames, send_frames
 
 if TYPE_CHECKING:
     from mpl.driver.sealing import DriverSeal
@@ -78,17 +71,30 @@ INPROC_CONTEXTS: dict[str, zmq.Context[Any]] = {}
 log = logging.getLogger("mpl.driver")
 _SLICE_MS = 100  # waits wake this often to notice a lost broker
 _REPORT_GRACE_S = 1.0
-_HANDSHAKE_EVENTS = (
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_CONNECTED
-    | zmq.EVENT_HANDSHAKE_SUCCEEDED
-)
-# A server that does not hold the pinned key cannot answer our CURVE hello: it drops the
-# connection without an error event. This many connections in a row without a handshake
-# (one per reconnect interval, ~0.1 s) mean we are not talking to our broker.
-_CONNECTS_WITHOUT_HANDSHAKE = 5
-_LOST_MEMORY = 1024
+
+
+class _JobIds:
+    """Unguessable job ids, drawn from the OS's CSPRNG a batch at a time: one ``getrandom``
+    call per ``_BATCH`` jobs instead of one per job. Safe to share between threads; a
+    forked child draws its own batch (it must never repeat its parent's ids)."""
+
+    _BATCH = 256
+    _BYTES = 12
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool = b""
+        self._at = 0
+        self._pid = 0
+
+    def next(self) -> str:
+        with self._lock:
+            if self._at >= len(self._pool) or self._pid != os.getpid():
+                self._pool, self._at = os.urandom(self._BYTES * self._BATCH), 0
+                self._pid = os.getpid()
+            at = self._at
+            self._at = at + self._BYTES
+            return self._pool[at : at + self._BYTES].hex()
 
 
 class _ThreadSocket:
@@ -167,21 +173,24 @@ class Client:
         self._sockets: set[_ThreadSocket] = set()
         self._sockets_lock = threading.Lock()
         self._reqs = itertools.count(1)
+        self._job_ids = _JobIds()
         self._programs: set[str] = set()
         self.sessions: set[str] = set()
         self.progress = ProgressBoard()  # jobs in flight: where their ranks are
-        # sessions a restarted broker forgot: calls in flight for them fail at once
-        self._lost: LRU[str, bool] = LRU(_LOST_MEMORY)
         self.broker_id = ""
-        self._silence: MplError | None = None  # set while the broker is not heard
-        self._refused: MplError | None = None  # set for good when the broker refuses our key
-        self._unshaken = 0  # connections of the heartbeat socket without a CURVE handshake
-        self._closing = threading.Event()
         self._closed = False
         self._pump: JobPump | None = None  # started by the first submit_async
         self._pump_lock = threading.Lock()
-        self._beat = threading.Thread(target=self._heartbeat, name="mpl-driver-beat", daemon=True)
-        self._beat.start()
+        self.watch = BrokerWatch(
+            self.ctx,
+            address,
+            self.driver,
+            self.sessions,
+            heartbeat_s=heartbeat_s,
+            curve=curve,
+            broker_id=lambda: self.broker_id,
+            on_restart=self._programs.clear,  # a new broker knows none of our programs
+        )
 
     # -- sessions -------------------------------------------------------------------------
     def open_session(
@@ -321,7 +330,7 @@ class Client:
         """The Exec for one job, its time limit, and the driver's deadline for its answer."""
         limit = self.job_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit + _REPORT_GRACE_S
-        job = secrets.token_hex(12)  # unguessable: no one can prepare traffic for it
+        job = self._job_ids.next()  # unguessable: no one can prepare traffic for it
         ranks = (
             graph.ranks
             if set(bindings) <= set(graph.ranks)
@@ -406,8 +415,7 @@ class Client:
             return
         self.abandon_jobs("the client was closed while the job was in flight")
         self._closed = True
-        self._closing.set()
-        self._beat.join(5)
+        self.watch.close()
         with self._sockets_lock:
             sockets = list(self._sockets)
         for s in sockets:
@@ -436,7 +444,7 @@ class Client:
         broker stays full for ``timeout``: a delete or close is then left to the session's
         end or lease, a program is sent again when the broker asks for it."""
         try:
-            self._socket().send_multipart(encode(msg), copy=False)
+            send_frames(self._socket(), encode(msg), 0)  # blocks at most SNDTIMEO
         except zmq.Again:
             log.warning("the broker at %s takes no messages: dropped a %s", self.address, msg.TAG)
 
@@ -454,7 +462,8 @@ class Client:
         limit = self.timeout if timeout is None else max(0.0, timeout)
         sock = self._socket()
         try:
-            sock.send_multipart(encode(msg), copy=False)
+            frames = exec_frames(msg) if type(msg) is Exec else encode(msg)
+            send_frames(sock, frames, 0)  # blocks at most SNDTIMEO
         except zmq.Again:
             raise MplTimeoutError(
                 f"{what}: the broker at {self.address} took no message for {self.timeout:g} s "
@@ -469,15 +478,9 @@ class Client:
                     raise MplTimeoutError(
                         f"{what}: no answer from the broker at {self.address} within {limit:g} s"
                     )
-                if self._refused is not None:
-                    raise self._refused
-                if self._silence is not None:
-                    raise self._silence
-                if getattr(msg, "session", None) in self._lost:  # sent to a broker now gone
-                    raise SessionError(
-                        f"{what}: the broker at {self.address} restarted and lost session "
-                        f"{getattr(msg, 'session', '')}; open a new session"
-                    )
+                trouble = self.watch.trouble(getattr(msg, "session", None), what)
+                if trouble is not None:
+                    raise trouble
                 if left * 1000 < _SLICE_MS:
                     sock.setsockopt(zmq.RCVTIMEO, int(left * 1000) + 1)
                     short = True
@@ -526,76 +529,3 @@ class Client:
             return
         if match(opaque):
             raise ProtocolError(f"the answer could not be accepted: {exc}") from None
-
-    def _heartbeat(self) -> None:
-        sock = configure(self.ctx.socket(zmq.DEALER), linger_ms=0, max_message=CONTROL_MAX_MESSAGE)
-        monitor: zmq.Socket[Any] | None = None
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        if self.curve is not None:
-            self.curve.dial(sock, self.curve.broker)
-            monitor = sock.get_monitor_socket(_HANDSHAKE_EVENTS)
-            poller.register(monitor, zmq.POLLIN)
-        sock.setsockopt(zmq.ROUTING_ID, driver_routing_id(self.driver))
-        sock.connect(self.address)
-        heard = time.monotonic()
-        next_beat = heard
-        try:
-            while not self._closing.is_set():
-                now = time.monotonic()
-                if now >= next_beat:
-                    next_beat = now + self.heartbeat_s
-                    beat = encode(Heartbeat(sessions=sorted(self.sessions)))
-                    with contextlib.suppress(zmq.Again):  # a full queue: this beat is moot
-                        sock.send_multipart(beat, zmq.NOBLOCK)
-                ready = dict(poller.poll(int(max(0.0, next_beat - now) * 1000) + 1))
-                if monitor is not None and monitor in ready:
-                    self._handshake_failed(monitor)
-                if sock in ready:
-                    heard = time.monotonic()
-                    self._silence = None
-                    try:
-                        msg = decode(sock.recv_multipart(copy=False), safe=True)
-                    except ProtocolError:
-                        continue
-                    if isinstance(msg, Reregister):  # the broker restarted: sessions are gone
-                        self._programs.clear()
-                        if self.sessions:
-                            log.warning("the broker at %s restarted; sessions lost", self.address)
-                            if msg.broker_id != self.broker_id:  # not an expiry: a restart
-                                for sid in list(self.sessions):
-                                    self._lost[sid] = True
-                            self.sessions.clear()
-                elif time.monotonic() - heard > self.heartbeat_s * HEARTBEAT_LIVENESS:
-                    self._silence = MplTimeoutError(
-                        f"no heartbeat from the broker at {self.address} for "
-                        f"{time.monotonic() - heard:.1f} s"
-                    )
-        finally:
-            if monitor is not None:
-                sock.disable_monitor()
-                monitor.close(linger=0)
-            sock.close()
-
-    def _handshake_failed(self, monitor: zmq.Socket[Any]) -> None:
-        frames = monitor.recv_multipart()
-        event = int.from_bytes(frames[0][:2], "little")
-        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            self._unshaken = 0
-            return
-        if event == zmq.EVENT_CONNECTED:
-            self._unshaken += 1
-            if self._unshaken < _CONNECTS_WITHOUT_HANDSHAKE:
-                return
-        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-            self._refused = AuthenticationError(
-                f"the broker at {self.address} refused this driver's key "
-                f"{self.curve.keys.public if self.curve else ''}: it is not among the "
-                "drivers its cluster spec lists"
-            )
-        else:
-            self._refused = AuthenticationError(
-                f"no secure handshake with the broker at {self.address}: it does not run "
-                "CURVE, or its key is not the broker key this driver pinned"
-            )
-        log.error("%s", self._refused)

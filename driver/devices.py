@@ -95,8 +95,10 @@ class DeviceCall:
 def device(dev_id: str | None = None, *, nout: int | None = None) -> DeviceCall:
     """``mp.device("P0")(fn)(*args)`` runs ``fn`` on P0; ``mp.device()`` infers the device.
 
-    Arguments living on other devices are moved first; host values are sent along.
-    Returns one :class:`Value`, or a tuple of ``nout`` Values.
+    Arguments living on other devices are moved first; host values are sent along. Outside
+    ``@mp.function``, a small PPU value of another party whose data came back with its job
+    is sent from the driver's copy instead of being moved between workers, so the call is
+    one job on the callee alone. Returns one :class:`Value`, or a tuple of ``nout`` Values.
     """
     return DeviceCall(dev_id, nout)
 
@@ -140,7 +142,7 @@ def _ppu_call(
         position = iter(range(len(leaves)))
 
         def on_value(v: Value) -> int:
-            sym = move(rec, v, dev.name)
+            sym = rec.copy(v, rank) if _driver_holds(rec, v, rank) else move(rec, v, dev.name)
             leaf_done(next(position))
             return sym
 
@@ -170,6 +172,25 @@ def _ppu_call(
             if plan is not None:
                 return plan.run(ctx, leaves)
     return emit(build, name=_name(fn))
+
+
+def _driver_holds(rec: Recorder, value: Value, rank: int) -> bool:
+    """Whether an eager call may bind ``value`` on ``rank`` from the driver's own copy
+    instead of moving it there from the party holding it.
+
+    Only for a value one PPU holds whose small result came back with its job (so the
+    driver already has it: nothing is disclosed that was not), going to another party.
+    Binding the copy makes the call a job on ``rank`` alone: no move between workers, no
+    waiting for the other party. Traced programs always move (their graph is reused for
+    values the driver does not hold).
+    """
+    if rec.traced or value._recorder is not None or value._ctx is not rec.ctx:
+        return False  # the move's own checks refuse values of traces and other contexts
+    if len(value.parties) != 1 or value.parties == (rank,):
+        return False
+    if value.device is None or _device(rec.cluster, value.device).kind != "PPU":
+        return False
+    return value.cached(value.parties[0]) is not NOT_CACHED
 
 
 def _name(fn: Any) -> str:

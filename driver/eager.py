@@ -5,8 +5,11 @@ is recorded and checked as a one-op graph (with the moves its arguments need). I
 :class:`Plan` remembers which argument leaf binds each graph input. A later call with the
 same function, structure and placements finds the plan by that key and only binds the new
 leaves: no recorder, no graph building, no checks. Host values are job inputs, so the graph
-never depends on their data; the key therefore holds only each Value's device and ranks
-(and which leaves are the same Value, since a Value passed twice is one input).
+never depends on their data; the key therefore holds only each Value's device and ranks,
+which leaves are the same Value (a Value passed twice is one input), and whether the
+driver holds the Value's data (a small result sent back with its job): such a Value going
+to another party is bound from the driver's copy (``Recorder.copy``), so the call is one
+job on the callee alone, with no move between workers.
 
 ``stats`` counts recordings and replays, so tests can prove the cache by counts.
 """
@@ -18,7 +21,7 @@ from typing import Any
 
 from mpl.driver.context import Context
 from mpl.driver.recorder import Out, Recorder, wrap
-from mpl.driver.values import Value
+from mpl.driver.values import NOT_CACHED, Value
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Lit
@@ -40,13 +43,13 @@ class Plan:
         self,
         cluster: ClusterSpec,
         graph: Graph,
-        sources: Sequence[tuple[bool, int, tuple[int, ...]]],
+        sources: Sequence[tuple[str, int, tuple[int, ...]]],
         outs: Sequence[Out],
         placements: Sequence[tuple[int, ...]],
     ) -> None:
         self.cluster = cluster  # held, so the id in the key is never reused while we live
         self.graph = graph
-        self.sources = tuple(sources)  # per input: (is a Value, leaf index, ranks)
+        self.sources = tuple(sources)  # per input: (kind, leaf index, ranks)
         self.outs = list(outs)
         self.placements = list(placements)
         self.inline = tuple(range(len(outs)))
@@ -55,8 +58,14 @@ class Plan:
         """Bind ``leaves`` and run the graph as one job."""
         n = len(self.sources)
         bindings: dict[int, list[Any]] = {}
-        for i, (is_value, leaf, ranks) in enumerate(self.sources):
-            binding = leaves[leaf]._uri if is_value else Lit(leaves[leaf])
+        for i, (kind, leaf, ranks) in enumerate(self.sources):
+            x = leaves[leaf]
+            if kind == "uri":
+                binding = x._uri
+            elif kind == "copy":  # the driver's own copy of a small value (Recorder.copy)
+                binding = Lit(x.cached(x.parties[0]))
+            else:
+                binding = Lit(x)
             for r in ranks:
                 row = bindings.get(r)
                 if row is None:
@@ -83,7 +92,8 @@ def plan_key(
         if isinstance(leaf, Value):
             if leaf._recorder is not None or leaf._ctx is not ctx:
                 return None
-            parts.append((leaf.device, leaf.parties, first.setdefault(id(leaf), i)))
+            held = len(leaf.parties) == 1 and leaf.cached(leaf.parties[0]) is not NOT_CACHED
+            parts.append((leaf.device, leaf.parties, first.setdefault(id(leaf), i), held))
         else:
             parts.append(None)
     key = (target, nout, fn, treedef, tuple(parts), id(ctx.cluster))
@@ -122,13 +132,12 @@ def record(
 
     outs = build(rec, leaf_done)
     if len(leaf_of) != len(rec.sources) or any(
-        kind not in ("uri", "lit") for kind, _, _ in rec.sources
+        kind not in ("uri", "lit", "copy") for kind, _, _ in rec.sources
     ):
         return None
     graph = rec.builder.build([s for s, _ in outs])
     sources = [
-        (kind == "uri", leaf, ranks)
-        for (kind, _, ranks), leaf in zip(rec.sources, leaf_of, strict=True)
+        (kind, leaf, ranks) for (kind, _, ranks), leaf in zip(rec.sources, leaf_of, strict=True)
     ]
     plan = Plan(ctx.cluster, graph, sources, outs, [rec.placement(s) for s, _ in outs])
     stats["recorded"] += 1

@@ -30,11 +30,12 @@ import zmq
 from mpl.wire.codec import decode, encode
 from mpl.wire.control import Bye, Refused
 from mpl.wire.errors import MplError, MplTimeoutError, ProtocolError, SessionError
+from mpl.wire.exec_pack import exec_frames
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Cancel, Exec, JobResult, Program
 from mpl.wire.progress import Progress
 from mpl.wire.remote import from_info
-from mpl.wire.sockets import NOBLOCK, recv_frames
+from mpl.wire.sockets import NOBLOCK, recv_frames, send_frames
 
 if TYPE_CHECKING:
     from mpl.driver.client import Client
@@ -68,6 +69,10 @@ class JobPump:
         self._lock = threading.Lock()
         self._queue: collections.deque[Pending] = collections.deque()
         self._inflight: dict[str, Pending] = {}
+        # when _expire next looks at the jobs in flight: their soonest deadline, and at
+        # least every _IDLE_MS for a silent or restarted broker (not on every wake-up, so a
+        # wake-up costs O(what arrived), not O(jobs in flight))
+        self._check_at = time.monotonic()
         self._unsent: list[Pending] = []  # in flight, but the socket's queue was full
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -114,6 +119,8 @@ class JobPump:
             poller.register(sock, zmq.POLLIN)
             poller.register(self._wake_r, zmq.POLLIN)
             while self._closing is None:
+                # one wake-up handles everything ready: all queued jobs are sent and all
+                # arrived results settled before the next poll
                 ready = dict(poller.poll(self._poll_ms()))
                 if self._wake_r in ready:
                     with contextlib.suppress(BlockingIOError):
@@ -121,7 +128,8 @@ class JobPump:
                 self._send_queued(sock)
                 if sock in ready:
                     self._receive(sock)
-                self._expire(sock)
+                if time.monotonic() >= self._check_at:
+                    self._expire(sock)
         except Exception as exc:  # the pump must never leave futures waiting
             log.exception("the job pump stopped")
             with self._lock:
@@ -134,22 +142,25 @@ class JobPump:
                     self._client._drop_thread_socket()
 
     def _poll_ms(self) -> int:
-        if not self._inflight:
-            return _IDLE_MS
-        soonest = min(p.deadline for p in self._inflight.values())
-        return max(0, min(_IDLE_MS, int((soonest - time.monotonic()) * 1000) + 1))
+        return max(0, min(_IDLE_MS, int((self._check_at - time.monotonic()) * 1000) + 1))
 
     def _send_queued(self, sock: zmq.Socket[Any]) -> None:
         with self._lock:
+            if not self._queue and not self._unsent:
+                self._woken = False
+                return
             batch = list(self._queue)
             self._queue.clear()
             self._woken = False
         unsent, self._unsent = self._unsent, []
         # those that waited for room first, unless their deadline settled them meanwhile
         retry = [p for p in unsent if self._inflight.get(p.msg.job) is p]
+        programs = self._client._programs
         for p in [*retry, *batch]:
             self._inflight[p.msg.job] = p
-            self._send(sock, p, with_program=p.graph.digest not in self._client._programs)
+            if p.deadline < self._check_at:
+                self._check_at = p.deadline
+            self._send(sock, p, with_program=p.graph.digest not in programs)
 
     def _send(self, sock: zmq.Socket[Any], p: Pending, *, with_program: bool) -> None:
         """Send ``p`` without blocking the pump: while the socket's queue is full (a broker
@@ -158,9 +169,9 @@ class JobPump:
             if with_program:
                 seal = self._client.seal
                 program = seal.program(p.graph) if seal else Program(p.graph.digest, p.graph)
-                sock.send_multipart(encode(program), zmq.NOBLOCK, copy=False)
+                send_frames(sock, encode(program))
                 self._client._programs.add(p.graph.digest)
-            sock.send_multipart(encode(p.msg), zmq.NOBLOCK, copy=False)
+            send_frames(sock, exec_frames(p.msg))
         except zmq.Again:
             self._unsent.append(p)
             return
@@ -214,8 +225,9 @@ class JobPump:
 
     def _expire(self, sock: zmq.Socket[Any]) -> None:
         now = time.monotonic()
-        silence = self._client._silence
-        lost = self._client._lost
+        silence = self._client.watch.silence
+        lost = self._client.watch.lost
+        soonest = now + _IDLE_MS / 1000
         for job, p in list(self._inflight.items()):
             if silence is not None:
                 del self._inflight[job]
@@ -233,8 +245,7 @@ class JobPump:
                 del self._inflight[job]
                 reason = f"the driver stopped waiting after {p.limit:g} s"
                 with contextlib.suppress(zmq.Again):  # best effort: the broker's own deadline
-                    cancel = encode(Cancel(p.msg.session, job, reason))
-                    sock.send_multipart(cancel, zmq.NOBLOCK, copy=False)
+                    send_frames(sock, encode(Cancel(p.msg.session, job, reason)))
                 _fail(
                     p,
                     MplTimeoutError(
@@ -242,6 +253,9 @@ class JobPump:
                         f"within {p.limit:g} s"
                     ),
                 )
+            elif p.deadline < soonest:
+                soonest = p.deadline
+        self._check_at = soonest
 
     def _fail_all(self, make: Callable[[str], BaseException], text: str) -> None:
         with self._lock:

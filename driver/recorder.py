@@ -63,7 +63,7 @@ class Recorder:
         self.builder = GraphBuilder(cluster.world_size, name)
         self.sources: list[
             tuple[str, Any, Ranks]
-        ] = []  # per input: ("uri"|"lit"|"param", x, ranks)
+        ] = []  # per input: ("uri"|"lit"|"copy"|"each"|"param", x, ranks)
         self._inputs: dict[int, int] = {}  # id(Value) -> symbol
         self._held: list[Value] = []  # keeps bound Values alive until the job has run
         self.key: list[Any] = []  # structure of the eager graph, for the cache
@@ -115,6 +115,16 @@ class Recorder:
         sym = self.builder.input(ranks)
         self.sources.append(("lit", value, ranks))
         self.key.append(("lit", ranks))
+        return sym
+
+    def copy(self, value: Value, rank: int) -> int:
+        """``value`` made available on ``rank`` from the driver's own copy of it (the small
+        result its job sent back, see :meth:`Value.cached`): a job input bound on ``rank``
+        only, so no move between workers is needed. Eager calls only: a traced program's
+        graph must not depend on what the driver happens to hold."""
+        sym = self.builder.input((rank,))
+        self.sources.append(("copy", value, (rank,)))
+        self.key.append(("copy", rank))
         return sym
 
     def host_each(self, values: dict[int, Any]) -> int:
@@ -210,6 +220,8 @@ def bind(
             binding: Any = value._uri
         elif kind == "uri":
             binding = x
+        elif kind == "copy":
+            binding = Lit(x.cached(x.parties[0]))
         elif kind == "each":
             for r in ranks:
                 bindings.setdefault(r, [None] * n)[i] = Lit(x[r])

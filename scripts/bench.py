@@ -540,6 +540,18 @@ def phase_eager() -> None:
         record(
             "eager", "eager move + call (P0 -> P1), per call", xs, floor=floor, **percentiles(xs)
         )
+        # past the inline size only P0 holds the data: a move between workers, then the call
+        import numpy as np
+
+        big = mp.put("P0", np.zeros(9000))
+        xs = measure(lambda: mp.device("P1")(np.sum)(big), 300, warmup=20)
+        record(
+            "eager",
+            "eager move + call of 72 kB only P0 holds (peer move), per call",
+            xs,
+            floor=floor,
+            **percentiles(xs),
+        )
         compiled = mp.function(lambda v: mp.device("P1")(inc)(v))
         compiled(x)
         real = ctx.client.submit

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
 from helpers import add
 
 import mpl.driver as mp
 from mpl.driver import eager
+from mpl.driver.values import NOT_CACHED
 from mpl.wire.errors import MplError
 
 
@@ -77,3 +81,71 @@ def test_function_calls_inside_a_trace_do_not_touch_the_plans(sim: mp.Context) -
         before = counts()
         assert mp.fetch(twice(x)) == 42
         assert counts() == before
+
+
+class _Jobs:
+    """Every job the client is asked to run (the graph and its bindings), then runs it."""
+
+    def __init__(self, ctx: mp.Context) -> None:
+        self.graphs: list[Any] = []
+        self.bindings: list[dict[int, list[Any]]] = []
+        self._real = ctx.client.submit
+        ctx.client.submit = self  # type: ignore[method-assign]
+
+    def __call__(self, session: str, graph: Any, bindings: Any, **kw: Any) -> Any:
+        self.graphs.append(graph)
+        self.bindings.append(bindings)
+        return self._real(session, graph, bindings, **kw)
+
+
+def test_an_eager_move_of_a_value_the_driver_holds_is_one_job_on_the_callee(
+    ctx: mp.Context,
+) -> None:
+    small = mp.put("P0", np.arange(4.0))  # small: its data came back with its job
+    big = mp.put("P0", np.ones(20_000))  # 160 kB: only P0 holds it
+    assert small.cached(0) is not NOT_CACHED and big.cached(0) is NOT_CACHED
+    jobs = _Jobs(ctx)
+    try:
+        for i in range(3):  # recorded once, then replayed
+            got = mp.device("P1")(add)(small, float(i))
+            np.testing.assert_array_equal(mp.fetch(got), np.arange(4.0) + i)
+            assert got.device == "P1" and got.parties == (1,)
+        moved = mp.device("P1")(np.sum)(big)
+        assert mp.fetch(moved) == 20_000.0
+    finally:
+        ctx.client.submit = jobs._real  # type: ignore[method-assign]
+    assert len(jobs.graphs) == 4  # one job per call, nothing else sent
+    for graph, bindings in zip(jobs.graphs[:3], jobs.bindings[:3], strict=True):
+        assert graph.ranks == (1,) and "shuffle" not in graph.opcodes  # no move between workers
+        assert set(bindings) == {1}  # only the callee takes part
+    assert "shuffle" in jobs.graphs[3].opcodes and jobs.graphs[3].ranks == (0, 1)
+
+
+def test_a_traced_program_moves_between_workers_even_when_the_driver_holds_the_value(
+    ctx: mp.Context,
+) -> None:
+    @mp.function
+    def on_p1(v: mp.Value) -> mp.Value:
+        return mp.device("P1")(add)(v, 1)
+
+    x = mp.put("P0", 41)
+    assert x.cached(0) == 41
+    jobs = _Jobs(ctx)
+    try:
+        assert mp.fetch(on_p1(x)) == 42
+    finally:
+        ctx.client.submit = jobs._real  # type: ignore[method-assign]
+    assert "shuffle" in jobs.graphs[0].opcodes  # the program is reused for any P0 value
+
+
+def test_the_drivers_copy_is_sealed_for_the_callee_in_secure_mode(tmp_path: Path) -> None:
+    with mp.local_cluster(2, secure=True, run_dir=tmp_path) as ctx, ctx:
+        x = mp.put("P0", np.arange(3.0))
+        jobs = _Jobs(ctx)
+        try:
+            results = [mp.fetch(mp.device("P1")(np.multiply)(x, float(k))) for k in range(3)]
+        finally:
+            ctx.client.submit = jobs._real  # type: ignore[method-assign]
+        for k, got in enumerate(results):
+            np.testing.assert_array_equal(got, np.arange(3.0) * k)
+        assert [g.ranks for g in jobs.graphs] == [(1,)] * 3  # one job on the callee each

@@ -10,7 +10,8 @@ wire imports nothing else of ours; broker and worker never import each other. ms
 cloudpickle are imported here and nowhere else.
 
 Modules: ``errors`` (the error tree), ``record`` (tagged dataclasses), ``codec`` (record <->
-frames), ``remote`` (errors on the wire), one module per message family (``control``,
+frames), ``exec_pack`` (the driver's Exec frames from cached parts), ``remote`` (errors
+on the wire), one module per message family (``control``,
 ``sessions``, ``jobs``, ``data``), ``cluster`` (ClusterSpec), ``graph`` (the IR),
 ``sockets`` (socket options every part applies), ``persist`` (values in files), ``shares``
 (SPU shares), ``lru`` (the bounded caches every part keeps), ``kernels`` (named kernels: a
