@@ -70,6 +70,7 @@ class Recorder:
         # names saved by this trace so far: a later mp.load of one reads it without asking
         # the broker (it does not exist before the job runs): name -> (ranks, device)
         self.saved_here: dict[str, tuple[Ranks, str | None]] = {}
+        self._session_saves: dict[str, Ranks] = {}  # session names saved: one value each
 
     # -- inputs ---------------------------------------------------------------------------
     def of(self, value: Value) -> int:
@@ -146,6 +147,14 @@ class Recorder:
     def save(self, sym: int, name: str, persist: bool, device: str | None) -> None:
         """``mp.save`` in a trace: a ``save`` op run by every rank holding ``sym``."""
         ranks = self.placement(sym)
+        before = self._session_saves.setdefault(name, ranks) if not persist else ranks
+        if before != ranks:
+            # the workers name what they hold, in no order the broker could see: one
+            # session name must come from one value
+            raise MplError(
+                f"{name!r} is saved twice in this function, on ranks {list(before)} and "
+                f"{list(ranks)}: a session name holds one value, use two names"
+            )
         self.op(
             "save", [sym], ranks=ranks, nout=0, symbol=name, persist=persist, device=device or ""
         )

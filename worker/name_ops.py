@@ -53,4 +53,10 @@ def save_op(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> l
 @kernel("load")
 def load_op(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> list[Any]:
     name = check_symbol_name(op.attrs["symbol"])
-    return [ctx.store.get(ctx.session, symbol_uri(name))]
+    try:
+        return [ctx.store.get(ctx.session, symbol_uri(name))]
+    except SessionError:  # a damaged file is a ProtocolError, and says so itself
+        raise SessionError(
+            f"no value named {name!r} in this session or persisted by rank {ctx.rank}'s "
+            "party; save it first (or say whose with parties=)"
+        ) from None
