@@ -238,12 +238,13 @@ def test_two_parties_save_one_name_in_a_job_and_both_survive_a_broker_restart(
     cluster = make_cluster("tcp", world_size=2)
 
     @mp.function
-    def publish() -> None:
+    def publish() -> Any:
         mp.save(_on_p(0)(lambda: np.arange(3))(), "model", persist=True)
         mp.save(_on_p(1)(lambda: np.full(2, 7.0))(), "model", persist=True)
+        return _on_p(0)(lambda a: a.sum())(mp.load("model", parties=0))  # read back at once
 
     with mp.connect(cluster.address, driver="writer"):
-        publish()
+        assert mp.fetch(publish()) == 3
 
     def check() -> None:
         with mp.connect(cluster.address, driver="reader"):  # another session
