@@ -114,6 +114,31 @@ def test_a_function_that_saves_and_loads_is_one_job_request(
         assert mp.fetch(mp.load("kept")).tolist() == [0.0, 3.0, 6.0]
 
 
+def test_an_spu_value_saved_in_a_job_keeps_a_share_on_each_member(tmp_path: Path) -> None:
+    with _simulator(tmp_path):
+
+        @mp.function
+        def seal() -> Any:
+            a = mp.put("SP0", _on_p(0)(lambda: np.arange(3.0))())
+            doubled = mp.device("SP0")(lambda x: x * 2)(a)
+            mp.save(doubled, "secret", persist=True)
+            mp.save(doubled, "shared")
+            return mp.device("SP0")(lambda x: x + 1)(mp.load("shared"))
+
+        assert np.allclose(mp.fetch(seal()), [1.0, 3.0, 5.0], atol=1e-4)
+        rows = mp.symbols()
+        assert [(r["name"], r["device"], r["parties"]) for r in rows["session"]] == [
+            ("shared", "SP0", [0, 1])
+        ]
+        assert sorted(r["rank"] for r in rows["persisted"] if r["name"] == "secret") == [0, 1]
+
+        @mp.function
+        def total() -> Any:  # each member reads its own share from its own disk
+            return mp.device("SP0")(lambda x: x.sum())(mp.load("secret", parties="SP0"))
+
+        assert abs(mp.fetch(total()) - 6.0) < 1e-3
+
+
 def test_a_session_name_saved_twice_on_different_parties_is_refused_when_traced(
     tmp_path: Path,
 ) -> None:
