@@ -6,7 +6,8 @@ driver's word is no proof that anything was written. So the only source is each 
 ``Done.saved``: what that rank's own save ops wrote, each rank speaking for itself only.
 
 * A persisted name is that party's own entry: it is recorded for the reporting rank as soon
-  as its ``Done`` arrives (the file is on its disk, whatever the other ranks do next).
+  as its ``Done`` arrives (the file is on its disk, whatever the other ranks do next), even
+  when the job has already failed elsewhere.
 * A session name becomes a name of the session when the job completes and every rank the
   value spans reported the same value (device and ranks) under it. A name one rank claims
   for others, or that the ranks disagree on, is dropped and counted as forged.
@@ -53,7 +54,7 @@ class JobSaves:
                 job=job.job,
             )
         for claimed in msg.saved:
-            info = self._plausible(job, msg.rank, claimed)
+            info = self._plausible(job.job, job.ranks, msg.rank, claimed)
             if info is None:
                 continue
             if info.persist:
@@ -61,6 +62,20 @@ class JobSaves:
             else:
                 job.saved.setdefault(info.name, {})[msg.rank] = info
         return None
+
+    def late(self, msg: Done) -> None:
+        """A ``Done`` for a job that already ended (failed, cancelled, a rank lost): its
+        session names are void, but the files its rank persisted are on that rank's disk,
+        and the rank speaks for its own disk as in its hello."""
+        if len(msg.saved) > MAX_JOB_SAVES:
+            self.state.counters["protocol_errors"] += 1
+            return
+        world = tuple(range(self.state.cluster.world_size))
+        for claimed in msg.saved:
+            if claimed.persist:
+                info = self._plausible(msg.job, world, msg.rank, claimed)
+                if info is not None:
+                    self.state.persisted.saved(info, (msg.rank,))
 
     def complete(self, job: JobCall) -> ErrorInfo | None:
         """The job's last rank is done: name in the session what every holder reported."""
@@ -81,17 +96,19 @@ class JobSaves:
             session.symbols[name] = info
         return None
 
-    def _plausible(self, job: JobCall, rank: int, info: SymbolInfo) -> SymbolInfo | None:
+    def _plausible(
+        self, job: str, job_ranks: tuple[int, ...], rank: int, info: SymbolInfo
+    ) -> SymbolInfo | None:
         """``info`` as the broker keeps it, or None (dropped, counted) when rank ``rank``
-        could not have written it in this job."""
+        could not have written it in a job over ``job_ranks``."""
         ranks = info.ranks
         if (
             not valid_name(info.name)
             or rank not in ranks
-            or not set(ranks) <= set(job.ranks)
+            or not set(ranks) <= set(job_ranks)
             or list(ranks) != sorted(set(ranks))
         ):
-            self.state.access.forged(f"a saved name {info.name!r:.80} from rank {rank}")
+            self.state.access.forged(f"a saved name {info.name!r:.80} from rank {rank} ({job})")
             return None
         meta = str(info.meta.get("meta", ""))[:_META_CHARS]
         return SymbolInfo(info.name, info.device[:_META_CHARS], ranks, info.persist, {"meta": meta})

@@ -477,6 +477,8 @@ class BrokerState:
             return []
         job = self.calls.jobs.get(msg.job)
         if job is None or msg.rank not in job.pending or msg.session != job.session:
+            if job is None and msg.saved:  # ended first; the files this rank wrote remain
+                self.job_saves.late(msg)
             return []  # the job already ended (aborted); late answers are dropped
         job.pending.discard(msg.rank)
         if msg.saved and (refused := self.job_saves.reported(job, msg)) is not None:

@@ -20,9 +20,10 @@ from mpl.broker.state import BrokerState, Send
 from mpl.wire import ClusterSpec, GraphBuilder
 from mpl.wire.control import WorkerHello
 from mpl.wire.errors import GraphError, RemoteError, SessionError
-from mpl.wire.jobs import Done, Exec, JobResult, Program
+from mpl.wire.jobs import Done, Exec, Failed, JobResult, Program
 from mpl.wire.limits import MAX_JOB_SAVES
 from mpl.wire.record import Record
+from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import OpenSession, SessionOpened, SymbolInfo
 
 W = [b"w0", b"w1", b"w2"]
@@ -241,6 +242,17 @@ def test_a_rank_cannot_name_values_for_other_ranks() -> None:
     assert _result(out).error is None
     assert state.persisted.names() == [] and state.sessions.get(sid).symbols == {}
     assert state.counters["forged_replies"] == forged + 4
+
+
+def test_a_file_written_by_a_job_that_failed_elsewhere_is_still_listed_for_its_party() -> None:
+    state, sid, program = _broker()
+    state.handle(D, Exec(sid, "j", program.digest, (0, 1), {}), 0.1)
+    failed = Failed(sid, "j", 1, ErrorInfo("ValueError", "boom", rank=1, job="j"))
+    assert _result(state.handle(W[1], failed, 0.2)).error is not None
+    late = [_info("disk", (0, 1), persist=True), _info("m", (0, 1))]
+    assert state.handle(W[0], Done(sid, "j", 0, saved=late), 0.3) == []
+    assert set(state.persisted.holders("disk")) == {0}  # rank 0's file is on its disk
+    assert state.sessions.get(sid).symbols == {}  # the failed job named nothing
 
 
 def test_too_many_saved_names_from_one_rank_fail_the_job() -> None:
