@@ -20,11 +20,15 @@ from mpl.broker.state import BrokerState, Send
 from mpl.wire import ClusterSpec, GraphBuilder
 from mpl.wire.control import WorkerHello
 from mpl.wire.errors import GraphError, RemoteError, SessionError
+from mpl.wire.graph import Graph, Op
 from mpl.wire.jobs import Done, Exec, Failed, JobResult, Program
 from mpl.wire.limits import MAX_JOB_SAVES
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import OpenSession, SessionOpened, SymbolInfo
+from mpl.worker.interpreter import OpFailed, Plan, run_graph
+from mpl.worker.jobs import Jobs  # noqa: F401  (registers the save and load ops)
+from mpl.worker.store import ObjectStore, SymbolDisk
 
 W = [b"w0", b"w1", b"w2"]
 D = b"drv"
@@ -64,6 +68,38 @@ def test_save_runs_on_exactly_the_holders_and_load_is_held_where_it_runs() -> No
     text = str(b.build([w]))
     assert "save[device='', persist=True, symbol='m'](%0) on @0,1" in text
     assert "load[device='', symbol='m']() on @1,2 -> @1,2" in text
+
+
+class _Job:
+    """A job's context for the interpreter alone: a real store, nothing else."""
+
+    session, job, deadline = "s", "j", 0.0
+
+    def __init__(self, rank: int, store: ObjectStore) -> None:
+        self.rank, self.store = rank, store
+        self.spans: list[list[Any]] = []
+        self.saved: list[SymbolInfo] = []
+
+    def starting(self, *args: Any) -> None:
+        pass
+
+
+def test_a_save_on_a_rank_that_does_not_hold_the_value_names_nothing(tmp_path: Path) -> None:
+    # a graph the driver's checker refuses (the save runs on rank 1, the value is on rank 0),
+    # as a hostile or broken driver could still send it
+    b = GraphBuilder(2)
+    v = b.op("pcall", [], ranks=(0,), fn=b.fn(lambda: 5))[0]
+    ok = b.build([v])
+    save = Op("save", (0,), 0, (0, 1), {"symbol": "x", "persist": True, "device": ""})
+    graph = Graph(2, (), (*ok.ops, save), (), ok.fns)
+    store = ObjectStore(SymbolDisk(tmp_path))
+    job = _Job(1, store)
+    with pytest.raises(OpFailed, match=r"\(save 'x'\).*does not hold the value"):
+        run_graph(Plan.build(graph, 1), [], job)
+    assert job.saved == [] and store.disk is not None and store.disk.infos() == []
+    job0 = _Job(0, store)
+    run_graph(Plan.build(graph, 0), [], job0)  # the holder saves its own part
+    assert [i.name for i in job0.saved] == ["x"] and store.disk.load("x") == 5
 
 
 # -- one job, one request ---------------------------------------------------------------------

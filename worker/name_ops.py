@@ -23,7 +23,7 @@ from mpl.wire.errors import SessionError
 from mpl.wire.graph import Graph, Op
 from mpl.wire.limits import MAX_JOB_SAVES, check_symbol_name
 from mpl.wire.sessions import SymbolInfo
-from mpl.worker.interpreter import JobContext, kernel
+from mpl.worker.interpreter import ABSENT, JobContext, kernel
 from mpl.worker.store import symbol_uri
 
 __all__ = ["load_op", "save_op"]
@@ -37,6 +37,8 @@ def save_op(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> l
     if len(ctx.saved) >= MAX_JOB_SAVES:
         raise SessionError(f"a job saves at most {MAX_JOB_SAVES} names per rank")
     value = args[0]
+    if value is ABSENT:  # a graph the driver's checker would have refused: name nothing
+        raise SessionError(f"rank {ctx.rank} does not hold the value to save as {name!r}")
     persist: bool = op.attrs["persist"]
     meta = {"meta": describe(value)}
     info = SymbolInfo(name, op.attrs.get("device", ""), op.ranks, persist, meta)
