@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from mpl.broker.admission import refuse_save
 from mpl.broker.calls import JobCall
 from mpl.wire.jobs import Done
-from mpl.wire.limits import MAX_JOB_SAVES, valid_name
+from mpl.wire.limits import MAX_JOB_SAVES, MAX_SESSION_SYMBOLS, valid_name
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import SymbolInfo
 
@@ -82,6 +82,7 @@ class JobSaves:
         session = self.state.sessions.get(job.session)
         if session is None:
             return None
+        accepted: dict[str, SymbolInfo] = {}
         for name, reports in job.saved.items():
             info = next(iter(reports.values()))
             agreed = all((r.device, r.ranks) == (info.device, info.ranks) for r in reports.values())
@@ -93,7 +94,16 @@ class JobSaves:
                 continue
             if (refusal := refuse_save(info, session.symbols)) is not None:
                 return ErrorInfo("ProtocolError", refusal, job=job.job, op=f"save {name!r}")
-            session.symbols[name] = info
+            accepted[name] = info
+        new = len(accepted.keys() - session.symbols.keys())
+        if new and len(session.symbols) + new > MAX_SESSION_SYMBOLS:  # all the job's or none
+            return ErrorInfo(
+                "ProtocolError",
+                f"the job saves {new} new names; the session holds {len(session.symbols)} of "
+                f"at most {MAX_SESSION_SYMBOLS}: delete some",
+                job=job.job,
+            )
+        session.symbols.update(accepted)
         return None
 
     def _plausible(

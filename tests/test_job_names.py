@@ -22,7 +22,7 @@ from mpl.wire.control import WorkerHello
 from mpl.wire.errors import GraphError, RemoteError, SessionError
 from mpl.wire.graph import Graph, Op
 from mpl.wire.jobs import Done, Exec, Failed, JobResult, Program
-from mpl.wire.limits import MAX_JOB_SAVES
+from mpl.wire.limits import MAX_JOB_SAVES, MAX_SESSION_SYMBOLS
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import OpenSession, SessionOpened, SymbolInfo
@@ -289,6 +289,21 @@ def test_a_file_written_by_a_job_that_failed_elsewhere_is_still_listed_for_its_p
     assert state.handle(W[0], Done(sid, "j", 0, saved=late), 0.3) == []
     assert set(state.persisted.holders("disk")) == {0}  # rank 0's file is on its disk
     assert state.sessions.get(sid).symbols == {}  # the failed job named nothing
+
+
+def test_a_job_saving_past_the_sessions_name_bound_names_nothing_and_fails() -> None:
+    state, sid, program = _broker()
+    session = state.sessions.get(sid)
+    assert session is not None
+    filler = _info("f", (0,))
+    session.symbols.update({f"f{i}": filler for i in range(MAX_SESSION_SYMBOLS - 1)})
+    state.handle(D, Exec(sid, "j", program.digest, (0, 1), {}), 0.1)
+    state.handle(W[0], Done(sid, "j", 0, saved=[_info("a", (0,)), _info("f1", (0,))]), 0.2)
+    out = state.handle(W[1], Done(sid, "j", 1, saved=[_info("b", (1,))]), 0.3)
+    error = _result(out).error
+    assert error is not None and "at most" in error.message
+    assert "a" not in session.symbols and "b" not in session.symbols  # all or none
+    assert len(session.symbols) == MAX_SESSION_SYMBOLS - 1
 
 
 def test_too_many_saved_names_from_one_rank_fail_the_job() -> None:
