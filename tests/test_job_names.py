@@ -27,7 +27,6 @@ from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import OpenSession, SessionOpened, SymbolInfo
 from mpl.worker.interpreter import OpFailed, Plan, run_graph
-from mpl.worker.jobs import Jobs  # noqa: F401  (registers the save and load ops)
 from mpl.worker.store import ObjectStore, SymbolDisk
 
 W = [b"w0", b"w1", b"w2"]

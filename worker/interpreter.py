@@ -207,3 +207,8 @@ def _shuffle(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> 
     if source == me:
         return [value]
     return [ctx.recv(source, k, 0)]
+
+
+# The save and load ops live in their own module, which needs the names above: registered
+# here, so that wherever graphs run, they can.
+from mpl.worker import name_ops  # noqa: E402, F401
