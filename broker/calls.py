@@ -31,6 +31,7 @@ class JobCall(Call):
     stats: dict[int, dict[str, Any]] = field(default_factory=dict)
     metas: dict[int, str] = field(default_factory=dict)
     progress_sent: dict[int, float] = field(default_factory=dict)  # rank -> last forwarded
+    saved: dict[str, dict[int, SymbolInfo]] = field(default_factory=dict)  # name -> reports
 
 
 @dataclass

@@ -32,6 +32,7 @@ from mpl.broker.actions import Send
 from mpl.broker.admission import refuse_call, refuse_open
 from mpl.broker.calls import Call, CallTable, JobCall, RequestCall, lost_rank_error
 from mpl.broker.data import DataCalls
+from mpl.broker.job_saves import JobSaves
 from mpl.broker.listing import Listing
 from mpl.broker.names import Names
 from mpl.broker.persisted import PersistedTable
@@ -137,6 +138,7 @@ class BrokerState:
         self.counters = {"jobs_done": 0, "jobs_failed": 0, "bytes_routed": 0, "protocol_errors": 0}
         self.access = Access(cluster, self.registry, self.sessions, self.counters, self._note)
         self.names = Names(self)
+        self.job_saves = JobSaves(self)
         self.data = DataCalls(self)
         self.listing = Listing(self)
         self.runtimes = SessionRuntimes(self)
@@ -480,8 +482,12 @@ class BrokerState:
             return []
         job = self.calls.jobs.get(msg.job)
         if job is None or msg.rank not in job.pending or msg.session != job.session:
+            if job is None and msg.saved:  # ended first; the files this rank wrote remain
+                self.job_saves.late(msg)
             return []  # the job already ended (aborted); late answers are dropped
         job.pending.discard(msg.rank)
+        if msg.saved and (refused := self.job_saves.reported(job, msg)) is not None:
+            return self._fail_call(job, refused)
         for index, value in msg.values.items():
             job.values.setdefault(index, {})[msg.rank] = value
         job.stats[msg.rank] = msg.stats
@@ -489,6 +495,8 @@ class BrokerState:
             job.metas.setdefault(index, meta)
         if job.pending:
             return []
+        if job.saved and (refused := self.job_saves.complete(job)) is not None:
+            return self._fail_call(job, refused)
         del self.calls.jobs[msg.job]
         self._session_jobs_discard(job)
         self.counters["jobs_done"] += 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mpl.driver.context import current
-from mpl.driver.recorder import active
+from mpl.driver.recorder import Recorder, active
 from mpl.driver.values import Value
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.errors import MplError
@@ -24,14 +24,16 @@ def save(value: Value, name: str, *, persist: bool = False) -> None:
     """Name ``value`` in the session; ``persist=True`` also writes it to the disks of the
     workers holding it, each under its own party's namespace.
 
-    Inside ``@mp.function`` the save is part of the call: the value becomes an output of
-    the function's job and is named as soon as the job has run (before the call returns).
+    Inside ``@mp.function`` the save is an op of the function's one job: each worker
+    holding the value names it (in the session, or in its own party's namespace on disk)
+    while the job runs, and the broker learns the name from those workers' answers. The
+    name is checked there; a bad one fails the job with a ``RemoteError`` naming the op.
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"a name must be a non-empty string, got {name!r}")
     rec = active()
     if rec is not None:
-        rec.saves.append((rec.of(value), name, persist, value.device))
+        rec.save(rec.of(value), name, persist, value.device)
         return
     if value.traced:
         raise MplError("a traced value is saved inside its own @mp.function trace only")
@@ -50,18 +52,24 @@ def load(name: str, parties: int | str | Sequence[int | str] | None = None) -> V
     load is refused naming the parties. Several parties given explicitly make one
     party-level Value spanning them.
 
-    Inside ``@mp.function`` the name is looked up when the function is traced (and again
-    in each new session that runs it) and read by the workers when its job runs.
+    Inside ``@mp.function`` the load is an op of the function's one job: each party reads
+    its own value (the session's, else its persisted file) when the job runs, and a
+    missing name fails the job with a ``RemoteError`` naming the op. Which parties read
+    it is settled when the function is traced, without a request when it can be: a name
+    saved earlier in the same function is read where it was saved; ``parties=`` naming
+    one rank or one device is read there (an SPU device: its shares on its members);
+    otherwise the broker's table is asked once, at trace time, as outside a function.
+    Runs of the traced function send nothing besides their job.
     """
+    rec = active()
+    if rec is not None:
+        return _traced_load(rec, name, parties)
     ctx = current()
     ranks = _ranks(ctx.cluster, parties)
     info = ctx.client.load_symbol(ctx.session, name, parties=ranks)
     device = info.device or None
     if device is None and len(info.ranks) == 1:
         device = ctx.cluster.ppu_of(info.ranks[0])
-    rec = active()
-    if rec is not None:  # in @mp.function: an input of the job, read when it runs
-        return rec.traced_value(rec.symbol(name, tuple(info.ranks), ranks), device)
     return Value(
         device,
         tuple(info.ranks),
@@ -70,6 +78,41 @@ def load(name: str, parties: int | str | Sequence[int | str] | None = None) -> V
         owned=False,
         meta=str(info.meta.get("meta", "")),
     )
+
+
+def _traced_load(
+    rec: Recorder, name: str, parties: int | str | Sequence[int | str] | None
+) -> Value:
+    """``mp.load`` in a trace: a ``load`` op on the parties settled now (see :func:`load`)."""
+    ranks = _ranks(rec.cluster, parties)
+    if name in rec.saved_here:
+        held, device = rec.saved_here[name]
+        if not ranks or set(ranks) == set(held):
+            return rec.traced_value(rec.load(name, held, device), device)
+    device = _one_device(rec.cluster, parties)
+    if device is not None:
+        held = rec.cluster.ranks(device)
+    else:  # several parties or none said: the broker's table knows who holds the name
+        ctx = current()
+        info = ctx.client.load_symbol(ctx.session, name, parties=ranks)
+        held, device = tuple(info.ranks), info.device or None
+        if device is None and len(held) == 1:
+            device = rec.cluster.ppu_of(held[0])
+    return rec.traced_value(rec.load(name, tuple(sorted(held)), device), device)
+
+
+def _one_device(
+    cluster: ClusterSpec, parties: int | str | Sequence[int | str] | None
+) -> str | None:
+    """The device ``parties`` names when it names exactly one rank's PPU or one device."""
+    items = [parties] if isinstance(parties, (int, str)) else list(parties or ())
+    if len(items) != 1:
+        return None
+    item = items[0]
+    if isinstance(item, str):
+        cluster.device(item)  # KeyError listing the devices when there is no such one
+        return item
+    return cluster.ppu_of(item)
 
 
 def _ranks(

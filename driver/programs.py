@@ -23,7 +23,6 @@ from mpl.wire.errors import MplError
 from mpl.wire.graph import Graph, format_graph
 from mpl.wire.jobs import JobResult
 from mpl.wire.lru import LRU
-from mpl.wire.sessions import SymbolInfo
 
 __all__ = ["Function", "Program", "compile", "function"]
 
@@ -50,12 +49,6 @@ class Program:
         self._params = params  # leaf positions of the Value arguments
         self._out_tree = out_tree
         self._outs = outs  # per output leaf: ("v", output index, device) | ("h", host value, None)
-        self._loads = list(rec.loads)  # mp.load calls traced: repeated once per new session
-        self._loaded_in: set[str] = set()
-        # mp.save calls traced: (output index, name, persist, device), named after the job
-        self._saves = [
-            (outputs.index(sym), name, persist, device) for sym, name, persist, device in rec.saves
-        ]
 
     def __str__(self) -> str:
         return format_graph(self.graph)
@@ -74,11 +67,6 @@ class Program:
 
     def submit(self, ctx: Context, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[Any]:
         """Start as one job in ``ctx`` without waiting: a future of what ``run`` returns."""
-        if self._saves:
-            raise MplError(
-                f"{self.name} saves names (mp.save inside it): call it instead of "
-                "mp.submit, so the names exist when the call returns"
-            )
         bindings = self._bind(ctx, args, kwargs)
         return ctx.submit(
             self.graph,
@@ -96,10 +84,6 @@ class Program:
         for v in [*params, *self._captured]:
             if not isinstance(v, Value) or v._ctx is not ctx:
                 raise MplError(f"{v!r} is not a value of the context running {self.name}")
-        if self._loads and ctx.session not in self._loaded_in:
-            for name, asked in self._loads:  # a session reads a persisted name once loaded
-                ctx.client.load_symbol(ctx.session, name, parties=asked)
-            self._loaded_in.add(ctx.session)
         slots: list[Value | None] = []
         it = iter(params)
         for kind, _, _ in self._sources:
@@ -120,10 +104,6 @@ class Program:
             [placements[v] for v in self.graph.outputs],
             result,
         )
-        for index, name, persist, device in self._saves:
-            saved = values[index]  # alive until named: no delete can overtake the save
-            info = SymbolInfo(name, device or "", saved.parties, persist, {"meta": saved._meta})
-            ctx.client.save_symbol(ctx.session, saved._uri, info)
         out = [values[index] if kind == "v" else index for kind, index, _ in self._outs]
         return unflatten(self._out_tree, out)
 
@@ -159,7 +139,6 @@ def _trace(
             outs.append(("v", len(outputs) - 1, leaf.device))
         else:
             outs.append(("h", leaf, None))
-    outputs += [sym for sym, *_ in rec.saves if sym not in outputs]  # saved after the job
     graph = rec.builder.build(outputs)
     return Program(name, rec, graph, outputs, params, out_tree, outs)
 

@@ -67,11 +67,10 @@ class Recorder:
         self._inputs: dict[int, int] = {}  # id(Value) -> symbol
         self._held: list[Value] = []  # keeps bound Values alive until the job has run
         self.key: list[Any] = []  # structure of the eager graph, for the cache
-        # mp.load / mp.save inside a trace: (name, ranks asked) and (symbol, name, persist,
-        # device); a traced program replays the loads in each new session and saves after
-        # its job
-        self.loads: list[tuple[str, Ranks]] = []
-        self.saves: list[tuple[int, str, bool, str | None]] = []
+        # names saved by this trace so far: a later mp.load of one reads it without asking
+        # the broker (it does not exist before the job runs): name -> (ranks, device)
+        self.saved_here: dict[str, tuple[Ranks, str | None]] = {}
+        self._session_saves: dict[str, Ranks] = {}  # session names saved: one value each
 
     # -- inputs ---------------------------------------------------------------------------
     def of(self, value: Value) -> int:
@@ -92,15 +91,6 @@ class Recorder:
             self.sources.append(("uri", value._uri, value.parties))
             self._held.append(value)
             self.key.append(("in", value.parties))
-        return sym
-
-    def symbol(self, name: str, ranks: Ranks, asked: Ranks) -> int:
-        """A named value (``mp.load`` in a trace): a job input each rank reads from its own
-        store, so the job sees the value the name holds when it runs."""
-        sym = self.builder.input(ranks)
-        self.sources.append(("uri", f"sym:{name}", ranks))
-        self.key.append(("sym", name, ranks))
-        self.loads.append((name, asked))
         return sym
 
     def param(self, ranks: Ranks) -> int:
@@ -163,6 +153,27 @@ class Recorder:
             )
         )
         return outs
+
+    def save(self, sym: int, name: str, persist: bool, device: str | None) -> None:
+        """``mp.save`` in a trace: a ``save`` op run by every rank holding ``sym``."""
+        ranks = self.placement(sym)
+        before = self._session_saves.setdefault(name, ranks) if not persist else ranks
+        if before != ranks:
+            # the workers name what they hold, in no order the broker could see: one
+            # session name must come from one value
+            raise MplError(
+                f"{name!r} is saved twice in this function, on ranks {list(before)} and "
+                f"{list(ranks)}: a session name holds one value, use two names"
+            )
+        self.op(
+            "save", [sym], ranks=ranks, nout=0, symbol=name, persist=persist, device=device or ""
+        )
+        self.saved_here[name] = (ranks, device)
+
+    def load(self, name: str, ranks: Ranks, device: str | None) -> int:
+        """``mp.load`` in a trace: a ``load`` op on ``ranks``, each reading its own value
+        (the session's, else its persisted file) when the job runs."""
+        return self.op("load", [], ranks=ranks, symbol=name, device=device or "")[0]
 
     def placement(self, sym: int) -> Ranks:
         return self.builder.placements[sym]

@@ -152,9 +152,10 @@ def test_load_and_save_inside_a_function_are_part_of_the_call(tmp_path: Path) ->
         assert mp.fetch(step(mp.put("P1", 2.0))) == 12.0
         assert mp.fetch(mp.load("scaled")).tolist() == [0.0, 2.0, 4.0, 6.0]
         program = mp.compile(step, mp.put("P1", 1.0))
-        with pytest.raises(mp.MplError, match="saves names"):
-            mp.submit(program, mp.put("P1", 1.0))
+        # the saves are ops of the job: a future of it names them too
+        assert mp.fetch(mp.submit(program, mp.put("P1", 3.0)).result()) == 18.0
+        assert mp.fetch(mp.load("scaled")).tolist() == [0.0, 3.0, 6.0, 9.0]
     with mp.Simulator.simple(2, data_root=tmp_path):  # a new cluster on the same disks
-        assert mp.fetch(mp.load("kept", parties=(1,))).tolist() == [0.0, 2.0, 4.0, 6.0]
-        # traced in the other session: this session loads the name before the job reads it
+        assert mp.fetch(mp.load("kept", parties=(1,))).tolist() == [0.0, 3.0, 6.0, 9.0]
+        # traced in the other session: the job's load op reads rank 1's own file
         assert mp.fetch(program(mp.put("P1", 1.0))) == 6.0

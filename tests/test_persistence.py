@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+import mpl.driver as mp
 from mpl.wire import GraphBuilder
-from mpl.wire.errors import ProtocolError, SessionError
+from mpl.wire.errors import ProtocolError, RemoteError, SessionError
 from mpl.wire.jobs import Lit, output_uri
 from mpl.wire.persist import dumps
 from mpl.wire.sessions import SymbolInfo
@@ -63,6 +64,26 @@ def test_a_full_disk_during_an_overwrite_keeps_the_old_value(small_tmpfs: Path) 
     again = SymbolDisk(small_tmpfs)  # and so does the disk, read afresh
     assert np.array_equal(again.load("model"), old)
     assert [i.name for i in again.infos()] == ["model"] and again.stats()["corrupt_files"] == 0
+
+
+def test_a_full_disk_fails_a_save_inside_a_job_naming_it(small_tmpfs: Path) -> None:
+    sim = mp.Simulator.simple(2, data_root=small_tmpfs)
+    try:
+        with sim:
+
+            @mp.function
+            def keep(n: int) -> Any:
+                v = mp.device("P0")(lambda: np.ones(n))()
+                mp.save(v, "model", persist=True)
+                return mp.device("P0")(lambda a: a.sum())(v)
+
+            assert mp.fetch(keep(1000)) == 1000.0
+            with pytest.raises(RemoteError, match=r"\(save 'model'\).*No space left") as err:
+                keep(200_000)  # 1.6 MB: cannot fit
+            assert err.value.rank == 0 and "unchanged" in str(err.value)
+            assert mp.fetch(mp.load("model", parties=0)).tolist() == [1.0] * 1000
+    finally:
+        sim.close()
 
 
 def test_two_concurrent_saves_of_one_name_leave_one_whole_value(tmp_path: Path) -> None:

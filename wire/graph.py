@@ -18,7 +18,15 @@ opcode            meaning (placement rule)
 ``spu.seal``      secret-share a value held by one rank onto SPU ``attrs["device"]``
 ``spu.run``       run ``fns[attrs["fn"]]`` under MPC on the SPU members
 ``spu.reveal``    rebuild an SPU value in plaintext on rank ``attrs["to"]``
+``save``          name the input ``attrs["symbol"]`` on every rank holding it: in the
+                  session, or (``attrs["persist"]``) on that rank's own disk; no outputs
+``load``          the value named ``attrs["symbol"]`` as each of ``ranks`` holds it (the
+                  session's own first, else the rank's persisted one); held by ``ranks``
 ================  =========================================================================
+
+A ``save`` or ``load`` carries the name as written: the workers check it (with the one
+name rule of ``mpl.wire.limits``) when they run the op, so a bad name fails the job at that
+op, naming it, exactly as a bad name fails a save outside a program.
 
 Callables are kept once per graph in ``fns`` and referenced by index, so each one is pickled
 once. :func:`check` is the checker, :func:`format_graph` the printer and ``Graph.digest`` the
@@ -256,6 +264,28 @@ def _rule_spu_reveal(op: Op, ins: list[Ranks], graph: Graph | None) -> list[Rank
     return [(to,)]
 
 
+def _symbol_attrs(op: Op) -> None:
+    if type(op.attrs.get("symbol")) is not str:
+        raise GraphError(f"{op.opcode} needs attribute 'symbol' (the value's name, a str)")
+    if type(op.attrs.get("device", "")) is not str:
+        raise GraphError(f"{op.opcode} attribute 'device' must be a str")
+
+
+def _rule_save(op: Op, ins: list[Ranks], graph: Graph | None) -> list[Ranks]:
+    _arity(op, 1, 0)
+    _symbol_attrs(op)
+    if type(op.attrs.get("persist")) is not bool:
+        raise GraphError("save needs attribute 'persist' (a bool)")
+    _same_ranks(op, ins[0])  # every holder names its part, and only holders
+    return []
+
+
+def _rule_load(op: Op, ins: list[Ranks], graph: Graph | None) -> list[Ranks]:
+    _arity(op, 0, 1)
+    _symbol_attrs(op)
+    return [op.ranks]
+
+
 _RULES: dict[str, _Rule] = {
     "pcall": _rule_pcall,
     "shuffle": _rule_shuffle,
@@ -265,6 +295,8 @@ _RULES: dict[str, _Rule] = {
     "spu.seal": _rule_spu_seal,
     "spu.run": _rule_spu_run,
     "spu.reveal": _rule_spu_reveal,
+    "save": _rule_save,
+    "load": _rule_load,
 }
 OPCODES: tuple[str, ...] = tuple(_RULES)
 

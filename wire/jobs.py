@@ -25,6 +25,7 @@ from mpl.wire.graph import Graph
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sealed import Sealed
+from mpl.wire.sessions import SymbolInfo
 
 __all__ = [
     "Abort",
@@ -113,7 +114,12 @@ class Exec(Record, tag="exec"):
 
 @dataclass(eq=False, repr=False)
 class Done(Record, tag="done"):
-    """A rank finished its part. ``values[output index]`` holds the small outputs asked for."""
+    """A rank finished its part. ``values[output index]`` holds the small outputs asked for.
+
+    ``saved`` lists the names this rank's ``save`` ops wrote (``mp.save`` inside a program):
+    the broker learns a job's names from these, each rank speaking for itself, at most
+    ``MAX_JOB_SAVES`` per rank.
+    """
 
     session: str
     job: str
@@ -121,6 +127,7 @@ class Done(Record, tag="done"):
     values: dict[int, Any] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
     metas: dict[int, str] = field(default_factory=dict)  # "float64[3]"-style descriptions
+    saved: list[SymbolInfo] = field(default_factory=list)
 
 
 @dataclass(eq=False, repr=False)

@@ -23,6 +23,7 @@ __all__ = [
     "MAX_FRAMES",
     "MAX_HEADER_BYTES",
     "MAX_HEADER_ITEMS",
+    "MAX_JOB_SAVES",
     "MAX_JOB_THREADS",
     "MAX_LEASE_S",
     "MAX_MOVES_PENDING",
@@ -122,6 +123,11 @@ MAX_RUNTIME_INFO_TEXT = 64 * 1024
 # A saved value's name: it becomes a file name on the workers that persist it, so it can
 # never climb out of their data root (``sym:../x``).
 _SYMBOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+# Names one rank may save inside one job (``save`` ops), and so list in its ``Done``: the
+# broker reads that list, so it is bounded like every table the broker fills.
+MAX_JOB_SAVES = 1024
 
 
 def check_symbol_name(name: str) -> str:

@@ -12,11 +12,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mpl.wire.errors import JobAbortedError
 from mpl.wire.graph import Graph, Op, fill
 from mpl.wire.kernels import KernelRef
+
+if TYPE_CHECKING:
+    from mpl.wire.sessions import SymbolInfo
+    from mpl.worker.store import ObjectStore
 
 __all__ = ["ABSENT", "KERNELS", "JobContext", "OpFailed", "Plan", "op_label", "run_graph"]
 
@@ -39,6 +43,8 @@ class JobContext(Protocol):
     rank: int
     deadline: float
     spans: list[list[Any]]  # [op index, label, start s, end s] relative to the job's start
+    store: ObjectStore  # this worker's values: ``save`` and ``load`` ops use it
+    saved: list[SymbolInfo]  # names this rank's ``save`` ops wrote, listed in its Done
 
     def send(self, dst: int, op: int, seq: int, value: Any) -> None: ...
 
@@ -77,6 +83,8 @@ class OpFailed(Exception):
 
 def op_label(graph: Graph, index: int) -> str:
     op = graph.ops[index]
+    if type(op.attrs.get("symbol")) is str:  # save / load: the name is what says which
+        return f"{index} ({op.opcode} {op.attrs['symbol']!r})"
     fn = op.attrs.get("fn")
     name = op.attrs.get("name") or ""
     if not name and type(fn) is int and 0 <= fn < len(graph.fns):
@@ -199,3 +207,8 @@ def _shuffle(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> 
     if source == me:
         return [value]
     return [ctx.recv(source, k, 0)]
+
+
+# The save and load ops live in their own module, which needs the names above: registered
+# here, so that wherever graphs run, they can.
+from mpl.worker import name_ops  # noqa: E402, F401

@@ -36,7 +36,7 @@ from mpl.wire.progress import EVERY_S, FIRST_AFTER_S, Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo, to_info
 from mpl.wire.safe_values import unsafe
-from mpl.wire.sessions import Ack, DeleteSymbol, Reply, SaveSymbol
+from mpl.wire.sessions import Ack, DeleteSymbol, Reply, SaveSymbol, SymbolInfo
 from mpl.worker.interpreter import ABSENT, OpFailed, Plan, op_label, run_graph
 from mpl.worker.mailbox import Mailbox
 from mpl.worker.peers import PeerLinks
@@ -119,6 +119,8 @@ class _JobRun:
         self.rank = jobs.rank
         self.deadline = deadline
         self.spans: list[list[Any]] = []
+        self.store = jobs.store
+        self.saved: list[SymbolInfo] = []  # by save ops; listed in Done
         self._next_report = time.monotonic() + FIRST_AFTER_S  # short jobs report nothing
         self._position: tuple[int, int, Graph, int] | None = None
         self._reported: tuple[int, int] | None = None
@@ -344,7 +346,7 @@ class Jobs:
                 values[i] = value
         self.done += 1
         stats = {"run_s": time.monotonic() - started, "started": wall, "ops": run.spans}
-        return Done(sid, job, self.rank, values, stats, metas)
+        return Done(sid, job, self.rank, values, stats, metas, run.saved)
 
     def _resolve(self, sid: str, binding: Any) -> Any:
         if binding is None:

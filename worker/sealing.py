@@ -135,7 +135,7 @@ class WorkerSeal:
         except Exception as exc:  # an unsafe value: the job fails with the reason
             info = to_info(exc, rank=self.rank, op="result", job=msg.job, with_traceback=False)
             return Failed(msg.session, msg.job, self.rank, info)
-        return Done(msg.session, msg.job, msg.rank, values, msg.stats, msg.metas)
+        return Done(msg.session, msg.job, msg.rank, values, msg.stats, msg.metas, msg.saved)
 
     def _reply(self, msg: Reply, fetch: Fetch) -> Reply:
         if msg.error is not None:

@@ -1,0 +1,64 @@
+"""The ``save`` and ``load`` ops: ``mp.save`` / ``mp.load`` inside ``@mp.function``.
+
+They run inside the job, on the ranks that hold the value (save) or read it (load), with
+the same rules as ``SaveSymbol`` and ``sym:`` reads outside a program:
+
+* the name is checked with :func:`mpl.wire.limits.check_symbol_name` before anything is
+  written or read, so a name never becomes a path outside the data root;
+* a session name goes into this rank's store for the job's session; a persisted one is
+  written by :class:`~mpl.worker.symbol_disk.SymbolDisk` under this party's own
+  namespace (this worker's data root), never anyone else's;
+* a load reads the session's own value first, else this rank's persisted file.
+
+Each save is recorded on the job (``ctx.saved``) and listed in this rank's ``Done``: that
+is how the broker learns the names a job saved, from the workers that wrote them rather
+than from anything the driver claimed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpl.wire.errors import SessionError
+from mpl.wire.graph import Graph, Op
+from mpl.wire.limits import MAX_JOB_SAVES, check_symbol_name
+from mpl.wire.sessions import SymbolInfo
+from mpl.worker.interpreter import ABSENT, JobContext, kernel
+from mpl.worker.store import symbol_uri
+
+__all__ = ["load_op", "save_op"]
+
+
+@kernel("save")
+def save_op(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> list[Any]:
+    from mpl.worker.jobs import describe  # jobs imports this module: bind at call time
+
+    name = check_symbol_name(op.attrs["symbol"])
+    if len(ctx.saved) >= MAX_JOB_SAVES:
+        raise SessionError(f"a job saves at most {MAX_JOB_SAVES} names per rank")
+    value = args[0]
+    if value is ABSENT:  # a graph the driver's checker would have refused: name nothing
+        raise SessionError(f"rank {ctx.rank} does not hold the value to save as {name!r}")
+    persist: bool = op.attrs["persist"]
+    meta = {"meta": describe(value)}
+    info = SymbolInfo(name, op.attrs.get("device", ""), op.ranks, persist, meta)
+    if persist:
+        if ctx.store.disk is None:
+            raise SessionError("this worker has no data root to persist values in")
+        ctx.store.disk.save(info, value)  # the old value stays whole if the write fails
+    else:
+        ctx.store.put(ctx.session, symbol_uri(name), value)
+    ctx.saved.append(info)
+    return []
+
+
+@kernel("load")
+def load_op(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> list[Any]:
+    name = check_symbol_name(op.attrs["symbol"])
+    try:
+        return [ctx.store.get(ctx.session, symbol_uri(name))]
+    except SessionError:  # a damaged file is a ProtocolError, and says so itself
+        raise SessionError(
+            f"no value named {name!r} in this session or persisted by rank {ctx.rank}'s "
+            "party; save it first (or say whose with parties=)"
+        ) from None
