@@ -24,7 +24,7 @@ from mpl.wire.jobs import Program
 from mpl.wire.remote import ErrorInfo
 from mpl.worker.core import PROGRAM_SLOTS, Joined, Reconnect, Stop, ToBroker, WorkerCore
 from mpl.worker.interpreter import ABSENT, Plan, run_graph
-from mpl.worker.mailbox import Mailbox
+from mpl.worker.keyed_mailbox import move_mailbox
 
 
 def core() -> WorkerCore:
@@ -85,29 +85,30 @@ KEY = ("s", "j", 3, 0, 0)
 
 
 def test_mailbox_delivers_once_in_any_order() -> None:
-    box = Mailbox()
-    assert box.deliver(KEY, "early")  # before anyone waits
-    assert not box.deliver(KEY, "dup")
-    assert box.take(KEY, time.monotonic() + 1) == "early"
-    assert not box.deliver(KEY, "after take")
+    box = move_mailbox()
+    box.open(("s", "j"))
+    assert box.put(KEY, "early")  # before anyone waits
+    assert not box.put(KEY, "dup")
+    assert box.take(KEY, time.monotonic() + 1, "late") == "early"
+    assert not box.put(KEY, "after take")
     got: list[Any] = []
     late = ("s", "j", 4, 0, 1)
-    t = threading.Thread(target=lambda: got.append(box.take(late, time.monotonic() + 5)))
+    t = threading.Thread(target=lambda: got.append(box.take(late, time.monotonic() + 5, "")))
     t.start()
-    box.deliver(late, "late")
+    box.put(late, "late")
     t.join(5)
     assert got == ["late"] and box.duplicates == 2
-    box.end("s", "j")
-    assert not box.deliver(("s", "j", 9, 0, 0), "for an ended job")
+    box.end(("s", "j"))
+    assert not box.put(("s", "j", 9, 0, 0), "for an ended job") and box.late == 1
 
 
 def test_mailbox_abort_wakes_waiters_and_deadline_is_bounded() -> None:
-    box = Mailbox()
+    box = move_mailbox()
     errors: list[BaseException] = []
 
     def wait() -> None:
         try:
-            box.take(KEY, time.monotonic() + 30)
+            box.take(KEY, time.monotonic() + 30, "never")
         except BaseException as exc:
             errors.append(exc)
 
@@ -115,12 +116,12 @@ def test_mailbox_abort_wakes_waiters_and_deadline_is_bounded() -> None:
     t.start()
     time.sleep(0.05)  # let it block; the assertion below is on how fast abort releases it
     start = time.monotonic()
-    box.abort("s", "j", "rank 0 failed")
+    box.close(("s", "j"), "rank 0 failed")
     t.join(5)
     assert time.monotonic() - start < 0.5
     assert isinstance(errors[0], JobAbortedError) and "rank 0 failed" in str(errors[0])
     with pytest.raises(MplTimeoutError, match="did not arrive in time"):
-        box.take(("s", "k", 1, 0, 1), time.monotonic() + 0.05)
+        box.take(("s", "k", 1, 0, 1), time.monotonic() + 0.05, "did not arrive in time")
 
 
 class FakeJob:

@@ -51,7 +51,7 @@ from mpl.worker.code_policy import CODE_POLICIES, REFUSAL, holds_pickle
 from mpl.worker.core import Joined, Reconnect, Stop, ToBroker, WorkerCore
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
 from mpl.worker.kernel_table import KernelTable, node_bindings
-from mpl.worker.mailbox import Mailbox
+from mpl.worker.keyed_mailbox import move_mailbox
 from mpl.worker.metrics import rss_bytes
 from mpl.worker.peers import PeerLinks
 from mpl.worker.sealing import WorkerSeal
@@ -146,6 +146,7 @@ class Worker:
             lambda: self.core.directory,
             curve=curve,
             max_message=max_message,
+            job_stopped=lambda job: self.jobs.stopped(job),
         )
         hello = WorkerHello(
             rank,
@@ -158,7 +159,7 @@ class Worker:
             curve.keys.public if curve else "",
         )
         self.core = WorkerCore(hello, now=time.monotonic(), heartbeat_s=heartbeat_s)
-        self.mailbox = Mailbox()
+        self.mailbox = move_mailbox()
         self.peers = PeerLinks(self.ctx, lambda: self.core.directory, safe=not trusted, curve=curve)
         kernel_table = KernelTable(
             lambda: node_bindings(self.core.cluster, rank), kernels, data_root
@@ -181,7 +182,7 @@ class Worker:
             self._post,
             extensions=services,
             job_timeout_s=job_timeout_s,
-            spu_mailbox=self.spu_links.mailbox,
+            spu=self.spu_links,
             trusted=trusted,
         )
         self.refused: ErrorInfo | None = None
@@ -509,7 +510,7 @@ class Worker:
             self.protocol_errors += 1
             self.refusals.refused("a peer", f"unexpected {msg.TAG} on the peer socket")
             return
-        self.mailbox.deliver((msg.session, msg.job, msg.op, msg.seq, msg.src), msg.value)
+        self.mailbox.put((msg.session, msg.job, msg.op, msg.seq, msg.src), msg.value)
 
     def _perform(self, actions: list[Any]) -> None:
         for action in actions:

@@ -38,10 +38,10 @@ from mpl.wire.remote import ErrorInfo, to_info
 from mpl.wire.safe_values import unsafe
 from mpl.wire.sessions import Ack, DeleteSymbol, Reply, SaveSymbol
 from mpl.worker.interpreter import ABSENT, OpFailed, Plan, op_label, run_graph
-from mpl.worker.mailbox import Mailbox
+from mpl.worker.keyed_mailbox import KeyedMailbox, MoveKey
 from mpl.worker.peers import PeerLinks
 from mpl.worker.session_pool import SessionPool
-from mpl.worker.spu_link import SpuMailbox
+from mpl.worker.spu_link import SpuLinks
 from mpl.worker.store import ObjectStore, symbol_uri
 from mpl.worker.symbol_disk import check_name
 
@@ -145,7 +145,7 @@ class _JobRun:
         move = Move(self.session, self.job, op, seq, self.rank, dst, value)
         try:
             self._jobs.peers.send(
-                move, self.deadline, lambda: self._jobs.mailbox.aborted(self.session, self.job)
+                move, self.deadline, lambda: self._jobs.stopped((self.session, self.job))
             )
         except UnsafeValueError as exc:
             where = f"from rank {self.rank} to rank {dst} (a move for op {op} of job {self.job})"
@@ -153,7 +153,11 @@ class _JobRun:
 
     def recv(self, src: int, op: int, seq: int) -> Any:
         key = (self.session, self.job, op, seq, src)
-        return self._jobs.mailbox.take(key, self.deadline, f"the move from rank {src}")
+        late = (
+            f"the move from rank {src} for op {op} did not arrive in time; the sender may be "
+            "slow or dead, or the move was lost"
+        )
+        return self._jobs.mailbox.take(key, self.deadline, late, job=self.job)
 
     def extension(self, name: str) -> Any:
         return self._jobs.extension(name)
@@ -166,13 +170,13 @@ class Jobs:
         self,
         rank: int,
         store: ObjectStore,
-        mailbox: Mailbox,
+        mailbox: KeyedMailbox[MoveKey, tuple[str, str]],
         peers: PeerLinks,
         post: Callable[[Record], None],
         *,
         extensions: dict[str, Callable[[], Any]] | None = None,
         job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
-        spu_mailbox: SpuMailbox | None = None,
+        spu: SpuLinks | None = None,
         trusted: bool = False,
         job_threads: int = MAX_JOB_THREADS,
         inline_s: float = INLINE_RUN_S,
@@ -184,12 +188,13 @@ class Jobs:
         self.mailbox = mailbox
         self.peers = peers
         self.post = post  # thread-safe: send a message to the broker
-        self.spu_mailbox = spu_mailbox
+        self.spu = spu
         self.job_timeout_s = job_timeout_s
         self._factories = dict(extensions or {})
         self._extensions: dict[str, Any] = {}
         self._pool = SessionPool(job_threads, f"mpl-job-{rank}")
         self._closed: LRU[str, str] = LRU(_CLOSED_MEMORY)
+        self._aborted: LRU[tuple[str, str], str] = LRU(_CLOSED_MEMORY)  # job -> why
         self._plans: dict[tuple[str, int], Plan] = {}
         self._lock = threading.Lock()
         self._active: set[tuple[str, str]] = set()
@@ -227,6 +232,11 @@ class Jobs:
     def closed(self, sid: str) -> str | None:
         return self._closed.get(sid)
 
+    def stopped(self, job: tuple[str, str]) -> str | None:
+        """Why a job must stop (aborted, or its session closed), or None: asked by the job's
+        waits on moves and SPU messages."""
+        return self._aborted.get(job)
+
     def extension(self, name: str) -> Any:
         with self._lock:
             ext = self._extensions.get(name)
@@ -251,7 +261,7 @@ class Jobs:
             error = ErrorInfo("ProtocolError", why, rank=self.rank, op="program", job=msg.job)
             self.post(Failed(msg.session, msg.job, self.rank, error))
             return
-        self.mailbox.expect(msg.session, msg.job)  # its moves are welcome from now on
+        self.mailbox.open((msg.session, msg.job))  # its moves are welcome from now on
         if self._quick.get(msg.digest) and self._idle(msg.session):
             self.inline += 1
             self._timed_run(msg, graph)
@@ -279,8 +289,8 @@ class Jobs:
     def _run(self, msg: Exec, graph: Graph) -> Record | None:
         """Run the job; the answer to send (None: aborted, nothing to say)."""
         sid, job = msg.session, msg.job
-        if self.closed(sid) or self.mailbox.aborted(sid, job):
-            self.mailbox.end(sid, job)
+        if self.closed(sid) or self.stopped((sid, job)):
+            self._end(sid, job)
             self.spu_job_failed(sid, job)
             return None
         started, wall = time.monotonic(), time.time()
@@ -288,7 +298,7 @@ class Jobs:
             timeout = job_timeout(msg.timeout_s, self.job_timeout_s)
         except ValueError as exc:
             self.failed += 1
-            self.mailbox.end(sid, job)
+            self._end(sid, job)
             self.spu_job_failed(sid, job)
             error = ErrorInfo("ProtocolError", str(exc), rank=self.rank, op="timeout", job=job)
             return Failed(sid, job, self.rank, error)
@@ -327,10 +337,8 @@ class Jobs:
         finally:
             self._active.discard((sid, job))
             self._runs.pop((sid, job), None)
-            self.mailbox.end(sid, job)
-            if self.spu_mailbox is not None:
-                self.spu_mailbox.end(sid, job)
-        if self.closed(sid) or self.mailbox.aborted(sid, job):
+            stopped = self._end(sid, job)
+        if self.closed(sid) or stopped:
             self.spu_job_failed(sid, job)
             return None
         values: dict[int, Any] = {}
@@ -355,10 +363,21 @@ class Jobs:
             return self.store.get(sid, binding)
         raise SessionError(f"bad input binding {binding!r}")
 
+    def _end(self, sid: str, job: str) -> str | None:
+        """The job's run ended here: free its moves; why it was stopped, if it was."""
+        self.mailbox.end((sid, job))
+        return self._aborted.pop((sid, job), None)
+
+    def _stop(self, sid: str, job: str, reason: str) -> None:
+        """Wake everything ``job`` waits on (moves, SPU messages, sends) with ``reason``."""
+        why = f"job {job} aborted: {reason}"
+        self._aborted[(sid, job)] = why
+        self.mailbox.close((sid, job), why)
+        if self.spu is not None:
+            self.spu.wake()
+
     def abort(self, msg: Abort) -> None:
-        self.mailbox.abort(msg.session, msg.job, msg.error.message)
-        if self.spu_mailbox is not None:
-            self.spu_mailbox.abort(msg.session, msg.job, msg.error.message)
+        self._stop(msg.session, msg.job, msg.error.message)
         self.spu_job_failed(msg.session, msg.job)
         self.store.drop_job(msg.session, msg.job)
 
@@ -418,12 +437,12 @@ class Jobs:
         self._closed[sid] = reason
         for s, job in list(self._active):
             if s == sid:
-                self.mailbox.abort(s, job, reason)
-                if self.spu_mailbox is not None:
-                    self.spu_mailbox.abort(s, job, reason)
-        self.mailbox.close_session(sid, reason)
-        if self.spu_mailbox is not None:
-            self.spu_mailbox.close_session(sid, reason)
+                self._stop(s, job, reason)
+        self.mailbox.close_where(lambda job: job[0] == sid, f"session {sid} closed: {reason}")
+        if self.spu is not None:
+            self.spu.mailbox.close_where(
+                lambda lane: lane.startswith(f"{sid}/"), f"session {sid} closed: {reason}"
+            )
         with self._lock:
             self.spu_failures.pop(sid, None)
             service = self._extensions.get("spu")
@@ -464,9 +483,10 @@ class Jobs:
             "jobs_done": self.done,
             "jobs_failed": self.failed,
             "jobs_inline": self.inline,
-            "moves_pending": self.mailbox.pending(),
+            "moves_pending": self.mailbox.pending()[0],
             "moves_duplicate": self.mailbox.duplicates,
+            "moves_late": self.mailbox.late,
             "moves_held": self.mailbox.held(),
-            "moves_dropped": self.mailbox.dropped,
+            "moves_dropped": self.mailbox.held_dropped + self.mailbox.overflow,
             "bytes_out": self.peers.bytes_out,
         }
