@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 from helpers import wait_until
 
+from mpl.wire.control import WorkerHello
 from mpl.wire.sessions import DeleteSymbol
 from mpl.worker.holding import Holding
 from mpl.worker.jobs import Jobs
 from mpl.worker.keyed_mailbox import move_mailbox, spu_mailbox
+from mpl.worker.state import WorkerState
 from mpl.worker.store import ObjectStore, SymbolDisk
 
 
@@ -98,7 +100,8 @@ def test_a_symbol_name_never_reaches_outside_the_data_root(tmp_path: Path) -> No
     with pytest.raises(ValueError, match="bad value name"):
         store.get("s", "sym:../../secret")
     posted: list[Any] = []
-    jobs = Jobs(0, store, move_mailbox(), None, posted.append)  # type: ignore[arg-type]
-    jobs.unsave(DeleteSymbol("s", 7, "../../secret", (0,), True))
+    state = WorkerState(WorkerHello(0, "i", 1, "h", "tcp://d", ""), now=0.0)
+    jobs = Jobs(state, store, move_mailbox(), None, posted.append)  # type: ignore[arg-type]
+    jobs.handle(DeleteSymbol("s", 7, "../../secret", (0,), True))
     wait_until(lambda: posted, what="the ack")
     assert posted[0].error is not None and outside.exists()

@@ -10,7 +10,7 @@ import pytest
 
 import mpl.broker.registry as registry
 import mpl.broker.state as broker_state
-import mpl.worker.core as core_module
+import mpl.worker.state as worker_state
 from mpl.broker.registry import WorkerEntry
 from mpl.broker.state import BrokerState
 from mpl.wire import ClusterSpec, GraphBuilder
@@ -18,8 +18,8 @@ from mpl.wire.codec import decode, encode
 from mpl.wire.control import WorkerHello
 from mpl.wire.jobs import Program, program_nbytes
 from mpl.wire.sealed import Sealed
-from mpl.worker.core import WorkerCore
 from mpl.worker.keyed_mailbox import spu_mailbox
+from mpl.worker.state import WorkerState
 
 LANE = "s/SP0/t/0"
 
@@ -64,9 +64,9 @@ def test_program_caches_count_bytes_and_the_broker_mirror_stays_in_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(registry, "PROGRAM_MIRROR_BYTES", 40_000)
-    monkeypatch.setattr(core_module, "WORKER_PROGRAM_BYTES", 60_000)
+    monkeypatch.setattr(worker_state, "WORKER_PROGRAM_BYTES", 60_000)
     mirror = WorkerEntry(1, b"w1", WorkerHello(1, "i", 1, "h", "tcp://d", ""), 0.0, 0.0)
-    worker = WorkerCore(WorkerHello(1, "i", 1, "h", "tcp://d", ""), now=0.0, heartbeat_s=1.0)
+    worker = WorkerState(WorkerHello(1, "i", 1, "h", "tcp://d", ""), now=0.0, heartbeat_s=1.0)
     rng = random.Random(7)
     made: list[Program] = []
     for step in range(400):  # new programs of many sizes, and jobs reusing older ones
@@ -76,7 +76,7 @@ def test_program_caches_count_bytes_and_the_broker_mirror_stays_in_step(
         else:
             p = rng.choice(made)
         if mirror.needs_program(p.digest, program_nbytes(p, 1)):
-            worker.on_broker(Program(p.digest, p.graph), 0.0)  # what the broker forwards
+            worker.handle(Program(p.digest, p.graph), 0.0)  # what the broker forwards
         assert worker.program(p.digest) is not None  # the job finds its program
         assert worker.programs.nbytes <= 60_000 and mirror.programs.nbytes <= 40_000
     assert len(worker.programs) < len(made)  # before, 512 entries of any size were kept

@@ -113,8 +113,8 @@ def test_futures_in_flight_fail_soon_after_the_broker_restarts(make_cluster: Any
 
 def test_joining_with_a_full_result_queue_does_not_block_the_io_thread() -> None:
     from mpl.wire.control import Heartbeat
-    from mpl.worker.core import Joined
     from mpl.worker.daemon import Worker
+    from mpl.worker.state_events import Joined
 
     ctx: zmq.Context[Any] = zmq.Context()
     worker = Worker(_unused_address(), 0, context=ctx)  # a broker that is not there (yet)
