@@ -5,6 +5,9 @@ Events are the broker's messages (already decoded and, in secure mode, opened re
 ticks, facts the I/O shell found while decoding, and reports of job threads. Actions are
 what the shells do: send, run, wake, free, drop. The state decides; the threads and the
 ZeroMQ shell (``jobs.py``, ``daemon.py``) only execute.
+
+They are slotted, not frozen, dataclasses: a few are made for every job, and a frozen one
+costs three times as much to make (treat them as values all the same).
 """
 
 from __future__ import annotations
@@ -51,12 +54,12 @@ JobKey = tuple[str, str]  # session, job
 
 
 # -- events besides the broker's records ------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Tick:
     """The I/O loop turned: hellos, heartbeats and the broker's silence are due by ``now``."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class FetchArrived:
     """A ``Fetch``, with whether its value is in the store right now (then it is answered at
     once, even while a long job of its session runs)."""
@@ -65,7 +68,7 @@ class FetchArrived:
     stored: bool
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ProgramUnloadable:
     """A program whose functions do not unpickle here (a module this worker lacks)."""
 
@@ -73,7 +76,7 @@ class ProgramUnloadable:
     why: str
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class CodeRefused:
     """``--code kernels`` refused a program holding pickles: its jobs fail with ``why``."""
 
@@ -81,7 +84,7 @@ class CodeRefused:
     why: str
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ExecUnloadable:
     """A job whose inputs did not load here, or which the code policy refused."""
 
@@ -90,7 +93,7 @@ class ExecUnloadable:
     error: ErrorInfo
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class MoveRefused:
     """A peer's move for one of our jobs was refused (code policy): the job fails here."""
 
@@ -99,7 +102,7 @@ class MoveRefused:
     error: ErrorInfo
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RunFinished:
     """A job thread (or the I/O thread, inline) ran the job; its outputs are stored."""
 
@@ -109,7 +112,7 @@ class RunFinished:
     reply: Done
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RunFailed:
     session: str
     job: str
@@ -117,7 +120,7 @@ class RunFailed:
     error: ErrorInfo
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RunAborted:
     """The run stopped (or never started) because the job was aborted or its session
     closed; nothing is owed to the broker."""
@@ -127,7 +130,7 @@ class RunAborted:
     seconds: float
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class TaskDone:
     """A task handed to the job pool for ``session`` ended (whatever its outcome)."""
 
@@ -135,31 +138,31 @@ class TaskDone:
 
 
 # -- actions ------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Send:
     """Send to the broker on the I/O thread's socket (control messages)."""
 
     msg: Record
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Post:
     """Send to the broker on the result channel (answers; from any thread)."""
 
     msg: Record
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Beat:
     """Send a heartbeat carrying the worker's counters."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Reconnect:
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Joined:
     """Welcomed by the broker; ``new_broker`` when it is not the one we knew (it restarted,
     so every session it ran is gone)."""
@@ -168,14 +171,14 @@ class Joined:
     new_broker: bool
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Stop:
     """Refused by the broker (the rank is taken, the key unknown): the worker exits."""
 
     error: ErrorInfo
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Run:
     """Run the job: on the I/O thread now (``inline``) or on the pool in session order."""
 
@@ -184,7 +187,7 @@ class Run:
     inline: bool
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Submit:
     """Queue a session's task on the pool (a fetch, delete, save, or a late free)."""
 
@@ -192,21 +195,21 @@ class Submit:
     msg: Record
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ReplyNow:
     """Answer the fetch from the store, on this thread."""
 
     msg: Fetch
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Expect:
     """Accept the job's moves (and hand over those held)."""
 
     job: JobKey
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StopWaits:
     """Wake everything the job waits on (moves, SPU messages, sends) with ``reason``."""
 
@@ -214,28 +217,28 @@ class StopWaits:
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class EndJob:
     """The job is over here: free its leftover moves, drop its late ones."""
 
     job: JobKey
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class FreeJob:
     """Free the job's outputs in the store."""
 
     job: JobKey
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class DropLanes:
     """Drop the session's SPU lanes (every member does so at the same failed job)."""
 
     session: str
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class CloseSession:
     """Free the session: its values, its moves and SPU messages, its lanes."""
 
@@ -243,7 +246,7 @@ class CloseSession:
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class CloseAll:
     """Close every session this worker holds anything of (the broker restarted)."""
 
