@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+from helpers import wait_until
 
 from mpl.wire import Graph, GraphBuilder, JobAbortedError, MplTimeoutError
 from mpl.wire.control import (
@@ -23,7 +24,7 @@ from mpl.wire.control import (
 from mpl.wire.jobs import Program
 from mpl.wire.remote import ErrorInfo
 from mpl.worker.interpreter import ABSENT, Plan, run_graph
-from mpl.worker.keyed_mailbox import move_mailbox
+from mpl.worker.keyed_mailbox import move_mailbox, spu_mailbox
 from mpl.worker.state import PROGRAM_SLOTS, WorkerState
 from mpl.worker.state_events import Beat, CloseAll, Joined, Reconnect, Send, Stop, Tick
 
@@ -163,3 +164,25 @@ def test_interpreter_runs_only_this_ranks_ops_and_frees_intermediates() -> None:
     assert job.progress == [(0, 2, 0), (1, 2, 1)]  # rank 0 runs ops 0 and 1 of the 3
     other = run_graph(Plan.build(g, 1), [ABSENT], FakeJob(1))
     assert other == ["from 0", "FROM 0"]
+
+
+def test_a_wake_makes_waiters_ask_their_stop_callback_again() -> None:
+    box = spu_mailbox()
+    stops: dict[tuple[str, str], str] = {}
+    errors: list[BaseException] = []
+    key = ("s/SP0/t/0", 1, "k")
+
+    def wait() -> None:
+        try:
+            box.take(key, time.monotonic() + 30, "never", stop=lambda: stops.get(("s", "j")))
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=wait, daemon=True)
+    t.start()
+    wait_until(lambda: "s/SP0/t/0" in box._open, what="the receive to wait")
+    stops[("s", "j")] = "job j aborted: rank 1 was lost"  # what the state machine says
+    box.wake()
+    t.join(5)
+    assert isinstance(errors[0], JobAbortedError) and "rank 1 was lost" in str(errors[0])
+    assert box.put(key, b"late for the job, not the lane")  # the lane itself stays open
