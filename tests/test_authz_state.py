@@ -32,7 +32,7 @@ from mpl.wire.sessions import (
     StatusRequest,
     SymbolInfo,
 )
-from mpl.worker.core import WorkerCore
+from mpl.worker.state import WorkerState
 
 W0, W1 = b"w0", b"w1"
 A, B = b"drv:alice/1", b"drv:bob/1"  # plaintext drivers: the name is in the routing id
@@ -282,15 +282,15 @@ def test_a_driver_cannot_replace_another_drivers_program(state: BrokerState) -> 
 
 
 def test_a_worker_caches_a_program_only_under_its_own_digest() -> None:
-    core = WorkerCore(hello(0), now=0.0)
+    core = WorkerState(hello(0), now=0.0)
     genuine, other = program(1), program(2)
     forged = wire(Program(genuine.digest, other.graph), unpickle=True)
-    core.on_broker(forged, 0.0)
+    core.handle(forged, 0.0)
     assert core.program(genuine.digest) is None and core.refused_programs == 1
     assert "ProtocolError" in core.broken[genuine.digest]
-    core.on_broker(wire(genuine, unpickle=True), 0.1)
+    core.handle(wire(genuine, unpickle=True), 0.1)
     assert core.program(genuine.digest) is not None and genuine.digest not in core.broken
-    core.on_broker(forged, 0.2)  # a forgery does not displace the genuine copy
+    core.handle(forged, 0.2)  # a forgery does not displace the genuine copy
     assert core.program(genuine.digest).graph.digest == genuine.digest
 
 

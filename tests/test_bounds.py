@@ -10,7 +10,7 @@ import pytest
 
 import mpl.broker.registry as registry
 import mpl.broker.state as broker_state
-import mpl.worker.core as core_module
+import mpl.worker.state as worker_state
 from mpl.broker.registry import WorkerEntry
 from mpl.broker.state import BrokerState
 from mpl.wire import ClusterSpec, GraphBuilder
@@ -18,37 +18,38 @@ from mpl.wire.codec import decode, encode
 from mpl.wire.control import WorkerHello
 from mpl.wire.jobs import Program, program_nbytes
 from mpl.wire.sealed import Sealed
-from mpl.worker.core import WorkerCore
-from mpl.worker.spu_link import SpuMailbox
+from mpl.worker.keyed_mailbox import spu_mailbox
+from mpl.worker.state import WorkerState
 
 LANE = "s/SP0/t/0"
 
 
 def test_the_spu_mailbox_is_bounded_in_entries_and_counts_what_it_drops() -> None:
-    box = SpuMailbox(max_entries=4, max_bytes=1 << 20)
-    box.open_lane(LANE)
+    box = spu_mailbox(max_entries=4, max_bytes=1 << 20)
+    box.open(LANE)
     for i in range(10):  # a member floods a real lane with distinct keys
-        box.put(LANE, 1, f"k{i}", b"x")
+        box.put((LANE, 1, f"k{i}"), b"x")
     assert box.pending() == (4, 4) and box.overflow == 6
     deadline = time.monotonic() + 1
-    assert box.get(LANE, 1, "k0", ("s", "j"), deadline) == b"x"  # a receive makes room
-    box.put(LANE, 1, "k4", b"y")
+    assert box.take((LANE, 1, "k0"), deadline, "") == b"x"  # a receive makes room
+    box.put((LANE, 1, "k4"), b"y")
     assert box.pending() == (4, 4) and box.overflow == 6
 
 
 def test_the_spu_mailbox_is_bounded_in_bytes_and_frees_them_with_the_lane() -> None:
-    box = SpuMailbox(max_entries=1000, max_bytes=100)
-    box.open_lane(LANE)
-    box.put(LANE, 1, "a", b"x" * 60)
-    box.put(LANE, 1, "b", b"x" * 60)  # 120 bytes would pass the bound: dropped
+    box = spu_mailbox(max_entries=1000, max_bytes=100)
+    box.open(LANE)
+    box.put((LANE, 1, "a"), b"x" * 60)
+    box.put((LANE, 1, "b"), b"x" * 60)  # 120 bytes would pass the bound: dropped
     assert box.pending() == (1, 60) and box.overflow == 1
-    box.drop_lane(LANE)
+    box.close(LANE, "dropped")
     assert box.pending() == (0, 0)
+    assert not box.put((LANE, 1, "c"), b"late") and box.late == 1
     other = "s2/SP0/t/0"
-    box.open_lane(other)
-    box.put(other, 1, "a", b"x" * 90)
+    box.open(other)
+    box.put((other, 1, "a"), b"x" * 90)
     assert box.pending() == (1, 90)
-    box.close_session("s2", "closed")
+    box.close_where(lambda lane: lane.startswith("s2/"), "closed")
     assert box.pending() == (0, 0)
 
 
@@ -63,9 +64,9 @@ def test_program_caches_count_bytes_and_the_broker_mirror_stays_in_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(registry, "PROGRAM_MIRROR_BYTES", 40_000)
-    monkeypatch.setattr(core_module, "WORKER_PROGRAM_BYTES", 60_000)
+    monkeypatch.setattr(worker_state, "WORKER_PROGRAM_BYTES", 60_000)
     mirror = WorkerEntry(1, b"w1", WorkerHello(1, "i", 1, "h", "tcp://d", ""), 0.0, 0.0)
-    worker = WorkerCore(WorkerHello(1, "i", 1, "h", "tcp://d", ""), now=0.0, heartbeat_s=1.0)
+    worker = WorkerState(WorkerHello(1, "i", 1, "h", "tcp://d", ""), now=0.0, heartbeat_s=1.0)
     rng = random.Random(7)
     made: list[Program] = []
     for step in range(400):  # new programs of many sizes, and jobs reusing older ones
@@ -75,7 +76,7 @@ def test_program_caches_count_bytes_and_the_broker_mirror_stays_in_step(
         else:
             p = rng.choice(made)
         if mirror.needs_program(p.digest, program_nbytes(p, 1)):
-            worker.on_broker(Program(p.digest, p.graph), 0.0)  # what the broker forwards
+            worker.handle(Program(p.digest, p.graph), 0.0)  # what the broker forwards
         assert worker.program(p.digest) is not None  # the job finds its program
         assert worker.programs.nbytes <= 60_000 and mirror.programs.nbytes <= 40_000
     assert len(worker.programs) < len(made)  # before, 512 entries of any size were kept

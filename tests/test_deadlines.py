@@ -30,12 +30,16 @@ def _unused_address() -> str:
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
+_STOPPED: dict[tuple[str, str], str] = {}
+
+
 @pytest.fixture
 def links() -> Iterator[SpuLinks]:
+    _STOPPED.clear()
     ctx: zmq.Context[Any] = zmq.Context()
     dead = PeerInfo(1, "gone", "", _unused_address())
-    made = SpuLinks(ctx, "tcp://127.0.0.1:0", 0, lambda: {1: dead})
-    made.mailbox.open_lane(LANE)
+    made = SpuLinks(ctx, "tcp://127.0.0.1:0", 0, lambda: {1: dead}, job_stopped=_STOPPED.get)
+    made.open_lane(LANE)
     yield made
     made.close()
     ctx.term()
@@ -72,14 +76,15 @@ def test_an_abort_releases_an_spu_send_stuck_on_a_full_queue(links: SpuLinks) ->
     t.start()
     wait_until(lambda: sent[0] >= _HWM, what="the member's queue to fill")
     aborted = time.monotonic()
-    links.mailbox.abort(*JOB, "rank 1 was lost")
+    _STOPPED[JOB] = "rank 1 was lost"  # what the worker's state says of the job
+    links.wake()
     t.join(5)
     assert not t.is_alive() and time.monotonic() - aborted < 0.5
     assert isinstance(errors[0], JobAbortedError) and "rank 1 was lost" in str(errors[0])
 
 
 def test_a_dropped_lane_releases_an_spu_send(links: SpuLinks) -> None:
-    links.mailbox.drop_lane(LANE)
+    links.drop_lane(LANE)
     with pytest.raises(JobAbortedError, match="was dropped"):
         _fill(links, time.monotonic() + 60)
 
@@ -108,8 +113,8 @@ def test_futures_in_flight_fail_soon_after_the_broker_restarts(make_cluster: Any
 
 def test_joining_with_a_full_result_queue_does_not_block_the_io_thread() -> None:
     from mpl.wire.control import Heartbeat
-    from mpl.worker.core import Joined
     from mpl.worker.daemon import Worker
+    from mpl.worker.state_events import Joined
 
     ctx: zmq.Context[Any] = zmq.Context()
     worker = Worker(_unused_address(), 0, context=ctx)  # a broker that is not there (yet)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import sys
 import tracemalloc
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +14,7 @@ from helpers import double, stats, wait_until
 from test_broker_state import D, hello, open_session, program, sent
 
 import mpl.broker.admission as broker_admission
+import mpl.wire.limits as limits
 from mpl.broker.state import BrokerState
 from mpl.wire import ClusterSpec, GraphBuilder, ProtocolError, RemoteError
 from mpl.wire.codec import MAGIC_FRAME, decode, encode
@@ -34,7 +34,7 @@ from mpl.wire.limits import (
 from mpl.wire.record import Record
 from mpl.wire.routing import driver_routing_id
 from mpl.wire.sessions import Ack, OpenSession, Reply, SaveSymbol, SessionOpened, SymbolInfo
-from mpl.worker.mailbox import Mailbox
+from mpl.worker.keyed_mailbox import move_mailbox
 
 HUGE = 10**5000
 
@@ -196,11 +196,11 @@ def test_sessions_are_bounded() -> None:
 def test_moves_for_jobs_that_never_come_are_bounded_and_counted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(sys.modules[Mailbox.__module__], "MAX_MOVES_PENDING", 100)
-    box = Mailbox()
-    box.expect("s", "j")  # a real job: its moves skip the holding area (worker/holding.py)
-    kept = [box.deliver(("s", "j", i, 0, 0), i) for i in range(150)]
-    assert kept.count(True) == 100 and box.dropped == 50 and box.pending() == 100
+    monkeypatch.setattr(limits, "MAX_MOVES_PENDING", 100)
+    box = move_mailbox()
+    box.open(("s", "j"))  # a real job: its moves skip the holding area (worker/holding.py)
+    kept = [box.put(("s", "j", i, 0, 0), i) for i in range(150)]
+    assert kept.count(True) == 100 and box.overflow == 50 and box.pending()[0] == 100
 
 
 def test_hostile_moves_leave_the_worker_serving(make_cluster: Any) -> None:

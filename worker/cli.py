@@ -204,7 +204,7 @@ def main(
         server = start_metrics(lambda: serve_metrics(worker, metrics_host, metrics_port))
         click.echo(f"mpl-worker rank {rank} metrics on {server.url}metrics")
     click.echo(
-        f"mpl-worker rank {rank} (pid {worker.core.hello.pid}) data {worker.data_addr}, "
+        f"mpl-worker rank {rank} (pid {worker.state.hello.pid}) data {worker.data_addr}, "
         f"spu {worker.spu_links.address}, broker {broker}, "
         f"{'CURVE' if curve else 'plaintext'}"
     )

@@ -19,9 +19,13 @@ from __future__ import annotations
 from typing import Any
 
 from mpl.wire.codec import Pickled
+from mpl.wire.data import Move
+from mpl.wire.jobs import Exec, Program
 from mpl.wire.record import Record, record_fields
+from mpl.wire.remote import ErrorInfo
+from mpl.worker.state_events import CodeRefused, ExecUnloadable, MoveRefused, ProgramUnloadable
 
-__all__ = ["CODE_POLICIES", "REFUSAL", "holds_pickle"]
+__all__ = ["CODE_POLICIES", "REFUSAL", "holds_pickle", "refusal", "unloadable"]
 
 CODE_POLICIES = ("any", "kernels")
 REFUSAL = (
@@ -47,3 +51,41 @@ def holds_pickle(value: Any, depth: int = 0) -> bool:
             holds_pickle(k, depth + 1) or holds_pickle(v, depth + 1) for k, v in value.items()
         )
     return False
+
+
+def refusal(opaque: Record, rank: int) -> CodeRefused | ExecUnloadable | MoveRefused | None:
+    """The state machine's event for a message refused for holding pickles (None: it is
+    none of a program, a job or a move to this rank, so only counted)."""
+    if isinstance(opaque, Program):
+        name = opaque.graph.name if opaque.graph is not None else ""
+        return CodeRefused(opaque.digest, REFUSAL.format(what=f"program {name or opaque.digest}"))
+    if isinstance(opaque, Exec):
+        why = REFUSAL.format(what="the job's inputs")
+        info = ErrorInfo(
+            "RemoteError", why, rank=rank, op="program", remote_type="PermissionError",
+            job=opaque.job,
+        )  # fmt: skip
+        return ExecUnloadable(opaque.session, opaque.job, info)
+    if isinstance(opaque, Move) and opaque.dst == rank:
+        # Fail the job now rather than let it wait for a value it will never accept.
+        why = REFUSAL.format(what=f"a value moved from rank {opaque.src}")
+        info = ErrorInfo(
+            "RemoteError", why, rank=rank, op=f"{opaque.op} (move from rank {opaque.src})",
+            remote_type="PermissionError", job=opaque.job,
+        )  # fmt: skip
+        return MoveRefused(opaque.session, opaque.job, info)
+    return None
+
+
+def unloadable(opaque: Record, rank: int, why: str) -> ProgramUnloadable | ExecUnloadable | None:
+    """The event for a program or job whose values do not unpickle here (say, a module this
+    worker lacks), so the job that needs it fails with that reason; None for others."""
+    if isinstance(opaque, Program):
+        return ProgramUnloadable(opaque.digest, why)
+    if isinstance(opaque, Exec):
+        info = ErrorInfo(
+            "ProtocolError", f"cannot load the job's inputs here: {why}", rank=rank,
+            op="inputs", job=opaque.job,
+        )  # fmt: skip
+        return ExecUnloadable(opaque.session, opaque.job, info)
+    return None

@@ -3,12 +3,14 @@
 * a DEALER to the broker: control, jobs, fetches (re-created if the broker goes silent);
 * a PULL it binds for peer moves (its address goes to the broker's directory).
 
-Jobs run on per-session threads (``jobs.py``), so heartbeats and fetches keep flowing while a
-job computes; only a quick, purely local program whose last run took under a millisecond runs
-on the I/O thread itself (no hand-off, see ``jobs.py``). Job threads send their answers on a
-second DEALER, the result channel (one socket behind a lock, announced to the broker with
-``Channel``), and their moves on the peer links (``peers.py``): neither waits for the I/O
-thread.
+Every decision is the state machine's (``state.py``): this shell decodes, feeds it each
+message as an event, and performs the actions it returns (sends, reconnects); the job shell
+(``jobs.py``) performs the rest. Jobs run on a pool of job threads, so heartbeats and
+fetches keep flowing while a job computes; only a quick, purely local program whose last
+run took under a millisecond runs on the I/O thread itself (no hand-off, see ``jobs.py``).
+Job threads send their answers on a second DEALER, the result channel (one socket behind a
+lock, announced to the broker with ``Channel``), and their moves on the peer links
+(``peers.py``): neither waits for the I/O thread.
 
 In secure mode (``curve``) every socket runs CurveZMQ with keys from the worker's OWN copy
 of the cluster spec: its DEALERs pin the broker's key, its peer links pin each rank's key,
@@ -32,32 +34,44 @@ from typing import Any
 import zmq
 
 from mpl.wire.codec import decode, encode, frames_nbytes
-from mpl.wire.control import HEARTBEAT_S, Bye, Channel, WorkerHello
+from mpl.wire.control import HEARTBEAT_S, Bye, Channel, Heartbeat, WorkerHello
 from mpl.wire.curve import PEER_DOMAIN, Curve, peer_admits
-from mpl.wire.data import Delete, Fetch, Move
+from mpl.wire.data import Fetch, Move
 from mpl.wire.errors import ProtocolError
 from mpl.wire.guard import Guard, substitute
-from mpl.wire.jobs import Abort, Exec, Failed, Program
+from mpl.wire.jobs import Abort, Exec
 from mpl.wire.logs import RefusalLog
-from mpl.wire.lru import LRU
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.seal import Sealer
-from mpl.wire.sessions import DeleteSymbol, SaveSymbol, SessionClosed, SessionRuntime
+from mpl.wire.sessions import SessionClosed, SessionRuntime
 from mpl.wire.snapshot import SnapshotSlot
 from mpl.wire.sockets import MAX_MESSAGE, configure, drain, send_frames
 from mpl.wire.zap import Gatekeeper
-from mpl.worker.code_policy import CODE_POLICIES, REFUSAL, holds_pickle
-from mpl.worker.core import Joined, Reconnect, Stop, ToBroker, WorkerCore
+from mpl.worker.code_policy import CODE_POLICIES, holds_pickle, refusal, unloadable
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
 from mpl.worker.kernel_table import KernelTable, node_bindings
-from mpl.worker.mailbox import Mailbox
+from mpl.worker.keyed_mailbox import move_mailbox
 from mpl.worker.metrics import rss_bytes
 from mpl.worker.peers import PeerLinks
 from mpl.worker.sealing import WorkerSeal
 from mpl.worker.session_runtime import SessionRuntimes, node_runtime_info
 from mpl.worker.spu_kernels import SpuService
 from mpl.worker.spu_link import SpuLinks
+from mpl.worker.state import WorkerState
+from mpl.worker.state_events import (
+    Action,
+    Beat,
+    CloseAll,
+    CodeRefused,
+    FetchArrived,
+    Joined,
+    ProgramUnloadable,
+    Reconnect,
+    Send,
+    Stop,
+    Tick,
+)
 from mpl.worker.store import ObjectStore, SymbolDisk
 
 __all__ = ["Worker"]
@@ -97,7 +111,6 @@ class Worker:
         if code not in CODE_POLICIES:
             raise ValueError(f"code policy must be one of {', '.join(CODE_POLICIES)}, got {code!r}")
         self.code = code
-        self._refused_code: LRU[str, str] = LRU(256)  # programs refused by the code policy
         self.broker_url = broker
         self.rank = rank
         self.trusted = trusted  # this party's own choice: pickles may cross between parties
@@ -144,9 +157,10 @@ class Worker:
             self.ctx,
             spu_bind or f"tcp://{host}:0",
             rank,
-            lambda: self.core.directory,
+            lambda: self.state.directory,
             curve=curve,
             max_message=max_message,
+            job_stopped=lambda job: self.jobs.stopped(job),
         )
         hello = WorkerHello(
             rank,
@@ -158,33 +172,35 @@ class Worker:
             disk.infos() if disk else [],
             curve.keys.public if curve else "",
         )
-        self.core = WorkerCore(hello, now=time.monotonic(), heartbeat_s=heartbeat_s)
-        self.mailbox = Mailbox()
-        self.peers = PeerLinks(self.ctx, lambda: self.core.directory, safe=not trusted, curve=curve)
+        self.state = WorkerState(hello, now=time.monotonic(), heartbeat_s=heartbeat_s)
+        self.mailbox = move_mailbox()
+        self.peers = PeerLinks(
+            self.ctx, lambda: self.state.directory, safe=not trusted, curve=curve
+        )
         # each session's runtime_info for this node: checked at open, seen by kernels
-        self.runtimes = SessionRuntimes(rank, lambda: node_runtime_info(self.core.cluster, rank))
+        self.runtimes = SessionRuntimes(rank, lambda: node_runtime_info(self.state.cluster, rank))
         kernel_table = KernelTable(
-            lambda: node_bindings(self.core.cluster, rank), kernels, data_root, self.runtimes.of
+            lambda: node_bindings(self.state.cluster, rank), kernels, data_root, self.runtimes.of
         )
         services: dict[str, Callable[[], Any]] = {
             "spu": lambda: SpuService(
                 self.spu_links,
-                lambda: self.core.directory,
-                lambda session: self.jobs.spu_failures.get(session, 0),
+                lambda: self.state.directory,
+                lambda session: self.jobs.spu_failures(session),
                 data_root,
             ),
             "kernels": lambda: kernel_table,
             **(extensions or {}),
         }
         self.jobs = Jobs(
-            rank,
+            self.state,
             self.store,
             self.mailbox,
             self.peers,
             self._post,
             extensions=services,
             job_timeout_s=job_timeout_s,
-            spu_mailbox=self.spu_links.mailbox,
+            spu=self.spu_links,
             trusted=trusted,
         )
         self.refused: ErrorInfo | None = None
@@ -221,7 +237,7 @@ class Worker:
             while not self._stopping.is_set():
                 dealer = self.dealer
                 try:  # timers are guarded like messages: a failing stats() must not stop us
-                    self._perform(self.core.tick(time.monotonic(), self.stats))
+                    self._perform(self.jobs.handle(Tick()))
                     if self._channel_owed:
                         self._announce_channel()
                     self.snapshots.serve(self.stats)
@@ -288,8 +304,7 @@ class Worker:
         return sock
 
     def _wait_ms(self) -> int:
-        core = self.core
-        due = core.next_beat if core.joined else core.next_hello
+        due = self.state.next_due()
         return max(0, min(_POLL_MS, int((due - time.monotonic()) * 1000) + 1))
 
     def _send(self, msg: Record) -> None:
@@ -388,30 +403,21 @@ class Worker:
                 log.warning("rank %d: refused a %s that did not authenticate", self.rank, msg.TAG)
                 return
             msg = opened
-        self._perform(self.core.on_broker(msg, time.monotonic()))
-        if isinstance(msg, Exec) and msg.digest in self._refused_code:
-            self._refuse_job(msg, self._refused_code[msg.digest])
-        elif isinstance(msg, Exec) and (refused := self.runtimes.failed(msg)) is not None:
+        if isinstance(msg, Abort) and self.seal is not None:
+            self.seal.forget(msg.session, msg.job)
+        if isinstance(msg, SessionRuntime):  # a session's runtime_info for this node
+            if (ack := self.runtimes.open(msg)) is not None:
+                self._send(ack)
+            return
+        if isinstance(msg, Exec) and (refused := self.runtimes.failed(msg)) is not None:
             self._send(refused)  # a session whose runtime_info this node refused
-        elif isinstance(msg, Exec):
-            self.jobs.exec(msg, self.core.program(msg.digest), self.core.broken.get(msg.digest))
-        elif isinstance(msg, Abort):
-            if self.seal is not None:
-                self.seal.forget(msg.session, msg.job)
-            self.jobs.abort(msg)
-        elif isinstance(msg, Fetch):
-            self.jobs.fetch(msg, self._send)
-        elif isinstance(msg, Delete):
-            self.jobs.delete(msg)
-        elif isinstance(msg, SaveSymbol):
-            self.jobs.save(msg)
-        elif isinstance(msg, DeleteSymbol):
-            self.jobs.unsave(msg)
-        elif isinstance(msg, SessionClosed):
+            return
+        if isinstance(msg, SessionClosed):
             self.runtimes.closed(msg.session)
-            self.jobs.close_session(msg.session, msg.reason)
-        elif isinstance(msg, SessionRuntime) and (ack := self.runtimes.open(msg)) is not None:
-            self._send(ack)
+        event: Any = msg
+        if isinstance(msg, Fetch):  # a value already here is answered at once
+            event = FetchArrived(msg, self.store.has(msg.session, msg.uri))
+        self._perform(self.jobs.handle(event))
 
     def _refuses(self, frames: list[Any]) -> bool:
         """``--code kernels``: look for pickles with nothing unpickled; refuse what has any
@@ -422,67 +428,31 @@ class Worker:
             return False  # the normal path counts and logs it
         if not holds_pickle(opaque):
             return False
-        if isinstance(opaque, Program):
-            name = opaque.graph.name if opaque.graph is not None else ""
-            why = REFUSAL.format(what=f"program {name or opaque.digest}")
-            self._refused_code[opaque.digest] = why
-            log.warning("rank %d: %s", self.rank, why)
-        elif isinstance(opaque, Exec):
-            self._refuse_job(opaque, REFUSAL.format(what="the job's inputs"))
-        elif isinstance(opaque, Move) and opaque.dst == self.rank:
-            # Fail the job now rather than let it wait for a value it will never accept.
-            why = REFUSAL.format(what=f"a value moved from rank {opaque.src}")
-            info = ErrorInfo(
-                "RemoteError",
-                why,
-                rank=self.rank,
-                op=f"{opaque.op} (move from rank {opaque.src})",
-                remote_type="PermissionError",
-                job=opaque.job,
-            )
-            self._post(Failed(opaque.session, opaque.job, self.rank, info))
-            self.jobs.abort(Abort(opaque.session, opaque.job, info))  # wake our waiting part
-        else:
+        event = refusal(opaque, self.rank)
+        if event is None:
             self.protocol_errors += 1
             log.warning("rank %d: refused a %s holding pickles", self.rank, opaque.TAG)
+            return True
+        if isinstance(event, CodeRefused):
+            log.warning("rank %d: %s", self.rank, event.why)
+        self._perform(self.jobs.handle(event))
         return True
 
-    def _refuse_job(self, msg: Exec, why: str) -> None:
-        info = ErrorInfo(
-            "RemoteError",
-            why,
-            rank=self.rank,
-            op="program",
-            remote_type="PermissionError",
-            job=msg.job,
-        )
-        self._send(Failed(msg.session, msg.job, self.rank, info))
-
     def _undecodable(self, frames: list[Any], exc: ProtocolError) -> bool:
-        """A program or job whose values do not unpickle here (say, a module this worker
-        lacks): remember why, so the job that needs it fails with that reason."""
+        """A program or job whose values do not unpickle here: its jobs fail saying why."""
         try:
-            msg = decode(frames, unpickle=False)
+            event = unloadable(decode(frames, unpickle=False), self.rank, str(exc))
         except ProtocolError:
             return False
-        if isinstance(msg, Program):
-            log.warning("rank %d: cannot load program %s: %s", self.rank, msg.digest, exc)
-            self.core.broken[msg.digest] = str(exc)
-            return True
-        if isinstance(msg, Exec):
-            info = ErrorInfo(
-                "ProtocolError",
-                f"cannot load the job's inputs here: {exc}",
-                rank=self.rank,
-                op="inputs",
-                job=msg.job,
-            )
-            self._send(Failed(msg.session, msg.job, self.rank, info))
-            return True
-        return False
+        if event is None:
+            return False
+        if isinstance(event, ProgramUnloadable):
+            log.warning("rank %d: cannot load program %s: %s", self.rank, event.digest, exc)
+        self._perform(self.jobs.handle(event))
+        return True
 
     def _handshake_failed(self, event: list[bytes]) -> None:
-        if self.core.joined:
+        if self.state.joined:
             return  # a welcomed worker keeps retrying: the broker may come back
         auth = int.from_bytes(event[0][:2], "little") == zmq.EVENT_HANDSHAKE_FAILED_AUTH
         why = (
@@ -517,24 +487,27 @@ class Worker:
             self.protocol_errors += 1
             self.refusals.refused("a peer", f"unexpected {msg.TAG} on the peer socket")
             return
-        self.mailbox.deliver((msg.session, msg.job, msg.op, msg.seq, msg.src), msg.value)
+        self.mailbox.put((msg.session, msg.job, msg.op, msg.seq, msg.src), msg.value)
 
-    def _perform(self, actions: list[Any]) -> None:
+    def _perform(self, actions: list[Action]) -> None:
+        """Carry out what the state machine left to the I/O shell."""
         for action in actions:
-            if isinstance(action, ToBroker):
+            if isinstance(action, Send):
                 msg = action.msg
                 if isinstance(msg, WorkerHello) and self.store.disk is not None:
                     # the names persisted now, not at start: a restarted broker learns them
                     msg = dataclasses.replace(msg, symbols=self.store.disk.infos())
                 self._send(msg)
+            elif isinstance(action, Beat):
+                self._send(Heartbeat(self.stats(), rank=self.rank))
             elif isinstance(action, Reconnect):
                 log.warning("rank %d: reconnecting to the broker: %s", self.rank, action.reason)
                 self.dealer.close(linger=0)
                 self.dealer = self._new_dealer()
+            elif isinstance(action, CloseAll):
+                self.jobs.close_all(action.reason)
             elif isinstance(action, Joined):
                 log.info("rank %d: joined broker %s", self.rank, action.broker_id)
-                if action.new_broker:
-                    self.jobs.close_all("the broker restarted")
                 self._channel_owed = True  # the broker learns our result channel anew
                 self._announce_channel()
                 self.joined.set()

@@ -1,24 +1,30 @@
-"""Running jobs off the I/O thread, on a bounded pool of job threads (``SessionPool``).
+"""The job shell: executes what the worker's state machine (``state.py``) decides.
 
-Within a session, work runs in arrival order (jobs, deletes, saves, late fetches), which is
-the order the broker forwarded it in; so a job sees the outputs of the jobs before it and
-a delete never overtakes the job that still reads the value. Sessions do not wait for each
-other while the pool has a free thread (``job_threads``, MAX_JOB_THREADS by default).
+Every event (a broker message from the I/O thread, a report from a job thread) goes
+through :meth:`Jobs.handle`: the state decides under one lock, then the actions are
+performed outside it. This shell runs jobs, wakes waits, frees values and drops SPU lanes;
+control actions (sends, reconnects) go back to the ZeroMQ shell (``daemon.py``).
+
+Jobs run on a bounded pool of job threads (``SessionPool``). Within a session, work runs in
+arrival order (jobs, deletes, saves, late fetches), which is the order the broker
+forwarded it in; so a job sees the outputs of the jobs before it and a delete never
+overtakes the job that still reads the value. Sessions do not wait for each other while
+the pool has a free thread (``job_threads``, MAX_JOB_THREADS by default).
 
 Quick jobs skip the hand-off: handing a job to a pool thread and back costs two thread
 wake-ups and a GIL switch, more than a trivial job's whole run on a busy 2-core machine. A
 program runs inline, on the thread that received it, when (1) it is purely local (only the
-opcodes in :data:`INLINE_OPCODES`: no moves to wait for, which the I/O thread itself
-delivers, no SPU, no installed kernels), (2) its last run on this worker took at most
-``inline_s`` (1 ms by default; its first run is always on the pool), and (3) its session
-has nothing queued or running, so arrival order holds. A run that turns out slower sends
-the program's next runs back to the pool.
+opcodes in :data:`~mpl.worker.state.INLINE_OPCODES`: no moves to wait for, which the I/O
+thread itself delivers, no SPU, no installed kernels), (2) its last run on this worker
+took at most ``inline_s`` (1 ms by default; its first run is always on the pool), and (3)
+its session has nothing queued or running, so arrival order holds. A run that turns out
+slower sends the program's next runs back to the pool. The state decides all three.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,20 +34,38 @@ from mpl.wire.codec import check_safe
 from mpl.wire.data import Delete, Fetch, Move
 from mpl.wire.errors import JobAbortedError, SessionError, UnsafeValueError
 from mpl.wire.graph import Graph
-from mpl.wire.jobs import Abort, Done, Exec, Failed, Lit, Program, output_uri
-from mpl.wire.kernels import KernelRef
+from mpl.wire.jobs import Done, Exec, Lit, output_uri
 from mpl.wire.limits import MAX_JOB_THREADS, job_timeout
-from mpl.wire.lru import LRU
 from mpl.wire.progress import EVERY_S, FIRST_AFTER_S, Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo, to_info
 from mpl.wire.safe_values import unsafe
-from mpl.wire.sessions import Ack, DeleteSymbol, Reply, SaveSymbol, SymbolInfo
+from mpl.wire.sessions import Ack, DeleteSymbol, Reply, SaveSymbol, SessionClosed, SymbolInfo
 from mpl.worker.interpreter import ABSENT, OpFailed, Plan, op_label, run_graph
-from mpl.worker.mailbox import Mailbox
+from mpl.worker.keyed_mailbox import KeyedMailbox, MoveKey
+from mpl.worker.outputs import describe, is_small
 from mpl.worker.peers import PeerLinks
 from mpl.worker.session_pool import SessionPool
-from mpl.worker.spu_link import SpuMailbox
+from mpl.worker.spu_link import SpuLinks
+from mpl.worker.state import WorkerState
+from mpl.worker.state_events import (
+    Action,
+    CloseSession,
+    DropLanes,
+    EndJob,
+    Expect,
+    FreeJob,
+    Post,
+    ReplyNow,
+    Run,
+    RunAborted,
+    RunFailed,
+    RunFinished,
+    Send,
+    StopWaits,
+    Submit,
+    TaskDone,
+)
 from mpl.worker.store import ObjectStore, symbol_uri
 from mpl.worker.symbol_disk import check_name
 
@@ -49,64 +73,7 @@ __all__ = ["DEFAULT_JOB_TIMEOUT_S", "Jobs"]
 
 log = logging.getLogger("mpl.worker")
 DEFAULT_JOB_TIMEOUT_S = 600.0
-INLINE_BYTES = 64 * 1024  # outputs up to this size ride back inside Done
-INLINE_RUN_S = 0.001  # a program whose last run took at most this may run without hand-off
-# Ops that neither wait on a peer nor reach outside the process (see the module docstring).
-INLINE_OPCODES = frozenset({"pcall", "constant", "getitem", "converge"})
-_CLOSED_MEMORY = 1024
-
-
-def describe(value: Any) -> str:
-    """A short description of a value for ``repr(Value)``: ``float64[3, 2]``, ``int``, ..."""
-    np = sys.modules.get("numpy")  # no numpy loaded: no numpy values to describe
-    if np is not None and isinstance(value, np.ndarray):
-        return f"{value.dtype}[{', '.join(map(str, value.shape))}]"
-    if np is not None and isinstance(value, np.generic):
-        return str(value.dtype)
-    describe_self = getattr(value, "mpl_describe", None)
-    if callable(describe_self):
-        return str(describe_self())
-    return type(value).__name__
-
-
-def is_small(value: Any, budget: int = INLINE_BYTES) -> bool:
-    """Cheap bound on the encoded size: only plain data qualifies for inline return."""
-    return _size(value, budget, 0) <= budget
-
-
-def _size(value: Any, budget: int, depth: int) -> int:
-    t = type(value)
-    np = sys.modules.get("numpy")
-    if (
-        value is None
-        or t in (bool, int, float)
-        or (np is not None and isinstance(value, np.generic))
-    ):
-        return 16
-    if t in (str, bytes):
-        return len(value) + 8
-    if np is not None and t is np.ndarray:
-        return int(value.nbytes) + 64 if not value.dtype.hasobject else budget + 1
-    if t in (list, tuple) and depth < 4 and len(value) <= 256:
-        total = 8
-        for item in value:
-            total += _size(item, budget, depth + 1)
-            if total > budget:
-                break
-        return total
-    if t is dict and depth < 4 and len(value) <= 256:
-        total = 8
-        for k, v in value.items():
-            total += _size(k, budget, depth + 1) + _size(v, budget, depth + 1)
-            if total > budget:
-                break
-        return total
-    return budget + 1
-
-
-def _local(graph: Graph) -> bool:
-    """The graph's ops neither wait on a peer nor reach outside this process."""
-    return graph.opcodes <= INLINE_OPCODES and not any(isinstance(f, KernelRef) for f in graph.fns)
+RunEnd = RunFinished | RunFailed | RunAborted
 
 
 class _JobRun:
@@ -147,7 +114,7 @@ class _JobRun:
         move = Move(self.session, self.job, op, seq, self.rank, dst, value)
         try:
             self._jobs.peers.send(
-                move, self.deadline, lambda: self._jobs.mailbox.aborted(self.session, self.job)
+                move, self.deadline, lambda: self._jobs.stopped((self.session, self.job))
             )
         except UnsafeValueError as exc:
             where = f"from rank {self.rank} to rank {dst} (a move for op {op} of job {self.job})"
@@ -155,119 +122,132 @@ class _JobRun:
 
     def recv(self, src: int, op: int, seq: int) -> Any:
         key = (self.session, self.job, op, seq, src)
-        return self._jobs.mailbox.take(key, self.deadline, f"the move from rank {src}")
+        late = (
+            f"the move from rank {src} for op {op} did not arrive in time; the sender may be "
+            "slow or dead, or the move was lost"
+        )
+        return self._jobs.mailbox.take(key, self.deadline, late, job=self.job)
 
     def extension(self, name: str) -> Any:
         return self._jobs.extension(name)
 
 
 class Jobs:
-    """Everything a worker does on behalf of sessions, behind the I/O thread."""
+    """Everything a worker does on behalf of sessions, as its state machine says."""
 
     def __init__(
         self,
-        rank: int,
+        state: WorkerState,
         store: ObjectStore,
-        mailbox: Mailbox,
+        mailbox: KeyedMailbox[MoveKey, tuple[str, str]],
         peers: PeerLinks,
         post: Callable[[Record], None],
         *,
         extensions: dict[str, Callable[[], Any]] | None = None,
         job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
-        spu_mailbox: SpuMailbox | None = None,
+        spu: SpuLinks | None = None,
         trusted: bool = False,
         job_threads: int = MAX_JOB_THREADS,
-        inline_s: float = INLINE_RUN_S,
     ) -> None:
-        self.rank = rank
-        self.inline_s = inline_s  # 0 sends every job to the pool
+        self.state = state
+        self.rank = state.rank
         self.trusted = trusted  # results to drivers may be pickles (a trusted cluster)
         self.store = store
         self.mailbox = mailbox
         self.peers = peers
         self.post = post  # thread-safe: send a message to the broker
-        self.spu_mailbox = spu_mailbox
+        self.spu = spu
         self.job_timeout_s = job_timeout_s
         self._factories = dict(extensions or {})
         self._extensions: dict[str, Any] = {}
-        self._pool = SessionPool(job_threads, f"mpl-job-{rank}")
-        self._closed: LRU[str, str] = LRU(_CLOSED_MEMORY)
+        self._pool = SessionPool(job_threads, f"mpl-job-{self.rank}")
         self._plans: dict[tuple[str, int], Plan] = {}
-        self._lock = threading.Lock()
-        self._active: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()  # the state's, held only while it decides
+        self._ext_lock = threading.Lock()
         self._runs: dict[tuple[str, str], _JobRun] = {}  # running jobs, for progress reports
-        # SPU lanes are dropped by every member at the same points: the failed SPU jobs.
-        self._spu_jobs: LRU[tuple[str, str], bool] = LRU(_CLOSED_MEMORY)
-        self._spu_counted: LRU[tuple[str, str], bool] = LRU(_CLOSED_MEMORY)
-        self.spu_failures: dict[str, int] = {}
-        # program digest -> its last run here was quick (see the module docstring)
-        self._quick: LRU[str, bool] = LRU(_CLOSED_MEMORY)
-        self.done = 0
-        self.failed = 0
-        self.inline = 0  # jobs run without a hand-off to the pool
 
-    # -- scheduling -----------------------------------------------------------------------
-    def _submit(self, sid: str, task: Callable[[], None]) -> None:
-        self._pool.submit(sid, task)
+    @property
+    def inline_s(self) -> float:
+        """A program whose last run took at most this may run inline (0: never)."""
+        return self.state.inline_s
 
-    def _idle(self, sid: str) -> bool:
-        """Nothing of session ``sid`` is queued or running on the pool."""
-        return not self._pool.has_work(sid)
-
-    def spu_job_failed(self, sid: str, job: str) -> None:
-        """Count a failed or aborted job that has SPU ops (once), and drop the lanes."""
+    @inline_s.setter
+    def inline_s(self, seconds: float) -> None:
         with self._lock:
-            key = (sid, job)
-            if key not in self._spu_jobs or key in self._spu_counted:
-                return
-            self._spu_counted[key] = True
-            self.spu_failures[sid] = self.spu_failures.get(sid, 0) + 1
-            service = self._extensions.get("spu")
-        if service is not None:
-            service.drop_lanes(sid)
+            self.state.inline_s = seconds
 
-    def closed(self, sid: str) -> str | None:
-        return self._closed.get(sid)
-
-    def extension(self, name: str) -> Any:
+    # -- the state machine ----------------------------------------------------------------
+    def handle(self, event: Any) -> list[Action]:
+        """Let the state decide on ``event``; perform the job actions here and return the
+        rest (sends, reconnects, joins) for the I/O shell."""
         with self._lock:
-            ext = self._extensions.get(name)
-            if ext is None:
-                factory = self._factories.get(name)
-                if factory is None:
-                    raise RuntimeError(f"this worker has no {name!r} support")
-                ext = self._extensions[name] = factory()
-            return ext
+            actions = self.state.handle(event, time.monotonic())
+        return self.perform(actions)
 
-    # -- jobs -----------------------------------------------------------------------------
-    def exec(self, msg: Exec, program: Program | None, broken: str | None = None) -> None:
-        graph = program.graph if program is not None else None  # None: still sealed
-        if graph is not None and "spu.run" in graph.opcodes:
-            self._spu_jobs[(msg.session, msg.job)] = True
-        if graph is None:
-            why = (
-                f"cannot load the program here: {broken}"
-                if broken
-                else (f"program {msg.digest} is not cached here (or not opened)")
-            )
-            error = ErrorInfo("ProtocolError", why, rank=self.rank, op="program", job=msg.job)
-            self.post(Failed(msg.session, msg.job, self.rank, error))
-            return
-        self.mailbox.expect(msg.session, msg.job)  # its moves are welcome from now on
-        if self._quick.get(msg.digest) and self._idle(msg.session):
-            self.inline += 1
-            self._timed_run(msg, graph)
-            return
-        self._submit(msg.session, lambda: self._timed_run(msg, graph))
+    def report(self, event: Any) -> None:
+        """From a job thread: what came of a run or task. Its answers go on the result
+        channel (a job thread never touches the I/O thread's socket)."""
+        for action in self.handle(event):
+            if isinstance(action, Send):
+                self.post(action.msg)
+            else:  # nothing else follows from a thread's report; say so if it ever does
+                log.error("rank %d: %s after %s left undone", self.rank, action, event)
 
-    def _timed_run(self, msg: Exec, graph: Graph) -> None:
-        """Run the job, remember whether the program may run inline next time, and answer."""
+    def stopped(self, job: tuple[str, str]) -> str | None:
+        """Why a job must stop (aborted, or its session closed), or None: asked by the job's
+        waits on peers' queues and SPU messages."""
+        with self._lock:
+            return self.state.stopped(job)
+
+    def spu_failures(self, sid: str) -> int:
+        with self._lock:
+            return self.state.spu_failures.get(sid, 0)
+
+    def perform(self, actions: list[Action]) -> list[Action]:
+        rest: list[Action] = []
+        for action in actions:
+            if isinstance(action, Run):
+                msg, graph = action.msg, action.graph
+                if action.inline:
+                    self.report(self._timed_run(msg, graph))
+                else:
+                    self._pool.submit(msg.session, functools.partial(self._pooled, msg, graph))
+            elif isinstance(action, Post):
+                self.post(action.msg)
+            elif isinstance(action, Expect):
+                self.mailbox.open(action.job)
+            elif isinstance(action, EndJob):
+                self.mailbox.end(action.job)
+            elif isinstance(action, StopWaits):
+                self.mailbox.close(action.job, action.reason)
+                if self.spu is not None:
+                    self.spu.wake()
+            elif isinstance(action, FreeJob):
+                self.store.drop_job(*action.job)
+            elif isinstance(action, DropLanes):
+                self._drop_lanes(action.session)
+            elif isinstance(action, Submit):
+                sid, task = action.session, action.msg
+                self._pool.submit(sid, functools.partial(self._task, sid, task))
+            elif isinstance(action, ReplyNow):
+                rest.append(Send(self._fetch_reply(action.msg)))
+            elif isinstance(action, CloseSession):
+                self._close(action.session, action.reason)
+            else:
+                rest.append(action)
+        return rest
+
+    # -- runs -----------------------------------------------------------------------------
+    def _pooled(self, msg: Exec, graph: Graph) -> None:
+        self.report(self._timed_run(msg, graph))  # its report also ends the pool's task
+
+    def _timed_run(self, msg: Exec, graph: Graph) -> RunEnd:
         started = time.perf_counter()
-        reply = self._run(msg, graph)
-        quick = time.perf_counter() - started <= self.inline_s
-        self._quick[msg.digest] = quick and _local(graph)
-        if reply is not None:
-            self.post(reply)
+        try:
+            return self._run(msg, graph, started)
+        except BaseException as exc:  # the thread must report whatever happened
+            error = to_info(exc, rank=self.rank, op="run", job=msg.job)
+            return RunFailed(msg.session, msg.job, time.perf_counter() - started, error)
 
     def _plan(self, digest: str, graph: Graph) -> Plan:
         key = (digest, self.rank)
@@ -278,24 +258,18 @@ class Jobs:
             plan = self._plans[key] = Plan.build(graph, self.rank)
         return plan
 
-    def _run(self, msg: Exec, graph: Graph) -> Record | None:
-        """Run the job; the answer to send (None: aborted, nothing to say)."""
+    def _run(self, msg: Exec, graph: Graph, t0: float) -> RunEnd:
+        """Run the job and say how it ended (outputs stored when it finished)."""
         sid, job = msg.session, msg.job
-        if self.closed(sid) or self.mailbox.aborted(sid, job):
-            self.mailbox.end(sid, job)
-            self.spu_job_failed(sid, job)
-            return None
+        if self.stopped((sid, job)):
+            return RunAborted(sid, job, 0.0)
         started, wall = time.monotonic(), time.time()
         try:  # capped by this worker's --job-timeout
             timeout = job_timeout(msg.timeout_s, self.job_timeout_s)
         except ValueError as exc:
-            self.failed += 1
-            self.mailbox.end(sid, job)
-            self.spu_job_failed(sid, job)
             error = ErrorInfo("ProtocolError", str(exc), rank=self.rank, op="timeout", job=job)
-            return Failed(sid, job, self.rank, error)
+            return RunFailed(sid, job, time.perf_counter() - t0, error)
         run = _JobRun(self, sid, job, started + timeout)
-        self._active.add((sid, job))
         self._runs[(sid, job)] = run
         try:
             mine = msg.bindings.get(self.rank) or [None] * len(graph.inputs)
@@ -307,12 +281,8 @@ class Jobs:
                 )
             outputs = run_graph(self._plan(msg.digest, graph), inputs, run)
         except JobAbortedError:
-            self.store.drop_job(sid, job)
-            self.spu_job_failed(sid, job)
-            return None
+            return RunAborted(sid, job, time.perf_counter() - t0)
         except OpFailed as exc:
-            self.failed += 1
-            self.spu_job_failed(sid, job)
             info = to_info(exc.cause, rank=self.rank, op=exc.label, job=job, remote=True)
             log.info(
                 "job %s failed at op %s: %s",
@@ -321,20 +291,14 @@ class Jobs:
                 info.message[:200],
                 extra={"session": sid, "job": job, "error": info.message[:200]},
             )
-            return Failed(sid, job, self.rank, info)
+            return RunFailed(sid, job, time.perf_counter() - t0, info)
         except BaseException as exc:  # user code may raise SystemExit: still a failed job
-            self.failed += 1
-            self.spu_job_failed(sid, job)
-            return Failed(sid, job, self.rank, to_info(exc, rank=self.rank, op="inputs", job=job))
+            info = to_info(exc, rank=self.rank, op="inputs", job=job)
+            return RunFailed(sid, job, time.perf_counter() - t0, info)
         finally:
-            self._active.discard((sid, job))
             self._runs.pop((sid, job), None)
-            self.mailbox.end(sid, job)
-            if self.spu_mailbox is not None:
-                self.spu_mailbox.end(sid, job)
-        if self.closed(sid) or self.mailbox.aborted(sid, job):
-            self.spu_job_failed(sid, job)
-            return None
+        if self.stopped((sid, job)):
+            return RunAborted(sid, job, time.perf_counter() - t0)
         values: dict[int, Any] = {}
         metas: dict[int, str] = {}
         for i, value in enumerate(outputs):
@@ -344,9 +308,9 @@ class Jobs:
             metas[i] = describe(value)
             if i in msg.inline and is_small(value):
                 values[i] = value
-        self.done += 1
         stats = {"run_s": time.monotonic() - started, "started": wall, "ops": run.spans}
-        return Done(sid, job, self.rank, values, stats, metas, run.saved)
+        done = Done(sid, job, self.rank, values, stats, metas, run.saved)
+        return RunFinished(sid, job, time.perf_counter() - t0, done)
 
     def _resolve(self, sid: str, binding: Any) -> Any:
         if binding is None:
@@ -357,19 +321,31 @@ class Jobs:
             return self.store.get(sid, binding)
         raise SessionError(f"bad input binding {binding!r}")
 
-    def abort(self, msg: Abort) -> None:
-        self.mailbox.abort(msg.session, msg.job, msg.error.message)
-        if self.spu_mailbox is not None:
-            self.spu_mailbox.abort(msg.session, msg.job, msg.error.message)
-        self.spu_job_failed(msg.session, msg.job)
-        self.store.drop_job(msg.session, msg.job)
+    def extension(self, name: str) -> Any:
+        with self._ext_lock:
+            ext = self._extensions.get(name)
+            if ext is None:
+                factory = self._factories.get(name)
+                if factory is None:
+                    raise RuntimeError(f"this worker has no {name!r} support")
+                ext = self._extensions[name] = factory()
+            return ext
 
-    # -- data and names -------------------------------------------------------------------
-    def fetch(self, msg: Fetch, reply_now: Callable[[Record], None]) -> None:
-        if self.store.has(msg.session, msg.uri):  # answer at once, even during a long job
-            reply_now(self._fetch_reply(msg))
-            return
-        self._submit(msg.session, lambda: self.post(self._fetch_reply(msg)))
+    # -- session tasks: data and names ----------------------------------------------------
+    def _task(self, sid: str, msg: Record) -> None:
+        try:
+            if isinstance(msg, Fetch):
+                self.post(self._fetch_reply(msg))
+            elif isinstance(msg, Delete):
+                self.store.delete(sid, msg.uris.get(self.rank, []))
+            elif isinstance(msg, SaveSymbol):
+                self._save(msg)
+            elif isinstance(msg, DeleteSymbol):
+                self._unsave(msg)
+            elif isinstance(msg, SessionClosed):  # after the tasks queued before the close
+                self.store.close(sid)
+        finally:
+            self.report(TaskDone(sid))
 
     def _fetch_reply(self, msg: Fetch) -> Reply:
         try:
@@ -382,66 +358,48 @@ class Jobs:
                 msg.req, error=to_info(exc, rank=self.rank, op="fetch", with_traceback=False)
             )
 
-    def delete(self, msg: Delete) -> None:
-        uris = msg.uris.get(self.rank, [])
-        self._submit(msg.session, lambda: self.store.delete(msg.session, uris))
+    def _save(self, msg: SaveSymbol) -> None:
+        try:
+            value = self.store.get(msg.session, msg.uri)
+            if msg.info.persist:
+                if self.store.disk is None:
+                    raise SessionError("this worker has no data root to persist values in")
+                self.store.disk.save(msg.info, value)
+            else:
+                self.store.put(msg.session, symbol_uri(msg.info.name), value)
+            self.post(Ack(msg.req, self.rank))
+        except Exception as exc:
+            self.post(Ack(msg.req, self.rank, to_info(exc, rank=self.rank, op="save")))
 
-    def save(self, msg: SaveSymbol) -> None:
-        def task() -> None:
-            try:
-                value = self.store.get(msg.session, msg.uri)
-                if msg.info.persist:
-                    if self.store.disk is None:
-                        raise SessionError("this worker has no data root to persist values in")
-                    self.store.disk.save(msg.info, value)
-                else:
-                    self.store.put(msg.session, symbol_uri(msg.info.name), value)
-                self.post(Ack(msg.req, self.rank))
-            except Exception as exc:
-                self.post(Ack(msg.req, self.rank, to_info(exc, rank=self.rank, op="save")))
-
-        self._submit(msg.session, task)
-
-    def unsave(self, msg: DeleteSymbol) -> None:
-        def task() -> None:
-            try:
-                check_name(msg.name)  # whoever relays it, no file outside the data root
-                self.store.delete(msg.session, [symbol_uri(msg.name)])
-                if msg.persist and self.store.disk is not None:
-                    self.store.disk.delete(msg.name)
-                self.post(Ack(msg.req, self.rank))
-            except Exception as exc:  # a bad name, a disk error: the driver hears of it
-                self.post(Ack(msg.req, self.rank, to_info(exc, rank=self.rank, op="delete")))
-
-        self._submit(msg.session, task)
+    def _unsave(self, msg: DeleteSymbol) -> None:
+        try:
+            check_name(msg.name)  # whoever relays it, no file outside the data root
+            self.store.delete(msg.session, [symbol_uri(msg.name)])
+            if msg.persist and self.store.disk is not None:
+                self.store.disk.delete(msg.name)
+            self.post(Ack(msg.req, self.rank))
+        except Exception as exc:  # a bad name, a disk error: the driver hears of it
+            self.post(Ack(msg.req, self.rank, to_info(exc, rank=self.rank, op="delete")))
 
     # -- sessions -------------------------------------------------------------------------
-    def close_session(self, sid: str, reason: str) -> None:
-        self._closed[sid] = reason
-        for s, job in list(self._active):
-            if s == sid:
-                self.mailbox.abort(s, job, reason)
-                if self.spu_mailbox is not None:
-                    self.spu_mailbox.abort(s, job, reason)
-        self.mailbox.close_session(sid, reason)
-        if self.spu_mailbox is not None:
-            self.spu_mailbox.close_session(sid, reason)
-        with self._lock:
-            self.spu_failures.pop(sid, None)
+    def _drop_lanes(self, sid: str) -> None:
+        with self._ext_lock:
             service = self._extensions.get("spu")
         if service is not None:
             service.drop_lanes(sid)
+
+    def _close(self, sid: str, reason: str) -> None:
+        why = f"session {sid} closed: {reason}"
+        self.mailbox.close_where(lambda job: job[0] == sid, why)
+        if self.spu is not None:
+            self.spu.mailbox.close_where(lambda lane: lane.startswith(f"{sid}/"), why)
+        self._drop_lanes(sid)
         self.store.close(sid)
-        if self._pool.has_work(sid):  # whatever is still queued may have recreated objects
-
-            def forget() -> None:
-                self.store.close(sid)
-
-            self._pool.submit(sid, forget)
 
     def close_all(self, reason: str) -> None:
-        for sid in self.store.session_ids() + self._pool.sessions():
-            self.close_session(sid, reason)
+        """Close every session this worker holds values of or has work queued for."""
+        for sid in dict.fromkeys(self.store.session_ids() + self._pool.sessions()):
+            self.handle(SessionClosed(sid, reason))
 
     def report_progress(self) -> None:
         """From the I/O thread: report running jobs whose op runs long (no op boundary
@@ -459,16 +417,15 @@ class Jobs:
         return {
             **extra,
             **self.store.stats(),
+            **self.state.stats(),
             "objects": self.store.count(),
             "sessions": len(self.store.session_ids()),
-            "jobs_running": len(self._active),
+            "jobs_running": len(self._runs),
             "job_threads": self._pool.threads,
-            "jobs_done": self.done,
-            "jobs_failed": self.failed,
-            "jobs_inline": self.inline,
-            "moves_pending": self.mailbox.pending(),
+            "moves_pending": self.mailbox.pending()[0],
             "moves_duplicate": self.mailbox.duplicates,
+            "moves_late": self.mailbox.late,
             "moves_held": self.mailbox.held(),
-            "moves_dropped": self.mailbox.dropped,
+            "moves_dropped": self.mailbox.held_dropped + self.mailbox.overflow,
             "bytes_out": self.peers.bytes_out,
         }

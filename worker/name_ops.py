@@ -24,6 +24,7 @@ from mpl.wire.graph import Graph, Op
 from mpl.wire.limits import MAX_JOB_SAVES, check_symbol_name
 from mpl.wire.sessions import SymbolInfo
 from mpl.worker.interpreter import ABSENT, JobContext, kernel
+from mpl.worker.outputs import describe
 from mpl.worker.store import symbol_uri
 
 __all__ = ["load_op", "save_op"]
@@ -31,8 +32,6 @@ __all__ = ["load_op", "save_op"]
 
 @kernel("save")
 def save_op(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> list[Any]:
-    from mpl.worker.jobs import describe  # jobs imports this module: bind at call time
-
     name = check_symbol_name(op.attrs["symbol"])
     if len(ctx.saved) >= MAX_JOB_SAVES:
         raise SessionError(f"a job saves at most {MAX_JOB_SAVES} names per rank")

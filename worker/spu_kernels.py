@@ -129,7 +129,7 @@ class SpuService:
             "spu_runs": self.runs,
             "spu_lanes": self.lanes_made,
             # for lanes never opened or already dropped, or beyond the mailbox's bounds
-            "spu_messages_dropped": mailbox.held_dropped + mailbox.dropped + mailbox.overflow,
+            "spu_messages_dropped": mailbox.dropped,
             "spu_messages_pending": mailbox.pending()[0],
         }
 
@@ -139,7 +139,7 @@ class SpuService:
         with self._lock:
             dropped = [self._lanes.pop(k) for k in [k for k in self._lanes if k[0] == session]]
         for lane in dropped:
-            self.links.mailbox.drop_lane(lane.id)
+            self.links.drop_lane(lane.id)
 
     def _lane(
         self, ctx: JobContext, device: str, members: tuple[int, ...], local: int, config: Any
@@ -159,7 +159,7 @@ class SpuService:
                 return lane
             tag = hashlib.sha1("/".join(incarnations).encode()).hexdigest()[:8]
             lane = _Lane(f"{ctx.session}/{device}/{tag}/{self._failures(ctx.session)}")
-        self.links.mailbox.open_lane(lane.id)  # peers' messages for it are welcome now
+        self.links.open_lane(lane.id)  # peers' messages for it are welcome now
         lib = libspu()
         desc = lib.link.Desc()
         for member in members:

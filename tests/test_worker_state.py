@@ -1,0 +1,280 @@
+"""The worker's state machine (worker/state.py) driven by hand: no sockets, an explicit
+clock. Abort of running and queued jobs, session close, worker and broker restarts, SPU
+failure counting, timers. The last tests run the job shell over the state with a real
+mailbox and store (threads, still no sockets) to see waits woken and values freed."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from helpers import wait_until
+
+from mpl.wire.control import Reregister, Welcome, WorkerHello
+from mpl.wire.errors import JobAbortedError
+from mpl.wire.graph import Graph, Op
+from mpl.wire.jobs import Abort, Done, Exec, Failed, Program
+from mpl.wire.remote import ErrorInfo
+from mpl.wire.sessions import SessionClosed, SymbolInfo
+from mpl.worker.jobs import Jobs
+from mpl.worker.keyed_mailbox import move_mailbox
+from mpl.worker.state import WorkerState
+from mpl.worker.state_events import (
+    Beat,
+    CloseAll,
+    CloseSession,
+    DropLanes,
+    EndJob,
+    Expect,
+    FreeJob,
+    Joined,
+    Post,
+    Reconnect,
+    Run,
+    RunAborted,
+    RunFailed,
+    RunFinished,
+    Send,
+    StopWaits,
+    Submit,
+    Tick,
+)
+from mpl.worker.store import ObjectStore
+
+RANK = 0
+
+
+def _graph(*opcodes: str, name: str = "g") -> Graph:
+    ops = tuple(Op(code, (), 0, (0, 1)) for code in opcodes)
+    return Graph(2, (), ops, (), name=name)
+
+
+LOCAL = _graph("pcall", name="local")
+MOVING = _graph("pcall", "move", name="moving")
+SPU = _graph("spu.run", name="spu")
+
+
+def _state(symbols: list[SymbolInfo] | None = None) -> WorkerState:
+    hello = WorkerHello(RANK, "inc", 1, "h", "tcp://d", "", symbols or [])
+    state = WorkerState(hello, now=0.0, heartbeat_s=1.0)
+    state.handle(Welcome(RANK, 2, "B1", 1.0, {}), 0.0)
+    for graph in (LOCAL, MOVING, SPU):
+        state.handle(Program(graph.digest, graph), 0.0)
+    return state
+
+
+def _exec(sid: str, job: str, graph: Graph = MOVING) -> Exec:
+    return Exec(sid, job, graph.digest, (0, 1), {})
+
+
+def _done(sid: str, job: str) -> RunFinished:
+    return RunFinished(sid, job, 0.01, Done(sid, job, RANK))
+
+
+def _of(actions: list[Any], kind: type) -> list[Any]:
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def _abort(sid: str, job: str, why: str = "rank 1 failed") -> Abort:
+    return Abort(sid, job, ErrorInfo("RemoteError", why))
+
+
+# -- abort --------------------------------------------------------------------------------
+def test_an_aborted_running_job_wakes_its_waits_frees_its_values_and_says_nothing() -> None:
+    s = _state()
+    out = s.handle(_exec("s", "j"), 1.0)
+    assert out[0] == Expect(("s", "j")) and out[1] == Run(_exec("s", "j"), MOVING, inline=False)
+    out = s.handle(_abort("s", "j"), 1.1)
+    assert _of(out, StopWaits) == [StopWaits(("s", "j"), "job j aborted: rank 1 failed")]
+    assert _of(out, FreeJob) == [FreeJob(("s", "j"))]
+    assert s.stopped(("s", "j")) == "job j aborted: rank 1 failed"
+    out = s.handle(RunAborted("s", "j", 0.2), 1.2)  # the job thread saw the abort
+    assert _of(out, Post) == [] and EndJob(("s", "j")) in out and FreeJob(("s", "j")) in out
+    assert s.done == 0 and s.failed == 0 and s.queued == {} and s.jobs == {}
+
+
+def test_a_run_that_finishes_after_its_abort_is_freed_not_reported() -> None:
+    s = _state()
+    s.handle(_exec("s", "j"), 1.0)
+    s.handle(_abort("s", "j"), 1.1)
+    out = s.handle(_done("s", "j"), 1.2)  # outputs stored before the thread saw the abort
+    assert _of(out, Post) == [] and FreeJob(("s", "j")) in out and s.done == 0
+
+
+def test_an_aborted_queued_job_never_runs_and_the_next_one_does() -> None:
+    s = _state()
+    s.handle(_exec("s", "first"), 1.0)
+    s.handle(_exec("s", "second"), 1.0)
+    s.handle(_exec("s", "third"), 1.0)
+    assert s.queued == {"s": 3}
+    s.handle(_abort("s", "second"), 1.1)
+    assert s.stopped(("s", "second")) and not s.stopped(("s", "third"))
+    s.handle(_done("s", "first"), 1.2)
+    s.handle(RunAborted("s", "second", 0.0), 1.3)  # its turn came: stopped at once
+    out = s.handle(_done("s", "third"), 1.4)
+    assert _of(out, Post) == [Post(Done("s", "third", RANK))]
+    assert s.done == 2 and s.queued == {}
+
+
+def test_an_abort_before_its_exec_stops_the_run() -> None:
+    s = _state()
+    s.handle(_abort("s", "j"), 1.0)  # the broker's abort overtook nothing: it came first
+    s.handle(_exec("s", "j"), 1.1)
+    assert s.stopped(("s", "j")) is not None
+
+
+# -- session close ------------------------------------------------------------------------
+def test_closing_a_session_stops_its_jobs_frees_it_and_frees_again_after_queued_work() -> None:
+    s = _state()
+    s.handle(_exec("s", "running"), 1.0)
+    s.handle(_exec("other", "k"), 1.0)
+    out = s.handle(SessionClosed("s", "the driver left"), 1.1)
+    assert _of(out, StopWaits) == [
+        StopWaits(("s", "running"), "job running aborted: the driver left")
+    ]
+    assert _of(out, CloseSession) == [CloseSession("s", "the driver left")]
+    # its running job may still store outputs: the store is closed again after it
+    assert _of(out, Submit) == [Submit("s", SessionClosed("s", "the driver left"))]
+    assert s.stopped(("other", "k")) is None
+    assert s.handle(_exec("s", "late"), 1.2) == []  # a job for a closed session: nothing
+    assert "session closed" in (s.stopped(("s", "late")) or "")
+
+
+def test_closing_an_idle_session_needs_no_second_free() -> None:
+    s = _state()
+    out = s.handle(SessionClosed("s", "bye"), 1.0)
+    assert out == [CloseSession("s", "bye")]
+
+
+# -- restarts -----------------------------------------------------------------------------
+def test_a_restarted_worker_registers_its_persisted_names_and_has_no_programs() -> None:
+    names = [SymbolInfo("kept", "P0", (0,), True, {})]
+    fresh = WorkerState(WorkerHello(RANK, "inc2", 1, "h", "tcp://d", "", names), now=5.0)
+    (hello,) = fresh.handle(Tick(), 5.0)
+    assert isinstance(hello, Send) and hello.msg.symbols == names
+    out = fresh.handle(_exec("s", "j"), 5.1)  # a program cached before the restart
+    (failed,) = _of(out, Post)
+    assert isinstance(failed.msg, Failed) and "not cached here" in failed.msg.error.message
+    fresh.handle(Program(MOVING.digest, MOVING), 5.2)
+    assert _of(fresh.handle(_exec("s", "j2"), 5.3), Run)
+
+
+def test_reregistration_sends_the_hello_again_at_once() -> None:
+    s = _state()
+    out = s.handle(Reregister("B1"), 3.0)
+    assert _of(out, Send) and isinstance(out[0].msg, WorkerHello)
+    assert not s.joined
+
+
+def test_a_restarted_broker_closes_every_session_a_returning_one_keeps_them() -> None:
+    s = _state()
+    s.handle(_exec("s", "j"), 1.0)
+    s.handle(Reregister("B1"), 2.0)  # the same broker lost us for a while: keep the jobs
+    out = s.handle(Welcome(RANK, 2, "B1", 1.0, {}), 2.1)
+    assert out == [Joined("B1", False)] and s.stopped(("s", "j")) is None
+    assert _of(s.handle(_done("s", "j"), 2.2), Post)  # its answer still goes out
+    s.handle(_exec("s", "j2"), 3.0)
+    out = s.handle(Welcome(RANK, 2, "B2", 1.0, {}), 4.0)  # a new broker: sessions are gone
+    assert out == [CloseAll("the broker restarted"), Joined("B2", True)]
+    s.handle(SessionClosed("s", "the broker restarted"), 4.0)  # what the shell does for each
+    assert "the broker restarted" in (s.stopped(("s", "j2")) or "")
+
+
+# -- SPU failures -------------------------------------------------------------------------
+def test_spu_failures_are_counted_once_per_job_and_drop_the_lanes() -> None:
+    s = _state()
+    s.handle(_exec("s", "a", SPU), 1.0)
+    out = s.handle(RunFailed("s", "a", 0.1, ErrorInfo("RemoteError", "boom")), 1.1)
+    assert DropLanes("s") in out and s.spu_failures == {"s": 1}
+    assert DropLanes("s") not in s.handle(_abort("s", "a"), 1.2)  # already counted
+    s.handle(_exec("s", "b", SPU), 2.0)
+    assert DropLanes("s") in s.handle(_abort("s", "b"), 2.1)  # an abort counts too
+    s.handle(RunAborted("s", "b", 0.0), 2.2)
+    assert s.spu_failures == {"s": 2}
+    s.handle(_exec("s", "c"), 3.0)  # no SPU op: no count, lanes kept
+    assert DropLanes("s") not in s.handle(RunFailed("s", "c", 0.1, ErrorInfo("E", "x")), 3.1)
+    s.handle(SessionClosed("s", "done"), 4.0)
+    assert s.spu_failures == {}
+
+
+# -- timers and the inline decision ---------------------------------------------------------
+def test_heartbeats_and_silence_follow_the_given_clock() -> None:
+    s = _state()  # welcomed at 0.0, heartbeat 1 s, liveness 3
+    assert s.handle(Tick(), 0.0) == [Beat()]
+    assert s.handle(Tick(), 0.5) == []
+    assert s.handle(Tick(), 1.0) == [Beat()]
+    s.handle(_exec("s", "j"), 2.5)  # any word from the broker counts as life
+    assert not _of(s.handle(Tick(), 5.4), Reconnect)
+    assert _of(s.handle(Tick(), 5.6), Reconnect)
+    assert not s.joined
+
+
+def test_a_quick_local_program_runs_inline_only_when_its_session_is_idle() -> None:
+    s = _state()
+    s.inline_s = 0.05
+    first = _exec("s", "1", LOCAL)
+    assert _of(s.handle(first, 1.0), Run) == [Run(first, LOCAL, inline=False)]
+    s.handle(_done("s", "1"), 1.1)  # took 10 ms: quick
+    second = _exec("s", "2", LOCAL)
+    assert _of(s.handle(second, 1.2), Run) == [Run(second, LOCAL, inline=True)]
+    s.handle(_done("s", "2"), 1.3)
+    s.handle(_exec("s", "slow", MOVING), 1.4)  # queued on the pool
+    third = _exec("s", "3", LOCAL)
+    assert _of(s.handle(third, 1.5), Run) == [Run(third, LOCAL, inline=False)]  # order holds
+    s.handle(RunFinished("s", "3", 0.5, Done("s", "3", RANK)), 1.6)  # took 500 ms
+    s.handle(_done("s", "slow"), 1.7)
+    fourth = _exec("s", "4", LOCAL)
+    assert _of(s.handle(fourth, 1.8), Run) == [Run(fourth, LOCAL, inline=False)]
+    assert s.inline == 1
+
+
+# -- the job shell over the state: real mailbox and store, no sockets ------------------------
+@pytest.fixture
+def jobs() -> Jobs:
+    posted: list[Any] = []
+    shell = Jobs(_state(), ObjectStore(), move_mailbox(), None, posted.append)  # type: ignore[arg-type]
+    shell.posted = posted  # type: ignore[attr-defined]
+    return shell
+
+
+def test_a_session_close_wakes_waiters_frees_values_and_drops_late_moves(jobs: Jobs) -> None:
+    jobs.store.put("s", "job:old/0", 42)
+    jobs.state.handle(_exec("s", "j"), 1.0)  # decided, not run: the test plays the job
+    jobs.mailbox.open(("s", "j"))
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            jobs.mailbox.take(("s", "j", 1, 0, 1), time.monotonic() + 30, "never", job="j")
+        except BaseException as exc:
+            errors.append(exc)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    wait_until(lambda: ("s", "j") in jobs.mailbox._open, what="the waiter to wait")
+    jobs.handle(SessionClosed("s", "the driver left"))
+    waiter.join(5)
+    assert isinstance(errors[0], JobAbortedError) and "the driver left" in str(errors[0])
+    assert not jobs.store.has("s", "job:old/0")
+    assert not jobs.mailbox.put(("s", "j", 2, 0, 1), "late") and jobs.mailbox.late == 1
+
+
+def test_an_abort_releases_a_job_waiting_for_a_move(jobs: Jobs) -> None:
+    jobs.state.handle(_exec("s", "k"), 1.0)  # decided, not run: the test plays the job
+    jobs.mailbox.open(("s", "k"))
+    got: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            jobs.mailbox.take(("s", "k", 0, 0, 1), time.monotonic() + 30, "never", job="k")
+        except BaseException as exc:
+            got.append(exc)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    wait_until(lambda: ("s", "k") in jobs.mailbox._open, what="the waiter to wait")
+    jobs.handle(_abort("s", "k", "rank 1 was lost"))
+    waiter.join(5)
+    assert isinstance(got[0], JobAbortedError) and "rank 1 was lost" in str(got[0])
