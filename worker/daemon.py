@@ -50,7 +50,7 @@ from mpl.wire.zap import Gatekeeper
 from mpl.worker.code_policy import CODE_POLICIES, REFUSAL, holds_pickle
 from mpl.worker.core import Joined, Reconnect, Stop, ToBroker, WorkerCore
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
-from mpl.worker.kernel_table import KernelTable, node_bindings
+from mpl.worker.kernel_table import KernelTable, NodeBindings
 from mpl.worker.mailbox import Mailbox
 from mpl.worker.metrics import rss_bytes
 from mpl.worker.peers import PeerLinks
@@ -160,9 +160,9 @@ class Worker:
         self.core = WorkerCore(hello, now=time.monotonic(), heartbeat_s=heartbeat_s)
         self.mailbox = Mailbox()
         self.peers = PeerLinks(self.ctx, lambda: self.core.directory, safe=not trusted, curve=curve)
-        kernel_table = KernelTable(
-            lambda: node_bindings(self.core.cluster, rank), kernels, data_root
-        )
+        # secure mode binds logical ops by our own spec, never by the broker's Welcome
+        self.bindings = NodeBindings(rank, curve.cluster if curve is not None else None)
+        kernel_table = KernelTable(self.bindings, kernels, data_root)
         services: dict[str, Callable[[], Any]] = {
             "spu": lambda: SpuService(
                 self.spu_links,
@@ -267,6 +267,7 @@ class Worker:
             "protocol_errors": self.protocol_errors + self.spu_links.protocol_errors,
             "rss_bytes": rss_bytes(),
             "internal_errors": self._faults["internal_errors"],
+            **self.bindings.stats(),
         }
 
     # -- sockets --------------------------------------------------------------------------
@@ -525,6 +526,7 @@ class Worker:
                 self.dealer = self._new_dealer()
             elif isinstance(action, Joined):
                 log.info("rank %d: joined broker %s", self.rank, action.broker_id)
+                self.bindings.welcomed(self.core.cluster)
                 if action.new_broker:
                     self.jobs.close_all("the broker restarted")
                 self._channel_owed = True  # the broker learns our result channel anew
