@@ -88,10 +88,14 @@ class Deployment:
         return proc
 
     def start_broker(
-        self, listen: str = "tcp://127.0.0.1:0", prefix: Sequence[str] = (), timeout: float = 20
+        self,
+        listen: str = "tcp://127.0.0.1:0",
+        prefix: Sequence[str] = (),
+        timeout: float = 20,
+        cluster: Path | None = None,  # the broker's own copy, when it differs from the parties'
     ) -> str:
         cmd = [*daemon_command("mpl-broker"), "--listen", listen]
-        cmd += ["--cluster", str(self.cluster_file), "--key", str(self.key("broker"))]
+        cmd += ["--cluster", str(cluster or self.cluster_file), "--key", str(self.key("broker"))]
         proc = self.start("broker", cmd, prefix)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from mpl.worker.kernel_table import KernelTable, data_root, module_kernels, node_bindings
+from mpl.wire import ClusterSpec
+from mpl.worker.kernel_table import (
+    KernelTable,
+    NodeBindings,
+    data_root,
+    module_kernels,
+    node_bindings,
+)
 
 
 @pytest.fixture
@@ -61,3 +68,16 @@ def test_node_bindings_reads_the_spec_dict() -> None:
     assert (
         node_bindings(spec, 0) == {} and node_bindings(spec, 5) == {} and node_bindings({}, 0) == {}
     )
+
+
+def test_node_bindings_follow_the_welcome_only_without_an_own_spec() -> None:
+    ours = ClusterSpec.simple(2, op_bindings=[{}, {"read": "mpl.io.read_npy"}])
+    theirs = ClusterSpec.simple(2, op_bindings=[{}, {"read": "mpl.io.write_npy"}]).to_dict()
+    plain = NodeBindings(1)
+    plain.welcomed(theirs)
+    assert plain() == {"read": "mpl.io.write_npy"} and plain.stats() == {"bindings_overridden": 0}
+    own = NodeBindings(1, ours)
+    for _ in range(3):  # every disagreeing Welcome counts; an agreeing one does not
+        own.welcomed(theirs)
+    own.welcomed(ours.to_dict())
+    assert own() == {"read": "mpl.io.read_npy"} and own.overridden == 3

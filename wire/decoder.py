@@ -175,7 +175,11 @@ class Decoder:
             first = len(self.taken)
             items = self.unpack(data)
             tag = items[0] if type(items) is list and items else None
-            if type(tag) is str and record_class(tag) is None:
+            # The broker's mode keeps records it never imports opaque even when this process
+            # has imported them (an in-process broker beside its workers): their buffers
+            # stay Opaque there, which the record's own field checks would refuse.
+            late = tag in _LATE_RECORDS
+            if type(tag) is str and (record_class(tag) is None or (late and not self.unpickle)):
                 if not self.unpickle:
                     return OpaqueRecord(tag, items[1:])
                 if tag in _LATE_RECORDS:

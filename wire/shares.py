@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from mpl.wire.record import Record
+from mpl.wire.spu_compile_cache import guard_compile_cache
 
 __all__ = [
     "SpuShare",
@@ -60,11 +61,18 @@ class SpuShare(Record, tag="spushare"):
 
 
 def libspu() -> Any:
-    """The ``spu.libspu`` module, imported on first use (with 64-bit jax)."""
+    """The ``spu.libspu`` module, imported on first use (with 64-bit jax); spu's compile
+    cache is made safe for threads then (``spu_compile_cache.py``)."""
+    global _guarded
     os.environ.setdefault("JAX_ENABLE_X64", "1")
     import spu.libspu as lib
 
+    if not _guarded:
+        _guarded = guard_compile_cache()
     return lib
+
+
+_guarded = False
 
 
 def _key(config: Mapping[str, Any]) -> tuple[str, str, int]:

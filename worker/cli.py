@@ -147,7 +147,8 @@ def main(
 
     Secure mode (--key and --cluster): every socket runs CurveZMQ; the worker talks only to
     the broker and peers whose keys its own spec pins, and only the spec's nodes may send it
-    data. Without keys it binds loopback only, unless --insecure.
+    data; mp.kernel names resolve through its own spec's op_bindings, never the broker's.
+    Without keys it binds loopback only, unless --insecure.
 
     \b
     Examples:

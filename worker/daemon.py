@@ -50,7 +50,7 @@ from mpl.wire.sockets import MAX_MESSAGE, configure, drain, send_frames
 from mpl.wire.zap import Gatekeeper
 from mpl.worker.code_policy import CODE_POLICIES, holds_pickle, refusal, unloadable
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
-from mpl.worker.kernel_table import KernelTable, node_bindings
+from mpl.worker.kernel_table import KernelTable, NodeBindings
 from mpl.worker.keyed_mailbox import move_mailbox
 from mpl.worker.metrics import rss_bytes
 from mpl.worker.peers import PeerLinks
@@ -177,11 +177,15 @@ class Worker:
         self.peers = PeerLinks(
             self.ctx, lambda: self.state.directory, safe=not trusted, curve=curve
         )
+        # secure mode binds logical ops, and reads this node's runtime_info, by our own
+        # spec, never by the broker's Welcome
+        own = curve.cluster.to_dict() if curve is not None and curve.cluster else None
+        self.bindings = NodeBindings(rank, curve.cluster if curve is not None else None)
         # each session's runtime_info for this node: checked at open, seen by kernels
-        self.runtimes = SessionRuntimes(rank, lambda: node_runtime_info(self.state.cluster, rank))
-        kernel_table = KernelTable(
-            lambda: node_bindings(self.state.cluster, rank), kernels, data_root, self.runtimes.of
+        self.runtimes = SessionRuntimes(
+            rank, lambda: node_runtime_info(own or self.state.cluster, rank)
         )
+        kernel_table = KernelTable(self.bindings, kernels, data_root, self.runtimes.of)
         services: dict[str, Callable[[], Any]] = {
             "spu": lambda: SpuService(
                 self.spu_links,
@@ -286,6 +290,7 @@ class Worker:
             "protocol_errors": self.protocol_errors + self.spu_links.protocol_errors,
             "rss_bytes": rss_bytes(),
             "internal_errors": self._faults["internal_errors"],
+            **self.bindings.stats(),
         }
 
     # -- sockets --------------------------------------------------------------------------
@@ -508,6 +513,7 @@ class Worker:
                 self.jobs.close_all(action.reason)
             elif isinstance(action, Joined):
                 log.info("rank %d: joined broker %s", self.rank, action.broker_id)
+                self.bindings.welcomed(self.state.cluster)
                 self._channel_owed = True  # the broker learns our result channel anew
                 self._announce_channel()
                 self.joined.set()

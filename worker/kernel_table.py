@@ -13,6 +13,12 @@ id, from two sources:
 (logical op -> kernel id); a name with no binding may name a kernel id directly. A name
 that finds nothing fails with a ``LookupError`` listing what this node offers.
 
+Whose bindings (:class:`NodeBindings`): a worker started with its own spec (``--cluster``,
+secure mode) binds by that copy only; the broker's ``Welcome`` carries the broker's copy,
+which a hostile broker operator could edit to point a logical op at another kernel of this
+party. A Welcome that disagrees is counted (``bindings_overridden``) and logged once. A
+worker without its own spec (plaintext) binds by the Welcome, as the broker is trusted there.
+
 While a kernel runs, :func:`data_root` is the worker's ``--data-root``, so file kernels can
 keep their paths inside it, and :func:`runtime_info` is this node's ``runtime_info`` in the
 job's session (the session's own spec's, else the cluster's).
@@ -23,20 +29,26 @@ from __future__ import annotations
 import contextvars
 import importlib
 import inspect
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from mpl.wire.cluster import ClusterSpec
+
 __all__ = [
     "ENTRY_POINT_GROUP",
     "KernelTable",
+    "NodeBindings",
     "data_root",
     "module_kernels",
     "node_bindings",
     "runtime_info",
 ]
+
+log = logging.getLogger("mpl.worker")
 
 ENTRY_POINT_GROUP = "mpl.kernels"
 _DATA_ROOT: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
@@ -72,6 +84,44 @@ def node_bindings(cluster: Mapping[str, Any], rank: int) -> dict[str, str]:
     info = nodes[rank].get("runtime_info") or {}
     bindings = info.get("op_bindings") or {}
     return {str(k): str(v) for k, v in bindings.items()}
+
+
+class NodeBindings:
+    """This node's op_bindings, for :class:`KernelTable`: from ``own`` (the worker's own
+    spec) when there is one, else from the cluster the broker's last ``Welcome`` carried.
+
+    Call :meth:`welcomed` with each Welcome's cluster: with an own spec it only compares
+    (a disagreement is counted in ``overridden`` and logged the first time); without one
+    the Welcome's bindings become this node's.
+    """
+
+    def __init__(self, rank: int, own: ClusterSpec | None = None) -> None:
+        self.rank = rank
+        self._own = dict(own.nodes[rank].runtime_info.op_bindings) if own is not None else None
+        self._welcomed: dict[str, str] = {}
+        self.overridden = 0  # Welcomes whose bindings for this node were not ours
+
+    def welcomed(self, cluster: Mapping[str, Any]) -> None:
+        theirs = node_bindings(cluster, self.rank)
+        if self._own is None:
+            self._welcomed = theirs
+            return
+        if theirs != self._own:
+            self.overridden += 1
+            if self.overridden == 1:
+                log.warning(
+                    "rank %d: the broker's op_bindings differ from this node's own spec "
+                    "(%s, ours %s): using ours",
+                    self.rank,
+                    theirs,
+                    self._own,
+                )
+
+    def __call__(self) -> dict[str, str]:
+        return self._own if self._own is not None else self._welcomed
+
+    def stats(self) -> dict[str, int]:
+        return {"bindings_overridden": self.overridden}
 
 
 def module_kernels(module_name: str) -> dict[str, Callable[..., Any]]:

@@ -260,8 +260,8 @@ class SpuService:
         program = with_canonical_inputs(flat_fn, actual, canonical)
         # One compile at a time per process: in the Simulator every member is a thread of
         # this process, and spu's frontend and JAX's tracing caches are not documented as
-        # safe to enter from two threads at once (a run once failed with "OrderedDict mutated
-        # during iteration"). A daemon has one member, so this costs it nothing.
+        # safe to enter from two threads at once. spu's compile cache is locked for every
+        # caller, not only mpl's (wire/spu_compile_cache.py). A daemon has one member.
         with _COMPILE_LOCK, compile_scope(actual, canonical):
             examples = [spec_of(shape, np.dtype(dtype)) for shape, dtype, _ in specs]
             exe, out_tree = fe.compile(
