@@ -31,6 +31,10 @@ class JobCall(Call):
     stats: dict[int, dict[str, Any]] = field(default_factory=dict)
     metas: dict[int, str] = field(default_factory=dict)
     progress_sent: dict[int, float] = field(default_factory=dict)  # rank -> last forwarded
+    # The ranks' Done values and stats as the bytes they came in (mpl.wire.hot), spliced
+    # into the JobResult; None once a Done came with buffer frames (then it is encoded).
+    raw_values: dict[int, dict[int, bytes]] | None = field(default_factory=dict)
+    raw_stats: dict[int, bytes] = field(default_factory=dict)
 
 
 @dataclass

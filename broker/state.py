@@ -52,6 +52,7 @@ from mpl.wire.control import (
 )
 from mpl.wire.data import Delete, Fetch
 from mpl.wire.errors import RegistrationError
+from mpl.wire.hot import done_spans, exec_for_rank, exec_spans, result_frames
 from mpl.wire.identity import node_identity, rank_of
 from mpl.wire.jobs import (
     Abort,
@@ -205,6 +206,8 @@ class BrokerState:
                 self.drivers[peer] = now
         if isinstance(msg, Exec):
             return self._on_exec(peer, msg, now, who, raw)
+        if isinstance(msg, Done):
+            return self._on_done(peer, msg, now, who, raw)
         return handler(peer, msg, now, who)
 
     def protocol_error(self, peer: bytes, error: Exception) -> list[Send]:
@@ -448,7 +451,10 @@ class BrokerState:
         session.jobs.add(msg.job)
         # A rank must see only its own bindings (host values are private to their party).
         # When no other rank's bindings are in the message, it goes out as it came.
+        # Otherwise each rank's Exec is the arrived header with the other ranks' bindings cut
+        # out (mpl.wire.hot), or, when the message has buffer frames, encoded anew.
         shared = set(msg.bindings) <= {msg.ranks[0]} if len(msg.ranks) == 1 else not msg.bindings
+        spans = None if shared or raw is None else exec_spans(raw)
         out: list[Send] = []
         for entry in workers:
             if entry.needs_program(msg.digest, program_nbytes(program, entry.rank)):
@@ -460,7 +466,8 @@ class BrokerState:
             forwarded = Exec(
                 msg.session, msg.job, msg.digest, msg.ranks, mine, msg.inline, msg.timeout_s
             )
-            out.append(Send(entry.peer, forwarded))
+            frames = None if spans is None else exec_for_rank(spans, entry.rank)
+            out.append(Send(entry.peer, forwarded, frames))
         return out
 
     def _absent(self, rank: int, job: str = "") -> ErrorInfo:
@@ -470,7 +477,9 @@ class BrokerState:
             "WorkerLostError", f"rank {rank} has no live worker ({why})", rank=rank, job=job
         )
 
-    def _on_done(self, peer: bytes, msg: Done, now: float, who: str | None = None) -> list[Send]:
+    def _on_done(
+        self, peer: bytes, msg: Done, now: float, who: str | None = None, raw: Any = None
+    ) -> list[Send]:
         if not self.access.speaks_for(peer, who, msg.rank, msg.TAG):
             return []
         job = self.calls.jobs.get(msg.job)
@@ -482,12 +491,24 @@ class BrokerState:
         job.stats[msg.rank] = msg.stats
         for index, meta in msg.metas.items():
             job.metas.setdefault(index, meta)
+        if job.raw_values is not None:  # keep the bytes too, to forward them as they came
+            spans = None if raw is None else done_spans(raw)
+            if spans is None:
+                job.raw_values = None
+            else:
+                for index, value_bytes in spans.values.items():
+                    job.raw_values.setdefault(index, {})[msg.rank] = value_bytes
+                job.raw_stats[msg.rank] = spans.stats
         if job.pending:
             return []
         del self.calls.jobs[msg.job]
         self._session_jobs_discard(job)
         self.counters["jobs_done"] += 1
-        return [Send(job.driver, JobResult(msg.job, job.values, stats=job.stats, metas=job.metas))]
+        result = JobResult(msg.job, job.values, stats=job.stats, metas=job.metas)
+        frames = None
+        if job.raw_values is not None:
+            frames = result_frames(msg.job, job.raw_values, job.raw_stats, job.metas)
+        return [Send(job.driver, result, frames)]
 
     def _on_failed(
         self, peer: bytes, msg: Failed, now: float, who: str | None = None

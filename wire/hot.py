@@ -1,0 +1,174 @@
+"""Pre-packed headers for the messages the broker forwards on every job: no re-encode.
+
+The broker decodes (and so checks) every message it receives, but what it only forwards it
+need not encode again. Two messages are built here by splicing the bytes that arrived:
+
+* a rank's own ``Exec``: the driver's header with the ``bindings`` map cut down to that
+  rank's entry (in secure mode every rank has bindings, each sealed for its rank);
+* the ``JobResult``: each rank's ``Done`` values and stats, copied byte for byte into the
+  one answer, under a header packed here.
+
+Both only apply to messages whose header references no buffer frame (small values, which is
+what a job's hot path carries): buffer indexes would have to be renumbered, so larger
+messages take the codec's ordinary path. Everything here reads headers the codec has
+already decoded and checked; when a layout is not the expected one the functions return
+None and the caller encodes as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgpack
+
+from mpl.wire.codec import MAGIC_FRAME
+from mpl.wire.limits import MAX_HEADER_BYTES, MAX_HEADER_ITEMS
+
+__all__ = ["DoneSpans", "ExecSpans", "done_spans", "exec_for_rank", "exec_spans", "result_frames"]
+
+_EXEC_ITEMS = 8  # tag + the 7 fields of Exec
+_DONE_ITEMS = 7  # tag + the 6 fields of Done
+_RESULT_ITEMS = 7  # tag + the 6 fields of JobResult
+_RESULT_TAG = msgpack.packb("result")
+_NONE, _FALSE = msgpack.packb(None), msgpack.packb(False)
+
+
+def _unpacker(header: bytes) -> Any:
+    unpacker = msgpack.Unpacker(
+        None,
+        raw=False,
+        strict_map_key=False,
+        max_buffer_size=max(len(header), 1),
+        max_array_len=MAX_HEADER_ITEMS,
+        max_map_len=MAX_HEADER_ITEMS,
+    )
+    unpacker.feed(header)
+    return unpacker
+
+
+def _map_spans(unpacker: Any, header: bytes) -> dict[int, bytes]:
+    """The next value is a map with int keys: each entry's value as the bytes it came in."""
+    spans: dict[int, bytes] = {}
+    for _ in range(unpacker.read_map_header()):
+        key = unpacker.unpack()
+        start = unpacker.tell()
+        unpacker.skip()
+        spans[key] = header[start : unpacker.tell()]
+    return spans
+
+
+def _span(unpacker: Any, header: bytes) -> bytes:
+    start = unpacker.tell()
+    unpacker.skip()
+    return header[start : unpacker.tell()]
+
+
+def _map_header(n: int) -> bytes:
+    if n < 16:
+        return bytes([0x80 | n])
+    if n < 1 << 16:
+        return b"\xde" + n.to_bytes(2, "big")
+    return b"\xdf" + n.to_bytes(4, "big")
+
+
+def _header_only(frames: Sequence[Any]) -> bytes | None:
+    """A message's header as bytes when it has no buffer frames (else None)."""
+    if len(frames) != 2:
+        return None
+    header = frames[1]
+    return header.bytes if hasattr(header, "bytes") else bytes(header)
+
+
+class ExecSpans:
+    """An ``Exec`` header cut around its ``bindings`` map."""
+
+    __slots__ = ("bindings", "head", "tail")
+
+    def __init__(self, head: bytes, bindings: dict[int, bytes], tail: bytes) -> None:
+        self.head = head  # up to the bindings map
+        self.bindings = bindings  # rank -> that rank's bindings, as they came
+        self.tail = tail  # after it: inline, timeout_s
+
+
+def exec_spans(frames: Sequence[Any]) -> ExecSpans | None:
+    """Cut a decoded ``Exec``'s frames (``[magic, header]``) for :func:`exec_for_rank`."""
+    header = _header_only(frames)
+    if header is None:
+        return None
+    try:
+        unpacker = _unpacker(header)
+        if unpacker.read_array_header() != _EXEC_ITEMS:
+            return None
+        for _ in range(5):  # tag, session, job, digest, ranks
+            unpacker.skip()
+        start = unpacker.tell()
+        bindings = _map_spans(unpacker, header)
+        end = unpacker.tell()
+    except Exception:  # any surprise: the caller encodes the ordinary way
+        return None
+    return ExecSpans(header[:start], bindings, header[end:])
+
+
+def exec_for_rank(spans: ExecSpans, rank: int) -> list[bytes]:
+    """The frames of the ``Exec`` that ``rank`` gets: only its own bindings."""
+    mine = spans.bindings.get(rank)
+    middle = _map_header(0) if mine is None else _map_header(1) + msgpack.packb(rank) + mine
+    return [MAGIC_FRAME, b"".join((spans.head, middle, spans.tail))]
+
+
+class DoneSpans:
+    """A ``Done``'s values (by output index) and stats, as the bytes they came in."""
+
+    __slots__ = ("stats", "values")
+
+    def __init__(self, values: dict[int, bytes], stats: bytes) -> None:
+        self.values = values
+        self.stats = stats
+
+
+def done_spans(frames: Sequence[Any]) -> DoneSpans | None:
+    """Cut a decoded ``Done``'s frames (``[magic, header]``) for :func:`result_frames`."""
+    header = _header_only(frames)
+    if header is None:
+        return None
+    try:
+        unpacker = _unpacker(header)
+        if unpacker.read_array_header() != _DONE_ITEMS:
+            return None
+        for _ in range(4):  # tag, session, job, rank
+            unpacker.skip()
+        values = _map_spans(unpacker, header)
+        stats = _span(unpacker, header)
+    except Exception:
+        return None
+    return DoneSpans(values, stats)
+
+
+def result_frames(
+    job: str,
+    values: Mapping[int, Mapping[int, bytes]],
+    stats: Mapping[int, bytes],
+    metas: Mapping[int, str],
+) -> list[bytes] | None:
+    """A successful ``JobResult`` of ``job`` from the ranks' value and stats bytes.
+
+    ``values[output][rank]`` and ``stats[rank]`` are spans from :func:`done_spans`, copied
+    verbatim; ``metas`` were checked as ``dict[int, str]`` on decoding and are packed here.
+    It decodes to ``JobResult(job, values, None, False, stats, metas)``; None when the
+    header would exceed ``MAX_HEADER_BYTES`` (the codec then says why).
+    """
+    parts = [bytes([0x90 | _RESULT_ITEMS]), _RESULT_TAG, msgpack.packb(job)]
+    parts.append(_map_header(len(values)))
+    for index, by_rank in values.items():
+        parts += (msgpack.packb(index), _map_header(len(by_rank)))
+        for rank, value in by_rank.items():
+            parts += (msgpack.packb(rank), value)
+    parts += (_NONE, _FALSE, _map_header(len(stats)))
+    for rank, raw in stats.items():
+        parts += (msgpack.packb(rank), raw)
+    parts.append(msgpack.packb(metas))
+    header = b"".join(parts)
+    if len(header) > MAX_HEADER_BYTES:
+        return None
+    return [MAGIC_FRAME, header]
