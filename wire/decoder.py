@@ -110,10 +110,16 @@ class Decoder:
     ``safe=True`` refuses pickles (a ProtocolError; the payload is never loaded).
     """
 
-    __slots__ = ("bufs", "containers", "depth", "safe", "taken", "unpickle", "used")
+    __slots__ = ("bufs", "containers", "counting", "depth", "safe", "taken", "unpickle", "used")
 
-    def __init__(self, bufs: Sequence[Any], unpickle: bool, safe: bool = False) -> None:
+    def __init__(
+        self, bufs: Sequence[Any], unpickle: bool, safe: bool = False, header_len: int = -1
+    ) -> None:
         self.bufs = bufs
+        # Every list or dict takes at least one byte of the header, so a header shorter
+        # than MAX_CONTAINERS cannot build that many: it is decoded without a Python call
+        # per container (msgpack's hooks), and its nesting is checked by its bytes instead.
+        self.counting = not 0 <= header_len < MAX_CONTAINERS
         self.used = [False] * len(bufs)
         self.taken: list[Any] = []  # buffers in the order the header references them
         self.unpickle = unpickle
@@ -125,6 +131,21 @@ class Decoder:
         if self.depth >= MAX_DEPTH:
             raise ProtocolError(f"value nested deeper than {MAX_DEPTH} levels")
         self.depth += 1
+        if not self.counting:
+            try:
+                items = msgpack.unpackb(
+                    data,
+                    ext_hook=self.ext,
+                    strict_map_key=False,
+                    raw=False,
+                    max_array_len=MAX_HEADER_ITEMS,
+                    max_map_len=MAX_HEADER_ITEMS,
+                )
+            finally:
+                self.depth -= 1
+            if len(data) >= MAX_NESTING:  # each level of nesting takes a byte at least
+                check_nesting(items)
+            return items
         built = self.containers
         try:
             items = msgpack.unpackb(
