@@ -157,3 +157,12 @@ def test_messages_with_buffer_frames_take_the_ordinary_path() -> None:
     small = exec_spans(encode(Exec("s", "j", "d", (0, 1), {0: [Lit(3)]}, (0,), 1.5)))
     assert small is not None
     assert decode(exec_for_rank(small, 1)) == Exec("s", "j", "d", (0, 1), {}, (0,), 1.5)
+
+
+def test_an_unexpected_layout_leaves_the_next_message_readable() -> None:
+    """A header that is not the layout expected is refused without spoiling the reader
+    kept for the next one (it holds what it was fed)."""
+    assert done_spans([MAGIC_FRAME, msgpack.packb(["done", "s", "j", 0, {0: 1}])]) is None
+    assert done_spans([MAGIC_FRAME, msgpack.packb([1, 2, 3, 4, 5, 6, 7, 8])]) is None
+    spans = done_spans(encode(Done("s", "j", 0, {3: "v"})))
+    assert spans is not None and spans.values == {3: msgpack.packb("v")}

@@ -17,6 +17,7 @@ None and the caller encodes as before.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,34 +35,51 @@ _RESULT_TAG = msgpack.packb("result")
 _NONE, _FALSE = msgpack.packb(None), msgpack.packb(False)
 
 
-def _unpacker(header: bytes) -> Any:
-    unpacker = msgpack.Unpacker(
-        None,
-        raw=False,
-        strict_map_key=False,
-        max_buffer_size=max(len(header), 1),
-        max_array_len=MAX_HEADER_ITEMS,
-        max_map_len=MAX_HEADER_ITEMS,
-    )
+_tls = threading.local()
+
+
+def _unpacker(header: bytes) -> tuple[Any, int]:
+    """This thread's reusable Unpacker fed with ``header``, and its offset there (``tell()``
+    counts every byte it was ever fed). Making one costs more than reading a Done header."""
+    unpacker = getattr(_tls, "unpacker", None)
+    if unpacker is None:
+        unpacker = _tls.unpacker = msgpack.Unpacker(
+            None,
+            raw=False,
+            strict_map_key=False,
+            max_buffer_size=MAX_HEADER_BYTES,
+            max_array_len=MAX_HEADER_ITEMS,
+            max_map_len=MAX_HEADER_ITEMS,
+        )
+    base = unpacker.tell()
     unpacker.feed(header)
-    return unpacker
+    return unpacker, base
 
 
-def _map_spans(unpacker: Any, header: bytes) -> dict[int, bytes]:
+def _finished(unpacker: Any, base: int, header: bytes) -> bool:
+    """Whether the header was read to its end; if not, the Unpacker is dropped (it still
+    holds the rest), and the caller takes the ordinary path."""
+    if unpacker.tell() - base == len(header):
+        return True
+    _tls.unpacker = None
+    return False
+
+
+def _map_spans(unpacker: Any, header: bytes, base: int) -> dict[int, bytes]:
     """The next value is a map with int keys: each entry's value as the bytes it came in."""
     spans: dict[int, bytes] = {}
     for _ in range(unpacker.read_map_header()):
         key = unpacker.unpack()
-        start = unpacker.tell()
+        start = unpacker.tell() - base
         unpacker.skip()
-        spans[key] = header[start : unpacker.tell()]
+        spans[key] = header[start : unpacker.tell() - base]
     return spans
 
 
-def _span(unpacker: Any, header: bytes) -> bytes:
-    start = unpacker.tell()
+def _span(unpacker: Any, header: bytes, base: int) -> bytes:
+    start = unpacker.tell() - base
     unpacker.skip()
-    return header[start : unpacker.tell()]
+    return header[start : unpacker.tell() - base]
 
 
 def _map_header(n: int) -> bytes:
@@ -96,18 +114,21 @@ def exec_spans(frames: Sequence[Any]) -> ExecSpans | None:
     header = _header_only(frames)
     if header is None:
         return None
+    unpacker, base = _unpacker(header)
+    cut = None
     try:
-        unpacker = _unpacker(header)
-        if unpacker.read_array_header() != _EXEC_ITEMS:
-            return None
-        for _ in range(5):  # tag, session, job, digest, ranks
-            unpacker.skip()
-        start = unpacker.tell()
-        bindings = _map_spans(unpacker, header)
-        end = unpacker.tell()
+        if unpacker.read_array_header() == _EXEC_ITEMS:
+            for _ in range(5):  # tag, session, job, digest, ranks
+                unpacker.skip()
+            start = unpacker.tell() - base
+            bindings = _map_spans(unpacker, header, base)
+            end = unpacker.tell() - base
+            unpacker.skip()  # inline
+            unpacker.skip()  # timeout_s
+            cut = ExecSpans(header[:start], bindings, header[end:])
     except Exception:  # any surprise: the caller encodes the ordinary way
-        return None
-    return ExecSpans(header[:start], bindings, header[end:])
+        cut = None
+    return cut if _finished(unpacker, base, header) else None
 
 
 def exec_for_rank(spans: ExecSpans, rank: int) -> list[bytes]:
@@ -132,17 +153,19 @@ def done_spans(frames: Sequence[Any]) -> DoneSpans | None:
     header = _header_only(frames)
     if header is None:
         return None
+    unpacker, base = _unpacker(header)
+    cut = None
     try:
-        unpacker = _unpacker(header)
-        if unpacker.read_array_header() != _DONE_ITEMS:
-            return None
-        for _ in range(4):  # tag, session, job, rank
-            unpacker.skip()
-        values = _map_spans(unpacker, header)
-        stats = _span(unpacker, header)
+        if unpacker.read_array_header() == _DONE_ITEMS:
+            for _ in range(4):  # tag, session, job, rank
+                unpacker.skip()
+            values = _map_spans(unpacker, header, base)
+            stats = _span(unpacker, header, base)
+            unpacker.skip()  # metas
+            cut = DoneSpans(values, stats)
     except Exception:
-        return None
-    return DoneSpans(values, stats)
+        cut = None
+    return cut if _finished(unpacker, base, header) else None
 
 
 def result_frames(
