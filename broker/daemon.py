@@ -23,7 +23,7 @@ import zmq
 from mpl.broker.ledger import JobLedger
 from mpl.broker.state import BrokerState, Send
 from mpl.wire.cluster import ClusterSpec
-from mpl.wire.codec import decode, encode, frames_nbytes
+from mpl.wire.codec import decode, encode
 from mpl.wire.control import HEARTBEAT_S, Bye, Directory, Heartbeat, Refused
 from mpl.wire.curve import BROKER_DOMAIN, Curve, broker_admits
 from mpl.wire.errors import ProtocolError
@@ -158,7 +158,8 @@ class Broker:
                 self._fd_peer[fd] = peer
                 self._peer_fd[peer] = fd
         now = time.monotonic()
-        self.state.counters["bytes_routed"] += frames_nbytes(frames[1:])
+        # received frames: len() is their size in bytes
+        self.state.counters["bytes_routed"] += sum(map(len, frames)) - len(frames[0])
         msg: Record | None = None
         try:  # one message's failure stays that message's failure
             try:
@@ -219,32 +220,37 @@ class Broker:
 
     def _perform(self, actions: list[Send], logged: bool = False) -> None:
         encoded: dict[int, list[Any]] = {}  # broadcasts are encoded once
-        pending = list(actions)
+        pending = actions
         while pending:
-            action = pending.pop(0)
-            self._observe(action, logged)
-            frames = action.raw
-            if frames is None:
-                frames = encoded.get(id(action.msg))
+            more: list[Send] = []
+            for action in pending:
+                self._observe(action, logged)
+                frames = action.raw
                 if frames is None:
-                    frames = encoded[id(action.msg)] = encode(action.msg)
-            try:
-                send_frames(self.router, [action.peer, *frames])
-            except zmq.ZMQError as exc:
-                if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
-                    raise
-                # unroutable: the peer is gone (or stuck); its calls fail back to their senders
-                routine = isinstance(action.msg, (Heartbeat, Directory))
-                log.log(
-                    logging.INFO if routine else logging.WARNING,
-                    "cannot deliver %s to %s: %s",
-                    action.msg.TAG,
-                    action.peer.hex(),
-                    exc,
-                )
-                if not routine:
-                    self.state.errors.append(f"undeliverable {action.msg.TAG}: {exc.strerror}")
-                pending += self.state.disconnected(action.peer, time.monotonic())
+                    frames = encoded.get(id(action.msg))
+                    if frames is None:
+                        frames = encoded[id(action.msg)] = encode(action.msg)
+                try:
+                    send_frames(self.router, [action.peer, *frames])
+                except zmq.ZMQError as exc:
+                    if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+                        raise
+                    more += self._undeliverable(action, exc)
+            pending = more
+
+    def _undeliverable(self, action: Send, exc: zmq.ZMQError) -> list[Send]:
+        """The peer is gone (or stuck): its calls fail back to their senders."""
+        routine = isinstance(action.msg, (Heartbeat, Directory))
+        log.log(
+            logging.INFO if routine else logging.WARNING,
+            "cannot deliver %s to %s: %s",
+            action.msg.TAG,
+            action.peer.hex(),
+            exc,
+        )
+        if not routine:
+            self.state.errors.append(f"undeliverable {action.msg.TAG}: {exc.strerror}")
+        return self.state.disconnected(action.peer, time.monotonic())
 
     def _say_goodbye(self) -> None:
         bye: Record = Bye("broker shutting down")
