@@ -1,9 +1,15 @@
-"""The broker's ZeroMQ shell: one ROUTER socket, one poll loop, no blocking calls.
+"""The broker's ZeroMQ shell: one ROUTER socket, one loop, no call that blocks longer
+than a timer tick.
 
-It decodes each message (never unpickling: payloads pass through opaque), feeds it to
-:class:`BrokerState` and sends what the state asks for. A socket monitor reports closed
-TCP connections; the identity frame's source fd maps them back to a peer, so a killed
-worker is noticed in milliseconds rather than after 3 missed heartbeats.
+It receives one message at a time (a blocking receive bounded by the timer tick: a
+message already queued costs no system call), decodes it (never unpickling: payloads pass
+through opaque), feeds it to :class:`BrokerState` and sends what the state asks for. What
+the state only forwards goes out as the frames it came in, or as headers spliced from them
+(``mpl.wire.hot``): an Exec to n ranks is never encoded n times, nor Done values again.
+
+A socket monitor reports closed TCP connections; the identity frame's source fd maps them
+back to a peer, so a killed worker is noticed in milliseconds rather than after 3 missed
+heartbeats.
 
 In secure mode (``curve``) the ROUTER is a CURVE server: a :class:`Gatekeeper` admits only
 the workers and drivers the broker's spec pins, and each message goes to the state with
