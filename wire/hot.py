@@ -181,16 +181,17 @@ def result_frames(
     It decodes to ``JobResult(job, values, None, False, stats, metas)``; None when the
     header would exceed ``MAX_HEADER_BYTES`` (the codec then says why).
     """
-    parts = [bytes([0x90 | _RESULT_ITEMS]), _RESULT_TAG, msgpack.packb(job)]
+    pack = msgpack.Packer(use_bin_type=True).pack  # one Packer, not one per packb call
+    parts = [bytes([0x90 | _RESULT_ITEMS]), _RESULT_TAG, pack(job)]
     parts.append(_map_header(len(values)))
     for index, by_rank in values.items():
-        parts += (msgpack.packb(index), _map_header(len(by_rank)))
+        parts += (pack(index), _map_header(len(by_rank)))
         for rank, value in by_rank.items():
-            parts += (msgpack.packb(rank), value)
+            parts += (pack(rank), value)
     parts += (_NONE, _FALSE, _map_header(len(stats)))
     for rank, raw in stats.items():
-        parts += (msgpack.packb(rank), raw)
-    parts.append(msgpack.packb(metas))
+        parts += (pack(rank), raw)
+    parts.append(pack(metas))
     header = b"".join(parts)
     if len(header) > MAX_HEADER_BYTES:
         return None
