@@ -20,7 +20,7 @@ from mpl.broker.daemon import Broker
 from mpl.wire import GraphBuilder
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import MAGIC_FRAME, decode, encode
-from mpl.wire.control import Welcome, WorkerHello
+from mpl.wire.control import Heartbeat, Welcome, WorkerHello
 from mpl.wire.hot import done_spans, exec_for_rank, exec_spans, result_frames
 from mpl.wire.jobs import Done, Exec, JobResult, Lit, Program
 from mpl.wire.record import Record
@@ -166,3 +166,32 @@ def test_an_unexpected_layout_leaves_the_next_message_readable() -> None:
     assert done_spans([MAGIC_FRAME, msgpack.packb([1, 2, 3, 4, 5, 6, 7, 8])]) is None
     spans = done_spans(encode(Done("s", "j", 0, {3: "v"})))
     assert spans is not None and spans.values == {3: msgpack.packb("v")}
+
+
+def test_the_broker_handles_every_queued_message_before_its_timers() -> None:
+    """A worker's heartbeat queued behind other messages must count before the silence
+    check runs: the timers wait until the queue is drained (a broker that was descheduled
+    for a while must not declare the worker that kept talking lost)."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    broker = Broker(ClusterSpec.simple(2), "inproc://hot-turn", context=ctx)
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(broker.address)
+        beat = encode(Heartbeat())
+        for _ in range(3):  # inproc: queued at the broker once send returns
+            sock.send_multipart(beat)
+        routed_at_tick: list[int] = []
+        tick = broker.state.tick
+
+        def spy(now: float) -> list[Any]:
+            routed_at_tick.append(broker.state.counters["bytes_routed"])
+            return tick(now)
+
+        broker.state.tick = spy  # type: ignore[method-assign]
+        broker._turn(0.0)
+        assert routed_at_tick == [3 * sum(len(f) for f in beat)]
+    finally:
+        sock.close(linger=0)
+        broker.close()
+        ctx.term()
