@@ -1,9 +1,9 @@
 """The broker's ZeroMQ shell: one ROUTER socket, one loop, no call that blocks longer
 than a timer tick.
 
-It waits for a message with a blocking receive bounded by the timer tick, then takes what
-is queued behind it without blocking (a queued message costs no system call), and runs the
-timers once the queue is drained. Each message it decodes (never unpickling: payloads pass
+It takes one message at a time with a blocking receive bounded by the timer tick (a
+message already queued costs no system call); when the timers are due, it first handles
+everything queued, then runs them. Each message it decodes (never unpickling: payloads pass
 through opaque), feeds to :class:`BrokerState`, and sends what the state asks for. What
 the state only forwards goes out as the frames it came in, or as headers spliced from them
 (``mpl.wire.hot``): an Exec to n ranks is never encoded n times, nor Done values again.
@@ -39,7 +39,7 @@ from mpl.wire.identity import frame_identity
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
 from mpl.wire.snapshot import SnapshotSlot
-from mpl.wire.sockets import MAX_MESSAGE, NOBLOCK, configure, drain, recv_frames, send_frames
+from mpl.wire.sockets import MAX_MESSAGE, configure, drain, recv_frames, send_frames
 from mpl.wire.zap import Gatekeeper
 
 __all__ = ["Broker"]
@@ -47,7 +47,7 @@ __all__ = ["Broker"]
 log = logging.getLogger("mpl.broker")
 _TICK_S = 0.05  # timers and disconnect events run this often; it also bounds a stop's wait
 _TICK_MS = int(_TICK_S * 1000)
-_BATCH = 256  # messages handled per wake-up before timers get a turn
+_BATCH = 256  # queued messages handled before the timers, at most
 
 
 class Broker:
@@ -125,33 +125,27 @@ class Broker:
             self.close()
 
     def _turn(self, next_tick: float) -> float:
-        """One wake-up: wait for a message (at most RCVTIMEO), handle it and every message
-        already queued behind it (up to _BATCH), then the timers if due. Returns when the
-        timers are next due.
+        """One wake-up: wait for a message (at most RCVTIMEO) and handle it; then, if the
+        timers are due, handle every message queued (up to _BATCH) and run them. Returns
+        when the timers are next due.
 
-        A blocking receive, then non-blocking ones until the queue is empty: a queued
-        message costs no system call, where a poll per wake-up and an event check per
-        message cost two to three each. The timers run only once the queue is drained, so
-        a worker whose heartbeat waits in it is never declared silent (after the broker
-        was descheduled for a while, say).
+        A blocking receive of a message already queued costs no system call, where a poll
+        per wake-up and an event check per message cost two to three each. The queue is
+        drained before the timers, so a worker whose heartbeat waits in it is never
+        declared silent (after the broker was descheduled for a while, say).
         """
         try:
             frames: list[Any] | None = recv_frames(self.router)
         except zmq.Again:
             frames = None
-        handled = 0
-        while frames is not None:
+        if frames is not None:
             self._route(frames)
-            handled += 1
-            if handled >= _BATCH:
-                break
-            try:
-                frames = recv_frames(self.router, NOBLOCK)
-            except zmq.Again:
-                frames = None
         now = time.monotonic()
         if now < next_tick:
             return next_tick
+        for frames in drain(self.router, _BATCH):
+            self._route(frames)
+        now = time.monotonic()
         try:
             if self.monitor is not None:
                 self._drain_monitor()
