@@ -117,9 +117,10 @@ class Decoder:
     ) -> None:
         self.bufs = bufs
         # Every list or dict takes at least one byte of the header, so a header shorter
-        # than MAX_CONTAINERS cannot build that many: it is decoded without a Python call
-        # per container (msgpack's hooks), and its nesting is checked by its bytes instead.
-        self.counting = not 0 <= header_len < MAX_CONTAINERS
+        # than MAX_NESTING (< MAX_CONTAINERS) can neither nest nor build too many: it is
+        # decoded without msgpack's hooks (a Python call per container). Longer ones are
+        # counted: walking them for their nesting would cost more than the hooks.
+        self.counting = not 0 <= header_len < MAX_NESTING
         self.used = [False] * len(bufs)
         self.taken: list[Any] = []  # buffers in the order the header references them
         self.unpickle = unpickle
@@ -143,8 +144,6 @@ class Decoder:
                 )
             finally:
                 self.depth -= 1
-            if len(data) >= MAX_NESTING:  # each level of nesting takes a byte at least
-                check_nesting(items)
             return items
         built = self.containers
         try:
