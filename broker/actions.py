@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from mpl.wire.record import Record
 
 __all__ = ["Send"]
 
 
-@dataclass(frozen=True)
-class Send:
+class Send(NamedTuple):
     """Send ``msg`` to the peer with routing identity ``peer``.
 
     ``raw``, when given, holds the frames ``msg`` arrived in: the shell forwards them as they
-    are instead of encoding ``msg`` again.
+    are instead of encoding ``msg`` again. A tuple: the broker makes several per message.
     """
 
     peer: bytes

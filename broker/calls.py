@@ -32,6 +32,10 @@ class JobCall(Call):
     metas: dict[int, str] = field(default_factory=dict)
     progress_sent: dict[int, float] = field(default_factory=dict)  # rank -> last forwarded
     saved: dict[str, dict[int, SymbolInfo]] = field(default_factory=dict)  # name -> reports
+    # The ranks' Done values and stats as the bytes they came in (mpl.wire.hot), spliced
+    # into the JobResult; None once a Done came with buffer frames (then it is encoded).
+    raw_values: dict[int, dict[int, bytes]] | None = field(default_factory=dict)
+    raw_stats: dict[int, bytes] = field(default_factory=dict)
 
 
 @dataclass

@@ -1,9 +1,16 @@
-"""The broker's ZeroMQ shell: one ROUTER socket, one poll loop, no blocking calls.
+"""The broker's ZeroMQ shell: one ROUTER socket, one loop, no call that blocks longer
+than a timer tick.
 
-It decodes each message (never unpickling: payloads pass through opaque), feeds it to
-:class:`BrokerState` and sends what the state asks for. A socket monitor reports closed
-TCP connections; the identity frame's source fd maps them back to a peer, so a killed
-worker is noticed in milliseconds rather than after 3 missed heartbeats.
+It takes one message at a time with a blocking receive bounded by the timer tick (a
+message already queued costs no system call); when the timers are due, it first handles
+everything queued, then runs them. Each message it decodes (never unpickling: payloads pass
+through opaque), feeds to :class:`BrokerState`, and sends what the state asks for. What
+the state only forwards goes out as the frames it came in, or as headers spliced from them
+(``mpl.wire.hot``): an Exec to n ranks is never encoded n times, nor Done values again.
+
+A socket monitor reports closed TCP connections; the identity frame's source fd maps them
+back to a peer, so a killed worker is noticed in milliseconds rather than after 3 missed
+heartbeats.
 
 In secure mode (``curve``) the ROUTER is a CURVE server: a :class:`Gatekeeper` admits only
 the workers and drivers the broker's spec pins, and each message goes to the state with
@@ -23,7 +30,7 @@ import zmq
 from mpl.broker.ledger import JobLedger
 from mpl.broker.state import BrokerState, Send
 from mpl.wire.cluster import ClusterSpec
-from mpl.wire.codec import decode, encode, frames_nbytes
+from mpl.wire.codec import decode, encode
 from mpl.wire.control import HEARTBEAT_S, Bye, Directory, Heartbeat, Refused
 from mpl.wire.curve import BROKER_DOMAIN, Curve, broker_admits
 from mpl.wire.errors import ProtocolError
@@ -32,14 +39,15 @@ from mpl.wire.identity import frame_identity
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
 from mpl.wire.snapshot import SnapshotSlot
-from mpl.wire.sockets import MAX_MESSAGE, configure, drain, poll_in, send_frames
+from mpl.wire.sockets import MAX_MESSAGE, configure, drain, recv_frames, send_frames
 from mpl.wire.zap import Gatekeeper
 
 __all__ = ["Broker"]
 
 log = logging.getLogger("mpl.broker")
 _TICK_S = 0.05  # timers and disconnect events run this often; it also bounds a stop's wait
-_BATCH = 256  # messages handled per wake-up before timers get a turn
+_TICK_MS = int(_TICK_S * 1000)
+_BATCH = 256  # queued messages handled before the timers, at most
 
 
 class Broker:
@@ -107,27 +115,45 @@ class Broker:
 
     def serve_forever(self) -> None:
         log.info("broker %s serving %s", self.state.broker_id, self.address)
+        self.router.setsockopt(zmq.RCVTIMEO, _TICK_MS)
         next_tick = 0.0
         try:
             while not self._stopping.is_set():
-                # Only the ROUTER is polled on the hot path; socket-monitor events (closed
-                # connections) are read with the timers, at least every _TICK_S.
-                wait = max(0.0, min(next_tick - time.monotonic(), _TICK_S))
-                if poll_in(self.router, int(wait * 1000) + 1):
-                    self._drain_router()
-                now = time.monotonic()
-                if now >= next_tick:
-                    try:
-                        if self.monitor is not None:
-                            self._drain_monitor()
-                        self._perform(self.state.tick(now))
-                        self.snapshots.serve(self._snapshot)
-                    except Exception as exc:
-                        self._contain(None, None, exc)
-                    next_tick = time.monotonic() + min(_TICK_S, self.state.heartbeat_s / 4)
+                next_tick = self._turn(next_tick)
             self._say_goodbye()
         finally:
             self.close()
+
+    def _turn(self, next_tick: float) -> float:
+        """One wake-up: wait for a message (at most RCVTIMEO) and handle it; then, if the
+        timers are due, handle every message queued (up to _BATCH) and run them. Returns
+        when the timers are next due.
+
+        A blocking receive of a message already queued costs no system call, where a poll
+        per wake-up and an event check per message cost two to three each. The queue is
+        drained before the timers, so a worker whose heartbeat waits in it is never
+        declared silent (after the broker was descheduled for a while, say).
+        """
+        try:
+            frames: list[Any] | None = recv_frames(self.router)
+        except zmq.Again:
+            frames = None
+        if frames is not None:
+            self._route(frames)
+        now = time.monotonic()
+        if now < next_tick:
+            return next_tick
+        for frames in drain(self.router, _BATCH):
+            self._route(frames)
+        now = time.monotonic()
+        try:
+            if self.monitor is not None:
+                self._drain_monitor()
+            self._perform(self.state.tick(now))
+            self.snapshots.serve(self._snapshot)
+        except Exception as exc:
+            self._contain(None, None, exc)
+        return time.monotonic() + min(_TICK_S, self.state.heartbeat_s / 4)
 
     def close(self) -> None:
         if self._closed:
@@ -143,29 +169,30 @@ class Broker:
             self.ctx.term()
 
     # -- loop body ------------------------------------------------------------------------
-    def _drain_router(self) -> None:
-        for frames in drain(self.router, _BATCH):
-            peer = frames[0].bytes
-            if peer not in self._peer_fd and self.monitor is not None:
-                fd = frames[0].get(zmq.SRCFD)
-                if fd >= 0:
-                    self._fd_peer[fd] = peer
-                    self._peer_fd[peer] = fd
-            now = time.monotonic()
-            self.state.counters["bytes_routed"] += frames_nbytes(frames[1:])
-            msg: Record | None = None
-            try:  # one message's failure stays that message's failure
-                try:
-                    msg = decode(frames[1:], unpickle=False)
-                except ProtocolError as exc:
-                    self.refusals.refused(peer.hex(), f"bad message: {exc}")
-                    self._perform(self.state.protocol_error(peer, exc), logged=True)
-                    continue
-                who = frame_identity(frames[1]) if self.secure else None
-                self.ledger.received(msg)
-                self._perform(self.state.handle(peer, msg, now, frames[1:], who=who))
-            except Exception as exc:
-                self._contain(peer, msg, exc)
+    def _route(self, frames: list[Any]) -> None:
+        """Decode one message from the ROUTER, hand it to the state, send what it asks."""
+        peer = frames[0].bytes
+        if self.monitor is not None and peer not in self._peer_fd:
+            fd = frames[0].get(zmq.SRCFD)
+            if fd >= 0:
+                self._fd_peer[fd] = peer
+                self._peer_fd[peer] = fd
+        now = time.monotonic()
+        # received frames: len() is their size in bytes
+        self.state.counters["bytes_routed"] += sum(map(len, frames)) - len(frames[0])
+        msg: Record | None = None
+        try:  # one message's failure stays that message's failure
+            try:
+                msg = decode(frames[1:], unpickle=False)
+            except ProtocolError as exc:
+                self.refusals.refused(peer.hex(), f"bad message: {exc}")
+                self._perform(self.state.protocol_error(peer, exc), logged=True)
+                return
+            who = frame_identity(frames[1]) if self.secure else None
+            self.ledger.received(msg)
+            self._perform(self.state.handle(peer, msg, now, frames[1:], who=who))
+        except Exception as exc:
+            self._contain(peer, msg, exc)
 
     def _contain(self, peer: bytes | None, msg: Record | None, exc: Exception) -> None:
         """Count and log a failure, and answer the sender if it waits for an answer."""
@@ -213,32 +240,37 @@ class Broker:
 
     def _perform(self, actions: list[Send], logged: bool = False) -> None:
         encoded: dict[int, list[Any]] = {}  # broadcasts are encoded once
-        pending = list(actions)
+        pending = actions
         while pending:
-            action = pending.pop(0)
-            self._observe(action, logged)
-            frames = action.raw
-            if frames is None:
-                frames = encoded.get(id(action.msg))
+            more: list[Send] = []
+            for action in pending:
+                self._observe(action, logged)
+                frames = action.raw
                 if frames is None:
-                    frames = encoded[id(action.msg)] = encode(action.msg)
-            try:
-                send_frames(self.router, [action.peer, *frames])
-            except zmq.ZMQError as exc:
-                if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
-                    raise
-                # unroutable: the peer is gone (or stuck); its calls fail back to their senders
-                routine = isinstance(action.msg, (Heartbeat, Directory))
-                log.log(
-                    logging.INFO if routine else logging.WARNING,
-                    "cannot deliver %s to %s: %s",
-                    action.msg.TAG,
-                    action.peer.hex(),
-                    exc,
-                )
-                if not routine:
-                    self.state.errors.append(f"undeliverable {action.msg.TAG}: {exc.strerror}")
-                pending += self.state.disconnected(action.peer, time.monotonic())
+                    frames = encoded.get(id(action.msg))
+                    if frames is None:
+                        frames = encoded[id(action.msg)] = encode(action.msg)
+                try:
+                    send_frames(self.router, [action.peer, *frames])
+                except zmq.ZMQError as exc:
+                    if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+                        raise
+                    more += self._undeliverable(action, exc)
+            pending = more
+
+    def _undeliverable(self, action: Send, exc: zmq.ZMQError) -> list[Send]:
+        """The peer is gone (or stuck): its calls fail back to their senders."""
+        routine = isinstance(action.msg, (Heartbeat, Directory))
+        log.log(
+            logging.INFO if routine else logging.WARNING,
+            "cannot deliver %s to %s: %s",
+            action.msg.TAG,
+            action.peer.hex(),
+            exc,
+        )
+        if not routine:
+            self.state.errors.append(f"undeliverable {action.msg.TAG}: {exc.strerror}")
+        return self.state.disconnected(action.peer, time.monotonic())
 
     def _say_goodbye(self) -> None:
         bye: Record = Bye("broker shutting down")

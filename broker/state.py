@@ -16,7 +16,8 @@ Every message is judged by who really sent it, never by a field the sender wrote
   identity; a ``sym:`` value is read only once loaded into the caller's own session.
 
 Families of handlers live beside it, each a small class over this state: names
-(``names.py``), fetches and deletes (``data.py``), listings (``listing.py``); the checks
+(``names.py``), fetches and deletes (``data.py``), listings (``listing.py``), programs
+(``program_store.py``); the checks
 they share are ``access.py`` and ``admission.py``.
 """
 
@@ -36,6 +37,7 @@ from mpl.broker.job_saves import JobSaves
 from mpl.broker.listing import Listing
 from mpl.broker.names import Names
 from mpl.broker.persisted import PersistedTable
+from mpl.broker.program_store import ProgramStore
 from mpl.broker.registry import Registry, WorkerEntry
 from mpl.broker.session_runtime import SessionRuntimes
 from mpl.broker.sessions import SessionTable, session_spec
@@ -54,6 +56,7 @@ from mpl.wire.control import (
 )
 from mpl.wire.data import Delete, Fetch
 from mpl.wire.errors import RegistrationError
+from mpl.wire.hot import done_spans, exec_for_rank, exec_spans, result_frames
 from mpl.wire.identity import node_identity, rank_of
 from mpl.wire.jobs import (
     Abort,
@@ -68,7 +71,6 @@ from mpl.wire.jobs import (
 from mpl.wire.limits import (
     BROKER_PROGRAM_BYTES,
     MAX_PERSISTED_NAMES,
-    MAX_PROGRAM_BYTES,
     check_ranks,
 )
 from mpl.wire.lru import LRU, SizedLRU
@@ -141,6 +143,7 @@ class BrokerState:
         self.job_saves = JobSaves(self)
         self.data = DataCalls(self)
         self.listing = Listing(self)
+        self.program_store = ProgramStore(self)
         self.runtimes = SessionRuntimes(self)
         self._next_beat = now
         self._handlers: dict[
@@ -152,7 +155,7 @@ class BrokerState:
             Bye: self._on_bye,
             OpenSession: self._on_open,
             CloseSession: self._on_close,
-            Program: self._on_program,
+            Program: self.program_store.on_program,
             Exec: self._on_exec,
             Done: self._on_done,
             Failed: self._on_failed,
@@ -209,6 +212,8 @@ class BrokerState:
                 self.drivers[peer] = now
         if isinstance(msg, Exec):
             return self._on_exec(peer, msg, now, who, raw)
+        if isinstance(msg, Done):
+            return self._on_done(peer, msg, now, who, raw)
         return handler(peer, msg, now, who)
 
     def protocol_error(self, peer: bytes, error: Exception) -> list[Send]:
@@ -386,41 +391,6 @@ class BrokerState:
         return out
 
     # -- jobs -----------------------------------------------------------------------------
-    def _on_program(
-        self, peer: bytes, msg: Program, now: float, who: str | None = None
-    ) -> list[Send]:
-        identity = self.access.driver(peer, who)
-        if identity is None:
-            return []
-        # Decoded graphs carry the digest of their bytes. A sealed program (secure mode) has
-        # no graph in the clear: its recipient checks the digest once it has opened it.
-        if msg.graph is not None and msg.graph.digest != msg.digest:
-            self.counters["protocol_errors"] += 1
-            return [
-                self._refuse(
-                    peer,
-                    "ProtocolError",
-                    f"program sent as {msg.digest} has digest {msg.graph.digest}: refused",
-                )
-            ]
-        # what one worker would cache (sealed: each rank's box), and all the broker keeps
-        largest = max((program_nbytes(msg, r) for r in msg.sealed), default=0)
-        if msg.graph is not None:
-            largest = program_nbytes(msg)
-        if largest > MAX_PROGRAM_BYTES:
-            self.counters["protocol_errors"] += 1
-            return [
-                self._refuse(
-                    peer,
-                    "ProtocolError",
-                    f"program {msg.digest} of {largest} bytes exceeds MAX_PROGRAM_BYTES "
-                    f"({MAX_PROGRAM_BYTES}): refused",
-                )
-            ]
-        self.programs.put((identity, msg.digest), msg, program_nbytes(msg))
-        self.program_used[(identity, msg.digest)] = now
-        return []
-
     def _on_exec(
         self, peer: bytes, msg: Exec, now: float, who: str | None = None, raw: Any = None
     ) -> list[Send]:
@@ -455,7 +425,10 @@ class BrokerState:
         session.jobs.add(msg.job)
         # A rank must see only its own bindings (host values are private to their party).
         # When no other rank's bindings are in the message, it goes out as it came.
+        # Otherwise each rank's Exec is the arrived header with the other ranks' bindings cut
+        # out (mpl.wire.hot), or, when the message has buffer frames, encoded anew.
         shared = set(msg.bindings) <= {msg.ranks[0]} if len(msg.ranks) == 1 else not msg.bindings
+        spans = None if shared or raw is None else exec_spans(raw)
         out: list[Send] = []
         for entry in workers:
             if entry.needs_program(msg.digest, program_nbytes(program, entry.rank)):
@@ -467,7 +440,8 @@ class BrokerState:
             forwarded = Exec(
                 msg.session, msg.job, msg.digest, msg.ranks, mine, msg.inline, msg.timeout_s
             )
-            out.append(Send(entry.peer, forwarded))
+            frames = None if spans is None else exec_for_rank(spans, entry.rank)
+            out.append(Send(entry.peer, forwarded, frames))
         return out
 
     def _absent(self, rank: int, job: str = "") -> ErrorInfo:
@@ -477,7 +451,9 @@ class BrokerState:
             "WorkerLostError", f"rank {rank} has no live worker ({why})", rank=rank, job=job
         )
 
-    def _on_done(self, peer: bytes, msg: Done, now: float, who: str | None = None) -> list[Send]:
+    def _on_done(
+        self, peer: bytes, msg: Done, now: float, who: str | None = None, raw: Any = None
+    ) -> list[Send]:
         if not self.access.speaks_for(peer, who, msg.rank, msg.TAG):
             return []
         job = self.calls.jobs.get(msg.job)
@@ -493,6 +469,14 @@ class BrokerState:
         job.stats[msg.rank] = msg.stats
         for index, meta in msg.metas.items():
             job.metas.setdefault(index, meta)
+        if job.raw_values is not None:  # keep the bytes too, to forward them as they came
+            spans = None if raw is None else done_spans(raw)
+            if spans is None:
+                job.raw_values = None
+            else:
+                for index, value_bytes in spans.values.items():
+                    job.raw_values.setdefault(index, {})[msg.rank] = value_bytes
+                job.raw_stats[msg.rank] = spans.stats
         if job.pending:
             return []
         if job.saved and (refused := self.job_saves.complete(job)) is not None:
@@ -500,7 +484,11 @@ class BrokerState:
         del self.calls.jobs[msg.job]
         self._session_jobs_discard(job)
         self.counters["jobs_done"] += 1
-        return [Send(job.driver, JobResult(msg.job, job.values, stats=job.stats, metas=job.metas))]
+        result = JobResult(msg.job, job.values, stats=job.stats, metas=job.metas)
+        frames = None
+        if job.raw_values is not None:
+            frames = result_frames(msg.job, job.raw_values, job.raw_stats, job.metas)
+        return [Send(job.driver, result, frames)]
 
     def _on_failed(
         self, peer: bytes, msg: Failed, now: float, who: str | None = None

@@ -345,7 +345,7 @@ def decode(frames: Sequence[Any], *, unpickle: bool = True, safe: bool = False) 
         raise ProtocolError(f"bad magic frame {magic[:16]!r}: not an mpl message")
     if header_len > MAX_HEADER_BYTES:
         raise ProtocolError(f"header of {header_len} bytes exceeds {MAX_HEADER_BYTES}")
-    dec = Decoder(frames[2:], unpickle, safe)
+    dec = Decoder(frames[2:], unpickle, safe, header_len)
     try:
         items = dec.unpack(header)
         msg = build_record(items)

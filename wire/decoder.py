@@ -110,10 +110,17 @@ class Decoder:
     ``safe=True`` refuses pickles (a ProtocolError; the payload is never loaded).
     """
 
-    __slots__ = ("bufs", "containers", "depth", "safe", "taken", "unpickle", "used")
+    __slots__ = ("bufs", "containers", "counting", "depth", "safe", "taken", "unpickle", "used")
 
-    def __init__(self, bufs: Sequence[Any], unpickle: bool, safe: bool = False) -> None:
+    def __init__(
+        self, bufs: Sequence[Any], unpickle: bool, safe: bool = False, header_len: int = -1
+    ) -> None:
         self.bufs = bufs
+        # Every list or dict takes at least one byte of the header, so a header shorter
+        # than MAX_NESTING (< MAX_CONTAINERS) can neither nest nor build too many: it is
+        # decoded without msgpack's hooks (a Python call per container). Longer ones are
+        # counted: walking them for their nesting would cost more than the hooks.
+        self.counting = not 0 <= header_len < MAX_NESTING
         self.used = [False] * len(bufs)
         self.taken: list[Any] = []  # buffers in the order the header references them
         self.unpickle = unpickle
@@ -125,6 +132,19 @@ class Decoder:
         if self.depth >= MAX_DEPTH:
             raise ProtocolError(f"value nested deeper than {MAX_DEPTH} levels")
         self.depth += 1
+        if not self.counting:
+            try:
+                items = msgpack.unpackb(
+                    data,
+                    ext_hook=self.ext,
+                    strict_map_key=False,
+                    raw=False,
+                    max_array_len=MAX_HEADER_ITEMS,
+                    max_map_len=MAX_HEADER_ITEMS,
+                )
+            finally:
+                self.depth -= 1
+            return items
         built = self.containers
         try:
             items = msgpack.unpackb(

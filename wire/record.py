@@ -80,7 +80,7 @@ def record_class(tag: str) -> type[Record] | None:
 class _Spec:
     """What decoding needs to know about one record class, built once per class."""
 
-    __slots__ = ("checks", "names")
+    __slots__ = ("checks", "direct", "names")
 
     def __init__(self, cls: type[Any]) -> None:
         if not dataclasses.is_dataclass(cls):
@@ -88,6 +88,10 @@ class _Spec:
         hints = typing.get_type_hints(cls, include_extras=True)
         fields = dataclasses.fields(cls)
         self.names: tuple[str, ...] = tuple(f.name for f in fields)
+        # Decoded values are checked here, so a record can be filled in directly, without
+        # the generated __init__ and a guarded __setattr__ per field, unless the class does
+        # more on construction than storing its fields.
+        self.direct = not hasattr(cls, "__post_init__") and all(f.init for f in fields)
         # per field: (position, name, check, hint); fields that accept anything need no check
         self.checks: tuple[tuple[int, str, _Check, Any], ...] = tuple(
             (i, f.name, check, hints[f.name])
@@ -128,7 +132,11 @@ def record_from_fields(cls: type[R], values: Sequence[Any]) -> R:
                 f"record {cls.TAG!r} field {name!r}: expected {_show(hint)}, "
                 f"got {type(value).__name__}"
             )
-    return cls(*values)
+    if not spec.direct:
+        return cls(*values)
+    rec = object.__new__(cls)
+    rec.__dict__.update(zip(spec.names, values, strict=True))
+    return rec
 
 
 def _show(hint: Any) -> str:

@@ -1,0 +1,197 @@
+"""The broker's hot path: what it only forwards travels as the bytes it came in.
+
+A real broker (in-process, on a free loopback port) with raw DEALER sockets for the workers
+and the driver: the test writes the workers' answers by hand, so it can tell a verbatim
+copy from a re-encoding, and it counts what each socket gets.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from mpl.broker.daemon import Broker
+from mpl.wire import GraphBuilder
+from mpl.wire.cluster import ClusterSpec
+from mpl.wire.codec import MAGIC_FRAME, decode, encode
+from mpl.wire.control import Heartbeat, Welcome, WorkerHello
+from mpl.wire.hot import done_spans, exec_for_rank, exec_spans, result_frames
+from mpl.wire.jobs import Done, Exec, JobResult, Lit, Program
+from mpl.wire.record import Record
+from mpl.wire.sessions import OpenSession, SessionOpened
+
+# 1 as a uint64 (0xcf + 8 bytes): msgpack itself would write the one byte 0x01, so only a
+# copy of the worker's bytes keeps this form
+WIDE_ONE = b"\xcf" + (1).to_bytes(8, "big")
+
+
+class Raw:
+    def __init__(self, ctx: zmq.Context[Any], address: str) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+
+    def send(self, msg: Record) -> None:
+        self.sock.send_multipart(encode(msg))
+
+    def next(self, timeout: float = 10.0) -> list[bytes] | None:
+        if self.sock.poll(int(timeout * 1000)):
+            return self.sock.recv_multipart()
+        return None
+
+    def wait_for(self, kind: type[Record], timeout: float = 10.0) -> tuple[Record, list[bytes]]:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            frames = self.next(left)
+            if frames is not None and isinstance(msg := decode(frames, unpickle=False), kind):
+                return msg, frames
+        raise AssertionError(f"no {kind.__name__} in time")
+
+    def drain(self, seconds: float) -> list[Record]:
+        """Everything that arrives within ``seconds`` (a bound on what may still come)."""
+        got: list[Record] = []
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            frames = self.next(left)
+            if frames is not None:
+                got.append(decode(frames, unpickle=False))
+        return got
+
+
+@pytest.fixture
+def rig() -> Iterator[tuple[Broker, Any]]:
+    """A broker for 3 ranks, and a maker of raw sockets on it (all closed at the end)."""
+    broker = Broker(ClusterSpec.simple(3), "tcp://127.0.0.1:0").start()
+    ctx: zmq.Context[Any] = zmq.Context()
+    made: list[Raw] = []
+
+    def raw() -> Raw:
+        made.append(Raw(ctx, broker.address))
+        return made[-1]
+
+    yield broker, raw
+    for r in made:
+        r.sock.close(linger=0)
+    ctx.term()
+    broker.stop()
+    broker.join(5)
+
+
+def _done_by_hand(session: str, job: str, rank: int) -> list[bytes]:
+    """A Done with value 1 written as WIDE_ONE, and empty stats, metas and saved names."""
+    pack = msgpack.packb
+    header = b"".join(
+        (b"\x98", pack("done"), pack(session), pack(job), pack(rank), b"\x81", pack(0), WIDE_ONE)
+    )
+    return [MAGIC_FRAME, header + pack({}) + pack({}) + pack([])]
+
+
+def test_done_values_reach_the_driver_byte_for_byte_and_each_rank_gets_one_exec(
+    rig: tuple[Broker, Any],
+) -> None:
+    _, raw = rig
+    workers = [raw() for _ in range(3)]
+    for rank, w in enumerate(workers):
+        w.send(
+            WorkerHello(rank, f"inc{rank}", 100 + rank, "host", f"tcp://127.0.0.1:{rank + 9}", "")
+        )
+        w.wait_for(Welcome)
+    driver = raw()
+    driver.send(OpenSession(1, "", 60.0, "hot"))
+    opened, _ = driver.wait_for(SessionOpened)
+    assert isinstance(opened, SessionOpened)
+    b = GraphBuilder(3)
+    out = b.op("constant", [], ranks=(0, 1, 2), value=1)
+    graph = b.build(out)
+    driver.send(Program(graph.digest, graph))
+    # bindings for two ranks: each must get only its own, cut out of the driver's header
+    bindings: dict[int, Any] = {0: [Lit("zero")], 2: [Lit("two")]}
+    driver.send(Exec(opened.session, "hot-job", graph.digest, (0, 1, 2), bindings, (0,)))
+    for rank, w in enumerate(workers):
+        exe, _ = w.wait_for(Exec)
+        assert isinstance(exe, Exec)
+        assert exe.bindings == ({rank: bindings[rank]} if rank in bindings else {})
+        w.sock.send_multipart(_done_by_hand(opened.session, "hot-job", rank))
+    result, frames = driver.wait_for(JobResult)
+    assert isinstance(result, JobResult) and result.error is None
+    assert result.values == {0: {0: 1, 1: 1, 2: 1}}
+    assert frames[1].count(WIDE_ONE) == 3  # the workers' bytes, not a re-encoding
+    # one Exec per rank for the job, and nothing else about it
+    for w in workers:
+        late = [m for m in w.drain(0.3) if isinstance(m, Exec)]
+        assert late == []
+
+
+def test_spliced_result_decodes_as_the_encoded_one() -> None:
+    d0 = Done("s", "j", 0, {0: 1, 2: [1, "x", (2, 3)]}, {"started": 1.5, "run_s": 0.01}, {0: "i"})
+    d1 = Done("s", "j", 1, {0: 2.5, 2: None}, {"started": 1.6}, {2: "x"})
+    values: dict[int, dict[int, bytes]] = {}
+    stats: dict[int, bytes] = {}
+    for rank, done in enumerate((d0, d1)):
+        spans = done_spans(encode(done))
+        assert spans is not None
+        for index, raw in spans.values.items():
+            values.setdefault(index, {})[rank] = raw
+        stats[rank] = spans.stats
+    frames = result_frames("j", values, stats, {0: "i", 2: "x"})
+    assert frames is not None
+    want = JobResult(
+        "j",
+        {0: {0: 1, 1: 2.5}, 2: {0: [1, "x", (2, 3)], 1: None}},
+        stats={0: d0.stats, 1: d1.stats},
+        metas={0: "i", 2: "x"},
+    )
+    assert decode(frames) == want
+
+
+def test_messages_with_buffer_frames_take_the_ordinary_path() -> None:
+    big = np.arange(10_000)  # travels in a frame of its own
+    assert done_spans(encode(Done("s", "j", 0, {0: big}))) is None
+    assert exec_spans(encode(Exec("s", "j", "d", (0, 1), {0: [Lit(big)]}))) is None
+    small = exec_spans(encode(Exec("s", "j", "d", (0, 1), {0: [Lit(3)]}, (0,), 1.5)))
+    assert small is not None
+    assert decode(exec_for_rank(small, 1)) == Exec("s", "j", "d", (0, 1), {}, (0,), 1.5)
+
+
+def test_an_unexpected_layout_leaves_the_next_message_readable() -> None:
+    """A header that is not the layout expected is refused without spoiling the reader
+    kept for the next one (it holds what it was fed)."""
+    assert done_spans([MAGIC_FRAME, msgpack.packb(["done", "s", "j", 0, {0: 1}])]) is None
+    assert done_spans([MAGIC_FRAME, msgpack.packb([1, 2, 3, 4, 5, 6, 7, 8])]) is None
+    spans = done_spans(encode(Done("s", "j", 0, {3: "v"})))
+    assert spans is not None and spans.values == {3: msgpack.packb("v")}
+
+
+def test_the_broker_handles_every_queued_message_before_its_timers() -> None:
+    """A worker's heartbeat queued behind other messages must count before the silence
+    check runs: the timers wait until the queue is drained (a broker that was descheduled
+    for a while must not declare the worker that kept talking lost)."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    broker = Broker(ClusterSpec.simple(2), "inproc://hot-turn", context=ctx)
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(broker.address)
+        beat = encode(Heartbeat())
+        for _ in range(3):  # inproc: queued at the broker once send returns
+            sock.send_multipart(beat)
+        routed_at_tick: list[int] = []
+        tick = broker.state.tick
+
+        def spy(now: float) -> list[Any]:
+            routed_at_tick.append(broker.state.counters["bytes_routed"])
+            return tick(now)
+
+        broker.state.tick = spy  # type: ignore[method-assign]
+        broker._turn(0.0)
+        assert routed_at_tick == [3 * sum(len(f) for f in beat)]
+    finally:
+        sock.close(linger=0)
+        broker.close()
+        ctx.term()

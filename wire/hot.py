@@ -1,0 +1,216 @@
+"""Pre-packed headers for the messages the broker forwards on every job: no re-encode.
+
+The broker decodes (and so checks) every message it receives, but what it only forwards it
+need not encode again. Two messages are built here by splicing the bytes that arrived:
+
+* a rank's own ``Exec``: the driver's header with the ``bindings`` map cut down to that
+  rank's entry (in secure mode every rank has bindings, each sealed for its rank);
+* the ``JobResult``: each rank's ``Done`` values and stats, copied byte for byte into the
+  one answer, under a header packed here.
+
+Both only apply to messages whose header references no buffer frame (small values, which is
+what a job's hot path carries): buffer indexes would have to be renumbered, so larger
+messages take the codec's ordinary path. Everything here reads headers the codec has
+already decoded and checked; when a layout is not the expected one the functions return
+None and the caller encodes as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgpack
+
+from mpl.wire.codec import MAGIC_FRAME
+from mpl.wire.jobs import Done, Exec, JobResult
+from mpl.wire.limits import MAX_HEADER_BYTES, MAX_HEADER_ITEMS
+
+__all__ = ["DoneSpans", "ExecSpans", "done_spans", "exec_for_rank", "exec_spans", "result_frames"]
+
+# The layouts are read off the records themselves, so a field added to one of them moves
+# these cuts with it instead of silently sending every message down the slow path.
+_EXEC_FIELDS = tuple(f.name for f in dataclasses.fields(Exec))
+_DONE_FIELDS = tuple(f.name for f in dataclasses.fields(Done))
+_EXEC_ITEMS = 1 + len(_EXEC_FIELDS)  # the tag, then the fields
+_DONE_ITEMS = 1 + len(_DONE_FIELDS)
+_RESULT_ITEMS = 1 + len(dataclasses.fields(JobResult))
+# result_frames packs a JobResult field by field: it must know every one of them
+_RESULT_FIELDS = ("job", "values", "error", "missing_program", "stats", "metas")
+if tuple(f.name for f in dataclasses.fields(JobResult)) != _RESULT_FIELDS:
+    raise ImportError("mpl.wire.hot: JobResult's fields changed; update result_frames")
+_RESULT_TAG = msgpack.packb("result")
+_NONE, _FALSE = msgpack.packb(None), msgpack.packb(False)
+
+
+_tls = threading.local()
+
+
+def _unpacker(header: bytes) -> tuple[Any, int]:
+    """This thread's reusable Unpacker fed with ``header``, and its offset there (``tell()``
+    counts every byte it was ever fed). Making one costs more than reading a Done header."""
+    unpacker = getattr(_tls, "unpacker", None)
+    if unpacker is None:
+        unpacker = _tls.unpacker = msgpack.Unpacker(
+            None,
+            raw=False,
+            strict_map_key=False,
+            max_buffer_size=MAX_HEADER_BYTES,
+            max_array_len=MAX_HEADER_ITEMS,
+            max_map_len=MAX_HEADER_ITEMS,
+        )
+    base = unpacker.tell()
+    unpacker.feed(header)
+    return unpacker, base
+
+
+def _finished(unpacker: Any, base: int, header: bytes) -> bool:
+    """Whether the header was read to its end; if not, the Unpacker is dropped (it still
+    holds the rest), and the caller takes the ordinary path."""
+    if unpacker.tell() - base == len(header):
+        return True
+    _tls.unpacker = None
+    return False
+
+
+def _map_spans(unpacker: Any, header: bytes, base: int) -> dict[int, bytes]:
+    """The next value is a map with int keys: each entry's value as the bytes it came in."""
+    spans: dict[int, bytes] = {}
+    for _ in range(unpacker.read_map_header()):
+        key = unpacker.unpack()
+        start = unpacker.tell() - base
+        unpacker.skip()
+        spans[key] = header[start : unpacker.tell() - base]
+    return spans
+
+
+def _span(unpacker: Any, header: bytes, base: int) -> bytes:
+    start = unpacker.tell() - base
+    unpacker.skip()
+    return header[start : unpacker.tell() - base]
+
+
+def _map_header(n: int) -> bytes:
+    if n < 16:
+        return bytes([0x80 | n])
+    if n < 1 << 16:
+        return b"\xde" + n.to_bytes(2, "big")
+    return b"\xdf" + n.to_bytes(4, "big")
+
+
+def _header_only(frames: Sequence[Any]) -> bytes | None:
+    """A message's header as bytes when it has no buffer frames (else None)."""
+    if len(frames) != 2:
+        return None
+    header = frames[1]
+    return header.bytes if hasattr(header, "bytes") else bytes(header)
+
+
+class ExecSpans:
+    """An ``Exec`` header cut around its ``bindings`` map."""
+
+    __slots__ = ("bindings", "head", "tail")
+
+    def __init__(self, head: bytes, bindings: dict[int, bytes], tail: bytes) -> None:
+        self.head = head  # up to the bindings map
+        self.bindings = bindings  # rank -> that rank's bindings, as they came
+        self.tail = tail  # after it: inline, timeout_s
+
+
+def exec_spans(frames: Sequence[Any]) -> ExecSpans | None:
+    """Cut a decoded ``Exec``'s frames (``[magic, header]``) for :func:`exec_for_rank`."""
+    header = _header_only(frames)
+    if header is None:
+        return None
+    unpacker, base = _unpacker(header)
+    cut = None
+    try:
+        if unpacker.read_array_header() == _EXEC_ITEMS:
+            unpacker.skip()  # the tag
+            start = end = 0
+            bindings: dict[int, bytes] = {}
+            for name in _EXEC_FIELDS:
+                if name == "bindings":
+                    start = unpacker.tell() - base
+                    bindings = _map_spans(unpacker, header, base)
+                    end = unpacker.tell() - base
+                else:
+                    unpacker.skip()
+            cut = ExecSpans(header[:start], bindings, header[end:])
+    except Exception:  # any surprise: the caller encodes the ordinary way
+        cut = None
+    return cut if _finished(unpacker, base, header) else None
+
+
+def exec_for_rank(spans: ExecSpans, rank: int) -> list[bytes]:
+    """The frames of the ``Exec`` that ``rank`` gets: only its own bindings."""
+    mine = spans.bindings.get(rank)
+    middle = _map_header(0) if mine is None else _map_header(1) + msgpack.packb(rank) + mine
+    return [MAGIC_FRAME, b"".join((spans.head, middle, spans.tail))]
+
+
+class DoneSpans:
+    """A ``Done``'s values (by output index) and stats, as the bytes they came in."""
+
+    __slots__ = ("stats", "values")
+
+    def __init__(self, values: dict[int, bytes], stats: bytes) -> None:
+        self.values = values
+        self.stats = stats
+
+
+def done_spans(frames: Sequence[Any]) -> DoneSpans | None:
+    """Cut a decoded ``Done``'s frames (``[magic, header]``) for :func:`result_frames`."""
+    header = _header_only(frames)
+    if header is None:
+        return None
+    unpacker, base = _unpacker(header)
+    cut = None
+    try:
+        if unpacker.read_array_header() == _DONE_ITEMS:
+            unpacker.skip()  # the tag
+            values: dict[int, bytes] = {}
+            stats = b""
+            for name in _DONE_FIELDS:
+                if name == "values":
+                    values = _map_spans(unpacker, header, base)
+                elif name == "stats":
+                    stats = _span(unpacker, header, base)
+                else:
+                    unpacker.skip()
+            cut = DoneSpans(values, stats)
+    except Exception:
+        cut = None
+    return cut if _finished(unpacker, base, header) else None
+
+
+def result_frames(
+    job: str,
+    values: Mapping[int, Mapping[int, bytes]],
+    stats: Mapping[int, bytes],
+    metas: Mapping[int, str],
+) -> list[bytes] | None:
+    """A successful ``JobResult`` of ``job`` from the ranks' value and stats bytes.
+
+    ``values[output][rank]`` and ``stats[rank]`` are spans from :func:`done_spans`, copied
+    verbatim; ``metas`` were checked as ``dict[int, str]`` on decoding and are packed here.
+    It decodes to ``JobResult(job, values, None, False, stats, metas)``; None when the
+    header would exceed ``MAX_HEADER_BYTES`` (the codec then says why).
+    """
+    pack = msgpack.Packer(use_bin_type=True).pack  # one Packer, not one per packb call
+    parts = [bytes([0x90 | _RESULT_ITEMS]), _RESULT_TAG, pack(job)]
+    parts.append(_map_header(len(values)))
+    for index, by_rank in values.items():
+        parts += (pack(index), _map_header(len(by_rank)))
+        for rank, value in by_rank.items():
+            parts += (pack(rank), value)
+    parts += (_NONE, _FALSE, _map_header(len(stats)))
+    for rank, raw in stats.items():
+        parts += (pack(rank), raw)
+    parts.append(pack(metas))
+    header = b"".join(parts)
+    if len(header) > MAX_HEADER_BYTES:
+        return None
+    return [MAGIC_FRAME, header]
