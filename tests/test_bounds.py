@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+import mpl.broker.program_store as program_store
 import mpl.broker.registry as registry
-import mpl.broker.state as broker_state
 import mpl.worker.state as worker_state
 from mpl.broker.registry import WorkerEntry
 from mpl.broker.state import BrokerState
@@ -83,7 +83,7 @@ def test_program_caches_count_bytes_and_the_broker_mirror_stays_in_step(
 
 
 def test_the_broker_refuses_a_program_beyond_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(broker_state, "MAX_PROGRAM_BYTES", 5_000)
+    monkeypatch.setattr(program_store, "MAX_PROGRAM_BYTES", 5_000)
     s = BrokerState(ClusterSpec.simple(2, enable_spu=False), now=0.0, broker_id="B")
     small, big = _program(100, 1), _program(10_000, 2)
     assert s.handle(b"d", small, 0.0) == []
