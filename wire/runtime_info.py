@@ -22,7 +22,6 @@ from __future__ import annotations
 import platform
 import sys
 from collections.abc import Mapping
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from mpl.wire.limits import MAX_RUNTIME_INFO_ITEMS, MAX_RUNTIME_INFO_TEXT
@@ -36,6 +35,9 @@ _CHECKED = ("version", "platform")
 
 def own_runtime() -> dict[str, str]:
     """What this process runs: ``{"version": mpl's version, "platform": "<os>-<machine>"}``."""
+    # importlib.metadata costs ~20 ms to import: only workers ask, once, at start
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         mpl_version = version("mpl")
     except PackageNotFoundError:  # running from a source tree that is not installed
