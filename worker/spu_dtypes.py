@@ -57,9 +57,7 @@ def with_canonical_inputs(
     outer_x64 = bool(jax.dtypes.canonicalize_dtype(np.float64) == np.float64)
 
     def converted(*xs: Any) -> Any:
-        cast = [
-            x if a == c else x.astype(c) for x, a, c in zip(xs, actual, canonical, strict=True)
-        ]
+        cast = [x if a == c else x.astype(c) for x, a, c in zip(xs, actual, canonical, strict=True)]
         with jax.enable_x64(outer_x64):
             return fn(*cast)
 
