@@ -33,16 +33,17 @@ Rows measured against a floor carry it (`floor`, same unit) and the table prints
 mpl / floor (for rates, above 1 is better; for times, below).
 
 --reference FILE prints the reference harness's rows (results.json) beside ours.
+
+The phases up to ``secure`` are here; ``bench_speed.py`` holds pipeline, fanout, eager and
+cpu, ``bench_soak.py`` the soak, ``bench_floor.py`` the raw floor processes,
+``bench_common.py`` the rows and timing helpers and ``bench_report.py`` the tables.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,69 +51,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-ROWS: list[dict[str, Any]] = []
-
-
-def summarize(xs: list[float]) -> dict[str, Any]:
-    return {"n": len(xs), "median": statistics.median(xs), "min": min(xs), "max": max(xs)}
-
-
-def record(phase: str, metric: str, xs: list[float], unit: str = "s", **extra: Any) -> None:
-    row = {"phase": phase, "metric": metric, "unit": unit, **summarize(xs), **extra}
-    ROWS.append(row)
-    print(
-        f"[{phase}] {metric}: {fmt(row['median'], unit)} (min {fmt(row['min'], unit)}, "
-        f"max {fmt(row['max'], unit)}, n={row['n']})",
-        flush=True,
-    )
-
-
-def measure(fn: Callable[[], Any], reps: int, warmup: int = 3) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
-
-
-def fmt(value: float, unit: str) -> str:
-    if unit == "s":
-        if value < 1e-3:
-            return f"{value * 1e6:.1f} µs"
-        if value < 1:
-            return f"{value * 1e3:.3f} ms"
-        return f"{value:.3f} s"
-    if unit in ("MB/s", "jobs/s"):
-        return f"{value:.0f} {unit}"
-    return f"{value:.4g} {unit}"
-
+from bench_common import (
+    HERE,
+    MIB,
+    ROWS,
+    free_ports,
+    measure,
+    percentiles,
+    record,
+    spawn,
+    start_cluster,
+)
+from bench_report import summary, table
+from bench_speed import phase_cpu, phase_eager, phase_fanout, phase_pipeline
 
 # -- phases --------------------------------------------------------------------------------
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-MIB = 1024 * 1024
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def spawn(*args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, os.path.join(HERE, "bench_floor.py"), *args])
-
-
-def percentiles(xs: list[float]) -> dict[str, float]:
-    ys = sorted(xs)
-    return {"p50": ys[len(ys) // 2], "p99": ys[min(len(ys) - 1, int(len(ys) * 0.99))]}
 
 
 def phase_codec() -> None:
@@ -221,14 +174,6 @@ def phase_spu_floor() -> None:
         )
 
 
-def _cluster(world: int, protocol: str = "SEMI2K", field: str = "FM128") -> Any:
-    import mpl.driver as mp
-
-    return mp.local_cluster(
-        mp.ClusterSpec.simple(world, spu_protocol=protocol, spu_field=field), timeout=60.0
-    )
-
-
 def phase_dist() -> None:
     """Real daemons on loopback: trivial jobs, a 64 MiB move."""
     import numpy as np
@@ -236,7 +181,7 @@ def phase_dist() -> None:
     import mpl.driver as mp
 
     for world in (2, 3):
-        with _cluster(world):
+        with start_cluster(world):
             one = mp.device("P0")(lambda: 1)
             xs = measure(lambda one=one: mp.fetch(one()), 1000, warmup=50)
             record(
@@ -277,7 +222,7 @@ def phase_spu() -> None:
     import mpl.driver as mp
 
     for world, protocol, field in ((2, "SEMI2K", "FM128"), (3, "ABY3", "FM64")):
-        with _cluster(world, protocol, field) as ctx:
+        with start_cluster(world, protocol, field) as ctx:
             last = f"P{world - 1}"
             a = mp.device("P0")(lambda: np.asarray(3_000_000))()
             b = mp.device(last)(lambda: np.asarray(5_000_000))()
@@ -401,224 +346,6 @@ def phase_secure() -> None:
             cluster.close()
 
 
-# -- jobs in flight, fan-out, the eager path, CPU per job ----------------------------------
-
-
-class _RawRelay:
-    """Raw pyzmq relay processes (one echo, or N echoes behind a fan-out relay)."""
-
-    def __init__(self, echoes: int = 1, fan: bool = False) -> None:
-        import zmq
-
-        front, back = (f"tcp://127.0.0.1:{p}" for p in free_ports(2))
-        relay = ("fanrelay", front, back, str(echoes)) if fan else ("relay", front, back)
-        self.procs = [spawn(*relay)] + [spawn("echo", back) for _ in range(echoes)]
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.linger = 0
-        self.sock.connect(front)
-        deadline = time.monotonic() + 30
-        for i in itertools.count():  # the echoes are registered once a request comes back
-            self.sock.send_multipart([b"ping%d" % i, b"x"])
-            if self.sock.poll(200):
-                self.sock.recv_multipart()
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("the raw relay did not come up")
-        while self.sock.poll(50):  # answers to the pings sent while it was coming up
-            self.sock.recv_multipart()
-
-    def round_trip(self) -> None:
-        self.sock.send_multipart([b"r", b"x" * 40])
-        self.sock.recv_multipart()
-
-    def windowed(self, total: int, window: int) -> float:
-        """Round trips per second with ``window`` requests kept in flight."""
-        t0 = time.perf_counter()
-        sent = done = 0
-        while sent < min(window, total):
-            self.sock.send_multipart([b"w", b"x" * 40])
-            sent += 1
-        while done < total:
-            self.sock.recv_multipart()
-            done += 1
-            if sent < total:
-                self.sock.send_multipart([b"w", b"x" * 40])
-                sent += 1
-        return total / (time.perf_counter() - t0)
-
-    def close(self) -> None:
-        self.sock.send_multipart([b"stop"])
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
-        self.sock.close()
-        self.ctx.term()
-
-
-def _trivial_all(world: int) -> Any:
-    import mpl.driver as mp
-
-    return mp.function(lambda n=world: mp.simp.pcall(tuple(range(n)), lambda: 1))
-
-
-def phase_pipeline() -> None:
-    """Trivial jobs per second with a window of jobs in flight, against the raw relay."""
-    import mpl.driver as mp
-
-    raw = _RawRelay()
-    total = {1: 1000, 8: 2000, 64: 3000}
-    floors = {w: [raw.windowed(total[w], w) for _ in range(3)] for w in total}
-    raw.close()
-    with _cluster(2):
-        job = mp.function(lambda: mp.device("P0")(lambda: 1)())
-        mp.fetch(job())
-
-        def windowed(n: int, window: int) -> float:
-            t0 = time.perf_counter()
-            inflight: list[Any] = []
-            for _ in range(n):
-                if len(inflight) >= window:
-                    mp.fetch(inflight.pop(0).result())  # jobs of one session end in order
-                inflight.append(mp.submit(job))
-            for f in inflight:
-                mp.fetch(f.result())
-            return n / (time.perf_counter() - t0)
-
-        for window, n in total.items():
-            rates = [windowed(n, window) for _ in range(3)]
-            floor = statistics.median(floors[window])
-            record(
-                "pipeline",
-                f"trivial jobs/s, {window} in flight (mp.submit), 2p",
-                rates,
-                unit="jobs/s",
-                floor=floor,
-            )
-
-
-def phase_fanout() -> None:
-    """One job to all n ranks and n replies gathered, against a raw relay doing the same."""
-    medians: dict[int, float] = {}
-    for world in (2, 4, 8, 16, 32):
-        reps = 400 if world <= 8 else 150
-        raw = _RawRelay(world, fan=True)
-        floor = measure(raw.round_trip, reps * 2, warmup=50)
-        raw.close()
-        import mpl.driver as mp
-
-        with _cluster(world):
-            job = _trivial_all(world)
-            xs = measure(lambda job=job: mp.fetch(job()), reps, warmup=20)
-        medians[world] = statistics.median(xs)
-        record(
-            "fanout",
-            f"trivial pcall on all {world} ranks + fetch",
-            xs,
-            floor=statistics.median(floor),
-            **percentiles(xs),
-        )
-    per_rank = [(medians[b] - medians[a]) / (b - a) for a, b in itertools.pairwise(sorted(medians))]
-    record("fanout", "cost per added rank (between successive sizes)", per_rank)
-
-
-def phase_eager() -> None:
-    """Eager move + call per call, and the driver's own cost of eager and compiled calls."""
-    import mpl.driver as mp
-    from mpl.wire.jobs import JobResult
-
-    raw = _RawRelay()
-    floor = statistics.median(measure(raw.round_trip, 2000, warmup=200))
-    raw.close()
-    with _cluster(2) as ctx:
-        x = mp.put("P0", 1.0)
-        inc = lambda t: t + 1  # noqa: E731
-        xs = measure(lambda: mp.device("P1")(inc)(x), 1000, warmup=50)
-        record(
-            "eager", "eager move + call (P0 -> P1), per call", xs, floor=floor, **percentiles(xs)
-        )
-        # past the inline size only P0 holds the data: a move between workers, then the call
-        import numpy as np
-
-        big = mp.put("P0", np.zeros(9000))
-        xs = measure(lambda: mp.device("P1")(np.sum)(big), 300, warmup=20)
-        record(
-            "eager",
-            "eager move + call of 72 kB only P0 holds (peer move), per call",
-            xs,
-            floor=floor,
-            **percentiles(xs),
-        )
-        compiled = mp.function(lambda v: mp.device("P1")(inc)(v))
-        compiled(x)
-        real = ctx.client.submit
-        ctx.client.submit = lambda *a, **kw: JobResult("bench.1")  # type: ignore[method-assign]
-        try:
-            record(
-                "eager",
-                "driver cost of an eager move + call (round trip stubbed)",
-                measure(lambda: mp.device("P1")(inc)(x), 5000, warmup=200),
-            )
-            record(
-                "eager",
-                "driver cost of an @mp.function cache hit (round trip stubbed)",
-                measure(lambda: compiled(x), 5000, warmup=200),
-            )
-        finally:
-            ctx.client.submit = real  # type: ignore[method-assign]
-
-
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def phase_cpu() -> None:
-    """CPU seconds per trivial job in each process, against the raw relay's processes."""
-    import mpl.driver as mp
-
-    n = 3000
-    raw = _RawRelay()
-    pids = {"broker": raw.procs[0].pid, "worker": raw.procs[1].pid}
-    before = {k: _cpu_s(p) for k, p in pids.items()}
-    t0 = time.process_time()
-    for _ in range(n):
-        raw.round_trip()
-    driver = time.process_time() - t0
-    used = {k: _cpu_s(p) - before[k] for k, p in pids.items()}
-    raw.close()
-    floor = {"driver": driver / n, "broker": used["broker"] / n, "worker": used["worker"] / n}
-    with _cluster(2) as ctx:
-        job = _trivial_all(2)
-        for _ in range(100):
-            mp.fetch(job())
-        procs = ctx.processes
-        assert procs.broker is not None
-        pids = {
-            "broker": procs.broker.pid,
-            **{f"worker{r}": p.pid for r, p in procs.workers.items()},
-        }
-        before = {k: _cpu_s(p) for k, p in pids.items()}
-        t0 = time.process_time()
-        for _ in range(n):
-            mp.fetch(job())
-        driver = time.process_time() - t0
-        used = {k: _cpu_s(p) - before[k] for k, p in pids.items()}
-    mine = {"driver": driver, **used}
-    for name, seconds in mine.items():
-        role = "worker" if name.startswith("worker") else name
-        record(
-            "cpu",
-            f"CPU per trivial job (pcall on both ranks), {name}",
-            [seconds / n],
-            floor=floor[role],
-        )
-
-
 def _seal_cost(np: Any) -> None:
     """End-to-end sealing alone, in one process: seal then open 64 MiB, and a small value."""
     import zmq
@@ -667,213 +394,6 @@ def _soak() -> None:
     from bench_soak import phase_soak
 
     phase_soak(record)
-
-
-def table() -> str:
-    lines = [
-        "| phase | metric | median | p99 | min | max | n | floor | mpl / floor |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in ROWS:
-        u = r["unit"]
-        p99 = fmt(r["p99"], u) if "p99" in r else ""
-        floor = _value(r, "floor")
-        if floor is None and (r["phase"], r["metric"]) in FLOORS:
-            floor = _value(_find(ROWS, *FLOORS[r["phase"], r["metric"]]))
-        shown = fmt(floor, u) if floor else "-"
-        ratio = f"{r['median'] / floor:.2f}" if floor else "-"
-        lines.append(
-            f"| {r['phase']} | {r['metric']} | {fmt(r['median'], u)} | {p99} | "
-            f"{fmt(r['min'], u)} | {fmt(r['max'], u)} | {r['n']} | {shown} | {ratio} |"
-        )
-    return "\n".join(lines)
-
-
-# Rows of the older phases and the floor row (of the same run) each is compared with.
-_RT = ("floor", "raw pyzmq driver->relay->worker round trip")
-FLOORS: dict[tuple[str, str], tuple[str, str]] = {
-    ("dist2", "trivial job (1 pcall on P0) + fetch, 2p"): _RT,
-    ("dist2", "(i) trivial pcall-all+fetch, compiled, 2p"): _RT,
-    ("dist3", "trivial job (1 pcall on P0) + fetch, 3p"): _RT,
-    ("dist2", "(ii) P0->P1 64 MiB f64: net transfer"): ("floor", "raw pyzmq PUSH->PULL 64 MiB"),
-}
-
-
-def _find(rows: list[dict[str, Any]], phase: str, metric: str) -> dict[str, Any] | None:
-    return next((r for r in rows if r["phase"] == phase and r["metric"] == metric), None)
-
-
-def _value(row: dict[str, Any] | None, key: str = "median") -> float | None:
-    if row is None or key not in row or not isinstance(row[key], (int, float)):
-        return None
-    return float(row[key])
-
-
-# (label, ours (phase, metric, key), reference (phase, metric, key), floor (phase, metric), target)
-_M = "(iii) SPU SEMI2K 2p millionaire (reveal to P0)"
-_MM = "(iii) SPU SEMI2K 2p 100x100 f64 matmul + reveal"
-_A = "(iii) SPU ABY3 3p millionaire (reveal to P0)"
-_AM = "(iii) SPU ABY3 3p 100x100 f64 matmul + reveal"
-COMPARE: list[
-    tuple[
-        str,
-        tuple[str, str, str],
-        tuple[str, str, str],
-        tuple[str, str] | None,
-        Callable[[float, float | None], bool],
-        str,
-    ]
-] = [
-    (
-        "trivial job + fetch, 2p, p50",
-        ("dist2", "(i) trivial pcall-all+fetch, compiled, 2p", "median"),
-        ("http2", "(i) trivial pcall-all+fetch, compiled, 2p", "median"),
-        ("floor", "raw pyzmq driver->relay->worker round trip"),
-        lambda v, f: v <= 0.5e-3,
-        "<= 0.5 ms",
-    ),
-    (
-        "trivial job + fetch, 2p, p99",
-        ("dist2", "(i) trivial pcall-all+fetch, compiled, 2p", "p99"),
-        ("http2", "", ""),
-        None,
-        lambda v, f: v <= 1e-3,
-        "<= 1 ms",
-    ),
-    (
-        "trivial job + fetch, 3p, p50",
-        ("dist3", "(i) trivial pcall-all+fetch, compiled, 3p", "median"),
-        ("http3", "(i) trivial pcall-all+fetch, compiled, 3p", "median"),
-        None,
-        lambda v, f: v <= 0.7e-3,
-        "<= 0.7 ms",
-    ),
-    (
-        "P0->P1 64 MiB move (MB/s)",
-        ("dist2", "(ii) P0->P1 64 MiB f64: net transfer", "median"),
-        ("http2", "(ii) P0->P1 64 MiB f64: net transfer", "MBps_net"),
-        ("floor", "raw pyzmq PUSH->PULL 64 MiB"),
-        lambda v, f: f is not None and v >= 0.8 * f,
-        ">= 80% of raw PUSH/PULL",
-    ),
-    (
-        "SPU SEMI2K/FM128 2p millionaire + reveal",
-        ("spu2", _M, "median"),
-        ("http2-brpc", _M, "median"),
-        ("floor", "raw libspu SEMI2K 2p millionaire + reveal"),
-        lambda v, f: f is not None and v <= f + 1e-3,
-        "<= floor + 1 ms",
-    ),
-    (
-        "SPU SEMI2K/FM128 2p 100x100 matmul + reveal",
-        ("spu2", _MM, "median"),
-        ("http2-brpc", _MM, "median"),
-        ("floor", "raw libspu SEMI2K 2p 100x100 f64 matmul + reveal"),
-        lambda v, f: f is not None and v <= 1.1 * f,
-        "<= 1.1 x floor",
-    ),
-    (
-        "SPU ABY3/FM64 3p millionaire + reveal",
-        ("spu3", _A, "median"),
-        ("http3-brpc", _A, "median"),
-        ("floor", "raw libspu ABY3 3p millionaire + reveal"),
-        lambda v, f: f is not None and v <= f + 1e-3,
-        "<= floor + 1 ms",
-    ),
-    (
-        "SPU ABY3/FM64 3p 100x100 matmul + reveal",
-        ("spu3", _AM, "median"),
-        ("http3-brpc", _AM, "median"),
-        ("floor", "raw libspu ABY3 3p 100x100 f64 matmul + reveal"),
-        lambda v, f: f is not None and v <= 1.1 * f,
-        "<= 1.1 x floor",
-    ),
-    (
-        "import (fresh process)",
-        ("import", "(c) fresh `python -c 'import mpl.driver'` wall", "median"),
-        ("import", "(c) fresh `python -c 'import mplang'` wall", "median"),
-        None,
-        lambda v, f: v <= 0.3,
-        "<= 0.3 s",
-    ),
-    (
-        "worker idle RSS (MiB)",
-        ("startup", "(c) worker RSS idle", "median"),
-        ("http2", "(c) worker rank0 RSS idle / peak (VmHWM)", "min"),
-        None,
-        lambda v, f: v <= 100,
-        "<= 100 MiB",
-    ),
-    (
-        "pipelined trivial jobs/s, 64 in flight, 2p",
-        ("pipeline", "trivial jobs/s, 64 in flight (mp.submit), 2p", "median"),
-        ("", "", ""),
-        None,
-        lambda v, f: f is not None and v >= 0.5 * f,
-        ">= 50% of the raw relay",
-    ),
-    *[
-        (
-            f"pcall on all {n} ranks + fetch",
-            ("fanout", f"trivial pcall on all {n} ranks + fetch", "median"),
-            ("", "", ""),
-            None,
-            lambda v, f: f is not None and v <= 1.5 * f,
-            "<= 1.5 x raw fan-out",
-        )
-        for n in (2, 4, 8, 16, 32)
-    ],
-    (
-        "eager move + call, per call",
-        ("eager", "eager move + call (P0 -> P1), per call", "median"),
-        ("", "", ""),
-        None,
-        lambda v, f: v <= 0.7e-3,
-        "<= 0.7 ms",
-    ),
-    (
-        "@mp.function cache-hit overhead (driver)",
-        ("eager", "driver cost of an @mp.function cache hit (round trip stubbed)", "median"),
-        ("", "", ""),
-        None,
-        lambda v, f: v <= 50e-6,
-        "<= 50 us",
-    ),
-    (
-        "start broker + 2 workers until ready",
-        ("startup", "(c) start broker + 2 workers -> all ready", "median"),
-        ("http2", "(c) start 2 workers -> all /health OK", "median"),
-        None,
-        lambda v, f: v <= 0.5,
-        "<= 0.5 s",
-    ),
-]
-
-
-def summary(reference: list[dict[str, Any]]) -> str:
-    lines = ["| metric | reference | floor | mpl | target | met |", "|---|---|---|---|---|---|"]
-    for label, ours, ref, floor, ok, target in COMPARE:
-        mine = _value(_find(ROWS, ours[0], ours[1]), ours[2])
-        if mine is None:
-            continue
-        theirs = _value(_find(reference, ref[0], ref[1]), ref[2]) if ref[1] else None
-        # rows measured against their own floor carry it; others name a floor row
-        base = _value(_find(ROWS, *floor)) if floor else _value(_find(ROWS, *ours[:2]), "floor")
-        unit = (
-            "MB/s"
-            if "MB/s" in label
-            else "MiB"
-            if "MiB)" in label
-            else "jobs/s"
-            if "jobs/s" in label
-            else "s"
-        )
-        show = lambda v, unit=unit: fmt(v, unit) if v is not None else "-"  # noqa: E731
-        lines.append(
-            f"| {label} | {show(theirs)} | {show(base)} | {show(mine)} | {target} | "
-            f"{'yes' if ok(mine, base) else 'NO'} |"
-        )
-    return "\n".join(lines)
 
 
 def main() -> int:

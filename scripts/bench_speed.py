@@ -1,0 +1,229 @@
+"""Benchmark phases for jobs in flight, fan-out, the eager path and CPU per job, each
+against a raw pyzmq relay of the same shape measured in the same run (see scripts/bench.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import statistics
+import subprocess
+import time
+from typing import Any
+
+from bench_common import free_ports, measure, percentiles, record, spawn, start_cluster
+
+
+class _RawRelay:
+    """Raw pyzmq relay processes (one echo, or N echoes behind a fan-out relay)."""
+
+    def __init__(self, echoes: int = 1, fan: bool = False) -> None:
+        import zmq
+
+        front, back = (f"tcp://127.0.0.1:{p}" for p in free_ports(2))
+        relay = ("fanrelay", front, back, str(echoes)) if fan else ("relay", front, back)
+        self.procs = [spawn(*relay)] + [spawn("echo", back) for _ in range(echoes)]
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sock.connect(front)
+        deadline = time.monotonic() + 30
+        for i in itertools.count():  # the echoes are registered once a request comes back
+            self.sock.send_multipart([b"ping%d" % i, b"x"])
+            if self.sock.poll(200):
+                self.sock.recv_multipart()
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the raw relay did not come up")
+        while self.sock.poll(50):  # answers to the pings sent while it was coming up
+            self.sock.recv_multipart()
+
+    def round_trip(self) -> None:
+        self.sock.send_multipart([b"r", b"x" * 40])
+        self.sock.recv_multipart()
+
+    def windowed(self, total: int, window: int) -> float:
+        """Round trips per second with ``window`` requests kept in flight."""
+        t0 = time.perf_counter()
+        sent = done = 0
+        while sent < min(window, total):
+            self.sock.send_multipart([b"w", b"x" * 40])
+            sent += 1
+        while done < total:
+            self.sock.recv_multipart()
+            done += 1
+            if sent < total:
+                self.sock.send_multipart([b"w", b"x" * 40])
+                sent += 1
+        return total / (time.perf_counter() - t0)
+
+    def close(self) -> None:
+        self.sock.send_multipart([b"stop"])
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        self.sock.close()
+        self.ctx.term()
+
+
+def _trivial_all(world: int) -> Any:
+    import mpl.driver as mp
+
+    return mp.function(lambda n=world: mp.simp.pcall(tuple(range(n)), lambda: 1))
+
+
+def phase_pipeline() -> None:
+    """Trivial jobs per second with a window of jobs in flight, against the raw relay."""
+    import mpl.driver as mp
+
+    raw = _RawRelay()
+    total = {1: 1000, 8: 2000, 64: 3000}
+    floors = {w: [raw.windowed(total[w], w) for _ in range(3)] for w in total}
+    raw.close()
+    with start_cluster(2):
+        job = mp.function(lambda: mp.device("P0")(lambda: 1)())
+        mp.fetch(job())
+
+        def windowed(n: int, window: int) -> float:
+            t0 = time.perf_counter()
+            inflight: list[Any] = []
+            for _ in range(n):
+                if len(inflight) >= window:
+                    mp.fetch(inflight.pop(0).result())  # jobs of one session end in order
+                inflight.append(mp.submit(job))
+            for f in inflight:
+                mp.fetch(f.result())
+            return n / (time.perf_counter() - t0)
+
+        for window, n in total.items():
+            rates = [windowed(n, window) for _ in range(3)]
+            floor = statistics.median(floors[window])
+            record(
+                "pipeline",
+                f"trivial jobs/s, {window} in flight (mp.submit), 2p",
+                rates,
+                unit="jobs/s",
+                floor=floor,
+            )
+
+
+def phase_fanout() -> None:
+    """One job to all n ranks and n replies gathered, against a raw relay doing the same."""
+    medians: dict[int, float] = {}
+    for world in (2, 4, 8, 16, 32):
+        reps = 400 if world <= 8 else 150
+        raw = _RawRelay(world, fan=True)
+        floor = measure(raw.round_trip, reps * 2, warmup=50)
+        raw.close()
+        import mpl.driver as mp
+
+        with start_cluster(world):
+            job = _trivial_all(world)
+            xs = measure(lambda job=job: mp.fetch(job()), reps, warmup=20)
+        medians[world] = statistics.median(xs)
+        record(
+            "fanout",
+            f"trivial pcall on all {world} ranks + fetch",
+            xs,
+            floor=statistics.median(floor),
+            **percentiles(xs),
+        )
+    per_rank = [(medians[b] - medians[a]) / (b - a) for a, b in itertools.pairwise(sorted(medians))]
+    record("fanout", "cost per added rank (between successive sizes)", per_rank)
+
+
+def phase_eager() -> None:
+    """Eager move + call per call, and the driver's own cost of eager and compiled calls."""
+    import mpl.driver as mp
+    from mpl.wire.jobs import JobResult
+
+    raw = _RawRelay()
+    floor = statistics.median(measure(raw.round_trip, 2000, warmup=200))
+    raw.close()
+    with start_cluster(2) as ctx:
+        x = mp.put("P0", 1.0)
+        inc = lambda t: t + 1  # noqa: E731
+        xs = measure(lambda: mp.device("P1")(inc)(x), 1000, warmup=50)
+        record(
+            "eager", "eager move + call (P0 -> P1), per call", xs, floor=floor, **percentiles(xs)
+        )
+        # past the inline size only P0 holds the data: a move between workers, then the call
+        import numpy as np
+
+        big = mp.put("P0", np.zeros(9000))
+        xs = measure(lambda: mp.device("P1")(np.sum)(big), 300, warmup=20)
+        record(
+            "eager",
+            "eager move + call of 72 kB only P0 holds (peer move), per call",
+            xs,
+            floor=floor,
+            **percentiles(xs),
+        )
+        compiled = mp.function(lambda v: mp.device("P1")(inc)(v))
+        compiled(x)
+        real = ctx.client.submit
+        ctx.client.submit = lambda *a, **kw: JobResult("bench.1")  # type: ignore[method-assign]
+        try:
+            record(
+                "eager",
+                "driver cost of an eager move + call (round trip stubbed)",
+                measure(lambda: mp.device("P1")(inc)(x), 5000, warmup=200),
+            )
+            record(
+                "eager",
+                "driver cost of an @mp.function cache hit (round trip stubbed)",
+                measure(lambda: compiled(x), 5000, warmup=200),
+            )
+        finally:
+            ctx.client.submit = real  # type: ignore[method-assign]
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def phase_cpu() -> None:
+    """CPU seconds per trivial job in each process, against the raw relay's processes."""
+    import mpl.driver as mp
+
+    n = 3000
+    raw = _RawRelay()
+    pids = {"broker": raw.procs[0].pid, "worker": raw.procs[1].pid}
+    before = {k: _cpu_s(p) for k, p in pids.items()}
+    t0 = time.process_time()
+    for _ in range(n):
+        raw.round_trip()
+    driver = time.process_time() - t0
+    used = {k: _cpu_s(p) - before[k] for k, p in pids.items()}
+    raw.close()
+    floor = {"driver": driver / n, "broker": used["broker"] / n, "worker": used["worker"] / n}
+    with start_cluster(2) as ctx:
+        job = _trivial_all(2)
+        for _ in range(100):
+            mp.fetch(job())
+        procs = ctx.processes
+        assert procs.broker is not None
+        pids = {
+            "broker": procs.broker.pid,
+            **{f"worker{r}": p.pid for r, p in procs.workers.items()},
+        }
+        before = {k: _cpu_s(p) for k, p in pids.items()}
+        t0 = time.process_time()
+        for _ in range(n):
+            mp.fetch(job())
+        driver = time.process_time() - t0
+        used = {k: _cpu_s(p) - before[k] for k, p in pids.items()}
+    mine = {"driver": driver, **used}
+    for name, seconds in mine.items():
+        role = "worker" if name.startswith("worker") else name
+        record(
+            "cpu",
+            f"CPU per trivial job (pcall on both ranks), {name}",
+            [seconds / n],
+            floor=floor[role],
+        )
