@@ -86,12 +86,6 @@ def _map_spans(unpacker: Any, header: bytes, base: int) -> dict[int, bytes]:
     return spans
 
 
-def _span(unpacker: Any, header: bytes, base: int) -> bytes:
-    start = unpacker.tell() - base
-    unpacker.skip()
-    return header[start : unpacker.tell() - base]
-
-
 def _map_header(n: int) -> bytes:
     if n < 16:
         return bytes([0x80 | n])
@@ -119,29 +113,54 @@ class ExecSpans:
         self.tail = tail  # after it: inline, timeout_s
 
 
-def exec_spans(frames: Sequence[Any]) -> ExecSpans | None:
-    """Cut a decoded ``Exec``'s frames (``[magic, header]``) for :func:`exec_for_rank`."""
+class _Fields:
+    """A record header walked field by field: where each wanted field starts and ends, and
+    for int-keyed maps, each entry's value bytes."""
+
+    __slots__ = ("header", "maps", "where")
+
+    def __init__(self, header: bytes) -> None:
+        self.header = header
+        self.where: dict[str, tuple[int, int]] = {}  # field -> (start, end) in header
+        self.maps: dict[str, dict[int, bytes]] = {}  # map field -> key -> value bytes
+
+    def bytes_of(self, name: str) -> bytes:
+        start, end = self.where[name]
+        return self.header[start:end]
+
+
+def _walk(frames: Sequence[Any], fields: tuple[str, ...], maps: frozenset[str]) -> _Fields | None:
+    """Cut a decoded record's frames (``[magic, header]``) at its fields; ``maps`` are the
+    fields also cut per entry. None when the message has buffer frames or a layout this
+    does not expect: the caller then encodes the ordinary way."""
     header = _header_only(frames)
     if header is None:
         return None
     unpacker, base = _unpacker(header)
-    cut = None
+    cut = _Fields(header)
     try:
-        if unpacker.read_array_header() == _EXEC_ITEMS:
+        ok = unpacker.read_array_header() == 1 + len(fields)
+        if ok:
             unpacker.skip()  # the tag
-            start = end = 0
-            bindings: dict[int, bytes] = {}
-            for name in _EXEC_FIELDS:
-                if name == "bindings":
-                    start = unpacker.tell() - base
-                    bindings = _map_spans(unpacker, header, base)
-                    end = unpacker.tell() - base
+            for name in fields:
+                start = unpacker.tell() - base
+                if name in maps:
+                    cut.maps[name] = _map_spans(unpacker, header, base)
                 else:
                     unpacker.skip()
-            cut = ExecSpans(header[:start], bindings, header[end:])
+                cut.where[name] = (start, unpacker.tell() - base)
     except Exception:  # any surprise: the caller encodes the ordinary way
-        cut = None
-    return cut if _finished(unpacker, base, header) else None
+        ok = False
+    return cut if _finished(unpacker, base, header) and ok else None
+
+
+def exec_spans(frames: Sequence[Any]) -> ExecSpans | None:
+    """Cut a decoded ``Exec``'s frames (``[magic, header]``) for :func:`exec_for_rank`."""
+    cut = _walk(frames, _EXEC_FIELDS, frozenset({"bindings"}))
+    if cut is None:
+        return None
+    start, end = cut.where["bindings"]
+    return ExecSpans(cut.header[:start], cut.maps["bindings"], cut.header[end:])
 
 
 def exec_for_rank(spans: ExecSpans, rank: int) -> list[bytes]:
@@ -163,27 +182,10 @@ class DoneSpans:
 
 def done_spans(frames: Sequence[Any]) -> DoneSpans | None:
     """Cut a decoded ``Done``'s frames (``[magic, header]``) for :func:`result_frames`."""
-    header = _header_only(frames)
-    if header is None:
+    cut = _walk(frames, _DONE_FIELDS, frozenset({"values"}))
+    if cut is None:
         return None
-    unpacker, base = _unpacker(header)
-    cut = None
-    try:
-        if unpacker.read_array_header() == _DONE_ITEMS:
-            unpacker.skip()  # the tag
-            values: dict[int, bytes] = {}
-            stats = b""
-            for name in _DONE_FIELDS:
-                if name == "values":
-                    values = _map_spans(unpacker, header, base)
-                elif name == "stats":
-                    stats = _span(unpacker, header, base)
-                else:
-                    unpacker.skip()
-            cut = DoneSpans(values, stats)
-    except Exception:
-        cut = None
-    return cut if _finished(unpacker, base, header) else None
+    return DoneSpans(cut.maps["values"], cut.bytes_of("stats"))
 
 
 def result_frames(
