@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -90,3 +91,44 @@ def thread_name() -> str:
 def nap_then_thread(seconds: float) -> str:
     time.sleep(seconds)
     return thread_name()
+
+
+def run_side_by_side(*fns: Callable[[], None], timeout: float = 120.0) -> list[BaseException]:
+    """Run ``fns`` at once, each on its own thread; what they raised (and a ``TimeoutError``
+    for any still running after ``timeout`` s), for the main thread to assert on."""
+    errors: list[BaseException] = []
+
+    def guarded(fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # reported to the caller
+                errors.append(exc)
+
+        return run
+
+    threads = [threading.Thread(target=guarded(fn), daemon=True) for fn in fns]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    errors += [
+        TimeoutError(f"{t.name} still running after {timeout} s") for t in threads if t.is_alive()
+    ]
+    return errors
+
+
+def stable_objects(ctx: Any, rank: int) -> int:
+    """The object count once two heartbeats in a row report the same number."""
+    last: list[int] = []
+
+    def settled() -> bool:
+        row = stats(ctx.client, rank)
+        if row.get("objects") is None or row["heartbeat_age_s"] > 0.3:
+            return False
+        last.append(row["objects"])
+        return len(last) >= 2 and last[-1] == last[-2]
+
+    wait_until(settled, timeout=10, what="a stable object count")
+    return last[-1]

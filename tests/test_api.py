@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import add, boom, double, stats, wait_until
+from helpers import add, boom, double, stable_objects, stats, wait_until
 
 import mpl.driver as mp
 
@@ -233,21 +233,6 @@ def test_dropped_values_are_freed_on_the_workers(ctx: mp.Context) -> None:
         timeout=15,
         what=f"rank 0 back to {baseline} objects",
     )
-
-
-def stable_objects(ctx: mp.Context, rank: int) -> int:
-    """The object count once two heartbeats in a row report the same number."""
-    last: list[int] = []
-
-    def settled() -> bool:
-        row = stats(ctx.client, rank)
-        if row.get("objects") is None or row["heartbeat_age_s"] > 0.3:
-            return False
-        last.append(row["objects"])
-        return len(last) >= 2 and last[-1] == last[-2]
-
-    wait_until(settled, timeout=10, what="a stable object count")
-    return last[-1]
 
 
 def test_trace_file(ctx: mp.Context, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from concurrent.futures import FIRST_COMPLETED, Future
 from typing import Any
 
 import pytest
-from helpers import boom, nap_then, stats, wait_until
+from helpers import boom, nap_then, stable_objects, stats, wait_until
 
 import mpl.driver as mp
 from mpl.wire import GraphBuilder
@@ -93,7 +93,7 @@ def test_wait_first_completed(ctx: mp.Context) -> None:
 def test_dropping_inputs_after_submit_is_safe_and_results_are_freed(ctx: mp.Context) -> None:
     gc.collect()
     ctx.flush()
-    baseline = _settled_objects(ctx, 1)
+    baseline = stable_objects(ctx, 1)
     # A slow job first, so the jobs below wait in flight while their inputs are dropped and
     # the deletes of everything dropped so far go out.
     blocker = mp.submit(lambda: mp.device("P1")(nap_then)(0, 0.4))
@@ -112,21 +112,6 @@ def test_dropping_inputs_after_submit_is_safe_and_results_are_freed(ctx: mp.Cont
         timeout=15,
         what=f"rank 1 back to {baseline} objects",
     )
-
-
-def _settled_objects(ctx: mp.Context, rank: int) -> int:
-    """The object count once two fresh heartbeats in a row report the same number."""
-    last: list[int] = []
-
-    def settled() -> bool:
-        row = stats(ctx.client, rank)
-        if row.get("objects") is None or row["heartbeat_age_s"] > 0.3:
-            return False
-        last.append(row["objects"])
-        return len(last) >= 2 and last[-1] == last[-2]
-
-    wait_until(settled, timeout=10, what="a stable object count")
-    return last[-1]
 
 
 def test_closing_the_context_fails_pending_futures() -> None:

@@ -5,12 +5,12 @@ node by name, at the rank the broker gave it, and keys that disagree are refused
 from __future__ import annotations
 
 import sys
-import threading
 from typing import Any
 
 import numpy as np
 import pytest
 import zmq
+from helpers import run_side_by_side
 
 import mpl.driver as mp
 from mpl.wire import ClusterSpec
@@ -66,7 +66,6 @@ def test_a_secure_session_over_two_nodes_reversed_runs_beside_one_over_all(
         cluster=_own_copy(pinned, ["node1", "node2", "node0"], _ABY3_OVER_ALL),
     )
     results: dict[str, Any] = {}
-    errors: list[BaseException] = []
 
     def on_the_pair() -> None:
         with pair:
@@ -85,21 +84,8 @@ def test_a_secure_session_over_two_nodes_reversed_runs_beside_one_over_all(
             z = mp.device("S3")(lambda x, y: x @ y + 0.25)(a, b)
             results["aby3"] = (z.parties, mp.fetch(z))
 
-    def guarded(fn: Any) -> Any:
-        def run() -> None:
-            try:
-                fn()
-            except BaseException as exc:  # reported by the main thread
-                errors.append(exc)
-
-        return run
-
     try:
-        threads = [threading.Thread(target=guarded(f)) for f in (on_the_pair, on_all_three)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        errors = run_side_by_side(on_the_pair, on_all_three)
         assert not errors, errors
         assert results["pcall"] == ((2,), [5.0, 5.0, 1.0])
         assert results["move"] == ((2,), [6.0, 18.0, 1.0])

@@ -4,13 +4,13 @@ broker's cluster, checked by name (and key), with their own SPU settings."""
 from __future__ import annotations
 
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import zmq
+from helpers import run_side_by_side
 
 import mpl.driver as mp
 from mpl.wire import ClusterSpec
@@ -89,7 +89,6 @@ def test_two_sessions_with_different_spu_protocols_run_concurrently() -> None:
     semi = mp.connect(sim.address, cluster=_semi2k_over_0_and_2())
     aby3 = mp.connect(sim.address, cluster=_aby3_over_all())
     results: dict[str, Any] = {}
-    errors: list[BaseException] = []
 
     def millionaire() -> None:
         with semi:
@@ -107,23 +106,10 @@ def test_two_sessions_with_different_spu_protocols_run_concurrently() -> None:
                 z = mp.device("S3")(lambda x, y: x @ y + 0.25)(a, b)
                 results["aby3"] = (z.parties, mp.fetch(z))
 
-    def guarded(fn: Any) -> Any:
-        def run() -> None:
-            try:
-                fn()
-            except BaseException as exc:  # reported by the main thread
-                errors.append(exc)
-
-        return run
-
     try:
         with pytest.raises(mp.DeviceNotFoundError), semi:
             mp.device("SP0")(lambda: 1)()  # the broker's device is not this session's
-        threads = [threading.Thread(target=guarded(f)) for f in (millionaire, matmul)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        errors = run_side_by_side(millionaire, matmul)
         assert not errors, errors
         parties, lt = results["semi"]
         assert parties == (0, 2) and lt.tolist() == [True, False]
