@@ -24,7 +24,14 @@ from mpl.wire.control import Heartbeat, Welcome, WorkerHello
 from mpl.wire.hot import done_spans, exec_for_rank, exec_spans, result_frames
 from mpl.wire.jobs import Done, Exec, JobResult, Lit, Program
 from mpl.wire.record import Record
-from mpl.wire.sessions import OpenSession, SessionOpened
+from mpl.wire.sessions import (
+    ListRequest,
+    OpenSession,
+    Reply,
+    SessionOpened,
+    StatusRequest,
+    SymbolInfo,
+)
 
 # 1 as a uint64 (0xcf + 8 bytes): msgpack itself would write the one byte 0x01, so only a
 # copy of the worker's bytes keeps this form
@@ -195,3 +202,44 @@ def test_the_broker_handles_every_queued_message_before_its_timers() -> None:
         sock.close(linger=0)
         broker.close()
         ctx.term()
+
+
+def test_a_workers_forged_save_claims_over_the_wire_name_nothing(
+    rig: tuple[Broker, Any],
+) -> None:
+    """Rank 1 of a job claims, in its Done, names it could not have written: another
+    rank's file, a path for a name, a value it shares with rank 0 that rank 0 never
+    reported. Nothing is named, each claim is counted, and the job and broker go on."""
+    _, raw = rig
+    workers = [raw() for _ in range(3)]
+    for rank, w in enumerate(workers):
+        w.send(
+            WorkerHello(rank, f"inc{rank}", 100 + rank, "host", f"tcp://127.0.0.1:{rank + 9}", "")
+        )
+        w.wait_for(Welcome)
+    driver = raw()
+    driver.send(OpenSession(1, "", 60.0, "claims"))
+    opened, _ = driver.wait_for(SessionOpened)
+    assert isinstance(opened, SessionOpened)
+    b = GraphBuilder(3)
+    graph = b.build(b.op("constant", [], ranks=(0, 1), value=1))
+    driver.send(Program(graph.digest, graph))
+    driver.send(Exec(opened.session, "claims-job", graph.digest, (0, 1), {}, ()))
+    for w in workers[:2]:
+        w.wait_for(Exec)
+    claims = [
+        SymbolInfo("theirs", "P0", (0,), True, {}),
+        SymbolInfo("../up", "P1", (1,), True, {}),
+        SymbolInfo("half", "", (0, 1), False, {}),
+    ]
+    workers[1].send(Done(opened.session, "claims-job", 1, saved=claims))
+    workers[0].send(Done(opened.session, "claims-job", 0))
+    result, _ = driver.wait_for(JobResult)
+    assert isinstance(result, JobResult) and result.error is None
+    driver.send(ListRequest(2, "symbols", opened.session))
+    listing, _ = driver.wait_for(Reply)
+    assert isinstance(listing, Reply) and listing.error is None
+    assert listing.value == {"session": [], "persisted": []}
+    driver.send(StatusRequest(3))
+    status, _ = driver.wait_for(Reply)
+    assert isinstance(status, Reply) and status.value["forged_replies"] == 3
