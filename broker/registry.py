@@ -10,6 +10,7 @@ add a channel speaking for it.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mpl.wire.control import Directory, PeerInfo, WorkerHello
@@ -42,12 +43,12 @@ class WorkerEntry:
         default_factory=lambda: SizedLRU(PROGRAM_SLOTS, PROGRAM_MIRROR_BYTES)
     )
 
-    def needs_program(self, digest: str, nbytes: int = 0) -> bool:
-        """True if ``digest`` (``nbytes`` as the worker's cache counts it, at most) must be
-        sent first; records it as sent either way."""
+    def needs_program(self, digest: str, nbytes: Callable[[], int] = lambda: 0) -> bool:
+        """True if ``digest`` (``nbytes()`` as the worker's cache counts it, at most; asked
+        only then) must be sent first; records it as sent either way."""
         if self.programs.get(digest):
             return False
-        self.programs.put(digest, True, nbytes)
+        self.programs.put(digest, True, nbytes())
         return True
 
     def peer_info(self) -> PeerInfo:

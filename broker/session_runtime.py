@@ -20,6 +20,7 @@ from mpl.broker.actions import Send
 from mpl.broker.admission import refuse_call
 from mpl.broker.calls import RequestCall
 from mpl.broker.sessions import SessionEntry
+from mpl.wire.runtime_info import node_runtime_info
 from mpl.wire.sessions import Ack, Reply, SessionOpened, SessionRuntime
 
 if TYPE_CHECKING:
@@ -35,10 +36,6 @@ def _named(requested: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(
         str(n.get("name")) for n in requested.get("nodes") or () if isinstance(n, Mapping)
     )
-
-
-def _info(cluster: Mapping[str, Any], rank: int) -> dict[str, Any]:
-    return dict(cluster["nodes"][rank].get("runtime_info") or {})
 
 
 class SessionRuntimes:
@@ -74,7 +71,10 @@ class SessionRuntimes:
         )
         self._opening[bid] = opened
         return [
-            Send(state.registry.by_rank[r].peer, SessionRuntime(entry.sid, bid, _info(cluster, r)))
+            Send(
+                state.registry.by_rank[r].peer,
+                SessionRuntime(entry.sid, bid, node_runtime_info(cluster, r)),
+            )
             for r in ranks
         ]
 
@@ -102,5 +102,7 @@ class SessionRuntimes:
             if cluster is None or not entry.named_nodes or rank >= len(cluster["nodes"]):
                 continue
             if cluster["nodes"][rank].get("name") in entry.named_nodes:
-                out.append(Send(peer, SessionRuntime(entry.sid, 0, _info(cluster, rank))))
+                out.append(
+                    Send(peer, SessionRuntime(entry.sid, 0, node_runtime_info(cluster, rank)))
+                )
         return out

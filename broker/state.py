@@ -26,6 +26,7 @@ from __future__ import annotations
 import secrets
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from mpl.broker.access import Access
@@ -431,7 +432,7 @@ class BrokerState:
         spans = None if shared or raw is None else exec_spans(raw)
         out: list[Send] = []
         for entry in workers:
-            if entry.needs_program(msg.digest, program_nbytes(program, entry.rank)):
+            if entry.needs_program(msg.digest, partial(program_nbytes, program, entry.rank)):
                 out.append(Send(entry.peer, program))
             if shared:
                 out.append(Send(entry.peer, msg, raw))

@@ -75,7 +75,7 @@ def test_program_caches_count_bytes_and_the_broker_mirror_stays_in_step(
             p = made[-1]
         else:
             p = rng.choice(made)
-        if mirror.needs_program(p.digest, program_nbytes(p, 1)):
+        if mirror.needs_program(p.digest, lambda p=p: program_nbytes(p, 1)):
             worker.handle(Program(p.digest, p.graph), 0.0)  # what the broker forwards
         assert worker.program(p.digest) is not None  # the job finds its program
         assert worker.programs.nbytes <= 60_000 and mirror.programs.nbytes <= 40_000

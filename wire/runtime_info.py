@@ -26,7 +26,14 @@ from typing import Any
 
 from mpl.wire.limits import MAX_RUNTIME_INFO_ITEMS, MAX_RUNTIME_INFO_TEXT
 
-__all__ = ["WILDCARDS", "incompatibility", "matches", "oversize", "own_runtime"]
+__all__ = [
+    "WILDCARDS",
+    "incompatibility",
+    "matches",
+    "node_runtime_info",
+    "oversize",
+    "own_runtime",
+]
 
 WILDCARDS = frozenset({"", "n/a", "simulated", "*", "any"})
 _SEPARATORS = ".-_+"
@@ -90,3 +97,12 @@ def oversize(info: Any) -> str | None:
         elif isinstance(value, (list, tuple)):
             stack.extend((v, depth + 1) for v in value)
     return None
+
+
+def node_runtime_info(cluster: Mapping[str, Any], rank: int) -> dict[str, Any]:
+    """Node ``rank``'s ``runtime_info`` in a cluster spec's dict form ({} when absent)."""
+    nodes = cluster.get("nodes") or []
+    if not 0 <= rank < len(nodes):
+        return {}
+    info = nodes[rank].get("runtime_info") or {}
+    return dict(info) if isinstance(info, Mapping) else {}

@@ -43,6 +43,7 @@ from mpl.wire.jobs import Abort, Exec
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
+from mpl.wire.runtime_info import node_runtime_info
 from mpl.wire.seal import Sealer
 from mpl.wire.sessions import SessionClosed, SessionRuntime
 from mpl.wire.snapshot import SnapshotSlot
@@ -55,7 +56,7 @@ from mpl.worker.keyed_mailbox import move_mailbox
 from mpl.worker.metrics import rss_bytes
 from mpl.worker.peers import PeerLinks
 from mpl.worker.sealing import WorkerSeal
-from mpl.worker.session_runtime import SessionRuntimes, node_runtime_info
+from mpl.worker.session_runtime import SessionRuntimes
 from mpl.worker.spu_kernels import SpuService
 from mpl.worker.spu_link import SpuLinks
 from mpl.worker.state import WorkerState

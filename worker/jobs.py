@@ -35,7 +35,7 @@ from mpl.wire.data import Delete, Fetch, Move
 from mpl.wire.errors import JobAbortedError, SessionError, UnsafeValueError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Done, Exec, Lit, output_uri
-from mpl.wire.limits import MAX_JOB_THREADS, job_timeout
+from mpl.wire.limits import MAX_JOB_THREADS, check_symbol_name, job_timeout
 from mpl.wire.progress import EVERY_S, FIRST_AFTER_S, Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo, to_info
@@ -67,7 +67,6 @@ from mpl.worker.state_events import (
     TaskDone,
 )
 from mpl.worker.store import ObjectStore, symbol_uri
-from mpl.worker.symbol_disk import check_name
 
 __all__ = ["DEFAULT_JOB_TIMEOUT_S", "Jobs"]
 
@@ -373,7 +372,7 @@ class Jobs:
 
     def _unsave(self, msg: DeleteSymbol) -> None:
         try:
-            check_name(msg.name)  # whoever relays it, no file outside the data root
+            check_symbol_name(msg.name)  # whoever relays it, no file outside the data root
             self.store.delete(msg.session, [symbol_uri(msg.name)])
             if msg.persist and self.store.disk is not None:
                 self.store.disk.delete(msg.name)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from mpl.wire.cluster import ClusterSpec
+from mpl.wire.runtime_info import node_runtime_info
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -78,11 +79,7 @@ def runtime_info() -> dict[str, Any]:
 
 def node_bindings(cluster: Mapping[str, Any], rank: int) -> dict[str, str]:
     """``op_bindings`` of node ``rank`` in a cluster spec's dict form ({} when absent)."""
-    nodes = cluster.get("nodes") or []
-    if not 0 <= rank < len(nodes):
-        return {}
-    info = nodes[rank].get("runtime_info") or {}
-    bindings = info.get("op_bindings") or {}
+    bindings = node_runtime_info(cluster, rank).get("op_bindings") or {}
     return {str(k): str(v) for k, v in bindings.items()}
 
 

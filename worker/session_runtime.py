@@ -22,16 +22,7 @@ from mpl.wire.remote import ErrorInfo
 from mpl.wire.runtime_info import incompatibility, oversize, own_runtime
 from mpl.wire.sessions import Ack, SessionRuntime
 
-__all__ = ["SessionRuntimes", "node_runtime_info"]
-
-
-def node_runtime_info(cluster: Mapping[str, Any], rank: int) -> dict[str, Any]:
-    """Node ``rank``'s ``runtime_info`` in a cluster spec's dict form ({} when absent)."""
-    nodes = cluster.get("nodes") or []
-    if not 0 <= rank < len(nodes):
-        return {}
-    info = nodes[rank].get("runtime_info") or {}
-    return dict(info) if isinstance(info, Mapping) else {}
+__all__ = ["SessionRuntimes"]
 
 
 class SessionRuntimes:

@@ -28,7 +28,7 @@ import zmq
 from mpl.wire.control import PeerInfo
 from mpl.wire.curve import PEER_DOMAIN, Curve
 from mpl.wire.errors import JobAbortedError, MplTimeoutError, WorkerLostError
-from mpl.wire.sockets import MAX_MESSAGE, configure, drain
+from mpl.wire.sockets import MAX_MESSAGE, configure, drain, send_frames
 from mpl.worker.keyed_mailbox import KeyedMailbox, SpuKey, spu_mailbox
 
 __all__ = ["SPU_MAGIC", "JobStopped", "SpuLinks"]
@@ -93,11 +93,10 @@ class SpuLinks:
         """
         _, sock, lock = self._socket(dst)
         frames = [SPU_MAGIC, lane.encode(), str(self.rank).encode(), key.encode(), data]
-        copy = len(data) < 65536
         while True:
             if lock.acquire(timeout=_SEND_RETRY_S):  # another send to dst may be stuck too
                 try:
-                    sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
+                    send_frames(sock, frames)  # NOBLOCK; small frames copied
                     return
                 except zmq.Again:
                     pass  # the member's queue is full

@@ -62,6 +62,7 @@ from mpl.worker.state_events import (
     Expect,
     FetchArrived,
     FreeJob,
+    JobKey,
     Joined,
     MoveRefused,
     Post,
@@ -90,8 +91,6 @@ INLINE_RUN_S = 0.001  # a program whose last run took at most this may run witho
 INLINE_OPCODES = frozenset({"pcall", "constant", "getitem", "converge"})
 _HELLO_FIRST, _HELLO_MAX = 0.05, 2.0  # quick retries while a broker starts up
 _MEMORY = 1024  # closed sessions, aborted and SPU jobs, quick programs remembered
-
-JobKey = tuple[str, str]
 
 
 def is_local(graph: Graph) -> bool:
