@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from mpl.wire.codec import decode, encode
+from mpl.wire.codec import encode
 from mpl.wire.control import Bye, Refused
 from mpl.wire.errors import MplError, MplTimeoutError, ProtocolError, SessionError
 from mpl.wire.exec_pack import exec_frames
@@ -35,7 +35,8 @@ from mpl.wire.graph import Graph
 from mpl.wire.jobs import Cancel, Exec, JobResult, Program
 from mpl.wire.progress import Progress
 from mpl.wire.remote import from_info
-from mpl.wire.sockets import NOBLOCK, recv_frames, send_frames
+from mpl.wire.result_read import read_answer
+from mpl.wire.sockets import drain, send_frames
 
 if TYPE_CHECKING:
     from mpl.driver.client import Client
@@ -44,6 +45,8 @@ __all__ = ["JobPump", "Pending"]
 
 log = logging.getLogger("mpl.driver")
 _IDLE_MS = 100  # the pump wakes this often to check deadlines and the broker's silence
+_DRAIN = 256  # results settled per wake-up at most, before queued jobs are sent again
+_POLLIN = int(zmq.POLLIN)
 
 
 @dataclass(eq=False)
@@ -115,18 +118,21 @@ class JobPump:
         sock: zmq.Socket[Any] | None = None
         try:
             sock = self._client._socket()
-            poller = zmq.Poller()
-            poller.register(sock, zmq.POLLIN)
-            poller.register(self._wake_r, zmq.POLLIN)
+            # zmq_poll itself, on a list built once: zmq.Poller rebuilds its list and
+            # wraps the answer in Python objects on every call
+            watched: Any = [(sock, _POLLIN), (self._wake_r, _POLLIN)]
             while self._closing is None:
                 # one wake-up handles everything ready: all queued jobs are sent and all
                 # arrived results settled before the next poll
-                ready = dict(poller.poll(self._poll_ms()))
-                if self._wake_r in ready:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self._wake_r, 4096)
+                results = False
+                for item, _ in zmq.zmq_poll(watched, self._poll_ms()):
+                    if item is sock:
+                        results = True
+                    else:
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(self._wake_r, 4096)
                 self._send_queued(sock)
-                if sock in ready:
+                if results:
                     self._receive(sock)
                 if time.monotonic() >= self._check_at:
                     self._expire(sock)
@@ -178,14 +184,13 @@ class JobPump:
         p.attempts += 1
 
     def _receive(self, sock: zmq.Socket[Any]) -> None:
-        while True:
-            try:
-                frames = recv_frames(sock, NOBLOCK)
-            except zmq.Again:
-                return
+        # drain checks ZMQ_EVENTS between receives: no zmq.Again built at the end of each
+        # wake-up; it stops after _DRAIN messages so queued sends are not held back long
+        safe = not self._client.trusted
+        for frames in drain(sock, _DRAIN):
             try:
                 # results come from other parties: pickles load only in a trusted cluster
-                msg = decode(frames, safe=not self._client.trusted)
+                msg = read_answer(frames, safe=safe)
             except ProtocolError as exc:
                 log.warning("bad message from the broker: %s", exc)
                 continue

@@ -49,6 +49,14 @@ class Program:
         self._params = params  # leaf positions of the Value arguments
         self._out_tree = out_tree
         self._outs = outs  # per output leaf: ("v", output index, device) | ("h", host value, None)
+        # what every run asks for and rebuilds its outputs with: worked out once, not per call
+        self._inline = tuple(range(len(graph.outputs)))
+        devices: list[str | None] = [None] * len(graph.outputs)
+        for kind, index, device in outs:
+            if kind == "v":
+                devices[index] = device
+        self._out_devices = [(-1, d) for d in devices]
+        self._out_placements = [graph.placements[v] for v in graph.outputs]
 
     def __str__(self) -> str:
         return format_graph(self.graph)
@@ -62,7 +70,7 @@ class Program:
     def run(self, ctx: Context, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run as one job in ``ctx`` and wait: the outputs, as the traced function returned them."""
         bindings = self._bind(ctx, args, kwargs)
-        result = ctx.run(self.graph, bindings, inline=tuple(range(len(self.graph.outputs))))
+        result = ctx.run(self.graph, bindings, inline=self._inline)
         return self._outputs(ctx, result)
 
     def submit(self, ctx: Context, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[Any]:
@@ -73,7 +81,7 @@ class Program:
             bindings,
             lambda result: self._outputs(ctx, result),
             keep=(args, kwargs),  # the input Values outlive the job: no delete overtakes it
-            inline=tuple(range(len(self.graph.outputs))),
+            inline=self._inline,
         )
 
     def _bind(
@@ -91,19 +99,7 @@ class Program:
         return bind(self._sources, self.graph.world_size, slots)
 
     def _outputs(self, ctx: Context, result: JobResult) -> Any:
-        n = len(self.graph.outputs)
-        placements = self.graph.placements
-        devices: list[str | None] = [None] * n
-        for kind, index, device in self._outs:
-            if kind == "v":
-                devices[index] = device
-        values = wrap(
-            ctx,
-            result.job,
-            [(-1, d) for d in devices],
-            [placements[v] for v in self.graph.outputs],
-            result,
-        )
+        values = wrap(ctx, result.job, self._out_devices, self._out_placements, result)
         out = [values[index] if kind == "v" else index for kind, index, _ in self._outs]
         return unflatten(self._out_tree, out)
 

@@ -83,9 +83,10 @@ def phase_pipeline() -> None:
     total = {1: 1000, 8: 2000, 64: 3000}
     floors = {w: [raw.windowed(total[w], w) for _ in range(3)] for w in total}
     raw.close()
-    with start_cluster(2):
+    with start_cluster(2) as ctx:
         job = mp.function(lambda: mp.device("P0")(lambda: 1)())
         mp.fetch(job())
+        pids = _cluster_pids(ctx)
 
         def windowed(n: int, window: int) -> float:
             t0 = time.perf_counter()
@@ -99,7 +100,26 @@ def phase_pipeline() -> None:
             return n / (time.perf_counter() - t0)
 
         for window, n in total.items():
+            before = {k: _cpu_s(p) for k, p in pids.items()}
+            t0, w0 = time.process_time(), time.perf_counter()
             rates = [windowed(n, window) for _ in range(3)]
+            wall = time.perf_counter() - w0
+            used = {"driver": time.process_time() - t0}
+            used.update({k: _cpu_s(p) - before[k] for k, p in pids.items()})
+            # which process limits the pipeline: its CPU per job, and how busy it was
+            record(
+                "pipeline",
+                f"CPU per job with {window} in flight: "
+                + ", ".join(f"{k} {v / (3 * n) * 1e6:.0f} µs" for k, v in used.items()),
+                [sum(used.values()) / (3 * n)],
+            )
+            record(
+                "pipeline",
+                f"busy share of one core with {window} in flight: "
+                + ", ".join(f"{k} {v / wall:.0%}" for k, v in used.items()),
+                [sum(used.values()) / wall],
+                unit="cores",
+            )
             floor = statistics.median(floors[window])
             record(
                 "pipeline",
@@ -187,6 +207,12 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _cluster_pids(ctx: Any) -> dict[str, int]:
+    procs = ctx.processes
+    assert procs.broker is not None
+    return {"broker": procs.broker.pid, **{f"worker{r}": p.pid for r, p in procs.workers.items()}}
+
+
 def phase_cpu() -> None:
     """CPU seconds per trivial job in each process, against the raw relay's processes."""
     import mpl.driver as mp
@@ -206,12 +232,7 @@ def phase_cpu() -> None:
         job = _trivial_all(2)
         for _ in range(100):
             mp.fetch(job())
-        procs = ctx.processes
-        assert procs.broker is not None
-        pids = {
-            "broker": procs.broker.pid,
-            **{f"worker{r}": p.pid for r, p in procs.workers.items()},
-        }
+        pids = _cluster_pids(ctx)
         before = {k: _cpu_s(p) for k, p in pids.items()}
         t0 = time.process_time()
         for _ in range(n):

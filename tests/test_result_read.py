@@ -1,0 +1,137 @@
+"""The driver's lean JobResult decoder accepts exactly what ``decode`` accepts, and builds the
+same record: valid results, every field with a wrong type, bad frames, pickles in safe mode,
+and thousands of mutated results."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+
+from mpl.wire import ProtocolError, decode, encode
+from mpl.wire.codec import MAGIC_FRAME
+from mpl.wire.control import Heartbeat
+from mpl.wire.jobs import JobResult
+from mpl.wire.remote import ErrorInfo
+from mpl.wire.result_read import read_answer
+
+STATS = {
+    0: {"run_s": 7e-5, "started": 1.7e9, "ops": [[0, "0 (pcall f)", 3e-5, 4e-5]]},
+    1: {"run_s": 4e-5, "started": 1.7e9, "ops": []},
+}
+
+RESULTS = [
+    JobResult("a" * 24, {0: {0: 1, 1: 1}}, None, False, STATS, {0: "int"}),
+    JobResult("j", {0: {1: np.arange(6.0).reshape(2, 3)}, 1: {0: "text", 1: None}}),
+    JobResult("j", {0: {0: (1, [2.5, {"k": b"raw"}])}}, metas={0: "tuple"}),
+    JobResult("j", error=ErrorInfo("RemoteError", "it broke", 1, "op 3", "ValueError")),
+    JobResult("j", missing_program=True),
+    JobResult("j"),
+]
+
+
+def outcome(read: Any, frames: list[Any], safe: bool) -> Any:
+    try:
+        return ("ok", read(frames, safe=safe))
+    except ProtocolError:
+        return ("refused", None)
+
+
+@pytest.mark.parametrize("result", RESULTS, ids=range(len(RESULTS)))
+@pytest.mark.parametrize("safe", [True, False])
+def test_valid_results_decode_as_decode_does(result: JobResult, safe: bool) -> None:
+    frames = encode(result)
+    fast = read_answer(frames, safe=safe)
+    assert type(fast) is JobResult
+    assert repr(fast) == repr(decode(frames, safe=safe)) == repr(result)  # arrays too
+    with pytest.raises(Exception, match="cannot assign"):  # as immutable as a decoded one
+        fast.job = "other"  # type: ignore[misc]
+
+
+def test_other_messages_go_to_decode() -> None:
+    frames = encode(Heartbeat({"objects": 3}))
+    assert read_answer(frames, safe=True) == decode(frames, safe=True)
+
+
+def _header(fields: list[Any]) -> list[Any]:
+    return [MAGIC_FRAME, msgpack.packb(["result", *fields], use_bin_type=True)]
+
+
+HUGE = msgpack.ExtType(7, (1 << 70).to_bytes(10, "big", signed=True))  # an int past 64 bits
+GOOD = ["j", {0: {0: 1}}, None, False, {0: {"run_s": 1.0}}, {0: "int"}]
+BAD_FIELDS = {
+    "job": [1, None, b"j"],
+    "values": [[], {"0": {0: 1}}, {0: [1]}, {0: {"0": 1}}, {True: {0: 1}}, {0: {HUGE: 1}}],
+    "error": ["boom", 1, {}],
+    "missing_program": [0, 1, None, "no"],
+    "stats": [[], {"0": {}}, {0: []}, {0: {1: 2}}, {HUGE: {}}],
+    "metas": [[], {0: 1}, {"0": "int"}, {0: None}],
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_FIELDS))
+def test_every_field_of_the_wrong_type_is_refused_as_decode_refuses_it(name: str) -> None:
+    assert read_answer(_header(GOOD), safe=True) == decode(_header(GOOD), safe=True)
+    at = ["job", "values", "error", "missing_program", "stats", "metas"].index(name)
+    for bad in BAD_FIELDS[name]:
+        fields = list(GOOD)
+        fields[at] = bad
+        with pytest.raises(ProtocolError):
+            decode(_header(fields))
+        with pytest.raises(ProtocolError):
+            read_answer(_header(fields), safe=True)
+
+
+def test_bad_frames_are_refused() -> None:
+    good = encode(RESULTS[1])  # with a buffer frame
+    for frames in (
+        [*good, b"unreferenced"],
+        good[:2],  # its buffer frame is missing
+        _header(GOOD[:-1]),  # a field short
+        _header([*GOOD, 1]),  # a field too many
+        [b"XYZ\x01", good[1]],
+        [MAGIC_FRAME, good[1][:-3]],
+    ):
+        assert outcome(decode, frames, True)[0] == "refused"
+        assert outcome(read_answer, frames, True)[0] == "refused"
+
+
+def test_a_pickle_is_refused_in_safe_mode_without_being_loaded() -> None:
+    frames = encode(JobResult("j", {0: {0: {1, 2}.__class__}}))  # a type: pickled
+    with pytest.raises(ProtocolError, match="pickled value"):
+        read_answer(frames, safe=True)
+    assert read_answer(frames, safe=False) == decode(frames, safe=False)
+
+
+def _mutate(rng: random.Random, frames: list[bytes]) -> list[bytes]:
+    frames = [bytes(f) for f in frames]
+    i = rng.randrange(1, len(frames))
+    f = bytearray(frames[i])
+    if rng.random() < 0.7:
+        for _ in range(rng.randrange(1, 4)):
+            if len(f) > 9:  # keep the tag mostly intact: the lean path is what we test
+                f[rng.randrange(9, len(f))] = rng.randrange(256)
+    else:
+        del f[rng.randrange(9, len(f) + 1) :]
+    frames[i] = bytes(f)
+    return frames
+
+
+@pytest.mark.timeout(60)
+def test_mutated_results_are_accepted_or_refused_exactly_as_decode_does() -> None:
+    rng = random.Random(12)
+    samples = [[bytes(f) for f in encode(r)] for r in RESULTS]
+    accepted = 0
+    for _ in range(4000):
+        frames = _mutate(rng, rng.choice(samples))
+        for safe in (True, False):
+            expected = outcome(decode, frames, safe)
+            got = outcome(read_answer, frames, safe)
+            assert got[0] == expected[0], frames
+            if got[0] == "ok":
+                accepted += 1
+                assert repr(got[1]) == repr(expected[1])
+    assert accepted > 100  # the mutations leave some results valid: both paths compared
