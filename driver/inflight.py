@@ -187,23 +187,35 @@ class JobPump:
         # drain checks ZMQ_EVENTS between receives: no zmq.Again built at the end of each
         # wake-up; it stops after _DRAIN messages so queued sends are not held back long
         safe = not self._client.trusted
-        for frames in drain(sock, _DRAIN):
-            try:
-                # results come from other parties: pickles load only in a trusted cluster
-                msg = read_answer(frames, safe=safe)
-            except ProtocolError as exc:
-                log.warning("bad message from the broker: %s", exc)
-                continue
-            if isinstance(msg, JobResult):
-                self._settle(sock, msg)
-            elif isinstance(msg, Progress):
-                self._client.progress.update(msg)
-            elif isinstance(msg, Refused):
-                self._fail_all(type(from_info(msg.error)), msg.error.message)
-            elif isinstance(msg, Bye):
-                self._fail_all(SessionError, f"the broker at {self._client.address} shut down")
+        # Futures are settled once the whole batch is read: each settled future wakes the
+        # thread waiting on it, which would otherwise contend for the GIL with this loop
+        # for every result still to read (a futex wait and wake each time).
+        ready: list[tuple[Pending, Any]] = []
+        try:
+            for frames in drain(sock, _DRAIN):
+                try:
+                    # results come from other parties: pickles load only in a trusted cluster
+                    msg = read_answer(frames, safe=safe)
+                except ProtocolError as exc:
+                    log.warning("bad message from the broker: %s", exc)
+                    continue
+                if isinstance(msg, JobResult):
+                    self._settle(sock, msg, ready)
+                elif isinstance(msg, Progress):
+                    self._client.progress.update(msg)
+                elif isinstance(msg, Refused):
+                    self._fail_all(type(from_info(msg.error)), msg.error.message)
+                elif isinstance(msg, Bye):
+                    self._fail_all(SessionError, f"the broker at {self._client.address} shut down")
+        finally:
+            for p, value in ready:
+                p.keep = None
+                p.future.set_result(value)
 
-    def _settle(self, sock: zmq.Socket[Any], result: JobResult) -> None:
+    def _settle(
+        self, sock: zmq.Socket[Any], result: JobResult, ready: list[tuple[Pending, Any]]
+    ) -> None:
+        """Take ``result`` for its job: its value joins ``ready``; a failure settles now."""
         p = self._inflight.pop(result.job, None)
         if p is None:
             return  # an answer to a job that already timed out
@@ -225,8 +237,7 @@ class JobPump:
         except BaseException as exc:
             _fail(p, exc)
             return
-        p.keep = None
-        p.future.set_result(value)
+        ready.append((p, value))
 
     def _expire(self, sock: zmq.Socket[Any]) -> None:
         now = time.monotonic()

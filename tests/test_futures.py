@@ -9,7 +9,7 @@ from concurrent.futures import FIRST_COMPLETED, Future
 from typing import Any
 
 import pytest
-from helpers import boom, nap_then, stable_objects, stats, wait_until
+from helpers import boom, nap_then, run_side_by_side, stable_objects, stats, wait_until
 
 import mpl.driver as mp
 from mpl.wire import GraphBuilder
@@ -78,6 +78,51 @@ def test_errors_surface_on_result_and_spare_the_other_jobs(ctx: mp.Context) -> N
     assert info.value.rank == 1
     assert isinstance(bad.exception(), mp.RemoteError)
     assert mp.fetch(good.result()) == 8
+
+
+def test_interleaved_submits_from_several_threads_land_on_their_own_futures(
+    ctx: mp.Context,
+) -> None:
+    # The pump reads results in batches and settles the batch at the end: every value must
+    # still reach its own future, and a failed job only its own.
+    x = mp.put("P0", 1000)
+    outcomes: dict[int, list[tuple[int, Any]]] = {}
+
+    def submitter(t: int) -> Any:
+        def run() -> None:
+            futures = []
+            for i in range(24):
+                if i % 7 == 3:
+                    futures.append((i, mp.submit(lambda v: mp.device("P1")(boom)(v), x)))
+                else:
+                    futures.append((i, mp.submit(step, x, 100 * t + i)))
+            got = []
+            for i, f in futures:
+                try:
+                    got.append((i, mp.fetch(f.result(timeout=60))))
+                except mp.RemoteError as exc:
+                    got.append((i, f"error: {exc}"))
+            outcomes[t] = got
+
+        return run
+
+    # each thread enters the context (_in): a current context is per thread
+    errors = run_side_by_side(*(_in(ctx, submitter(t)) for t in range(4)), timeout=120)
+    assert not errors, errors
+    for t in range(4):
+        for i, got in outcomes[t]:
+            if i % 7 == 3:
+                assert isinstance(got, str) and "boom on 1000" in got
+            else:
+                assert got == 1000 + 100 * t + i
+
+
+def _in(ctx: mp.Context, fn: Any) -> Any:
+    def run() -> None:
+        with ctx:
+            fn()
+
+    return run
 
 
 def test_wait_first_completed(ctx: mp.Context) -> None:
@@ -166,6 +211,27 @@ def test_a_silent_broker_fails_the_futures_in_flight(make_cluster: Any) -> None:
                 f.result(timeout=20)  # settled by the pump; this bound only guards the test
     finally:
         broker.send_signal(signal.SIGCONT)
+
+
+def test_a_broker_killed_with_64_in_flight_fails_every_future(make_cluster: Any) -> None:
+    cluster = make_cluster("tcp")
+    client = cluster.client(heartbeat_s=0.2)
+    sid = client.open_session().session
+    b = GraphBuilder(2)
+    x = b.op("pcall", [], ranks=(0,), fn=b.fn(nap_then), args=(1, 0.05))[0]
+    graph = b.build([x])
+    futures = [client.submit_async(sid, graph, {}, inline=(0,), timeout=60) for _ in range(64)]
+    broker = cluster.impl.broker
+    wait_until(lambda: any(f.done() for f in futures), timeout=30, what="a first result")
+    broker.kill()  # gone mid-stream: some results came, the rest never will
+    broker.wait(10)
+    _, not_done = mp.wait(futures, timeout=30)  # this bound only guards the test
+    assert not not_done
+    settled = [f for f in futures if f.exception() is None]
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    assert settled and failed and len(settled) + len(failed) == 64
+    assert all(f.result().values[0] == {0: 1} for f in settled)
+    assert all(isinstance(e, MplError) for e in failed)
 
 
 def test_futures_work_in_secure_mode(tmp_path: Any) -> None:
