@@ -13,6 +13,7 @@ trusted. Any other message goes to ``decode``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
 from mpl.wire.codec import MAGIC_FRAME, decode
@@ -87,7 +88,7 @@ def _int_keyed_map(obj: Any) -> bool:
 
 
 def _str_keyed_map(obj: Any) -> bool:
-    return isinstance(obj, dict) and all(isinstance(k, str) for k in obj)
+    return isinstance(obj, dict) and all(map(isinstance, obj, repeat(str)))  # no Python frames
 
 
 def _is_str(obj: Any) -> bool:
