@@ -10,6 +10,7 @@ import zmq
 
 from mpl.wire import decode, encode
 from mpl.wire.errors import AuthenticationError
+from mpl.wire.exec_pack import _pack_bindings, exec_frames
 from mpl.wire.jobs import Exec, Failed
 from mpl.wire.seal import Sealer, exec_context
 from mpl.wire.sealed import BOX_MAGIC, is_sealed
@@ -53,15 +54,30 @@ def _renamed(box: bytes, sender: str) -> bytes:
     return BOX_MAGIC + bytes([len(name)]) + name + box[_sender_end(box) :]
 
 
-def test_a_small_value_is_one_box_the_broker_routes_as_plain_bytes(parties: Parties) -> None:
-    box = parties.n0.seal({"x": 1, "marker": "VALUE-MARKER-5e1d"}, "driver:a", "done|s|j|0")
+@pytest.mark.parametrize("pad", [0, 5000], ids=["in-header", "own-frame"])
+def test_a_small_value_is_one_box_the_broker_routes_as_plain_bytes(
+    parties: Parties, pad: int
+) -> None:
+    """Short boxes ride in the message header; longer ones (still no codec buffers inside)
+    get a frame of their own on the way and arrive as bytes all the same."""
+    value = {"x": 1, "marker": "VALUE-MARKER-5e1d", "pad": "p" * pad}
+    box = parties.n0.seal(value, "driver:a", "done|s|j|0")
     assert type(box) is bytes and is_sealed(box)
     assert b"VALUE-MARKER-5e1d" not in box
     routed = decode(encode(Reply(1, box)), unpickle=False).value  # the broker's view
-    assert routed == box
     arrived = decode(encode(Reply(1, routed))).value
-    who, value = parties.a.open(arrived, "done|s|j|0", sender="node:n0")
-    assert (who, value) == ("node:n0", {"x": 1, "marker": "VALUE-MARKER-5e1d"})
+    assert arrived == box
+    assert parties.a.open(arrived, "done|s|j|0", sender="node:n0") == ("node:n0", value)
+
+
+def test_an_exec_with_boxes_takes_the_drivers_packed_path(parties: Parties) -> None:
+    """The driver packs an Exec of compact boxes without the general encoder, byte for byte
+    what the encoder writes."""
+    context = exec_context("s", "j1", "d", (0, 1), (0,), 5.0)
+    boxes = {r: parties.a.seal(None, f"node:n{r}", context, safe=False) for r in (0, 1)}
+    msg = Exec("s", "j1", "d", (0, 1), boxes, (0,), 5.0)
+    assert _pack_bindings(msg.bindings) is not None
+    assert exec_frames(msg) == encode(msg)
 
 
 def test_a_box_replayed_into_another_job_recipient_or_sender_is_refused(
