@@ -115,6 +115,10 @@ class _Payload(Record, tag="sealed-value"):
     value: Any
 
 
+# None is sealed on every job for each rank without inputs: encoded once
+_NONE_FRAMES = encode(_Payload(None))
+
+
 def _pieces(size: int) -> int:
     return max(1, -(-size // CHUNK))
 
@@ -182,7 +186,7 @@ class Sealer:
         a driver); a driver sealing functions for a worker passes ``safe=False``. A small
         value comes back as a compact box (``bytes``), anything else as a ``Sealed``.
         """
-        frames = encode(_Payload(value), safe=safe)
+        frames = _NONE_FRAMES if value is None else encode(_Payload(value), safe=safe)
         if self._box_head is not None and len(frames) == 2 and len(frames[1]) < COMPACT_MAX:
             sending = self._sending.get(to) or self._new_epoch(to)
             head, aead, counter = sending
@@ -289,6 +293,8 @@ class Sealer:
             raise _failed(who, context) from None
         if known is None:  # kept only once authenticated: forged epochs cannot flush it
             self._receiving[(who, epoch)] = aead
+        if header == _NONE_FRAMES[1]:  # authenticated plaintext; what a rank without inputs gets
+            return who, None
         return who, _value(who, [MAGIC_FRAME, header], safe)
 
     def _check_sender(self, who: str, sender: str) -> None:
