@@ -97,6 +97,13 @@ def test_a_box_replayed_into_another_job_recipient_or_sender_is_refused(
         n0.open(_renamed(box, "driver:b"), context, safe=False)  # under another driver's name
     with pytest.raises(AuthenticationError, match="claims to be sealed by"):
         n0.open(box, context, sender="driver:b", safe=False)
+    # None (the box of a rank without inputs, opened without a decode) is bound alike
+    nothing = a.seal(None, "node:n0", context, safe=False)
+    assert n0.open(nothing, context) == ("driver:a", None)
+    with pytest.raises(AuthenticationError, match="replayed"):
+        n0.open(nothing, other_job)
+    with pytest.raises(AuthenticationError, match="failed authentication"):
+        n1.open(nothing, context)
     # a result sent back the other way is bound to its direction as well
     result = n0.seal(7, "driver:a", "done|s|job1|0")
     assert a.open(result, "done|s|job1|0", sender="node:n0")[1] == 7
