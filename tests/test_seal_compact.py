@@ -9,7 +9,7 @@ import pytest
 import zmq
 
 from mpl.wire import decode, encode
-from mpl.wire.errors import AuthenticationError
+from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.exec_pack import _pack_bindings, exec_frames
 from mpl.wire.jobs import Exec, Failed
 from mpl.wire.seal import Sealer, exec_context
@@ -170,3 +170,37 @@ def test_forged_epochs_cannot_grow_or_flush_what_a_recipient_keeps(parties: Part
         with pytest.raises(AuthenticationError):
             n0.open(forged, "ctx")
     assert dict(n0._receiving) == kept
+
+
+@pytest.mark.parametrize(
+    "value",
+    [None, True, False, 0, -1, 127, -33, 1 << 63, (1 << 64) - 1, -(1 << 63), 0.5, 1.0, "", "é€x"],
+)
+def test_small_scalars_come_back_with_their_type(parties: Parties, value: object) -> None:
+    box = parties.n0.seal(value, "driver:a", "done|s|j|0")
+    opened = parties.a.open(box, "done|s|j|0", sender="node:n0")[1]
+    assert opened == value and type(opened) is type(value)
+
+
+@pytest.mark.parametrize(
+    "plaintext",
+    [b"\xa2\xff\xfe", b"\x01\x02", b"\xcd\x01", b"\x91\x01"],
+    ids=["bad-utf8", "extra-bytes", "truncated", "a-list"],
+)
+def test_odd_plaintext_from_a_listed_party_goes_through_the_codecs_checks(
+    parties: Parties, plaintext: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listed (but hostile) party may seal any plaintext: the scalar shortcut reads only
+    what the codec would read the same way, and leaves the rest to the codec's checks."""
+    from mpl.wire import seal as seal_module
+
+    head = seal_module._PAYLOAD_HEAD
+    crafted = [seal_module.MAGIC_FRAME, head + plaintext]
+    monkeypatch.setattr(seal_module, "_scalar_frames", lambda value: crafted)
+    box = parties.n0.seal(0, "driver:a", "ctx")
+    monkeypatch.undo()
+    if plaintext == b"\x91\x01":
+        assert parties.a.open(box, "ctx")[1] == [1]  # not a scalar: the codec decodes it
+        return
+    with pytest.raises(ProtocolError):
+        parties.a.open(box, "ctx")

@@ -47,6 +47,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
@@ -115,8 +116,51 @@ class _Payload(Record, tag="sealed-value"):
     value: Any
 
 
-# None is sealed on every job for each rank without inputs: encoded once
+# The smallest payloads (None, sealed on every job for each rank without inputs; a bool, a
+# 64-bit int, a float or a short str: most inline results) skip the codec's walk on both
+# sides. Their plaintext is byte for byte what the codec writes (checked below, at import),
+# so either side may take either path.
 _NONE_FRAMES = encode(_Payload(None))
+_PAYLOAD_HEAD = _NONE_FRAMES[1][: -len(msgpack.packb(None))]
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
+_SHORT_STR = 32  # a msgpack fixstr: its one lead byte says it is a str
+# lead bytes of those values: fixint, nil, bool, float64, (u)int8-64, fixstr, negative fixint
+_SCALAR_LEADS = frozenset(
+    (*range(0x00, 0x80), 0xC0, 0xC2, 0xC3, 0xCB, *range(0xCC, 0xD4), *range(0xA0, 0xC0))
+) | frozenset(range(0xE0, 0x100))
+
+
+def _scalar_frames(value: Any) -> list[Any] | None:
+    """The payload frames of a small scalar without the codec, or None for anything else."""
+    if value is None:
+        return _NONE_FRAMES
+    t = type(value)
+    if (
+        (t is int and _INT_MIN <= value <= _INT_MAX)
+        or t is float
+        or t is bool
+        or (t is str and len(value) < _SHORT_STR // 4)
+    ):
+        return [MAGIC_FRAME, _PAYLOAD_HEAD + msgpack.packb(value)]
+    return None
+
+
+def _scalar(header: bytes) -> tuple[bool, Any]:
+    """``(True, value)`` when an authenticated plaintext holds one small scalar, read
+    without the codec; ``(False, None)`` sends it down the codec's path."""
+    rest = header[len(_PAYLOAD_HEAD) :]
+    if not header.startswith(_PAYLOAD_HEAD) or not rest or rest[0] not in _SCALAR_LEADS:
+        return False, None
+    try:
+        value = msgpack.unpackb(rest)
+    except ValueError:  # extra bytes, bad UTF-8, a truncated value: the codec says why
+        return False, None
+    return type(value) in (int, float, bool, str, type(None)), value
+
+
+for _sample in (None, True, -1, 1 << 63, -(1 << 63), 0.5, "text"):  # the two paths agree
+    if _scalar_frames(_sample) != encode(_Payload(_sample)):
+        raise ImportError(f"mpl.wire.seal: the scalar path differs from the codec's at {_sample!r}")
 
 
 def _pieces(size: int) -> int:
@@ -186,7 +230,7 @@ class Sealer:
         a driver); a driver sealing functions for a worker passes ``safe=False``. A small
         value comes back as a compact box (``bytes``), anything else as a ``Sealed``.
         """
-        frames = _NONE_FRAMES if value is None else encode(_Payload(value), safe=safe)
+        frames = _scalar_frames(value) or encode(_Payload(value), safe=safe)
         if self._box_head is not None and len(frames) == 2 and len(frames[1]) < COMPACT_MAX:
             sending = self._sending.get(to) or self._new_epoch(to)
             head, aead, counter = sending
@@ -293,8 +337,6 @@ class Sealer:
             raise _failed(who, context) from None
         if known is None:  # kept only once authenticated: forged epochs cannot flush it
             self._receiving[(who, epoch)] = aead
-        if header == _NONE_FRAMES[1]:  # authenticated plaintext; what a rank without inputs gets
-            return who, None
         return who, _value(who, [MAGIC_FRAME, header], safe)
 
     def _check_sender(self, who: str, sender: str) -> None:
@@ -369,6 +411,10 @@ def _failed(who: str, context: str) -> AuthenticationError:
 
 def _value(who: str, frames: list[Any], safe: bool) -> Any:
     """The value inside an authenticated payload's plaintext frames."""
+    if len(frames) == 2:
+        done, value = _scalar(frames[1])
+        if done:
+            return value
     try:
         payload = decode(frames, safe=safe)
     except ProtocolError as exc:
