@@ -204,3 +204,19 @@ def test_odd_plaintext_from_a_listed_party_goes_through_the_codecs_checks(
         return
     with pytest.raises(ProtocolError):
         parties.a.open(box, "ctx")
+
+
+def test_what_a_recipient_keeps_of_epochs_is_bounded(
+    parties: Parties, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each restarted sender brings a new epoch: the recipient keeps a bounded number of
+    them, and a box of an epoch it let go still opens (its key is made again)."""
+    from mpl.wire import seal as seal_module
+
+    monkeypatch.setattr(seal_module, "_EPOCHS_KEPT", 3)
+    nodes = {"node:n0": parties.keys["node:n0"][0]}
+    boxes = [parties.sealer("driver:a", nodes).seal(i, "node:n0", "ctx") for i in range(6)]
+    for i, box in enumerate(boxes):
+        assert parties.n0.open(box, "ctx")[1] == i
+        assert len(parties.n0._receiving) <= 3
+    assert parties.n0.open(boxes[0], "ctx")[1] == 0

@@ -59,7 +59,6 @@ from mpl.wire.codec import MAGIC_FRAME, ZERO_COPY_BYTES, decode, encode
 from mpl.wire.curve import Curve
 from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.identity import driver_identity, node_identity
-from mpl.wire.lru import LRU
 from mpl.wire.record import Record
 from mpl.wire.sealed import BOX_MAGIC, Sealed
 
@@ -153,8 +152,8 @@ def _scalar(header: bytes) -> tuple[bool, Any]:
         return False, None
     try:
         value = msgpack.unpackb(rest)
-    except ValueError:  # extra bytes, bad UTF-8, a truncated value: the codec says why
-        return False, None
+    except (ValueError, msgpack.UnpackException):  # extra bytes, bad UTF-8, cut short:
+        return False, None  # the codec says why
     return type(value) in (int, float, bool, str, type(None)), value
 
 
@@ -196,7 +195,9 @@ class Sealer:
         self._box_head = BOX_MAGIC + bytes([len(me)]) + me if len(me) < 256 else None
         # recipient -> (box head with this process's epoch for it, its cipher, box counter)
         self._sending: dict[str, tuple[bytes, ChaCha20Poly1305, itertools.count[int]]] = {}
-        self._receiving: LRU[tuple[str, bytes], ChaCha20Poly1305] = LRU(_EPOCHS_KEPT)
+        # (sender, epoch) -> cipher, oldest first; a plain dict: a driver opens on its pump
+        # thread and its caller's thread at once, and each dict operation is atomic
+        self._receiving: dict[tuple[str, bytes], ChaCha20Poly1305] = {}
 
     @classmethod
     def for_node(cls, curve: Curve, rank: int) -> Sealer:
@@ -336,6 +337,10 @@ class Sealer:
         except InvalidTag:
             raise _failed(who, context) from None
         if known is None:  # kept only once authenticated: forged epochs cannot flush it
+            if len(self._receiving) >= _EPOCHS_KEPT:
+                oldest = next(iter(self._receiving), None)
+                if oldest is not None:
+                    self._receiving.pop(oldest, None)
             self._receiving[(who, epoch)] = aead
         return who, _value(who, [MAGIC_FRAME, header], safe)
 
