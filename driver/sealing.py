@@ -85,7 +85,8 @@ class DriverSeal:
         sealer = self._ready()
         context = program_context(graph.digest)
         boxes = {
-            rank: sealer.seal(graph, who, context, safe=False) for rank, who in self._nodes.items()
+            rank: sealer.seal_record(graph, who, context, safe=False)
+            for rank, who in self._nodes.items()
         }
         return Program(graph.digest, None, boxes)
 

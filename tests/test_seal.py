@@ -13,7 +13,7 @@ from mpl.wire import decode, encode
 from mpl.wire.decoder import OpaqueRecord
 from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.seal import CHUNK, Sealer
-from mpl.wire.sealed import Sealed
+from mpl.wire.sealed import BOX_MAGIC, Sealed, is_sealed
 from mpl.wire.sessions import Reply
 from mpl.wire.shares import SpuShare
 
@@ -33,11 +33,11 @@ def pair() -> tuple[Sealer, Sealer, Sealer]:
     return driver, worker, outsider
 
 
-def _through_wire(sealed: Sealed) -> Any:
+def _through_wire(sealed: Sealed | bytes) -> Any:
     """As the recipient gets it: through the broker's opaque decode and a full decode."""
     routed = decode(encode(Reply(1, sealed)), unpickle=False)
     value = decode(encode(routed)).value
-    assert isinstance(value, Sealed)
+    assert is_sealed(value)
     return value
 
 
@@ -78,9 +78,23 @@ def test_any_alteration_fails_authentication(pair: tuple[Sealer, ...], where: st
         driver.open(bad, "ctx")
 
 
-def test_context_sender_and_key_are_all_bound(pair: tuple[Sealer, ...]) -> None:
+def _renamed(sealed: Sealed | bytes, sender: str) -> Sealed | bytes:
+    """``sealed`` claiming another sender, its ciphertext untouched."""
+    if isinstance(sealed, Sealed):
+        return Sealed(sender, sealed.salt, sealed.sizes, sealed.parts)
+    start = len(BOX_MAGIC) + 1
+    name = sender.encode()
+    return BOX_MAGIC + bytes([len(name)]) + name + sealed[start + sealed[start - 1] :]
+
+
+@pytest.mark.parametrize("form", ["compact", "record"])
+def test_context_sender_and_key_are_all_bound(pair: tuple[Sealer, ...], form: str) -> None:
     driver, worker, outsider = pair
-    sealed = driver.seal([1, 2, 3], "node:node0", "exec|s|job1|d", safe=False)
+    if form == "compact":
+        sealed: Sealed | bytes = driver.seal([1, 2, 3], "node:node0", "exec|s|job1|d", safe=False)
+        assert type(sealed) is bytes and is_sealed(sealed)
+    else:
+        sealed = driver.seal_record([1, 2, 3], "node:node0", "exec|s|job1|d", safe=False)
     assert worker.open(sealed, "exec|s|job1|d", safe=False)[1] == [1, 2, 3]
     with pytest.raises(AuthenticationError, match="replayed"):
         worker.open(sealed, "exec|s|job2|d", safe=False)  # replayed into another job
@@ -90,9 +104,8 @@ def test_context_sender_and_key_are_all_bound(pair: tuple[Sealer, ...]) -> None:
     forged = outsider.seal([6, 6, 6], "node:node0", "exec|s|job1|d", safe=False)
     with pytest.raises(AuthenticationError):
         worker.open(forged, "exec|s|job1|d", safe=False)
-    unknown = Sealed("driver:mallory", sealed.salt, sealed.sizes, sealed.parts)
     with pytest.raises(AuthenticationError, match="does not list"):
-        worker.open(unknown, "exec|s|job1|d")
+        worker.open(_renamed(sealed, "driver:mallory"), "exec|s|job1|d")
     with pytest.raises(AuthenticationError, match="expected a sealed payload"):
         worker.open([1, 2, 3], "exec|s|job1|d")
 

@@ -27,7 +27,7 @@ from mpl.wire.jobs import Exec, Lit, Program
 from mpl.wire.keys import load_keypair, write_keypair
 from mpl.wire.record import Record, record_fields
 from mpl.wire.seal import Sealer, program_context
-from mpl.wire.sealed import Sealed
+from mpl.wire.sealed import BOX_MAGIC, Sealed, is_sealed
 from mpl.wire.sessions import Reply
 from mpl.worker.daemon import Worker
 
@@ -140,8 +140,8 @@ def _walk(obj: Any, found: dict[str, int]) -> None:
             _walk(f, found)
     elif isinstance(obj, Opaque):
         found["arrays"] += obj.code == 1
-    elif isinstance(obj, Sealed):
-        found["sealed"] += 1  # ciphertext: not walked
+    elif is_sealed(obj):
+        found["sealed"] += 1  # ciphertext (a record or a compact box): not walked
     elif isinstance(obj, Record):
         found[obj.TAG] = found.get(obj.TAG, 0) + 1
         for f in record_fields(obj):
@@ -205,7 +205,12 @@ def test_broker_tap_sees_no_value_no_share_no_code(
         assert all(leaks.values()), leaks
 
 
-def _flip(sealed: Sealed) -> Sealed:
+def _flip(sealed: Sealed | bytes) -> Sealed | bytes:
+    if isinstance(sealed, bytes):  # a compact box: flip a byte of its ciphertext
+        flipped = bytearray(sealed)
+        flipped[-20] ^= 1
+        assert flipped.startswith(BOX_MAGIC)
+        return bytes(flipped)
     parts = list(sealed.parts)
     first = bytearray(memoryview(parts[0]).tobytes())
     first[len(first) // 2] ^= 1
@@ -223,7 +228,7 @@ def test_a_broker_that_alters_or_swaps_payloads_fails_the_job(
     def alter_exec(msg: Record) -> Record | None:
         if isinstance(msg, Exec) and 0 in msg.bindings:
             sealed = msg.bindings[0]
-            assert isinstance(sealed, Sealed)
+            assert is_sealed(sealed)
             return Exec(msg.session, msg.job, msg.digest, msg.ranks, {0: _flip(sealed)})
         return None
 
@@ -236,7 +241,7 @@ def test_a_broker_that_alters_or_swaps_payloads_fails_the_job(
         return None
 
     def replay_reply(msg: Record) -> Record | None:
-        if isinstance(msg, Reply) and isinstance(msg.value, Sealed):
+        if isinstance(msg, Reply) and is_sealed(msg.value):
             if "reply" not in kept:
                 kept["reply"] = msg.value
                 return None
@@ -244,7 +249,7 @@ def test_a_broker_that_alters_or_swaps_payloads_fails_the_job(
         return None
 
     def alter_result(msg: Record) -> Record | None:
-        if isinstance(msg, Reply) and isinstance(msg.value, Sealed):
+        if isinstance(msg, Reply) and is_sealed(msg.value):
             return Reply(msg.req, _flip(msg.value))
         return None
 
@@ -296,7 +301,7 @@ def test_a_hostile_broker_cannot_make_a_worker_run_code(
         if isinstance(msg, Program):
             context = program_context(msg.digest)
             forged = {
-                r: forger.seal(Evil(str(marker)), f"node:node{r}", context, safe=False)
+                r: forger.seal_record(Evil(str(marker)), f"node:node{r}", context, safe=False)
                 for r in range(2)
             }
             return Program(msg.digest, None, forged)

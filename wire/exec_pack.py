@@ -9,8 +9,9 @@ whole record. The frames are byte for byte what :func:`mpl.wire.codec.encode` wr
 before: this saves the sender's work only, never a receiver's check.
 
 Only plain bindings take this path: store URIs, ``None``, and ``Lit`` holding ``None``, a
-``bool``, a ``float``, a ``str`` or a 64-bit ``int``. Anything else (arrays, pickles,
-sealed bindings in secure mode) goes through ``encode``.
+``bool``, a ``float``, a ``str`` or a 64-bit ``int``; in secure mode, a rank's compact sealed
+box (short ``bytes``). Anything else (arrays, pickles, ``Sealed`` records) goes through
+``encode``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import msgpack
 
-from mpl.wire.codec import MAGIC_FRAME, MAX_HEADER_BYTES, encode
+from mpl.wire.codec import _INLINE_BYTES, MAGIC_FRAME, MAX_HEADER_BYTES, encode
 from mpl.wire.decoder import RECORD, TUPLE
 from mpl.wire.jobs import Exec, Lit
 
@@ -91,8 +92,11 @@ def _pack_bindings(bindings: Any) -> bytes | None:
     """The packed bindings map, or None when some binding needs the general encoder."""
     if type(bindings) is not dict:
         return None
-    plain: dict[int, list[Any]] = {}
+    plain: dict[int, Any] = {}
     for rank, row in bindings.items():
+        if type(row) is bytes and len(row) < _INLINE_BYTES and type(rank) is int:
+            plain[rank] = row  # a sealed box (secure mode): bin, as encode packs it
+            continue
         if type(rank) is not int or type(row) is not list:
             return None
         items: list[Any] = []

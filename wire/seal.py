@@ -20,6 +20,20 @@ authenticated for its one recipient:
   extra full copy; every piece is authenticated with its index and the whole layout, so
   pieces cannot be dropped, reordered or moved between payloads.
 
+* **Compact boxes.** A payload with no buffer frames (a job's bindings, an inline result: the
+  hot path) is sealed into one ``bytes`` string instead of a ``Sealed`` record, so every
+  process on the way (driver, broker, worker) packs and unpacks it as plain bytes, with no
+  record to build or check. Its key is not made per payload (deriving one and setting up a
+  cipher for it was the largest cost of a small box): each sealing process draws a random
+  16-byte *epoch* per recipient, keys it once from the direction's key (keyed BLAKE2b,
+  personalised apart from the per-payload keys), and numbers its boxes with a counter, so
+  no (key, nonce) pair ever repeats. The context goes into the associated data instead of
+  the key: a box replayed into another job, request, slot or direction fails its tag just
+  the same, and one claiming another sender or meant for another recipient meets another
+  direction's key. A recipient keeps the ciphers of the epochs that opened for it (bounded;
+  an epoch enters only once a box of it has authenticated). Larger payloads, and programs,
+  stay ``Sealed`` records.
+
 Opening is all-or-nothing: anything wrong raises :class:`AuthenticationError` before the
 plaintext is decoded, so a pickle inside a job's bindings or program is loaded only after
 the driver that sealed it has been proved to be one the worker's own spec lists.
@@ -28,10 +42,12 @@ the driver that sealed it has been proved to be one the worker's own spec lists.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
@@ -44,10 +60,11 @@ from mpl.wire.curve import Curve
 from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.identity import driver_identity, node_identity
 from mpl.wire.record import Record
-from mpl.wire.sealed import Sealed
+from mpl.wire.sealed import BOX_MAGIC, Sealed
 
 __all__ = [
     "CHUNK",
+    "COMPACT_MAX",
     "Sealed",
     "Sealer",
     "done_context",
@@ -60,6 +77,12 @@ CHUNK = 1 << 20  # large buffers are sealed in pieces of this size
 _SALT = 16
 _TAG = 16  # Poly1305 tag per piece
 _INFO = b"mpl-seal/1"
+# A compact box stays well below the codec's copy threshold, so it travels inside the
+# message header as bytes (never as a buffer frame, which would arrive as another type).
+COMPACT_MAX = ZERO_COPY_BYTES // 2
+_NONCE = 12
+_EPOCH_PERSON = b"mpl-box-epoch/1"  # keeps epoch keys apart from per-payload keys
+_EPOCHS_KEPT = 1024  # ciphers of other processes' epochs a recipient keeps
 
 
 def program_context(digest: str) -> str:
@@ -92,6 +115,53 @@ class _Payload(Record, tag="sealed-value"):
     value: Any
 
 
+# The smallest payloads (None, sealed on every job for each rank without inputs; a bool, a
+# 64-bit int, a float or a short str: most inline results) skip the codec's walk on both
+# sides. Their plaintext is byte for byte what the codec writes (checked below, at import),
+# so either side may take either path.
+_NONE_FRAMES = encode(_Payload(None))
+_PAYLOAD_HEAD = _NONE_FRAMES[1][: -len(msgpack.packb(None))]
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
+_SHORT_STR = 32  # a msgpack fixstr: its one lead byte says it is a str
+# lead bytes of those values: fixint, nil, bool, float64, (u)int8-64, fixstr, negative fixint
+_SCALAR_LEADS = frozenset(
+    (*range(0x00, 0x80), 0xC0, 0xC2, 0xC3, 0xCB, *range(0xCC, 0xD4), *range(0xA0, 0xC0))
+) | frozenset(range(0xE0, 0x100))
+
+
+def _scalar_frames(value: Any) -> list[Any] | None:
+    """The payload frames of a small scalar without the codec, or None for anything else."""
+    if value is None:
+        return _NONE_FRAMES
+    t = type(value)
+    if (
+        (t is int and _INT_MIN <= value <= _INT_MAX)
+        or t is float
+        or t is bool
+        or (t is str and len(value) < _SHORT_STR // 4)
+    ):
+        return [MAGIC_FRAME, _PAYLOAD_HEAD + msgpack.packb(value)]
+    return None
+
+
+def _scalar(header: bytes) -> tuple[bool, Any]:
+    """``(True, value)`` when an authenticated plaintext holds one small scalar, read
+    without the codec; ``(False, None)`` sends it down the codec's path."""
+    rest = header[len(_PAYLOAD_HEAD) :]
+    if not header.startswith(_PAYLOAD_HEAD) or not rest or rest[0] not in _SCALAR_LEADS:
+        return False, None
+    try:
+        value = msgpack.unpackb(rest)
+    except (ValueError, msgpack.UnpackException):  # extra bytes, bad UTF-8, cut short:
+        return False, None  # the codec says why
+    return type(value) in (int, float, bool, str, type(None)), value
+
+
+for _sample in (None, True, -1, 1 << 63, -(1 << 63), 0.5, "text"):  # the two paths agree
+    if _scalar_frames(_sample) != encode(_Payload(_sample)):
+        raise ImportError(f"mpl.wire.seal: the scalar path differs from the codec's at {_sample!r}")
+
+
 def _pieces(size: int) -> int:
     return max(1, -(-size // CHUNK))
 
@@ -120,6 +190,14 @@ class Sealer:
         self._secret = X25519PrivateKey.from_private_bytes(_raw_key(secret_z85))
         self._peers = dict(peers)
         self._pair_keys: dict[tuple[str, str], bytes] = {}
+        me = identity.encode()
+        # what starts every compact box this process seals (None: a name too long for it)
+        self._box_head = BOX_MAGIC + bytes([len(me)]) + me if len(me) < 256 else None
+        # recipient -> (box head with this process's epoch for it, its cipher, box counter)
+        self._sending: dict[str, tuple[bytes, ChaCha20Poly1305, itertools.count[int]]] = {}
+        # (sender, epoch) -> cipher, oldest first; a plain dict: a driver opens on its pump
+        # thread and its caller's thread at once, and each dict operation is atomic
+        self._receiving: dict[tuple[str, bytes], ChaCha20Poly1305] = {}
 
     @classmethod
     def for_node(cls, curve: Curve, rank: int) -> Sealer:
@@ -146,14 +224,34 @@ class Sealer:
         return identity in self._peers
 
     # -- sealing --------------------------------------------------------------------------
-    def seal(self, value: Any, to: str, context: str, *, safe: bool = True) -> Sealed:
+    def seal(self, value: Any, to: str, context: str, *, safe: bool = True) -> Sealed | bytes:
         """Seal ``value`` for ``to`` (an identity among this sealer's peers).
 
         ``safe`` refuses values outside the safe value format at once (what a worker sends
-        a driver); a driver sealing functions for a worker passes ``safe=False``.
+        a driver); a driver sealing functions for a worker passes ``safe=False``. A small
+        value comes back as a compact box (``bytes``), anything else as a ``Sealed``.
         """
-        frames = encode(_Payload(value), safe=safe)
-        salt = os.urandom(_SALT)
+        frames = _scalar_frames(value) or encode(_Payload(value), safe=safe)
+        if self._box_head is not None and len(frames) == 2 and len(frames[1]) < COMPACT_MAX:
+            sending = self._sending.get(to) or self._new_epoch(to)
+            head, aead, counter = sending
+            nonce = next(counter).to_bytes(_NONCE, "big")
+            aad = context.encode() + _COMPACT_AAD
+            return b"".join((head, nonce, aead.encrypt(nonce, frames[1], aad)))
+        return self._record(frames, os.urandom(_SALT), to, context)
+
+    def _new_epoch(self, to: str) -> tuple[bytes, ChaCha20Poly1305, itertools.count[int]]:
+        assert self._box_head is not None
+        epoch = os.urandom(_SALT)
+        key = self._epoch_key(to, epoch, self.identity, to)
+        sending = self._sending[to] = (self._box_head + epoch, key, itertools.count())
+        return sending
+
+    def seal_record(self, value: Any, to: str, context: str, *, safe: bool = True) -> Sealed:
+        """:meth:`seal`, always as a ``Sealed`` record (what a ``Program`` carries)."""
+        return self._record(encode(_Payload(value), safe=safe), os.urandom(_SALT), to, context)
+
+    def _record(self, frames: list[Any], salt: bytes, to: str, context: str) -> Sealed:
         views = [_flat(b) for b in frames[2:]]
         sizes = [v.nbytes for v in views]
         aead = self._aead(to, salt, self.identity, to, context)
@@ -176,13 +274,16 @@ class Sealer:
 
     # -- opening --------------------------------------------------------------------------
     def open(self, sealed: Any, context: str, *, sender: str = "", safe: bool = True) -> Any:
-        """Open a payload sealed for this process; ``(sealer identity, value)``.
+        """Open a payload (a ``Sealed`` or a compact box) sealed for this process;
+        ``(sealer identity, value)``.
 
         ``sender``, when given, is the only identity allowed to have sealed it (the rank a
         result must come from). Raises :class:`AuthenticationError` for anything not sealed
         by a peer this spec lists for exactly this context, and decodes the plaintext only
         then (``safe`` as in :func:`mpl.wire.codec.decode`).
         """
+        if type(sealed) is bytes:
+            return self._open_box(sealed, context, sender, safe)
         if type(sealed) is not Sealed:
             raise AuthenticationError(
                 f"expected a sealed payload ({context.split('|')[0]}), got "
@@ -190,13 +291,7 @@ class Sealer:
                 "and a worker"
             )
         who = sealed.sender
-        if sender and who != sender:
-            raise AuthenticationError(f"a payload from {sender} claims to be sealed by {who}")
-        if who not in self._peers:
-            raise AuthenticationError(
-                f"a payload claims to be sealed by {who!r}, which this process's cluster spec "
-                "does not list"
-            )
+        self._check_sender(who, sender)
         sizes, parts = sealed.sizes, sealed.parts
         if len(sealed.salt) != _SALT or not all(type(s) is int and s >= 0 for s in sizes):
             raise AuthenticationError("malformed sealed payload")
@@ -217,17 +312,46 @@ class Sealer:
                     index += 1
                 bufs.append(out)
         except InvalidTag:
-            raise AuthenticationError(
-                f"a payload sealed by {who} failed authentication ({context.split('|')[0]}): "
-                "it was altered, or replayed from another job, request or party"
-            ) from None
+            raise _failed(who, context) from None
+        return who, _value(who, [MAGIC_FRAME, header, *bufs], safe)
+
+    def _open_box(self, box: bytes, context: str, sender: str, safe: bool) -> Any:
+        """:meth:`open` for a compact box: the same checks, in the same order."""
+        start = len(BOX_MAGIC) + 1
+        end = start + (box[start - 1] if len(box) >= start else 0)
+        if not box.startswith(BOX_MAGIC) or len(box) < end + _SALT + _NONCE + _TAG:
+            raise AuthenticationError("malformed sealed payload")
         try:
-            payload = decode([MAGIC_FRAME, header, *bufs], safe=safe)
-        except ProtocolError as exc:
-            raise ProtocolError(f"a payload sealed by {who}: {exc}") from None
-        if not isinstance(payload, _Payload):
-            raise ProtocolError(f"a payload sealed by {who} holds a {payload.TAG!r} record")
-        return who, payload.value
+            who = box[start:end].decode()
+        except UnicodeDecodeError:
+            raise AuthenticationError("malformed sealed payload") from None
+        self._check_sender(who, sender)
+        epoch = box[end : end + _SALT]
+        nonce = box[end + _SALT : end + _SALT + _NONCE]
+        known = self._receiving.get((who, epoch))
+        aead = known or self._epoch_key(who, epoch, who, self.identity)
+        try:
+            header = aead.decrypt(
+                nonce, box[end + _SALT + _NONCE :], context.encode() + _COMPACT_AAD
+            )
+        except InvalidTag:
+            raise _failed(who, context) from None
+        if known is None:  # kept only once authenticated: forged epochs cannot flush it
+            if len(self._receiving) >= _EPOCHS_KEPT:
+                oldest = next(iter(self._receiving), None)
+                if oldest is not None:
+                    self._receiving.pop(oldest, None)
+            self._receiving[(who, epoch)] = aead
+        return who, _value(who, [MAGIC_FRAME, header], safe)
+
+    def _check_sender(self, who: str, sender: str) -> None:
+        if sender and who != sender:
+            raise AuthenticationError(f"a payload from {sender} claims to be sealed by {who}")
+        if who not in self._peers:
+            raise AuthenticationError(
+                f"a payload claims to be sealed by {who!r}, which this process's cluster spec "
+                "does not list"
+            )
 
     @staticmethod
     def _sizes_match(sizes: list[int], parts: list[Any]) -> bool:
@@ -245,9 +369,21 @@ class Sealer:
             return False
         return True
 
+    def _epoch_key(self, peer: str, epoch: bytes, sender: str, recipient: str) -> ChaCha20Poly1305:
+        """The cipher of one sealing process's epoch for one direction."""
+        pair = self._pair_key(peer, sender, recipient)
+        key = hashlib.blake2b(epoch, key=pair, digest_size=32, person=_EPOCH_PERSON).digest()
+        return ChaCha20Poly1305(key)
+
     def _aead(
         self, peer: str, salt: bytes, sender: str, recipient: str, context: str
     ) -> ChaCha20Poly1305:
+        pair = self._pair_key(peer, sender, recipient)
+        # and from it a fresh key per payload: keyed BLAKE2b (a PRF) over salt and context
+        key = hashlib.blake2b(salt + context.encode(), key=pair, digest_size=32).digest()
+        return ChaCha20Poly1305(key)
+
+    def _pair_key(self, peer: str, sender: str, recipient: str) -> bytes:
         pair = self._pair_keys.get((sender, recipient))
         if pair is None:
             public = self._peers.get(peer)
@@ -259,13 +395,38 @@ class Sealer:
             pair = self._pair_keys[(sender, recipient)] = HKDF(SHA256(), 32, None, info).derive(
                 shared
             )
-        # and from it a fresh key per payload: keyed BLAKE2b (a PRF) over salt and context
-        key = hashlib.blake2b(salt + context.encode(), key=pair, digest_size=32).digest()
-        return ChaCha20Poly1305(key)
+        return pair
 
 
 def _layout(total: int, sizes: list[int]) -> bytes:
     return f"/{total}|{','.join(map(str, sizes))}".encode()
+
+
+# A compact box holds a payload with no buffers: its header is piece 0 of a one-piece
+# layout, as in a ``Sealed`` with no buffers (after the context, in the associated data).
+_COMPACT_AAD = b"|0" + _layout(1, [])
+
+
+def _failed(who: str, context: str) -> AuthenticationError:
+    return AuthenticationError(
+        f"a payload sealed by {who} failed authentication ({context.split('|')[0]}): "
+        "it was altered, or replayed from another job, request or party"
+    )
+
+
+def _value(who: str, frames: list[Any], safe: bool) -> Any:
+    """The value inside an authenticated payload's plaintext frames."""
+    if len(frames) == 2:
+        done, value = _scalar(frames[1])
+        if done:
+            return value
+    try:
+        payload = decode(frames, safe=safe)
+    except ProtocolError as exc:
+        raise ProtocolError(f"a payload sealed by {who}: {exc}") from None
+    if not isinstance(payload, _Payload):
+        raise ProtocolError(f"a payload sealed by {who} holds a {payload.TAG!r} record")
+    return payload.value
 
 
 def _flat(buf: Any) -> memoryview:

@@ -1,6 +1,9 @@
-"""The sealed payload record: what the broker sees of a payload between a driver and a
-worker in secure mode. Sealing and opening live in ``mpl.wire.seal`` (which needs the
-``cryptography`` package); this record alone is what every process must know to route one.
+"""What the broker sees of a payload between a driver and a worker in secure mode: a
+``Sealed`` record, or, for a small payload (no buffer frames: a job's bindings, an inline
+result), one ``bytes`` string starting with :data:`BOX_MAGIC`, which the broker and the
+codec carry as plain bytes without any record to build. Sealing and opening live in
+``mpl.wire.seal`` (which needs the ``cryptography`` package); this module alone is what
+every process must know to route or recognise one.
 """
 
 from __future__ import annotations
@@ -10,7 +13,11 @@ from typing import Any
 
 from mpl.wire.record import Record
 
-__all__ = ["Sealed"]
+__all__ = ["BOX_MAGIC", "Sealed", "is_sealed"]
+
+# A compact box: BOX_MAGIC, the sender identity's length (one byte) and UTF-8 bytes, the
+# 16-byte salt, then the ciphertext of the codec header (with its 16-byte tag).
+BOX_MAGIC = b"mpl-box\x01"
 
 
 @dataclass(eq=False, repr=False)
@@ -22,3 +29,8 @@ class Sealed(Record, tag="sealed"):
     salt: bytes
     sizes: list[int]  # plaintext bytes of each codec buffer frame
     parts: list[Any]  # ciphertext: the codec header, then each buffer in CHUNK pieces
+
+
+def is_sealed(value: Any) -> bool:
+    """Whether ``value`` is a sealed payload in either form (a record or a compact box)."""
+    return type(value) is Sealed or (type(value) is bytes and value.startswith(BOX_MAGIC))

@@ -1,0 +1,222 @@
+"""Compact boxes (``mpl.wire.seal``): small payloads sealed into one ``bytes`` string under a
+per-process epoch key and a counter nonce. They must stay exactly as bound as ``Sealed``
+records: a box replayed into another job, to another recipient, or under another sender's
+name is refused, and no (key, nonce) pair is ever used twice."""
+
+from __future__ import annotations
+
+import pytest
+import zmq
+
+from mpl.wire import decode, encode
+from mpl.wire.errors import AuthenticationError, ProtocolError
+from mpl.wire.exec_pack import _pack_bindings, exec_frames
+from mpl.wire.jobs import Exec, Failed
+from mpl.wire.seal import Sealer, exec_context
+from mpl.wire.sealed import BOX_MAGIC, is_sealed
+from mpl.wire.sessions import Reply
+from mpl.worker.sealing import WorkerSeal
+
+_HEAD = len(BOX_MAGIC) + 1  # then the sender's name, the 16-byte epoch, the 12-byte nonce
+
+
+def _keys() -> tuple[str, str]:
+    public, secret = zmq.curve_keypair()
+    return public.decode(), secret.decode()
+
+
+class Parties:
+    """Two drivers and two nodes that all list each other; a box between any two of them
+    opens only for exactly that pair, direction and context."""
+
+    def __init__(self) -> None:
+        self.keys = {n: _keys() for n in ("driver:a", "driver:b", "node:n0", "node:n1")}
+        drivers = {n: k[0] for n, k in self.keys.items() if n.startswith("driver:")}
+        nodes = {n: k[0] for n, k in self.keys.items() if n.startswith("node:")}
+        self.a, self.b = (self.sealer(n, nodes) for n in ("driver:a", "driver:b"))
+        self.n0, self.n1 = (self.sealer(n, drivers) for n in ("node:n0", "node:n1"))
+
+    def sealer(self, name: str, peers: dict[str, str]) -> Sealer:
+        return Sealer(self.keys[name][1], name, peers)
+
+
+@pytest.fixture
+def parties() -> Parties:
+    return Parties()
+
+
+def _sender_end(box: bytes) -> int:
+    return _HEAD + box[_HEAD - 1]
+
+
+def _renamed(box: bytes, sender: str) -> bytes:
+    name = sender.encode()
+    return BOX_MAGIC + bytes([len(name)]) + name + box[_sender_end(box) :]
+
+
+@pytest.mark.parametrize("pad", [0, 5000], ids=["in-header", "own-frame"])
+def test_a_small_value_is_one_box_the_broker_routes_as_plain_bytes(
+    parties: Parties, pad: int
+) -> None:
+    """Short boxes ride in the message header; longer ones (still no codec buffers inside)
+    get a frame of their own on the way and arrive as bytes all the same."""
+    value = {"x": 1, "marker": "VALUE-MARKER-5e1d", "pad": "p" * pad}
+    box = parties.n0.seal(value, "driver:a", "done|s|j|0")
+    assert type(box) is bytes and is_sealed(box)
+    assert b"VALUE-MARKER-5e1d" not in box
+    routed = decode(encode(Reply(1, box)), unpickle=False).value  # the broker's view
+    arrived = decode(encode(Reply(1, routed))).value
+    assert arrived == box
+    assert parties.a.open(arrived, "done|s|j|0", sender="node:n0") == ("node:n0", value)
+
+
+def test_an_exec_with_boxes_takes_the_drivers_packed_path(parties: Parties) -> None:
+    """The driver packs an Exec of compact boxes without the general encoder, byte for byte
+    what the encoder writes."""
+    context = exec_context("s", "j1", "d", (0, 1), (0,), 5.0)
+    boxes = {r: parties.a.seal(None, f"node:n{r}", context, safe=False) for r in (0, 1)}
+    msg = Exec("s", "j1", "d", (0, 1), boxes, (0,), 5.0)
+    assert _pack_bindings(msg.bindings) is not None
+    assert exec_frames(msg) == encode(msg)
+
+
+def test_a_box_replayed_into_another_job_recipient_or_sender_is_refused(
+    parties: Parties,
+) -> None:
+    a, b, n0, n1 = parties.a, parties.b, parties.n0, parties.n1
+    context = exec_context("s", "job1", "d", (0, 1), (0,), 5.0)
+    box = a.seal([1, 2], "node:n0", context, safe=False)
+    assert type(box) is bytes
+    assert n0.open(box, context, safe=False) == ("driver:a", [1, 2])
+    other_job = exec_context("s", "job2", "d", (0, 1), (0,), 5.0)
+    with pytest.raises(AuthenticationError, match="replayed"):
+        n0.open(box, other_job, safe=False)
+    with pytest.raises(AuthenticationError, match="failed authentication"):
+        n1.open(box, context, safe=False)  # sealed for node n0, handed to n1
+    with pytest.raises(AuthenticationError, match="failed authentication"):
+        n0.open(_renamed(box, "driver:b"), context, safe=False)  # under another driver's name
+    with pytest.raises(AuthenticationError, match="claims to be sealed by"):
+        n0.open(box, context, sender="driver:b", safe=False)
+    # None (the box of a rank without inputs, opened without a decode) is bound alike
+    nothing = a.seal(None, "node:n0", context, safe=False)
+    assert n0.open(nothing, context) == ("driver:a", None)
+    with pytest.raises(AuthenticationError, match="replayed"):
+        n0.open(nothing, other_job)
+    with pytest.raises(AuthenticationError, match="failed authentication"):
+        n1.open(nothing, context)
+    # a result sent back the other way is bound to its direction as well
+    result = n0.seal(7, "driver:a", "done|s|job1|0")
+    assert a.open(result, "done|s|job1|0", sender="node:n0")[1] == 7
+    with pytest.raises(AuthenticationError):
+        b.open(result, "done|s|job1|0", sender="node:n0")
+    with pytest.raises(AuthenticationError):
+        a.open(result, "done|s|job1|1", sender="node:n0")  # another output slot
+
+
+def test_a_box_for_one_rank_does_not_run_a_job_on_another(parties: Parties) -> None:
+    context = exec_context("s", "j1", "d", (0, 1), (), 5.0)
+    mine = parties.a.seal(None, "node:n0", context, safe=False)
+    rank1 = WorkerSeal(parties.n1, 1)
+    opened, answer = rank1.inbound(Exec("s", "j1", "d", (0, 1), {1: mine}, (), 5.0))
+    assert opened is None and isinstance(answer, Failed)
+    assert answer.error.kind == "AuthenticationError"
+    assert rank1.refusals == 1
+
+
+@pytest.mark.parametrize("where", ["magic", "epoch", "nonce", "ciphertext", "tag", "short"])
+def test_any_alteration_of_a_box_fails_authentication(parties: Parties, where: str) -> None:
+    box = bytearray(parties.a.seal([3], "node:n0", "ctx", safe=False))
+    end = _sender_end(bytes(box))
+    if where == "magic":
+        box[0] ^= 1
+    elif where == "epoch":
+        box[end] ^= 1
+    elif where == "nonce":
+        box[end + 16 + 11] ^= 1
+    elif where == "ciphertext":
+        box[end + 28] ^= 0x80
+    elif where == "tag":
+        box[-1] ^= 1
+    else:
+        del box[end + 30 :]
+    with pytest.raises(AuthenticationError):
+        parties.n0.open(bytes(box), "ctx", safe=False)
+
+
+def test_no_nonce_is_used_twice_and_a_restarted_sealer_takes_a_new_epoch(
+    parties: Parties,
+) -> None:
+    a = parties.a
+    boxes = [a.seal(i, "node:n0", "ctx") for i in range(500)]
+    end = _sender_end(boxes[0])
+    epochs = {bytes(b)[end : end + 16] for b in boxes}
+    nonces = {bytes(b)[end + 16 : end + 28] for b in boxes}
+    assert len(epochs) == 1 and len(nonces) == 500
+    again = parties.sealer("driver:a", {"node:n0": parties.keys["node:n0"][0]})
+    restarted = bytes(again.seal(0, "node:n0", "ctx"))
+    assert restarted[end : end + 16] not in epochs
+    assert parties.n0.open(restarted, "ctx")[1] == 0  # and still opens
+
+
+def test_forged_epochs_cannot_grow_or_flush_what_a_recipient_keeps(parties: Parties) -> None:
+    n0 = parties.n0
+    good = parties.a.seal(1, "node:n0", "ctx")
+    assert n0.open(good, "ctx")[1] == 1
+    kept = dict(n0._receiving)
+    assert len(kept) == 1
+    end = _sender_end(good)
+    for i in range(50):
+        forged = good[:end] + i.to_bytes(16, "big") + good[end + 16 :]
+        with pytest.raises(AuthenticationError):
+            n0.open(forged, "ctx")
+    assert dict(n0._receiving) == kept
+
+
+@pytest.mark.parametrize(
+    "value",
+    [None, True, False, 0, -1, 127, -33, 1 << 63, (1 << 64) - 1, -(1 << 63), 0.5, 1.0, "", "é€x"],
+)
+def test_small_scalars_come_back_with_their_type(parties: Parties, value: object) -> None:
+    box = parties.n0.seal(value, "driver:a", "done|s|j|0")
+    opened = parties.a.open(box, "done|s|j|0", sender="node:n0")[1]
+    assert opened == value and type(opened) is type(value)
+
+
+@pytest.mark.parametrize(
+    "plaintext",
+    [b"\xa2\xff\xfe", b"\x01\x02", b"\xcd\x01", b"\x91\x01"],
+    ids=["bad-utf8", "extra-bytes", "truncated", "a-list"],
+)
+def test_odd_plaintext_from_a_listed_party_goes_through_the_codecs_checks(
+    parties: Parties, plaintext: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listed (but hostile) party may seal any plaintext: the scalar shortcut reads only
+    what the codec would read the same way, and leaves the rest to the codec's checks."""
+    from mpl.wire import seal as seal_module
+
+    head = seal_module._PAYLOAD_HEAD
+    crafted = [seal_module.MAGIC_FRAME, head + plaintext]
+    monkeypatch.setattr(seal_module, "_scalar_frames", lambda value: crafted)
+    box = parties.n0.seal(0, "driver:a", "ctx")
+    monkeypatch.undo()
+    if plaintext == b"\x91\x01":
+        assert parties.a.open(box, "ctx")[1] == [1]  # not a scalar: the codec decodes it
+        return
+    with pytest.raises(ProtocolError):
+        parties.a.open(box, "ctx")
+
+
+def test_what_a_recipient_keeps_of_epochs_is_bounded(
+    parties: Parties, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each restarted sender brings a new epoch: the recipient keeps a bounded number of
+    them, and a box of an epoch it let go still opens (its key is made again)."""
+    from mpl.wire import seal as seal_module
+
+    monkeypatch.setattr(seal_module, "_EPOCHS_KEPT", 3)
+    nodes = {"node:n0": parties.keys["node:n0"][0]}
+    boxes = [parties.sealer("driver:a", nodes).seal(i, "node:n0", "ctx") for i in range(6)]
+    for i, box in enumerate(boxes):
+        assert parties.n0.open(box, "ctx")[1] == i
+        assert len(parties.n0._receiving) <= 3
+    assert parties.n0.open(boxes[0], "ctx")[1] == 0
