@@ -5,6 +5,9 @@ name is refused, and no (key, nonce) pair is ever used twice."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import zmq
 
@@ -220,3 +223,35 @@ def test_what_a_recipient_keeps_of_epochs_is_bounded(
         assert parties.n0.open(box, "ctx")[1] == i
         assert len(parties.n0._receiving) <= 3
     assert parties.n0.open(boxes[0], "ctx")[1] == 0
+
+
+_FORK_CHECK = """
+import os, sys, warnings
+warnings.simplefilter("ignore")  # JAX, if loaded, warns that fork and threads do not mix
+import zmq
+from mpl.wire.seal import Sealer
+keys = {n: zmq.curve_keypair() for n in ("driver:a", "node:n0")}
+public = {n: k[0].decode() for n, k in keys.items()}
+driver = Sealer(keys["driver:a"][1].decode(), "driver:a", {"node:n0": public["node:n0"]})
+start = len(b"mpl-box\\x01") + 1 + len("driver:a")
+driver.seal(1, "node:n0", "ctx")  # the parent has an epoch and a counter for node:n0
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:  # the child seals its next box, then leaves at once
+    os.write(write, driver.seal(2, "node:n0", "ctx")[start : start + 28])
+    os._exit(0)
+os.close(write)
+os.waitpid(pid, 0)
+with os.fdopen(read, "rb") as f:
+    child = f.read()
+parent = driver.seal(2, "node:n0", "ctx")[start : start + 28]
+sys.exit(0 if len(child) == 28 and child[:16] != parent[:16] else 1)
+"""
+
+
+def test_a_forked_process_never_reuses_its_parents_epoch() -> None:
+    # The same epoch key and counter in two processes would seal two boxes under one
+    # (key, nonce) pair, which gives away both plaintexts' XOR and the Poly1305 key.
+    # Forked in a fresh interpreter: JAX's threads here make pytest fail on its warning.
+    done = subprocess.run([sys.executable, "-c", _FORK_CHECK], timeout=60, check=False)
+    assert done.returncode == 0

@@ -44,6 +44,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,6 +163,19 @@ for _sample in (None, True, -1, 1 << 63, -(1 << 63), 0.5, "text"):  # the two pa
         raise ImportError(f"mpl.wire.seal: the scalar path differs from the codec's at {_sample!r}")
 
 
+# A forked child would otherwise go on with its parent's epochs and counters and seal boxes
+# under (key, nonce) pairs its parent also uses: it draws new epochs instead.
+_SEALERS: weakref.WeakSet[Sealer] = weakref.WeakSet()
+
+
+def _forget_epochs_in_child() -> None:
+    for sealer in list(_SEALERS):
+        sealer._sending.clear()
+
+
+os.register_at_fork(after_in_child=_forget_epochs_in_child)
+
+
 def _pieces(size: int) -> int:
     return max(1, -(-size // CHUNK))
 
@@ -198,6 +212,7 @@ class Sealer:
         # (sender, epoch) -> cipher, oldest first; a plain dict: a driver opens on its pump
         # thread and its caller's thread at once, and each dict operation is atomic
         self._receiving: dict[tuple[str, bytes], ChaCha20Poly1305] = {}
+        _SEALERS.add(self)
 
     @classmethod
     def for_node(cls, curve: Curve, rank: int) -> Sealer:
