@@ -181,19 +181,20 @@ class Broker:
                 self._fd_peer[fd] = peer
                 self._peer_fd[peer] = fd
         now = time.monotonic()
+        body = frames[1:]
         # received frames: len() is their size in bytes
-        self.state.counters["bytes_routed"] += sum(map(len, frames)) - len(frames[0])
+        self.state.counters["bytes_routed"] += sum(map(len, body))
         msg: Record | None = None
         try:  # one message's failure stays that message's failure
             try:
-                msg = decode(frames[1:], unpickle=False)
+                msg = decode(body, unpickle=False)
             except ProtocolError as exc:
                 self.refusals.refused(peer.hex(), f"bad message: {exc}")
                 self._perform(self.state.protocol_error(peer, exc), logged=True)
                 return
             who = frame_identity(frames[1]) if self.secure else None
             self.ledger.received(msg)
-            self._perform(self.state.handle(peer, msg, now, frames[1:], who=who))
+            self._perform(self.state.handle(peer, msg, now, body, who=who))
         except Exception as exc:
             self._contain(peer, msg, exc)
 
