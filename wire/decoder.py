@@ -379,6 +379,6 @@ def set_wire_digest(rec: Record, header: Any, bufs: Sequence[Any]) -> None:
     """A record class that sets ``WIRE_DIGEST = True`` (the graph) gets its ``digest``
     computed by ``decode`` from the bytes it arrived in, so a receiver compares it with the
     digest a sender claims without trusting the sender or re-pickling anything."""
-    if getattr(type(rec), "WIRE_DIGEST", False):
+    if type(rec).WIRE_DIGEST:
         rec.__dict__["digest"] = frames_digest([header, *bufs])  # fills a cached_property
         rec.__dict__["wire_nbytes"] = sum(memoryview(f).nbytes for f in (header, *bufs))

@@ -42,6 +42,9 @@ class Record:
     repr=False)``; records compare by type and fields and cannot be modified."""
 
     TAG: ClassVar[str] = ""
+    # True on records whose digest decoding computes from their bytes (the graph); declared
+    # here so that every decode finds it on the class, a miss costs a failed lookup
+    WIRE_DIGEST: ClassVar[bool] = False
     _registry: ClassVar[dict[str, type[Record]]] = {}
     __hash__ = None  # type: ignore[assignment]  # fields are often dicts or lists
 
