@@ -36,6 +36,7 @@ from mpl.wire.curve import BROKER_DOMAIN, Curve, broker_admits
 from mpl.wire.errors import ProtocolError
 from mpl.wire.guard import Guard
 from mpl.wire.identity import frame_identity
+from mpl.wire.jobs import JobResult
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
 from mpl.wire.snapshot import SnapshotSlot
@@ -48,6 +49,8 @@ log = logging.getLogger("mpl.broker")
 _TICK_S = 0.05  # timers and disconnect events run this often; it also bounds a stop's wait
 _TICK_MS = int(_TICK_S * 1000)
 _BATCH = 256  # queued messages handled before the timers, at most
+# What the broker sends that the ledger counts or the log shows; nothing else needs a look
+_OBSERVED = frozenset({Refused, JobResult})
 
 
 class Broker:
@@ -178,19 +181,20 @@ class Broker:
                 self._fd_peer[fd] = peer
                 self._peer_fd[peer] = fd
         now = time.monotonic()
+        body = frames[1:]
         # received frames: len() is their size in bytes
-        self.state.counters["bytes_routed"] += sum(map(len, frames)) - len(frames[0])
+        self.state.counters["bytes_routed"] += sum(map(len, body))
         msg: Record | None = None
         try:  # one message's failure stays that message's failure
             try:
-                msg = decode(frames[1:], unpickle=False)
+                msg = decode(body, unpickle=False)
             except ProtocolError as exc:
                 self.refusals.refused(peer.hex(), f"bad message: {exc}")
                 self._perform(self.state.protocol_error(peer, exc), logged=True)
                 return
             who = frame_identity(frames[1]) if self.secure else None
             self.ledger.received(msg)
-            self._perform(self.state.handle(peer, msg, now, frames[1:], who=who))
+            self._perform(self.state.handle(peer, msg, now, body, who=who))
         except Exception as exc:
             self._contain(peer, msg, exc)
 
@@ -240,18 +244,20 @@ class Broker:
 
     def _perform(self, actions: list[Send], logged: bool = False) -> None:
         encoded: dict[int, list[Any]] = {}  # broadcasts are encoded once
+        router = self.router
         pending = actions
         while pending:
             more: list[Send] = []
             for action in pending:
-                self._observe(action, logged)
-                frames = action.raw
+                peer, msg, frames = action
+                if type(msg) in _OBSERVED:
+                    self._observe(action, logged)
                 if frames is None:
-                    frames = encoded.get(id(action.msg))
+                    frames = encoded.get(id(msg))
                     if frames is None:
-                        frames = encoded[id(action.msg)] = encode(action.msg)
+                        frames = encoded[id(msg)] = encode(msg)
                 try:
-                    send_frames(self.router, [action.peer, *frames])
+                    send_frames(router, [peer, *frames])
                 except zmq.ZMQError as exc:
                     if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
                         raise

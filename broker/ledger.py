@@ -9,8 +9,9 @@ job-duration histogram, jobs per second, and the last jobs per rank for the time
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from mpl.wire.jobs import Exec, JobResult
@@ -43,16 +44,49 @@ def outcome_of(result: JobResult) -> str:
     return _KIND_OUTCOME.get(result.error.kind, "failed")
 
 
-@dataclass(frozen=True)
 class JobSpan:
-    """One finished job, as the timeline draws it."""
+    """One finished job, as the timeline draws it.
 
-    job: str
-    session: str
-    started: float  # wall clock at the broker
-    seconds: float
-    outcome: str
-    ranks: dict[int, tuple[float, float]]  # rank -> (wall start, seconds) of its part
+    Its ranks' parts are worked out when first read (the page and the log read few of the
+    jobs the broker ends), from the result's stats, which nothing changes once sent.
+    """
+
+    __slots__ = ("_parts", "_stats", "job", "outcome", "seconds", "session", "started")
+
+    def __init__(
+        self,
+        job: str,
+        session: str,
+        started: float,
+        seconds: float,
+        outcome: str,
+        ranks: dict[int, tuple[float, float]] | tuple[tuple[int, ...], Mapping[int, Any]],
+    ) -> None:
+        self.job = job
+        self.session = session
+        self.started = started  # wall clock at the broker
+        self.seconds = seconds
+        self.outcome = outcome
+        # rank -> (wall start, seconds) of its part; or (ranks, stats) to work that out from
+        self._parts = ranks if isinstance(ranks, dict) else None
+        self._stats = None if isinstance(ranks, dict) else ranks
+
+    @property
+    def ranks(self) -> dict[int, tuple[float, float]]:
+        """rank -> (wall start, seconds) of its part of the job."""
+        if self._parts is None:
+            assert self._stats is not None
+            ranks, stats = self._stats
+            parts: dict[int, tuple[float, float]] = {}
+            for rank in ranks:
+                own = stats.get(rank) or {}
+                began, run_s = own.get("started"), own.get("run_s")
+                if isinstance(began, (int, float)) and isinstance(run_s, (int, float)):
+                    parts[rank] = (float(began), float(run_s))
+                else:  # failed jobs carry no per-rank stats: draw the broker's view
+                    parts[rank] = (self.started, self.seconds)
+            self._parts, self._stats = parts, None
+        return self._parts
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -101,19 +135,10 @@ class JobLedger:
         seconds = now - mono
         self.count += 1
         self.seconds_sum += seconds
-        for i, bound in enumerate(BUCKETS):
-            if seconds <= bound:
-                self.bucket_counts[i] += 1
-                break
-        parts: dict[int, tuple[float, float]] = {}
-        for rank in ranks:
-            stats = result.stats.get(rank) or {}
-            began, run_s = stats.get("started"), stats.get("run_s")
-            if isinstance(began, (int, float)) and isinstance(run_s, (int, float)):
-                parts[rank] = (float(began), float(run_s))
-            else:  # failed jobs carry no per-rank stats: draw the broker's view
-                parts[rank] = (wall, seconds)
-        span = JobSpan(result.job, session, wall, seconds, outcome, parts)
+        bucket = bisect_left(BUCKETS, seconds)  # the first bound at or above it
+        if bucket < len(BUCKETS):
+            self.bucket_counts[bucket] += 1
+        span = JobSpan(result.job, session, wall, seconds, outcome, (ranks, result.stats))
         self.recent.append(span)
         return span
 

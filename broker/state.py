@@ -76,7 +76,7 @@ from mpl.wire.limits import (
 )
 from mpl.wire.lru import LRU, SizedLRU
 from mpl.wire.progress import EVERY_S, Progress
-from mpl.wire.record import Record
+from mpl.wire.record import Record, replaced
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import (
     Ack,
@@ -157,8 +157,6 @@ class BrokerState:
             OpenSession: self._on_open,
             CloseSession: self._on_close,
             Program: self.program_store.on_program,
-            Exec: self._on_exec,
-            Done: self._on_done,
             Failed: self._on_failed,
             Progress: self._on_progress,
             Cancel: self._on_cancel,
@@ -173,6 +171,11 @@ class BrokerState:
             ListRequest: self.listing.on_list,
             CloseNamed: self.listing.on_close_named,
         }
+        # The messages the broker forwards on every job: their handlers also get the frames
+        # the message came in, to pass on as they are (mpl.wire.hot).
+        self._forwarders: dict[
+            type[Record], Callable[[bytes, Any, float, str | None, Any], list[Send]]
+        ] = {Exec: self._on_exec, Done: self._on_done}
 
     # -- entry points ---------------------------------------------------------------------
     def handle(
@@ -191,10 +194,11 @@ class BrokerState:
         worker = self.registry.worker(peer)
         if worker is not None:
             worker.last_seen = now
-        handler = self._handlers.get(type(msg))
-        if handler is None:
-            return [self._refuse(peer, "ProtocolError", f"unexpected message {msg.TAG!r}")]
         kind = type(msg)
+        forward = self._forwarders.get(kind)
+        handler = self._handlers.get(kind) if forward is None else None
+        if forward is None and handler is None:
+            return [self._refuse(peer, "ProtocolError", f"unexpected message {msg.TAG!r}")]
         if kind not in _FROM_ANYONE:
             if kind in _FROM_WORKERS and worker is None:
                 self._note(f"dropped {msg.TAG!r} from a peer that is not a registered worker")
@@ -211,10 +215,9 @@ class BrokerState:
                         )
                     ]
                 self.drivers[peer] = now
-        if isinstance(msg, Exec):
-            return self._on_exec(peer, msg, now, who, raw)
-        if isinstance(msg, Done):
-            return self._on_done(peer, msg, now, who, raw)
+        if forward is not None:
+            return forward(peer, msg, now, who, raw)
+        assert handler is not None
         return handler(peer, msg, now, who)
 
     def protocol_error(self, peer: bytes, error: Exception) -> list[Send]:
@@ -438,9 +441,7 @@ class BrokerState:
                 out.append(Send(entry.peer, msg, raw))
                 continue
             mine = {entry.rank: msg.bindings[entry.rank]} if entry.rank in msg.bindings else {}
-            forwarded = Exec(
-                msg.session, msg.job, msg.digest, msg.ranks, mine, msg.inline, msg.timeout_s
-            )
+            forwarded = replaced(msg, bindings=mine)  # checked on decoding, not again
             frames = None if spans is None else exec_for_rank(spans, entry.rank)
             out.append(Send(entry.peer, forwarded, frames))
         return out

@@ -243,3 +243,98 @@ def test_a_workers_forged_save_claims_over_the_wire_name_nothing(
     driver.send(StatusRequest(3))
     status, _ = driver.wait_for(Reply)
     assert isinstance(status, Reply) and status.value["forged_replies"] == 3
+
+
+def _register(raw: Any, world: int) -> list[Raw]:
+    workers = [raw() for _ in range(world)]
+    for rank, w in enumerate(workers):
+        w.send(
+            WorkerHello(rank, f"inc{rank}", 100 + rank, "host", f"tcp://127.0.0.1:{rank + 9}", "")
+        )
+        w.wait_for(Welcome)
+    return workers
+
+
+def _open_with_program(raw: Any, name: str) -> tuple[Raw, str, str]:
+    """A driver socket with a session open and a 3-rank constant program sent."""
+    driver = raw()
+    driver.send(OpenSession(1, "", 60.0, name))
+    opened, _ = driver.wait_for(SessionOpened)
+    assert isinstance(opened, SessionOpened)
+    b = GraphBuilder(3)
+    graph = b.build(b.op("constant", [], ranks=(0, 1, 2), value=1))
+    driver.send(Program(graph.digest, graph))
+    return driver, opened.session, graph.digest
+
+
+def test_an_exec_without_bindings_reaches_every_rank_as_the_drivers_bytes(
+    rig: tuple[Broker, Any],
+) -> None:
+    """The fan-out sends the frames that arrived to every rank: a header the codec would
+    write differently (timeout_s as a 4-byte float) reaches all three ranks unchanged, and
+    each decodes to the driver's Exec."""
+    _, raw = rig
+    workers = _register(raw, 3)
+    driver, session, digest = _open_with_program(raw, "fan")
+    exe = Exec(session, "fan-job", digest, (0, 1, 2), {}, (0,), 1.5)
+    header = encode(exe)[1]
+    single = msgpack.packb(1.5, use_single_float=True)  # 0xca + 4 bytes
+    assert header.endswith(msgpack.packb(1.5))
+    hand = header[: -len(msgpack.packb(1.5))] + single
+    driver.sock.send_multipart([MAGIC_FRAME, hand])
+    for rank, w in enumerate(workers):
+        got, frames = w.wait_for(Exec)
+        assert frames[1] == hand, f"rank {rank} got a re-encoded Exec"
+        assert got == exe
+        w.sock.send_multipart(_done_by_hand(session, "fan-job", rank))
+    result, _ = driver.wait_for(JobResult)
+    assert isinstance(result, JobResult) and result.values == {0: {0: 1, 1: 1, 2: 1}}
+
+
+def test_a_done_from_another_ranks_socket_is_dropped_and_the_job_waits_for_the_rank(
+    rig: tuple[Broker, Any],
+) -> None:
+    """Rank 0's socket, and a raw socket that never registered, answer for rank 1: both
+    Dones are dropped (the sender is the socket, not the rank field; rank 0's is counted
+    as forged, the stranger's noted), and the result carries rank 1's own bytes once rank
+    1 answers."""
+    _, raw = rig
+    workers = _register(raw, 3)
+    driver, session, digest = _open_with_program(raw, "forged")
+    driver.send(Exec(session, "forged-job", digest, (0, 1), {}, (0,)))
+    for w in workers[:2]:
+        w.wait_for(Exec)
+    forged = Done(session, "forged-job", 1, {0: "forged"})
+    stranger = raw()
+    stranger.send(forged)
+    workers[0].send(forged)
+    workers[0].sock.send_multipart(_done_by_hand(session, "forged-job", 0))
+    assert driver.drain(0.3) == []  # rank 1 has not answered: no result yet
+    workers[1].sock.send_multipart(_done_by_hand(session, "forged-job", 1))
+    result, frames = driver.wait_for(JobResult)
+    assert isinstance(result, JobResult) and result.error is None
+    assert result.values == {0: {0: 1, 1: 1}}
+    assert frames[1].count(WIDE_ONE) == 2
+    driver.send(StatusRequest(3))
+    status, _ = driver.wait_for(Reply)
+    assert isinstance(status, Reply) and status.value["forged_replies"] == 1
+    assert any("not a registered worker" in e for e in status.value["errors"])
+
+
+def test_replaced_copies_a_record_with_fields_swapped_and_leaves_the_original() -> None:
+    from mpl.wire.record import replaced
+
+    exe = Exec("s", "j", "d", (0, 1), {0: [Lit(1)], 1: [Lit(2)]}, (0,), 2.0)
+    mine = replaced(exe, bindings={1: [Lit(2)]})
+    assert mine == Exec("s", "j", "d", (0, 1), {1: [Lit(2)]}, (0,), 2.0)
+    assert exe.bindings == {0: [Lit(1)], 1: [Lit(2)]}
+    assert decode(encode(mine)) == mine
+    with pytest.raises(TypeError, match="no field 'bindingz'"):
+        replaced(exe, bindingz={})
+    with pytest.raises(Exception, match="cannot assign"):
+        mine.job = "other"  # type: ignore[misc]
+    # a value cached from the fields (a graph's wire digest) is not carried to the copy
+    b = GraphBuilder(1)
+    graph = decode(encode(b.build(b.op("constant", [], ranks=(0,), value=1))))
+    assert "digest" in graph.__dict__
+    assert "digest" not in replaced(graph, outputs=graph.outputs).__dict__

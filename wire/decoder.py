@@ -182,6 +182,19 @@ class Decoder:
 
     def ext(self, code: int, data: bytes) -> Any:
         if code == TUPLE:
+            n = len(data) - 1
+            if (
+                0 <= n < 16
+                and data[0] == 0x90 | n
+                and (n == 0 or max(data[1:]) < 0x80)
+                and self.depth < MAX_DEPTH
+            ):
+                # A short tuple of small non-negative ints (ranks, output indexes: one on
+                # every Exec): each byte after the array header is one of its ints, so it
+                # is read without a nested unpack. Counted and bounded as one would be.
+                if self.counting:
+                    self._built(None)
+                return tuple(data[1:])
             items = self.unpack(data)
             if type(items) is not list:
                 raise ProtocolError("tuple extension does not hold a list")
@@ -366,6 +379,6 @@ def set_wire_digest(rec: Record, header: Any, bufs: Sequence[Any]) -> None:
     """A record class that sets ``WIRE_DIGEST = True`` (the graph) gets its ``digest``
     computed by ``decode`` from the bytes it arrived in, so a receiver compares it with the
     digest a sender claims without trusting the sender or re-pickling anything."""
-    if getattr(type(rec), "WIRE_DIGEST", False):
+    if type(rec).WIRE_DIGEST:
         rec.__dict__["digest"] = frames_digest([header, *bufs])  # fills a cached_property
         rec.__dict__["wire_nbytes"] = sum(memoryview(f).nbytes for f in (header, *bufs))

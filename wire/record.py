@@ -31,7 +31,7 @@ from typing import Any, ClassVar, TypeVar
 from mpl.wire.errors import ProtocolError
 from mpl.wire.limits import BIG, int_fits
 
-__all__ = ["Record", "record_class", "record_fields", "record_from_fields"]
+__all__ = ["Record", "record_class", "record_fields", "record_from_fields", "replaced"]
 
 R = TypeVar("R", bound="Record")
 _Check = Callable[[Any], bool]
@@ -42,6 +42,9 @@ class Record:
     repr=False)``; records compare by type and fields and cannot be modified."""
 
     TAG: ClassVar[str] = ""
+    # True on records whose digest decoding computes from their bytes (the graph); declared
+    # here so that every decode finds it on the class, a miss costs a failed lookup
+    WIRE_DIGEST: ClassVar[bool] = False
     _registry: ClassVar[dict[str, type[Record]]] = {}
     __hash__ = None  # type: ignore[assignment]  # fields are often dicts or lists
 
@@ -137,6 +140,30 @@ def record_from_fields(cls: type[R], values: Sequence[Any]) -> R:
     rec = object.__new__(cls)
     rec.__dict__.update(zip(spec.names, values, strict=True))
     return rec
+
+
+def replaced(rec: R, **changes: Any) -> R:
+    """A copy of ``rec`` with some fields changed, built without ``__init__`` or checks.
+
+    Only for a record this process derives from one it decoded (so checked) or built
+    itself, with values taken from it (the broker's per-rank ``Exec``: the driver's, with
+    one rank's bindings): nothing here is checked again. Raises TypeError for a name that
+    is not a field.
+    """
+    cls = type(rec)
+    spec = _spec(cls)
+    unknown = changes.keys() - set(spec.names)
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no field {sorted(unknown)[0]!r}")
+    if not spec.direct:
+        return cls(**{**{n: rec.__dict__[n] for n in spec.names}, **changes})
+    copy = object.__new__(cls)
+    fields = rec.__dict__
+    if len(fields) != len(spec.names):  # values cached from the fields: never copied
+        fields = {n: fields[n] for n in spec.names}
+    copy.__dict__.update(fields)
+    copy.__dict__.update(changes)
+    return copy
 
 
 def _show(hint: Any) -> str:
