@@ -1,7 +1,9 @@
-"""The worker's ZeroMQ shell: one I/O thread polling three sockets.
+"""The worker's ZeroMQ shell: an I/O thread on the broker's socket, a thread for peer moves.
 
-* a DEALER to the broker: control, jobs, fetches (re-created if the broker goes silent);
-* a PULL it binds for peer moves (its address goes to the broker's directory).
+* a DEALER to the broker: control, jobs, fetches (re-created if the broker goes silent),
+  received by the I/O thread, which also runs the timers (hellos, heartbeats, silence);
+* a PULL it binds for peer moves (its address goes to the broker's directory), received by
+  the peer thread straight into the mailbox the job threads wait on.
 
 Every decision is the state machine's (``state.py``): this shell decodes, feeds it each
 message as an event, and performs the actions it returns (sends, reconnects); the job shell
@@ -47,7 +49,7 @@ from mpl.wire.runtime_info import node_runtime_info
 from mpl.wire.seal import Sealer
 from mpl.wire.sessions import SessionClosed, SessionRuntime
 from mpl.wire.snapshot import SnapshotSlot
-from mpl.wire.sockets import MAX_MESSAGE, configure, drain, send_frames
+from mpl.wire.sockets import MAX_MESSAGE, configure, drain, recv_frames, send_frames
 from mpl.wire.zap import Gatekeeper
 from mpl.worker.code_policy import CODE_POLICIES, holds_pickle, refusal, unloadable
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
@@ -78,8 +80,9 @@ from mpl.worker.store import ObjectStore, SymbolDisk
 __all__ = ["Worker"]
 
 log = logging.getLogger("mpl.worker")
-_POLL_MS = 100
-_BATCH = 256
+_POLL_MS = 100  # the timers run at least this often
+_PEER_WAIT_MS = 50  # how soon the peer thread notices stop()
+_JOIN_S = 2.0
 
 
 class Worker:
@@ -216,6 +219,12 @@ class Worker:
         self.refusals = RefusalLog(log)
         self._faults: dict[str, int] = {}
         self.guard = Guard(log, self._faults)  # counts internal_errors; the loop goes on
+        # the peer thread counts and logs in tables of its own (neither is thread-safe)
+        self._peer_errors = 0
+        self._peer_refusals = RefusalLog(log)
+        self._peer_faults: dict[str, int] = {}
+        self._peer_guard = Guard(log, self._peer_faults)
+        self._rcvtimeo: dict[zmq.Socket[Any], int] = {}  # the dealer's RCVTIMEO, as last set
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -237,33 +246,76 @@ class Worker:
 
     def serve_forever(self) -> None:
         log.info("rank %d: data on %s, joining %s", self.rank, self.data_addr, self.broker_url)
+        peers = threading.Thread(
+            target=self._serve_peers, name=f"mpl-worker-{self.rank}-peers", daemon=True
+        )
+        peers.start()
         try:
-            poller: zmq.Poller | None = None
+            next_timers = 0.0
             while not self._stopping.is_set():
-                dealer = self.dealer
-                try:  # timers are guarded like messages: a failing stats() must not stop us
-                    self._perform(self.jobs.handle(Tick()))
-                    if self._channel_owed:
-                        self._announce_channel()
-                    self.snapshots.serve(self.stats)
-                    self.jobs.report_progress()
-                except Exception as exc:
-                    self.guard.internal("the timers", None, exc)
-                if poller is None or dealer is not self.dealer:
-                    poller = zmq.Poller()  # the dealer is replaced on reconnect
-                    for sock in (self.dealer, self.pull, self._handshakes):
-                        if sock is not None:
-                            poller.register(sock, zmq.POLLIN)
-                ready = dict(poller.poll(self._wait_ms()))
-                if self._handshakes is not None and self._handshakes in ready:
-                    self._handshake_failed(self._handshakes.recv_multipart())
-                if self.dealer in ready:
-                    self._drain(self.dealer, self._on_broker)
-                if self.pull in ready:
-                    self._drain(self.pull, self._on_peer)
+                next_timers = self._turn(next_timers)
             self._send(Bye("worker shutting down"))
         finally:
+            self._stopping.set()
+            peers.join(_JOIN_S)  # the peer socket is closed below, once its thread is out
             self.close()
+
+    def _turn(self, next_timers: float) -> float:
+        """One wake-up of the I/O thread: wait for a broker message (at most until the
+        timers are due) and handle it; then run the timers if they are due. Returns when
+        they are next due.
+
+        A blocking receive of a message already queued costs no system call, where a poll
+        round per message (the poll, then an event check per socket) costs several; the
+        peer socket has its own thread (:meth:`_serve_peers`), so this one waits on the
+        broker's socket alone. Timers are checked after every message, so heartbeats go
+        out while messages stream in, and each message is handled before the silence
+        check that follows it, so a broker heard just now is never declared silent.
+        """
+        dealer = self.dealer
+        wait_ms = max(0, min(_POLL_MS, int((next_timers - time.monotonic()) * 1000) + 1))
+        if wait_ms != self._rcvtimeo.get(dealer):
+            dealer.setsockopt(zmq.RCVTIMEO, wait_ms)
+            self._rcvtimeo = {dealer: wait_ms}  # a replaced dealer starts unset
+        try:
+            frames: list[Any] | None = recv_frames(dealer)
+        except zmq.Again:
+            frames = None
+        if frames is not None:
+            self._on_frames(dealer, frames)
+        now = time.monotonic()
+        if now < next_timers:
+            return next_timers
+        try:  # timers are guarded like messages: a failing stats() must not stop us
+            if self._handshakes is not None:
+                for event in drain(self._handshakes):
+                    self._handshake_failed([frame.bytes for frame in event])
+            self._perform(self.jobs.handle(Tick()))
+            if self._channel_owed:
+                self._announce_channel()
+            self.snapshots.serve(self.stats)
+            self.jobs.report_progress()
+        except Exception as exc:
+            self.guard.internal("the timers", None, exc)
+        now = time.monotonic()
+        return now + min(_POLL_MS / 1000, max(0.0, self.state.next_due() - now))
+
+    def _serve_peers(self) -> None:
+        """The peer thread: receive moves on the PULL socket until the worker stops.
+
+        Moves go straight into the mailbox the job threads wait on; anything this thread
+        decides beyond that (a refused move fails its job) goes on the result channel, never
+        on the I/O thread's socket."""
+        self.pull.setsockopt(zmq.RCVTIMEO, _PEER_WAIT_MS)  # to notice stop()
+        while not self._stopping.is_set():
+            try:
+                frames = recv_frames(self.pull)
+            except zmq.Again:
+                continue
+            except zmq.ZMQError as exc:  # the socket or context went away under us
+                log.debug("rank %d: the peer thread ends: %s", self.rank, exc)
+                return
+            self._on_frames(self.pull, frames)
 
     def close(self) -> None:
         if self._closed:
@@ -288,9 +340,13 @@ class Worker:
         return {
             **self.jobs.stats(),
             "bytes_in": self.bytes_in,
-            "protocol_errors": self.protocol_errors + self.spu_links.protocol_errors,
+            "protocol_errors": (
+                self.protocol_errors + self._peer_errors + self.spu_links.protocol_errors
+            ),
             "rss_bytes": rss_bytes(),
-            "internal_errors": self._faults["internal_errors"],
+            "internal_errors": (
+                self._faults["internal_errors"] + self._peer_faults["internal_errors"]
+            ),
             **self.bindings.stats(),
         }
 
@@ -308,10 +364,6 @@ class Worker:
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         sock.connect(self.broker_url)
         return sock
-
-    def _wait_ms(self) -> int:
-        due = self.state.next_due()
-        return max(0, min(_POLL_MS, int((due - time.monotonic()) * 1000) + 1))
 
     def _send(self, msg: Record) -> None:
         """Send to the broker from the I/O thread; dropped if the broker is unreachable."""
@@ -369,34 +421,44 @@ class Worker:
             instead = substitute(msg, exc, self.rank)
             return encode(instead, safe=safe) if instead is not None else None
 
-    def _drain(self, sock: zmq.Socket[Any], handle: Callable[[Record], None]) -> None:
-        for frames in drain(sock, _BATCH):
-            if self.code != "any" and self._refuses(frames):
-                continue
-            # Peers are other parties: their values never unpickle here. In secure mode the
-            # broker is not trusted either: what a driver sends is sealed (opened below, and
-            # only then unpickled), so a pickle in the clear from the broker is refused.
-            safe = not self.trusted if sock is self.pull else self.seal is not None
-            try:
-                msg = decode(frames, safe=safe)
-            except ProtocolError as exc:
-                if sock is self.dealer and self._undecodable(frames, exc):
-                    continue
+    def _on_frames(self, sock: zmq.Socket[Any], frames: list[Any]) -> None:
+        """Check, decode and handle one message from the broker (I/O thread) or a peer (the
+        peer thread). Each thread counts and logs its refusals in its own tables."""
+        peer = sock is self.pull
+        if self.code != "any" and self._refuses(frames, peer):
+            return
+        # Peers are other parties: their values never unpickle here. In secure mode the
+        # broker is not trusted either: what a driver sends is sealed (opened below, and
+        # only then unpickled), so a pickle in the clear from the broker is refused.
+        safe = not self.trusted if peer else self.seal is not None
+        try:
+            msg = decode(frames, safe=safe)
+        except ProtocolError as exc:
+            if not peer and self._undecodable(frames, exc):
+                return
+            if peer:
+                self._peer_errors += 1
+                self._peer_refusals.refused("a peer", f"dropped a bad message: {exc}")
+            else:
                 self.protocol_errors += 1
-                source = "the broker" if sock is self.dealer else "a peer"
-                self.refusals.refused(source, f"dropped a bad message: {exc}")
-                continue
-            if sock is self.pull:
-                self.bytes_in += frames_nbytes(frames)
-                if self.curve is not None and not self._from_src(msg, frames[0]):
-                    continue
-            try:  # one message's failure stays that message's failure
-                handle(msg)
-            except Exception as exc:
-                source = "the broker" if sock is self.dealer else "a peer"
-                reply = self.guard.internal(source, msg, exc, rank=self.rank)
-                if reply is not None and sock is self.dealer:
-                    self._send(reply)
+                self.refusals.refused("the broker", f"dropped a bad message: {exc}")
+            return
+        if peer:
+            self.bytes_in += frames_nbytes(frames)
+            if self.curve is not None and not self._from_src(msg, frames[0]):
+                return
+        try:  # one message's failure stays that message's failure
+            if peer:
+                self._on_peer(msg)
+            else:
+                self._on_broker(msg)
+        except Exception as exc:
+            if peer:
+                self._peer_guard.internal("a peer", msg, exc, rank=self.rank)
+                return
+            reply = self.guard.internal("the broker", msg, exc, rank=self.rank)
+            if reply is not None:
+                self._send(reply)
 
     # -- messages -------------------------------------------------------------------------
     def _on_broker(self, msg: Record) -> None:
@@ -425,9 +487,10 @@ class Worker:
             event = FetchArrived(msg, self.store.has(msg.session, msg.uri))
         self._perform(self.jobs.handle(event))
 
-    def _refuses(self, frames: list[Any]) -> bool:
+    def _refuses(self, frames: list[Any], peer: bool) -> bool:
         """``--code kernels``: look for pickles with nothing unpickled; refuse what has any
-        (see ``code_policy.py``). True when the message was dealt with here."""
+        (see ``code_policy.py``). True when the message was dealt with here. From the peer
+        thread (``peer``) the answers go on the result channel."""
         try:
             opaque = decode(frames, unpickle=False)
         except ProtocolError:
@@ -436,12 +499,18 @@ class Worker:
             return False
         event = refusal(opaque, self.rank)
         if event is None:
-            self.protocol_errors += 1
+            if peer:
+                self._peer_errors += 1
+            else:
+                self.protocol_errors += 1
             log.warning("rank %d: refused a %s holding pickles", self.rank, opaque.TAG)
             return True
         if isinstance(event, CodeRefused):
             log.warning("rank %d: %s", self.rank, event.why)
-        self._perform(self.jobs.handle(event))
+        if peer:
+            self.jobs.report(event)
+        else:
+            self._perform(self.jobs.handle(event))
         return True
 
     def _undecodable(self, frames: list[Any], exc: ProtocolError) -> bool:
@@ -474,11 +543,12 @@ class Worker:
         self._stopping.set()
 
     def _from_src(self, msg: Record, frame: zmq.Frame) -> bool:
-        """Secure mode: a move counts only from the rank its connection proved to be."""
+        """Secure mode: a move counts only from the rank its connection proved to be (the
+        peer thread)."""
         sender = self.curve.sender_rank(frame) if self.curve is not None else None
         if isinstance(msg, Move) and sender == msg.src:
             return True
-        self.protocol_errors += 1
+        self._peer_errors += 1
         log.warning(
             "rank %d: dropped a %s claiming src %s from rank %s",
             self.rank,
@@ -490,8 +560,8 @@ class Worker:
 
     def _on_peer(self, msg: Record) -> None:
         if not isinstance(msg, Move) or msg.dst != self.rank:
-            self.protocol_errors += 1
-            self.refusals.refused("a peer", f"unexpected {msg.TAG} on the peer socket")
+            self._peer_errors += 1
+            self._peer_refusals.refused("a peer", f"unexpected {msg.TAG} on the peer socket")
             return
         self.mailbox.put((msg.session, msg.job, msg.op, msg.seq, msg.src), msg.value)
 

@@ -14,8 +14,8 @@ the pool has a free thread (``job_threads``, MAX_JOB_THREADS by default).
 Quick jobs skip the hand-off: handing a job to a pool thread and back costs two thread
 wake-ups and a GIL switch, more than a trivial job's whole run on a busy 2-core machine. A
 program runs inline, on the thread that received it, when (1) it is purely local (only the
-opcodes in :data:`~mpl.worker.state.INLINE_OPCODES`: no moves to wait for, which the I/O
-thread itself delivers, no SPU, no installed kernels), (2) its last run on this worker
+opcodes in :data:`~mpl.worker.state.INLINE_OPCODES`: no moves to wait for, which the peer
+thread delivers, no SPU, no installed kernels), (2) its last run on this worker
 took at most ``inline_s`` (1 ms by default; its first run is always on the pool), and (3)
 its session has nothing queued or running, so arrival order holds. A run that turns out
 slower sends the program's next runs back to the pool. The state decides all three.
