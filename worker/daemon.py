@@ -39,9 +39,10 @@ from mpl.wire.codec import decode, encode, frames_nbytes
 from mpl.wire.control import HEARTBEAT_S, Bye, Channel, Heartbeat, WorkerHello
 from mpl.wire.curve import PEER_DOMAIN, Curve, peer_admits
 from mpl.wire.data import Fetch, Move
+from mpl.wire.done_pack import done_frames
 from mpl.wire.errors import ProtocolError
 from mpl.wire.guard import Guard, substitute
-from mpl.wire.jobs import Abort, Exec
+from mpl.wire.jobs import Abort, Done, Exec
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
@@ -81,6 +82,7 @@ __all__ = ["Worker"]
 
 log = logging.getLogger("mpl.worker")
 _POLL_MS = 100  # the timers run at least this often
+_SLACK_MS = 5  # how late the timers may run while messages stream in
 _PEER_WAIT_MS = 50  # how soon the peer thread notices stop()
 _JOIN_S = 2.0
 
@@ -274,7 +276,10 @@ class Worker:
         """
         dealer = self.dealer
         wait_ms = max(0, min(_POLL_MS, int((next_timers - time.monotonic()) * 1000) + 1))
-        if wait_ms != self._rcvtimeo.get(dealer):
+        # Reset the timeout only when it is off by more than the slack (a socket option per
+        # message costs more than the receive): the timers may run up to _SLACK_MS late.
+        set_ms = self._rcvtimeo.get(dealer, -1)
+        if not wait_ms <= set_ms <= wait_ms + _SLACK_MS:
             dealer.setsockopt(zmq.RCVTIMEO, wait_ms)
             self._rcvtimeo = {dealer: wait_ms}  # a replaced dealer starts unset
         try:
@@ -381,7 +386,11 @@ class Worker:
         """Send to the broker from any thread, on the result channel."""
         if self.seal is not None:
             msg = self.seal.outbound(msg)
-        frames = self._encode(msg)
+            frames = self._encode(msg)
+        else:  # a Done of plain data (most) is packed without the general encoder
+            frames = done_frames(msg) if type(msg) is Done else None
+            if frames is None:
+                frames = self._encode(msg)
         if frames is None:
             return
         with self._results_lock:
