@@ -100,6 +100,7 @@ class Plan:
     rank: int
     free_after: tuple[tuple[int, ...], ...]  # values to drop once op k has run
     ops_here: int = 0  # ops this rank takes part in (progress reports count them)
+    labels: tuple[str, ...] = ()  # op_label of each op, for spans and errors
 
     @classmethod
     def build(cls, graph: Graph, rank: int) -> Plan:
@@ -113,12 +114,14 @@ class Plan:
             if v not in keep:
                 free[k].append(v)
         here = sum(1 for op in graph.ops if rank in op.ranks)
-        return cls(graph, rank, tuple(tuple(f) for f in free), here)
+        labels = tuple(op_label(graph, k) for k in range(len(graph.ops)))
+        return cls(graph, rank, tuple(tuple(f) for f in free), here, labels)
 
 
 def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
     """Run ``plan``'s graph on its rank; return the graph outputs (ABSENT where not held)."""
     graph, rank = plan.graph, plan.rank
+    labels = plan.labels or tuple(op_label(graph, k) for k in range(len(graph.ops)))
     env: dict[int, Any] = {i: v for i, v in enumerate(inputs) if v is not ABSENT}
     vid = len(graph.inputs)
     origin = time.monotonic()
@@ -134,9 +137,9 @@ def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
             except (JobAbortedError, OpFailed):
                 raise
             except BaseException as exc:  # user code: SystemExit and KeyboardInterrupt too
-                raise OpFailed(op_label(graph, k), exc) from exc
+                raise OpFailed(labels[k], exc) from exc
             if len(ctx.spans) < _MAX_SPANS:
-                ctx.spans.append([k, op_label(graph, k), start - origin, time.monotonic() - origin])
+                ctx.spans.append([k, labels[k], start - origin, time.monotonic() - origin])
             for i, value in enumerate(outs):
                 if value is not ABSENT:
                     env[vid + i] = value
