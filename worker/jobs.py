@@ -296,8 +296,8 @@ class Jobs:
             return RunFailed(sid, job, time.perf_counter() - t0, info)
         finally:
             self._runs.pop((sid, job), None)
-        if self.stopped((sid, job)):
-            return RunAborted(sid, job, time.perf_counter() - t0)
+        # An abort that came during the run is the state's to see (RunFinished of a stopped
+        # job frees its outputs and says nothing), so no second look under the lock here.
         values: dict[int, Any] = {}
         metas: dict[int, str] = {}
         for i, value in enumerate(outputs):
