@@ -94,6 +94,7 @@ def test_what_is_not_plain_takes_the_general_encoder() -> None:
         assert done_frames(Done("s", "j", 0, {0: value})) is None, value
     saved = SymbolInfo("x", "P0", (0,), False, {})
     assert done_frames(Done("s", "j", 0, {0: 1}, saved=[saved])) is None
-    assert (
-        done_frames(Done("s", "j", 0, {0: "x" * (MAX_HEADER_BYTES + 1)})) is None
-    )  # past the header cap
+    assert done_frames(Done("s", "j", 0, {0: "\ud800"})) is None  # not UTF-8: encode says so
+    assert done_frames(Done("s", "j", 0, {0: 1})) is not None  # the packer is fine after it
+    huge = "x" * (MAX_HEADER_BYTES + 1)  # past the header cap: encode says why
+    assert done_frames(Done("s", "j", 0, {0: huge})) is None

@@ -10,7 +10,8 @@ value format), so the broker and the driver decode and check them as before
 (``tests/test_done_frames.py`` compares them): this saves the sender's work only.
 
 Anything else (a tuple, an array, a big int, a buffer, a name saved by the job, nesting
-past a few levels) returns None: the caller then uses ``encode``.
+past a few levels, a string msgpack cannot encode) returns None: the caller then uses
+``encode``, which packs it or says why not.
 """
 
 from __future__ import annotations
@@ -36,7 +37,11 @@ class _Packer(threading.local):
     """A packer per thread: answers leave from the I/O thread and from job threads."""
 
     def __init__(self) -> None:
-        self.pack = msgpack.Packer(use_bin_type=True, strict_types=True, autoreset=True).pack
+        self.pack = _packer()
+
+
+def _packer() -> Any:
+    return msgpack.Packer(use_bin_type=True, strict_types=True, autoreset=True).pack
 
 
 _tls = _Packer()
@@ -49,7 +54,11 @@ def done_frames(msg: Done) -> list[Any] | None:
     fields = [_TAG, msg.session, msg.job, msg.rank, msg.values, msg.stats, msg.metas, []]
     if not _plain(fields, 0):
         return None
-    header: bytes = _tls.pack(fields)
+    try:
+        header: bytes = _tls.pack(fields)
+    except Exception:  # a string msgpack cannot encode, say: encode reports it
+        _tls.pack = _packer()  # never reuse a packer that failed mid-way
+        return None
     if len(header) > MAX_HEADER_BYTES:
         return None  # encode raises, saying why
     return [MAGIC_FRAME, header]
