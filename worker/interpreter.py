@@ -157,8 +157,12 @@ def _pcall(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> li
     fn = graph.fns[op.attrs["fn"]]
     if isinstance(fn, KernelRef):  # mp.kernel(name): this node's installed implementation
         fn = ctx.extension("kernels").resolve(fn.name, ctx.session)
-    if "args" in op.attrs or "kwargs" in op.attrs:
-        result = fn(*fill(op.attrs.get("args", ()), args), **fill(op.attrs.get("kwargs", {}), args))
+    attrs = op.attrs
+    if "args" in attrs or "kwargs" in attrs:
+        template, named = attrs.get("args", ()), attrs.get("kwargs", {})
+        # an empty template fills to itself: most calls take no arguments
+        result = fn(*(fill(template, args) if template else template),
+                    **(fill(named, args) if named else named))  # fmt: skip
     else:
         result = fn(*args)
     return split_outputs(result, op.nout)

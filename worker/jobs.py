@@ -271,8 +271,8 @@ class Jobs:
         run = _JobRun(self, sid, job, started + timeout)
         self._runs[(sid, job)] = run
         try:
-            mine = msg.bindings.get(self.rank) or [None] * len(graph.inputs)
-            inputs = [self._resolve(sid, b) for b in mine]
+            mine = msg.bindings.get(self.rank)  # none bound here (most jobs): none held
+            inputs = [self._resolve(sid, b) for b in mine] if mine else [ABSENT] * len(graph.inputs)
             if len(inputs) != len(graph.inputs):
                 raise SessionError(
                     f"job binds {len(inputs)} inputs on rank {self.rank}, "
