@@ -152,3 +152,39 @@ def test_a_move_for_another_rank_is_counted_by_the_peer_thread(
     finally:
         push.close(linger=0)
         _stop(worker)
+
+
+def test_a_move_that_overtook_its_exec_survives_a_full_holding_area(
+    ctx: zmq.Context[Any], broker: FakeBroker
+) -> None:
+    """Forged moves fill the area where moves for unknown jobs wait; a genuine move that
+    arrives before its Exec is handled gets a second chance once the Exec opened its job
+    (a single thread handling both sockets took the queued Exec first)."""
+    worker = _started(ctx, broker, heartbeat_s=0.05)
+    busy, release = threading.Event(), threading.Event()
+    original = worker.jobs.report_progress
+
+    def stuck() -> None:  # the I/O thread is held, as if descheduled with the Exec queued
+        busy.set()
+        release.wait(20)
+        original()
+
+    worker.jobs.report_progress = stuck  # type: ignore[method-assign]
+    push = configure(ctx.socket(zmq.PUSH), linger_ms=0)
+    try:
+        assert busy.wait(10), "the timers never ran"
+        push.connect(worker.data_addr)
+        for i in range(1100):  # more than the holding area takes
+            push.send_multipart(encode(Move("s1", f"forged{i}", 0, 0, 1, 0, b"x")))
+        wait_until(lambda: worker.mailbox.held_dropped >= 1100 - 1024, what="the area full")
+        dropped = worker.mailbox.held_dropped
+        push.send_multipart(encode(Move("s1", "real", 3, 0, 1, 0, 7.5)))
+        wait_until(lambda: worker.mailbox.held_dropped > dropped, what="the early move dropped")
+        worker.mailbox.open(("s1", "real"))  # what handling the Exec does
+        release.set()
+        got = worker.mailbox.take(("s1", "real", 3, 0, 1), time.monotonic() + 10, "lost")
+        assert got == 7.5
+    finally:
+        release.set()
+        push.close(linger=0)
+        _stop(worker)

@@ -53,9 +53,10 @@ from mpl.wire.snapshot import SnapshotSlot
 from mpl.wire.sockets import MAX_MESSAGE, configure, drain, recv_frames, send_frames
 from mpl.wire.zap import Gatekeeper
 from mpl.worker.code_policy import CODE_POLICIES, holds_pickle, refusal, unloadable
+from mpl.worker.holding import approx_nbytes
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
 from mpl.worker.kernel_table import KernelTable, NodeBindings
-from mpl.worker.keyed_mailbox import move_mailbox
+from mpl.worker.keyed_mailbox import MoveKey, move_mailbox
 from mpl.worker.metrics import rss_bytes
 from mpl.worker.peers import PeerLinks
 from mpl.worker.sealing import WorkerSeal
@@ -85,6 +86,7 @@ _POLL_MS = 100  # the timers run at least this often
 _SLACK_MS = 5  # how late the timers may run while messages stream in
 _BATCH = 256  # moves taken per wake-up of the peer thread
 _JOIN_S = 2.0
+_DEFER, _DEFER_BYTES = 256, 64 << 20  # moves given a second chance (see _on_peer)
 
 
 class Worker:
@@ -233,6 +235,9 @@ class Worker:
         self._peer_faults: dict[str, int] = {}
         self._peer_guard = Guard(log, self._peer_faults)
         self._rcvtimeo: dict[zmq.Socket[Any], int] = {}  # the dealer's RCVTIMEO, as last set
+        self._deferred: list[tuple[MoveKey, Any, int]] = []  # see _on_peer
+        self._deferred_bytes = 0
+        self._deferred_lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -298,6 +303,8 @@ class Worker:
             frames = None
         if frames is not None:
             self._on_frames(dealer, frames)
+        if self._deferred:
+            self._put_deferred()
         now = time.monotonic()
         if now < next_timers:
             return next_timers
@@ -585,7 +592,28 @@ class Worker:
             self._peer_errors += 1
             self._peer_refusals.refused("a peer", f"unexpected {msg.TAG} on the peer socket")
             return
-        self.mailbox.put((msg.session, msg.job, msg.op, msg.seq, msg.src), msg.value)
+        key = (msg.session, msg.job, msg.op, msg.seq, msg.src)
+        dropped = self.mailbox.held_dropped
+        if self.mailbox.put(key, msg.value) or self.mailbox.held_dropped == dropped:
+            return
+        # No room to hold a move for a job not opened yet. It may have overtaken its Exec,
+        # which may sit on the I/O thread's socket right now (a thread that handled both
+        # sockets took the Exec first): the I/O thread puts it once more after its next
+        # message. Bounded in entries and bytes; past that the drop stands.
+        size = approx_nbytes(msg.value)
+        with self._deferred_lock:
+            if len(self._deferred) < _DEFER and self._deferred_bytes + size <= _DEFER_BYTES:
+                self._deferred.append((key, msg.value, size))
+                self._deferred_bytes += size
+
+    def _put_deferred(self) -> None:
+        """The I/O thread, after a message or the timers: the moves the peer thread had no
+        room for, put once more (their Exec may have opened their job meanwhile)."""
+        with self._deferred_lock:
+            moves, self._deferred = self._deferred, []
+            self._deferred_bytes = 0
+        for key, value, _size in moves:
+            self.mailbox.put(key, value)
 
     def _perform(self, actions: list[Action]) -> None:
         """Carry out what the state machine left to the I/O shell."""
