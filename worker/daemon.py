@@ -1,7 +1,9 @@
-"""The worker's ZeroMQ shell: one I/O thread polling three sockets.
+"""The worker's ZeroMQ shell: an I/O thread on the broker's socket, a thread for peer moves.
 
-* a DEALER to the broker: control, jobs, fetches (re-created if the broker goes silent);
-* a PULL it binds for peer moves (its address goes to the broker's directory).
+* a DEALER to the broker: control, jobs, fetches (re-created if the broker goes silent),
+  received by the I/O thread, which also runs the timers (hellos, heartbeats, silence);
+* a PULL it binds for peer moves (its address goes to the broker's directory), received by
+  the peer thread straight into the mailbox the job threads wait on.
 
 Every decision is the state machine's (``state.py``): this shell decodes, feeds it each
 message as an event, and performs the actions it returns (sends, reconnects); the job shell
@@ -37,9 +39,10 @@ from mpl.wire.codec import decode, encode, frames_nbytes
 from mpl.wire.control import HEARTBEAT_S, Bye, Channel, Heartbeat, WorkerHello
 from mpl.wire.curve import PEER_DOMAIN, Curve, peer_admits
 from mpl.wire.data import Fetch, Move
+from mpl.wire.done_pack import done_frames
 from mpl.wire.errors import ProtocolError
 from mpl.wire.guard import Guard, substitute
-from mpl.wire.jobs import Abort, Exec
+from mpl.wire.jobs import Abort, Done, Exec
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
@@ -47,12 +50,13 @@ from mpl.wire.runtime_info import node_runtime_info
 from mpl.wire.seal import Sealer
 from mpl.wire.sessions import SessionClosed, SessionRuntime
 from mpl.wire.snapshot import SnapshotSlot
-from mpl.wire.sockets import MAX_MESSAGE, configure, drain, send_frames
+from mpl.wire.sockets import MAX_MESSAGE, configure, drain, recv_frames, send_frames
 from mpl.wire.zap import Gatekeeper
 from mpl.worker.code_policy import CODE_POLICIES, holds_pickle, refusal, unloadable
+from mpl.worker.holding import approx_nbytes
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
 from mpl.worker.kernel_table import KernelTable, NodeBindings
-from mpl.worker.keyed_mailbox import move_mailbox
+from mpl.worker.keyed_mailbox import MoveKey, move_mailbox
 from mpl.worker.metrics import rss_bytes
 from mpl.worker.peers import PeerLinks
 from mpl.worker.sealing import WorkerSeal
@@ -78,8 +82,11 @@ from mpl.worker.store import ObjectStore, SymbolDisk
 __all__ = ["Worker"]
 
 log = logging.getLogger("mpl.worker")
-_POLL_MS = 100
-_BATCH = 256
+_POLL_MS = 100  # the timers run at least this often
+_SLACK_MS = 5  # how late the timers may run while messages stream in
+_BATCH = 256  # moves taken per wake-up of the peer thread
+_JOIN_S = 2.0
+_DEFER, _DEFER_BYTES = 256, 64 << 20  # moves given a second chance (see _on_peer)
 
 
 class Worker:
@@ -139,6 +146,12 @@ class Worker:
             curve.serve(self.pull, PEER_DOMAIN)
         self.pull.bind(data_bind or f"tcp://{host}:0")
         self.data_addr: str = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
+        # the I/O thread wakes the peer thread through this pair when the worker stops
+        self._peers_woken = configure(self.ctx.socket(zmq.PAIR), linger_ms=0)
+        wake = f"inproc://mpl-worker-{rank}-wake-{secrets.token_hex(8)}"
+        self._peers_woken.bind(wake)
+        self._wake_peers = configure(self.ctx.socket(zmq.PAIR), linger_ms=0)
+        self._wake_peers.connect(wake)
         # Results queue while the connection is (re)established rather than being dropped.
         self._results = self._broker_socket()
         # secure mode: a broker that refuses our key says so only in the handshake, so watch
@@ -216,6 +229,15 @@ class Worker:
         self.refusals = RefusalLog(log)
         self._faults: dict[str, int] = {}
         self.guard = Guard(log, self._faults)  # counts internal_errors; the loop goes on
+        # the peer thread counts and logs in tables of its own (neither is thread-safe)
+        self._peer_errors = 0
+        self._peer_refusals = RefusalLog(log)
+        self._peer_faults: dict[str, int] = {}
+        self._peer_guard = Guard(log, self._peer_faults)
+        self._rcvtimeo: dict[zmq.Socket[Any], int] = {}  # the dealer's RCVTIMEO, as last set
+        self._deferred: list[tuple[MoveKey, Any, int]] = []  # see _on_peer
+        self._deferred_bytes = 0
+        self._deferred_lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -237,33 +259,88 @@ class Worker:
 
     def serve_forever(self) -> None:
         log.info("rank %d: data on %s, joining %s", self.rank, self.data_addr, self.broker_url)
+        peers = threading.Thread(
+            target=self._serve_peers, name=f"mpl-worker-{self.rank}-peers", daemon=True
+        )
+        peers.start()
         try:
-            poller: zmq.Poller | None = None
+            next_timers = 0.0
             while not self._stopping.is_set():
-                dealer = self.dealer
-                try:  # timers are guarded like messages: a failing stats() must not stop us
-                    self._perform(self.jobs.handle(Tick()))
-                    if self._channel_owed:
-                        self._announce_channel()
-                    self.snapshots.serve(self.stats)
-                    self.jobs.report_progress()
-                except Exception as exc:
-                    self.guard.internal("the timers", None, exc)
-                if poller is None or dealer is not self.dealer:
-                    poller = zmq.Poller()  # the dealer is replaced on reconnect
-                    for sock in (self.dealer, self.pull, self._handshakes):
-                        if sock is not None:
-                            poller.register(sock, zmq.POLLIN)
-                ready = dict(poller.poll(self._wait_ms()))
-                if self._handshakes is not None and self._handshakes in ready:
-                    self._handshake_failed(self._handshakes.recv_multipart())
-                if self.dealer in ready:
-                    self._drain(self.dealer, self._on_broker)
-                if self.pull in ready:
-                    self._drain(self.pull, self._on_peer)
+                next_timers = self._turn(next_timers)
             self._send(Bye("worker shutting down"))
         finally:
+            self._stopping.set()
+            try:
+                self._wake_peers.send(b"", zmq.NOBLOCK)
+            except zmq.ZMQError:
+                log.debug("rank %d: could not wake the peer thread", self.rank)
+            peers.join(_JOIN_S)  # the peer socket is closed below, once its thread is out
             self.close()
+
+    def _turn(self, next_timers: float) -> float:
+        """One wake-up of the I/O thread: wait for a broker message (at most until the
+        timers are due) and handle it; then run the timers if they are due. Returns when
+        they are next due.
+
+        A blocking receive of a message already queued costs no system call, where a poll
+        round per message (the poll, then an event check per socket) costs several; the
+        peer socket has its own thread (:meth:`_serve_peers`), so this one waits on the
+        broker's socket alone. Timers are checked after every message, so heartbeats go
+        out while messages stream in, and each message is handled before the silence
+        check that follows it, so a broker heard just now is never declared silent.
+        """
+        dealer = self.dealer
+        wait_ms = max(0, min(_POLL_MS, int((next_timers - time.monotonic()) * 1000) + 1))
+        # Reset the timeout only when it is off by more than the slack (a socket option per
+        # message costs more than the receive): the timers may run up to _SLACK_MS late.
+        set_ms = self._rcvtimeo.get(dealer, -1)
+        if not wait_ms <= set_ms <= wait_ms + _SLACK_MS:
+            dealer.setsockopt(zmq.RCVTIMEO, wait_ms)
+            self._rcvtimeo = {dealer: wait_ms}  # a replaced dealer starts unset
+        try:
+            frames: list[Any] | None = recv_frames(dealer)
+        except zmq.Again:
+            frames = None
+        if frames is not None:
+            self._on_frames(dealer, frames)
+        if self._deferred:
+            self._put_deferred()
+        now = time.monotonic()
+        if now < next_timers:
+            return next_timers
+        try:  # timers are guarded like messages: a failing stats() must not stop us
+            if self._handshakes is not None:
+                for event in drain(self._handshakes):
+                    self._handshake_failed([frame.bytes for frame in event])
+            self._perform(self.jobs.handle(Tick()))
+            if self._channel_owed:
+                self._announce_channel()
+            self.snapshots.serve(self.stats)
+            self.jobs.report_progress()
+        except Exception as exc:
+            self.guard.internal("the timers", None, exc)
+        now = time.monotonic()
+        return now + min(_POLL_MS / 1000, max(0.0, self.state.next_due() - now))
+
+    def _serve_peers(self) -> None:
+        """The peer thread: receive moves on the PULL socket until the worker stops.
+
+        Moves go straight into the mailbox the job threads wait on; anything this thread
+        decides beyond that (a refused move fails its job) goes on the result channel, never
+        on the I/O thread's socket. It sleeps until a move or the I/O thread's wake-up at
+        shutdown arrives: an idle worker costs no wake-ups here (32 of them share 2 cores).
+        """
+        items = [(self.pull, zmq.POLLIN), (self._peers_woken, zmq.POLLIN)]
+        while True:
+            try:
+                ready = zmq.zmq_poll(items, -1)
+            except zmq.ZMQError as exc:  # the context went away under us
+                log.debug("rank %d: the peer thread ends: %s", self.rank, exc)
+                return
+            if any(sock is self._peers_woken for sock, _ in ready):
+                return
+            for frames in drain(self.pull, _BATCH):
+                self._on_frames(self.pull, frames)
 
     def close(self) -> None:
         if self._closed:
@@ -277,7 +354,7 @@ class Worker:
                 self._results.disable_monitor()
                 self._handshakes.close(linger=0)
             self._results.close()
-        for sock in (self.dealer, self.pull):
+        for sock in (self.dealer, self.pull, self._wake_peers, self._peers_woken):
             sock.close()
         if self.gatekeeper is not None:
             self.gatekeeper.stop()
@@ -288,9 +365,13 @@ class Worker:
         return {
             **self.jobs.stats(),
             "bytes_in": self.bytes_in,
-            "protocol_errors": self.protocol_errors + self.spu_links.protocol_errors,
+            "protocol_errors": (
+                self.protocol_errors + self._peer_errors + self.spu_links.protocol_errors
+            ),
             "rss_bytes": rss_bytes(),
-            "internal_errors": self._faults["internal_errors"],
+            "internal_errors": (
+                self._faults["internal_errors"] + self._peer_faults["internal_errors"]
+            ),
             **self.bindings.stats(),
         }
 
@@ -309,10 +390,6 @@ class Worker:
         sock.connect(self.broker_url)
         return sock
 
-    def _wait_ms(self) -> int:
-        due = self.state.next_due()
-        return max(0, min(_POLL_MS, int((due - time.monotonic()) * 1000) + 1))
-
     def _send(self, msg: Record) -> None:
         """Send to the broker from the I/O thread; dropped if the broker is unreachable."""
         if self.seal is not None:
@@ -329,7 +406,11 @@ class Worker:
         """Send to the broker from any thread, on the result channel."""
         if self.seal is not None:
             msg = self.seal.outbound(msg)
-        frames = self._encode(msg)
+            frames = self._encode(msg)
+        else:  # a Done of plain data (most) is packed without the general encoder
+            frames = done_frames(msg) if type(msg) is Done else None
+            if frames is None:
+                frames = self._encode(msg)
         if frames is None:
             return
         with self._results_lock:
@@ -369,34 +450,44 @@ class Worker:
             instead = substitute(msg, exc, self.rank)
             return encode(instead, safe=safe) if instead is not None else None
 
-    def _drain(self, sock: zmq.Socket[Any], handle: Callable[[Record], None]) -> None:
-        for frames in drain(sock, _BATCH):
-            if self.code != "any" and self._refuses(frames):
-                continue
-            # Peers are other parties: their values never unpickle here. In secure mode the
-            # broker is not trusted either: what a driver sends is sealed (opened below, and
-            # only then unpickled), so a pickle in the clear from the broker is refused.
-            safe = not self.trusted if sock is self.pull else self.seal is not None
-            try:
-                msg = decode(frames, safe=safe)
-            except ProtocolError as exc:
-                if sock is self.dealer and self._undecodable(frames, exc):
-                    continue
+    def _on_frames(self, sock: zmq.Socket[Any], frames: list[Any]) -> None:
+        """Check, decode and handle one message from the broker (I/O thread) or a peer (the
+        peer thread). Each thread counts and logs its refusals in its own tables."""
+        peer = sock is self.pull
+        if self.code != "any" and self._refuses(frames, peer):
+            return
+        # Peers are other parties: their values never unpickle here. In secure mode the
+        # broker is not trusted either: what a driver sends is sealed (opened below, and
+        # only then unpickled), so a pickle in the clear from the broker is refused.
+        safe = not self.trusted if peer else self.seal is not None
+        try:
+            msg = decode(frames, safe=safe)
+        except ProtocolError as exc:
+            if not peer and self._undecodable(frames, exc):
+                return
+            if peer:
+                self._peer_errors += 1
+                self._peer_refusals.refused("a peer", f"dropped a bad message: {exc}")
+            else:
                 self.protocol_errors += 1
-                source = "the broker" if sock is self.dealer else "a peer"
-                self.refusals.refused(source, f"dropped a bad message: {exc}")
-                continue
-            if sock is self.pull:
-                self.bytes_in += frames_nbytes(frames)
-                if self.curve is not None and not self._from_src(msg, frames[0]):
-                    continue
-            try:  # one message's failure stays that message's failure
-                handle(msg)
-            except Exception as exc:
-                source = "the broker" if sock is self.dealer else "a peer"
-                reply = self.guard.internal(source, msg, exc, rank=self.rank)
-                if reply is not None and sock is self.dealer:
-                    self._send(reply)
+                self.refusals.refused("the broker", f"dropped a bad message: {exc}")
+            return
+        if peer:
+            self.bytes_in += frames_nbytes(frames)
+            if self.curve is not None and not self._from_src(msg, frames[0]):
+                return
+        try:  # one message's failure stays that message's failure
+            if peer:
+                self._on_peer(msg)
+            else:
+                self._on_broker(msg)
+        except Exception as exc:
+            if peer:
+                self._peer_guard.internal("a peer", msg, exc, rank=self.rank)
+                return
+            reply = self.guard.internal("the broker", msg, exc, rank=self.rank)
+            if reply is not None:
+                self._send(reply)
 
     # -- messages -------------------------------------------------------------------------
     def _on_broker(self, msg: Record) -> None:
@@ -425,9 +516,10 @@ class Worker:
             event = FetchArrived(msg, self.store.has(msg.session, msg.uri))
         self._perform(self.jobs.handle(event))
 
-    def _refuses(self, frames: list[Any]) -> bool:
+    def _refuses(self, frames: list[Any], peer: bool) -> bool:
         """``--code kernels``: look for pickles with nothing unpickled; refuse what has any
-        (see ``code_policy.py``). True when the message was dealt with here."""
+        (see ``code_policy.py``). True when the message was dealt with here. From the peer
+        thread (``peer``) the answers go on the result channel."""
         try:
             opaque = decode(frames, unpickle=False)
         except ProtocolError:
@@ -436,12 +528,18 @@ class Worker:
             return False
         event = refusal(opaque, self.rank)
         if event is None:
-            self.protocol_errors += 1
+            if peer:
+                self._peer_errors += 1
+            else:
+                self.protocol_errors += 1
             log.warning("rank %d: refused a %s holding pickles", self.rank, opaque.TAG)
             return True
         if isinstance(event, CodeRefused):
             log.warning("rank %d: %s", self.rank, event.why)
-        self._perform(self.jobs.handle(event))
+        if peer:
+            self.jobs.report(event)
+        else:
+            self._perform(self.jobs.handle(event))
         return True
 
     def _undecodable(self, frames: list[Any], exc: ProtocolError) -> bool:
@@ -474,11 +572,12 @@ class Worker:
         self._stopping.set()
 
     def _from_src(self, msg: Record, frame: zmq.Frame) -> bool:
-        """Secure mode: a move counts only from the rank its connection proved to be."""
+        """Secure mode: a move counts only from the rank its connection proved to be (the
+        peer thread)."""
         sender = self.curve.sender_rank(frame) if self.curve is not None else None
         if isinstance(msg, Move) and sender == msg.src:
             return True
-        self.protocol_errors += 1
+        self._peer_errors += 1
         log.warning(
             "rank %d: dropped a %s claiming src %s from rank %s",
             self.rank,
@@ -490,10 +589,31 @@ class Worker:
 
     def _on_peer(self, msg: Record) -> None:
         if not isinstance(msg, Move) or msg.dst != self.rank:
-            self.protocol_errors += 1
-            self.refusals.refused("a peer", f"unexpected {msg.TAG} on the peer socket")
+            self._peer_errors += 1
+            self._peer_refusals.refused("a peer", f"unexpected {msg.TAG} on the peer socket")
             return
-        self.mailbox.put((msg.session, msg.job, msg.op, msg.seq, msg.src), msg.value)
+        key = (msg.session, msg.job, msg.op, msg.seq, msg.src)
+        dropped = self.mailbox.held_dropped
+        if self.mailbox.put(key, msg.value) or self.mailbox.held_dropped == dropped:
+            return
+        # No room to hold a move for a job not opened yet. It may have overtaken its Exec,
+        # which may sit on the I/O thread's socket right now (a thread that handled both
+        # sockets took the Exec first): the I/O thread puts it once more after its next
+        # message. Bounded in entries and bytes; past that the drop stands.
+        size = approx_nbytes(msg.value)
+        with self._deferred_lock:
+            if len(self._deferred) < _DEFER and self._deferred_bytes + size <= _DEFER_BYTES:
+                self._deferred.append((key, msg.value, size))
+                self._deferred_bytes += size
+
+    def _put_deferred(self) -> None:
+        """The I/O thread, after a message or the timers: the moves the peer thread had no
+        room for, put once more (their Exec may have opened their job meanwhile)."""
+        with self._deferred_lock:
+            moves, self._deferred = self._deferred, []
+            self._deferred_bytes = 0
+        for key, value, _size in moves:
+            self.mailbox.put(key, value)
 
     def _perform(self, actions: list[Action]) -> None:
         """Carry out what the state machine left to the I/O shell."""

@@ -100,6 +100,7 @@ class Plan:
     rank: int
     free_after: tuple[tuple[int, ...], ...]  # values to drop once op k has run
     ops_here: int = 0  # ops this rank takes part in (progress reports count them)
+    labels: tuple[str, ...] = ()  # op_label of each op, for spans and errors
 
     @classmethod
     def build(cls, graph: Graph, rank: int) -> Plan:
@@ -113,12 +114,14 @@ class Plan:
             if v not in keep:
                 free[k].append(v)
         here = sum(1 for op in graph.ops if rank in op.ranks)
-        return cls(graph, rank, tuple(tuple(f) for f in free), here)
+        labels = tuple(op_label(graph, k) for k in range(len(graph.ops)))
+        return cls(graph, rank, tuple(tuple(f) for f in free), here, labels)
 
 
 def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
     """Run ``plan``'s graph on its rank; return the graph outputs (ABSENT where not held)."""
     graph, rank = plan.graph, plan.rank
+    labels = plan.labels or tuple(op_label(graph, k) for k in range(len(graph.ops)))
     env: dict[int, Any] = {i: v for i, v in enumerate(inputs) if v is not ABSENT}
     vid = len(graph.inputs)
     origin = time.monotonic()
@@ -134,9 +137,9 @@ def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
             except (JobAbortedError, OpFailed):
                 raise
             except BaseException as exc:  # user code: SystemExit and KeyboardInterrupt too
-                raise OpFailed(op_label(graph, k), exc) from exc
+                raise OpFailed(labels[k], exc) from exc
             if len(ctx.spans) < _MAX_SPANS:
-                ctx.spans.append([k, op_label(graph, k), start - origin, time.monotonic() - origin])
+                ctx.spans.append([k, labels[k], start - origin, time.monotonic() - origin])
             for i, value in enumerate(outs):
                 if value is not ABSENT:
                     env[vid + i] = value
@@ -154,8 +157,12 @@ def _pcall(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> li
     fn = graph.fns[op.attrs["fn"]]
     if isinstance(fn, KernelRef):  # mp.kernel(name): this node's installed implementation
         fn = ctx.extension("kernels").resolve(fn.name, ctx.session)
-    if "args" in op.attrs or "kwargs" in op.attrs:
-        result = fn(*fill(op.attrs.get("args", ()), args), **fill(op.attrs.get("kwargs", {}), args))
+    attrs = op.attrs
+    if "args" in attrs or "kwargs" in attrs:
+        template, named = attrs.get("args", ()), attrs.get("kwargs", {})
+        # an empty template fills to itself: most calls take no arguments
+        result = fn(*(fill(template, args) if template else template),
+                    **(fill(named, args) if named else named))  # fmt: skip
     else:
         result = fn(*args)
     return split_outputs(result, op.nout)

@@ -14,8 +14,8 @@ the pool has a free thread (``job_threads``, MAX_JOB_THREADS by default).
 Quick jobs skip the hand-off: handing a job to a pool thread and back costs two thread
 wake-ups and a GIL switch, more than a trivial job's whole run on a busy 2-core machine. A
 program runs inline, on the thread that received it, when (1) it is purely local (only the
-opcodes in :data:`~mpl.worker.state.INLINE_OPCODES`: no moves to wait for, which the I/O
-thread itself delivers, no SPU, no installed kernels), (2) its last run on this worker
+opcodes in :data:`~mpl.worker.state.INLINE_OPCODES`: no moves to wait for, which the peer
+thread delivers, no SPU, no installed kernels), (2) its last run on this worker
 took at most ``inline_s`` (1 ms by default; its first run is always on the pool), and (3)
 its session has nothing queued or running, so arrival order holds. A run that turns out
 slower sends the program's next runs back to the pool. The state decides all three.
@@ -271,8 +271,8 @@ class Jobs:
         run = _JobRun(self, sid, job, started + timeout)
         self._runs[(sid, job)] = run
         try:
-            mine = msg.bindings.get(self.rank) or [None] * len(graph.inputs)
-            inputs = [self._resolve(sid, b) for b in mine]
+            mine = msg.bindings.get(self.rank)  # none bound here (most jobs): none held
+            inputs = [self._resolve(sid, b) for b in mine] if mine else [ABSENT] * len(graph.inputs)
             if len(inputs) != len(graph.inputs):
                 raise SessionError(
                     f"job binds {len(inputs)} inputs on rank {self.rank}, "
@@ -296,8 +296,8 @@ class Jobs:
             return RunFailed(sid, job, time.perf_counter() - t0, info)
         finally:
             self._runs.pop((sid, job), None)
-        if self.stopped((sid, job)):
-            return RunAborted(sid, job, time.perf_counter() - t0)
+        # An abort that came during the run is the state's to see (RunFinished of a stopped
+        # job frees its outputs and says nothing), so no second look under the lock here.
         values: dict[int, Any] = {}
         metas: dict[int, str] = {}
         for i, value in enumerate(outputs):

@@ -137,6 +137,7 @@ class WorkerState:
         self.aborted: LRU[JobKey, str] = LRU(_MEMORY)  # why each stopped job stopped
         self.closed: LRU[str, str] = LRU(_MEMORY)  # closed sessions, why
         self.quick: LRU[str, bool] = LRU(_MEMORY)  # program digest -> its last run was quick
+        self.local: LRU[str, bool] = LRU(PROGRAM_SLOTS)  # program digest -> is_local(graph)
         self.spu_jobs: LRU[JobKey, bool] = LRU(_MEMORY)
         self.spu_counted: LRU[JobKey, bool] = LRU(_MEMORY)
         self.spu_failures: dict[str, int] = {}
@@ -277,7 +278,9 @@ class WorkerState:
         if "spu.run" in graph.opcodes:
             self.spu_jobs[(sid, job)] = True
         inline = bool(self.quick.get(msg.digest)) and not self.queued.get(sid)
-        local = is_local(graph)
+        local = self.local.get(msg.digest)
+        if local is None:  # a digest names one graph (checked when it was cached)
+            local = self.local[msg.digest] = is_local(graph)
         self.jobs[(sid, job)] = (msg.digest, local, not inline)
         if inline:
             self.inline += 1
@@ -290,7 +293,11 @@ class WorkerState:
         """Bookkeeping common to every end of a run; the job's stop reason is forgotten."""
         digest, local, pooled = self.jobs.pop((sid, job), ("", False, False))
         if digest:
-            self.quick[digest] = seconds <= self.inline_s and local
+            quick = seconds <= self.inline_s and local
+            if self.quick.get(digest) is quick:  # the common case: only made the newest
+                self.quick.move_to_end(digest)
+            else:
+                self.quick[digest] = quick
         if pooled:  # before its answer goes out: the session's next job may run inline
             self._task_done(TaskDone(sid), 0.0)
         self.aborted.pop((sid, job), None)

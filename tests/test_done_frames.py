@@ -1,0 +1,100 @@
+"""The worker's lean Done frames are byte for byte what the general encoder writes, and
+whatever is not plain data takes the encoder's path."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpl.wire.codec import decode, encode
+from mpl.wire.done_pack import done_frames
+from mpl.wire.jobs import Done
+from mpl.wire.limits import MAX_HEADER_BYTES
+from mpl.wire.sessions import SymbolInfo
+
+_atoms = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.floats(allow_nan=False),
+    st.text(max_size=20),
+    st.binary(max_size=1100),  # some past the codec's inline size (a frame of their own)
+    st.integers(min_value=-(1 << 70), max_value=1 << 70),  # some beyond 64 bits
+)
+_values = st.recursive(
+    _atoms,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.lists(inner, max_size=3).map(tuple),  # tuples are an extension type
+        st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    ),
+    max_leaves=12,
+)
+_span = st.tuples(
+    st.integers(min_value=0, max_value=500),
+    st.text(max_size=20),
+    st.floats(min_value=0, max_value=10),
+    st.floats(min_value=0, max_value=10),
+).map(list)
+
+
+def _slow(msg: Done) -> list[bytes]:
+    return [bytes(f) for f in encode(msg)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    session=st.text(max_size=20),
+    job=st.text(max_size=30),
+    rank=st.integers(min_value=0, max_value=1000),
+    values=st.dictionaries(st.integers(min_value=0, max_value=40), _values, max_size=4),
+    spans=st.lists(_span, max_size=5),
+    metas=st.dictionaries(st.integers(min_value=0, max_value=40), st.text(max_size=12)),
+)
+def test_dones_pack_to_the_encoders_bytes_or_leave_it_to_the_encoder(
+    session: str,
+    job: str,
+    rank: int,
+    values: dict[int, Any],
+    spans: list[list[Any]],
+    metas: dict[int, str],
+) -> None:
+    stats = {"run_s": 0.25, "started": 1.7e9, "ops": spans}
+    msg = Done(session, job, rank, values, stats, metas)
+    fast = done_frames(msg)
+    if fast is None:
+        return  # not plain: the caller encodes it (checked below for each kind)
+    assert [bytes(f) for f in fast] == _slow(msg)
+    assert [bytes(f) for f in fast] == [bytes(f) for f in encode(msg, safe=True)]
+    assert decode(fast, safe=True) == msg
+
+
+def test_a_trivial_jobs_done_takes_the_lean_path() -> None:
+    spans = [[0, "0 (pcall <lambda>)", 1.5e-6, 4.1e-6]]
+    stats = {"run_s": 3e-5, "started": 1.7e9, "ops": spans}
+    msg = Done("s" * 32, "j" * 24, 1, {0: 1}, stats, {0: "int"})
+    fast = done_frames(msg)
+    assert fast is not None
+    assert [bytes(f) for f in fast] == _slow(msg)
+
+
+def test_what_is_not_plain_takes_the_general_encoder() -> None:
+    others: list[Any] = [
+        np.arange(3.0),  # an array travels as a frame of its own
+        np.float64(2.0),  # a numpy scalar is an extension type
+        b"x" * 2000,  # large bytes too
+        [1, 2, (3, 4)],  # a tuple inside
+        1 << 70,  # a big int
+        bytearray(b"ab"),
+        [[[[["deep"]]]]],  # past the lean path's depth
+    ]
+    for value in others:
+        assert done_frames(Done("s", "j", 0, {0: value})) is None, value
+    saved = SymbolInfo("x", "P0", (0,), False, {})
+    assert done_frames(Done("s", "j", 0, {0: 1}, saved=[saved])) is None
+    assert done_frames(Done("s", "j", 0, {0: "\ud800"})) is None  # not UTF-8: encode says so
+    assert done_frames(Done("s", "j", 0, {0: 1})) is not None  # the packer is fine after it
+    huge = "x" * (MAX_HEADER_BYTES + 1)  # past the header cap: encode says why
+    assert done_frames(Done("s", "j", 0, {0: huge})) is None

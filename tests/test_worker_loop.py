@@ -1,0 +1,190 @@
+"""The worker's I/O loop over real sockets: a fake broker (a ROUTER in the test) and a peer
+(a PUSH in the test) talk to a real ``Worker`` on 127.0.0.1.
+
+The I/O thread waits on the broker's socket alone and runs its timers when due, also while
+messages stream in; peer moves have a thread of their own, so they reach the mailbox even
+while the I/O thread is busy (an inline job, a slow handler)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import zmq
+from helpers import wait_until
+
+from mpl.wire.codec import decode, encode
+from mpl.wire.control import Directory, Heartbeat, Welcome, WorkerHello
+from mpl.wire.data import Move
+from mpl.wire.sockets import configure
+from mpl.worker.daemon import Worker
+
+
+class FakeBroker:
+    """A ROUTER that welcomes one worker and records what it hears from it."""
+
+    def __init__(self, ctx: zmq.Context[Any]) -> None:
+        self.router = configure(ctx.socket(zmq.ROUTER), linger_ms=0)
+        port = self.router.bind_to_random_port("tcp://127.0.0.1")
+        self.address = f"tcp://127.0.0.1:{port}"
+        self.heard: list[Any] = []
+        self.peer: bytes | None = None  # the worker's I/O dealer (the one that said hello)
+
+    def pump(self, timeout_ms: int = 0) -> None:
+        while self.router.poll(timeout_ms):
+            timeout_ms = 0
+            who, *frames = self.router.recv_multipart()
+            msg = decode(frames)
+            if isinstance(msg, WorkerHello):
+                self.peer = who
+            self.heard.append(msg)
+
+    def send(self, msg: Any) -> None:
+        assert self.peer is not None
+        self.router.send_multipart([self.peer, *encode(msg)])
+
+    def welcome(self, heartbeat_s: float) -> None:
+        deadline = time.monotonic() + 10
+        while self.peer is None:
+            assert time.monotonic() < deadline, "the worker never said hello"
+            self.pump(50)
+        self.send(Welcome(0, 2, "fake-broker", heartbeat_s, {}))
+
+    def beats(self) -> int:
+        return sum(isinstance(m, Heartbeat) for m in self.heard)
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context[Any]]:
+    context: zmq.Context[Any] = zmq.Context()
+    yield context
+    context.term()
+
+
+@pytest.fixture
+def broker(ctx: zmq.Context[Any]) -> Iterator[FakeBroker]:
+    fake = FakeBroker(ctx)
+    yield fake
+    fake.router.close(linger=0)
+
+
+def _started(ctx: zmq.Context[Any], broker: FakeBroker, heartbeat_s: float) -> Worker:
+    worker = Worker(broker.address, 0, context=ctx, heartbeat_s=heartbeat_s).start()
+    broker.welcome(heartbeat_s)
+    assert worker.joined.wait(10), "the worker did not join the fake broker"
+    return worker
+
+
+def _stop(worker: Worker) -> None:
+    worker.stop()
+    worker.join(10)
+    assert worker._thread is not None and not worker._thread.is_alive()
+
+
+def test_heartbeats_go_out_while_broker_messages_stream_in(
+    ctx: zmq.Context[Any], broker: FakeBroker
+) -> None:
+    heartbeat_s = 0.05
+    worker = _started(ctx, broker, heartbeat_s)
+    try:
+        broker.pump(0)
+        before = broker.beats()
+        sent = 0
+        end = time.monotonic() + 1.0
+        # bursts faster than the worker handles them: its queue never runs dry, so its
+        # receive never times out and only the check after each message sends heartbeats
+        while time.monotonic() < end:
+            for _ in range(50):
+                broker.send(Directory({}))
+            sent += 50
+            broker.pump(0)
+            time.sleep(0.001)
+        broker.pump(200)
+        beats = broker.beats() - before
+        assert sent > 2000
+        assert beats >= 5, f"{beats} heartbeats in 1 s of streaming at {heartbeat_s} s"
+        assert worker.state.joined, "the worker thought the broker silent while it streamed"
+    finally:
+        _stop(worker)
+
+
+def test_a_move_reaches_the_mailbox_while_the_io_thread_is_busy(
+    ctx: zmq.Context[Any], broker: FakeBroker
+) -> None:
+    worker = _started(ctx, broker, heartbeat_s=0.05)
+    busy, release = threading.Event(), threading.Event()
+    original = worker.jobs.report_progress
+
+    def stuck() -> None:  # the I/O thread's timers hang here, like a long inline job
+        busy.set()
+        release.wait(20)
+        original()
+
+    worker.jobs.report_progress = stuck  # type: ignore[method-assign]
+    push = configure(ctx.socket(zmq.PUSH), linger_ms=0)
+    try:
+        assert busy.wait(10), "the timers never ran"
+        worker.mailbox.open(("s1", "j1"))
+        push.connect(worker.data_addr)
+        push.send_multipart(encode(Move("s1", "j1", 3, 0, 1, 0, 41.5)))
+        got = worker.mailbox.take(("s1", "j1", 3, 0, 1), time.monotonic() + 10, "no move")
+        assert got == 41.5
+        assert busy.is_set() and not release.is_set()  # delivered while the I/O thread hung
+    finally:
+        release.set()
+        push.close(linger=0)
+        _stop(worker)
+
+
+def test_a_move_for_another_rank_is_counted_by_the_peer_thread(
+    ctx: zmq.Context[Any], broker: FakeBroker
+) -> None:
+    worker = _started(ctx, broker, heartbeat_s=0.05)
+    push = configure(ctx.socket(zmq.PUSH), linger_ms=0)
+    try:
+        push.connect(worker.data_addr)
+        push.send_multipart(encode(Move("s1", "j1", 3, 0, 1, 5, 1.0)))  # dst 5, not us
+        push.send_multipart([b"not mpl"])
+        wait_until(lambda: worker.stats()["protocol_errors"] == 2, what="both refusals counted")
+    finally:
+        push.close(linger=0)
+        _stop(worker)
+
+
+def test_a_move_that_overtook_its_exec_survives_a_full_holding_area(
+    ctx: zmq.Context[Any], broker: FakeBroker
+) -> None:
+    """Forged moves fill the area where moves for unknown jobs wait; a genuine move that
+    arrives before its Exec is handled gets a second chance once the Exec opened its job
+    (a single thread handling both sockets took the queued Exec first)."""
+    worker = _started(ctx, broker, heartbeat_s=0.05)
+    busy, release = threading.Event(), threading.Event()
+    original = worker.jobs.report_progress
+
+    def stuck() -> None:  # the I/O thread is held, as if descheduled with the Exec queued
+        busy.set()
+        release.wait(20)
+        original()
+
+    worker.jobs.report_progress = stuck  # type: ignore[method-assign]
+    push = configure(ctx.socket(zmq.PUSH), linger_ms=0)
+    try:
+        assert busy.wait(10), "the timers never ran"
+        push.connect(worker.data_addr)
+        for i in range(1100):  # more than the holding area takes
+            push.send_multipart(encode(Move("s1", f"forged{i}", 0, 0, 1, 0, b"x")))
+        wait_until(lambda: worker.mailbox.held_dropped >= 1100 - 1024, what="the area full")
+        dropped = worker.mailbox.held_dropped
+        push.send_multipart(encode(Move("s1", "real", 3, 0, 1, 0, 7.5)))
+        wait_until(lambda: worker.mailbox.held_dropped > dropped, what="the early move dropped")
+        worker.mailbox.open(("s1", "real"))  # what handling the Exec does
+        release.set()
+        got = worker.mailbox.take(("s1", "real", 3, 0, 1), time.monotonic() + 10, "lost")
+        assert got == 7.5
+    finally:
+        release.set()
+        push.close(linger=0)
+        _stop(worker)
