@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import gc
-import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
-from mpl.wire.cluster import ClusterSpec
-from mpl.wire.curve import Curve, plaintext_safe
-from mpl.wire.errors import ClusterSpecError, KeyFileError
+from mpl.wire.curve import Curve
+from mpl.wire.daemon_cli import (
+    cluster_option,
+    guard_plaintext,
+    heartbeat_option,
+    insecure_option,
+    key_option,
+    load_cluster,
+    max_message_option,
+    metrics_options,
+    start_metrics,
+    stop_on_signals,
+    verbose_option,
+)
+from mpl.wire.errors import KeyFileError
 from mpl.wire.keys import load_keypair
 from mpl.wire.lifetime import die_with_parent
 from mpl.wire.logs import configure_logging
-from mpl.wire.metrics_cli import metrics_options, start_metrics
-from mpl.wire.sockets import MAX_MESSAGE
 
 __all__ = ["main"]
 
@@ -52,31 +60,13 @@ __all__ = ["main"]
     type=click.IntRange(0, 65535),
     help="TCP port for SPU links (0: any free port). Open it to the other workers.",
 )
-@click.option(
-    "--key",
-    "key_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="This node's secret key file (mpl-keys new NAME): secure mode. Needs --cluster.",
+@key_option("This node's secret key file (mpl-keys new NAME): secure mode. Needs --cluster.")
+@cluster_option(
+    "This party's own copy of the cluster spec: the broker's and the peers' keys are "
+    "pinned from it, never taken from the network."
 )
-@click.option(
-    "--cluster",
-    "cluster_file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="This party's own copy of the cluster spec: the broker's and the peers' keys are "
-    "pinned from it, never taken from the network.",
-)
-@click.option(
-    "--insecure",
-    is_flag=True,
-    help="Allow --host on a non-loopback address without keys (plaintext; private networks).",
-)
-@click.option(
-    "--max-message",
-    default=MAX_MESSAGE,
-    show_default=True,
-    type=click.IntRange(min=1024),
-    help="Largest frame (bytes) a peer may send; a bigger one drops its connection.",
-)
+@insecure_option("--host")
+@max_message_option
 @click.option(
     "--job-timeout",
     default=600.0,
@@ -84,13 +74,7 @@ __all__ = ["main"]
     type=click.FloatRange(min=0.1),
     help="Seconds a job may wait for peer data before it fails.",
 )
-@click.option(
-    "--heartbeat",
-    default=1.0,
-    show_default=True,
-    type=click.FloatRange(min=0.05),
-    help="Heartbeat interval in seconds (the broker's Welcome overrides it).",
-)
+@heartbeat_option("Heartbeat interval in seconds (the broker's Welcome overrides it).")
 @click.option(
     "--trusted",
     is_flag=True,
@@ -114,7 +98,7 @@ __all__ = ["main"]
     "public functions as 'MODULE:name'); repeatable. Installed packages add theirs through "
     "the 'mpl.kernels' entry points.",
 )
-@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@verbose_option
 @metrics_options
 def main(
     broker: str,
@@ -161,15 +145,16 @@ def main(
     from mpl.worker.daemon import Worker
 
     curve = _worker_curve(rank, key_file, cluster_file)
-    if curve is None and not plaintext_safe(host):
-        if not insecure:
-            raise click.UsageError(
-                f"--host {host} is not a loopback address, and without keys peer data is "
-                "plaintext and unauthenticated: anyone who reaches it can forge moves. Make "
-                "keys with `mpl-keys new NAME`, pin them in the cluster spec and pass --key "
-                "and --cluster; or, on a private network you trust, pass --insecure."
-            )
-        click.echo(f"warning: peer data on {host} is plaintext", err=True)
+    guard_plaintext(
+        curve,
+        host,
+        insecure=insecure,
+        refusal=f"--host {host} is not a loopback address, and without keys peer data is "
+        "plaintext and unauthenticated: anyone who reaches it can forge moves. Make keys with "
+        "`mpl-keys new NAME`, pin them in the cluster spec and pass --key and --cluster; or, "
+        "on a private network you trust, pass --insecure.",
+        warning=f"warning: peer data on {host} is plaintext",
+    )
     # the worker's own spec (secure mode) may declare the cluster trusted too
     own_spec_trusted = curve is not None and curve.cluster is not None and curve.cluster.trusted
     root = data_root or Path(".mpl") / "data" / f"rank{rank}"
@@ -193,12 +178,8 @@ def main(
     except Exception as exc:  # a bad endpoint, an unusable data root
         raise click.ClickException(f"cannot start: {exc}") from exc
 
-    def stop(signum: int, frame: Any) -> None:
-        worker.stop()
-
     gc.freeze()  # start-up objects never die: keep the collector from walking them
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    stop_on_signals(worker.stop)
     if metrics_port is not None:
         from mpl.worker.metrics import serve_metrics
 
@@ -220,10 +201,7 @@ def _worker_curve(rank: int, key_file: Path | None, cluster_file: Path | None) -
     """The worker's CURVE settings, or None in plaintext mode; usage errors exit 2."""
     cluster = None
     if cluster_file is not None:
-        try:
-            cluster = ClusterSpec.from_file(cluster_file)
-        except ClusterSpecError as exc:
-            raise click.BadParameter(str(exc), param_hint="--cluster") from exc
+        cluster = load_cluster(cluster_file)
         if rank >= cluster.world_size:
             raise click.BadParameter(
                 f"rank {rank} is not in the cluster (ranks 0..{cluster.world_size - 1})",
