@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gc
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -29,6 +31,19 @@ from mpl.wire.logs import configure_logging
 
 __all__ = ["main"]
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _port_option(flag: str, carries: str) -> Callable[[F], F]:
+    """A TCP port other workers connect to; 0 binds any free one."""
+    return click.option(
+        flag,
+        default=0,
+        show_default=True,
+        type=click.IntRange(0, 65535),
+        help=f"TCP port for {carries} (0: any free port). Open it to the other workers.",
+    )
+
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--broker", required=True, help="The broker's endpoint, e.g. tcp://127.0.0.1:5555.")
@@ -46,20 +61,8 @@ __all__ = ["main"]
     show_default=True,
     help="Address to bind for peer data and SPU links; other workers connect to it.",
 )
-@click.option(
-    "--data-port",
-    default=0,
-    show_default=True,
-    type=click.IntRange(0, 65535),
-    help="TCP port for peer data (0: any free port). Open it to the other workers.",
-)
-@click.option(
-    "--spu-port",
-    default=0,
-    show_default=True,
-    type=click.IntRange(0, 65535),
-    help="TCP port for SPU links (0: any free port). Open it to the other workers.",
-)
+@_port_option("--data-port", "peer data")
+@_port_option("--spu-port", "SPU links")
 @key_option("This node's secret key file (mpl-keys new NAME): secure mode. Needs --cluster.")
 @cluster_option(
     "This party's own copy of the cluster spec: the broker's and the peers' keys are "
