@@ -11,21 +11,9 @@ from typing import Any
 
 import click
 
+from mpl.wire import daemon_cli as cli
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.curve import Curve
-from mpl.wire.daemon_cli import (
-    cluster_option,
-    guard_plaintext,
-    heartbeat_option,
-    insecure_option,
-    key_option,
-    load_cluster,
-    max_message_option,
-    metrics_options,
-    start_metrics,
-    stop_on_signals,
-    verbose_option,
-)
 from mpl.wire.errors import ClusterSpecError, KeyFileError, MplError
 from mpl.wire.keys import is_z85_key, load_keypair
 from mpl.wire.lifetime import die_with_parent
@@ -48,7 +36,7 @@ _NO_KEYS = (
     show_default=True,
     help="ZeroMQ endpoint to bind; port 0 picks a free one (the bound address is printed).",
 )
-@cluster_option(
+@cli.cluster_option(
     "Cluster spec (YAML, or JSON if it ends in .json): nodes by rank and their devices."
 )
 @click.option(
@@ -56,15 +44,15 @@ _NO_KEYS = (
     type=click.IntRange(min=1),
     help="Instead of --cluster: N nodes with PPUs P0..P{N-1} and an SPU SP0 over all of them.",
 )
-@heartbeat_option("Heartbeat interval in seconds; a peer silent for 3 intervals is dead.")
-@key_option(
+@cli.heartbeat_option("Heartbeat interval in seconds; a peer silent for 3 intervals is dead.")
+@cli.key_option(
     "The broker's secret key file (mpl-keys new broker): secure mode. Needs a --cluster "
     "that pins keys; its broker.curve_key must be this key's public half."
 )
-@insecure_option("--listen")
-@max_message_option
-@verbose_option
-@metrics_options
+@cli.insecure_option("--listen")
+@cli.max_message_option
+@cli.verbose_option
+@cli.metrics_options
 @click.pass_context
 def main(
     ctx: click.Context,
@@ -105,9 +93,11 @@ def main(
     configure_logging("broker", verbose, log_format)
     if (cluster_file is None) == (world_size is None):
         raise click.UsageError("give exactly one of --cluster FILE or --world-size N")
-    cluster = load_cluster(cluster_file) if cluster_file else ClusterSpec.simple(world_size or 1)
+    cluster = (
+        cli.load_cluster(cluster_file) if cluster_file else ClusterSpec.simple(world_size or 1)
+    )
     curve = _broker_curve(cluster, key_file)
-    guard_plaintext(
+    cli.guard_plaintext(
         curve,
         listen,
         insecure=insecure,
@@ -123,12 +113,12 @@ def main(
         )
     except Exception as exc:  # a bad endpoint or a port in use
         raise click.ClickException(f"cannot listen on {listen}: {exc}") from exc
-    stop_on_signals(broker.stop)
+    cli.stop_on_signals(broker.stop)
     server = None
     if metrics_port is not None:
         from mpl.broker.metrics import serve_metrics
 
-        server = start_metrics(lambda: serve_metrics(broker, metrics_host, metrics_port))
+        server = cli.start_metrics(lambda: serve_metrics(broker, metrics_host, metrics_port))
     gc.freeze()  # start-up objects never die: keep the collector from walking them
     click.echo(
         f"mpl-broker listening on {broker.address} "
@@ -168,8 +158,8 @@ def _broker_curve(cluster: ClusterSpec, key_file: Path | None) -> Curve | None:
 @click.argument("url")
 @click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for the answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
-@key_option("A driver's secret key file, to ask a secure broker.")
-@cluster_option("With --key: the spec that pins the broker's key.")
+@cli.key_option("A driver's secret key file, to ask a secure broker.")
+@cli.cluster_option("With --key: the spec that pins the broker's key.")
 @click.option("--broker-key", help="With --key, instead of --cluster: the broker's public key.")
 @click.option(
     "--watch",

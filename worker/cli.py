@@ -10,20 +10,8 @@ from typing import Any, TypeVar
 
 import click
 
+from mpl.wire import daemon_cli as cli
 from mpl.wire.curve import Curve
-from mpl.wire.daemon_cli import (
-    cluster_option,
-    guard_plaintext,
-    heartbeat_option,
-    insecure_option,
-    key_option,
-    load_cluster,
-    max_message_option,
-    metrics_options,
-    start_metrics,
-    stop_on_signals,
-    verbose_option,
-)
 from mpl.wire.errors import KeyFileError
 from mpl.wire.keys import load_keypair
 from mpl.wire.lifetime import die_with_parent
@@ -63,13 +51,13 @@ def _port_option(flag: str, carries: str) -> Callable[[F], F]:
 )
 @_port_option("--data-port", "peer data")
 @_port_option("--spu-port", "SPU links")
-@key_option("This node's secret key file (mpl-keys new NAME): secure mode. Needs --cluster.")
-@cluster_option(
+@cli.key_option("This node's secret key file (mpl-keys new NAME): secure mode. Needs --cluster.")
+@cli.cluster_option(
     "This party's own copy of the cluster spec: the broker's and the peers' keys are "
     "pinned from it, never taken from the network."
 )
-@insecure_option("--host")
-@max_message_option
+@cli.insecure_option("--host")
+@cli.max_message_option
 @click.option(
     "--job-timeout",
     default=600.0,
@@ -77,7 +65,7 @@ def _port_option(flag: str, carries: str) -> Callable[[F], F]:
     type=click.FloatRange(min=0.1),
     help="Seconds a job may wait for peer data before it fails.",
 )
-@heartbeat_option("Heartbeat interval in seconds (the broker's Welcome overrides it).")
+@cli.heartbeat_option("Heartbeat interval in seconds (the broker's Welcome overrides it).")
 @click.option(
     "--trusted",
     is_flag=True,
@@ -101,8 +89,8 @@ def _port_option(flag: str, carries: str) -> Callable[[F], F]:
     "public functions as 'MODULE:name'); repeatable. Installed packages add theirs through "
     "the 'mpl.kernels' entry points.",
 )
-@verbose_option
-@metrics_options
+@cli.verbose_option
+@cli.metrics_options
 def main(
     broker: str,
     rank: int,
@@ -148,7 +136,7 @@ def main(
     from mpl.worker.daemon import Worker
 
     curve = _worker_curve(rank, key_file, cluster_file)
-    guard_plaintext(
+    cli.guard_plaintext(
         curve,
         host,
         insecure=insecure,
@@ -182,11 +170,11 @@ def main(
         raise click.ClickException(f"cannot start: {exc}") from exc
 
     gc.freeze()  # start-up objects never die: keep the collector from walking them
-    stop_on_signals(worker.stop)
+    cli.stop_on_signals(worker.stop)
     if metrics_port is not None:
         from mpl.worker.metrics import serve_metrics
 
-        server = start_metrics(lambda: serve_metrics(worker, metrics_host, metrics_port))
+        server = cli.start_metrics(lambda: serve_metrics(worker, metrics_host, metrics_port))
         click.echo(f"mpl-worker rank {rank} metrics on {server.url}metrics")
     click.echo(
         f"mpl-worker rank {rank} (pid {worker.state.hello.pid}) data {worker.data_addr}, "
@@ -204,7 +192,7 @@ def _worker_curve(rank: int, key_file: Path | None, cluster_file: Path | None) -
     """The worker's CURVE settings, or None in plaintext mode; usage errors exit 2."""
     cluster = None
     if cluster_file is not None:
-        cluster = load_cluster(cluster_file)
+        cluster = cli.load_cluster(cluster_file)
         if rank >= cluster.world_size:
             raise click.BadParameter(
                 f"rank {rank} is not in the cluster (ranks 0..{cluster.world_size - 1})",
