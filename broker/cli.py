@@ -11,14 +11,13 @@ from typing import Any
 
 import click
 
+from mpl.wire import daemon_cli as cli
 from mpl.wire.cluster import ClusterSpec
-from mpl.wire.curve import Curve, plaintext_safe
+from mpl.wire.curve import Curve
 from mpl.wire.errors import ClusterSpecError, KeyFileError, MplError
 from mpl.wire.keys import is_z85_key, load_keypair
 from mpl.wire.lifetime import die_with_parent
 from mpl.wire.logs import configure_logging
-from mpl.wire.metrics_cli import metrics_options, start_metrics
-from mpl.wire.sockets import MAX_MESSAGE
 
 __all__ = ["main"]
 
@@ -37,45 +36,23 @@ _NO_KEYS = (
     show_default=True,
     help="ZeroMQ endpoint to bind; port 0 picks a free one (the bound address is printed).",
 )
-@click.option(
-    "--cluster",
-    "cluster_file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Cluster spec (YAML, or JSON if it ends in .json): nodes by rank and their devices.",
+@cli.cluster_option(
+    "Cluster spec (YAML, or JSON if it ends in .json): nodes by rank and their devices."
 )
 @click.option(
     "--world-size",
     type=click.IntRange(min=1),
     help="Instead of --cluster: N nodes with PPUs P0..P{N-1} and an SPU SP0 over all of them.",
 )
-@click.option(
-    "--heartbeat",
-    default=1.0,
-    show_default=True,
-    type=click.FloatRange(min=0.05),
-    help="Heartbeat interval in seconds; a peer silent for 3 intervals is dead.",
+@cli.heartbeat_option("Heartbeat interval in seconds; a peer silent for 3 intervals is dead.")
+@cli.key_option(
+    "The broker's secret key file (mpl-keys new broker): secure mode. Needs a --cluster "
+    "that pins keys; its broker.curve_key must be this key's public half."
 )
-@click.option(
-    "--key",
-    "key_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="The broker's secret key file (mpl-keys new broker): secure mode. Needs a --cluster "
-    "that pins keys; its broker.curve_key must be this key's public half.",
-)
-@click.option(
-    "--insecure",
-    is_flag=True,
-    help="Allow --listen on a non-loopback address without keys (plaintext; private networks).",
-)
-@click.option(
-    "--max-message",
-    default=MAX_MESSAGE,
-    show_default=True,
-    type=click.IntRange(min=1024),
-    help="Largest frame (bytes) a peer may send; a bigger one drops its connection.",
-)
-@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
-@metrics_options
+@cli.insecure_option("--listen")
+@cli.max_message_option
+@cli.verbose_option
+@cli.metrics_options
 @click.pass_context
 def main(
     ctx: click.Context,
@@ -116,19 +93,17 @@ def main(
     configure_logging("broker", verbose, log_format)
     if (cluster_file is None) == (world_size is None):
         raise click.UsageError("give exactly one of --cluster FILE or --world-size N")
-    try:
-        cluster = (
-            ClusterSpec.from_file(cluster_file)
-            if cluster_file
-            else ClusterSpec.simple(world_size or 1)
-        )
-    except ClusterSpecError as exc:
-        raise click.BadParameter(str(exc), param_hint="--cluster") from exc
+    cluster = (
+        cli.load_cluster(cluster_file) if cluster_file else ClusterSpec.simple(world_size or 1)
+    )
     curve = _broker_curve(cluster, key_file)
-    if curve is None and not plaintext_safe(listen):
-        if not insecure:
-            raise click.UsageError(_NO_KEYS.format(where=f"--listen {listen}"))
-        click.echo(f"warning: {listen} is not loopback and traffic is plaintext", err=True)
+    cli.guard_plaintext(
+        curve,
+        listen,
+        insecure=insecure,
+        refusal=_NO_KEYS.format(where=f"--listen {listen}"),
+        warning=f"warning: {listen} is not loopback and traffic is plaintext",
+    )
 
     from mpl.broker.daemon import Broker
 
@@ -138,12 +113,12 @@ def main(
         )
     except Exception as exc:  # a bad endpoint or a port in use
         raise click.ClickException(f"cannot listen on {listen}: {exc}") from exc
-    _stop_on_signals(broker.stop)
+    cli.stop_on_signals(broker.stop)
     server = None
     if metrics_port is not None:
         from mpl.broker.metrics import serve_metrics
 
-        server = start_metrics(lambda: serve_metrics(broker, metrics_host, metrics_port))
+        server = cli.start_metrics(lambda: serve_metrics(broker, metrics_host, metrics_port))
     gc.freeze()  # start-up objects never die: keep the collector from walking them
     click.echo(
         f"mpl-broker listening on {broker.address} "
@@ -183,18 +158,8 @@ def _broker_curve(cluster: ClusterSpec, key_file: Path | None) -> Curve | None:
 @click.argument("url")
 @click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for the answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
-@click.option(
-    "--key",
-    "key_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="A driver's secret key file, to ask a secure broker.",
-)
-@click.option(
-    "--cluster",
-    "cluster_file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="With --key: the spec that pins the broker's key.",
-)
+@cli.key_option("A driver's secret key file, to ask a secure broker.")
+@cli.cluster_option("With --key: the spec that pins the broker's key.")
 @click.option("--broker-key", help="With --key, instead of --cluster: the broker's public key.")
 @click.option(
     "--watch",
@@ -301,11 +266,3 @@ def _print_listing(report: dict[str, Any], sessions: bool, as_json: bool) -> Non
         return
     columns = ("name", "rank", "device", "parties", "meta", "size_bytes")
     click.echo(format_rows(rows, columns, "no persisted name"))
-
-
-def _stop_on_signals(stop: Any) -> None:
-    def handler(signum: int, frame: Any) -> None:
-        stop()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)

@@ -49,21 +49,56 @@ def _value(row: dict[str, Any] | None, key: str = "median") -> float | None:
     return float(row[key])
 
 
-# (label, ours (phase, metric, key), reference (phase, metric, key), floor (phase, metric), target)
-_M = "(iii) SPU SEMI2K 2p millionaire (reveal to P0)"
-_MM = "(iii) SPU SEMI2K 2p 100x100 f64 matmul + reveal"
-_A = "(iii) SPU ABY3 3p millionaire (reveal to P0)"
-_AM = "(iii) SPU ABY3 3p 100x100 f64 matmul + reveal"
-COMPARE: list[
-    tuple[
-        str,
-        tuple[str, str, str],
-        tuple[str, str, str],
-        tuple[str, str] | None,
-        Callable[[float, float | None], bool],
-        str,
-    ]
-] = [
+# One row of the summary: its label, our row (phase, metric, key), the reference harness's
+# row (phase, metric, key; an empty metric when it has none), the floor row (phase, metric)
+# when it is not the row's own "floor", whether a value (and floor) meets the target, and the
+# target as printed.
+_Compare = tuple[
+    str,
+    tuple[str, str, str],
+    tuple[str, str, str],
+    tuple[str, str] | None,
+    Callable[[float, float | None], bool],
+    str,
+]
+_NO_REFERENCE = ("", "", "")
+
+
+def _spu_rows(protocol: str, field: str, n: int) -> list[_Compare]:
+    """The millionaire and the matmul rows of one SPU protocol on ``n`` parties, each beside
+    the reference's brpc run and raw libspu's time for the same program."""
+    rows: list[_Compare] = []
+    for label, metric, floor, ok, target in (
+        (
+            "millionaire + reveal",
+            "millionaire (reveal to P0)",
+            "millionaire + reveal",
+            lambda v, f: f is not None and v <= f + 1e-3,
+            "<= floor + 1 ms",
+        ),
+        (
+            "100x100 matmul + reveal",
+            "100x100 f64 matmul + reveal",
+            "100x100 f64 matmul + reveal",
+            lambda v, f: f is not None and v <= 1.1 * f,
+            "<= 1.1 x floor",
+        ),
+    ):
+        ours = f"(iii) SPU {protocol} {n}p {metric}"
+        rows.append(
+            (
+                f"SPU {protocol}/{field} {n}p {label}",
+                (f"spu{n}", ours, "median"),
+                (f"http{n}-brpc", ours, "median"),
+                ("floor", f"raw libspu {protocol} {n}p {floor}"),
+                ok,
+                target,
+            )
+        )
+    return rows
+
+
+COMPARE: list[_Compare] = [
     (
         "trivial job + fetch, 2p, p50",
         ("dist2", "(i) trivial pcall-all+fetch, compiled, 2p", "median"),
@@ -96,38 +131,8 @@ COMPARE: list[
         lambda v, f: f is not None and v >= 0.8 * f,
         ">= 80% of raw PUSH/PULL",
     ),
-    (
-        "SPU SEMI2K/FM128 2p millionaire + reveal",
-        ("spu2", _M, "median"),
-        ("http2-brpc", _M, "median"),
-        ("floor", "raw libspu SEMI2K 2p millionaire + reveal"),
-        lambda v, f: f is not None and v <= f + 1e-3,
-        "<= floor + 1 ms",
-    ),
-    (
-        "SPU SEMI2K/FM128 2p 100x100 matmul + reveal",
-        ("spu2", _MM, "median"),
-        ("http2-brpc", _MM, "median"),
-        ("floor", "raw libspu SEMI2K 2p 100x100 f64 matmul + reveal"),
-        lambda v, f: f is not None and v <= 1.1 * f,
-        "<= 1.1 x floor",
-    ),
-    (
-        "SPU ABY3/FM64 3p millionaire + reveal",
-        ("spu3", _A, "median"),
-        ("http3-brpc", _A, "median"),
-        ("floor", "raw libspu ABY3 3p millionaire + reveal"),
-        lambda v, f: f is not None and v <= f + 1e-3,
-        "<= floor + 1 ms",
-    ),
-    (
-        "SPU ABY3/FM64 3p 100x100 matmul + reveal",
-        ("spu3", _AM, "median"),
-        ("http3-brpc", _AM, "median"),
-        ("floor", "raw libspu ABY3 3p 100x100 f64 matmul + reveal"),
-        lambda v, f: f is not None and v <= 1.1 * f,
-        "<= 1.1 x floor",
-    ),
+    *_spu_rows("SEMI2K", "FM128", 2),
+    *_spu_rows("ABY3", "FM64", 3),
     (
         "import (fresh process)",
         ("import", "(c) fresh `python -c 'import mpl.driver'` wall", "median"),
@@ -147,7 +152,7 @@ COMPARE: list[
     (
         "pipelined trivial jobs/s, 64 in flight, 2p",
         ("pipeline", "trivial jobs/s, 64 in flight (mp.submit), 2p", "median"),
-        ("", "", ""),
+        _NO_REFERENCE,
         None,
         lambda v, f: f is not None and v >= 0.5 * f,
         ">= 50% of the raw relay",
@@ -156,7 +161,7 @@ COMPARE: list[
         (
             f"pcall on all {n} ranks + fetch",
             ("fanout", f"trivial pcall on all {n} ranks + fetch", "median"),
-            ("", "", ""),
+            _NO_REFERENCE,
             None,
             lambda v, f: f is not None and v <= 1.5 * f,
             "<= 1.5 x raw fan-out",
@@ -166,7 +171,7 @@ COMPARE: list[
     (
         "eager move + call, per call",
         ("eager", "eager move + call (P0 -> P1), per call", "median"),
-        ("", "", ""),
+        _NO_REFERENCE,
         None,
         lambda v, f: v <= 0.7e-3,
         "<= 0.7 ms",
@@ -174,7 +179,7 @@ COMPARE: list[
     (
         "@mp.function cache-hit overhead (driver)",
         ("eager", "driver cost of an @mp.function cache hit (round trip stubbed)", "median"),
-        ("", "", ""),
+        _NO_REFERENCE,
         None,
         lambda v, f: v <= 50e-6,
         "<= 50 us",
@@ -190,6 +195,14 @@ COMPARE: list[
 ]
 
 
+def _unit(label: str) -> str:
+    """The unit a summary row's label names (seconds unless it says otherwise)."""
+    for marker, unit in (("MB/s", "MB/s"), ("MiB)", "MiB"), ("jobs/s", "jobs/s")):
+        if marker in label:
+            return unit
+    return "s"
+
+
 def summary(reference: list[dict[str, Any]]) -> str:
     lines = ["| metric | reference | floor | mpl | target | met |", "|---|---|---|---|---|---|"]
     for label, ours, ref, floor, ok, target in COMPARE:
@@ -199,15 +212,7 @@ def summary(reference: list[dict[str, Any]]) -> str:
         theirs = _value(_find(reference, ref[0], ref[1]), ref[2]) if ref[1] else None
         # rows measured against their own floor carry it; others name a floor row
         base = _value(_find(ROWS, *floor)) if floor else _value(_find(ROWS, *ours[:2]), "floor")
-        unit = (
-            "MB/s"
-            if "MB/s" in label
-            else "MiB"
-            if "MiB)" in label
-            else "jobs/s"
-            if "jobs/s" in label
-            else "s"
-        )
+        unit = _unit(label)
         show = lambda v, unit=unit: fmt(v, unit) if v is not None else "-"  # noqa: E731
         lines.append(
             f"| {label} | {show(theirs)} | {show(base)} | {show(mine)} | {target} | "

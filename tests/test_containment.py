@@ -56,7 +56,7 @@ def _errors(status: dict[str, Any]) -> int:
 
 def _raw_call(sock: zmq.Socket[Any], frames: list[bytes]) -> bool:
     sock.send_multipart(frames)
-    if not sock.poll(2000):
+    if not sock.poll(10_000):  # a bound for a loaded machine: the answer comes at once
         return False
     sock.recv_multipart()
     return True
@@ -100,9 +100,9 @@ def test_hostile_records_leave_the_broker_serving(make_cluster: Any) -> None:
         for what, frames in hostile.items():
             before = _errors(client.status())
             raw.send_multipart(frames)
-            assert raw.poll(2000), f"{what}: the sender is told"
+            assert raw.poll(10_000), f"{what}: the sender is told"
             raw.recv_multipart()
-            after = client.status(timeout=1.0)  # still serving, at once
+            after = client.status(timeout=5.0)  # still serving (a wedged one never answers)
             assert _errors(after) > before, what
         b = GraphBuilder(2)
         x = b.op("constant", [], ranks=(0,), value=4)[0]
@@ -145,15 +145,13 @@ def test_base_exceptions_from_user_code_fail_the_job_and_the_session_goes_on(
     with pytest.raises(RemoteError) as err:
         client.submit(sid, bad, {}, timeout=5)
     assert err.value.remote_type == kind and err.value.rank == 0
-    client.status(timeout=1.0)
-    assert stats(client, 0).get("jobs_failed", 0) >= 1 or wait_until(
-        lambda: stats(client, 0).get("jobs_failed", 0) >= 1, timeout=3, what="the count"
-    )
+    client.status(timeout=5.0)
+    wait_until(lambda: stats(client, 0).get("jobs_failed", 0) >= 1, timeout=15, what="the count")
     ok = GraphBuilder(2)
     x = ok.op("constant", [], ranks=(0,), value=5)[0]
     y = ok.op("pcall", [x], ranks=(0,), fn=ok.fn(double))[0]
     # the same session's next job runs at once: its runner did not die
-    assert client.submit(sid, ok.build([y]), {}, inline=(0,), timeout=3).values[0] == {0: 10}
+    assert client.submit(sid, ok.build([y]), {}, inline=(0,), timeout=10).values[0] == {0: 10}
 
 
 def test_an_unencodable_fetch_is_a_remote_error_naming_its_type(make_cluster: Any) -> None:
@@ -168,10 +166,10 @@ def test_an_unencodable_fetch_is_a_remote_error_naming_its_type(make_cluster: An
     with pytest.raises(RemoteError, match="lock") as err:
         client.fetch(sid, 0, f"{job}/0", timeout=5)
     assert err.value.rank == 0
-    client.status(timeout=1.0)
+    client.status(timeout=5.0)
     wait_until(
         lambda: stats(client, 0).get("internal_errors", 0) > before,
-        timeout=5,
+        timeout=15,
         what="rank 0 to count the failed encoding",
     )
     arr = GraphBuilder(2)

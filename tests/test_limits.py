@@ -224,10 +224,10 @@ def test_hostile_moves_leave_the_worker_serving(make_cluster: Any) -> None:
             push.send_multipart(frames)
             wait_until(
                 lambda b=before: stats(client, 1).get("protocol_errors", 0) > b,
-                timeout=5,
+                timeout=15,
                 what="rank 1 to count the bad move",
             )
-            client.status(timeout=1.0)
+            client.status(timeout=5.0)
         push.close()
     finally:
         ctx.destroy(linger=0)

@@ -176,13 +176,16 @@ def test_fetch_is_answered_during_a_long_job(make_cluster: Any, transport: str) 
     v = b.op("constant", [], ranks=(0,), value=42)[0]
     first = client.submit(sid, b.build([v]), {})
     slow = GraphBuilder(2)
-    s = slow.op("pcall", [], ranks=(0,), fn=slow.fn(nap_then), args=(0, 1.5))[0]
+    nap_s = 3.0
+    s = slow.op("pcall", [], ranks=(0,), fn=slow.fn(nap_then), args=(0, nap_s))[0]
     t = threading.Thread(target=client.submit, args=(sid, slow.build([s]), {}))
+    submitted = time.monotonic()
     t.start()
-    time.sleep(0.2)  # let the slow job start (not a wait for a result)
-    start = time.monotonic()
+    wait_until(lambda: stats(client, 0).get("jobs_running") == 1, what="the slow job to run")
     assert client.fetch(sid, 0, output_uri(first.job, 0)) == 42
-    assert time.monotonic() - start < 0.5
+    # the slow job started after `submitted` and naps nap_s: the fetch came back before it
+    # could end, so it was not queued behind it (however loaded the machine)
+    assert time.monotonic() - submitted < nap_s
     t.join(10)
 
 
@@ -223,7 +226,9 @@ def test_named_values(make_cluster: Any, transport: str) -> None:
 def test_session_lease_expiry_frees_objects(make_cluster: Any, transport: str) -> None:
     cluster = make_cluster(transport, heartbeat_s=0.25)
     watcher = cluster.client()
-    driver = cluster.client()
+    # the driver renews its 1 s lease four times a lease (not once, at the default 1 s
+    # heartbeat): a slow machine must not expire it while the driver is still there
+    driver = cluster.client(heartbeat_s=0.25)
     sid = driver.open_session(lease_s=1.0).session
     b = GraphBuilder(2)
     v = b.op("constant", [], ranks=(0, 1), value=np.zeros(10))[0]
@@ -232,7 +237,7 @@ def test_session_lease_expiry_frees_objects(make_cluster: Any, transport: str) -
         driver.submit(sid, g, {})
     wait_until(lambda: stats(watcher, 1).get("objects") == 5, what="5 objects")
     driver.close()  # the driver vanishes without closing its session
-    wait_until(lambda: not watcher.status()["sessions"], timeout=5, what="the lease to expire")
+    wait_until(lambda: not watcher.status()["sessions"], timeout=20, what="the lease to expire")
     wait_until(lambda: stats(watcher, 0).get("objects") == 0, what="rank 0 freed")
     wait_until(lambda: stats(watcher, 1).get("objects") == 0, what="rank 1 freed")
     with pytest.raises(SessionError, match="unknown session"):

@@ -394,13 +394,18 @@ def _require(data: Mapping[str, Any], key: str, where: str) -> Any:
     return data[key]
 
 
+def _name(raw: Mapping[str, Any], where: str) -> str:
+    name = _require(raw, "name", where)
+    if not isinstance(name, str) or not name:
+        raise ClusterSpecError(f"{where}.name: expected a non-empty string")
+    return name
+
+
 def _parse_node(raw: Any, rank: int) -> Node:
     where = f"nodes[{rank}]"
     if not isinstance(raw, Mapping):
         raise ClusterSpecError(f"{where}: expected a mapping")
-    name = _require(raw, "name", where)
-    if not isinstance(name, str) or not name:
-        raise ClusterSpecError(f"{where}.name: expected a non-empty string")
+    name = _name(raw, where)
     endpoint = raw.get("endpoint", "") or ""
     if not isinstance(endpoint, str):
         raise ClusterSpecError(f"{where}.endpoint: expected a string")
@@ -437,9 +442,7 @@ def _parse_driver(raw: Any, index: int) -> DriverKey:
     where = f"drivers[{index}]"
     if not isinstance(raw, Mapping):
         raise ClusterSpecError(f"{where}: expected a mapping {{name, curve_key}}")
-    name = _require(raw, "name", where)
-    if not isinstance(name, str) or not name:
-        raise ClusterSpecError(f"{where}.name: expected a non-empty string")
+    name = _name(raw, where)
     key = _key(_require(raw, "curve_key", where), f"{where}.curve_key")
     if not key:
         raise ClusterSpecError(f"{where}.curve_key: missing key")

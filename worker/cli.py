@@ -3,23 +3,34 @@
 from __future__ import annotations
 
 import gc
-import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
-from mpl.wire.cluster import ClusterSpec
-from mpl.wire.curve import Curve, plaintext_safe
-from mpl.wire.errors import ClusterSpecError, KeyFileError
+from mpl.wire import daemon_cli as cli
+from mpl.wire.curve import Curve
+from mpl.wire.errors import KeyFileError
 from mpl.wire.keys import load_keypair
 from mpl.wire.lifetime import die_with_parent
 from mpl.wire.logs import configure_logging
-from mpl.wire.metrics_cli import metrics_options, start_metrics
-from mpl.wire.sockets import MAX_MESSAGE
 
 __all__ = ["main"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _port_option(flag: str, carries: str) -> Callable[[F], F]:
+    """A TCP port other workers connect to; 0 binds any free one."""
+    return click.option(
+        flag,
+        default=0,
+        show_default=True,
+        type=click.IntRange(0, 65535),
+        help=f"TCP port for {carries} (0: any free port). Open it to the other workers.",
+    )
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,45 +49,15 @@ __all__ = ["main"]
     show_default=True,
     help="Address to bind for peer data and SPU links; other workers connect to it.",
 )
-@click.option(
-    "--data-port",
-    default=0,
-    show_default=True,
-    type=click.IntRange(0, 65535),
-    help="TCP port for peer data (0: any free port). Open it to the other workers.",
+@_port_option("--data-port", "peer data")
+@_port_option("--spu-port", "SPU links")
+@cli.key_option("This node's secret key file (mpl-keys new NAME): secure mode. Needs --cluster.")
+@cli.cluster_option(
+    "This party's own copy of the cluster spec: the broker's and the peers' keys are "
+    "pinned from it, never taken from the network."
 )
-@click.option(
-    "--spu-port",
-    default=0,
-    show_default=True,
-    type=click.IntRange(0, 65535),
-    help="TCP port for SPU links (0: any free port). Open it to the other workers.",
-)
-@click.option(
-    "--key",
-    "key_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="This node's secret key file (mpl-keys new NAME): secure mode. Needs --cluster.",
-)
-@click.option(
-    "--cluster",
-    "cluster_file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="This party's own copy of the cluster spec: the broker's and the peers' keys are "
-    "pinned from it, never taken from the network.",
-)
-@click.option(
-    "--insecure",
-    is_flag=True,
-    help="Allow --host on a non-loopback address without keys (plaintext; private networks).",
-)
-@click.option(
-    "--max-message",
-    default=MAX_MESSAGE,
-    show_default=True,
-    type=click.IntRange(min=1024),
-    help="Largest frame (bytes) a peer may send; a bigger one drops its connection.",
-)
+@cli.insecure_option("--host")
+@cli.max_message_option
 @click.option(
     "--job-timeout",
     default=600.0,
@@ -84,13 +65,7 @@ __all__ = ["main"]
     type=click.FloatRange(min=0.1),
     help="Seconds a job may wait for peer data before it fails.",
 )
-@click.option(
-    "--heartbeat",
-    default=1.0,
-    show_default=True,
-    type=click.FloatRange(min=0.05),
-    help="Heartbeat interval in seconds (the broker's Welcome overrides it).",
-)
+@cli.heartbeat_option("Heartbeat interval in seconds (the broker's Welcome overrides it).")
 @click.option(
     "--trusted",
     is_flag=True,
@@ -114,8 +89,8 @@ __all__ = ["main"]
     "public functions as 'MODULE:name'); repeatable. Installed packages add theirs through "
     "the 'mpl.kernels' entry points.",
 )
-@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
-@metrics_options
+@cli.verbose_option
+@cli.metrics_options
 def main(
     broker: str,
     rank: int,
@@ -161,15 +136,16 @@ def main(
     from mpl.worker.daemon import Worker
 
     curve = _worker_curve(rank, key_file, cluster_file)
-    if curve is None and not plaintext_safe(host):
-        if not insecure:
-            raise click.UsageError(
-                f"--host {host} is not a loopback address, and without keys peer data is "
-                "plaintext and unauthenticated: anyone who reaches it can forge moves. Make "
-                "keys with `mpl-keys new NAME`, pin them in the cluster spec and pass --key "
-                "and --cluster; or, on a private network you trust, pass --insecure."
-            )
-        click.echo(f"warning: peer data on {host} is plaintext", err=True)
+    cli.guard_plaintext(
+        curve,
+        host,
+        insecure=insecure,
+        refusal=f"--host {host} is not a loopback address, and without keys peer data is "
+        "plaintext and unauthenticated: anyone who reaches it can forge moves. Make keys with "
+        "`mpl-keys new NAME`, pin them in the cluster spec and pass --key and --cluster; or, "
+        "on a private network you trust, pass --insecure.",
+        warning=f"warning: peer data on {host} is plaintext",
+    )
     # the worker's own spec (secure mode) may declare the cluster trusted too
     own_spec_trusted = curve is not None and curve.cluster is not None and curve.cluster.trusted
     root = data_root or Path(".mpl") / "data" / f"rank{rank}"
@@ -193,16 +169,12 @@ def main(
     except Exception as exc:  # a bad endpoint, an unusable data root
         raise click.ClickException(f"cannot start: {exc}") from exc
 
-    def stop(signum: int, frame: Any) -> None:
-        worker.stop()
-
     gc.freeze()  # start-up objects never die: keep the collector from walking them
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    cli.stop_on_signals(worker.stop)
     if metrics_port is not None:
         from mpl.worker.metrics import serve_metrics
 
-        server = start_metrics(lambda: serve_metrics(worker, metrics_host, metrics_port))
+        server = cli.start_metrics(lambda: serve_metrics(worker, metrics_host, metrics_port))
         click.echo(f"mpl-worker rank {rank} metrics on {server.url}metrics")
     click.echo(
         f"mpl-worker rank {rank} (pid {worker.state.hello.pid}) data {worker.data_addr}, "
@@ -220,10 +192,7 @@ def _worker_curve(rank: int, key_file: Path | None, cluster_file: Path | None) -
     """The worker's CURVE settings, or None in plaintext mode; usage errors exit 2."""
     cluster = None
     if cluster_file is not None:
-        try:
-            cluster = ClusterSpec.from_file(cluster_file)
-        except ClusterSpecError as exc:
-            raise click.BadParameter(str(exc), param_hint="--cluster") from exc
+        cluster = cli.load_cluster(cluster_file)
         if rank >= cluster.world_size:
             raise click.BadParameter(
                 f"rank {rank} is not in the cluster (ranks 0..{cluster.world_size - 1})",

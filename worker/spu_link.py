@@ -28,8 +28,9 @@ import zmq
 from mpl.wire.control import PeerInfo
 from mpl.wire.curve import PEER_DOMAIN, Curve
 from mpl.wire.errors import JobAbortedError, MplTimeoutError, WorkerLostError
-from mpl.wire.sockets import MAX_MESSAGE, configure, drain, send_frames
+from mpl.wire.sockets import MAX_MESSAGE, configure, drain
 from mpl.worker.keyed_mailbox import KeyedMailbox, SpuKey, spu_mailbox
+from mpl.worker.push_pool import PushPool, send_until
 
 __all__ = ["SPU_MAGIC", "JobStopped", "SpuLinks"]
 
@@ -64,7 +65,6 @@ class SpuLinks:
     ) -> None:
         self.rank = rank
         self.job_stopped: JobStopped = job_stopped or (lambda job: None)
-        self._ctx = ctx
         self._directory = directory
         self._curve = curve
         self.pull = configure(ctx.socket(zmq.PULL), max_message=max_message)
@@ -73,7 +73,7 @@ class SpuLinks:
         self.pull.bind(bind)
         self.address: str = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
         self.mailbox: KeyedMailbox[SpuKey, str] = spu_mailbox()
-        self._push: dict[int, tuple[str, zmq.Socket[Any], threading.Lock]] = {}
+        self._push = PushPool(ctx, curve)
         self._lock = threading.Lock()
         self._reading = threading.Lock()  # whoever holds it reads the PULL socket
         self._waiting = 0  # receives in progress: the background thread leaves the socket alone
@@ -91,26 +91,18 @@ class SpuLinks:
         raises JobAbortedError as soon as ``job`` is aborted or ``lane`` dropped, and
         MplTimeoutError at ``deadline``: the runtime that called it fails instead of hanging.
         """
-        _, sock, lock = self._socket(dst)
+        peer = self._directory().get(dst)
+        if peer is None or not peer.spu_addr:
+            raise WorkerLostError(f"rank {dst} has no SPU link address in the directory", rank=dst)
         frames = [SPU_MAGIC, lane.encode(), str(self.rank).encode(), key.encode(), data]
-        while True:
-            if lock.acquire(timeout=_SEND_RETRY_S):  # another send to dst may be stuck too
-                try:
-                    send_frames(sock, frames)  # NOBLOCK; small frames copied
-                    return
-                except zmq.Again:
-                    pass  # the member's queue is full
-                finally:
-                    lock.release()
-            reason = self.stopped(lane, job)
-            if reason is not None:
-                raise JobAbortedError(reason, job=job[1])
-            if time.monotonic() > deadline:
-                raise MplTimeoutError(
-                    f"rank {dst} did not take SPU message {key!r} in time (its queue is "
-                    "full); that member may be slow or dead"
-                )
-            time.sleep(_SEND_RETRY_S)
+        send_until(
+            self._push.link(dst, peer.spu_addr),
+            frames,  # small frames are copied, the payload is not
+            deadline=deadline,
+            retry_s=_SEND_RETRY_S,
+            stopped=lambda: self.stopped(lane, job),
+            failure=lambda reason: _not_taken(dst, key, job, reason),
+        )
 
     def stopped(self, lane: str, job: tuple[str, str]) -> str | None:
         """Why ``job`` on ``lane`` must stop waiting (aborted, or the lane dropped), or None."""
@@ -159,23 +151,6 @@ class SpuLinks:
             self._reading.release()
         return True
 
-    def _socket(self, dst: int) -> tuple[str, zmq.Socket[Any], threading.Lock]:
-        peer = self._directory().get(dst)
-        if peer is None or not peer.spu_addr:
-            raise WorkerLostError(f"rank {dst} has no SPU link address in the directory", rank=dst)
-        with self._lock:
-            entry = self._push.get(dst)
-            if entry is None or entry[0] != peer.spu_addr:
-                if entry is not None:
-                    with entry[2]:
-                        entry[1].close(linger=0)
-                sock = configure(self._ctx.socket(zmq.PUSH))
-                if self._curve is not None:
-                    self._curve.dial(sock, self._curve.node_key(dst))
-                sock.connect(peer.spu_addr)
-                entry = self._push[dst] = (peer.spu_addr, sock, threading.Lock())
-            return entry
-
     def _receive(self) -> None:
         """Keep the socket drained while no receive is waiting (waiting ones read it)."""
         try:
@@ -211,8 +186,13 @@ class SpuLinks:
     def close(self) -> None:
         self._stopping.set()
         self._thread.join(2)
-        with self._lock:
-            for _, sock, lock in self._push.values():
-                with lock:
-                    sock.close()
-            self._push.clear()
+        self._push.close()
+
+
+def _not_taken(dst: int, key: str, job: tuple[str, str], reason: str | None) -> Exception:
+    if reason is not None:
+        return JobAbortedError(reason, job=job[1])
+    return MplTimeoutError(
+        f"rank {dst} did not take SPU message {key!r} in time (its queue is "
+        "full); that member may be slow or dead"
+    )
