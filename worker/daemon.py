@@ -3,7 +3,7 @@
 * a DEALER to the broker: control, jobs, fetches (re-created if the broker goes silent),
   received by the I/O thread, which also runs the timers (hellos, heartbeats, silence);
 * a PULL it binds for peer moves (its address goes to the broker's directory), received by
-  the peer thread straight into the mailbox the job threads wait on.
+  the peer thread (``peer_intake.py``) straight into the mailbox the job threads wait on.
 
 Every decision is the state machine's (``state.py``): this shell decodes, feeds it each
 message as an event, and performs the actions it returns (sends, reconnects); the job shell
@@ -17,7 +17,8 @@ lock, announced to the broker with ``Channel``), and their moves on the peer lin
 In secure mode (``curve``) every socket runs CurveZMQ with keys from the worker's OWN copy
 of the cluster spec: its DEALERs pin the broker's key, its peer links pin each rank's key,
 and its data and SPU sockets admit only the spec's nodes (a :class:`Gatekeeper`). A move
-whose ``src`` is not the rank its connection authenticated as is counted and dropped.
+whose ``src`` is not the rank its connection authenticated as is counted and dropped
+(``peer_intake.py``).
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ from typing import Any
 
 import zmq
 
-from mpl.wire.codec import decode, encode, frames_nbytes
+from mpl.wire.codec import decode, encode
 from mpl.wire.control import HEARTBEAT_S, Bye, Channel, Heartbeat, WorkerHello
-from mpl.wire.curve import PEER_DOMAIN, Curve, peer_admits
-from mpl.wire.data import Fetch, Move
+from mpl.wire.curve import Curve, peer_admits
+from mpl.wire.data import Fetch
 from mpl.wire.done_pack import done_frames
 from mpl.wire.errors import ProtocolError
 from mpl.wire.guard import Guard, substitute
@@ -53,11 +54,11 @@ from mpl.wire.snapshot import SnapshotSlot
 from mpl.wire.sockets import MAX_MESSAGE, configure, drain, recv_frames, send_frames
 from mpl.wire.zap import Gatekeeper
 from mpl.worker.code_policy import CODE_POLICIES, holds_pickle, refusal, unloadable
-from mpl.worker.holding import approx_nbytes
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
 from mpl.worker.kernel_table import KernelTable, NodeBindings
-from mpl.worker.keyed_mailbox import MoveKey, move_mailbox
+from mpl.worker.keyed_mailbox import move_mailbox
 from mpl.worker.metrics import rss_bytes
+from mpl.worker.peer_intake import PeerIntake
 from mpl.worker.peers import PeerLinks
 from mpl.worker.sealing import WorkerSeal
 from mpl.worker.session_runtime import SessionRuntimes
@@ -84,9 +85,7 @@ __all__ = ["Worker"]
 log = logging.getLogger("mpl.worker")
 _POLL_MS = 100  # the timers run at least this often
 _SLACK_MS = 5  # how late the timers may run while messages stream in
-_BATCH = 256  # moves taken per wake-up of the peer thread
 _JOIN_S = 2.0
-_DEFER, _DEFER_BYTES = 256, 64 << 20  # moves given a second chance (see _on_peer)
 
 
 class Worker:
@@ -141,17 +140,19 @@ class Worker:
             else None
         )
         self.incarnation = secrets.token_hex(8)
-        self.pull = configure(self.ctx.socket(zmq.PULL), max_message=max_message)
-        if curve is not None:
-            curve.serve(self.pull, PEER_DOMAIN)
-        self.pull.bind(data_bind or f"tcp://{host}:0")
-        self.data_addr: str = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
-        # the I/O thread wakes the peer thread through this pair when the worker stops
-        self._peers_woken = configure(self.ctx.socket(zmq.PAIR), linger_ms=0)
-        wake = f"inproc://mpl-worker-{rank}-wake-{secrets.token_hex(8)}"
-        self._peers_woken.bind(wake)
-        self._wake_peers = configure(self.ctx.socket(zmq.PAIR), linger_ms=0)
-        self._wake_peers.connect(wake)
+        self.mailbox = move_mailbox()
+        self.intake = PeerIntake(
+            self.ctx,
+            data_bind or f"tcp://{host}:0",
+            rank,
+            self.mailbox,
+            self._move_refused,
+            curve=curve,
+            trusted=trusted,
+            code=code,
+            max_message=max_message,
+        )
+        self.data_addr = self.intake.address
         # Results queue while the connection is (re)established rather than being dropped.
         self._results = self._broker_socket()
         # secure mode: a broker that refuses our key says so only in the handshake, so watch
@@ -187,7 +188,6 @@ class Worker:
             curve.keys.public if curve else "",
         )
         self.state = WorkerState(hello, now=time.monotonic(), heartbeat_s=heartbeat_s)
-        self.mailbox = move_mailbox()
         self.peers = PeerLinks(
             self.ctx, lambda: self.state.directory, safe=not trusted, curve=curve
         )
@@ -223,21 +223,12 @@ class Worker:
         )
         self.refused: ErrorInfo | None = None
         self.joined = threading.Event()
-        self.bytes_in = 0
         self.protocol_errors = 0
         self.snapshots = SnapshotSlot()  # copies of stats() for the metrics thread
         self.refusals = RefusalLog(log)
         self._faults: dict[str, int] = {}
         self.guard = Guard(log, self._faults)  # counts internal_errors; the loop goes on
-        # the peer thread counts and logs in tables of its own (neither is thread-safe)
-        self._peer_errors = 0
-        self._peer_refusals = RefusalLog(log)
-        self._peer_faults: dict[str, int] = {}
-        self._peer_guard = Guard(log, self._peer_faults)
         self._rcvtimeo: dict[zmq.Socket[Any], int] = {}  # the dealer's RCVTIMEO, as last set
-        self._deferred: list[tuple[MoveKey, Any, int]] = []  # see _on_peer
-        self._deferred_bytes = 0
-        self._deferred_lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -259,10 +250,7 @@ class Worker:
 
     def serve_forever(self) -> None:
         log.info("rank %d: data on %s, joining %s", self.rank, self.data_addr, self.broker_url)
-        peers = threading.Thread(
-            target=self._serve_peers, name=f"mpl-worker-{self.rank}-peers", daemon=True
-        )
-        peers.start()
+        self.intake.start()
         try:
             next_timers = 0.0
             while not self._stopping.is_set():
@@ -270,11 +258,7 @@ class Worker:
             self._send(Bye("worker shutting down"))
         finally:
             self._stopping.set()
-            try:
-                self._wake_peers.send(b"", zmq.NOBLOCK)
-            except zmq.ZMQError:
-                log.debug("rank %d: could not wake the peer thread", self.rank)
-            peers.join(_JOIN_S)  # the peer socket is closed below, once its thread is out
+            self.intake.stop(_JOIN_S)  # its sockets close once its thread is out
             self.close()
 
     def _turn(self, next_timers: float) -> float:
@@ -284,7 +268,7 @@ class Worker:
 
         A blocking receive of a message already queued costs no system call, where a poll
         round per message (the poll, then an event check per socket) costs several; the
-        peer socket has its own thread (:meth:`_serve_peers`), so this one waits on the
+        peer socket has its own thread (``peer_intake.py``), so this one waits on the
         broker's socket alone. Timers are checked after every message, so heartbeats go
         out while messages stream in, and each message is handled before the silence
         check that follows it, so a broker heard just now is never declared silent.
@@ -302,9 +286,9 @@ class Worker:
         except zmq.Again:
             frames = None
         if frames is not None:
-            self._on_frames(dealer, frames)
-        if self._deferred:
-            self._put_deferred()
+            self._on_frames(frames)
+        if self.intake.has_deferred:
+            self.intake.put_deferred()
         now = time.monotonic()
         if now < next_timers:
             return next_timers
@@ -322,26 +306,6 @@ class Worker:
         now = time.monotonic()
         return now + min(_POLL_MS / 1000, max(0.0, self.state.next_due() - now))
 
-    def _serve_peers(self) -> None:
-        """The peer thread: receive moves on the PULL socket until the worker stops.
-
-        Moves go straight into the mailbox the job threads wait on; anything this thread
-        decides beyond that (a refused move fails its job) goes on the result channel, never
-        on the I/O thread's socket. It sleeps until a move or the I/O thread's wake-up at
-        shutdown arrives: an idle worker costs no wake-ups here (32 of them share 2 cores).
-        """
-        items = [(self.pull, zmq.POLLIN), (self._peers_woken, zmq.POLLIN)]
-        while True:
-            try:
-                ready = zmq.zmq_poll(items, -1)
-            except zmq.ZMQError as exc:  # the context went away under us
-                log.debug("rank %d: the peer thread ends: %s", self.rank, exc)
-                return
-            if any(sock is self._peers_woken for sock, _ in ready):
-                return
-            for frames in drain(self.pull, _BATCH):
-                self._on_frames(self.pull, frames)
-
     def close(self) -> None:
         if self._closed:
             return
@@ -354,8 +318,7 @@ class Worker:
                 self._results.disable_monitor()
                 self._handshakes.close(linger=0)
             self._results.close()
-        for sock in (self.dealer, self.pull, self._wake_peers, self._peers_woken):
-            sock.close()
+        self.dealer.close()
         if self.gatekeeper is not None:
             self.gatekeeper.stop()
         if self._own_context:
@@ -364,13 +327,13 @@ class Worker:
     def stats(self) -> dict[str, int]:
         return {
             **self.jobs.stats(),
-            "bytes_in": self.bytes_in,
+            "bytes_in": self.intake.bytes_in,
             "protocol_errors": (
-                self.protocol_errors + self._peer_errors + self.spu_links.protocol_errors
+                self.protocol_errors + self.intake.errors + self.spu_links.protocol_errors
             ),
             "rss_bytes": rss_bytes(),
             "internal_errors": (
-                self._faults["internal_errors"] + self._peer_faults["internal_errors"]
+                self._faults["internal_errors"] + self.intake.faults["internal_errors"]
             ),
             **self.bindings.stats(),
         }
@@ -450,46 +413,32 @@ class Worker:
             instead = substitute(msg, exc, self.rank)
             return encode(instead, safe=safe) if instead is not None else None
 
-    def _on_frames(self, sock: zmq.Socket[Any], frames: list[Any]) -> None:
-        """Check, decode and handle one message from the broker (I/O thread) or a peer (the
-        peer thread). Each thread counts and logs its refusals in its own tables."""
-        peer = sock is self.pull
-        if self.code != "any" and self._refuses(frames, peer):
+    def _on_frames(self, frames: list[Any]) -> None:
+        """Check, decode and handle one message from the broker."""
+        if self.code != "any" and self._refuses(frames):
             return
-        # Peers are other parties: their values never unpickle here. In secure mode the
-        # broker is not trusted either: what a driver sends is sealed (opened below, and
-        # only then unpickled), so a pickle in the clear from the broker is refused.
-        safe = not self.trusted if peer else self.seal is not None
+        # In secure mode the broker is not trusted: what a driver sends is sealed (opened
+        # below, and only then unpickled), so a pickle in the clear from the broker is
+        # refused.
         try:
-            msg = decode(frames, safe=safe)
+            msg = decode(frames, safe=self.seal is not None)
         except ProtocolError as exc:
-            if not peer and self._undecodable(frames, exc):
-                return
-            if peer:
-                self._peer_errors += 1
-                self._peer_refusals.refused("a peer", f"dropped a bad message: {exc}")
-            else:
+            if not self._undecodable(frames, exc):
                 self.protocol_errors += 1
                 self.refusals.refused("the broker", f"dropped a bad message: {exc}")
             return
-        if peer:
-            self.bytes_in += frames_nbytes(frames)
-            if self.curve is not None and not self._from_src(msg, frames[0]):
-                return
         try:  # one message's failure stays that message's failure
-            if peer:
-                self._on_peer(msg)
-            else:
-                self._on_broker(msg)
+            self._on_broker(msg)
         except Exception as exc:
-            if peer:
-                self._peer_guard.internal("a peer", msg, exc, rank=self.rank)
-                return
             reply = self.guard.internal("the broker", msg, exc, rank=self.rank)
             if reply is not None:
                 self._send(reply)
 
     # -- messages -------------------------------------------------------------------------
+    def _move_refused(self, event: Any) -> None:
+        """The peer thread refused a move (``--code kernels``): its job fails."""
+        self.jobs.report(event)
+
     def _on_broker(self, msg: Record) -> None:
         if self.seal is not None:
             opened, answer = self.seal.inbound(msg)
@@ -516,10 +465,9 @@ class Worker:
             event = FetchArrived(msg, self.store.has(msg.session, msg.uri))
         self._perform(self.jobs.handle(event))
 
-    def _refuses(self, frames: list[Any], peer: bool) -> bool:
+    def _refuses(self, frames: list[Any]) -> bool:
         """``--code kernels``: look for pickles with nothing unpickled; refuse what has any
-        (see ``code_policy.py``). True when the message was dealt with here. From the peer
-        thread (``peer``) the answers go on the result channel."""
+        (see ``code_policy.py``). True when the message was dealt with here."""
         try:
             opaque = decode(frames, unpickle=False)
         except ProtocolError:
@@ -528,18 +476,12 @@ class Worker:
             return False
         event = refusal(opaque, self.rank)
         if event is None:
-            if peer:
-                self._peer_errors += 1
-            else:
-                self.protocol_errors += 1
+            self.protocol_errors += 1
             log.warning("rank %d: refused a %s holding pickles", self.rank, opaque.TAG)
             return True
         if isinstance(event, CodeRefused):
             log.warning("rank %d: %s", self.rank, event.why)
-        if peer:
-            self.jobs.report(event)
-        else:
-            self._perform(self.jobs.handle(event))
+        self._perform(self.jobs.handle(event))
         return True
 
     def _undecodable(self, frames: list[Any], exc: ProtocolError) -> bool:
@@ -570,50 +512,6 @@ class Worker:
         )
         log.error("rank %d: %s", self.rank, self.refused.message)
         self._stopping.set()
-
-    def _from_src(self, msg: Record, frame: zmq.Frame) -> bool:
-        """Secure mode: a move counts only from the rank its connection proved to be (the
-        peer thread)."""
-        sender = self.curve.sender_rank(frame) if self.curve is not None else None
-        if isinstance(msg, Move) and sender == msg.src:
-            return True
-        self._peer_errors += 1
-        log.warning(
-            "rank %d: dropped a %s claiming src %s from rank %s",
-            self.rank,
-            msg.TAG,
-            getattr(msg, "src", "?"),
-            sender,
-        )
-        return False
-
-    def _on_peer(self, msg: Record) -> None:
-        if not isinstance(msg, Move) or msg.dst != self.rank:
-            self._peer_errors += 1
-            self._peer_refusals.refused("a peer", f"unexpected {msg.TAG} on the peer socket")
-            return
-        key = (msg.session, msg.job, msg.op, msg.seq, msg.src)
-        dropped = self.mailbox.held_dropped
-        if self.mailbox.put(key, msg.value) or self.mailbox.held_dropped == dropped:
-            return
-        # No room to hold a move for a job not opened yet. It may have overtaken its Exec,
-        # which may sit on the I/O thread's socket right now (a thread that handled both
-        # sockets took the Exec first): the I/O thread puts it once more after its next
-        # message. Bounded in entries and bytes; past that the drop stands.
-        size = approx_nbytes(msg.value)
-        with self._deferred_lock:
-            if len(self._deferred) < _DEFER and self._deferred_bytes + size <= _DEFER_BYTES:
-                self._deferred.append((key, msg.value, size))
-                self._deferred_bytes += size
-
-    def _put_deferred(self) -> None:
-        """The I/O thread, after a message or the timers: the moves the peer thread had no
-        room for, put once more (their Exec may have opened their job meanwhile)."""
-        with self._deferred_lock:
-            moves, self._deferred = self._deferred, []
-            self._deferred_bytes = 0
-        for key, value, _size in moves:
-            self.mailbox.put(key, value)
 
     def _perform(self, actions: list[Action]) -> None:
         """Carry out what the state machine left to the I/O shell."""

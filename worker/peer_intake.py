@@ -1,0 +1,200 @@
+"""The worker's peer thread: moves from other ranks, received straight into the mailbox.
+
+Peers are other parties: their messages are decoded in the safe value format (unless this
+party declared the cluster trusted), under ``--code kernels`` anything holding a pickle is
+refused unread, and in secure mode a move counts only from the rank its connection proved
+to be. The thread sleeps until a move arrives or the worker wakes it to stop, so an idle
+worker costs no wake-ups here (32 of them may share 2 cores). What it decides beyond
+putting a move (a refused move fails its job) goes to the job shell, which answers on the
+result channel: never on the I/O thread's socket. It counts and logs in tables of its own,
+since neither is thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from mpl.wire.codec import decode, frames_nbytes
+from mpl.wire.curve import PEER_DOMAIN, Curve
+from mpl.wire.data import Move
+from mpl.wire.errors import ProtocolError
+from mpl.wire.guard import Guard
+from mpl.wire.logs import RefusalLog
+from mpl.wire.record import Record
+from mpl.wire.sockets import configure, drain
+from mpl.worker.code_policy import holds_pickle, refusal
+from mpl.worker.holding import approx_nbytes
+from mpl.worker.keyed_mailbox import KeyedMailbox, MoveKey
+from mpl.worker.state_events import CodeRefused
+
+__all__ = ["PeerIntake"]
+
+log = logging.getLogger("mpl.worker")
+_BATCH = 256  # moves taken per wake-up
+_DEFER, _DEFER_BYTES = 256, 64 << 20  # moves given a second chance (see _put)
+
+
+class PeerIntake:
+    """The PULL socket peers send moves to (bound at ``bind``) and the thread reading it.
+
+    ``report`` takes the event of a move the code policy refused (its job fails).
+    """
+
+    def __init__(
+        self,
+        ctx: zmq.Context[Any],
+        bind: str,
+        rank: int,
+        mailbox: KeyedMailbox[MoveKey, tuple[str, str]],
+        report: Callable[[Any], None],
+        *,
+        curve: Curve | None,
+        trusted: bool,
+        code: str,
+        max_message: int,
+    ) -> None:
+        self.rank = rank
+        self.mailbox = mailbox
+        self.curve = curve
+        self.trusted = trusted
+        self.code = code
+        self._report = report  # a refused move's event, for the job shell
+        self.pull = configure(ctx.socket(zmq.PULL), max_message=max_message)
+        if curve is not None:
+            curve.serve(self.pull, PEER_DOMAIN)
+        self.pull.bind(bind)
+        self.address: str = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
+        # the I/O thread wakes this thread through a pair when the worker stops
+        self._woken = configure(ctx.socket(zmq.PAIR), linger_ms=0)
+        wake = f"inproc://mpl-worker-{rank}-wake-{secrets.token_hex(8)}"
+        self._woken.bind(wake)
+        self._wake = configure(ctx.socket(zmq.PAIR), linger_ms=0)
+        self._wake.connect(wake)
+        self.bytes_in = 0
+        self.errors = 0
+        self._refusals = RefusalLog(log)
+        self.faults: dict[str, int] = {}
+        self._guard = Guard(log, self.faults)
+        self._deferred: list[tuple[MoveKey, Any, int]] = []
+        self._deferred_bytes = 0
+        self._deferred_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._serve, name=f"mpl-worker-{self.rank}-peers", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float) -> None:
+        """Wake the thread and wait for it (at most ``timeout``); then close the sockets."""
+        try:
+            self._wake.send(b"", zmq.NOBLOCK)
+        except zmq.ZMQError:
+            log.debug("rank %d: could not wake the peer thread", self.rank)
+        if self._thread is not None:
+            self._thread.join(timeout)
+        for sock in (self.pull, self._wake, self._woken):
+            sock.close()
+
+    def _serve(self) -> None:
+        items = [(self.pull, zmq.POLLIN), (self._woken, zmq.POLLIN)]
+        while True:
+            try:
+                ready = zmq.zmq_poll(items, -1)
+            except zmq.ZMQError as exc:  # the context went away under us
+                log.debug("rank %d: the peer thread ends: %s", self.rank, exc)
+                return
+            if any(sock is self._woken for sock, _ in ready):
+                return
+            for frames in drain(self.pull, _BATCH):
+                self._on_frames(frames)
+
+    def _on_frames(self, frames: list[Any]) -> None:
+        if self.code != "any" and self._refuses(frames):
+            return
+        try:
+            msg = decode(frames, safe=not self.trusted)
+        except ProtocolError as exc:
+            self.errors += 1
+            self._refusals.refused("a peer", f"dropped a bad message: {exc}")
+            return
+        self.bytes_in += frames_nbytes(frames)
+        if self.curve is not None and not self._from_src(msg, frames[0]):
+            return
+        try:  # one message's failure stays that message's failure
+            self._put(msg)
+        except Exception as exc:
+            self._guard.internal("a peer", msg, exc, rank=self.rank)
+
+    def _refuses(self, frames: list[Any]) -> bool:
+        """``--code kernels``: refuse a move holding pickles, with nothing unpickled (see
+        ``code_policy.py``). True when the message was dealt with here."""
+        try:
+            opaque = decode(frames, unpickle=False)
+        except ProtocolError:
+            return False  # the normal path counts and logs it
+        if not holds_pickle(opaque):
+            return False
+        event = refusal(opaque, self.rank)
+        if event is None:
+            self.errors += 1
+            log.warning("rank %d: refused a %s holding pickles", self.rank, opaque.TAG)
+            return True
+        if isinstance(event, CodeRefused):
+            log.warning("rank %d: %s", self.rank, event.why)
+        self._report(event)
+        return True
+
+    def _from_src(self, msg: Record, frame: zmq.Frame) -> bool:
+        """Secure mode: a move counts only from the rank its connection proved to be."""
+        sender = self.curve.sender_rank(frame) if self.curve is not None else None
+        if isinstance(msg, Move) and sender == msg.src:
+            return True
+        self.errors += 1
+        log.warning(
+            "rank %d: dropped a %s claiming src %s from rank %s",
+            self.rank,
+            msg.TAG,
+            getattr(msg, "src", "?"),
+            sender,
+        )
+        return False
+
+    def _put(self, msg: Record) -> None:
+        if not isinstance(msg, Move) or msg.dst != self.rank:
+            self.errors += 1
+            self._refusals.refused("a peer", f"unexpected {msg.TAG} on the peer socket")
+            return
+        key = (msg.session, msg.job, msg.op, msg.seq, msg.src)
+        dropped = self.mailbox.held_dropped
+        if self.mailbox.put(key, msg.value) or self.mailbox.held_dropped == dropped:
+            return
+        # No room to hold a move for a job not opened yet. It may have overtaken its Exec,
+        # which may sit on the I/O thread's socket right now (a thread that handled both
+        # sockets took the Exec first): the I/O thread puts it once more after its next
+        # message (put_deferred). Bounded in entries and bytes; past that the drop stands.
+        size = approx_nbytes(msg.value)
+        with self._deferred_lock:
+            if len(self._deferred) < _DEFER and self._deferred_bytes + size <= _DEFER_BYTES:
+                self._deferred.append((key, msg.value, size))
+                self._deferred_bytes += size
+
+    @property
+    def has_deferred(self) -> bool:
+        return bool(self._deferred)
+
+    def put_deferred(self) -> None:
+        """Called by the I/O thread after a message or the timers: the moves this thread had
+        no room for, put once more (their Exec may have opened their job meanwhile)."""
+        with self._deferred_lock:
+            moves, self._deferred = self._deferred, []
+            self._deferred_bytes = 0
+        for key, value, _size in moves:
+            self.mailbox.put(key, value)
