@@ -288,17 +288,25 @@ class Sealer:
         return Sealed(self.identity, salt, sizes, parts)
 
     # -- opening --------------------------------------------------------------------------
-    def open(self, sealed: Any, context: str, *, sender: str = "", safe: bool = True) -> Any:
+    def open(
+        self,
+        sealed: Any,
+        context: str,
+        *,
+        sender: str = "",
+        safe: bool = True,
+        unpickle: bool = True,
+    ) -> Any:
         """Open a payload (a ``Sealed`` or a compact box) sealed for this process;
         ``(sealer identity, value)``.
 
         ``sender``, when given, is the only identity allowed to have sealed it (the rank a
         result must come from). Raises :class:`AuthenticationError` for anything not sealed
         by a peer this spec lists for exactly this context, and decodes the plaintext only
-        then (``safe`` as in :func:`mpl.wire.codec.decode`).
+        then (``safe`` and ``unpickle`` as in :func:`mpl.wire.codec.decode`).
         """
         if type(sealed) is bytes:
-            return self._open_box(sealed, context, sender, safe)
+            return self._open_box(sealed, context, sender, safe, unpickle)
         if type(sealed) is not Sealed:
             raise AuthenticationError(
                 f"expected a sealed payload ({context.split('|')[0]}), got "
@@ -328,9 +336,9 @@ class Sealer:
                 bufs.append(out)
         except InvalidTag:
             raise _failed(who, context) from None
-        return who, _value(who, [MAGIC_FRAME, header, *bufs], safe)
+        return who, _value(who, [MAGIC_FRAME, header, *bufs], safe, unpickle)
 
-    def _open_box(self, box: bytes, context: str, sender: str, safe: bool) -> Any:
+    def _open_box(self, box: bytes, context: str, sender: str, safe: bool, unpickle: bool) -> Any:
         """:meth:`open` for a compact box: the same checks, in the same order."""
         start = len(BOX_MAGIC) + 1
         end = start + (box[start - 1] if len(box) >= start else 0)
@@ -357,7 +365,7 @@ class Sealer:
                 if oldest is not None:
                     self._receiving.pop(oldest, None)
             self._receiving[(who, epoch)] = aead
-        return who, _value(who, [MAGIC_FRAME, header], safe)
+        return who, _value(who, [MAGIC_FRAME, header], safe, unpickle)
 
     def _check_sender(self, who: str, sender: str) -> None:
         if sender and who != sender:
@@ -429,14 +437,14 @@ def _failed(who: str, context: str) -> AuthenticationError:
     )
 
 
-def _value(who: str, frames: list[Any], safe: bool) -> Any:
+def _value(who: str, frames: list[Any], safe: bool, unpickle: bool) -> Any:
     """The value inside an authenticated payload's plaintext frames."""
     if len(frames) == 2:
         done, value = _scalar(frames[1])
         if done:
             return value
     try:
-        payload = decode(frames, safe=safe)
+        payload = decode(frames, safe=safe, unpickle=unpickle)
     except ProtocolError as exc:
         raise ProtocolError(f"a payload sealed by {who}: {exc}") from None
     if not isinstance(payload, _Payload):

@@ -135,7 +135,7 @@ class Worker:
             self.gatekeeper.start()
         # secure mode: payloads to and from drivers are sealed end to end (worker/sealing.py)
         self.seal = (
-            WorkerSeal(Sealer.for_node(curve, rank), rank, trusted=trusted)
+            WorkerSeal(Sealer.for_node(curve, rank), rank, trusted=trusted, code=code)
             if curve is not None
             else None
         )
@@ -449,6 +449,11 @@ class Worker:
                 log.warning("rank %d: refused a %s that did not authenticate", self.rank, msg.TAG)
                 return
             msg = opened
+            # the seal hid the program's or inputs' pickles from the check on the frames:
+            # it opened them opaque, and they are refused here the same way
+            if self.code != "any" and holds_pickle(msg):
+                self._refuse_code(msg)
+                return
         if isinstance(msg, Abort) and self.seal is not None:
             self.seal.forget(msg.session, msg.job)
         if isinstance(msg, SessionRuntime):  # a session's runtime_info for this node
@@ -474,15 +479,20 @@ class Worker:
             return False  # the normal path counts and logs it
         if not holds_pickle(opaque):
             return False
+        self._refuse_code(opaque)
+        return True
+
+    def _refuse_code(self, opaque: Record) -> None:
+        """Refuse a message that holds pickles, none of them loaded: its program or job
+        fails with the policy's reason, anything else is only counted."""
         event = refusal(opaque, self.rank)
         if event is None:
             self.protocol_errors += 1
             log.warning("rank %d: refused a %s holding pickles", self.rank, opaque.TAG)
-            return True
+            return
         if isinstance(event, CodeRefused):
             log.warning("rank %d: %s", self.rank, event.why)
         self._perform(self.jobs.handle(event))
-        return True
 
     def _undecodable(self, frames: list[Any], exc: ProtocolError) -> bool:
         """A program or job whose values do not unpickle here: its jobs fail saying why."""

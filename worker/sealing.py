@@ -12,10 +12,14 @@ here, what it hands the broker for a driver is sealed here. No I/O.
 
 Everything a hostile broker could send here is refused before any pickle in it is loaded:
 the daemon decodes broker traffic with the safe format, and sealed plaintext is decoded
-only after it authenticated.
+only after it authenticated. Under ``--code kernels`` a driver's sealed program or bindings
+holding pickles open with the pickles left opaque, for the daemon to refuse by its policy:
+the seal hides them from the check it makes on the outer message.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from mpl.wire.data import Fetch
 from mpl.wire.errors import AuthenticationError, ProtocolError
@@ -32,6 +36,7 @@ from mpl.wire.seal import (
     program_context,
 )
 from mpl.wire.sessions import Reply
+from mpl.worker.code_policy import holds_pickle
 
 __all__ = ["WorkerSeal"]
 
@@ -41,9 +46,12 @@ _MEMORY = 4096  # jobs, fetches and refused programs remembered (bounded: keyed 
 class WorkerSeal:
     """Opens inbound payloads and seals outbound ones for rank ``rank``."""
 
-    def __init__(self, sealer: Sealer, rank: int, *, trusted: bool = False) -> None:
+    def __init__(
+        self, sealer: Sealer, rank: int, *, trusted: bool = False, code: str = "any"
+    ) -> None:
         self.sealer = sealer
         self.rank = rank
+        self._kernels_only = code == "kernels"  # mpl-worker --code kernels
         self.safe = not trusted  # results leave this party: the safe format unless trusted
         self._job_driver: LRU[tuple[str, str], str] = LRU(_MEMORY)
         self._fetches: LRU[int, Fetch] = LRU(_MEMORY)
@@ -76,9 +84,7 @@ class WorkerSeal:
     # -- inbound --------------------------------------------------------------------------
     def _program(self, msg: Program) -> Program | None:
         try:
-            _, graph = self.sealer.open(
-                msg.sealed.get(self.rank), program_context(msg.digest), safe=False
-            )
+            _, graph = self._open(msg.sealed.get(self.rank), program_context(msg.digest))
             if not isinstance(graph, Graph):
                 raise ProtocolError(f"program {msg.digest} holds a {type(graph).__name__}")
         except (AuthenticationError, ProtocolError) as exc:
@@ -98,7 +104,7 @@ class WorkerSeal:
             context = exec_context(
                 msg.session, msg.job, msg.digest, msg.ranks, msg.inline, msg.timeout_s
             )
-            driver, mine = self.sealer.open(msg.bindings.get(self.rank), context, safe=False)
+            driver, mine = self._open(msg.bindings.get(self.rank), context)
             if mine is not None and type(mine) is not list:
                 raise ProtocolError("a job's sealed bindings are not a list")
         except (AuthenticationError, ProtocolError) as exc:
@@ -113,6 +119,20 @@ class WorkerSeal:
             msg.session, msg.job, msg.digest, msg.ranks, bindings, msg.inline, msg.timeout_s
         )
         return opened, None
+
+    def _open(self, sealed: Any, context: str) -> tuple[str, Any]:
+        """Open what a driver sealed for this rank (pickles allowed: it is an allowed
+        driver). Under ``--code kernels`` nothing in it is unpickled: a payload holding
+        pickles comes back with them opaque, for the daemon to refuse by its policy; any
+        other payload, holding none, opens as usual."""
+        if not self._kernels_only:
+            result: tuple[str, Any] = self.sealer.open(sealed, context, safe=False)
+            return result
+        opaque: tuple[str, Any] = self.sealer.open(sealed, context, safe=False, unpickle=False)
+        if holds_pickle(opaque[1]):
+            return opaque
+        result = self.sealer.open(sealed, context, safe=False)  # holds no pickle to run
+        return result
 
     # -- outbound -------------------------------------------------------------------------
     def _done(self, msg: Done) -> Record:
