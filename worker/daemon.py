@@ -258,7 +258,7 @@ class Worker:
             self._send(Bye("worker shutting down"))
         finally:
             self._stopping.set()
-            self.intake.stop(_JOIN_S)  # its sockets close once its thread is out
+            self.intake.stop(_JOIN_S)  # its sockets close below, once its thread is out
             self.close()
 
     def _turn(self, next_timers: float) -> float:
@@ -319,6 +319,7 @@ class Worker:
                 self._handshakes.close(linger=0)
             self._results.close()
         self.dealer.close()
+        self.intake.close()
         if self.gatekeeper is not None:
             self.gatekeeper.stop()
         if self._own_context:

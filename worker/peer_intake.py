@@ -93,13 +93,17 @@ class PeerIntake:
         self._thread.start()
 
     def stop(self, timeout: float) -> None:
-        """Wake the thread and wait for it (at most ``timeout``); then close the sockets."""
+        """Wake the thread and wait for it (at most ``timeout``)."""
+        if self._thread is None:
+            return
         try:
             self._wake.send(b"", zmq.NOBLOCK)
         except zmq.ZMQError:
             log.debug("rank %d: could not wake the peer thread", self.rank)
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._thread.join(timeout)
+
+    def close(self) -> None:
+        """Close the sockets (after :meth:`stop`, or when the thread never started)."""
         for sock in (self.pull, self._wake, self._woken):
             sock.close()
 
