@@ -10,15 +10,18 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from fractions import Fraction
 from typing import Any
 
 import pytest
 import zmq
 from helpers import wait_until
 
+from mpl.wire import GraphBuilder
 from mpl.wire.codec import decode, encode
 from mpl.wire.control import Directory, Heartbeat, Welcome, WorkerHello
 from mpl.wire.data import Move
+from mpl.wire.jobs import Exec, Failed, Program
 from mpl.wire.sockets import configure
 from mpl.worker.daemon import Worker
 
@@ -186,5 +189,32 @@ def test_a_move_that_overtook_its_exec_survives_a_full_holding_area(
         assert got == 7.5
     finally:
         release.set()
+        push.close(linger=0)
+        _stop(worker)
+
+
+def test_only_a_move_sent_by_a_peer_can_fail_work_under_code_kernels(
+    ctx: zmq.Context[Any], broker: FakeBroker
+) -> None:
+    """Under ``--code kernels`` a refused message from the data socket may fail only the job
+    of a move addressed here. A program or job record holding pickles, sent by whoever
+    reaches the data port, is counted and dropped: it must not mark a program refused, nor
+    fail a job, on the peer's word."""
+    worker = Worker(broker.address, 0, context=ctx, heartbeat_s=0.05, code="kernels").start()
+    broker.welcome(0.05)
+    assert worker.joined.wait(10), "the worker did not join the fake broker"
+    push = configure(ctx.socket(zmq.PUSH), linger_ms=0)
+    try:
+        b = GraphBuilder(1)
+        graph = b.build([b.op("pcall", [], ranks=(0,), fn=b.fn(len), args=("x",))[0]])
+        push.connect(worker.data_addr)
+        push.send_multipart(encode(Program("d-genuine", graph)))  # a pickled function
+        pickled_input = Exec("s1", "j1", "d-genuine", (0,), {0: [Fraction(1, 3)]}, (), 5.0)
+        push.send_multipart(encode(pickled_input))
+        wait_until(lambda: worker.stats()["protocol_errors"] == 2, what="both refusals counted")
+        assert "d-genuine" not in worker.state.refused_code
+        broker.pump(200)
+        assert not any(isinstance(m, Failed) for m in broker.heard)
+    finally:
         push.close(linger=0)
         _stop(worker)

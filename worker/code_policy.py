@@ -16,16 +16,18 @@ with a ``RemotePermissionError`` (a ``RemoteError`` that is also a ``PermissionE
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from mpl.wire.codec import Pickled
+from mpl.wire.codec import Pickled, decode
 from mpl.wire.data import Move
+from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Exec, Program
 from mpl.wire.record import Record, record_fields
 from mpl.wire.remote import ErrorInfo
 from mpl.worker.state_events import CodeRefused, ExecUnloadable, MoveRefused, ProgramUnloadable
 
-__all__ = ["CODE_POLICIES", "REFUSAL", "holds_pickle", "refusal", "unloadable"]
+__all__ = ["CODE_POLICIES", "REFUSAL", "holds_pickle", "pickled", "refusal", "unloadable"]
 
 CODE_POLICIES = ("any", "kernels")
 REFUSAL = (
@@ -51,6 +53,16 @@ def holds_pickle(value: Any, depth: int = 0) -> bool:
             holds_pickle(k, depth + 1) or holds_pickle(v, depth + 1) for k, v in value.items()
         )
     return False
+
+
+def pickled(frames: Sequence[Any]) -> Record | None:
+    """The message decoded with nothing unpickled, if it holds a pickle; None if it holds
+    none, or does not decode (the caller's normal path counts and logs that)."""
+    try:
+        opaque = decode(frames, unpickle=False)
+    except ProtocolError:
+        return None
+    return opaque if holds_pickle(opaque) else None
 
 
 def refusal(opaque: Record, rank: int) -> CodeRefused | ExecUnloadable | MoveRefused | None:

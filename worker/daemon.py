@@ -53,7 +53,7 @@ from mpl.wire.sessions import SessionClosed, SessionRuntime
 from mpl.wire.snapshot import SnapshotSlot
 from mpl.wire.sockets import MAX_MESSAGE, configure, drain, recv_frames, send_frames
 from mpl.wire.zap import Gatekeeper
-from mpl.worker.code_policy import CODE_POLICIES, holds_pickle, refusal, unloadable
+from mpl.worker.code_policy import CODE_POLICIES, holds_pickle, pickled, refusal, unloadable
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
 from mpl.worker.kernel_table import KernelTable, NodeBindings
 from mpl.worker.keyed_mailbox import move_mailbox
@@ -474,11 +474,8 @@ class Worker:
     def _refuses(self, frames: list[Any]) -> bool:
         """``--code kernels``: look for pickles with nothing unpickled; refuse what has any
         (see ``code_policy.py``). True when the message was dealt with here."""
-        try:
-            opaque = decode(frames, unpickle=False)
-        except ProtocolError:
-            return False  # the normal path counts and logs it
-        if not holds_pickle(opaque):
+        opaque = pickled(frames)
+        if opaque is None:
             return False
         self._refuse_code(opaque)
         return True

@@ -28,10 +28,10 @@ from mpl.wire.guard import Guard
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
 from mpl.wire.sockets import configure, drain
-from mpl.worker.code_policy import holds_pickle, refusal
+from mpl.worker.code_policy import pickled, refusal
 from mpl.worker.holding import approx_nbytes
 from mpl.worker.keyed_mailbox import KeyedMailbox, MoveKey
-from mpl.worker.state_events import CodeRefused
+from mpl.worker.state_events import MoveRefused
 
 __all__ = ["PeerIntake"]
 
@@ -138,22 +138,23 @@ class PeerIntake:
             self._guard.internal("a peer", msg, exc, rank=self.rank)
 
     def _refuses(self, frames: list[Any]) -> bool:
-        """``--code kernels``: refuse a move holding pickles, with nothing unpickled (see
-        ``code_policy.py``). True when the message was dealt with here."""
-        try:
-            opaque = decode(frames, unpickle=False)
-        except ProtocolError:
-            return False  # the normal path counts and logs it
-        if not holds_pickle(opaque):
+        """``--code kernels``: refuse a message holding pickles, with nothing unpickled (see
+        ``code_policy.py``). True when the message was dealt with here.
+
+        A peer speaks only for its own move to this rank (in secure mode, from the rank its
+        connection proved to be): only then does the refusal fail that move's job. A program
+        or job record, or a move for another rank, is counted and dropped: on a peer's word
+        it would fail work of this rank that the peer has no part in.
+        """
+        opaque = pickled(frames)
+        if opaque is None:
             return False
         event = refusal(opaque, self.rank)
-        if event is None:
+        if not isinstance(event, MoveRefused):
             self.errors += 1
-            log.warning("rank %d: refused a %s holding pickles", self.rank, opaque.TAG)
-            return True
-        if isinstance(event, CodeRefused):
-            log.warning("rank %d: %s", self.rank, event.why)
-        self._report(event)
+            log.warning("rank %d: a peer sent a %s holding pickles", self.rank, opaque.TAG)
+        elif self.curve is None or self._from_src(opaque, frames[0]):
+            self._report(event)
         return True
 
     def _from_src(self, msg: Record, frame: zmq.Frame) -> bool:
