@@ -69,6 +69,14 @@ class Deployment:
     def key(self, name: str) -> Path:
         return self.keys / f"{name}.key_secret"
 
+    def add_module(self, name: str, source: str) -> None:
+        """A module ``name`` with ``source``, importable by the daemons started after this
+        (say, a party's kernels for ``mpl-worker --kernels name``)."""
+        pkg = self.root / "pkg"
+        pkg.mkdir(exist_ok=True)
+        (pkg / f"{name}.py").write_text(source)
+        self.env["PYTHONPATH"] = str(pkg)
+
     def log(self, name: str) -> str:
         path = self.root / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""

@@ -46,10 +46,7 @@ class Trap:
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[Deployment]:
     d = Deployment(tmp_path)
-    pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    (pkg / "acme_scale.py").write_text(KERNELS)
-    d.env["PYTHONPATH"] = str(pkg)
+    d.add_module("acme_scale", KERNELS)
     try:
         yield d
     finally:

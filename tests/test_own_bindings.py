@@ -42,10 +42,7 @@ def _bound(spec: ClusterSpec, kernel_id: str) -> str:
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[Deployment]:
     d = Deployment(tmp_path)
-    pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    (pkg / "probe_kernels.py").write_text(KERNELS)
-    d.env["PYTHONPATH"] = str(pkg)
+    d.add_module("probe_kernels", KERNELS)
     try:
         yield d
     finally:

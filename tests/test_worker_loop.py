@@ -87,6 +87,21 @@ def _stop(worker: Worker) -> None:
     assert worker._thread is not None and not worker._thread.is_alive()
 
 
+def _hold_timers(worker: Worker) -> tuple[threading.Event, threading.Event]:
+    """Make the I/O thread's next timer run hang until ``release`` is set (at most 20 s);
+    ``busy`` is set once it hangs there."""
+    busy, release = threading.Event(), threading.Event()
+    original = worker.jobs.report_progress
+
+    def stuck() -> None:
+        busy.set()
+        release.wait(20)
+        original()
+
+    worker.jobs.report_progress = stuck  # type: ignore[method-assign]
+    return busy, release
+
+
 def test_heartbeats_go_out_while_broker_messages_stream_in(
     ctx: zmq.Context[Any], broker: FakeBroker
 ) -> None:
@@ -118,15 +133,7 @@ def test_a_move_reaches_the_mailbox_while_the_io_thread_is_busy(
     ctx: zmq.Context[Any], broker: FakeBroker
 ) -> None:
     worker = _started(ctx, broker, heartbeat_s=0.05)
-    busy, release = threading.Event(), threading.Event()
-    original = worker.jobs.report_progress
-
-    def stuck() -> None:  # the I/O thread's timers hang here, like a long inline job
-        busy.set()
-        release.wait(20)
-        original()
-
-    worker.jobs.report_progress = stuck  # type: ignore[method-assign]
+    busy, release = _hold_timers(worker)  # like a long inline job
     push = configure(ctx.socket(zmq.PUSH), linger_ms=0)
     try:
         assert busy.wait(10), "the timers never ran"
@@ -164,15 +171,7 @@ def test_a_move_that_overtook_its_exec_survives_a_full_holding_area(
     arrives before its Exec is handled gets a second chance once the Exec opened its job
     (a single thread handling both sockets took the queued Exec first)."""
     worker = _started(ctx, broker, heartbeat_s=0.05)
-    busy, release = threading.Event(), threading.Event()
-    original = worker.jobs.report_progress
-
-    def stuck() -> None:  # the I/O thread is held, as if descheduled with the Exec queued
-        busy.set()
-        release.wait(20)
-        original()
-
-    worker.jobs.report_progress = stuck  # type: ignore[method-assign]
+    busy, release = _hold_timers(worker)  # as if descheduled with the Exec queued
     push = configure(ctx.socket(zmq.PUSH), linger_ms=0)
     try:
         assert busy.wait(10), "the timers never ran"
