@@ -16,21 +16,26 @@ past a few levels, a string msgpack cannot encode) returns None: the caller then
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any
 
 import msgpack
 
-from mpl.wire.codec import MAGIC_FRAME, MAX_HEADER_BYTES
+from mpl.wire.codec import _INLINE_BYTES, MAGIC_FRAME, MAX_HEADER_BYTES
 from mpl.wire.jobs import Done
 
 __all__ = ["done_frames"]
 
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
-_SHORT_BYTES = 1024  # the codec's inline size: longer bytes travel in a frame of their own
 _ATOMS = frozenset({str, float, bool, type(None)})
 _DEPTH = 4  # deeper values take the codec's path (which also enforces MAX_NESTING)
 _TAG = Done.TAG
+# done_frames lists Done's fields by hand: a field added to Done must be added there too,
+# or every answer would be packed without it.
+_FIELDS = ("session", "job", "rank", "values", "stats", "metas", "saved")
+if tuple(f.name for f in dataclasses.fields(Done)) != _FIELDS:
+    raise ImportError("mpl.wire.done_pack: Done's fields changed; update done_frames")
 
 
 class _Packer(threading.local):
@@ -73,7 +78,7 @@ def _plain(obj: Any, depth: int) -> bool:
     if t is int:
         return bool(_INT_MIN <= obj <= _INT_MAX)
     if t is bytes:
-        return len(obj) < _SHORT_BYTES
+        return len(obj) < _INLINE_BYTES  # longer ones travel in a frame of their own
     if depth >= _DEPTH:
         return False
     depth += 1
