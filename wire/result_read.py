@@ -12,6 +12,7 @@ trusted. Any other message goes to ``decode``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from itertools import repeat
 from typing import Any
@@ -27,6 +28,10 @@ from mpl.wire.remote import ErrorInfo
 __all__ = ["read_answer"]
 
 _FIELDS = ("job", "values", "error", "missing_program", "stats", "metas")
+# Written out by hand above and in _fits: a changed JobResult would otherwise fall back to
+# decode on every answer, silently.
+if tuple(f.name for f in dataclasses.fields(JobResult)) != _FIELDS:
+    raise ImportError("mpl.wire.result_read: JobResult's fields changed; update this reader")
 # a fixarray of the tag and six fields, then the tag as a fixstr
 _PREFIX = b"\x97" + bytes([0xA0 | len(JobResult.TAG)]) + JobResult.TAG.encode()
 
