@@ -54,6 +54,7 @@ from mpl.wire.snapshot import SnapshotSlot
 from mpl.wire.sockets import MAX_MESSAGE, configure, drain, recv_frames, send_frames
 from mpl.wire.zap import Gatekeeper
 from mpl.worker.code_policy import CODE_POLICIES, holds_pickle, pickled, refusal, unloadable
+from mpl.worker.holding import held_moves
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
 from mpl.worker.kernel_table import KernelTable, NodeBindings
 from mpl.worker.keyed_mailbox import move_mailbox
@@ -140,7 +141,7 @@ class Worker:
             else None
         )
         self.incarnation = secrets.token_hex(8)
-        self.mailbox = move_mailbox()
+        self.mailbox = move_mailbox(held_moves(curve, lambda: self.state.world_size))
         self.intake = PeerIntake(
             self.ctx,
             data_bind or f"tcp://{host}:0",

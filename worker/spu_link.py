@@ -29,6 +29,7 @@ from mpl.wire.control import PeerInfo
 from mpl.wire.curve import PEER_DOMAIN, Curve
 from mpl.wire.errors import JobAbortedError, MplTimeoutError, WorkerLostError
 from mpl.wire.sockets import MAX_MESSAGE, configure, drain
+from mpl.worker.holding import held_spu
 from mpl.worker.keyed_mailbox import KeyedMailbox, SpuKey, spu_mailbox
 from mpl.worker.push_pool import PushPool, send_until
 
@@ -72,7 +73,9 @@ class SpuLinks:
             curve.serve(self.pull, PEER_DOMAIN)
         self.pull.bind(bind)
         self.address: str = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.mailbox: KeyedMailbox[SpuKey, str] = spu_mailbox()
+        self.mailbox: KeyedMailbox[SpuKey, str] = spu_mailbox(
+            held_spu(curve, lambda: len(directory()))
+        )
         self._push = PushPool(ctx, curve)
         self._lock = threading.Lock()
         self._reading = threading.Lock()  # whoever holds it reads the PULL socket

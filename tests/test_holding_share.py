@@ -1,0 +1,191 @@
+"""The holding area gives each sender a fair share: one party flooding it with traffic for
+jobs that will never exist cannot make another party's genuine early move be dropped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+from helpers import wait_until
+
+from mpl.wire import ClusterSpec, encode
+from mpl.wire.curve import Curve, peer_admits
+from mpl.wire.data import Move
+from mpl.wire.keys import KeyPair
+from mpl.wire.sockets import MAX_MESSAGE, configure
+from mpl.wire.zap import Gatekeeper
+from mpl.worker.holding import Holding, held_moves, held_spu
+from mpl.worker.keyed_mailbox import move_mailbox, spu_mailbox
+from mpl.worker.peer_intake import PeerIntake
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _by_first(key: Any) -> Any:
+    return key[0]
+
+
+def _three() -> int:
+    return 3
+
+
+def test_a_flooding_sender_cannot_take_another_senders_room() -> None:
+    held = Holding(max_entries=30, max_bytes=1 << 20, sender_of=_by_first, senders=_three)
+    assert held.share() == (10, (1 << 20) // 3)
+    flood = [held.hold(f"ghost{i}", ("mallory", i), i) for i in range(100)]
+    assert flood.count(True) == 10 and held.over_share["mallory"] == 90
+    assert held.hold("real", ("alice", 0), "early move")  # room is left for everyone else
+    assert held.hold("real", ("bob", 0), "early move")
+    assert held.entries == 12 and held.dropped == 90
+    assert held.release("real") == [(("alice", 0), "early move"), (("bob", 0), "early move")]
+    assert held.held_by("alice") == (0, 0) and held.held_by("mallory")[0] == 10
+
+
+def test_a_senders_bytes_are_its_share_too() -> None:
+    held = Holding(max_entries=300, max_bytes=3000, sender_of=_by_first, senders=_three)
+    assert held.hold("g", ("mallory", 0), b"x" * 1000)
+    assert not held.hold("g", ("mallory", 1), b"x" * 1)  # 1,000 bytes is all it may take
+    assert held.hold("real", ("alice", 0), b"y" * 1000)
+    assert held.nbytes == 2000 and held.over_share["mallory"] == 1
+
+
+def test_forged_sources_beyond_the_number_of_ranks_get_nothing() -> None:
+    held = Holding(max_entries=30, sender_of=_by_first, senders=_three)
+    kept = [held.hold(f"g{i}", (f"claimed{i}", 0), i) for i in range(10)]
+    assert kept == [True, True, True] + [False] * 7  # three ranks can send, not ten
+    held.release("g0")
+    assert held.hold("g10", ("claimed10", 0), 10)  # a sender's room comes back with its items
+
+
+def test_the_totals_stay_bounded_whatever_the_senders() -> None:
+    held = Holding(max_entries=8, max_bytes=1 << 20, sender_of=_by_first, senders=lambda: 2)
+    for sender in ("a", "b", "c"):
+        for i in range(10):
+            held.hold(f"{sender}{i}", (sender, i), np.zeros(4))
+    assert held.entries == 8 and held.held_by("a")[0] == 4 and held.held_by("b")[0] == 4
+    assert held.dropped == 22
+
+
+def test_expiry_frees_a_senders_share() -> None:
+    clock = Clock()
+    held = Holding(max_entries=6, hold_s=5.0, clock=clock, sender_of=_by_first, senders=_three)
+    assert [held.hold("g", ("mallory", i), i) for i in range(3)] == [True, True, False]
+    clock.now = 6.0
+    assert held.hold("g2", ("mallory", 9), 9)  # the old ones expired: its share is free again
+    assert held.entries == 1 and held.held_by("mallory") == (1, held.held_by("mallory")[1])
+    assert held.dropped == 3  # one over its share, two expired
+
+
+def test_until_the_ranks_are_known_only_the_totals_apply() -> None:
+    world = [0]
+    held = Holding(max_entries=12, sender_of=_by_first, senders=lambda: world[0])
+    assert all(held.hold(f"g{i}", ("mallory", i), i) for i in range(6))  # half the area
+    world[0] = 3
+    assert not held.hold("g9", ("mallory", 9), 9) and held.hold("g9", ("alice", 0), 0)
+
+
+def test_moves_and_spu_messages_are_charged_to_their_source() -> None:
+    moves = move_mailbox(held_moves(None, _three))
+    for i in range(2000):
+        moves.put(("s", f"ghost{i}", 0, 0, 2), i)  # rank 2 floods jobs that never come
+    assert moves.put(("s", "real", 0, 0, 1), "early")  # rank 1's move still finds room
+    moves.open(("s", "real"))
+    assert moves.take(("s", "real", 0, 0, 1), 0.0, "late") == "early"
+    spu = spu_mailbox(held_spu(None, _three))
+    for i in range(2000):
+        spu.put((f"ghost/{i}", 2, "k"), b"x")
+    assert spu.put(("lane", 1, "k"), b"early")
+    spu.open("lane")
+    assert spu.take(("lane", 1, "k"), 0.0, "late") == b"early"
+
+
+def test_in_secure_mode_the_ranks_come_from_this_partys_own_spec() -> None:
+    spec = _spec(3)
+    curve = Curve(_pair(), spec)
+    assert held_moves(curve, lambda: 1000).share() == held_moves(None, _three).share()
+
+
+# -- a raw CURVE socket with one party's key floods a real peer intake ---------------------
+
+
+def _pair() -> KeyPair:
+    public, secret = zmq.curve_keypair()
+    return KeyPair(public.decode("ascii"), secret.decode("ascii"))
+
+
+def _spec(world: int, pairs: list[KeyPair] | None = None) -> ClusterSpec:
+    pairs = pairs or [_pair() for _ in range(world)]
+    return ClusterSpec.simple(world).with_keys(
+        _pair().public, [p.public for p in pairs], {"analyst": _pair().public}
+    )
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context[Any]]:
+    context: zmq.Context[Any] = zmq.Context()
+    try:
+        yield context
+    finally:
+        context.destroy(linger=0)
+
+
+def test_a_party_flooding_forged_moves_leaves_room_for_another_partys_early_move(
+    ctx: zmq.Context[Any],
+) -> None:
+    pairs = [_pair() for _ in range(3)]
+    spec = _spec(3, pairs)
+    node0 = Curve(pairs[0], spec)
+    gatekeeper = Gatekeeper(ctx, peer_admits(spec))
+    gatekeeper.start()
+    mailbox = move_mailbox(held_moves(node0, lambda: 0))
+    intake = PeerIntake(
+        ctx,
+        "tcp://127.0.0.1:0",
+        0,
+        mailbox,
+        lambda event: None,
+        curve=node0,
+        trusted=False,
+        code="any",
+        max_message=MAX_MESSAGE,
+    )
+    socks: list[zmq.Socket[Any]] = []
+    try:
+        intake.start()
+        for rank in (1, 2):
+            sock = configure(ctx.socket(zmq.PUSH), linger_ms=1000)
+            Curve(pairs[rank], spec).dial(sock, pairs[0].public)
+            sock.connect(intake.address)
+            socks.append(sock)
+        rank1, rank2 = socks
+        flood = 1500  # more than the whole area (1,024) and the intake's second chances
+        for i in range(flood):  # rank 2, speaking as itself, for jobs that will never exist
+            rank2.send_multipart(encode(Move("s", f"ghost{i}", 0, 0, 2, 0, np.arange(3.0))))
+        wait_until(
+            lambda: mailbox.held() + mailbox.held_dropped >= flood,
+            timeout=30,
+            what="rank 0 to take the whole flood",
+        )
+        flooded = mailbox.held()
+        # rank 1's genuine move overtakes the Exec of its real job
+        rank1.send_multipart(encode(Move("s", "real", 0, 0, 1, 0, np.arange(4.0))))
+        wait_until(lambda: mailbox.held() + mailbox.held_dropped > flood, 15, "the early move")
+        mailbox.open(("s", "real"))  # the Exec arrives: the job takes its move and completes
+        got = mailbox.take(("s", "real", 0, 0, 1), 0.0, "the early move was dropped")
+        assert np.array_equal(got, np.arange(4.0))
+        assert flooded <= 1024 // 3  # rank 2 held no more than its share
+    finally:
+        for sock in socks:
+            sock.close()
+        intake.stop(5)
+        intake.close()
+        gatekeeper.stop()
