@@ -1,9 +1,12 @@
 """``mpl-worker --code kernels``: run named kernels and built-in ops, never shipped code.
 
-Under this policy every message (from the broker or a peer) is first decoded with pickles
-left opaque (:class:`mpl.wire.codec.Pickled`), and one that holds any pickle is refused
-before anything in it is unpickled: unpickling is where shipped code would run. A refused
-peer move fails its job at once. What still works is what
+Under this policy every message (from the broker or a peer) is decoded once, in the safe
+value format (:func:`screen`): a pickle anywhere in it stops the decode before it is loaded,
+and only then is the message decoded again with its pickles left opaque
+(:class:`mpl.wire.codec.Pickled`), to say which program, job or move is refused. Nothing in
+it is ever unpickled: unpickling is where shipped code would run. A message holding no
+pickle, the usual case, is decoded once and used as it is. A refused peer move fails its
+job at once. What still works is what
 travels without pickles: ``mp.kernel`` calls (a name, resolved to the operator's installed
 kernels), moves, SPU seal and reveal, constants, and arrays, numbers and strings as inputs.
 ``spu.run`` carries a pickled JAX function, so it is refused too. A program is checked as a
@@ -17,6 +20,7 @@ with a ``RemotePermissionError`` (a ``RemoteError`` that is also a ``PermissionE
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from mpl.wire.codec import Pickled, decode
@@ -27,7 +31,16 @@ from mpl.wire.record import Record, record_fields
 from mpl.wire.remote import ErrorInfo
 from mpl.worker.state_events import CodeRefused, ExecUnloadable, MoveRefused, ProgramUnloadable
 
-__all__ = ["CODE_POLICIES", "REFUSAL", "holds_pickle", "pickled", "refusal", "unloadable"]
+__all__ = [
+    "CODE_POLICIES",
+    "REFUSAL",
+    "HoldsPickles",
+    "holds_pickle",
+    "pickled",
+    "refusal",
+    "screen",
+    "unloadable",
+]
 
 CODE_POLICIES = ("any", "kernels")
 REFUSAL = (
@@ -63,6 +76,35 @@ def pickled(frames: Sequence[Any]) -> Record | None:
     except ProtocolError:
         return None
     return opaque if holds_pickle(opaque) else None
+
+
+@dataclass(frozen=True, slots=True)
+class HoldsPickles:
+    """What :func:`screen` gives for a message holding pickles: the message decoded with
+    nothing unpickled (``opaque``), for :func:`refusal`."""
+
+    opaque: Record
+
+
+def screen(frames: Sequence[Any], code: str, *, safe: bool) -> Record | HoldsPickles:
+    """Decode a message from another process under the code policy ``code``, in one pass.
+
+    ``"any"``: the message, decoded with ``safe`` (pickles refused when it is True).
+    ``"kernels"``: the message, when it holds no pickle (decoded once, in the safe value
+    format, whatever ``safe`` says); :class:`HoldsPickles` when it holds one, none of them
+    loaded. Raises :class:`ProtocolError` for a malformed message, as ``decode`` does.
+    """
+    if code == "any":
+        return decode(frames, safe=safe)
+    try:
+        return decode(frames, safe=True)  # stops at the first pickle, before loading it
+    except ProtocolError:
+        # a pickle, or malformed: only the opaque decode tells them apart (a message both
+        # malformed and holding pickles is malformed, as it always was)
+        opaque = pickled(frames)
+        if opaque is None:
+            raise
+        return HoldsPickles(opaque)
 
 
 def refusal(opaque: Record, rank: int) -> CodeRefused | ExecUnloadable | MoveRefused | None:

@@ -53,7 +53,14 @@ from mpl.wire.sessions import SessionClosed, SessionRuntime
 from mpl.wire.snapshot import SnapshotSlot
 from mpl.wire.sockets import MAX_MESSAGE, configure, drain, recv_frames, send_frames
 from mpl.wire.zap import Gatekeeper
-from mpl.worker.code_policy import CODE_POLICIES, holds_pickle, pickled, refusal, unloadable
+from mpl.worker.code_policy import (
+    CODE_POLICIES,
+    HoldsPickles,
+    holds_pickle,
+    refusal,
+    screen,
+    unloadable,
+)
 from mpl.worker.holding import held_moves
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
 from mpl.worker.kernel_table import KernelTable, NodeBindings
@@ -417,17 +424,18 @@ class Worker:
 
     def _on_frames(self, frames: list[Any]) -> None:
         """Check, decode and handle one message from the broker."""
-        if self.code != "any" and self._refuses(frames):
-            return
         # In secure mode the broker is not trusted: what a driver sends is sealed (opened
         # below, and only then unpickled), so a pickle in the clear from the broker is
-        # refused.
+        # refused. ``--code kernels`` refuses any pickle, unloaded (code_policy.screen).
         try:
-            msg = decode(frames, safe=self.seal is not None)
+            msg = screen(frames, self.code, safe=self.seal is not None)
         except ProtocolError as exc:
             if not self._undecodable(frames, exc):
                 self.protocol_errors += 1
                 self.refusals.refused("the broker", f"dropped a bad message: {exc}")
+            return
+        if isinstance(msg, HoldsPickles):
+            self._refuse_code(msg.opaque)
             return
         try:  # one message's failure stays that message's failure
             self._on_broker(msg)
@@ -471,15 +479,6 @@ class Worker:
         if isinstance(msg, Fetch):  # a value already here is answered at once
             event = FetchArrived(msg, self.store.has(msg.session, msg.uri))
         self._perform(self.jobs.handle(event))
-
-    def _refuses(self, frames: list[Any]) -> bool:
-        """``--code kernels``: look for pickles with nothing unpickled; refuse what has any
-        (see ``code_policy.py``). True when the message was dealt with here."""
-        opaque = pickled(frames)
-        if opaque is None:
-            return False
-        self._refuse_code(opaque)
-        return True
 
     def _refuse_code(self, opaque: Record) -> None:
         """Refuse a message that holds pickles, none of them loaded: its program or job

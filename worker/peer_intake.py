@@ -20,7 +20,7 @@ from typing import Any
 
 import zmq
 
-from mpl.wire.codec import decode, frames_nbytes
+from mpl.wire.codec import frames_nbytes
 from mpl.wire.curve import PEER_DOMAIN, Curve
 from mpl.wire.data import Move
 from mpl.wire.errors import ProtocolError
@@ -28,7 +28,7 @@ from mpl.wire.guard import Guard
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
 from mpl.wire.sockets import configure, drain
-from mpl.worker.code_policy import pickled, refusal
+from mpl.worker.code_policy import HoldsPickles, refusal, screen
 from mpl.worker.holding import approx_nbytes
 from mpl.worker.keyed_mailbox import KeyedMailbox, MoveKey
 from mpl.worker.state_events import MoveRefused
@@ -121,13 +121,14 @@ class PeerIntake:
                 self._on_frames(frames)
 
     def _on_frames(self, frames: list[Any]) -> None:
-        if self.code != "any" and self._refuses(frames):
-            return
         try:
-            msg = decode(frames, safe=not self.trusted)
+            msg = screen(frames, self.code, safe=not self.trusted)
         except ProtocolError as exc:
             self.errors += 1
             self._refusals.refused("a peer", f"dropped a bad message: {exc}")
+            return
+        if isinstance(msg, HoldsPickles):
+            self._refuse(msg.opaque, frames[0])
             return
         self.bytes_in += frames_nbytes(frames)
         if self.curve is not None and not self._from_src(msg, frames[0]):
@@ -137,25 +138,21 @@ class PeerIntake:
         except Exception as exc:
             self._guard.internal("a peer", msg, exc, rank=self.rank)
 
-    def _refuses(self, frames: list[Any]) -> bool:
+    def _refuse(self, opaque: Record, frame: zmq.Frame) -> None:
         """``--code kernels``: refuse a message holding pickles, with nothing unpickled (see
-        ``code_policy.py``). True when the message was dealt with here.
+        ``code_policy.py``).
 
         A peer speaks only for its own move to this rank (in secure mode, from the rank its
         connection proved to be): only then does the refusal fail that move's job. A program
         or job record, or a move for another rank, is counted and dropped: on a peer's word
         it would fail work of this rank that the peer has no part in.
         """
-        opaque = pickled(frames)
-        if opaque is None:
-            return False
         event = refusal(opaque, self.rank)
         if not isinstance(event, MoveRefused):
             self.errors += 1
             log.warning("rank %d: a peer sent a %s holding pickles", self.rank, opaque.TAG)
-        elif self.curve is None or self._from_src(opaque, frames[0]):
+        elif self.curve is None or self._from_src(opaque, frame):
             self._report(event)
-        return True
 
     def _from_src(self, msg: Record, frame: zmq.Frame) -> bool:
         """Secure mode: a move counts only from the rank its connection proved to be."""
