@@ -45,6 +45,7 @@ from mpl.wire.record import Record
 from mpl.wire.remote import from_info
 from mpl.wire.result_read import read_answer
 from mpl.wire.routing import check_driver_name, driver_routing_id
+from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.sessions import (
     CloseNamed,
     CloseSession,
@@ -529,7 +530,7 @@ class Client:
     def _answer(self, frames: list[Any], match: Callable[[Record], bool]) -> Record | None:
         """The awaited answer among what arrived, or None for a stale message."""
         try:
-            answer = read_answer(frames, safe=not self.trusted)
+            answer = read_answer(frames, safe=not pickles_allowed(WORKER, trusted=self.trusted))
         except ProtocolError as exc:
             self._refuse_answer(frames, match, exc)
             log.warning("bad message from the broker: %s", exc)

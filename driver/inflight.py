@@ -36,6 +36,7 @@ from mpl.wire.jobs import Cancel, Exec, JobResult, Program
 from mpl.wire.progress import Progress
 from mpl.wire.remote import from_info
 from mpl.wire.result_read import read_answer
+from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.sockets import drain, send_frames
 
 if TYPE_CHECKING:
@@ -186,7 +187,7 @@ class JobPump:
     def _receive(self, sock: zmq.Socket[Any]) -> None:
         # drain checks ZMQ_EVENTS between receives: no zmq.Again built at the end of each
         # wake-up; it stops after _DRAIN messages so queued sends are not held back long
-        safe = not self._client.trusted
+        safe = not pickles_allowed(WORKER, trusted=self._client.trusted)
         # Futures are settled once the whole batch is read: each settled future wakes the
         # thread waiting on it, which would otherwise contend for the GIL with this loop
         # for every result still to read (a futex wait and wake each time).

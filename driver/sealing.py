@@ -24,6 +24,7 @@ from mpl.wire.errors import AuthenticationError
 from mpl.wire.graph import Graph
 from mpl.wire.identity import node_identity
 from mpl.wire.jobs import Exec, JobResult, Program
+from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
     Sealer,
     done_context,
@@ -43,7 +44,7 @@ def driver_seal(curve: Curve, trusted: bool) -> DriverSeal:
 class DriverSeal:
     def __init__(self, sealer: Sealer | None, curve: Curve, trusted: bool) -> None:
         self.sealer = sealer
-        self.safe = not trusted  # results come from other parties
+        self.safe = not pickles_allowed(WORKER, trusted=trusted)  # results: other parties
         spec = curve.cluster
         self._own = {n.name for n in spec.nodes} if spec else set()  # the nodes we hold keys of
         self._nodes: dict[int, str] = {}  # rank -> node identity, from the session's layout

@@ -29,12 +29,14 @@ Decoding is bounded: every array must match the frame it views, extension nestin
 A cluster that one organisation runs end to end may declare ``trusted: true``: then results
 and moves may carry any picklable object, as before. Pickles always flow from drivers to
 workers (functions, and host values bound into a job): that direction is code by design.
+:func:`pickles_allowed` is that rule, the one place workers and drivers ask it (a sender
+asks it for its receiver: what the receiver would refuse is refused at the sender).
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Any, Protocol
+from typing import Any, Final, Literal, Protocol
 
 import msgpack
 
@@ -43,18 +45,59 @@ from mpl.wire.limits import MAX_DEPTH
 from mpl.wire.tables import table_kind, to_ipc
 
 __all__ = [
+    "BROKER",
     "COMPLEX",
+    "DRIVER",
     "EXTRA_CODES",
     "MAX_DEPTH",
     "SET",
     "TABLE",
+    "WORKER",
+    "Sender",
     "encode_extra",
     "host_array",
     "make_set",
+    "pickles_allowed",
     "type_name",
     "unpack_complex",
     "unsafe",
 ]
+
+BROKER: Final = "broker"  # who a message comes from, for pickles_allowed
+DRIVER: Final = "driver"
+WORKER: Final = "worker"
+Sender = Literal["broker", "driver", "worker"]
+
+
+def pickles_allowed(sender: Sender, *, trusted: bool, secure: bool | None = None) -> bool:
+    """May a message from ``sender`` carry pickles its receiver loads? (False: it is decoded
+    and encoded in the safe value format, ``safe=True``.) ``trusted`` is the receiving
+    party's own choice (``trusted: true`` in its spec), never another's word.
+
+    ==========  =====================================================================
+    ``sender``  pickles allowed
+    ==========  =====================================================================
+    DRIVER      always: a driver this party's spec lists ships code to its workers (a
+                sealed payload in secure mode; ``--code kernels`` may still refuse it)
+    BROKER      what the broker sends in the clear: in plaintext (``secure=False``) it
+                relays drivers' programs and inputs, so yes; in secure mode never (the
+                broker is not trusted, a driver's pickles travel sealed for the worker)
+    WORKER      another party's worker (a move, a result, a fetched value): only in a
+                cluster declared ``trusted``
+    ==========  =====================================================================
+
+    The broker itself loads no pickle from anyone: it decodes with ``unpickle=False``.
+    """
+    if sender == DRIVER:
+        return True
+    if sender == WORKER:
+        return trusted
+    if sender == BROKER:
+        if secure is None:
+            raise ValueError("the broker's rule depends on secure mode: pass secure=")
+        return not secure
+    raise ValueError(f"unknown sender {sender!r}")
+
 
 COMPLEX, SET, TABLE = 8, 9, 10  # codec extension codes after the codec's own 1..7
 EXTRA_CODES = frozenset({COMPLEX, SET, TABLE})

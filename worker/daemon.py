@@ -48,6 +48,7 @@ from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.runtime_info import node_runtime_info
+from mpl.wire.safe_values import BROKER, WORKER, pickles_allowed
 from mpl.wire.seal import Sealer
 from mpl.wire.sessions import SessionClosed, SessionRuntime
 from mpl.wire.snapshot import SnapshotSlot
@@ -197,7 +198,10 @@ class Worker:
         )
         self.state = WorkerState(hello, now=time.monotonic(), heartbeat_s=heartbeat_s)
         self.peers = PeerLinks(
-            self.ctx, lambda: self.state.directory, safe=not trusted, curve=curve
+            self.ctx,
+            lambda: self.state.directory,
+            safe=not pickles_allowed(WORKER, trusted=trusted),
+            curve=curve,
         )
         # secure mode binds logical ops, and reads this node's runtime_info, by our own
         # spec, never by the broker's Welcome
@@ -414,7 +418,7 @@ class Worker:
 
         Everything a worker sends travels on to the broker or a driver, other parties: in
         the safe value format unless this party declared the cluster trusted."""
-        safe = not self.trusted
+        safe = not pickles_allowed(WORKER, trusted=self.trusted)
         try:
             return encode(msg, safe=safe)
         except Exception as exc:
@@ -427,8 +431,9 @@ class Worker:
         # In secure mode the broker is not trusted: what a driver sends is sealed (opened
         # below, and only then unpickled), so a pickle in the clear from the broker is
         # refused. ``--code kernels`` refuses any pickle, unloaded (code_policy.screen).
+        safe = not pickles_allowed(BROKER, trusted=self.trusted, secure=self.seal is not None)
         try:
-            msg = screen(frames, self.code, safe=self.seal is not None)
+            msg = screen(frames, self.code, safe=safe)
         except ProtocolError as exc:
             if not self._undecodable(frames, exc):
                 self.protocol_errors += 1

@@ -27,6 +27,7 @@ from mpl.wire.errors import ProtocolError
 from mpl.wire.guard import Guard
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
+from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.sockets import configure, drain
 from mpl.worker.code_policy import HoldsPickles, refusal, screen
 from mpl.worker.holding import approx_nbytes
@@ -122,7 +123,7 @@ class PeerIntake:
 
     def _on_frames(self, frames: list[Any]) -> None:
         try:
-            msg = screen(frames, self.code, safe=not self.trusted)
+            msg = screen(frames, self.code, safe=not pickles_allowed(WORKER, trusted=self.trusted))
         except ProtocolError as exc:
             self.errors += 1
             self._refusals.refused("a peer", f"dropped a bad message: {exc}")

@@ -28,6 +28,7 @@ from mpl.wire.jobs import Done, Exec, Failed, Program
 from mpl.wire.lru import LRU
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo, to_info
+from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
     Sealer,
     done_context,
@@ -52,7 +53,7 @@ class WorkerSeal:
         self.sealer = sealer
         self.rank = rank
         self._kernels_only = code == "kernels"  # mpl-worker --code kernels
-        self.safe = not trusted  # results leave this party: the safe format unless trusted
+        self.safe = not pickles_allowed(WORKER, trusted=trusted)  # results leave this party
         self._job_driver: LRU[tuple[str, str], str] = LRU(_MEMORY)
         self._fetches: LRU[int, Fetch] = LRU(_MEMORY)
         self._refused: LRU[str, str] = LRU(_MEMORY)  # program digest -> why it did not open
