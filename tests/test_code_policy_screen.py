@@ -13,13 +13,14 @@ import zmq
 from helpers import wait_until
 
 import mpl.wire.codec as codec
-from mpl.wire import GraphBuilder, encode
+from mpl.wire import GraphBuilder, Pickled, encode
 from mpl.wire.data import Move
 from mpl.wire.decoder import Decoder
-from mpl.wire.errors import ProtocolError
+from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.jobs import Exec, Program
+from mpl.wire.seal import Sealer
 from mpl.wire.sockets import MAX_MESSAGE, configure
-from mpl.worker.code_policy import HoldsPickles, screen
+from mpl.worker.code_policy import HoldsPickles, open_sealed, screen
 from mpl.worker.keyed_mailbox import move_mailbox
 from mpl.worker.peer_intake import PeerIntake
 from mpl.worker.state_events import MoveRefused
@@ -137,3 +138,25 @@ def test_the_peer_thread_decodes_each_move_once_under_code_kernels(
         push.close()
         intake.stop(5)
         intake.close()
+
+
+def _sealers() -> tuple[Sealer, Sealer]:
+    drv, node = zmq.curve_keypair(), zmq.curve_keypair()
+    driver = Sealer(drv[1].decode(), "driver:analyst", {"node:node0": node[0].decode()})
+    worker = Sealer(node[1].decode(), "node:node0", {"driver:analyst": drv[0].decode()})
+    return driver, worker
+
+
+def test_what_a_driver_sealed_is_decoded_once_and_its_pickles_never_loaded(
+    decodes: list[int],
+) -> None:
+    driver, worker = _sealers()
+    plain = driver.seal([np.arange(3), "x"], "node:node0", "ctx", safe=False)
+    before = decodes[0]
+    who, value = open_sealed(worker, plain, "ctx")
+    assert who == "driver:analyst" and value[1] == "x" and decodes[0] - before == 1
+    trapped = driver.seal([Trap("sealed")], "node:node0", "ctx", safe=False)
+    who, value = open_sealed(worker, trapped, "ctx")
+    assert isinstance(value[0], Pickled) and LOADED == []
+    with pytest.raises(AuthenticationError):
+        open_sealed(worker, trapped, "another context")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from mpl.wire.codec import Pickled, decode
 from mpl.wire.data import Move
@@ -36,6 +36,7 @@ __all__ = [
     "REFUSAL",
     "HoldsPickles",
     "holds_pickle",
+    "open_sealed",
     "pickled",
     "refusal",
     "screen",
@@ -105,6 +106,26 @@ def screen(frames: Sequence[Any], code: str, *, safe: bool) -> Record | HoldsPic
         if opaque is None:
             raise
         return HoldsPickles(opaque)
+
+
+class _Opener(Protocol):
+    def open(self, sealed: Any, context: str, *, safe: bool = ..., unpickle: bool = ...) -> Any: ...
+
+
+def open_sealed(sealer: _Opener, sealed: Any, context: str) -> tuple[str, Any]:
+    """``--code kernels``: open what a driver sealed for this worker, decoded once when it
+    holds no pickle (the safe-format decode stops at the first one, unloaded). A payload
+    holding pickles is opened again with them left opaque (``Pickled``), for the caller to
+    refuse; an altered payload raises ``AuthenticationError``, a malformed one
+    ``ProtocolError``, as ``Sealer.open`` does."""
+    try:
+        opened: tuple[str, Any] = sealer.open(sealed, context, safe=True)
+        return opened
+    except ProtocolError:
+        opaque: tuple[str, Any] = sealer.open(sealed, context, safe=False, unpickle=False)
+        if holds_pickle(opaque[1]):
+            return opaque
+        raise
 
 
 def refusal(opaque: Record, rank: int) -> CodeRefused | ExecUnloadable | MoveRefused | None:

@@ -37,7 +37,7 @@ from mpl.wire.seal import (
     program_context,
 )
 from mpl.wire.sessions import Reply
-from mpl.worker.code_policy import holds_pickle
+from mpl.worker.code_policy import open_sealed
 
 __all__ = ["WorkerSeal"]
 
@@ -129,11 +129,7 @@ class WorkerSeal:
         if not self._kernels_only:
             result: tuple[str, Any] = self.sealer.open(sealed, context, safe=False)
             return result
-        opaque: tuple[str, Any] = self.sealer.open(sealed, context, safe=False, unpickle=False)
-        if holds_pickle(opaque[1]):
-            return opaque
-        result = self.sealer.open(sealed, context, safe=False)  # holds no pickle to run
-        return result
+        return open_sealed(self.sealer, sealed, context)  # decoded once unless refused
 
     # -- outbound -------------------------------------------------------------------------
     def _done(self, msg: Done) -> Record:
