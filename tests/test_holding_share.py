@@ -139,7 +139,7 @@ def ctx() -> Iterator[zmq.Context[Any]]:
 
 
 def test_a_party_flooding_forged_moves_leaves_room_for_another_partys_early_move(
-    ctx: zmq.Context[Any],
+    ctx: zmq.Context[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     pairs = [_pair() for _ in range(3)]
     spec = _spec(3, pairs)
@@ -183,6 +183,8 @@ def test_a_party_flooding_forged_moves_leaves_room_for_another_partys_early_move
         got = mailbox.take(("s", "real", 0, 0, 1), 0.0, "the early move was dropped")
         assert np.array_equal(got, np.arange(4.0))
         assert flooded <= 1024 // 3  # rank 2 held no more than its share
+        dropped = [r.getMessage() for r in caplog.records if "holding area" in r.getMessage()]
+        assert len(dropped) == 1 and dropped[0].startswith("refused rank 2:")  # once, by rank
     finally:
         for sock in socks:
             sock.close()

@@ -179,6 +179,11 @@ class PeerIntake:
         dropped = self.mailbox.held_dropped
         if self.mailbox.put(key, msg.value) or self.mailbox.held_dropped == dropped:
             return
+        self._refusals.refused(
+            f"rank {msg.src}",
+            "a move for a job not known here was dropped: that rank's share of the holding "
+            "area, or the area itself, is full (worker/holding.py)",
+        )
         # No room to hold a move for a job not opened yet. It may have overtaken its Exec,
         # which may sit on the I/O thread's socket right now (a thread that handled both
         # sockets took the Exec first): the I/O thread puts it once more after its next
