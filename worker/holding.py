@@ -8,16 +8,21 @@ for at most ``hold_s`` seconds. What does not fit is dropped and counted (``drop
 genuine traffic, for work the worker knows, never waits here and is never refused for lack
 of room. When the worker learns of the work, :meth:`release` hands its held items over.
 
-**Each sender gets a fair share.** One party filling the whole area with moves for jobs
-that will never exist would make another party's genuine early move be dropped, and its
-job fail. So every item is charged to its sender (``sender_of`` the held key: the rank its
-connection proved in secure mode; in plaintext the claimed source, which is all there is
-there), and with ``senders()`` ranks that may send, one sender holds at most
+**Each sender is guaranteed a fair share.** One party filling the whole area with moves for
+jobs that will never exist would make another party's genuine early move be dropped, and
+its job fail. So every item is charged to its sender (``sender_of`` the held key: the rank
+its connection proved in secure mode; in plaintext the claimed source, which is all there
+is there). With ``senders()`` ranks that may send, each sender's share is
 ``max_entries // senders()`` items and ``max_bytes // senders()`` bytes (at least one item),
-and at most ``senders()`` distinct senders hold anything at once (more can only be forged
-sources). What is over its share is dropped and counted per sender (``over_share``). While
-the number of senders is not known yet (0: a plaintext worker before the broker's
-``Welcome``), only the totals apply.
+and the shares together never exceed the area, so a sender always finds room within its
+share. A sender may hold more than its share only while the area has room nobody else
+claims (one big genuine move, or many jobs in flight to a busy worker, still wait here as
+before): when a sender within its share needs that room, the newest items of senders over
+theirs are dropped to make it. So a flood takes at most the free room, and gives it back.
+At most ``senders()`` distinct senders hold anything at once (more can only be forged
+sources). Items dropped because their sender was over its share are counted per sender
+(``over_share``) and in ``dropped``. While the number of senders is not known yet (0: a
+plaintext worker before the broker's ``Welcome``), only the totals apply.
 
 Not thread-safe: the mailbox that owns it calls it under its own lock.
 """
@@ -76,6 +81,17 @@ class _Group:
         self.nbytes = 0
 
 
+class _Charge:
+    """What one sender holds: counts, and its items newest last (the first to go)."""
+
+    __slots__ = ("entries", "nbytes", "order")
+
+    def __init__(self) -> None:
+        self.entries = 0
+        self.nbytes = 0
+        self.order: dict[tuple[Hashable, Hashable], None] = {}  # (group, key), in arrival order
+
+
 def _no_sender(_key: Hashable) -> Hashable:
     return None
 
@@ -85,8 +101,8 @@ def _unknown() -> int:
 
 
 class Holding:
-    """Items by group (a job, an SPU lane) and key, within bounds and per-sender shares,
-    oldest group first out."""
+    """Items by group (a job, an SPU lane) and key, within bounds, each sender guaranteed
+    its share, oldest group first out."""
 
     def __init__(
         self,
@@ -105,55 +121,95 @@ class Holding:
         self._sender_of = sender_of
         self._senders = senders
         self._groups: dict[Hashable, _Group] = {}  # in order of first arrival
-        self._by_sender: dict[Hashable, list[int]] = {}  # sender: [entries, bytes] held
+        self._charges: dict[Hashable, _Charge] = {}  # by sender, while it holds anything
         self.entries = 0
         self.nbytes = 0
         self.dropped = 0
         self.over_share: LRU[Hashable, int] = LRU(_COUNTED_SENDERS)  # sender: items dropped
 
     def share(self) -> tuple[int, int]:
-        """What one sender may hold at most: (entries, bytes)."""
+        """What one sender is guaranteed: (entries, bytes); the whole area while the number
+        of senders is not known."""
         senders = self._senders()
         if senders <= 0:
             return self.max_entries, self.max_bytes
         return max(1, self.max_entries // senders), self.max_bytes // senders
 
     def hold(self, group: Hashable, key: Hashable, value: Any) -> bool:
-        """Keep ``value``; False (and counted as dropped) when it does not fit, is over its
-        sender's share, or ``key`` is already held."""
+        """Keep ``value``; False (and counted as dropped) when ``key`` is already held, or it
+        does not fit: the area is full and its sender is over its share, or it is a sender
+        too many."""
         self._expire()
         held = self._groups.get(group)
         if held is not None and key in held.items:
             return False
         size = approx_nbytes(value)
-        if self.entries + 1 > self.max_entries or self.nbytes + size > self.max_bytes:
-            self.dropped += 1
-            return False
         sender = self._sender_of(key)
-        if not self._within_share(sender, size):
-            self.dropped += 1
-            self.over_share[sender] = self.over_share.get(sender, 0) + 1
-            return False
+        senders = self._senders()
+        if senders > 0 and sender not in self._charges and len(self._charges) >= senders:
+            return self._refuse(sender)  # more senders than ranks: some are forged
+        if not self._fits(size):
+            entries, nbytes = self.share()
+            charge = self._charges.get(sender)
+            held_entries, held_bytes = (charge.entries, charge.nbytes) if charge else (0, 0)
+            within = held_entries + 1 <= entries and held_bytes + size <= nbytes
+            if not (senders > 0 and within and self._reclaim(size, entries, nbytes)):
+                return self._refuse(sender if senders > 0 else None)
+            held = self._groups.get(group)  # reclaiming may have emptied it
         if held is None:
             held = self._groups[group] = _Group(self._clock())
         held.items[key] = (value, size, sender)
         held.nbytes += size
         self.entries += 1
         self.nbytes += size
-        charged = self._by_sender.setdefault(sender, [0, 0])
-        charged[0] += 1
-        charged[1] += size
+        charge = self._charges.get(sender)
+        if charge is None:
+            charge = self._charges[sender] = _Charge()
+        charge.entries += 1
+        charge.nbytes += size
+        charge.order[(group, key)] = None
         return True
 
-    def _within_share(self, sender: Hashable, size: int) -> bool:
-        senders = self._senders()
-        if senders <= 0:
-            return True
-        charged = self._by_sender.get(sender)
-        if charged is None:  # more distinct senders than ranks: some are forged
-            return len(self._by_sender) < senders
-        entries, nbytes = self.share()
-        return charged[0] + 1 <= entries and charged[1] + size <= nbytes
+    def _fits(self, size: int) -> bool:
+        return self.entries + 1 <= self.max_entries and self.nbytes + size <= self.max_bytes
+
+    def _refuse(self, sender: Hashable) -> bool:
+        self.dropped += 1
+        if sender is not None:
+            self.over_share[sender] = self.over_share.get(sender, 0) + 1
+        return False
+
+    def _reclaim(self, size: int, entries: int, nbytes: int) -> bool:
+        """Drop the newest items of senders over their share until ``size`` more bytes and
+        one more item fit; False if it still does not (only senders within theirs left)."""
+        while not self._fits(size):
+            over = [s for s, c in self._charges.items() if c.entries > entries or c.nbytes > nbytes]
+            if not over:
+                return False
+            # the most over its share gives first: a flood, before a big genuine move
+            sender = max(over, key=lambda s: self._charges[s].entries)
+            group, key = next(reversed(self._charges[sender].order))
+            self._drop(group, key)
+            self._refuse(sender)
+        return True
+
+    def _drop(self, group: Hashable, key: Hashable) -> None:
+        held = self._groups[group]
+        _value, size, sender = held.items.pop(key)
+        held.nbytes -= size
+        if not held.items:
+            del self._groups[group]
+        self.entries -= 1
+        self.nbytes -= size
+        self._uncharge(sender, group, key, size)
+
+    def _uncharge(self, sender: Hashable, group: Hashable, key: Hashable, size: int) -> None:
+        charge = self._charges[sender]
+        charge.entries -= 1
+        charge.nbytes -= size
+        del charge.order[(group, key)]
+        if not charge.entries:
+            del self._charges[sender]
 
     def holds(self, group: Hashable, key: Hashable) -> bool:
         held = self._groups.get(group)
@@ -161,8 +217,8 @@ class Holding:
 
     def held_by(self, sender: Hashable) -> tuple[int, int]:
         """What ``sender`` holds here now: (entries, bytes)."""
-        charged = self._by_sender.get(sender, (0, 0))
-        return charged[0], charged[1]
+        charge = self._charges.get(sender)
+        return (charge.entries, charge.nbytes) if charge is not None else (0, 0)
 
     def release(self, group: Hashable) -> list[tuple[Hashable, Any]]:
         """Hand over (and forget) what is held for ``group``, in arrival order."""
@@ -171,12 +227,8 @@ class Holding:
             return []
         self.entries -= len(held.items)
         self.nbytes -= held.nbytes
-        for _value, size, sender in held.items.values():
-            charged = self._by_sender[sender]
-            charged[0] -= 1
-            charged[1] -= size
-            if not charged[0]:
-                del self._by_sender[sender]
+        for key, (_value, size, sender) in held.items.items():
+            self._uncharge(sender, group, key, size)
         return [(key, value) for key, (value, _size, _sender) in held.items.items()]
 
     def forget(self, which: Callable[[Hashable], bool]) -> None:
