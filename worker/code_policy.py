@@ -100,8 +100,8 @@ def screen(frames: Sequence[Any], code: str, *, safe: bool) -> Record | HoldsPic
     try:
         return decode(frames, safe=True)  # stops at the first pickle, before loading it
     except ProtocolError:
-        # a pickle, or malformed: only the opaque decode tells them apart (a message both
-        # malformed and holding pickles is malformed, as it always was)
+        # a pickle, or malformed: the opaque decode tells them apart, as it did when it
+        # screened every message first (so the same messages are refused as before)
         opaque = pickled(frames)
         if opaque is None:
             raise
