@@ -10,13 +10,17 @@ import numpy as np
 import pytest
 import zmq
 from helpers import wait_until
+from test_worker_loop import FakeBroker
 
-from mpl.wire import ClusterSpec, encode
+from mpl.wire import ClusterSpec, GraphBuilder, encode
+from mpl.wire.control import Welcome
 from mpl.wire.curve import Curve, peer_admits
 from mpl.wire.data import Move
+from mpl.wire.jobs import Done, Exec, Failed, Program
 from mpl.wire.keys import KeyPair
 from mpl.wire.sockets import MAX_MESSAGE, configure
 from mpl.wire.zap import Gatekeeper
+from mpl.worker.daemon import Worker
 from mpl.worker.holding import Holding, held_moves, held_spu
 from mpl.worker.keyed_mailbox import move_mailbox, spu_mailbox
 from mpl.worker.peer_intake import PeerIntake
@@ -209,3 +213,48 @@ def test_a_party_flooding_forged_moves_leaves_room_for_another_partys_early_move
         intake.stop(5)
         intake.close()
         gatekeeper.stop()
+
+
+def test_a_worker_runs_a_job_whose_early_move_came_amid_another_partys_flood(
+    ctx: zmq.Context[Any],
+) -> None:
+    """The worker learns the world size from its broker (plaintext: only the claimed source
+    tells the senders apart) and shares its holding area by it."""
+    broker = FakeBroker(ctx)
+    worker = Worker(broker.address, 0, context=ctx, heartbeat_s=0.5).start()
+    socks: list[zmq.Socket[Any]] = []
+    try:
+        wait_until(lambda: broker.pump(50) or broker.peer, 10, "the worker's hello")
+        broker.send(Welcome(0, 3, "fake-broker", 0.5, {}))
+        assert worker.joined.wait(10), "the worker did not join the fake broker"
+        for _ in range(2):
+            sock = configure(ctx.socket(zmq.PUSH), linger_ms=0)
+            sock.connect(worker.data_addr)
+            socks.append(sock)
+        flood = 1500
+        for i in range(flood):  # "rank 2": moves for jobs that will never exist
+            socks[1].send_multipart(encode(Move("s1", f"ghost{i}", 1, 0, 2, 0, b"x")))
+        box = worker.mailbox
+        wait_until(lambda: box.held() + box.held_dropped >= flood, 30, "the flood taken")
+        b = GraphBuilder(3)
+        x = b.op("constant", [], ranks=(1,), value=7)[0]
+        y = b.op("shuffle", [x], ranks=(1, 0), routing={0: 1})[0]
+        graph = b.build([y])
+        # rank 1's move for op 1 of job j1 overtakes the job's Exec
+        socks[0].send_multipart(encode(Move("s1", "j1", 1, 0, 1, 0, 7)))
+        wait_until(lambda: box.held() + box.held_dropped > flood, 15, "the early move")
+        broker.send(Program(graph.digest, graph))
+        broker.send(Exec("s1", "j1", graph.digest, (0, 1), {}, (0,), 10.0))
+
+        def ended() -> Any:
+            broker.pump(50)
+            return [m for m in broker.heard if isinstance(m, (Done, Failed)) and m.job == "j1"]
+
+        (end,) = wait_until(ended, 20, "job j1 to end on rank 0")
+        assert isinstance(end, Done) and end.values == {0: 7}
+    finally:
+        for sock in socks:
+            sock.close()
+        worker.stop()
+        worker.join(10)
+        broker.router.close(linger=0)
