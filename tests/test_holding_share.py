@@ -258,3 +258,35 @@ def test_a_worker_runs_a_job_whose_early_move_came_amid_another_partys_flood(
         worker.stop()
         worker.join(10)
         broker.router.close(linger=0)
+
+
+def test_a_flood_leaves_room_in_the_peer_threads_second_chances(ctx: zmq.Context[Any]) -> None:
+    """A move the holding area has no room for is put once more after the I/O thread's next
+    message (it may have overtaken an Exec queued there); one sender's flood takes at most
+    a quarter of those second chances."""
+    holding = Holding(max_entries=6, sender_of=lambda held: held[0][4], senders=_three)
+    mailbox = move_mailbox(holding)
+    intake = PeerIntake(
+        ctx, "tcp://127.0.0.1:0", 0, mailbox, lambda event: None,
+        curve=None, trusted=False, code="any", max_message=MAX_MESSAGE,
+    )  # fmt: skip
+    push = [configure(ctx.socket(zmq.PUSH), linger_ms=1000) for _ in range(2)]
+    try:
+        intake.start()
+        for sock in push:
+            sock.connect(intake.address)
+        for i in range(400):  # rank 2 floods: 6 held, the rest refused
+            push[1].send_multipart(encode(Move("s", f"ghost{i}", 0, 0, 2, 0, i)))
+        wait_until(lambda: mailbox.held_dropped >= 394, 15, "the flood refused")
+        for op in range(3):  # rank 1: two within its share, the third over it
+            push[0].send_multipart(encode(Move("s", "real", op, 0, 1, 0, op)))
+        wait_until(lambda: mailbox.held_dropped >= 394 + 3, 15, "rank 1's moves")
+        mailbox.open(("s", "real"))  # the Exec was handled...
+        intake.put_deferred()  # ...and the I/O thread gives the refused moves their chance
+        got = [mailbox.take(("s", "real", op, 0, 1), 0.0, f"op {op} lost") for op in range(3)]
+        assert got == [0, 1, 2]
+    finally:
+        for sock in push:
+            sock.close()
+        intake.stop(5)
+        intake.close()

@@ -39,6 +39,7 @@ __all__ = ["PeerIntake"]
 log = logging.getLogger("mpl.worker")
 _BATCH = 256  # moves taken per wake-up
 _DEFER, _DEFER_BYTES = 256, 64 << 20  # moves given a second chance (see _put)
+_DEFER_SHARE = 4  # one sender takes at most this fraction of them: a flood leaves room
 
 
 class PeerIntake:
@@ -84,6 +85,7 @@ class PeerIntake:
         self._guard = Guard(log, self.faults)
         self._deferred: list[tuple[MoveKey, Any, int]] = []
         self._deferred_bytes = 0
+        self._deferred_by: dict[int, list[int]] = {}  # src: [moves, bytes] deferred
         self._deferred_lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -187,12 +189,21 @@ class PeerIntake:
         # No room to hold a move for a job not opened yet. It may have overtaken its Exec,
         # which may sit on the I/O thread's socket right now (a thread that handled both
         # sockets took the Exec first): the I/O thread puts it once more after its next
-        # message (put_deferred). Bounded in entries and bytes; past that the drop stands.
+        # message (put_deferred). Bounded in entries and bytes, and one sender takes at most
+        # a quarter of either, so a party flooding moves cannot take another's second
+        # chance; past that the drop stands.
         size = approx_nbytes(msg.value)
         with self._deferred_lock:
-            if len(self._deferred) < _DEFER and self._deferred_bytes + size <= _DEFER_BYTES:
+            mine = self._deferred_by.get(msg.src, [0, 0])
+            if (
+                len(self._deferred) < _DEFER
+                and self._deferred_bytes + size <= _DEFER_BYTES
+                and mine[0] < _DEFER // _DEFER_SHARE
+                and mine[1] + size <= _DEFER_BYTES // _DEFER_SHARE
+            ):
                 self._deferred.append((key, msg.value, size))
                 self._deferred_bytes += size
+                self._deferred_by[msg.src] = [mine[0] + 1, mine[1] + size]
 
     @property
     def has_deferred(self) -> bool:
@@ -204,5 +215,6 @@ class PeerIntake:
         with self._deferred_lock:
             moves, self._deferred = self._deferred, []
             self._deferred_bytes = 0
+            self._deferred_by.clear()
         for key, value, _size in moves:
             self.mailbox.put(key, value)
