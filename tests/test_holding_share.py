@@ -34,6 +34,9 @@ class Clock:
         return self.now
 
 
+ALICE, BOB, MALLORY = 0, 1, 2  # ranks of a world of three
+
+
 def _by_first(key: Any) -> Any:
     return key[0]
 
@@ -45,74 +48,73 @@ def _three() -> int:
 def test_a_flooding_sender_cannot_take_another_senders_room() -> None:
     held = Holding(max_entries=30, max_bytes=1 << 20, sender_of=_by_first, senders=_three)
     assert held.share() == (10, (1 << 20) // 3)
-    flood = [held.hold(f"ghost{i}", ("mallory", i), i) for i in range(100)]
-    assert flood.count(True) == 30 and held.over_share["mallory"] == 70  # free room only
-    assert held.hold("real", ("alice", 0), "early move")  # its share is there: mallory gives
-    assert held.hold("real", ("bob", 0), "early move")
-    assert held.entries == 30 and held.held_by("mallory")[0] == 28
-    assert held.over_share["mallory"] == 72 and held.dropped == 72
-    assert not held.holds("ghost29", ("mallory", 29))  # the newest of the flood went first
-    assert all(held.hold(f"a{i}", ("alice", i), i) for i in range(1, 10))  # alice's 10
-    assert not held.hold("a10", ("alice", 10), 10)  # past its share, with the area full
-    assert held.over_share["alice"] == 1 and held.held_by("mallory")[0] == 19
-    assert held.release("real") == [(("alice", 0), "early move"), (("bob", 0), "early move")]
-    assert held.held_by("bob") == (0, 0) and held.entries == 28
+    flood = [held.hold(f"ghost{i}", (MALLORY, i), i) for i in range(100)]
+    assert flood.count(True) == 30 and held.over_share[MALLORY] == 70  # free room only
+    assert held.hold("real", (ALICE, 0), "early move")  # its share is there: mallory gives
+    assert held.hold("real", (BOB, 0), "early move")
+    assert held.entries == 30 and held.held_by(MALLORY)[0] == 28
+    assert held.over_share[MALLORY] == 72 and held.dropped == 72
+    assert not held.holds("ghost29", (MALLORY, 29))  # the newest of the flood went first
+    assert all(held.hold(f"a{i}", (ALICE, i), i) for i in range(1, 10))  # alice's 10
+    assert not held.hold("a10", (ALICE, 10), 10)  # past its share, with the area full
+    assert held.over_share[ALICE] == 1 and held.held_by(MALLORY)[0] == 19
+    assert held.release("real") == [((ALICE, 0), "early move"), ((BOB, 0), "early move")]
+    assert held.held_by(BOB) == (0, 0) and held.entries == 28
 
 
 def test_a_senders_bytes_are_its_share_too() -> None:
     held = Holding(max_entries=300, max_bytes=3000, sender_of=_by_first, senders=_three)
-    assert all(held.hold("g", ("mallory", i), b"x" * 1000) for i in range(3))  # all free room
-    assert not held.hold("g", ("mallory", 3), b"x")
-    assert held.hold("real", ("alice", 0), b"y" * 1000)  # within its 1,000 bytes
-    assert held.nbytes == 3000 and held.held_by("mallory") == (2, 2000)
-    assert not held.hold("real", ("alice", 1), b"y")  # past its share: nothing is reclaimed
-    assert held.over_share["mallory"] == 2 and held.over_share["alice"] == 1
+    assert all(held.hold("g", (MALLORY, i), b"x" * 1000) for i in range(3))  # all free room
+    assert not held.hold("g", (MALLORY, 3), b"x")
+    assert held.hold("real", (ALICE, 0), b"y" * 1000)  # within its 1,000 bytes
+    assert held.nbytes == 3000 and held.held_by(MALLORY) == (2, 2000)
+    assert not held.hold("real", (ALICE, 1), b"y")  # past its share: nothing is reclaimed
+    assert held.over_share[MALLORY] == 2 and held.over_share[ALICE] == 1
 
 
 def test_one_big_early_move_waits_while_nobody_needs_the_room() -> None:
     held = Holding(max_entries=30, max_bytes=3000, sender_of=_by_first, senders=_three)
-    assert held.hold("real", ("alice", 0), b"y" * 2500)  # more than a share: room is free
-    assert held.hold("other", ("bob", 0), b"z" * 400)
-    assert held.hold("third", ("carol", 0), b"w" * 900)  # carol's share: alice's goes
-    assert not held.holds("real", ("alice", 0)) and held.over_share["alice"] == 1
+    assert held.hold("real", (ALICE, 0), b"y" * 2500)  # more than a share: room is free
+    assert held.hold("other", (BOB, 0), b"z" * 400)
+    assert held.hold("third", (MALLORY, 0), b"w" * 900)  # within its share: alice's goes
+    assert not held.holds("real", (ALICE, 0)) and held.over_share[ALICE] == 1
     assert held.nbytes == 1300
 
 
-def test_forged_sources_beyond_the_number_of_ranks_get_nothing() -> None:
+def test_sources_that_are_no_rank_of_the_world_get_nothing() -> None:
     held = Holding(max_entries=30, sender_of=_by_first, senders=_three)
-    kept = [held.hold(f"g{i}", (f"claimed{i}", 0), i) for i in range(10)]
-    assert kept == [True, True, True] + [False] * 7  # three ranks can send, not ten
-    held.release("g0")
-    assert held.hold("g10", ("claimed10", 0), 10)  # a sender's room comes back with its items
+    kept = [held.hold(f"g{i}", (src, 0), i) for i, src in enumerate([3, 99, -1, "1", 1.0, 2])]
+    assert kept == [False] * 5 + [True]  # plaintext: claimed sources outside the world
+    assert held.hold("g9", (ALICE, 0), 0) and held.dropped == 5
 
 
 def test_the_totals_stay_bounded_whatever_the_senders() -> None:
     held = Holding(max_entries=8, max_bytes=1 << 20, sender_of=_by_first, senders=lambda: 2)
-    for sender in ("a", "b", "c"):
+    for sender in (0, 1, 2):
         for i in range(10):
-            held.hold(f"{sender}{i}", (sender, i), np.zeros(4))
+            held.hold(f"{sender}/{i}", (sender, i), np.zeros(4))
             assert held.entries <= 8
-    assert held.held_by("a")[0] == 4 and held.held_by("b")[0] == 4
-    assert held.dropped == 22  # a: 2 past the area, 4 given to b; b: 6; c: a sender too many
+    assert held.held_by(0)[0] == 4 and held.held_by(1)[0] == 4
+    assert held.dropped == 22  # 0: 2 past the area, 4 given to 1; 1: 6; 2: no rank of two
 
 
 def test_expiry_frees_a_senders_room() -> None:
     clock = Clock()
     held = Holding(max_entries=6, hold_s=5.0, clock=clock, sender_of=_by_first, senders=_three)
-    assert [held.hold("g", ("mallory", i), i) for i in range(7)] == [True] * 6 + [False]
+    assert [held.hold("g", (MALLORY, i), i) for i in range(7)] == [True] * 6 + [False]
     clock.now = 6.0
-    assert held.hold("g2", ("mallory", 9), 9)  # the old ones expired
-    assert held.entries == 1 and held.held_by("mallory")[0] == 1
+    assert held.hold("g2", (MALLORY, 9), 9)  # the old ones expired
+    assert held.entries == 1 and held.held_by(MALLORY)[0] == 1
     assert held.dropped == 7  # one past the area, six expired
 
 
 def test_until_the_ranks_are_known_only_the_totals_apply() -> None:
     world = [0]
     held = Holding(max_entries=12, sender_of=_by_first, senders=lambda: world[0])
-    assert all(held.hold(f"g{i}", ("mallory", i), i) for i in range(12))
-    assert not held.hold("g0", ("alice", 0), 0)  # full, and no share to claim yet
+    assert all(held.hold(f"g{i}", (MALLORY, i), i) for i in range(12))
+    assert not held.hold("g0", (ALICE, 0), 0)  # full, and no share to claim yet
     world[0] = 3
-    assert held.hold("g9", ("alice", 0), 0) and held.held_by("mallory")[0] == 11
+    assert held.hold("g9", (ALICE, 0), 0) and held.held_by(MALLORY)[0] == 11
 
 
 def test_moves_and_spu_messages_are_charged_to_their_source() -> None:

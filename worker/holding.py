@@ -19,10 +19,10 @@ share. A sender may hold more than its share only while the area has room nobody
 claims (one big genuine move, or many jobs in flight to a busy worker, still wait here as
 before): when a sender within its share needs that room, the newest items of senders over
 theirs are dropped to make it. So a flood takes at most the free room, and gives it back.
-At most ``senders()`` distinct senders hold anything at once (more can only be forged
-sources). Items dropped because their sender was over its share are counted per sender
-(``over_share``) and in ``dropped``. While the number of senders is not known yet (0: a
-plaintext worker before the broker's ``Welcome``), only the totals apply.
+A sender is a rank: one outside ``range(senders())`` can only be a forged source (in
+plaintext) and holds nothing. Items dropped because their sender was over its share are
+counted per sender (``over_share``) and in ``dropped``. While the number of senders is not
+known yet (0: a plaintext worker before the broker's ``Welcome``), only the totals apply.
 
 Not thread-safe: the mailbox that owns it calls it under its own lock.
 """
@@ -137,8 +137,8 @@ class Holding:
 
     def hold(self, group: Hashable, key: Hashable, value: Any) -> bool:
         """Keep ``value``; False (and counted as dropped) when ``key`` is already held, or it
-        does not fit: the area is full and its sender is over its share, or it is a sender
-        too many."""
+        does not fit: the area is full and its sender is over its share, or its sender is
+        no rank of this world."""
         self._expire()
         held = self._groups.get(group)
         if held is not None and key in held.items:
@@ -146,8 +146,8 @@ class Holding:
         size = approx_nbytes(value)
         sender = self._sender_of(key)
         senders = self._senders()
-        if senders > 0 and sender not in self._charges and len(self._charges) >= senders:
-            return self._refuse(sender)  # more senders than ranks: some are forged
+        if senders > 0 and not (type(sender) is int and 0 <= sender < senders):
+            return self._refuse(None)  # no rank of this world: a forged source
         if not self._fits(size):
             entries, nbytes = self.share()
             charge = self._charges.get(sender)
