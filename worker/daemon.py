@@ -62,7 +62,7 @@ from mpl.worker.code_policy import (
     screen,
     unloadable,
 )
-from mpl.worker.holding import held_moves
+from mpl.worker.holding import held_moves, held_spu
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
 from mpl.worker.kernel_table import KernelTable, NodeBindings
 from mpl.worker.keyed_mailbox import move_mailbox
@@ -185,6 +185,7 @@ class Worker:
             curve=curve,
             max_message=max_message,
             job_stopped=lambda job: self.jobs.stopped(job),
+            holding=held_spu(curve, lambda: self.state.world_size),
         )
         hello = WorkerHello(
             rank,

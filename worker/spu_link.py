@@ -29,7 +29,7 @@ from mpl.wire.control import PeerInfo
 from mpl.wire.curve import PEER_DOMAIN, Curve
 from mpl.wire.errors import JobAbortedError, MplTimeoutError, WorkerLostError
 from mpl.wire.sockets import MAX_MESSAGE, configure, drain
-from mpl.worker.holding import held_spu
+from mpl.worker.holding import Holding
 from mpl.worker.keyed_mailbox import KeyedMailbox, SpuKey, spu_mailbox
 from mpl.worker.push_pool import PushPool, send_until
 
@@ -51,6 +51,7 @@ class SpuLinks:
     ``job_stopped((session, job))`` says why a job must stop waiting (the worker's state
     machine aborted it or closed its session), or None; after it changes, :meth:`wake`
     makes waiting receives ask again. A dropped lane stops its waits by itself.
+    ``holding`` keeps messages for lanes not opened yet (``worker/holding.py``).
     """
 
     def __init__(
@@ -63,6 +64,7 @@ class SpuLinks:
         curve: Curve | None = None,
         max_message: int = MAX_MESSAGE,
         job_stopped: JobStopped | None = None,
+        holding: Holding | None = None,
     ) -> None:
         self.rank = rank
         self.job_stopped: JobStopped = job_stopped or (lambda job: None)
@@ -73,9 +75,7 @@ class SpuLinks:
             curve.serve(self.pull, PEER_DOMAIN)
         self.pull.bind(bind)
         self.address: str = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.mailbox: KeyedMailbox[SpuKey, str] = spu_mailbox(
-            held_spu(curve, lambda: len(directory()))
-        )
+        self.mailbox: KeyedMailbox[SpuKey, str] = spu_mailbox(holding)
         self._push = PushPool(ctx, curve)
         self._lock = threading.Lock()
         self._reading = threading.Lock()  # whoever holds it reads the PULL socket
