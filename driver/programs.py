@@ -67,27 +67,48 @@ class Program:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.run(current(), args, kwargs)
 
-    def run(self, ctx: Context, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run as one job in ``ctx`` and wait: the outputs, as the traced function returned them."""
-        bindings = self._bind(ctx, args, kwargs)
+    def run(
+        self,
+        ctx: Context,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any] | None = None,
+    ) -> Any:
+        """Run as one job in ``ctx`` and wait: the outputs, as the traced function returned
+        them. ``leaves`` are the flattened ``(args, kwargs)`` when the caller has them."""
+        bindings = self._bind(ctx, args, kwargs, leaves)
         result = ctx.run(self.graph, bindings, inline=self._inline)
         return self._outputs(ctx, result)
 
-    def submit(self, ctx: Context, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[Any]:
+    def submit(
+        self,
+        ctx: Context,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any] | None = None,
+    ) -> Future[Any]:
         """Start as one job in ``ctx`` without waiting: a future of what ``run`` returns."""
-        bindings = self._bind(ctx, args, kwargs)
+        bindings = self._bind(ctx, args, kwargs, leaves)
         return ctx.submit(
             self.graph,
             bindings,
             lambda result: self._outputs(ctx, result),
-            keep=(args, kwargs),  # the input Values outlive the job: no delete overtakes it
+            # the input Values outlive the job: no delete overtakes it
+            keep=(args, kwargs) if args or kwargs else None,
             inline=self._inline,
         )
 
     def _bind(
-        self, ctx: Context, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        ctx: Context,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any] | None = None,
     ) -> dict[int, list[Any]]:
-        leaves, _ = flatten((args, kwargs))
+        if not self._sources and not self._captured:  # no inputs: nothing to bind or check
+            return {}
+        if leaves is None:
+            leaves, _ = flatten((args, kwargs))
         params = [leaves[i] for i in self._params]
         for v in [*params, *self._captured]:
             if not isinstance(v, Value) or v._ctx is not ctx:
@@ -139,8 +160,9 @@ def _trace(
     return Program(name, rec, graph, outputs, params, out_tree, outs)
 
 
-def _key(args: tuple[Any, ...], kwargs: dict[str, Any], cluster: ClusterSpec) -> Any:
-    leaves, treedef = flatten((args, kwargs))
+def _key(leaves: list[Any], treedef: Any, cluster: ClusterSpec) -> Any:
+    """What a cached trace is looked up by: the arguments' structure, each Value's device and
+    parties, each hashable host value (with its type), and the cluster."""
     parts: list[Any] = []
     for leaf in leaves:
         if isinstance(leaf, Value):
@@ -168,16 +190,45 @@ class Function:
         if active() is not None:  # called inside another trace: inline it there
             return self.fn(*args, **kwargs)
         ctx = current()
-        return self.compile(ctx.cluster, *args, **kwargs).run(ctx, args, kwargs)
+        leaves, treedef = _flat(args, kwargs)
+        program = self._compile(ctx.cluster, args, kwargs, leaves, treedef)
+        return program.run(ctx, args, kwargs, leaves)
 
     def compile(self, cluster: ClusterSpec, *args: Any, **kwargs: Any) -> Program:
-        key = _key(args, kwargs, cluster)
+        leaves, treedef = _flat(args, kwargs)
+        return self._compile(cluster, args, kwargs, leaves, treedef)
+
+    def submit(self, ctx: Context, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[Any]:
+        """Trace (or find the cached trace) and start it in ``ctx``: ``mp.submit``'s work."""
+        leaves, treedef = _flat(args, kwargs)
+        program = self._compile(ctx.cluster, args, kwargs, leaves, treedef)
+        return program.submit(ctx, args, kwargs, leaves)
+
+    def _compile(
+        self,
+        cluster: ClusterSpec,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any],
+        treedef: Any,
+    ) -> Program:
+        key = _key(leaves, treedef, cluster)
         program = self._programs.touch(key)
         if program is None:
             program = _trace(self.fn, cluster, args, kwargs, self.name)
             self.traces += 1
             self._programs[key] = program
         return program
+
+
+_NO_ARGS = flatten(((), {}))[1]
+
+
+def _flat(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
+    """``flatten((args, kwargs))``, without the walk for a call with no arguments."""
+    if not args and not kwargs:
+        return [], _NO_ARGS
+    return flatten((args, kwargs))
 
 
 def function(fn: Callable[..., Any]) -> Function:
