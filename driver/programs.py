@@ -15,13 +15,13 @@ from concurrent.futures import Future
 from typing import Any
 
 from mpl.driver.context import Context, current
-from mpl.driver.recorder import Recorder, active, bind, tracing, wrap
-from mpl.driver.tree import flatten, unflatten
+from mpl.driver.recorder import Ranks, Recorder, active, bind, tracing, wrap
+from mpl.driver.tree import LEAF, flatten, unflatten
 from mpl.driver.values import Value
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.errors import MplError
 from mpl.wire.graph import Graph, format_graph
-from mpl.wire.jobs import JobResult
+from mpl.wire.jobs import JobResult, output_uri
 from mpl.wire.lru import LRU
 
 __all__ = ["Function", "Program", "compile", "function"]
@@ -57,6 +57,10 @@ class Program:
                 devices[index] = device
         self._out_devices = [(-1, d) for d in devices]
         self._out_placements = [graph.placements[v] for v in graph.outputs]
+        # (device, ranks) when the function returns exactly one Value, its only output
+        self._single: tuple[str | None, Ranks] | None = None
+        if out_tree == LEAF and len(outs) == 1 and outs[0][0] == "v" and len(graph.outputs) == 1:
+            self._single = (outs[0][2], self._out_placements[0])
 
     def __str__(self) -> str:
         return format_graph(self.graph)
@@ -120,9 +124,25 @@ class Program:
         return bind(self._sources, self.graph.world_size, slots)
 
     def _outputs(self, ctx: Context, result: JobResult) -> Any:
+        if self._single is not None:  # the function returned one Value: no tree to rebuild
+            device, ranks = self._single
+            return _value(ctx, result, 0, device, ranks)
         values = wrap(ctx, result.job, self._out_devices, self._out_placements, result)
         out = [values[index] if kind == "v" else index for kind, index, _ in self._outs]
         return unflatten(self._out_tree, out)
+
+
+def _value(ctx: Context, result: JobResult, i: int, device: str | None, ranks: Ranks) -> Value:
+    """Output ``i`` of a finished job as a Value (``wrap`` for one output)."""
+    return Value(
+        device,
+        ranks,
+        ctx=ctx,
+        uri=output_uri(result.job, i),
+        owned=True,
+        cache=result.values.get(i),
+        meta=result.metas.get(i, ""),
+    )
 
 
 def _trace(
