@@ -75,6 +75,12 @@ _SLICE_MS = 100  # waits wake this often to notice a lost broker
 _REPORT_GRACE_S = 1.0
 
 
+# Forks of this process so far, as seen by the process itself: a child's count differs from
+# its parent's, so a forked child notices without a getpid system call per job.
+_forks = [0]
+os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
+
+
 class _JobIds:
     """Unguessable job ids, drawn from the OS's CSPRNG a batch at a time: one ``getrandom``
     call per ``_BATCH`` jobs instead of one per job. Safe to share between threads; a
@@ -87,13 +93,13 @@ class _JobIds:
         self._lock = threading.Lock()
         self._pool = b""
         self._at = 0
-        self._pid = 0
+        self._fork = -1
 
     def next(self) -> str:
         with self._lock:
-            if self._at >= len(self._pool) or self._pid != os.getpid():
+            if self._at >= len(self._pool) or self._fork != _forks[0]:
                 self._pool, self._at = os.urandom(self._BYTES * self._BATCH), 0
-                self._pid = os.getpid()
+                self._fork = _forks[0]
             at = self._at
             self._at = at + self._BYTES
             return self._pool[at : at + self._BYTES].hex()

@@ -12,9 +12,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from mpl.driver.client import Client
 from mpl.wire.cluster import ClusterSpec
@@ -75,9 +74,9 @@ class Status(dict[str, Any]):
         return format_status(self)
 
 
-@dataclass(frozen=True)
-class JobRecord:
-    """What ``mp.trace`` draws: one job's per-rank op spans."""
+class JobRecord(NamedTuple):
+    """What ``mp.trace`` draws: one job's per-rank op spans (a tuple: one is kept per job,
+    and building it must cost next to nothing)."""
 
     job: str
     name: str

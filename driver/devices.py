@@ -278,6 +278,8 @@ def fetch(x: Any, *, timeout: float | None = None) -> Any:
     """
     if active() is not None:
         return x
+    if type(x) is Value:  # the common case: one Value, no tree to walk
+        return _fetch_one(x, timeout)
     return tree_map(lambda leaf: _fetch_one(leaf, timeout), x)
 
 

@@ -50,10 +50,8 @@ def submit(fn_or_program: Callable[..., Any] | Program, *args: Any, **kwargs: An
         raise MplError("mp.submit cannot be used inside @mp.function; call the function instead")
     ctx = current()
     if isinstance(fn_or_program, Program):
-        program = fn_or_program
-    else:
-        program = _function(fn_or_program).compile(ctx.cluster, *args, **kwargs)
-    return program.submit(ctx, args, kwargs)
+        return fn_or_program.submit(ctx, args, kwargs)
+    return _function(fn_or_program).submit(ctx, args, kwargs)
 
 
 def _function(fn: Callable[..., Any]) -> Function:

@@ -22,7 +22,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -50,19 +49,29 @@ _DRAIN = 256  # results settled per wake-up at most, before queued jobs are sent
 _POLLIN = int(zmq.POLLIN)
 
 
-@dataclass(eq=False)
 class Pending:
     """One job handed to the pump: what to send, and the future to settle."""
 
-    msg: Exec
-    graph: Graph
-    deadline: float  # monotonic; the future fails with MplTimeoutError after it
-    limit: float  # the job's timeout, for messages
-    future: Future[Any]
-    finish: Callable[[JobResult], Any]  # runs on the pump thread; its return is the result
-    keep: Any = None  # what must stay alive until the job has run (its input Values)
-    attempts: int = 0
-    started: float = field(default_factory=time.monotonic)
+    __slots__ = ("attempts", "deadline", "finish", "future", "graph", "keep", "limit", "msg")
+
+    def __init__(
+        self,
+        msg: Exec,
+        graph: Graph,
+        deadline: float,  # monotonic; the future fails with MplTimeoutError after it
+        limit: float,  # the job's timeout, for messages
+        future: Future[Any],
+        finish: Callable[[JobResult], Any],  # runs on the pump thread; returns the result
+        keep: Any = None,  # what must stay alive until the job has run (its input Values)
+    ) -> None:
+        self.msg = msg
+        self.graph = graph
+        self.deadline = deadline
+        self.limit = limit
+        self.future = future
+        self.finish = finish
+        self.keep = keep
+        self.attempts = 0
 
 
 class JobPump:

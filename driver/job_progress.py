@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpl.wire.lru import LRU
 from mpl.wire.progress import Progress
 
 __all__ = ["BAR_AFTER_S", "JobProgress", "ProgressBoard", "bars_enabled", "progress"]
@@ -115,27 +114,51 @@ class _Bar:
 
 
 class ProgressBoard:
-    """The progress of one client's jobs in flight; safe to use from any thread."""
+    """The progress of one client's jobs in flight; safe to use from any thread.
+
+    A job in flight costs one entry (its start time) until a report about it arrives or
+    someone asks for it: its :class:`JobProgress` is built only then, so the many short jobs
+    that never report build nothing per job.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._jobs: LRU[str, JobProgress] = LRU(_REMEMBERED)
+        # jobs in flight: start time, oldest first (one that ends unseen is dropped past
+        # _REMEMBERED)
+        self._started: dict[str, float] = {}
+        self._jobs: dict[str, JobProgress] = {}  # only jobs someone reported on or asked for
         self._bars: dict[str, _Bar] = {}
         self._watchers: dict[str, list[Callable[[JobProgress], None]]] = {}
         self._mine = threading.local()  # the job this thread waits for
 
     def begin(self, job: str) -> None:
         """A job was submitted by this thread."""
+        started = self._started
         with self._lock:
-            self._jobs[job] = JobProgress(job)
+            started[job] = time.monotonic()
+            if len(started) > _REMEMBERED:
+                oldest = next(iter(started))
+                del started[oldest]
+                self._jobs.pop(oldest, None)
+                self._watchers.pop(oldest, None)
         self._mine.job = job
+
+    def _progress(self, job: str) -> JobProgress | None:
+        """The job's progress record, built on first need (call with the lock held)."""
+        p = self._jobs.get(job)
+        if p is None:
+            started = self._started.get(job)
+            if started is None:
+                return None  # a job that already ended, or not ours
+            p = self._jobs[job] = JobProgress(job, started)
+        return p
 
     def update(self, msg: Progress) -> None:
         """A report arrived (from whichever thread received it)."""
         with self._lock:
-            p = self._jobs.get(msg.job)
+            p = self._progress(msg.job)
             if p is None:
-                return  # a job that already ended, or not ours
+                return
             p.ranks[msg.rank] = (msg.done, msg.total, msg.op)
             watchers = list(self._watchers.get(msg.job, ()))
         for watch in watchers:
@@ -146,16 +169,25 @@ class ProgressBoard:
         """This thread woke while waiting: a bar appears once its job runs long enough,
         even before any report (one long op sends none)."""
         job = getattr(self._mine, "job", None)
-        p = self._jobs.get(job) if job is not None else None
+        if job is None:
+            return
+        started = self._started.get(job)
+        if started is None or time.monotonic() - started < BAR_AFTER_S:
+            return
+        with self._lock:
+            p = self._progress(job)
         if p is not None:
             self._draw(p)
 
     def end(self, job: str, ok: bool) -> None:
         """The job's answer arrived."""
         with self._lock:
-            self._jobs.pop(job, None)
-            self._watchers.pop(job, None)
-            bar = self._bars.pop(job, None)
+            self._started.pop(job, None)
+            if self._jobs:
+                self._jobs.pop(job, None)
+            if self._watchers:
+                self._watchers.pop(job, None)
+            bar = self._bars.pop(job, None) if self._bars else None
         if getattr(self._mine, "job", None) == job:
             self._mine.job = None
         if bar is not None:
@@ -163,18 +195,19 @@ class ProgressBoard:
 
     def get(self, job: str) -> JobProgress | None:
         with self._lock:
-            return self._jobs.get(job)
+            return self._progress(job)
 
     def watch(self, job: str, callback: Callable[[JobProgress], None]) -> None:
         """Call ``callback(progress)`` on every report for ``job`` until it ends."""
         with self._lock:
-            if job in self._jobs:
+            if job in self._started:
                 self._watchers.setdefault(job, []).append(callback)
 
     def running(self) -> dict[str, dict[str, Any]]:
         """Every job in flight as plain numbers (``ctx.status()["progress"]``)."""
         with self._lock:
-            return {job: p.to_dict() for job, p in self._jobs.items()}
+            jobs = [self._progress(job) for job in self._started]
+            return {p.job: p.to_dict() for p in jobs if p is not None}
 
     def _draw(self, p: JobProgress) -> None:
         bar = self._bars.get(p.job)
@@ -182,7 +215,7 @@ class ProgressBoard:
             if time.monotonic() - p.started < BAR_AFTER_S or not bars_enabled():
                 return
             with self._lock:
-                if p.job not in self._jobs:
+                if p.job not in self._started:
                     return
                 bar = self._bars.get(p.job)
                 if bar is None:

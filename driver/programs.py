@@ -15,13 +15,13 @@ from concurrent.futures import Future
 from typing import Any
 
 from mpl.driver.context import Context, current
-from mpl.driver.recorder import Recorder, active, bind, tracing, wrap
-from mpl.driver.tree import flatten, unflatten
+from mpl.driver.recorder import Ranks, Recorder, active, bind, tracing, wrap
+from mpl.driver.tree import LEAF, flatten, unflatten
 from mpl.driver.values import Value
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.errors import MplError
 from mpl.wire.graph import Graph, format_graph
-from mpl.wire.jobs import JobResult
+from mpl.wire.jobs import JobResult, output_uri
 from mpl.wire.lru import LRU
 
 __all__ = ["Function", "Program", "compile", "function"]
@@ -57,6 +57,10 @@ class Program:
                 devices[index] = device
         self._out_devices = [(-1, d) for d in devices]
         self._out_placements = [graph.placements[v] for v in graph.outputs]
+        # (device, ranks) when the function returns exactly one Value, its only output
+        self._single: tuple[str | None, Ranks] | None = None
+        if out_tree == LEAF and len(outs) == 1 and outs[0][0] == "v" and len(graph.outputs) == 1:
+            self._single = (outs[0][2], self._out_placements[0])
 
     def __str__(self) -> str:
         return format_graph(self.graph)
@@ -67,27 +71,48 @@ class Program:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.run(current(), args, kwargs)
 
-    def run(self, ctx: Context, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run as one job in ``ctx`` and wait: the outputs, as the traced function returned them."""
-        bindings = self._bind(ctx, args, kwargs)
+    def run(
+        self,
+        ctx: Context,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any] | None = None,
+    ) -> Any:
+        """Run as one job in ``ctx`` and wait: the outputs, as the traced function returned
+        them. ``leaves`` are the flattened ``(args, kwargs)`` when the caller has them."""
+        bindings = self._bind(ctx, args, kwargs, leaves)
         result = ctx.run(self.graph, bindings, inline=self._inline)
         return self._outputs(ctx, result)
 
-    def submit(self, ctx: Context, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[Any]:
+    def submit(
+        self,
+        ctx: Context,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any] | None = None,
+    ) -> Future[Any]:
         """Start as one job in ``ctx`` without waiting: a future of what ``run`` returns."""
-        bindings = self._bind(ctx, args, kwargs)
+        bindings = self._bind(ctx, args, kwargs, leaves)
         return ctx.submit(
             self.graph,
             bindings,
             lambda result: self._outputs(ctx, result),
-            keep=(args, kwargs),  # the input Values outlive the job: no delete overtakes it
+            # the input Values outlive the job: no delete overtakes it
+            keep=(args, kwargs) if args or kwargs else None,
             inline=self._inline,
         )
 
     def _bind(
-        self, ctx: Context, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        ctx: Context,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any] | None = None,
     ) -> dict[int, list[Any]]:
-        leaves, _ = flatten((args, kwargs))
+        if not self._sources and not self._captured:  # no inputs: nothing to bind or check
+            return {}
+        if leaves is None:
+            leaves, _ = flatten((args, kwargs))
         params = [leaves[i] for i in self._params]
         for v in [*params, *self._captured]:
             if not isinstance(v, Value) or v._ctx is not ctx:
@@ -99,9 +124,25 @@ class Program:
         return bind(self._sources, self.graph.world_size, slots)
 
     def _outputs(self, ctx: Context, result: JobResult) -> Any:
+        if self._single is not None:  # the function returned one Value: no tree to rebuild
+            device, ranks = self._single
+            return _value(ctx, result, 0, device, ranks)
         values = wrap(ctx, result.job, self._out_devices, self._out_placements, result)
         out = [values[index] if kind == "v" else index for kind, index, _ in self._outs]
         return unflatten(self._out_tree, out)
+
+
+def _value(ctx: Context, result: JobResult, i: int, device: str | None, ranks: Ranks) -> Value:
+    """Output ``i`` of a finished job as a Value (``wrap`` for one output)."""
+    return Value(
+        device,
+        ranks,
+        ctx=ctx,
+        uri=output_uri(result.job, i),
+        owned=True,
+        cache=result.values.get(i),
+        meta=result.metas.get(i, ""),
+    )
 
 
 def _trace(
@@ -139,8 +180,9 @@ def _trace(
     return Program(name, rec, graph, outputs, params, out_tree, outs)
 
 
-def _key(args: tuple[Any, ...], kwargs: dict[str, Any], cluster: ClusterSpec) -> Any:
-    leaves, treedef = flatten((args, kwargs))
+def _key(leaves: list[Any], treedef: Any, cluster: ClusterSpec) -> Any:
+    """What a cached trace is looked up by: the arguments' structure, each Value's device and
+    parties, each hashable host value (with its type), and the cluster."""
     parts: list[Any] = []
     for leaf in leaves:
         if isinstance(leaf, Value):
@@ -168,16 +210,45 @@ class Function:
         if active() is not None:  # called inside another trace: inline it there
             return self.fn(*args, **kwargs)
         ctx = current()
-        return self.compile(ctx.cluster, *args, **kwargs).run(ctx, args, kwargs)
+        leaves, treedef = _flat(args, kwargs)
+        program = self._compile(ctx.cluster, args, kwargs, leaves, treedef)
+        return program.run(ctx, args, kwargs, leaves)
 
     def compile(self, cluster: ClusterSpec, *args: Any, **kwargs: Any) -> Program:
-        key = _key(args, kwargs, cluster)
+        leaves, treedef = _flat(args, kwargs)
+        return self._compile(cluster, args, kwargs, leaves, treedef)
+
+    def submit(self, ctx: Context, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[Any]:
+        """Trace (or find the cached trace) and start it in ``ctx``: ``mp.submit``'s work."""
+        leaves, treedef = _flat(args, kwargs)
+        program = self._compile(ctx.cluster, args, kwargs, leaves, treedef)
+        return program.submit(ctx, args, kwargs, leaves)
+
+    def _compile(
+        self,
+        cluster: ClusterSpec,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        leaves: list[Any],
+        treedef: Any,
+    ) -> Program:
+        key = _key(leaves, treedef, cluster)
         program = self._programs.touch(key)
         if program is None:
             program = _trace(self.fn, cluster, args, kwargs, self.name)
             self.traces += 1
             self._programs[key] = program
         return program
+
+
+_NO_ARGS = flatten(((), {}))[1]
+
+
+def _flat(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
+    """``flatten((args, kwargs))``, without the walk for a call with no arguments."""
+    if not args and not kwargs:
+        return [], _NO_ARGS
+    return flatten((args, kwargs))
 
 
 def function(fn: Callable[..., Any]) -> Function:

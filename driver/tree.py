@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["flatten", "tree_map", "unflatten"]
+__all__ = ["LEAF", "flatten", "tree_map", "unflatten"]
 
 # A tree definition: ("leaf",) or (kind, aux, children) with kind in list/tuple/dict/namedtuple.
 TreeDef = tuple[Any, ...]
-_LEAF: TreeDef = ("leaf",)
+LEAF: TreeDef = ("leaf",)  # the tree of a lone leaf
+_LEAF = LEAF
 
 
 def flatten(tree: Any) -> tuple[list[Any], TreeDef]:

@@ -198,3 +198,19 @@ def test_a_long_single_op_is_reported_while_it_runs(make_cluster: Any) -> None:
     finally:
         t.join(20)
     assert ended.is_set() and client.progress.running() == {}
+
+
+def test_jobs_that_never_report_build_no_progress_record_and_stay_bounded() -> None:
+    import mpl.driver.job_progress as job_progress
+
+    board = ProgressBoard()
+    for i in range(job_progress._REMEMBERED + 10):
+        board.begin(f"j{i}")
+    # short jobs (no report, nobody asking) cost a start time each, no JobProgress
+    assert board._jobs == {}
+    running = board.running()  # asking builds them: every job still in flight, newest kept
+    assert len(running) == job_progress._REMEMBERED and "j0" not in running
+    assert running[f"j{job_progress._REMEMBERED + 9}"]["done"] == 0
+    board.end(f"j{job_progress._REMEMBERED + 9}", ok=True)
+    assert board.get(f"j{job_progress._REMEMBERED + 9}") is None
+    assert len(board.running()) == job_progress._REMEMBERED - 1

@@ -135,3 +135,39 @@ def test_mutated_results_are_accepted_or_refused_exactly_as_decode_does() -> Non
                 accepted += 1
                 assert repr(got[1]) == repr(expected[1])
     assert accepted > 100  # the mutations leave some results valid: both paths compared
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def _raw_result(values: Any, stats: Any = None) -> list[bytes]:
+    header = msgpack.packb(
+        [JobResult.TAG, "j", values, None, False, stats or {}, {}], use_bin_type=True
+    )
+    return [MAGIC_FRAME, header]
+
+
+def test_a_short_result_skips_the_container_hooks_and_deep_nesting_is_still_refused() -> None:
+    from mpl.wire.limits import MAX_NESTING
+    from mpl.wire.result_read import _counted_length
+
+    typical = encode(RESULTS[0])[1]
+    assert _counted_length(memoryview(typical)) == 0  # a handful of lists and maps
+    # values nested past the limit (the header's own list and two maps count): refused as
+    # decode refuses them, at every depth around the limit, in short and long headers
+    for depth in range(MAX_NESTING - 4, MAX_NESTING + 2):
+        for stats in (None, {0: {"pad": "x" * 9000}}):
+            frames = _raw_result({0: {0: _nested(depth)}}, stats)
+            for safe in (True, False):
+                assert outcome(read_answer, frames, safe)[0] == outcome(decode, frames, safe)[0]
+    refused = _raw_result({0: {0: _nested(MAX_NESTING)}})
+    assert _counted_length(memoryview(refused[1])) == len(refused[1])
+    assert outcome(read_answer, refused, True)[0] == "refused"
+    # many small containers side by side (no nesting): counted, and accepted as decode does
+    wide = _raw_result({0: {i: [] for i in range(MAX_NESTING + 5)}})
+    assert _counted_length(memoryview(wide[1])) == len(wide[1])
+    assert outcome(read_answer, wide, True)[0] == outcome(decode, wide, True)[0] == "ok"

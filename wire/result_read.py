@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from itertools import repeat
 from typing import Any
 
 from mpl.wire.codec import MAGIC_FRAME, decode
 from mpl.wire.decoder import Decoder
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import JobResult
-from mpl.wire.limits import MAX_FRAMES, MAX_HEADER_BYTES, int_fits
+from mpl.wire.limits import INT_MAX, INT_MIN, MAX_FRAMES, MAX_HEADER_BYTES, MAX_NESTING
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 
@@ -32,6 +31,9 @@ _FIELDS = ("job", "values", "error", "missing_program", "stats", "metas")
 # decode on every answer, silently.
 if tuple(f.name for f in dataclasses.fields(JobResult)) != _FIELDS:
     raise ImportError("mpl.wire.result_read: JobResult's fields changed; update this reader")
+# msgpack's list and map markers: fixmap, fixarray, array 16/32, map 16/32
+_CONTAINER_MARKERS = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
+_COUNT_BELOW = 8192  # longer headers are counted by the Decoder's hooks, as decode does
 # a fixarray of the tag and six fields, then the tag as a fixstr
 _PREFIX = b"\x97" + bytes([0xA0 | len(JobResult.TAG)]) + JobResult.TAG.encode()
 
@@ -53,7 +55,7 @@ def read_answer(frames: Sequence[Any], *, safe: bool) -> Record:
         or view[: len(_PREFIX)].tobytes() != _PREFIX
     ):
         return decode(frames, safe=safe)
-    dec = Decoder(frames[2:], True, safe, view.nbytes)
+    dec = Decoder(frames[2:], True, safe, _counted_length(view))
     try:
         items = dec.unpack(header)
     except ProtocolError:
@@ -69,32 +71,53 @@ def read_answer(frames: Sequence[Any], *, safe: bool) -> Record:
     return rec
 
 
+def _counted_length(view: memoryview) -> int:
+    """The header length the Decoder bounds its work by: 0 (no hook per list and dict) for a
+    short header with fewer list and map markers than ``MAX_NESTING``.
+
+    Every list and dict the header builds, extension payloads included (they are slices of
+    the header), starts with one marker byte. Counting every such byte over-counts (the same
+    bytes occur inside strings and floats) but never under-counts, and fewer than
+    ``MAX_NESTING`` containers can neither nest too deep nor build more than
+    ``MAX_CONTAINERS``: the hooks would check nothing. A JobResult's header carries every
+    rank's op spans, so it is rarely shorter than ``MAX_NESTING`` bytes (the Decoder's own
+    test), while its markers are few.
+    """
+    n = view.nbytes
+    if n >= _COUNT_BELOW:
+        return n
+    data = view.tobytes()
+    return 0 if n - len(data.translate(None, _CONTAINER_MARKERS)) < MAX_NESTING else n
+
+
 def _fits(items: Any) -> bool:
-    """The checks ``decode`` makes on a JobResult's fields (its annotations), written out."""
+    """The checks ``decode`` makes on a JobResult's fields (its annotations), written out
+    as loops: a result has a handful of ranks, and a function call per key cost more."""
     if type(items) is not list or len(items) != 7:
         return False
     _, job, values, error, missing, stats, metas = items
-    return (
+    if not (
         isinstance(job, str)
-        and _int_keyed(values, _int_keyed_map)
+        and isinstance(values, dict)
         and (error is None or isinstance(error, ErrorInfo))
         and type(missing) is bool
-        and _int_keyed(stats, _str_keyed_map)
-        and _int_keyed(metas, _is_str)
-    )
-
-
-def _int_keyed(obj: Any, check: Any) -> bool:
-    return isinstance(obj, dict) and all(map(int_fits, obj)) and all(map(check, obj.values()))
-
-
-def _int_keyed_map(obj: Any) -> bool:
-    return isinstance(obj, dict) and all(map(int_fits, obj))
-
-
-def _str_keyed_map(obj: Any) -> bool:
-    return isinstance(obj, dict) and all(map(isinstance, obj, repeat(str)))  # no Python frames
-
-
-def _is_str(obj: Any) -> bool:
-    return isinstance(obj, str)
+        and isinstance(stats, dict)
+        and isinstance(metas, dict)
+    ):
+        return False
+    for rank, by_output in values.items():  # dict[int, dict[int, Any]]
+        if not (type(rank) is int and INT_MIN <= rank <= INT_MAX and isinstance(by_output, dict)):
+            return False
+        for index in by_output:
+            if not (type(index) is int and INT_MIN <= index <= INT_MAX):
+                return False
+    for rank, stat in stats.items():  # dict[int, dict[str, Any]]
+        if not (type(rank) is int and INT_MIN <= rank <= INT_MAX and isinstance(stat, dict)):
+            return False
+        for key in stat:
+            if not isinstance(key, str):
+                return False
+    for index, meta in metas.items():  # dict[int, str]
+        if not (type(index) is int and INT_MIN <= index <= INT_MAX and isinstance(meta, str)):
+            return False
+    return True
