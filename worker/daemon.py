@@ -42,6 +42,7 @@ from mpl.wire.curve import Curve, peer_admits
 from mpl.wire.data import Fetch
 from mpl.wire.done_pack import done_frames
 from mpl.wire.errors import ProtocolError
+from mpl.wire.exec_read import read_broker_message
 from mpl.wire.guard import Guard, substitute
 from mpl.wire.jobs import Abort, Done, Exec
 from mpl.wire.logs import RefusalLog
@@ -420,9 +421,10 @@ class Worker:
             return
         # In secure mode the broker is not trusted: what a driver sends is sealed (opened
         # below, and only then unpickled), so a pickle in the clear from the broker is
-        # refused.
+        # refused. A plain Exec (most messages) is read on a lean path, exactly as decode
+        # would read it (mpl.wire.exec_read).
         try:
-            msg = decode(frames, safe=self.seal is not None)
+            msg = read_broker_message(frames, safe=self.seal is not None)
         except ProtocolError as exc:
             if not self._undecodable(frames, exc):
                 self.protocol_errors += 1
