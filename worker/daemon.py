@@ -40,7 +40,7 @@ from mpl.wire.codec import decode, encode
 from mpl.wire.control import HEARTBEAT_S, Bye, Channel, Heartbeat, WorkerHello
 from mpl.wire.curve import Curve, peer_admits
 from mpl.wire.data import Fetch
-from mpl.wire.done_pack import done_frames
+from mpl.wire.done_pack import own_done_frames
 from mpl.wire.errors import ProtocolError
 from mpl.wire.exec_read import read_broker_message
 from mpl.wire.guard import Guard, substitute
@@ -372,8 +372,9 @@ class Worker:
         if self.seal is not None:
             msg = self.seal.outbound(msg)
             frames = self._encode(msg)
-        else:  # a Done of plain data (most) is packed without the general encoder
-            frames = done_frames(msg) if type(msg) is Done else None
+        else:  # a Done of plain values (most) is packed without the general encoder;
+            # the job shell built its stats, metas and saved list, so only values are checked
+            frames = own_done_frames(msg) if type(msg) is Done else None
             if frames is None:
                 frames = self._encode(msg)
         if frames is None:
@@ -463,8 +464,11 @@ class Worker:
             if (ack := self.runtimes.open(msg)) is not None:
                 self._send(ack)
             return
-        if isinstance(msg, Exec) and (refused := self.runtimes.failed(msg)) is not None:
-            self._send(refused)  # a session whose runtime_info this node refused
+        if type(msg) is Exec:
+            if (refused := self.runtimes.failed(msg)) is not None:
+                self._send(refused)  # a session whose runtime_info this node refused
+            elif not self.jobs.run_now(msg):  # a repeat quick job runs here, whole
+                self._perform(self.jobs.handle(msg))
             return
         if isinstance(msg, SessionClosed):
             self.runtimes.closed(msg.session)
