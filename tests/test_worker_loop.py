@@ -217,3 +217,47 @@ def test_only_a_move_sent_by_a_peer_can_fail_work_under_code_kernels(
     finally:
         push.close(linger=0)
         _stop(worker)
+
+
+def _wakeups(thread: threading.Thread | None) -> int:
+    """Times ``thread`` went to sleep and was woken (Linux counts them per thread)."""
+    assert thread is not None and thread.native_id is not None
+    with open(f"/proc/self/task/{thread.native_id}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no context switch count")
+
+
+def test_an_idle_worker_sleeps_until_its_heartbeat(
+    ctx: zmq.Context[Any], broker: FakeBroker
+) -> None:
+    worker = _started(ctx, broker, heartbeat_s=1.0)
+    try:
+        wait_until(lambda: worker._resting, what="the worker to rest")
+        io, spu = worker._thread, worker.spu_links._thread
+        before = (_wakeups(io), _wakeups(spu))
+        time.sleep(1.0)  # the interval being measured, not a wait for a condition
+        io_wakes, spu_wakes = _wakeups(io) - before[0], _wakeups(spu) - before[1]
+        # a heartbeat a second: a wake-up or two, where a 100 ms timer made ten and the
+        # SPU thread's 10 ms poll a hundred
+        assert io_wakes <= 4, io_wakes
+        assert spu_wakes <= 1, spu_wakes
+    finally:
+        _stop(worker)
+
+
+def test_a_resting_worker_serves_metrics_and_stops_at_once(
+    ctx: zmq.Context[Any], broker: FakeBroker
+) -> None:
+    worker = _started(ctx, broker, heartbeat_s=30.0)  # its timers are 30 s away
+    try:
+        wait_until(lambda: worker._resting, what="the worker to rest")
+        snapshot = worker.snapshots.get(timeout=10.0)
+        assert snapshot is not None and "jobs_done" in snapshot
+        broker.send(Directory({}))  # a message ends the rest; quiet again, it rests anew
+        wait_until(lambda: worker._resting, what="the worker to rest again")
+    finally:
+        worker.stop()
+        worker.join(10)  # a stop wakes it: no waiting for its timers
+        assert worker._thread is not None and not worker._thread.is_alive()
