@@ -24,6 +24,8 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+from zmq import Frame
+
 from mpl.wire.codec import MAGIC_FRAME, decode
 from mpl.wire.decoder import TUPLE
 from mpl.wire.jobs import Exec
@@ -61,7 +63,7 @@ def read_exec(frames: Sequence[Any]) -> Exec | None:
     if len(frames) != 2:
         return None
     try:
-        magic, header = (_bytes(frame) for frame in frames)
+        magic, header = _bytes(frames[0]), _bytes(frames[1])
     except TypeError:
         return None
     if magic != MAGIC_FRAME or len(header) > MAX_HEADER_BYTES or not header.startswith(_PREFIX):
@@ -87,9 +89,9 @@ def read_exec(frames: Sequence[Any]) -> Exec | None:
 
 
 def _bytes(frame: Any) -> bytes:
-    """A frame's bytes: ``zmq.Frame.bytes`` (cached by pyzmq), else its buffer's."""
-    data = getattr(frame, "bytes", None)
-    if type(data) is bytes:
+    """A frame's bytes: ``zmq.Frame.bytes``, else its buffer's."""
+    if type(frame) is Frame:
+        data: bytes = frame.bytes
         return data
     return memoryview(frame).tobytes()  # TypeError for what is not a buffer, as decode's
 
