@@ -16,6 +16,7 @@ from mpl.wire.control import Heartbeat
 from mpl.wire.decoder import TUPLE
 from mpl.wire.exec_pack import exec_frames
 from mpl.wire.exec_read import read_broker_message, read_exec
+from mpl.wire.hot import exec_for_rank, exec_spans
 from mpl.wire.jobs import Exec, Lit
 
 LEAN = [  # what the broker forwards to a rank on a job's hot path
@@ -68,6 +69,18 @@ def test_plain_execs_are_read_on_the_lean_path_as_decode_reads_them(msg: Exec) -
         assert type(lean) is Exec and _same(lean, decode(frames, safe=True)) and lean == msg
         with pytest.raises(Exception, match="cannot assign"):  # as immutable as decode's
             lean.job = "other"  # type: ignore[misc]
+
+
+def test_what_the_broker_forwards_to_a_rank_is_read_on_the_lean_path() -> None:
+    boxes = {0: b"\x01box for rank 0" * 3, 1: b"\x01box for rank 1" * 3}  # secure mode
+    for msg in (Exec("s", "j", "d", (0, 1), boxes, (0,), 600.0), LEAN[0], LEAN[2]):
+        spans = exec_spans(exec_frames(msg))
+        assert spans is not None
+        for rank in msg.ranks:
+            frames = exec_for_rank(spans, rank)
+            lean = read_exec(frames)
+            assert lean is not None and _same(lean, decode(frames, safe=True))
+            assert lean.bindings == {r: b for r, b in msg.bindings.items() if r == rank}
 
 
 @pytest.mark.parametrize("msg", OTHER, ids=range(len(OTHER)))
