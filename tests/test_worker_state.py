@@ -207,7 +207,8 @@ def test_heartbeats_and_silence_follow_the_given_clock() -> None:
     assert s.handle(Tick(), 1.0) == [Beat()]
     s.handle(_exec("s", "j"), 2.5)  # any word from the broker counts as life
     assert not _of(s.handle(Tick(), 5.4), Reconnect)
-    assert _of(s.handle(Tick(), 5.6), Reconnect)
+    (reconnect,) = _of(s.handle(Tick(), 5.6), Reconnect)
+    assert "for 3.1 s" in reconnect.reason  # the silence, measured before the rejoin
     assert not s.joined
 
 

@@ -384,8 +384,9 @@ class Worker:
         self.intake.close()
         if self.gatekeeper is not None:
             self.gatekeeper.stop()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        wake_r, wake_w, self._wake_r, self._wake_w = self._wake_r, self._wake_w, -1, -1
+        os.close(wake_r)  # a late stop() writes to -1 (refused), never to a reused number
+        os.close(wake_w)
         if self._own_context:
             self.ctx.term()
 

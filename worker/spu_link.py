@@ -150,7 +150,7 @@ class SpuLinks:
                     self._idle.notify()
 
     def _wake(self) -> None:
-        with contextlib.suppress(BlockingIOError):  # a full pipe: woken enough already
+        with contextlib.suppress(OSError):  # full (woken enough already) or closed
             os.write(self._wake_w, b"w")
 
     def _pump(self, seconds: float) -> bool:
@@ -221,8 +221,9 @@ class SpuLinks:
         self._thread.join(2)
         self._push.close()
         if not self._thread.is_alive():  # else it may still poll the pipe: leave it open
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            wake_r, wake_w, self._wake_r, self._wake_w = self._wake_r, self._wake_w, -1, -1
+            os.close(wake_r)  # a late receive writes to -1 (refused), not a reused number
+            os.close(wake_w)
 
 
 def _not_taken(dst: int, key: str, job: tuple[str, str], reason: str | None) -> Exception:

@@ -176,9 +176,10 @@ class WorkerState:
             self.next_hello = now + self.hello_wait
             self.hello_wait = min(self.hello_wait * 2, _HELLO_MAX)
             return [Send(self.hello)]
-        if now - self.last_heard > self.heartbeat_s * self.liveness:
-            self._rejoin(now)
-            return [Reconnect(f"no word from the broker for {now - self.last_heard:.1f} s")]
+        silent = now - self.last_heard
+        if silent > self.heartbeat_s * self.liveness:
+            self._rejoin(now)  # resets last_heard: the silence is measured before
+            return [Reconnect(f"no word from the broker for {silent:.1f} s")]
         if now >= self.next_beat:
             self.next_beat = now + self.heartbeat_s
             return [Beat()]
