@@ -212,6 +212,14 @@ def test_heartbeats_and_silence_follow_the_given_clock() -> None:
     assert not s.joined
 
 
+def test_the_timers_are_due_when_the_broker_would_be_silent_too_long() -> None:
+    s = _state()  # joined at 0.0, heartbeat 1 s, silent past 3 s
+    for now in (0.0, 1.0, 2.0, 3.0):
+        assert s.handle(Tick(), now) == [Beat()]
+    assert s.next_due() == 3.0  # not the next heartbeat (4.0): a resting loop wakes then
+    assert _of(s.handle(Tick(), 3.001), Reconnect)
+
+
 def test_a_quick_local_program_runs_inline_only_when_its_session_is_idle() -> None:
     s = _state()
     s.inline_s = 0.05

@@ -186,8 +186,12 @@ class WorkerState:
         return []
 
     def next_due(self) -> float:
-        """When the timers next have something to do (the I/O loop polls until then)."""
-        return self.next_beat if self.joined else self.next_hello
+        """When the timers next have something to do (the I/O loop may sleep until then):
+        a hello, a heartbeat, or the moment the broker's silence becomes too long (so a
+        worker that sleeps between heartbeats still gives up on a silent broker on time)."""
+        if not self.joined:
+            return self.next_hello
+        return min(self.next_beat, self.last_heard + self.heartbeat_s * self.liveness)
 
     def _welcome(self, msg: Welcome, now: float) -> list[Action]:
         self.last_heard = now
