@@ -39,6 +39,7 @@ log = logging.getLogger("mpl.worker")
 SPU_MAGIC = b"MPLS"
 JobStopped = Callable[[tuple[str, str]], str | None]
 _SEND_RETRY_S = 0.005  # a send to a full queue retries this often, checking aborts each time
+_LINGER_S = 0.05  # the background thread takes the socket back once receives pause this long
 
 
 class SpuLinks:
@@ -130,6 +131,7 @@ class SpuLinks:
         with self._lock:
             self._waiting += 1
             if self._waiting == 1:  # the background thread hands the socket over
+                self._idle.notify()
                 self._wake()
         try:
             late = f"SPU message {key!r} from rank {src} did not arrive in time; that member "
@@ -175,23 +177,39 @@ class SpuLinks:
         items: Any = [(self.pull, zmq.POLLIN), (self._wake_r, zmq.POLLIN)]  # a socket and an fd
         try:
             while not self._stopping.is_set():
-                with self._lock:
-                    while self._waiting and not self._stopping.is_set():
-                        self._idle.wait()
+                self._keep_out()
                 if self._stopping.is_set() or not self._reading.acquire(timeout=0.05):
                     continue  # a receive's pump still reads: it is about to let go
+                handed_over = False
                 try:
                     self._drain_wakes()
                     if self._waiting:
+                        handed_over = True
                         continue
                     zmq.zmq_poll(items, -1)
                     for frames in drain(self.pull):
                         self._deliver(frames)
+                    handed_over = bool(self._waiting)
                 finally:
                     self._reading.release()
+                    if handed_over:  # receives that found the socket taken retry now
+                        self.mailbox.wake()
         finally:
             with self._reading:
                 self.pull.close()
+
+    def _keep_out(self) -> None:
+        """Wait while receives read the socket, and until none has come for _LINGER_S: an
+        SPU run's receives follow one another, and taking the socket back between two of
+        them would make the next one wait for it."""
+        with self._lock:
+            while not self._stopping.is_set():
+                if self._waiting:
+                    self._idle.wait()
+                elif not self._idle.wait_for(
+                    lambda: self._waiting or self._stopping.is_set(), _LINGER_S
+                ):
+                    return
 
     def _drain_wakes(self) -> None:
         with contextlib.suppress(BlockingIOError):
