@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpl.wire.codec import decode, encode
-from mpl.wire.done_pack import done_frames
+from mpl.wire.done_pack import done_frames, own_done_frames
 from mpl.wire.jobs import Done
 from mpl.wire.limits import MAX_HEADER_BYTES
 from mpl.wire.sessions import SymbolInfo
@@ -71,6 +71,23 @@ def test_dones_pack_to_the_encoders_bytes_or_leave_it_to_the_encoder(
     assert decode(fast, safe=True) == msg
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.dictionaries(st.integers(min_value=0, max_value=40), _values, max_size=4),
+    spans=st.lists(_span, max_size=5),
+    metas=st.dictionaries(st.integers(min_value=0, max_value=40), st.text(max_size=12)),
+)
+def test_a_done_the_worker_built_packs_as_done_frames_does(
+    values: dict[int, Any], spans: list[list[Any]], metas: dict[int, str]
+) -> None:
+    stats = {"run_s": 0.25, "started": 1.7e9, "ops": spans}
+    msg = Done("s", "j", 3, values, stats, metas)
+    own, general = own_done_frames(msg), done_frames(msg)
+    assert own == general  # same bytes; None (the encoder's path) for the same values
+    if own is not None:
+        assert decode(own, safe=True) == msg
+
+
 def test_a_trivial_jobs_done_takes_the_lean_path() -> None:
     spans = [[0, "0 (pcall <lambda>)", 1.5e-6, 4.1e-6]]
     stats = {"run_s": 3e-5, "started": 1.7e9, "ops": spans}
@@ -92,6 +109,7 @@ def test_what_is_not_plain_takes_the_general_encoder() -> None:
     ]
     for value in others:
         assert done_frames(Done("s", "j", 0, {0: value})) is None, value
+        assert own_done_frames(Done("s", "j", 0, {0: value})) is None, value
     saved = SymbolInfo("x", "P0", (0,), False, {})
     assert done_frames(Done("s", "j", 0, {0: 1}, saved=[saved])) is None
     assert done_frames(Done("s", "j", 0, {0: "\ud800"})) is None  # not UTF-8: encode says so

@@ -217,3 +217,58 @@ def test_only_a_move_sent_by_a_peer_can_fail_work_under_code_kernels(
     finally:
         push.close(linger=0)
         _stop(worker)
+
+
+def _wakeups(thread: threading.Thread | None) -> int:
+    """Times ``thread`` went to sleep and was woken (Linux counts them per thread)."""
+    assert thread is not None and thread.native_id is not None
+    with open(f"/proc/self/task/{thread.native_id}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no context switch count")
+
+
+def test_an_idle_worker_sleeps_until_its_heartbeat(
+    ctx: zmq.Context[Any], broker: FakeBroker
+) -> None:
+    worker = Worker(broker.address, 0, context=ctx, heartbeat_s=1.0)
+    turns = [0]
+    turn = worker._turn
+
+    def counted(next_timers: float) -> float:
+        turns[0] += 1
+        return turn(next_timers)
+
+    worker._turn = counted  # type: ignore[method-assign]
+    worker.start()
+    broker.welcome(1.0)
+    try:
+        assert worker.joined.wait(10), "the worker did not join the fake broker"
+        wait_until(lambda: worker._resting, what="the worker to rest")
+        spu = worker.spu_links._thread
+        before = (turns[0], _wakeups(spu))
+        time.sleep(2.0)  # the interval being measured, not a wait for a condition
+        io_turns, spu_wakes = turns[0] - before[0], _wakeups(spu) - before[1]
+        # a heartbeat a second: a turn or two each, where a 100 ms timer made ten a second
+        # and the SPU thread's 10 ms poll a hundred wake-ups
+        assert io_turns <= 6, io_turns
+        assert spu_wakes <= 3, spu_wakes
+    finally:
+        _stop(worker)
+
+
+def test_a_resting_worker_serves_metrics_and_stops_at_once(
+    ctx: zmq.Context[Any], broker: FakeBroker
+) -> None:
+    worker = _started(ctx, broker, heartbeat_s=30.0)  # its timers are 30 s away
+    try:
+        wait_until(lambda: worker._resting, what="the worker to rest")
+        snapshot = worker.snapshots.get(timeout=10.0)
+        assert snapshot is not None and "jobs_done" in snapshot
+        broker.send(Directory({}))  # a message ends the rest; quiet again, it rests anew
+        wait_until(lambda: worker._resting, what="the worker to rest again")
+    finally:
+        worker.stop()
+        worker.join(10)  # a stop wakes it: no waiting for its timers
+        assert worker._thread is not None and not worker._thread.is_alive()

@@ -207,8 +207,17 @@ def test_heartbeats_and_silence_follow_the_given_clock() -> None:
     assert s.handle(Tick(), 1.0) == [Beat()]
     s.handle(_exec("s", "j"), 2.5)  # any word from the broker counts as life
     assert not _of(s.handle(Tick(), 5.4), Reconnect)
-    assert _of(s.handle(Tick(), 5.6), Reconnect)
+    (reconnect,) = _of(s.handle(Tick(), 5.6), Reconnect)
+    assert "for 3.1 s" in reconnect.reason  # the silence, measured before the rejoin
     assert not s.joined
+
+
+def test_the_timers_are_due_when_the_broker_would_be_silent_too_long() -> None:
+    s = _state()  # joined at 0.0, heartbeat 1 s, silent past 3 s
+    for now in (0.0, 1.0, 2.0, 3.0):
+        assert s.handle(Tick(), now) == [Beat()]
+    assert s.next_due() == 3.0  # not the next heartbeat (4.0): a resting loop wakes then
+    assert _of(s.handle(Tick(), 3.001), Reconnect)
 
 
 def test_a_quick_local_program_runs_inline_only_when_its_session_is_idle() -> None:
@@ -228,6 +237,56 @@ def test_a_quick_local_program_runs_inline_only_when_its_session_is_idle() -> No
     fourth = _exec("s", "4", LOCAL)
     assert _of(s.handle(fourth, 1.8), Run) == [Run(fourth, LOCAL, inline=False)]
     assert s.inline == 1
+
+
+def _snapshot(s: WorkerState) -> Any:
+    return (
+        dict(s.jobs), dict(s.queued), list(s.quick.items()), dict(s.aborted), s.done,
+        s.inline, s.last_heard, list(s.programs._items),
+    )  # fmt: skip
+
+
+def test_the_hot_path_decides_a_repeat_quick_job_as_handle_does() -> None:
+    by_events, by_hot_path = _state(), _state()
+    for s in (by_events, by_hot_path):
+        s.inline_s = 0.05
+        s.handle(_exec("s", "1", LOCAL), 1.0)
+        s.handle(_done("s", "1"), 1.1)  # quick: its next runs are inline
+    job = _exec("s", "2", LOCAL)
+    assert _of(by_events.handle(job, 1.2), Run) == [Run(job, LOCAL, inline=True)]
+    assert by_hot_path.begin_inline(job, 1.2) is LOCAL
+    assert _snapshot(by_hot_path) == _snapshot(by_events)
+    assert by_events.handle(_done("s", "2"), 1.3) == [Post(Done("s", "2", RANK))]
+    assert by_hot_path.end_inline("s", "2", 0.01) is True
+    assert _snapshot(by_hot_path) == _snapshot(by_events)
+    assert by_hot_path.inline == 1 and by_hot_path.done == 2
+
+
+def test_the_hot_path_leaves_every_other_job_to_handle_untouched() -> None:
+    s = _state()
+    s.inline_s = 0.05
+    s.handle(_exec("s", "1", LOCAL), 1.0)
+    s.handle(_done("s", "1"), 1.1)
+    s.handle(_exec("q", "slow", MOVING), 1.2)  # session q has a task queued
+    s.handle(_abort("s", "early"), 1.2)  # aborted before its Exec came
+    s.handle(SessionClosed("gone", "bye"), 1.2)
+    s.refused_code[MOVING.digest] = "no pickles here"
+    before = _snapshot(s)
+    for job in (
+        _exec("s", "m", MOVING),  # not local (nor quick)
+        _exec("s", "x", _graph("constant", name="never ran")),  # not cached, not quick
+        _exec("q", "2", LOCAL),  # its session is busy: arrival order
+        _exec("gone", "2", LOCAL),  # its session closed
+        _exec("s", "early", LOCAL),  # already aborted
+        _exec("q", "slow", LOCAL),  # a job already known
+    ):
+        assert s.begin_inline(job, 2.0) is None, job
+        assert _snapshot(s) == before
+    assert s.begin_inline(_exec("s", "3", LOCAL), 2.0) is LOCAL
+    s.handle(_abort("s", "3"), 2.1)  # stopped while it ran: handle frees it, says nothing
+    assert s.end_inline("s", "3", 0.01) is False
+    assert s.done == 1 and ("s", "3") in s.jobs
+    assert FreeJob(("s", "3")) in s.handle(_done("s", "3"), 2.2)
 
 
 # -- the job shell over the state: real mailbox and store, no sockets ------------------------

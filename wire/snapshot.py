@@ -16,7 +16,9 @@ class SnapshotSlot:
     the loop calls :meth:`serve` on every tick and builds a copy only when one is wanted.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, wake: Callable[[], None] | None = None) -> None:
+        # a loop that may sleep long between ticks (an idle worker) is woken by this
+        self._wake = wake
         self._cond = threading.Condition()
         self._wanted = False
         self._gen = 0
@@ -27,6 +29,8 @@ class SnapshotSlot:
         with self._cond:
             gen = self._gen
             self._wanted = True
+            if self._wake is not None:
+                self._wake()
             if not self._cond.wait_for(lambda: self._gen > gen, timeout):
                 return None
             return self._value

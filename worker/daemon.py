@@ -23,6 +23,7 @@ whose ``src`` is not the rank its connection authenticated as is counted and dro
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -40,8 +41,9 @@ from mpl.wire.codec import decode, encode
 from mpl.wire.control import HEARTBEAT_S, Bye, Channel, Heartbeat, WorkerHello
 from mpl.wire.curve import Curve, peer_admits
 from mpl.wire.data import Fetch
-from mpl.wire.done_pack import done_frames
+from mpl.wire.done_pack import own_done_frames
 from mpl.wire.errors import ProtocolError
+from mpl.wire.exec_read import read_exec
 from mpl.wire.guard import Guard, substitute
 from mpl.wire.jobs import Abort, Done, Exec
 from mpl.wire.logs import RefusalLog
@@ -92,7 +94,7 @@ from mpl.worker.store import ObjectStore, SymbolDisk
 __all__ = ["Worker"]
 
 log = logging.getLogger("mpl.worker")
-_POLL_MS = 100  # the timers run at least this often
+_POLL_MS = 100  # the timers run at least this often while there is work about
 _SLACK_MS = 5  # how late the timers may run while messages stream in
 _JOIN_S = 2.0
 
@@ -237,7 +239,10 @@ class Worker:
         self.refused: ErrorInfo | None = None
         self.joined = threading.Event()
         self.protocol_errors = 0
-        self.snapshots = SnapshotSlot()  # copies of stats() for the metrics thread
+        # Wakes the I/O thread when it rests (see _turn): a stop, a metrics reader.
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._resting = False
+        self.snapshots = SnapshotSlot(self._wake)  # copies of stats() for the metrics thread
         self.refusals = RefusalLog(log)
         self._faults: dict[str, int] = {}
         self.guard = Guard(log, self._faults)  # counts internal_errors; the loop goes on
@@ -256,6 +261,12 @@ class Worker:
 
     def stop(self) -> None:
         self._stopping.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake the I/O thread if it rests (any thread; a signal handler too)."""
+        with contextlib.suppress(OSError):  # full (woken already) or closed (gone)
+            os.write(self._wake_w, b"w")
 
     def join(self, timeout: float | None = None) -> None:
         if self._thread is not None:
@@ -285,25 +296,38 @@ class Worker:
         broker's socket alone. Timers are checked after every message, so heartbeats go
         out while messages stream in, and each message is handled before the silence
         check that follows it, so a broker heard just now is never declared silent.
+
+        An idle worker rests: once a wait timed out with no job, task, deferred move or
+        owed channel about, it sleeps in :meth:`_rest` until the heartbeat is due, rather
+        than waking every ``_POLL_MS`` (with 32 workers on 2 cores, every wake-up of every
+        idle worker costs the busy ones). The first message ends the rest.
         """
         dealer = self.dealer
-        wait_ms = max(0, min(_POLL_MS, int((next_timers - time.monotonic()) * 1000) + 1))
-        # Reset the timeout only when it is off by more than the slack (a socket option per
-        # message costs more than the receive): the timers may run up to _SLACK_MS late.
-        set_ms = self._rcvtimeo.get(dealer, -1)
-        if not wait_ms <= set_ms <= wait_ms + _SLACK_MS:
-            dealer.setsockopt(zmq.RCVTIMEO, wait_ms)
-            self._rcvtimeo = {dealer: wait_ms}  # a replaced dealer starts unset
-        try:
-            frames: list[Any] | None = recv_frames(dealer)
-        except zmq.Again:
-            frames = None
+        frames: list[Any] | None = None
+        if self._resting:
+            frames = self._rest(dealer, next_timers)
+        else:
+            wait_ms = max(0, min(_POLL_MS, int((next_timers - time.monotonic()) * 1000) + 1))
+            # Reset the timeout only when it is off by more than the slack (a socket option
+            # per message costs more than the receive): the timers may run up to _SLACK_MS
+            # late.
+            set_ms = self._rcvtimeo.get(dealer, -1)
+            if not wait_ms <= set_ms <= wait_ms + _SLACK_MS:
+                dealer.setsockopt(zmq.RCVTIMEO, wait_ms)
+                self._rcvtimeo = {dealer: wait_ms}  # a replaced dealer starts unset
+            try:
+                frames = recv_frames(dealer)
+            except zmq.Again:
+                frames = None
         if frames is not None:
+            self._resting = False
             self._on_frames(frames)
         if self.intake.has_deferred:
             self.intake.put_deferred()
         now = time.monotonic()
         if now < next_timers:
+            if frames is None:  # a wait timed out: rest from the next turn if all is quiet
+                self._resting = self._quiet()
             return next_timers
         try:  # timers are guarded like messages: a failing stats() must not stop us
             if self._handshakes is not None:
@@ -316,8 +340,46 @@ class Worker:
             self.jobs.report_progress()
         except Exception as exc:
             self.guard.internal("the timers", None, exc)
+        # Rest (sleep until the timers are next due) once a wait for the broker timed out
+        # with nothing else about; until then the timers run every _POLL_MS.
+        if frames is None:
+            self._resting = self._quiet()
         now = time.monotonic()
-        return now + min(_POLL_MS / 1000, max(0.0, self.state.next_due() - now))
+        cap = self.state.heartbeat_s if self._resting else _POLL_MS / 1000
+        return now + min(cap, max(0.0, self.state.next_due() - now))
+
+    def _quiet(self) -> bool:
+        """Nothing that the timers look after more often than the heartbeat: joined (no
+        hellos, no handshake to watch), no job or task of this worker in flight (no
+        progress to report), no channel to announce, no deferred moves."""
+        return (
+            self.state.joined
+            and not self.state.jobs
+            and not self.state.queued
+            and not self._channel_owed
+            and not self.intake.has_deferred
+        )
+
+    def _rest(self, dealer: zmq.Socket[Any], next_timers: float) -> list[Any] | None:
+        """An idle worker's wait: one poll on the broker's socket and the wake pipe until
+        the timers are due (a heartbeat away), instead of a timed receive every _POLL_MS.
+        A wake-up serves a metrics reader; a stop ends the loop's turn."""
+        wait_ms = max(0, int((next_timers - time.monotonic()) * 1000) + 1)
+        watched: Any = [(dealer, zmq.POLLIN), (self._wake_r, zmq.POLLIN)]  # a socket, an fd
+        frames: list[Any] | None = None
+        for item, _ in zmq.zmq_poll(watched, wait_ms):
+            if item is dealer:
+                with contextlib.suppress(zmq.Again):
+                    frames = recv_frames(dealer, zmq.NOBLOCK)
+            else:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(self._wake_r, 64):
+                        pass
+                try:
+                    self.snapshots.serve(self.stats)
+                except Exception as exc:
+                    self.guard.internal("the timers", None, exc)
+        return frames
 
     def close(self) -> None:
         if self._closed:
@@ -335,6 +397,9 @@ class Worker:
         self.intake.close()
         if self.gatekeeper is not None:
             self.gatekeeper.stop()
+        wake_r, wake_w, self._wake_r, self._wake_w = self._wake_r, self._wake_w, -1, -1
+        os.close(wake_r)  # a late stop() writes to -1 (refused), never to a reused number
+        os.close(wake_w)
         if self._own_context:
             self.ctx.term()
 
@@ -384,8 +449,9 @@ class Worker:
         if self.seal is not None:
             msg = self.seal.outbound(msg)
             frames = self._encode(msg)
-        else:  # a Done of plain data (most) is packed without the general encoder
-            frames = done_frames(msg) if type(msg) is Done else None
+        else:  # a Done of plain values (most) is packed without the general encoder;
+            # the job shell built its stats, metas and saved list, so only values are checked
+            frames = own_done_frames(msg) if type(msg) is Done else None
             if frames is None:
                 frames = self._encode(msg)
         if frames is None:
@@ -431,10 +497,17 @@ class Worker:
         """Check, decode and handle one message from the broker."""
         # In secure mode the broker is not trusted: what a driver sends is sealed (opened
         # below, and only then unpickled), so a pickle in the clear from the broker is
-        # refused. ``--code kernels`` refuses any pickle, unloaded (code_policy.screen).
-        safe = not pickles_allowed(BROKER, trusted=self.trusted, secure=self.seal is not None)
+        # refused. A plain Exec (most messages) holds no pickle and is read on a lean path,
+        # exactly as decode would read it (mpl.wire.exec_read); anything else is decoded
+        # under the party's code policy: ``--code kernels`` refuses any pickle, unloaded
+        # (code_policy.screen).
         try:
-            msg = screen(frames, self.code, safe=safe)
+            msg: Record | HoldsPickles | None = read_exec(frames)
+            if msg is None:
+                safe = not pickles_allowed(
+                    BROKER, trusted=self.trusted, secure=self.seal is not None
+                )
+                msg = screen(frames, self.code, safe=safe)
         except ProtocolError as exc:
             if not self._undecodable(frames, exc):
                 self.protocol_errors += 1
@@ -476,8 +549,11 @@ class Worker:
             if (ack := self.runtimes.open(msg)) is not None:
                 self._send(ack)
             return
-        if isinstance(msg, Exec) and (refused := self.runtimes.failed(msg)) is not None:
-            self._send(refused)  # a session whose runtime_info this node refused
+        if type(msg) is Exec:
+            if (refused := self.runtimes.failed(msg)) is not None:
+                self._send(refused)  # a session whose runtime_info this node refused
+            elif not self.jobs.run_now(msg):  # a repeat quick job runs here, whole
+                self._perform(self.jobs.handle(msg))
             return
         if isinstance(msg, SessionClosed):
             self.runtimes.closed(msg.session)

@@ -23,6 +23,7 @@ slower sends the program's next runs back to the pool. The state decides all thr
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
@@ -78,6 +79,11 @@ RunEnd = RunFinished | RunFailed | RunAborted
 class _JobRun:
     """A job's view of the world (the interpreter's JobContext)."""
 
+    __slots__ = (
+        "_jobs", "_next_report", "_position", "_reported", "deadline", "job", "rank", "saved",
+        "session", "spans", "store",
+    )  # fmt: skip
+
     def __init__(self, jobs: Jobs, session: str, job: str, deadline: float) -> None:
         self._jobs = jobs
         self.session = session
@@ -131,6 +137,18 @@ class _JobRun:
         return self._jobs.extension(name)
 
 
+_DONE_FIELDS = tuple(f.name for f in dataclasses.fields(Done))
+
+
+def _own_done(*fields: Any) -> Done:
+    """``Done(*fields)`` from values this shell made, filled in directly (as ``decode``
+    fills in the records it checked): a Done's ``__init__`` sets each field through the
+    records' immutability guard, more than packing it costs."""
+    done = object.__new__(Done)
+    done.__dict__.update(zip(_DONE_FIELDS, fields, strict=True))
+    return done
+
+
 class Jobs:
     """Everything a worker does on behalf of sessions, as its state machine says."""
 
@@ -182,6 +200,25 @@ class Jobs:
         with self._lock:
             actions = self.state.handle(event, time.monotonic())
         return self.perform(actions)
+
+    def run_now(self, msg: Exec) -> bool:
+        """A repeat quick job, whole, on the calling (I/O) thread, when the state says it
+        may run inline with nothing else to decide (``WorkerState.begin_inline``): the run,
+        its outputs stored, its ``Done`` posted; no events or actions in between. False for
+        any other job, with nothing done: then :meth:`handle` it."""
+        with self._lock:
+            graph = self.state.begin_inline(msg, time.monotonic())
+        if graph is None:
+            return False
+        end = self._timed_run(msg, graph, tracked=False)
+        if type(end) is RunFinished:
+            with self._lock:
+                posted = self.state.end_inline(end.session, end.job, end.seconds)
+            if posted:
+                self.post(end.reply)
+                return True
+        self.report(end)  # failed, aborted or stopped: the state's ordinary path
+        return True
 
     def report(self, event: Any) -> None:
         """From a job thread: what came of a run or task. Its answers go on the result
@@ -240,10 +277,10 @@ class Jobs:
     def _pooled(self, msg: Exec, graph: Graph) -> None:
         self.report(self._timed_run(msg, graph))  # its report also ends the pool's task
 
-    def _timed_run(self, msg: Exec, graph: Graph) -> RunEnd:
+    def _timed_run(self, msg: Exec, graph: Graph, *, tracked: bool = True) -> RunEnd:
         started = time.perf_counter()
         try:
-            return self._run(msg, graph, started)
+            return self._run(msg, graph, started, tracked)
         except BaseException as exc:  # the thread must report whatever happened
             error = to_info(exc, rank=self.rank, op="run", job=msg.job)
             return RunFailed(msg.session, msg.job, time.perf_counter() - started, error)
@@ -257,8 +294,12 @@ class Jobs:
             plan = self._plans[key] = Plan.build(graph, self.rank)
         return plan
 
-    def _run(self, msg: Exec, graph: Graph, t0: float) -> RunEnd:
-        """Run the job and say how it ended (outputs stored when it finished)."""
+    def _run(self, msg: Exec, graph: Graph, t0: float, tracked: bool = True) -> RunEnd:
+        """Run the job and say how it ended (outputs stored when it finished).
+
+        ``tracked`` lists it among the running jobs whose progress the I/O thread reports
+        (and counts in ``jobs_running``): pointless for a run on the I/O thread itself,
+        which reports at each op boundary all the same."""
         sid, job = msg.session, msg.job
         if self.stopped((sid, job)):
             return RunAborted(sid, job, 0.0)
@@ -269,7 +310,8 @@ class Jobs:
             error = ErrorInfo("ProtocolError", str(exc), rank=self.rank, op="timeout", job=job)
             return RunFailed(sid, job, time.perf_counter() - t0, error)
         run = _JobRun(self, sid, job, started + timeout)
-        self._runs[(sid, job)] = run
+        if tracked:
+            self._runs[(sid, job)] = run
         try:
             mine = msg.bindings.get(self.rank)  # none bound here (most jobs): none held
             inputs = [self._resolve(sid, b) for b in mine] if mine else [ABSENT] * len(graph.inputs)
@@ -295,7 +337,8 @@ class Jobs:
             info = to_info(exc, rank=self.rank, op="inputs", job=job)
             return RunFailed(sid, job, time.perf_counter() - t0, info)
         finally:
-            self._runs.pop((sid, job), None)
+            if tracked:
+                self._runs.pop((sid, job), None)
         # An abort that came during the run is the state's to see (RunFinished of a stopped
         # job frees its outputs and says nothing), so no second look under the lock here.
         values: dict[int, Any] = {}
@@ -308,7 +351,7 @@ class Jobs:
             if i in msg.inline and is_small(value):
                 values[i] = value
         stats = {"run_s": time.monotonic() - started, "started": wall, "ops": run.spans}
-        done = Done(sid, job, self.rank, values, stats, metas, run.saved)
+        done = _own_done(sid, job, self.rank, values, stats, metas, run.saved)
         return RunFinished(sid, job, time.perf_counter() - t0, done)
 
     def _resolve(self, sid: str, binding: Any) -> Any:

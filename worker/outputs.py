@@ -11,8 +11,18 @@ __all__ = ["INLINE_BYTES", "describe", "is_small"]
 INLINE_BYTES = 64 * 1024  # outputs up to this size ride back inside Done
 
 
+# Built-in types describe themselves by name: no numpy check, no mpl_describe to look up
+# (their instances take no attributes). Most job outputs are one of these.
+_BUILTIN_NAMES: dict[type, str] = {
+    t: t.__name__ for t in (int, float, bool, str, bytes, list, dict, tuple, type(None))
+}
+
+
 def describe(value: Any) -> str:
     """A short description of a value for ``repr(Value)``: ``float64[3, 2]``, ``int``, ..."""
+    name = _BUILTIN_NAMES.get(type(value))
+    if name is not None:
+        return name
     np = sys.modules.get("numpy")  # no numpy loaded: no numpy values to describe
     if np is not None and isinstance(value, np.ndarray):
         return f"{value.dtype}[{', '.join(map(str, value.shape))}]"

@@ -17,9 +17,10 @@ these are many small messages)::
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,7 @@ log = logging.getLogger("mpl.worker")
 SPU_MAGIC = b"MPLS"
 JobStopped = Callable[[tuple[str, str]], str | None]
 _SEND_RETRY_S = 0.005  # a send to a full queue retries this often, checking aborts each time
+_LINGER_S = 0.05  # the background thread takes the socket back once receives pause this long
 
 
 class SpuLinks:
@@ -80,6 +82,11 @@ class SpuLinks:
         self._lock = threading.Lock()
         self._reading = threading.Lock()  # whoever holds it reads the PULL socket
         self._waiting = 0  # receives in progress: the background thread leaves the socket alone
+        # The background thread sleeps until a message, a receive or a stop: a receive that
+        # starts writes to this pipe, which wakes its poll; it then waits on _idle until no
+        # receive is left. No timer: an idle worker's SPU thread never wakes.
+        self._idle = threading.Condition(self._lock)
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.protocol_errors = 0
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._receive, name=f"mpl-spu-{rank}", daemon=True)
@@ -126,6 +133,9 @@ class SpuLinks:
     def recv(self, lane: str, src: int, key: str, job: tuple[str, str], deadline: float) -> bytes:
         with self._lock:
             self._waiting += 1
+            if self._waiting == 1:  # the background thread hands the socket over
+                self._idle.notify()
+                self._wake()
         try:
             late = f"SPU message {key!r} from rank {src} did not arrive in time; that member "
             late += "may be slow or dead"
@@ -141,6 +151,12 @@ class SpuLinks:
         finally:
             with self._lock:
                 self._waiting -= 1
+                if not self._waiting:
+                    self._idle.notify()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # full (woken enough already) or closed
+            os.write(self._wake_w, b"w")
 
     def _pump(self, seconds: float) -> bool:
         """Read the socket for up to ``seconds`` unless another thread is: False then."""
@@ -155,21 +171,53 @@ class SpuLinks:
         return True
 
     def _receive(self) -> None:
-        """Keep the socket drained while no receive is waiting (waiting ones read it)."""
+        """Keep the socket drained while no receive is waiting (waiting ones read it).
+
+        Sleeps in one poll on the socket and the wake pipe, without a timeout: a message
+        wakes it, and so does a receive that starts (it then waits until none is left) or
+        a stop. The pipe is emptied before ``_waiting`` is read, so a receive that starts
+        after that read always finds the poll woken by its byte."""
+        items: Any = [(self.pull, zmq.POLLIN), (self._wake_r, zmq.POLLIN)]  # a socket and an fd
         try:
             while not self._stopping.is_set():
-                if self._waiting or not self._reading.acquire(blocking=False):
-                    time.sleep(0.005)
-                    continue
+                self._keep_out()
+                if self._stopping.is_set() or not self._reading.acquire(timeout=0.05):
+                    continue  # a receive's pump still reads: it is about to let go
+                handed_over = False
                 try:
-                    if self.pull.poll(10):
-                        for frames in drain(self.pull):
-                            self._deliver(frames)
+                    self._drain_wakes()
+                    if self._waiting:
+                        handed_over = True
+                        continue
+                    zmq.zmq_poll(items, -1)
+                    for frames in drain(self.pull):
+                        self._deliver(frames)
+                    handed_over = bool(self._waiting)
                 finally:
                     self._reading.release()
+                    if handed_over:  # receives that found the socket taken retry now
+                        self.mailbox.wake()
         finally:
             with self._reading:
                 self.pull.close()
+
+    def _keep_out(self) -> None:
+        """Wait while receives read the socket, and until none has come for _LINGER_S: an
+        SPU run's receives follow one another, and taking the socket back between two of
+        them would make the next one wait for it."""
+        with self._lock:
+            while not self._stopping.is_set():
+                if self._waiting:
+                    self._idle.wait()
+                elif not self._idle.wait_for(
+                    lambda: self._waiting or self._stopping.is_set(), _LINGER_S
+                ):
+                    return
+
+    def _drain_wakes(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 64):
+                pass
 
     def _deliver(self, frames: list[zmq.Frame]) -> None:
         try:
@@ -188,8 +236,15 @@ class SpuLinks:
 
     def close(self) -> None:
         self._stopping.set()
+        with self._lock:
+            self._wake()
+            self._idle.notify()
         self._thread.join(2)
         self._push.close()
+        if not self._thread.is_alive():  # else it may still poll the pipe: leave it open
+            wake_r, wake_w, self._wake_r, self._wake_w = self._wake_r, self._wake_w, -1, -1
+            os.close(wake_r)  # a late receive writes to -1 (refused), not a reused number
+            os.close(wake_w)
 
 
 def _not_taken(dst: int, key: str, job: tuple[str, str], reason: str | None) -> Exception:

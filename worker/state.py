@@ -176,17 +176,22 @@ class WorkerState:
             self.next_hello = now + self.hello_wait
             self.hello_wait = min(self.hello_wait * 2, _HELLO_MAX)
             return [Send(self.hello)]
-        if now - self.last_heard > self.heartbeat_s * self.liveness:
-            self._rejoin(now)
-            return [Reconnect(f"no word from the broker for {now - self.last_heard:.1f} s")]
+        silent = now - self.last_heard
+        if silent > self.heartbeat_s * self.liveness:
+            self._rejoin(now)  # resets last_heard: the silence is measured before
+            return [Reconnect(f"no word from the broker for {silent:.1f} s")]
         if now >= self.next_beat:
             self.next_beat = now + self.heartbeat_s
             return [Beat()]
         return []
 
     def next_due(self) -> float:
-        """When the timers next have something to do (the I/O loop polls until then)."""
-        return self.next_beat if self.joined else self.next_hello
+        """When the timers next have something to do (the I/O loop may sleep until then):
+        a hello, a heartbeat, or the moment the broker's silence becomes too long (so a
+        worker that sleeps between heartbeats still gives up on a silent broker on time)."""
+        if not self.joined:
+            return self.next_hello
+        return min(self.next_beat, self.last_heard + self.heartbeat_s * self.liveness)
 
     def _welcome(self, msg: Welcome, now: float) -> list[Action]:
         self.last_heard = now
@@ -288,6 +293,44 @@ class WorkerState:
             self.queued[sid] = self.queued.get(sid, 0) + 1
         run = Run(msg, graph, inline=inline)
         return [run] if local else [Expect((sid, job)), run]  # a local job gets no moves
+
+    # -- the hot path: a repeat quick job, without events or actions ---------------------
+    def begin_inline(self, msg: Exec, now: float) -> Graph | None:
+        """``handle(msg)`` for a job with nothing to decide but "run it inline now": its
+        program is cached here and not refused, its last run here was quick (so it is
+        local: no ``Expect``), its session is open with nothing queued, and the job is
+        neither known nor aborted. Makes the bookkeeping :meth:`_exec` makes for such a
+        job and returns the graph to run; None, with nothing changed, for any other job
+        (then ``handle(msg)`` decides)."""
+        sid, digest = msg.session, msg.digest
+        key = (sid, msg.job)
+        if (
+            not self.quick.get(digest)
+            or self.queued.get(sid)
+            or sid in self.closed
+            or key in self.aborted
+            or key in self.jobs
+            or digest in self.refused_code
+        ):
+            return None
+        program = self.programs.get(digest)
+        graph = program.graph if program is not None else None
+        if graph is None:
+            return None
+        self.last_heard = now
+        self.jobs[key] = (digest, True, False)
+        self.inline += 1
+        return graph
+
+    def end_inline(self, sid: str, job: str, seconds: float) -> bool:
+        """``handle(RunFinished)`` for a job :meth:`begin_inline` began and that was not
+        stopped meanwhile: the same bookkeeping, and True (its ``Done`` is to be posted).
+        False, with nothing changed, when it was stopped: then ``handle`` decides."""
+        if self.stopped((sid, job)) is not None:
+            return False
+        self.done += 1
+        self._ended(sid, job, seconds)  # a local job: no actions
+        return True
 
     def _ended(self, sid: str, job: str, seconds: float) -> list[Action]:
         """Bookkeeping common to every end of a run; the job's stop reason is forgotten."""
