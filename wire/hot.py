@@ -8,6 +8,12 @@ need not encode again. Two messages are built here by splicing the bytes that ar
 * the ``JobResult``: each rank's ``Done`` values and stats, copied byte for byte into the
   one answer, under a header packed here.
 
+A ``Done`` of the hot path (no buffer frames, no saved names) is not decoded into a record
+at all: :func:`read_done` decodes its header with the codec's own ``Decoder`` (the same
+limits and extension checks), checks each field as the record's annotations would, and
+cuts the value and stats bytes out in the same call. ``tests/test_done_read.py`` compares
+it with ``decode`` on mutated messages.
+
 Both only apply to messages whose header references no buffer frame (small values, which is
 what a job's hot path carries): buffer indexes would have to be renumbered, so larger
 messages take the codec's ordinary path. Everything here reads headers the codec has
@@ -25,10 +31,21 @@ from typing import Any
 import msgpack
 
 from mpl.wire.codec import MAGIC_FRAME
+from mpl.wire.decoder import Decoder
 from mpl.wire.jobs import Done, Exec, JobResult
-from mpl.wire.limits import MAX_HEADER_BYTES, MAX_HEADER_ITEMS
+from mpl.wire.limits import MAX_HEADER_BYTES, MAX_HEADER_ITEMS, int_fits
 
-__all__ = ["DoneSpans", "ExecSpans", "done_spans", "exec_for_rank", "exec_spans", "result_frames"]
+__all__ = [
+    "DONE_PREFIX",
+    "DoneRead",
+    "DoneSpans",
+    "ExecSpans",
+    "done_spans",
+    "exec_for_rank",
+    "exec_spans",
+    "read_done",
+    "result_frames",
+]
 
 # The layouts are read off the records themselves, so a field added to one of them moves
 # these cuts with it instead of silently sending every message down the slow path.
@@ -42,6 +59,13 @@ _RESULT_FIELDS = ("job", "values", "error", "missing_program", "stats", "metas")
 if tuple(f.name for f in dataclasses.fields(JobResult)) != _RESULT_FIELDS:
     raise ImportError("mpl.wire.hot: JobResult's fields changed; update result_frames")
 _RESULT_TAG = msgpack.packb("result")
+# read_done checks Done's fields by hand, as their annotations say: it must know every one
+_READ_DONE_FIELDS = ("session", "job", "rank", "values", "stats", "metas", "saved")
+if _DONE_FIELDS != _READ_DONE_FIELDS:
+    raise ImportError("mpl.wire.hot: Done's fields changed; update read_done")
+# How every Done header begins: its array header, then its tag. The broker's shell sends
+# headers that begin so to read_done (anything else, or a surprise there, to decode).
+DONE_PREFIX = bytes([0x90 | _DONE_ITEMS]) + msgpack.packb(Done.TAG)
 _NONE, _FALSE = msgpack.packb(None), msgpack.packb(False)
 
 
@@ -172,6 +196,10 @@ def done_spans(frames: Sequence[Any]) -> DoneSpans | None:
     header = _header_only(frames)
     if header is None:
         return None
+    return _cut_done(header)
+
+
+def _cut_done(header: bytes) -> DoneSpans | None:
     unpacker, base = _unpacker(header)
     skip, tell = unpacker.skip, unpacker.tell
     try:
@@ -223,3 +251,63 @@ def result_frames(
     if len(header) > MAX_HEADER_BYTES:
         return None
     return [MAGIC_FRAME, header]
+
+
+class DoneRead:
+    """A ``Done`` as :func:`read_done` found it: its fields, checked as the record's
+    annotations say, and its values and stats as the bytes they came in (``spans``)."""
+
+    __slots__ = ("job", "metas", "rank", "saved", "session", "spans", "stats", "values")
+
+    def __init__(self, fields: list[Any], spans: DoneSpans) -> None:
+        self.session, self.job, self.rank, self.values, self.stats, self.metas, self.saved = fields
+        self.spans = spans
+
+    TAG = Done.TAG
+
+
+def read_done(frames: Sequence[Any]) -> DoneRead | None:
+    """Read a ``Done`` of the hot path without building the record: None unless it is one
+    (no buffer frames, the right magic, no saved names) and ``decode`` would accept it.
+
+    The header goes through the codec's ``Decoder`` (its limits, extension and nesting
+    checks) in the broker's mode (nothing unpickled); the fields are then checked as
+    ``Done``'s annotations say (``session``/``job`` str, ``rank`` a 64-bit int, ``values``
+    and ``metas`` keyed by 64-bit ints, ``metas`` of str, ``stats`` keyed by str). On None
+    the caller decodes the ordinary way, which accepts it or says why not.
+    """
+    if len(frames) != 2:
+        return None
+    try:
+        magic = memoryview(frames[0]).tobytes()
+        header = frames[1].bytes if hasattr(frames[1], "bytes") else bytes(frames[1])
+    except TypeError:
+        return None
+    if magic != MAGIC_FRAME or len(header) > MAX_HEADER_BYTES:
+        return None
+    try:
+        items = Decoder((), False, False, len(header)).unpack(header)
+    except Exception:  # decode says why
+        return None
+    if type(items) is not list or len(items) != _DONE_ITEMS or items[0] != Done.TAG:
+        return None
+    _, session, job, rank, values, stats, metas, saved = items
+    if not (
+        type(session) is str
+        and type(job) is str
+        and int_fits(rank)
+        and type(values) is dict
+        and all(map(int_fits, values))
+        and type(stats) is dict
+        and all(type(k) is str for k in stats)
+        and type(metas) is dict
+        and all(map(int_fits, metas))
+        and all(type(v) is str for v in metas.values())
+        and type(saved) is list
+        and not saved  # saved names are records: decode checks them
+    ):
+        return None
+    spans = _cut_done(header)
+    if spans is None:
+        return None
+    return DoneRead(items[1:], spans)
