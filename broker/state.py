@@ -83,7 +83,7 @@ from mpl.wire.limits import (
 )
 from mpl.wire.lru import LRU, SizedLRU
 from mpl.wire.progress import EVERY_S, Progress
-from mpl.wire.record import Record, replaced
+from mpl.wire.record import Record, built, replaced
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import (
     Ack,
@@ -442,7 +442,9 @@ class BrokerState:
         spans = None if shared or raw is None else exec_spans(raw)
         out: list[Send] = []
         for entry in workers:
-            if entry.needs_program(msg.digest, partial(program_nbytes, program, entry.rank)):
+            if entry.programs.get(msg.digest) is None and entry.needs_program(
+                msg.digest, partial(program_nbytes, program, entry.rank)
+            ):
                 out.append(Send(entry.peer, program))
             if shared:
                 out.append(Send(entry.peer, msg, raw))
@@ -529,7 +531,8 @@ class BrokerState:
         del self.calls.jobs[msg.job]
         self._session_jobs_discard(job)
         self.counters["jobs_done"] += 1
-        result = JobResult(msg.job, job.values, stats=job.stats, metas=job.metas)
+        # built, not checked again: the values, stats and metas were checked on reading
+        result = built(JobResult, msg.job, job.values, None, False, job.stats, job.metas)
         frames = None
         if job.raw_values is not None:
             frames = result_frames(msg.job, job.raw_values, job.raw_stats, job.metas)

@@ -321,6 +321,20 @@ def test_a_done_from_another_ranks_socket_is_dropped_and_the_job_waits_for_the_r
     assert any("not a registered worker" in e for e in status.value["errors"])
 
 
+def test_built_makes_the_record_its_init_makes_and_refuses_a_wrong_field_count() -> None:
+    from mpl.wire.record import built
+
+    stats = {0: {"run_s": 1.0}}
+    made = built(JobResult, "j", {0: {0: 1}}, None, False, stats, {0: "int64[]"})
+    want = JobResult("j", {0: {0: 1}}, stats=stats, metas={0: "int64[]"})
+    assert type(made) is JobResult and made == want
+    assert decode(encode(made)) == want
+    with pytest.raises(Exception, match="cannot assign"):
+        made.job = "other"  # type: ignore[misc]
+    with pytest.raises(TypeError, match="6 fields, got 2"):
+        built(JobResult, "j", {})
+
+
 def test_replaced_copies_a_record_with_fields_swapped_and_leaves_the_original() -> None:
     from mpl.wire.record import replaced
 
