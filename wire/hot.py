@@ -8,10 +8,10 @@ need not encode again. Two messages are built here by splicing the bytes that ar
 * the ``JobResult``: each rank's ``Done`` values and stats, copied byte for byte into the
   one answer, under a header packed here.
 
-A ``Done`` of the hot path (no buffer frames, no saved names) is not decoded into a record
-at all: :func:`read_done` decodes its header with the codec's own ``Decoder`` (the same
-limits and extension checks), checks each field as the record's annotations would, and
-cuts the value and stats bytes out in the same call. ``tests/test_done_read.py`` compares
+A ``Done`` of the hot path (no buffer frames, extension types or saved names) is not
+decoded into a record at all: :func:`read_done` reads its header in one walk under the
+codec's limits, checks each field as the record's annotations would, and keeps the value
+and stats bytes as it goes. ``tests/test_done_read.py`` compares
 it with ``decode`` on mutated messages.
 
 Both only apply to messages whose header references no buffer frame (small values, which is
@@ -31,9 +31,16 @@ from typing import Any
 import msgpack
 
 from mpl.wire.codec import MAGIC_FRAME
-from mpl.wire.decoder import Decoder
+from mpl.wire.decoder import check_nesting
+from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Done, Exec, JobResult
-from mpl.wire.limits import MAX_HEADER_BYTES, MAX_HEADER_ITEMS, int_fits
+from mpl.wire.limits import (
+    MAX_CONTAINERS,
+    MAX_HEADER_BYTES,
+    MAX_HEADER_ITEMS,
+    MAX_NESTING,
+    int_fits,
+)
 
 __all__ = [
     "DONE_PREFIX",
@@ -266,15 +273,43 @@ class DoneRead:
     TAG = Done.TAG
 
 
-def read_done(frames: Sequence[Any]) -> DoneRead | None:
-    """Read a ``Done`` of the hot path without building the record: None unless it is one
-    (no buffer frames, the right magic, no saved names) and ``decode`` would accept it.
+class _ExtSeen(Exception):
+    """An extension type in a Done's header: read_done leaves the message to decode."""
 
-    The header goes through the codec's ``Decoder`` (its limits, extension and nesting
-    checks) in the broker's mode (nothing unpickled); the fields are then checked as
-    ``Done``'s annotations say (``session``/``job`` str, ``rank`` a 64-bit int, ``values``
-    and ``metas`` keyed by 64-bit ints, ``metas`` of str, ``stats`` keyed by str). On None
-    the caller decodes the ordinary way, which accepts it or says why not.
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise _ExtSeen
+
+
+def _lean_unpacker(header: bytes) -> tuple[Any, int]:
+    """This thread's Unpacker for read_done, fed with ``header``: the codec's limits, and
+    every extension type refused (decode's hooks check those)."""
+    unpacker = getattr(_tls, "lean", None)
+    if unpacker is None:
+        unpacker = _tls.lean = msgpack.Unpacker(
+            None,
+            raw=False,
+            strict_map_key=False,
+            max_buffer_size=MAX_HEADER_BYTES,
+            max_array_len=MAX_HEADER_ITEMS,
+            max_map_len=MAX_HEADER_ITEMS,
+            ext_hook=_no_ext,
+        )
+    base = unpacker.tell()
+    unpacker.feed(header)
+    return unpacker, base
+
+
+def read_done(frames: Sequence[Any]) -> DoneRead | None:
+    """Read a ``Done`` of the hot path without building the record, in one walk over its
+    header: None unless it is one (no buffer frames, the right magic, no extension types,
+    no saved names) and ``decode`` would accept it.
+
+    The fields are checked as ``Done``'s annotations say (``session``/``job`` str, ``rank``
+    a 64-bit int, ``values`` and ``metas`` keyed by 64-bit ints, ``metas`` of str, ``stats``
+    keyed by str), under the codec's limits (items per container, nesting, containers per
+    header); each value and the stats are kept as the bytes they came in as well. On None
+    the caller decodes the ordinary way, which accepts the message or says why not.
     """
     if len(frames) != 2:
         return None
@@ -283,20 +318,35 @@ def read_done(frames: Sequence[Any]) -> DoneRead | None:
         header = frames[1].bytes if hasattr(frames[1], "bytes") else bytes(frames[1])
     except TypeError:
         return None
-    if magic != MAGIC_FRAME or len(header) > MAX_HEADER_BYTES:
+    # fewer bytes than MAX_CONTAINERS cannot build more containers than that
+    if magic != MAGIC_FRAME or len(header) >= MAX_CONTAINERS:
         return None
+    unpacker, base = _lean_unpacker(header)
+    unpack, tell = unpacker.unpack, unpacker.tell
     try:
-        items = Decoder((), False, False, len(header)).unpack(header)
-    except Exception:  # decode says why
+        if unpacker.read_array_header() != _DONE_ITEMS or unpack() != Done.TAG:
+            raise ValueError("not a Done")
+        session, job, rank = unpack(), unpack(), unpack()
+        values: dict[Any, Any] = {}
+        spans: dict[Any, bytes] = {}
+        for _ in range(unpacker.read_map_header()):
+            index = unpack()
+            start = tell() - base
+            values[index] = unpack()
+            spans[index] = header[start : tell() - base]
+        start = tell() - base
+        stats = unpack()
+        stats_span = header[start : tell() - base]
+        metas, saved = unpack(), unpack()
+        if tell() - base != len(header):
+            raise ValueError("bytes after the header")
+    except Exception:  # anything unexpected: decode reads it, or says why not
+        _tls.lean = None  # it may still hold part of this header
         return None
-    if type(items) is not list or len(items) != _DONE_ITEMS or items[0] != Done.TAG:
-        return None
-    _, session, job, rank, values, stats, metas, saved = items
     if not (
         type(session) is str
         and type(job) is str
         and int_fits(rank)
-        and type(values) is dict
         and all(map(int_fits, values))
         and type(stats) is dict
         and all(type(k) is str for k in stats)
@@ -307,7 +357,9 @@ def read_done(frames: Sequence[Any]) -> DoneRead | None:
         and not saved  # saved names are records: decode checks them
     ):
         return None
-    spans = _cut_done(header)
-    if spans is None:
-        return None
-    return DoneRead(items[1:], spans)
+    if len(header) >= MAX_NESTING:  # else too short to nest that deep
+        try:
+            check_nesting([values, stats, metas, saved])
+        except ProtocolError:
+            return None
+    return DoneRead([session, job, rank, values, stats, metas, saved], DoneSpans(spans, stats_span))
