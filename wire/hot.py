@@ -31,7 +31,7 @@ from typing import Any
 import msgpack
 
 from mpl.wire.codec import MAGIC_FRAME
-from mpl.wire.decoder import check_nesting
+from mpl.wire.decoder import TUPLE, check_nesting
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Done, Exec, JobResult
 from mpl.wire.limits import (
@@ -41,9 +41,11 @@ from mpl.wire.limits import (
     MAX_NESTING,
     int_fits,
 )
+from mpl.wire.record import built
 
 __all__ = [
     "DONE_PREFIX",
+    "EXEC_PREFIX",
     "DoneRead",
     "DoneSpans",
     "ExecSpans",
@@ -51,6 +53,7 @@ __all__ = [
     "exec_for_rank",
     "exec_spans",
     "read_done",
+    "read_exec",
     "result_frames",
 ]
 
@@ -73,6 +76,10 @@ if _DONE_FIELDS != _READ_DONE_FIELDS:
 # How every Done header begins: its array header, then its tag. The broker's shell sends
 # headers that begin so to read_done (anything else, or a surprise there, to decode).
 DONE_PREFIX = bytes([0x90 | _DONE_ITEMS]) + msgpack.packb(Done.TAG)
+# read_exec checks Exec's fields by hand too
+if _EXEC_FIELDS != ("session", "job", "digest", "ranks", "bindings", "inline", "timeout_s"):
+    raise ImportError("mpl.wire.hot: Exec's fields changed; update read_exec")
+EXEC_PREFIX = bytes([0x90 | _EXEC_ITEMS]) + msgpack.packb(Exec.TAG)
 _NONE, _FALSE = msgpack.packb(None), msgpack.packb(False)
 
 
@@ -363,3 +370,69 @@ def read_done(frames: Sequence[Any]) -> DoneRead | None:
         except ProtocolError:
             return None
     return DoneRead([session, job, rank, values, stats, metas, saved], DoneSpans(spans, stats_span))
+
+
+def _small_tuple(code: int, data: bytes) -> Any:
+    """The one extension read_exec reads itself: a tuple of ints (ranks, output indexes).
+    Any other extension, or a tuple of anything else, leaves the message to decode."""
+    if code != TUPLE:
+        raise _ExtSeen
+    n = len(data) - 1
+    if 0 <= n < 16 and data[0] == 0x90 | n and (n == 0 or max(data[1:]) < 0x80):
+        return tuple(data[1:])
+    items = msgpack.unpackb(data, raw=False)  # a longer tuple (32 ranks): of ints only here
+    if type(items) is not list or not all(map(int_fits, items)):
+        raise _ExtSeen
+    return tuple(items)
+
+
+def read_exec(frames: Sequence[Any]) -> Exec | None:
+    """Read an ``Exec`` of the hot path in one msgpack call and build the record without
+    the general decoder: None unless it is one (no buffer frames, the right magic, no
+    extension but short tuples of small ints) and ``decode`` would accept it.
+
+    The fields are checked as ``Exec``'s annotations say (``session``, ``job``, ``digest``
+    str; ``ranks`` and ``inline`` tuples of ints; ``bindings`` keyed by 64-bit ints;
+    ``timeout_s`` a float or an int), under the codec's limits. On None the caller decodes
+    the ordinary way, which accepts the message or says why not.
+    """
+    if len(frames) != 2:
+        return None
+    try:
+        magic = memoryview(frames[0]).tobytes()
+        header = frames[1].bytes if hasattr(frames[1], "bytes") else bytes(frames[1])
+    except TypeError:
+        return None
+    if magic != MAGIC_FRAME or len(header) >= MAX_CONTAINERS:
+        return None
+    try:
+        items = msgpack.unpackb(
+            header,
+            ext_hook=_small_tuple,
+            raw=False,
+            strict_map_key=False,
+            max_array_len=MAX_HEADER_ITEMS,
+            max_map_len=MAX_HEADER_ITEMS,
+        )
+    except Exception:  # decode reads it, or says why not
+        return None
+    if type(items) is not list or len(items) != _EXEC_ITEMS or items[0] != Exec.TAG:
+        return None
+    _, session, job, digest, ranks, bindings, inline, timeout_s = items
+    if not (
+        type(session) is str
+        and type(job) is str
+        and type(digest) is str
+        and type(ranks) is tuple  # of ints: _small_tuple built it
+        and type(bindings) is dict
+        and all(map(int_fits, bindings))
+        and type(inline) is tuple
+        and (type(timeout_s) is float or int_fits(timeout_s))
+    ):
+        return None
+    if len(header) >= MAX_NESTING:  # else too short to nest that deep
+        try:
+            check_nesting(items)
+        except ProtocolError:
+            return None
+    return built(Exec, session, job, digest, ranks, bindings, inline, timeout_s)
