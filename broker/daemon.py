@@ -35,6 +35,7 @@ from mpl.wire.control import HEARTBEAT_S, Bye, Directory, Heartbeat, Refused
 from mpl.wire.curve import BROKER_DOMAIN, Curve, broker_admits
 from mpl.wire.errors import ProtocolError
 from mpl.wire.guard import Guard
+from mpl.wire.hot import DONE_PREFIX, EXEC_PREFIX, read_done, read_exec
 from mpl.wire.identity import frame_identity
 from mpl.wire.jobs import JobResult
 from mpl.wire.logs import RefusalLog
@@ -186,8 +187,19 @@ class Broker:
         self.state.counters["bytes_routed"] += sum(map(len, body))
         msg: Record | None = None
         try:  # one message's failure stays that message's failure
+            # the hot messages, header only, are read without the general decode
+            header_only = len(body) == 2
+            if header_only and body[1].bytes.startswith(DONE_PREFIX):
+                read = read_done(body)  # a Done of the hot path: no record built
+                if read is not None:
+                    who = frame_identity(body[1]) if self.secure else None
+                    self._perform(self.state.done_read(peer, read, now, who))
+                    return
+            if header_only and body[1].bytes.startswith(EXEC_PREFIX):
+                msg = read_exec(body)  # an Exec: checked and built without the decoder
             try:
-                msg = decode(body, unpickle=False)
+                if msg is None:
+                    msg = decode(body, unpickle=False)
             except ProtocolError as exc:
                 self.refusals.refused(peer.hex(), f"bad message: {exc}")
                 self._perform(self.state.protocol_error(peer, exc), logged=True)

@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from mpl.wire.jobs import Exec, JobResult
-from mpl.wire.lru import LRU
 from mpl.wire.record import Record
 
 __all__ = ["BUCKETS", "OUTCOMES", "JobLedger", "JobSpan", "outcome_of"]
@@ -110,12 +109,17 @@ class JobLedger:
         self.count = 0
         self.recent: deque[JobSpan] = deque(maxlen=recent)
         self._ends: deque[float] = deque(maxlen=100_000)
-        # job -> (monotonic start, wall start, session, ranks)
-        self._started: LRU[str, tuple[float, float, str, tuple[int, ...]]] = LRU(_STARTED_LIMIT)
+        # job -> (monotonic start, session, ranks): a plain dict in arrival order, its
+        # oldest entry dropped past the limit (nothing reorders it, so that is the LRU's)
+        self._started: dict[str, tuple[float, str, tuple[int, ...]]] = {}
 
     def received(self, msg: Record) -> None:
-        if type(msg) is Exec and msg.job not in self._started:
-            self._started[msg.job] = (self.clock(), time.time(), msg.session, msg.ranks)
+        if type(msg) is Exec:
+            started = self._started
+            if msg.job not in started:
+                if len(started) >= _STARTED_LIMIT:
+                    del started[next(iter(started))]
+                started[msg.job] = (self.clock(), msg.session, msg.ranks)
 
     def sent(self, msg: Record) -> JobSpan | None:
         """Note a message the broker sends; the finished job if it answers one."""
@@ -131,8 +135,9 @@ class JobLedger:
         self._ends.append(now)
         if start is None:  # an Exec we never saw (forgotten, or answered before it counted)
             return None
-        mono, wall, session, ranks = start
+        mono, session, ranks = start
         seconds = now - mono
+        wall = time.time() - seconds  # its wall start, read once per job (at its end)
         self.count += 1
         self.seconds_sum += seconds
         bucket = bisect_left(BUCKETS, seconds)  # the first bound at or above it

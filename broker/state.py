@@ -57,7 +57,14 @@ from mpl.wire.control import (
 )
 from mpl.wire.data import Delete, Fetch
 from mpl.wire.errors import RegistrationError
-from mpl.wire.hot import done_spans, exec_for_rank, exec_spans, result_frames
+from mpl.wire.hot import (
+    DoneRead,
+    DoneSpans,
+    done_spans,
+    exec_for_rank,
+    exec_spans,
+    result_frames,
+)
 from mpl.wire.identity import node_identity, rank_of
 from mpl.wire.jobs import (
     Abort,
@@ -76,7 +83,7 @@ from mpl.wire.limits import (
 )
 from mpl.wire.lru import LRU, SizedLRU
 from mpl.wire.progress import EVERY_S, Progress
-from mpl.wire.record import Record, replaced
+from mpl.wire.record import Record, built, replaced
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import (
     Ack,
@@ -435,7 +442,9 @@ class BrokerState:
         spans = None if shared or raw is None else exec_spans(raw)
         out: list[Send] = []
         for entry in workers:
-            if entry.needs_program(msg.digest, partial(program_nbytes, program, entry.rank)):
+            if entry.programs.get(msg.digest) is None and entry.needs_program(
+                msg.digest, partial(program_nbytes, program, entry.rank)
+            ):
                 out.append(Send(entry.peer, program))
             if shared:
                 out.append(Send(entry.peer, msg, raw))
@@ -456,29 +465,65 @@ class BrokerState:
     def _on_done(
         self, peer: bytes, msg: Done, now: float, who: str | None = None, raw: Any = None
     ) -> list[Send]:
-        if not self.access.speaks_for(peer, who, msg.rank, msg.TAG):
+        """A Done the codec decoded (it had buffer frames or saved names)."""
+        return self._done(peer, msg, who, raw, None)
+
+    def done_read(self, peer: bytes, read: DoneRead, now: float, who: str | None) -> list[Send]:
+        """A Done of the hot path, read by ``mpl.wire.hot.read_done`` instead of decoded:
+        the same checks as :meth:`handle` and :meth:`_on_done` make (a registered worker's
+        socket, then who speaks for the rank), with no record built."""
+        worker = self.registry.worker(peer)
+        if worker is None:
+            self._note("dropped 'done' from a peer that is not a registered worker")
+            return []
+        worker.last_seen = now
+        return self._done(peer, read, who, None, read.spans)
+
+    def _done(
+        self,
+        peer: bytes,
+        msg: Done | DoneRead,
+        who: str | None,
+        raw: Any,
+        spans: DoneSpans | None,
+    ) -> list[Send]:
+        """Take one rank's Done: its values and stats go straight into the job's answer."""
+        rank = msg.rank
+        if not self.access.speaks_for(peer, who, rank, "done"):
             return []
         job = self.calls.jobs.get(msg.job)
-        if job is None or msg.rank not in job.pending or msg.session != job.session:
-            if job is None and msg.saved:  # ended first; the files this rank wrote remain
+        if job is None or rank not in job.pending or msg.session != job.session:
+            if job is None and isinstance(msg, Done) and msg.saved:  # its files remain
                 self.job_saves.late(msg)
             return []  # the job already ended (aborted); late answers are dropped
-        job.pending.discard(msg.rank)
-        if msg.saved and (refused := self.job_saves.reported(job, msg)) is not None:
+        job.pending.discard(rank)
+        saves = msg if isinstance(msg, Done) and msg.saved else None  # names it saved
+        if saves is not None and (refused := self.job_saves.reported(job, saves)) is not None:
             return self._fail_call(job, refused)
+        values = job.values
         for index, value in msg.values.items():
-            job.values.setdefault(index, {})[msg.rank] = value
-        job.stats[msg.rank] = msg.stats
-        for index, meta in msg.metas.items():
-            job.metas.setdefault(index, meta)
-        if job.raw_values is not None:  # keep the bytes too, to forward them as they came
-            spans = None if raw is None else done_spans(raw)
+            if index in values:
+                values[index][rank] = value
+            else:
+                values[index] = {rank: value}
+        job.stats[rank] = msg.stats
+        if msg.metas:
+            metas = job.metas
+            for index, meta in msg.metas.items():
+                metas.setdefault(index, meta)
+        raw_values = job.raw_values
+        if raw_values is not None:  # keep the bytes too, to forward them as they came
+            if spans is None and raw is not None:
+                spans = done_spans(raw)
             if spans is None:
                 job.raw_values = None
             else:
                 for index, value_bytes in spans.values.items():
-                    job.raw_values.setdefault(index, {})[msg.rank] = value_bytes
-                job.raw_stats[msg.rank] = spans.stats
+                    if index in raw_values:
+                        raw_values[index][rank] = value_bytes
+                    else:
+                        raw_values[index] = {rank: value_bytes}
+                job.raw_stats[rank] = spans.stats
         if job.pending:
             return []
         if job.saved and (refused := self.job_saves.complete(job)) is not None:
@@ -486,7 +531,8 @@ class BrokerState:
         del self.calls.jobs[msg.job]
         self._session_jobs_discard(job)
         self.counters["jobs_done"] += 1
-        result = JobResult(msg.job, job.values, stats=job.stats, metas=job.metas)
+        # built, not checked again: the values, stats and metas were checked on reading
+        result = built(JobResult, msg.job, job.values, None, False, job.stats, job.metas)
         frames = None
         if job.raw_values is not None:
             frames = result_frames(msg.job, job.raw_values, job.raw_stats, job.metas)

@@ -321,6 +321,20 @@ def test_a_done_from_another_ranks_socket_is_dropped_and_the_job_waits_for_the_r
     assert any("not a registered worker" in e for e in status.value["errors"])
 
 
+def test_built_makes_the_record_its_init_makes_and_refuses_a_wrong_field_count() -> None:
+    from mpl.wire.record import built
+
+    stats = {0: {"run_s": 1.0}}
+    made = built(JobResult, "j", {0: {0: 1}}, None, False, stats, {0: "int64[]"})
+    want = JobResult("j", {0: {0: 1}}, stats=stats, metas={0: "int64[]"})
+    assert type(made) is JobResult and made == want
+    assert decode(encode(made)) == want
+    with pytest.raises(Exception, match="cannot assign"):
+        made.job = "other"  # type: ignore[misc]
+    with pytest.raises(TypeError, match="6 fields, got 2"):
+        built(JobResult, "j", {})
+
+
 def test_replaced_copies_a_record_with_fields_swapped_and_leaves_the_original() -> None:
     from mpl.wire.record import replaced
 
@@ -338,3 +352,40 @@ def test_replaced_copies_a_record_with_fields_swapped_and_leaves_the_original() 
     graph = decode(encode(b.build(b.op("constant", [], ranks=(0,), value=1))))
     assert "digest" in graph.__dict__
     assert "digest" not in replaced(graph, outputs=graph.outputs).__dict__
+
+
+def test_a_malformed_done_on_the_lean_path_is_refused_and_the_job_still_waits(
+    rig: tuple[Broker, Any],
+) -> None:
+    """Dones that begin as a Done header (so the broker reads them without building the
+    record) but carry a bad field, bytes past the header, or a rank's stranger socket: each
+    is refused or dropped, none ends the job; rank 1's own answer then does."""
+    from mpl.wire.control import Refused
+
+    _, raw = rig
+    workers = _register(raw, 3)
+    driver, session, digest = _open_with_program(raw, "lean")
+    driver.send(Exec(session, "lean-job", digest, (0, 1), {}, (0,)))
+    for w in workers[:2]:
+        w.wait_for(Exec)
+    workers[0].sock.send_multipart(_done_by_hand(session, "lean-job", 0))
+    pack = msgpack.packb
+    bad_rank = [MAGIC_FRAME, pack(["done", session, "lean-job", "1", {0: 1}, {}, {}, []])]
+    bad_meta = [MAGIC_FRAME, pack(["done", session, "lean-job", 1, {0: 1}, {}, {0: 7}, []])]
+    trailing = _done_by_hand(session, "lean-job", 1)
+    trailing[1] += b"\xc0"
+    for frames in (bad_rank, bad_meta, trailing):
+        assert frames[1].startswith(b"\x98\xa4done")
+        workers[1].sock.send_multipart(frames)
+        refused, _ = workers[1].wait_for(Refused)
+        assert isinstance(refused, Refused) and refused.error.kind == "ProtocolError"
+    workers[2].sock.send_multipart(_done_by_hand(session, "lean-job", 1))  # not rank 1's
+    assert driver.drain(0.3) == []
+    workers[1].sock.send_multipart(_done_by_hand(session, "lean-job", 1))
+    result, frames = driver.wait_for(JobResult)
+    assert isinstance(result, JobResult) and result.error is None
+    assert result.values == {0: {0: 1, 1: 1}} and frames[1].count(WIDE_ONE) == 2
+    driver.send(StatusRequest(3))
+    status, _ = driver.wait_for(Reply)
+    assert isinstance(status, Reply) and status.value["forged_replies"] == 1
+    assert status.value["protocol_errors"] >= 3

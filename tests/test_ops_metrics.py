@@ -241,6 +241,26 @@ def test_ledger_outcomes_are_a_fixed_set_whatever_error_kind_arrives() -> None:
     assert sum(ledger.bucket_counts) == 5 and ledger.bucket_counts[2] == 1  # 3 ms: in (2.5, 5] ms
 
 
+def test_the_ledger_forgets_the_oldest_start_past_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Execs whose jobs never end (refused, or a driver that floods) keep at most
+    _STARTED_LIMIT starts: the oldest is forgotten, later ones still end with a span."""
+    from mpl.broker import ledger as ledger_mod
+    from mpl.wire.jobs import Exec, JobResult
+
+    monkeypatch.setattr(ledger_mod, "_STARTED_LIMIT", 3)
+    ledger = ledger_mod.JobLedger(clock=lambda: 1.0)
+    for i in range(5):
+        ledger.received(Exec("s", f"j{i}", "d", (0,), {}))
+        ledger.received(Exec("s", f"j{i}", "d", (0,), {}))  # a repeat is no new start
+    assert len(ledger._started) == 3
+    assert ledger.sent(JobResult("j1")) is None  # forgotten
+    span = ledger.sent(JobResult("j4"))
+    assert span is not None and span.outcome == "ok" and span.session == "s"
+    assert ledger.outcomes["ok"] == 2 and ledger.count == 1
+
+
 def test_a_duplicate_rank_refusal_is_logged_with_its_peer(make_cluster: Any) -> None:
     cluster = make_cluster("tcp", broker_args=("--log-format", "json"))
     cmd = [*daemon_command("mpl-worker"), "--broker", cluster.address, "--rank", "1"]

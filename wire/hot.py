@@ -8,6 +8,12 @@ need not encode again. Two messages are built here by splicing the bytes that ar
 * the ``JobResult``: each rank's ``Done`` values and stats, copied byte for byte into the
   one answer, under a header packed here.
 
+A ``Done`` of the hot path (no buffer frames, extension types or saved names) is not
+decoded into a record at all: :func:`read_done` reads its header in one walk under the
+codec's limits, checks each field as the record's annotations would, and keeps the value
+and stats bytes as it goes. ``tests/test_done_read.py`` compares
+it with ``decode`` on mutated messages.
+
 Both only apply to messages whose header references no buffer frame (small values, which is
 what a job's hot path carries): buffer indexes would have to be renumbered, so larger
 messages take the codec's ordinary path. Everything here reads headers the codec has
@@ -25,10 +31,31 @@ from typing import Any
 import msgpack
 
 from mpl.wire.codec import MAGIC_FRAME
+from mpl.wire.decoder import TUPLE, check_nesting
+from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Done, Exec, JobResult
-from mpl.wire.limits import MAX_HEADER_BYTES, MAX_HEADER_ITEMS
+from mpl.wire.limits import (
+    MAX_CONTAINERS,
+    MAX_HEADER_BYTES,
+    MAX_HEADER_ITEMS,
+    MAX_NESTING,
+    int_fits,
+)
+from mpl.wire.record import built
 
-__all__ = ["DoneSpans", "ExecSpans", "done_spans", "exec_for_rank", "exec_spans", "result_frames"]
+__all__ = [
+    "DONE_PREFIX",
+    "EXEC_PREFIX",
+    "DoneRead",
+    "DoneSpans",
+    "ExecSpans",
+    "done_spans",
+    "exec_for_rank",
+    "exec_spans",
+    "read_done",
+    "read_exec",
+    "result_frames",
+]
 
 # The layouts are read off the records themselves, so a field added to one of them moves
 # these cuts with it instead of silently sending every message down the slow path.
@@ -42,6 +69,17 @@ _RESULT_FIELDS = ("job", "values", "error", "missing_program", "stats", "metas")
 if tuple(f.name for f in dataclasses.fields(JobResult)) != _RESULT_FIELDS:
     raise ImportError("mpl.wire.hot: JobResult's fields changed; update result_frames")
 _RESULT_TAG = msgpack.packb("result")
+# read_done checks Done's fields by hand, as their annotations say: it must know every one
+_READ_DONE_FIELDS = ("session", "job", "rank", "values", "stats", "metas", "saved")
+if _DONE_FIELDS != _READ_DONE_FIELDS:
+    raise ImportError("mpl.wire.hot: Done's fields changed; update read_done")
+# How every Done header begins: its array header, then its tag. The broker's shell sends
+# headers that begin so to read_done (anything else, or a surprise there, to decode).
+DONE_PREFIX = bytes([0x90 | _DONE_ITEMS]) + msgpack.packb(Done.TAG)
+# read_exec checks Exec's fields by hand too
+if _EXEC_FIELDS != ("session", "job", "digest", "ranks", "bindings", "inline", "timeout_s"):
+    raise ImportError("mpl.wire.hot: Exec's fields changed; update read_exec")
+EXEC_PREFIX = bytes([0x90 | _EXEC_ITEMS]) + msgpack.packb(Exec.TAG)
 _NONE, _FALSE = msgpack.packb(None), msgpack.packb(False)
 
 
@@ -172,6 +210,10 @@ def done_spans(frames: Sequence[Any]) -> DoneSpans | None:
     header = _header_only(frames)
     if header is None:
         return None
+    return _cut_done(header)
+
+
+def _cut_done(header: bytes) -> DoneSpans | None:
     unpacker, base = _unpacker(header)
     skip, tell = unpacker.skip, unpacker.tell
     try:
@@ -223,3 +265,174 @@ def result_frames(
     if len(header) > MAX_HEADER_BYTES:
         return None
     return [MAGIC_FRAME, header]
+
+
+class DoneRead:
+    """A ``Done`` as :func:`read_done` found it: its fields, checked as the record's
+    annotations say, and its values and stats as the bytes they came in (``spans``)."""
+
+    __slots__ = ("job", "metas", "rank", "saved", "session", "spans", "stats", "values")
+
+    def __init__(self, fields: list[Any], spans: DoneSpans) -> None:
+        self.session, self.job, self.rank, self.values, self.stats, self.metas, self.saved = fields
+        self.spans = spans
+
+    TAG = Done.TAG
+
+
+class _ExtSeen(Exception):
+    """An extension type in a Done's header: read_done leaves the message to decode."""
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise _ExtSeen
+
+
+def _lean_unpacker(header: bytes) -> tuple[Any, int]:
+    """This thread's Unpacker for read_done, fed with ``header``: the codec's limits, and
+    every extension type refused (decode's hooks check those)."""
+    unpacker = getattr(_tls, "lean", None)
+    if unpacker is None:
+        unpacker = _tls.lean = msgpack.Unpacker(
+            None,
+            raw=False,
+            strict_map_key=False,
+            max_buffer_size=MAX_HEADER_BYTES,
+            max_array_len=MAX_HEADER_ITEMS,
+            max_map_len=MAX_HEADER_ITEMS,
+            ext_hook=_no_ext,
+        )
+    base = unpacker.tell()
+    unpacker.feed(header)
+    return unpacker, base
+
+
+def read_done(frames: Sequence[Any]) -> DoneRead | None:
+    """Read a ``Done`` of the hot path without building the record, in one walk over its
+    header: None unless it is one (no buffer frames, the right magic, no extension types,
+    no saved names) and ``decode`` would accept it.
+
+    The fields are checked as ``Done``'s annotations say (``session``/``job`` str, ``rank``
+    a 64-bit int, ``values`` and ``metas`` keyed by 64-bit ints, ``metas`` of str, ``stats``
+    keyed by str), under the codec's limits (items per container, nesting, containers per
+    header); each value and the stats are kept as the bytes they came in as well. On None
+    the caller decodes the ordinary way, which accepts the message or says why not.
+    """
+    if len(frames) != 2:
+        return None
+    try:
+        magic = memoryview(frames[0]).tobytes()
+        header = frames[1].bytes if hasattr(frames[1], "bytes") else bytes(frames[1])
+    except TypeError:
+        return None
+    # fewer bytes than MAX_CONTAINERS cannot build more containers than that
+    if magic != MAGIC_FRAME or len(header) >= MAX_CONTAINERS:
+        return None
+    unpacker, base = _lean_unpacker(header)
+    unpack, tell = unpacker.unpack, unpacker.tell
+    try:
+        if unpacker.read_array_header() != _DONE_ITEMS or unpack() != Done.TAG:
+            raise ValueError("not a Done")
+        session, job, rank = unpack(), unpack(), unpack()
+        values: dict[Any, Any] = {}
+        spans: dict[Any, bytes] = {}
+        for _ in range(unpacker.read_map_header()):
+            index = unpack()
+            start = tell() - base
+            values[index] = unpack()
+            spans[index] = header[start : tell() - base]
+        start = tell() - base
+        stats = unpack()
+        stats_span = header[start : tell() - base]
+        metas, saved = unpack(), unpack()
+        if tell() - base != len(header):
+            raise ValueError("bytes after the header")
+    except Exception:  # anything unexpected: decode reads it, or says why not
+        _tls.lean = None  # it may still hold part of this header
+        return None
+    if not (
+        type(session) is str
+        and type(job) is str
+        and int_fits(rank)
+        and all(map(int_fits, values))
+        and type(stats) is dict
+        and all(type(k) is str for k in stats)
+        and type(metas) is dict
+        and all(map(int_fits, metas))
+        and all(type(v) is str for v in metas.values())
+        and type(saved) is list
+        and not saved  # saved names are records: decode checks them
+    ):
+        return None
+    if len(header) >= MAX_NESTING:  # else too short to nest that deep
+        try:
+            check_nesting([values, stats, metas, saved])
+        except ProtocolError:
+            return None
+    return DoneRead([session, job, rank, values, stats, metas, saved], DoneSpans(spans, stats_span))
+
+
+def _small_tuple(code: int, data: bytes) -> Any:
+    """The one extension read_exec reads itself: a tuple of ints (ranks, output indexes).
+    Any other extension, or a tuple of anything else, leaves the message to decode."""
+    if code != TUPLE:
+        raise _ExtSeen
+    n = len(data) - 1
+    if 0 <= n < 16 and data[0] == 0x90 | n and (n == 0 or max(data[1:]) < 0x80):
+        return tuple(data[1:])
+    items = msgpack.unpackb(data, raw=False)  # a longer tuple (32 ranks): of ints only here
+    if type(items) is not list or not all(map(int_fits, items)):
+        raise _ExtSeen
+    return tuple(items)
+
+
+def read_exec(frames: Sequence[Any]) -> Exec | None:
+    """Read an ``Exec`` of the hot path in one msgpack call and build the record without
+    the general decoder: None unless it is one (no buffer frames, the right magic, no
+    extension but short tuples of small ints) and ``decode`` would accept it.
+
+    The fields are checked as ``Exec``'s annotations say (``session``, ``job``, ``digest``
+    str; ``ranks`` and ``inline`` tuples of ints; ``bindings`` keyed by 64-bit ints;
+    ``timeout_s`` a float or an int), under the codec's limits. On None the caller decodes
+    the ordinary way, which accepts the message or says why not.
+    """
+    if len(frames) != 2:
+        return None
+    try:
+        magic = memoryview(frames[0]).tobytes()
+        header = frames[1].bytes if hasattr(frames[1], "bytes") else bytes(frames[1])
+    except TypeError:
+        return None
+    if magic != MAGIC_FRAME or len(header) >= MAX_CONTAINERS:
+        return None
+    try:
+        items = msgpack.unpackb(
+            header,
+            ext_hook=_small_tuple,
+            raw=False,
+            strict_map_key=False,
+            max_array_len=MAX_HEADER_ITEMS,
+            max_map_len=MAX_HEADER_ITEMS,
+        )
+    except Exception:  # decode reads it, or says why not
+        return None
+    if type(items) is not list or len(items) != _EXEC_ITEMS or items[0] != Exec.TAG:
+        return None
+    _, session, job, digest, ranks, bindings, inline, timeout_s = items
+    if not (
+        type(session) is str
+        and type(job) is str
+        and type(digest) is str
+        and type(ranks) is tuple  # of ints: _small_tuple built it
+        and type(bindings) is dict
+        and all(map(int_fits, bindings))
+        and type(inline) is tuple
+        and (type(timeout_s) is float or int_fits(timeout_s))
+    ):
+        return None
+    if len(header) >= MAX_NESTING:  # else too short to nest that deep
+        try:
+            check_nesting(items)
+        except ProtocolError:
+            return None
+    return built(Exec, session, job, digest, ranks, bindings, inline, timeout_s)

@@ -31,7 +31,14 @@ from typing import Any, ClassVar, TypeVar
 from mpl.wire.errors import ProtocolError
 from mpl.wire.limits import BIG, int_fits
 
-__all__ = ["Record", "record_class", "record_fields", "record_from_fields", "replaced"]
+__all__ = [
+    "Record",
+    "built",
+    "record_class",
+    "record_fields",
+    "record_from_fields",
+    "replaced",
+]
 
 R = TypeVar("R", bound="Record")
 _Check = Callable[[Any], bool]
@@ -135,6 +142,23 @@ def record_from_fields(cls: type[R], values: Sequence[Any]) -> R:
                 f"record {cls.TAG!r} field {name!r}: expected {_show(hint)}, "
                 f"got {type(value).__name__}"
             )
+    if not spec.direct:
+        return cls(*values)
+    rec = object.__new__(cls)
+    rec.__dict__.update(zip(spec.names, values, strict=True))
+    return rec
+
+
+def built(cls: type[R], *values: Any) -> R:
+    """``cls(*values)`` (every field, in order) without ``__init__`` or checks.
+
+    Only for a record a process builds on its hot path from values it decoded (so checked)
+    or made itself: the broker's ``JobResult`` from its ranks' ``Done`` values. Raises
+    TypeError when the count of values is not the count of fields.
+    """
+    spec = _spec(cls)
+    if len(values) != len(spec.names):
+        raise TypeError(f"{cls.__name__} has {len(spec.names)} fields, got {len(values)}")
     if not spec.direct:
         return cls(*values)
     rec = object.__new__(cls)

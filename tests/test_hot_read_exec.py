@@ -1,0 +1,123 @@
+"""The broker's lean Exec reader (``mpl.wire.hot.read_exec``) against the general decode.
+
+It builds the driver's Exec without the general decoder, so it must accept exactly what
+``decode`` accepts (bar extension types other than tuples of ints, which it leaves to
+``decode``) and build the same record: compared here on mutated messages.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import msgpack
+import pytest
+
+from mpl.wire.codec import MAGIC_FRAME, decode, encode
+from mpl.wire.errors import ProtocolError
+from mpl.wire.hot import EXEC_PREFIX, read_exec
+from mpl.wire.jobs import Exec, Lit
+
+
+def _bases() -> list[Exec]:
+    return [
+        Exec("s1", "job-1", "d" * 32, (0, 1), {}, (0,)),
+        Exec("s1", "job-2", "d" * 32, (0,), {}, (), 2.5),
+        Exec("sess", "j", "dig", tuple(range(32)), {}, (0, 1, 2), 7),
+        Exec("sess", "j", "dig", (1, 2), {1: ["sym:x", None], 2: [None]}, (0,)),
+        Exec("sess", "j", "dig", (0, 1), {0: [Lit(1)]}, (0,)),  # a record: decode's
+        Exec("sess", "j", "dig", (0, 200), {}, (1 << 40,)),
+    ]
+
+
+def _decoded(frames: list[bytes]) -> Exec | None:
+    try:
+        msg = decode(frames, unpickle=False)
+    except ProtocolError:
+        return None
+    return msg if type(msg) is Exec else None
+
+
+def _plain(header: bytes) -> bool:
+    """No extension type in the header but tuples of ints (what read_exec reads itself)."""
+    ok = [True]
+
+    def ext(code: int, data: bytes) -> Any:
+        items = msgpack.unpackb(data, raw=False) if code == 4 else None
+        if code != 4 or type(items) is not list or not all(type(i) is int for i in items):
+            ok[0] = False
+        return None
+
+    msgpack.unpackb(header, raw=False, strict_map_key=False, ext_hook=ext)
+    return ok[0]
+
+
+def _check(frames: list[bytes]) -> bool:
+    read = read_exec(frames)
+    want = _decoded(frames)
+    if want is None:
+        assert read is None, f"read_exec took what decode refuses: {frames[1]!r}"
+        return False
+    if read is None and not _plain(frames[1]):
+        return False
+    assert read is not None, f"read_exec refused a plain Exec decode takes: {frames[1]!r}"
+    assert type(read) is Exec and read == want
+    return True
+
+
+def test_every_plain_exec_is_read_as_decode_reads_it() -> None:
+    from mpl.wire.decoder import TUPLE
+
+    assert TUPLE == 4  # _plain above names it by number
+    for exe in _bases():
+        frames = [bytes(f) for f in encode(exe)]
+        assert frames[1].startswith(EXEC_PREFIX)
+        assert _check(frames) == _plain(frames[1])
+
+
+def test_mutated_execs_are_read_exactly_when_decode_accepts_them() -> None:
+    rng = random.Random(1312)
+    taken = refused = 0
+    for exe in _bases():
+        header = bytes(encode(exe)[1])
+        for _ in range(300):
+            h = bytearray(header)
+            at = rng.randrange(len(h))
+            kind = rng.randrange(4)
+            if kind == 0:
+                h[at] = rng.randrange(256)
+            elif kind == 1:
+                h[at] ^= 1 << rng.randrange(8)
+            elif kind == 2:
+                del h[at:]
+            else:
+                h[at:at] = bytes([rng.randrange(256)])
+            if _check([MAGIC_FRAME, bytes(h)]):
+                taken += 1
+            else:
+                refused += 1
+    assert taken > 100 and refused > 100
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        ["s", "j", "d", [0, 1], {}, (), 0.0],  # ranks a list, not a tuple
+        ["s", "j", 5, (0,), {}, (), 0.0],  # digest not a string
+        ["s", "j", "d", (0,), {"0": []}, (), 0.0],  # bindings keyed by a string
+        ["s", "j", "d", (0,), [], (), 0.0],  # bindings not a map
+        ["s", "j", "d", (0,), {}, (), "1"],  # timeout a string
+        ["s", "j", "d", (0,), {}, (), True],  # a bool is no timeout
+        ["s", "j", "d", (0,), {}, ()],  # a field missing
+    ],
+)
+def test_an_exec_with_a_malformed_field_is_left_to_decode_which_refuses_it(
+    fields: list[Any],
+) -> None:
+    def default(obj: Any) -> Any:
+        return msgpack.ExtType(4, msgpack.packb(list(obj)))
+
+    header = msgpack.packb(["exec", *fields], default=default, use_bin_type=True, strict_types=True)
+    frames = [MAGIC_FRAME, header]
+    assert read_exec(frames) is None
+    assert _decoded(frames) is None
