@@ -1,4 +1,5 @@
-"""The worker's lean Exec reader accepts exactly what ``decode`` accepts and builds the same
+"""The lean Exec reader (``mpl.wire.hot.read_exec``), as the worker uses it on what the broker
+forwards, accepts exactly what ``decode`` accepts and builds the same
 record: the shapes a worker gets (no bindings, a sealed box, store names), every other shape
 (handed to ``decode``), bad frames, and thousands of mutated messages."""
 
@@ -15,9 +16,16 @@ from mpl.wire.codec import MAGIC_FRAME
 from mpl.wire.control import Heartbeat
 from mpl.wire.decoder import TUPLE
 from mpl.wire.exec_pack import exec_frames
-from mpl.wire.exec_read import read_broker_message, read_exec
-from mpl.wire.hot import exec_for_rank, exec_spans
+from mpl.wire.hot import exec_for_rank, exec_spans, read_exec
 from mpl.wire.jobs import Exec, Lit
+from mpl.wire.record import Record
+
+
+def read_broker_message(frames: Any, *, safe: bool) -> Record:
+    """What the worker does with a message from the broker: the lean read, else decode."""
+    rec = read_exec(frames)
+    return rec if rec is not None else decode(frames, safe=safe)
+
 
 LEAN = [  # what the broker forwards to a rank on a job's hot path
     Exec("s" * 17, "j" * 24, "d" * 32, (0, 1), {}, (0,), 600.0),
@@ -26,8 +34,8 @@ LEAN = [  # what the broker forwards to a rank on a job's hot path
     Exec("sé", "jöb", "∂" * 40, tuple(range(15)), {0: [], 7: ["x" * 300]}, tuple(range(15)), 1.5),
     Exec("", "", "", (), {}, (), 0.25),
 ]
-OTHER = [  # valid, but not the plain shape: decode reads them
-    Exec("s", "j", "d", (0,), {0: [Lit(3)]}, (0,), 1.0),
+OTHER = [  # valid shapes beyond the worker's usual ones: read as decode reads them, or by it
+    Exec("s", "j", "d", (0,), {0: [Lit(3)]}, (0,), 1.0),  # a record: always decode's
     Exec("s", "j", "d", (200,), {}, (), 1.0),  # a rank past a fixint
     Exec("s", "j", "d", tuple(range(16)), {}, (), 1.0),
     Exec("s", "j", "d", (0,), {-1: []}, (), 1.0),
@@ -84,9 +92,11 @@ def test_what_the_broker_forwards_to_a_rank_is_read_on_the_lean_path() -> None:
 
 
 @pytest.mark.parametrize("msg", OTHER, ids=range(len(OTHER)))
-def test_other_shapes_go_to_decode(msg: Exec) -> None:
+def test_other_shapes_are_read_as_decode_reads_them(msg: Exec) -> None:
     frames = encode(msg)
-    assert read_exec(frames) is None
+    lean = read_exec(frames)
+    assert lean is None or _same(lean, decode(frames, safe=True))
+    assert read_exec(encode(OTHER[0])) is None  # records in bindings take decode
     assert _same(read_broker_message(frames, safe=True), decode(frames, safe=True))
 
 

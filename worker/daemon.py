@@ -43,8 +43,8 @@ from mpl.wire.curve import Curve, peer_admits
 from mpl.wire.data import Fetch
 from mpl.wire.done_pack import own_done_frames
 from mpl.wire.errors import ProtocolError
-from mpl.wire.exec_read import read_exec
 from mpl.wire.guard import Guard, substitute
+from mpl.wire.hot import read_exec
 from mpl.wire.jobs import Abort, Done, Exec
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
@@ -498,7 +498,8 @@ class Worker:
         # In secure mode the broker is not trusted: what a driver sends is sealed (opened
         # below, and only then unpickled), so a pickle in the clear from the broker is
         # refused. A plain Exec (most messages) holds no pickle and is read on a lean path,
-        # exactly as decode would read it (mpl.wire.exec_read); anything else is decoded
+        # exactly as decode would read it (mpl.wire.hot.read_exec, which the broker uses for the
+        # driver's Exec too); anything else is decoded
         # under the party's code policy: ``--code kernels`` refuses any pickle, unloaded
         # (code_policy.screen).
         try:
