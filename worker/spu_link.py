@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -40,7 +41,9 @@ log = logging.getLogger("mpl.worker")
 SPU_MAGIC = b"MPLS"
 JobStopped = Callable[[tuple[str, str]], str | None]
 _SEND_RETRY_S = 0.005  # a send to a full queue retries this often, checking aborts each time
-_LINGER_S = 0.05  # the background thread takes the socket back once receives pause this long
+# An idle link thread sleeps in its poll this long (a message, or close through the wake
+# pipe, ends it at once): 32 idle workers on 2 cores must not each wake 100 times a second.
+_IDLE_POLL_MS = 1000
 
 
 class SpuLinks:
@@ -82,13 +85,9 @@ class SpuLinks:
         self._lock = threading.Lock()
         self._reading = threading.Lock()  # whoever holds it reads the PULL socket
         self._waiting = 0  # receives in progress: the background thread leaves the socket alone
-        # The background thread sleeps until a message, a receive or a stop: a receive that
-        # starts writes to this pipe, which wakes its poll; it then waits on _idle until no
-        # receive is left. No timer: an idle worker's SPU thread never wakes.
-        self._idle = threading.Condition(self._lock)
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.protocol_errors = 0
         self._stopping = threading.Event()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # close wakes it
         self._thread = threading.Thread(target=self._receive, name=f"mpl-spu-{rank}", daemon=True)
         self._thread.start()
 
@@ -133,9 +132,6 @@ class SpuLinks:
     def recv(self, lane: str, src: int, key: str, job: tuple[str, str], deadline: float) -> bytes:
         with self._lock:
             self._waiting += 1
-            if self._waiting == 1:  # the background thread hands the socket over
-                self._idle.notify()
-                self._wake()
         try:
             late = f"SPU message {key!r} from rank {src} did not arrive in time; that member "
             late += "may be slow or dead"
@@ -151,12 +147,6 @@ class SpuLinks:
         finally:
             with self._lock:
                 self._waiting -= 1
-                if not self._waiting:
-                    self._idle.notify()
-
-    def _wake(self) -> None:
-        with contextlib.suppress(OSError):  # full (woken enough already) or closed
-            os.write(self._wake_w, b"w")
 
     def _pump(self, seconds: float) -> bool:
         """Read the socket for up to ``seconds`` unless another thread is: False then."""
@@ -171,53 +161,24 @@ class SpuLinks:
         return True
 
     def _receive(self) -> None:
-        """Keep the socket drained while no receive is waiting (waiting ones read it).
-
-        Sleeps in one poll on the socket and the wake pipe, without a timeout: a message
-        wakes it, and so does a receive that starts (it then waits until none is left) or
-        a stop. The pipe is emptied before ``_waiting`` is read, so a receive that starts
-        after that read always finds the poll woken by its byte."""
-        items: Any = [(self.pull, zmq.POLLIN), (self._wake_r, zmq.POLLIN)]  # a socket and an fd
+        """Keep the socket drained while no receive is waiting (waiting ones read it)."""
+        watched: Any = [(self.pull, zmq.POLLIN), (self._wake_r, zmq.POLLIN)]
         try:
             while not self._stopping.is_set():
-                self._keep_out()
-                if self._stopping.is_set() or not self._reading.acquire(timeout=0.05):
-                    continue  # a receive's pump still reads: it is about to let go
-                handed_over = False
+                if self._waiting or not self._reading.acquire(blocking=False):
+                    time.sleep(0.005)
+                    continue
                 try:
-                    self._drain_wakes()
-                    if self._waiting:
-                        handed_over = True
-                        continue
-                    zmq.zmq_poll(items, -1)
-                    for frames in drain(self.pull):
-                        self._deliver(frames)
-                    handed_over = bool(self._waiting)
+                    # A message wakes the poll at once, and a receive that starts meanwhile
+                    # gets what arrives through the mailbox: the long timeout adds no wait.
+                    if zmq.zmq_poll(watched, _IDLE_POLL_MS) and self.pull.poll(0):
+                        for frames in drain(self.pull):
+                            self._deliver(frames)
                 finally:
                     self._reading.release()
-                    if handed_over:  # receives that found the socket taken retry now
-                        self.mailbox.wake()
         finally:
             with self._reading:
                 self.pull.close()
-
-    def _keep_out(self) -> None:
-        """Wait while receives read the socket, and until none has come for _LINGER_S: an
-        SPU run's receives follow one another, and taking the socket back between two of
-        them would make the next one wait for it."""
-        with self._lock:
-            while not self._stopping.is_set():
-                if self._waiting:
-                    self._idle.wait()
-                elif not self._idle.wait_for(
-                    lambda: self._waiting or self._stopping.is_set(), _LINGER_S
-                ):
-                    return
-
-    def _drain_wakes(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self._wake_r, 64):
-                pass
 
     def _deliver(self, frames: list[zmq.Frame]) -> None:
         try:
@@ -236,15 +197,14 @@ class SpuLinks:
 
     def close(self) -> None:
         self._stopping.set()
-        with self._lock:
-            self._wake()
-            self._idle.notify()
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")  # ends the link thread's poll now
         self._thread.join(2)
+        if not self._thread.is_alive():
+            for fd in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         self._push.close()
-        if not self._thread.is_alive():  # else it may still poll the pipe: leave it open
-            wake_r, wake_w, self._wake_r, self._wake_w = self._wake_r, self._wake_w, -1, -1
-            os.close(wake_r)  # a late receive writes to -1 (refused), not a reused number
-            os.close(wake_w)
 
 
 def _not_taken(dst: int, key: str, job: tuple[str, str], reason: str | None) -> Exception:
