@@ -41,8 +41,12 @@ log = logging.getLogger("mpl.worker")
 SPU_MAGIC = b"MPLS"
 JobStopped = Callable[[tuple[str, str]], str | None]
 _SEND_RETRY_S = 0.005  # a send to a full queue retries this often, checking aborts each time
-# An idle link thread sleeps in its poll this long (a message, or close through the wake
-# pipe, ends it at once): 32 idle workers on 2 cores must not each wake 100 times a second.
+# While SPU runs are under way (a receive within _BUSY_S) the link thread polls briefly, so
+# receives soon read the socket themselves; at rest it sleeps in its poll for _IDLE_POLL_MS
+# (a message, or close through the wake pipe, ends it at once): 32 idle workers on 2 cores
+# must not each wake 100 times a second.
+_BUSY_POLL_MS = 10
+_BUSY_S = 1.0
 _IDLE_POLL_MS = 1000
 
 
@@ -87,6 +91,7 @@ class SpuLinks:
         self._waiting = 0  # receives in progress: the background thread leaves the socket alone
         self.protocol_errors = 0
         self._stopping = threading.Event()
+        self._busy_until = 0.0  # monotonic: until then the link thread polls briefly
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # close wakes it
         self._thread = threading.Thread(target=self._receive, name=f"mpl-spu-{rank}", daemon=True)
         self._thread.start()
@@ -132,6 +137,7 @@ class SpuLinks:
     def recv(self, lane: str, src: int, key: str, job: tuple[str, str], deadline: float) -> bytes:
         with self._lock:
             self._waiting += 1
+            self._busy_until = time.monotonic() + _BUSY_S
         try:
             late = f"SPU message {key!r} from rank {src} did not arrive in time; that member "
             late += "may be slow or dead"
@@ -171,7 +177,9 @@ class SpuLinks:
                 try:
                     # A message wakes the poll at once, and a receive that starts meanwhile
                     # gets what arrives through the mailbox: the long timeout adds no wait.
-                    if zmq.zmq_poll(watched, _IDLE_POLL_MS) and self.pull.poll(0):
+                    busy = time.monotonic() < self._busy_until
+                    wait_ms = _BUSY_POLL_MS if busy else _IDLE_POLL_MS
+                    if zmq.zmq_poll(watched, wait_ms) and self.pull.poll(0):
                         for frames in drain(self.pull):
                             self._deliver(frames)
                 finally:
