@@ -86,19 +86,24 @@ _NONE, _FALSE = msgpack.packb(None), msgpack.packb(False)
 _tls = threading.local()
 
 
-def _unpacker(header: bytes) -> tuple[Any, int]:
-    """This thread's reusable Unpacker fed with ``header``, and its offset there (``tell()``
-    counts every byte it was ever fed). Making one costs more than reading a Done header."""
-    unpacker = getattr(_tls, "unpacker", None)
+def _unpacker(header: bytes, slot: str = "unpacker", ext_hook: Any = None) -> tuple[Any, int]:
+    """This thread's reusable Unpacker named ``slot`` (the codec's limits; ``ext_hook`` for
+    extension types, if given) fed with ``header``, and its offset there (``tell()`` counts
+    every byte it was ever fed). Making one costs more than reading a Done header. A reader
+    that fails sets the slot to None: the Unpacker may still hold part of that header."""
+    unpacker = getattr(_tls, slot, None)
     if unpacker is None:
-        unpacker = _tls.unpacker = msgpack.Unpacker(
+        hooks = {} if ext_hook is None else {"ext_hook": ext_hook}
+        unpacker = msgpack.Unpacker(
             None,
             raw=False,
             strict_map_key=False,
             max_buffer_size=MAX_HEADER_BYTES,
             max_array_len=MAX_HEADER_ITEMS,
             max_map_len=MAX_HEADER_ITEMS,
+            **hooks,
         )
+        setattr(_tls, slot, unpacker)
     base = unpacker.tell()
     unpacker.feed(header)
     return unpacker, base
@@ -288,25 +293,6 @@ def _no_ext(code: int, data: bytes) -> Any:
     raise _ExtSeen
 
 
-def _lean_unpacker(header: bytes) -> tuple[Any, int]:
-    """This thread's Unpacker for read_done, fed with ``header``: the codec's limits, and
-    every extension type refused (decode's hooks check those)."""
-    unpacker = getattr(_tls, "lean", None)
-    if unpacker is None:
-        unpacker = _tls.lean = msgpack.Unpacker(
-            None,
-            raw=False,
-            strict_map_key=False,
-            max_buffer_size=MAX_HEADER_BYTES,
-            max_array_len=MAX_HEADER_ITEMS,
-            max_map_len=MAX_HEADER_ITEMS,
-            ext_hook=_no_ext,
-        )
-    base = unpacker.tell()
-    unpacker.feed(header)
-    return unpacker, base
-
-
 def read_done(frames: Sequence[Any]) -> DoneRead | None:
     """Read a ``Done`` of the hot path without building the record, in one walk over its
     header: None unless it is one (no buffer frames, the right magic, no extension types,
@@ -328,7 +314,7 @@ def read_done(frames: Sequence[Any]) -> DoneRead | None:
     # fewer bytes than MAX_CONTAINERS cannot build more containers than that
     if magic != MAGIC_FRAME or len(header) >= MAX_CONTAINERS:
         return None
-    unpacker, base = _lean_unpacker(header)
+    unpacker, base = _unpacker(header, "lean", _no_ext)  # extensions: decode checks them
     unpack, tell = unpacker.unpack, unpacker.tell
     try:
         if unpacker.read_array_header() != _DONE_ITEMS or unpack() != Done.TAG:
