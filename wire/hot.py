@@ -293,6 +293,22 @@ def _no_ext(code: int, data: bytes) -> Any:
     raise _ExtSeen
 
 
+def _lean_header(frames: Sequence[Any]) -> bytes | None:
+    """The header of a message the lean readers may take: the magic and a header only (no
+    buffer frames), shorter than MAX_CONTAINERS bytes, which therefore cannot build more
+    containers than that; None for anything else (decode reads it)."""
+    if len(frames) != 2:
+        return None
+    try:
+        magic = memoryview(frames[0]).tobytes()
+        header = frames[1].bytes if hasattr(frames[1], "bytes") else bytes(frames[1])
+    except TypeError:
+        return None
+    if magic != MAGIC_FRAME or len(header) >= MAX_CONTAINERS:
+        return None
+    return header
+
+
 def read_done(frames: Sequence[Any]) -> DoneRead | None:
     """Read a ``Done`` of the hot path without building the record, in one walk over its
     header: None unless it is one (no buffer frames, the right magic, no extension types,
@@ -304,15 +320,8 @@ def read_done(frames: Sequence[Any]) -> DoneRead | None:
     header); each value and the stats are kept as the bytes they came in as well. On None
     the caller decodes the ordinary way, which accepts the message or says why not.
     """
-    if len(frames) != 2:
-        return None
-    try:
-        magic = memoryview(frames[0]).tobytes()
-        header = frames[1].bytes if hasattr(frames[1], "bytes") else bytes(frames[1])
-    except TypeError:
-        return None
-    # fewer bytes than MAX_CONTAINERS cannot build more containers than that
-    if magic != MAGIC_FRAME or len(header) >= MAX_CONTAINERS:
+    header = _lean_header(frames)
+    if header is None:
         return None
     unpacker, base = _unpacker(header, "lean", _no_ext)  # extensions: decode checks them
     unpack, tell = unpacker.unpack, unpacker.tell
@@ -382,14 +391,8 @@ def read_exec(frames: Sequence[Any]) -> Exec | None:
     ``timeout_s`` a float or an int), under the codec's limits. On None the caller decodes
     the ordinary way, which accepts the message or says why not.
     """
-    if len(frames) != 2:
-        return None
-    try:
-        magic = memoryview(frames[0]).tobytes()
-        header = frames[1].bytes if hasattr(frames[1], "bytes") else bytes(frames[1])
-    except TypeError:
-        return None
-    if magic != MAGIC_FRAME or len(header) >= MAX_CONTAINERS:
+    header = _lean_header(frames)
+    if header is None:
         return None
     try:
         items = msgpack.unpackb(
