@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,23 @@ def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "cond
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(0.02)
+
+
+def mutated(header: bytes, rng: random.Random) -> bytes:
+    """``header`` with one random byte changed, one bit flipped, its tail cut off, or one
+    byte inserted: what the lean readers' mutation tests feed them next to ``decode``."""
+    h = bytearray(header)
+    kind = rng.randrange(4)
+    at = rng.randrange(len(h))
+    if kind == 0:
+        h[at] = rng.randrange(256)
+    elif kind == 1:
+        h[at] ^= 1 << rng.randrange(8)
+    elif kind == 2:
+        del h[at:]
+    else:
+        h[at:at] = bytes([rng.randrange(256)])
+    return bytes(h)
 
 
 def double(x: Any) -> Any:

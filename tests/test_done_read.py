@@ -13,6 +13,7 @@ from typing import Any
 
 import msgpack
 import pytest
+from helpers import mutated
 
 from mpl.wire.codec import MAGIC_FRAME, decode, encode
 from mpl.wire.errors import ProtocolError
@@ -95,18 +96,7 @@ def test_mutated_dones_are_read_exactly_when_decode_accepts_them() -> None:
     for done in _bases():
         header = bytes(encode(done)[1])
         for _ in range(150):
-            h = bytearray(header)
-            kind = rng.randrange(4)
-            at = rng.randrange(len(h))
-            if kind == 0:
-                h[at] = rng.randrange(256)
-            elif kind == 1:
-                h[at] ^= 1 << rng.randrange(8)
-            elif kind == 2:
-                del h[at:]
-            else:
-                h[at:at] = bytes([rng.randrange(256)])
-            if _check([MAGIC_FRAME, bytes(h)]):
+            if _check([MAGIC_FRAME, mutated(header, rng)]):
                 taken += 1
             else:
                 refused += 1

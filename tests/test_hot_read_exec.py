@@ -12,6 +12,7 @@ from typing import Any
 
 import msgpack
 import pytest
+from helpers import mutated
 
 from mpl.wire.codec import MAGIC_FRAME, decode, encode
 from mpl.wire.errors import ProtocolError
@@ -81,18 +82,7 @@ def test_mutated_execs_are_read_exactly_when_decode_accepts_them() -> None:
     for exe in _bases():
         header = bytes(encode(exe)[1])
         for _ in range(300):
-            h = bytearray(header)
-            at = rng.randrange(len(h))
-            kind = rng.randrange(4)
-            if kind == 0:
-                h[at] = rng.randrange(256)
-            elif kind == 1:
-                h[at] ^= 1 << rng.randrange(8)
-            elif kind == 2:
-                del h[at:]
-            else:
-                h[at:at] = bytes([rng.randrange(256)])
-            if _check([MAGIC_FRAME, bytes(h)]):
+            if _check([MAGIC_FRAME, mutated(header, rng)]):
                 taken += 1
             else:
                 refused += 1
