@@ -110,20 +110,19 @@ def test_heartbeats_go_out_while_broker_messages_stream_in(
     try:
         broker.pump(0)
         before = broker.beats()
-        sent = 0
-        end = time.monotonic() + 1.0
+        sent = beats = 0
+        deadline = time.monotonic() + 15.0
         # bursts faster than the worker handles them: its queue never runs dry, so its
-        # receive never times out and only the check after each message sends heartbeats
-        while time.monotonic() < end:
+        # receive never times out and only the check after each message sends heartbeats.
+        # Counted, not timed: a loaded machine streams slower but must still see the beats.
+        while sent <= 2000 or beats < 5:
+            assert time.monotonic() < deadline, f"{beats} heartbeats while {sent} streamed in"
             for _ in range(50):
                 broker.send(Directory({}))
             sent += 50
             broker.pump(0)
+            beats = broker.beats() - before
             time.sleep(0.001)
-        broker.pump(200)
-        beats = broker.beats() - before
-        assert sent > 2000
-        assert beats >= 5, f"{beats} heartbeats in 1 s of streaming at {heartbeat_s} s"
         assert worker.state.joined, "the worker thought the broker silent while it streamed"
     finally:
         _stop(worker)
