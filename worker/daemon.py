@@ -37,6 +37,7 @@ from typing import Any
 
 import zmq
 
+from mpl.wire.batch import coalesce, header_only, is_batch, split_batch
 from mpl.wire.codec import decode, encode
 from mpl.wire.control import HEARTBEAT_S, Bye, Channel, Heartbeat, WorkerHello
 from mpl.wire.curve import Curve, peer_admits
@@ -250,6 +251,10 @@ class Worker:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        # While the I/O thread handles a batch of the broker's messages, the Dones it posts
+        # (the jobs it runs inline) gather here and go out as one batch after it.
+        self._io_thread = 0
+        self._gathered: list[list[Any]] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> Worker:
@@ -275,6 +280,7 @@ class Worker:
     def serve_forever(self) -> None:
         log.info("rank %d: data on %s, joining %s", self.rank, self.data_addr, self.broker_url)
         self.intake.start()
+        self._io_thread = threading.get_ident()
         try:
             next_timers = 0.0
             while not self._stopping.is_set():
@@ -456,13 +462,31 @@ class Worker:
                 frames = self._encode(msg)
         if frames is None:
             return
+        gathered = self._gathered
+        if gathered is not None and threading.get_ident() == self._io_thread:
+            if type(msg) is Done and header_only(frames) is not None:
+                gathered.append(frames)
+                return
+            self._send_gathered()  # what was gathered goes first: the order is kept
+        self._post_frames(frames, msg.TAG)
+
+    def _post_frames(self, frames: list[Any], what: str) -> None:
         with self._results_lock:
             if self._closed:
                 return
             try:
                 send_frames(self._results, frames)
             except zmq.Again:
-                log.warning("rank %d: result queue full, dropped %s", self.rank, msg.TAG)
+                log.warning("rank %d: result queue full, dropped %s", self.rank, what)
+
+    def _send_gathered(self) -> None:
+        """Send the Dones gathered while handling a batch: two or more as one batch."""
+        gathered = self._gathered
+        if not gathered:
+            return
+        self._gathered = []
+        for frames, carried in coalesce((done, True) for done in gathered):
+            self._post_frames(frames, f"batch of {carried} Done" if carried > 1 else "Done")
 
     def _announce_channel(self) -> None:
         """Tell the broker which connection carries our results, without blocking the I/O
@@ -494,6 +518,27 @@ class Worker:
             return encode(instead, safe=safe) if instead is not None else None
 
     def _on_frames(self, frames: list[Any]) -> None:
+        """Handle one ZeroMQ message from the broker: a message, or a batch of them (each
+        handled as if it had arrived alone; the Dones of jobs run inline meanwhile go back
+        as one batch)."""
+        if not is_batch(frames):
+            self._on_message(frames)
+            return
+        try:
+            inner = split_batch(frames)
+        except ProtocolError as exc:
+            self.protocol_errors += 1
+            self.refusals.refused("the broker", f"dropped a bad message: {exc}")
+            return
+        self._gathered = []
+        try:
+            for one in inner:
+                self._on_message(one)
+        finally:
+            self._send_gathered()
+            self._gathered = None
+
+    def _on_message(self, frames: list[Any]) -> None:
         """Check, decode and handle one message from the broker."""
         # In secure mode the broker is not trusted: what a driver sends is sealed (opened
         # below, and only then unpickled), so a pickle in the clear from the broker is
