@@ -115,8 +115,9 @@ class Broker:
         self._fd_peer: dict[int, bytes] = {}
         # what this wake-up's messages asked to send, with its frames, in order
         self._outbox: list[tuple[Send, list[Any]]] = []
-        # batches received, refused (as bad messages) and sent
-        self.batches = {"received": 0, "refused": 0, "sent": 0}
+        # batches received, refused (as bad messages) and sent: in the status, with the rest
+        for counter in ("batches_received", "batches_refused", "batches_sent"):
+            self.state.counters.setdefault(counter, 0)
         self._peer_fd: dict[bytes, int] = {}
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -220,11 +221,11 @@ class Broker:
         try:
             inner = split_batch(body)
         except ProtocolError as exc:  # answered and counted as one bad message
-            self.batches["refused"] += 1
+            self.state.counters["batches_refused"] += 1
             self.refusals.refused(peer.hex(), f"bad message: {exc}")
             self._perform(self.state.protocol_error(peer, exc), logged=True)
             return
-        self.batches["received"] += 1
+        self.state.counters["batches_received"] += 1
         for one in inner:
             self._handle(peer, one, now, who)
 
@@ -333,7 +334,7 @@ class Broker:
                 at = 0
                 for frames, carried in plan:
                     if carried > 1:
-                        self.batches["sent"] += 1
+                        self.state.counters["batches_sent"] += 1
                     self._send_to(peer, frames, items[at : at + carried])
                     at += carried
 
