@@ -150,10 +150,10 @@ class Broker:
             self.close()
 
     def _turn(self, next_tick: float) -> float:
-        """One wake-up: wait for a message (at most RCVTIMEO), handle it and whatever else
-        is queued already (up to _WAKE), and send what they ask for, coalesced per peer;
-        then, if the timers are due, handle every message queued (up to _BATCH) and run
-        them. Returns when the timers are next due.
+        """One wake-up: wait for a message (at most RCVTIMEO), handle it and, with jobs in
+        flight, whatever else is queued already (up to _WAKE), and send what they ask for,
+        coalesced per peer; then, if the timers are due, handle every message queued (up to
+        _BATCH) and run them. Returns when the timers are next due.
 
         A blocking receive of a message already queued costs no system call; the receives
         after it do not block and end at the first that finds nothing. The queue is
@@ -166,8 +166,12 @@ class Broker:
             frames = None
         if frames is not None:
             self._route(frames)
-            for frames in recv_queued(self.router, _WAKE - 1):
-                self._route(frames)
+            # With one job or none in flight nothing queued could share a batch with what
+            # this message asks to send: skip the receive that would find nothing (a
+            # system call and a zmq.Again on the one-job-at-a-time path).
+            if len(self.state.calls.jobs) > 1:
+                for frames in recv_queued(self.router, _WAKE - 1):
+                    self._route(frames)
             self._flush()
         now = time.monotonic()
         if now < next_tick:

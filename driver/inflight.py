@@ -37,7 +37,7 @@ from mpl.wire.progress import Progress
 from mpl.wire.remote import from_info
 from mpl.wire.result_read import read_answer
 from mpl.wire.safe_values import WORKER, pickles_allowed
-from mpl.wire.sockets import recv_queued, send_frames
+from mpl.wire.sockets import drain, send_frames
 
 if TYPE_CHECKING:
     from mpl.driver.client import Client
@@ -232,16 +232,16 @@ class JobPump:
         p.attempts += 1
 
     def _receive(self, sock: zmq.Socket[Any]) -> None:
-        # receives without a system call while messages are queued (recv_queued); it stops
-        # after _DRAIN messages so queued sends are not held back long. A batch of answers
-        # (mpl.wire.batch) is split and each read as if it had come alone.
+        # drain checks ZMQ_EVENTS between receives: no zmq.Again built at the end of each
+        # wake-up; it stops after _DRAIN messages so queued sends are not held back long.
+        # A batch of answers (mpl.wire.batch) is split and each read as if it came alone.
         safe = not pickles_allowed(WORKER, trusted=self._client.trusted)
         # Futures are settled once the whole batch is read: each settled future wakes the
         # thread waiting on it, which would otherwise contend for the GIL with this loop
         # for every result still to read (a futex wait and wake each time).
         ready: list[tuple[Pending, Any]] = []
         try:
-            for received in recv_queued(sock, _DRAIN):
+            for received in drain(sock, _DRAIN):
                 if is_batch(received):  # several answers in one: each as if alone
                     try:
                         messages = split_batch(received)

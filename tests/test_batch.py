@@ -139,7 +139,8 @@ def _program(world: int) -> Any:
 
 
 def test_the_broker_batches_per_peer_and_keeps_the_order_around_a_large_exec() -> None:
-    """Three Execs queued together, the middle one carrying a large input: rank 0 gets the
+    """With a job in flight, three Execs queued together, the middle one carrying a large
+    input: rank 0 gets the
     first as one message, the large one alone after it, then the third (never before the
     large one); rank 1 (no large input for it) gets all three as one batch, in order."""
     ctx: zmq.Context[Any] = zmq.Context()
@@ -155,9 +156,9 @@ def test_the_broker_batches_per_peer_and_keeps_the_order_around_a_large_exec() -
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             broker._turn(math.inf)
-            if sock.sock.poll(0):
-                msg, _ = sock.wait_for(kind, 0.05)
-                return msg
+            for _, msg in sock.messages(0.01):
+                if isinstance(msg, kind):
+                    return msg
         raise AssertionError(f"no {kind.__name__}")
 
     try:
@@ -176,6 +177,8 @@ def test_the_broker_batches_per_peer_and_keeps_the_order_around_a_large_exec() -
         def job(name: str, value: Any) -> Exec:
             return Exec(sid, name, graph.digest, (0, 1), {0: [Lit(value)], 1: [None]}, (0,))
 
+        driver.send(job("zero", 0))  # in flight: the broker reads what queues behind it
+        serve_until(workers[1], Exec)
         driver.send(job("first", 1))
         driver.send(job("large", np.arange(50_000.0)))
         driver.send(job("third", 3))
@@ -185,7 +188,7 @@ def test_the_broker_batches_per_peer_and_keeps_the_order_around_a_large_exec() -
         seen: list[list[tuple[str, bool]]] = [[], []]
         for rank, w in enumerate(workers):
             for frames, msg in w.messages(0.5):
-                if isinstance(msg, Exec):
+                if isinstance(msg, Exec) and msg.job != "zero":
                     seen[rank].append((msg.job, is_batch(frames)))
         assert seen[0] == [("first", False), ("large", False), ("third", False)]
         assert seen[1] == [("first", True), ("large", True), ("third", True)]
