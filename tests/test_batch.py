@@ -579,3 +579,38 @@ def test_64_in_flight_with_real_daemons_ride_in_batches(tmp_path: Any) -> None:
     assert after["batches_sent"] > before["batches_sent"]
     assert after["batches_received"] > before["batches_received"]
     assert after["protocol_errors"] == before["protocol_errors"]
+
+
+def test_a_sync_call_finds_its_answer_inside_a_batch() -> None:
+    """A thread's own socket (``Client._call``) may be sent a batch too (its answer queued
+    at the broker with a late one): it reads each inner answer as if alone and returns its
+    own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mpl.driver.client import Client
+
+    ctx: zmq.Context[Any] = zmq.Context()
+    router = configure(ctx.socket(zmq.ROUTER), linger_ms=0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    client = Client(f"tcp://127.0.0.1:{port}", context=ctx, timeout=10)
+    pool = ThreadPoolExecutor(1)
+    try:
+        asked = Exec("s", "mine", "d", (0,), {})
+        call = pool.submit(
+            client._call, asked, lambda m: isinstance(m, JobResult) and m.job == "mine", 10, "t"
+        )
+        deadline = time.monotonic() + 10
+        while True:  # the heartbeat socket says hello too: answer the one that sent the Exec
+            assert time.monotonic() < deadline and router.poll(10_000), "no Exec arrived"
+            who, *frames = router.recv_multipart()
+            if decode(frames, unpickle=False) == asked:
+                break
+        answers = [JobResult("late", {0: {0: 1}}), JobResult("mine", {0: {0: 2}})]
+        router.send_multipart([who, *batch_frames([_header(a) for a in answers])])
+        got = call.result(timeout=10)
+        assert isinstance(got, JobResult) and got.job == "mine" and got.values == {0: {0: 2}}
+    finally:
+        pool.shutdown(wait=True)
+        client.close()
+        router.close(linger=0)
+        ctx.term()
