@@ -614,3 +614,42 @@ def test_a_sync_call_finds_its_answer_inside_a_batch() -> None:
         client.close()
         router.close(linger=0)
         ctx.term()
+
+
+def test_64_in_flight_in_secure_mode_ride_in_batches(tmp_path: Any) -> None:
+    """Under CURVE each inner message counts as sent by the key its batch arrived with:
+    the workers' batched Dones are taken as their ranks' own, the sealed results open."""
+    from deployment import Deployment
+
+    from mpl.broker.query import StatusProbe
+    from mpl.wire.curve import Curve
+    from mpl.wire.keys import load_keypair
+
+    d = Deployment(tmp_path)
+    try:
+        d.start_broker()
+        for rank in range(2):
+            d.start_worker(rank)
+        analyst = Curve(load_keypair(d.key("analyst")), d.spec)
+
+        def status() -> dict[str, Any]:
+            with StatusProbe(d.address, curve=analyst) as probe:
+                return dict(probe.ask(2.0))
+
+        wait_until(lambda: all(r["state"] == "up" for r in status()["ranks"]), 20, "ranks up")
+        ctx = mp.connect(d.address, key=d.key("analyst"), cluster=d.cluster_file)
+        try:
+            with ctx:
+                _windowed(8, 1)
+                before = status()
+                _windowed(3 * 64, 64)
+                after = status()
+        finally:
+            ctx.close()
+        assert after["jobs_done"] - before["jobs_done"] == 3 * 64
+        assert after["batches_received"] > before["batches_received"]
+        assert after["batches_sent"] > before["batches_sent"]
+        assert after["forged_replies"] == before["forged_replies"] == 0
+        assert after["protocol_errors"] == before["protocol_errors"]
+    finally:
+        d.close()
