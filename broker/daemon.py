@@ -8,6 +8,11 @@ through opaque), feeds to :class:`BrokerState`, and sends what the state asks fo
 the state only forwards goes out as the frames it came in, or as headers spliced from them
 (``mpl.wire.hot``): an Exec to n ranks is never encoded n times, nor Done values again.
 
+What a wake-up's messages ask to send is queued and sent at its end, each peer's messages in
+order; with jobs in flight, a run of Execs to one worker or of JobResults to one driver
+goes as one batch (``mpl.wire.batch``), and a batch that arrives is split and each message
+in it handled as if it had come alone.
+
 A socket monitor reports closed TCP connections; the identity frame's source fd maps them
 back to a peer, so a killed worker is noticed in milliseconds rather than after 3 missed
 heartbeats.

@@ -5,6 +5,8 @@ One pump thread per client owns one DEALER (made like any calling thread's, by
 ``Client._socket``), sends what callers queued, and settles futures as the broker's
 ``JobResult``s arrive, so one thread can keep many jobs in flight and any thread may wait on
 the futures (``concurrent.futures.wait`` / ``as_completed`` work on them as on any other).
+The Execs queued since the pump's last turn go out as one batch (``mpl.wire.batch``, a
+program a job needs alone before it), and a batch of answers is read one answer at a time.
 
 Every future is settled, never left waiting: by its result or error, by its deadline
 (``MplTimeoutError``, and the job is cancelled at the broker), by a silent broker, by a

@@ -12,8 +12,8 @@ The wire form::
     frame 1..n    one header each: the inner message is [MAGIC_FRAME, header]
 
 Only header-only messages (no buffer frames) ride in a batch; a sender sends anything else
-alone, and a message ordered after it to the same peer after it, so the order each peer sees
-never changes (:func:`coalesce`). A receiver splits a batch with :func:`split_batch` and
+alone, in its place (the messages after it to that peer go after it), so the order each
+peer sees never changes (:func:`coalesce`). A receiver splits a batch with :func:`split_batch` and
 handles each inner message exactly as if it had arrived alone from the same peer, with the
 same authenticated identity (the batch's frames carry the connection's CURVE User-Id) and
 every check it gets alone. Splitting runs no code and grows nothing: it checks the count

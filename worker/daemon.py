@@ -10,6 +10,8 @@ message as an event, and performs the actions it returns (sends, reconnects); th
 (``jobs.py``) performs the rest. Jobs run on a pool of job threads, so heartbeats and
 fetches keep flowing while a job computes; only a quick, purely local program whose last
 run took under a millisecond runs on the I/O thread itself (no hand-off, see ``jobs.py``).
+A batch of broker messages (``mpl.wire.batch``) is handled one message at a time, as if
+each had come alone; the Dones of the jobs it ran inline meanwhile go back in batches.
 Job threads send their answers on a second DEALER, the result channel (one socket behind a
 lock, announced to the broker with ``Channel``), and their moves on the peer links
 (``peers.py``): neither waits for the I/O thread.
