@@ -460,14 +460,19 @@ def test_a_worker_answers_a_batch_of_execs_with_batched_dones(
     for i in range(3):  # its first runs make the program a quick one (run inline after)
         broker.send(encode(Exec("s", f"warm{i}", graph.digest, (0,), {}, (0,))))
         broker.wait_dones(i + 1)
-    names = [f"job{i}" for i in range(8)]
-    broker.done_messages = 0
-    broker.send(batch_frames([_header(Exec("s", n, graph.digest, (0,), {}, (0,))) for n in names]))
-    broker.wait_dones(3 + len(names))
-    assert [d.job for d in broker.dones[3:]] == names
-    assert all(d.values == {0: 5} for d in broker.dones[3:])
-    assert worker.stats()["jobs_inline"] >= 1
-    assert broker.done_messages < len(names)  # several Dones shared a message
+    shared = False
+    for attempt in range(5):  # a run slower than 1 ms (a busy machine) sends it to the pool
+        names = [f"job{attempt}.{i}" for i in range(8)]
+        broker.done_messages, seen = 0, len(broker.dones)
+        frames = batch_frames([_header(Exec("s", n, graph.digest, (0,), {}, (0,))) for n in names])
+        broker.send(frames)
+        broker.wait_dones(seen + len(names))
+        assert [d.job for d in broker.dones[seen:]] == names
+        assert all(d.values == {0: 5} for d in broker.dones[seen:])
+        if broker.done_messages < len(names):  # several Dones shared a message
+            shared = True
+            break
+    assert shared and worker.stats()["jobs_inline"] >= 1
 
 
 @pytest.mark.parametrize(
