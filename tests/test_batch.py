@@ -658,3 +658,44 @@ def test_64_in_flight_in_secure_mode_ride_in_batches(tmp_path: Any) -> None:
         assert after["protocol_errors"] == before["protocol_errors"]
     finally:
         d.close()
+
+
+class RecordingRouter:
+    """Stands in for the broker's ROUTER in its shell's send path: keeps what is sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[Any]] = []
+
+    def send_multipart(self, frames: Any, flags: int = 0, copy: bool = True) -> None:
+        self.sent.append([bytes(f) for f in frames])
+
+
+def test_only_execs_and_results_ride_in_batches_so_a_heartbeat_socket_never_gets_one() -> None:
+    """The broker batches only the hot records: heartbeats, replies and programs queued for
+    one peer go alone (the driver's heartbeat socket, which reads no batch, gets only
+    those), while the Execs and JobResults beside them are coalesced in order."""
+    from mpl.broker.actions import Send
+
+    ctx: zmq.Context[Any] = zmq.Context()
+    broker = Broker(ClusterSpec.simple(2), "inproc://batch-kinds", context=ctx)
+    real = broker.router
+    fake = RecordingRouter()
+    try:
+        broker.router = fake  # type: ignore[assignment]
+        peer = b"\x00peer"
+        execs = [Exec("s", f"j{i}", "d", (0,), {}) for i in range(2)]
+        results = [JobResult(f"j{i}", {0: {0: i}}) for i in range(2)]
+        queued: list[Record] = [Heartbeat(), Heartbeat(), *execs, Reply(1, value=2), *results]
+        broker._perform([Send(peer, msg) for msg in queued])
+        broker._flush()
+        kinds = []
+        for frames in fake.sent:
+            assert frames[0] == peer
+            body = frames[1:]
+            inner = split_batch(body) if is_batch(body) else [body]
+            kinds.append([decode(one, unpickle=False).TAG for one in inner])
+        assert kinds == [["hb"], ["hb"], ["exec", "exec"], ["reply"], ["result", "result"]]
+    finally:
+        broker.router = real
+        broker.close()
+        ctx.term()
