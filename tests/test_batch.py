@@ -699,3 +699,50 @@ def test_only_execs_and_results_ride_in_batches_so_a_heartbeat_socket_never_gets
         broker.router = real
         broker.close()
         ctx.term()
+
+
+def test_bad_batches_against_real_daemons_are_refused_and_they_still_serve(
+    make_cluster: Any,
+) -> None:
+    """The same refusals from ``mpl-broker`` and ``mpl-worker`` processes: an empty, an
+    oversized and a nested batch are one bad message each, garbage inner headers one each,
+    a worker's-Execs batch from a stranger is refused per Exec; jobs still run."""
+    from mpl.wire.jobs import output_uri
+
+    cluster = make_cluster("tcp")
+    owner = cluster.client()
+    sid = owner.open_session("batches").session
+    b = GraphBuilder(2)
+    g = b.build([b.op("constant", [], ranks=(1,), value=[4, 2])[0]])
+    before = owner.status()
+    ctx: zmq.Context[Any] = zmq.Context()
+    attacker = Raw(ctx, cluster.address)
+    try:
+        bad = [
+            [BATCH_MAGIC],
+            [BATCH_MAGIC, *[_header(Heartbeat())] * (MAX_BATCH + 1)],
+            [BATCH_MAGIC, BATCH_MAGIC, _header(Heartbeat())],
+            batch_frames([b"\xc1", msgpack.packb(["exec", 1])]),
+            # a stranger's Execs into another driver's session
+            batch_frames([_header(Exec(sid, f"x{i}", g.digest, (1,), {})) for i in range(2)]),
+        ]
+        for frames in bad:
+            attacker.sock.send_multipart(frames)
+        refusals: list[Record] = []
+        for _, msg in attacker.messages(10):
+            if isinstance(msg, (Refused, JobResult)):
+                refusals.append(msg)
+            if len(refusals) == 3 + 2 + 2:
+                break
+        assert [type(m).__name__ for m in refusals] == ["Refused"] * 5 + ["JobResult"] * 2
+        assert all(isinstance(m, Refused) or m.error is not None for m in refusals)
+        after = owner.status()
+        assert after["protocol_errors"] == before["protocol_errors"] + 5
+        assert after["batches_refused"] == 3 and after["batches_received"] == 2
+        assert after["jobs_in_flight"] == 0
+        job = owner.submit(sid, g, {}).job  # the daemons still serve
+        assert owner.fetch(sid, 1, output_uri(job, 0)) == [4, 2]
+        assert all(r["state"] == "up" for r in owner.status()["ranks"])
+    finally:
+        attacker.sock.close(linger=0)
+        ctx.term()
