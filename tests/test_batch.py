@@ -402,6 +402,7 @@ class FakeBroker:
         self.peer: bytes | None = None
         self.dones: list[Done] = []
         self.done_messages = 0  # ZeroMQ messages that carried Dones
+        self.stats: dict[str, Any] = {}  # the worker's, from its last heartbeat
 
     def pump(self, timeout_ms: int) -> None:
         while self.router.poll(timeout_ms):
@@ -411,6 +412,9 @@ class FakeBroker:
             msgs = [decode(one) for one in inner]
             if any(isinstance(m, WorkerHello) for m in msgs):
                 self.peer = who
+            for m in msgs:
+                if isinstance(m, Heartbeat) and m.stats:
+                    self.stats = m.stats
             dones = [m for m in msgs if isinstance(m, Done)]
             self.dones += dones
             self.done_messages += bool(dones)
@@ -745,4 +749,46 @@ def test_bad_batches_against_real_daemons_are_refused_and_they_still_serve(
         assert all(r["state"] == "up" for r in owner.status()["ranks"])
     finally:
         attacker.sock.close(linger=0)
+        ctx.term()
+
+
+def test_a_worker_process_drops_bad_batches_and_still_serves(tmp_path: Any) -> None:
+    import subprocess
+
+    from mpl.driver.launcher import daemon_command
+
+    ctx: zmq.Context[Any] = zmq.Context()
+    broker = FakeBroker(ctx)
+    cmd = [*daemon_command("mpl-worker"), "--broker", broker.address, "--rank", "0"]
+    cmd += ["--data-root", str(tmp_path / "data")]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while broker.peer is None:
+            assert time.monotonic() < deadline, "the worker never said hello"
+            broker.pump(50)
+        broker.send(encode(Welcome(0, 1, "fake-broker", 0.2, {})))
+        graph = _one_rank_program()
+        broker.send(encode(Program(graph.digest, graph)))
+        good = _header(Exec("s", "good", graph.digest, (0,), {}, (0,)))
+        for frames in (
+            [BATCH_MAGIC],
+            [BATCH_MAGIC, *[_header(Heartbeat())] * (MAX_BATCH + 1)],
+            [BATCH_MAGIC, BATCH_MAGIC, good],
+            batch_frames([b"\xc1", good]),
+        ):
+            broker.send(frames)
+        broker.wait_dones(1)
+        assert [d.job for d in broker.dones] == ["good"] and broker.dones[0].values == {0: 5}
+
+        def counted() -> bool:
+            broker.pump(50)
+            return broker.stats.get("protocol_errors") == 4
+
+        wait_until(counted, 20, "four bad messages counted in a heartbeat")
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        broker.router.close(linger=0)
         ctx.term()
