@@ -63,9 +63,10 @@ log = logging.getLogger("mpl.broker")
 _TICK_S = 0.05  # timers and disconnect events run this often; it also bounds a stop's wait
 _TICK_MS = int(_TICK_S * 1000)
 _BATCH = 256  # queued messages handled before the timers, at most
-# messages handled per wake-up before what they ask for is sent, at most: the sends of one
-# wake-up are coalesced per peer (mpl.wire.batch), so a few more per wake-up mean fewer
-# messages out, while the bound keeps an answer from waiting behind a long queue
+# messages handled per wake-up before what they ask for is sent, at most (and no more once
+# that many sends wait): the sends of one wake-up are coalesced per peer (mpl.wire.batch),
+# so a few more per wake-up mean fewer messages out, while the bound keeps an answer from
+# waiting behind a long queue
 _WAKE = MAX_BATCH
 # What may ride in a batch: the hot messages (Exec to a worker, JobResult to a driver).
 # Anything else goes alone, so the sockets that never see these (the driver's heartbeat
@@ -177,6 +178,8 @@ class Broker:
             if len(self.state.calls.jobs) > 1:
                 for frames in recv_queued(self.router, _WAKE - 1):
                     self._route(frames)
+                    if len(self._outbox) >= _WAKE:  # batches in: answers go out before more
+                        break
             self._flush()
         now = time.monotonic()
         if now < next_tick:
