@@ -18,7 +18,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from helpers import wait_until
+from helpers import nap_then, wait_until
 
 import mpl.driver as mp
 from mpl.broker.daemon import Broker
@@ -792,3 +792,29 @@ def test_a_worker_process_drops_bad_batches_and_still_serves(tmp_path: Any) -> N
         proc.wait(10)
         broker.router.close(linger=0)
         ctx.term()
+
+
+def test_gathered_dones_go_before_a_job_handed_to_the_pool(
+    fake: tuple[FakeBroker, Worker],
+) -> None:
+    """A batch runs a quick job inline, then hands a new program's job to the pool, then
+    runs more quick jobs: the inline job's Done is sent before the pooled job can answer,
+    so answers leave in the order their jobs began."""
+    broker, _worker = fake
+    b = GraphBuilder(1)
+    # quick (under 1 ms), yet slow enough that the pool answers while the rest run inline
+    quick = b.build(b.op("pcall", [], ranks=(0,), fn=b.fn(nap_then), args=(5, 0.0004)))
+    b = GraphBuilder(1)
+    fresh = b.build(b.op("constant", [], ranks=(0,), value=6))  # first run: on the pool
+    for graph in (quick, fresh):
+        broker.send(encode(Program(graph.digest, graph)))
+    for i in range(3):
+        broker.send(encode(Exec("w", f"warm{i}", quick.digest, (0,), {}, (0,))))
+        broker.wait_dones(i + 1)
+    execs = [Exec("s1", "inline", quick.digest, (0,), {}, (0,))]
+    execs.append(Exec("s2", "pooled", fresh.digest, (0,), {}, (0,)))
+    execs += [Exec(f"t{i}", f"after{i}", quick.digest, (0,), {}, (0,)) for i in range(12)]
+    broker.send(batch_frames([_header(e) for e in execs]))
+    broker.wait_dones(3 + len(execs))
+    order = [d.job for d in broker.dones[3:]]
+    assert order.index("inline") < order.index("pooled"), order

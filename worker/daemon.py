@@ -607,6 +607,8 @@ class Worker:
             if (refused := self.runtimes.failed(msg)) is not None:
                 self._send(refused)  # a session whose runtime_info this node refused
             elif not self.jobs.run_now(msg):  # a repeat quick job runs here, whole
+                # Dones gathered from this batch go before a job thread may answer
+                self._send_gathered()
                 self._perform(self.jobs.handle(msg))
             return
         if isinstance(msg, SessionClosed):
