@@ -8,6 +8,11 @@ through opaque), feeds to :class:`BrokerState`, and sends what the state asks fo
 the state only forwards goes out as the frames it came in, or as headers spliced from them
 (``mpl.wire.hot``): an Exec to n ranks is never encoded n times, nor Done values again.
 
+What a wake-up's messages ask to send is queued and sent at its end, each peer's messages in
+order; with jobs in flight, a run of Execs to one worker or of JobResults to one driver
+goes as one batch (``mpl.wire.batch``), and a batch that arrives is split and each message
+in it handled as if it had come alone.
+
 A socket monitor reports closed TCP connections; the identity frame's source fd maps them
 back to a peer, so a killed worker is noticed in milliseconds rather than after 3 missed
 heartbeats.
@@ -29,6 +34,7 @@ import zmq
 
 from mpl.broker.ledger import JobLedger
 from mpl.broker.state import BrokerState, Send
+from mpl.wire.batch import MAX_BATCH, coalesce, is_batch, split_batch
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import decode, encode
 from mpl.wire.control import HEARTBEAT_S, Bye, Directory, Heartbeat, Refused
@@ -37,11 +43,18 @@ from mpl.wire.errors import ProtocolError
 from mpl.wire.guard import Guard
 from mpl.wire.hot import DONE_PREFIX, EXEC_PREFIX, read_done, read_exec
 from mpl.wire.identity import frame_identity
-from mpl.wire.jobs import JobResult
+from mpl.wire.jobs import Exec, JobResult
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
 from mpl.wire.snapshot import SnapshotSlot
-from mpl.wire.sockets import MAX_MESSAGE, configure, drain, recv_frames, send_frames
+from mpl.wire.sockets import (
+    MAX_MESSAGE,
+    configure,
+    drain,
+    recv_frames,
+    recv_queued,
+    send_frames,
+)
 from mpl.wire.zap import Gatekeeper
 
 __all__ = ["Broker"]
@@ -50,6 +63,15 @@ log = logging.getLogger("mpl.broker")
 _TICK_S = 0.05  # timers and disconnect events run this often; it also bounds a stop's wait
 _TICK_MS = int(_TICK_S * 1000)
 _BATCH = 256  # queued messages handled before the timers, at most
+# messages handled per wake-up before what they ask for is sent, at most (and no more once
+# that many sends wait): the sends of one wake-up are coalesced per peer (mpl.wire.batch),
+# so a few more per wake-up mean fewer messages out, while the bound keeps an answer from
+# waiting behind a long queue
+_WAKE = MAX_BATCH
+# What may ride in a batch: the hot messages (Exec to a worker, JobResult to a driver).
+# Anything else goes alone, so the sockets that never see these (the driver's heartbeat
+# socket) never see a batch either.
+_BATCHABLE = frozenset({Exec, JobResult})
 # What the broker sends that the ledger counts or the log shows; nothing else needs a look
 _OBSERVED = frozenset({Refused, JobResult})
 
@@ -97,6 +119,11 @@ class Broker:
         self.refusals = RefusalLog(log)
         self.guard = Guard(log, self.state.counters)  # one bad message never stops the loop
         self._fd_peer: dict[int, bytes] = {}
+        # what this wake-up's messages asked to send, with its frames, in order
+        self._outbox: list[tuple[Send, list[Any]]] = []
+        # batches received, refused (as bad messages) and sent: in the status, with the rest
+        for counter in ("batches_received", "batches_refused", "batches_sent"):
+            self.state.counters.setdefault(counter, 0)
         self._peer_fd: dict[bytes, int] = {}
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -129,12 +156,13 @@ class Broker:
             self.close()
 
     def _turn(self, next_tick: float) -> float:
-        """One wake-up: wait for a message (at most RCVTIMEO) and handle it; then, if the
-        timers are due, handle every message queued (up to _BATCH) and run them. Returns
-        when the timers are next due.
+        """One wake-up: wait for a message (at most RCVTIMEO), handle it and, with jobs in
+        flight, whatever else is queued already (up to _WAKE), and send what they ask for,
+        coalesced per peer; then, if the timers are due, handle every message queued (up to
+        _BATCH) and run them. Returns when the timers are next due.
 
-        A blocking receive of a message already queued costs no system call, where a poll
-        per wake-up and an event check per message cost two to three each. The queue is
+        A blocking receive of a message already queued costs no system call; the receives
+        after it do not block and end at the first that finds nothing. The queue is
         drained before the timers, so a worker whose heartbeat waits in it is never
         declared silent (after the broker was descheduled for a while, say).
         """
@@ -144,11 +172,21 @@ class Broker:
             frames = None
         if frames is not None:
             self._route(frames)
+            # With one job or none in flight nothing queued could share a batch with what
+            # this message asks to send: skip the receive that would find nothing (a
+            # system call and a zmq.Again on the one-job-at-a-time path).
+            if len(self.state.calls.jobs) > 1:
+                for frames in recv_queued(self.router, _WAKE - 1):
+                    self._route(frames)
+                    if len(self._outbox) >= _WAKE:  # batches in: answers go out before more
+                        break
+            self._flush()
         now = time.monotonic()
         if now < next_tick:
             return next_tick
         for frames in drain(self.router, _BATCH):
             self._route(frames)
+        self._flush()
         now = time.monotonic()
         try:
             if self.monitor is not None:
@@ -157,6 +195,7 @@ class Broker:
             self.snapshots.serve(self._snapshot)
         except Exception as exc:
             self._contain(None, None, exc)
+        self._flush()
         return time.monotonic() + min(_TICK_S, self.state.heartbeat_s / 4)
 
     def close(self) -> None:
@@ -174,7 +213,8 @@ class Broker:
 
     # -- loop body ------------------------------------------------------------------------
     def _route(self, frames: list[Any]) -> None:
-        """Decode one message from the ROUTER, hand it to the state, send what it asks."""
+        """Take one ZeroMQ message from the ROUTER: a message, or a batch of them (each
+        handled as if it had arrived alone, with the batch's authenticated identity)."""
         peer = frames[0].bytes
         if self.monitor is not None and peer not in self._peer_fd:
             fd = frames[0].get(zmq.SRCFD)
@@ -185,6 +225,24 @@ class Broker:
         body = frames[1:]
         # received frames: len() is their size in bytes
         self.state.counters["bytes_routed"] += sum(map(len, body))
+        # every frame of a message carries its connection's User-Id
+        who = frame_identity(body[0]) if self.secure and body else None
+        if not is_batch(body):
+            self._handle(peer, body, now, who)
+            return
+        try:
+            inner = split_batch(body)
+        except ProtocolError as exc:  # answered and counted as one bad message
+            self.state.counters["batches_refused"] += 1
+            self.refusals.refused(peer.hex(), f"bad message: {exc}")
+            self._perform(self.state.protocol_error(peer, exc), logged=True)
+            return
+        self.state.counters["batches_received"] += 1
+        for one in inner:
+            self._handle(peer, one, now, who)
+
+    def _handle(self, peer: bytes, body: list[Any], now: float, who: str | None) -> None:
+        """Decode one message, hand it to the state, queue what it asks to send."""
         msg: Record | None = None
         try:  # one message's failure stays that message's failure
             # the hot messages, header only, are read without the general decode
@@ -192,7 +250,6 @@ class Broker:
             if header_only and body[1].bytes.startswith(DONE_PREFIX):
                 read = read_done(body)  # a Done of the hot path: no record built
                 if read is not None:
-                    who = frame_identity(body[1]) if self.secure else None
                     self._perform(self.state.done_read(peer, read, now, who))
                     return
             if header_only and body[1].bytes.startswith(EXEC_PREFIX):
@@ -204,7 +261,6 @@ class Broker:
                 self.refusals.refused(peer.hex(), f"bad message: {exc}")
                 self._perform(self.state.protocol_error(peer, exc), logged=True)
                 return
-            who = frame_identity(frames[1]) if self.secure else None
             self.ledger.received(msg)
             self._perform(self.state.handle(peer, msg, now, body, who=who))
         except Exception as exc:
@@ -214,6 +270,7 @@ class Broker:
         """Count and log a failure, and answer the sender if it waits for an answer."""
         reply = self.guard.internal(peer.hex() if peer else "the timers", msg, exc)
         if reply is not None and peer is not None:
+            self._flush()  # after what was queued for the peer before it
             with contextlib.suppress(Exception):
                 self.router.send_multipart([peer, *encode(reply)], zmq.NOBLOCK, copy=False)
 
@@ -255,26 +312,57 @@ class Broker:
             )
 
     def _perform(self, actions: list[Send], logged: bool = False) -> None:
+        """Queue what the state asks to send; :meth:`_flush` sends it at the end of the
+        wake-up, when the queue holds all that this wake-up's messages asked for."""
         encoded: dict[int, list[Any]] = {}  # broadcasts are encoded once
-        router = self.router
-        pending = actions
-        while pending:
-            more: list[Send] = []
-            for action in pending:
-                peer, msg, frames = action
-                if type(msg) in _OBSERVED:
-                    self._observe(action, logged)
+        outbox = self._outbox
+        for action in actions:
+            msg, frames = action.msg, action.raw
+            if type(msg) in _OBSERVED:
+                self._observe(action, logged)
+            if frames is None:
+                frames = encoded.get(id(msg))
                 if frames is None:
-                    frames = encoded.get(id(msg))
-                    if frames is None:
-                        frames = encoded[id(msg)] = encode(msg)
-                try:
-                    send_frames(router, [peer, *frames])
-                except zmq.ZMQError as exc:
-                    if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
-                        raise
-                    more += self._undeliverable(action, exc)
-            pending = more
+                    frames = encoded[id(msg)] = encode(msg)
+            outbox.append((action, frames))
+
+    def _flush(self) -> None:
+        """Send what is queued, each peer's messages in the order they were queued; a run
+        of hot header-only messages to one peer goes as one batch (``mpl.wire.batch``)."""
+        while self._outbox:
+            queued, self._outbox = self._outbox, []
+            if len(queued) == 1:  # one job at a time: no grouping to do
+                action, frames = queued[0]
+                self._send_to(action.peer, frames, queued)
+                continue
+            by_peer: dict[bytes, list[tuple[Send, list[Any]]]] = {}
+            for item in queued:
+                by_peer.setdefault(item[0].peer, []).append(item)
+            for peer, items in by_peer.items():
+                if len(items) == 1:
+                    self._send_to(peer, items[0][1], items)
+                    continue
+                plan = coalesce((frames, type(a.msg) in _BATCHABLE) for a, frames in items)
+                at = 0
+                for frames, carried in plan:
+                    if carried > 1:
+                        self.state.counters["batches_sent"] += 1
+                    self._send_to(peer, frames, items[at : at + carried])
+                    at += carried
+
+    def _send_to(self, peer: bytes, frames: list[Any], carried: list[tuple[Send, Any]]) -> None:
+        """Send one message (maybe a batch) to ``peer``; what it carried is undeliverable
+        if the peer is gone or stuck (what follows from that is queued for the flush)."""
+        try:
+            send_frames(self.router, [peer, *frames])
+        except zmq.ZMQError as exc:
+            if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+                self.guard.internal(peer.hex(), carried[0][0].msg, exc)
+                return
+            for action, _ in carried:
+                self._perform(self._undeliverable(action, exc))
+        except Exception as exc:
+            self.guard.internal(peer.hex(), carried[0][0].msg, exc)
 
     def _undeliverable(self, action: Send, exc: zmq.ZMQError) -> list[Send]:
         """The peer is gone (or stuck): its calls fail back to their senders."""

@@ -32,6 +32,7 @@ import zmq
 from mpl.driver.inflight import JobPump, Pending
 from mpl.driver.job_progress import ProgressBoard
 from mpl.driver.watch import BrokerWatch
+from mpl.wire.batch import is_batch, split_batch
 from mpl.wire.codec import decode, encode
 from mpl.wire.control import HEARTBEAT_S, Bye, Refused
 from mpl.wire.curve import Curve
@@ -526,12 +527,29 @@ class Client:
                 except zmq.Again:
                     self.progress.tick()
                     continue
-                answer = self._answer(frames, match)
+                answer = self._answers(frames, match)
                 if answer is not None:
                     return answer
         finally:
             if short:
                 sock.setsockopt(zmq.RCVTIMEO, _SLICE_MS)
+
+    def _answers(self, frames: list[Any], match: Callable[[Record], bool]) -> Record | None:
+        """:meth:`_answer` for one ZeroMQ message, which may be a batch of answers
+        (``mpl.wire.batch``): each is read as if it had come alone, in order."""
+        if not is_batch(frames):
+            return self._answer(frames, match)
+        try:
+            inner = split_batch(frames)
+        except ProtocolError as exc:
+            log.warning("bad message from the broker: %s", exc)
+            return None
+        found: Record | None = None
+        for one in inner:
+            answer = self._answer(one, match)
+            if found is None:
+                found = answer
+        return found
 
     def _answer(self, frames: list[Any], match: Callable[[Record], bool]) -> Record | None:
         """The awaited answer among what arrived, or None for a stale message."""

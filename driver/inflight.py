@@ -5,6 +5,8 @@ One pump thread per client owns one DEALER (made like any calling thread's, by
 ``Client._socket``), sends what callers queued, and settles futures as the broker's
 ``JobResult``s arrive, so one thread can keep many jobs in flight and any thread may wait on
 the futures (``concurrent.futures.wait`` / ``as_completed`` work on them as on any other).
+The Execs queued since the pump's last turn go out as one batch (``mpl.wire.batch``, a
+program a job needs alone before it), and a batch of answers is read one answer at a time.
 
 Every future is settled, never left waiting: by its result or error, by its deadline
 (``MplTimeoutError``, and the job is cancelled at the broker), by a silent broker, by a
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from mpl.wire.batch import coalesce, is_batch, split_batch
 from mpl.wire.codec import encode
 from mpl.wire.control import Bye, Refused
 from mpl.wire.errors import MplError, MplTimeoutError, ProtocolError, SessionError
@@ -171,12 +174,49 @@ class JobPump:
         unsent, self._unsent = self._unsent, []
         # those that waited for room first, unless their deadline settled them meanwhile
         retry = [p for p in unsent if self._inflight.get(p.msg.job) is p]
-        programs = self._client._programs
-        for p in [*retry, *batch]:
+        pendings = [*retry, *batch]
+        for p in pendings:
             self._inflight[p.msg.job] = p
             if p.deadline < self._check_at:
                 self._check_at = p.deadline
-            self._send(sock, p, with_program=p.graph.digest not in programs)
+        if len(pendings) == 1:
+            p = pendings[0]
+            self._send(sock, p, with_program=p.graph.digest not in self._client._programs)
+        else:
+            self._send_many(sock, pendings)
+
+    def _send_many(self, sock: zmq.Socket[Any], pendings: list[Pending]) -> None:
+        """Send several jobs, their header-only Execs coalesced into batches (a program a
+        job needs goes alone, before it). Once the socket's queue is full, the rest wait in
+        ``_unsent``, in order."""
+        programs = self._client._programs
+        seal = self._client.seal
+        # each message: its frames, whether it may ride in a batch, the job it sends (None
+        # for a program) and the program's digest
+        messages: list[tuple[list[Any], bool, Pending | None, str]] = []
+        planned: set[str] = set()
+        for p in pendings:
+            digest = p.graph.digest
+            if digest not in programs and digest not in planned:
+                program = seal.program(p.graph) if seal else Program(digest, p.graph)
+                messages.append((encode(program), False, None, digest))
+                planned.add(digest)
+            messages.append((exec_frames(p.msg), True, p, digest))
+        plan = coalesce((frames, batchable) for frames, batchable, _, _ in messages)
+        at = 0
+        for frames, carried in plan:
+            part = messages[at : at + carried]
+            try:
+                send_frames(sock, frames)
+            except zmq.Again:  # the rest wait for room, in order
+                self._unsent += [job for _, _, job, _ in messages[at:] if job is not None]
+                return
+            at += carried
+            for _, _, job, digest in part:
+                if job is None:
+                    programs.add(digest)
+                else:
+                    job.attempts += 1
 
     def _send(self, sock: zmq.Socket[Any], p: Pending, *, with_program: bool) -> None:
         """Send ``p`` without blocking the pump: while the socket's queue is full (a broker
@@ -195,32 +235,52 @@ class JobPump:
 
     def _receive(self, sock: zmq.Socket[Any]) -> None:
         # drain checks ZMQ_EVENTS between receives: no zmq.Again built at the end of each
-        # wake-up; it stops after _DRAIN messages so queued sends are not held back long
+        # wake-up; it stops after _DRAIN messages so queued sends are not held back long.
+        # A batch of answers (mpl.wire.batch) is split and each read as if it came alone.
         safe = not pickles_allowed(WORKER, trusted=self._client.trusted)
         # Futures are settled once the whole batch is read: each settled future wakes the
         # thread waiting on it, which would otherwise contend for the GIL with this loop
         # for every result still to read (a futex wait and wake each time).
         ready: list[tuple[Pending, Any]] = []
         try:
-            for frames in drain(sock, _DRAIN):
-                try:
-                    # results come from other parties: pickles load only in a trusted cluster
-                    msg = read_answer(frames, safe=safe)
-                except ProtocolError as exc:
-                    log.warning("bad message from the broker: %s", exc)
-                    continue
-                if isinstance(msg, JobResult):
-                    self._settle(sock, msg, ready)
-                elif isinstance(msg, Progress):
-                    self._client.progress.update(msg)
-                elif isinstance(msg, Refused):
-                    self._fail_all(type(from_info(msg.error)), msg.error.message)
-                elif isinstance(msg, Bye):
-                    self._fail_all(SessionError, f"the broker at {self._client.address} shut down")
+            for received in drain(sock, _DRAIN):
+                if is_batch(received):  # several answers in one: each as if alone
+                    try:
+                        messages = split_batch(received)
+                    except ProtocolError as exc:
+                        log.warning("bad message from the broker: %s", exc)
+                        continue
+                else:
+                    messages = [received]
+                for frames in messages:
+                    self._take(sock, frames, safe, ready)
         finally:
             for p, value in ready:
                 p.keep = None
                 p.future.set_result(value)
+
+    def _take(
+        self,
+        sock: zmq.Socket[Any],
+        frames: list[Any],
+        safe: bool,
+        ready: list[tuple[Pending, Any]],
+    ) -> None:
+        """Read and act on one message from the broker."""
+        try:
+            # results come from other parties: pickles load only in a trusted cluster
+            msg = read_answer(frames, safe=safe)
+        except ProtocolError as exc:
+            log.warning("bad message from the broker: %s", exc)
+            return
+        if isinstance(msg, JobResult):
+            self._settle(sock, msg, ready)
+        elif isinstance(msg, Progress):
+            self._client.progress.update(msg)
+        elif isinstance(msg, Refused):
+            self._fail_all(type(from_info(msg.error)), msg.error.message)
+        elif isinstance(msg, Bye):
+            self._fail_all(SessionError, f"the broker at {self._client.address} shut down")
 
     def _settle(
         self, sock: zmq.Socket[Any], result: JobResult, ready: list[tuple[Pending, Any]]
