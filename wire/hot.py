@@ -309,6 +309,17 @@ def _lean_header(frames: Sequence[Any]) -> bytes | None:
     return header
 
 
+def _done_shallow(spans: dict[Any, bytes], stats_span: bytes) -> bool:
+    """Whether a Done read so far is too short, field by field, to nest past MAX_NESTING,
+    so the walk over its containers can be skipped: each level of nesting costs a byte
+    (a container's header) inside the bytes of the field that holds it. The header array
+    is level 1; a value sits at level 3 inside the values map, the stats map is level 2;
+    ``metas`` (int -> str) and ``saved`` (empty) were checked flat."""
+    return len(stats_span) < MAX_NESTING and (
+        not spans or max(map(len, spans.values())) <= MAX_NESTING - 2
+    )
+
+
 def read_done(frames: Sequence[Any]) -> DoneRead | None:
     """Read a ``Done`` of the hot path without building the record, in one walk over its
     header: None unless it is one (no buffer frames, the right magic, no extension types,
@@ -359,7 +370,7 @@ def read_done(frames: Sequence[Any]) -> DoneRead | None:
         and not saved  # saved names are records: decode checks them
     ):
         return None
-    if len(header) >= MAX_NESTING:  # else too short to nest that deep
+    if len(header) >= MAX_NESTING and not _done_shallow(spans, stats_span):
         try:
             check_nesting([values, stats, metas, saved])
         except ProtocolError:
@@ -419,7 +430,9 @@ def read_exec(frames: Sequence[Any]) -> Exec | None:
         and (type(timeout_s) is float or int_fits(timeout_s))
     ):
         return None
-    if len(header) >= MAX_NESTING:  # else too short to nest that deep
+    # too short to nest that deep, or no bindings: ranks and inline are tuples, bounded
+    # on their own, so only the bindings map can nest
+    if bindings and len(header) >= MAX_NESTING:
         try:
             check_nesting(items)
         except ProtocolError:
