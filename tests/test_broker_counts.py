@@ -8,15 +8,21 @@ fed the frames a driver and its workers send.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import msgpack
 import pytest
+import zmq
 
-from mpl.wire import hot
-from mpl.wire.codec import MAGIC_FRAME, encode
-from mpl.wire.jobs import Done, Exec
+from mpl.broker.daemon import Broker
+from mpl.wire import GraphBuilder, hot
+from mpl.wire.cluster import ClusterSpec
+from mpl.wire.codec import MAGIC_FRAME, decode, encode
+from mpl.wire.control import WorkerHello
+from mpl.wire.jobs import Done, Exec, JobResult, Program
 from mpl.wire.limits import MAX_NESTING
+from mpl.wire.sessions import OpenSession, SessionOpened
 
 # What a worker's stats look like for a trivial job (mpl.worker.jobs)
 STATS = {"run_s": 1.2e-05, "started": 1.7645e9, "ops": [[0, "pcall", 1e-06, 1.1e-05]]}
@@ -69,3 +75,99 @@ def test_an_exec_without_bindings_is_not_walked_for_nesting(nesting_walks: list[
     bound = encode(Exec("s" * 16, "j" * 24, "d" * 64, (0, 1), {0: [[[1]]]}, (0,), 600.0))
     assert hot.read_exec(bound) is not None
     assert nesting_walks == [1]
+
+
+class _Recorder:
+    """Stands in for the broker's ROUTER once it is up: keeps what the broker sends."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[Any]] = []
+
+    def send_multipart(self, frames: list[Any], flags: int = 0, copy: bool = True) -> None:
+        self.sent.append(frames)
+
+
+class _Rig:
+    """A broker for ``world`` ranks fed by hand: workers registered, a session open, the
+    trivial program (a constant on every rank) known; :meth:`job` runs one job through it
+    as the frames a driver and its workers send."""
+
+    def __init__(self, world: int) -> None:
+        self.broker = Broker(ClusterSpec.simple(world), "inproc://broker-counts")
+        self.router, self.broker.router = self.broker.router, _Recorder()  # type: ignore[assignment]
+        self.world = world
+        self.workers = [b"\x00w%d" % r for r in range(world)]
+        self.driver = b"drv:counts/0001"
+        for rank, peer in enumerate(self.workers):
+            self._route(peer, encode(WorkerHello(rank, f"i{rank}", 1, "h", "tcp://x:1", "")))
+        self._route(self.driver, encode(OpenSession(1, "", 600.0, "counts")))
+        opened = decode(self.broker.router.sent[-1][1:], unpickle=False)  # type: ignore[attr-defined]
+        assert isinstance(opened, SessionOpened)
+        self.sid = opened.session
+        builder = GraphBuilder(world)
+        self.graph = builder.build(builder.op("constant", [], ranks=tuple(range(world)), value=1))
+        self._route(self.driver, encode(Program(self.graph.digest, self.graph)))
+        self.jobs = 0
+
+    def _route(self, peer: bytes, frames: list[Any]) -> None:
+        self.broker._route([zmq.Frame(peer), *(zmq.Frame(bytes(f)) for f in frames)])
+
+    def frames(self) -> list[list[Any]]:
+        """The messages of the next job: its Exec from the driver, then every rank's Done."""
+        self.jobs += 1
+        job, ranks = f"j{self.jobs}", tuple(range(self.world))
+        out = [[self.driver, *encode(Exec(self.sid, job, self.graph.digest, ranks, {}, (0,), 9))]]
+        for rank, peer in enumerate(self.workers):
+            out.append([peer, *encode(Done(self.sid, job, rank, {0: 1}, STATS, {}))])
+        return [[zmq.Frame(bytes(f)) for f in msg] for msg in out]
+
+    def sent(self) -> list[Any]:
+        return self.broker.router.sent  # type: ignore[attr-defined,no-any-return]
+
+    def close(self) -> None:
+        self.broker.router = self.router
+        self.broker.close()
+
+
+def _python_calls(rig: _Rig, jobs: int) -> float:
+    """Python function calls (frames entered) per job at the broker, the job's answer
+    checked; the messages are built beforehand, outside the count."""
+    batches = [rig.frames() for _ in range(jobs)]
+    calls = 0
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        nonlocal calls
+        calls += event == "call"
+
+    sys.setprofile(count)
+    try:
+        for batch in batches:
+            for msg in batch:
+                rig.broker._route(msg)
+    finally:
+        sys.setprofile(None)
+    result = decode([bytes(f) for f in rig.sent()[-1][1:]], unpickle=False)
+    assert isinstance(result, JobResult) and result.error is None
+    assert len(result.values[0]) == rig.world
+    return calls / jobs
+
+
+_BOUND = {2: 89, 16: 427}  # main (14e5dcc) made 90 and 442
+
+
+@pytest.mark.parametrize("world", [2, 16])
+def test_python_calls_per_job_and_per_rank_at_the_broker(world: int) -> None:
+    """A trivial job (pcall on every rank + its answer) makes at most this many Python
+    calls at the broker: per job, and per rank it adds (its Exec out, its Done in)."""
+    rig = _Rig(world)
+    try:
+        for batch in [rig.frames() for _ in range(5)]:  # warm: first uses, caches
+            for msg in batch:
+                rig.broker._route(msg)
+        rig.sent().clear()
+        per_job = _python_calls(rig, 20)
+        assert len(rig.sent()) == 20 * (world + 1)  # an Exec per rank and one answer
+    finally:
+        rig.close()
+    print(f"world {world}: {per_job} Python calls per job")
+    assert per_job <= _BOUND[world]

@@ -35,6 +35,8 @@ from mpl.wire.decoder import TUPLE, check_nesting
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Done, Exec, JobResult
 from mpl.wire.limits import (
+    INT_MAX,
+    INT_MIN,
     MAX_CONTAINERS,
     MAX_HEADER_BYTES,
     MAX_HEADER_ITEMS,
@@ -81,6 +83,17 @@ if _EXEC_FIELDS != ("session", "job", "digest", "ranks", "bindings", "inline", "
     raise ImportError("mpl.wire.hot: Exec's fields changed; update read_exec")
 EXEC_PREFIX = bytes([0x90 | _EXEC_ITEMS]) + msgpack.packb(Exec.TAG)
 _NONE, _FALSE = msgpack.packb(None), msgpack.packb(False)
+_RESULT_HEAD = bytes([0x90 | _RESULT_ITEMS]) + _RESULT_TAG
+_EMPTY_MAP, _ONE_ENTRY = msgpack.packb({}), bytes([0x81])
+# Ranks and output indexes as msgpack writes them: the ones below 128 are a byte each
+_FIXINTS: tuple[bytes, ...] = tuple(bytes([i]) for i in range(128))
+
+
+def _int(n: int) -> bytes:
+    if 0 <= n < 128:
+        return _FIXINTS[n]
+    packed: bytes = msgpack.packb(n)
+    return packed
 
 
 _tls = threading.local()
@@ -194,7 +207,7 @@ def exec_spans(frames: Sequence[Any]) -> ExecSpans | None:
 def exec_for_rank(spans: ExecSpans, rank: int) -> list[bytes]:
     """The frames of the ``Exec`` that ``rank`` gets: only its own bindings."""
     mine = spans.bindings.get(rank)
-    middle = _map_header(0) if mine is None else _map_header(1) + msgpack.packb(rank) + mine
+    middle = _EMPTY_MAP if mine is None else _ONE_ENTRY + _int(rank) + mine
     return [MAGIC_FRAME, b"".join((spans.head, middle, spans.tail))]
 
 
@@ -255,17 +268,15 @@ def result_frames(
     It decodes to ``JobResult(job, values, None, False, stats, metas)``; None when the
     header would exceed ``MAX_HEADER_BYTES`` (the codec then says why).
     """
-    pack = msgpack.Packer(use_bin_type=True).pack  # one Packer, not one per packb call
-    parts = [bytes([0x90 | _RESULT_ITEMS]), _RESULT_TAG, pack(job)]
-    parts.append(_map_header(len(values)))
+    parts = [_RESULT_HEAD, msgpack.packb(job), _map_header(len(values))]
     for index, by_rank in values.items():
-        parts += (pack(index), _map_header(len(by_rank)))
+        parts += (_int(index), _map_header(len(by_rank)))
         for rank, value in by_rank.items():
-            parts += (pack(rank), value)
+            parts += (_int(rank), value)
     parts += (_NONE, _FALSE, _map_header(len(stats)))
     for rank, raw in stats.items():
-        parts += (pack(rank), raw)
-    parts.append(pack(metas))
+        parts += (_int(rank), raw)
+    parts.append(msgpack.packb(metas) if metas else _EMPTY_MAP)
     header = b"".join(parts)
     if len(header) > MAX_HEADER_BYTES:
         return None
@@ -307,6 +318,22 @@ def _lean_header(frames: Sequence[Any]) -> bytes | None:
     if magic != MAGIC_FRAME or len(header) >= MAX_CONTAINERS:
         return None
     return header
+
+
+_INT_ONLY, _STR_ONLY = {int}, {str}
+
+
+def _int_keys(keys: Any) -> bool:
+    """Whether every key of a map is a 64-bit int (``int_fits``), in C calls only: no
+    Python frame per key."""
+    return not keys or (
+        set(map(type, keys)) == _INT_ONLY and min(keys) >= INT_MIN and max(keys) <= INT_MAX
+    )
+
+
+def _all_str(items: Any) -> bool:
+    """Whether every item is a str (not a subclass: msgpack builds none)."""
+    return set(map(type, items)) <= _STR_ONLY
 
 
 def _done_shallow(spans: dict[Any, bytes], stats_span: bytes) -> bool:
@@ -360,12 +387,12 @@ def read_done(frames: Sequence[Any]) -> DoneRead | None:
         type(session) is str
         and type(job) is str
         and int_fits(rank)
-        and all(map(int_fits, values))
+        and _int_keys(values)
         and type(stats) is dict
-        and all(type(k) is str for k in stats)
+        and _all_str(stats)
         and type(metas) is dict
-        and all(map(int_fits, metas))
-        and all(type(v) is str for v in metas.values())
+        and _int_keys(metas)
+        and _all_str(metas.values())
         and type(saved) is list
         and not saved  # saved names are records: decode checks them
     ):
@@ -425,7 +452,7 @@ def read_exec(frames: Sequence[Any]) -> Exec | None:
         and type(digest) is str
         and type(ranks) is tuple  # of ints: _small_tuple built it
         and type(bindings) is dict
-        and all(map(int_fits, bindings))
+        and _int_keys(bindings)
         and type(inline) is tuple
         and (type(timeout_s) is float or int_fits(timeout_s))
     ):
