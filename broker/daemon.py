@@ -205,7 +205,7 @@ class Broker:
                 self._perform(self.state.protocol_error(peer, exc), logged=True)
                 return
             who = frame_identity(frames[1]) if self.secure else None
-            self.ledger.received(msg)
+            self.ledger.received(msg, now)
             self._perform(self.state.handle(peer, msg, now, body, who=who))
         except Exception as exc:
             self._contain(peer, msg, exc)
@@ -255,6 +255,8 @@ class Broker:
             )
 
     def _perform(self, actions: list[Send], logged: bool = False) -> None:
+        if not actions:  # most Dones: the job still waits on other ranks
+            return
         encoded: dict[int, list[Any]] = {}  # broadcasts are encoded once
         router = self.router
         pending = actions

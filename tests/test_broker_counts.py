@@ -171,3 +171,24 @@ def test_python_calls_per_job_and_per_rank_at_the_broker(world: int) -> None:
         rig.close()
     print(f"world {world}: {per_job} Python calls per job")
     assert per_job <= _BOUND[world]
+
+
+def test_the_ledger_reads_the_clock_once_per_job() -> None:
+    """A job's start takes the time the broker read for its Exec; only its end reads it."""
+    rig = _Rig(2)
+    reads: list[int] = []
+    clock = rig.broker.ledger.clock
+
+    def counted() -> float:
+        reads.append(1)
+        return float(clock())
+
+    rig.broker.ledger.clock = counted
+    try:
+        for batch in [rig.frames() for _ in range(10)]:
+            for msg in batch:
+                rig.broker._route(msg)
+    finally:
+        rig.close()
+    assert rig.broker.ledger.count == 10 and rig.broker.ledger.outcomes["ok"] == 10
+    assert len(reads) == 10
