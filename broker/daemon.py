@@ -197,6 +197,11 @@ class Broker:
                     return
             if header_only and body[1].bytes.startswith(EXEC_PREFIX):
                 msg = read_exec(body)  # an Exec: checked and built without the decoder
+                if msg is not None:
+                    who = frame_identity(body[1]) if self.secure else None
+                    self.ledger.received(msg, now)
+                    self._perform(self.state.exec_read(peer, msg, now, body, who))
+                    return
             try:
                 if msg is None:
                     msg = decode(body, unpickle=False)

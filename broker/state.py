@@ -27,10 +27,11 @@ import secrets
 from collections import deque
 from collections.abc import Callable
 from functools import partial
+from operator import attrgetter
 from typing import Any
 
 from mpl.broker.access import Access
-from mpl.broker.actions import Send
+from mpl.broker.actions import Send, fan
 from mpl.broker.admission import refuse_call, refuse_open
 from mpl.broker.calls import Call, CallTable, JobCall, RequestCall, lost_rank_error
 from mpl.broker.data import DataCalls
@@ -102,6 +103,7 @@ from mpl.wire.sessions import (
 
 __all__ = ["BrokerState", "Send"]
 
+_peer_of = attrgetter("peer")
 PROGRAM_CACHE = 1024
 RECENT_ERRORS = 20
 _FROM_WORKERS: frozenset[type[Record]] = frozenset({Done, Failed, Reply, Ack, Progress})
@@ -226,6 +228,28 @@ class BrokerState:
             return forward(peer, msg, now, who, raw)
         assert handler is not None
         return handler(peer, msg, now, who)
+
+    def exec_read(
+        self, peer: bytes, msg: Exec, now: float, raw: Any, who: str | None = None
+    ) -> list[Send]:
+        """An Exec of the hot path (``mpl.wire.hot.read_exec`` read and checked it): the
+        checks :meth:`handle` makes on an Exec (no worker may send one; the sender must be a
+        driver, by its key in secure mode), without the dispatch over every message kind."""
+        worker = self.registry.worker(peer)
+        if worker is not None:
+            worker.last_seen = now
+            return [self._refuse(peer, "ProtocolError", f"a worker may not send {msg.TAG!r}")]
+        identity = self.access.driver(peer, who)
+        if identity is None:
+            return [
+                self._refuse(
+                    peer,
+                    "AuthenticationError",
+                    f"{who} is not a driver: it may not send {msg.TAG!r}",
+                )
+            ]
+        self.drivers[peer] = now
+        return self._exec(peer, msg, now, who, raw, identity)
 
     def protocol_error(self, peer: bytes, error: Exception) -> list[Send]:
         """A message from ``peer`` did not decode: count it and tell the sender."""
@@ -405,6 +429,18 @@ class BrokerState:
     def _on_exec(
         self, peer: bytes, msg: Exec, now: float, who: str | None = None, raw: Any = None
     ) -> list[Send]:
+        return self._exec(peer, msg, now, who, raw, self.access.driver(peer, who))
+
+    def _exec(
+        self,
+        peer: bytes,
+        msg: Exec,
+        now: float,
+        who: str | None,
+        raw: Any,
+        identity: str | None,
+    ) -> list[Send]:
+        """Start job ``msg`` from the driver ``identity`` (``access.driver(peer, who)``)."""
         job_id, ranks, digest, bindings = msg.job, msg.ranks, msg.digest, msg.bindings
 
         def answer(error: ErrorInfo | None = None, missing: bool = False) -> list[Send]:
@@ -416,7 +452,6 @@ class BrokerState:
             return answer(_error("ProtocolError", refusal, job=job_id))
         if refusal := refuse_call(self.calls):
             return answer(_error("ProtocolError", refusal, job=job_id))
-        identity = self.access.driver(peer, who)
         session = self.access.session_of(identity, who, msg.session, now)
         if isinstance(session, ErrorInfo):
             return answer(session)
@@ -446,16 +481,17 @@ class BrokerState:
         # has buffer frames, encoded anew.
         shared = set(bindings) <= {ranks[0]} if len(ranks) == 1 else not bindings
         spans = None if shared or raw is None else exec_spans(raw)
-        out: list[Send] = []
+        out: list[Send] = []  # a rank's program goes before its Exec
         for entry in workers:
             assert entry is not None  # None in workers was answered above
             if not entry.programs.get(digest) and entry.needs_program(
                 digest, partial(program_nbytes, program, entry.rank)
             ):
                 out.append(Send(entry.peer, program))
-            if shared:
-                out.append(Send(entry.peer, msg, raw))
-                continue
+        if shared:
+            return out + fan(map(_peer_of, workers), msg, raw)
+        for entry in workers:
+            assert entry is not None
             rank = entry.rank
             mine = {rank: bindings[rank]} if rank in bindings else {}
             forwarded = replaced(msg, bindings=mine)  # checked on decoding, not again

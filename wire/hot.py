@@ -269,13 +269,14 @@ def result_frames(
     header would exceed ``MAX_HEADER_BYTES`` (the codec then says why).
     """
     parts = [_RESULT_HEAD, msgpack.packb(job), _map_header(len(values))]
+    small = _FIXINTS  # ranks and indexes below 128: a byte each, no call
     for index, by_rank in values.items():
-        parts += (_int(index), _map_header(len(by_rank)))
+        parts += (small[index] if 0 <= index < 128 else _int(index), _map_header(len(by_rank)))
         for rank, value in by_rank.items():
-            parts += (_int(rank), value)
+            parts += (small[rank] if 0 <= rank < 128 else _int(rank), value)
     parts += (_NONE, _FALSE, _map_header(len(stats)))
     for rank, raw in stats.items():
-        parts += (_int(rank), raw)
+        parts += (small[rank] if 0 <= rank < 128 else _int(rank), raw)
     parts.append(msgpack.packb(metas) if metas else _EMPTY_MAP)
     header = b"".join(parts)
     if len(header) > MAX_HEADER_BYTES:
@@ -285,13 +286,19 @@ def result_frames(
 
 class DoneRead:
     """A ``Done`` as :func:`read_done` found it: its fields, checked as the record's
-    annotations say, and its values and stats as the bytes they came in (``spans``)."""
+    annotations say, and its values and stats as the bytes they came in (``spans``). Only
+    :func:`read_done` makes one, filling in every slot."""
 
     __slots__ = ("job", "metas", "rank", "saved", "session", "spans", "stats", "values")
 
-    def __init__(self, fields: list[Any], spans: DoneSpans) -> None:
-        self.session, self.job, self.rank, self.values, self.stats, self.metas, self.saved = fields
-        self.spans = spans
+    session: str
+    job: str
+    rank: int
+    values: dict[int, Any]
+    stats: dict[str, Any]
+    metas: dict[int, str]
+    saved: list[Any]
+    spans: DoneSpans
 
     TAG = Done.TAG
 
@@ -321,6 +328,7 @@ def _lean_header(frames: Sequence[Any]) -> bytes | None:
 
 
 _INT_ONLY, _STR_ONLY = {int}, {str}
+_new = object.__new__
 
 
 def _int_keys(keys: Any) -> bool:
@@ -386,13 +394,13 @@ def read_done(frames: Sequence[Any]) -> DoneRead | None:
     if not (
         type(session) is str
         and type(job) is str
-        and int_fits(rank)
+        and type(rank) is int
+        and INT_MIN <= rank <= INT_MAX
         and _int_keys(values)
         and type(stats) is dict
         and _all_str(stats)
         and type(metas) is dict
-        and _int_keys(metas)
-        and _all_str(metas.values())
+        and (not metas or (_int_keys(metas) and _all_str(metas.values())))
         and type(saved) is list
         and not saved  # saved names are records: decode checks them
     ):
@@ -402,7 +410,13 @@ def read_done(frames: Sequence[Any]) -> DoneRead | None:
             check_nesting([values, stats, metas, saved])
         except ProtocolError:
             return None
-    return DoneRead([session, job, rank, values, stats, metas, saved], DoneSpans(spans, stats_span))
+    # filled in slot by slot: no __init__ call per Done
+    cut = _new(DoneSpans)
+    cut.values, cut.stats = spans, stats_span
+    read = _new(DoneRead)
+    read.session, read.job, read.rank, read.values = session, job, rank, values
+    read.stats, read.metas, read.saved, read.spans = stats, metas, saved, cut
+    return read
 
 
 def _small_tuple(code: int, data: bytes) -> Any:
