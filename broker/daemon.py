@@ -193,7 +193,9 @@ class Broker:
                 read = read_done(body)  # a Done of the hot path: no record built
                 if read is not None:
                     who = frame_identity(body[1]) if self.secure else None
-                    self._perform(self.state.done_read(peer, read, now, who))
+                    actions = self.state.done_read(peer, read, now, who)
+                    if actions:  # most Dones leave their job waiting on other ranks
+                        self._perform(actions)
                     return
             if header_only and body[1].bytes.startswith(EXEC_PREFIX):
                 msg = read_exec(body)  # an Exec: checked and built without the decoder

@@ -396,9 +396,17 @@ def read_done(frames: Sequence[Any]) -> DoneRead | None:
         and type(job) is str
         and type(rank) is int
         and INT_MIN <= rank <= INT_MAX
-        and _int_keys(values)
+        # _int_keys(values) and _all_str(stats), written out: one Python call fewer each
+        and (
+            not values
+            or (
+                set(map(type, values)) == _INT_ONLY
+                and min(values) >= INT_MIN
+                and max(values) <= INT_MAX
+            )
+        )
         and type(stats) is dict
-        and _all_str(stats)
+        and set(map(type, stats)) <= _STR_ONLY
         and type(metas) is dict
         and (not metas or (_int_keys(metas) and _all_str(metas.values())))
         and type(saved) is list
