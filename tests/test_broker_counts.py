@@ -16,6 +16,7 @@ import pytest
 import zmq
 
 from mpl.broker.daemon import Broker
+from mpl.broker.state import BrokerState
 from mpl.wire import GraphBuilder, hot
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import MAGIC_FRAME, decode, encode
@@ -206,3 +207,22 @@ def test_a_hot_exec_from_a_worker_socket_is_refused_and_starts_nothing() -> None
         assert rig.broker.state.calls.jobs == {}
     finally:
         rig.close()
+
+
+def test_exec_read_keeps_the_checks_handle_makes_on_an_exec() -> None:
+    """In secure mode only a driver's key may start a job through the hot entry point, and
+    what it starts is the same as through ``handle``."""
+    state = BrokerState(ClusterSpec.simple(2), now=0.0, secure=True)
+    msg = Exec("s", "j", "d", (0, 1), {}, (0,), 9.0)
+    for who in ("node:P0", "nobody"):
+        (refused,) = state.exec_read(b"peer", msg, 0.1, None, who)
+        assert isinstance(refused.msg, Refused)
+        assert refused.msg.error.kind == "AuthenticationError"
+    for who in ("node:P0", "nobody", "driver:alice"):
+        (answer,) = state.exec_read(b"peer", msg, 0.1, None, who)
+        (via_handle,) = state.handle(b"peer", msg, 0.1, None, who=who)
+        assert answer.msg == via_handle.msg
+    # a driver's key: on to the job's own checks (here: no such session)
+    assert isinstance(answer.msg, JobResult) and answer.msg.error is not None
+    assert answer.msg.error.kind == "SessionError"
+    assert state.calls.jobs == {}

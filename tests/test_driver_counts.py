@@ -21,8 +21,9 @@ from mpl.wire.exec_pack import exec_frames
 from mpl.wire.jobs import Exec
 
 WORLD_SIZE = 2
-# main (14e5dcc) made 53 Python calls per job here
-PER_JOB = 44
+# main (14e5dcc) made 53 Python calls per job here, this branch 44; the margin is for the
+# batch of deletes (the jobs' dropped outputs) that may go out during the count
+PER_JOB = 46
 
 
 @pytest.fixture
