@@ -34,6 +34,9 @@ MAX_OWNED = 256  # sessions one driver identity may hold open at once
 MAX_CLIENTS = 1024  # driver clients attached to one session at once
 
 
+_LOOK_UP: Any = object()  # speaks_for: the caller did not look the worker up
+
+
 class Access:
     """The checks, over the broker's registry and sessions; refusals are counted in
     ``counters`` (``forged_replies``, ``refused_requests``) and described through ``note``."""
@@ -66,10 +69,16 @@ class Access:
     ) -> SessionEntry | ErrorInfo:
         """Session ``sid`` if the sender may act in it (renewing its lease when ``now`` is
         given), else the error to answer with."""
+        return self.session_of(self.driver(peer, who), who, sid, now)
+
+    def session_of(
+        self, identity: str | None, who: str | None, sid: str, now: float | None = None
+    ) -> SessionEntry | ErrorInfo:
+        """:meth:`session` for a sender whose driver identity (``self.driver(peer, who)``)
+        the caller has already worked out."""
         session = self.sessions.get(sid)
         if session is None:
             return no_session(sid)
-        identity = self.driver(peer, who)
         if identity is None or not session.allows(identity):
             return self.denied(session, identity or str(who))
         if now is not None:
@@ -140,10 +149,14 @@ class Access:
         return None
 
     # -- workers --------------------------------------------------------------------------
-    def speaks_for(self, peer: bytes, who: str | None, rank: int, tag: str) -> bool:
+    def speaks_for(
+        self, peer: bytes, who: str | None, rank: int, tag: str, entry: Any = _LOOK_UP
+    ) -> bool:
         """True when ``peer`` is the socket (or result channel) registered for ``rank`` and,
-        in secure mode, ``who`` is that rank's node; else the message is dropped, counted."""
-        entry = self.registry.worker(peer)
+        in secure mode, ``who`` is that rank's node; else the message is dropped, counted.
+        ``entry``: ``registry.worker(peer)``, when the caller has looked it up already."""
+        if entry is _LOOK_UP:
+            entry = self.registry.worker(peer)
         if (
             entry is not None
             and entry.rank == rank

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from mpl.wire.record import Record
 
-__all__ = ["Send"]
+__all__ = ["Send", "fan"]
 
 
 class Send(NamedTuple):
@@ -19,3 +20,12 @@ class Send(NamedTuple):
     peer: bytes
     msg: Record
     raw: Any = None
+
+
+_new = tuple.__new__
+
+
+def fan(peers: Iterable[bytes], msg: Record, raw: Any = None) -> list[Send]:
+    """``[Send(peer, msg, raw) for peer in peers]`` without a Python call per peer (the
+    NamedTuple's ``__new__`` is one): an Exec that goes out the same to every rank."""
+    return [_new(Send, (peer, msg, raw)) for peer in peers]

@@ -250,10 +250,16 @@ class Broker:
             if header_only and body[1].bytes.startswith(DONE_PREFIX):
                 read = read_done(body)  # a Done of the hot path: no record built
                 if read is not None:
-                    self._perform(self.state.done_read(peer, read, now, who))
+                    actions = self.state.done_read(peer, read, now, who)
+                    if actions:  # most Dones leave their job waiting on other ranks
+                        self._perform(actions)
                     return
             if header_only and body[1].bytes.startswith(EXEC_PREFIX):
                 msg = read_exec(body)  # an Exec: checked and built without the decoder
+                if msg is not None:
+                    self.ledger.received(msg, now)
+                    self._perform(self.state.exec_read(peer, msg, now, body, who))
+                    return
             try:
                 if msg is None:
                     msg = decode(body, unpickle=False)
@@ -261,7 +267,7 @@ class Broker:
                 self.refusals.refused(peer.hex(), f"bad message: {exc}")
                 self._perform(self.state.protocol_error(peer, exc), logged=True)
                 return
-            self.ledger.received(msg)
+            self.ledger.received(msg, now)
             self._perform(self.state.handle(peer, msg, now, body, who=who))
         except Exception as exc:
             self._contain(peer, msg, exc)

@@ -113,13 +113,15 @@ class JobLedger:
         # oldest entry dropped past the limit (nothing reorders it, so that is the LRU's)
         self._started: dict[str, tuple[float, str, tuple[int, ...]]] = {}
 
-    def received(self, msg: Record) -> None:
+    def received(self, msg: Record, now: float | None = None) -> None:
+        """Note a message the broker received (at ``now`` on :attr:`clock`, if the caller
+        has read it already)."""
         if type(msg) is Exec:
             started = self._started
             if msg.job not in started:
                 if len(started) >= _STARTED_LIMIT:
                     del started[next(iter(started))]
-                started[msg.job] = (self.clock(), msg.session, msg.ranks)
+                started[msg.job] = (self.clock() if now is None else now, msg.session, msg.ranks)
 
     def sent(self, msg: Record) -> JobSpan | None:
         """Note a message the broker sends; the finished job if it answers one."""

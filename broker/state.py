@@ -27,10 +27,11 @@ import secrets
 from collections import deque
 from collections.abc import Callable
 from functools import partial
+from operator import attrgetter
 from typing import Any
 
 from mpl.broker.access import Access
-from mpl.broker.actions import Send
+from mpl.broker.actions import Send, fan
 from mpl.broker.admission import refuse_call, refuse_open
 from mpl.broker.calls import Call, CallTable, JobCall, RequestCall, lost_rank_error
 from mpl.broker.data import DataCalls
@@ -102,6 +103,7 @@ from mpl.wire.sessions import (
 
 __all__ = ["BrokerState", "Send"]
 
+_peer_of = attrgetter("peer")
 PROGRAM_CACHE = 1024
 RECENT_ERRORS = 20
 _FROM_WORKERS: frozenset[type[Record]] = frozenset({Done, Failed, Reply, Ack, Progress})
@@ -226,6 +228,28 @@ class BrokerState:
             return forward(peer, msg, now, who, raw)
         assert handler is not None
         return handler(peer, msg, now, who)
+
+    def exec_read(
+        self, peer: bytes, msg: Exec, now: float, raw: Any, who: str | None = None
+    ) -> list[Send]:
+        """An Exec of the hot path (``mpl.wire.hot.read_exec`` read and checked it): the
+        checks :meth:`handle` makes on an Exec (no worker may send one; the sender must be a
+        driver, by its key in secure mode), without the dispatch over every message kind."""
+        worker = self.registry.worker(peer)
+        if worker is not None:
+            worker.last_seen = now
+            return [self._refuse(peer, "ProtocolError", f"a worker may not send {msg.TAG!r}")]
+        identity = self.access.driver(peer, who)
+        if identity is None:
+            return [
+                self._refuse(
+                    peer,
+                    "AuthenticationError",
+                    f"{who} is not a driver: it may not send {msg.TAG!r}",
+                )
+            ]
+        self.drivers[peer] = now
+        return self._exec(peer, msg, now, who, raw, identity)
 
     def protocol_error(self, peer: bytes, error: Exception) -> list[Send]:
         """A message from ``peer`` did not decode: count it and tell the sender."""
@@ -405,53 +429,73 @@ class BrokerState:
     def _on_exec(
         self, peer: bytes, msg: Exec, now: float, who: str | None = None, raw: Any = None
     ) -> list[Send]:
+        return self._exec(peer, msg, now, who, raw, self.access.driver(peer, who))
+
+    def _exec(
+        self,
+        peer: bytes,
+        msg: Exec,
+        now: float,
+        who: str | None,
+        raw: Any,
+        identity: str | None,
+    ) -> list[Send]:
+        """Start job ``msg`` from the driver ``identity`` (``access.driver(peer, who)``)."""
+        job_id, ranks, digest, bindings = msg.job, msg.ranks, msg.digest, msg.bindings
+
         def answer(error: ErrorInfo | None = None, missing: bool = False) -> list[Send]:
             self.counters["jobs_failed"] += error is not None
-            return [Send(peer, JobResult(msg.job, error=error, missing_program=missing))]
+            return [Send(peer, JobResult(job_id, error=error, missing_program=missing))]
 
-        if refusal := check_ranks(msg.ranks, f"job {msg.job}") or refuse_call(self.calls):
-            return answer(_error("ProtocolError", refusal, job=msg.job))
-        session = self.access.session(peer, who, msg.session, now)
+        # check_ranks says why with the job's name, built only when it refuses
+        if refusal := check_ranks(ranks, "") and check_ranks(ranks, f"job {job_id}"):
+            return answer(_error("ProtocolError", refusal, job=job_id))
+        if refusal := refuse_call(self.calls):
+            return answer(_error("ProtocolError", refusal, job=job_id))
+        session = self.access.session_of(identity, who, msg.session, now)
         if isinstance(session, ErrorInfo):
             return answer(session)
-        unreadable = self.access.unreadable_binding(session, msg.bindings)
-        if unreadable is not None:
-            return answer(self.access.unloaded(session, unreadable))
-        key = (self.access.driver(peer, who) or "", msg.digest)
+        assert identity is not None  # session_of refuses a sender that is no driver
+        if bindings:
+            unreadable = self.access.unreadable_binding(session, bindings)
+            if unreadable is not None:
+                return answer(self.access.unloaded(session, unreadable))
+        key = (identity, digest)
         program = self.programs.get(key)
         if program is None:
             return answer(missing=True)
         self.program_used[key] = now
-        if msg.job in self.calls.jobs:
-            return answer(_error("ProtocolError", f"job id {msg.job!r} is already running"))
-        workers: list[WorkerEntry] = []
-        for rank in msg.ranks:
-            entry = self.registry.by_rank.get(rank)
-            if entry is None:
-                return answer(self._absent(rank, msg.job))
-            workers.append(entry)
-        self.calls.jobs[msg.job] = JobCall(
-            peer, msg.session, msg.ranks, set(msg.ranks), job=msg.job
-        )
-        session.jobs.add(msg.job)
+        if job_id in self.calls.jobs:
+            return answer(_error("ProtocolError", f"job id {job_id!r} is already running"))
+        by_rank = self.registry.by_rank
+        workers = list(map(by_rank.get, ranks))
+        if not all(workers):  # a WorkerEntry is always true
+            absent = next(r for r, e in zip(ranks, workers, strict=True) if e is None)
+            return answer(self._absent(absent, job_id))
+        self.calls.jobs[job_id] = JobCall(peer, msg.session, ranks, set(ranks), job=job_id)
+        session.jobs.add(job_id)
         # A rank must see only its own bindings (host values are private to their party).
-        # When no other rank's bindings are in the message, it goes out as it came.
-        # Otherwise each rank's Exec is the arrived header with the other ranks' bindings cut
-        # out (mpl.wire.hot), or, when the message has buffer frames, encoded anew.
-        shared = set(msg.bindings) <= {msg.ranks[0]} if len(msg.ranks) == 1 else not msg.bindings
+        # When no other rank's bindings are in the message, it goes out as it came: one
+        # Send for every rank, the same frames. Otherwise each rank's Exec is the arrived
+        # header with the other ranks' bindings cut out (mpl.wire.hot), or, when the message
+        # has buffer frames, encoded anew.
+        shared = set(bindings) <= {ranks[0]} if len(ranks) == 1 else not bindings
         spans = None if shared or raw is None else exec_spans(raw)
-        out: list[Send] = []
+        out: list[Send] = []  # a rank's program goes before its Exec
         for entry in workers:
-            if entry.programs.get(msg.digest) is None and entry.needs_program(
-                msg.digest, partial(program_nbytes, program, entry.rank)
+            assert entry is not None  # None in workers was answered above
+            if not entry.programs.get(digest) and entry.needs_program(
+                digest, partial(program_nbytes, program, entry.rank)
             ):
                 out.append(Send(entry.peer, program))
-            if shared:
-                out.append(Send(entry.peer, msg, raw))
-                continue
-            mine = {entry.rank: msg.bindings[entry.rank]} if entry.rank in msg.bindings else {}
+        if shared:
+            return out + fan(map(_peer_of, workers), msg, raw)
+        for entry in workers:
+            assert entry is not None
+            rank = entry.rank
+            mine = {rank: bindings[rank]} if rank in bindings else {}
             forwarded = replaced(msg, bindings=mine)  # checked on decoding, not again
-            frames = None if spans is None else exec_for_rank(spans, entry.rank)
+            frames = None if spans is None else exec_for_rank(spans, rank)
             out.append(Send(entry.peer, forwarded, frames))
         return out
 
@@ -466,7 +510,7 @@ class BrokerState:
         self, peer: bytes, msg: Done, now: float, who: str | None = None, raw: Any = None
     ) -> list[Send]:
         """A Done the codec decoded (it had buffer frames or saved names)."""
-        return self._done(peer, msg, who, raw, None)
+        return self._done(peer, msg, who, raw, None, self.registry.worker(peer))
 
     def done_read(self, peer: bytes, read: DoneRead, now: float, who: str | None) -> list[Send]:
         """A Done of the hot path, read by ``mpl.wire.hot.read_done`` instead of decoded:
@@ -477,7 +521,7 @@ class BrokerState:
             self._note("dropped 'done' from a peer that is not a registered worker")
             return []
         worker.last_seen = now
-        return self._done(peer, read, who, None, read.spans)
+        return self._done(peer, read, who, None, read.spans, worker)
 
     def _done(
         self,
@@ -486,10 +530,12 @@ class BrokerState:
         who: str | None,
         raw: Any,
         spans: DoneSpans | None,
+        worker: WorkerEntry | None,
     ) -> list[Send]:
-        """Take one rank's Done: its values and stats go straight into the job's answer."""
+        """Take one rank's Done (``worker``: the registered worker ``peer`` is, if any): its
+        values and stats go straight into the job's answer."""
         rank = msg.rank
-        if not self.access.speaks_for(peer, who, rank, "done"):
+        if not self.access.speaks_for(peer, who, rank, "done", worker):
             return []
         job = self.calls.jobs.get(msg.job)
         if job is None or rank not in job.pending or msg.session != job.session:

@@ -12,6 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -83,6 +84,9 @@ class JobRecord(NamedTuple):
     started: float  # driver wall clock
     seconds: float
     stats: dict[int, dict[str, Any]]
+
+
+_record = partial(tuple.__new__, JobRecord)
 
 
 class Context:
@@ -171,12 +175,15 @@ class Context:
         timeout: float | None = None,
     ) -> JobResult:
         """Run ``graph`` as one job (after sending any deletes waiting in the batch)."""
-        self._check_open()
-        self._maybe_flush()
+        if self.closed:
+            self._check_open()  # raises
+        if self._released:
+            self._maybe_flush()
         wall, start = time.time(), time.monotonic()
         result = self.client.submit(self.session, graph, bindings, inline=inline, timeout=timeout)
+        # JobRecord(...) without the NamedTuple's Python-level __new__: one per job
         self.jobs.append(
-            JobRecord(result.job, graph.name, wall, time.monotonic() - start, result.stats)
+            _record((result.job, graph.name, wall, time.monotonic() - start, result.stats))
         )
         return result
 

@@ -286,17 +286,18 @@ def fetch(x: Any, *, timeout: float | None = None) -> Any:
 def _fetch_one(value: Any, timeout: float | None) -> Any:
     if not isinstance(value, Value):
         return value
-    if value.traced:
+    if value._recorder is not None:  # value.traced
         raise DeviceError("cannot fetch a traced value outside its @mp.function")
     ctx = value._ctx if value._ctx is not None else current()
     if value.device is not None and ctx.cluster.device(value.device).kind == "SPU":
         return _spu.fetch(ctx, value, timeout)
     got = {}
+    cache = value._cache  # what came back with the job (value.cached, read directly)
     for rank in value.parties:
-        cached = value.cached(rank)
+        cached = cache.get(rank, NOT_CACHED)
         got[rank] = (
             cached if cached is not NOT_CACHED else ctx.fetch_raw(rank, value._uri, timeout=timeout)
         )
     if len(value.parties) == 1:
         return got[value.parties[0]]
-    return [got.get(r) for r in range(ctx.cluster.world_size)]
+    return list(map(got.get, range(ctx.cluster.world_size)))

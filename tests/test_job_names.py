@@ -115,7 +115,13 @@ def _spy_requests(sim: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
             seen.append(type(msg).__name__)
         return handle(peer, msg, *args, **kw)
 
+    def counting_exec(peer: bytes, msg: Record, *args: Any, **kw: Any) -> list[Send]:
+        seen.append(type(msg).__name__)  # the hot Exec's own entry point (drivers only)
+        return exec_read(peer, msg, *args, **kw)
+
+    exec_read = state.exec_read
     monkeypatch.setattr(state, "handle", counting)
+    monkeypatch.setattr(state, "exec_read", counting_exec)
     return seen
 
 

@@ -31,6 +31,7 @@ _PARTS = 64  # (session, digest, ranks, inline, timeout) combinations kept per t
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
 _PLAIN = frozenset({str, float, bool, type(None)})
 _LIT = Lit.TAG
+_EMPTY_MAP = msgpack.packb({})
 
 
 class _Parts(threading.local):
@@ -45,7 +46,8 @@ _tls = _Parts()
 def exec_frames(msg: Exec) -> list[Any]:
     """``encode(msg)``: the frames of ``msg``, packed from cached parts when its bindings
     are plain (see the module docstring)."""
-    bindings = _pack_bindings(msg.bindings)
+    # no bindings (a job without inputs): the empty map, without the walk
+    bindings = _EMPTY_MAP if msg.bindings == {} else _pack_bindings(msg.bindings)
     if bindings is None:
         return encode(msg)
     pack = _tls.packer.pack

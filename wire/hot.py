@@ -35,6 +35,8 @@ from mpl.wire.decoder import TUPLE, check_nesting
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Done, Exec, JobResult
 from mpl.wire.limits import (
+    INT_MAX,
+    INT_MIN,
     MAX_CONTAINERS,
     MAX_HEADER_BYTES,
     MAX_HEADER_ITEMS,
@@ -81,6 +83,17 @@ if _EXEC_FIELDS != ("session", "job", "digest", "ranks", "bindings", "inline", "
     raise ImportError("mpl.wire.hot: Exec's fields changed; update read_exec")
 EXEC_PREFIX = bytes([0x90 | _EXEC_ITEMS]) + msgpack.packb(Exec.TAG)
 _NONE, _FALSE = msgpack.packb(None), msgpack.packb(False)
+_RESULT_HEAD = bytes([0x90 | _RESULT_ITEMS]) + _RESULT_TAG
+_EMPTY_MAP, _ONE_ENTRY = msgpack.packb({}), bytes([0x81])
+# Ranks and output indexes as msgpack writes them: the ones below 128 are a byte each
+_FIXINTS: tuple[bytes, ...] = tuple(bytes([i]) for i in range(128))
+
+
+def _int(n: int) -> bytes:
+    if 0 <= n < 128:
+        return _FIXINTS[n]
+    packed: bytes = msgpack.packb(n)
+    return packed
 
 
 _tls = threading.local()
@@ -194,7 +207,7 @@ def exec_spans(frames: Sequence[Any]) -> ExecSpans | None:
 def exec_for_rank(spans: ExecSpans, rank: int) -> list[bytes]:
     """The frames of the ``Exec`` that ``rank`` gets: only its own bindings."""
     mine = spans.bindings.get(rank)
-    middle = _map_header(0) if mine is None else _map_header(1) + msgpack.packb(rank) + mine
+    middle = _EMPTY_MAP if mine is None else _ONE_ENTRY + _int(rank) + mine
     return [MAGIC_FRAME, b"".join((spans.head, middle, spans.tail))]
 
 
@@ -255,17 +268,16 @@ def result_frames(
     It decodes to ``JobResult(job, values, None, False, stats, metas)``; None when the
     header would exceed ``MAX_HEADER_BYTES`` (the codec then says why).
     """
-    pack = msgpack.Packer(use_bin_type=True).pack  # one Packer, not one per packb call
-    parts = [bytes([0x90 | _RESULT_ITEMS]), _RESULT_TAG, pack(job)]
-    parts.append(_map_header(len(values)))
+    parts = [_RESULT_HEAD, msgpack.packb(job), _map_header(len(values))]
+    small = _FIXINTS  # ranks and indexes below 128: a byte each, no call
     for index, by_rank in values.items():
-        parts += (pack(index), _map_header(len(by_rank)))
+        parts += (small[index] if 0 <= index < 128 else _int(index), _map_header(len(by_rank)))
         for rank, value in by_rank.items():
-            parts += (pack(rank), value)
+            parts += (small[rank] if 0 <= rank < 128 else _int(rank), value)
     parts += (_NONE, _FALSE, _map_header(len(stats)))
     for rank, raw in stats.items():
-        parts += (pack(rank), raw)
-    parts.append(pack(metas))
+        parts += (small[rank] if 0 <= rank < 128 else _int(rank), raw)
+    parts.append(msgpack.packb(metas) if metas else _EMPTY_MAP)
     header = b"".join(parts)
     if len(header) > MAX_HEADER_BYTES:
         return None
@@ -274,13 +286,19 @@ def result_frames(
 
 class DoneRead:
     """A ``Done`` as :func:`read_done` found it: its fields, checked as the record's
-    annotations say, and its values and stats as the bytes they came in (``spans``)."""
+    annotations say, and its values and stats as the bytes they came in (``spans``). Only
+    :func:`read_done` makes one, filling in every slot."""
 
     __slots__ = ("job", "metas", "rank", "saved", "session", "spans", "stats", "values")
 
-    def __init__(self, fields: list[Any], spans: DoneSpans) -> None:
-        self.session, self.job, self.rank, self.values, self.stats, self.metas, self.saved = fields
-        self.spans = spans
+    session: str
+    job: str
+    rank: int
+    values: dict[int, Any]
+    stats: dict[str, Any]
+    metas: dict[int, str]
+    saved: list[Any]
+    spans: DoneSpans
 
     TAG = Done.TAG
 
@@ -307,6 +325,34 @@ def _lean_header(frames: Sequence[Any]) -> bytes | None:
     if magic != MAGIC_FRAME or len(header) >= MAX_CONTAINERS:
         return None
     return header
+
+
+_INT_ONLY, _STR_ONLY = {int}, {str}
+_new = object.__new__
+
+
+def _int_keys(keys: Any) -> bool:
+    """Whether every key of a map is a 64-bit int (``int_fits``), in C calls only: no
+    Python frame per key."""
+    return not keys or (
+        set(map(type, keys)) == _INT_ONLY and min(keys) >= INT_MIN and max(keys) <= INT_MAX
+    )
+
+
+def _all_str(items: Any) -> bool:
+    """Whether every item is a str (not a subclass: msgpack builds none)."""
+    return set(map(type, items)) <= _STR_ONLY
+
+
+def _done_shallow(spans: dict[Any, bytes], stats_span: bytes) -> bool:
+    """Whether a Done read so far is too short, field by field, to nest past MAX_NESTING,
+    so the walk over its containers can be skipped: each level of nesting costs a byte
+    (a container's header) inside the bytes of the field that holds it. The header array
+    is level 1; a value sits at level 3 inside the values map, the stats map is level 2;
+    ``metas`` (int -> str) and ``saved`` (empty) were checked flat."""
+    return len(stats_span) < MAX_NESTING and (
+        not spans or max(map(len, spans.values())) <= MAX_NESTING - 2
+    )
 
 
 def read_done(frames: Sequence[Any]) -> DoneRead | None:
@@ -348,23 +394,37 @@ def read_done(frames: Sequence[Any]) -> DoneRead | None:
     if not (
         type(session) is str
         and type(job) is str
-        and int_fits(rank)
-        and all(map(int_fits, values))
+        and type(rank) is int
+        and INT_MIN <= rank <= INT_MAX
+        # _int_keys(values) and _all_str(stats), written out: one Python call fewer each
+        and (
+            not values
+            or (
+                set(map(type, values)) == _INT_ONLY
+                and min(values) >= INT_MIN
+                and max(values) <= INT_MAX
+            )
+        )
         and type(stats) is dict
-        and all(type(k) is str for k in stats)
+        and set(map(type, stats)) <= _STR_ONLY
         and type(metas) is dict
-        and all(map(int_fits, metas))
-        and all(type(v) is str for v in metas.values())
+        and (not metas or (_int_keys(metas) and _all_str(metas.values())))
         and type(saved) is list
         and not saved  # saved names are records: decode checks them
     ):
         return None
-    if len(header) >= MAX_NESTING:  # else too short to nest that deep
+    if len(header) >= MAX_NESTING and not _done_shallow(spans, stats_span):
         try:
             check_nesting([values, stats, metas, saved])
         except ProtocolError:
             return None
-    return DoneRead([session, job, rank, values, stats, metas, saved], DoneSpans(spans, stats_span))
+    # filled in slot by slot: no __init__ call per Done
+    cut = _new(DoneSpans)
+    cut.values, cut.stats = spans, stats_span
+    read = _new(DoneRead)
+    read.session, read.job, read.rank, read.values = session, job, rank, values
+    read.stats, read.metas, read.saved, read.spans = stats, metas, saved, cut
+    return read
 
 
 def _small_tuple(code: int, data: bytes) -> Any:
@@ -414,12 +474,14 @@ def read_exec(frames: Sequence[Any]) -> Exec | None:
         and type(digest) is str
         and type(ranks) is tuple  # of ints: _small_tuple built it
         and type(bindings) is dict
-        and all(map(int_fits, bindings))
+        and _int_keys(bindings)
         and type(inline) is tuple
         and (type(timeout_s) is float or int_fits(timeout_s))
     ):
         return None
-    if len(header) >= MAX_NESTING:  # else too short to nest that deep
+    # too short to nest that deep, or no bindings: ranks and inline are tuples, bounded
+    # on their own, so only the bindings map can nest
+    if bindings and len(header) >= MAX_NESTING:
         try:
             check_nesting(items)
         except ProtocolError:

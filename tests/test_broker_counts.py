@@ -1,0 +1,228 @@
+"""What the broker does per job and per rank, counted: calls, objects and sends.
+
+The broker's CPU per job is mostly per message and per rank; these tests pin the structural
+cuts by counting what a trivial job costs (never by timing it). Each is checked on the
+real readers and a real ``Broker`` whose ROUTER is swapped for a recorder after start-up,
+fed the frames a driver and its workers send.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+
+from mpl.broker.daemon import Broker
+from mpl.broker.state import BrokerState
+from mpl.wire import GraphBuilder, hot
+from mpl.wire.cluster import ClusterSpec
+from mpl.wire.codec import MAGIC_FRAME, decode, encode
+from mpl.wire.control import Refused, WorkerHello
+from mpl.wire.jobs import Done, Exec, JobResult, Program
+from mpl.wire.limits import MAX_NESTING
+from mpl.wire.sessions import OpenSession, SessionOpened
+
+# What a worker's stats look like for a trivial job (mpl.worker.jobs)
+STATS = {"run_s": 1.2e-05, "started": 1.7645e9, "ops": [[0, "pcall", 1e-06, 1.1e-05]]}
+
+
+@pytest.fixture
+def nesting_walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the readers' walks over a message's containers (check_nesting)."""
+    walks: list[int] = []
+    real = hot.check_nesting
+
+    def counted(items: Any) -> None:
+        walks.append(1)
+        real(items)
+
+    monkeypatch.setattr(hot, "check_nesting", counted)
+    return walks
+
+
+def test_a_hot_done_is_not_walked_for_nesting_its_bytes_cannot_reach(
+    nesting_walks: list[int],
+) -> None:
+    """A Done's fields are each too short to nest 100 deep: read without the walk."""
+    frames = encode(Done("s" * 16, "j" * 24, 1, {0: 1, 1: [1.5, "x"]}, STATS, {0: "int64[]"}))
+    assert len(frames[1]) >= MAX_NESTING  # long enough that the header alone bounds nothing
+    assert hot.read_done(frames) is not None
+    assert nesting_walks == []
+
+
+def test_a_done_whose_value_could_nest_deep_is_still_walked_and_refused(
+    nesting_walks: list[int],
+) -> None:
+    pack = msgpack.packb
+    head = b"".join((b"\x98", pack("done"), pack("s"), pack("j"), pack(0)))
+    deep = b"\x91" * 98 + b"\x90"  # 99 levels inside the values map: past MAX_NESTING
+    assert hot.read_done([MAGIC_FRAME, head + b"\x81\x00" + deep + b"\x80\x80\x90"]) is None
+    fine = b"\x91" * 40 + b"\x90"  # a long value (41 bytes) that nests 41 levels: walked
+    stats = pack({"k": "x" * 120})  # and a long stats map
+    read = hot.read_done([MAGIC_FRAME, head + b"\x81\x00" + fine + stats + b"\x80\x90"])
+    assert read is not None
+    assert len(nesting_walks) == 2
+
+
+def test_an_exec_without_bindings_is_not_walked_for_nesting(nesting_walks: list[int]) -> None:
+    """Ranks and outputs are tuples (bounded on their own): only bindings can nest."""
+    frames = encode(Exec("s" * 16, "j" * 24, "d" * 64, (0, 1), {}, (0,), 600.0))
+    assert len(frames[1]) >= MAX_NESTING
+    assert hot.read_exec(frames) is not None
+    assert nesting_walks == []
+    bound = encode(Exec("s" * 16, "j" * 24, "d" * 64, (0, 1), {0: [[[1]]]}, (0,), 600.0))
+    assert hot.read_exec(bound) is not None
+    assert nesting_walks == [1]
+
+
+class _Recorder:
+    """Stands in for the broker's ROUTER once it is up: keeps what the broker sends."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[Any]] = []
+
+    def send_multipart(self, frames: list[Any], flags: int = 0, copy: bool = True) -> None:
+        self.sent.append(frames)
+
+
+class _Rig:
+    """A broker for ``world`` ranks fed by hand: workers registered, a session open, the
+    trivial program (a constant on every rank) known; :meth:`job` runs one job through it
+    as the frames a driver and its workers send."""
+
+    def __init__(self, world: int) -> None:
+        self.broker = Broker(ClusterSpec.simple(world), "inproc://broker-counts")
+        self.router, self.broker.router = self.broker.router, _Recorder()  # type: ignore[assignment]
+        self.world = world
+        self.workers = [b"\x00w%d" % r for r in range(world)]
+        self.driver = b"drv:counts/0001"
+        for rank, peer in enumerate(self.workers):
+            self._route(peer, encode(WorkerHello(rank, f"i{rank}", 1, "h", "tcp://x:1", "")))
+        self._route(self.driver, encode(OpenSession(1, "", 600.0, "counts")))
+        opened = decode(self.broker.router.sent[-1][1:], unpickle=False)  # type: ignore[attr-defined]
+        assert isinstance(opened, SessionOpened)
+        self.sid = opened.session
+        builder = GraphBuilder(world)
+        self.graph = builder.build(builder.op("constant", [], ranks=tuple(range(world)), value=1))
+        self._route(self.driver, encode(Program(self.graph.digest, self.graph)))
+        self.jobs = 0
+
+    def _route(self, peer: bytes, frames: list[Any]) -> None:
+        self.broker._route([zmq.Frame(peer), *(zmq.Frame(bytes(f)) for f in frames)])
+
+    def frames(self) -> list[list[Any]]:
+        """The messages of the next job: its Exec from the driver, then every rank's Done."""
+        self.jobs += 1
+        job, ranks = f"j{self.jobs}", tuple(range(self.world))
+        out = [[self.driver, *encode(Exec(self.sid, job, self.graph.digest, ranks, {}, (0,), 9))]]
+        for rank, peer in enumerate(self.workers):
+            out.append([peer, *encode(Done(self.sid, job, rank, {0: 1}, STATS, {}))])
+        return [[zmq.Frame(bytes(f)) for f in msg] for msg in out]
+
+    def sent(self) -> list[Any]:
+        return self.broker.router.sent  # type: ignore[attr-defined,no-any-return]
+
+    def close(self) -> None:
+        self.broker.router = self.router
+        self.broker.close()
+
+
+def _python_calls(rig: _Rig, jobs: int) -> float:
+    """Python function calls (frames entered) per job at the broker, the job's answer
+    checked; the messages are built beforehand, outside the count."""
+    batches = [rig.frames() for _ in range(jobs)]
+    calls = 0
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        nonlocal calls
+        calls += event == "call"
+
+    sys.setprofile(count)
+    try:
+        for batch in batches:
+            for msg in batch:
+                rig.broker._route(msg)
+    finally:
+        sys.setprofile(None)
+    result = decode([bytes(f) for f in rig.sent()[-1][1:]], unpickle=False)
+    assert isinstance(result, JobResult) and result.error is None
+    assert len(result.values[0]) == rig.world
+    return calls / jobs
+
+
+_BOUND = {2: 68, 16: 252}  # main (14e5dcc) made 90 and 442
+
+
+@pytest.mark.parametrize("world", [2, 16])
+def test_python_calls_per_job_and_per_rank_at_the_broker(world: int) -> None:
+    """A trivial job (pcall on every rank + its answer) makes at most this many Python
+    calls at the broker: per job, and per rank it adds (its Exec out, its Done in)."""
+    rig = _Rig(world)
+    try:
+        for batch in [rig.frames() for _ in range(5)]:  # warm: first uses, caches
+            for msg in batch:
+                rig.broker._route(msg)
+        rig.sent().clear()
+        per_job = _python_calls(rig, 20)
+        assert len(rig.sent()) == 20 * (world + 1)  # an Exec per rank and one answer
+    finally:
+        rig.close()
+    print(f"world {world}: {per_job} Python calls per job")
+    assert per_job <= _BOUND[world]
+
+
+def test_the_ledger_reads_the_clock_once_per_job() -> None:
+    """A job's start takes the time the broker read for its Exec; only its end reads it."""
+    rig = _Rig(2)
+    reads: list[int] = []
+    clock = rig.broker.ledger.clock
+
+    def counted() -> float:
+        reads.append(1)
+        return float(clock())
+
+    rig.broker.ledger.clock = counted
+    try:
+        for batch in [rig.frames() for _ in range(10)]:
+            for msg in batch:
+                rig.broker._route(msg)
+    finally:
+        rig.close()
+    assert rig.broker.ledger.count == 10 and rig.broker.ledger.outcomes["ok"] == 10
+    assert len(reads) == 10
+
+
+def test_a_hot_exec_from_a_worker_socket_is_refused_and_starts_nothing() -> None:
+    """The Exec's own entry point keeps handle's check: no worker may start a job."""
+    rig = _Rig(2)
+    try:
+        exec_frames, *_ = rig.frames()
+        rig.broker._route([zmq.Frame(rig.workers[0]), *exec_frames[1:]])
+        assert hot.read_exec(exec_frames[1:]) is not None  # it was the lean path's to read
+        refused = decode([bytes(f) for f in rig.sent()[-1][1:]], unpickle=False)
+        assert isinstance(refused, Refused) and "may not send 'exec'" in refused.error.message
+        assert rig.broker.state.calls.jobs == {}
+    finally:
+        rig.close()
+
+
+def test_exec_read_keeps_the_checks_handle_makes_on_an_exec() -> None:
+    """In secure mode only a driver's key may start a job through the hot entry point, and
+    what it starts is the same as through ``handle``."""
+    state = BrokerState(ClusterSpec.simple(2), now=0.0, secure=True)
+    msg = Exec("s", "j", "d", (0, 1), {}, (0,), 9.0)
+    for who in ("node:P0", "nobody"):
+        (refused,) = state.exec_read(b"peer", msg, 0.1, None, who)
+        assert isinstance(refused.msg, Refused)
+        assert refused.msg.error.kind == "AuthenticationError"
+    for who in ("node:P0", "nobody", "driver:alice"):
+        (answer,) = state.exec_read(b"peer", msg, 0.1, None, who)
+        (via_handle,) = state.handle(b"peer", msg, 0.1, None, who=who)
+        assert answer.msg == via_handle.msg
+    # a driver's key: on to the job's own checks (here: no such session)
+    assert isinstance(answer.msg, JobResult) and answer.msg.error is not None
+    assert answer.msg.error.kind == "SessionError"
+    assert state.calls.jobs == {}

@@ -1,0 +1,75 @@
+"""What the driver does per synchronous job, counted: Python calls on the calling thread.
+
+The driver's CPU per trivial job (trace-cache hit, the Exec packed and sent, the JobResult
+read, the output fetched from what came back inline) is mostly Python calls; this pins
+their number (never a time) under the in-process Simulator, where the driver's code path is
+the one it takes against real daemons.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import mpl.driver as mp
+from mpl.wire.codec import encode
+from mpl.wire.exec_pack import exec_frames
+from mpl.wire.jobs import Exec
+
+WORLD_SIZE = 2
+# main (14e5dcc) made 53 Python calls per job here, this branch 44; the margin is for the
+# batch of deletes (the jobs' dropped outputs) that may go out during the count
+PER_JOB = 46
+
+
+@pytest.fixture
+def counted_ctx(sim: Any) -> Iterator[Any]:
+    with sim:
+        yield sim
+
+
+def test_python_calls_per_sync_trivial_job_at_the_driver(counted_ctx: Any) -> None:
+    job = mp.function(lambda: mp.simp.pcall((0, 1), lambda: 1))
+    for _ in range(20):  # traced, program sent, caches warm
+        assert mp.fetch(job()) == [1, 1]
+    calls: Counter[str] = Counter()
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            calls[frame.f_code.co_name] += 1
+
+    n = 50
+    results = []
+    sys.setprofile(count)
+    try:
+        for _ in range(n):
+            results.append(mp.fetch(job()))
+    finally:
+        sys.setprofile(None)
+    assert results == [[1, 1]] * n
+    per_job = sum(calls.values()) / n
+    print(f"{per_job} Python calls per job: {calls.most_common(12)}")
+    assert per_job <= PER_JOB
+
+
+def test_an_exec_without_bindings_is_packed_without_walking_them() -> None:
+    """Same bytes as encode, and no walk over the (empty) bindings."""
+    msg = Exec("s" * 16, "j" * 24, "d" * 64, (0, 1), {}, (0,), 600.0)
+    calls: Counter[str] = Counter()
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            calls[frame.f_code.co_name] += 1
+
+    sys.setprofile(count)
+    try:
+        frames = exec_frames(msg)
+        frames = exec_frames(msg)  # the second: its parts cached
+    finally:
+        sys.setprofile(None)
+    assert [bytes(f) for f in frames] == [bytes(f) for f in encode(msg)]
+    assert calls["_pack_bindings"] == 0
