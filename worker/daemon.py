@@ -544,17 +544,17 @@ class Worker:
             if self.code != "any" and holds_pickle(msg):
                 self._refuse_code(msg)
                 return
+        if type(msg) is Exec:  # most messages: first, past no other type's checks
+            if (refused := self.runtimes.failed(msg)) is not None:
+                self._send(refused)  # a session whose runtime_info this node refused
+            elif not self.jobs.run_now(msg):  # a repeat quick job runs here, whole
+                self._perform(self.jobs.handle(msg))
+            return
         if isinstance(msg, Abort) and self.seal is not None:
             self.seal.forget(msg.session, msg.job)
         if isinstance(msg, SessionRuntime):  # a session's runtime_info for this node
             if (ack := self.runtimes.open(msg)) is not None:
                 self._send(ack)
-            return
-        if type(msg) is Exec:
-            if (refused := self.runtimes.failed(msg)) is not None:
-                self._send(refused)  # a session whose runtime_info this node refused
-            elif not self.jobs.run_now(msg):  # a repeat quick job runs here, whole
-                self._perform(self.jobs.handle(msg))
             return
         if isinstance(msg, SessionClosed):
             self.runtimes.closed(msg.session)

@@ -122,7 +122,8 @@ def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
     """Run ``plan``'s graph on its rank; return the graph outputs (ABSENT where not held)."""
     graph, rank = plan.graph, plan.rank
     labels = plan.labels or tuple(op_label(graph, k) for k in range(len(graph.ops)))
-    env: dict[int, Any] = {i: v for i, v in enumerate(inputs) if v is not ABSENT}
+    # comprehensions are calls of their own: skipped where there is nothing to go through
+    env: dict[int, Any] = {i: v for i, v in enumerate(inputs) if v is not ABSENT} if inputs else {}
     vid = len(graph.inputs)
     origin = time.monotonic()
     done = 0
@@ -130,7 +131,7 @@ def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
         if rank in op.ranks:
             ctx.starting(done, plan.ops_here, graph, k)
             done += 1
-            args = [env.get(v, ABSENT) for v in op.inputs]
+            args = [env.get(v, ABSENT) for v in op.inputs] if op.inputs else []
             start = time.monotonic()
             try:
                 outs = KERNELS[op.opcode](ctx, graph, k, op, args)
@@ -165,7 +166,7 @@ def _pcall(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> li
                     **(fill(named, args) if named else named))  # fmt: skip
     else:
         result = fn(*args)
-    return split_outputs(result, op.nout)
+    return [result] if op.nout == 1 else split_outputs(result, op.nout)  # one output: most
 
 
 def split_outputs(result: Any, nout: int) -> list[Any]:

@@ -36,7 +36,12 @@ def describe(value: Any) -> str:
 
 def is_small(value: Any, budget: int = INLINE_BYTES) -> bool:
     """Cheap bound on the encoded size: only plain data qualifies for inline return."""
+    if type(value) in _SCALARS:  # most outputs: no walk
+        return budget >= 16
     return _size(value, budget, 0) <= budget
+
+
+_SCALARS = frozenset({bool, int, float, type(None)})  # _size counts each as 16
 
 
 def _size(value: Any, budget: int, depth: int) -> int:
