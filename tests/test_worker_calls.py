@@ -17,12 +17,15 @@ from typing import Any
 import pytest
 
 import mpl.driver as mp
+from mpl.wire.hot import read_exec
 
 _JOBS = 40
+_GENEROUS_S = 10.0
 # 32 calls before the hot path was trimmed (a stop check the state had just made, the
-# per-op progress report call, comprehensions over nothing, the Done values' walk, ...), 20
-# after; a little room for the I/O loop's own changes.
-_MAX_CALLS_PER_JOB = 24
+# per-op progress report call, comprehensions and walks over plain outputs, a check of
+# refused sessions when there are none, ...), 15 after; a little room for the I/O loop's
+# own changes.
+_MAX_CALLS_PER_JOB = 18
 
 
 @pytest.fixture
@@ -35,7 +38,7 @@ def sim() -> Iterator[mp.Simulator]:
 
 def _worker_calls(sim: mp.Simulator, rank: int, job: Any) -> tuple[int, Counter[str]]:
     """Run ``job`` _JOBS times; the worker-side Python calls made while ``rank``'s I/O thread
-    handled its broker messages (only Execs arrive meanwhile), and which functions."""
+    handled the jobs' Execs, and which functions."""
     worker = sim.runtime.workers[rank]
     calls: Counter[str] = Counter()
     handled = [0]
@@ -49,6 +52,9 @@ def _worker_calls(sim: mp.Simulator, rank: int, job: Any) -> tuple[int, Counter[
     handle = worker._on_frames
 
     def counted(frames: list[Any]) -> None:
+        if read_exec(frames) is None:  # a heartbeat, a directory: not the job's
+            handle(frames)
+            return
         handled[0] += 1
         sys.setprofile(count)
         try:
@@ -56,17 +62,19 @@ def _worker_calls(sim: mp.Simulator, rank: int, job: Any) -> tuple[int, Counter[
         finally:
             sys.setprofile(None)
 
-    worker._on_frames = counted  # type: ignore[method-assign]
+    worker._on_frames = counted
     try:
         for _ in range(_JOBS):
             assert mp.fetch(job()) == [1, 1]
     finally:
-        worker._on_frames = handle  # type: ignore[method-assign]
-    assert handled[0] == _JOBS, "one message per job expected: an Exec"
+        worker._on_frames = handle
+    assert handled[0] == _JOBS, "one Exec per job expected"
     return sum(calls.values()), calls
 
 
 def test_a_repeat_quick_job_costs_the_worker_few_python_calls(sim: mp.Simulator) -> None:
+    # the test counts calls, not time: no run on a busy machine may count as slow
+    sim.runtime.workers[1].jobs.inline_s = _GENEROUS_S
     job = mp.function(lambda: mp.simp.pcall((0, 1), lambda: 1))
     for _ in range(3):  # the first run is on the pool, measured; then it is quick
         mp.fetch(job())

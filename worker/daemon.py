@@ -545,7 +545,8 @@ class Worker:
                 self._refuse_code(msg)
                 return
         if type(msg) is Exec:  # most messages: first, past no other type's checks
-            if (refused := self.runtimes.failed(msg)) is not None:
+            runtimes = self.runtimes
+            if runtimes.refused_sessions and (refused := runtimes.failed(msg)) is not None:
                 self._send(refused)  # a session whose runtime_info this node refused
             elif not self.jobs.run_now(msg):  # a repeat quick job runs here, whole
                 self._perform(self.jobs.handle(msg))

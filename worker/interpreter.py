@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mpl.wire.errors import JobAbortedError
@@ -122,7 +123,8 @@ def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
     """Run ``plan``'s graph on its rank; return the graph outputs (ABSENT where not held)."""
     graph, rank = plan.graph, plan.rank
     labels = plan.labels or tuple(op_label(graph, k) for k in range(len(graph.ops)))
-    # comprehensions are calls of their own: skipped where there is nothing to go through
+    # comprehensions are calls of their own: skipped where there is nothing to go through,
+    # and map over a dict's get (no Python frame) where values are looked up
     env: dict[int, Any] = {i: v for i, v in enumerate(inputs) if v is not ABSENT} if inputs else {}
     vid = len(graph.inputs)
     origin = time.monotonic()
@@ -131,7 +133,7 @@ def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
         if rank in op.ranks:
             ctx.starting(done, plan.ops_here, graph, k)
             done += 1
-            args = [env.get(v, ABSENT) for v in op.inputs] if op.inputs else []
+            args = list(map(env.get, op.inputs, repeat(ABSENT))) if op.inputs else []
             start = time.monotonic()
             try:
                 outs = KERNELS[op.opcode](ctx, graph, k, op, args)
@@ -147,7 +149,7 @@ def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
         vid += op.nout
         for v in plan.free_after[k]:
             env.pop(v, None)
-    return [env.get(v, ABSENT) for v in graph.outputs]
+    return list(map(env.get, graph.outputs, repeat(ABSENT)))
 
 
 # -- kernels -------------------------------------------------------------------------------

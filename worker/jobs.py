@@ -44,7 +44,7 @@ from mpl.wire.safe_values import unsafe
 from mpl.wire.sessions import Ack, DeleteSymbol, Reply, SaveSymbol, SessionClosed, SymbolInfo
 from mpl.worker.interpreter import ABSENT, OpFailed, Plan, op_label, run_graph
 from mpl.worker.keyed_mailbox import KeyedMailbox, MoveKey
-from mpl.worker.outputs import describe, is_small
+from mpl.worker.outputs import SCALAR_NAMES, describe, is_small
 from mpl.worker.peers import PeerLinks
 from mpl.worker.session_pool import SessionPool
 from mpl.worker.spu_link import SpuLinks
@@ -140,15 +140,6 @@ class _JobRun:
 
 
 _DONE_FIELDS = tuple(f.name for f in dataclasses.fields(Done))
-
-
-def _own_done(*fields: Any) -> Done:
-    """``Done(*fields)`` from values this shell made, filled in directly (as ``decode``
-    fills in the records it checked): a Done's ``__init__`` sets each field through the
-    records' immutability guard, more than packing it costs."""
-    done = object.__new__(Done)
-    done.__dict__.update(zip(_DONE_FIELDS, fields, strict=True))
-    return done
 
 
 class Jobs:
@@ -359,11 +350,22 @@ class Jobs:
             if value is ABSENT:
                 continue
             self.store.put(sid, output_uri(job, i), value)
+            scalar = SCALAR_NAMES.get(type(value))
+            if scalar is not None:  # most outputs: described by name and small, no calls
+                metas[i] = scalar
+                if i in msg.inline:
+                    values[i] = value
+                continue
             metas[i] = describe(value)
             if i in msg.inline and is_small(value):
                 values[i] = value
         stats = {"run_s": time.monotonic() - started, "started": wall, "ops": run.spans}
-        done = _own_done(sid, job, self.rank, values, stats, metas, run.saved)
+        # Done(...) filled in directly (as decode fills in the records it checked): its
+        # __init__ sets each field through the records' immutability guard
+        done = object.__new__(Done)
+        done.__dict__.update(
+            zip(_DONE_FIELDS, (sid, job, self.rank, values, stats, metas, run.saved), strict=True)
+        )
         return RunFinished(sid, job, time.perf_counter() - t0, done)
 
     def _resolve(self, sid: str, binding: Any) -> Any:
