@@ -597,19 +597,20 @@ class Worker:
             if self.code != "any" and holds_pickle(msg):
                 self._refuse_code(msg)
                 return
-        if isinstance(msg, Abort) and self.seal is not None:
-            self.seal.forget(msg.session, msg.job)
-        if isinstance(msg, SessionRuntime):  # a session's runtime_info for this node
-            if (ack := self.runtimes.open(msg)) is not None:
-                self._send(ack)
-            return
-        if type(msg) is Exec:
-            if (refused := self.runtimes.failed(msg)) is not None:
+        if type(msg) is Exec:  # most messages: first, past no other type's checks
+            runtimes = self.runtimes
+            if runtimes.refused_sessions and (refused := runtimes.failed(msg)) is not None:
                 self._send(refused)  # a session whose runtime_info this node refused
             elif not self.jobs.run_now(msg):  # a repeat quick job runs here, whole
                 # Dones gathered from this batch go before a job thread may answer
                 self._send_gathered()
                 self._perform(self.jobs.handle(msg))
+            return
+        if isinstance(msg, Abort) and self.seal is not None:
+            self.seal.forget(msg.session, msg.job)
+        if isinstance(msg, SessionRuntime):  # a session's runtime_info for this node
+            if (ack := self.runtimes.open(msg)) is not None:
+                self._send(ack)
             return
         if isinstance(msg, SessionClosed):
             self.runtimes.closed(msg.session)

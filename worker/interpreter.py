@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mpl.wire.errors import JobAbortedError
@@ -122,7 +123,9 @@ def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
     """Run ``plan``'s graph on its rank; return the graph outputs (ABSENT where not held)."""
     graph, rank = plan.graph, plan.rank
     labels = plan.labels or tuple(op_label(graph, k) for k in range(len(graph.ops)))
-    env: dict[int, Any] = {i: v for i, v in enumerate(inputs) if v is not ABSENT}
+    # comprehensions are calls of their own: skipped where there is nothing to go through,
+    # and map over a dict's get (no Python frame) where values are looked up
+    env: dict[int, Any] = {i: v for i, v in enumerate(inputs) if v is not ABSENT} if inputs else {}
     vid = len(graph.inputs)
     origin = time.monotonic()
     done = 0
@@ -130,7 +133,7 @@ def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
         if rank in op.ranks:
             ctx.starting(done, plan.ops_here, graph, k)
             done += 1
-            args = [env.get(v, ABSENT) for v in op.inputs]
+            args = list(map(env.get, op.inputs, repeat(ABSENT))) if op.inputs else []
             start = time.monotonic()
             try:
                 outs = KERNELS[op.opcode](ctx, graph, k, op, args)
@@ -146,7 +149,7 @@ def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
         vid += op.nout
         for v in plan.free_after[k]:
             env.pop(v, None)
-    return [env.get(v, ABSENT) for v in graph.outputs]
+    return list(map(env.get, graph.outputs, repeat(ABSENT)))
 
 
 # -- kernels -------------------------------------------------------------------------------
@@ -165,7 +168,7 @@ def _pcall(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> li
                     **(fill(named, args) if named else named))  # fmt: skip
     else:
         result = fn(*args)
-    return split_outputs(result, op.nout)
+    return [result] if op.nout == 1 else split_outputs(result, op.nout)  # one output: most
 
 
 def split_outputs(result: Any, nout: int) -> list[Any]:

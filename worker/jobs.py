@@ -44,7 +44,7 @@ from mpl.wire.safe_values import unsafe
 from mpl.wire.sessions import Ack, DeleteSymbol, Reply, SaveSymbol, SessionClosed, SymbolInfo
 from mpl.worker.interpreter import ABSENT, OpFailed, Plan, op_label, run_graph
 from mpl.worker.keyed_mailbox import KeyedMailbox, MoveKey
-from mpl.worker.outputs import describe, is_small
+from mpl.worker.outputs import SCALAR_NAMES, describe, is_small
 from mpl.worker.peers import PeerLinks
 from mpl.worker.session_pool import SessionPool
 from mpl.worker.spu_link import SpuLinks
@@ -84,7 +84,7 @@ class _JobRun:
         "session", "spans", "store",
     )  # fmt: skip
 
-    def __init__(self, jobs: Jobs, session: str, job: str, deadline: float) -> None:
+    def __init__(self, jobs: Jobs, session: str, job: str, deadline: float, started: float) -> None:
         self._jobs = jobs
         self.session = session
         self.job = job
@@ -93,13 +93,15 @@ class _JobRun:
         self.spans: list[list[Any]] = []
         self.store = jobs.store
         self.saved: list[SymbolInfo] = []  # by save ops; listed in Done
-        self._next_report = time.monotonic() + FIRST_AFTER_S  # short jobs report nothing
+        self._next_report = started + FIRST_AFTER_S  # short jobs report nothing
         self._position: tuple[int, int, Graph, int] | None = None
         self._reported: tuple[int, int] | None = None
 
     def starting(self, done: int, total: int, graph: Graph, index: int) -> None:
         self._position = (done, total, graph, index)
-        self.report(time.monotonic())
+        now = time.monotonic()
+        if now >= self._next_report:  # the due check of report, without its call (most ops)
+            self.report(now)
 
     def report(self, now: float) -> None:
         """Send where the job is if a report is due and says something new. Called at each
@@ -140,15 +142,6 @@ class _JobRun:
 _DONE_FIELDS = tuple(f.name for f in dataclasses.fields(Done))
 
 
-def _own_done(*fields: Any) -> Done:
-    """``Done(*fields)`` from values this shell made, filled in directly (as ``decode``
-    fills in the records it checked): a Done's ``__init__`` sets each field through the
-    records' immutability guard, more than packing it costs."""
-    done = object.__new__(Done)
-    done.__dict__.update(zip(_DONE_FIELDS, fields, strict=True))
-    return done
-
-
 class Jobs:
     """Everything a worker does on behalf of sessions, as its state machine says."""
 
@@ -178,7 +171,9 @@ class Jobs:
         self._factories = dict(extensions or {})
         self._extensions: dict[str, Any] = {}
         self._pool = SessionPool(job_threads, f"mpl-job-{self.rank}")
-        self._plans: dict[tuple[str, int], Plan] = {}
+        self._plans: dict[str, Plan] = {}  # by program digest (a digest names one graph)
+        # the last job's timeout_s, the cap then, and what the job was given
+        self._last_timeout = (-1.0, job_timeout_s, 0.0)
         self._lock = threading.Lock()  # the state's, held only while it decides
         self._ext_lock = threading.Lock()
         self._runs: dict[tuple[str, str], _JobRun] = {}  # running jobs, for progress reports
@@ -286,12 +281,12 @@ class Jobs:
             return RunFailed(msg.session, msg.job, time.perf_counter() - started, error)
 
     def _plan(self, digest: str, graph: Graph) -> Plan:
-        key = (digest, self.rank)
-        plan = self._plans.get(key)
+        """The plan of ``graph`` (program ``digest``) for this rank, built once."""
+        plan = self._plans.get(digest)
         if plan is None:
             if len(self._plans) > 512:
                 self._plans.clear()
-            plan = self._plans[key] = Plan.build(graph, self.rank)
+            plan = self._plans[digest] = Plan.build(graph, self.rank)
         return plan
 
     def _run(self, msg: Exec, graph: Graph, t0: float, tracked: bool = True) -> RunEnd:
@@ -301,15 +296,22 @@ class Jobs:
         (and counts in ``jobs_running``): pointless for a run on the I/O thread itself,
         which reports at each op boundary all the same."""
         sid, job = msg.session, msg.job
-        if self.stopped((sid, job)):
+        # An untracked run is an inline one that the state began a moment ago on this very
+        # thread, under its lock, refusing a stopped job: no second look (a stop that came
+        # since is the state's to see when the run ends, as for any run).
+        if tracked and self.stopped((sid, job)):
             return RunAborted(sid, job, 0.0)
         started, wall = time.monotonic(), time.time()
-        try:  # capped by this worker's --job-timeout
-            timeout = job_timeout(msg.timeout_s, self.job_timeout_s)
-        except ValueError as exc:
-            error = ErrorInfo("ProtocolError", str(exc), rank=self.rank, op="timeout", job=job)
-            return RunFailed(sid, job, time.perf_counter() - t0, error)
-        run = _JobRun(self, sid, job, started + timeout)
+        asked, cap, timeout = self._last_timeout  # the jobs of a program ask for the same
+        if msg.timeout_s != asked or cap != self.job_timeout_s:  # (NaN never equals)
+            try:  # capped by this worker's --job-timeout
+                timeout = job_timeout(msg.timeout_s, self.job_timeout_s)
+            except ValueError as exc:
+                error = ErrorInfo("ProtocolError", str(exc), rank=self.rank, op="timeout", job=job)
+                return RunFailed(sid, job, time.perf_counter() - t0, error)
+            # one tuple, so that threads read it whole
+            self._last_timeout = (msg.timeout_s, self.job_timeout_s, timeout)
+        run = _JobRun(self, sid, job, started + timeout, started)
         if tracked:
             self._runs[(sid, job)] = run
         try:
@@ -320,7 +322,8 @@ class Jobs:
                     f"job binds {len(inputs)} inputs on rank {self.rank}, "
                     f"the graph has {len(graph.inputs)}"
                 )
-            outputs = run_graph(self._plan(msg.digest, graph), inputs, run)
+            plan = self._plans.get(msg.digest) or self._plan(msg.digest, graph)
+            outputs = run_graph(plan, inputs, run)
         except JobAbortedError:
             return RunAborted(sid, job, time.perf_counter() - t0)
         except OpFailed as exc:
@@ -347,11 +350,22 @@ class Jobs:
             if value is ABSENT:
                 continue
             self.store.put(sid, output_uri(job, i), value)
+            scalar = SCALAR_NAMES.get(type(value))
+            if scalar is not None:  # most outputs: described by name and small, no calls
+                metas[i] = scalar
+                if i in msg.inline:
+                    values[i] = value
+                continue
             metas[i] = describe(value)
             if i in msg.inline and is_small(value):
                 values[i] = value
         stats = {"run_s": time.monotonic() - started, "started": wall, "ops": run.spans}
-        done = _own_done(sid, job, self.rank, values, stats, metas, run.saved)
+        # Done(...) filled in directly (as decode fills in the records it checked): its
+        # __init__ sets each field through the records' immutability guard
+        done = object.__new__(Done)
+        done.__dict__.update(
+            zip(_DONE_FIELDS, (sid, job, self.rank, values, stats, metas, run.saved), strict=True)
+        )
         return RunFinished(sid, job, time.perf_counter() - t0, done)
 
     def _resolve(self, sid: str, binding: Any) -> Any:

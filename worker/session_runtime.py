@@ -39,7 +39,8 @@ class SessionRuntimes:
         # one entry per open session; the broker holds at most MAX_SESSIONS open, and an
         # entry of a session whose close never came is the first to go
         self._sessions: LRU[str, dict[str, Any]] = LRU(MAX_SESSIONS)
-        self._refused: LRU[str, str] = LRU(MAX_SESSIONS)  # session -> why this node refused it
+        # session -> why this node refused it (mostly empty: then a job's check makes no call)
+        self.refused_sessions: LRU[str, str] = LRU(MAX_SESSIONS)
         self.refused = 0
 
     def open(self, msg: SessionRuntime) -> Ack | None:
@@ -48,11 +49,11 @@ class SessionRuntimes:
         why = self.refusal(msg.runtime_info)
         if why is None:
             self._sessions[msg.session] = dict(msg.runtime_info)
-            self._refused.pop(msg.session, None)
+            self.refused_sessions.pop(msg.session, None)
         else:
             self.refused += 1
             self._sessions.pop(msg.session, None)
-            self._refused[msg.session] = why
+            self.refused_sessions[msg.session] = why
         if not msg.req:
             return None
         error = None if why is None else ErrorInfo("ClusterSpecError", why, rank=self.rank)
@@ -70,7 +71,7 @@ class SessionRuntimes:
 
     def failed(self, msg: Exec) -> Failed | None:
         """The failure of a job of a session this node refused, or None: it may run."""
-        why = self._refused.get(msg.session)
+        why = self.refused_sessions.get(msg.session)
         if why is None:
             return None
         info = ErrorInfo("ClusterSpecError", why, rank=self.rank, op="session", job=msg.job)
@@ -78,7 +79,7 @@ class SessionRuntimes:
 
     def closed(self, session: str) -> None:
         self._sessions.pop(session, None)
-        self._refused.pop(session, None)
+        self.refused_sessions.pop(session, None)
 
     def of(self, session: str) -> dict[str, Any]:
         """What kernels of ``session`` see as this node's runtime_info (a copy)."""

@@ -326,7 +326,7 @@ class WorkerState:
         """``handle(RunFinished)`` for a job :meth:`begin_inline` began and that was not
         stopped meanwhile: the same bookkeeping, and True (its ``Done`` is to be posted).
         False, with nothing changed, when it was stopped: then ``handle`` decides."""
-        if self.stopped((sid, job)) is not None:
+        if (sid, job) in self.aborted or sid in self.closed:  # stopped(), without its call
             return False
         self.done += 1
         self._ended(sid, job, seconds)  # a local job: no actions
