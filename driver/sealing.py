@@ -24,6 +24,7 @@ from mpl.wire.errors import AuthenticationError
 from mpl.wire.graph import Graph
 from mpl.wire.identity import node_identity
 from mpl.wire.jobs import Exec, JobResult, Program
+from mpl.wire.record import replaced
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
     Sealer,
@@ -98,30 +99,26 @@ class DriverSeal:
         context = exec_context(
             msg.session, msg.job, msg.digest, msg.ranks, msg.inline, msg.timeout_s
         )
-        plain = msg.bindings
+        plain, seal = msg.bindings, sealer.seal
         sealed: dict[int, Any] = {
-            rank: sealer.seal(plain.get(rank), self._node(rank), context, safe=False)
-            for rank in msg.ranks
+            rank: seal(plain.get(rank), self._node(rank), context, safe=False) for rank in msg.ranks
         }
-        return Exec(msg.session, msg.job, msg.digest, msg.ranks, sealed, msg.inline, msg.timeout_s)
+        # the driver's own Exec, with its bindings sealed: built without re-checks
+        return replaced(msg, bindings=sealed)
 
     def result(self, session: str, result: JobResult) -> JobResult:
-        sealer = self._ready()
+        open_, safe, job = self._ready().open, self.safe, result.job
         values = {
             index: {
-                rank: sealer.open(
-                    sealed,
-                    done_context(session, result.job, index),
-                    sender=self._node(rank),
-                    safe=self.safe,
+                rank: open_(
+                    sealed, done_context(session, job, index), sender=self._node(rank), safe=safe
                 )[1]
                 for rank, sealed in per_rank.items()
             }
             for index, per_rank in result.values.items()
         }
-        return JobResult(
-            result.job, values, result.error, result.missing_program, result.stats, result.metas
-        )
+        # the decoded (so checked) JobResult with its values opened: no re-check
+        return replaced(result, values=values)
 
     def fetch_ticket(self) -> tuple[str, str]:
         """``(reply_to, ticket)`` for a new fetch."""

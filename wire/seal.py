@@ -209,9 +209,10 @@ class Sealer:
         self._box_head = BOX_MAGIC + bytes([len(me)]) + me if len(me) < 256 else None
         # recipient -> (box head with this process's epoch for it, its cipher, box counter)
         self._sending: dict[str, tuple[bytes, ChaCha20Poly1305, itertools.count[int]]] = {}
-        # (sender, epoch) -> cipher, oldest first; a plain dict: a driver opens on its pump
-        # thread and its caller's thread at once, and each dict operation is atomic
-        self._receiving: dict[tuple[str, bytes], ChaCha20Poly1305] = {}
+        # a box's head (magic, sender, epoch) -> (sender, cipher), oldest first; a plain
+        # dict: a driver opens on its pump thread and its caller's thread at once, and each
+        # dict operation is atomic
+        self._receiving: dict[bytes, tuple[str, ChaCha20Poly1305]] = {}
         _SEALERS.add(self)
 
     @classmethod
@@ -339,23 +340,34 @@ class Sealer:
         return who, _value(who, [MAGIC_FRAME, header, *bufs], safe, unpickle)
 
     def _open_box(self, box: bytes, context: str, sender: str, safe: bool, unpickle: bool) -> Any:
-        """:meth:`open` for a compact box: the same checks, in the same order."""
+        """:meth:`open` for a compact box: the same checks, in the same order.
+
+        A box's head (magic, sender, epoch) is the same for every box of one sealing
+        process's epoch: once one of them has authenticated, the head alone finds its sender
+        and cipher, and only the sender check (``sender``) is left to make before the tag
+        is checked."""
         start = len(BOX_MAGIC) + 1
-        end = start + (box[start - 1] if len(box) >= start else 0)
-        if not box.startswith(BOX_MAGIC) or len(box) < end + _SALT + _NONCE + _TAG:
+        end = start + (box[start - 1] if len(box) >= start else 0) + _SALT
+        if len(box) < end + _NONCE + _TAG:
             raise AuthenticationError("malformed sealed payload")
-        try:
-            who = box[start:end].decode()
-        except UnicodeDecodeError:
-            raise AuthenticationError("malformed sealed payload") from None
-        self._check_sender(who, sender)
-        epoch = box[end : end + _SALT]
-        nonce = box[end + _SALT : end + _SALT + _NONCE]
-        known = self._receiving.get((who, epoch))
-        aead = known or self._epoch_key(who, epoch, who, self.identity)
+        head = box[:end]
+        known = self._receiving.get(head)
+        if known is not None:
+            who, aead = known
+            if sender and who != sender:
+                raise AuthenticationError(f"a payload from {sender} claims to be sealed by {who}")
+        else:
+            if not head.startswith(BOX_MAGIC):
+                raise AuthenticationError("malformed sealed payload")
+            try:
+                who = head[start : end - _SALT].decode()
+            except UnicodeDecodeError:
+                raise AuthenticationError("malformed sealed payload") from None
+            self._check_sender(who, sender)
+            aead = self._epoch_key(who, head[end - _SALT :], who, self.identity)
         try:
             header = aead.decrypt(
-                nonce, box[end + _SALT + _NONCE :], context.encode() + _COMPACT_AAD
+                box[end : end + _NONCE], box[end + _NONCE :], context.encode() + _COMPACT_AAD
             )
         except InvalidTag:
             raise _failed(who, context) from None
@@ -364,7 +376,7 @@ class Sealer:
                 oldest = next(iter(self._receiving), None)
                 if oldest is not None:
                     self._receiving.pop(oldest, None)
-            self._receiving[(who, epoch)] = aead
+            self._receiving[head] = (who, aead)
         return who, _value(who, [MAGIC_FRAME, header], safe, unpickle)
 
     def _check_sender(self, who: str, sender: str) -> None:

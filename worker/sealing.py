@@ -26,7 +26,7 @@ from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Done, Exec, Failed, Program
 from mpl.wire.lru import LRU
-from mpl.wire.record import Record
+from mpl.wire.record import Record, replaced
 from mpl.wire.remote import ErrorInfo, to_info
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
@@ -96,11 +96,12 @@ class WorkerSeal:
         return Program(msg.digest, graph)
 
     def _exec(self, msg: Exec) -> tuple[Exec | None, Failed | None]:
+        job = (msg.session, msg.job)
         try:
-            refused = self._refused.get(msg.digest)
+            refused = self._refused.get(msg.digest) if self._refused else None
             if refused is not None:
                 raise AuthenticationError(f"program {msg.digest} was refused: {refused}")
-            if (msg.session, msg.job) in self._opened:
+            if job in self._opened:
                 raise AuthenticationError(f"job {msg.job} was already run here: a replay")
             context = exec_context(
                 msg.session, msg.job, msg.digest, msg.ranks, msg.inline, msg.timeout_s
@@ -113,13 +114,10 @@ class WorkerSeal:
             kind = type(exc).__name__
             info = ErrorInfo(kind, str(exc), rank=self.rank, op="inputs", job=msg.job)
             return None, Failed(msg.session, msg.job, self.rank, info)
-        self._job_driver[(msg.session, msg.job)] = driver
-        self._opened[(msg.session, msg.job)] = True
-        bindings = {self.rank: mine} if mine is not None else {}
-        opened = Exec(
-            msg.session, msg.job, msg.digest, msg.ranks, bindings, msg.inline, msg.timeout_s
-        )
-        return opened, None
+        self._job_driver[job] = driver
+        self._opened[job] = True
+        # the broker's Exec, decoded and checked, with the bindings that opened: no re-check
+        return replaced(msg, bindings={self.rank: mine} if mine is not None else {}), None
 
     def _open(self, sealed: Any, context: str) -> tuple[str, Any]:
         """Open what a driver sealed for this rank (pickles allowed: it is an allowed
@@ -142,17 +140,17 @@ class WorkerSeal:
                 job=msg.job,
             )
             return Failed(msg.session, msg.job, self.rank, info)
+        seal, safe = self.sealer.seal, self.safe
         try:
             values = {
-                index: self.sealer.seal(
-                    value, driver, done_context(msg.session, msg.job, index), safe=self.safe
-                )
+                index: seal(value, driver, done_context(msg.session, msg.job, index), safe=safe)
                 for index, value in msg.values.items()
             }
         except Exception as exc:  # an unsafe value: the job fails with the reason
             info = to_info(exc, rank=self.rank, op="result", job=msg.job, with_traceback=False)
             return Failed(msg.session, msg.job, self.rank, info)
-        return Done(msg.session, msg.job, msg.rank, values, msg.stats, msg.metas, msg.saved)
+        # this process's own Done with its values sealed: built without re-checks
+        return replaced(msg, values=values)
 
     def _reply(self, msg: Reply, fetch: Fetch) -> Reply:
         if msg.error is not None:
