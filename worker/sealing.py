@@ -54,10 +54,11 @@ class WorkerSeal:
         self.rank = rank
         self._kernels_only = code == "kernels"  # mpl-worker --code kernels
         self.safe = not pickles_allowed(WORKER, trusted=trusted)  # results leave this party
-        self._job_driver: LRU[tuple[str, str], str] = LRU(_MEMORY)
+        # (session, job) of every job opened here -> the driver that sealed it, its results'
+        # recipient ("" once the job failed or was aborted): a replay of it is refused
+        self._opened: LRU[tuple[str, str], str] = LRU(_MEMORY)
         self._fetches: LRU[int, Fetch] = LRU(_MEMORY)
         self._refused: LRU[str, str] = LRU(_MEMORY)  # program digest -> why it did not open
-        self._opened: LRU[tuple[str, str], bool] = LRU(_MEMORY)  # jobs run: a replay is refused
         self.refusals = 0
 
     def inbound(self, msg: Record) -> tuple[Record | None, Record | None]:
@@ -114,8 +115,7 @@ class WorkerSeal:
             kind = type(exc).__name__
             info = ErrorInfo(kind, str(exc), rank=self.rank, op="inputs", job=msg.job)
             return None, Failed(msg.session, msg.job, self.rank, info)
-        self._job_driver[job] = driver
-        self._opened[job] = True
+        self._opened[job] = driver
         # the broker's Exec, decoded and checked, with the bindings that opened: no re-check
         return replaced(msg, bindings={self.rank: mine} if mine is not None else {}), None
 
@@ -131,8 +131,8 @@ class WorkerSeal:
 
     # -- outbound -------------------------------------------------------------------------
     def _done(self, msg: Done) -> Record:
-        driver = self._job_driver.pop((msg.session, msg.job), None)
-        if driver is None:
+        driver = self._opened.get((msg.session, msg.job))
+        if not driver:
             info = ErrorInfo(
                 "AuthenticationError",
                 f"job {msg.job} has no authenticated driver here to seal its results for",
@@ -177,5 +177,7 @@ class WorkerSeal:
             )
 
     def forget(self, session: str, job: str) -> None:
-        """A job that ends without ``Done`` (failed, aborted) needs no recipient any more."""
-        self._job_driver.pop((session, job), None)
+        """A job that ends without ``Done`` (failed, aborted) has no recipient any more (and
+        stays remembered as run)."""
+        if (session, job) in self._opened:
+            self._opened[(session, job)] = ""
