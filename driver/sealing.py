@@ -24,7 +24,7 @@ from mpl.wire.errors import AuthenticationError
 from mpl.wire.graph import Graph
 from mpl.wire.identity import node_identity
 from mpl.wire.jobs import Exec, JobResult, Program
-from mpl.wire.record import replaced
+from mpl.wire.record import built
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
     Sealer,
@@ -104,7 +104,9 @@ class DriverSeal:
             rank: seal(plain.get(rank), self._node(rank), context, safe=False) for rank in msg.ranks
         }
         # the driver's own Exec, with its bindings sealed: built without re-checks
-        return replaced(msg, bindings=sealed)
+        return built(
+            Exec, msg.session, msg.job, msg.digest, msg.ranks, sealed, msg.inline, msg.timeout_s
+        )
 
     def result(self, session: str, result: JobResult) -> JobResult:
         open_, safe, job = self._ready().open, self.safe, result.job
@@ -118,7 +120,8 @@ class DriverSeal:
             for index, per_rank in result.values.items()
         }
         # the decoded (so checked) JobResult with its values opened: no re-check
-        return replaced(result, values=values)
+        r = result
+        return built(JobResult, r.job, values, r.error, r.missing_program, r.stats, r.metas)
 
     def fetch_ticket(self) -> tuple[str, str]:
         """``(reply_to, ticket)`` for a new fetch."""

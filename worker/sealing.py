@@ -26,7 +26,7 @@ from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Done, Exec, Failed, Program
 from mpl.wire.lru import LRU
-from mpl.wire.record import Record, replaced
+from mpl.wire.record import Record, built
 from mpl.wire.remote import ErrorInfo, to_info
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
@@ -117,7 +117,9 @@ class WorkerSeal:
             return None, Failed(msg.session, msg.job, self.rank, info)
         self._opened[job] = driver
         # the broker's Exec, decoded and checked, with the bindings that opened: no re-check
-        return replaced(msg, bindings={self.rank: mine} if mine is not None else {}), None
+        bindings = {self.rank: mine} if mine is not None else {}
+        s, j = job
+        return built(Exec, s, j, msg.digest, msg.ranks, bindings, msg.inline, msg.timeout_s), None
 
     def _open(self, sealed: Any, context: str) -> tuple[str, Any]:
         """Open what a driver sealed for this rank (pickles allowed: it is an allowed
@@ -150,7 +152,7 @@ class WorkerSeal:
             info = to_info(exc, rank=self.rank, op="result", job=msg.job, with_traceback=False)
             return Failed(msg.session, msg.job, self.rank, info)
         # this process's own Done with its values sealed: built without re-checks
-        return replaced(msg, values=values)
+        return built(Done, msg.session, msg.job, msg.rank, values, msg.stats, msg.metas, msg.saved)
 
     def _reply(self, msg: Reply, fetch: Fetch) -> Reply:
         if msg.error is not None:
