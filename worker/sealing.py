@@ -63,6 +63,8 @@ class WorkerSeal:
 
     def inbound(self, msg: Record) -> tuple[Record | None, Record | None]:
         """``(message to act on, or None; answer for the broker, or None)``."""
+        if type(msg) is Exec:  # most messages: tested first
+            return self._exec(msg)
         if isinstance(msg, Program):
             return self._program(msg), None
         if isinstance(msg, Exec):
