@@ -95,30 +95,29 @@ class DriverSeal:
     def exec(self, msg: Exec) -> Exec:
         """``msg`` with every rank's bindings sealed for that rank (a sealed None where it
         has none: it proves the job comes from this driver)."""
-        sealer = self._ready()
+        seal = (self.sealer or self._ready()).seal
         context = exec_context(
             msg.session, msg.job, msg.digest, msg.ranks, msg.inline, msg.timeout_s
         )
-        plain, seal = msg.bindings, sealer.seal
-        sealed: dict[int, Any] = {
-            rank: seal(plain.get(rank), self._node(rank), context, safe=False) for rank in msg.ranks
-        }
+        plain, nodes = msg.bindings, self._nodes
+        sealed: dict[int, Any] = {}
+        for rank in msg.ranks:  # plain loops: a comprehension is one more call per job
+            who = nodes.get(rank) or self._node(rank)  # _node says why there is none
+            sealed[rank] = seal(plain.get(rank), who, context, safe=False)
         # the driver's own Exec, with its bindings sealed: built without re-checks
         return built(
             Exec, msg.session, msg.job, msg.digest, msg.ranks, sealed, msg.inline, msg.timeout_s
         )
 
     def result(self, session: str, result: JobResult) -> JobResult:
-        open_, safe, job = self._ready().open, self.safe, result.job
-        values = {
-            index: {
-                rank: open_(
-                    sealed, done_context(session, job, index), sender=self._node(rank), safe=safe
-                )[1]
-                for rank, sealed in per_rank.items()
-            }
-            for index, per_rank in result.values.items()
-        }
+        open_, safe, nodes = (self.sealer or self._ready()).open, self.safe, self._nodes
+        values: dict[int, dict[int, Any]] = {}
+        for index, per_rank in result.values.items():
+            context, opened = done_context(session, result.job, index), {}
+            for rank, sealed in per_rank.items():
+                who = nodes.get(rank) or self._node(rank)
+                opened[rank] = open_(sealed, context, sender=who, safe=safe)[1]
+            values[index] = opened
         # the decoded (so checked) JobResult with its values opened: no re-check
         r = result
         return built(JobResult, r.job, values, r.error, r.missing_program, r.stats, r.metas)
