@@ -365,7 +365,7 @@ def _secure_cpu(clusters: dict[str, Any]) -> None:
 
     import mpl.driver as mp
 
-    n, used = 1000, {mode: collections.defaultdict(list) for mode in clusters}
+    n, used = 2000, {mode: collections.defaultdict(list) for mode in clusters}
     for _ in range(3):
         for mode, cluster in clusters.items():
             mp.set_context(cluster)
