@@ -24,6 +24,7 @@ from mpl.wire.errors import AuthenticationError
 from mpl.wire.graph import Graph
 from mpl.wire.identity import node_identity
 from mpl.wire.jobs import Exec, JobResult, Program
+from mpl.wire.record import built
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
     Sealer,
@@ -94,34 +95,32 @@ class DriverSeal:
     def exec(self, msg: Exec) -> Exec:
         """``msg`` with every rank's bindings sealed for that rank (a sealed None where it
         has none: it proves the job comes from this driver)."""
-        sealer = self._ready()
+        seal = (self.sealer or self._ready()).seal
         context = exec_context(
             msg.session, msg.job, msg.digest, msg.ranks, msg.inline, msg.timeout_s
         )
-        plain = msg.bindings
-        sealed: dict[int, Any] = {
-            rank: sealer.seal(plain.get(rank), self._node(rank), context, safe=False)
-            for rank in msg.ranks
-        }
-        return Exec(msg.session, msg.job, msg.digest, msg.ranks, sealed, msg.inline, msg.timeout_s)
+        plain, nodes = msg.bindings, self._nodes
+        sealed: dict[int, Any] = {}
+        for rank in msg.ranks:  # plain loops: a comprehension is one more call per job
+            who = nodes.get(rank) or self._node(rank)  # _node says why there is none
+            sealed[rank] = seal(plain.get(rank), who, context, safe=False)
+        # the driver's own Exec, with its bindings sealed: built without re-checks
+        return built(
+            Exec, msg.session, msg.job, msg.digest, msg.ranks, sealed, msg.inline, msg.timeout_s
+        )
 
     def result(self, session: str, result: JobResult) -> JobResult:
-        sealer = self._ready()
-        values = {
-            index: {
-                rank: sealer.open(
-                    sealed,
-                    done_context(session, result.job, index),
-                    sender=self._node(rank),
-                    safe=self.safe,
-                )[1]
-                for rank, sealed in per_rank.items()
-            }
-            for index, per_rank in result.values.items()
-        }
-        return JobResult(
-            result.job, values, result.error, result.missing_program, result.stats, result.metas
-        )
+        open_, safe, nodes = (self.sealer or self._ready()).open, self.safe, self._nodes
+        values: dict[int, dict[int, Any]] = {}
+        for index, per_rank in result.values.items():
+            context, opened = done_context(session, result.job, index), {}
+            for rank, sealed in per_rank.items():
+                who = nodes.get(rank) or self._node(rank)
+                opened[rank] = open_(sealed, context, sender=who, safe=safe)[1]
+            values[index] = opened
+        # the decoded (so checked) JobResult with its values opened: no re-check
+        r = result
+        return built(JobResult, r.job, values, r.error, r.missing_program, r.stats, r.metas)
 
     def fetch_ticket(self) -> tuple[str, str]:
         """``(reply_to, ticket)`` for a new fetch."""

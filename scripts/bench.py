@@ -18,7 +18,8 @@ measured, so both JSON files line up. Phases:
   startup    broker + 2 workers until ready; idle worker RSS
   secure     (--secure) plaintext vs secure (CurveZMQ + end-to-end sealing) daemons in one
              sitting: trivial job + fetch, 64 MiB P0->P1 move, 64 MiB fetch to the driver,
-             raw CURVE PUSH/PULL floor, secure connect-to-first-job, sealing alone
+             raw CURVE PUSH/PULL floor, secure connect-to-first-job, sealing alone, the
+             secure/plaintext p50 ratio per turn and CPU per trivial job in each process
   pipeline   trivial jobs per second with 1, 8, 64 in flight (mp.submit) vs a raw pyzmq relay
              keeping the same window of round trips in flight
   fanout     trivial pcall on all ranks + fetch, world 2..32, vs a raw pyzmq relay fanning
@@ -42,8 +43,10 @@ cpu, ``bench_soak.py`` the soak, ``bench_floor.py`` the raw floor processes,
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -328,6 +331,15 @@ def phase_secure() -> None:
         for mode in clusters:
             xs = times[mode]
             record("secure", f"trivial job + fetch, 2p, {mode}", xs, **percentiles(xs))
+        # the turns' secure/plaintext p50 ratios: how far apart the modes are in one sitting
+        ratios = [
+            statistics.median(times["secure"][i : i + 100])
+            / statistics.median(times["plaintext"][i : i + 100])
+            for i in range(0, len(times["secure"]), 100)
+        ]
+        record("secure", "trivial job + fetch: secure / plaintext p50, per turn", ratios, unit="x")
+        _secure_cpu(clusters)
+        for mode in clusters:
             record("secure", f"P0->P1 64 MiB f64 move, {mode}", rates[mode], unit="MB/s")
             record("secure", f"64 MiB f64 fetch to driver, {mode}", fetches[mode], unit="MB/s")
         procs = clusters["secure"].processes
@@ -344,6 +356,36 @@ def phase_secure() -> None:
     finally:
         for cluster in clusters.values():
             cluster.close()
+
+
+def _secure_cpu(clusters: dict[str, Any]) -> None:
+    """CPU per trivial job in each process, secure against plaintext (the modes take turns,
+    so load from elsewhere falls on both alike); the plaintext figure is the row's floor."""
+    from bench_speed import _cluster_pids, _cpu_s
+
+    import mpl.driver as mp
+
+    n, used = 2000, {mode: collections.defaultdict(list) for mode in clusters}
+    for _ in range(3):
+        for mode, cluster in clusters.items():
+            mp.set_context(cluster)
+            one = mp.device("P0")(lambda: 1)
+            for _ in range(20):
+                mp.fetch(one())
+            pids = _cluster_pids(cluster)
+            before = {k: _cpu_s(p) for k, p in pids.items()}
+            t0 = time.process_time()
+            for _ in range(n):
+                mp.fetch(one())
+            used[mode]["driver"].append((time.process_time() - t0) / n)
+            for k, p in pids.items():
+                used[mode][k].append((_cpu_s(p) - before[k]) / n)
+    mp.set_context(None)
+    for name, xs in used["secure"].items():
+        if not any(xs):  # a rank the job does not use
+            continue
+        floor = statistics.median(used["plaintext"][name])
+        record("secure", f"CPU per trivial job (pcall on P0), secure, {name}", xs, floor=floor)
 
 
 def _seal_cost(np: Any) -> None:

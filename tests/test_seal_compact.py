@@ -12,9 +12,10 @@ import pytest
 import zmq
 
 from mpl.wire import decode, encode
+from mpl.wire.done_pack import own_done_frames
 from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.exec_pack import _pack_bindings, exec_frames
-from mpl.wire.jobs import Exec, Failed
+from mpl.wire.jobs import Done, Exec, Failed
 from mpl.wire.seal import Sealer, exec_context
 from mpl.wire.sealed import BOX_MAGIC, is_sealed
 from mpl.wire.sessions import Reply
@@ -81,6 +82,21 @@ def test_an_exec_with_boxes_takes_the_drivers_packed_path(parties: Parties) -> N
     msg = Exec("s", "j1", "d", (0, 1), boxes, (0,), 5.0)
     assert _pack_bindings(msg.bindings) is not None
     assert exec_frames(msg) == encode(msg)
+
+
+def test_a_sealed_done_takes_the_workers_packed_path(parties: Parties) -> None:
+    """The worker packs its Done of compact boxes without the general encoder (as a
+    plaintext one), byte for byte what the encoder writes."""
+    rank0 = WorkerSeal(parties.n0, 0)
+    context = exec_context("s", "j1", "d", (0,), (0,), 5.0)
+    opened, _ = rank0.inbound(
+        Exec("s", "j1", "d", (0,), {0: parties.a.seal(None, "node:n0", context)}, (0,), 5.0)
+    )
+    assert opened is not None and opened.bindings == {}
+    done = rank0.outbound(Done("s", "j1", 0, {0: 7, 1: "x"}, {"run_s": 0.1}, {0: "int"}, []))
+    assert type(done) is Done and all(map(is_sealed, done.values.values()))
+    assert own_done_frames(done) == encode(done)
+    assert parties.a.open(done.values[0], "done|s|j1|0", sender="node:n0")[1] == 7
 
 
 def test_a_box_replayed_into_another_job_recipient_or_sender_is_refused(
@@ -159,6 +175,27 @@ def test_no_nonce_is_used_twice_and_a_restarted_sealer_takes_a_new_epoch(
     restarted = bytes(again.seal(0, "node:n0", "ctx"))
     assert restarted[end : end + 16] not in epochs
     assert parties.n0.open(restarted, "ctx")[1] == 0  # and still opens
+
+
+def test_a_known_epoch_opens_nothing_it_would_not_have_opened_before(parties: Parties) -> None:
+    """Once a box of an epoch has opened, its head (sender, epoch) finds the sender and the
+    cipher without the spec lookup: the sender a result must come from is still checked,
+    a head moved onto another party's box still meets this epoch's key, and a known box is
+    still bound to its context."""
+    n0 = parties.n0
+    from_a, from_b = (p.seal(1, "node:n0", "ctx") for p in (parties.a, parties.b))
+    assert n0.open(from_a, "ctx", sender="driver:a")[1] == 1
+    assert n0.open(from_b, "ctx", sender="driver:b")[1] == 1
+    again = parties.a.seal(2, "node:n0", "ctx")  # the same head as from_a: a cache hit
+    with pytest.raises(AuthenticationError, match="claims to be sealed by driver:a"):
+        n0.open(again, "ctx", sender="driver:b")
+    end_a, end_b = _sender_end(from_a) + 16, _sender_end(from_b) + 16
+    b_as_a = from_a[:end_a] + parties.b.seal(3, "node:n0", "ctx")[end_b:]
+    with pytest.raises(AuthenticationError, match="failed authentication"):
+        n0.open(b_as_a, "ctx")
+    with pytest.raises(AuthenticationError, match="failed authentication"):
+        n0.open(again, "ctx2")
+    assert n0.open(again, "ctx", sender="driver:a")[1] == 2
 
 
 def test_forged_epochs_cannot_grow_or_flush_what_a_recipient_keeps(parties: Parties) -> None:

@@ -75,6 +75,7 @@ _RESULT_TAG = msgpack.packb("result")
 _READ_DONE_FIELDS = ("session", "job", "rank", "values", "stats", "metas", "saved")
 if _DONE_FIELDS != _READ_DONE_FIELDS:
     raise ImportError("mpl.wire.hot: Done's fields changed; update read_done")
+_NESTS = (list, dict)  # what a decoded value nests in (tuples are extensions, bounded apart)
 # How every Done header begins: its array header, then its tag. The broker's shell sends
 # headers that begin so to read_done (anything else, or a surprise there, to decode).
 DONE_PREFIX = bytes([0x90 | _DONE_ITEMS]) + msgpack.packb(Done.TAG)
@@ -413,7 +414,14 @@ def read_done(frames: Sequence[Any]) -> DoneRead | None:
         and not saved  # saved names are records: decode checks them
     ):
         return None
-    if len(header) >= MAX_NESTING and not _done_shallow(spans, stats_span):
+    # Too short to nest that deep (field by field), or nothing in it that could: metas
+    # hold strs, saved is empty, and values that are no containers (sealed boxes, in
+    # secure mode) nest nothing.
+    if (
+        len(header) >= MAX_NESTING
+        and not _done_shallow(spans, stats_span)
+        and (len(stats_span) >= MAX_NESTING - 1 or any(type(v) in _NESTS for v in values.values()))
+    ):
         try:
             check_nesting([values, stats, metas, saved])
         except ProtocolError:
@@ -479,9 +487,9 @@ def read_exec(frames: Sequence[Any]) -> Exec | None:
         and (type(timeout_s) is float or int_fits(timeout_s))
     ):
         return None
-    # too short to nest that deep, or no bindings: ranks and inline are tuples, bounded
-    # on their own, so only the bindings map can nest
-    if bindings and len(header) >= MAX_NESTING:
+    # too short to nest that deep, or only bindings that nest nothing (none, or sealed
+    # boxes): ranks and inline are tuples, bounded on their own
+    if len(header) >= MAX_NESTING and any(type(b) is not bytes for b in bindings.values()):
         try:
             check_nesting(items)
         except ProtocolError:

@@ -100,7 +100,19 @@ def exec_context(
 ) -> str:
     """Everything in an ``Exec`` besides the bindings is bound too: the broker cannot change
     which ranks take part, what comes back inline, or the job's deadline."""
-    return f"exec|{session}|{job}|{digest}|{list(ranks)}|{list(inline)}|{float(timeout)!r}"
+    # The part after the job is the same for every job of one call site: written once.
+    key = (digest, ranks, inline, timeout)
+    tail = _EXEC_TAILS.get(key)
+    if tail is None:
+        tail = f"|{digest}|{list(ranks)}|{list(inline)}|{float(timeout)!r}"
+        if len(_EXEC_TAILS) >= _EXEC_TAILS_KEPT:
+            _EXEC_TAILS.clear()  # a bound, not a policy: they are cheap to write again
+        _EXEC_TAILS[key] = tail
+    return "exec|" + session + "|" + job + tail
+
+
+_EXEC_TAILS: dict[tuple[str, tuple[int, ...], tuple[int, ...], float], str] = {}
+_EXEC_TAILS_KEPT = 256
 
 
 def done_context(session: str, job: str, index: int) -> str:
@@ -135,10 +147,13 @@ def _scalar_frames(value: Any) -> list[Any] | None:
     if value is None:
         return _NONE_FRAMES
     t = type(value)
+    if t is int and -32 <= value < 128:  # the commonest results: one msgpack byte, no call
+        return _FIXINT_FRAMES[value]
+    if t is bool:
+        return _TRUE_FRAMES if value else _FALSE_FRAMES
     if (
         (t is int and _INT_MIN <= value <= _INT_MAX)
         or t is float
-        or t is bool
         or (t is str and len(value) < _SHORT_STR // 4)
     ):
         return [MAGIC_FRAME, _PAYLOAD_HEAD + msgpack.packb(value)]
@@ -158,9 +173,34 @@ def _scalar(header: bytes) -> tuple[bool, Any]:
     return type(value) in (int, float, bool, str, type(None)), value
 
 
-for _sample in (None, True, -1, 1 << 63, -(1 << 63), 0.5, "text"):  # the two paths agree
+def _one_byte_frames(value: Any) -> list[Any]:
+    return [MAGIC_FRAME, _PAYLOAD_HEAD + msgpack.packb(value)]
+
+
+# Payloads whose value is one msgpack byte (None, a bool, a fixint), sealed and opened by a
+# table lookup: the plaintext -> value table maps whole plaintexts, so only these exact
+# bytes take it (True and 1 differ in their byte, so the table keeps them apart).
+_FIXINT_FRAMES = {v: _one_byte_frames(v) for v in range(-32, 128)}
+_TRUE_FRAMES, _FALSE_FRAMES = _one_byte_frames(True), _one_byte_frames(False)
+_ONE_BYTE_VALUES: dict[bytes, Any] = {
+    frames[1]: value
+    for value, frames in [
+        (None, _NONE_FRAMES),
+        (True, _TRUE_FRAMES),
+        (False, _FALSE_FRAMES),
+        *_FIXINT_FRAMES.items(),
+    ]
+}
+_NOT_ONE_BYTE = object()
+
+for _sample in (None, True, False, -32, -1, 0, 127, 128, 1 << 63, -(1 << 63), 0.5, "text"):
+    # the two paths agree (at the table's ends and both sides of them too)
     if _scalar_frames(_sample) != encode(_Payload(_sample)):
         raise ImportError(f"mpl.wire.seal: the scalar path differs from the codec's at {_sample!r}")
+    _read = _ONE_BYTE_VALUES.get(encode(_Payload(_sample))[1], _NOT_ONE_BYTE)
+    _in_table = _sample in (None, True, False, -32, -1, 0, 127) and type(_sample) is not float
+    if (_read, type(_read)) != ((_sample, type(_sample)) if _in_table else (_NOT_ONE_BYTE, object)):
+        raise ImportError(f"mpl.wire.seal: the one-byte table misreads {_sample!r}")
 
 
 # A forked child would otherwise go on with its parent's epochs and counters and seal boxes
@@ -209,9 +249,10 @@ class Sealer:
         self._box_head = BOX_MAGIC + bytes([len(me)]) + me if len(me) < 256 else None
         # recipient -> (box head with this process's epoch for it, its cipher, box counter)
         self._sending: dict[str, tuple[bytes, ChaCha20Poly1305, itertools.count[int]]] = {}
-        # (sender, epoch) -> cipher, oldest first; a plain dict: a driver opens on its pump
-        # thread and its caller's thread at once, and each dict operation is atomic
-        self._receiving: dict[tuple[str, bytes], ChaCha20Poly1305] = {}
+        # a box's head (magic, sender, epoch) -> (sender, cipher), oldest first; a plain
+        # dict: a driver opens on its pump thread and its caller's thread at once, and each
+        # dict operation is atomic
+        self._receiving: dict[bytes, tuple[str, ChaCha20Poly1305]] = {}
         _SEALERS.add(self)
 
     @classmethod
@@ -339,23 +380,34 @@ class Sealer:
         return who, _value(who, [MAGIC_FRAME, header, *bufs], safe, unpickle)
 
     def _open_box(self, box: bytes, context: str, sender: str, safe: bool, unpickle: bool) -> Any:
-        """:meth:`open` for a compact box: the same checks, in the same order."""
+        """:meth:`open` for a compact box: the same checks, in the same order.
+
+        A box's head (magic, sender, epoch) is the same for every box of one sealing
+        process's epoch: once one of them has authenticated, the head alone finds its sender
+        and cipher, and only the sender check (``sender``) is left to make before the tag
+        is checked."""
         start = len(BOX_MAGIC) + 1
-        end = start + (box[start - 1] if len(box) >= start else 0)
-        if not box.startswith(BOX_MAGIC) or len(box) < end + _SALT + _NONCE + _TAG:
+        end = start + (box[start - 1] if len(box) >= start else 0) + _SALT
+        if len(box) < end + _NONCE + _TAG:
             raise AuthenticationError("malformed sealed payload")
-        try:
-            who = box[start:end].decode()
-        except UnicodeDecodeError:
-            raise AuthenticationError("malformed sealed payload") from None
-        self._check_sender(who, sender)
-        epoch = box[end : end + _SALT]
-        nonce = box[end + _SALT : end + _SALT + _NONCE]
-        known = self._receiving.get((who, epoch))
-        aead = known or self._epoch_key(who, epoch, who, self.identity)
+        head = box[:end]
+        known = self._receiving.get(head)
+        if known is not None:
+            who, aead = known
+            if sender and who != sender:
+                raise AuthenticationError(f"a payload from {sender} claims to be sealed by {who}")
+        else:
+            if not head.startswith(BOX_MAGIC):
+                raise AuthenticationError("malformed sealed payload")
+            try:
+                who = head[start : end - _SALT].decode()
+            except UnicodeDecodeError:
+                raise AuthenticationError("malformed sealed payload") from None
+            self._check_sender(who, sender)
+            aead = self._epoch_key(who, head[end - _SALT :], who, self.identity)
         try:
             header = aead.decrypt(
-                nonce, box[end + _SALT + _NONCE :], context.encode() + _COMPACT_AAD
+                box[end : end + _NONCE], box[end + _NONCE :], context.encode() + _COMPACT_AAD
             )
         except InvalidTag:
             raise _failed(who, context) from None
@@ -364,7 +416,7 @@ class Sealer:
                 oldest = next(iter(self._receiving), None)
                 if oldest is not None:
                     self._receiving.pop(oldest, None)
-            self._receiving[(who, epoch)] = aead
+            self._receiving[head] = (who, aead)
         return who, _value(who, [MAGIC_FRAME, header], safe, unpickle)
 
     def _check_sender(self, who: str, sender: str) -> None:
@@ -440,6 +492,9 @@ def _failed(who: str, context: str) -> AuthenticationError:
 def _value(who: str, frames: list[Any], safe: bool, unpickle: bool) -> Any:
     """The value inside an authenticated payload's plaintext frames."""
     if len(frames) == 2:
+        value = _ONE_BYTE_VALUES.get(frames[1], _NOT_ONE_BYTE)
+        if value is not _NOT_ONE_BYTE:
+            return value
         done, value = _scalar(frames[1])
         if done:
             return value

@@ -458,14 +458,13 @@ class Worker:
 
     def _post(self, msg: Record) -> None:
         """Send to the broker from any thread, on the result channel."""
-        if self.seal is not None:
+        if self.seal is not None:  # its values sealed into bytes (plain values too)
             msg = self.seal.outbound(msg)
+        # a Done of plain values (most) is packed without the general encoder; the job
+        # shell built its stats, metas and saved list, so only values are checked
+        frames = own_done_frames(msg) if type(msg) is Done else None
+        if frames is None:
             frames = self._encode(msg)
-        else:  # a Done of plain values (most) is packed without the general encoder;
-            # the job shell built its stats, metas and saved list, so only values are checked
-            frames = own_done_frames(msg) if type(msg) is Done else None
-            if frames is None:
-                frames = self._encode(msg)
         if frames is None:
             return
         gathered = self._gathered

@@ -26,7 +26,7 @@ from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Done, Exec, Failed, Program
 from mpl.wire.lru import LRU
-from mpl.wire.record import Record
+from mpl.wire.record import Record, built
 from mpl.wire.remote import ErrorInfo, to_info
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
@@ -54,14 +54,17 @@ class WorkerSeal:
         self.rank = rank
         self._kernels_only = code == "kernels"  # mpl-worker --code kernels
         self.safe = not pickles_allowed(WORKER, trusted=trusted)  # results leave this party
-        self._job_driver: LRU[tuple[str, str], str] = LRU(_MEMORY)
+        # (session, job) of every job opened here -> the driver that sealed it, its results'
+        # recipient ("" once the job failed or was aborted): a replay of it is refused
+        self._opened: LRU[tuple[str, str], str] = LRU(_MEMORY)
         self._fetches: LRU[int, Fetch] = LRU(_MEMORY)
         self._refused: LRU[str, str] = LRU(_MEMORY)  # program digest -> why it did not open
-        self._opened: LRU[tuple[str, str], bool] = LRU(_MEMORY)  # jobs run: a replay is refused
         self.refusals = 0
 
     def inbound(self, msg: Record) -> tuple[Record | None, Record | None]:
         """``(message to act on, or None; answer for the broker, or None)``."""
+        if type(msg) is Exec:  # most messages: tested first
+            return self._exec(msg)
         if isinstance(msg, Program):
             return self._program(msg), None
         if isinstance(msg, Exec):
@@ -96,11 +99,12 @@ class WorkerSeal:
         return Program(msg.digest, graph)
 
     def _exec(self, msg: Exec) -> tuple[Exec | None, Failed | None]:
+        job = (msg.session, msg.job)
         try:
-            refused = self._refused.get(msg.digest)
+            refused = self._refused.get(msg.digest) if self._refused else None
             if refused is not None:
                 raise AuthenticationError(f"program {msg.digest} was refused: {refused}")
-            if (msg.session, msg.job) in self._opened:
+            if job in self._opened:
                 raise AuthenticationError(f"job {msg.job} was already run here: a replay")
             context = exec_context(
                 msg.session, msg.job, msg.digest, msg.ranks, msg.inline, msg.timeout_s
@@ -113,13 +117,11 @@ class WorkerSeal:
             kind = type(exc).__name__
             info = ErrorInfo(kind, str(exc), rank=self.rank, op="inputs", job=msg.job)
             return None, Failed(msg.session, msg.job, self.rank, info)
-        self._job_driver[(msg.session, msg.job)] = driver
-        self._opened[(msg.session, msg.job)] = True
+        self._opened[job] = driver
+        # the broker's Exec, decoded and checked, with the bindings that opened: no re-check
         bindings = {self.rank: mine} if mine is not None else {}
-        opened = Exec(
-            msg.session, msg.job, msg.digest, msg.ranks, bindings, msg.inline, msg.timeout_s
-        )
-        return opened, None
+        s, j = job
+        return built(Exec, s, j, msg.digest, msg.ranks, bindings, msg.inline, msg.timeout_s), None
 
     def _open(self, sealed: Any, context: str) -> tuple[str, Any]:
         """Open what a driver sealed for this rank (pickles allowed: it is an allowed
@@ -133,8 +135,8 @@ class WorkerSeal:
 
     # -- outbound -------------------------------------------------------------------------
     def _done(self, msg: Done) -> Record:
-        driver = self._job_driver.pop((msg.session, msg.job), None)
-        if driver is None:
+        driver = self._opened.get((msg.session, msg.job))
+        if not driver:
             info = ErrorInfo(
                 "AuthenticationError",
                 f"job {msg.job} has no authenticated driver here to seal its results for",
@@ -142,17 +144,17 @@ class WorkerSeal:
                 job=msg.job,
             )
             return Failed(msg.session, msg.job, self.rank, info)
+        seal, safe = self.sealer.seal, self.safe
         try:
             values = {
-                index: self.sealer.seal(
-                    value, driver, done_context(msg.session, msg.job, index), safe=self.safe
-                )
+                index: seal(value, driver, done_context(msg.session, msg.job, index), safe=safe)
                 for index, value in msg.values.items()
             }
         except Exception as exc:  # an unsafe value: the job fails with the reason
             info = to_info(exc, rank=self.rank, op="result", job=msg.job, with_traceback=False)
             return Failed(msg.session, msg.job, self.rank, info)
-        return Done(msg.session, msg.job, msg.rank, values, msg.stats, msg.metas, msg.saved)
+        # this process's own Done with its values sealed: built without re-checks
+        return built(Done, msg.session, msg.job, msg.rank, values, msg.stats, msg.metas, msg.saved)
 
     def _reply(self, msg: Reply, fetch: Fetch) -> Reply:
         if msg.error is not None:
@@ -179,5 +181,7 @@ class WorkerSeal:
             )
 
     def forget(self, session: str, job: str) -> None:
-        """A job that ends without ``Done`` (failed, aborted) needs no recipient any more."""
-        self._job_driver.pop((session, job), None)
+        """A job that ends without ``Done`` (failed, aborted) has no recipient any more (and
+        stays remembered as run)."""
+        if (session, job) in self._opened:
+            self._opened[(session, job)] = ""
