@@ -34,7 +34,7 @@ import zmq
 
 from mpl.broker.ledger import JobLedger
 from mpl.broker.state import BrokerState, Send
-from mpl.wire.batch import MAX_BATCH, coalesce, is_batch, split_batch
+from mpl.wire.batch import coalesce, is_batch, split_batch
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import decode, encode
 from mpl.wire.control import HEARTBEAT_S, Bye, Directory, Heartbeat, Refused
@@ -66,8 +66,11 @@ _BATCH = 256  # queued messages handled before the timers, at most
 # messages handled per wake-up before what they ask for is sent, at most (and no more once
 # that many sends wait): the sends of one wake-up are coalesced per peer (mpl.wire.batch),
 # so a few more per wake-up mean fewer messages out, while the bound keeps an answer from
-# waiting behind a long queue
-_WAKE = MAX_BATCH
+# waiting behind a long queue. 16 keeps the three processes working at once: with 64 each
+# wake-up held a whole window of answers, and driver, broker and worker took turns (64 jobs
+# in flight, 2 cores: about 1.2 cores busy and 9-10k jobs/s at 64; 1.5 cores and 11.5-11.9k
+# at 16; 12 and 20 were no better than 16)
+_WAKE = 16
 # What may ride in a batch: the hot messages (Exec to a worker, JobResult to a driver).
 # Anything else goes alone, so the sockets that never see these (the driver's heartbeat
 # socket) never see a batch either.
