@@ -19,13 +19,27 @@ import pytest
 from mpl.driver.client import Client
 from mpl.driver.launcher import ProcessCluster
 from mpl.driver.simulator import InProcessCluster
-from mpl.wire import ClusterSpec
+from mpl.wire import ClusterSpec, hot
 from mpl.wire.codec import pickle_by_value
 
 sys.path.insert(0, str(Path(__file__).parent))
 import helpers
 
 pickle_by_value(helpers)  # workers do not have the tests package: ship these functions
+
+
+@pytest.fixture
+def nesting_walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the lean readers' walks over a message's containers (``check_nesting``)."""
+    walks: list[int] = []
+    real = hot.check_nesting
+
+    def counted(items: Any) -> None:
+        walks.append(1)
+        real(items)
+
+    monkeypatch.setattr(hot, "check_nesting", counted)
+    return walks
 
 
 class Cluster:

@@ -29,20 +29,6 @@ from mpl.wire.sessions import OpenSession, SessionOpened
 STATS = {"run_s": 1.2e-05, "started": 1.7645e9, "ops": [[0, "pcall", 1e-06, 1.1e-05]]}
 
 
-@pytest.fixture
-def nesting_walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the readers' walks over a message's containers (check_nesting)."""
-    walks: list[int] = []
-    real = hot.check_nesting
-
-    def counted(items: Any) -> None:
-        walks.append(1)
-        real(items)
-
-    monkeypatch.setattr(hot, "check_nesting", counted)
-    return walks
-
-
 def test_a_hot_done_is_not_walked_for_nesting_its_bytes_cannot_reach(
     nesting_walks: list[int],
 ) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from mpl.wire import hot
 from mpl.wire.codec import MAGIC_FRAME, decode, encode
 from mpl.wire.errors import ProtocolError
 from mpl.wire.hot import read_done, read_exec
@@ -20,20 +19,6 @@ BOX = BOX_MAGIC + b"\x08driver:a" + bytes(range(60))  # a compact box's length, 
 STATS = {"run_s": 1.5e-5, "inline": True}
 
 
-@pytest.fixture
-def walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the nesting walks the lean readers make."""
-    seen: list[int] = []
-    real = hot.check_nesting
-
-    def counted(items: object) -> None:
-        seen.append(1)
-        real(items)
-
-    monkeypatch.setattr(hot, "check_nesting", counted)
-    return seen
-
-
 def _refused_by_decode(frames: list[bytes]) -> bool:
     try:
         decode(frames, unpickle=False)
@@ -42,24 +27,26 @@ def _refused_by_decode(frames: list[bytes]) -> bool:
     return False
 
 
-def test_a_sealed_done_is_read_without_a_nesting_walk(walks: list[int]) -> None:
+def test_a_sealed_done_is_read_without_a_nesting_walk(nesting_walks: list[int]) -> None:
     frames = encode(Done("s", "j", 0, {0: BOX, 1: BOX}, STATS, {0: "int"}))
     assert len(frames[1]) >= MAX_NESTING  # long enough that the length alone does not say
     read = read_done(frames)
     assert read is not None and read.values == {0: BOX, 1: BOX}
-    assert walks == []
+    assert nesting_walks == []
 
 
-def test_a_sealed_exec_is_read_without_a_nesting_walk(walks: list[int]) -> None:
+def test_a_sealed_exec_is_read_without_a_nesting_walk(nesting_walks: list[int]) -> None:
     frames = encode(Exec("s", "j", "d", (0, 1), {0: BOX, 1: BOX}, (0,), 5.0))
     assert len(frames[1]) >= MAX_NESTING
     msg = read_exec(frames)
     assert msg is not None and msg.bindings == {0: BOX, 1: BOX}
-    assert walks == []
+    assert nesting_walks == []
 
 
 @pytest.mark.parametrize("where", ["value", "stats"])
-def test_deep_nesting_beside_sealed_boxes_is_still_refused(where: str, walks: list[int]) -> None:
+def test_deep_nesting_beside_sealed_boxes_is_still_refused(
+    where: str, nesting_walks: list[int]
+) -> None:
     pack = msgpack.packb
     deep = b"\x91" * (MAX_NESTING - 1) + b"\x90"
     head = b"".join((b"\x98", pack("done"), pack("s"), pack("j"), pack(0)))
@@ -69,14 +56,14 @@ def test_deep_nesting_beside_sealed_boxes_is_still_refused(where: str, walks: li
         values, stats = b"\x81\x00" + pack(BOX), b"\x81" + pack("ops") + deep
     frames = [MAGIC_FRAME, head + values + stats + b"\x80\x90"]
     assert _refused_by_decode(frames)
-    assert read_done(frames) is None and walks == [1]
+    assert read_done(frames) is None and nesting_walks == [1]
 
 
-def test_deep_bindings_beside_a_sealed_box_are_still_refused(walks: list[int]) -> None:
+def test_deep_bindings_beside_a_sealed_box_are_still_refused(nesting_walks: list[int]) -> None:
     deep = b"\x91" * (MAX_NESTING - 1) + b"\x90"
     mark = msgpack.packb("MARK-5d1e")  # packed once in the header: spliced for the deep list
     header = encode(Exec("s", "j", "d", (0, 1), {0: BOX, 1: "MARK-5d1e"}, (0,), 5.0))[1]
     assert header.count(mark) == 1
     frames = [MAGIC_FRAME, header.replace(mark, deep)]
     assert _refused_by_decode(frames)
-    assert read_exec(frames) is None and walks == [1]
+    assert read_exec(frames) is None and nesting_walks == [1]
