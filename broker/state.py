@@ -216,13 +216,7 @@ class BrokerState:
                 return [self._refuse(peer, "ProtocolError", f"a worker may not send {msg.TAG!r}")]
             if worker is None:
                 if self.access.driver(peer, who) is None:
-                    return [
-                        self._refuse(
-                            peer,
-                            "AuthenticationError",
-                            f"{who} is not a driver: it may not send {msg.TAG!r}",
-                        )
-                    ]
+                    return [self._not_a_driver(peer, who, msg.TAG)]
                 self.drivers[peer] = now
         if forward is not None:
             return forward(peer, msg, now, who, raw)
@@ -241,15 +235,15 @@ class BrokerState:
             return [self._refuse(peer, "ProtocolError", f"a worker may not send {msg.TAG!r}")]
         identity = self.access.driver(peer, who)
         if identity is None:
-            return [
-                self._refuse(
-                    peer,
-                    "AuthenticationError",
-                    f"{who} is not a driver: it may not send {msg.TAG!r}",
-                )
-            ]
+            return [self._not_a_driver(peer, who, msg.TAG)]
         self.drivers[peer] = now
         return self._exec(peer, msg, now, who, raw, identity)
+
+    def _not_a_driver(self, peer: bytes, who: str | None, tag: str) -> Send:
+        """The refusal for a message only a driver may send, from a peer that is none."""
+        return self._refuse(
+            peer, "AuthenticationError", f"{who} is not a driver: it may not send {tag!r}"
+        )
 
     def protocol_error(self, peer: bytes, error: Exception) -> list[Send]:
         """A message from ``peer`` did not decode: count it and tell the sender."""

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,34 @@ def mutated(header: bytes, rng: random.Random) -> bytes:
     else:
         h[at:at] = bytes([rng.randrange(256)])
     return bytes(h)
+
+
+@contextlib.contextmanager
+def raw_broker(world: int, make: Callable[[Any, str], Any]) -> Iterator[tuple[Any, Any]]:
+    """A broker for ``world`` ranks on a free loopback port, and a maker of raw sockets on
+    it: ``make(context, address)`` builds one (with its ZeroMQ socket as ``.sock``); every
+    one is closed, and the broker stopped, at the end."""
+    import zmq
+
+    from mpl.broker.daemon import Broker
+    from mpl.wire import ClusterSpec
+
+    broker = Broker(ClusterSpec.simple(world), "tcp://127.0.0.1:0").start()
+    ctx: zmq.Context[Any] = zmq.Context()
+    made: list[Any] = []
+
+    def raw() -> Any:
+        made.append(make(ctx, broker.address))
+        return made[-1]
+
+    try:
+        yield broker, raw
+    finally:
+        for r in made:
+            r.sock.close(linger=0)
+        ctx.term()
+        broker.stop()
+        broker.join(5)
 
 
 def double(x: Any) -> Any:

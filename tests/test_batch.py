@@ -18,7 +18,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from helpers import nap_then, wait_until
+from helpers import nap_then, raw_broker, wait_until
 
 import mpl.driver as mp
 from mpl.broker.daemon import Broker
@@ -206,20 +206,8 @@ def test_the_broker_batches_per_peer_and_keeps_the_order_around_a_large_exec() -
 @pytest.fixture
 def rig() -> Iterator[tuple[Broker, Any]]:
     """A broker for 2 ranks on a free loopback port, and a maker of raw sockets on it."""
-    broker = Broker(ClusterSpec.simple(2), "tcp://127.0.0.1:0").start()
-    ctx: zmq.Context[Any] = zmq.Context()
-    made: list[Raw] = []
-
-    def raw() -> Raw:
-        made.append(Raw(ctx, broker.address))
-        return made[-1]
-
-    yield broker, raw
-    for r in made:
-        r.sock.close(linger=0)
-    ctx.term()
-    broker.stop()
-    broker.join(5)
+    with raw_broker(2, Raw) as pair:
+        yield pair
 
 
 def _joined(raw: Any) -> list[Raw]:

@@ -15,6 +15,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+from helpers import raw_broker
 
 from mpl.broker.daemon import Broker
 from mpl.wire import GraphBuilder
@@ -74,20 +75,8 @@ class Raw:
 @pytest.fixture
 def rig() -> Iterator[tuple[Broker, Any]]:
     """A broker for 3 ranks, and a maker of raw sockets on it (all closed at the end)."""
-    broker = Broker(ClusterSpec.simple(3), "tcp://127.0.0.1:0").start()
-    ctx: zmq.Context[Any] = zmq.Context()
-    made: list[Raw] = []
-
-    def raw() -> Raw:
-        made.append(Raw(ctx, broker.address))
-        return made[-1]
-
-    yield broker, raw
-    for r in made:
-        r.sock.close(linger=0)
-    ctx.term()
-    broker.stop()
-    broker.join(5)
+    with raw_broker(3, Raw) as pair:
+        yield pair
 
 
 def _done_by_hand(session: str, job: str, rank: int) -> list[bytes]:
