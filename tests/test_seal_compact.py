@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import zmq
@@ -260,6 +261,30 @@ def test_what_a_recipient_keeps_of_epochs_is_bounded(
         assert parties.n0.open(box, "ctx")[1] == i
         assert len(parties.n0._receiving) <= 3
     assert parties.n0.open(boxes[0], "ctx")[1] == 0
+
+
+class _ChangedMeanwhile(dict):  # type: ignore[type-arg]
+    """The kept epochs as another thread would leave them mid-eviction: iterating fails."""
+
+    def __iter__(self) -> Any:
+        raise RuntimeError("dictionary changed size during iteration")
+
+
+def test_an_eviction_that_races_another_thread_still_opens_the_box(
+    parties: Parties, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several threads open boxes with one Sealer (the worker's I/O, peer and job threads):
+    when the kept epochs change under an eviction, the box still opens and the table stays
+    bounded by what the next eviction takes."""
+    from mpl.wire import seal as seal_module
+
+    monkeypatch.setattr(seal_module, "_EPOCHS_KEPT", 1)
+    nodes = {"node:n0": parties.keys["node:n0"][0]}
+    first, second = (parties.sealer("driver:a", nodes).seal(i, "node:n0", "ctx") for i in (1, 2))
+    assert parties.n0.open(first, "ctx")[1] == 1
+    parties.n0._receiving = _ChangedMeanwhile(parties.n0._receiving)
+    assert parties.n0.open(second, "ctx")[1] == 2
+    assert len(parties.n0._receiving) == 2  # the eviction was skipped, not the box
 
 
 _FORK_CHECK = """

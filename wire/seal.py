@@ -413,7 +413,10 @@ class Sealer:
             raise _failed(who, context) from None
         if known is None:  # kept only once authenticated: forged epochs cannot flush it
             if len(self._receiving) >= _EPOCHS_KEPT:
-                oldest = next(iter(self._receiving), None)
+                try:
+                    oldest = next(iter(self._receiving))
+                except (StopIteration, RuntimeError):  # another thread changed it just now
+                    oldest = None
                 if oldest is not None:
                     self._receiving.pop(oldest, None)
             self._receiving[head] = (who, aead)
