@@ -15,7 +15,8 @@ in it handled as if it had come alone.
 
 A socket monitor reports closed TCP connections; the identity frame's source fd maps them
 back to a peer, so a killed worker is noticed in milliseconds rather than after 3 missed
-heartbeats.
+heartbeats. The kernel reuses fds, so the monitor's queued events are read before a new
+peer's fd is mapped: a closed connection's DISCONNECTED never ends the peer that took its fd.
 
 In secure mode (``curve``) the ROUTER is a CURVE server: a :class:`Gatekeeper` admits only
 the workers and drivers the broker's spec pins, and each message goes to the state with
@@ -222,6 +223,13 @@ class Broker:
         if self.monitor is not None and peer not in self._peer_fd:
             fd = frames[0].get(zmq.SRCFD)
             if fd >= 0:
+                # A connection that closed may have left this fd to this one, and its
+                # DISCONNECTED (queued before this peer's first message could arrive) must
+                # end that peer, not this one: read the monitor's events first.
+                try:
+                    self._drain_monitor()
+                except Exception as exc:
+                    self._contain(None, None, exc)
                 self._fd_peer[fd] = peer
                 self._peer_fd[peer] = fd
         now = time.monotonic()
