@@ -29,6 +29,18 @@ pickle_by_value(helpers)  # workers do not have the tests package: ship these fu
 
 
 @pytest.fixture
+def zmq_ctx() -> Iterator[Any]:
+    """A ZeroMQ context of the test's own, destroyed (every socket with LINGER 0) at the end."""
+    import zmq
+
+    context: Any = zmq.Context()
+    try:
+        yield context
+    finally:
+        context.destroy(linger=0)
+
+
+@pytest.fixture
 def nesting_walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the lean readers' walks over a message's containers (``check_nesting``)."""
     walks: list[int] = []

@@ -411,6 +411,14 @@ class FakeBroker:
         assert self.peer is not None
         self.router.send_multipart([self.peer, *frames])
 
+    def welcome(self, heartbeat_s: float, timeout: float) -> None:
+        """Wait for the worker's hello (at most ``timeout`` seconds), then welcome it."""
+        deadline = time.monotonic() + timeout
+        while self.peer is None:
+            assert time.monotonic() < deadline, "the worker never said hello"
+            self.pump(50)
+        self.send(encode(Welcome(0, 1, "fake-broker", heartbeat_s, {})))
+
     def wait_dones(self, count: int) -> None:
         deadline = time.monotonic() + 10
         while len(self.dones) < count:
@@ -424,11 +432,7 @@ def fake() -> Iterator[tuple[FakeBroker, Worker]]:
     broker = FakeBroker(ctx)
     worker = Worker(broker.address, 0, context=ctx, heartbeat_s=0.5).start()
     try:
-        deadline = time.monotonic() + 10
-        while broker.peer is None:
-            assert time.monotonic() < deadline, "the worker never said hello"
-            broker.pump(50)
-        broker.send(encode(Welcome(0, 1, "fake-broker", 0.5, {})))
+        broker.welcome(0.5, 10)
         assert worker.joined.wait(10)
         yield broker, worker
     finally:
@@ -751,11 +755,7 @@ def test_a_worker_process_drops_bad_batches_and_still_serves(tmp_path: Any) -> N
     cmd += ["--data-root", str(tmp_path / "data")]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 20
-        while broker.peer is None:
-            assert time.monotonic() < deadline, "the worker never said hello"
-            broker.pump(50)
-        broker.send(encode(Welcome(0, 1, "fake-broker", 0.2, {})))
+        broker.welcome(0.2, 20)
         graph = _one_rank_program()
         broker.send(encode(Program(graph.digest, graph)))
         good = _header(Exec("s", "good", graph.digest, (0,), {}, (0,)))

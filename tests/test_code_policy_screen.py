@@ -91,22 +91,13 @@ def test_a_malformed_message_is_still_a_protocol_error() -> None:
         screen([frames[0], b"\xc1", *frames[2:]], "kernels", safe=False)
 
 
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context[Any]]:
-    context: zmq.Context[Any] = zmq.Context()
-    try:
-        yield context
-    finally:
-        context.destroy(linger=0)
-
-
 def test_the_peer_thread_decodes_each_move_once_under_code_kernels(
-    ctx: zmq.Context[Any], decodes: list[int]
+    zmq_ctx: zmq.Context[Any], decodes: list[int]
 ) -> None:
     mailbox = move_mailbox()
     refused: list[Any] = []
     intake = PeerIntake(
-        ctx,
+        zmq_ctx,
         "tcp://127.0.0.1:0",
         0,
         mailbox,
@@ -116,7 +107,7 @@ def test_the_peer_thread_decodes_each_move_once_under_code_kernels(
         code="kernels",
         max_message=MAX_MESSAGE,
     )
-    push = configure(ctx.socket(zmq.PUSH), linger_ms=1000)
+    push = configure(zmq_ctx.socket(zmq.PUSH), linger_ms=1000)
     try:
         intake.start()
         push.connect(intake.address)

@@ -3,7 +3,6 @@ jobs that will never exist cannot make another party's genuine early move be dro
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -153,26 +152,17 @@ def _spec(world: int, pairs: list[KeyPair] | None = None) -> ClusterSpec:
     )
 
 
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context[Any]]:
-    context: zmq.Context[Any] = zmq.Context()
-    try:
-        yield context
-    finally:
-        context.destroy(linger=0)
-
-
 def test_a_party_flooding_forged_moves_leaves_room_for_another_partys_early_move(
-    ctx: zmq.Context[Any], caplog: pytest.LogCaptureFixture
+    zmq_ctx: zmq.Context[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     pairs = [_pair() for _ in range(3)]
     spec = _spec(3, pairs)
     node0 = Curve(pairs[0], spec)
-    gatekeeper = Gatekeeper(ctx, peer_admits(spec))
+    gatekeeper = Gatekeeper(zmq_ctx, peer_admits(spec))
     gatekeeper.start()
     mailbox = move_mailbox(held_moves(node0, lambda: 0))
     intake = PeerIntake(
-        ctx,
+        zmq_ctx,
         "tcp://127.0.0.1:0",
         0,
         mailbox,
@@ -186,7 +176,7 @@ def test_a_party_flooding_forged_moves_leaves_room_for_another_partys_early_move
     try:
         intake.start()
         for rank in (1, 2):
-            sock = configure(ctx.socket(zmq.PUSH), linger_ms=1000)
+            sock = configure(zmq_ctx.socket(zmq.PUSH), linger_ms=1000)
             Curve(pairs[rank], spec).dial(sock, pairs[0].public)
             sock.connect(intake.address)
             socks.append(sock)
@@ -218,19 +208,19 @@ def test_a_party_flooding_forged_moves_leaves_room_for_another_partys_early_move
 
 
 def test_a_worker_runs_a_job_whose_early_move_came_amid_another_partys_flood(
-    ctx: zmq.Context[Any],
+    zmq_ctx: zmq.Context[Any],
 ) -> None:
     """The worker learns the world size from its broker (plaintext: only the claimed source
     tells the senders apart) and shares its holding area by it."""
-    broker = FakeBroker(ctx)
-    worker = Worker(broker.address, 0, context=ctx, heartbeat_s=0.5).start()
+    broker = FakeBroker(zmq_ctx)
+    worker = Worker(broker.address, 0, context=zmq_ctx, heartbeat_s=0.5).start()
     socks: list[zmq.Socket[Any]] = []
     try:
         wait_until(lambda: broker.pump(50) or broker.peer, 10, "the worker's hello")
         broker.send(Welcome(0, 3, "fake-broker", 0.5, {}))
         assert worker.joined.wait(10), "the worker did not join the fake broker"
         for _ in range(2):
-            sock = configure(ctx.socket(zmq.PUSH), linger_ms=0)
+            sock = configure(zmq_ctx.socket(zmq.PUSH), linger_ms=0)
             sock.connect(worker.data_addr)
             socks.append(sock)
         flood = 1500
@@ -262,17 +252,17 @@ def test_a_worker_runs_a_job_whose_early_move_came_amid_another_partys_flood(
         broker.router.close(linger=0)
 
 
-def test_a_flood_leaves_room_in_the_peer_threads_second_chances(ctx: zmq.Context[Any]) -> None:
+def test_a_flood_leaves_room_in_the_peer_threads_second_chances(zmq_ctx: zmq.Context[Any]) -> None:
     """A move the holding area has no room for is put once more after the I/O thread's next
     message (it may have overtaken an Exec queued there); one sender's flood takes at most
     a quarter of those second chances."""
     holding = Holding(max_entries=6, sender_of=lambda held: held[0][4], senders=_three)
     mailbox = move_mailbox(holding)
     intake = PeerIntake(
-        ctx, "tcp://127.0.0.1:0", 0, mailbox, lambda event: None,
+        zmq_ctx, "tcp://127.0.0.1:0", 0, mailbox, lambda event: None,
         curve=None, trusted=False, code="any", max_message=MAX_MESSAGE,
     )  # fmt: skip
-    push = [configure(ctx.socket(zmq.PUSH), linger_ms=1000) for _ in range(2)]
+    push = [configure(zmq_ctx.socket(zmq.PUSH), linger_ms=1000) for _ in range(2)]
     try:
         intake.start()
         for sock in push:
