@@ -75,10 +75,8 @@ def split_batch(frames: Sequence[Any]) -> list[list[Any]]:
 def header_only(frames: Sequence[Any]) -> Any | None:
     """The header of an encoded message without buffer frames (one that may ride in a
     batch), or None."""
-    if len(frames) == 2 and frames[0] is MAGIC_FRAME:
-        return frames[1]
-    if len(frames) == 2 and bytes(frames[0]) == MAGIC_FRAME:
-        return frames[1]
+    if len(frames) == 2 and (frames[0] is MAGIC_FRAME or bytes(frames[0]) == MAGIC_FRAME):
+        return frames[1]  # the identity check first: most frames are the codec's own
     return None
 
 
