@@ -33,6 +33,13 @@ authenticated for its one recipient:
   direction's key. A recipient keeps the ciphers of the epochs that opened for it (bounded;
   an epoch enters only once a box of it has authenticated). Larger payloads, and programs,
   stay ``Sealed`` records.
+* **None as a tag alone.** A sealed None (the bindings of every rank a job gives no inputs,
+  sealed on every such job) has nothing to hide, only a sender, a recipient and a context
+  to prove: it is a box whose ciphertext is replaced by a 16-byte keyed-BLAKE2b tag over
+  its nonce and context, under a second key of the same epoch (personalised apart from the
+  cipher's). One hash call instead of a cipher set-up, encode and decode on either side; it
+  is bound exactly as a box is (a box's ciphertext is never empty: its plaintext holds at
+  least the payload's head, so the two cannot be taken for one another).
 
 Opening is all-or-nothing: anything wrong raises :class:`AuthenticationError` before the
 plaintext is decoded, so a pickle inside a job's bindings or program is loaded only after
@@ -42,6 +49,7 @@ the driver that sealed it has been proved to be one the worker's own spec lists.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import itertools
 import os
 import weakref
@@ -84,6 +92,7 @@ COMPACT_MAX = ZERO_COPY_BYTES // 2
 _NONCE = 12
 _EPOCH_PERSON = b"mpl-box-epoch/1"  # keeps epoch keys apart from per-payload keys
 _EPOCHS_KEPT = 1024  # ciphers of other processes' epochs a recipient keeps
+_MARK_PERSON = b"mpl-box-mark/1"  # keeps a None's tag key apart from the epoch's cipher key
 
 
 def program_context(digest: str) -> str:
@@ -216,6 +225,10 @@ def _forget_epochs_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_epochs_in_child)
 
 
+# an epoch a process seals under: box head, cipher, None's tag key, box counter
+_Epoch = tuple[bytes, ChaCha20Poly1305, bytes, "itertools.count[int]"]
+
+
 def _pieces(size: int) -> int:
     return max(1, -(-size // CHUNK))
 
@@ -247,12 +260,13 @@ class Sealer:
         me = identity.encode()
         # what starts every compact box this process seals (None: a name too long for it)
         self._box_head = BOX_MAGIC + bytes([len(me)]) + me if len(me) < 256 else None
-        # recipient -> (box head with this process's epoch for it, its cipher, box counter)
-        self._sending: dict[str, tuple[bytes, ChaCha20Poly1305, itertools.count[int]]] = {}
-        # a box's head (magic, sender, epoch) -> (sender, cipher), oldest first; a plain
-        # dict: a driver opens on its pump thread and its caller's thread at once, and each
-        # dict operation is atomic
-        self._receiving: dict[bytes, tuple[str, ChaCha20Poly1305]] = {}
+        # recipient -> (box head with this process's epoch for it, its cipher, its None's
+        # tag key, box counter)
+        self._sending: dict[str, _Epoch] = {}
+        # a box's head (magic, sender, epoch) -> (sender, cipher, None's tag key), oldest
+        # first; a plain dict: a driver opens on its pump thread and its caller's thread at
+        # once, and each dict operation is atomic
+        self._receiving: dict[bytes, tuple[str, ChaCha20Poly1305, bytes]] = {}
         _SEALERS.add(self)
 
     @classmethod
@@ -287,20 +301,23 @@ class Sealer:
         a driver); a driver sealing functions for a worker passes ``safe=False``. A small
         value comes back as a compact box (``bytes``), anything else as a ``Sealed``.
         """
+        if value is None and self._box_head is not None:
+            head, _, mark, counter = self._sending.get(to) or self._new_epoch(to)
+            nonce = next(counter).to_bytes(_NONCE, "big")
+            return head + nonce + _mark_tag(mark, nonce, context)
         frames = _scalar_frames(value) or encode(_Payload(value), safe=safe)
         if self._box_head is not None and len(frames) == 2 and len(frames[1]) < COMPACT_MAX:
-            sending = self._sending.get(to) or self._new_epoch(to)
-            head, aead, counter = sending
+            head, aead, _, counter = self._sending.get(to) or self._new_epoch(to)
             nonce = next(counter).to_bytes(_NONCE, "big")
             aad = context.encode() + _COMPACT_AAD
             return b"".join((head, nonce, aead.encrypt(nonce, frames[1], aad)))
         return self._record(frames, os.urandom(_SALT), to, context)
 
-    def _new_epoch(self, to: str) -> tuple[bytes, ChaCha20Poly1305, itertools.count[int]]:
+    def _new_epoch(self, to: str) -> _Epoch:
         assert self._box_head is not None
         epoch = os.urandom(_SALT)
-        key = self._epoch_key(to, epoch, self.identity, to)
-        sending = self._sending[to] = (self._box_head + epoch, key, itertools.count())
+        aead, mark = self._epoch_keys(to, epoch, self.identity, to)
+        sending = self._sending[to] = (self._box_head + epoch, aead, mark, itertools.count())
         return sending
 
     def seal_record(self, value: Any, to: str, context: str, *, safe: bool = True) -> Sealed:
@@ -393,7 +410,7 @@ class Sealer:
         head = box[:end]
         known = self._receiving.get(head)
         if known is not None:
-            who, aead = known
+            who, aead, mark = known
             if sender and who != sender:
                 raise AuthenticationError(f"a payload from {sender} claims to be sealed by {who}")
         else:
@@ -404,13 +421,17 @@ class Sealer:
             except UnicodeDecodeError:
                 raise AuthenticationError("malformed sealed payload") from None
             self._check_sender(who, sender)
-            aead = self._epoch_key(who, head[end - _SALT :], who, self.identity)
-        try:
-            header = aead.decrypt(
-                box[end : end + _NONCE], box[end + _NONCE :], context.encode() + _COMPACT_AAD
-            )
-        except InvalidTag:
-            raise _failed(who, context) from None
+            aead, mark = self._epoch_keys(who, head[end - _SALT :], who, self.identity)
+        nonce = box[end : end + _NONCE]
+        if len(box) == end + _NONCE + _TAG:  # no ciphertext: a sealed None's tag alone
+            if not hmac.compare_digest(box[end + _NONCE :], _mark_tag(mark, nonce, context)):
+                raise _failed(who, context)
+            header = None
+        else:
+            try:
+                header = aead.decrypt(nonce, box[end + _NONCE :], context.encode() + _COMPACT_AAD)
+            except InvalidTag:
+                raise _failed(who, context) from None
         if known is None:  # kept only once authenticated: forged epochs cannot flush it
             if len(self._receiving) >= _EPOCHS_KEPT:
                 try:
@@ -419,7 +440,9 @@ class Sealer:
                     oldest = None
                 if oldest is not None:
                     self._receiving.pop(oldest, None)
-            self._receiving[head] = (who, aead)
+            self._receiving[head] = (who, aead, mark)
+        if header is None:
+            return who, None
         return who, _value(who, [MAGIC_FRAME, header], safe, unpickle)
 
     def _check_sender(self, who: str, sender: str) -> None:
@@ -447,11 +470,15 @@ class Sealer:
             return False
         return True
 
-    def _epoch_key(self, peer: str, epoch: bytes, sender: str, recipient: str) -> ChaCha20Poly1305:
-        """The cipher of one sealing process's epoch for one direction."""
+    def _epoch_keys(
+        self, peer: str, epoch: bytes, sender: str, recipient: str
+    ) -> tuple[ChaCha20Poly1305, bytes]:
+        """The cipher of one sealing process's epoch for one direction, and the key of its
+        sealed Nones' tags."""
         pair = self._pair_key(peer, sender, recipient)
         key = hashlib.blake2b(epoch, key=pair, digest_size=32, person=_EPOCH_PERSON).digest()
-        return ChaCha20Poly1305(key)
+        mark = hashlib.blake2b(epoch, key=pair, digest_size=32, person=_MARK_PERSON).digest()
+        return ChaCha20Poly1305(key), mark
 
     def _aead(
         self, peer: str, salt: bytes, sender: str, recipient: str, context: str
@@ -483,6 +510,11 @@ def _layout(total: int, sizes: list[int]) -> bytes:
 # A compact box holds a payload with no buffers: its header is piece 0 of a one-piece
 # layout, as in a ``Sealed`` with no buffers (after the context, in the associated data).
 _COMPACT_AAD = b"|0" + _layout(1, [])
+
+
+def _mark_tag(key: bytes, nonce: bytes, context: str) -> bytes:
+    """A sealed None's tag: keyed BLAKE2b (a MAC) over its nonce and context."""
+    return hashlib.blake2b(nonce + context.encode(), key=key, digest_size=_TAG).digest()
 
 
 def _failed(who: str, context: str) -> AuthenticationError:
