@@ -22,7 +22,7 @@ from typing import Any
 from mpl.broker.registry import Registry
 from mpl.broker.sessions import SessionEntry, SessionTable
 from mpl.wire.cluster import ClusterSpec
-from mpl.wire.identity import driver_identity, driver_name, rank_of
+from mpl.wire.identity import DRIVER_PREFIX, driver_identity, node_identity
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.routing import check_driver_name, plaintext_identity
 from mpl.wire.sessions import OpenSession
@@ -50,6 +50,9 @@ class Access:
         note: Callable[[str], None],
     ) -> None:
         self.cluster = cluster
+        # node identity -> rank: who speaks for which rank, one lookup per message (the
+        # broker's spec is fixed for its life)
+        self._node_rank = {node_identity(n.name): n.rank for n in cluster.nodes}
         self.registry = registry
         self.sessions = sessions
         self.counters = counters
@@ -62,7 +65,7 @@ class Access:
         """The driver identity of a message's sender; None when it is not a driver."""
         if who is None:
             return plaintext_identity(peer)
-        return who if driver_name(who) is not None else None
+        return who if who.startswith(DRIVER_PREFIX) else None  # a driver's key's identity
 
     def session(
         self, peer: bytes, who: str | None, sid: str, now: float | None = None
@@ -161,7 +164,7 @@ class Access:
             entry is not None
             and entry.rank == rank
             and self.registry.by_rank.get(rank) is entry
-            and (who is None or rank_of(who, self.cluster) == rank)
+            and (who is None or self._node_rank.get(who) == rank)
         ):
             return True
         claimed = f"rank {entry.rank}" if entry is not None else "an unregistered peer"
@@ -170,7 +173,7 @@ class Access:
 
     def channel_key_ok(self, who: str | None, rank: int) -> bool:
         """In secure mode, a result channel for ``rank`` comes with node ``rank``'s key."""
-        return who is None or rank_of(who, self.cluster) == rank
+        return who is None or self._node_rank.get(who) == rank
 
     def forged(self, what: str) -> None:
         self.counters["forged_replies"] += 1

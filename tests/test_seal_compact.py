@@ -238,7 +238,7 @@ def test_odd_plaintext_from_a_listed_party_goes_through_the_codecs_checks(
     head = seal_module._PAYLOAD_HEAD
     crafted = [seal_module.MAGIC_FRAME, head + plaintext]
     monkeypatch.setattr(seal_module, "_scalar_frames", lambda value: crafted)
-    box = parties.n0.seal(0, "driver:a", "ctx")
+    box = parties.n0.seal(1000, "driver:a", "ctx")  # no fixint: sealed via _scalar_frames
     monkeypatch.undo()
     if plaintext == b"\x91\x01":
         assert parties.a.open(box, "ctx")[1] == [1]  # not a scalar: the codec decodes it

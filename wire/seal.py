@@ -54,6 +54,7 @@ import itertools
 import os
 import weakref
 from dataclasses import dataclass
+from hashlib import blake2b as _blake2b
 from typing import Any
 
 import msgpack
@@ -304,8 +305,13 @@ class Sealer:
         if value is None and self._box_head is not None:
             head, _, mark, counter = self._sending.get(to) or self._new_epoch(to)
             nonce = next(counter).to_bytes(_NONCE, "big")
-            return head + nonce + _mark_tag(mark, nonce, context)
-        frames = _scalar_frames(value) or encode(_Payload(value), safe=safe)
+            # the tag: keyed BLAKE2b over nonce and context, under the epoch's tag key
+            tag = _blake2b(nonce + context.encode(), key=mark, digest_size=_TAG).digest()
+            return head + nonce + tag
+        if type(value) is int and -32 <= value < 128:  # the commonest result: no call
+            frames = _FIXINT_FRAMES[value]
+        else:
+            frames = _scalar_frames(value) or encode(_Payload(value), safe=safe)
         if self._box_head is not None and len(frames) == 2 and len(frames[1]) < COMPACT_MAX:
             head, aead, _, counter = self._sending.get(to) or self._new_epoch(to)
             nonce = next(counter).to_bytes(_NONCE, "big")
@@ -424,7 +430,9 @@ class Sealer:
             aead, mark = self._epoch_keys(who, head[end - _SALT :], who, self.identity)
         nonce = box[end : end + _NONCE]
         if len(box) == end + _NONCE + _TAG:  # no ciphertext: a sealed None's tag alone
-            if not hmac.compare_digest(box[end + _NONCE :], _mark_tag(mark, nonce, context)):
+            # as seal() makes it: keyed BLAKE2b over nonce and context
+            tag = _blake2b(nonce + context.encode(), key=mark, digest_size=_TAG).digest()
+            if not hmac.compare_digest(box[end + _NONCE :], tag):
                 raise _failed(who, context)
             header = None
         else:
@@ -443,6 +451,9 @@ class Sealer:
             self._receiving[head] = (who, aead, mark)
         if header is None:
             return who, None
+        value = _ONE_BYTE_VALUES.get(header, _NOT_ONE_BYTE)  # None, bools, small ints
+        if value is not _NOT_ONE_BYTE:
+            return who, value
         return who, _value(who, [MAGIC_FRAME, header], safe, unpickle)
 
     def _check_sender(self, who: str, sender: str) -> None:
@@ -510,11 +521,6 @@ def _layout(total: int, sizes: list[int]) -> bytes:
 # A compact box holds a payload with no buffers: its header is piece 0 of a one-piece
 # layout, as in a ``Sealed`` with no buffers (after the context, in the associated data).
 _COMPACT_AAD = b"|0" + _layout(1, [])
-
-
-def _mark_tag(key: bytes, nonce: bytes, context: str) -> bytes:
-    """A sealed None's tag: keyed BLAKE2b (a MAC) over its nonce and context."""
-    return hashlib.blake2b(nonce + context.encode(), key=key, digest_size=_TAG).digest()
 
 
 def _failed(who: str, context: str) -> AuthenticationError:
