@@ -54,7 +54,6 @@ import itertools
 import os
 import weakref
 from dataclasses import dataclass
-from hashlib import blake2b as _blake2b
 from typing import Any
 
 import msgpack
@@ -226,8 +225,8 @@ def _forget_epochs_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_epochs_in_child)
 
 
-# an epoch a process seals under: box head, cipher, None's tag key, box counter
-_Epoch = tuple[bytes, ChaCha20Poly1305, bytes, "itertools.count[int]"]
+# an epoch a process seals under: box head, cipher, None's keyed tag hash, box counter
+_Epoch = tuple[bytes, ChaCha20Poly1305, hashlib.blake2b, "itertools.count[int]"]
 
 
 def _pieces(size: int) -> int:
@@ -262,12 +261,12 @@ class Sealer:
         # what starts every compact box this process seals (None: a name too long for it)
         self._box_head = BOX_MAGIC + bytes([len(me)]) + me if len(me) < 256 else None
         # recipient -> (box head with this process's epoch for it, its cipher, its None's
-        # tag key, box counter)
+        # keyed tag hash, box counter)
         self._sending: dict[str, _Epoch] = {}
-        # a box's head (magic, sender, epoch) -> (sender, cipher, None's tag key), oldest
+        # a box's head (magic, sender, epoch) -> (sender, cipher, tag hash), oldest
         # first; a plain dict: a driver opens on its pump thread and its caller's thread at
         # once, and each dict operation is atomic
-        self._receiving: dict[bytes, tuple[str, ChaCha20Poly1305, bytes]] = {}
+        self._receiving: dict[bytes, tuple[str, ChaCha20Poly1305, hashlib.blake2b]] = {}
         _SEALERS.add(self)
 
     @classmethod
@@ -305,9 +304,10 @@ class Sealer:
         if value is None and self._box_head is not None:
             head, _, mark, counter = self._sending.get(to) or self._new_epoch(to)
             nonce = next(counter).to_bytes(_NONCE, "big")
-            # the tag: keyed BLAKE2b over nonce and context, under the epoch's tag key
-            tag = _blake2b(nonce + context.encode(), key=mark, digest_size=_TAG).digest()
-            return head + nonce + tag
+            # the tag: keyed BLAKE2b over nonce and context, from the epoch's keyed state
+            tagger = mark.copy()
+            tagger.update(nonce + context.encode())
+            return head + nonce + tagger.digest()
         if type(value) is int and -32 <= value < 128:  # the commonest result: no call
             frames = _FIXINT_FRAMES[value]
         else:
@@ -430,9 +430,9 @@ class Sealer:
             aead, mark = self._epoch_keys(who, head[end - _SALT :], who, self.identity)
         nonce = box[end : end + _NONCE]
         if len(box) == end + _NONCE + _TAG:  # no ciphertext: a sealed None's tag alone
-            # as seal() makes it: keyed BLAKE2b over nonce and context
-            tag = _blake2b(nonce + context.encode(), key=mark, digest_size=_TAG).digest()
-            if not hmac.compare_digest(box[end + _NONCE :], tag):
+            tagger = mark.copy()  # as seal() makes it: keyed BLAKE2b over nonce and context
+            tagger.update(nonce + context.encode())
+            if not hmac.compare_digest(box[end + _NONCE :], tagger.digest()):
                 raise _failed(who, context)
             header = None
         else:
@@ -483,13 +483,15 @@ class Sealer:
 
     def _epoch_keys(
         self, peer: str, epoch: bytes, sender: str, recipient: str
-    ) -> tuple[ChaCha20Poly1305, bytes]:
-        """The cipher of one sealing process's epoch for one direction, and the key of its
-        sealed Nones' tags."""
+    ) -> tuple[ChaCha20Poly1305, hashlib.blake2b]:
+        """The cipher of one sealing process's epoch for one direction, and the keyed hash
+        of its sealed Nones' tags."""
         pair = self._pair_key(peer, sender, recipient)
         key = hashlib.blake2b(epoch, key=pair, digest_size=32, person=_EPOCH_PERSON).digest()
         mark = hashlib.blake2b(epoch, key=pair, digest_size=32, person=_MARK_PERSON).digest()
-        return ChaCha20Poly1305(key), mark
+        # the tag's hash with its key block already taken in: each tag copies it (one
+        # compression less per sealed None)
+        return ChaCha20Poly1305(key), hashlib.blake2b(key=mark, digest_size=_TAG)
 
     def _aead(
         self, peer: str, salt: bytes, sender: str, recipient: str, context: str
