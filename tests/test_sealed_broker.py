@@ -329,3 +329,44 @@ def test_a_hostile_broker_cannot_make_a_worker_run_code(
         5,
         "the refusals counted",
     )
+
+
+def test_a_broker_that_replays_or_alters_a_sealed_none_fails_the_job(
+    make: Callable[[bool], Setup],
+) -> None:
+    """A job without inputs carries, for its rank, a sealed None that is a tag alone: taken
+    from one job into the next (all else the same) or altered, it starts nothing."""
+    setup = make(True)
+    tap = setup.tap
+    kept: list[bytes] = []
+
+    def bindings(msg: Record, sealed: Any) -> Exec:
+        assert isinstance(msg, Exec)
+        return Exec(msg.session, msg.job, msg.digest, msg.ranks, {0: sealed}, msg.inline,
+                    msg.timeout_s)  # fmt: skip
+
+    def replay_none(msg: Record) -> Record | None:
+        if isinstance(msg, Exec) and 0 in msg.bindings:
+            if not kept:
+                kept.append(msg.bindings[0])
+                return None
+            return bindings(msg, kept[0])
+        return None
+
+    def alter_none(msg: Record) -> Record | None:
+        if isinstance(msg, Exec) and 0 in msg.bindings:
+            return bindings(msg, msg.bindings[0][:-1] + bytes([msg.bindings[0][-1] ^ 1]))
+        return None
+
+    with setup.ctx:
+        one = mp.device("P0")(lambda: 1)
+        tap.alter = replay_none
+        assert mp.fetch(one()) == 1
+        assert type(kept[0]) is bytes and kept[0].startswith(BOX_MAGIC)
+        with pytest.raises(mp.AuthenticationError, match="failed authentication"):
+            one()
+        tap.alter = alter_none
+        with pytest.raises(mp.AuthenticationError, match="failed authentication"):
+            one()
+        tap.alter = None  # and the cluster keeps serving honest traffic
+        assert mp.fetch(one()) == 1
