@@ -195,6 +195,7 @@ class Worker:
             max_message=max_message,
             job_stopped=lambda job: self.jobs.stopped(job),
             holding=held_spu(curve, lambda: self.state.world_size),
+            start=False,  # its callbacks read self.state and self.jobs: started below
         )
         hello = WorkerHello(
             rank,
@@ -261,6 +262,8 @@ class Worker:
         # (the jobs it runs inline) gather here and go out as one batch after it.
         self._io_thread = 0
         self._gathered: list[list[Any]] | None = None
+        # only now: what arrives on the link reaches self.state and self.jobs, built above
+        self.spu_links.start()
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> Worker:

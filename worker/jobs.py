@@ -200,17 +200,25 @@ class Jobs:
         """A repeat quick job, whole, on the calling (I/O) thread, when the state says it
         may run inline with nothing else to decide (``WorkerState.begin_inline``): the run,
         its outputs stored, its ``Done`` posted; no events or actions in between. False for
-        any other job, with nothing done: then :meth:`handle` it."""
+        any other job, with nothing done: then :meth:`handle` it.
+
+        The ``Done`` goes out as soon as it is built and the state has said the job was not
+        stopped; the state's bookkeeping of the job's end follows the send, so the broker
+        (on the other core) reads the answer meanwhile. Nothing the broker sends next can
+        overtake that bookkeeping: this thread reads it only afterwards."""
         with self._lock:
             graph = self.state.begin_inline(msg, time.monotonic())
         if graph is None:
             return False
         end = self._timed_run(msg, graph, tracked=False)
         if type(end) is RunFinished:
+            sid, job = end.session, end.job
             with self._lock:
-                posted = self.state.end_inline(end.session, end.job, end.seconds)
-            if posted:
+                stopped = self.state.inline_stopped(sid, job)
+            if not stopped:
                 self.post(end.reply)
+                with self._lock:
+                    self.state.end_inline(sid, job, end.seconds)
                 return True
         self.report(end)  # failed, aborted or stopped: the state's ordinary path
         return True
