@@ -79,9 +79,13 @@ def test_a_repeat_quick_job_costs_the_worker_few_python_calls(sim: mp.Simulator)
     for _ in range(3):  # the first run is on the pool, measured; then it is quick
         mp.fetch(job())
     inline_before = int(sim.runtime.workers[1].jobs.stats()["jobs_inline"])
+    repeats_before = sim.runtime.workers[1]._execs.repeats
     total, calls = _worker_calls(sim, 1, job)
     assert int(sim.runtime.workers[1].jobs.stats()["jobs_inline"]) - inline_before == _JOBS
+    # each Exec read by comparison with the one before (mpl.wire.exec_repeat), not in full
+    assert sim.runtime.workers[1]._execs.repeats - repeats_before == _JOBS
     per_job = total / _JOBS
+    print(f"{per_job:.1f} worker calls per job: {sorted(calls.items())}")
     assert per_job <= _MAX_CALLS_PER_JOB, (
         f"{per_job:.1f} worker calls per job: {sorted(calls.items())}"
     )
