@@ -25,12 +25,12 @@ from mpl.wire.codec import MAGIC_FRAME
 from mpl.wire.hot import EXEC_PREFIX, read_exec
 from mpl.wire.jobs import Exec
 from mpl.wire.limits import MAX_CONTAINERS
-from mpl.wire.record import built
 
 __all__ = ["RepeatExecs"]
 
 _FIXSTR, _FIXSTR_END = 0xA0, 0xBF
 _STR8, _STR16, _STR32 = 0xD9, 0xDA, 0xDB
+_new = object.__new__
 
 
 def _job_id(header: bytes, at: int, end: int) -> str | None:
@@ -62,47 +62,57 @@ class RepeatExecs:
 
     ``repeats`` counts the messages read by comparison, ``full_reads`` the others."""
 
-    __slots__ = ("_head", "_last", "_tail", "full_reads", "repeats")
+    __slots__ = ("_head", "_last", "_tail", "_tail_len", "full_reads", "repeats")
 
     def __init__(self) -> None:
         self._head = b""  # the last header up to its job id; empty: none remembered
         self._tail = b""  # and after it
-        self._last: Exec | None = None
+        self._tail_len = 0
+        self._last: dict[str, Any] = {}  # the last record's fields, as read
         self.repeats = 0
         self.full_reads = 0
 
     def read(self, frames: Sequence[Any]) -> Exec | None:
         if len(frames) != 2:
             return None
-        header = frames[1].bytes if hasattr(frames[1], "bytes") else bytes(frames[1])
-        head, tail, last = self._head, self._tail, self._last
-        if (
-            last is not None
-            and len(header) > len(head) + len(tail)
-            and len(header) < MAX_CONTAINERS  # as read_exec bounds it
-            and header.startswith(head)
-            and header.endswith(tail)
-            and memoryview(frames[0]).tobytes() == MAGIC_FRAME
-        ):
-            job = _job_id(header, len(head), len(header) - len(tail))
-            if job is not None:
+        raw = frames[1]
+        header = raw.bytes if hasattr(raw, "bytes") else bytes(raw)
+        head = self._head
+        size = len(header)
+        if head and size < MAX_CONTAINERS and header.startswith(head):  # as read_exec bounds
+            at = len(head)
+            end = size - self._tail_len
+            first = header[at] if at < size else -1
+            # a job id of up to 31 bytes (the driver's are 24): its size is in its first byte
+            if _FIXSTR <= first <= _FIXSTR_END:
+                job: str | None = None
+                if at + 1 + (first & 0x1F) == end:
+                    try:
+                        job = header[at + 1 : end].decode()  # strict UTF-8, as msgpack reads
+                    except UnicodeDecodeError:
+                        job = None
+            else:
+                job = _job_id(header, at, end) if at < end else None
+            if (
+                job is not None
+                and header.endswith(self._tail)
+                and memoryview(frames[0]).tobytes() == MAGIC_FRAME
+            ):
                 self.repeats += 1
-                bindings = last.bindings
-                return built(
-                    Exec,
-                    last.session,
-                    job,
-                    last.digest,
-                    last.ranks,
-                    dict(bindings) if bindings else {},  # no record shares a mutable map
-                    last.inline,
-                    last.timeout_s,
-                )
-        msg = read_exec(frames)
-        if msg is not None:
+                fields = self._last
+                msg: Exec = _new(Exec)
+                msg.__dict__.update(fields)  # as read_exec builds it (no __init__)
+                msg.__dict__["job"] = job
+                if fields["bindings"]:  # no record shares a mutable map
+                    msg.__dict__["bindings"] = dict(fields["bindings"])
+                else:
+                    msg.__dict__["bindings"] = {}
+                return msg
+        msg_read = read_exec(frames)
+        if msg_read is not None:
             self.full_reads += 1
-            self._remember(header, msg)
-        return msg
+            self._remember(header, msg_read)
+        return msg_read
 
     def _remember(self, header: bytes, msg: Exec) -> None:
         """Keep ``header`` (read in full and accepted as ``msg``) to compare the next ones
@@ -111,6 +121,7 @@ class RepeatExecs:
         head = EXEC_PREFIX + msgpack.packb(msg.session)
         job = msgpack.packb(msg.job)
         if header.startswith(head) and header.startswith(job, len(head)):
-            self._head, self._tail, self._last = head, header[len(head) + len(job) :], msg
+            self._head, self._tail = head, header[len(head) + len(job) :]
+            self._tail_len, self._last = len(self._tail), dict(msg.__dict__)
         else:
-            self._head, self._tail, self._last = b"", b"", None
+            self._head, self._tail, self._tail_len, self._last = b"", b"", 0, {}
