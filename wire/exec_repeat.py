@@ -36,6 +36,8 @@ _new = object.__new__
 def _job_id(header: bytes, at: int, end: int) -> str | None:
     """The msgpack str at ``header[at:end]`` if it is exactly one str filling the span and
     valid UTF-8 (what msgpack's ``raw=False`` decodes), else None."""
+    if at >= end:
+        return None
     first = header[at]
     if _FIXSTR <= first <= _FIXSTR_END:
         start, size = at + 1, first & 0x1F
@@ -49,8 +51,14 @@ def _job_id(header: bytes, at: int, end: int) -> str | None:
         return None
     if start > end or start + size != end:
         return None
+    return _utf8(header, start, end)
+
+
+def _utf8(header: bytes, start: int, end: int) -> str | None:
+    """``header[start:end]`` as msgpack's ``raw=False`` decodes a str (strict UTF-8), or
+    None where it refuses it."""
     try:
-        return header[start:end].decode()  # strict UTF-8, as msgpack decodes a str
+        return header[start:end].decode()
     except UnicodeDecodeError:
         return None
 
@@ -62,13 +70,24 @@ class RepeatExecs:
 
     ``repeats`` counts the messages read by comparison, ``full_reads`` the others."""
 
-    __slots__ = ("_head", "_last", "_tail", "_tail_len", "full_reads", "repeats")
+    __slots__ = (
+        "_fields",
+        "_head",
+        "_id_at",
+        "_id_byte",
+        "_size",
+        "_tail",
+        "full_reads",
+        "repeats",
+    )
 
     def __init__(self) -> None:
         self._head = b""  # the last header up to its job id; empty: none remembered
         self._tail = b""  # and after it
-        self._tail_len = 0
-        self._last: dict[str, Any] = {}  # the last record's fields, as read
+        self._size = 0  # the last header's size,
+        self._id_at = 0  # where its job id's bytes begin,
+        self._id_byte = -1  # and the byte before them (a fixstr's, or -1)
+        self._fields: dict[str, Any] = {}  # the last record's fields, as read
         self.repeats = 0
         self.full_reads = 0
 
@@ -78,41 +97,30 @@ class RepeatExecs:
         raw = frames[1]
         header = raw.bytes if hasattr(raw, "bytes") else bytes(raw)
         head = self._head
-        size = len(header)
-        if head and size < MAX_CONTAINERS and header.startswith(head):  # as read_exec bounds
-            at = len(head)
-            end = size - self._tail_len
-            first = header[at] if at < size else -1
-            # a job id of up to 31 bytes (the driver's are 24): its size is in its first byte
-            if _FIXSTR <= first <= _FIXSTR_END:
-                job: str | None = None
-                if at + 1 + (first & 0x1F) == end:
-                    try:
-                        job = header[at + 1 : end].decode()  # strict UTF-8, as msgpack reads
-                    except UnicodeDecodeError:
-                        job = None
+        if head and header.startswith(head) and header.endswith(self._tail):
+            at = self._id_at
+            # the common case: a job id as long as the last one (fixstr: its size is in
+            # the byte before it), so at the same place in a header of the same size
+            if len(header) == self._size and header[at - 1] == self._id_byte:
+                job = _utf8(header, at, len(header) - len(self._tail))
             else:
-                job = _job_id(header, at, end) if at < end else None
+                job = _job_id(header, len(head), len(header) - len(self._tail))
             if (
                 job is not None
-                and header.endswith(self._tail)
+                and len(header) < MAX_CONTAINERS  # as read_exec bounds it
                 and memoryview(frames[0]).tobytes() == MAGIC_FRAME
             ):
                 self.repeats += 1
-                fields = self._last
-                msg: Exec = _new(Exec)
-                msg.__dict__.update(fields)  # as read_exec builds it (no __init__)
-                msg.__dict__["job"] = job
-                if fields["bindings"]:  # no record shares a mutable map
-                    msg.__dict__["bindings"] = dict(fields["bindings"])
-                else:
-                    msg.__dict__["bindings"] = {}
+                msg: Exec = _new(Exec)  # as read_exec builds it (no __init__)
+                bindings = self._fields["bindings"]
+                # no record shares a mutable map with another
+                msg.__dict__.update(self._fields, job=job, bindings=dict(bindings))
                 return msg
-        msg_read = read_exec(frames)
-        if msg_read is not None:
+        read = read_exec(frames)
+        if read is not None:
             self.full_reads += 1
-            self._remember(header, msg_read)
-        return msg_read
+            self._remember(header, read)
+        return read
 
     def _remember(self, header: bytes, msg: Exec) -> None:
         """Keep ``header`` (read in full and accepted as ``msg``) to compare the next ones
@@ -122,6 +130,8 @@ class RepeatExecs:
         job = msgpack.packb(msg.job)
         if header.startswith(head) and header.startswith(job, len(head)):
             self._head, self._tail = head, header[len(head) + len(job) :]
-            self._tail_len, self._last = len(self._tail), dict(msg.__dict__)
+            self._size, self._fields = len(header), dict(msg.__dict__)
+            self._id_at = len(head) + 1 if _FIXSTR <= job[0] <= _FIXSTR_END else -1
+            self._id_byte = job[0] if self._id_at > 0 else -1
         else:
-            self._head, self._tail, self._tail_len, self._last = b"", b"", 0, {}
+            self._head, self._tail, self._size, self._fields = b"", b"", 0, {}
