@@ -213,9 +213,9 @@ class Jobs:
         end = self._timed_run(msg, graph, tracked=False)
         if type(end) is RunFinished:
             sid, job = end.session, end.job
-            with self._lock:
-                stopped = self.state.inline_stopped(sid, job)
-            if not stopped:
+            # read without the lock: two lookups, each atomic; a stop that comes just
+            # after is one that came after the answer, as it may for any job
+            if not self.state.inline_stopped(sid, job):
                 self.post(end.reply)
                 with self._lock:
                     self.state.end_inline(sid, job, end.seconds)
