@@ -132,3 +132,13 @@ def test_a_record_read_by_comparison_shares_no_mutable_map(monkeypatch: pytest.M
 
     monkeypatch.setattr(exec_repeat, "read_exec", no_full_read)
     assert reader.read(_frames(dataclasses.replace(first, job="c"))) is not None
+
+
+def test_sealed_bindings_are_not_kept_to_compare_with() -> None:
+    """Sealed afresh for every job (secure mode), they never repeat: not worth keeping."""
+    sealed = Exec("s", "j1", "dig", (0, 1), {0: b"box-0", 1: b"box-1"}, (0,))
+    reader = RepeatExecs()
+    assert reader.read(_frames(sealed)) == sealed
+    again = reader.read(_frames(dataclasses.replace(sealed, job="j2")))
+    assert again is not None and again.job == "j2"
+    assert reader.repeats == 0 and reader.full_reads == 2

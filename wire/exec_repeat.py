@@ -125,7 +125,12 @@ class RepeatExecs:
     def _remember(self, header: bytes, msg: Exec) -> None:
         """Keep ``header`` (read in full and accepted as ``msg``) to compare the next ones
         with, cut around its job id; a header not laid out as msgpack packs it (a longer
-        form of an array, tag, session or job id) is not kept."""
+        form of an array, tag, session or job id) is not kept, nor one with sealed bindings
+        (secure mode: sealed afresh for every job, they never repeat)."""
+        bindings = msg.bindings
+        if bindings and any(type(b) is bytes for b in bindings.values()):
+            self._head, self._tail, self._size, self._fields = b"", b"", 0, {}
+            return
         head = EXEC_PREFIX + msgpack.packb(msg.session)
         job = msgpack.packb(msg.job)
         if header.startswith(head) and header.startswith(job, len(head)):
