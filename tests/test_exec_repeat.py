@@ -115,6 +115,8 @@ def test_a_refused_message_leaves_the_last_accepted_header_to_compare_with() -> 
     assert _decoded([MAGIC_FRAME, broken]) is None
     assert reader.read([MAGIC_FRAME, broken]) is None
     assert reader.read([b"not the magic", header]) is None
+    assert reader.read([object(), header]) is None  # no buffer: refused, as read_exec does
+    assert exec_repeat.read_exec([object(), header]) is None
     read = reader.read([MAGIC_FRAME, header])
     assert read is not None and read.job == "job-2" and reader.repeats == 1
 

@@ -94,10 +94,14 @@ class RepeatExecs:
     def read(self, frames: Sequence[Any]) -> Exec | None:
         if len(frames) != 2:
             return None
-        raw = frames[1]
-        header = raw.bytes if hasattr(raw, "bytes") else bytes(raw)
+        magic, raw = frames
+        try:
+            header = raw.bytes if hasattr(raw, "bytes") else bytes(raw)
+            magic_ok = memoryview(magic).tobytes() == MAGIC_FRAME
+        except TypeError:  # no buffer: read_exec refuses it as well
+            return None
         head = self._head
-        if head and header.startswith(head) and header.endswith(self._tail):
+        if magic_ok and head and header.startswith(head) and header.endswith(self._tail):
             at = self._id_at
             # the common case: a job id as long as the last one (fixstr: its size is in
             # the byte before it), so at the same place in a header of the same size
@@ -105,11 +109,7 @@ class RepeatExecs:
                 job = _utf8(header, at, len(header) - len(self._tail))
             else:
                 job = _job_id(header, len(head), len(header) - len(self._tail))
-            if (
-                job is not None
-                and len(header) < MAX_CONTAINERS  # as read_exec bounds it
-                and memoryview(frames[0]).tobytes() == MAGIC_FRAME
-            ):
+            if job is not None and len(header) < MAX_CONTAINERS:  # as read_exec bounds it
                 self.repeats += 1
                 msg: Exec = _new(Exec)  # as read_exec builds it (no __init__)
                 bindings = self._fields["bindings"]
