@@ -14,7 +14,7 @@ from helpers import wait_until
 
 from mpl.wire.control import Reregister, Welcome, WorkerHello
 from mpl.wire.errors import JobAbortedError
-from mpl.wire.graph import Graph, Op
+from mpl.wire.graph import Graph, GraphBuilder, Op
 from mpl.wire.jobs import Abort, Done, Exec, Failed, Program
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import SessionClosed, SymbolInfo
@@ -257,7 +257,8 @@ def test_the_hot_path_decides_a_repeat_quick_job_as_handle_does() -> None:
     assert by_hot_path.begin_inline(job, 1.2) is LOCAL
     assert _snapshot(by_hot_path) == _snapshot(by_events)
     assert by_events.handle(_done("s", "2"), 1.3) == [Post(Done("s", "2", RANK))]
-    assert by_hot_path.end_inline("s", "2", 0.01) is True
+    assert by_hot_path.inline_stopped("s", "2") is False
+    by_hot_path.end_inline("s", "2", 0.01)
     assert _snapshot(by_hot_path) == _snapshot(by_events)
     assert by_hot_path.inline == 1 and by_hot_path.done == 2
 
@@ -284,9 +285,35 @@ def test_the_hot_path_leaves_every_other_job_to_handle_untouched() -> None:
         assert _snapshot(s) == before
     assert s.begin_inline(_exec("s", "3", LOCAL), 2.0) is LOCAL
     s.handle(_abort("s", "3"), 2.1)  # stopped while it ran: handle frees it, says nothing
-    assert s.end_inline("s", "3", 0.01) is False
+    stopped = _snapshot(s)
+    assert s.inline_stopped("s", "3") is True
+    assert _snapshot(s) == stopped  # asking changed nothing
     assert s.done == 1 and ("s", "3") in s.jobs
     assert FreeJob(("s", "3")) in s.handle(_done("s", "3"), 2.2)
+
+
+def test_a_repeat_quick_job_posts_its_done_before_the_state_ends_it() -> None:
+    """The Done leaves as soon as it exists: the state's bookkeeping of the job's end (on
+    the broker's critical path before) follows the send."""
+    b = GraphBuilder(2)
+    (one,) = b.op("constant", [], ranks=(RANK,), value=1)
+    graph = b.build([one])
+    state = _state()
+    state.inline_s = 60.0  # counts order, not time: no run on a busy machine is "slow"
+    state.handle(Program(graph.digest, graph), 0.0)
+    state.handle(Exec("s", "1", graph.digest, (0, 1), {}, (0,)), 1.0)
+    state.handle(_done("s", "1"), 1.1)  # quick: its next runs are inline
+    seen: list[tuple[Any, bool, int]] = []
+
+    def post(msg: Any) -> None:  # what the state had made of the job when its Done went
+        seen.append((msg, ("s", "2") in state.jobs, state.done))
+
+    shell = Jobs(state, ObjectStore(), move_mailbox(), None, post)  # type: ignore[arg-type]
+    assert shell.run_now(Exec("s", "2", graph.digest, (0, 1), {}, (0,)))
+    [(done, running, done_before)] = seen
+    assert type(done) is Done and done.job == "2" and done.values == {0: 1}
+    assert running and done_before == 1, "the state ended the job before its Done went out"
+    assert ("s", "2") not in state.jobs and state.done == 2 and state.quick[graph.digest]
 
 
 # -- the job shell over the state: real mailbox and store, no sockets ------------------------

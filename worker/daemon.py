@@ -46,8 +46,8 @@ from mpl.wire.curve import Curve, peer_admits
 from mpl.wire.data import Fetch
 from mpl.wire.done_pack import own_done_frames
 from mpl.wire.errors import ProtocolError
+from mpl.wire.exec_repeat import RepeatExecs
 from mpl.wire.guard import Guard, substitute
-from mpl.wire.hot import read_exec
 from mpl.wire.jobs import Abort, Done, Exec
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
@@ -195,6 +195,7 @@ class Worker:
             max_message=max_message,
             job_stopped=lambda job: self.jobs.stopped(job),
             holding=held_spu(curve, lambda: self.state.world_size),
+            start=False,  # its callbacks read self.state and self.jobs: started below
         )
         hello = WorkerHello(
             rank,
@@ -261,6 +262,10 @@ class Worker:
         # (the jobs it runs inline) gather here and go out as one batch after it.
         self._io_thread = 0
         self._gathered: list[list[Any]] | None = None
+        # the broker's Execs: a program's next job is read by comparison with its last one
+        self._execs = RepeatExecs()
+        # only now: what arrives on the link reaches self.state and self.jobs, built above
+        self.spu_links.start()
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> Worker:
@@ -550,12 +555,13 @@ class Worker:
         # In secure mode the broker is not trusted: what a driver sends is sealed (opened
         # below, and only then unpickled), so a pickle in the clear from the broker is
         # refused. A plain Exec (most messages) holds no pickle and is read on a lean path,
-        # exactly as decode would read it (mpl.wire.hot.read_exec, which the broker uses for the
-        # driver's Exec too); anything else is decoded
-        # under the party's code policy: ``--code kernels`` refuses any pickle, unloaded
-        # (code_policy.screen).
+        # exactly as decode would read it (mpl.wire.hot.read_exec, which the broker uses for
+        # the driver's Exec too); a program's next Exec, the same bytes but for its job id,
+        # by comparison with the last one read so (mpl.wire.exec_repeat). Anything else is
+        # decoded under the party's code policy: ``--code kernels`` refuses any pickle,
+        # unloaded (code_policy.screen).
         try:
-            msg: Record | HoldsPickles | None = read_exec(frames)
+            msg: Record | HoldsPickles | None = self._execs.read(frames)
             if msg is None:
                 safe = not pickles_allowed(
                     BROKER, trusted=self.trusted, secure=self.seal is not None

@@ -200,17 +200,25 @@ class Jobs:
         """A repeat quick job, whole, on the calling (I/O) thread, when the state says it
         may run inline with nothing else to decide (``WorkerState.begin_inline``): the run,
         its outputs stored, its ``Done`` posted; no events or actions in between. False for
-        any other job, with nothing done: then :meth:`handle` it."""
+        any other job, with nothing done: then :meth:`handle` it.
+
+        The ``Done`` goes out as soon as it is built and the state has said the job was not
+        stopped; the state's bookkeeping of the job's end follows the send, so the broker
+        (on the other core) reads the answer meanwhile. Nothing the broker sends next can
+        overtake that bookkeeping: this thread reads it only afterwards."""
         with self._lock:
             graph = self.state.begin_inline(msg, time.monotonic())
         if graph is None:
             return False
         end = self._timed_run(msg, graph, tracked=False)
         if type(end) is RunFinished:
-            with self._lock:
-                posted = self.state.end_inline(end.session, end.job, end.seconds)
-            if posted:
+            sid, job = end.session, end.job
+            # read without the lock: two lookups, each atomic; a stop that comes just
+            # after is one that came after the answer, as it may for any job
+            if not self.state.inline_stopped(sid, job):
                 self.post(end.reply)
+                with self._lock:
+                    self.state.end_inline(sid, job, end.seconds)
                 return True
         self.report(end)  # failed, aborted or stopped: the state's ordinary path
         return True
@@ -272,14 +280,6 @@ class Jobs:
     def _pooled(self, msg: Exec, graph: Graph) -> None:
         self.report(self._timed_run(msg, graph))  # its report also ends the pool's task
 
-    def _timed_run(self, msg: Exec, graph: Graph, *, tracked: bool = True) -> RunEnd:
-        started = time.perf_counter()
-        try:
-            return self._run(msg, graph, started, tracked)
-        except BaseException as exc:  # the thread must report whatever happened
-            error = to_info(exc, rank=self.rank, op="run", job=msg.job)
-            return RunFailed(msg.session, msg.job, time.perf_counter() - started, error)
-
     def _plan(self, digest: str, graph: Graph) -> Plan:
         """The plan of ``graph`` (program ``digest``) for this rank, built once."""
         plan = self._plans.get(digest)
@@ -289,84 +289,98 @@ class Jobs:
             plan = self._plans[digest] = Plan.build(graph, self.rank)
         return plan
 
-    def _run(self, msg: Exec, graph: Graph, t0: float, tracked: bool = True) -> RunEnd:
-        """Run the job and say how it ended (outputs stored when it finished).
+    def _timed_run(self, msg: Exec, graph: Graph, *, tracked: bool = True) -> RunEnd:
+        """Run the job and say how it ended (outputs stored when it finished), whatever
+        happened: the thread that runs it must report it.
 
         ``tracked`` lists it among the running jobs whose progress the I/O thread reports
         (and counts in ``jobs_running``): pointless for a run on the I/O thread itself,
         which reports at each op boundary all the same."""
-        sid, job = msg.session, msg.job
-        # An untracked run is an inline one that the state began a moment ago on this very
-        # thread, under its lock, refusing a stopped job: no second look (a stop that came
-        # since is the state's to see when the run ends, as for any run).
-        if tracked and self.stopped((sid, job)):
-            return RunAborted(sid, job, 0.0)
-        started, wall = time.monotonic(), time.time()
-        asked, cap, timeout = self._last_timeout  # the jobs of a program ask for the same
-        if msg.timeout_s != asked or cap != self.job_timeout_s:  # (NaN never equals)
-            try:  # capped by this worker's --job-timeout
-                timeout = job_timeout(msg.timeout_s, self.job_timeout_s)
-            except ValueError as exc:
-                error = ErrorInfo("ProtocolError", str(exc), rank=self.rank, op="timeout", job=job)
-                return RunFailed(sid, job, time.perf_counter() - t0, error)
-            # one tuple, so that threads read it whole
-            self._last_timeout = (msg.timeout_s, self.job_timeout_s, timeout)
-        run = _JobRun(self, sid, job, started + timeout, started)
-        if tracked:
-            self._runs[(sid, job)] = run
+        t0 = time.perf_counter()
         try:
-            mine = msg.bindings.get(self.rank)  # none bound here (most jobs): none held
-            inputs = [self._resolve(sid, b) for b in mine] if mine else [ABSENT] * len(graph.inputs)
-            if len(inputs) != len(graph.inputs):
-                raise SessionError(
-                    f"job binds {len(inputs)} inputs on rank {self.rank}, "
-                    f"the graph has {len(graph.inputs)}"
-                )
-            plan = self._plans.get(msg.digest) or self._plan(msg.digest, graph)
-            outputs = run_graph(plan, inputs, run)
-        except JobAbortedError:
-            return RunAborted(sid, job, time.perf_counter() - t0)
-        except OpFailed as exc:
-            info = to_info(exc.cause, rank=self.rank, op=exc.label, job=job, remote=True)
-            log.info(
-                "job %s failed at op %s: %s",
-                job,
-                exc.label,
-                info.message[:200],
-                extra={"session": sid, "job": job, "error": info.message[:200]},
-            )
-            return RunFailed(sid, job, time.perf_counter() - t0, info)
-        except BaseException as exc:  # user code may raise SystemExit: still a failed job
-            info = to_info(exc, rank=self.rank, op="inputs", job=job)
-            return RunFailed(sid, job, time.perf_counter() - t0, info)
-        finally:
+            sid, job = msg.session, msg.job
+            # An untracked run is an inline one that the state began a moment ago on this
+            # very thread, under its lock, refusing a stopped job: no second look (a stop
+            # that came since is the state's to see when the run ends, as for any run).
+            if tracked and self.stopped((sid, job)):
+                return RunAborted(sid, job, 0.0)
+            started, wall = time.monotonic(), time.time()
+            asked, cap, timeout = self._last_timeout  # the jobs of a program ask for the same
+            if msg.timeout_s != asked or cap != self.job_timeout_s:  # (NaN never equals)
+                try:  # capped by this worker's --job-timeout
+                    timeout = job_timeout(msg.timeout_s, self.job_timeout_s)
+                except ValueError as exc:
+                    error = ErrorInfo(
+                        "ProtocolError", str(exc), rank=self.rank, op="timeout", job=job
+                    )
+                    return RunFailed(sid, job, time.perf_counter() - t0, error)
+                # one tuple, so that threads read it whole
+                self._last_timeout = (msg.timeout_s, self.job_timeout_s, timeout)
+            run = _JobRun(self, sid, job, started + timeout, started)
             if tracked:
-                self._runs.pop((sid, job), None)
-        # An abort that came during the run is the state's to see (RunFinished of a stopped
-        # job frees its outputs and says nothing), so no second look under the lock here.
-        values: dict[int, Any] = {}
-        metas: dict[int, str] = {}
-        for i, value in enumerate(outputs):
-            if value is ABSENT:
-                continue
-            self.store.put(sid, output_uri(job, i), value)
-            scalar = SCALAR_NAMES.get(type(value))
-            if scalar is not None:  # most outputs: described by name and small, no calls
-                metas[i] = scalar
-                if i in msg.inline:
+                self._runs[(sid, job)] = run
+            try:
+                mine = msg.bindings.get(self.rank)  # none bound here (most jobs): none held
+                inputs = (
+                    [self._resolve(sid, b) for b in mine] if mine else [ABSENT] * len(graph.inputs)
+                )
+                if len(inputs) != len(graph.inputs):
+                    raise SessionError(
+                        f"job binds {len(inputs)} inputs on rank {self.rank}, "
+                        f"the graph has {len(graph.inputs)}"
+                    )
+                plan = self._plans.get(msg.digest) or self._plan(msg.digest, graph)
+                outputs = run_graph(plan, inputs, run)
+            except JobAbortedError:
+                return RunAborted(sid, job, time.perf_counter() - t0)
+            except OpFailed as exc:
+                info = to_info(exc.cause, rank=self.rank, op=exc.label, job=job, remote=True)
+                log.info(
+                    "job %s failed at op %s: %s",
+                    job,
+                    exc.label,
+                    info.message[:200],
+                    extra={"session": sid, "job": job, "error": info.message[:200]},
+                )
+                return RunFailed(sid, job, time.perf_counter() - t0, info)
+            except BaseException as exc:  # user code may raise SystemExit: still a failed job
+                info = to_info(exc, rank=self.rank, op="inputs", job=job)
+                return RunFailed(sid, job, time.perf_counter() - t0, info)
+            finally:
+                if tracked:
+                    self._runs.pop((sid, job), None)
+            # An abort that came during the run is the state's to see (RunFinished of a stopped
+            # job frees its outputs and says nothing), so no second look under the lock here.
+            values: dict[int, Any] = {}
+            metas: dict[int, str] = {}
+            for i, value in enumerate(outputs):
+                if value is ABSENT:
+                    continue
+                self.store.put(sid, output_uri(job, i), value)
+                scalar = SCALAR_NAMES.get(type(value))
+                if scalar is not None:  # most outputs: described by name and small, no calls
+                    metas[i] = scalar
+                    if i in msg.inline:
+                        values[i] = value
+                    continue
+                metas[i] = describe(value)
+                if i in msg.inline and is_small(value):
                     values[i] = value
-                continue
-            metas[i] = describe(value)
-            if i in msg.inline and is_small(value):
-                values[i] = value
-        stats = {"run_s": time.monotonic() - started, "started": wall, "ops": run.spans}
-        # Done(...) filled in directly (as decode fills in the records it checked): its
-        # __init__ sets each field through the records' immutability guard
-        done = object.__new__(Done)
-        done.__dict__.update(
-            zip(_DONE_FIELDS, (sid, job, self.rank, values, stats, metas, run.saved), strict=True)
-        )
-        return RunFinished(sid, job, time.perf_counter() - t0, done)
+            stats = {"run_s": time.monotonic() - started, "started": wall, "ops": run.spans}
+            # Done(...) filled in directly (as decode fills in the records it checked): its
+            # __init__ sets each field through the records' immutability guard
+            done = object.__new__(Done)
+            done.__dict__.update(
+                zip(
+                    _DONE_FIELDS,
+                    (sid, job, self.rank, values, stats, metas, run.saved),
+                    strict=True,
+                )
+            )
+            return RunFinished(sid, job, time.perf_counter() - t0, done)
+        except BaseException as exc:  # the thread must report whatever happened
+            error = to_info(exc, rank=self.rank, op="run", job=msg.job)
+            return RunFailed(msg.session, msg.job, time.perf_counter() - t0, error)
 
     def _resolve(self, sid: str, binding: Any) -> Any:
         if binding is None:

@@ -61,6 +61,10 @@ class SpuLinks:
     machine aborted it or closed its session), or None; after it changes, :meth:`wake`
     makes waiting receives ask again. A dropped lane stops its waits by itself.
     ``holding`` keeps messages for lanes not opened yet (``worker/holding.py``).
+
+    The link thread, which delivers what arrives (and so calls ``holding`` and, through
+    the receives, ``job_stopped``), starts in :meth:`start`; ``start=False`` leaves that to
+    the owner, for callbacks that read objects it has not built yet (the worker's state).
     """
 
     def __init__(
@@ -74,6 +78,7 @@ class SpuLinks:
         max_message: int = MAX_MESSAGE,
         job_stopped: JobStopped | None = None,
         holding: Holding | None = None,
+        start: bool = True,
     ) -> None:
         self.rank = rank
         self.job_stopped: JobStopped = job_stopped or (lambda job: None)
@@ -94,7 +99,13 @@ class SpuLinks:
         self._busy_until = 0.0  # monotonic: until then the link thread polls briefly
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # close wakes it
         self._thread = threading.Thread(target=self._receive, name=f"mpl-spu-{rank}", daemon=True)
-        self._thread.start()
+        if start:
+            self._thread.start()
+
+    def start(self) -> None:
+        """Start the link thread (once), unless the constructor did."""
+        if self._thread.ident is None and not self._stopping.is_set():
+            self._thread.start()
 
     def send(
         self, dst: int, lane: str, key: str, data: bytes, job: tuple[str, str], deadline: float
@@ -207,7 +218,11 @@ class SpuLinks:
         self._stopping.set()
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")  # ends the link thread's poll now
-        self._thread.join(2)
+        if self._thread.ident is None:  # never started: the socket is ours to close
+            with self._reading:
+                self.pull.close()
+        else:
+            self._thread.join(2)
         if not self._thread.is_alive():
             for fd in (self._wake_r, self._wake_w):
                 with contextlib.suppress(OSError):

@@ -322,15 +322,20 @@ class WorkerState:
         self.inline += 1
         return graph
 
-    def end_inline(self, sid: str, job: str, seconds: float) -> bool:
-        """``handle(RunFinished)`` for a job :meth:`begin_inline` began and that was not
-        stopped meanwhile: the same bookkeeping, and True (its ``Done`` is to be posted).
-        False, with nothing changed, when it was stopped: then ``handle`` decides."""
-        if (sid, job) in self.aborted or sid in self.closed:  # stopped(), without its call
-            return False
+    def inline_stopped(self, sid: str, job: str) -> bool:
+        """Whether a job :meth:`begin_inline` began was stopped (aborted, or its session
+        closed) while it ran: then ``handle(RunFinished)`` decides; if not, its ``Done`` is
+        posted and :meth:`end_inline` follows. Changes nothing, and reads two maps (each
+        lookup atomic): the job shell may ask without the lock."""
+        return (sid, job) in self.aborted or sid in self.closed  # stopped(), without its call
+
+    def end_inline(self, sid: str, job: str, seconds: float) -> None:
+        """``handle(RunFinished)`` for a job :meth:`begin_inline` began, whose ``Done`` was
+        posted (:meth:`inline_stopped` said it was not stopped): the same bookkeeping. A
+        stop that came after that answer only forgets its reason here, as for any job that
+        ended (its outputs were freed by the stop)."""
         self.done += 1
         self._ended(sid, job, seconds)  # a local job: no actions
-        return True
 
     def _ended(self, sid: str, job: str, seconds: float) -> list[Action]:
         """Bookkeeping common to every end of a run; the job's stop reason is forgotten."""
