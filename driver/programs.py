@@ -96,7 +96,7 @@ class Program:
         return ctx.submit(
             self.graph,
             bindings,
-            lambda result: self._outputs(ctx, result),
+            functools.partial(self._outputs, ctx),
             # the input Values outlive the job: no delete overtakes it
             keep=(args, kwargs) if args or kwargs else None,
             inline=self._inline,
