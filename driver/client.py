@@ -315,7 +315,9 @@ class Client:
             msg = self.seal.exec(msg)
         future = JobFuture()  # RUNNING already: jobs are not taken back once handed over
         self.progress.begin(msg.job)  # ended when its JobResult arrives
-        pump = self._pump or self._job_pump()
+        pump = self._pump  # (not `or`: a JobPump's truth is its length)
+        if pump is None:
+            pump = self._job_pump()
         pump.put(Pending(msg, graph, deadline, limit, future, finish, keep))
         return future
 

@@ -202,7 +202,7 @@ class JobPump:
                 messages.append((encode(program), False, None, digest))
                 planned.add(digest)
             messages.append((exec_frames(p.msg), True, p, digest))
-        plan = coalesce((frames, batchable) for frames, batchable, _, _ in messages)
+        plan = coalesce([(frames, batchable) for frames, batchable, _, _ in messages])
         at = 0
         for frames, carried in plan:
             part = messages[at : at + carried]
