@@ -9,6 +9,7 @@ the one it takes against real daemons.
 from __future__ import annotations
 
 import sys
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -21,10 +22,16 @@ from mpl.wire.exec_pack import exec_frames
 from mpl.wire.jobs import Exec
 
 WORLD_SIZE = 2
-# main (14e5dcc) made 53 Python calls per job here, now 46 (44, plus the check whether an
-# answer is a batch); the margin is for the batch of deletes (the jobs' dropped outputs)
-# that may go out during the count
-PER_JOB = 48
+# main (14e5dcc) made 53 Python calls per job here, 68feee1 46 (44, plus the check whether
+# an answer is a batch), now 36 (a call without arguments finds its trace without a key, the
+# job's wait reads its JobResult on a path of its own); the margin is for the batch of
+# deletes (the jobs' dropped outputs) that may go out during the count
+PER_JOB = 38
+# mp.submit with 64 in flight, per job: the calling thread (submit, result, fetch) made 40
+# calls at 68feee1, now 23; the pump thread (send, read, settle) 25, now 14. The margins are
+# for the deletes and for how the jobs fall into batches.
+PER_SUBMIT_CALLER = 25
+PER_SUBMIT_PUMP = 16
 
 
 @pytest.fixture
@@ -74,3 +81,46 @@ def test_an_exec_without_bindings_is_packed_without_walking_them() -> None:
         sys.setprofile(None)
     assert [bytes(f) for f in frames] == [bytes(f) for f in encode(msg)]
     assert calls["_pack_bindings"] == 0
+
+
+def test_python_calls_per_submitted_job_on_the_caller_and_the_pump(counted_ctx: Any) -> None:
+    job = mp.function(lambda: mp.device("P0")(lambda: 1)())
+    counted_ctx.client.abandon_jobs("a pump started under the profiler follows")
+    calls: dict[str, Counter[str]] = {"MainThread": Counter(), "mpl-driver-pump": Counter()}
+    counting = threading.Event()
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and counting.is_set():
+            mine = calls.get(threading.current_thread().name)
+            if mine is not None:
+                mine[frame.f_code.co_name] += 1
+
+    def windowed(n: int, window: int = 64) -> list[Any]:
+        inflight: list[Any] = []
+        out = []
+        for _ in range(n):
+            if len(inflight) >= window:
+                out.append(mp.fetch(inflight.pop(0).result(timeout=60)))
+            inflight.append(mp.submit(job))
+        out += [mp.fetch(f.result(timeout=60)) for f in inflight]
+        return out
+
+    threading.setprofile(count)  # for the pump, which starts with the first submit
+    try:
+        assert windowed(200) == [1] * 200  # traced, program sent, caches warm
+        n = 640
+        sys.setprofile(count)
+        counting.set()
+        try:
+            results = windowed(n)
+        finally:
+            counting.clear()
+            sys.setprofile(None)
+    finally:
+        threading.setprofile(None)
+    assert results == [1] * n
+    caller = sum(calls["MainThread"].values()) / n
+    pump = sum(calls["mpl-driver-pump"].values()) / n
+    print(f"per job: caller {caller}, pump {pump}: {calls['mpl-driver-pump'].most_common(12)}")
+    assert 0 < pump <= PER_SUBMIT_PUMP
+    assert caller <= PER_SUBMIT_CALLER
