@@ -37,9 +37,9 @@ from mpl.wire.batch import is_batch, split_batch
 from mpl.wire.codec import decode, encode
 from mpl.wire.control import HEARTBEAT_S, Bye, Refused
 from mpl.wire.curve import Curve
-from mpl.wire.data import Delete, Fetch
+from mpl.wire.data import Fetch
 from mpl.wire.errors import MplError, MplTimeoutError, ProtocolError, SessionError
-from mpl.wire.exec_pack import exec_frames
+from mpl.wire.exec_pack import delete_frames, exec_frames
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Cancel, Exec, JobResult, Program
 from mpl.wire.progress import Progress
@@ -381,8 +381,12 @@ class Client:
 
     def delete(self, session: str, uris: dict[int, list[str]]) -> None:
         """Free values on the workers; no answer, but ordered after this thread's jobs."""
-        if any(uris.values()):
-            self._send(Delete(session, uris))
+        if not any(uris.values()):
+            return
+        try:  # the frames of Delete(session, uris), packed without building the record
+            send_frames(self._socket(), delete_frames(session, uris), 0)  # at most SNDTIMEO
+        except zmq.Again:
+            log.warning("the broker at %s takes no messages: dropped a delete", self.address)
 
     def save_symbol(
         self, session: str, uri: str, info: SymbolInfo, *, timeout: float | None = None
