@@ -34,6 +34,7 @@ _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
 _PLAIN = frozenset({str, float, bool, type(None)})
 _LIT = Lit.TAG
 _EMPTY_MAP = msgpack.packb({})
+_STR = frozenset({str})
 
 
 class _Parts(threading.local):
@@ -136,7 +137,7 @@ def delete_frames(session: str, uris: dict[int, list[str]]) -> list[Any]:
     if type(session) is not str or type(uris) is not dict or not _plain_ints(tuple(uris)):
         return encode(Delete(session, uris))
     for row in uris.values():
-        if type(row) is not list or not all(type(uri) is str for uri in row):
+        if type(row) is not list or not set(map(type, row)) <= _STR:  # no Python call per URI
             return encode(Delete(session, uris))
     pack = _tls.packer.pack
     header = b"\x93" + pack(Delete.TAG) + pack(session) + pack(uris)  # tag and 2 fields
