@@ -496,8 +496,7 @@ class Client:
         limit = self.timeout if timeout is None else max(0.0, timeout)
         sock = self._socket()
         try:
-            frames = exec_frames(msg) if type(msg) is Exec else encode(msg)
-            send_frames(sock, frames, 0)  # blocks at most SNDTIMEO
+            send_frames(sock, encode(msg), 0)  # blocks at most SNDTIMEO (jobs: _job_call)
         except zmq.Again:
             raise MplTimeoutError(
                 f"{what}: the broker at {self.address} took no message for {self.timeout:g} s "
@@ -559,28 +558,24 @@ class Client:
                 try:
                     frames = recv_frames(sock)
                 except zmq.Again:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise MplTimeoutError(
-                            f"job {job}: no answer from the broker at {self.address} "
-                            f"within {limit:g} s"
-                        ) from None
-                    if left * 1000 < _SLICE_MS:
-                        sock.setsockopt(zmq.RCVTIMEO, int(left * 1000) + 1)
-                        short = True
                     self.progress.tick()
-                    continue
-                mine = None if is_batch(frames) else self._job_answer(frames, job)
-                if mine is not None:
-                    return mine
-                other = self._answers(frames, lambda m: isinstance(m, JobResult) and m.job == job)
-                if other is not None:
-                    assert isinstance(other, JobResult)
-                    return other
-                if time.monotonic() >= deadline:
+                else:
+                    mine = None if is_batch(frames) else self._job_answer(frames, job)
+                    if mine is not None:
+                        return mine
+                    other = self._answers(frames, lambda m: type(m) is JobResult and m.job == job)
+                    if other is not None:
+                        assert isinstance(other, JobResult)
+                        return other
+                # a slice passed, or an answer to something else came: the deadline is near?
+                left = deadline - time.monotonic()
+                if left <= 0:
                     raise MplTimeoutError(
                         f"job {job}: no answer from the broker at {self.address} within {limit:g} s"
                     )
+                if left * 1000 < _SLICE_MS:
+                    sock.setsockopt(zmq.RCVTIMEO, int(left * 1000) + 1)
+                    short = True
         finally:
             if short:
                 sock.setsockopt(zmq.RCVTIMEO, _SLICE_MS)
