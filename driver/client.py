@@ -156,7 +156,7 @@ class Client:
     ) -> None:
         self.address = address
         self.curve = curve
-        self.trusted = trusted  # sets safe_answers too
+        self.trusted = trusted  # sets self.safe too: how answers are decoded
         # Secure mode seals every payload for its one worker (mpl.driver.sealing); imported
         # only then, so a plaintext driver does not load the cryptography package.
         self.seal: DriverSeal | None = None
@@ -210,7 +210,7 @@ class Client:
         self._trusted = value
         # Results come from other parties: pickled ones load only if this driver's own spec
         # says trusted (never because the broker says so). Worked out here, not per answer.
-        self.safe_answers = not pickles_allowed(WORKER, trusted=value)
+        self.safe = not pickles_allowed(WORKER, trusted=value)  # decode answers safely?
 
     # -- sessions -------------------------------------------------------------------------
     def open_session(
@@ -584,7 +584,7 @@ class Client:
         """The JobResult of ``job`` if ``frames`` is one (ended on the progress board);
         None for anything else, which the caller reads the general way."""
         try:
-            answer = read_answer(frames, safe=self.safe_answers)
+            answer = read_answer(frames, safe=self.safe)
         except ProtocolError:
             return None  # _answers reads it again, and says why it is refused
         if type(answer) is not JobResult or answer.job != job:
@@ -613,7 +613,7 @@ class Client:
     def _answer(self, frames: list[Any], match: Callable[[Record], bool]) -> Record | None:
         """The awaited answer among what arrived, or None for a stale message."""
         try:
-            answer = read_answer(frames, safe=self.safe_answers)
+            answer = read_answer(frames, safe=self.safe)
         except ProtocolError as exc:
             self._refuse_answer(frames, match, exc)
             log.warning("bad message from the broker: %s", exc)

@@ -39,6 +39,7 @@ from mpl.wire.progress import Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import from_info
 from mpl.wire.result_read import read_answer
+from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.sockets import drain, send_frames
 
 if TYPE_CHECKING:
@@ -237,7 +238,7 @@ class JobPump:
         # drain checks ZMQ_EVENTS between receives: no zmq.Again built at the end of each
         # wake-up; it stops after _DRAIN messages so queued sends are not held back long.
         # A batch of answers (mpl.wire.batch) is split and each read as if it came alone.
-        safe = self._client.safe_answers
+        safe = not pickles_allowed(WORKER, trusted=self._client.trusted)  # once per wake-up
         # Futures are settled once the whole batch is read, in one pass: each settled
         # future may wake the thread waiting on it, which would otherwise contend for the
         # GIL with this loop for every result still to read (a futex wait and wake each time).
