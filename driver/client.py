@@ -30,15 +30,16 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from mpl.driver.inflight import JobPump, Pending
+from mpl.driver.job_future import JobFuture
 from mpl.driver.job_progress import ProgressBoard
 from mpl.driver.watch import BrokerWatch
 from mpl.wire.batch import is_batch, split_batch
 from mpl.wire.codec import decode, encode
 from mpl.wire.control import HEARTBEAT_S, Bye, Refused
 from mpl.wire.curve import Curve
-from mpl.wire.data import Delete, Fetch
+from mpl.wire.data import Fetch
 from mpl.wire.errors import MplError, MplTimeoutError, ProtocolError, SessionError
-from mpl.wire.exec_pack import exec_frames
+from mpl.wire.exec_pack import delete_frames, exec_frames
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Cancel, Exec, JobResult, Program
 from mpl.wire.progress import Progress
@@ -106,31 +107,6 @@ class _JobIds:
             return self._pool[at : at + self._BYTES].hex()
 
 
-def _new_exec(
-    session: str,
-    job: str,
-    digest: str,
-    ranks: tuple[int, ...],
-    bindings: dict[int, list[Any]],
-    inline: tuple[int, ...],
-    timeout_s: float,
-) -> Exec:
-    """``Exec(...)`` filled in directly: a record this driver builds from its own parts per
-    job, so it skips the generated ``__init__`` and the guarded ``__setattr__`` per field
-    (the broker checks every field it receives)."""
-    msg = object.__new__(Exec)
-    msg.__dict__.update(
-        session=session,
-        job=job,
-        digest=digest,
-        ranks=ranks,
-        bindings=bindings,
-        inline=inline,
-        timeout_s=timeout_s,
-    )
-    return msg
-
-
 class _ThreadSocket:
     """One thread's DEALER; closed when the thread's locals are collected or the client closes."""
 
@@ -180,9 +156,7 @@ class Client:
     ) -> None:
         self.address = address
         self.curve = curve
-        # Results come from other parties: pickled ones load only if this driver's own spec
-        # says trusted (never because the broker says so).
-        self.trusted = trusted
+        self.trusted = trusted  # sets self.safe too: how answers are decoded
         # Secure mode seals every payload for its one worker (mpl.driver.sealing); imported
         # only then, so a plaintext driver does not load the cryptography package.
         self.seal: DriverSeal | None = None
@@ -225,6 +199,18 @@ class Client:
             broker_id=lambda: self.broker_id,
             on_restart=self._programs.clear,  # a new broker knows none of our programs
         )
+
+    @property
+    def trusted(self) -> bool:
+        """Whether this driver's own spec says trusted: only then may results carry pickles."""
+        return self._trusted
+
+    @trusted.setter
+    def trusted(self, value: bool) -> None:
+        self._trusted = value
+        # Results come from other parties: pickled ones load only if this driver's own spec
+        # says trusted (never because the broker says so). Worked out here, not per answer.
+        self.safe = not pickles_allowed(WORKER, trusted=value)  # decode answers safely?
 
     # -- sessions -------------------------------------------------------------------------
     def open_session(
@@ -295,17 +281,11 @@ class Client:
                 self._send(program)
                 self._programs.add(graph.digest)
             try:
-                result = self._call(
-                    msg,
-                    lambda m: isinstance(m, JobResult) and m.job == job,
-                    deadline - time.monotonic(),
-                    f"job {job}",
-                )
+                result = self._job_call(msg, deadline, limit)
             except MplTimeoutError:
                 self.progress.end(job, False)
                 self._send(Cancel(session, job, f"the driver stopped waiting after {limit:g} s"))
                 raise
-            assert isinstance(result, JobResult)
             if not result.missing_program:
                 if result.error is not None:
                     raise from_info(result.error)
@@ -333,9 +313,12 @@ class Client:
         msg, limit, deadline = self._exec(session, graph, bindings, inline, timeout)
         if self.seal is not None:
             msg = self.seal.exec(msg)
-        future: Future[Any] = Future()
-        future.set_running_or_notify_cancel()  # jobs are not taken back once handed over
-        self._job_pump().put(Pending(msg, graph, deadline, limit, future, finish, keep))
+        future = JobFuture()  # RUNNING already: jobs are not taken back once handed over
+        self.progress.begin(msg.job, mine=False)  # ended when its JobResult arrives
+        pump = self._pump  # (not `or`: a JobPump's truth is its length)
+        if pump is None:
+            pump = self._job_pump()
+        pump.put(Pending(msg, graph, deadline, limit, future, finish, keep))
         return future
 
     def abandon_jobs(self, reason: str) -> None:
@@ -361,7 +344,8 @@ class Client:
         inline: tuple[int, ...],
         timeout: float | None,
     ) -> tuple[Exec, float, float]:
-        """The Exec for one job, its time limit, and the driver's deadline for its answer."""
+        """The Exec for one job, its time limit, and the driver's deadline for its answer
+        (the caller begins the job on the progress board)."""
         limit = self.job_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit + _REPORT_GRACE_S
         job = self._job_ids.next()  # unguessable: no one can prepare traffic for it
@@ -370,12 +354,20 @@ class Client:
             if rank not in ranks:
                 ranks = tuple(sorted({*ranks, *bindings}))
                 break
-        self.progress.begin(job)  # ended when its JobResult arrives
-        return (
-            _new_exec(session, job, graph.digest, ranks, bindings, inline, limit),
-            limit,
-            deadline,
+        # Exec(...) filled in directly: a record this driver builds from its own parts per
+        # job, so it skips the generated __init__ and the guarded __setattr__ per field (the
+        # broker checks every field it receives)
+        msg = object.__new__(Exec)
+        msg.__dict__.update(
+            session=session,
+            job=job,
+            digest=graph.digest,
+            ranks=ranks,
+            bindings=bindings,
+            inline=inline,
+            timeout_s=limit,
         )
+        return msg, limit, deadline
 
     # -- data and names -------------------------------------------------------------------
     def fetch(self, session: str, rank: int, uri: str, *, timeout: float | None = None) -> Any:
@@ -389,8 +381,12 @@ class Client:
 
     def delete(self, session: str, uris: dict[int, list[str]]) -> None:
         """Free values on the workers; no answer, but ordered after this thread's jobs."""
-        if any(uris.values()):
-            self._send(Delete(session, uris))
+        if not any(uris.values()):
+            return
+        try:  # the frames of Delete(session, uris), packed without building the record
+            send_frames(self._socket(), delete_frames(session, uris), 0)  # at most SNDTIMEO
+        except zmq.Again:
+            log.warning("the broker at %s takes no messages: dropped a delete", self.address)
 
     def save_symbol(
         self, session: str, uri: str, info: SymbolInfo, *, timeout: float | None = None
@@ -500,8 +496,7 @@ class Client:
         limit = self.timeout if timeout is None else max(0.0, timeout)
         sock = self._socket()
         try:
-            frames = exec_frames(msg) if type(msg) is Exec else encode(msg)
-            send_frames(sock, frames, 0)  # blocks at most SNDTIMEO
+            send_frames(sock, encode(msg), 0)  # blocks at most SNDTIMEO (jobs: _job_call)
         except zmq.Again:
             raise MplTimeoutError(
                 f"{what}: the broker at {self.address} took no message for {self.timeout:g} s "
@@ -534,6 +529,70 @@ class Client:
             if short:
                 sock.setsockopt(zmq.RCVTIMEO, _SLICE_MS)
 
+    def _job_call(self, msg: Exec, deadline: float, limit: float) -> JobResult:
+        """``_call`` for a job: send its Exec, wait on this thread's socket for its JobResult.
+
+        Only the packing is done before the send; the progress board, the watch's verdicts
+        and the answer's reading come after it, while the broker and workers run the job.
+        A JobResult for this job is read on a path of its own; anything else (a batch,
+        another answer) goes through ``_answers`` as in ``_call``.
+        """
+        sock = self._socket()
+        job = msg.job
+        try:
+            send_frames(sock, exec_frames(msg), 0)  # blocks at most SNDTIMEO
+        except zmq.Again:
+            raise MplTimeoutError(
+                f"job {job}: the broker at {self.address} took no message for "
+                f"{self.timeout:g} s (the queue to it is full)"
+            ) from None
+        self.progress.begin(job)  # ended when its JobResult arrives
+        watch = self.watch
+        short = False  # RCVTIMEO lowered for the last slice before the deadline
+        try:
+            while True:
+                if watch.refused is not None or watch.silence is not None or watch.lost:
+                    trouble = watch.trouble(msg.session, f"job {job}")
+                    if trouble is not None:
+                        raise trouble
+                try:
+                    frames = recv_frames(sock)
+                except zmq.Again:
+                    self.progress.tick()
+                else:
+                    mine = None if is_batch(frames) else self._job_answer(frames, job)
+                    if mine is not None:
+                        return mine
+                    other = self._answers(frames, lambda m: type(m) is JobResult and m.job == job)
+                    if other is not None:
+                        assert isinstance(other, JobResult)
+                        return other
+                # a slice passed, or an answer to something else came: the deadline is near?
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise MplTimeoutError(
+                        f"job {job}: no answer from the broker at {self.address} within {limit:g} s"
+                    )
+                if left * 1000 < _SLICE_MS:
+                    sock.setsockopt(zmq.RCVTIMEO, int(left * 1000) + 1)
+                    short = True
+        finally:
+            if short:
+                sock.setsockopt(zmq.RCVTIMEO, _SLICE_MS)
+
+    def _job_answer(self, frames: list[Any], job: str) -> JobResult | None:
+        """The JobResult of ``job`` if ``frames`` is one (ended on the progress board);
+        None for anything else, which the caller reads the general way."""
+        try:
+            answer = read_answer(frames, safe=self.safe)
+        except ProtocolError:
+            return None  # _answers reads it again, and says why it is refused
+        if type(answer) is not JobResult or answer.job != job:
+            return None
+        if not answer.missing_program:
+            self.progress.end(job, answer.error is None)
+        return answer
+
     def _answers(self, frames: list[Any], match: Callable[[Record], bool]) -> Record | None:
         """:meth:`_answer` for one ZeroMQ message, which may be a batch of answers
         (``mpl.wire.batch``): each is read as if it had come alone, in order."""
@@ -554,7 +613,7 @@ class Client:
     def _answer(self, frames: list[Any], match: Callable[[Record], bool]) -> Record | None:
         """The awaited answer among what arrived, or None for a stale message."""
         try:
-            answer = read_answer(frames, safe=not pickles_allowed(WORKER, trusted=self.trusted))
+            answer = read_answer(frames, safe=self.safe)
         except ProtocolError as exc:
             self._refuse_answer(frames, match, exc)
             log.warning("bad message from the broker: %s", exc)

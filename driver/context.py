@@ -177,9 +177,10 @@ class Context:
         """Run ``graph`` as one job (after sending any deletes waiting in the batch)."""
         if self.closed:
             self._check_open()  # raises
-        if self._released:
-            self._maybe_flush()
         wall, start = time.time(), time.monotonic()
+        released = self._released
+        if released and (len(released) >= _DELETE_BATCH or start - self._flushed > _DELETE_EVERY_S):
+            self.flush()  # _maybe_flush, written out: it runs before every job
         result = self.client.submit(self.session, graph, bindings, inline=inline, timeout=timeout)
         # JobRecord(...) without the NamedTuple's Python-level __new__: one per job
         self.jobs.append(
@@ -201,14 +202,16 @@ class Context:
 
         ``keep`` (the job's input Values) stays alive until the job has run.
         """
-        self._check_open()
-        self._maybe_flush()
+        if self.closed:
+            self._check_open()  # raises
         wall, start = time.time(), time.monotonic()
+        released = self._released
+        if released and (len(released) >= _DELETE_BATCH or start - self._flushed > _DELETE_EVERY_S):
+            self.flush()
+        jobs, name = self.jobs, graph.name
 
-        def record(result: JobResult) -> Any:
-            self.jobs.append(
-                JobRecord(result.job, graph.name, wall, time.monotonic() - start, result.stats)
-            )
+        def record(result: JobResult) -> Any:  # on the pump thread
+            jobs.append(_record((result.job, name, wall, time.monotonic() - start, result.stats)))
             return finish(result)
 
         return self.client.submit_async(

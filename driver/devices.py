@@ -289,7 +289,12 @@ def _fetch_one(value: Any, timeout: float | None) -> Any:
     if value._recorder is not None:  # value.traced
         raise DeviceError("cannot fetch a traced value outside its @mp.function")
     ctx = value._ctx if value._ctx is not None else current()
-    if value.device is not None and ctx.cluster.device(value.device).kind == "SPU":
+    # the devices table read directly (cluster.device, which explains a missing name, only
+    # for a name it lacks): this runs once per fetched Value
+    device = value.device and (
+        ctx.cluster.devices.get(value.device) or ctx.cluster.device(value.device)
+    )
+    if device and device.kind == "SPU":
         return _spu.fetch(ctx, value, timeout)
     got = {}
     cache = value._cache  # what came back with the job (value.cached, read directly)
@@ -300,4 +305,4 @@ def _fetch_one(value: Any, timeout: float | None) -> Any:
         )
     if len(value.parties) == 1:
         return got[value.parties[0]]
-    return list(map(got.get, range(ctx.cluster.world_size)))
+    return list(map(got.get, range(len(ctx.cluster.nodes))))  # cluster.world_size

@@ -49,7 +49,7 @@ def submit(fn_or_program: Callable[..., Any] | Program, *args: Any, **kwargs: An
     if active() is not None:
         raise MplError("mp.submit cannot be used inside @mp.function; call the function instead")
     ctx = current()
-    if isinstance(fn_or_program, Program):
+    if type(fn_or_program) is Function or isinstance(fn_or_program, Program):
         return fn_or_program.submit(ctx, args, kwargs)
     return _function(fn_or_program).submit(ctx, args, kwargs)
 

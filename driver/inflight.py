@@ -23,11 +23,11 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from mpl.driver.job_future import JobFuture, settle
 from mpl.wire.batch import coalesce, is_batch, split_batch
 from mpl.wire.codec import encode
 from mpl.wire.control import Bye, Refused
@@ -36,6 +36,7 @@ from mpl.wire.exec_pack import exec_frames
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Cancel, Exec, JobResult, Program
 from mpl.wire.progress import Progress
+from mpl.wire.record import Record
 from mpl.wire.remote import from_info
 from mpl.wire.result_read import read_answer
 from mpl.wire.safe_values import WORKER, pickles_allowed
@@ -63,7 +64,7 @@ class Pending:
         graph: Graph,
         deadline: float,  # monotonic; the future fails with MplTimeoutError after it
         limit: float,  # the job's timeout, for messages
-        future: Future[Any],
+        future: JobFuture,
         finish: Callable[[JobResult], Any],  # runs on the pump thread; returns the result
         keep: Any = None,  # what must stay alive until the job has run (its input Values)
     ) -> None:
@@ -202,7 +203,7 @@ class JobPump:
                 messages.append((encode(program), False, None, digest))
                 planned.add(digest)
             messages.append((exec_frames(p.msg), True, p, digest))
-        plan = coalesce((frames, batchable) for frames, batchable, _, _ in messages)
+        plan = coalesce([(frames, batchable) for frames, batchable, _, _ in messages])
         at = 0
         for frames, carried in plan:
             part = messages[at : at + carried]
@@ -237,11 +238,11 @@ class JobPump:
         # drain checks ZMQ_EVENTS between receives: no zmq.Again built at the end of each
         # wake-up; it stops after _DRAIN messages so queued sends are not held back long.
         # A batch of answers (mpl.wire.batch) is split and each read as if it came alone.
-        safe = not pickles_allowed(WORKER, trusted=self._client.trusted)
-        # Futures are settled once the whole batch is read: each settled future wakes the
-        # thread waiting on it, which would otherwise contend for the GIL with this loop
-        # for every result still to read (a futex wait and wake each time).
-        ready: list[tuple[Pending, Any]] = []
+        safe = not pickles_allowed(WORKER, trusted=self._client.trusted)  # once per wake-up
+        # Futures are settled once the whole batch is read, in one pass: each settled
+        # future may wake the thread waiting on it, which would otherwise contend for the
+        # GIL with this loop for every result still to read (a futex wait and wake each time).
+        ready: list[tuple[JobFuture, Any]] = []
         try:
             for received in drain(sock, _DRAIN):
                 if is_batch(received):  # several answers in one: each as if alone
@@ -255,59 +256,57 @@ class JobPump:
                 for frames in messages:
                     self._take(sock, frames, safe, ready)
         finally:
-            for p, value in ready:
-                p.keep = None
-                p.future.set_result(value)
+            settle(ready)
 
     def _take(
         self,
         sock: zmq.Socket[Any],
         frames: list[Any],
         safe: bool,
-        ready: list[tuple[Pending, Any]],
+        ready: list[tuple[JobFuture, Any]],
     ) -> None:
-        """Read and act on one message from the broker."""
+        """Read and act on one message from the broker: a job's value joins ``ready``, a
+        failure settles its future now."""
         try:
             # results come from other parties: pickles load only in a trusted cluster
             msg = read_answer(frames, safe=safe)
         except ProtocolError as exc:
             log.warning("bad message from the broker: %s", exc)
             return
-        if isinstance(msg, JobResult):
-            self._settle(sock, msg, ready)
-        elif isinstance(msg, Progress):
+        if type(msg) is not JobResult:
+            self._control(msg)
+            return
+        p = self._inflight.pop(msg.job, None)
+        if p is None:
+            return  # an answer to a job that already timed out
+        if msg.missing_program:
+            if p.attempts < 2:  # the broker lost the graph (or it overtook another socket's)
+                self._inflight[msg.job] = p
+                self._send(sock, p, with_program=True)
+                return
+            _fail(p, ProtocolError(f"the broker keeps losing program {p.graph.digest}"))
+            return
+        self._client.progress.end(msg.job, msg.error is None)
+        if msg.error is not None:
+            _fail(p, from_info(msg.error))
+            return
+        try:
+            seal = self._client.seal
+            value = p.finish(seal.result(p.msg.session, msg) if seal else msg)
+        except BaseException as exc:
+            _fail(p, exc)
+            return
+        p.keep = None  # the job has run: its inputs may go
+        ready.append((p.future, value))
+
+    def _control(self, msg: Record) -> None:
+        """A message from the broker that is not a job's result."""
+        if isinstance(msg, Progress):
             self._client.progress.update(msg)
         elif isinstance(msg, Refused):
             self._fail_all(type(from_info(msg.error)), msg.error.message)
         elif isinstance(msg, Bye):
             self._fail_all(SessionError, f"the broker at {self._client.address} shut down")
-
-    def _settle(
-        self, sock: zmq.Socket[Any], result: JobResult, ready: list[tuple[Pending, Any]]
-    ) -> None:
-        """Take ``result`` for its job: its value joins ``ready``; a failure settles now."""
-        p = self._inflight.pop(result.job, None)
-        if p is None:
-            return  # an answer to a job that already timed out
-        if not result.missing_program:
-            self._client.progress.end(result.job, result.error is None)
-        if result.missing_program:
-            if p.attempts < 2:  # the broker lost the graph (or it overtook another socket's)
-                self._inflight[p.msg.job] = p
-                self._send(sock, p, with_program=True)
-                return
-            _fail(p, ProtocolError(f"the broker keeps losing program {p.graph.digest}"))
-            return
-        if result.error is not None:
-            _fail(p, from_info(result.error))
-            return
-        try:
-            seal = self._client.seal
-            value = p.finish(seal.result(p.msg.session, result) if seal else result)
-        except BaseException as exc:
-            _fail(p, exc)
-            return
-        ready.append((p, value))
 
     def _expire(self, sock: zmq.Socket[Any]) -> None:
         now = time.monotonic()

@@ -131,17 +131,32 @@ class ProgressBoard:
         self._watchers: dict[str, list[Callable[[JobProgress], None]]] = {}
         self._mine = threading.local()  # the job this thread waits for
 
-    def begin(self, job: str) -> None:
-        """A job was submitted by this thread."""
+    def begin(self, job: str, *, mine: bool = True) -> None:
+        """A job was submitted; ``mine``: by this thread, which waits for it (``tick``)."""
+        # One dict item set, atomic under the GIL: begin and end run once per job and take
+        # no lock. Whoever adds to _jobs, _watchers or _bars (under the lock) looks again
+        # whether the job is still in _started afterwards, and end looks at those tables
+        # after taking the job out of _started: one of the two always sees the other.
+        started = self._started
+        started[job] = time.monotonic()
+        if len(started) > _REMEMBERED:
+            self._forget_oldest()
+        if mine:
+            self._mine.job = job
+
+    def _forget_oldest(self) -> None:
         started = self._started
         with self._lock:
-            started[job] = time.monotonic()
-            if len(started) > _REMEMBERED:
-                oldest = next(iter(started))
-                del started[oldest]
+            while len(started) > _REMEMBERED:
+                try:
+                    oldest = next(iter(started))
+                except RuntimeError:  # another thread's begin or end changed it: again
+                    continue
+                except StopIteration:
+                    return
+                started.pop(oldest, None)
                 self._jobs.pop(oldest, None)
                 self._watchers.pop(oldest, None)
-        self._mine.job = job
 
     def _progress(self, job: str) -> JobProgress | None:
         """The job's progress record, built on first need (call with the lock held)."""
@@ -151,6 +166,9 @@ class ProgressBoard:
             if started is None:
                 return None  # a job that already ended, or not ours
             p = self._jobs[job] = JobProgress(job, started)
+            if job not in self._started:  # it ended meanwhile (end takes no lock)
+                del self._jobs[job]
+                return None
         return p
 
     def update(self, msg: Progress) -> None:
@@ -181,17 +199,16 @@ class ProgressBoard:
 
     def end(self, job: str, ok: bool) -> None:
         """The job's answer arrived."""
-        with self._lock:
-            self._started.pop(job, None)
-            if self._jobs:
+        self._started.pop(job, None)
+        if self._jobs or self._watchers or self._bars:  # only a job someone looked at
+            with self._lock:
                 self._jobs.pop(job, None)
-            if self._watchers:
                 self._watchers.pop(job, None)
-            bar = self._bars.pop(job, None) if self._bars else None
+                bar = self._bars.pop(job, None)
+            if bar is not None:
+                bar.finish(ok)
         if getattr(self._mine, "job", None) == job:
             self._mine.job = None
-        if bar is not None:
-            bar.finish(ok)
 
     def get(self, job: str) -> JobProgress | None:
         with self._lock:
@@ -202,6 +219,8 @@ class ProgressBoard:
         with self._lock:
             if job in self._started:
                 self._watchers.setdefault(job, []).append(callback)
+                if job not in self._started:  # it ended meanwhile (end takes no lock)
+                    self._watchers.pop(job, None)
 
     def running(self) -> dict[str, dict[str, Any]]:
         """Every job in flight as plain numbers (``ctx.status()["progress"]``)."""
@@ -220,4 +239,8 @@ class ProgressBoard:
                 bar = self._bars.get(p.job)
                 if bar is None:
                     bar = self._bars[p.job] = _Bar(p.job, time.monotonic() - p.started)
+                    if p.job not in self._started:  # it ended meanwhile (end takes no lock)
+                        del self._bars[p.job]
+                        bar.finish(False)
+                        return
         bar.show(p)

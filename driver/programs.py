@@ -46,6 +46,7 @@ class Program:
         self.graph = graph
         self._sources = list(rec.sources)
         self._captured = list(rec._held)  # Values read through closures stay alive with us
+        self._inputs = bool(self._sources or self._captured)
         self._params = params  # leaf positions of the Value arguments
         self._out_tree = out_tree
         self._outs = outs  # per output leaf: ("v", output index, device) | ("h", host value, None)
@@ -80,7 +81,8 @@ class Program:
     ) -> Any:
         """Run as one job in ``ctx`` and wait: the outputs, as the traced function returned
         them. ``leaves`` are the flattened ``(args, kwargs)`` when the caller has them."""
-        bindings = self._bind(ctx, args, kwargs, leaves)
+        # no inputs (no parameters, nothing captured): nothing to bind or check
+        bindings = self._bind(ctx, args, kwargs, leaves) if self._inputs else {}
         result = ctx.run(self.graph, bindings, inline=self._inline)
         return self._outputs(ctx, result)
 
@@ -92,11 +94,11 @@ class Program:
         leaves: list[Any] | None = None,
     ) -> Future[Any]:
         """Start as one job in ``ctx`` without waiting: a future of what ``run`` returns."""
-        bindings = self._bind(ctx, args, kwargs, leaves)
+        bindings = self._bind(ctx, args, kwargs, leaves) if self._inputs else {}
         return ctx.submit(
             self.graph,
             bindings,
-            lambda result: self._outputs(ctx, result),
+            functools.partial(self._outputs, ctx),
             # the input Values outlive the job: no delete overtakes it
             keep=(args, kwargs) if args or kwargs else None,
             inline=self._inline,
@@ -109,7 +111,7 @@ class Program:
         kwargs: dict[str, Any],
         leaves: list[Any] | None = None,
     ) -> dict[int, list[Any]]:
-        if not self._sources and not self._captured:  # no inputs: nothing to bind or check
+        if not self._inputs:  # nothing to bind or check
             return {}
         if leaves is None:
             leaves, _ = flatten((args, kwargs))
@@ -126,23 +128,18 @@ class Program:
     def _outputs(self, ctx: Context, result: JobResult) -> Any:
         if self._single is not None:  # the function returned one Value: no tree to rebuild
             device, ranks = self._single
-            return _value(ctx, result, 0, device, ranks)
+            return Value(
+                device,
+                ranks,
+                ctx=ctx,
+                uri=output_uri(result.job, 0),
+                owned=True,
+                cache=result.values.get(0),
+                meta=result.metas.get(0, ""),
+            )
         values = wrap(ctx, result.job, self._out_devices, self._out_placements, result)
         out = [values[index] if kind == "v" else index for kind, index, _ in self._outs]
         return unflatten(self._out_tree, out)
-
-
-def _value(ctx: Context, result: JobResult, i: int, device: str | None, ranks: Ranks) -> Value:
-    """Output ``i`` of a finished job as a Value (``wrap`` for one output)."""
-    return Value(
-        device,
-        ranks,
-        ctx=ctx,
-        uri=output_uri(result.job, i),
-        owned=True,
-        cache=result.values.get(i),
-        meta=result.metas.get(i, ""),
-    )
 
 
 def _trace(
@@ -204,12 +201,18 @@ class Function:
         self.fn = fn
         self.name = str(getattr(fn, "__qualname__", "function"))
         self._programs: LRU[Any, Program] = LRU(_TRACES)
+        # the trace of a call without arguments and the cluster it is for: such a call's
+        # key is its cluster alone, so it is found without building one
+        self._bare: tuple[ClusterSpec, Program] | None = None
         self.traces = 0  # how many times the function was traced (cache misses)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if active() is not None:  # called inside another trace: inline it there
             return self.fn(*args, **kwargs)
         ctx = current()
+        bare = self._bare
+        if bare is not None and not args and not kwargs and bare[0] is ctx.cluster:
+            return bare[1].run(ctx, args, kwargs, [])
         leaves, treedef = _flat(args, kwargs)
         program = self._compile(ctx.cluster, args, kwargs, leaves, treedef)
         return program.run(ctx, args, kwargs, leaves)
@@ -220,6 +223,9 @@ class Function:
 
     def submit(self, ctx: Context, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[Any]:
         """Trace (or find the cached trace) and start it in ``ctx``: ``mp.submit``'s work."""
+        bare = self._bare
+        if bare is not None and not args and not kwargs and bare[0] is ctx.cluster:
+            return bare[1].submit(ctx, args, kwargs, [])
         leaves, treedef = _flat(args, kwargs)
         program = self._compile(ctx.cluster, args, kwargs, leaves, treedef)
         return program.submit(ctx, args, kwargs, leaves)
@@ -238,6 +244,8 @@ class Function:
             program = _trace(self.fn, cluster, args, kwargs, self.name)
             self.traces += 1
             self._programs[key] = program
+        if treedef is _NO_ARGS:  # a call without arguments (see _flat)
+            self._bare = (cluster, program)
         return program
 
 

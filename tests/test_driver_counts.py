@@ -9,6 +9,7 @@ the one it takes against real daemons.
 from __future__ import annotations
 
 import sys
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -21,10 +22,29 @@ from mpl.wire.exec_pack import exec_frames
 from mpl.wire.jobs import Exec
 
 WORLD_SIZE = 2
-# main (14e5dcc) made 53 Python calls per job here, now 46 (44, plus the check whether an
-# answer is a batch); the margin is for the batch of deletes (the jobs' dropped outputs)
-# that may go out during the count
-PER_JOB = 48
+# main (14e5dcc) made 53 Python calls per job here, 68feee1 46 (44, plus the check whether
+# an answer is a batch), now 33 (a call without arguments finds its trace without a key, the
+# job's wait reads its JobResult on a path of its own, the deletes are packed in one call);
+# the margin is for the batch of deletes (the jobs' dropped outputs) that may go out during
+# the count
+PER_JOB = 35
+# mp.submit with 64 in flight, per job: the calling thread (submit, result, fetch) made 40
+# calls at 68feee1, now 21 (the margin is for the deletes); the pump thread (send, read,
+# settle) 19 per job besides its per-wake-up loop at 68feee1, now 13.
+PER_SUBMIT_CALLER = 23
+PER_SUBMIT_PUMP = 15
+# The pump's loop, run once per wake-up or per message (a batch carries many jobs): how the
+# jobs fall into wake-ups and batches depends on timing, so these are not counted per job.
+PER_WAKE_UP = frozenset(
+    {
+        "_poll_ms", "_send_queued", "_send_many", "_send", "_expire", "_receive", "settle",
+        "drain", "recv_frames", "send_frames", "_compiled", "is_batch", "split_batch",
+        "coalesce", "close_run", "batch_frames", "<listcomp>", "<genexpr>", "__call__",
+        "__new__", "trusted", "pickles_allowed",
+        # waking the caller blocked on a future: once per wake-up at most
+        "notify_all", "notify", "__enter__", "__exit__",
+    }
+)  # fmt: skip
 
 
 @pytest.fixture
@@ -74,3 +94,47 @@ def test_an_exec_without_bindings_is_packed_without_walking_them() -> None:
         sys.setprofile(None)
     assert [bytes(f) for f in frames] == [bytes(f) for f in encode(msg)]
     assert calls["_pack_bindings"] == 0
+
+
+def test_python_calls_per_submitted_job_on_the_caller_and_the_pump(counted_ctx: Any) -> None:
+    job = mp.function(lambda: mp.device("P0")(lambda: 1)())
+    counted_ctx.client.abandon_jobs("a pump started under the profiler follows")
+    calls: dict[str, Counter[str]] = {"MainThread": Counter(), "mpl-driver-pump": Counter()}
+    counting = threading.Event()
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and counting.is_set():
+            mine = calls.get(threading.current_thread().name)
+            if mine is not None:
+                mine[frame.f_code.co_name] += 1
+
+    def windowed(n: int, window: int = 64) -> list[Any]:
+        inflight: list[Any] = []
+        out = []
+        for _ in range(n):
+            if len(inflight) >= window:
+                out.append(mp.fetch(inflight.pop(0).result(timeout=60)))
+            inflight.append(mp.submit(job))
+        out += [mp.fetch(f.result(timeout=60)) for f in inflight]
+        return out
+
+    threading.setprofile(count)  # for the pump, which starts with the first submit
+    try:
+        assert windowed(200) == [1] * 200  # traced, program sent, caches warm
+        n = 640
+        sys.setprofile(count)
+        counting.set()
+        try:
+            results = windowed(n)
+        finally:
+            counting.clear()
+            sys.setprofile(None)
+    finally:
+        threading.setprofile(None)
+    assert results == [1] * n
+    caller = sum(calls["MainThread"].values()) / n
+    pump_calls = calls["mpl-driver-pump"]
+    pump = sum(v for k, v in pump_calls.items() if k not in PER_WAKE_UP) / n
+    print(f"per job: caller {caller}, pump {pump}: {pump_calls.most_common(16)}")
+    assert 0 < pump <= PER_SUBMIT_PUMP
+    assert caller <= PER_SUBMIT_CALLER

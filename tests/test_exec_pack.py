@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpl.wire.codec import decode, encode
-from mpl.wire.exec_pack import exec_frames
+from mpl.wire.data import Delete
+from mpl.wire.exec_pack import delete_frames, exec_frames
 from mpl.wire.jobs import Exec, Lit
 
 _atoms = st.one_of(
@@ -67,3 +68,26 @@ def test_what_is_not_plain_takes_the_general_encoder() -> None:
     _same(Exec("s", "j", "d", (0,), {0: [None]}, (), 0))  # an int timeout: general path
     for n in range(70):  # many sessions: the table of parts stays bounded, bytes still equal
         _same(Exec(f"s{n}", "j", "d", (0,), {0: [Lit(n)]}, (0,), 1.0))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    session=st.text(max_size=20),
+    uris=st.dictionaries(
+        st.integers(min_value=-(1 << 70), max_value=1 << 70),  # some beyond 64 bits
+        st.lists(st.text(max_size=40), max_size=8),
+        max_size=5,
+    ),
+)
+def test_deletes_pack_to_the_encoders_bytes(session: str, uris: dict[int, list[str]]) -> None:
+    fast, slow = delete_frames(session, uris), encode(Delete(session, uris))
+    assert [bytes(f) for f in fast] == [bytes(f) for f in slow]
+    if all(-(1 << 63) <= rank < (1 << 63) for rank in uris):  # what decode accepts
+        assert decode(fast) == Delete(session, uris)
+
+
+def test_a_delete_that_is_not_plain_takes_the_general_encoder() -> None:
+    odd: Any = {0: ("a", "b")}  # a tuple, not a list: encode packs it as an extension
+    assert [bytes(f) for f in delete_frames("s", odd)] == [
+        bytes(f) for f in encode(Delete("s", odd))
+    ]
