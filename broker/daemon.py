@@ -9,9 +9,12 @@ the state only forwards goes out as the frames it came in, or as headers spliced
 (``mpl.wire.hot``): an Exec to n ranks is never encoded n times, nor Done values again.
 
 What a wake-up's messages ask to send is queued and sent at its end, each peer's messages in
-order; with jobs in flight, a run of Execs to one worker or of JobResults to one driver
-goes as one batch (``mpl.wire.batch``), and a batch that arrives is split and each message
-in it handled as if it had come alone.
+order, and only then does the broker do its accounting for them (the job ledger's starts,
+ends and spans, the log lines for refusals and failed jobs): the workers and the driver run
+on while it finishes, and every count is in place before the next wake-up reads a message.
+With jobs in flight, a run of Execs to one worker or of JobResults to one driver goes as
+one batch (``mpl.wire.batch``), and a batch that arrives is split and each message in it
+handled as if it had come alone.
 
 A socket monitor reports closed TCP connections; the identity frame's source fd maps them
 back to a peer, so a killed worker is noticed in milliseconds rather than after 3 missed
@@ -29,6 +32,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -125,6 +129,10 @@ class Broker:
         self._fd_peer: dict[int, bytes] = {}
         # what this wake-up's messages asked to send, with its frames, in order
         self._outbox: list[tuple[Send, list[Any]]] = []
+        # what this wake-up leaves to account for once its sends are out, in the order it
+        # happened: (ledger.received, msg, when) for an Exec, (_observe, action, logged) for
+        # a JobResult or Refused the broker sends (so a job's start is noted before its end)
+        self._accounts: list[tuple[Callable[[Any, Any], Any], Any, Any]] = []
         # batches received, refused (as bad messages) and sent: in the status, with the rest
         for counter in ("batches_received", "batches_refused", "batches_sent"):
             self.state.counters.setdefault(counter, 0)
@@ -179,7 +187,7 @@ class Broker:
             # With one job or none in flight nothing queued could share a batch with what
             # this message asks to send: skip the receive that would find nothing (a
             # system call and a zmq.Again on the one-job-at-a-time path).
-            if len(self.state.calls.jobs) > 1:
+            if self.state.jobs_in_flight > 1:
                 for frames in recv_queued(self.router, _WAKE - 1):
                     self._route(frames)
                     if len(self._outbox) >= _WAKE:  # batches in: answers go out before more
@@ -268,7 +276,7 @@ class Broker:
             if header_only and body[1].bytes.startswith(EXEC_PREFIX):
                 msg = read_exec(body)  # an Exec: checked and built without the decoder
                 if msg is not None:
-                    self.ledger.received(msg, now)
+                    self._accounts.append((self.ledger.received, msg, now))
                     self._perform(self.state.exec_read(peer, msg, now, body, who))
                     return
             try:
@@ -278,7 +286,8 @@ class Broker:
                 self.refusals.refused(peer.hex(), f"bad message: {exc}")
                 self._perform(self.state.protocol_error(peer, exc), logged=True)
                 return
-            self.ledger.received(msg, now)
+            if type(msg) is Exec:  # the only message the ledger notes on arrival
+                self._accounts.append((self.ledger.received, msg, now))
             self._perform(self.state.handle(peer, msg, now, body, who=who))
         except Exception as exc:
             self._contain(peer, msg, exc)
@@ -313,7 +322,8 @@ class Broker:
         return {"status": self.state.status(time.monotonic()), "ledger": self.ledger.snapshot()}
 
     def _observe(self, action: Send, logged: bool) -> None:
-        """Metrics and log lines for what the broker sends (not sent yet)."""
+        """Metrics and log lines for what the broker has just sent (or found it could not
+        deliver: the ledger counts a job's answer either way)."""
         msg = action.msg
         if type(msg) is Refused:
             if not logged:
@@ -330,13 +340,14 @@ class Broker:
 
     def _perform(self, actions: list[Send], logged: bool = False) -> None:
         """Queue what the state asks to send; :meth:`_flush` sends it at the end of the
-        wake-up, when the queue holds all that this wake-up's messages asked for."""
+        wake-up, when the queue holds all that this wake-up's messages asked for, then
+        observes it."""
         encoded: dict[int, list[Any]] = {}  # broadcasts are encoded once
         outbox = self._outbox
         for action in actions:
             msg, frames = action.msg, action.raw
             if type(msg) in _OBSERVED:
-                self._observe(action, logged)
+                self._accounts.append((self._observe, action, logged))
             if frames is None:
                 frames = encoded.get(id(msg))
                 if frames is None:
@@ -345,7 +356,8 @@ class Broker:
 
     def _flush(self) -> None:
         """Send what is queued, each peer's messages in the order they were queued; a run
-        of hot header-only messages to one peer goes as one batch (``mpl.wire.batch``)."""
+        of hot header-only messages to one peer goes as one batch (``mpl.wire.batch``).
+        Then account for it: the ledger and the log."""
         while self._outbox:
             queued, self._outbox = self._outbox, []
             if len(queued) == 1:  # one job at a time: no grouping to do
@@ -366,6 +378,16 @@ class Broker:
                         self.state.counters["batches_sent"] += 1
                     self._send_to(peer, frames, items[at : at + carried])
                     at += carried
+        # The accounting the sends did not wait for, in the order it arose (written out
+        # here: a call fewer per wake-up). One failure is counted and logged; it neither
+        # stops the loop nor skips the rest.
+        if self._accounts:
+            accounts, self._accounts = self._accounts, []
+            for account, item, arg in accounts:
+                try:
+                    account(item, arg)
+                except Exception as exc:
+                    self.guard.internal("the ledger", None, exc)
 
     def _send_to(self, peer: bytes, frames: list[Any], carried: list[tuple[Send, Any]]) -> None:
         """Send one message (maybe a batch) to ``peer``; what it carried is undeliverable

@@ -186,6 +186,12 @@ class BrokerState:
             type[Record], Callable[[bytes, Any, float, str | None, Any], list[Send]]
         ] = {Exec: self._on_exec, Done: self._on_done}
 
+    @property
+    def jobs_in_flight(self) -> int:
+        """How many jobs have started and not yet ended (the shell reads queued messages
+        only when a batch could form: with more than one)."""
+        return len(self.calls.jobs)
+
     # -- entry points ---------------------------------------------------------------------
     def handle(
         self, peer: bytes, msg: Record, now: float, raw: Any = None, who: str | None = None

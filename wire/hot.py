@@ -143,9 +143,12 @@ def _map_spans(unpacker: Any, header: bytes, base: int) -> dict[int, bytes]:
     return spans
 
 
+_FIXMAPS: tuple[bytes, ...] = tuple(bytes([0x80 | n]) for n in range(16))
+
+
 def _map_header(n: int) -> bytes:
     if n < 16:
-        return bytes([0x80 | n])
+        return _FIXMAPS[n]
     if n < 1 << 16:
         return b"\xde" + n.to_bytes(2, "big")
     return b"\xdf" + n.to_bytes(4, "big")
@@ -269,13 +272,19 @@ def result_frames(
     It decodes to ``JobResult(job, values, None, False, stats, metas)``; None when the
     header would exceed ``MAX_HEADER_BYTES`` (the codec then says why).
     """
-    parts = [_RESULT_HEAD, msgpack.packb(job), _map_header(len(values))]
-    small = _FIXINTS  # ranks and indexes below 128: a byte each, no call
+    small, maps = _FIXINTS, _FIXMAPS  # below 128 ints, below 16 maps: a byte, no call
+    n = len(values)
+    parts = [_RESULT_HEAD, msgpack.packb(job), maps[n] if n < 16 else _map_header(n)]
     for index, by_rank in values.items():
-        parts += (small[index] if 0 <= index < 128 else _int(index), _map_header(len(by_rank)))
+        n = len(by_rank)
+        parts += (
+            small[index] if 0 <= index < 128 else _int(index),
+            maps[n] if n < 16 else _map_header(n),
+        )
         for rank, value in by_rank.items():
             parts += (small[rank] if 0 <= rank < 128 else _int(rank), value)
-    parts += (_NONE, _FALSE, _map_header(len(stats)))
+    n = len(stats)
+    parts += (_NONE, _FALSE, maps[n] if n < 16 else _map_header(n))
     for rank, raw in stats.items():
         parts += (small[rank] if 0 <= rank < 128 else _int(rank), raw)
     parts.append(msgpack.packb(metas) if metas else _EMPTY_MAP)
