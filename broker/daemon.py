@@ -46,7 +46,7 @@ from mpl.wire.control import HEARTBEAT_S, Bye, Directory, Heartbeat, Refused
 from mpl.wire.curve import BROKER_DOMAIN, Curve, broker_admits
 from mpl.wire.errors import ProtocolError
 from mpl.wire.guard import Guard
-from mpl.wire.hot import DONE_PREFIX, EXEC_PREFIX, read_done, read_exec
+from mpl.wire.hot import DoneRead, read_hot
 from mpl.wire.identity import frame_identity
 from mpl.wire.jobs import Exec, JobResult
 from mpl.wire.logs import RefusalLog
@@ -192,7 +192,8 @@ class Broker:
                     self._route(frames)
                     if len(self._outbox) >= _WAKE:  # batches in: answers go out before more
                         break
-            self._flush()
+            if self._outbox or self._accounts:  # most Dones ask for nothing: no call
+                self._flush()
         now = time.monotonic()
         if now < next_tick:
             return next_tick
@@ -246,9 +247,10 @@ class Broker:
         self.state.counters["bytes_routed"] += sum(map(len, body))
         # every frame of a message carries its connection's User-Id
         who = frame_identity(body[0]) if self.secure and body else None
-        if not is_batch(body):
-            self._handle(peer, body, now, who)
-            return
+        self._handle(peer, body, now, who, batch_ok=True)
+
+    def _batch(self, peer: bytes, body: list[Any], now: float, who: str | None) -> None:
+        """Handle each message of a batch as if it had arrived alone."""
         try:
             inner = split_batch(body)
         except ProtocolError as exc:  # answered and counted as one bad message
@@ -260,28 +262,31 @@ class Broker:
         for one in inner:
             self._handle(peer, one, now, who)
 
-    def _handle(self, peer: bytes, body: list[Any], now: float, who: str | None) -> None:
-        """Decode one message, hand it to the state, queue what it asks to send."""
+    def _handle(
+        self, peer: bytes, body: list[Any], now: float, who: str | None, batch_ok: bool = False
+    ) -> None:
+        """Decode one message, hand it to the state, queue what it asks to send; or, if it
+        is a batch (and ``batch_ok``: not inside one), each message in it."""
         msg: Record | None = None
         try:  # one message's failure stays that message's failure
-            # the hot messages, header only, are read without the general decode
-            header_only = len(body) == 2
-            if header_only and body[1].bytes.startswith(DONE_PREFIX):
-                read = read_done(body)  # a Done of the hot path: no record built
-                if read is not None:
-                    actions = self.state.done_read(peer, read, now, who)
-                    if actions:  # most Dones leave their job waiting on other ranks
-                        self._perform(actions)
-                    return
-            if header_only and body[1].bytes.startswith(EXEC_PREFIX):
-                msg = read_exec(body)  # an Exec: checked and built without the decoder
-                if msg is not None:
-                    self._accounts.append((self.ledger.received, msg, now))
-                    self._perform(self.state.exec_read(peer, msg, now, body, who))
-                    return
+            # the hot messages, header only, are read without the general decode (and,
+            # with the codec's magic, are no batch)
+            read = read_hot(body)
+            if type(read) is DoneRead:  # a Done of the hot path: no record built
+                actions = self.state.done_read(peer, read, now, who)
+                if actions:  # most Dones leave their job waiting on other ranks
+                    self._perform(actions)
+                return
+            if type(read) is Exec:  # an Exec: checked and built without the decoder
+                msg = read
+                self._accounts.append((self.ledger.received, read, now))
+                self._perform(self.state.exec_read(peer, read, now, body, who))
+                return
+            if batch_ok and is_batch(body):
+                self._batch(peer, body, now, who)
+                return
             try:
-                if msg is None:
-                    msg = decode(body, unpickle=False)
+                msg = decode(body, unpickle=False)
             except ProtocolError as exc:
                 self.refusals.refused(peer.hex(), f"bad message: {exc}")
                 self._perform(self.state.protocol_error(peer, exc), logged=True)

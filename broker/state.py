@@ -546,30 +546,35 @@ class BrokerState:
         saves = msg if isinstance(msg, Done) and msg.saved else None  # names it saved
         if saves is not None and (refused := self.job_saves.reported(job, saves)) is not None:
             return self._fail_call(job, refused)
-        values = job.values
-        for index, value in msg.values.items():
-            if index in values:
-                values[index][rank] = value
-            else:
-                values[index] = {rank: value}
+        values, raw_values = job.values, job.raw_values
+        if raw_values is not None and spans is None and raw is not None:
+            spans = done_spans(raw)  # a decoded Done: its bytes cut from its frames
+            if spans is not None and spans.values.keys() != msg.values.keys():
+                spans = None
+        if raw_values is None or spans is None:
+            job.raw_values = None  # encoded anew at the end
+            for index, value in msg.values.items():
+                if index in values:
+                    values[index][rank] = value
+                else:
+                    values[index] = {rank: value}
+        else:
+            # keep the bytes too, to forward them as they came; a value and its bytes have
+            # the same index (cut from the same map), and so far every rank's had both
+            value_bytes = spans.values
+            for index, value in msg.values.items():
+                if index in values:
+                    values[index][rank] = value
+                    raw_values[index][rank] = value_bytes[index]
+                else:
+                    values[index] = {rank: value}
+                    raw_values[index] = {rank: value_bytes[index]}
+            job.raw_stats[rank] = spans.stats
         job.stats[rank] = msg.stats
         if msg.metas:
             metas = job.metas
             for index, meta in msg.metas.items():
                 metas.setdefault(index, meta)
-        raw_values = job.raw_values
-        if raw_values is not None:  # keep the bytes too, to forward them as they came
-            if spans is None and raw is not None:
-                spans = done_spans(raw)
-            if spans is None:
-                job.raw_values = None
-            else:
-                for index, value_bytes in spans.values.items():
-                    if index in raw_values:
-                        raw_values[index][rank] = value_bytes
-                    else:
-                        raw_values[index] = {rank: value_bytes}
-                job.raw_stats[rank] = spans.stats
         if job.pending:
             return []
         if job.saved and (refused := self.job_saves.complete(job)) is not None:

@@ -56,6 +56,7 @@ __all__ = [
     "exec_spans",
     "read_done",
     "read_exec",
+    "read_hot",
     "result_frames",
 ]
 
@@ -107,20 +108,26 @@ def _unpacker(header: bytes, slot: str = "unpacker", ext_hook: Any = None) -> tu
     that fails sets the slot to None: the Unpacker may still hold part of that header."""
     unpacker = getattr(_tls, slot, None)
     if unpacker is None:
-        hooks = {} if ext_hook is None else {"ext_hook": ext_hook}
-        unpacker = msgpack.Unpacker(
-            None,
-            raw=False,
-            strict_map_key=False,
-            max_buffer_size=MAX_HEADER_BYTES,
-            max_array_len=MAX_HEADER_ITEMS,
-            max_map_len=MAX_HEADER_ITEMS,
-            **hooks,
-        )
-        setattr(_tls, slot, unpacker)
+        unpacker = _new_unpacker(slot, ext_hook)
     base = unpacker.tell()
     unpacker.feed(header)
     return unpacker, base
+
+
+def _new_unpacker(slot: str, ext_hook: Any = None) -> Any:
+    """A new Unpacker under the codec's limits, kept as this thread's ``slot``."""
+    hooks = {} if ext_hook is None else {"ext_hook": ext_hook}
+    unpacker = msgpack.Unpacker(
+        None,
+        raw=False,
+        strict_map_key=False,
+        max_buffer_size=MAX_HEADER_BYTES,
+        max_array_len=MAX_HEADER_ITEMS,
+        max_map_len=MAX_HEADER_ITEMS,
+        **hooks,
+    )
+    setattr(_tls, slot, unpacker)
+    return unpacker
 
 
 def _finished(unpacker: Any, base: int, header: bytes) -> bool:
@@ -342,8 +349,8 @@ _new = object.__new__
 
 
 def _int_keys(keys: Any) -> bool:
-    """Whether every key of a map is a 64-bit int (``int_fits``), in C calls only: no
-    Python frame per key."""
+    """Whether every key of a map (or item of a list) is a 64-bit int (``int_fits``), in C
+    calls only: no Python frame per key."""
     return not keys or (
         set(map(type, keys)) == _INT_ONLY and min(keys) >= INT_MIN and max(keys) <= INT_MAX
     )
@@ -377,9 +384,32 @@ def read_done(frames: Sequence[Any]) -> DoneRead | None:
     the caller decodes the ordinary way, which accepts the message or says why not.
     """
     header = _lean_header(frames)
+    return None if header is None else _read_done(header)
+
+
+def read_hot(frames: Sequence[Any]) -> DoneRead | Exec | None:
+    """A hot message read by its lean reader: a ``Done`` as :func:`read_done` reads it, an
+    ``Exec`` as :func:`read_exec` builds it; None for anything else, or anything either
+    reader leaves to ``decode`` (which accepts it or says why not). Its magic is the
+    codec's, so it is no batch (``mpl.wire.batch``). It raises nothing."""
+    header = _lean_header(frames)
     if header is None:
         return None
-    unpacker, base = _unpacker(header, "lean", _no_ext)  # extensions: decode checks them
+    if header.startswith(DONE_PREFIX):
+        return _read_done(header)
+    if header.startswith(EXEC_PREFIX):
+        return _read_exec(header)
+    return None
+
+
+def _read_done(header: bytes) -> DoneRead | None:
+    """:func:`read_done` of a header :func:`_lean_header` took."""
+    # this thread's Unpacker for Done headers (_unpacker, written out: a call fewer)
+    unpacker = getattr(_tls, "lean", None)
+    if unpacker is None:
+        unpacker = _new_unpacker("lean", _no_ext)  # extensions: decode checks them
+    base = unpacker.tell()
+    unpacker.feed(header)
     unpack, tell = unpacker.unpack, unpacker.tell
     try:
         if unpacker.read_array_header() != _DONE_ITEMS or unpack() != Done.TAG:
@@ -453,7 +483,7 @@ def _small_tuple(code: int, data: bytes) -> Any:
     if 0 <= n < 16 and data[0] == 0x90 | n and (n == 0 or max(data[1:]) < 0x80):
         return tuple(data[1:])
     items = msgpack.unpackb(data, raw=False)  # a longer tuple (32 ranks): of ints only here
-    if type(items) is not list or not all(map(int_fits, items)):
+    if type(items) is not list or not _int_keys(items):  # 64-bit ints, no call per item
         raise _ExtSeen
     return tuple(items)
 
@@ -469,8 +499,11 @@ def read_exec(frames: Sequence[Any]) -> Exec | None:
     the ordinary way, which accepts the message or says why not.
     """
     header = _lean_header(frames)
-    if header is None:
-        return None
+    return None if header is None else _read_exec(header)
+
+
+def _read_exec(header: bytes) -> Exec | None:
+    """:func:`read_exec` of a header :func:`_lean_header` took."""
     try:
         items = msgpack.unpackb(
             header,
