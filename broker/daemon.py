@@ -32,7 +32,8 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from operator import itemgetter
 from typing import Any
 
 import zmq
@@ -82,6 +83,7 @@ _WAKE = 16
 _BATCHABLE = frozenset({Exec, JobResult})
 # What the broker sends that the ledger counts or the log shows; nothing else needs a look
 _OBSERVED = frozenset({Refused, JobResult})
+_first = itemgetter(0)
 
 
 class Broker:
@@ -369,6 +371,11 @@ class Broker:
                 action, frames = queued[0]
                 self._send_to(action.peer, frames, queued)
                 continue
+            if len(set(map(_first, map(_first, queued)))) == len(queued):
+                # a message to each peer (an Exec to every rank): nothing to group or batch
+                for item in queued:
+                    self._send_to(item[0].peer, item[1], (item,))
+                continue
             by_peer: dict[bytes, list[tuple[Send, list[Any]]]] = {}
             for item in queued:
                 by_peer.setdefault(item[0].peer, []).append(item)
@@ -394,7 +401,7 @@ class Broker:
                 except Exception as exc:
                     self.guard.internal("the ledger", None, exc)
 
-    def _send_to(self, peer: bytes, frames: list[Any], carried: list[tuple[Send, Any]]) -> None:
+    def _send_to(self, peer: bytes, frames: list[Any], carried: Sequence[tuple[Send, Any]]) -> None:
         """Send one message (maybe a batch) to ``peer``; what it carried is undeliverable
         if the peer is gone or stuck (what follows from that is queued for the flush)."""
         try:

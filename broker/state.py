@@ -65,6 +65,7 @@ from mpl.wire.hot import (
     exec_for_rank,
     exec_spans,
     result_frames,
+    result_record,
 )
 from mpl.wire.identity import node_identity, rank_of
 from mpl.wire.jobs import (
@@ -84,7 +85,7 @@ from mpl.wire.limits import (
 )
 from mpl.wire.lru import LRU, SizedLRU
 from mpl.wire.progress import EVERY_S, Progress
-from mpl.wire.record import Record, built, replaced
+from mpl.wire.record import Record, replaced
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import (
     Ack,
@@ -580,10 +581,12 @@ class BrokerState:
         if job.saved and (refused := self.job_saves.complete(job)) is not None:
             return self._fail_call(job, refused)
         del self.calls.jobs[msg.job]
-        self._session_jobs_discard(job)
+        session = self.sessions.by_id.get(job.session)  # _session_jobs_discard, written out
+        if session is not None:
+            session.jobs.discard(msg.job)
         self.counters["jobs_done"] += 1
         # built, not checked again: the values, stats and metas were checked on reading
-        result = built(JobResult, msg.job, job.values, None, False, job.stats, job.metas)
+        result = result_record(msg.job, job.values, job.stats, job.metas)
         frames = None
         if job.raw_values is not None:
             frames = result_frames(msg.job, job.raw_values, job.raw_stats, job.metas)

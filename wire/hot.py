@@ -43,7 +43,7 @@ from mpl.wire.limits import (
     MAX_NESTING,
     int_fits,
 )
-from mpl.wire.record import built
+from mpl.wire.record import fills_directly
 
 __all__ = [
     "DONE_PREFIX",
@@ -58,6 +58,7 @@ __all__ = [
     "read_exec",
     "read_hot",
     "result_frames",
+    "result_record",
 ]
 
 # The layouts are read off the records themselves, so a field added to one of them moves
@@ -84,11 +85,15 @@ DONE_PREFIX = bytes([0x90 | _DONE_ITEMS]) + msgpack.packb(Done.TAG)
 if _EXEC_FIELDS != ("session", "job", "digest", "ranks", "bindings", "inline", "timeout_s"):
     raise ImportError("mpl.wire.hot: Exec's fields changed; update read_exec")
 EXEC_PREFIX = bytes([0x90 | _EXEC_ITEMS]) + msgpack.packb(Exec.TAG)
+# Exec and JobResult are filled in directly here (record.built without its two calls)
+if not (fills_directly(Exec) and fills_directly(JobResult)):
+    raise ImportError("mpl.wire.hot: Exec or JobResult does more on construction; use built")
 _NONE, _FALSE = msgpack.packb(None), msgpack.packb(False)
 _RESULT_HEAD = bytes([0x90 | _RESULT_ITEMS]) + _RESULT_TAG
 _EMPTY_MAP, _ONE_ENTRY = msgpack.packb({}), bytes([0x81])
 # Ranks and output indexes as msgpack writes them: the ones below 128 are a byte each
 _FIXINTS: tuple[bytes, ...] = tuple(bytes([i]) for i in range(128))
+_FIXSTRS: tuple[bytes, ...] = tuple(bytes([0xA0 | n]) for n in range(32))
 
 
 def _int(n: int) -> bytes:
@@ -159,6 +164,35 @@ def _map_header(n: int) -> bytes:
     if n < 1 << 16:
         return b"\xde" + n.to_bytes(2, "big")
     return b"\xdf" + n.to_bytes(4, "big")
+
+
+def _str(text: str) -> bytes:
+    """``msgpack.packb(text)``, without making a Packer for a short one (a job id)."""
+    data = text.encode()
+    if len(data) < 32:
+        return _FIXSTRS[len(data)] + data
+    packed: bytes = _packer().pack(text)
+    return packed
+
+
+def _packer() -> Any:
+    """This thread's Packer (making one costs more than packing a job's metas with it)."""
+    packer = getattr(_tls, "packer", None)
+    if packer is None:
+        packer = _tls.packer = msgpack.Packer()
+    return packer
+
+
+def result_record(
+    job: str, values: dict[int, dict[int, Any]], stats: dict[int, Any], metas: dict[int, str]
+) -> JobResult:
+    """``JobResult(job, values, None, False, stats, metas)`` without its ``__init__``: for
+    values, stats and metas the broker read and checked itself (``read_done`` or decode)."""
+    result = _new(JobResult)
+    result.__dict__.update(
+        zip(_RESULT_FIELDS, (job, values, None, False, stats, metas), strict=True)
+    )
+    return result
 
 
 def _header_only(frames: Sequence[Any]) -> bytes | None:
@@ -281,7 +315,7 @@ def result_frames(
     """
     small, maps = _FIXINTS, _FIXMAPS  # below 128 ints, below 16 maps: a byte, no call
     n = len(values)
-    parts = [_RESULT_HEAD, msgpack.packb(job), maps[n] if n < 16 else _map_header(n)]
+    parts = [_RESULT_HEAD, _str(job), maps[n] if n < 16 else _map_header(n)]
     for index, by_rank in values.items():
         n = len(by_rank)
         parts += (
@@ -294,7 +328,7 @@ def result_frames(
     parts += (_NONE, _FALSE, maps[n] if n < 16 else _map_header(n))
     for rank, raw in stats.items():
         parts += (small[rank] if 0 <= rank < 128 else _int(rank), raw)
-    parts.append(msgpack.packb(metas) if metas else _EMPTY_MAP)
+    parts.append(_packer().pack(metas) if metas else _EMPTY_MAP)
     header = b"".join(parts)
     if len(header) > MAX_HEADER_BYTES:
         return None
@@ -536,4 +570,6 @@ def _read_exec(header: bytes) -> Exec | None:
             check_nesting(items)
         except ProtocolError:
             return None
-    return built(Exec, session, job, digest, ranks, bindings, inline, timeout_s)
+    exec_ = _new(Exec)  # filled in directly (fills_directly, checked on import)
+    exec_.__dict__.update(zip(_EXEC_FIELDS, items[1:], strict=True))
+    return exec_
