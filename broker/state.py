@@ -517,7 +517,8 @@ class BrokerState:
         """A Done of the hot path, read by ``mpl.wire.hot.read_done`` instead of decoded:
         the same checks as :meth:`handle` and :meth:`_on_done` make (a registered worker's
         socket, then who speaks for the rank), with no record built."""
-        worker = self.registry.worker(peer)
+        registry = self.registry  # registry.worker(peer), written out: a call per rank
+        worker = registry.by_peer.get(peer) or registry.channels.get(peer)
         if worker is None:
             self._note("dropped 'done' from a peer that is not a registered worker")
             return []
