@@ -39,6 +39,17 @@ def test_a_hot_done_is_not_walked_for_nesting_its_bytes_cannot_reach(
     assert nesting_walks == []
 
 
+def test_a_long_done_with_few_container_markers_is_not_walked(nesting_walks: list[int]) -> None:
+    """A Done whose stats and values are each long enough to nest 100 deep, but whose
+    header holds fewer list and map markers than that, cannot: read without the walk."""
+    ops = [[i, "pcall", 1.5e-06, 2.5e-05] for i in range(8)]
+    stats = {**STATS, "ops": ops, "note": "x" * 120}
+    frames = encode(Done("s" * 16, "j" * 24, 1, {0: [1, 2, "x" * 120]}, stats, {0: "a"}))
+    assert len(frames[1]) > 3 * MAX_NESTING
+    assert hot.read_done(frames) is not None
+    assert nesting_walks == []
+
+
 def test_a_done_whose_value_could_nest_deep_is_still_walked_and_refused(
     nesting_walks: list[int],
 ) -> None:
@@ -46,7 +57,9 @@ def test_a_done_whose_value_could_nest_deep_is_still_walked_and_refused(
     head = b"".join((b"\x98", pack("done"), pack("s"), pack("j"), pack(0)))
     deep = b"\x91" * 98 + b"\x90"  # 99 levels inside the values map: past MAX_NESTING
     assert hot.read_done([MAGIC_FRAME, head + b"\x81\x00" + deep + b"\x80\x80\x90"]) is None
-    fine = b"\x91" * 40 + b"\x90"  # a long value (41 bytes) that nests 41 levels: walked
+    # a long value with more list markers than the limit (120 empty lists side by side),
+    # that nests only 2 levels: walked, and read
+    fine = b"\xdc\x00\x78" + b"\x90" * 120
     stats = pack({"k": "x" * 120})  # and a long stats map
     read = hot.read_done([MAGIC_FRAME, head + b"\x81\x00" + fine + stats + b"\x80\x90"])
     assert read is not None
@@ -59,7 +72,11 @@ def test_an_exec_without_bindings_is_not_walked_for_nesting(nesting_walks: list[
     assert len(frames[1]) >= MAX_NESTING
     assert hot.read_exec(frames) is not None
     assert nesting_walks == []
-    bound = encode(Exec("s" * 16, "j" * 24, "d" * 64, (0, 1), {0: [[[1]]]}, (0,), 600.0))
+    shallow = encode(Exec("s" * 16, "j" * 24, "d" * 64, (0, 1), {0: [[[1]]]}, (0,), 600.0))
+    assert hot.read_exec(shallow) is not None
+    assert nesting_walks == []  # too few list markers to nest deep
+    many = [[] for _ in range(120)]
+    bound = encode(Exec("s" * 16, "j" * 24, "d" * 64, (0, 1), {0: many}, (0,), 600.0))
     assert hot.read_exec(bound) is not None
     assert nesting_walks == [1]
 

@@ -78,6 +78,8 @@ _READ_DONE_FIELDS = ("session", "job", "rank", "values", "stats", "metas", "save
 if _DONE_FIELDS != _READ_DONE_FIELDS:
     raise ImportError("mpl.wire.hot: Done's fields changed; update read_done")
 _NESTS = (list, dict)  # what a decoded value nests in (tuples are extensions, bounded apart)
+# msgpack's list and map markers: fixmap, fixarray, array 16/32, map 16/32
+_CONTAINER_MARKERS = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
 # How every Done header begins: its array header, then its tag. The broker's shell sends
 # headers that begin so to read_done (anything else, or a surprise there, to decode).
 DONE_PREFIX = bytes([0x90 | _DONE_ITEMS]) + msgpack.packb(Done.TAG)
@@ -487,11 +489,14 @@ def _read_done(header: bytes) -> DoneRead | None:
         and not saved  # saved names are records: decode checks them
     ):
         return None
-    # Too short to nest that deep (field by field), or nothing in it that could: metas
-    # hold strs, saved is empty, and values that are no containers (sealed boxes, in
-    # secure mode) nest nothing.
+    # Too short to nest that deep (as a whole, or field by field), too few list and map
+    # markers to (every container in it, the header array included, starts with one such
+    # byte, so no container sits deeper than their count: one C call counts them), or
+    # nothing in it that could: metas hold strs, saved is empty, and values that are no
+    # containers (sealed boxes, in secure mode) nest nothing.
     if (
-        len(header) >= MAX_NESTING
+        len(header) > MAX_NESTING
+        and len(header) - len(header.translate(None, _CONTAINER_MARKERS)) > MAX_NESTING
         and not _done_shallow(spans, stats_span)
         and (len(stats_span) >= MAX_NESTING - 1 or any(type(v) in _NESTS for v in values.values()))
     ):
@@ -563,9 +568,14 @@ def _read_exec(header: bytes) -> Exec | None:
         and (type(timeout_s) is float or int_fits(timeout_s))
     ):
         return None
-    # too short to nest that deep, or only bindings that nest nothing (none, or sealed
-    # boxes): ranks and inline are tuples, bounded on their own
-    if len(header) >= MAX_NESTING and any(type(b) is not bytes for b in bindings.values()):
+    # too short to nest that deep, too few list and map markers to (as read_done says),
+    # or only bindings that nest nothing (none, or sealed boxes): ranks and inline are
+    # tuples, bounded on their own
+    if (
+        len(header) > MAX_NESTING
+        and len(header) - len(header.translate(None, _CONTAINER_MARKERS)) > MAX_NESTING
+        and any(type(b) is not bytes for b in bindings.values())
+    ):
         try:
             check_nesting(items)
         except ProtocolError:
