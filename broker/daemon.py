@@ -9,9 +9,12 @@ the state only forwards goes out as the frames it came in, or as headers spliced
 (``mpl.wire.hot``): an Exec to n ranks is never encoded n times, nor Done values again.
 
 What a wake-up's messages ask to send is queued and sent at its end, each peer's messages in
-order; with jobs in flight, a run of Execs to one worker or of JobResults to one driver
-goes as one batch (``mpl.wire.batch``), and a batch that arrives is split and each message
-in it handled as if it had come alone.
+order, and only then does the broker do its accounting for them (the job ledger's starts,
+ends and spans, the log lines for refusals and failed jobs): the workers and the driver run
+on while it finishes, and every count is in place before the next wake-up reads a message.
+With jobs in flight, a run of Execs to one worker or of JobResults to one driver goes as
+one batch (``mpl.wire.batch``), and a batch that arrives is split and each message in it
+handled as if it had come alone.
 
 A socket monitor reports closed TCP connections; the identity frame's source fd maps them
 back to a peer, so a killed worker is noticed in milliseconds rather than after 3 missed
@@ -29,6 +32,8 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
+from operator import itemgetter
 from typing import Any
 
 import zmq
@@ -37,12 +42,12 @@ from mpl.broker.ledger import JobLedger
 from mpl.broker.state import BrokerState, Send
 from mpl.wire.batch import coalesce, is_batch, split_batch
 from mpl.wire.cluster import ClusterSpec
-from mpl.wire.codec import decode, encode
+from mpl.wire.codec import MAGIC_FRAME, decode, encode
 from mpl.wire.control import HEARTBEAT_S, Bye, Directory, Heartbeat, Refused
 from mpl.wire.curve import BROKER_DOMAIN, Curve, broker_admits
 from mpl.wire.errors import ProtocolError
 from mpl.wire.guard import Guard
-from mpl.wire.hot import DONE_PREFIX, EXEC_PREFIX, read_done, read_exec
+from mpl.wire.hot import DoneRead, read_hot
 from mpl.wire.identity import frame_identity
 from mpl.wire.jobs import Exec, JobResult
 from mpl.wire.logs import RefusalLog
@@ -78,6 +83,7 @@ _WAKE = 16
 _BATCHABLE = frozenset({Exec, JobResult})
 # What the broker sends that the ledger counts or the log shows; nothing else needs a look
 _OBSERVED = frozenset({Refused, JobResult})
+_first = itemgetter(0)
 
 
 class Broker:
@@ -125,6 +131,10 @@ class Broker:
         self._fd_peer: dict[int, bytes] = {}
         # what this wake-up's messages asked to send, with its frames, in order
         self._outbox: list[tuple[Send, list[Any]]] = []
+        # what this wake-up leaves to account for once its sends are out, in the order it
+        # happened: (ledger.received, msg, when) for an Exec, (_observe, action, logged) for
+        # a JobResult or Refused the broker sends (so a job's start is noted before its end)
+        self._accounts: list[tuple[Callable[[Any, Any], Any], Any, Any]] = []
         # batches received, refused (as bad messages) and sent: in the status, with the rest
         for counter in ("batches_received", "batches_refused", "batches_sent"):
             self.state.counters.setdefault(counter, 0)
@@ -179,12 +189,13 @@ class Broker:
             # With one job or none in flight nothing queued could share a batch with what
             # this message asks to send: skip the receive that would find nothing (a
             # system call and a zmq.Again on the one-job-at-a-time path).
-            if len(self.state.calls.jobs) > 1:
+            if self.state.jobs_in_flight > 1:
                 for frames in recv_queued(self.router, _WAKE - 1):
                     self._route(frames)
                     if len(self._outbox) >= _WAKE:  # batches in: answers go out before more
                         break
-            self._flush()
+            if self._outbox or self._accounts:  # most Dones ask for nothing: no call
+                self._flush()
         now = time.monotonic()
         if now < next_tick:
             return next_tick
@@ -238,9 +249,10 @@ class Broker:
         self.state.counters["bytes_routed"] += sum(map(len, body))
         # every frame of a message carries its connection's User-Id
         who = frame_identity(body[0]) if self.secure and body else None
-        if not is_batch(body):
-            self._handle(peer, body, now, who)
-            return
+        self._handle(peer, body, now, who, batch_ok=True)
+
+    def _batch(self, peer: bytes, body: list[Any], now: float, who: str | None) -> None:
+        """Handle each message of a batch as if it had arrived alone."""
         try:
             inner = split_batch(body)
         except ProtocolError as exc:  # answered and counted as one bad message
@@ -252,33 +264,41 @@ class Broker:
         for one in inner:
             self._handle(peer, one, now, who)
 
-    def _handle(self, peer: bytes, body: list[Any], now: float, who: str | None) -> None:
-        """Decode one message, hand it to the state, queue what it asks to send."""
+    def _handle(
+        self, peer: bytes, body: list[Any], now: float, who: str | None, batch_ok: bool = False
+    ) -> None:
+        """Decode one message, hand it to the state, queue what it asks to send; or, if it
+        is a batch (and ``batch_ok``: not inside one), each message in it."""
         msg: Record | None = None
         try:  # one message's failure stays that message's failure
-            # the hot messages, header only, are read without the general decode
-            header_only = len(body) == 2
-            if header_only and body[1].bytes.startswith(DONE_PREFIX):
-                read = read_done(body)  # a Done of the hot path: no record built
-                if read is not None:
-                    actions = self.state.done_read(peer, read, now, who)
-                    if actions:  # most Dones leave their job waiting on other ranks
-                        self._perform(actions)
-                    return
-            if header_only and body[1].bytes.startswith(EXEC_PREFIX):
-                msg = read_exec(body)  # an Exec: checked and built without the decoder
-                if msg is not None:
-                    self.ledger.received(msg, now)
-                    self._perform(self.state.exec_read(peer, msg, now, body, who))
-                    return
+            # the hot messages, header only, are read without the general decode (and,
+            # with the codec's magic, are no batch)
+            read = read_hot(body)
+            if type(read) is DoneRead:  # a Done of the hot path: no record built
+                actions = self.state.done_read(peer, read, now, who)
+                if actions:  # most Dones leave their job waiting on other ranks
+                    self._perform(actions)
+                return
+            if type(read) is Exec:  # an Exec: checked and built without the decoder
+                msg = read
+                self._accounts.append((self.ledger.received, read, now))
+                # forwarded as bytes (the header's the read cached, the magic it checked):
+                # a short frame costs less to send copied than as a zmq.Frame
+                header = body[1]
+                raw = [MAGIC_FRAME, header.bytes if hasattr(header, "bytes") else bytes(header)]
+                self._perform(self.state.exec_read(peer, read, now, raw, who))
+                return
+            if batch_ok and is_batch(body):
+                self._batch(peer, body, now, who)
+                return
             try:
-                if msg is None:
-                    msg = decode(body, unpickle=False)
+                msg = decode(body, unpickle=False)
             except ProtocolError as exc:
                 self.refusals.refused(peer.hex(), f"bad message: {exc}")
                 self._perform(self.state.protocol_error(peer, exc), logged=True)
                 return
-            self.ledger.received(msg, now)
+            if type(msg) is Exec:  # the only message the ledger notes on arrival
+                self._accounts.append((self.ledger.received, msg, now))
             self._perform(self.state.handle(peer, msg, now, body, who=who))
         except Exception as exc:
             self._contain(peer, msg, exc)
@@ -313,7 +333,8 @@ class Broker:
         return {"status": self.state.status(time.monotonic()), "ledger": self.ledger.snapshot()}
 
     def _observe(self, action: Send, logged: bool) -> None:
-        """Metrics and log lines for what the broker sends (not sent yet)."""
+        """Metrics and log lines for what the broker has just sent (or found it could not
+        deliver: the ledger counts a job's answer either way)."""
         msg = action.msg
         if type(msg) is Refused:
             if not logged:
@@ -330,13 +351,14 @@ class Broker:
 
     def _perform(self, actions: list[Send], logged: bool = False) -> None:
         """Queue what the state asks to send; :meth:`_flush` sends it at the end of the
-        wake-up, when the queue holds all that this wake-up's messages asked for."""
+        wake-up, when the queue holds all that this wake-up's messages asked for, then
+        observes it."""
         encoded: dict[int, list[Any]] = {}  # broadcasts are encoded once
         outbox = self._outbox
         for action in actions:
             msg, frames = action.msg, action.raw
             if type(msg) in _OBSERVED:
-                self._observe(action, logged)
+                self._accounts.append((self._observe, action, logged))
             if frames is None:
                 frames = encoded.get(id(msg))
                 if frames is None:
@@ -345,12 +367,18 @@ class Broker:
 
     def _flush(self) -> None:
         """Send what is queued, each peer's messages in the order they were queued; a run
-        of hot header-only messages to one peer goes as one batch (``mpl.wire.batch``)."""
+        of hot header-only messages to one peer goes as one batch (``mpl.wire.batch``).
+        Then account for it: the ledger and the log."""
         while self._outbox:
             queued, self._outbox = self._outbox, []
             if len(queued) == 1:  # one job at a time: no grouping to do
                 action, frames = queued[0]
                 self._send_to(action.peer, frames, queued)
+                continue
+            if len(set(map(_first, map(_first, queued)))) == len(queued):
+                # a message to each peer (an Exec to every rank): nothing to group or batch
+                for item in queued:
+                    self._send_to(item[0].peer, item[1], (item,))
                 continue
             by_peer: dict[bytes, list[tuple[Send, list[Any]]]] = {}
             for item in queued:
@@ -366,8 +394,18 @@ class Broker:
                         self.state.counters["batches_sent"] += 1
                     self._send_to(peer, frames, items[at : at + carried])
                     at += carried
+        # The accounting the sends did not wait for, in the order it arose (written out
+        # here: a call fewer per wake-up). One failure is counted and logged; it neither
+        # stops the loop nor skips the rest.
+        if self._accounts:
+            accounts, self._accounts = self._accounts, []
+            for account, item, arg in accounts:
+                try:
+                    account(item, arg)
+                except Exception as exc:
+                    self.guard.internal("the ledger", None, exc)
 
-    def _send_to(self, peer: bytes, frames: list[Any], carried: list[tuple[Send, Any]]) -> None:
+    def _send_to(self, peer: bytes, frames: list[Any], carried: Sequence[tuple[Send, Any]]) -> None:
         """Send one message (maybe a batch) to ``peer``; what it carried is undeliverable
         if the peer is gone or stuck (what follows from that is queued for the flush)."""
         try:

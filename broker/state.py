@@ -65,6 +65,7 @@ from mpl.wire.hot import (
     exec_for_rank,
     exec_spans,
     result_frames,
+    result_record,
 )
 from mpl.wire.identity import node_identity, rank_of
 from mpl.wire.jobs import (
@@ -84,7 +85,7 @@ from mpl.wire.limits import (
 )
 from mpl.wire.lru import LRU, SizedLRU
 from mpl.wire.progress import EVERY_S, Progress
-from mpl.wire.record import Record, built, replaced
+from mpl.wire.record import Record, replaced
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import (
     Ack,
@@ -185,6 +186,12 @@ class BrokerState:
         self._forwarders: dict[
             type[Record], Callable[[bytes, Any, float, str | None, Any], list[Send]]
         ] = {Exec: self._on_exec, Done: self._on_done}
+
+    @property
+    def jobs_in_flight(self) -> int:
+        """How many jobs have started and not yet ended (the shell reads queued messages
+        only when a batch could form: with more than one)."""
+        return len(self.calls.jobs)
 
     # -- entry points ---------------------------------------------------------------------
     def handle(
@@ -510,7 +517,8 @@ class BrokerState:
         """A Done of the hot path, read by ``mpl.wire.hot.read_done`` instead of decoded:
         the same checks as :meth:`handle` and :meth:`_on_done` make (a registered worker's
         socket, then who speaks for the rank), with no record built."""
-        worker = self.registry.worker(peer)
+        registry = self.registry  # registry.worker(peer), written out: a call per rank
+        worker = registry.by_peer.get(peer) or registry.channels.get(peer)
         if worker is None:
             self._note("dropped 'done' from a peer that is not a registered worker")
             return []
@@ -540,39 +548,46 @@ class BrokerState:
         saves = msg if isinstance(msg, Done) and msg.saved else None  # names it saved
         if saves is not None and (refused := self.job_saves.reported(job, saves)) is not None:
             return self._fail_call(job, refused)
-        values = job.values
-        for index, value in msg.values.items():
-            if index in values:
-                values[index][rank] = value
-            else:
-                values[index] = {rank: value}
+        values, raw_values = job.values, job.raw_values
+        if raw_values is not None and spans is None and raw is not None:
+            spans = done_spans(raw)  # a decoded Done: its bytes cut from its frames
+            if spans is not None and spans.values.keys() != msg.values.keys():
+                spans = None
+        if raw_values is None or spans is None:
+            job.raw_values = None  # encoded anew at the end
+            for index, value in msg.values.items():
+                if index in values:
+                    values[index][rank] = value
+                else:
+                    values[index] = {rank: value}
+        else:
+            # keep the bytes too, to forward them as they came; a value and its bytes have
+            # the same index (cut from the same map), and so far every rank's had both
+            value_bytes = spans.values
+            for index, value in msg.values.items():
+                if index in values:
+                    values[index][rank] = value
+                    raw_values[index][rank] = value_bytes[index]
+                else:
+                    values[index] = {rank: value}
+                    raw_values[index] = {rank: value_bytes[index]}
+            job.raw_stats[rank] = spans.stats
         job.stats[rank] = msg.stats
         if msg.metas:
             metas = job.metas
             for index, meta in msg.metas.items():
                 metas.setdefault(index, meta)
-        raw_values = job.raw_values
-        if raw_values is not None:  # keep the bytes too, to forward them as they came
-            if spans is None and raw is not None:
-                spans = done_spans(raw)
-            if spans is None:
-                job.raw_values = None
-            else:
-                for index, value_bytes in spans.values.items():
-                    if index in raw_values:
-                        raw_values[index][rank] = value_bytes
-                    else:
-                        raw_values[index] = {rank: value_bytes}
-                job.raw_stats[rank] = spans.stats
         if job.pending:
             return []
         if job.saved and (refused := self.job_saves.complete(job)) is not None:
             return self._fail_call(job, refused)
         del self.calls.jobs[msg.job]
-        self._session_jobs_discard(job)
+        session = self.sessions.by_id.get(job.session)  # _session_jobs_discard, written out
+        if session is not None:
+            session.jobs.discard(msg.job)
         self.counters["jobs_done"] += 1
         # built, not checked again: the values, stats and metas were checked on reading
-        result = built(JobResult, msg.job, job.values, None, False, job.stats, job.metas)
+        result = result_record(msg.job, job.values, job.stats, job.metas)
         frames = None
         if job.raw_values is not None:
             frames = result_frames(msg.job, job.raw_values, job.raw_stats, job.metas)

@@ -39,6 +39,17 @@ def test_a_hot_done_is_not_walked_for_nesting_its_bytes_cannot_reach(
     assert nesting_walks == []
 
 
+def test_a_long_done_with_few_container_markers_is_not_walked(nesting_walks: list[int]) -> None:
+    """A Done whose stats and values are each long enough to nest 100 deep, but whose
+    header holds fewer list and map markers than that, cannot: read without the walk."""
+    ops = [[i, "pcall", 1.5e-06, 2.5e-05] for i in range(8)]
+    stats = {**STATS, "ops": ops, "note": "x" * 120}
+    frames = encode(Done("s" * 16, "j" * 24, 1, {0: [1, 2, "x" * 120]}, stats, {0: "a"}))
+    assert len(frames[1]) > 3 * MAX_NESTING
+    assert hot.read_done(frames) is not None
+    assert nesting_walks == []
+
+
 def test_a_done_whose_value_could_nest_deep_is_still_walked_and_refused(
     nesting_walks: list[int],
 ) -> None:
@@ -46,7 +57,9 @@ def test_a_done_whose_value_could_nest_deep_is_still_walked_and_refused(
     head = b"".join((b"\x98", pack("done"), pack("s"), pack("j"), pack(0)))
     deep = b"\x91" * 98 + b"\x90"  # 99 levels inside the values map: past MAX_NESTING
     assert hot.read_done([MAGIC_FRAME, head + b"\x81\x00" + deep + b"\x80\x80\x90"]) is None
-    fine = b"\x91" * 40 + b"\x90"  # a long value (41 bytes) that nests 41 levels: walked
+    # a long value with more list markers than the limit (120 empty lists side by side),
+    # that nests only 2 levels: walked, and read
+    fine = b"\xdc\x00\x78" + b"\x90" * 120
     stats = pack({"k": "x" * 120})  # and a long stats map
     read = hot.read_done([MAGIC_FRAME, head + b"\x81\x00" + fine + stats + b"\x80\x90"])
     assert read is not None
@@ -59,7 +72,11 @@ def test_an_exec_without_bindings_is_not_walked_for_nesting(nesting_walks: list[
     assert len(frames[1]) >= MAX_NESTING
     assert hot.read_exec(frames) is not None
     assert nesting_walks == []
-    bound = encode(Exec("s" * 16, "j" * 24, "d" * 64, (0, 1), {0: [[[1]]]}, (0,), 600.0))
+    shallow = encode(Exec("s" * 16, "j" * 24, "d" * 64, (0, 1), {0: [[[1]]]}, (0,), 600.0))
+    assert hot.read_exec(shallow) is not None
+    assert nesting_walks == []  # too few list markers to nest deep
+    many = [[] for _ in range(120)]
+    bound = encode(Exec("s" * 16, "j" * 24, "d" * 64, (0, 1), {0: many}, (0,), 600.0))
     assert hot.read_exec(bound) is not None
     assert nesting_walks == [1]
 
@@ -100,9 +117,11 @@ class _Rig:
         self.feed([zmq.Frame(peer), *(zmq.Frame(bytes(f)) for f in frames)])
 
     def feed(self, msg: list[Any]) -> None:
-        """One wake-up of the broker's loop for one message: route it, send what it asked."""
+        """One wake-up of the broker's loop for one message: route it, send what it asked
+        (the flush only when something waits for it, as the loop does)."""
         self.broker._route(msg)
-        self.broker._flush()
+        if self.broker._outbox or self.broker._accounts:
+            self.broker._flush()
 
     def frames(self) -> list[list[Any]]:
         """The messages of the next job: its Exec from the driver, then every rank's Done."""
@@ -145,8 +164,15 @@ def _python_calls(rig: _Rig, jobs: int) -> float:
 
 
 # main (14e5dcc) made 90 and 442; the batching shell adds about 5 per message fed alone
-# (the batch check, the per-message handler, the end-of-wake-up flush and its send)
-_BOUND = {2: 84, 16: 340}
+# (the batch check, the per-message handler, the end-of-wake-up flush and its send);
+# 68feee1 made 83 and 337: the JobResult's map headers from a table, the ledger's work
+# after the sends written into the flush (84 -> 80, 340 -> 336); one lean reader for both
+# hot messages, which is also the batch check (no is_batch call for them), its Unpacker
+# taken inline, no flush call for a wake-up that asks for nothing (80 -> 77, 336 -> 290);
+# the Exec and the JobResult records filled in without record.built, the job id packed
+# without a Packer, the session's job discarded inline, a Done's worker looked up inline
+# (77 -> 70, 290 -> 269)
+_BOUND = {2: 70, 16: 269}
 
 
 @pytest.mark.parametrize("world", [2, 16])
@@ -186,6 +212,50 @@ def test_the_ledger_reads_the_clock_once_per_job() -> None:
         rig.close()
     assert rig.broker.ledger.count == 10 and rig.broker.ledger.outcomes["ok"] == 10
     assert len(reads) == 10
+
+
+class _LedgerWitness(_Recorder):
+    """A ROUTER stand-in that notes, as each message goes out, what the ledger holds."""
+
+    def __init__(self, broker: Broker) -> None:
+        super().__init__()
+        self.broker = broker
+        # (tag, jobs the ledger counted, whether it noted job j1's start)
+        self.seen: list[tuple[str, int, bool]] = []
+
+    def send_multipart(self, frames: list[Any], flags: int = 0, copy: bool = True) -> None:
+        super().send_multipart(frames, flags, copy)
+        msg = decode([bytes(f) for f in frames[1:]], unpickle=False)
+        if isinstance(msg, Program):  # a rank's first job: its program goes first
+            return
+        ledger = self.broker.ledger
+        self.seen.append((msg.TAG, ledger.count, "j1" in ledger._started))
+
+
+def test_the_ledger_is_kept_after_the_sends_it_does_not_decide() -> None:
+    """An Exec goes out to the ranks before the ledger notes its start, and the JobResult
+    goes out before the ledger counts the job's end; once the wake-up is over, every
+    count is exact, a refused Exec's answer included."""
+    rig = _Rig(2)
+    witness = _LedgerWitness(rig.broker)
+    rig.broker.router = witness  # type: ignore[assignment]
+    try:
+        exec_frames, *dones = rig.frames()
+        rig.feed(exec_frames)
+        assert [tag for tag, _, _ in witness.seen] == ["exec", "exec"]
+        assert [started for _, _, started in witness.seen] == [False, False]
+        assert "j1" in rig.broker.ledger._started  # noted once the sends were out
+        for done in dones:
+            rig.feed(done)
+        assert witness.seen[-1][:2] == ("result", 0)  # sent before it was counted
+        assert rig.broker.ledger.count == 1 and rig.broker.ledger.outcomes["ok"] == 1
+        # refused on arrival (no rank 9): its start is noted before its end
+        bad = Exec(rig.sid, "bad", rig.graph.digest, (0, 9), {}, (0,), 9)
+        rig.feed([zmq.Frame(rig.driver), *(zmq.Frame(bytes(f)) for f in encode(bad))])
+        assert witness.seen[-1][:2] == ("result", 1)
+        assert rig.broker.ledger.count == 2 and rig.broker.ledger.outcomes["worker_lost"] == 1
+    finally:
+        rig.close()
 
 
 def test_a_hot_exec_from_a_worker_socket_is_refused_and_starts_nothing() -> None:

@@ -146,6 +146,19 @@ def test_spliced_result_decodes_as_the_encoded_one() -> None:
     assert decode(frames) == want
 
 
+@pytest.mark.parametrize("job", ["", "j", "j" * 31, "j" * 32, "é" * 16, "j" * 300])
+def test_spliced_result_packs_any_job_id_as_the_codec_does(job: str) -> None:
+    """The job id is packed by hand when short (no Packer made): byte for byte what the
+    codec writes, on both sides of the short form's limit (31 bytes of UTF-8)."""
+    spans = done_spans(encode(Done("s", job, 0, {0: 7}, {"run_s": 0.5}, {0: "int64[]"})))
+    assert spans is not None
+    frames = result_frames(job, {0: {0: spans.values[0]}}, {0: spans.stats}, {0: "int64[]"})
+    assert frames is not None
+    want = JobResult(job, {0: {0: 7}}, stats={0: {"run_s": 0.5}}, metas={0: "int64[]"})
+    assert frames[1] == encode(want)[1]
+    assert decode(frames) == want
+
+
 def test_messages_with_buffer_frames_take_the_ordinary_path() -> None:
     big = np.arange(10_000)  # travels in a frame of its own
     assert done_spans(encode(Done("s", "j", 0, {0: big}))) is None

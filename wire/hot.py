@@ -43,7 +43,7 @@ from mpl.wire.limits import (
     MAX_NESTING,
     int_fits,
 )
-from mpl.wire.record import built
+from mpl.wire.record import fills_directly
 
 __all__ = [
     "DONE_PREFIX",
@@ -56,7 +56,9 @@ __all__ = [
     "exec_spans",
     "read_done",
     "read_exec",
+    "read_hot",
     "result_frames",
+    "result_record",
 ]
 
 # The layouts are read off the records themselves, so a field added to one of them moves
@@ -76,6 +78,8 @@ _READ_DONE_FIELDS = ("session", "job", "rank", "values", "stats", "metas", "save
 if _DONE_FIELDS != _READ_DONE_FIELDS:
     raise ImportError("mpl.wire.hot: Done's fields changed; update read_done")
 _NESTS = (list, dict)  # what a decoded value nests in (tuples are extensions, bounded apart)
+# msgpack's list and map markers: fixmap, fixarray, array 16/32, map 16/32
+_CONTAINER_MARKERS = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
 # How every Done header begins: its array header, then its tag. The broker's shell sends
 # headers that begin so to read_done (anything else, or a surprise there, to decode).
 DONE_PREFIX = bytes([0x90 | _DONE_ITEMS]) + msgpack.packb(Done.TAG)
@@ -83,11 +87,15 @@ DONE_PREFIX = bytes([0x90 | _DONE_ITEMS]) + msgpack.packb(Done.TAG)
 if _EXEC_FIELDS != ("session", "job", "digest", "ranks", "bindings", "inline", "timeout_s"):
     raise ImportError("mpl.wire.hot: Exec's fields changed; update read_exec")
 EXEC_PREFIX = bytes([0x90 | _EXEC_ITEMS]) + msgpack.packb(Exec.TAG)
+# Exec and JobResult are filled in directly here (record.built without its two calls)
+if not (fills_directly(Exec) and fills_directly(JobResult)):
+    raise ImportError("mpl.wire.hot: Exec or JobResult does more on construction; use built")
 _NONE, _FALSE = msgpack.packb(None), msgpack.packb(False)
 _RESULT_HEAD = bytes([0x90 | _RESULT_ITEMS]) + _RESULT_TAG
 _EMPTY_MAP, _ONE_ENTRY = msgpack.packb({}), bytes([0x81])
 # Ranks and output indexes as msgpack writes them: the ones below 128 are a byte each
 _FIXINTS: tuple[bytes, ...] = tuple(bytes([i]) for i in range(128))
+_FIXSTRS: tuple[bytes, ...] = tuple(bytes([0xA0 | n]) for n in range(32))
 
 
 def _int(n: int) -> bytes:
@@ -107,20 +115,26 @@ def _unpacker(header: bytes, slot: str = "unpacker", ext_hook: Any = None) -> tu
     that fails sets the slot to None: the Unpacker may still hold part of that header."""
     unpacker = getattr(_tls, slot, None)
     if unpacker is None:
-        hooks = {} if ext_hook is None else {"ext_hook": ext_hook}
-        unpacker = msgpack.Unpacker(
-            None,
-            raw=False,
-            strict_map_key=False,
-            max_buffer_size=MAX_HEADER_BYTES,
-            max_array_len=MAX_HEADER_ITEMS,
-            max_map_len=MAX_HEADER_ITEMS,
-            **hooks,
-        )
-        setattr(_tls, slot, unpacker)
+        unpacker = _new_unpacker(slot, ext_hook)
     base = unpacker.tell()
     unpacker.feed(header)
     return unpacker, base
+
+
+def _new_unpacker(slot: str, ext_hook: Any = None) -> Any:
+    """A new Unpacker under the codec's limits, kept as this thread's ``slot``."""
+    hooks = {} if ext_hook is None else {"ext_hook": ext_hook}
+    unpacker = msgpack.Unpacker(
+        None,
+        raw=False,
+        strict_map_key=False,
+        max_buffer_size=MAX_HEADER_BYTES,
+        max_array_len=MAX_HEADER_ITEMS,
+        max_map_len=MAX_HEADER_ITEMS,
+        **hooks,
+    )
+    setattr(_tls, slot, unpacker)
+    return unpacker
 
 
 def _finished(unpacker: Any, base: int, header: bytes) -> bool:
@@ -143,12 +157,44 @@ def _map_spans(unpacker: Any, header: bytes, base: int) -> dict[int, bytes]:
     return spans
 
 
+_FIXMAPS: tuple[bytes, ...] = tuple(bytes([0x80 | n]) for n in range(16))
+
+
 def _map_header(n: int) -> bytes:
     if n < 16:
-        return bytes([0x80 | n])
+        return _FIXMAPS[n]
     if n < 1 << 16:
         return b"\xde" + n.to_bytes(2, "big")
     return b"\xdf" + n.to_bytes(4, "big")
+
+
+def _str(text: str) -> bytes:
+    """``msgpack.packb(text)``, without making a Packer for a short one (a job id)."""
+    data = text.encode()
+    if len(data) < 32:
+        return _FIXSTRS[len(data)] + data
+    packed: bytes = _packer().pack(text)
+    return packed
+
+
+def _packer() -> Any:
+    """This thread's Packer (making one costs more than packing a job's metas with it)."""
+    packer = getattr(_tls, "packer", None)
+    if packer is None:
+        packer = _tls.packer = msgpack.Packer()
+    return packer
+
+
+def result_record(
+    job: str, values: dict[int, dict[int, Any]], stats: dict[int, Any], metas: dict[int, str]
+) -> JobResult:
+    """``JobResult(job, values, None, False, stats, metas)`` without its ``__init__``: for
+    values, stats and metas the broker read and checked itself (``read_done`` or decode)."""
+    result = _new(JobResult)
+    result.__dict__.update(
+        zip(_RESULT_FIELDS, (job, values, None, False, stats, metas), strict=True)
+    )
+    return result
 
 
 def _header_only(frames: Sequence[Any]) -> bytes | None:
@@ -269,16 +315,22 @@ def result_frames(
     It decodes to ``JobResult(job, values, None, False, stats, metas)``; None when the
     header would exceed ``MAX_HEADER_BYTES`` (the codec then says why).
     """
-    parts = [_RESULT_HEAD, msgpack.packb(job), _map_header(len(values))]
-    small = _FIXINTS  # ranks and indexes below 128: a byte each, no call
+    small, maps = _FIXINTS, _FIXMAPS  # below 128 ints, below 16 maps: a byte, no call
+    n = len(values)
+    parts = [_RESULT_HEAD, _str(job), maps[n] if n < 16 else _map_header(n)]
     for index, by_rank in values.items():
-        parts += (small[index] if 0 <= index < 128 else _int(index), _map_header(len(by_rank)))
+        n = len(by_rank)
+        parts += (
+            small[index] if 0 <= index < 128 else _int(index),
+            maps[n] if n < 16 else _map_header(n),
+        )
         for rank, value in by_rank.items():
             parts += (small[rank] if 0 <= rank < 128 else _int(rank), value)
-    parts += (_NONE, _FALSE, _map_header(len(stats)))
+    n = len(stats)
+    parts += (_NONE, _FALSE, maps[n] if n < 16 else _map_header(n))
     for rank, raw in stats.items():
         parts += (small[rank] if 0 <= rank < 128 else _int(rank), raw)
-    parts.append(msgpack.packb(metas) if metas else _EMPTY_MAP)
+    parts.append(_packer().pack(metas) if metas else _EMPTY_MAP)
     header = b"".join(parts)
     if len(header) > MAX_HEADER_BYTES:
         return None
@@ -333,8 +385,8 @@ _new = object.__new__
 
 
 def _int_keys(keys: Any) -> bool:
-    """Whether every key of a map is a 64-bit int (``int_fits``), in C calls only: no
-    Python frame per key."""
+    """Whether every key of a map (or item of a list) is a 64-bit int (``int_fits``), in C
+    calls only: no Python frame per key."""
     return not keys or (
         set(map(type, keys)) == _INT_ONLY and min(keys) >= INT_MIN and max(keys) <= INT_MAX
     )
@@ -368,9 +420,32 @@ def read_done(frames: Sequence[Any]) -> DoneRead | None:
     the caller decodes the ordinary way, which accepts the message or says why not.
     """
     header = _lean_header(frames)
+    return None if header is None else _read_done(header)
+
+
+def read_hot(frames: Sequence[Any]) -> DoneRead | Exec | None:
+    """A hot message read by its lean reader: a ``Done`` as :func:`read_done` reads it, an
+    ``Exec`` as :func:`read_exec` builds it; None for anything else, or anything either
+    reader leaves to ``decode`` (which accepts it or says why not). Its magic is the
+    codec's, so it is no batch (``mpl.wire.batch``). It raises nothing."""
+    header = _lean_header(frames)
     if header is None:
         return None
-    unpacker, base = _unpacker(header, "lean", _no_ext)  # extensions: decode checks them
+    if header.startswith(DONE_PREFIX):
+        return _read_done(header)
+    if header.startswith(EXEC_PREFIX):
+        return _read_exec(header)
+    return None
+
+
+def _read_done(header: bytes) -> DoneRead | None:
+    """:func:`read_done` of a header :func:`_lean_header` took."""
+    # this thread's Unpacker for Done headers (_unpacker, written out: a call fewer)
+    unpacker = getattr(_tls, "lean", None)
+    if unpacker is None:
+        unpacker = _new_unpacker("lean", _no_ext)  # extensions: decode checks them
+    base = unpacker.tell()
+    unpacker.feed(header)
     unpack, tell = unpacker.unpack, unpacker.tell
     try:
         if unpacker.read_array_header() != _DONE_ITEMS or unpack() != Done.TAG:
@@ -414,11 +489,14 @@ def read_done(frames: Sequence[Any]) -> DoneRead | None:
         and not saved  # saved names are records: decode checks them
     ):
         return None
-    # Too short to nest that deep (field by field), or nothing in it that could: metas
-    # hold strs, saved is empty, and values that are no containers (sealed boxes, in
-    # secure mode) nest nothing.
+    # Too short to nest that deep (as a whole, or field by field), too few list and map
+    # markers to (every container in it, the header array included, starts with one such
+    # byte, so no container sits deeper than their count: one C call counts them), or
+    # nothing in it that could: metas hold strs, saved is empty, and values that are no
+    # containers (sealed boxes, in secure mode) nest nothing.
     if (
-        len(header) >= MAX_NESTING
+        len(header) > MAX_NESTING
+        and len(header) - len(header.translate(None, _CONTAINER_MARKERS)) > MAX_NESTING
         and not _done_shallow(spans, stats_span)
         and (len(stats_span) >= MAX_NESTING - 1 or any(type(v) in _NESTS for v in values.values()))
     ):
@@ -444,7 +522,7 @@ def _small_tuple(code: int, data: bytes) -> Any:
     if 0 <= n < 16 and data[0] == 0x90 | n and (n == 0 or max(data[1:]) < 0x80):
         return tuple(data[1:])
     items = msgpack.unpackb(data, raw=False)  # a longer tuple (32 ranks): of ints only here
-    if type(items) is not list or not all(map(int_fits, items)):
+    if type(items) is not list or not _int_keys(items):  # 64-bit ints, no call per item
         raise _ExtSeen
     return tuple(items)
 
@@ -460,8 +538,11 @@ def read_exec(frames: Sequence[Any]) -> Exec | None:
     the ordinary way, which accepts the message or says why not.
     """
     header = _lean_header(frames)
-    if header is None:
-        return None
+    return None if header is None else _read_exec(header)
+
+
+def _read_exec(header: bytes) -> Exec | None:
+    """:func:`read_exec` of a header :func:`_lean_header` took."""
     try:
         items = msgpack.unpackb(
             header,
@@ -487,11 +568,18 @@ def read_exec(frames: Sequence[Any]) -> Exec | None:
         and (type(timeout_s) is float or int_fits(timeout_s))
     ):
         return None
-    # too short to nest that deep, or only bindings that nest nothing (none, or sealed
-    # boxes): ranks and inline are tuples, bounded on their own
-    if len(header) >= MAX_NESTING and any(type(b) is not bytes for b in bindings.values()):
+    # too short to nest that deep, too few list and map markers to (as read_done says),
+    # or only bindings that nest nothing (none, or sealed boxes): ranks and inline are
+    # tuples, bounded on their own
+    if (
+        len(header) > MAX_NESTING
+        and len(header) - len(header.translate(None, _CONTAINER_MARKERS)) > MAX_NESTING
+        and any(type(b) is not bytes for b in bindings.values())
+    ):
         try:
             check_nesting(items)
         except ProtocolError:
             return None
-    return built(Exec, session, job, digest, ranks, bindings, inline, timeout_s)
+    exec_ = _new(Exec)  # filled in directly (fills_directly, checked on import)
+    exec_.__dict__.update(zip(_EXEC_FIELDS, items[1:], strict=True))
+    return exec_

@@ -34,6 +34,7 @@ from mpl.wire.limits import BIG, int_fits
 __all__ = [
     "Record",
     "built",
+    "fills_directly",
     "record_class",
     "record_fields",
     "record_from_fields",
@@ -164,6 +165,13 @@ def built(cls: type[R], *values: Any) -> R:
     rec = object.__new__(cls)
     rec.__dict__.update(zip(spec.names, values, strict=True))
     return rec
+
+
+def fills_directly(cls: type[Record]) -> bool:
+    """Whether ``cls`` does no more on construction than store its fields, so that a record
+    of it may be made as ``object.__new__(cls)`` with its ``__dict__`` filled in (what
+    :func:`built` does) by a hot path that cannot spare the call."""
+    return _spec(cls).direct
 
 
 def replaced(rec: R, **changes: Any) -> R:
