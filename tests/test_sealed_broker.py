@@ -8,6 +8,7 @@ tap does see values when nothing is sealed.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -229,7 +230,7 @@ def test_a_broker_that_alters_or_swaps_payloads_fails_the_job(
         if isinstance(msg, Exec) and 0 in msg.bindings:
             sealed = msg.bindings[0]
             assert is_sealed(sealed)
-            return Exec(msg.session, msg.job, msg.digest, msg.ranks, {0: _flip(sealed)})
+            return dataclasses.replace(msg, bindings={0: _flip(sealed)})
         return None
 
     def replay_exec(msg: Record) -> Record | None:
@@ -237,7 +238,7 @@ def test_a_broker_that_alters_or_swaps_payloads_fails_the_job(
             if "exec" not in kept:
                 kept["exec"] = msg.bindings[0]
                 return None
-            return Exec(msg.session, msg.job, msg.digest, msg.ranks, {0: kept["exec"]})
+            return dataclasses.replace(msg, bindings={0: kept["exec"]})
         return None
 
     def replay_reply(msg: Record) -> Record | None:
