@@ -36,6 +36,9 @@ class JobCall(Call):
     # into the JobResult; None once a Done came with buffer frames (then it is encoded).
     raw_values: dict[int, dict[int, bytes]] | None = field(default_factory=dict)
     raw_stats: dict[int, bytes] = field(default_factory=dict)
+    # Whether every Done so far was read by mpl.wire.hot.read_done: plain msgpack values
+    # and stats, which the answer is packed from in one call (mpl.wire.hot.packed_result)
+    lean: bool = True
 
 
 @dataclass

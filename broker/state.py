@@ -64,6 +64,7 @@ from mpl.wire.hot import (
     done_spans,
     exec_for_rank,
     exec_spans,
+    packed_result,
     result_frames,
     result_record,
 )
@@ -523,7 +524,7 @@ class BrokerState:
             self._note("dropped 'done' from a peer that is not a registered worker")
             return []
         worker.last_seen = now
-        return self._done(peer, read, who, None, read.spans, worker)
+        return self._done(peer, read, who, None, None, worker)
 
     def _done(
         self,
@@ -549,29 +550,39 @@ class BrokerState:
         if saves is not None and (refused := self.job_saves.reported(job, saves)) is not None:
             return self._fail_call(job, refused)
         values, raw_values = job.values, job.raw_values
-        if raw_values is not None and spans is None and raw is not None:
-            spans = done_spans(raw)  # a decoded Done: its bytes cut from its frames
-            if spans is not None and spans.values.keys() != msg.values.keys():
-                spans = None
-        if raw_values is None or spans is None:
-            job.raw_values = None  # encoded anew at the end
+        if type(msg) is DoneRead:  # plain msgpack: the answer is packed from the values
+            job.raw_values = None
             for index, value in msg.values.items():
                 if index in values:
                     values[index][rank] = value
                 else:
                     values[index] = {rank: value}
         else:
-            # keep the bytes too, to forward them as they came; a value and its bytes have
-            # the same index (cut from the same map), and so far every rank's had both
-            value_bytes = spans.values
-            for index, value in msg.values.items():
-                if index in values:
-                    values[index][rank] = value
-                    raw_values[index][rank] = value_bytes[index]
-                else:
-                    values[index] = {rank: value}
-                    raw_values[index] = {rank: value_bytes[index]}
-            job.raw_stats[rank] = spans.stats
+            job.lean = False  # it may hold what only the codec encodes (tuples, buffers)
+            if raw_values is not None and spans is None and raw is not None:
+                spans = done_spans(raw)  # a decoded Done: its bytes cut from its frames
+                if spans is not None and spans.values.keys() != msg.values.keys():
+                    spans = None
+            if raw_values is None or spans is None:
+                job.raw_values = None  # encoded anew at the end
+                for index, value in msg.values.items():
+                    if index in values:
+                        values[index][rank] = value
+                    else:
+                        values[index] = {rank: value}
+            else:
+                # keep the bytes too, to forward them as they came; a value and its bytes
+                # have the same index (cut from the same map), and so far every rank's had
+                # both
+                value_bytes = spans.values
+                for index, value in msg.values.items():
+                    if index in values:
+                        values[index][rank] = value
+                        raw_values[index][rank] = value_bytes[index]
+                    else:
+                        values[index] = {rank: value}
+                        raw_values[index] = {rank: value_bytes[index]}
+                job.raw_stats[rank] = spans.stats
         job.stats[rank] = msg.stats
         if msg.metas:
             metas = job.metas
@@ -589,7 +600,9 @@ class BrokerState:
         # built, not checked again: the values, stats and metas were checked on reading
         result = result_record(msg.job, job.values, job.stats, job.metas)
         frames = None
-        if job.raw_values is not None:
+        if job.lean:  # every rank's Done read by read_done
+            frames = packed_result(msg.job, job.values, job.stats, job.metas)
+        elif job.raw_values is not None:
             frames = result_frames(msg.job, job.raw_values, job.raw_stats, job.metas)
         return [Send(job.driver, result, frames)]
 

@@ -9,10 +9,11 @@ need not encode again. Two messages are built here by splicing the bytes that ar
   one answer, under a header packed here.
 
 A ``Done`` of the hot path (no buffer frames, extension types or saved names) is not
-decoded into a record at all: :func:`read_done` reads its header in one walk under the
-codec's limits, checks each field as the record's annotations would, and keeps the value
-and stats bytes as it goes. ``tests/test_done_read.py`` compares
-it with ``decode`` on mutated messages.
+decoded into a record at all: :func:`read_done` reads its header in one call under the
+codec's limits and checks each field as the record's annotations would; when every rank's
+Done of a job was read so, the answer is packed from what was read in one C call
+(:func:`packed_result`: plain msgpack in, plain msgpack out). ``tests/test_done_read.py``
+compares it with ``decode`` on mutated messages.
 
 Both only apply to messages whose header references no buffer frame (small values, which is
 what a job's hot path carries): buffer indexes would have to be renumbered, so larger
@@ -54,6 +55,7 @@ __all__ = [
     "done_spans",
     "exec_for_rank",
     "exec_spans",
+    "packed_result",
     "read_done",
     "read_exec",
     "read_hot",
@@ -339,10 +341,10 @@ def result_frames(
 
 class DoneRead:
     """A ``Done`` as :func:`read_done` found it: its fields, checked as the record's
-    annotations say, and its values and stats as the bytes they came in (``spans``). Only
+    annotations say, of plain msgpack types only (no extension types). Only
     :func:`read_done` makes one, filling in every slot."""
 
-    __slots__ = ("job", "metas", "rank", "saved", "session", "spans", "stats", "values")
+    __slots__ = ("job", "metas", "rank", "saved", "session", "stats", "values")
 
     session: str
     job: str
@@ -351,7 +353,6 @@ class DoneRead:
     stats: dict[str, Any]
     metas: dict[int, str]
     saved: list[Any]
-    spans: DoneSpans
 
     TAG = Done.TAG
 
@@ -397,26 +398,15 @@ def _all_str(items: Any) -> bool:
     return set(map(type, items)) <= _STR_ONLY
 
 
-def _done_shallow(spans: dict[Any, bytes], stats_span: bytes) -> bool:
-    """Whether a Done read so far is too short, field by field, to nest past MAX_NESTING,
-    so the walk over its containers can be skipped: each level of nesting costs a byte
-    (a container's header) inside the bytes of the field that holds it. The header array
-    is level 1; a value sits at level 3 inside the values map, the stats map is level 2;
-    ``metas`` (int -> str) and ``saved`` (empty) were checked flat."""
-    return len(stats_span) < MAX_NESTING and (
-        not spans or max(map(len, spans.values())) <= MAX_NESTING - 2
-    )
-
-
 def read_done(frames: Sequence[Any]) -> DoneRead | None:
-    """Read a ``Done`` of the hot path without building the record, in one walk over its
+    """Read a ``Done`` of the hot path without building the record, in one call over its
     header: None unless it is one (no buffer frames, the right magic, no extension types,
     no saved names) and ``decode`` would accept it.
 
     The fields are checked as ``Done``'s annotations say (``session``/``job`` str, ``rank``
     a 64-bit int, ``values`` and ``metas`` keyed by 64-bit ints, ``metas`` of str, ``stats``
     keyed by str), under the codec's limits (items per container, nesting, containers per
-    header); each value and the stats are kept as the bytes they came in as well. On None
+    header). On None
     the caller decodes the ordinary way, which accepts the message or says why not.
     """
     header = _lean_header(frames)
@@ -440,38 +430,30 @@ def read_hot(frames: Sequence[Any]) -> DoneRead | Exec | None:
 
 def _read_done(header: bytes) -> DoneRead | None:
     """:func:`read_done` of a header :func:`_lean_header` took."""
-    # this thread's Unpacker for Done headers (_unpacker, written out: a call fewer)
+    # this thread's Unpacker for Done headers (_unpacker, written out: a call fewer), the
+    # whole header in one call: walking it field by field to cut each value's bytes cost
+    # twice that, and the answer is packed from what is read here (packed_result)
     unpacker = getattr(_tls, "lean", None)
     if unpacker is None:
         unpacker = _new_unpacker("lean", _no_ext)  # extensions: decode checks them
     base = unpacker.tell()
     unpacker.feed(header)
-    unpack, tell = unpacker.unpack, unpacker.tell
     try:
-        if unpacker.read_array_header() != _DONE_ITEMS or unpack() != Done.TAG:
-            raise ValueError("not a Done")
-        session, job, rank = unpack(), unpack(), unpack()
-        values: dict[Any, Any] = {}
-        spans: dict[Any, bytes] = {}
-        for _ in range(unpacker.read_map_header()):
-            index = unpack()
-            start = tell() - base
-            values[index] = unpack()
-            spans[index] = header[start : tell() - base]
-        start = tell() - base
-        stats = unpack()
-        stats_span = header[start : tell() - base]
-        metas, saved = unpack(), unpack()
-        if tell() - base != len(header):
+        items = unpacker.unpack()
+        if unpacker.tell() - base != len(header):
             raise ValueError("bytes after the header")
     except Exception:  # anything unexpected: decode reads it, or says why not
         _tls.lean = None  # it may still hold part of this header
         return None
+    if type(items) is not list or len(items) != _DONE_ITEMS or items[0] != Done.TAG:
+        return None
+    _, session, job, rank, values, stats, metas, saved = items
     if not (
         type(session) is str
         and type(job) is str
         and type(rank) is int
         and INT_MIN <= rank <= INT_MAX
+        and type(values) is dict
         # _int_keys(values) and _all_str(stats), written out: one Python call fewer each
         and (
             not values
@@ -489,28 +471,45 @@ def _read_done(header: bytes) -> DoneRead | None:
         and not saved  # saved names are records: decode checks them
     ):
         return None
-    # Too short to nest that deep (as a whole, or field by field), too few list and map
-    # markers to (every container in it, the header array included, starts with one such
-    # byte, so no container sits deeper than their count: one C call counts them), or
-    # nothing in it that could: metas hold strs, saved is empty, and values that are no
+    # Too short to nest that deep, too few list and map markers to (every container in
+    # it, the header array included, starts with one such byte, so no container sits
+    # deeper than their count: one C call counts them), or nothing in it that could:
+    # metas hold strs, saved is empty, stats that are flat or values that are no
     # containers (sealed boxes, in secure mode) nest nothing.
     if (
         len(header) > MAX_NESTING
         and len(header) - len(header.translate(None, _CONTAINER_MARKERS)) > MAX_NESTING
-        and not _done_shallow(spans, stats_span)
-        and (len(stats_span) >= MAX_NESTING - 1 or any(type(v) in _NESTS for v in values.values()))
+        and (
+            any(type(v) in _NESTS for v in stats.values())
+            or any(type(v) in _NESTS for v in values.values())
+        )
     ):
         try:
             check_nesting([values, stats, metas, saved])
         except ProtocolError:
             return None
     # filled in slot by slot: no __init__ call per Done
-    cut = _new(DoneSpans)
-    cut.values, cut.stats = spans, stats_span
     read = _new(DoneRead)
     read.session, read.job, read.rank, read.values = session, job, rank, values
-    read.stats, read.metas, read.saved, read.spans = stats, metas, saved, cut
+    read.stats, read.metas, read.saved = stats, metas, saved
     return read
+
+
+def packed_result(
+    job: str,
+    values: dict[int, dict[int, Any]],
+    stats: dict[int, Any],
+    metas: dict[int, str],
+) -> list[bytes] | None:
+    """The frames of ``JobResult(job, values, None, False, stats, metas)`` packed in one
+    C call, for values and stats that :func:`read_done` read (plain msgpack only: no
+    extension types, so they pack back to what they were read from, up to the width of a
+    number); None when the header would exceed ``MAX_HEADER_BYTES`` (the codec then says
+    why)."""
+    header: bytes = _packer().pack([JobResult.TAG, job, values, None, False, stats, metas])
+    if len(header) > MAX_HEADER_BYTES:
+        return None
+    return [MAGIC_FRAME, header]
 
 
 def _small_tuple(code: int, data: bytes) -> Any:
