@@ -139,6 +139,7 @@ class Broker:
         for counter in ("batches_received", "batches_refused", "batches_sent"):
             self.state.counters.setdefault(counter, 0)
         self._peer_fd: dict[bytes, int] = {}
+        self._jobs = self.state.calls.jobs  # the jobs in flight (the state never replaces it)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -189,7 +190,7 @@ class Broker:
             # With one job or none in flight nothing queued could share a batch with what
             # this message asks to send: skip the receive that would find nothing (a
             # system call and a zmq.Again on the one-job-at-a-time path).
-            if self.state.jobs_in_flight > 1:
+            if len(self._jobs) > 1:  # state.jobs_in_flight, without the property's call
                 for frames in recv_queued(self.router, _WAKE - 1):
                     self._route(frames)
                     if len(self._outbox) >= _WAKE:  # batches in: answers go out before more
