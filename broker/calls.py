@@ -32,8 +32,9 @@ class JobCall(Call):
     metas: dict[int, str] = field(default_factory=dict)
     progress_sent: dict[int, float] = field(default_factory=dict)  # rank -> last forwarded
     saved: dict[str, dict[int, SymbolInfo]] = field(default_factory=dict)  # name -> reports
-    # The ranks' Done values and stats as the bytes they came in (mpl.wire.hot), spliced
-    # into the JobResult; None once a Done came with buffer frames (then it is encoded).
+    # The decoded Dones' values and stats as the bytes they came in (mpl.wire.hot), spliced
+    # into the JobResult; None once a Done came with buffer frames or was read lean (then
+    # the answer is encoded, or packed when every Done was read lean: ``lean``).
     raw_values: dict[int, dict[int, bytes]] | None = field(default_factory=dict)
     raw_stats: dict[int, bytes] = field(default_factory=dict)
     # Whether every Done so far was read by mpl.wire.hot.read_done: plain msgpack values

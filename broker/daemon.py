@@ -6,7 +6,8 @@ message already queued costs no system call); when the timers are due, it first 
 everything queued, then runs them. Each message it decodes (never unpickling: payloads pass
 through opaque), feeds to :class:`BrokerState`, and sends what the state asks for. What
 the state only forwards goes out as the frames it came in, or as headers spliced from them
-(``mpl.wire.hot``): an Exec to n ranks is never encoded n times, nor Done values again.
+(``mpl.wire.hot``): an Exec to n ranks is never encoded n times; a job's answer is packed
+in one call from the Done values the lean reader read.
 
 What a wake-up's messages ask to send is queued and sent at its end, each peer's messages in
 order, and only then does the broker do its accounting for them (the job ledger's starts,

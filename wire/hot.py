@@ -5,8 +5,9 @@ need not encode again. Two messages are built here by splicing the bytes that ar
 
 * a rank's own ``Exec``: the driver's header with the ``bindings`` map cut down to that
   rank's entry (in secure mode every rank has bindings, each sealed for its rank);
-* the ``JobResult``: each rank's ``Done`` values and stats, copied byte for byte into the
-  one answer, under a header packed here.
+* the ``JobResult`` of a job some of whose ``Done`` messages were decoded (no buffer
+  frames, but extension types): each rank's values and stats, copied byte for byte into
+  the one answer, under a header packed here.
 
 A ``Done`` of the hot path (no buffer frames, extension types or saved names) is not
 decoded into a record at all: :func:`read_done` reads its header in one call under the
