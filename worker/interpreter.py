@@ -43,7 +43,8 @@ class JobContext(Protocol):
     job: str
     rank: int
     deadline: float
-    spans: list[list[Any]]  # [op index, label, start s, end s] relative to the job's start
+    spans: list[list[Any]]  # [op index, label, start s, end s] relative to ``started``
+    started: float  # time.monotonic() when the job started
     store: ObjectStore  # this worker's values: ``save`` and ``load`` ops use it
     saved: list[SymbolInfo]  # names this rank's ``save`` ops wrote, listed in its Done
 
@@ -55,8 +56,15 @@ class JobContext(Protocol):
         """A per-worker service a kernel needs (e.g. "spu"), created on first use."""
         ...
 
-    def starting(self, done: int, total: int, graph: Graph, index: int) -> None:
-        """Op ``index`` starts; ``done`` of this rank's ``total`` ops have run (progress)."""
+    # Where the job is, set by the interpreter as each op starts: (ops of this rank done,
+    # of how many, the graph, the op's index). An attribute, not a call: most ops report
+    # nothing, and a call per op costs more than the op of a quick job.
+    position: tuple[int, int, Graph, int] | None
+    next_report: float  # time.monotonic() from which report() has something to do
+
+    def report(self, now: float) -> None:
+        """Report ``position`` (progress); the interpreter calls it once ``next_report``
+        has come, at an op's start."""
         ...
 
 
@@ -127,14 +135,16 @@ def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
     # and map over a dict's get (no Python frame) where values are looked up
     env: dict[int, Any] = {i: v for i, v in enumerate(inputs) if v is not ABSENT} if inputs else {}
     vid = len(graph.inputs)
-    origin = time.monotonic()
+    origin = ctx.started
     done = 0
     for k, op in enumerate(graph.ops):
         if rank in op.ranks:
-            ctx.starting(done, plan.ops_here, graph, k)
+            ctx.position = (done, plan.ops_here, graph, k)
+            start = time.monotonic()  # the op's start, and the progress report's clock
+            if start >= ctx.next_report:  # short jobs report nothing
+                ctx.report(start)
             done += 1
             args = list(map(env.get, op.inputs, repeat(ABSENT))) if op.inputs else []
-            start = time.monotonic()
             try:
                 outs = KERNELS[op.opcode](ctx, graph, k, op, args)
             except (JobAbortedError, OpFailed):

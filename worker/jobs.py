@@ -80,8 +80,8 @@ class _JobRun:
     """A job's view of the world (the interpreter's JobContext)."""
 
     __slots__ = (
-        "_jobs", "_next_report", "_position", "_reported", "deadline", "job", "rank", "saved",
-        "session", "spans", "store",
+        "_jobs", "_reported", "deadline", "job", "next_report", "position", "rank", "saved",
+        "session", "spans", "started", "store",
     )  # fmt: skip
 
     def __init__(self, jobs: Jobs, session: str, job: str, deadline: float, started: float) -> None:
@@ -90,29 +90,25 @@ class _JobRun:
         self.job = job
         self.rank = jobs.rank
         self.deadline = deadline
+        self.started = started
         self.spans: list[list[Any]] = []
         self.store = jobs.store
         self.saved: list[SymbolInfo] = []  # by save ops; listed in Done
-        self._next_report = started + FIRST_AFTER_S  # short jobs report nothing
-        self._position: tuple[int, int, Graph, int] | None = None
+        self.next_report = started + FIRST_AFTER_S  # short jobs report nothing
+        self.position: tuple[int, int, Graph, int] | None = None
         self._reported: tuple[int, int] | None = None
 
-    def starting(self, done: int, total: int, graph: Graph, index: int) -> None:
-        self._position = (done, total, graph, index)
-        now = time.monotonic()
-        if now >= self._next_report:  # the due check of report, without its call (most ops)
-            self.report(now)
-
     def report(self, now: float) -> None:
-        """Send where the job is if a report is due and says something new. Called at each
-        op (job thread) and by the I/O thread, so a long op is reported too."""
-        position = self._position
-        if position is None or now < self._next_report:
+        """Send where the job is if a report is due and says something new. Called by the
+        interpreter at an op's start once one is due (job thread) and by the I/O thread, so
+        a long op is reported too."""
+        position = self.position
+        if position is None or now < self.next_report:
             return
         done, total, graph, index = position
         if self._reported == (done, index):
             return
-        self._next_report = now + EVERY_S
+        self.next_report = now + EVERY_S
         self._reported = (done, index)
         label = op_label(graph, index)
         self._jobs.post(Progress(self.session, self.job, self.rank, done, total, label))
@@ -296,7 +292,9 @@ class Jobs:
         ``tracked`` lists it among the running jobs whose progress the I/O thread reports
         (and counts in ``jobs_running``): pointless for a run on the I/O thread itself,
         which reports at each op boundary all the same."""
-        t0 = time.perf_counter()
+        # one clock (monotonic) for the run's seconds, its stats and its spans: a clock
+        # call less per job each, and spans start from the run's own start
+        t0 = time.monotonic()
         try:
             sid, job = msg.session, msg.job
             # An untracked run is an inline one that the state began a moment ago on this
@@ -304,7 +302,7 @@ class Jobs:
             # that came since is the state's to see when the run ends, as for any run).
             if tracked and self.stopped((sid, job)):
                 return RunAborted(sid, job, 0.0)
-            started, wall = time.monotonic(), time.time()
+            started, wall = t0, time.time()
             asked, cap, timeout = self._last_timeout  # the jobs of a program ask for the same
             if msg.timeout_s != asked or cap != self.job_timeout_s:  # (NaN never equals)
                 try:  # capped by this worker's --job-timeout
@@ -313,7 +311,7 @@ class Jobs:
                     error = ErrorInfo(
                         "ProtocolError", str(exc), rank=self.rank, op="timeout", job=job
                     )
-                    return RunFailed(sid, job, time.perf_counter() - t0, error)
+                    return RunFailed(sid, job, time.monotonic() - t0, error)
                 # one tuple, so that threads read it whole
                 self._last_timeout = (msg.timeout_s, self.job_timeout_s, timeout)
             run = _JobRun(self, sid, job, started + timeout, started)
@@ -332,7 +330,7 @@ class Jobs:
                 plan = self._plans.get(msg.digest) or self._plan(msg.digest, graph)
                 outputs = run_graph(plan, inputs, run)
             except JobAbortedError:
-                return RunAborted(sid, job, time.perf_counter() - t0)
+                return RunAborted(sid, job, time.monotonic() - t0)
             except OpFailed as exc:
                 info = to_info(exc.cause, rank=self.rank, op=exc.label, job=job, remote=True)
                 log.info(
@@ -342,10 +340,10 @@ class Jobs:
                     info.message[:200],
                     extra={"session": sid, "job": job, "error": info.message[:200]},
                 )
-                return RunFailed(sid, job, time.perf_counter() - t0, info)
+                return RunFailed(sid, job, time.monotonic() - t0, info)
             except BaseException as exc:  # user code may raise SystemExit: still a failed job
                 info = to_info(exc, rank=self.rank, op="inputs", job=job)
-                return RunFailed(sid, job, time.perf_counter() - t0, info)
+                return RunFailed(sid, job, time.monotonic() - t0, info)
             finally:
                 if tracked:
                     self._runs.pop((sid, job), None)
@@ -366,7 +364,8 @@ class Jobs:
                 metas[i] = describe(value)
                 if i in msg.inline and is_small(value):
                     values[i] = value
-            stats = {"run_s": time.monotonic() - started, "started": wall, "ops": run.spans}
+            seconds = time.monotonic() - t0
+            stats = {"run_s": seconds, "started": wall, "ops": run.spans}
             # Done(...) filled in directly (as decode fills in the records it checked): its
             # __init__ sets each field through the records' immutability guard
             done = object.__new__(Done)
@@ -377,10 +376,10 @@ class Jobs:
                     strict=True,
                 )
             )
-            return RunFinished(sid, job, time.perf_counter() - t0, done)
+            return RunFinished(sid, job, seconds, done)
         except BaseException as exc:  # the thread must report whatever happened
             error = to_info(exc, rank=self.rank, op="run", job=msg.job)
-            return RunFailed(msg.session, msg.job, time.perf_counter() - t0, error)
+            return RunFailed(msg.session, msg.job, time.monotonic() - t0, error)
 
     def _resolve(self, sid: str, binding: Any) -> Any:
         if binding is None:
