@@ -136,6 +136,8 @@ class _JobRun:
 
 
 _DONE_FIELDS = tuple(f.name for f in dataclasses.fields(Done))
+if _DONE_FIELDS != ("session", "job", "rank", "values", "stats", "metas", "saved"):
+    raise ImportError("mpl.worker.jobs: Done's fields changed; update Jobs._run")
 
 
 class Jobs:
@@ -206,17 +208,19 @@ class Jobs:
             graph = self.state.begin_inline(msg, time.monotonic())
         if graph is None:
             return False
-        end = self._timed_run(msg, graph, tracked=False)
-        if type(end) is RunFinished:
+        end = self._run(msg, graph, tracked=False)
+        if type(end) is Done:
             sid, job = end.session, end.job
             # read without the lock: two lookups, each atomic; a stop that comes just
             # after is one that came after the answer, as it may for any job
             if not self.state.inline_stopped(sid, job):
-                self.post(end.reply)
+                self.post(end)
                 with self._lock:
-                    self.state.end_inline(sid, job, end.seconds)
+                    self.state.end_inline(sid, job, end.stats["run_s"])
                 return True
-        self.report(end)  # failed, aborted or stopped: the state's ordinary path
+            self.report(RunFinished(sid, job, end.stats["run_s"], end))  # stopped meanwhile
+            return True
+        self.report(end)  # failed or aborted: the state's ordinary path
         return True
 
     def report(self, event: Any) -> None:
@@ -285,9 +289,19 @@ class Jobs:
             plan = self._plans[digest] = Plan.build(graph, self.rank)
         return plan
 
-    def _timed_run(self, msg: Exec, graph: Graph, *, tracked: bool = True) -> RunEnd:
+    def _timed_run(self, msg: Exec, graph: Graph) -> RunEnd:
         """Run the job and say how it ended (outputs stored when it finished), whatever
-        happened: the thread that runs it must report it.
+        happened: the thread that runs it must report it."""
+        end = self._run(msg, graph)
+        if isinstance(end, Done):
+            return RunFinished(end.session, end.job, end.stats["run_s"], end)
+        return end
+
+    def _run(
+        self, msg: Exec, graph: Graph, *, tracked: bool = True
+    ) -> Done | RunFailed | RunAborted:
+        """:meth:`_timed_run`, saying a finished run by its ``Done`` alone (its ``run_s``
+        is the run's seconds): a record less per job on the inline path.
 
         ``tracked`` lists it among the running jobs whose progress the I/O thread reports
         (and counts in ``jobs_running``): pointless for a run on the I/O thread itself,
@@ -364,19 +378,23 @@ class Jobs:
                 metas[i] = describe(value)
                 if i in msg.inline and is_small(value):
                     values[i] = value
-            seconds = time.monotonic() - t0
-            stats = {"run_s": seconds, "started": wall, "ops": run.spans}
+            stats = {"run_s": time.monotonic() - t0, "started": wall, "ops": run.spans}
             # Done(...) filled in directly (as decode fills in the records it checked): its
-            # __init__ sets each field through the records' immutability guard
-            done = object.__new__(Done)
+            # __init__ sets each field through the records' immutability guard. Every
+            # field is named here: the check below _DONE_FIELDS keeps them in step.
+            done: Done = object.__new__(Done)
             done.__dict__.update(
-                zip(
-                    _DONE_FIELDS,
-                    (sid, job, self.rank, values, stats, metas, run.saved),
-                    strict=True,
-                )
+                {
+                    "session": sid,
+                    "job": job,
+                    "rank": self.rank,
+                    "values": values,
+                    "stats": stats,
+                    "metas": metas,
+                    "saved": run.saved,
+                }
             )
-            return RunFinished(sid, job, seconds, done)
+            return done
         except BaseException as exc:  # the thread must report whatever happened
             error = to_info(exc, rank=self.rank, op="run", job=msg.job)
             return RunFailed(msg.session, msg.job, time.monotonic() - t0, error)
