@@ -127,7 +127,10 @@ class RepeatExecs:
         # the common case: a job id as long as the last one (fixstr: its size is in the
         # byte before it), so at the same place in a header of the same size
         if size == self._size and header[at - 1] == self._id_byte:
-            job = _utf8(header, at, size - len(tail))
+            try:  # _utf8, without its call
+                job: str | None = header[at : size - len(tail)].decode()
+            except UnicodeDecodeError:
+                job = None
         else:
             job = _job_id(header, len(head), size - len(tail))
         if job is None or size >= MAX_CONTAINERS:  # as read_exec bounds it

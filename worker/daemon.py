@@ -480,7 +480,13 @@ class Worker:
                 gathered.append(frames)
                 return
             self._send_gathered()  # what was gathered goes first: the order is kept
-        self._post_frames(frames, msg.TAG)
+        with self._results_lock:  # _post_frames, without its call (a Done per job)
+            if self._closed:
+                return
+            try:
+                send_frames(self._results, frames)
+            except zmq.Again:
+                log.warning("rank %d: result queue full, dropped %s", self.rank, msg.TAG)
 
     def _post_frames(self, frames: list[Any], what: str) -> None:
         with self._results_lock:
