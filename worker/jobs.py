@@ -332,15 +332,15 @@ class Jobs:
             if tracked:
                 self._runs[(sid, job)] = run
             try:
-                mine = msg.bindings.get(self.rank)  # none bound here (most jobs): none held
-                inputs = (
-                    [self._resolve(sid, b) for b in mine] if mine else [ABSENT] * len(graph.inputs)
-                )
-                if len(inputs) != len(graph.inputs):
-                    raise SessionError(
-                        f"job binds {len(inputs)} inputs on rank {self.rank}, "
-                        f"the graph has {len(graph.inputs)}"
-                    )
+                mine = msg.bindings.get(self.rank)
+                inputs: list[Any] | tuple[()] = ()  # none bound here (most jobs): none held
+                if mine:
+                    inputs = [self._resolve(sid, b) for b in mine]
+                    if len(inputs) != len(graph.inputs):
+                        raise SessionError(
+                            f"job binds {len(inputs)} inputs on rank {self.rank}, "
+                            f"the graph has {len(graph.inputs)}"
+                        )
                 plan = self._plans.get(msg.digest) or self._plan(msg.digest, graph)
                 outputs = run_graph(plan, inputs, run)
             except JobAbortedError:
