@@ -8,6 +8,9 @@ new one by comparing it with that header byte for byte outside the job id, and r
 the job id (a msgpack str, valid UTF-8, as ``decode`` reads it). The other fields are the
 last record's, which were checked when it was read: the same bytes decode to the same
 values. Any other difference, or anything unusual about the job id, takes the full read.
+:meth:`RepeatExecs.repeat` is the comparison alone (None for anything else, which the
+caller then reads in full or decodes): the worker tries it first on every message from the
+broker outside secure mode.
 
 One reader per sender: the bytes it compares with came from that sender's connection and
 were accepted there. ``tests/test_exec_repeat.py`` compares it with ``decode`` on mutated
