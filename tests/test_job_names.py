@@ -79,7 +79,9 @@ class _Job:
         self.spans: list[list[Any]] = []
         self.saved: list[SymbolInfo] = []
 
-    def starting(self, *args: Any) -> None:
+    started, next_report, position = 0.0, float("inf"), None
+
+    def report(self, now: float) -> None:
         pass
 
 

@@ -135,7 +135,13 @@ class FakeJob:
         self.sent: list[tuple[int, int, Any]] = []
         self.progress: list[tuple[int, int, int]] = []
 
-    def starting(self, done: int, total: int, graph: Any, index: int) -> None:
+    # every op's start is due for a report: the fake records each position
+    started, next_report = 0.0, float("-inf")
+    position: tuple[int, int, Any, int] | None = None
+
+    def report(self, now: float) -> None:
+        assert self.position is not None
+        done, total, _, index = self.position
         self.progress.append((done, total, index))
 
     def send(self, dst: int, op: int, seq: int, value: Any) -> None:

@@ -8,6 +8,9 @@ new one by comparing it with that header byte for byte outside the job id, and r
 the job id (a msgpack str, valid UTF-8, as ``decode`` reads it). The other fields are the
 last record's, which were checked when it was read: the same bytes decode to the same
 values. Any other difference, or anything unusual about the job id, takes the full read.
+:meth:`RepeatExecs.repeat` is the comparison alone (None for anything else, which the
+caller then reads in full or decodes): the worker tries it first on every message from the
+broker outside secure mode.
 
 One reader per sender: the bytes it compares with came from that sender's connection and
 were accepted there. ``tests/test_exec_repeat.py`` compares it with ``decode`` on mutated
@@ -20,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgpack
+from zmq import Frame
 
 from mpl.wire.codec import MAGIC_FRAME
 from mpl.wire.hot import EXEC_PREFIX, read_exec
@@ -31,6 +35,11 @@ __all__ = ["RepeatExecs"]
 _FIXSTR, _FIXSTR_END = 0xA0, 0xBF
 _STR8, _STR16, _STR32 = 0xD9, 0xDA, 0xDB
 _new = object.__new__
+
+
+def raw_bytes(raw: Any) -> bytes:
+    """A frame's bytes (a received ``zmq.Frame``, or any buffer)."""
+    return raw.bytes if type(raw) is Frame else bytes(raw)
 
 
 def _job_id(header: bytes, at: int, end: int) -> str | None:
@@ -92,35 +101,50 @@ class RepeatExecs:
         self.full_reads = 0
 
     def read(self, frames: Sequence[Any]) -> Exec | None:
-        if len(frames) != 2:
-            return None
-        magic, raw = frames
-        try:
-            header = raw.bytes if hasattr(raw, "bytes") else bytes(raw)
-            magic_ok = memoryview(magic).tobytes() == MAGIC_FRAME
-        except TypeError:  # no buffer: read_exec refuses it as well
-            return None
-        head = self._head
-        if magic_ok and head and header.startswith(head) and header.endswith(self._tail):
-            at = self._id_at
-            # the common case: a job id as long as the last one (fixstr: its size is in
-            # the byte before it), so at the same place in a header of the same size
-            if len(header) == self._size and header[at - 1] == self._id_byte:
-                job = _utf8(header, at, len(header) - len(self._tail))
-            else:
-                job = _job_id(header, len(head), len(header) - len(self._tail))
-            if job is not None and len(header) < MAX_CONTAINERS:  # as read_exec bounds it
-                self.repeats += 1
-                msg: Exec = _new(Exec)  # as read_exec builds it (no __init__)
-                bindings = self._fields["bindings"]
-                # no record shares a mutable map with another
-                msg.__dict__.update(self._fields, job=job, bindings=dict(bindings))
-                return msg
+        msg = self.repeat(frames)
+        if msg is not None:
+            return msg
         read = read_exec(frames)
         if read is not None:
             self.full_reads += 1
-            self._remember(header, read)
+            self._remember(raw_bytes(frames[1]), read)
         return read
+
+    def repeat(self, frames: Sequence[Any]) -> Exec | None:
+        """:meth:`read` for a repeat of the last ``Exec`` read in full, by comparison; None
+        for any other message (a batch, another record, another program's ``Exec``, a
+        first one), with nothing read or remembered: then :meth:`read` it (or decode it)."""
+        head = self._head
+        if not head or len(frames) != 2:
+            return None
+        magic, raw = frames
+        try:
+            header = raw.bytes if type(raw) is Frame else bytes(raw)
+            magic_ok = memoryview(magic).tobytes() == MAGIC_FRAME
+        except TypeError:  # no buffer: read_exec refuses it as well
+            return None
+        tail = self._tail
+        if not (magic_ok and header.startswith(head) and header.endswith(tail)):
+            return None
+        at, size = self._id_at, len(header)
+        # the common case: a job id as long as the last one (fixstr: its size is in the
+        # byte before it), so at the same place in a header of the same size
+        if size == self._size and header[at - 1] == self._id_byte:
+            try:  # _utf8, without its call
+                job: str | None = header[at : size - len(tail)].decode()
+            except UnicodeDecodeError:
+                job = None
+        else:
+            job = _job_id(header, len(head), size - len(tail))
+        if job is None or size >= MAX_CONTAINERS:  # as read_exec bounds it
+            return None
+        self.repeats += 1
+        msg: Exec = _new(Exec)  # as read_exec builds it (no __init__)
+        fields = msg.__dict__
+        fields.update(self._fields)
+        # no record shares a mutable map with another
+        fields["job"], fields["bindings"] = job, fields["bindings"].copy()
+        return msg
 
     def _remember(self, header: bytes, msg: Exec) -> None:
         """Keep ``header`` (read in full and accepted as ``msg``) to compare the next ones

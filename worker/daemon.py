@@ -254,6 +254,7 @@ class Worker:
         self.refusals = RefusalLog(log)
         self._faults: dict[str, int] = {}
         self.guard = Guard(log, self._faults)  # counts internal_errors; the loop goes on
+        self._clock = 0.0  # time.monotonic() as the I/O thread's last turn ended
         self._rcvtimeo: dict[zmq.Socket[Any], int] = {}  # the dealer's RCVTIMEO, as last set
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -324,7 +325,8 @@ class Worker:
         if self._resting:
             frames = self._rest(dealer, next_timers)
         else:
-            wait_ms = max(0, min(_POLL_MS, int((next_timers - time.monotonic()) * 1000) + 1))
+            # the clock as the last turn ended (a moment ago) rather than a read of it
+            wait_ms = max(0, min(_POLL_MS, int((next_timers - self._clock) * 1000) + 1))
             # Reset the timeout only when it is off by more than the slack (a socket option
             # per message costs more than the receive): the timers may run up to _SLACK_MS
             # late.
@@ -339,9 +341,9 @@ class Worker:
         if frames is not None:
             self._resting = False
             self._on_frames(frames)
-        if self.intake.has_deferred:
+        if self.intake.deferred:
             self.intake.put_deferred()
-        now = time.monotonic()
+        now = self._clock = time.monotonic()
         if now < next_timers:
             if frames is None:  # a wait timed out: rest from the next turn if all is quiet
                 self._resting = self._quiet()
@@ -361,7 +363,7 @@ class Worker:
         # with nothing else about; until then the timers run every _POLL_MS.
         if frames is None:
             self._resting = self._quiet()
-        now = time.monotonic()
+        now = self._clock = time.monotonic()
         cap = self.state.heartbeat_s if self._resting else _POLL_MS / 1000
         return now + min(cap, max(0.0, self.state.next_due() - now))
 
@@ -374,7 +376,7 @@ class Worker:
             and not self.state.jobs
             and not self.state.queued
             and not self._channel_owed
-            and not self.intake.has_deferred
+            and not self.intake.deferred
         )
 
     def _rest(self, dealer: zmq.Socket[Any], next_timers: float) -> list[Any] | None:
@@ -478,7 +480,13 @@ class Worker:
                 gathered.append(frames)
                 return
             self._send_gathered()  # what was gathered goes first: the order is kept
-        self._post_frames(frames, msg.TAG)
+        with self._results_lock:  # _post_frames, without its call (a Done per job)
+            if self._closed:
+                return
+            try:
+                send_frames(self._results, frames)
+            except zmq.Again:
+                log.warning("rank %d: result queue full, dropped %s", self.rank, msg.TAG)
 
     def _post_frames(self, frames: list[Any], what: str) -> None:
         with self._results_lock:
@@ -530,7 +538,20 @@ class Worker:
     def _on_frames(self, frames: list[Any]) -> None:
         """Handle one ZeroMQ message from the broker: a message, or a batch of them (each
         handled as if it had arrived alone; the Dones of jobs run inline meanwhile go back
-        as one batch)."""
+        as one batch).
+
+        A program's next ``Exec`` (most messages of a busy worker) is recognised first, by
+        comparison with the last one read (``RepeatExecs.repeat``), and goes straight to
+        its handling. Not in secure mode, where every message from the broker is opened by
+        the seal first (its Execs carry sealed inputs, which never repeat)."""
+        if self.seal is None and (msg := self._execs.repeat(frames)) is not None:
+            try:  # as _on_message guards it
+                self._on_exec(msg)
+            except Exception as exc:
+                reply = self.guard.internal("the broker", msg, exc, rank=self.rank)
+                if reply is not None:
+                    self._send(reply)
+            return
         if not is_batch(frames):
             self._on_message(frames)
             return
@@ -603,13 +624,7 @@ class Worker:
                 self._refuse_code(msg)
                 return
         if type(msg) is Exec:  # most messages: first, past no other type's checks
-            runtimes = self.runtimes
-            if runtimes.refused_sessions and (refused := runtimes.failed(msg)) is not None:
-                self._send(refused)  # a session whose runtime_info this node refused
-            elif not self.jobs.run_now(msg):  # a repeat quick job runs here, whole
-                # Dones gathered from this batch go before a job thread may answer
-                self._send_gathered()
-                self._perform(self.jobs.handle(msg))
+            self._on_exec(msg)
             return
         if isinstance(msg, Abort) and self.seal is not None:
             self.seal.forget(msg.session, msg.job)
@@ -623,6 +638,16 @@ class Worker:
         if isinstance(msg, Fetch):  # a value already here is answered at once
             event = FetchArrived(msg, self.store.has(msg.session, msg.uri))
         self._perform(self.jobs.handle(event))
+
+    def _on_exec(self, msg: Exec) -> None:
+        """A job (opened, if sealed): refused, run here whole, or handed to the state."""
+        runtimes = self.runtimes
+        if runtimes.refused_sessions and (refused := runtimes.failed(msg)) is not None:
+            self._send(refused)  # a session whose runtime_info this node refused
+        elif not self.jobs.run_now(msg):  # a repeat quick job runs here, whole
+            # Dones gathered from this batch go before a job thread may answer
+            self._send_gathered()
+            self._perform(self.jobs.handle(msg))
 
     def _refuse_code(self, opaque: Record) -> None:
         """Refuse a message that holds pickles, none of them loaded: its program or job

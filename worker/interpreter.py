@@ -43,7 +43,8 @@ class JobContext(Protocol):
     job: str
     rank: int
     deadline: float
-    spans: list[list[Any]]  # [op index, label, start s, end s] relative to the job's start
+    spans: list[list[Any]]  # [op index, label, start s, end s] relative to ``started``
+    started: float  # time.monotonic() when the job started
     store: ObjectStore  # this worker's values: ``save`` and ``load`` ops use it
     saved: list[SymbolInfo]  # names this rank's ``save`` ops wrote, listed in its Done
 
@@ -55,8 +56,15 @@ class JobContext(Protocol):
         """A per-worker service a kernel needs (e.g. "spu"), created on first use."""
         ...
 
-    def starting(self, done: int, total: int, graph: Graph, index: int) -> None:
-        """Op ``index`` starts; ``done`` of this rank's ``total`` ops have run (progress)."""
+    # Where the job is, set by the interpreter as each op starts: (ops of this rank done,
+    # of how many, the graph, the op's index). An attribute, not a call: most ops report
+    # nothing, and a call per op costs more than the op of a quick job.
+    position: tuple[int, int, Graph, int] | None
+    next_report: float  # time.monotonic() from which report() has something to do
+
+    def report(self, now: float) -> None:
+        """Report ``position`` (progress); the interpreter calls it once ``next_report``
+        has come, at an op's start."""
         ...
 
 
@@ -102,6 +110,9 @@ class Plan:
     free_after: tuple[tuple[int, ...], ...]  # values to drop once op k has run
     ops_here: int = 0  # ops this rank takes part in (progress reports count them)
     labels: tuple[str, ...] = ()  # op_label of each op, for spans and errors
+    # per op, what run_graph needs of it, worked out once: (index, op, whether this rank
+    # takes part, its first output's value id, values to drop after it, its label)
+    steps: tuple[tuple[int, Op, bool, int, tuple[int, ...], str], ...] = ()
 
     @classmethod
     def build(cls, graph: Graph, rank: int) -> Plan:
@@ -116,38 +127,44 @@ class Plan:
                 free[k].append(v)
         here = sum(1 for op in graph.ops if rank in op.ranks)
         labels = tuple(op_label(graph, k) for k in range(len(graph.ops)))
-        return cls(graph, rank, tuple(tuple(f) for f in free), here, labels)
+        free_after = tuple(tuple(f) for f in free)
+        steps = []
+        vid = len(graph.inputs)
+        for k, op in enumerate(graph.ops):
+            steps.append((k, op, rank in op.ranks, vid, free_after[k], labels[k]))
+            vid += op.nout
+        return cls(graph, rank, free_after, here, labels, tuple(steps))
 
 
 def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
-    """Run ``plan``'s graph on its rank; return the graph outputs (ABSENT where not held)."""
-    graph, rank = plan.graph, plan.rank
-    labels = plan.labels or tuple(op_label(graph, k) for k in range(len(graph.ops)))
+    """Run ``plan``'s graph on its rank; return the graph outputs (ABSENT where not held).
+    ``plan`` comes from :meth:`Plan.build` (its steps say what each op needs)."""
+    graph = plan.graph
     # comprehensions are calls of their own: skipped where there is nothing to go through,
     # and map over a dict's get (no Python frame) where values are looked up
     env: dict[int, Any] = {i: v for i, v in enumerate(inputs) if v is not ABSENT} if inputs else {}
-    vid = len(graph.inputs)
-    origin = time.monotonic()
+    origin, spans = ctx.started, ctx.spans
     done = 0
-    for k, op in enumerate(graph.ops):
-        if rank in op.ranks:
-            ctx.starting(done, plan.ops_here, graph, k)
+    for k, op, here, vid, frees, label in plan.steps:
+        if here:
+            ctx.position = (done, plan.ops_here, graph, k)
+            start = time.monotonic()  # the op's start, and the progress report's clock
+            if start >= ctx.next_report:  # short jobs report nothing
+                ctx.report(start)
             done += 1
             args = list(map(env.get, op.inputs, repeat(ABSENT))) if op.inputs else []
-            start = time.monotonic()
             try:
                 outs = KERNELS[op.opcode](ctx, graph, k, op, args)
             except (JobAbortedError, OpFailed):
                 raise
             except BaseException as exc:  # user code: SystemExit and KeyboardInterrupt too
-                raise OpFailed(labels[k], exc) from exc
-            if len(ctx.spans) < _MAX_SPANS:
-                ctx.spans.append([k, labels[k], start - origin, time.monotonic() - origin])
+                raise OpFailed(label, exc) from exc
+            if len(spans) < _MAX_SPANS:
+                spans.append([k, label, start - origin, time.monotonic() - origin])
             for i, value in enumerate(outs):
                 if value is not ABSENT:
                     env[vid + i] = value
-        vid += op.nout
-        for v in plan.free_after[k]:
+        for v in frees:
             env.pop(v, None)
     return list(map(env.get, graph.outputs, repeat(ABSENT)))
 

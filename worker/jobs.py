@@ -80,8 +80,8 @@ class _JobRun:
     """A job's view of the world (the interpreter's JobContext)."""
 
     __slots__ = (
-        "_jobs", "_next_report", "_position", "_reported", "deadline", "job", "rank", "saved",
-        "session", "spans", "store",
+        "_jobs", "_reported", "deadline", "job", "next_report", "position", "rank", "saved",
+        "session", "spans", "started", "store",
     )  # fmt: skip
 
     def __init__(self, jobs: Jobs, session: str, job: str, deadline: float, started: float) -> None:
@@ -90,29 +90,25 @@ class _JobRun:
         self.job = job
         self.rank = jobs.rank
         self.deadline = deadline
+        self.started = started
         self.spans: list[list[Any]] = []
         self.store = jobs.store
         self.saved: list[SymbolInfo] = []  # by save ops; listed in Done
-        self._next_report = started + FIRST_AFTER_S  # short jobs report nothing
-        self._position: tuple[int, int, Graph, int] | None = None
+        self.next_report = started + FIRST_AFTER_S  # short jobs report nothing
+        self.position: tuple[int, int, Graph, int] | None = None
         self._reported: tuple[int, int] | None = None
 
-    def starting(self, done: int, total: int, graph: Graph, index: int) -> None:
-        self._position = (done, total, graph, index)
-        now = time.monotonic()
-        if now >= self._next_report:  # the due check of report, without its call (most ops)
-            self.report(now)
-
     def report(self, now: float) -> None:
-        """Send where the job is if a report is due and says something new. Called at each
-        op (job thread) and by the I/O thread, so a long op is reported too."""
-        position = self._position
-        if position is None or now < self._next_report:
+        """Send where the job is if a report is due and says something new. Called by the
+        interpreter at an op's start once one is due (job thread) and by the I/O thread, so
+        a long op is reported too."""
+        position = self.position
+        if position is None or now < self.next_report:
             return
         done, total, graph, index = position
         if self._reported == (done, index):
             return
-        self._next_report = now + EVERY_S
+        self.next_report = now + EVERY_S
         self._reported = (done, index)
         label = op_label(graph, index)
         self._jobs.post(Progress(self.session, self.job, self.rank, done, total, label))
@@ -140,6 +136,8 @@ class _JobRun:
 
 
 _DONE_FIELDS = tuple(f.name for f in dataclasses.fields(Done))
+if _DONE_FIELDS != ("session", "job", "rank", "values", "stats", "metas", "saved"):
+    raise ImportError("mpl.worker.jobs: Done's fields changed; update Jobs._run")
 
 
 class Jobs:
@@ -210,17 +208,19 @@ class Jobs:
             graph = self.state.begin_inline(msg, time.monotonic())
         if graph is None:
             return False
-        end = self._timed_run(msg, graph, tracked=False)
-        if type(end) is RunFinished:
+        end = self._run(msg, graph, tracked=False)
+        if type(end) is Done:
             sid, job = end.session, end.job
             # read without the lock: two lookups, each atomic; a stop that comes just
             # after is one that came after the answer, as it may for any job
             if not self.state.inline_stopped(sid, job):
-                self.post(end.reply)
+                self.post(end)
                 with self._lock:
-                    self.state.end_inline(sid, job, end.seconds)
+                    self.state.end_inline(sid, job, end.stats["run_s"])
                 return True
-        self.report(end)  # failed, aborted or stopped: the state's ordinary path
+            self.report(RunFinished(sid, job, end.stats["run_s"], end))  # stopped meanwhile
+            return True
+        self.report(end)  # failed or aborted: the state's ordinary path
         return True
 
     def report(self, event: Any) -> None:
@@ -289,14 +289,26 @@ class Jobs:
             plan = self._plans[digest] = Plan.build(graph, self.rank)
         return plan
 
-    def _timed_run(self, msg: Exec, graph: Graph, *, tracked: bool = True) -> RunEnd:
+    def _timed_run(self, msg: Exec, graph: Graph) -> RunEnd:
         """Run the job and say how it ended (outputs stored when it finished), whatever
-        happened: the thread that runs it must report it.
+        happened: the thread that runs it must report it."""
+        end = self._run(msg, graph)
+        if isinstance(end, Done):
+            return RunFinished(end.session, end.job, end.stats["run_s"], end)
+        return end
+
+    def _run(
+        self, msg: Exec, graph: Graph, *, tracked: bool = True
+    ) -> Done | RunFailed | RunAborted:
+        """:meth:`_timed_run`, saying a finished run by its ``Done`` alone (its ``run_s``
+        is the run's seconds): a record less per job on the inline path.
 
         ``tracked`` lists it among the running jobs whose progress the I/O thread reports
         (and counts in ``jobs_running``): pointless for a run on the I/O thread itself,
         which reports at each op boundary all the same."""
-        t0 = time.perf_counter()
+        # one clock (monotonic) for the run's seconds, its stats and its spans: a clock
+        # call less per job each, and spans start from the run's own start
+        t0 = time.monotonic()
         try:
             sid, job = msg.session, msg.job
             # An untracked run is an inline one that the state began a moment ago on this
@@ -304,7 +316,7 @@ class Jobs:
             # that came since is the state's to see when the run ends, as for any run).
             if tracked and self.stopped((sid, job)):
                 return RunAborted(sid, job, 0.0)
-            started, wall = time.monotonic(), time.time()
+            started, wall = t0, time.time()
             asked, cap, timeout = self._last_timeout  # the jobs of a program ask for the same
             if msg.timeout_s != asked or cap != self.job_timeout_s:  # (NaN never equals)
                 try:  # capped by this worker's --job-timeout
@@ -313,26 +325,26 @@ class Jobs:
                     error = ErrorInfo(
                         "ProtocolError", str(exc), rank=self.rank, op="timeout", job=job
                     )
-                    return RunFailed(sid, job, time.perf_counter() - t0, error)
+                    return RunFailed(sid, job, time.monotonic() - t0, error)
                 # one tuple, so that threads read it whole
                 self._last_timeout = (msg.timeout_s, self.job_timeout_s, timeout)
             run = _JobRun(self, sid, job, started + timeout, started)
             if tracked:
                 self._runs[(sid, job)] = run
             try:
-                mine = msg.bindings.get(self.rank)  # none bound here (most jobs): none held
-                inputs = (
-                    [self._resolve(sid, b) for b in mine] if mine else [ABSENT] * len(graph.inputs)
-                )
-                if len(inputs) != len(graph.inputs):
-                    raise SessionError(
-                        f"job binds {len(inputs)} inputs on rank {self.rank}, "
-                        f"the graph has {len(graph.inputs)}"
-                    )
+                mine = msg.bindings.get(self.rank)
+                inputs: list[Any] | tuple[()] = ()  # none bound here (most jobs): none held
+                if mine:
+                    inputs = [self._resolve(sid, b) for b in mine]
+                    if len(inputs) != len(graph.inputs):
+                        raise SessionError(
+                            f"job binds {len(inputs)} inputs on rank {self.rank}, "
+                            f"the graph has {len(graph.inputs)}"
+                        )
                 plan = self._plans.get(msg.digest) or self._plan(msg.digest, graph)
                 outputs = run_graph(plan, inputs, run)
             except JobAbortedError:
-                return RunAborted(sid, job, time.perf_counter() - t0)
+                return RunAborted(sid, job, time.monotonic() - t0)
             except OpFailed as exc:
                 info = to_info(exc.cause, rank=self.rank, op=exc.label, job=job, remote=True)
                 log.info(
@@ -342,10 +354,10 @@ class Jobs:
                     info.message[:200],
                     extra={"session": sid, "job": job, "error": info.message[:200]},
                 )
-                return RunFailed(sid, job, time.perf_counter() - t0, info)
+                return RunFailed(sid, job, time.monotonic() - t0, info)
             except BaseException as exc:  # user code may raise SystemExit: still a failed job
                 info = to_info(exc, rank=self.rank, op="inputs", job=job)
-                return RunFailed(sid, job, time.perf_counter() - t0, info)
+                return RunFailed(sid, job, time.monotonic() - t0, info)
             finally:
                 if tracked:
                     self._runs.pop((sid, job), None)
@@ -366,21 +378,26 @@ class Jobs:
                 metas[i] = describe(value)
                 if i in msg.inline and is_small(value):
                     values[i] = value
-            stats = {"run_s": time.monotonic() - started, "started": wall, "ops": run.spans}
+            stats = {"run_s": time.monotonic() - t0, "started": wall, "ops": run.spans}
             # Done(...) filled in directly (as decode fills in the records it checked): its
-            # __init__ sets each field through the records' immutability guard
-            done = object.__new__(Done)
+            # __init__ sets each field through the records' immutability guard. Every
+            # field is named here: the check below _DONE_FIELDS keeps them in step.
+            done: Done = object.__new__(Done)
             done.__dict__.update(
-                zip(
-                    _DONE_FIELDS,
-                    (sid, job, self.rank, values, stats, metas, run.saved),
-                    strict=True,
-                )
+                {
+                    "session": sid,
+                    "job": job,
+                    "rank": self.rank,
+                    "values": values,
+                    "stats": stats,
+                    "metas": metas,
+                    "saved": run.saved,
+                }
             )
-            return RunFinished(sid, job, time.perf_counter() - t0, done)
+            return done
         except BaseException as exc:  # the thread must report whatever happened
             error = to_info(exc, rank=self.rank, op="run", job=msg.job)
-            return RunFailed(msg.session, msg.job, time.perf_counter() - t0, error)
+            return RunFailed(msg.session, msg.job, time.monotonic() - t0, error)
 
     def _resolve(self, sid: str, binding: Any) -> Any:
         if binding is None:

@@ -83,7 +83,9 @@ class PeerIntake:
         self._refusals = RefusalLog(log)
         self.faults: dict[str, int] = {}
         self._guard = Guard(log, self.faults)
-        self._deferred: list[tuple[MoveKey, Any, int]] = []
+        # moves waiting for room; the I/O thread looks at it after every message, without
+        # the lock (a list's truth is read whole) and without a call
+        self.deferred: list[tuple[MoveKey, Any, int]] = []
         self._deferred_bytes = 0
         self._deferred_by: dict[int, list[int]] = {}  # src: [moves, bytes] deferred
         self._deferred_lock = threading.Lock()
@@ -196,24 +198,20 @@ class PeerIntake:
         with self._deferred_lock:
             mine = self._deferred_by.get(msg.src, [0, 0])
             if (
-                len(self._deferred) < _DEFER
+                len(self.deferred) < _DEFER
                 and self._deferred_bytes + size <= _DEFER_BYTES
                 and mine[0] < _DEFER // _DEFER_SHARE
                 and mine[1] + size <= _DEFER_BYTES // _DEFER_SHARE
             ):
-                self._deferred.append((key, msg.value, size))
+                self.deferred.append((key, msg.value, size))
                 self._deferred_bytes += size
                 self._deferred_by[msg.src] = [mine[0] + 1, mine[1] + size]
-
-    @property
-    def has_deferred(self) -> bool:
-        return bool(self._deferred)
 
     def put_deferred(self) -> None:
         """Called by the I/O thread after a message or the timers: the moves this thread had
         no room for, put once more (their Exec may have opened their job meanwhile)."""
         with self._deferred_lock:
-            moves, self._deferred = self._deferred, []
+            moves, self.deferred = self.deferred, []
             self._deferred_bytes = 0
             self._deferred_by.clear()
         for key, value, _size in moves:

@@ -335,7 +335,16 @@ class WorkerState:
         stop that came after that answer only forgets its reason here, as for any job that
         ended (its outputs were freed by the stop)."""
         self.done += 1
-        self._ended(sid, job, seconds)  # a local job: no actions
+        # _ended for a job begun inline (local, not pooled), written out: a call less
+        key = (sid, job)
+        digest = self.jobs.pop(key, ("",))[0]
+        if digest:
+            quick = seconds <= self.inline_s
+            if self.quick.get(digest) is quick:
+                self.quick.move_to_end(digest)
+            else:
+                self.quick[digest] = quick
+        self.aborted.pop(key, None)
 
     def _ended(self, sid: str, job: str, seconds: float) -> list[Action]:
         """Bookkeeping common to every end of a run; the job's stop reason is forgotten."""
