@@ -19,6 +19,7 @@ the seal hides them from the check it makes on the outer message.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from mpl.wire.data import Fetch
@@ -26,7 +27,7 @@ from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Done, Exec, Failed, Program
 from mpl.wire.lru import LRU
-from mpl.wire.record import Record, built
+from mpl.wire.record import Record, fills_directly
 from mpl.wire.remote import ErrorInfo, to_info
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
@@ -42,6 +43,15 @@ from mpl.worker.code_policy import open_sealed
 __all__ = ["WorkerSeal"]
 
 _MEMORY = 4096  # jobs, fetches and refused programs remembered (bounded: keyed by input)
+
+_new = object.__new__
+_EXEC_FIELDS = tuple(f.name for f in dataclasses.fields(Exec))
+_DONE_FIELDS = tuple(f.name for f in dataclasses.fields(Done))
+# WorkerSeal fills these records in field by field, as record.built would
+if not (fills_directly(Exec) and fills_directly(Done)):
+    raise ImportError("mpl.worker.sealing: Exec or Done does more on construction")
+if len(_EXEC_FIELDS) != 7 or len(_DONE_FIELDS) != 7:
+    raise ImportError("mpl.worker.sealing: Exec's or Done's fields changed; update it")
 
 
 class WorkerSeal:
@@ -112,6 +122,8 @@ class WorkerSeal:
             sealed = msg.bindings.get(self.rank)
             if self._kernels_only:
                 driver, mine = self._open(sealed, context)
+            elif type(sealed) is bytes:  # a compact box (every job without large inputs)
+                driver, mine = self.sealer.open_box(sealed, context, "", False, True)
             else:  # what _open does then, without its call: this runs for every job
                 driver, mine = self.sealer.open(sealed, context, safe=False)
             if mine is not None and type(mine) is not list:
@@ -122,10 +134,19 @@ class WorkerSeal:
             info = ErrorInfo(kind, str(exc), rank=self.rank, op="inputs", job=msg.job)
             return None, Failed(msg.session, msg.job, self.rank, info)
         self._opened[job] = driver
-        # the broker's Exec, decoded and checked, with the bindings that opened: no re-check
+        # the broker's Exec, decoded and checked, with the bindings that opened: no re-check,
+        # filled in here (record.built without its two calls; checked on import)
         bindings = {self.rank: mine} if mine is not None else {}
         s, j = job
-        return built(Exec, s, j, msg.digest, msg.ranks, bindings, msg.inline, msg.timeout_s), None
+        out = _new(Exec)
+        out.__dict__.update(
+            zip(
+                _EXEC_FIELDS,
+                (s, j, msg.digest, msg.ranks, bindings, msg.inline, msg.timeout_s),
+                strict=True,
+            )
+        )
+        return out, None
 
     def _open(self, sealed: Any, context: str) -> tuple[str, Any]:
         """Open what a driver sealed for this rank (pickles allowed: it is an allowed
@@ -156,8 +177,17 @@ class WorkerSeal:
         except Exception as exc:  # an unsafe value: the job fails with the reason
             info = to_info(exc, rank=self.rank, op="result", job=msg.job, with_traceback=False)
             return Failed(msg.session, msg.job, self.rank, info)
-        # this process's own Done with its values sealed: built without re-checks
-        return built(Done, msg.session, msg.job, msg.rank, values, msg.stats, msg.metas, msg.saved)
+        # this process's own Done with its values sealed: built without re-checks, filled in
+        # here (record.built without its two calls; checked on import)
+        out = _new(Done)
+        out.__dict__.update(
+            zip(
+                _DONE_FIELDS,
+                (msg.session, msg.job, msg.rank, values, msg.stats, msg.metas, msg.saved),
+                strict=True,
+            )
+        )
+        return out
 
     def _reply(self, msg: Reply, fetch: Fetch) -> Reply:
         if msg.error is not None:
