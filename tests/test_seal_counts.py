@@ -77,8 +77,8 @@ def test_a_rank_without_inputs_costs_neither_side_a_cipher_call() -> None:
 # main (68feee1) made 19.3 Python calls per job here (the None through the cipher and the
 # scalar table, the bindings through a helper, the results through a comprehension); the
 # integration branch (b56ed16) 14 (the Exec's and the Done's record.built, two calls each,
-# and open()'s dispatch to the box)
-_WORKER_CALLS = 9.5
+# open()'s dispatch to the box, and inbound and outbound handing on to _exec and _done)
+_WORKER_CALLS = 7.5
 
 
 def test_the_workers_sealing_per_trivial_job_one_cipher_call_and_bounded_python_calls() -> None:

@@ -72,43 +72,12 @@ class WorkerSeal:
         self.refusals = 0
 
     def inbound(self, msg: Record) -> tuple[Record | None, Record | None]:
-        """``(message to act on, or None; answer for the broker, or None)``."""
-        if type(msg) is Exec:  # most messages: tested first
-            return self._exec(msg)
-        if isinstance(msg, Program):
-            return self._program(msg), None
-        if isinstance(msg, Exec):
-            return self._exec(msg)
-        if isinstance(msg, Fetch):
-            self._fetches[msg.req] = msg
-        return msg, None
+        """``(message to act on, or None; answer for the broker, or None)``.
 
-    def outbound(self, msg: Record) -> Record:
-        """Seal what ``msg`` carries for its driver (results, fetch replies)."""
-        if isinstance(msg, Done):
-            return self._done(msg)
-        if isinstance(msg, Failed):
-            self.forget(msg.session, msg.job)
-        if isinstance(msg, Reply):
-            fetch = self._fetches.pop(msg.req, None)
-            if fetch is not None:
-                return self._reply(msg, fetch)
-        return msg
-
-    # -- inbound --------------------------------------------------------------------------
-    def _program(self, msg: Program) -> Program | None:
-        try:
-            _, graph = self._open(msg.sealed.get(self.rank), program_context(msg.digest))
-            if not isinstance(graph, Graph):
-                raise ProtocolError(f"program {msg.digest} holds a {type(graph).__name__}")
-        except (AuthenticationError, ProtocolError) as exc:
-            self.refusals += 1
-            self._refused[msg.digest] = f"{type(exc).__name__}: {exc}"
-            return None
-        self._refused.pop(msg.digest, None)
-        return Program(msg.digest, graph)
-
-    def _exec(self, msg: Exec) -> tuple[Exec | None, Failed | None]:
+        An ``Exec`` (most messages) is opened here, in this method: its own method would
+        be one more Python call per job."""
+        if type(msg) is not Exec and not isinstance(msg, Exec):
+            return self._inbound_other(msg)
         job = (msg.session, msg.job)
         try:
             refused = self._refused.get(msg.digest) if self._refused else None
@@ -148,18 +117,19 @@ class WorkerSeal:
         )
         return out, None
 
-    def _open(self, sealed: Any, context: str) -> tuple[str, Any]:
-        """Open what a driver sealed for this rank (pickles allowed: it is an allowed
-        driver). Under ``--code kernels`` nothing in it is unpickled: a payload holding
-        pickles comes back with them opaque, for the daemon to refuse by its policy; any
-        other payload, holding none, opens as usual."""
-        if not self._kernels_only:
-            result: tuple[str, Any] = self.sealer.open(sealed, context, safe=False)
-            return result
-        return open_sealed(self.sealer, sealed, context)  # decoded once unless refused
+    def _inbound_other(self, msg: Record) -> tuple[Record | None, Record | None]:
+        if isinstance(msg, Program):
+            return self._program(msg), None
+        if isinstance(msg, Fetch):
+            self._fetches[msg.req] = msg
+        return msg, None
 
-    # -- outbound -------------------------------------------------------------------------
-    def _done(self, msg: Done) -> Record:
+    def outbound(self, msg: Record) -> Record:
+        """Seal what ``msg`` carries for its driver (results, fetch replies).
+
+        A ``Done`` is sealed here, in this method, for the same reason as ``inbound``."""
+        if not isinstance(msg, Done):
+            return self._outbound_other(msg)
         driver = self._opened.get((msg.session, msg.job))
         if not driver:
             info = ErrorInfo(
@@ -189,6 +159,39 @@ class WorkerSeal:
         )
         return out
 
+    def _outbound_other(self, msg: Record) -> Record:
+        if isinstance(msg, Failed):
+            self.forget(msg.session, msg.job)
+        if isinstance(msg, Reply):
+            fetch = self._fetches.pop(msg.req, None)
+            if fetch is not None:
+                return self._reply(msg, fetch)
+        return msg
+
+    # -- inbound --------------------------------------------------------------------------
+    def _program(self, msg: Program) -> Program | None:
+        try:
+            _, graph = self._open(msg.sealed.get(self.rank), program_context(msg.digest))
+            if not isinstance(graph, Graph):
+                raise ProtocolError(f"program {msg.digest} holds a {type(graph).__name__}")
+        except (AuthenticationError, ProtocolError) as exc:
+            self.refusals += 1
+            self._refused[msg.digest] = f"{type(exc).__name__}: {exc}"
+            return None
+        self._refused.pop(msg.digest, None)
+        return Program(msg.digest, graph)
+
+    def _open(self, sealed: Any, context: str) -> tuple[str, Any]:
+        """Open what a driver sealed for this rank (pickles allowed: it is an allowed
+        driver). Under ``--code kernels`` nothing in it is unpickled: a payload holding
+        pickles comes back with them opaque, for the daemon to refuse by its policy; any
+        other payload, holding none, opens as usual."""
+        if not self._kernels_only:
+            result: tuple[str, Any] = self.sealer.open(sealed, context, safe=False)
+            return result
+        return open_sealed(self.sealer, sealed, context)  # decoded once unless refused
+
+    # -- outbound -------------------------------------------------------------------------
     def _reply(self, msg: Reply, fetch: Fetch) -> Reply:
         if msg.error is not None:
             return msg
