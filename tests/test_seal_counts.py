@@ -119,9 +119,8 @@ def _driver_and_nodes() -> tuple[DriverSeal, list[WorkerSeal]]:
     )
     spec = SimpleNamespace(nodes=[SimpleNamespace(name=m) for m in names])
     driver = DriverSeal(sealer, SimpleNamespace(cluster=spec), trusted=False)  # type: ignore[arg-type]
-    driver.bind(
-        SimpleNamespace(nodes=[SimpleNamespace(name=m, rank=r) for r, m in enumerate(names)])
-    )  # type: ignore[arg-type]
+    layout = SimpleNamespace(nodes=[SimpleNamespace(name=m, rank=r) for r, m in enumerate(names)])
+    driver.bind(layout)  # type: ignore[arg-type]
     workers = [
         WorkerSeal(
             Sealer(keys[f"node:{m}"][1].decode(), f"node:{m}", {"driver:a": public["driver:a"]}), r
@@ -151,6 +150,7 @@ def test_the_drivers_sealing_per_trivial_2p_job_bounded_python_calls() -> None:
             one = Exec("s", msg.job, "d", (0, 1), {rank: sealed.bindings[rank]}, (0,), 5.0)
             assert worker.inbound(one)[1] is None
             done = worker.outbound(Done("s", msg.job, rank, {0: rank + 7}))
+            assert isinstance(done, Done)
             values[rank] = done.values[0]
         results.append(JobResult(msg.job, {0: values}))
     for msg, result in zip(plain[:5], results[:5], strict=True):  # warm: epochs known
