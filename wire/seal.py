@@ -117,7 +117,7 @@ def exec_context(
         if len(_EXEC_TAILS) >= _EXEC_TAILS_KEPT:
             _EXEC_TAILS.clear()  # a bound, not a policy: they are cheap to write again
         _EXEC_TAILS[key] = tail
-    return "exec|" + session + "|" + job + tail
+    return f"exec|{session}|{job}{tail}"  # one string built, not three
 
 
 _EXEC_TAILS: dict[tuple[str, tuple[int, ...], tuple[int, ...], float], str] = {}
