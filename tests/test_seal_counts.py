@@ -77,8 +77,9 @@ def test_a_rank_without_inputs_costs_neither_side_a_cipher_call() -> None:
 # main (68feee1) made 19.3 Python calls per job here (the None through the cipher and the
 # scalar table, the bindings through a helper, the results through a comprehension); the
 # integration branch (b56ed16) 14 (the Exec's and the Done's record.built, two calls each,
-# open()'s dispatch to the box, and inbound and outbound handing on to _exec and _done)
-_WORKER_CALLS = 7.5
+# open()'s dispatch to the box, inbound and outbound handing on to _exec and _done, and
+# LRU.__setitem__ for the job run)
+_WORKER_CALLS = 6.5
 
 
 def test_the_workers_sealing_per_trivial_job_one_cipher_call_and_bounded_python_calls() -> None:
@@ -168,3 +169,16 @@ def test_the_drivers_sealing_per_trivial_2p_job_bounded_python_calls() -> None:
     per_job = count.calls / n
     print(f"{per_job} Python calls per 2p job in the driver's sealing")
     assert per_job <= _DRIVER_CALLS_2P
+
+
+def test_the_workers_memory_of_run_jobs_stays_bounded_oldest_out_first() -> None:
+    """The jobs a worker remembers (for refusing replays and sealing results) are keyed by
+    network input: past the bound the oldest goes, whatever the fast path that adds them."""
+    driver, node = _pair()
+    worker = WorkerSeal(node, 0)
+    worker._opened.limit = 3  # the bound, made small (it is _MEMORY)
+    for exec_, done in _jobs(driver, 5):
+        assert worker.inbound(exec_)[1] is None
+        worker.outbound(done)
+    assert list(worker._opened) == [("s", "j2"), ("s", "j3"), ("s", "j4")]
+    assert worker._opened.dropped == 2

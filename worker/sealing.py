@@ -20,6 +20,7 @@ the seal hides them from the check it makes on the outer message.
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 from typing import Any
 
 from mpl.wire.data import Fetch
@@ -45,6 +46,7 @@ __all__ = ["WorkerSeal"]
 _MEMORY = 4096  # jobs, fetches and refused programs remembered (bounded: keyed by input)
 
 _new = object.__new__
+_set = OrderedDict.__setitem__  # LRU's own, in C, for a key known to be new
 _EXEC_FIELDS = tuple(f.name for f in dataclasses.fields(Exec))
 _DONE_FIELDS = tuple(f.name for f in dataclasses.fields(Done))
 # WorkerSeal fills these records in field by field, as record.built would
@@ -102,7 +104,13 @@ class WorkerSeal:
             kind = type(exc).__name__
             info = ErrorInfo(kind, str(exc), rank=self.rank, op="inputs", job=msg.job)
             return None, Failed(msg.session, msg.job, self.rank, info)
-        self._opened[job] = driver
+        # self._opened[job] = driver, without LRU.__setitem__'s Python call (once per job):
+        # the job is new here (a replay was refused above), so it goes in as the newest
+        opened = self._opened
+        _set(opened, job, driver)
+        if len(opened) > opened.limit:
+            opened.popitem(last=False)
+            opened.dropped += 1
         # the broker's Exec, decoded and checked, with the bindings that opened: no re-check,
         # filled in here (record.built without its two calls; checked on import)
         bindings = {self.rank: mine} if mine is not None else {}
