@@ -15,6 +15,7 @@ sealed it, so a lie shows up as ``AuthenticationError``, never as a value in the
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from typing import Any
 
@@ -24,7 +25,7 @@ from mpl.wire.errors import AuthenticationError
 from mpl.wire.graph import Graph
 from mpl.wire.identity import node_identity
 from mpl.wire.jobs import Exec, JobResult, Program
-from mpl.wire.record import built
+from mpl.wire.record import fills_directly
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
     Sealer,
@@ -35,6 +36,15 @@ from mpl.wire.seal import (
 )
 
 __all__ = ["DriverSeal", "driver_seal"]
+
+_new = object.__new__
+_EXEC_FIELDS = tuple(f.name for f in dataclasses.fields(Exec))
+_RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(JobResult))
+# DriverSeal fills these records in field by field, as record.built would
+if not (fills_directly(Exec) and fills_directly(JobResult)):
+    raise ImportError("mpl.driver.sealing: Exec or JobResult does more on construction")
+if len(_EXEC_FIELDS) != 7 or len(_RESULT_FIELDS) != 6:
+    raise ImportError("mpl.driver.sealing: Exec's or JobResult's fields changed; update it")
 
 
 def driver_seal(curve: Curve, trusted: bool) -> DriverSeal:
@@ -104,23 +114,42 @@ class DriverSeal:
         for rank in msg.ranks:  # plain loops: a comprehension is one more call per job
             who = nodes.get(rank) or self._node(rank)  # _node says why there is none
             sealed[rank] = seal(plain.get(rank), who, context, safe=False)
-        # the driver's own Exec, with its bindings sealed: built without re-checks
-        return built(
-            Exec, msg.session, msg.job, msg.digest, msg.ranks, sealed, msg.inline, msg.timeout_s
+        # the driver's own Exec, with its bindings sealed: built without re-checks, and
+        # filled in here (record.built without its two calls; checked on import)
+        out = _new(Exec)
+        out.__dict__.update(
+            zip(
+                _EXEC_FIELDS,
+                (msg.session, msg.job, msg.digest, msg.ranks, sealed, msg.inline, msg.timeout_s),
+                strict=True,
+            )
         )
+        return out
 
     def result(self, session: str, result: JobResult) -> JobResult:
-        open_, safe, nodes = (self.sealer or self._ready()).open, self.safe, self._nodes
+        sealer = self.sealer or self._ready()
+        open_, open_box, safe, nodes = sealer.open, sealer.open_box, self.safe, self._nodes
         values: dict[int, dict[int, Any]] = {}
         for index, per_rank in result.values.items():
             context, opened = done_context(session, result.job, index), {}
             for rank, sealed in per_rank.items():
                 who = nodes.get(rank) or self._node(rank)
-                opened[rank] = open_(sealed, context, sender=who, safe=safe)[1]
+                if type(sealed) is bytes:  # an inline result's compact box: the commonest
+                    opened[rank] = open_box(sealed, context, who, safe, True)[1]
+                else:
+                    opened[rank] = open_(sealed, context, sender=who, safe=safe)[1]
             values[index] = opened
-        # the decoded (so checked) JobResult with its values opened: no re-check
-        r = result
-        return built(JobResult, r.job, values, r.error, r.missing_program, r.stats, r.metas)
+        # the decoded (so checked) JobResult with its values opened: no re-check, filled in
+        # here (record.built without its two calls; checked on import)
+        r, out = result, _new(JobResult)
+        out.__dict__.update(
+            zip(
+                _RESULT_FIELDS,
+                (r.job, values, r.error, r.missing_program, r.stats, r.metas),
+                strict=True,
+            )
+        )
+        return out
 
     def fetch_ticket(self) -> tuple[str, str]:
         """``(reply_to, ticket)`` for a new fetch."""

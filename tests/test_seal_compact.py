@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import zmq
 
+from mpl.driver.sealing import DriverSeal
 from mpl.wire import decode, encode
 from mpl.wire.done_pack import own_done_frames
 from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.exec_pack import _pack_bindings, exec_frames
-from mpl.wire.jobs import Done, Exec, Failed
-from mpl.wire.seal import Sealer, exec_context
+from mpl.wire.jobs import Done, Exec, Failed, JobResult
+from mpl.wire.seal import Sealer, done_context, exec_context
 from mpl.wire.sealed import BOX_MAGIC, is_sealed
 from mpl.wire.sessions import Reply
 from mpl.worker.sealing import WorkerSeal
@@ -317,3 +319,20 @@ def test_a_forked_process_never_reuses_its_parents_epoch() -> None:
     # Forked in a fresh interpreter: JAX's threads here make pytest fail on its warning.
     done = subprocess.run([sys.executable, "-c", _FORK_CHECK], timeout=60, check=False)
     assert done.returncode == 0
+
+
+def test_the_driver_refuses_one_ranks_result_box_handed_on_as_anothers(parties: Parties) -> None:
+    """Both ranks seal output 0 of a job for the same driver under the same context: only the
+    sender check in DriverSeal.result (the rank's node, from the session's layout) stops a
+    broker from passing rank 0's value off as rank 1's."""
+    spec = SimpleNamespace(nodes=[SimpleNamespace(name="n0"), SimpleNamespace(name="n1")])
+    driver = DriverSeal(parties.a, SimpleNamespace(cluster=spec), trusted=False)  # type: ignore[arg-type]
+    layout = SimpleNamespace(nodes=[SimpleNamespace(name=f"n{r}", rank=r) for r in (0, 1)])
+    driver.bind(layout)  # type: ignore[arg-type]
+    context = done_context("s", "job1", 0)
+    from_n0 = parties.n0.seal(7, "driver:a", context)
+    from_n1 = parties.n1.seal(8, "driver:a", context)
+    honest = driver.result("s", JobResult("job1", {0: {0: from_n0, 1: from_n1}}))
+    assert honest.values == {0: {0: 7, 1: 8}}
+    with pytest.raises(AuthenticationError, match="claims to be sealed by node:n0"):
+        driver.result("s", JobResult("job1", {0: {0: from_n0, 1: from_n0}}))

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any
 
 import zmq
 
-from mpl.wire.jobs import Done, Exec
+from mpl.driver.sealing import DriverSeal
+from mpl.wire.codec import encode
+from mpl.wire.exec_pack import exec_frames
+from mpl.wire.jobs import Done, Exec, JobResult
 from mpl.wire.seal import Sealer, done_context, exec_context
 from mpl.worker.sealing import WorkerSeal
 
@@ -46,10 +50,11 @@ class _Count:
         sys.setprofile(None)
 
 
-def _jobs(driver: Sealer, n: int) -> list[tuple[Exec, Done]]:
-    """``n`` trivial jobs on rank 0 (no inputs, one inline result) as the worker gets them."""
+def _jobs(driver: Sealer, n: int, first: int = 0) -> list[tuple[Exec, Done]]:
+    """``n`` trivial jobs on rank 0 (no inputs, one inline result) as the worker gets them,
+    numbered from ``first``."""
     out = []
-    for i in range(n):
+    for i in range(first, first + n):
         job = f"j{i}"
         context = exec_context("s", job, "d", (0,), (0,), 5.0)
         sealed = driver.seal(None, "node:n0", context, safe=False)
@@ -70,8 +75,11 @@ def test_a_rank_without_inputs_costs_neither_side_a_cipher_call() -> None:
 
 
 # main (68feee1) made 19.3 Python calls per job here (the None through the cipher and the
-# scalar table, the bindings through a helper, the results through a comprehension)
-_WORKER_CALLS = 16
+# scalar table, the bindings through a helper, the results through a comprehension); the
+# integration branch (b56ed16) 14 (the Exec's and the Done's record.built, two calls each,
+# open()'s dispatch to the box, inbound and outbound handing on to _exec and _done, and
+# LRU.__setitem__ for the job run)
+_WORKER_CALLS = 6.5
 
 
 def test_the_workers_sealing_per_trivial_job_one_cipher_call_and_bounded_python_calls() -> None:
@@ -79,16 +87,17 @@ def test_the_workers_sealing_per_trivial_job_one_cipher_call_and_bounded_python_
     the only cipher call, and the Python calls stay within their bound."""
     driver, node = _pair()
     worker = WorkerSeal(node, 0)
-    warm, jobs = _jobs(driver, 5), _jobs(driver, 20)
+    warm, jobs = _jobs(driver, 5), _jobs(driver, 20, first=5)  # no replays among them
     for exec_, done in warm:
         worker.inbound(exec_)
         worker.outbound(done)
     sealed: list[Any] = []
+    refusals = worker.refusals
     with _Count() as count:
         for exec_, done in jobs:
             opened, refused = worker.inbound(exec_)
             sealed.append(worker.outbound(done))
-    assert refused is None and opened is not None
+    assert refused is None and opened is not None and worker.refusals == refusals
     for (exec_, _), out in zip(jobs, sealed, strict=True):
         assert type(out) is Done
         context = done_context("s", exec_.job, 0)
@@ -98,3 +107,78 @@ def test_the_workers_sealing_per_trivial_job_one_cipher_call_and_bounded_python_
     per_job = count.calls / 20
     print(f"{per_job} Python calls per job in the worker's sealing")
     assert per_job <= _WORKER_CALLS
+
+
+def _driver_and_nodes() -> tuple[DriverSeal, list[WorkerSeal]]:
+    """A driver's seal for a 2-node cluster (spec and layout as plain stand-ins: DriverSeal
+    reads only the nodes' names and ranks) and each node's worker seal."""
+    names = ("n0", "n1")
+    keys = {n: zmq.curve_keypair() for n in ("driver:a", *(f"node:{m}" for m in names))}
+    public = {n: k[0].decode() for n, k in keys.items()}
+    sealer = Sealer(
+        keys["driver:a"][1].decode(), "driver:a", {f"node:{m}": public[f"node:{m}"] for m in names}
+    )
+    spec = SimpleNamespace(nodes=[SimpleNamespace(name=m) for m in names])
+    driver = DriverSeal(sealer, SimpleNamespace(cluster=spec), trusted=False)  # type: ignore[arg-type]
+    layout = SimpleNamespace(nodes=[SimpleNamespace(name=m, rank=r) for r, m in enumerate(names)])
+    driver.bind(layout)  # type: ignore[arg-type]
+    workers = [
+        WorkerSeal(
+            Sealer(keys[f"node:{m}"][1].decode(), f"node:{m}", {"driver:a": public["driver:a"]}), r
+        )
+        for r, m in enumerate(names)
+    ]
+    return driver, workers
+
+
+# the integration branch (b56ed16) made 20.4 Python calls per 2p job here: the Exec's and the
+# JobResult's record.built (two calls each), open()'s dispatch to the box per result, and
+# exec_pack's rank check (a helper and its generator) on the sealed bindings
+_DRIVER_CALLS_2P = 11
+
+
+def test_the_drivers_sealing_per_trivial_2p_job_bounded_python_calls() -> None:
+    """Sealing a 2p job's bindings (a sealed None per rank), packing its Exec and opening its
+    two inline results, counted in the driver."""
+    driver, workers = _driver_and_nodes()
+    n = 20
+    plain = [Exec("s", f"j{i}", "d", (0, 1), {}, (0,), 5.0) for i in range(n + 5)]
+    results = []
+    for msg in plain:  # each result as the broker hands it on: both ranks' sealed values
+        sealed = driver.exec(msg)
+        values: dict[int, Any] = {}
+        for rank, worker in enumerate(workers):
+            one = Exec("s", msg.job, "d", (0, 1), {rank: sealed.bindings[rank]}, (0,), 5.0)
+            assert worker.inbound(one)[1] is None
+            done = worker.outbound(Done("s", msg.job, rank, {0: rank + 7}))
+            assert isinstance(done, Done)
+            values[rank] = done.values[0]
+        results.append(JobResult(msg.job, {0: values}))
+    for msg, result in zip(plain[:5], results[:5], strict=True):  # warm: epochs known
+        exec_frames(driver.exec(msg))
+        driver.result("s", result)
+    opened = []
+    with _Count() as count:
+        for msg, result in zip(plain[5:], results[5:], strict=True):
+            sealed = driver.exec(msg)
+            frames = exec_frames(sealed)
+            opened.append(driver.result("s", result))
+    assert frames == encode(sealed)  # the sealed Exec packed as the codec packs it
+    assert all(r.values == {0: {0: 7, 1: 8}} for r in opened)
+    assert count.cipher["ChaCha20Poly1305.decrypt"] == 2 * n  # the results alone
+    per_job = count.calls / n
+    print(f"{per_job} Python calls per 2p job in the driver's sealing")
+    assert per_job <= _DRIVER_CALLS_2P
+
+
+def test_the_workers_memory_of_run_jobs_stays_bounded_oldest_out_first() -> None:
+    """The jobs a worker remembers (for refusing replays and sealing results) are keyed by
+    network input: past the bound the oldest goes, whatever the fast path that adds them."""
+    driver, node = _pair()
+    worker = WorkerSeal(node, 0)
+    worker._opened.limit = 3  # the bound, made small (it is _MEMORY)
+    for exec_, done in _jobs(driver, 5):
+        assert worker.inbound(exec_)[1] is None
+        worker.outbound(done)
+    assert list(worker._opened) == [("s", "j2"), ("s", "j3"), ("s", "j4")]
+    assert worker._opened.dropped == 2

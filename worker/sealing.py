@@ -19,6 +19,8 @@ the seal hides them from the check it makes on the outer message.
 
 from __future__ import annotations
 
+import dataclasses
+from collections import OrderedDict
 from typing import Any
 
 from mpl.wire.data import Fetch
@@ -26,7 +28,7 @@ from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Done, Exec, Failed, Program
 from mpl.wire.lru import LRU
-from mpl.wire.record import Record, built
+from mpl.wire.record import Record, fills_directly
 from mpl.wire.remote import ErrorInfo, to_info
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
@@ -42,6 +44,16 @@ from mpl.worker.code_policy import open_sealed
 __all__ = ["WorkerSeal"]
 
 _MEMORY = 4096  # jobs, fetches and refused programs remembered (bounded: keyed by input)
+
+_new = object.__new__
+_set = OrderedDict.__setitem__  # LRU's own, in C, for a key known to be new
+_EXEC_FIELDS = tuple(f.name for f in dataclasses.fields(Exec))
+_DONE_FIELDS = tuple(f.name for f in dataclasses.fields(Done))
+# WorkerSeal fills these records in field by field, as record.built would
+if not (fills_directly(Exec) and fills_directly(Done)):
+    raise ImportError("mpl.worker.sealing: Exec or Done does more on construction")
+if len(_EXEC_FIELDS) != 7 or len(_DONE_FIELDS) != 7:
+    raise ImportError("mpl.worker.sealing: Exec's or Done's fields changed; update it")
 
 
 class WorkerSeal:
@@ -62,21 +74,100 @@ class WorkerSeal:
         self.refusals = 0
 
     def inbound(self, msg: Record) -> tuple[Record | None, Record | None]:
-        """``(message to act on, or None; answer for the broker, or None)``."""
-        if type(msg) is Exec:  # most messages: tested first
-            return self._exec(msg)
+        """``(message to act on, or None; answer for the broker, or None)``.
+
+        An ``Exec`` (most messages) is opened here, in this method: its own method would
+        be one more Python call per job."""
+        if type(msg) is not Exec and not isinstance(msg, Exec):
+            return self._inbound_other(msg)
+        job = (msg.session, msg.job)
+        try:
+            refused = self._refused.get(msg.digest) if self._refused else None
+            if refused is not None:
+                raise AuthenticationError(f"program {msg.digest} was refused: {refused}")
+            if job in self._opened:
+                raise AuthenticationError(f"job {msg.job} was already run here: a replay")
+            context = exec_context(
+                msg.session, msg.job, msg.digest, msg.ranks, msg.inline, msg.timeout_s
+            )
+            sealed = msg.bindings.get(self.rank)
+            if self._kernels_only:
+                driver, mine = self._open(sealed, context)
+            elif type(sealed) is bytes:  # a compact box (every job without large inputs)
+                driver, mine = self.sealer.open_box(sealed, context, "", False, True)
+            else:  # what _open does then, without its call: this runs for every job
+                driver, mine = self.sealer.open(sealed, context, safe=False)
+            if mine is not None and type(mine) is not list:
+                raise ProtocolError("a job's sealed bindings are not a list")
+        except (AuthenticationError, ProtocolError) as exc:
+            self.refusals += 1
+            kind = type(exc).__name__
+            info = ErrorInfo(kind, str(exc), rank=self.rank, op="inputs", job=msg.job)
+            return None, Failed(msg.session, msg.job, self.rank, info)
+        # self._opened[job] = driver, without LRU.__setitem__'s Python call (once per job):
+        # the job is new here (a replay was refused above), so it goes in as the newest
+        opened = self._opened
+        _set(opened, job, driver)
+        if len(opened) > opened.limit:
+            opened.popitem(last=False)
+            opened.dropped += 1
+        # the broker's Exec, decoded and checked, with the bindings that opened: no re-check,
+        # filled in here (record.built without its two calls; checked on import)
+        bindings = {self.rank: mine} if mine is not None else {}
+        s, j = job
+        out = _new(Exec)
+        out.__dict__.update(
+            zip(
+                _EXEC_FIELDS,
+                (s, j, msg.digest, msg.ranks, bindings, msg.inline, msg.timeout_s),
+                strict=True,
+            )
+        )
+        return out, None
+
+    def _inbound_other(self, msg: Record) -> tuple[Record | None, Record | None]:
         if isinstance(msg, Program):
             return self._program(msg), None
-        if isinstance(msg, Exec):
-            return self._exec(msg)
         if isinstance(msg, Fetch):
             self._fetches[msg.req] = msg
         return msg, None
 
     def outbound(self, msg: Record) -> Record:
-        """Seal what ``msg`` carries for its driver (results, fetch replies)."""
-        if isinstance(msg, Done):
-            return self._done(msg)
+        """Seal what ``msg`` carries for its driver (results, fetch replies).
+
+        A ``Done`` is sealed here, in this method, for the same reason as ``inbound``."""
+        if not isinstance(msg, Done):
+            return self._outbound_other(msg)
+        driver = self._opened.get((msg.session, msg.job))
+        if not driver:
+            info = ErrorInfo(
+                "AuthenticationError",
+                f"job {msg.job} has no authenticated driver here to seal its results for",
+                rank=self.rank,
+                job=msg.job,
+            )
+            return Failed(msg.session, msg.job, self.rank, info)
+        seal, safe, session, job = self.sealer.seal, self.safe, msg.session, msg.job
+        values: dict[int, Any] = {}
+        try:
+            for index, value in msg.values.items():  # a loop: a comprehension is one more call
+                values[index] = seal(value, driver, done_context(session, job, index), safe=safe)
+        except Exception as exc:  # an unsafe value: the job fails with the reason
+            info = to_info(exc, rank=self.rank, op="result", job=msg.job, with_traceback=False)
+            return Failed(msg.session, msg.job, self.rank, info)
+        # this process's own Done with its values sealed: built without re-checks, filled in
+        # here (record.built without its two calls; checked on import)
+        out = _new(Done)
+        out.__dict__.update(
+            zip(
+                _DONE_FIELDS,
+                (msg.session, msg.job, msg.rank, values, msg.stats, msg.metas, msg.saved),
+                strict=True,
+            )
+        )
+        return out
+
+    def _outbound_other(self, msg: Record) -> Record:
         if isinstance(msg, Failed):
             self.forget(msg.session, msg.job)
         if isinstance(msg, Reply):
@@ -98,35 +189,6 @@ class WorkerSeal:
         self._refused.pop(msg.digest, None)
         return Program(msg.digest, graph)
 
-    def _exec(self, msg: Exec) -> tuple[Exec | None, Failed | None]:
-        job = (msg.session, msg.job)
-        try:
-            refused = self._refused.get(msg.digest) if self._refused else None
-            if refused is not None:
-                raise AuthenticationError(f"program {msg.digest} was refused: {refused}")
-            if job in self._opened:
-                raise AuthenticationError(f"job {msg.job} was already run here: a replay")
-            context = exec_context(
-                msg.session, msg.job, msg.digest, msg.ranks, msg.inline, msg.timeout_s
-            )
-            sealed = msg.bindings.get(self.rank)
-            if self._kernels_only:
-                driver, mine = self._open(sealed, context)
-            else:  # what _open does then, without its call: this runs for every job
-                driver, mine = self.sealer.open(sealed, context, safe=False)
-            if mine is not None and type(mine) is not list:
-                raise ProtocolError("a job's sealed bindings are not a list")
-        except (AuthenticationError, ProtocolError) as exc:
-            self.refusals += 1
-            kind = type(exc).__name__
-            info = ErrorInfo(kind, str(exc), rank=self.rank, op="inputs", job=msg.job)
-            return None, Failed(msg.session, msg.job, self.rank, info)
-        self._opened[job] = driver
-        # the broker's Exec, decoded and checked, with the bindings that opened: no re-check
-        bindings = {self.rank: mine} if mine is not None else {}
-        s, j = job
-        return built(Exec, s, j, msg.digest, msg.ranks, bindings, msg.inline, msg.timeout_s), None
-
     def _open(self, sealed: Any, context: str) -> tuple[str, Any]:
         """Open what a driver sealed for this rank (pickles allowed: it is an allowed
         driver). Under ``--code kernels`` nothing in it is unpickled: a payload holding
@@ -138,27 +200,6 @@ class WorkerSeal:
         return open_sealed(self.sealer, sealed, context)  # decoded once unless refused
 
     # -- outbound -------------------------------------------------------------------------
-    def _done(self, msg: Done) -> Record:
-        driver = self._opened.get((msg.session, msg.job))
-        if not driver:
-            info = ErrorInfo(
-                "AuthenticationError",
-                f"job {msg.job} has no authenticated driver here to seal its results for",
-                rank=self.rank,
-                job=msg.job,
-            )
-            return Failed(msg.session, msg.job, self.rank, info)
-        seal, safe, session, job = self.sealer.seal, self.safe, msg.session, msg.job
-        values: dict[int, Any] = {}
-        try:
-            for index, value in msg.values.items():  # a loop: a comprehension is one more call
-                values[index] = seal(value, driver, done_context(session, job, index), safe=safe)
-        except Exception as exc:  # an unsafe value: the job fails with the reason
-            info = to_info(exc, rank=self.rank, op="result", job=msg.job, with_traceback=False)
-            return Failed(msg.session, msg.job, self.rank, info)
-        # this process's own Done with its values sealed: built without re-checks
-        return built(Done, msg.session, msg.job, msg.rank, values, msg.stats, msg.metas, msg.saved)
-
     def _reply(self, msg: Reply, fetch: Fetch) -> Reply:
         if msg.error is not None:
             return msg
