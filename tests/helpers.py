@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from mpl.wire import GraphBuilder
+from mpl.wire.jobs import Exec, Lit
 
 
 def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
@@ -24,6 +25,19 @@ def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "cond
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(0.02)
+
+
+def sample_execs() -> list[Exec]:
+    """Exec records of every shape the lean Exec readers meet, for their tests against
+    ``decode``: with and without a timeout, many ranks, store bindings, a ``Lit`` binding
+    (a record: ``decode``'s to read)."""
+    return [
+        Exec("s1", "job-1", "d" * 32, (0, 1), {}, (0,)),
+        Exec("s1", "job-2", "d" * 32, (0,), {}, (), 2.5),
+        Exec("sess", "j", "dig", tuple(range(32)), {}, (0, 1, 2), 7),
+        Exec("sess", "j", "dig", (1, 2), {1: ["sym:x", None], 2: [None]}, (0,)),
+        Exec("sess", "j", "dig", (0, 1), {0: [Lit(1)]}, (0,)),
+    ]
 
 
 def mutated(header: bytes, rng: random.Random) -> bytes:

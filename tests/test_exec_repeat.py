@@ -13,24 +13,18 @@ import random
 from typing import Any
 
 import pytest
-from helpers import mutated
+from helpers import mutated, sample_execs
 
 import mpl.wire.exec_repeat as exec_repeat
 from mpl.wire.codec import MAGIC_FRAME, decode, encode
 from mpl.wire.errors import ProtocolError
 from mpl.wire.exec_repeat import RepeatExecs
-from mpl.wire.jobs import Exec, Lit
+from mpl.wire.jobs import Exec
 
 
 def _programs() -> list[Exec]:
-    return [
-        Exec("s1", "job-1", "d" * 32, (0, 1), {}, (0,)),
-        Exec("s1", "job-2", "d" * 32, (0,), {}, (), 2.5),
-        Exec("sess", "j", "dig", tuple(range(32)), {}, (0, 1, 2), 7),
-        Exec("sess", "j", "dig", (1, 2), {1: ["sym:x", None], 2: [None]}, (0,)),
-        Exec("sess", "j", "dig", (0, 1), {0: [Lit(1)]}, (0,)),  # a record: decode's
-        Exec("s" * 40, "k" * 31, "dig", (0, 1), {}, (0,)),  # long session; fixstr job id
-    ]
+    # and a long session with a fixstr job id
+    return [*sample_execs(), Exec("s" * 40, "k" * 31, "dig", (0, 1), {}, (0,))]
 
 
 _NEXT_IDS = ("0123456789abcdef01234567", "x", "é" * 3, "y" * 40, "z" * 300)

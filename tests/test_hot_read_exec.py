@@ -12,23 +12,17 @@ from typing import Any
 
 import msgpack
 import pytest
-from helpers import mutated
+from helpers import mutated, sample_execs
 
 from mpl.wire.codec import MAGIC_FRAME, decode, encode
 from mpl.wire.errors import ProtocolError
 from mpl.wire.hot import EXEC_PREFIX, read_exec
-from mpl.wire.jobs import Exec, Lit
+from mpl.wire.jobs import Exec
 
 
 def _bases() -> list[Exec]:
-    return [
-        Exec("s1", "job-1", "d" * 32, (0, 1), {}, (0,)),
-        Exec("s1", "job-2", "d" * 32, (0,), {}, (), 2.5),
-        Exec("sess", "j", "dig", tuple(range(32)), {}, (0, 1, 2), 7),
-        Exec("sess", "j", "dig", (1, 2), {1: ["sym:x", None], 2: [None]}, (0,)),
-        Exec("sess", "j", "dig", (0, 1), {0: [Lit(1)]}, (0,)),  # a record: decode's
-        Exec("sess", "j", "dig", (0, 200), {}, (1 << 40,)),
-    ]
+    # and a rank and an inline index past the fixints
+    return [*sample_execs(), Exec("sess", "j", "dig", (0, 200), {}, (1 << 40,))]
 
 
 def _decoded(frames: list[bytes]) -> Exec | None:
