@@ -551,38 +551,32 @@ class BrokerState:
             return self._fail_call(job, refused)
         values, raw_values = job.values, job.raw_values
         if type(msg) is DoneRead:  # plain msgpack: the answer is packed from the values
-            job.raw_values = None
-            for index, value in msg.values.items():
-                if index in values:
-                    values[index][rank] = value
-                else:
-                    values[index] = {rank: value}
+            spans = None
         else:
             job.lean = False  # it may hold what only the codec encodes (tuples, buffers)
             if raw_values is not None and spans is None and raw is not None:
                 spans = done_spans(raw)  # a decoded Done: its bytes cut from its frames
                 if spans is not None and spans.values.keys() != msg.values.keys():
                     spans = None
-            if raw_values is None or spans is None:
-                job.raw_values = None  # encoded anew at the end
-                for index, value in msg.values.items():
-                    if index in values:
-                        values[index][rank] = value
-                    else:
-                        values[index] = {rank: value}
-            else:
-                # keep the bytes too, to forward them as they came; a value and its bytes
-                # have the same index (cut from the same map), and so far every rank's had
-                # both
-                value_bytes = spans.values
-                for index, value in msg.values.items():
-                    if index in values:
-                        values[index][rank] = value
-                        raw_values[index][rank] = value_bytes[index]
-                    else:
-                        values[index] = {rank: value}
-                        raw_values[index] = {rank: value_bytes[index]}
-                job.raw_stats[rank] = spans.stats
+        if raw_values is None or spans is None:
+            job.raw_values = None  # packed, or encoded anew, at the end
+            for index, value in msg.values.items():
+                if index in values:
+                    values[index][rank] = value
+                else:
+                    values[index] = {rank: value}
+        else:
+            # keep the bytes too, to forward them as they came; a value and its bytes
+            # have the same index (cut from the same map), and so far every rank's had both
+            value_bytes = spans.values
+            for index, value in msg.values.items():
+                if index in values:
+                    values[index][rank] = value
+                    raw_values[index][rank] = value_bytes[index]
+                else:
+                    values[index] = {rank: value}
+                    raw_values[index] = {rank: value_bytes[index]}
+            job.raw_stats[rank] = spans.stats
         job.stats[rank] = msg.stats
         if msg.metas:
             metas = job.metas
