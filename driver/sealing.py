@@ -15,7 +15,6 @@ sealed it, so a lie shows up as ``AuthenticationError``, never as a value in the
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 from typing import Any
 
@@ -25,7 +24,7 @@ from mpl.wire.errors import AuthenticationError
 from mpl.wire.graph import Graph
 from mpl.wire.identity import node_identity
 from mpl.wire.jobs import Exec, JobResult, Program
-from mpl.wire.record import fills_directly
+from mpl.wire.record import pinned_fields
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
     Sealer,
@@ -38,13 +37,19 @@ from mpl.wire.seal import (
 __all__ = ["DriverSeal", "driver_seal"]
 
 _new = object.__new__
-_EXEC_FIELDS = tuple(f.name for f in dataclasses.fields(Exec))
-_RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(JobResult))
 # DriverSeal fills these records in field by field, as record.built would
-if not (fills_directly(Exec) and fills_directly(JobResult)):
-    raise ImportError("mpl.driver.sealing: Exec or JobResult does more on construction")
-if len(_EXEC_FIELDS) != 7 or len(_RESULT_FIELDS) != 6:
-    raise ImportError("mpl.driver.sealing: Exec's or JobResult's fields changed; update it")
+_EXEC_FIELDS = pinned_fields(
+    Exec,
+    ("session", "job", "digest", "ranks", "bindings", "inline", "timeout_s"),
+    "mpl.driver.sealing",
+    direct=True,
+)
+_RESULT_FIELDS = pinned_fields(
+    JobResult,
+    ("job", "values", "error", "missing_program", "stats", "metas"),
+    "mpl.driver.sealing",
+    direct=True,
+)
 
 
 def driver_seal(curve: Curve, trusted: bool) -> DriverSeal:

@@ -8,6 +8,7 @@ it can tell a verbatim copy from what was packed anew, and it counts what each s
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -336,6 +337,29 @@ def test_built_makes_the_record_its_init_makes_and_refuses_a_wrong_field_count()
         made.job = "other"  # type: ignore[misc]
     with pytest.raises(TypeError, match="6 fields, got 2"):
         built(JobResult, "j", {})
+
+
+@dataclasses.dataclass(eq=False, repr=False)
+class Checked(Record, tag="test-pinned-checked"):
+    """A record that does more on construction than store its field."""
+
+    x: int
+
+    def __post_init__(self) -> None:
+        pass
+
+
+def test_pinned_fields_refuses_a_changed_layout_or_a_record_that_does_more() -> None:
+    from mpl.wire.record import pinned_fields
+
+    fields = ("job", "values", "error", "missing_program", "stats", "metas")
+    assert pinned_fields(JobResult, fields, "t", direct=True) == fields
+    with pytest.raises(ImportError, match="t: JobResult's fields changed"):
+        pinned_fields(JobResult, fields[:-1], "t")
+
+    assert pinned_fields(Checked, ("x",), "t") == ("x",)
+    with pytest.raises(ImportError, match="t: Checked does more on construction"):
+        pinned_fields(Checked, ("x",), "t", direct=True)
 
 
 def test_replaced_copies_a_record_with_fields_swapped_and_leaves_the_original() -> None:

@@ -16,7 +16,6 @@ past a few levels, a string msgpack cannot encode) returns None: the caller then
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from typing import Any
 
@@ -24,6 +23,7 @@ import msgpack
 
 from mpl.wire.codec import _INLINE_BYTES, MAGIC_FRAME, MAX_HEADER_BYTES
 from mpl.wire.jobs import Done
+from mpl.wire.record import pinned_fields
 
 __all__ = ["done_frames", "own_done_frames"]
 
@@ -33,9 +33,9 @@ _DEPTH = 4  # deeper values take the codec's path (which also enforces MAX_NESTI
 _TAG = Done.TAG
 # done_frames lists Done's fields by hand: a field added to Done must be added there too,
 # or every answer would be packed without it.
-_FIELDS = ("session", "job", "rank", "values", "stats", "metas", "saved")
-if tuple(f.name for f in dataclasses.fields(Done)) != _FIELDS:
-    raise ImportError("mpl.wire.done_pack: Done's fields changed; update done_frames")
+_FIELDS = pinned_fields(
+    Done, ("session", "job", "rank", "values", "stats", "metas", "saved"), "mpl.wire.done_pack"
+)
 
 
 class _Packer(threading.local):

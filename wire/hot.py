@@ -25,7 +25,6 @@ None and the caller encodes as before.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -45,7 +44,7 @@ from mpl.wire.limits import (
     MAX_NESTING,
     int_fits,
 )
-from mpl.wire.record import fills_directly
+from mpl.wire.record import pinned_fields
 
 __all__ = [
     "DONE_PREFIX",
@@ -64,35 +63,35 @@ __all__ = [
     "result_record",
 ]
 
-# The layouts are read off the records themselves, so a field added to one of them moves
-# these cuts with it instead of silently sending every message down the slow path.
-_EXEC_FIELDS = tuple(f.name for f in dataclasses.fields(Exec))
-_DONE_FIELDS = tuple(f.name for f in dataclasses.fields(Done))
+# read_exec and read_done check each field by hand as its annotation says, result_frames
+# packs a JobResult field by field, and Exec and JobResult are filled in directly
+# (record.built without its two calls): each must know every field.
+_EXEC_FIELDS = pinned_fields(
+    Exec,
+    ("session", "job", "digest", "ranks", "bindings", "inline", "timeout_s"),
+    "mpl.wire.hot",
+    direct=True,
+)
+_DONE_FIELDS = pinned_fields(
+    Done, ("session", "job", "rank", "values", "stats", "metas", "saved"), "mpl.wire.hot"
+)
+_RESULT_FIELDS = pinned_fields(
+    JobResult,
+    ("job", "values", "error", "missing_program", "stats", "metas"),
+    "mpl.wire.hot",
+    direct=True,
+)
 _EXEC_ITEMS = 1 + len(_EXEC_FIELDS)  # the tag, then the fields
 _DONE_ITEMS = 1 + len(_DONE_FIELDS)
-_RESULT_ITEMS = 1 + len(dataclasses.fields(JobResult))
-# result_frames packs a JobResult field by field: it must know every one of them
-_RESULT_FIELDS = ("job", "values", "error", "missing_program", "stats", "metas")
-if tuple(f.name for f in dataclasses.fields(JobResult)) != _RESULT_FIELDS:
-    raise ImportError("mpl.wire.hot: JobResult's fields changed; update result_frames")
+_RESULT_ITEMS = 1 + len(_RESULT_FIELDS)
 _RESULT_TAG = msgpack.packb("result")
-# read_done checks Done's fields by hand, as their annotations say: it must know every one
-_READ_DONE_FIELDS = ("session", "job", "rank", "values", "stats", "metas", "saved")
-if _DONE_FIELDS != _READ_DONE_FIELDS:
-    raise ImportError("mpl.wire.hot: Done's fields changed; update read_done")
 _NESTS = (list, dict)  # what a decoded value nests in (tuples are extensions, bounded apart)
 # msgpack's list and map markers: fixmap, fixarray, array 16/32, map 16/32
 _CONTAINER_MARKERS = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
 # How every Done header begins: its array header, then its tag. The broker's shell sends
 # headers that begin so to read_done (anything else, or a surprise there, to decode).
 DONE_PREFIX = bytes([0x90 | _DONE_ITEMS]) + msgpack.packb(Done.TAG)
-# read_exec checks Exec's fields by hand too
-if _EXEC_FIELDS != ("session", "job", "digest", "ranks", "bindings", "inline", "timeout_s"):
-    raise ImportError("mpl.wire.hot: Exec's fields changed; update read_exec")
 EXEC_PREFIX = bytes([0x90 | _EXEC_ITEMS]) + msgpack.packb(Exec.TAG)
-# Exec and JobResult are filled in directly here (record.built without its two calls)
-if not (fills_directly(Exec) and fills_directly(JobResult)):
-    raise ImportError("mpl.wire.hot: Exec or JobResult does more on construction; use built")
 _NONE, _FALSE = msgpack.packb(None), msgpack.packb(False)
 _RESULT_HEAD = bytes([0x90 | _RESULT_ITEMS]) + _RESULT_TAG
 _EMPTY_MAP, _ONE_ENTRY = msgpack.packb({}), bytes([0x81])

@@ -34,7 +34,7 @@ from mpl.wire.limits import BIG, int_fits
 __all__ = [
     "Record",
     "built",
-    "fills_directly",
+    "pinned_fields",
     "record_class",
     "record_fields",
     "record_from_fields",
@@ -167,11 +167,21 @@ def built(cls: type[R], *values: Any) -> R:
     return rec
 
 
-def fills_directly(cls: type[Record]) -> bool:
-    """Whether ``cls`` does no more on construction than store its fields, so that a record
-    of it may be made as ``object.__new__(cls)`` with its ``__dict__`` filled in (what
-    :func:`built` does) by a hot path that cannot spare the call."""
-    return _spec(cls).direct
+def pinned_fields(
+    cls: type[Record], expected: tuple[str, ...], user: str, *, direct: bool = False
+) -> tuple[str, ...]:
+    """``expected``, the field names of ``cls`` as a hot path in ``user`` writes them out by
+    hand (to pack, read or fill in a record without the general codec), checked once when
+    ``user`` is imported: ImportError if the fields changed (``user`` must be updated, or
+    every message would be packed or read wrong), or, with ``direct``, if ``cls`` does more
+    on construction than store its fields (``user`` makes its records as
+    ``object.__new__(cls)`` with the ``__dict__`` filled in, what :func:`built` does)."""
+    spec = _spec(cls)
+    if spec.names != expected:
+        raise ImportError(f"{user}: {cls.__name__}'s fields changed; update it")
+    if direct and not spec.direct:
+        raise ImportError(f"{user}: {cls.__name__} does more on construction; use built")
+    return expected
 
 
 def replaced(rec: R, **changes: Any) -> R:

@@ -12,7 +12,6 @@ trusted. Any other message goes to ``decode``.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,16 +20,18 @@ from mpl.wire.decoder import Decoder
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import JobResult
 from mpl.wire.limits import INT_MAX, INT_MIN, MAX_FRAMES, MAX_HEADER_BYTES, MAX_NESTING
-from mpl.wire.record import Record
+from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import ErrorInfo
 
 __all__ = ["read_answer"]
 
-_FIELDS = ("job", "values", "error", "missing_program", "stats", "metas")
 # Written out by hand above and in _fits: a changed JobResult would otherwise fall back to
 # decode on every answer, silently.
-if tuple(f.name for f in dataclasses.fields(JobResult)) != _FIELDS:
-    raise ImportError("mpl.wire.result_read: JobResult's fields changed; update this reader")
+_FIELDS = pinned_fields(
+    JobResult,
+    ("job", "values", "error", "missing_program", "stats", "metas"),
+    "mpl.wire.result_read",
+)
 # msgpack's list and map markers: fixmap, fixarray, array 16/32, map 16/32
 _CONTAINER_MARKERS = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
 _COUNT_BELOW = 8192  # longer headers are counted by the Decoder's hooks, as decode does

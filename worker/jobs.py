@@ -23,7 +23,6 @@ slower sends the program's next runs back to the pool. The state decides all thr
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import threading
@@ -38,7 +37,7 @@ from mpl.wire.graph import Graph
 from mpl.wire.jobs import Done, Exec, Lit, output_uri
 from mpl.wire.limits import MAX_JOB_THREADS, check_symbol_name, job_timeout
 from mpl.wire.progress import EVERY_S, FIRST_AFTER_S, Progress
-from mpl.wire.record import Record
+from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import ErrorInfo, to_info
 from mpl.wire.safe_values import unsafe
 from mpl.wire.sessions import Ack, DeleteSymbol, Reply, SaveSymbol, SessionClosed, SymbolInfo
@@ -135,9 +134,10 @@ class _JobRun:
         return self._jobs.extension(name)
 
 
-_DONE_FIELDS = tuple(f.name for f in dataclasses.fields(Done))
-if _DONE_FIELDS != ("session", "job", "rank", "values", "stats", "metas", "saved"):
-    raise ImportError("mpl.worker.jobs: Done's fields changed; update Jobs._run")
+# Jobs._run fills a Done in from one dict naming every field
+_DONE_FIELDS = pinned_fields(
+    Done, ("session", "job", "rank", "values", "stats", "metas", "saved"), "mpl.worker.jobs"
+)
 
 
 class Jobs:

@@ -19,7 +19,6 @@ the seal hides them from the check it makes on the outer message.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import OrderedDict
 from typing import Any
 
@@ -28,7 +27,7 @@ from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Done, Exec, Failed, Program
 from mpl.wire.lru import LRU
-from mpl.wire.record import Record, fills_directly
+from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import ErrorInfo, to_info
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
@@ -47,13 +46,19 @@ _MEMORY = 4096  # jobs, fetches and refused programs remembered (bounded: keyed 
 
 _new = object.__new__
 _set = OrderedDict.__setitem__  # LRU's own, in C, for a key known to be new
-_EXEC_FIELDS = tuple(f.name for f in dataclasses.fields(Exec))
-_DONE_FIELDS = tuple(f.name for f in dataclasses.fields(Done))
 # WorkerSeal fills these records in field by field, as record.built would
-if not (fills_directly(Exec) and fills_directly(Done)):
-    raise ImportError("mpl.worker.sealing: Exec or Done does more on construction")
-if len(_EXEC_FIELDS) != 7 or len(_DONE_FIELDS) != 7:
-    raise ImportError("mpl.worker.sealing: Exec's or Done's fields changed; update it")
+_EXEC_FIELDS = pinned_fields(
+    Exec,
+    ("session", "job", "digest", "ranks", "bindings", "inline", "timeout_s"),
+    "mpl.worker.sealing",
+    direct=True,
+)
+_DONE_FIELDS = pinned_fields(
+    Done,
+    ("session", "job", "rank", "values", "stats", "metas", "saved"),
+    "mpl.worker.sealing",
+    direct=True,
+)
 
 
 class WorkerSeal:
