@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 
 from mpl.wire import GraphBuilder
+from mpl.wire.codec import decode
+from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Exec, Lit
 
 
@@ -38,6 +40,16 @@ def sample_execs() -> list[Exec]:
         Exec("sess", "j", "dig", (1, 2), {1: ["sym:x", None], 2: [None]}, (0,)),
         Exec("sess", "j", "dig", (0, 1), {0: [Lit(1)]}, (0,)),
     ]
+
+
+def decoded_exec(frames: list[bytes]) -> Exec | None:
+    """What ``decode`` makes of ``frames`` if it is an ``Exec``; None if it refuses them or
+    reads another record: what the lean Exec readers must agree with."""
+    try:
+        msg = decode(frames, unpickle=False)
+    except ProtocolError:
+        return None
+    return msg if type(msg) is Exec else None
 
 
 def mutated(header: bytes, rng: random.Random) -> bytes:

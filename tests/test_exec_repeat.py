@@ -13,11 +13,10 @@ import random
 from typing import Any
 
 import pytest
-from helpers import mutated, sample_execs
+from helpers import decoded_exec, mutated, sample_execs
 
 import mpl.wire.exec_repeat as exec_repeat
-from mpl.wire.codec import MAGIC_FRAME, decode, encode
-from mpl.wire.errors import ProtocolError
+from mpl.wire.codec import MAGIC_FRAME, encode
 from mpl.wire.exec_repeat import RepeatExecs
 from mpl.wire.jobs import Exec
 
@@ -34,14 +33,6 @@ def _frames(exe: Exec) -> list[bytes]:
     return [bytes(f) for f in encode(exe)]
 
 
-def _decoded(frames: list[bytes]) -> Exec | None:
-    try:
-        msg = decode(frames, unpickle=False)
-    except ProtocolError:
-        return None
-    return msg if type(msg) is Exec else None
-
-
 def _same(a: Exec, b: Exec) -> bool:
     return a == b and all(getattr(a, f) == getattr(b, f) for f in a.__dataclass_fields__)
 
@@ -49,7 +40,7 @@ def _same(a: Exec, b: Exec) -> bool:
 def _reader_after(first: Exec) -> RepeatExecs:
     reader = RepeatExecs()
     read = reader.read(_frames(first))
-    assert read is None or _same(read, _decoded(_frames(first)))
+    assert read is None or _same(read, decoded_exec(_frames(first)))
     return reader
 
 
@@ -62,7 +53,7 @@ def test_a_repeat_is_read_by_comparison_as_decode_reads_it() -> None:
             read = reader.read(_frames(nxt))
             if remembered:
                 assert read is not None and _same(read, nxt)
-                assert _same(read, _decoded(_frames(nxt)))
+                assert _same(read, decoded_exec(_frames(nxt)))
             else:  # decode's to read, every time
                 assert read is None and exec_repeat.read_exec(_frames(nxt)) is None
         if remembered:  # every next one by comparison: no full read
@@ -87,7 +78,7 @@ def test_every_mutated_repeat_is_taken_exactly_when_decode_takes_it() -> None:
                     at = rng.randrange(start - 1, start + len(job))
                     bad = header[:at] + bytes([rng.randrange(256)]) + header[at + 1 :]
                 frames = [MAGIC_FRAME, bad]
-                read, want = reader.read(frames), _decoded(frames)
+                read, want = reader.read(frames), decoded_exec(frames)
                 repeats += reader.repeats - before
                 if want is None:
                     assert read is None, f"took what decode refuses: {bad!r}"
@@ -106,7 +97,7 @@ def test_a_refused_message_leaves_the_last_accepted_header_to_compare_with() -> 
     header = _frames(dataclasses.replace(first, job="job-2"))[1]
     at = header.index(b"job-2")
     broken = header[:at] + b"\xff" + header[at + 1 :]  # not UTF-8: decode refuses it
-    assert _decoded([MAGIC_FRAME, broken]) is None
+    assert decoded_exec([MAGIC_FRAME, broken]) is None
     assert reader.read([MAGIC_FRAME, broken]) is None
     assert reader.read([b"not the magic", header]) is None
     assert reader.read([object(), header]) is None  # no buffer: refused, as read_exec does

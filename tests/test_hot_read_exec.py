@@ -12,10 +12,9 @@ from typing import Any
 
 import msgpack
 import pytest
-from helpers import mutated, sample_execs
+from helpers import decoded_exec, mutated, sample_execs
 
-from mpl.wire.codec import MAGIC_FRAME, decode, encode
-from mpl.wire.errors import ProtocolError
+from mpl.wire.codec import MAGIC_FRAME, encode
 from mpl.wire.hot import EXEC_PREFIX, read_exec
 from mpl.wire.jobs import Exec
 
@@ -23,14 +22,6 @@ from mpl.wire.jobs import Exec
 def _bases() -> list[Exec]:
     # and a rank and an inline index past the fixints
     return [*sample_execs(), Exec("sess", "j", "dig", (0, 200), {}, (1 << 40,))]
-
-
-def _decoded(frames: list[bytes]) -> Exec | None:
-    try:
-        msg = decode(frames, unpickle=False)
-    except ProtocolError:
-        return None
-    return msg if type(msg) is Exec else None
 
 
 def _plain(header: bytes) -> bool:
@@ -49,7 +40,7 @@ def _plain(header: bytes) -> bool:
 
 def _check(frames: list[bytes]) -> bool:
     read = read_exec(frames)
-    want = _decoded(frames)
+    want = decoded_exec(frames)
     if want is None:
         assert read is None, f"read_exec took what decode refuses: {frames[1]!r}"
         return False
@@ -104,4 +95,4 @@ def test_an_exec_with_a_malformed_field_is_left_to_decode_which_refuses_it(
     header = msgpack.packb(["exec", *fields], default=default, use_bin_type=True, strict_types=True)
     frames = [MAGIC_FRAME, header]
     assert read_exec(frames) is None
-    assert _decoded(frames) is None
+    assert decoded_exec(frames) is None
