@@ -308,14 +308,12 @@ def phase_secure() -> None:
         for mode in ("plaintext", "secure")
     }
     try:
-        times: dict[str, list[float]] = {mode: [] for mode in clusters}
+        _secure_latency(clusters)
         rates: dict[str, list[float]] = {mode: [] for mode in clusters}
         fetches: dict[str, list[float]] = {mode: [] for mode in clusters}
         for turn in range(6):
             for mode, cluster in clusters.items():
                 mp.set_context(cluster)  # not `with`: leaving it would stop the cluster
-                one = mp.device("P0")(lambda: 1)
-                times[mode] += measure(lambda one=one: mp.fetch(one()), 100, warmup=10)
                 big = mp.device("P0")(lambda: np.ones(8 * MIB))()
                 t0 = time.perf_counter()
                 moved = mp.put("P1", big)
@@ -328,16 +326,6 @@ def phase_secure() -> None:
                     fetches[mode].append(64 * MIB / (time.perf_counter() - t0) / 1e6)
                 del moved, big
         mp.set_context(None)
-        for mode in clusters:
-            xs = times[mode]
-            record("secure", f"trivial job + fetch, 2p, {mode}", xs, **percentiles(xs))
-        # the turns' secure/plaintext p50 ratios: how far apart the modes are in one sitting
-        ratios = [
-            statistics.median(times["secure"][i : i + 100])
-            / statistics.median(times["plaintext"][i : i + 100])
-            for i in range(0, len(times["secure"]), 100)
-        ]
-        record("secure", "trivial job + fetch: secure / plaintext p50, per turn", ratios, unit="x")
         _secure_cpu(clusters)
         for mode in clusters:
             record("secure", f"P0->P1 64 MiB f64 move, {mode}", rates[mode], unit="MB/s")
@@ -356,6 +344,40 @@ def phase_secure() -> None:
     finally:
         for cluster in clusters.values():
             cluster.close()
+
+
+def _secure_latency(clusters: dict[str, Any]) -> None:
+    """Trivial-job latency, secure against plaintext: twelve turns of 100 jobs of each
+    kind per mode, the modes' order alternating turn by turn so that neither always runs
+    right after the other; each turn's secure/plaintext p50 ratio is recorded too."""
+    import mpl.driver as mp
+
+    kinds: dict[str, Callable[[], Any]] = {
+        "trivial job (pcall on P0) + fetch, 2p": lambda: mp.device("P0")(lambda: 1),
+        "trivial pcall on both ranks + fetch, compiled, 2p": lambda: mp.function(
+            lambda: mp.simp.pcall((0, 1), lambda: 1)
+        ),
+    }
+    times: dict[tuple[str, str], list[float]] = {(k, m): [] for k in kinds for m in clusters}
+    ratios: dict[str, list[float]] = {k: [] for k in kinds}
+    modes = list(clusters)
+    for turn in range(12):
+        p50: dict[tuple[str, str], float] = {}
+        for mode in modes if turn % 2 == 0 else modes[::-1]:
+            mp.set_context(clusters[mode])  # not `with`: leaving it would stop the cluster
+            for kind, make in kinds.items():
+                job = make()
+                xs = measure(lambda job=job: mp.fetch(job()), 100, warmup=10)
+                p50[kind, mode] = statistics.median(xs)
+                times[kind, mode] += xs
+        for kind in kinds:
+            ratios[kind].append(p50[kind, "secure"] / p50[kind, "plaintext"])
+    mp.set_context(None)
+    for kind in kinds:
+        for mode in modes:
+            xs = times[kind, mode]
+            record("secure", f"{kind}, {mode}", xs, **percentiles(xs))
+        record("secure", f"{kind}: secure / plaintext p50, per turn", ratios[kind], unit="x")
 
 
 def _secure_cpu(clusters: dict[str, Any]) -> None:

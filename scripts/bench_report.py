@@ -168,6 +168,20 @@ COMPARE: list[_Compare] = [
         )
         for n in (2, 4, 8, 16, 32)
     ],
+    *[
+        (
+            f"secure {what} over plaintext (x)",
+            ("secure", f"{kind}: secure / plaintext p50, per turn", "median"),
+            _NO_REFERENCE,
+            None,
+            lambda v, f: v <= 1.2,
+            "<= 1.2 x (+20 %)",
+        )
+        for what, kind in (
+            ("trivial 2p job", "trivial pcall on both ranks + fetch, compiled, 2p"),
+            ("trivial P0 job", "trivial job (pcall on P0) + fetch, 2p"),
+        )
+    ],
     (
         "eager move + call, per call",
         ("eager", "eager move + call (P0 -> P1), per call", "median"),
@@ -197,7 +211,7 @@ COMPARE: list[_Compare] = [
 
 def _unit(label: str) -> str:
     """The unit a summary row's label names (seconds unless it says otherwise)."""
-    for marker, unit in (("MB/s", "MB/s"), ("MiB)", "MiB"), ("jobs/s", "jobs/s")):
+    for marker, unit in (("MB/s", "MB/s"), ("MiB)", "MiB"), ("jobs/s", "jobs/s"), ("(x)", "x")):
         if marker in label:
             return unit
     return "s"
