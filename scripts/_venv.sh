@@ -33,3 +33,21 @@ ensure_venv() {
   export PATH="$VENV/bin:$PATH"
   export JAX_ENABLE_X64=1
 }
+
+# The status page's browser test (tests/test_ops_page.py) drives Debian's headless chromium.
+# Install it when it is missing and this shell may (root with apt-get; about 10 s); anywhere
+# else that one test skips and says why. MPL_NO_APT=1 skips the install.
+ensure_chromium() {
+  if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
+    return 0
+  fi
+  if [ "${MPL_NO_APT:-0}" = 1 ] || [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    echo "chromium is not installed: the status page's browser test will skip" >&2
+    return 0
+  fi
+  echo "installing chromium (Debian package) for the status page's browser test" >&2
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends chromium; } >/dev/null 2>&1; then
+    echo "could not install chromium: the status page's browser test will skip" >&2
+  fi
+}

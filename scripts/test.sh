@@ -6,6 +6,7 @@
 set -euo pipefail
 source "$(dirname "$0")/_venv.sh"
 ensure_venv
+ensure_chromium
 cd "$ROOT"
 echo "== ruff" >&2
 "$PY" -m ruff check .
