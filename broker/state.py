@@ -474,7 +474,7 @@ class BrokerState:
         if not all(workers):  # a WorkerEntry is always true
             absent = next(r for r, e in zip(ranks, workers, strict=True) if e is None)
             return answer(self._absent(absent, job_id))
-        self.calls.jobs[job_id] = JobCall(peer, msg.session, ranks, set(ranks), job=job_id)
+        self.calls.jobs[job_id] = JobCall(peer, msg.session, ranks, set(ranks), job_id)
         session.jobs.add(job_id)
         # A rank must see only its own bindings (host values are private to their party).
         # When no other rank's bindings are in the message, it goes out as it came: one
@@ -486,7 +486,8 @@ class BrokerState:
         out: list[Send] = []  # a rank's program goes before its Exec
         for entry in workers:
             assert entry is not None  # None in workers was answered above
-            if not entry.programs.get(digest) and entry.needs_program(
+            # the same program as this worker's last job: no call (needs_program's check)
+            if entry.last_program != digest and entry.needs_program(
                 digest, partial(program_nbytes, program, entry.rank)
             ):
                 out.append(Send(entry.peer, program))
@@ -516,48 +517,76 @@ class BrokerState:
 
     def done_read(self, peer: bytes, read: DoneRead, now: float, who: str | None) -> list[Send]:
         """A Done of the hot path, read by ``mpl.wire.hot.read_done`` instead of decoded:
-        the same checks as :meth:`handle` and :meth:`_on_done` make (a registered worker's
-        socket, then who speaks for the rank), with no record built."""
+        the same checks as :meth:`handle` and :meth:`_done` make (a registered worker's
+        socket, then who speaks for the rank, then a job in flight that waits on that rank),
+        with no record built; its values and stats go straight into the job's answer."""
         registry = self.registry  # registry.worker(peer), written out: a call per rank
         worker = registry.by_peer.get(peer) or registry.channels.get(peer)
         if worker is None:
             self._note("dropped 'done' from a peer that is not a registered worker")
             return []
         worker.last_seen = now
-        return self._done(peer, read, who, None, None, worker)
+        rank = read.rank
+        # access.speaks_for, written out for the answer it gives a worker's own rank (it
+        # counts and notes anything else)
+        if not (
+            worker.rank == rank
+            and registry.by_rank.get(rank) is worker
+            and (who is None or self.access.node_rank.get(who) == rank)
+        ):
+            self.access.speaks_for(peer, who, rank, "done", worker)
+            return []
+        job = self.calls.jobs.get(read.job)
+        if job is None or rank not in job.pending or read.session != job.session:
+            return []  # the job already ended (aborted); late answers are dropped
+        job.pending.remove(rank)
+        # plain msgpack: the answer is packed from the values, unless a decoded Done of
+        # this job made it splice or encode (then it is encoded anew: no bytes of these)
+        job.raw_values = None
+        values = job.values
+        for index, value in read.values.items():
+            if index in values:
+                values[index][rank] = value
+            else:
+                values[index] = {rank: value}
+        job.stats[rank] = read.stats
+        if read.metas:
+            metas = job.metas
+            for index, meta in read.metas.items():
+                metas.setdefault(index, meta)
+        if job.pending:
+            return []
+        return self._job_done(job)
 
     def _done(
         self,
         peer: bytes,
-        msg: Done | DoneRead,
+        msg: Done,
         who: str | None,
         raw: Any,
         spans: DoneSpans | None,
         worker: WorkerEntry | None,
     ) -> list[Send]:
-        """Take one rank's Done (``worker``: the registered worker ``peer`` is, if any): its
-        values and stats go straight into the job's answer."""
+        """Take one rank's decoded Done (``worker``: the registered worker ``peer`` is, if
+        any): its values and stats go straight into the job's answer (a Done of the hot
+        path takes :meth:`done_read` instead)."""
         rank = msg.rank
         if not self.access.speaks_for(peer, who, rank, "done", worker):
             return []
         job = self.calls.jobs.get(msg.job)
         if job is None or rank not in job.pending or msg.session != job.session:
-            if job is None and isinstance(msg, Done) and msg.saved:  # its files remain
+            if job is None and msg.saved:  # its files remain
                 self.job_saves.late(msg)
             return []  # the job already ended (aborted); late answers are dropped
         job.pending.discard(rank)
-        saves = msg if isinstance(msg, Done) and msg.saved else None  # names it saved
-        if saves is not None and (refused := self.job_saves.reported(job, saves)) is not None:
+        if msg.saved and (refused := self.job_saves.reported(job, msg)) is not None:
             return self._fail_call(job, refused)
         values, raw_values = job.values, job.raw_values
-        if type(msg) is DoneRead:  # plain msgpack: the answer is packed from the values
-            spans = None
-        else:
-            job.lean = False  # it may hold what only the codec encodes (tuples, buffers)
-            if raw_values is not None and spans is None and raw is not None:
-                spans = done_spans(raw)  # a decoded Done: its bytes cut from its frames
-                if spans is not None and spans.values.keys() != msg.values.keys():
-                    spans = None
+        job.lean = False  # it may hold what only the codec encodes (tuples, buffers)
+        if raw_values is not None and spans is None and raw is not None:
+            spans = done_spans(raw)  # a decoded Done: its bytes cut from its frames
+            if spans is not None and spans.values.keys() != msg.values.keys():
+                spans = None
         if raw_values is None or spans is None:
             job.raw_values = None  # packed, or encoded anew, at the end
             for index, value in msg.values.items():
@@ -584,20 +613,25 @@ class BrokerState:
                 metas.setdefault(index, meta)
         if job.pending:
             return []
+        return self._job_done(job)
+
+    def _job_done(self, job: JobCall) -> list[Send]:
+        """Every rank of ``job`` answered: end it, and answer its driver."""
         if job.saved and (refused := self.job_saves.complete(job)) is not None:
             return self._fail_call(job, refused)
-        del self.calls.jobs[msg.job]
+        job_id = job.job
+        del self.calls.jobs[job_id]
         session = self.sessions.by_id.get(job.session)  # _session_jobs_discard, written out
         if session is not None:
-            session.jobs.discard(msg.job)
+            session.jobs.discard(job_id)
         self.counters["jobs_done"] += 1
         # built, not checked again: the values, stats and metas were checked on reading
-        result = result_record(msg.job, job.values, job.stats, job.metas)
+        result = result_record(job_id, job.values, job.stats, job.metas)
         frames = None
         if job.lean:  # every rank's Done read by read_done
-            frames = packed_result(msg.job, job.values, job.stats, job.metas)
+            frames = packed_result(job_id, job.values, job.stats, job.metas)
         elif job.raw_values is not None:
-            frames = result_frames(msg.job, job.raw_values, job.raw_stats, job.metas)
+            frames = result_frames(job_id, job.raw_values, job.raw_stats, job.metas)
         return [Send(job.driver, result, frames)]
 
     def _on_failed(
