@@ -15,10 +15,11 @@ Every message is judged by who really sent it, never by a field the sender wrote
   identity that opened them and the ones it shares them with; programs are cached per
   identity; a ``sym:`` value is read only once loaded into the caller's own session.
 
-Families of handlers live beside it, each a small class over this state: names
+Families of handlers live beside it, each a small class over this state: workers and
+heartbeats (``presence.py``), sessions opened and closed (``session_calls.py``), names
 (``names.py``), fetches and deletes (``data.py``), listings (``listing.py``), programs
-(``program_store.py``); the checks
-they share are ``access.py`` and ``admission.py``.
+(``program_store.py``); the checks they share are ``access.py`` and ``admission.py``. What
+stays here is the dispatch and the jobs: started, answered, failed and cancelled.
 """
 
 from __future__ import annotations
@@ -32,17 +33,19 @@ from typing import Any
 
 from mpl.broker.access import Access
 from mpl.broker.actions import Send, fan
-from mpl.broker.admission import refuse_call, refuse_open
-from mpl.broker.calls import Call, CallTable, JobCall, RequestCall, lost_rank_error
+from mpl.broker.admission import refuse_call
+from mpl.broker.calls import Call, CallTable, JobCall, RequestCall
 from mpl.broker.data import DataCalls
 from mpl.broker.job_saves import JobSaves
 from mpl.broker.listing import Listing
 from mpl.broker.names import Names
 from mpl.broker.persisted import PersistedTable
+from mpl.broker.presence import Presence
 from mpl.broker.program_store import ProgramStore
 from mpl.broker.registry import Registry, WorkerEntry
+from mpl.broker.session_calls import SessionCalls
 from mpl.broker.session_runtime import SessionRuntimes
-from mpl.broker.sessions import SessionTable, session_spec
+from mpl.broker.sessions import SessionTable
 from mpl.broker.status_view import build_status
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.control import (
@@ -52,12 +55,9 @@ from mpl.wire.control import (
     Channel,
     Heartbeat,
     Refused,
-    Reregister,
-    Welcome,
     WorkerHello,
 )
 from mpl.wire.data import Delete, Fetch
-from mpl.wire.errors import RegistrationError
 from mpl.wire.hot import (
     DoneRead,
     DoneSpans,
@@ -68,7 +68,6 @@ from mpl.wire.hot import (
     result_frames,
     result_record,
 )
-from mpl.wire.identity import node_identity, rank_of
 from mpl.wire.jobs import (
     Abort,
     Cancel,
@@ -98,8 +97,6 @@ from mpl.wire.sessions import (
     OpenSession,
     Reply,
     SaveSymbol,
-    SessionClosed,
-    SessionOpened,
     StatusRequest,
 )
 
@@ -157,16 +154,18 @@ class BrokerState:
         self.listing = Listing(self)
         self.program_store = ProgramStore(self)
         self.runtimes = SessionRuntimes(self)
+        self.presence = Presence(self)
+        self.session_calls = SessionCalls(self)
         self._next_beat = now
         self._handlers: dict[
             type[Record], Callable[[bytes, Any, float, str | None], list[Send]]
         ] = {
-            WorkerHello: self._on_hello,
-            Channel: self._on_channel,
-            Heartbeat: self._on_heartbeat,
-            Bye: self._on_bye,
-            OpenSession: self._on_open,
-            CloseSession: self._on_close,
+            WorkerHello: self.presence.on_hello,
+            Channel: self.presence.on_channel,
+            Heartbeat: self.presence.on_heartbeat,
+            Bye: self.presence.on_bye,
+            OpenSession: self.session_calls.on_open,
+            CloseSession: self.session_calls.on_close,
             Program: self.program_store.on_program,
             Failed: self._on_failed,
             Progress: self._on_progress,
@@ -205,7 +204,7 @@ class BrokerState:
         mode, where the routing identity ``peer`` is what there is to go by.
         """
         if self.secure and isinstance(msg, (WorkerHello, Channel)):
-            impostor = self._impostor(peer, msg.rank, who, msg.TAG)
+            impostor = self.presence.impostor(peer, msg.rank, who, msg.TAG)
             if impostor is not None:
                 return [impostor]
         worker = self.registry.worker(peer)
@@ -261,7 +260,7 @@ class BrokerState:
     def disconnected(self, peer: bytes, now: float) -> list[Send]:
         """The transport saw ``peer``'s connection close."""
         if peer in self.registry.by_peer:
-            return self._lose_worker(peer, "its connection closed", now)
+            return self.presence.lose_worker(peer, "its connection closed", now)
         self.drivers.pop(peer, None)
         self.beating.discard(peer)
         return []
@@ -270,9 +269,13 @@ class BrokerState:
         """Timers: heartbeats out, silent workers and expired sessions."""
         out: list[Send] = []
         for entry in self.registry.silent(now, self.silence_s):
-            out += self._lose_worker(entry.peer, f"silent for {now - entry.last_seen:.1f} s", now)
+            out += self.presence.lose_worker(
+                entry.peer, f"silent for {now - entry.last_seen:.1f} s", now
+            )
         for session in self.sessions.expired(now):
-            out += self._close_session(session.sid, f"lease of {session.lease_s:g} s expired")
+            out += self.session_calls.close_session(
+                session.sid, f"lease of {session.lease_s:g} s expired"
+            )
         for peer, seen in list(self.drivers.items()):
             if now - seen > self.silence_s:  # a driver socket that went quiet
                 del self.drivers[peer]
@@ -286,146 +289,6 @@ class BrokerState:
 
     def next_deadline(self) -> float:
         return self._next_beat
-
-    # -- control --------------------------------------------------------------------------
-    def _impostor(self, peer: bytes, rank: int, who: str | None, tag: str) -> Send | None:
-        """Refuse a claim on ``rank`` unless node ``rank``'s own key made it.
-
-        The incarnation every worker sees in the Directory is no credential, and the order
-        of arrival after a broker restart gives no rank to whoever speaks first.
-        """
-        if rank_of(who, self.cluster) == rank:
-            return None
-        self.counters["protocol_errors"] += 1
-        name = self.cluster.nodes[rank].name if 0 <= rank < self.cluster.world_size else "?"
-        message = (
-            f"{who or 'an unauthenticated peer'} may not speak for rank {rank} "
-            f"(only {node_identity(name)} may); check that the worker was started with "
-            f"rank {rank}'s key"
-        )
-        self._note(f"refused {tag!r}: {message}")
-        return Send(peer, Refused(ErrorInfo("AuthenticationError", message, rank=rank)))
-
-    def _on_hello(
-        self, peer: bytes, msg: WorkerHello, now: float, who: str | None = None
-    ) -> list[Send]:
-        self.drivers.pop(peer, None)
-        try:
-            entry = self.registry.admit(peer, msg, now)
-        except RegistrationError as exc:
-            self._note(f"refused rank {msg.rank} (pid {msg.pid} on {msg.host}): {exc}")
-            return [Send(peer, Refused(ErrorInfo("RegistrationError", str(exc), rank=msg.rank)))]
-        self.persisted.replace_rank(entry.rank, msg.symbols)  # what its disk holds now
-        welcome = Welcome(
-            entry.rank,
-            self.cluster.world_size,
-            self.broker_id,
-            self.heartbeat_s,
-            self.cluster.to_dict(),
-        )
-        joined = self.runtimes.joined(entry.rank, peer)  # open sessions' runtime_info
-        return [Send(peer, welcome), *joined, *self._broadcast_directory()]
-
-    def _on_channel(
-        self, peer: bytes, msg: Channel, now: float, who: str | None = None
-    ) -> list[Send]:
-        if not self.access.channel_key_ok(who, msg.rank):
-            self._note(f"ignored a channel for rank {msg.rank} from {who}")
-        elif not self.registry.add_channel(peer, msg.rank, msg.incarnation):
-            self._note(f"ignored a channel for rank {msg.rank}: no such live worker")
-        return []
-
-    def _on_heartbeat(
-        self, peer: bytes, msg: Heartbeat, now: float, who: str | None = None
-    ) -> list[Send]:
-        worker = self.registry.by_peer.get(peer)
-        if worker is not None:
-            worker.stats = msg.stats
-            return []
-        if msg.rank >= 0:  # a worker we do not know: we restarted, or it was dropped
-            return [Send(peer, Reregister(self.broker_id))]
-        self.drivers[peer] = now
-        self.beating.add(peer)
-        identity = self.access.driver(peer, who)
-        gone = False
-        for sid in msg.sessions:
-            session = self.sessions.get(sid)
-            if session is None:
-                gone = True
-            elif identity is not None and session.allows(identity):
-                session.last_seen = now  # only its own drivers keep a session's lease
-        return [Send(peer, Reregister(self.broker_id))] if gone else []
-
-    def _on_bye(self, peer: bytes, msg: Bye, now: float, who: str | None = None) -> list[Send]:
-        if peer in self.registry.by_peer:
-            return self._lose_worker(peer, f"it said goodbye ({msg.reason or 'shutdown'})", now)
-        return self.disconnected(peer, now)
-
-    def _lose_worker(self, peer: bytes, reason: str, now: float) -> list[Send]:
-        entry = self.registry.remove(peer, reason, now)
-        if entry is None:
-            return []
-        self._note(f"rank {entry.rank} lost: {reason}")
-        out: list[Send] = []
-        for call in self.calls.involving(entry.rank):
-            info = lost_rank_error(entry.rank, reason, getattr(call, "job", ""))
-            out += self._fail_call(call, info)
-        return out + self._broadcast_directory()
-
-    def _broadcast_directory(self) -> list[Send]:
-        directory = self.registry.directory()
-        return [Send(p, directory) for p in self.registry.by_peer]
-
-    # -- sessions -------------------------------------------------------------------------
-    def _on_open(
-        self, peer: bytes, msg: OpenSession, now: float, who: str | None = None
-    ) -> list[Send]:
-        identity = self.access.driver(peer, who)
-        if peer in self.registry.by_peer or identity is None:
-            return [self._refuse(peer, "ProtocolError", "a worker cannot open a session")]
-        if (refusal := refuse_open(msg.lease_s, len(self.sessions.by_id))) is not None:
-            return [Send(peer, self._req_error(msg.req, "SessionError", refusal))]
-        shared, error = self.access.opening(identity, msg)
-        if error is not None:
-            return [Send(peer, Reply(msg.req, error=error))]
-        spec, error = session_spec(self.cluster, self.sessions.named(msg.name), msg.cluster)
-        if error is not None:
-            return [Send(peer, Reply(msg.req, error=error))]
-        entry, attached = self.sessions.open(identity, msg.client, msg.name, msg.lease_s, now)
-        if shared is not None:
-            entry.shared = shared
-        if not attached:
-            entry.cluster = spec
-        cluster = entry.cluster or self.cluster.to_dict()
-        opened = SessionOpened(
-            msg.req, entry.sid, self.broker_id, cluster, self.heartbeat_s, attached
-        )
-        if not attached and spec is not None:  # its nodes' workers accept it first
-            return self.runtimes.announce(peer, entry, msg.cluster or {}, opened)
-        return [Send(peer, opened)]
-
-    def _on_close(
-        self, peer: bytes, msg: CloseSession, now: float, who: str | None = None
-    ) -> list[Send]:
-        session = self.access.session(peer, who, msg.session)
-        if isinstance(session, ErrorInfo):
-            self._note(f"ignored a close of session {msg.session}: {session.message}")
-            return []
-        if self.sessions.detach(msg.client, msg.session):
-            return self._close_session(msg.session, "closed by its driver")
-        return []
-
-    def _close_session(self, sid: str, reason: str) -> list[Send]:
-        entry = self.sessions.remove(sid)
-        if entry is None:
-            return []
-        out: list[Send] = []
-        info = _error("JobAbortedError", f"session {sid} closed: {reason}")
-        for job in self.calls.of_session(sid):
-            out += self._fail_call(job, info)
-        closed = SessionClosed(sid, reason)
-        out += [Send(p, closed) for p in self.registry.by_peer]
-        return out
 
     # -- jobs -----------------------------------------------------------------------------
     def _on_exec(
