@@ -513,6 +513,7 @@ def packed_result(
 # their bytes: at most _TUPLES_KEPT, the table emptied when full
 _tuples: dict[bytes, tuple[int, ...]] = {}
 _TUPLES_KEPT = 256
+_TUPLE_BYTES_KEPT = 256  # longer ones are read each time
 
 
 def _small_tuple(code: int, data: bytes) -> Any:
@@ -532,7 +533,12 @@ def _small_tuple(code: int, data: bytes) -> Any:
     items = msgpack.unpackb(data, raw=False)  # a longer tuple (32 ranks): of ints only here
     if type(items) is not list or not _int_keys(items):  # 64-bit ints, no call per item
         raise _ExtSeen
-    return tuple(items)
+    made = tuple(items)
+    if len(data) <= _TUPLE_BYTES_KEPT:
+        if len(_tuples) >= _TUPLES_KEPT:
+            _tuples.clear()
+        _tuples[data] = made
+    return made
 
 
 # An Exec's header items by type, tag first (timeout_s a float or an int)
