@@ -394,12 +394,6 @@ if (INT_MIN, INT_MAX) != (-(1 << 63), (1 << 64) - 1):
     raise ImportError("mpl.wire.hot: the lean readers rely on the 64-bit int range")
 
 
-def _int_keys(keys: Any) -> bool:
-    """Whether every key of a map (or item of a list) is an int, in C calls only: no
-    Python frame per key (decoded by msgpack, it fits 64 bits)."""
-    return {*map(type, keys)} <= _INT_ONLY
-
-
 def read_done(frames: Sequence[Any]) -> DoneRead | None:
     """Read a ``Done`` of the hot path without building the record, in one call over its
     header: None unless it is one (no buffer frames, the right magic, no extension types,
@@ -408,8 +402,8 @@ def read_done(frames: Sequence[Any]) -> DoneRead | None:
     The fields are checked as ``Done``'s annotations say (``session``/``job`` str, ``rank``
     a 64-bit int, ``values`` and ``metas`` keyed by 64-bit ints, ``metas`` of str, ``stats``
     keyed by str), under the codec's limits (items per container, nesting, containers per
-    header). On None
-    the caller decodes the ordinary way, which accepts the message or says why not.
+    header). On None the caller decodes the ordinary way, which accepts the message or
+    says why not.
     """
     header = _lean_header(frames)
     if header is None or not header.startswith(DONE_PREFIX):
@@ -531,7 +525,8 @@ def _small_tuple(code: int, data: bytes) -> Any:
         made = _tuples[data] = tuple(data[1:])
         return made
     items = msgpack.unpackb(data, raw=False)  # a longer tuple (32 ranks): of ints only here
-    if type(items) is not list or not _int_keys(items):  # 64-bit ints, no call per item
+    # ints only (decoded by msgpack, each fits 64 bits), no call per item
+    if type(items) is not list or not {*map(type, items)} <= _INT_ONLY:
         raise _ExtSeen
     made = tuple(items)
     if len(data) <= _TUPLE_BYTES_KEPT:
