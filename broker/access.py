@@ -51,8 +51,8 @@ class Access:
     ) -> None:
         self.cluster = cluster
         # node identity -> rank: who speaks for which rank, one lookup per message (the
-        # broker's spec is fixed for its life)
-        self._node_rank = {node_identity(n.name): n.rank for n in cluster.nodes}
+        # broker's spec is fixed for its life; read by the hot Done's check too)
+        self.node_rank = {node_identity(n.name): n.rank for n in cluster.nodes}
         self.registry = registry
         self.sessions = sessions
         self.counters = counters
@@ -164,7 +164,7 @@ class Access:
             entry is not None
             and entry.rank == rank
             and self.registry.by_rank.get(rank) is entry
-            and (who is None or self._node_rank.get(who) == rank)
+            and (who is None or self.node_rank.get(who) == rank)
         ):
             return True
         claimed = f"rank {entry.rank}" if entry is not None else "an unregistered peer"
@@ -173,7 +173,7 @@ class Access:
 
     def channel_key_ok(self, who: str | None, rank: int) -> bool:
         """In secure mode, a result channel for ``rank`` comes with node ``rank``'s key."""
-        return who is None or self._node_rank.get(who) == rank
+        return who is None or self.node_rank.get(who) == rank
 
     def forged(self, what: str) -> None:
         self.counters["forged_replies"] += 1

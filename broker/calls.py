@@ -7,7 +7,7 @@ rank answers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from mpl.wire.remote import ErrorInfo
@@ -24,22 +24,34 @@ class Call:
     pending: set[int]
 
 
-@dataclass
+@dataclass(init=False, eq=False)
 class JobCall(Call):
-    job: str = ""
-    values: dict[int, dict[int, Any]] = field(default_factory=dict)
-    stats: dict[int, dict[str, Any]] = field(default_factory=dict)
-    metas: dict[int, str] = field(default_factory=dict)
-    progress_sent: dict[int, float] = field(default_factory=dict)  # rank -> last forwarded
-    saved: dict[str, dict[int, SymbolInfo]] = field(default_factory=dict)  # name -> reports
+    """A job in flight: made once per job, so its ``__init__`` is written out (the
+    dataclass's, with a factory call per dict, cost twice as much)."""
+
+    job: str
+    values: dict[int, dict[int, Any]]
+    stats: dict[int, dict[str, Any]]
+    metas: dict[int, str]
+    progress_sent: dict[int, float]  # rank -> last forwarded
+    saved: dict[str, dict[int, SymbolInfo]]  # name -> reports
     # The decoded Dones' values and stats as the bytes they came in (mpl.wire.hot), spliced
     # into the JobResult; None once a Done came with buffer frames or was read lean (then
     # the answer is encoded, or packed when every Done was read lean: ``lean``).
-    raw_values: dict[int, dict[int, bytes]] | None = field(default_factory=dict)
-    raw_stats: dict[int, bytes] = field(default_factory=dict)
+    raw_values: dict[int, dict[int, bytes]] | None
+    raw_stats: dict[int, bytes]
     # Whether every Done so far was read by mpl.wire.hot.read_done: plain msgpack values
     # and stats, which the answer is packed from in one call (mpl.wire.hot.packed_result)
-    lean: bool = True
+    lean: bool
+
+    def __init__(
+        self, driver: bytes, session: str, ranks: tuple[int, ...], pending: set[int], job: str
+    ) -> None:
+        self.driver, self.session, self.ranks, self.pending = driver, session, ranks, pending
+        self.job = job
+        self.values, self.stats, self.metas = {}, {}, {}
+        self.progress_sent, self.saved, self.raw_values, self.raw_stats = {}, {}, {}, {}
+        self.lean = True
 
 
 @dataclass

@@ -66,6 +66,14 @@ from mpl.wire.zap import Gatekeeper
 
 __all__ = ["Broker"]
 
+# The compiled socket's own send and receive: the broker's loop calls them directly for
+# what it sends and receives on every job (mpl.wire.sockets does the same per call)
+_raw_recv: Any = zmq.backend.Socket.recv
+_raw_send: Any = zmq.backend.Socket.send
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE = _NOBLOCK | int(zmq.SNDMORE)
+_COPY_BELOW = 64 * 1024  # pyzmq's copy threshold (mpl.wire.sockets.send_frames)
+
 log = logging.getLogger("mpl.broker")
 _TICK_S = 0.05  # timers and disconnect events run this often; it also bounds a stop's wait
 _TICK_MS = int(_TICK_S * 1000)
@@ -172,32 +180,48 @@ class Broker:
             self.close()
 
     def _turn(self, next_tick: float) -> float:
-        """One wake-up: wait for a message (at most RCVTIMEO), handle it and, with jobs in
-        flight, whatever else is queued already (up to _WAKE), and send what they ask for,
-        coalesced per peer; then, if the timers are due, handle every message queued (up to
-        _BATCH) and run them. Returns when the timers are next due.
+        """Wake-ups until the timers are due: wait for a message (at most RCVTIMEO), handle
+        it and, with jobs in flight, whatever else is queued already (up to _WAKE), and send
+        what they ask for, coalesced per peer; again, until the timers are due or a receive
+        finds nothing for RCVTIMEO. Then, if the timers are due, handle every message queued
+        (up to _BATCH) and run them. Returns when the timers are next due.
 
         A blocking receive of a message already queued costs no system call; the receives
         after it do not block and end at the first that finds nothing. The queue is
         drained before the timers, so a worker whose heartbeat waits in it is never
-        declared silent (after the broker was descheduled for a while, say).
+        declared silent (after the broker was descheduled for a while, say). The loop
+        over wake-ups is here, not in the caller: a call and a look at the stop flag fewer
+        per message (each rank's Done is one), and the stop flag is seen at every tick.
         """
-        try:
-            frames: list[Any] | None = recv_frames(self.router)
-        except zmq.Again:
-            frames = None
-        if frames is not None:
+        router: Any = self.router  # a test may stand something else in
+        jobs = self._jobs
+        # recv_frames written out for the compiled socket (a test's stand-in gets the call)
+        recv = _raw_recv if isinstance(router, zmq.backend.Socket) else None
+        while True:
+            try:
+                if recv is not None:
+                    frame = recv(router, 0, False)
+                    frames = [frame]
+                    while frame.more:  # the rest of a multipart message is there already
+                        frame = recv(router, 0, False)
+                        frames.append(frame)
+                else:
+                    frames = recv_frames(router)
+            except zmq.Again:
+                break
             self._route(frames)
             # With one job or none in flight nothing queued could share a batch with what
             # this message asks to send: skip the receive that would find nothing (a
             # system call and a zmq.Again on the one-job-at-a-time path).
-            if len(self._jobs) > 1:  # state.jobs_in_flight, without the property's call
-                for frames in recv_queued(self.router, _WAKE - 1):
+            if len(jobs) > 1:  # state.jobs_in_flight, without the property's call
+                for frames in recv_queued(router, _WAKE - 1):
                     self._route(frames)
                     if len(self._outbox) >= _WAKE:  # batches in: answers go out before more
                         break
             if self._outbox or self._accounts:  # most Dones ask for nothing: no call
                 self._flush()
+            if time.monotonic() >= next_tick:
+                break
         now = time.monotonic()
         if now < next_tick:
             return next_tick
@@ -251,7 +275,20 @@ class Broker:
         self.state.counters["bytes_routed"] += sum(map(len, body))
         # every frame of a message carries its connection's User-Id
         who = frame_identity(body[0]) if self.secure and body else None
-        self._handle(peer, body, now, who, batch_ok=True)
+        # the hot messages, header only, are read without the general decode (and, with
+        # the codec's magic, are no batch); a Done of the hot path is taken here, with no
+        # record built (most leave their job waiting on other ranks: nothing to send)
+        try:  # one message's failure stays that message's failure
+            read = read_hot(body)
+            if type(read) is DoneRead:
+                actions = self.state.done_read(peer, read, now, who)
+                if actions:
+                    self._perform(actions)
+                return
+        except Exception as exc:
+            self._contain(peer, None, exc)
+            return
+        self._handle(peer, body, now, who, batch_ok=True, read=read)
 
     def _batch(self, peer: bytes, body: list[Any], now: float, who: str | None) -> None:
         """Handle each message of a batch as if it had arrived alone."""
@@ -264,18 +301,22 @@ class Broker:
             return
         self.state.counters["batches_received"] += 1
         for one in inner:
-            self._handle(peer, one, now, who)
+            self._handle(peer, one, now, who, read=read_hot(one))
 
     def _handle(
-        self, peer: bytes, body: list[Any], now: float, who: str | None, batch_ok: bool = False
+        self,
+        peer: bytes,
+        body: list[Any],
+        now: float,
+        who: str | None,
+        batch_ok: bool = False,
+        read: DoneRead | Exec | None = None,
     ) -> None:
         """Decode one message, hand it to the state, queue what it asks to send; or, if it
-        is a batch (and ``batch_ok``: not inside one), each message in it."""
+        is a batch (and ``batch_ok``: not inside one), each message in it. ``read``: what
+        ``read_hot`` made of it (a hot message is not decoded again)."""
         msg: Record | None = None
         try:  # one message's failure stays that message's failure
-            # the hot messages, header only, are read without the general decode (and,
-            # with the codec's magic, are no batch)
-            read = read_hot(body)
             if type(read) is DoneRead:  # a Done of the hot path: no record built
                 actions = self.state.done_read(peer, read, now, who)
                 if actions:  # most Dones leave their job waiting on other ranks
@@ -378,9 +419,24 @@ class Broker:
                 self._send_to(action.peer, frames, queued)
                 continue
             if len(set(map(_first, map(_first, queued)))) == len(queued):
-                # a message to each peer (an Exec to every rank): nothing to group or batch
+                # a message to each peer (an Exec to every rank): nothing to group or batch;
+                # _send_to written out for the header-only messages of a compiled socket
+                router: Any = self.router
+                if not isinstance(router, zmq.backend.Socket):
+                    for item in queued:
+                        self._send_to(item[0].peer, item[1], (item,))
+                    continue
                 for item in queued:
-                    self._send_to(item[0].peer, item[1], (item,))
+                    action, frames = item
+                    if len(frames) != 2 or type(header := frames[1]) is not bytes:
+                        self._send_to(action.peer, frames, (item,))
+                        continue
+                    try:
+                        _raw_send(router, action.peer, _MORE)
+                        _raw_send(router, frames[0], _MORE)
+                        _raw_send(router, header, _NOBLOCK, len(header) < _COPY_BELOW)
+                    except Exception as exc:
+                        self._unsent(action.peer, (item,), exc)
                 continue
             by_peer: dict[bytes, list[tuple[Send, list[Any]]]] = {}
             for item in queued:
@@ -410,16 +466,29 @@ class Broker:
     def _send_to(self, peer: bytes, frames: list[Any], carried: Sequence[tuple[Send, Any]]) -> None:
         """Send one message (maybe a batch) to ``peer``; what it carried is undeliverable
         if the peer is gone or stuck (what follows from that is queued for the flush)."""
+        router: Any = self.router
         try:
-            send_frames(self.router, [peer, *frames])
-        except zmq.ZMQError as exc:
-            if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
-                self.guard.internal(peer.hex(), carried[0][0].msg, exc)
-                return
-            for action, _ in carried:
-                self._perform(self._undeliverable(action, exc))
+            if (
+                len(frames) == 2
+                and type(header := frames[1]) is bytes
+                and isinstance(router, zmq.backend.Socket)
+            ):  # send_frames written out for a header-only message (a job's answer)
+                _raw_send(router, peer, _MORE)
+                _raw_send(router, frames[0], _MORE)
+                _raw_send(router, header, _NOBLOCK, len(header) < _COPY_BELOW)
+            else:
+                send_frames(router, [peer, *frames])
         except Exception as exc:
+            self._unsent(peer, carried, exc)
+
+    def _unsent(self, peer: bytes, carried: Sequence[tuple[Send, Any]], exc: Exception) -> None:
+        """A send to ``peer`` failed: when it is gone or stuck, what it carried is
+        undeliverable; anything else is counted and logged."""
+        if not isinstance(exc, zmq.ZMQError) or exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
             self.guard.internal(peer.hex(), carried[0][0].msg, exc)
+            return
+        for action, _ in carried:
+            self._perform(self._undeliverable(action, exc))
 
     def _undeliverable(self, action: Send, exc: zmq.ZMQError) -> list[Send]:
         """The peer is gone (or stuck): its calls fail back to their senders."""

@@ -124,28 +124,28 @@ class JobLedger:
                 started[msg.job] = (self.clock() if now is None else now, msg.session, msg.ranks)
 
     def sent(self, msg: Record) -> JobSpan | None:
-        """Note a message the broker sends; the finished job if it answers one."""
-        if type(msg) is JobResult and not msg.missing_program:
-            return self._finish(msg)
-        return None
-
-    def _finish(self, result: JobResult) -> JobSpan | None:
+        """Note a message the broker sends; the finished job if it answers one (once per
+        job: written in one method, outcome_of inline for a job that succeeded)."""
+        if type(msg) is not JobResult or msg.missing_program:
+            return None
         now = self.clock()
-        start = self._started.pop(result.job, None)
-        outcome = outcome_of(result)
+        start = self._started.pop(msg.job, None)
+        outcome = "ok" if msg.error is None else outcome_of(msg)
         self.outcomes[outcome] += 1
         self._ends.append(now)
         if start is None:  # an Exec we never saw (forgotten, or answered before it counted)
             return None
         mono, session, ranks = start
         seconds = now - mono
-        wall = time.time() - seconds  # its wall start, read once per job (at its end)
         self.count += 1
         self.seconds_sum += seconds
         bucket = bisect_left(BUCKETS, seconds)  # the first bound at or above it
         if bucket < len(BUCKETS):
             self.bucket_counts[bucket] += 1
-        span = JobSpan(result.job, session, wall, seconds, outcome, (ranks, result.stats))
+        # its wall start, read once per job (at its end)
+        span = JobSpan(
+            msg.job, session, time.time() - seconds, seconds, outcome, (ranks, msg.stats)
+        )
         self.recent.append(span)
         return span
 

@@ -164,7 +164,9 @@ class Listing:
                     peer, Reply(msg.req, error=self.state.access.denied(session, identity, "close"))
                 )
             ]
-        out = self.state._close_session(session.sid, f"closed by its owner ({identity})")
+        out = self.state.session_calls.close_session(
+            session.sid, f"closed by its owner ({identity})"
+        )
         return [Send(peer, Reply(msg.req)), *out]
 
 

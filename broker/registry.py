@@ -42,13 +42,23 @@ class WorkerEntry:
     programs: SizedLRU[str, bool] = field(
         default_factory=lambda: SizedLRU(PROGRAM_SLOTS, PROGRAM_MIRROR_BYTES)
     )
+    # The digest this mirror used last (None: none yet). It is the newest entry of
+    # ``programs`` as long as only needs_program uses the mirror, so a job of the same
+    # program as the last one needs no look-up and no reorder: the order stays the
+    # worker's (nothing else changes the mirror; a repeated hello hands both on).
+    last_program: str | None = None
 
     def needs_program(self, digest: str, nbytes: Callable[[], int] = lambda: 0) -> bool:
         """True if ``digest`` (``nbytes()`` as the worker's cache counts it, at most; asked
         only then) must be sent first; records it as sent either way."""
+        if digest == self.last_program:
+            return False
+        self.last_program = digest
         if self.programs.get(digest):
             return False
-        self.programs.put(digest, True, nbytes())
+        # put may refuse it (larger than the whole budget): it is sent again next time
+        if not self.programs.put(digest, True, nbytes()):
+            self.last_program = None
         return True
 
     def peer_info(self) -> PeerInfo:
@@ -119,7 +129,7 @@ class Registry:
         entry = WorkerEntry(rank, peer, hello, now, now)
         if current is not None and current.hello.incarnation == hello.incarnation:
             # the same process again (a repeated hello): it keeps its cache and its channels
-            entry.programs = current.programs
+            entry.programs, entry.last_program = current.programs, current.last_program
             for channel, bound in list(self.channels.items()):
                 if bound is current:
                     self.channels[channel] = entry

@@ -85,7 +85,9 @@ class SessionRuntimes:
             state.calls.requests.pop(call.bid, None)
             self._opening.pop(call.bid, None)
             out = [Send(call.driver, Reply(call.req, error=msg.error))]
-            return out + state._close_session(call.session, f"refused by rank {msg.rank}")
+            return out + state.session_calls.close_session(
+                call.session, f"refused by rank {msg.rank}"
+            )
         call.pending.discard(msg.rank)
         if call.pending:
             return []

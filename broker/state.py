@@ -15,10 +15,11 @@ Every message is judged by who really sent it, never by a field the sender wrote
   identity that opened them and the ones it shares them with; programs are cached per
   identity; a ``sym:`` value is read only once loaded into the caller's own session.
 
-Families of handlers live beside it, each a small class over this state: names
+Families of handlers live beside it, each a small class over this state: workers and
+heartbeats (``presence.py``), sessions opened and closed (``session_calls.py``), names
 (``names.py``), fetches and deletes (``data.py``), listings (``listing.py``), programs
-(``program_store.py``); the checks
-they share are ``access.py`` and ``admission.py``.
+(``program_store.py``); the checks they share are ``access.py`` and ``admission.py``. What
+stays here is the dispatch and the jobs: started, answered, failed and cancelled.
 """
 
 from __future__ import annotations
@@ -32,17 +33,19 @@ from typing import Any
 
 from mpl.broker.access import Access
 from mpl.broker.actions import Send, fan
-from mpl.broker.admission import refuse_call, refuse_open
-from mpl.broker.calls import Call, CallTable, JobCall, RequestCall, lost_rank_error
+from mpl.broker.admission import refuse_call
+from mpl.broker.calls import Call, CallTable, JobCall, RequestCall
 from mpl.broker.data import DataCalls
 from mpl.broker.job_saves import JobSaves
 from mpl.broker.listing import Listing
 from mpl.broker.names import Names
 from mpl.broker.persisted import PersistedTable
+from mpl.broker.presence import Presence
 from mpl.broker.program_store import ProgramStore
 from mpl.broker.registry import Registry, WorkerEntry
+from mpl.broker.session_calls import SessionCalls
 from mpl.broker.session_runtime import SessionRuntimes
-from mpl.broker.sessions import SessionTable, session_spec
+from mpl.broker.sessions import SessionTable
 from mpl.broker.status_view import build_status
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.control import (
@@ -52,12 +55,9 @@ from mpl.wire.control import (
     Channel,
     Heartbeat,
     Refused,
-    Reregister,
-    Welcome,
     WorkerHello,
 )
 from mpl.wire.data import Delete, Fetch
-from mpl.wire.errors import RegistrationError
 from mpl.wire.hot import (
     DoneRead,
     DoneSpans,
@@ -68,7 +68,6 @@ from mpl.wire.hot import (
     result_frames,
     result_record,
 )
-from mpl.wire.identity import node_identity, rank_of
 from mpl.wire.jobs import (
     Abort,
     Cancel,
@@ -98,8 +97,6 @@ from mpl.wire.sessions import (
     OpenSession,
     Reply,
     SaveSymbol,
-    SessionClosed,
-    SessionOpened,
     StatusRequest,
 )
 
@@ -157,16 +154,18 @@ class BrokerState:
         self.listing = Listing(self)
         self.program_store = ProgramStore(self)
         self.runtimes = SessionRuntimes(self)
+        self.presence = Presence(self)
+        self.session_calls = SessionCalls(self)
         self._next_beat = now
         self._handlers: dict[
             type[Record], Callable[[bytes, Any, float, str | None], list[Send]]
         ] = {
-            WorkerHello: self._on_hello,
-            Channel: self._on_channel,
-            Heartbeat: self._on_heartbeat,
-            Bye: self._on_bye,
-            OpenSession: self._on_open,
-            CloseSession: self._on_close,
+            WorkerHello: self.presence.on_hello,
+            Channel: self.presence.on_channel,
+            Heartbeat: self.presence.on_heartbeat,
+            Bye: self.presence.on_bye,
+            OpenSession: self.session_calls.on_open,
+            CloseSession: self.session_calls.on_close,
             Program: self.program_store.on_program,
             Failed: self._on_failed,
             Progress: self._on_progress,
@@ -205,7 +204,7 @@ class BrokerState:
         mode, where the routing identity ``peer`` is what there is to go by.
         """
         if self.secure and isinstance(msg, (WorkerHello, Channel)):
-            impostor = self._impostor(peer, msg.rank, who, msg.TAG)
+            impostor = self.presence.impostor(peer, msg.rank, who, msg.TAG)
             if impostor is not None:
                 return [impostor]
         worker = self.registry.worker(peer)
@@ -261,7 +260,7 @@ class BrokerState:
     def disconnected(self, peer: bytes, now: float) -> list[Send]:
         """The transport saw ``peer``'s connection close."""
         if peer in self.registry.by_peer:
-            return self._lose_worker(peer, "its connection closed", now)
+            return self.presence.lose_worker(peer, "its connection closed", now)
         self.drivers.pop(peer, None)
         self.beating.discard(peer)
         return []
@@ -270,9 +269,13 @@ class BrokerState:
         """Timers: heartbeats out, silent workers and expired sessions."""
         out: list[Send] = []
         for entry in self.registry.silent(now, self.silence_s):
-            out += self._lose_worker(entry.peer, f"silent for {now - entry.last_seen:.1f} s", now)
+            out += self.presence.lose_worker(
+                entry.peer, f"silent for {now - entry.last_seen:.1f} s", now
+            )
         for session in self.sessions.expired(now):
-            out += self._close_session(session.sid, f"lease of {session.lease_s:g} s expired")
+            out += self.session_calls.close_session(
+                session.sid, f"lease of {session.lease_s:g} s expired"
+            )
         for peer, seen in list(self.drivers.items()):
             if now - seen > self.silence_s:  # a driver socket that went quiet
                 del self.drivers[peer]
@@ -286,146 +289,6 @@ class BrokerState:
 
     def next_deadline(self) -> float:
         return self._next_beat
-
-    # -- control --------------------------------------------------------------------------
-    def _impostor(self, peer: bytes, rank: int, who: str | None, tag: str) -> Send | None:
-        """Refuse a claim on ``rank`` unless node ``rank``'s own key made it.
-
-        The incarnation every worker sees in the Directory is no credential, and the order
-        of arrival after a broker restart gives no rank to whoever speaks first.
-        """
-        if rank_of(who, self.cluster) == rank:
-            return None
-        self.counters["protocol_errors"] += 1
-        name = self.cluster.nodes[rank].name if 0 <= rank < self.cluster.world_size else "?"
-        message = (
-            f"{who or 'an unauthenticated peer'} may not speak for rank {rank} "
-            f"(only {node_identity(name)} may); check that the worker was started with "
-            f"rank {rank}'s key"
-        )
-        self._note(f"refused {tag!r}: {message}")
-        return Send(peer, Refused(ErrorInfo("AuthenticationError", message, rank=rank)))
-
-    def _on_hello(
-        self, peer: bytes, msg: WorkerHello, now: float, who: str | None = None
-    ) -> list[Send]:
-        self.drivers.pop(peer, None)
-        try:
-            entry = self.registry.admit(peer, msg, now)
-        except RegistrationError as exc:
-            self._note(f"refused rank {msg.rank} (pid {msg.pid} on {msg.host}): {exc}")
-            return [Send(peer, Refused(ErrorInfo("RegistrationError", str(exc), rank=msg.rank)))]
-        self.persisted.replace_rank(entry.rank, msg.symbols)  # what its disk holds now
-        welcome = Welcome(
-            entry.rank,
-            self.cluster.world_size,
-            self.broker_id,
-            self.heartbeat_s,
-            self.cluster.to_dict(),
-        )
-        joined = self.runtimes.joined(entry.rank, peer)  # open sessions' runtime_info
-        return [Send(peer, welcome), *joined, *self._broadcast_directory()]
-
-    def _on_channel(
-        self, peer: bytes, msg: Channel, now: float, who: str | None = None
-    ) -> list[Send]:
-        if not self.access.channel_key_ok(who, msg.rank):
-            self._note(f"ignored a channel for rank {msg.rank} from {who}")
-        elif not self.registry.add_channel(peer, msg.rank, msg.incarnation):
-            self._note(f"ignored a channel for rank {msg.rank}: no such live worker")
-        return []
-
-    def _on_heartbeat(
-        self, peer: bytes, msg: Heartbeat, now: float, who: str | None = None
-    ) -> list[Send]:
-        worker = self.registry.by_peer.get(peer)
-        if worker is not None:
-            worker.stats = msg.stats
-            return []
-        if msg.rank >= 0:  # a worker we do not know: we restarted, or it was dropped
-            return [Send(peer, Reregister(self.broker_id))]
-        self.drivers[peer] = now
-        self.beating.add(peer)
-        identity = self.access.driver(peer, who)
-        gone = False
-        for sid in msg.sessions:
-            session = self.sessions.get(sid)
-            if session is None:
-                gone = True
-            elif identity is not None and session.allows(identity):
-                session.last_seen = now  # only its own drivers keep a session's lease
-        return [Send(peer, Reregister(self.broker_id))] if gone else []
-
-    def _on_bye(self, peer: bytes, msg: Bye, now: float, who: str | None = None) -> list[Send]:
-        if peer in self.registry.by_peer:
-            return self._lose_worker(peer, f"it said goodbye ({msg.reason or 'shutdown'})", now)
-        return self.disconnected(peer, now)
-
-    def _lose_worker(self, peer: bytes, reason: str, now: float) -> list[Send]:
-        entry = self.registry.remove(peer, reason, now)
-        if entry is None:
-            return []
-        self._note(f"rank {entry.rank} lost: {reason}")
-        out: list[Send] = []
-        for call in self.calls.involving(entry.rank):
-            info = lost_rank_error(entry.rank, reason, getattr(call, "job", ""))
-            out += self._fail_call(call, info)
-        return out + self._broadcast_directory()
-
-    def _broadcast_directory(self) -> list[Send]:
-        directory = self.registry.directory()
-        return [Send(p, directory) for p in self.registry.by_peer]
-
-    # -- sessions -------------------------------------------------------------------------
-    def _on_open(
-        self, peer: bytes, msg: OpenSession, now: float, who: str | None = None
-    ) -> list[Send]:
-        identity = self.access.driver(peer, who)
-        if peer in self.registry.by_peer or identity is None:
-            return [self._refuse(peer, "ProtocolError", "a worker cannot open a session")]
-        if (refusal := refuse_open(msg.lease_s, len(self.sessions.by_id))) is not None:
-            return [Send(peer, self._req_error(msg.req, "SessionError", refusal))]
-        shared, error = self.access.opening(identity, msg)
-        if error is not None:
-            return [Send(peer, Reply(msg.req, error=error))]
-        spec, error = session_spec(self.cluster, self.sessions.named(msg.name), msg.cluster)
-        if error is not None:
-            return [Send(peer, Reply(msg.req, error=error))]
-        entry, attached = self.sessions.open(identity, msg.client, msg.name, msg.lease_s, now)
-        if shared is not None:
-            entry.shared = shared
-        if not attached:
-            entry.cluster = spec
-        cluster = entry.cluster or self.cluster.to_dict()
-        opened = SessionOpened(
-            msg.req, entry.sid, self.broker_id, cluster, self.heartbeat_s, attached
-        )
-        if not attached and spec is not None:  # its nodes' workers accept it first
-            return self.runtimes.announce(peer, entry, msg.cluster or {}, opened)
-        return [Send(peer, opened)]
-
-    def _on_close(
-        self, peer: bytes, msg: CloseSession, now: float, who: str | None = None
-    ) -> list[Send]:
-        session = self.access.session(peer, who, msg.session)
-        if isinstance(session, ErrorInfo):
-            self._note(f"ignored a close of session {msg.session}: {session.message}")
-            return []
-        if self.sessions.detach(msg.client, msg.session):
-            return self._close_session(msg.session, "closed by its driver")
-        return []
-
-    def _close_session(self, sid: str, reason: str) -> list[Send]:
-        entry = self.sessions.remove(sid)
-        if entry is None:
-            return []
-        out: list[Send] = []
-        info = _error("JobAbortedError", f"session {sid} closed: {reason}")
-        for job in self.calls.of_session(sid):
-            out += self._fail_call(job, info)
-        closed = SessionClosed(sid, reason)
-        out += [Send(p, closed) for p in self.registry.by_peer]
-        return out
 
     # -- jobs -----------------------------------------------------------------------------
     def _on_exec(
@@ -474,7 +337,7 @@ class BrokerState:
         if not all(workers):  # a WorkerEntry is always true
             absent = next(r for r, e in zip(ranks, workers, strict=True) if e is None)
             return answer(self._absent(absent, job_id))
-        self.calls.jobs[job_id] = JobCall(peer, msg.session, ranks, set(ranks), job=job_id)
+        self.calls.jobs[job_id] = JobCall(peer, msg.session, ranks, set(ranks), job_id)
         session.jobs.add(job_id)
         # A rank must see only its own bindings (host values are private to their party).
         # When no other rank's bindings are in the message, it goes out as it came: one
@@ -486,7 +349,8 @@ class BrokerState:
         out: list[Send] = []  # a rank's program goes before its Exec
         for entry in workers:
             assert entry is not None  # None in workers was answered above
-            if not entry.programs.get(digest) and entry.needs_program(
+            # the same program as this worker's last job: no call (needs_program's check)
+            if entry.last_program != digest and entry.needs_program(
                 digest, partial(program_nbytes, program, entry.rank)
             ):
                 out.append(Send(entry.peer, program))
@@ -516,48 +380,76 @@ class BrokerState:
 
     def done_read(self, peer: bytes, read: DoneRead, now: float, who: str | None) -> list[Send]:
         """A Done of the hot path, read by ``mpl.wire.hot.read_done`` instead of decoded:
-        the same checks as :meth:`handle` and :meth:`_on_done` make (a registered worker's
-        socket, then who speaks for the rank), with no record built."""
+        the same checks as :meth:`handle` and :meth:`_done` make (a registered worker's
+        socket, then who speaks for the rank, then a job in flight that waits on that rank),
+        with no record built; its values and stats go straight into the job's answer."""
         registry = self.registry  # registry.worker(peer), written out: a call per rank
         worker = registry.by_peer.get(peer) or registry.channels.get(peer)
         if worker is None:
             self._note("dropped 'done' from a peer that is not a registered worker")
             return []
         worker.last_seen = now
-        return self._done(peer, read, who, None, None, worker)
+        rank = read.rank
+        # access.speaks_for, written out for the answer it gives a worker's own rank (it
+        # counts and notes anything else)
+        if not (
+            worker.rank == rank
+            and registry.by_rank.get(rank) is worker
+            and (who is None or self.access.node_rank.get(who) == rank)
+        ):
+            self.access.speaks_for(peer, who, rank, "done", worker)
+            return []
+        job = self.calls.jobs.get(read.job)
+        if job is None or rank not in job.pending or read.session != job.session:
+            return []  # the job already ended (aborted); late answers are dropped
+        job.pending.remove(rank)
+        # plain msgpack: the answer is packed from the values, unless a decoded Done of
+        # this job made it splice or encode (then it is encoded anew: no bytes of these)
+        job.raw_values = None
+        values = job.values
+        for index, value in read.values.items():
+            if index in values:
+                values[index][rank] = value
+            else:
+                values[index] = {rank: value}
+        job.stats[rank] = read.stats
+        if read.metas:
+            metas = job.metas
+            for index, meta in read.metas.items():
+                metas.setdefault(index, meta)
+        if job.pending:
+            return []
+        return self._job_done(job)
 
     def _done(
         self,
         peer: bytes,
-        msg: Done | DoneRead,
+        msg: Done,
         who: str | None,
         raw: Any,
         spans: DoneSpans | None,
         worker: WorkerEntry | None,
     ) -> list[Send]:
-        """Take one rank's Done (``worker``: the registered worker ``peer`` is, if any): its
-        values and stats go straight into the job's answer."""
+        """Take one rank's decoded Done (``worker``: the registered worker ``peer`` is, if
+        any): its values and stats go straight into the job's answer (a Done of the hot
+        path takes :meth:`done_read` instead)."""
         rank = msg.rank
         if not self.access.speaks_for(peer, who, rank, "done", worker):
             return []
         job = self.calls.jobs.get(msg.job)
         if job is None or rank not in job.pending or msg.session != job.session:
-            if job is None and isinstance(msg, Done) and msg.saved:  # its files remain
+            if job is None and msg.saved:  # its files remain
                 self.job_saves.late(msg)
             return []  # the job already ended (aborted); late answers are dropped
         job.pending.discard(rank)
-        saves = msg if isinstance(msg, Done) and msg.saved else None  # names it saved
-        if saves is not None and (refused := self.job_saves.reported(job, saves)) is not None:
+        if msg.saved and (refused := self.job_saves.reported(job, msg)) is not None:
             return self._fail_call(job, refused)
         values, raw_values = job.values, job.raw_values
-        if type(msg) is DoneRead:  # plain msgpack: the answer is packed from the values
-            spans = None
-        else:
-            job.lean = False  # it may hold what only the codec encodes (tuples, buffers)
-            if raw_values is not None and spans is None and raw is not None:
-                spans = done_spans(raw)  # a decoded Done: its bytes cut from its frames
-                if spans is not None and spans.values.keys() != msg.values.keys():
-                    spans = None
+        job.lean = False  # it may hold what only the codec encodes (tuples, buffers)
+        if raw_values is not None and spans is None and raw is not None:
+            spans = done_spans(raw)  # a decoded Done: its bytes cut from its frames
+            if spans is not None and spans.values.keys() != msg.values.keys():
+                spans = None
         if raw_values is None or spans is None:
             job.raw_values = None  # packed, or encoded anew, at the end
             for index, value in msg.values.items():
@@ -584,20 +476,25 @@ class BrokerState:
                 metas.setdefault(index, meta)
         if job.pending:
             return []
+        return self._job_done(job)
+
+    def _job_done(self, job: JobCall) -> list[Send]:
+        """Every rank of ``job`` answered: end it, and answer its driver."""
         if job.saved and (refused := self.job_saves.complete(job)) is not None:
             return self._fail_call(job, refused)
-        del self.calls.jobs[msg.job]
+        job_id = job.job
+        del self.calls.jobs[job_id]
         session = self.sessions.by_id.get(job.session)  # _session_jobs_discard, written out
         if session is not None:
-            session.jobs.discard(msg.job)
+            session.jobs.discard(job_id)
         self.counters["jobs_done"] += 1
         # built, not checked again: the values, stats and metas were checked on reading
-        result = result_record(msg.job, job.values, job.stats, job.metas)
+        result = result_record(job_id, job.values, job.stats, job.metas)
         frames = None
         if job.lean:  # every rank's Done read by read_done
-            frames = packed_result(msg.job, job.values, job.stats, job.metas)
+            frames = packed_result(job_id, job.values, job.stats, job.metas)
         elif job.raw_values is not None:
-            frames = result_frames(msg.job, job.raw_values, job.raw_stats, job.metas)
+            frames = result_frames(job_id, job.raw_values, job.raw_stats, job.metas)
         return [Send(job.driver, result, frames)]
 
     def _on_failed(

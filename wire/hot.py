@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgpack
+import zmq
 
 from mpl.wire.codec import MAGIC_FRAME
 from mpl.wire.decoder import TUPLE, check_nesting
@@ -42,7 +43,6 @@ from mpl.wire.limits import (
     MAX_HEADER_BYTES,
     MAX_HEADER_ITEMS,
     MAX_NESTING,
-    int_fits,
 )
 from mpl.wire.record import pinned_fields
 
@@ -108,6 +108,7 @@ def _int(n: int) -> bytes:
 
 
 _tls = threading.local()
+_Frame = zmq.Frame
 
 
 def _unpacker(header: bytes, slot: str = "unpacker", ext_hook: Any = None) -> tuple[Any, int]:
@@ -371,9 +372,11 @@ def _lean_header(frames: Sequence[Any]) -> bytes | None:
     containers than that; None for anything else (decode reads it)."""
     if len(frames) != 2:
         return None
+    magic, header = frames
     try:
-        magic = memoryview(frames[0]).tobytes()
-        header = frames[1].bytes if hasattr(frames[1], "bytes") else bytes(frames[1])
+        # a zmq.Frame's bytes, a copy made once (about half the cost of a memoryview's)
+        magic = magic.bytes if type(magic) is _Frame else bytes(magic)
+        header = header.bytes if type(header) is _Frame else bytes(header)
     except TypeError:
         return None
     if magic != MAGIC_FRAME or len(header) >= MAX_CONTAINERS:
@@ -383,19 +386,12 @@ def _lean_header(frames: Sequence[Any]) -> bytes | None:
 
 _INT_ONLY, _STR_ONLY = {int}, {str}
 _new = object.__new__
-
-
-def _int_keys(keys: Any) -> bool:
-    """Whether every key of a map (or item of a list) is a 64-bit int (``int_fits``), in C
-    calls only: no Python frame per key."""
-    return not keys or (
-        set(map(type, keys)) == _INT_ONLY and min(keys) >= INT_MIN and max(keys) <= INT_MAX
-    )
-
-
-def _all_str(items: Any) -> bool:
-    """Whether every item is a str (not a subclass: msgpack builds none)."""
-    return set(map(type, items)) <= _STR_ONLY
+# A Done's header items by type, tag first: one C comparison checks them all
+_DONE_TYPES = (str, str, str, int, dict, dict, dict, list)
+# msgpack's int formats are int64 and uint64: an int it decodes always fits the codec's
+# 64-bit range (limits.int_fits), so the lean readers need no range check on one
+if (INT_MIN, INT_MAX) != (-(1 << 63), (1 << 64) - 1):
+    raise ImportError("mpl.wire.hot: the lean readers rely on the 64-bit int range")
 
 
 def read_done(frames: Sequence[Any]) -> DoneRead | None:
@@ -406,11 +402,13 @@ def read_done(frames: Sequence[Any]) -> DoneRead | None:
     The fields are checked as ``Done``'s annotations say (``session``/``job`` str, ``rank``
     a 64-bit int, ``values`` and ``metas`` keyed by 64-bit ints, ``metas`` of str, ``stats``
     keyed by str), under the codec's limits (items per container, nesting, containers per
-    header). On None
-    the caller decodes the ordinary way, which accepts the message or says why not.
+    header). On None the caller decodes the ordinary way, which accepts the message or
+    says why not.
     """
     header = _lean_header(frames)
-    return None if header is None else _read_done(header)
+    if header is None or not header.startswith(DONE_PREFIX):
+        return None
+    return _read_done(header)
 
 
 def read_hot(frames: Sequence[Any]) -> DoneRead | Exec | None:
@@ -418,8 +416,16 @@ def read_hot(frames: Sequence[Any]) -> DoneRead | Exec | None:
     ``Exec`` as :func:`read_exec` builds it; None for anything else, or anything either
     reader leaves to ``decode`` (which accepts it or says why not). Its magic is the
     codec's, so it is no batch (``mpl.wire.batch``). It raises nothing."""
-    header = _lean_header(frames)
-    if header is None:
+    # _lean_header, written out: a call fewer per message
+    if len(frames) != 2:
+        return None
+    magic, header = frames
+    try:
+        magic = magic.bytes if type(magic) is _Frame else bytes(magic)
+        header = header.bytes if type(header) is _Frame else bytes(header)
+    except TypeError:
+        return None
+    if magic != MAGIC_FRAME or len(header) >= MAX_CONTAINERS:
         return None
     if header.startswith(DONE_PREFIX):
         return _read_done(header)
@@ -429,7 +435,8 @@ def read_hot(frames: Sequence[Any]) -> DoneRead | Exec | None:
 
 
 def _read_done(header: bytes) -> DoneRead | None:
-    """:func:`read_done` of a header :func:`_lean_header` took."""
+    """:func:`read_done` of a header :func:`_lean_header` took that begins with
+    ``DONE_PREFIX`` (so it reads, if at all, as a list of the Done's items, tag first)."""
     # this thread's Unpacker for Done headers (_unpacker, written out: a call fewer), the
     # whole header in one call: walking it field by field to cut each value's bytes cost
     # twice that, and the answer is packed from what is read here (packed_result)
@@ -445,30 +452,14 @@ def _read_done(header: bytes) -> DoneRead | None:
     except Exception:  # anything unexpected: decode reads it, or says why not
         _tls.lean = None  # it may still hold part of this header
         return None
-    if type(items) is not list or len(items) != _DONE_ITEMS or items[0] != Done.TAG:
-        return None
+    # the prefix made it a list of _DONE_ITEMS, tag first; each field's type in one
+    # comparison, then the keys and items of its maps (set displays: no call to set)
     _, session, job, rank, values, stats, metas, saved = items
-    if not (
-        type(session) is str
-        and type(job) is str
-        and type(rank) is int
-        and INT_MIN <= rank <= INT_MAX
-        and type(values) is dict
-        # _int_keys(values) and _all_str(stats), written out: one Python call fewer each
-        and (
-            not values
-            or (
-                set(map(type, values)) == _INT_ONLY
-                and min(values) >= INT_MIN
-                and max(values) <= INT_MAX
-            )
-        )
-        and type(stats) is dict
-        and set(map(type, stats)) <= _STR_ONLY
-        and type(metas) is dict
-        and (not metas or (_int_keys(metas) and _all_str(metas.values())))
-        and type(saved) is list
-        and not saved  # saved names are records: decode checks them
+    if (
+        tuple(map(type, items)) != _DONE_TYPES
+        or saved  # saved names are records: decode checks them
+        or not {*map(type, values), *map(type, metas)} <= _INT_ONLY
+        or not {*map(type, stats), *map(type, metas.values())} <= _STR_ONLY
     ):
         return None
     # Too short to nest that deep, too few list and map markers to (every container in
@@ -512,18 +503,41 @@ def packed_result(
     return [MAGIC_FRAME, header]
 
 
+# tuples of small ints read_exec has read (ranks and inline, the same on most jobs), by
+# their bytes: at most _TUPLES_KEPT, the table emptied when full
+_tuples: dict[bytes, tuple[int, ...]] = {}
+_TUPLES_KEPT = 256
+_TUPLE_BYTES_KEPT = 256  # longer ones are read each time
+
+
 def _small_tuple(code: int, data: bytes) -> Any:
     """The one extension read_exec reads itself: a tuple of ints (ranks, output indexes).
     Any other extension, or a tuple of anything else, leaves the message to decode."""
     if code != TUPLE:
         raise _ExtSeen
+    known = _tuples.get(data)
+    if known is not None:
+        return known
     n = len(data) - 1
     if 0 <= n < 16 and data[0] == 0x90 | n and (n == 0 or max(data[1:]) < 0x80):
-        return tuple(data[1:])
+        if len(_tuples) >= _TUPLES_KEPT:
+            _tuples.clear()
+        made = _tuples[data] = tuple(data[1:])
+        return made
     items = msgpack.unpackb(data, raw=False)  # a longer tuple (32 ranks): of ints only here
-    if type(items) is not list or not _int_keys(items):  # 64-bit ints, no call per item
+    # ints only (decoded by msgpack, each fits 64 bits), no call per item
+    if type(items) is not list or not {*map(type, items)} <= _INT_ONLY:
         raise _ExtSeen
-    return tuple(items)
+    made = tuple(items)
+    if len(data) <= _TUPLE_BYTES_KEPT:
+        if len(_tuples) >= _TUPLES_KEPT:
+            _tuples.clear()
+        _tuples[data] = made
+    return made
+
+
+# An Exec's header items by type, tag first (timeout_s a float or an int)
+_EXEC_TYPES = {(str, str, str, str, tuple, dict, tuple, t) for t in (float, int)}
 
 
 def read_exec(frames: Sequence[Any]) -> Exec | None:
@@ -537,34 +551,33 @@ def read_exec(frames: Sequence[Any]) -> Exec | None:
     the ordinary way, which accepts the message or says why not.
     """
     header = _lean_header(frames)
-    return None if header is None else _read_exec(header)
+    if header is None or not header.startswith(EXEC_PREFIX):
+        return None
+    return _read_exec(header)
 
 
 def _read_exec(header: bytes) -> Exec | None:
-    """:func:`read_exec` of a header :func:`_lean_header` took."""
+    """:func:`read_exec` of a header :func:`_lean_header` took that begins with
+    ``EXEC_PREFIX``."""
+    # this thread's Unpacker for Exec headers: msgpack.unpackb's keyword arguments cost
+    # more than reading the header
+    unpacker = getattr(_tls, "exec", None)
+    if unpacker is None:
+        unpacker = _new_unpacker("exec", _small_tuple)
+    base = unpacker.tell()
+    unpacker.feed(header)
     try:
-        items = msgpack.unpackb(
-            header,
-            ext_hook=_small_tuple,
-            raw=False,
-            strict_map_key=False,
-            max_array_len=MAX_HEADER_ITEMS,
-            max_map_len=MAX_HEADER_ITEMS,
-        )
+        items = unpacker.unpack()
+        if unpacker.tell() - base != len(header):
+            raise ValueError("bytes after the header")
     except Exception:  # decode reads it, or says why not
+        _tls.exec = None  # it may still hold part of this header
         return None
-    if type(items) is not list or len(items) != _EXEC_ITEMS or items[0] != Exec.TAG:
-        return None
-    _, session, job, digest, ranks, bindings, inline, timeout_s = items
-    if not (
-        type(session) is str
-        and type(job) is str
-        and type(digest) is str
-        and type(ranks) is tuple  # of ints: _small_tuple built it
-        and type(bindings) is dict
-        and _int_keys(bindings)
-        and type(inline) is tuple
-        and (type(timeout_s) is float or int_fits(timeout_s))
+    # the prefix made it a list of _EXEC_ITEMS, tag first: every field's type at once
+    # (ranks and inline are tuples of ints: _small_tuple built them), then bindings' keys
+    if (
+        tuple(map(type, items)) not in _EXEC_TYPES
+        or not {*map(type, items[_EXEC_BINDINGS])} <= _INT_ONLY
     ):
         return None
     # too short to nest that deep, too few list and map markers to (as read_done says),
@@ -573,7 +586,7 @@ def _read_exec(header: bytes) -> Exec | None:
     if (
         len(header) > MAX_NESTING
         and len(header) - len(header.translate(None, _CONTAINER_MARKERS)) > MAX_NESTING
-        and any(type(b) is not bytes for b in bindings.values())
+        and any(type(b) is not bytes for b in items[_EXEC_BINDINGS].values())
     ):
         try:
             check_nesting(items)

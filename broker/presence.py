@@ -1,0 +1,127 @@
+"""Who is there: workers registering their rank (and result channels), the heartbeats of
+workers and drivers, goodbyes, and the loss of a worker. No I/O.
+
+A rank is claimed only with that node's own key in secure mode (:meth:`Presence.impostor`);
+a lost worker's calls fail back to their drivers at once, and every worker gets the new
+directory. A small class over :class:`~mpl.broker.state.BrokerState`, as its other
+families of handlers are.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mpl.broker.actions import Send
+from mpl.broker.calls import lost_rank_error
+from mpl.wire.control import Bye, Channel, Heartbeat, Refused, Reregister, Welcome, WorkerHello
+from mpl.wire.errors import RegistrationError
+from mpl.wire.identity import node_identity, rank_of
+from mpl.wire.remote import ErrorInfo
+
+if TYPE_CHECKING:
+    from mpl.broker.state import BrokerState
+
+__all__ = ["Presence"]
+
+
+class Presence:
+    """The worker and heartbeat handlers of one :class:`~mpl.broker.state.BrokerState`."""
+
+    def __init__(self, state: BrokerState) -> None:
+        self.state = state
+
+    # -- control --------------------------------------------------------------------------
+    def impostor(self, peer: bytes, rank: int, who: str | None, tag: str) -> Send | None:
+        """Refuse a claim on ``rank`` unless node ``rank``'s own key made it.
+
+        The incarnation every worker sees in the Directory is no credential, and the order
+        of arrival after a broker restart gives no rank to whoever speaks first.
+        """
+        state = self.state
+        if rank_of(who, state.cluster) == rank:
+            return None
+        state.counters["protocol_errors"] += 1
+        name = state.cluster.nodes[rank].name if 0 <= rank < state.cluster.world_size else "?"
+        message = (
+            f"{who or 'an unauthenticated peer'} may not speak for rank {rank} "
+            f"(only {node_identity(name)} may); check that the worker was started with "
+            f"rank {rank}'s key"
+        )
+        state._note(f"refused {tag!r}: {message}")
+        return Send(peer, Refused(ErrorInfo("AuthenticationError", message, rank=rank)))
+
+    def on_hello(
+        self, peer: bytes, msg: WorkerHello, now: float, who: str | None = None
+    ) -> list[Send]:
+        state = self.state
+        state.drivers.pop(peer, None)
+        try:
+            entry = state.registry.admit(peer, msg, now)
+        except RegistrationError as exc:
+            state._note(f"refused rank {msg.rank} (pid {msg.pid} on {msg.host}): {exc}")
+            return [Send(peer, Refused(ErrorInfo("RegistrationError", str(exc), rank=msg.rank)))]
+        state.persisted.replace_rank(entry.rank, msg.symbols)  # what its disk holds now
+        welcome = Welcome(
+            entry.rank,
+            state.cluster.world_size,
+            state.broker_id,
+            state.heartbeat_s,
+            state.cluster.to_dict(),
+        )
+        joined = state.runtimes.joined(entry.rank, peer)  # open sessions' runtime_info
+        return [Send(peer, welcome), *joined, *self.broadcast_directory()]
+
+    def on_channel(
+        self, peer: bytes, msg: Channel, now: float, who: str | None = None
+    ) -> list[Send]:
+        state = self.state
+        if not state.access.channel_key_ok(who, msg.rank):
+            state._note(f"ignored a channel for rank {msg.rank} from {who}")
+        elif not state.registry.add_channel(peer, msg.rank, msg.incarnation):
+            state._note(f"ignored a channel for rank {msg.rank}: no such live worker")
+        return []
+
+    def on_heartbeat(
+        self, peer: bytes, msg: Heartbeat, now: float, who: str | None = None
+    ) -> list[Send]:
+        state = self.state
+        worker = state.registry.by_peer.get(peer)
+        if worker is not None:
+            worker.stats = msg.stats
+            return []
+        if msg.rank >= 0:  # a worker we do not know: we restarted, or it was dropped
+            return [Send(peer, Reregister(state.broker_id))]
+        state.drivers[peer] = now
+        state.beating.add(peer)
+        identity = state.access.driver(peer, who)
+        gone = False
+        for sid in msg.sessions:
+            session = state.sessions.get(sid)
+            if session is None:
+                gone = True
+            elif identity is not None and session.allows(identity):
+                session.last_seen = now  # only its own drivers keep a session's lease
+        return [Send(peer, Reregister(state.broker_id))] if gone else []
+
+    def on_bye(self, peer: bytes, msg: Bye, now: float, who: str | None = None) -> list[Send]:
+        state = self.state
+        if peer in state.registry.by_peer:
+            return self.lose_worker(peer, f"it said goodbye ({msg.reason or 'shutdown'})", now)
+        return state.disconnected(peer, now)
+
+    def lose_worker(self, peer: bytes, reason: str, now: float) -> list[Send]:
+        state = self.state
+        entry = state.registry.remove(peer, reason, now)
+        if entry is None:
+            return []
+        state._note(f"rank {entry.rank} lost: {reason}")
+        out: list[Send] = []
+        for call in state.calls.involving(entry.rank):
+            info = lost_rank_error(entry.rank, reason, getattr(call, "job", ""))
+            out += state._fail_call(call, info)
+        return out + self.broadcast_directory()
+
+    def broadcast_directory(self) -> list[Send]:
+        state = self.state
+        directory = state.registry.directory()
+        return [Send(p, directory) for p in state.registry.by_peer]
