@@ -542,19 +542,30 @@ class Worker:
 
         A program's next ``Exec`` (most messages of a busy worker) is recognised first, by
         comparison with the last one read (``RepeatExecs.repeat``), and goes straight to
-        its handling. Not in secure mode, where every message from the broker is opened by
-        the seal first (its Execs carry sealed inputs, which never repeat)."""
-        if self.seal is None and (msg := self._execs.repeat(frames)) is not None:
-            try:  # as _on_message guards it
+        its handling; in secure mode through the seal first (``_on_broker``), which opens
+        its sealed inputs or refuses the job. Every message is handled under one guard: a
+        message's failure stays that message's failure."""
+        msg: Record | None = self._execs.repeat(frames)
+        if msg is None:
+            if is_batch(frames):
+                self._on_batch(frames)
+                return
+            msg = self._read(frames)
+            if msg is None:  # refused, or handled as refused
+                return
+        try:
+            if self.seal is None and type(msg) is Exec:  # most messages: no other checks
                 self._on_exec(msg)
-            except Exception as exc:
-                reply = self.guard.internal("the broker", msg, exc, rank=self.rank)
-                if reply is not None:
-                    self._send(reply)
-            return
-        if not is_batch(frames):
-            self._on_message(frames)
-            return
+            else:
+                self._on_broker(msg)
+        except Exception as exc:
+            reply = self.guard.internal("the broker", msg, exc, rank=self.rank)
+            if reply is not None:
+                self._send(reply)
+
+    def _on_batch(self, frames: list[Any]) -> None:
+        """A batch of the broker's messages, one at a time (none of them a batch:
+        ``split_batch`` refuses that); the Dones of the jobs run inline go back gathered."""
         try:
             inner = split_batch(frames)
         except ProtocolError as exc:
@@ -564,25 +575,25 @@ class Worker:
         self._gathered = []
         try:
             for one in inner:
-                self._on_message(one)
+                self._on_frames(one)
                 if len(self._gathered) >= _DONES_AT_ONCE:
                     self._send_gathered()
         finally:
             self._send_gathered()
             self._gathered = None
 
-    def _on_message(self, frames: list[Any]) -> None:
-        """Check, decode and handle one message from the broker."""
+    def _read(self, frames: list[Any]) -> Record | None:
+        """Check and decode one message from the broker that is no repeat ``Exec``: the
+        record, or None when it was refused (counted, or its job failed saying why)."""
         # In secure mode the broker is not trusted: what a driver sends is sealed (opened
-        # below, and only then unpickled), so a pickle in the clear from the broker is
-        # refused. A plain Exec (most messages) holds no pickle and is read on a lean path,
-        # exactly as decode would read it (mpl.wire.hot.read_exec, which the broker uses for
-        # the driver's Exec too); a program's next Exec, the same bytes but for its job id,
-        # by comparison with the last one read so (mpl.wire.exec_repeat). Anything else is
-        # decoded under the party's code policy: ``--code kernels`` refuses any pickle,
-        # unloaded (code_policy.screen).
+        # by _on_broker, and only then unpickled), so a pickle in the clear from the broker
+        # is refused. A plain Exec (most messages) holds no pickle and is read on a lean
+        # path, exactly as decode would read it (mpl.wire.hot.read_exec, which the broker
+        # uses for the driver's Exec too), and kept to compare the program's next Exec with
+        # (mpl.wire.exec_repeat). Anything else is decoded under the party's code policy:
+        # ``--code kernels`` refuses any pickle, unloaded (code_policy.screen).
         try:
-            msg: Record | HoldsPickles | None = self._execs.read(frames)
+            msg: Record | HoldsPickles | None = self._execs.read_in_full(frames)
             if msg is None:
                 safe = not pickles_allowed(
                     BROKER, trusted=self.trusted, secure=self.seal is not None
@@ -592,16 +603,11 @@ class Worker:
             if not self._undecodable(frames, exc):
                 self.protocol_errors += 1
                 self.refusals.refused("the broker", f"dropped a bad message: {exc}")
-            return
+            return None
         if isinstance(msg, HoldsPickles):
             self._refuse_code(msg.opaque)
-            return
-        try:  # one message's failure stays that message's failure
-            self._on_broker(msg)
-        except Exception as exc:
-            reply = self.guard.internal("the broker", msg, exc, rank=self.rank)
-            if reply is not None:
-                self._send(reply)
+            return None
+        return msg
 
     # -- messages -------------------------------------------------------------------------
     def _move_refused(self, event: Any) -> None:
