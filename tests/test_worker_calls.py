@@ -101,8 +101,8 @@ def test_a_repeat_quick_job_costs_the_worker_few_python_calls(sim: mp.Simulator)
     )
     # a program's next Exec is recognised first and handled at once: not checked for a
     # batch, nor taken through the general message path
-    assert calls["daemon.py:_read"] == 0 and calls["daemon.py:_on_broker"] == 0
-    assert calls["daemon.py:_on_exec"] == _JOBS
+    assert calls["broker_messages.py:_read"] == 0 and calls["broker_messages.py:_on_broker"] == 0
+    assert calls["broker_messages.py:_on_exec"] == _JOBS
     # the state decided under its lock that the job may run: no second stop check
     assert calls["jobs.py:stopped"] == 0 and calls["state.py:stopped"] == 0
 
@@ -186,7 +186,7 @@ def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
     finally:
         worker._on_frames = handle
     assert worker._execs.repeats - repeats == _JOBS  # none read in full
-    assert calls["daemon.py:_read"] == 0 and calls["daemon.py:_on_exec"] == _JOBS
+    assert calls["broker_messages.py:_read"] == 0 and calls["broker_messages.py:_on_exec"] == _JOBS
     assert calls["sealing.py:inbound"] == _JOBS  # every one opened by the seal
     # a next job whose box a hostile broker changed: read by comparison, refused by the seal
     done = int(worker.jobs.stats()["jobs_done"])
