@@ -168,7 +168,8 @@ def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
     last: list[list[Any] | None] = [None]
 
     def count(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call" and "/mpl/worker/" in frame.f_code.co_filename.replace("\\", "/"):
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if event == "call" and ("/mpl/worker/" in path or path.endswith("/done_pack.py")):
             calls[f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_code.co_name}"] += 1
 
     def counted(frames: list[Any]) -> None:
@@ -191,6 +192,8 @@ def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
     assert worker._execs.repeats - repeats == _JOBS  # none read in full
     assert calls["broker_messages.py:_read"] == 0 and calls["broker_messages.py:_on_exec"] == _JOBS
     assert calls["sealing.py:inbound"] == _JOBS  # every one opened by the seal
+    # its sealed value is short bytes: packed without a walk over it
+    assert calls["done_pack.py:own_done_frames"] == _JOBS and calls["done_pack.py:_plain"] == 0
     # a next job whose box a hostile broker changed: read by comparison, refused by the seal
     done = int(worker.jobs.stats()["jobs_done"])
     previous = last[0]
