@@ -244,7 +244,9 @@ class Worker(BrokerMessages):
         self.guard = Guard(log, self._faults)  # counts internal_errors; the loop goes on
         self._clock = 0.0  # time.monotonic() as the I/O thread's last turn ended
         self._rcvtimeo: dict[zmq.Socket[Any], int] = {}  # the dealer's RCVTIMEO, as last set
-        self._stopping = threading.Event()
+        # asked to stop (by any thread): a plain flag, which the loop reads on every turn
+        # without a call (Event.is_set is a Python call per message)
+        self._stopping = False
         self._thread: threading.Thread | None = None
         self._closed = False
         # While the I/O thread handles a batch of the broker's messages, the Dones it posts
@@ -265,7 +267,7 @@ class Worker(BrokerMessages):
         return self
 
     def stop(self) -> None:
-        self._stopping.set()
+        self._stopping = True
         self._wake()
 
     def _wake(self) -> None:
@@ -283,11 +285,11 @@ class Worker(BrokerMessages):
         self._io_thread = threading.get_ident()
         try:
             next_timers = 0.0
-            while not self._stopping.is_set():
+            while not self._stopping:
                 next_timers = self._turn(next_timers)
             self._send(Bye("worker shutting down"))
         finally:
-            self._stopping.set()
+            self._stopping = True
             self.intake.stop(_JOIN_S)  # its sockets close below, once its thread is out
             self.close()
 
@@ -542,7 +544,7 @@ class Worker(BrokerMessages):
             "AuthenticationError", f"the broker at {self.broker_url} {why}", rank=self.rank
         )
         log.error("rank %d: %s", self.rank, self.refused.message)
-        self._stopping.set()
+        self._stopping = True
 
     def _perform(self, actions: list[Action]) -> None:
         """Carry out what the state machine left to the I/O shell."""
@@ -570,4 +572,4 @@ class Worker(BrokerMessages):
             elif isinstance(action, Stop):
                 self.refused = action.error
                 log.error("rank %d: refused by the broker: %s", self.rank, action.error.message)
-                self._stopping.set()
+                self._stopping = True
