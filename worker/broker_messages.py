@@ -73,7 +73,8 @@ class BrokerMessages:
         its handling; in secure mode through the seal first (``_on_broker``), which opens
         its sealed inputs or refuses the job. Every message is handled under one guard: a
         message's failure stays that message's failure."""
-        msg: Record | None = self._execs.repeat(frames)
+        repeat = self._execs.repeat(frames)
+        msg: Record | None = repeat
         if msg is None:
             if is_batch(frames):
                 self._on_batch(frames)
@@ -82,8 +83,9 @@ class BrokerMessages:
             if msg is None:  # refused, or handled as refused
                 return
         try:
-            if self.seal is None and type(msg) is Exec:  # most messages: no other checks
-                self._on_exec(msg)
+            # most messages, a plaintext repeat: no other checks (secure: the seal's first)
+            if repeat is not None and self.seal is None:
+                self._on_exec(repeat)
             else:
                 self._on_broker(msg)
         except Exception as exc:
