@@ -143,8 +143,11 @@ class RepeatExecs:
             return None
         magic, raw = frames
         try:
-            header = raw.bytes if type(raw) is Frame else bytes(raw)
-            magic_ok = memoryview(magic).tobytes() == MAGIC_FRAME
+            if type(magic) is Frame and type(raw) is Frame:  # received (most): no memoryview
+                header, magic_ok = raw.bytes, magic.bytes == MAGIC_FRAME
+            else:
+                header = raw.bytes if type(raw) is Frame else bytes(raw)
+                magic_ok = memoryview(magic).tobytes() == MAGIC_FRAME
         except TypeError:  # no buffer: read_exec refuses it as well
             return None
         tail = self._tail
