@@ -121,11 +121,79 @@ def test_a_record_read_by_comparison_shares_no_mutable_map(monkeypatch: pytest.M
     assert reader.read(_frames(dataclasses.replace(first, job="c"))) is not None
 
 
-def test_sealed_bindings_are_not_kept_to_compare_with() -> None:
-    """Sealed afresh for every job (secure mode), they never repeat: not worth keeping."""
+def test_bindings_sealed_for_two_ranks_are_not_kept_to_compare_with() -> None:
+    """A worker gets its own box alone (the broker cuts the rest): two are decode's."""
     sealed = Exec("s", "j1", "dig", (0, 1), {0: b"box-0", 1: b"box-1"}, (0,))
     reader = RepeatExecs()
     assert reader.read(_frames(sealed)) == sealed
     again = reader.read(_frames(dataclasses.replace(sealed, job="j2")))
     assert again is not None and again.job == "j2"
     assert reader.repeats == 0 and reader.full_reads == 2
+
+
+def _box(n: int, size: int = 67) -> bytes:
+    """A stand-in for a sealed box (secure mode): its magic, then bytes that change."""
+    return (b"mpl-box\x01" + n.to_bytes(4, "big") * 64)[:size]
+
+
+_SEALED = (
+    Exec("sf4bfebd7609bd99a", "e82a3afbbbad89c9a1eb7dbf", "d" * 32, (0,), {0: _box(0)}, (0,), 600),
+    Exec("s", "j-1", "dig", (0, 1), {1: _box(0, 300)}, (), 2.5),  # a bin16 box
+)
+
+
+def test_a_sealed_repeat_is_read_by_comparison_outside_its_job_id_and_box() -> None:
+    """Secure mode: every job's box is new, the rest of its header the last one's."""
+    for first in _SEALED:
+        reader = _reader_after(first)
+        assert reader.full_reads == 1
+        rank = next(iter(first.bindings))
+        for n in range(1, 6):
+            job = first.job[:-1] + str(n)  # as long as the last: the driver's job ids are
+            nxt = dataclasses.replace(
+                first, job=job, bindings={rank: _box(n, len(first.bindings[rank]))}
+            )
+            read = reader.read(_frames(nxt))
+            assert read is not None and _same(read, nxt)
+            assert _same(read, decoded_exec(_frames(nxt)))
+        assert reader.repeats == 5 and reader.full_reads == 1
+        # a box of another size, or another job id's length: read in full, then kept anew
+        for changed in (
+            dataclasses.replace(first, job="other", bindings={rank: _box(9, 40)}),
+            dataclasses.replace(first, job=first.job + "x"),
+        ):
+            read = reader.read(_frames(changed))
+            assert read is not None and _same(read, changed)
+        assert reader.repeats == 5 and reader.full_reads == 3
+
+
+def test_every_mutated_sealed_repeat_is_taken_exactly_when_decode_takes_it() -> None:
+    rng = random.Random(919)
+    taken = refused = repeats = 0
+    for first in _SEALED:
+        rank = next(iter(first.bindings))
+        box = _box(7, len(first.bindings[rank]))
+        job = first.job[:-1] + "7"
+        header = _frames(dataclasses.replace(first, job=job, bindings={rank: box}))[1]
+        spans = (header.index(job.encode()) - 1, header.index(box) - 3)  # and their headers
+        for n in range(600):
+            reader = _reader_after(first)
+            before = reader.repeats
+            if n % 3 == 0:
+                bad = mutated(header, rng)
+            else:  # within the job id or the box, or the bytes just before them
+                start = spans[n % 3 - 1]
+                at = rng.randrange(start, start + 12)
+                bad = header[:at] + bytes([rng.randrange(256)]) + header[at + 1 :]
+            frames = [MAGIC_FRAME, bad]
+            read, want = reader.read(frames), decoded_exec(frames)
+            repeats += reader.repeats - before
+            if want is None:
+                assert read is None, f"took what decode refuses: {bad!r}"
+                refused += 1
+            elif read is not None:
+                assert _same(read, want), f"read {read!r}, decode {want!r}: {bad!r}"
+                taken += 1
+            else:  # left to decode: only what read_exec leaves to it too
+                assert reader.repeats == before and exec_repeat.read_exec(frames) is None
+    assert taken > 500 and refused > 100 and repeats > 500

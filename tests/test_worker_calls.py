@@ -11,13 +11,20 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import pytest
+from helpers import wait_until
 
 import mpl.driver as mp
+from mpl.broker.daemon import Broker
+from mpl.wire import ClusterSpec
+from mpl.wire.curve import Curve
 from mpl.wire.hot import read_exec
+from mpl.wire.keys import load_keypair, write_keypair
+from mpl.worker.daemon import Worker
 
 _JOBS = 40
 _GENEROUS_S = 10.0
@@ -29,8 +36,9 @@ _GENEROUS_S = 10.0
 # Then a repeat Exec went straight to its handling (no batch check, no general message
 # path: -2, +1 for the Exec's own handler), the job's progress position became an
 # attribute (-1), an inline run answered with its Done alone and booked its end and sent it
-# without a second call each (-2): 13.
-_MAX_CALLS_PER_JOB = 13
+# without a second call each (-2): 13. Then the job shell read whether an inline job was
+# stopped meanwhile by the state's two lookups written out (-1): 12.
+_MAX_CALLS_PER_JOB = 12
 
 
 @pytest.fixture
@@ -95,7 +103,119 @@ def test_a_repeat_quick_job_costs_the_worker_few_python_calls(sim: mp.Simulator)
     )
     # a program's next Exec is recognised first and handled at once: not checked for a
     # batch, nor taken through the general message path
-    assert calls["daemon.py:_on_message"] == 0 and calls["daemon.py:_on_broker"] == 0
-    assert calls["daemon.py:_on_exec"] == _JOBS
+    assert calls["broker_messages.py:_read"] == 0 and calls["broker_messages.py:_on_broker"] == 0
+    assert calls["broker_messages.py:_on_exec"] == _JOBS
     # the state decided under its lock that the job may run: no second stop check
     assert calls["jobs.py:stopped"] == 0 and calls["state.py:stopped"] == 0
+    assert calls["state.py:inline_stopped"] == 0
+
+
+@pytest.fixture
+def secure(tmp_path: Path) -> Iterator[tuple[Broker, list[Worker], Any]]:
+    """A secure cluster of two ranks on threads (CurveZMQ, sealing) and a driver of it."""
+    names = ("broker", "node0", "node1", "analyst")
+    made = {name: write_keypair(tmp_path / "keys", name) for name in names}
+    spec = ClusterSpec.simple(2, enable_spu=False).with_keys(
+        made["broker"][2], [made["node0"][2], made["node1"][2]], {"analyst": made["analyst"][2]}
+    )
+    curves = {name: Curve(load_keypair(made[name][1]), spec) for name in names[:3]}
+    broker = Broker(spec, "tcp://127.0.0.1:0", curve=curves["broker"]).start()
+    workers = [
+        Worker(broker.address, rank, curve=curves[f"node{rank}"]).start() for rank in range(2)
+    ]
+    try:
+        for worker in workers:
+            assert worker.joined.wait(15), "worker did not join"
+        with mp.connect(broker.address, key=made["analyst"][1], cluster=spec, timeout=20) as ctx:
+            yield broker, workers, ctx
+    finally:
+        for worker in workers:
+            worker.stop()
+        for worker in workers:
+            worker.join(5)
+        broker.stop()
+        broker.join(5)
+
+
+def _tampered(frames: list[Any], job: str) -> list[bytes]:
+    """The Exec ``frames`` for job ``job`` (an id as long as its own) with the last byte of
+    its sealed box flipped: what a hostile broker could send as a program's next job."""
+    header = bytes(memoryview(frames[1]))
+    read = read_exec(frames)
+    assert read is not None and len(job) == len(read.job)
+    box = next(iter(read.bindings.values()))
+    at = header.index(box) + len(box) - 1
+    header = header.replace(read.job.encode(), job.encode())
+    return [bytes(memoryview(frames[0])), header[:at] + bytes([header[at] ^ 1]) + header[at + 1 :]]
+
+
+def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
+    secure: tuple[Broker, list[Worker], Any],
+) -> None:
+    """Secure mode: a program's next Exec differs from the last in its job id and its
+    sealed box alone; it is read by comparison as in plaintext, and the seal still opens
+    (or refuses) every one of them."""
+    _, workers, _ = secure
+    worker = workers[0]
+    worker.jobs.inline_s = _GENEROUS_S
+    job = mp.device("P0")(lambda: 1)
+    for _ in range(3):
+        assert mp.fetch(job()) == 1
+    assert worker.seal is not None
+    repeats, refused = worker._execs.repeats, worker.seal.refusals
+    calls: Counter[str] = Counter()
+    handle = worker._on_frames
+    last: list[list[Any] | None] = [None]
+
+    def count(frame: FrameType, event: str, arg: Any) -> None:
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if event == "call" and ("/mpl/worker/" in path or path.endswith("/done_pack.py")):
+            calls[f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_code.co_name}"] += 1
+
+    def counted(frames: list[Any]) -> None:
+        if read_exec(frames) is None:
+            handle(frames)
+            return
+        last[0] = frames
+        sys.setprofile(count)
+        try:
+            handle(frames)
+        finally:
+            sys.setprofile(None)
+
+    worker._on_frames = counted
+    try:
+        for _ in range(_JOBS):
+            assert mp.fetch(job()) == 1
+    finally:
+        worker._on_frames = handle
+    assert worker._execs.repeats - repeats == _JOBS  # none read in full
+    assert calls["broker_messages.py:_read"] == 0 and calls["broker_messages.py:_on_exec"] == _JOBS
+    assert calls["sealing.py:inbound"] == _JOBS  # every one opened by the seal
+    # its sealed value is short bytes: packed without a walk over it
+    assert calls["done_pack.py:own_done_frames"] == _JOBS and calls["done_pack.py:_plain"] == 0
+    # a next job whose box a hostile broker changed: read by comparison, refused by the seal
+    done = int(worker.jobs.stats()["jobs_done"])
+    previous = last[0]
+    assert previous is not None
+    read = read_exec(previous)
+    assert read is not None
+    forged = _tampered(previous, "f" * len(read.job))
+    sent: list[list[bytes]] = []
+
+    def forged_first(frames: list[Any]) -> None:
+        if not sent and read_exec(frames) is not None:
+            sent.append(forged)
+            handle(forged)
+        handle(frames)
+
+    worker._on_frames = forged_first
+    try:
+        assert mp.fetch(job()) == 1
+    finally:
+        worker._on_frames = handle
+    assert sent and worker.seal is not None and worker.seal.refusals == refused + 1
+    assert worker._execs.repeats - repeats == _JOBS + 2  # the forged one, and the next
+    # the genuine one alone ran (its end is booked just after its answer went out)
+    wait_until(lambda: int(worker.jobs.stats()["jobs_done"]) > done, what="the job booked")
+    assert int(worker.jobs.stats()["jobs_done"]) == done + 1

@@ -81,6 +81,8 @@ def own_done_frames(msg: Done) -> list[Any] | None:
         t = type(value)
         if t in _ATOMS or (t is int and _INT_MIN <= value <= _INT_MAX):
             continue  # most outputs: no call
+        if t is bytes and len(value) < _INLINE_BYTES:
+            continue  # a short bytes value, as every sealed one (secure mode): no call
         if not _plain(value, 2):
             return None
     fields = [_TAG, msg.session, msg.job, msg.rank, msg.values, msg.stats, msg.metas, []]

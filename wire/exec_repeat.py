@@ -10,7 +10,14 @@ last record's, which were checked when it was read: the same bytes decode to the
 values. Any other difference, or anything unusual about the job id, takes the full read.
 :meth:`RepeatExecs.repeat` is the comparison alone (None for anything else, which the
 caller then reads in full or decodes): the worker tries it first on every message from the
-broker outside secure mode.
+broker.
+
+In secure mode a job's bindings are one sealed box for this rank, sealed afresh for every
+job: the header then repeats the last one but for two spans, the job id and the box's
+bytes. Such a header is compared outside both: the job id is read as above, and the box is
+the bytes of a msgpack bin whose header (its size) is among the bytes compared, exactly
+what ``decode`` reads there. Whether the box opens is the seal's to say (``worker/
+sealing.py``), for a job read either way.
 
 One reader per sender: the bytes it compares with came from that sender's connection and
 were accepted there. ``tests/test_exec_repeat.py`` compares it with ``decode`` on mutated
@@ -34,6 +41,8 @@ __all__ = ["RepeatExecs"]
 
 _FIXSTR, _FIXSTR_END = 0xA0, 0xBF
 _STR8, _STR16, _STR32 = 0xD9, 0xDA, 0xDB
+_BIN8, _BIN16, _BIN32 = 0xC4, 0xC5, 0xC6
+_BIN_HEADER = {_BIN8: 2, _BIN16: 3, _BIN32: 5}  # a bin's marker -> its header's size
 _new = object.__new__
 
 
@@ -80,10 +89,14 @@ class RepeatExecs:
     ``repeats`` counts the messages read by comparison, ``full_reads`` the others."""
 
     __slots__ = (
+        "_box_at",
+        "_box_rank",
         "_fields",
         "_head",
         "_id_at",
         "_id_byte",
+        "_id_end",
+        "_middle",
         "_size",
         "_tail",
         "full_reads",
@@ -97,6 +110,12 @@ class RepeatExecs:
         self._id_at = 0  # where its job id's bytes begin,
         self._id_byte = -1  # and the byte before them (a fixstr's, or -1)
         self._fields: dict[str, Any] = {}  # the last record's fields, as read
+        # a sealed header (secure mode): the box's bytes begin at _box_at (0: none), after
+        # _middle, the bytes from the job id's end at _id_end to there; _box_rank keys it
+        self._box_at = 0
+        self._id_end = 0
+        self._middle = b""
+        self._box_rank = 0
         self.repeats = 0
         self.full_reads = 0
 
@@ -104,6 +123,11 @@ class RepeatExecs:
         msg = self.repeat(frames)
         if msg is not None:
             return msg
+        return self.read_in_full(frames)
+
+    def read_in_full(self, frames: Sequence[Any]) -> Exec | None:
+        """:meth:`read` without the comparison (for a message :meth:`repeat` just said
+        None of): read by :func:`~mpl.wire.hot.read_exec`, and kept to compare with."""
         read = read_exec(frames)
         if read is not None:
             self.full_reads += 1
@@ -119,14 +143,37 @@ class RepeatExecs:
             return None
         magic, raw = frames
         try:
-            header = raw.bytes if type(raw) is Frame else bytes(raw)
-            magic_ok = memoryview(magic).tobytes() == MAGIC_FRAME
+            if type(magic) is Frame and type(raw) is Frame:  # received (most): no memoryview
+                header, magic_ok = raw.bytes, magic.bytes == MAGIC_FRAME
+            else:
+                header = raw.bytes if type(raw) is Frame else bytes(raw)
+                magic_ok = memoryview(magic).tobytes() == MAGIC_FRAME
         except TypeError:  # no buffer: read_exec refuses it as well
             return None
         tail = self._tail
         if not (magic_ok and header.startswith(head) and header.endswith(tail)):
             return None
         at, size = self._id_at, len(header)
+        box_at = self._box_at
+        if box_at:  # a sealed header: only as long as the last, job id and box alike
+            end = size - len(tail)
+            if not (
+                size == self._size
+                and header[at - 1] == self._id_byte
+                and header.startswith(self._middle, self._id_end)
+                and size < MAX_CONTAINERS
+            ):
+                return None
+            try:
+                job_id = header[at : self._id_end].decode()
+            except UnicodeDecodeError:
+                return None
+            self.repeats += 1
+            sealed: Exec = _new(Exec)
+            fields = sealed.__dict__
+            fields.update(self._fields)
+            fields["job"], fields["bindings"] = job_id, {self._box_rank: header[box_at:end]}
+            return sealed
         # the common case: a job id as long as the last one (fixstr: its size is in the
         # byte before it), so at the same place in a header of the same size
         if size == self._size and header[at - 1] == self._id_byte:
@@ -148,19 +195,56 @@ class RepeatExecs:
 
     def _remember(self, header: bytes, msg: Exec) -> None:
         """Keep ``header`` (read in full and accepted as ``msg``) to compare the next ones
-        with, cut around its job id; a header not laid out as msgpack packs it (a longer
-        form of an array, tag, session or job id) is not kept, nor one with sealed bindings
-        (secure mode: sealed afresh for every job, they never repeat)."""
+        with, cut around its job id (and, sealed, its box); a header not laid out as
+        msgpack packs it (a longer form of an array, tag, session or job id) is not kept,
+        nor one whose bindings are sealed any other way than one box for one rank."""
+        self._head, self._tail, self._size, self._fields = b"", b"", 0, {}
+        self._box_at = 0
         bindings = msg.bindings
-        if bindings and any(type(b) is bytes for b in bindings.values()):
-            self._head, self._tail, self._size, self._fields = b"", b"", 0, {}
-            return
+        boxed = bool(bindings) and any(type(b) is bytes for b in bindings.values())
         head = EXEC_PREFIX + msgpack.packb(msg.session)
         job = msgpack.packb(msg.job)
-        if header.startswith(head) and header.startswith(job, len(head)):
-            self._head, self._tail = head, header[len(head) + len(job) :]
-            self._size, self._fields = len(header), dict(msg.__dict__)
-            self._id_at = len(head) + 1 if _FIXSTR <= job[0] <= _FIXSTR_END else -1
-            self._id_byte = job[0] if self._id_at > 0 else -1
+        if not (header.startswith(head) and header.startswith(job, len(head))):
+            return
+        fixstr = _FIXSTR <= job[0] <= _FIXSTR_END
+        if boxed:
+            cut = _box_span(header, len(head) + len(job), bindings) if fixstr else None
+            if cut is None:
+                return
+            box_at, box_end = cut
+            id_end = len(head) + len(job)
+            self._box_rank = next(iter(bindings))
+            self._box_at, self._id_end = box_at, id_end
+            # the box's bin header is compared with the rest: a box of the same size
+            self._middle = header[id_end:box_at]
+            self._head, self._tail = head, header[box_end:]
         else:
-            self._head, self._tail, self._size, self._fields = b"", b"", 0, {}
+            self._head, self._tail = head, header[len(head) + len(job) :]
+        self._size, self._fields = len(header), dict(msg.__dict__)
+        self._id_at = len(head) + 1 if fixstr else -1
+        self._id_byte = job[0] if fixstr else -1
+
+
+def _box_span(header: bytes, at: int, bindings: dict[int, Any]) -> tuple[int, int] | None:
+    """Where the bytes of the one sealed box in ``bindings`` lie in ``header`` (whose
+    digest begins at ``at``), as a msgpack bin: None unless there is exactly one, a bin
+    the walk finds where the bindings' single value is."""
+    if len(bindings) != 1:
+        return None
+    unpacker = msgpack.Unpacker(None, raw=False, strict_map_key=False)
+    unpacker.feed(header[at:])
+    try:
+        unpacker.skip()  # the digest
+        unpacker.skip()  # the ranks
+        if unpacker.read_map_header() != 1:
+            return None
+        unpacker.skip()  # the rank
+        start = at + unpacker.tell()
+        unpacker.skip()  # the box
+        end = at + unpacker.tell()
+    except Exception:
+        return None
+    size = _BIN_HEADER.get(header[start], 0)
+    if not size or header[start + size : end] != next(iter(bindings.values())):
+        return None
+    return start + size, end

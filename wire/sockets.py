@@ -55,8 +55,11 @@ _EVENTS = int(zmq.EVENTS)
 assert issubclass(zmq.Socket, zmq.backend.Socket)
 
 
+_Backend: Any = zmq.backend.Socket  # Any: a test may hand in a look-alike
+
+
 def _compiled(sock: object) -> bool:
-    return isinstance(sock, zmq.backend.Socket)
+    return isinstance(sock, _Backend)
 
 
 def configure(
@@ -128,7 +131,7 @@ def poll_in(sock: zmq.Socket[Any], timeout_ms: int) -> bool:
 def recv_frames(sock: zmq.Socket[Any], flags: int = 0) -> list[zmq.Frame]:
     """One multipart message as ``zmq.Frame`` objects (no copy): ``recv_multipart(flags,
     copy=False)`` without its per-part overhead. Raises ``zmq.Again`` as it does."""
-    if not _compiled(sock):
+    if not isinstance(sock, _Backend):  # _compiled, without its call
         return list(sock.recv_multipart(flags, copy=False))
     frame = _raw_recv(sock, flags, False)
     frames = [frame]
@@ -146,10 +149,21 @@ def send_frames(sock: zmq.Socket[Any], frames: Sequence[Any], flags: int = NOBLO
     ``flags`` goes with every part, as in ``send_multipart``; errors are the same
     (``zmq.Again`` on a full queue with NOBLOCK, EHOSTUNREACH from a mandatory ROUTER).
     """
-    if not _compiled(sock):
+    if not isinstance(sock, _Backend):  # _compiled, without its call
         sock.send_multipart(frames, flags, copy=False)
         return
     last = len(frames) - 1
+    if last == 1:  # a header-only message (most): its two frames without the loop
+        first, second = frames
+        if type(first) is bytes and len(first) < _COPY_BELOW:
+            _raw_send(sock, first, flags | _MORE)
+        else:
+            _raw_send(sock, first, flags | _MORE, False)
+        if type(second) is bytes and len(second) < _COPY_BELOW:
+            _raw_send(sock, second, flags)
+        else:
+            _raw_send(sock, second, flags, False)
+        return
     for i, frame in enumerate(frames):
         more = _MORE if i < last else 0
         if type(frame) is bytes and len(frame) < _COPY_BELOW:

@@ -7,7 +7,9 @@
 
 Every decision is the state machine's (``state.py``): this shell decodes, feeds it each
 message as an event, and performs the actions it returns (sends, reconnects); the job shell
-(``jobs.py``) performs the rest. Jobs run on a pool of job threads, so heartbeats and
+(``jobs.py``) performs the rest. How a message from the broker is read and dispatched is
+``broker_messages.py``'s (a part of :class:`Worker`); the sockets, the loop, its timers and
+sending are here. Jobs run on a pool of job threads, so heartbeats and
 fetches keep flowing while a job computes; only a quick, purely local program whose last
 run took under a millisecond runs on the I/O thread itself (no hand-off, see ``jobs.py``).
 A batch of broker messages (``mpl.wire.batch``) is handled one message at a time, as if
@@ -39,33 +41,26 @@ from typing import Any
 
 import zmq
 
-from mpl.wire.batch import coalesce, header_only, is_batch, split_batch
-from mpl.wire.codec import decode, encode
+from mpl.wire.batch import coalesce, header_only
+from mpl.wire.codec import encode
 from mpl.wire.control import HEARTBEAT_S, Bye, Channel, Heartbeat, WorkerHello
 from mpl.wire.curve import Curve, peer_admits
-from mpl.wire.data import Fetch
 from mpl.wire.done_pack import own_done_frames
-from mpl.wire.errors import ProtocolError
 from mpl.wire.exec_repeat import RepeatExecs
 from mpl.wire.guard import Guard, substitute
-from mpl.wire.jobs import Abort, Done, Exec
+from mpl.wire.jobs import Done
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.runtime_info import node_runtime_info
-from mpl.wire.safe_values import BROKER, WORKER, pickles_allowed
+from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import Sealer
-from mpl.wire.sessions import SessionClosed, SessionRuntime
 from mpl.wire.snapshot import SnapshotSlot
 from mpl.wire.sockets import MAX_MESSAGE, configure, drain, recv_frames, send_frames
 from mpl.wire.zap import Gatekeeper
+from mpl.worker.broker_messages import BrokerMessages
 from mpl.worker.code_policy import (
     CODE_POLICIES,
-    HoldsPickles,
-    holds_pickle,
-    refusal,
-    screen,
-    unloadable,
 )
 from mpl.worker.holding import held_moves, held_spu
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
@@ -83,10 +78,7 @@ from mpl.worker.state_events import (
     Action,
     Beat,
     CloseAll,
-    CodeRefused,
-    FetchArrived,
     Joined,
-    ProgramUnloadable,
     Reconnect,
     Send,
     Stop,
@@ -100,13 +92,9 @@ log = logging.getLogger("mpl.worker")
 _POLL_MS = 100  # the timers run at least this often while there is work about
 _SLACK_MS = 5  # how late the timers may run while messages stream in
 _JOIN_S = 2.0
-# Dones gathered from one batch go out this many at a time: the broker and the driver work
-# on the first ones while this thread runs the rest (one message of all 64 kept the three
-# processes in lock-step: about 1 core busy of 2, where parts of 16 kept about 1.3 busy)
-_DONES_AT_ONCE = 16
 
 
-class Worker:
+class Worker(BrokerMessages):
     """One rank's worker, connected to the broker at ``broker``.
 
     ``data_bind`` is where peers reach it (default ``tcp://<host>:0``, a free port);
@@ -256,7 +244,9 @@ class Worker:
         self.guard = Guard(log, self._faults)  # counts internal_errors; the loop goes on
         self._clock = 0.0  # time.monotonic() as the I/O thread's last turn ended
         self._rcvtimeo: dict[zmq.Socket[Any], int] = {}  # the dealer's RCVTIMEO, as last set
-        self._stopping = threading.Event()
+        # asked to stop (by any thread): a plain flag, which the loop reads on every turn
+        # without a call (Event.is_set is a Python call per message)
+        self._stopping = False
         self._thread: threading.Thread | None = None
         self._closed = False
         # While the I/O thread handles a batch of the broker's messages, the Dones it posts
@@ -277,7 +267,7 @@ class Worker:
         return self
 
     def stop(self) -> None:
-        self._stopping.set()
+        self._stopping = True
         self._wake()
 
     def _wake(self) -> None:
@@ -295,11 +285,11 @@ class Worker:
         self._io_thread = threading.get_ident()
         try:
             next_timers = 0.0
-            while not self._stopping.is_set():
+            while not self._stopping:
                 next_timers = self._turn(next_timers)
             self._send(Bye("worker shutting down"))
         finally:
-            self._stopping.set()
+            self._stopping = True
             self.intake.stop(_JOIN_S)  # its sockets close below, once its thread is out
             self.close()
 
@@ -535,144 +525,10 @@ class Worker:
             instead = substitute(msg, exc, self.rank)
             return encode(instead, safe=safe) if instead is not None else None
 
-    def _on_frames(self, frames: list[Any]) -> None:
-        """Handle one ZeroMQ message from the broker: a message, or a batch of them (each
-        handled as if it had arrived alone; the Dones of jobs run inline meanwhile go back
-        as one batch).
-
-        A program's next ``Exec`` (most messages of a busy worker) is recognised first, by
-        comparison with the last one read (``RepeatExecs.repeat``), and goes straight to
-        its handling. Not in secure mode, where every message from the broker is opened by
-        the seal first (its Execs carry sealed inputs, which never repeat)."""
-        if self.seal is None and (msg := self._execs.repeat(frames)) is not None:
-            try:  # as _on_message guards it
-                self._on_exec(msg)
-            except Exception as exc:
-                reply = self.guard.internal("the broker", msg, exc, rank=self.rank)
-                if reply is not None:
-                    self._send(reply)
-            return
-        if not is_batch(frames):
-            self._on_message(frames)
-            return
-        try:
-            inner = split_batch(frames)
-        except ProtocolError as exc:
-            self.protocol_errors += 1
-            self.refusals.refused("the broker", f"dropped a bad message: {exc}")
-            return
-        self._gathered = []
-        try:
-            for one in inner:
-                self._on_message(one)
-                if len(self._gathered) >= _DONES_AT_ONCE:
-                    self._send_gathered()
-        finally:
-            self._send_gathered()
-            self._gathered = None
-
-    def _on_message(self, frames: list[Any]) -> None:
-        """Check, decode and handle one message from the broker."""
-        # In secure mode the broker is not trusted: what a driver sends is sealed (opened
-        # below, and only then unpickled), so a pickle in the clear from the broker is
-        # refused. A plain Exec (most messages) holds no pickle and is read on a lean path,
-        # exactly as decode would read it (mpl.wire.hot.read_exec, which the broker uses for
-        # the driver's Exec too); a program's next Exec, the same bytes but for its job id,
-        # by comparison with the last one read so (mpl.wire.exec_repeat). Anything else is
-        # decoded under the party's code policy: ``--code kernels`` refuses any pickle,
-        # unloaded (code_policy.screen).
-        try:
-            msg: Record | HoldsPickles | None = self._execs.read(frames)
-            if msg is None:
-                safe = not pickles_allowed(
-                    BROKER, trusted=self.trusted, secure=self.seal is not None
-                )
-                msg = screen(frames, self.code, safe=safe)
-        except ProtocolError as exc:
-            if not self._undecodable(frames, exc):
-                self.protocol_errors += 1
-                self.refusals.refused("the broker", f"dropped a bad message: {exc}")
-            return
-        if isinstance(msg, HoldsPickles):
-            self._refuse_code(msg.opaque)
-            return
-        try:  # one message's failure stays that message's failure
-            self._on_broker(msg)
-        except Exception as exc:
-            reply = self.guard.internal("the broker", msg, exc, rank=self.rank)
-            if reply is not None:
-                self._send(reply)
-
     # -- messages -------------------------------------------------------------------------
     def _move_refused(self, event: Any) -> None:
         """The peer thread refused a move (``--code kernels``): its job fails."""
         self.jobs.report(event)
-
-    def _on_broker(self, msg: Record) -> None:
-        if self.seal is not None:
-            opened, answer = self.seal.inbound(msg)
-            if answer is not None:
-                self._send(answer)
-            if opened is None:
-                self.protocol_errors += 1
-                log.warning("rank %d: refused a %s that did not authenticate", self.rank, msg.TAG)
-                return
-            msg = opened
-            # the seal hid the program's or inputs' pickles from the check on the frames:
-            # it opened them opaque, and they are refused here the same way
-            if self.code != "any" and holds_pickle(msg):
-                self._refuse_code(msg)
-                return
-        if type(msg) is Exec:  # most messages: first, past no other type's checks
-            self._on_exec(msg)
-            return
-        if isinstance(msg, Abort) and self.seal is not None:
-            self.seal.forget(msg.session, msg.job)
-        if isinstance(msg, SessionRuntime):  # a session's runtime_info for this node
-            if (ack := self.runtimes.open(msg)) is not None:
-                self._send(ack)
-            return
-        if isinstance(msg, SessionClosed):
-            self.runtimes.closed(msg.session)
-        event: Any = msg
-        if isinstance(msg, Fetch):  # a value already here is answered at once
-            event = FetchArrived(msg, self.store.has(msg.session, msg.uri))
-        self._perform(self.jobs.handle(event))
-
-    def _on_exec(self, msg: Exec) -> None:
-        """A job (opened, if sealed): refused, run here whole, or handed to the state."""
-        runtimes = self.runtimes
-        if runtimes.refused_sessions and (refused := runtimes.failed(msg)) is not None:
-            self._send(refused)  # a session whose runtime_info this node refused
-        elif not self.jobs.run_now(msg):  # a repeat quick job runs here, whole
-            # Dones gathered from this batch go before a job thread may answer
-            self._send_gathered()
-            self._perform(self.jobs.handle(msg))
-
-    def _refuse_code(self, opaque: Record) -> None:
-        """Refuse a message that holds pickles, none of them loaded: its program or job
-        fails with the policy's reason, anything else is only counted."""
-        event = refusal(opaque, self.rank)
-        if event is None:
-            self.protocol_errors += 1
-            log.warning("rank %d: refused a %s holding pickles", self.rank, opaque.TAG)
-            return
-        if isinstance(event, CodeRefused):
-            log.warning("rank %d: %s", self.rank, event.why)
-        self._perform(self.jobs.handle(event))
-
-    def _undecodable(self, frames: list[Any], exc: ProtocolError) -> bool:
-        """A program or job whose values do not unpickle here: its jobs fail saying why."""
-        try:
-            event = unloadable(decode(frames, unpickle=False), self.rank, str(exc))
-        except ProtocolError:
-            return False
-        if event is None:
-            return False
-        if isinstance(event, ProgramUnloadable):
-            log.warning("rank %d: cannot load program %s: %s", self.rank, event.digest, exc)
-        self._perform(self.jobs.handle(event))
-        return True
 
     def _handshake_failed(self, event: list[bytes]) -> None:
         if self.state.joined:
@@ -688,7 +544,7 @@ class Worker:
             "AuthenticationError", f"the broker at {self.broker_url} {why}", rank=self.rank
         )
         log.error("rank %d: %s", self.rank, self.refused.message)
-        self._stopping.set()
+        self._stopping = True
 
     def _perform(self, actions: list[Action]) -> None:
         """Carry out what the state machine left to the I/O shell."""
@@ -716,4 +572,4 @@ class Worker:
             elif isinstance(action, Stop):
                 self.refused = action.error
                 log.error("rank %d: refused by the broker: %s", self.rank, action.error.message)
-                self._stopping.set()
+                self._stopping = True

@@ -211,12 +211,14 @@ class Jobs:
         end = self._run(msg, graph, tracked=False)
         if type(end) is Done:
             sid, job = end.session, end.job
-            # read without the lock: two lookups, each atomic; a stop that comes just
-            # after is one that came after the answer, as it may for any job
-            if not self.state.inline_stopped(sid, job):
+            state = self.state
+            # state.inline_stopped, written out (a call less per job): read without the
+            # lock, two lookups, each atomic; a stop that comes just after is one that
+            # came after the answer, as it may for any job
+            if (sid, job) not in state.aborted and sid not in state.closed:
                 self.post(end)
                 with self._lock:
-                    self.state.end_inline(sid, job, end.stats["run_s"])
+                    state.end_inline(sid, job, end.stats["run_s"])
                 return True
             self.report(RunFinished(sid, job, end.stats["run_s"], end))  # stopped meanwhile
             return True

@@ -326,7 +326,8 @@ class WorkerState:
         """Whether a job :meth:`begin_inline` began was stopped (aborted, or its session
         closed) while it ran: then ``handle(RunFinished)`` decides; if not, its ``Done`` is
         posted and :meth:`end_inline` follows. Changes nothing, and reads two maps (each
-        lookup atomic): the job shell may ask without the lock."""
+        lookup atomic): the job shell may ask without the lock (``Jobs.run_now`` asks by
+        these two lookups written out, a call less per job: keep them in step)."""
         return (sid, job) in self.aborted or sid in self.closed  # stopped(), without its call
 
     def end_inline(self, sid: str, job: str, seconds: float) -> None:

@@ -1,0 +1,206 @@
+"""How the worker reads and dispatches what the broker sends it (the I/O thread's part).
+
+:class:`BrokerMessages` is the half of :class:`~mpl.worker.daemon.Worker` that takes one
+ZeroMQ message from the broker's socket and acts on it: a program's next ``Exec`` read by
+comparison with its last one (``mpl.wire.exec_repeat``, in secure mode too), a batch split
+into its messages, anything else checked and decoded under the party's code policy; then
+opened by the seal (secure mode), and handed to the job shell or run inline. Every message
+is handled under one guard: a message's failure stays that message's failure. Sending,
+the timers and the sockets are the daemon's (``daemon.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from mpl.wire.batch import is_batch, split_batch
+from mpl.wire.codec import decode
+from mpl.wire.data import Fetch
+from mpl.wire.errors import ProtocolError
+from mpl.wire.exec_repeat import RepeatExecs
+from mpl.wire.guard import Guard
+from mpl.wire.jobs import Abort, Exec
+from mpl.wire.logs import RefusalLog
+from mpl.wire.record import Record
+from mpl.wire.safe_values import BROKER, pickles_allowed
+from mpl.wire.sessions import SessionClosed, SessionRuntime
+from mpl.worker.code_policy import HoldsPickles, holds_pickle, refusal, screen, unloadable
+from mpl.worker.jobs import Jobs
+from mpl.worker.sealing import WorkerSeal
+from mpl.worker.session_runtime import SessionRuntimes
+from mpl.worker.state_events import Action, CodeRefused, FetchArrived, ProgramUnloadable
+from mpl.worker.store import ObjectStore
+
+__all__ = ["BrokerMessages"]
+
+log = logging.getLogger("mpl.worker")
+
+# Dones gathered from one batch go out this many at a time: the broker and the driver work
+# on the first ones while this thread runs the rest (one message of all 64 kept the three
+# processes in lock-step: about 1 core busy of 2, where parts of 16 kept about 1.3 busy)
+_DONES_AT_ONCE = 16
+
+
+class BrokerMessages:
+    """The worker's handling of the broker's messages (mixed into ``Worker``, which sets
+    these attributes and provides the sending methods)."""
+
+    rank: int
+    trusted: bool
+    code: str
+    seal: WorkerSeal | None
+    jobs: Jobs
+    store: ObjectStore
+    runtimes: SessionRuntimes
+    guard: Guard
+    refusals: RefusalLog
+    protocol_errors: int
+    _execs: RepeatExecs
+    _gathered: list[list[Any]] | None
+    _send: Callable[[Record], None]
+    _send_gathered: Callable[[], None]
+    _perform: Callable[[list[Action]], None]
+
+    def _on_frames(self, frames: list[Any]) -> None:
+        """Handle one ZeroMQ message from the broker: a message, or a batch of them (each
+        handled as if it had arrived alone; the Dones of jobs run inline meanwhile go back
+        as one batch).
+
+        A program's next ``Exec`` (most messages of a busy worker) is recognised first, by
+        comparison with the last one read (``RepeatExecs.repeat``), and goes straight to
+        its handling; in secure mode through the seal first (``_on_broker``), which opens
+        its sealed inputs or refuses the job. Every message is handled under one guard: a
+        message's failure stays that message's failure."""
+        repeat = self._execs.repeat(frames)
+        msg: Record | None = repeat
+        if msg is None:
+            if is_batch(frames):
+                self._on_batch(frames)
+                return
+            msg = self._read(frames)
+            if msg is None:  # refused, or handled as refused
+                return
+        try:
+            # most messages, a plaintext repeat: no other checks (secure: the seal's first)
+            if repeat is not None and self.seal is None:
+                self._on_exec(repeat)
+            else:
+                self._on_broker(msg)
+        except Exception as exc:
+            reply = self.guard.internal("the broker", msg, exc, rank=self.rank)
+            if reply is not None:
+                self._send(reply)
+
+    def _on_batch(self, frames: list[Any]) -> None:
+        """A batch of the broker's messages, one at a time (none of them a batch:
+        ``split_batch`` refuses that); the Dones of the jobs run inline go back gathered."""
+        try:
+            inner = split_batch(frames)
+        except ProtocolError as exc:
+            self.protocol_errors += 1
+            self.refusals.refused("the broker", f"dropped a bad message: {exc}")
+            return
+        self._gathered = []
+        try:
+            for one in inner:
+                self._on_frames(one)
+                if len(self._gathered) >= _DONES_AT_ONCE:
+                    self._send_gathered()
+        finally:
+            self._send_gathered()
+            self._gathered = None
+
+    def _read(self, frames: list[Any]) -> Record | None:
+        """Check and decode one message from the broker that is no repeat ``Exec``: the
+        record, or None when it was refused (counted, or its job failed saying why)."""
+        # In secure mode the broker is not trusted: what a driver sends is sealed (opened
+        # by _on_broker, and only then unpickled), so a pickle in the clear from the broker
+        # is refused. A plain Exec (most messages) holds no pickle and is read on a lean
+        # path, exactly as decode would read it (mpl.wire.hot.read_exec, which the broker
+        # uses for the driver's Exec too), and kept to compare the program's next Exec with
+        # (mpl.wire.exec_repeat). Anything else is decoded under the party's code policy:
+        # ``--code kernels`` refuses any pickle, unloaded (code_policy.screen).
+        try:
+            msg: Record | HoldsPickles | None = self._execs.read_in_full(frames)
+            if msg is None:
+                safe = not pickles_allowed(
+                    BROKER, trusted=self.trusted, secure=self.seal is not None
+                )
+                msg = screen(frames, self.code, safe=safe)
+        except ProtocolError as exc:
+            if not self._undecodable(frames, exc):
+                self.protocol_errors += 1
+                self.refusals.refused("the broker", f"dropped a bad message: {exc}")
+            return None
+        if isinstance(msg, HoldsPickles):
+            self._refuse_code(msg.opaque)
+            return None
+        return msg
+
+    def _on_broker(self, msg: Record) -> None:
+        if self.seal is not None:
+            opened, answer = self.seal.inbound(msg)
+            if answer is not None:
+                self._send(answer)
+            if opened is None:
+                self.protocol_errors += 1
+                log.warning("rank %d: refused a %s that did not authenticate", self.rank, msg.TAG)
+                return
+            msg = opened
+            # the seal hid the program's or inputs' pickles from the check on the frames:
+            # it opened them opaque, and they are refused here the same way
+            if self.code != "any" and holds_pickle(msg):
+                self._refuse_code(msg)
+                return
+        if type(msg) is Exec:  # most messages: first, past no other type's checks
+            self._on_exec(msg)
+            return
+        if isinstance(msg, Abort) and self.seal is not None:
+            self.seal.forget(msg.session, msg.job)
+        if isinstance(msg, SessionRuntime):  # a session's runtime_info for this node
+            if (ack := self.runtimes.open(msg)) is not None:
+                self._send(ack)
+            return
+        if isinstance(msg, SessionClosed):
+            self.runtimes.closed(msg.session)
+        event: Any = msg
+        if isinstance(msg, Fetch):  # a value already here is answered at once
+            event = FetchArrived(msg, self.store.has(msg.session, msg.uri))
+        self._perform(self.jobs.handle(event))
+
+    def _on_exec(self, msg: Exec) -> None:
+        """A job (opened, if sealed): refused, run here whole, or handed to the state."""
+        runtimes = self.runtimes
+        if runtimes.refused_sessions and (refused := runtimes.failed(msg)) is not None:
+            self._send(refused)  # a session whose runtime_info this node refused
+        elif not self.jobs.run_now(msg):  # a repeat quick job runs here, whole
+            # Dones gathered from this batch go before a job thread may answer
+            self._send_gathered()
+            self._perform(self.jobs.handle(msg))
+
+    def _refuse_code(self, opaque: Record) -> None:
+        """Refuse a message that holds pickles, none of them loaded: its program or job
+        fails with the policy's reason, anything else is only counted."""
+        event = refusal(opaque, self.rank)
+        if event is None:
+            self.protocol_errors += 1
+            log.warning("rank %d: refused a %s holding pickles", self.rank, opaque.TAG)
+            return
+        if isinstance(event, CodeRefused):
+            log.warning("rank %d: %s", self.rank, event.why)
+        self._perform(self.jobs.handle(event))
+
+    def _undecodable(self, frames: list[Any], exc: ProtocolError) -> bool:
+        """A program or job whose values do not unpickle here: its jobs fail saying why."""
+        try:
+            event = unloadable(decode(frames, unpickle=False), self.rank, str(exc))
+        except ProtocolError:
+            return False
+        if event is None:
+            return False
+        if isinstance(event, ProgramUnloadable):
+            log.warning("rank %d: cannot load program %s: %s", self.rank, event.digest, exc)
+        self._perform(self.jobs.handle(event))
+        return True
