@@ -28,6 +28,10 @@ WORLD_SIZE = 2
 # the margin is for the batch of deletes (the jobs' dropped outputs) that may go out during
 # the count
 PER_JOB = 35
+# an eager call without arguments (mp.device("P0")(fn)()) and its fetch: 57 calls per job at
+# e7b802d (the arguments flattened, a plan key built and looked up, the device and its ranks
+# found), now 31: its plan is the decorated function's own (the margin is for the deletes)
+PER_EAGER_JOB = 33
 # mp.submit with 64 in flight, per job: the calling thread (submit, result, fetch) made 40
 # calls at 68feee1, now 21 (the margin is for the deletes); the pump thread (send, read,
 # settle) 19 per job besides its per-wake-up loop at 68feee1, now 13.
@@ -75,6 +79,28 @@ def test_python_calls_per_sync_trivial_job_at_the_driver(counted_ctx: Any) -> No
     per_job = sum(calls.values()) / n
     print(f"{per_job} Python calls per job: {calls.most_common(12)}")
     assert per_job <= PER_JOB
+
+
+def test_python_calls_per_sync_eager_call_without_arguments(counted_ctx: Any) -> None:
+    one = mp.device("P0")(lambda: 1)
+    for _ in range(20):  # recorded, program sent, caches warm
+        assert mp.fetch(one()) == 1
+    calls: Counter[str] = Counter()
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            calls[frame.f_code.co_name] += 1
+
+    n = 50
+    sys.setprofile(count)
+    try:
+        results = [mp.fetch(one()) for _ in range(n)]
+    finally:
+        sys.setprofile(None)
+    assert results == [1] * n
+    per_job = (sum(calls.values()) - calls["<listcomp>"]) / n
+    print(f"{per_job} Python calls per eager job: {calls.most_common(12)}")
+    assert per_job <= PER_EAGER_JOB
 
 
 def test_an_exec_without_bindings_is_packed_without_walking_them() -> None:
