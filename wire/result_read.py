@@ -42,12 +42,13 @@ from mpl.wire.remote import ErrorInfo
 
 __all__ = ["read_answer"]
 
-# Written out by hand above and in _fits: a changed JobResult would otherwise fall back to
-# decode on every answer, silently.
+# Written out by hand in read_answer and _fits: a changed JobResult would otherwise be read
+# wrong, or fall back to decode on every answer, silently. Filled in directly (direct).
 _FIELDS = pinned_fields(
     JobResult,
     ("job", "values", "error", "missing_program", "stats", "metas"),
     "mpl.wire.result_read",
+    direct=True,
 )
 # msgpack's list and map markers: fixmap, fixarray, array 16/32, map 16/32
 _CONTAINER_MARKERS = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
@@ -101,8 +102,16 @@ def read_answer(frames: Sequence[Any], *, safe: bool) -> Record:
         raise ProtocolError(f"record {JobResult.TAG!r}: a field does not match its annotation")
     if unused:
         raise ProtocolError(f"{unused} buffer frame(s) not referenced by the header")
+    # filled in field by field, as _FIELDS pins them: no slice, zip or update
+    _, job, values, error, missing, stats, metas = items
     rec = object.__new__(JobResult)
-    rec.__dict__.update(zip(_FIELDS, items[1:], strict=True))
+    fields = rec.__dict__
+    fields["job"] = job
+    fields["values"] = values
+    fields["error"] = error
+    fields["missing_program"] = missing
+    fields["stats"] = stats
+    fields["metas"] = metas
     return rec
 
 
