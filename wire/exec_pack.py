@@ -96,13 +96,16 @@ def _plain_ints(items: tuple[Any, ...]) -> bool:
     return all(type(i) is int and _INT_MIN <= i <= _INT_MAX for i in items)
 
 
-def _pack_bindings(bindings: Any, pack: Callable[[Any], bytes]) -> bytes | None:
+def _pack_bindings(bindings: Any, pack: Callable[[Any], bytes] | None = None) -> bytes | None:
     """The packed bindings map, or None when some binding needs the general encoder.
 
     Packed as they are when no ``Lit`` needs its extension (a job's store URIs, a secure
-    job's boxes); otherwise from a copy holding the extensions."""
+    job's boxes); otherwise from a copy holding the extensions. ``pack``: this thread's
+    packer's, when the caller has it."""
     if type(bindings) is not dict:
         return None
+    if pack is None:
+        pack = _tls.packer.pack
     lits = False
     # the checks are written out in the loop: a helper and its generator were four
     # Python calls per Exec (a secure Exec has a box for every rank)
