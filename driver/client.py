@@ -42,6 +42,7 @@ from mpl.wire.errors import MplError, MplTimeoutError, ProtocolError
 from mpl.wire.exec_pack import delete_frames
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Cancel, Exec, JobResult, Program
+from mpl.wire.record import pinned_fields
 from mpl.wire.remote import from_info
 from mpl.wire.routing import check_driver_name
 from mpl.wire.safe_values import WORKER, pickles_allowed
@@ -71,6 +72,13 @@ INPROC_CONTEXTS: dict[str, zmq.Context[Any]] = {}
 
 log = logging.getLogger("mpl.driver")
 _REPORT_GRACE_S = 1.0
+# Client._exec fills its Execs in field by field
+_EXEC_FIELDS = pinned_fields(
+    Exec,
+    ("session", "job", "digest", "ranks", "bindings", "inline", "timeout_s"),
+    "mpl.driver.client",
+    direct=True,
+)
 
 
 # Forks of this process so far, as seen by the process itself: a child's count differs from
@@ -320,19 +328,18 @@ class Client(BrokerCalls):
             if rank not in ranks:
                 ranks = tuple(sorted({*ranks, *bindings}))
                 break
-        # Exec(...) filled in directly: a record this driver builds from its own parts per
-        # job, so it skips the generated __init__ and the guarded __setattr__ per field (the
-        # broker checks every field it receives)
+        # Exec(...) filled in directly, field by field as _EXEC_FIELDS pins them: a record
+        # this driver builds from its own parts per job, so it skips the generated __init__
+        # and the guarded __setattr__ per field (the broker checks every field it receives)
         msg = object.__new__(Exec)
-        msg.__dict__.update(
-            session=session,
-            job=job,
-            digest=graph.digest,
-            ranks=ranks,
-            bindings=bindings,
-            inline=inline,
-            timeout_s=limit,
-        )
+        fields = msg.__dict__
+        fields["session"] = session
+        fields["job"] = job
+        fields["digest"] = graph.digest
+        fields["ranks"] = ranks
+        fields["bindings"] = bindings
+        fields["inline"] = inline
+        fields["timeout_s"] = limit
         return msg, limit, deadline
 
     # -- data and names -------------------------------------------------------------------
