@@ -170,9 +170,8 @@ class BrokerCalls:
             ) from None
         self.progress.begin(job)  # ended when its JobResult arrives
         what = f"job {job}"
-        result = self._wait(
-            sock, msg.session, what, deadline, limit, limit + grace, self._mine, job
-        )
+        left = limit + grace
+        result = self._wait(sock, msg.session, what, deadline, limit, left, self._mine, job, job)
         assert type(result) is JobResult
         return result
 
@@ -186,8 +185,10 @@ class BrokerCalls:
         left: float,
         read: Callable[[list[Any], _Key], Record | None],
         key: _Key,
+        job: str | None = None,
     ) -> Record:
-        """Wait on ``sock`` until ``read(frames, key)`` finds the answer in what arrived.
+        """Wait on ``sock`` until ``read(frames, key)`` finds the answer in what arrived
+        (``job``: the job waited for, if it is one, for its progress bar).
 
         ``left`` is the time to ``deadline`` now (``limit``, the caller's time limit, plus
         any grace): only the slice before the deadline is shortened, and a call without time
@@ -213,7 +214,8 @@ class BrokerCalls:
                 try:
                     frames = recv_frames(sock)
                 except zmq.Again:
-                    self.progress.tick()
+                    if job is not None:  # its bar, once it runs long enough
+                        self.progress.tick(job)
                 else:
                     answer = read(frames, key)
                     if answer is not None:

@@ -288,7 +288,7 @@ class Client(BrokerCalls):
         if self.seal is not None:
             msg = self.seal.exec(msg)
         future = JobFuture()  # RUNNING already: jobs are not taken back once handed over
-        self.progress.begin(msg.job, mine=False)  # ended when its JobResult arrives
+        self.progress.begin(msg.job)  # ended when its JobResult arrives
         pump = self._pump  # (not `or`: a JobPump's truth is its length)
         if pump is None:
             pump = self._job_pump()
