@@ -102,16 +102,14 @@ def read_answer(frames: Sequence[Any], *, safe: bool) -> Record:
         raise ProtocolError(f"record {JobResult.TAG!r}: a field does not match its annotation")
     if unused:
         raise ProtocolError(f"{unused} buffer frame(s) not referenced by the header")
-    # filled in field by field, as _FIELDS pins them: no slice, zip or update
+    # filled in with keywords, as _FIELDS pins them: no slice or zip, and (unlike a dict
+    # filled key by key or from a zip) a __dict__ whose fields every reader later loads
+    # at the interpreter's specialised speed
     _, job, values, error, missing, stats, metas = items
     rec = object.__new__(JobResult)
-    fields = rec.__dict__
-    fields["job"] = job
-    fields["values"] = values
-    fields["error"] = error
-    fields["missing_program"] = missing
-    fields["stats"] = stats
-    fields["metas"] = metas
+    rec.__dict__.update(
+        job=job, values=values, error=error, missing_program=missing, stats=stats, metas=metas
+    )
     return rec
 
 
