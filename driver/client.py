@@ -1,7 +1,9 @@
-"""The low-level driver client: requests to the broker, each with a deadline.
+"""The low-level driver client: what the driver asks the broker (sessions, jobs, fetches,
+names, status), each with a deadline.
 
-Every calling thread gets its own DEALER socket and waits for its answer on it, so a call
-costs one round trip and no hand-off between threads. A :class:`~mpl.driver.watch.BrokerWatch`
+Every calling thread gets its own DEALER socket and waits for its answer on it
+(:mod:`mpl.driver.calls`, the client's base); jobs in flight without waiting go through the
+client's pump (:mod:`mpl.driver.inflight`). A :class:`~mpl.driver.watch.BrokerWatch`
 heartbeats the broker for the client's sessions and tells waiting calls at once when the
 broker is silent, restarted, or refuses this driver's key.
 
@@ -16,7 +18,6 @@ before it exists.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import os
@@ -29,24 +30,21 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from mpl.driver.calls import BrokerCalls
 from mpl.driver.inflight import JobPump, Pending
 from mpl.driver.job_future import JobFuture
 from mpl.driver.job_progress import ProgressBoard
 from mpl.driver.watch import BrokerWatch
-from mpl.wire.batch import is_batch, split_batch
-from mpl.wire.codec import decode, encode
-from mpl.wire.control import HEARTBEAT_S, Bye, Refused
+from mpl.wire.control import HEARTBEAT_S
 from mpl.wire.curve import Curve
 from mpl.wire.data import Fetch
-from mpl.wire.errors import MplError, MplTimeoutError, ProtocolError, SessionError
-from mpl.wire.exec_pack import delete_frames, exec_frames
+from mpl.wire.errors import MplError, MplTimeoutError, ProtocolError
+from mpl.wire.exec_pack import delete_frames
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Cancel, Exec, JobResult, Program
-from mpl.wire.progress import Progress
-from mpl.wire.record import Record
+from mpl.wire.record import pinned_fields
 from mpl.wire.remote import from_info
-from mpl.wire.result_read import read_answer
-from mpl.wire.routing import check_driver_name, driver_routing_id
+from mpl.wire.routing import check_driver_name
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.sessions import (
     CloseNamed,
@@ -61,7 +59,7 @@ from mpl.wire.sessions import (
     StatusRequest,
     SymbolInfo,
 )
-from mpl.wire.sockets import configure, recv_frames, send_frames
+from mpl.wire.sockets import send_frames
 
 if TYPE_CHECKING:
     from mpl.driver.sealing import DriverSeal
@@ -73,8 +71,14 @@ __all__ = ["INPROC_CONTEXTS", "Client"]
 INPROC_CONTEXTS: dict[str, zmq.Context[Any]] = {}
 
 log = logging.getLogger("mpl.driver")
-_SLICE_MS = 100  # waits wake this often to notice a lost broker
 _REPORT_GRACE_S = 1.0
+# Client._exec fills its Execs in field by field
+_EXEC_FIELDS = pinned_fields(
+    Exec,
+    ("session", "job", "digest", "ranks", "bindings", "inline", "timeout_s"),
+    "mpl.driver.client",
+    direct=True,
+)
 
 
 # Forks of this process so far, as seen by the process itself: a child's count differs from
@@ -107,34 +111,7 @@ class _JobIds:
             return self._pool[at : at + self._BYTES].hex()
 
 
-class _ThreadSocket:
-    """One thread's DEALER; closed when the thread's locals are collected or the client closes."""
-
-    def __init__(self, client: Client) -> None:
-        self.sock = configure(client.ctx.socket(zmq.DEALER), linger_ms=0)
-        if client.curve is not None:
-            client.curve.dial(self.sock, client.curve.broker)
-        self.sock.setsockopt(zmq.RCVTIMEO, _SLICE_MS)  # a blocking recv, woken every slice
-        # a send blocks only while the queue to a broker long away is full: not forever
-        self.sock.setsockopt(zmq.SNDTIMEO, max(1, int(client.timeout * 1000)))
-        self.sock.setsockopt(zmq.ROUTING_ID, driver_routing_id(client.driver))
-        self.sock.connect(client.address)
-        self._client = client
-        with client._sockets_lock:
-            client._sockets.add(self)
-
-    def close(self) -> None:
-        with self._client._sockets_lock:
-            self._client._sockets.discard(self)
-        if not self.sock.closed:
-            self.sock.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter shutdown nothing is left to clean
-            self.close()
-
-
-class Client:
+class Client(BrokerCalls):
     """A connection to the broker at ``address``; safe to share between threads.
 
     ``timeout`` bounds control requests (sessions, fetches, names, status) and
@@ -176,17 +153,14 @@ class Client:
                     f"{address} is an in-process address, and no simulator here serves it"
                 )
         self._own_context = context is None
-        self.ctx: zmq.Context[Any] = context or zmq.Context()
-        self._local = threading.local()
-        self._sockets: set[_ThreadSocket] = set()
-        self._sockets_lock = threading.Lock()
+        self.ctx = context or zmq.Context()
+        super().__init__()
         self._reqs = itertools.count(1)
         self._job_ids = _JobIds()
         self._programs: set[str] = set()
         self.sessions: set[str] = set()
         self.progress = ProgressBoard()  # jobs in flight: where their ranks are
         self.broker_id = ""
-        self._closed = False
         self._pump: JobPump | None = None  # started by the first submit_async
         self._pump_lock = threading.Lock()
         self.watch = BrokerWatch(
@@ -281,7 +255,7 @@ class Client:
                 self._send(program)
                 self._programs.add(graph.digest)
             try:
-                result = self._job_call(msg, deadline, limit)
+                result = self._job_call(msg, deadline, limit, _REPORT_GRACE_S)
             except MplTimeoutError:
                 self.progress.end(job, False)
                 self._send(Cancel(session, job, f"the driver stopped waiting after {limit:g} s"))
@@ -314,7 +288,7 @@ class Client:
         if self.seal is not None:
             msg = self.seal.exec(msg)
         future = JobFuture()  # RUNNING already: jobs are not taken back once handed over
-        self.progress.begin(msg.job, mine=False)  # ended when its JobResult arrives
+        self.progress.begin(msg.job)  # ended when its JobResult arrives
         pump = self._pump  # (not `or`: a JobPump's truth is its length)
         if pump is None:
             pump = self._job_pump()
@@ -354,9 +328,10 @@ class Client:
             if rank not in ranks:
                 ranks = tuple(sorted({*ranks, *bindings}))
                 break
-        # Exec(...) filled in directly: a record this driver builds from its own parts per
-        # job, so it skips the generated __init__ and the guarded __setattr__ per field (the
-        # broker checks every field it receives)
+        # Exec(...) filled in directly, as _EXEC_FIELDS pins it: a record this driver builds
+        # from its own parts per job, so it skips the generated __init__ and the guarded
+        # __setattr__ per field (the broker checks every field it receives). With keywords:
+        # a __dict__ filled key by key makes every later read of a field about 3x slower.
         msg = object.__new__(Exec)
         msg.__dict__.update(
             session=session,
@@ -450,196 +425,6 @@ class Client:
         self.abandon_jobs("the client was closed while the job was in flight")
         self._closed = True
         self.watch.close()
-        with self._sockets_lock:
-            sockets = list(self._sockets)
-        for s in sockets:
-            s.close()
+        self._close_sockets()
         if self._own_context:
             self.ctx.term()
-
-    # -- plumbing -------------------------------------------------------------------------
-    def _socket(self) -> zmq.Socket[Any]:
-        if self._closed:
-            raise MplError("the client is closed")
-        holder: _ThreadSocket | None = getattr(self._local, "socket", None)
-        if holder is None or holder.sock.closed:
-            holder = self._local.socket = _ThreadSocket(self)
-        return holder.sock
-
-    def _drop_thread_socket(self) -> None:
-        """Close the calling thread's DEALER (a thread about to end calls it)."""
-        holder: _ThreadSocket | None = getattr(self._local, "socket", None)
-        if holder is not None:
-            self._local.socket = None
-            holder.close()
-
-    def _send(self, msg: Record) -> None:
-        """Send without an answer to wait for; dropped (and logged) if the queue to the
-        broker stays full for ``timeout``: a delete or close is then left to the session's
-        end or lease, a program is sent again when the broker asks for it."""
-        try:
-            send_frames(self._socket(), encode(msg), 0)  # blocks at most SNDTIMEO
-        except zmq.Again:
-            log.warning("the broker at %s takes no messages: dropped a %s", self.address, msg.TAG)
-
-    def _reply(self, msg: Record, req: int, timeout: float | None, what: str) -> Any:
-        reply = self._call(msg, lambda m: isinstance(m, Reply) and m.req == req, timeout, what)
-        assert isinstance(reply, Reply)
-        if reply.error is not None:
-            raise from_info(reply.error)
-        return reply.value
-
-    def _call(
-        self, msg: Record, match: Callable[[Record], bool], timeout: float | None, what: str
-    ) -> Record:
-        """Send ``msg`` and wait on this thread's socket for the answer ``match`` accepts."""
-        limit = self.timeout if timeout is None else max(0.0, timeout)
-        sock = self._socket()
-        try:
-            send_frames(sock, encode(msg), 0)  # blocks at most SNDTIMEO (jobs: _job_call)
-        except zmq.Again:
-            raise MplTimeoutError(
-                f"{what}: the broker at {self.address} took no message for {self.timeout:g} s "
-                "(the queue to it is full)"
-            ) from None
-        deadline = time.monotonic() + limit
-        short = False  # RCVTIMEO lowered for the last slice before the deadline
-        try:
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise MplTimeoutError(
-                        f"{what}: no answer from the broker at {self.address} within {limit:g} s"
-                    )
-                trouble = self.watch.trouble(getattr(msg, "session", None), what)
-                if trouble is not None:
-                    raise trouble
-                if left * 1000 < _SLICE_MS:
-                    sock.setsockopt(zmq.RCVTIMEO, int(left * 1000) + 1)
-                    short = True
-                try:
-                    frames = recv_frames(sock)
-                except zmq.Again:
-                    self.progress.tick()
-                    continue
-                answer = self._answers(frames, match)
-                if answer is not None:
-                    return answer
-        finally:
-            if short:
-                sock.setsockopt(zmq.RCVTIMEO, _SLICE_MS)
-
-    def _job_call(self, msg: Exec, deadline: float, limit: float) -> JobResult:
-        """``_call`` for a job: send its Exec, wait on this thread's socket for its JobResult.
-
-        Only the packing is done before the send; the progress board, the watch's verdicts
-        and the answer's reading come after it, while the broker and workers run the job.
-        A JobResult for this job is read on a path of its own; anything else (a batch,
-        another answer) goes through ``_answers`` as in ``_call``.
-        """
-        sock = self._socket()
-        job = msg.job
-        try:
-            send_frames(sock, exec_frames(msg), 0)  # blocks at most SNDTIMEO
-        except zmq.Again:
-            raise MplTimeoutError(
-                f"job {job}: the broker at {self.address} took no message for "
-                f"{self.timeout:g} s (the queue to it is full)"
-            ) from None
-        self.progress.begin(job)  # ended when its JobResult arrives
-        watch = self.watch
-        short = False  # RCVTIMEO lowered for the last slice before the deadline
-        try:
-            while True:
-                if watch.refused is not None or watch.silence is not None or watch.lost:
-                    trouble = watch.trouble(msg.session, f"job {job}")
-                    if trouble is not None:
-                        raise trouble
-                try:
-                    frames = recv_frames(sock)
-                except zmq.Again:
-                    self.progress.tick()
-                else:
-                    mine = None if is_batch(frames) else self._job_answer(frames, job)
-                    if mine is not None:
-                        return mine
-                    other = self._answers(frames, lambda m: type(m) is JobResult and m.job == job)
-                    if other is not None:
-                        assert isinstance(other, JobResult)
-                        return other
-                # a slice passed, or an answer to something else came: the deadline is near?
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise MplTimeoutError(
-                        f"job {job}: no answer from the broker at {self.address} within {limit:g} s"
-                    )
-                if left * 1000 < _SLICE_MS:
-                    sock.setsockopt(zmq.RCVTIMEO, int(left * 1000) + 1)
-                    short = True
-        finally:
-            if short:
-                sock.setsockopt(zmq.RCVTIMEO, _SLICE_MS)
-
-    def _job_answer(self, frames: list[Any], job: str) -> JobResult | None:
-        """The JobResult of ``job`` if ``frames`` is one (ended on the progress board);
-        None for anything else, which the caller reads the general way."""
-        try:
-            answer = read_answer(frames, safe=self.safe)
-        except ProtocolError:
-            return None  # _answers reads it again, and says why it is refused
-        if type(answer) is not JobResult or answer.job != job:
-            return None
-        if not answer.missing_program:
-            self.progress.end(job, answer.error is None)
-        return answer
-
-    def _answers(self, frames: list[Any], match: Callable[[Record], bool]) -> Record | None:
-        """:meth:`_answer` for one ZeroMQ message, which may be a batch of answers
-        (``mpl.wire.batch``): each is read as if it had come alone, in order."""
-        if not is_batch(frames):
-            return self._answer(frames, match)
-        try:
-            inner = split_batch(frames)
-        except ProtocolError as exc:
-            log.warning("bad message from the broker: %s", exc)
-            return None
-        found: Record | None = None
-        for one in inner:
-            answer = self._answer(one, match)
-            if found is None:
-                found = answer
-        return found
-
-    def _answer(self, frames: list[Any], match: Callable[[Record], bool]) -> Record | None:
-        """The awaited answer among what arrived, or None for a stale message."""
-        try:
-            answer = read_answer(frames, safe=self.safe)
-        except ProtocolError as exc:
-            self._refuse_answer(frames, match, exc)
-            log.warning("bad message from the broker: %s", exc)
-            return None
-        if isinstance(answer, JobResult) and not answer.missing_program:
-            self.progress.end(answer.job, answer.error is None)
-        if match(answer):
-            return answer
-        if isinstance(answer, Progress):
-            self.progress.update(answer)
-            return None
-        if isinstance(answer, Refused):
-            raise from_info(answer.error)
-        if isinstance(answer, Bye):
-            raise SessionError(f"the broker at {self.address} shut down")
-        return None  # a late answer to a call this thread gave up on
-
-    @staticmethod
-    def _refuse_answer(
-        frames: list[Any], match: Callable[[Record], bool], exc: ProtocolError
-    ) -> None:
-        """Fail the call at once when its own answer carries what we refuse (a pickle from
-        a worker, say), instead of waiting out the deadline for an answer that came."""
-        try:
-            opaque = decode(frames, unpickle=False)
-        except ProtocolError:
-            return
-        if match(opaque):
-            raise ProtocolError(f"the answer could not be accepted: {exc}") from None

@@ -7,6 +7,7 @@ no ``with`` active. ``ctx.close()`` ends the session: the workers free everythin
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -119,8 +120,10 @@ class Context:
         except BaseException:
             client.close_session(self.session)
             raise
-        self._released: list[tuple[tuple[int, ...], str]] = []
-        self._released_lock = threading.Lock()
+        # deletes waiting to be sent: appended by any thread (a Value's __del__, the GC's
+        # too) and taken by flush, each a single deque operation: no lock, so a Value
+        # collected while a flush runs on the same thread never waits for it
+        self._released: deque[tuple[tuple[int, ...], str]] = deque()
         self._flushed = time.monotonic()
         self.jobs: deque[JobRecord] = deque(maxlen=_JOB_MEMORY)
         self.closed = False
@@ -227,8 +230,7 @@ class Context:
         """A Value was dropped: queue its deletion (safe from any thread, even the GC)."""
         if self.closed:
             return
-        with self._released_lock:
-            self._released.append((parties, uri))
+        self._released.append((parties, uri))
 
     def _maybe_flush(self) -> None:
         """Before a job or fetch: send the queued deletes once a batch is full or old."""
@@ -245,8 +247,12 @@ class Context:
         second has passed; call this to free the workers' memory at once.
         """
         self._flushed = time.monotonic()
-        with self._released_lock:
-            batch, self._released = self._released, []
+        released = self._released
+        take = released.popleft
+        batch: list[tuple[tuple[int, ...], str]] = []
+        with contextlib.suppress(IndexError):  # another thread's flush took the rest
+            for _ in range(len(released)):  # what is queued now; later ones: the next flush
+                batch.append(take())
         if not batch or self.closed:
             return
         for start in range(0, len(batch), _DELETE_BATCH):

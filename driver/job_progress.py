@@ -129,10 +129,9 @@ class ProgressBoard:
         self._jobs: dict[str, JobProgress] = {}  # only jobs someone reported on or asked for
         self._bars: dict[str, _Bar] = {}
         self._watchers: dict[str, list[Callable[[JobProgress], None]]] = {}
-        self._mine = threading.local()  # the job this thread waits for
 
-    def begin(self, job: str, *, mine: bool = True) -> None:
-        """A job was submitted; ``mine``: by this thread, which waits for it (``tick``)."""
+    def begin(self, job: str) -> None:
+        """A job was submitted."""
         # One dict item set, atomic under the GIL: begin and end run once per job and take
         # no lock. Whoever adds to _jobs, _watchers or _bars (under the lock) looks again
         # whether the job is still in _started afterwards, and end looks at those tables
@@ -141,8 +140,6 @@ class ProgressBoard:
         started[job] = time.monotonic()
         if len(started) > _REMEMBERED:
             self._forget_oldest()
-        if mine:
-            self._mine.job = job
 
     def _forget_oldest(self) -> None:
         started = self._started
@@ -183,12 +180,9 @@ class ProgressBoard:
             watch(p)
         self._draw(p)
 
-    def tick(self) -> None:
-        """This thread woke while waiting: a bar appears once its job runs long enough,
+    def tick(self, job: str) -> None:
+        """A thread waiting for ``job`` woke: a bar appears once the job runs long enough,
         even before any report (one long op sends none)."""
-        job = getattr(self._mine, "job", None)
-        if job is None:
-            return
         started = self._started.get(job)
         if started is None or time.monotonic() - started < BAR_AFTER_S:
             return
@@ -207,8 +201,6 @@ class ProgressBoard:
                 bar = self._bars.pop(job, None)
             if bar is not None:
                 bar.finish(ok)
-        if getattr(self._mine, "job", None) == job:
-            self._mine.job = None
 
     def get(self, job: str) -> JobProgress | None:
         with self._lock:

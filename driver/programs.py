@@ -16,7 +16,7 @@ from typing import Any
 
 from mpl.driver.context import Context, current
 from mpl.driver.recorder import Ranks, Recorder, active, bind, tracing, wrap
-from mpl.driver.tree import LEAF, flatten, unflatten
+from mpl.driver.tree import LEAF, NO_ARGS, flatten, flatten_call, unflatten
 from mpl.driver.values import Value
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.errors import MplError
@@ -213,12 +213,12 @@ class Function:
         bare = self._bare
         if bare is not None and not args and not kwargs and bare[0] is ctx.cluster:
             return bare[1].run(ctx, args, kwargs, [])
-        leaves, treedef = _flat(args, kwargs)
+        leaves, treedef = flatten_call(args, kwargs)
         program = self._compile(ctx.cluster, args, kwargs, leaves, treedef)
         return program.run(ctx, args, kwargs, leaves)
 
     def compile(self, cluster: ClusterSpec, *args: Any, **kwargs: Any) -> Program:
-        leaves, treedef = _flat(args, kwargs)
+        leaves, treedef = flatten_call(args, kwargs)
         return self._compile(cluster, args, kwargs, leaves, treedef)
 
     def submit(self, ctx: Context, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[Any]:
@@ -226,7 +226,7 @@ class Function:
         bare = self._bare
         if bare is not None and not args and not kwargs and bare[0] is ctx.cluster:
             return bare[1].submit(ctx, args, kwargs, [])
-        leaves, treedef = _flat(args, kwargs)
+        leaves, treedef = flatten_call(args, kwargs)
         program = self._compile(ctx.cluster, args, kwargs, leaves, treedef)
         return program.submit(ctx, args, kwargs, leaves)
 
@@ -244,19 +244,9 @@ class Function:
             program = _trace(self.fn, cluster, args, kwargs, self.name)
             self.traces += 1
             self._programs[key] = program
-        if treedef is _NO_ARGS:  # a call without arguments (see _flat)
+        if treedef is NO_ARGS:  # a call without arguments (see flatten_call)
             self._bare = (cluster, program)
         return program
-
-
-_NO_ARGS = flatten(((), {}))[1]
-
-
-def _flat(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
-    """``flatten((args, kwargs))``, without the walk for a call with no arguments."""
-    if not args and not kwargs:
-        return [], _NO_ARGS
-    return flatten((args, kwargs))
 
 
 def function(fn: Callable[..., Any]) -> Function:

@@ -248,13 +248,21 @@ def wrap(
     ctx: Context, job: str, outs: Sequence[Out], placements: Sequence[Ranks], result: Any
 ) -> list[Value]:
     """Values for a finished job's outputs, with the small ones already cached."""
+    if len(outs) != len(placements):
+        raise ValueError(f"{len(outs)} outputs, {len(placements)} placements")
+    got = result.values
+    metas = getattr(result, "metas", None) or {}
     values = []
-    for i, ((_, device), ranks) in enumerate(zip(outs, placements, strict=True)):
-        cache = result.values.get(i)
-        meta = result.metas.get(i, "") if hasattr(result, "metas") else ""
+    for i, (_, device) in enumerate(outs):  # plain indexing: this runs for every job
         values.append(
             Value(
-                device, ranks, ctx=ctx, uri=output_uri(job, i), owned=True, cache=cache, meta=meta
+                device,
+                placements[i],
+                ctx=ctx,
+                uri=output_uri(job, i),
+                owned=True,
+                cache=got.get(i),
+                meta=metas.get(i, ""),
             )
         )
     return values

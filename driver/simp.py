@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mpl.driver.recorder import Recorder, call_template, emit
-from mpl.driver.tree import flatten
+from mpl.driver.tree import flatten_call
 from mpl.driver.values import Value
 
 __all__ = ["constant", "converge", "pcall", "shuffle"]
@@ -38,7 +38,7 @@ def pcall(
     ranks = _parties(parties)
     if not callable(fn):
         raise TypeError(f"pcall needs a callable, got {type(fn).__name__}")
-    leaves, treedef = flatten((args, kwargs))
+    leaves, treedef = flatten_call(args, kwargs)
 
     def build(rec: Recorder) -> list[tuple[int, str | None]]:
         inputs, targs, tkwargs = call_template(

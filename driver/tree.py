@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["LEAF", "flatten", "tree_map", "unflatten"]
+__all__ = ["LEAF", "NO_ARGS", "flatten", "flatten_call", "tree_map", "unflatten"]
 
 # A tree definition: ("leaf",) or (kind, aux, children) with kind in list/tuple/dict/namedtuple.
 TreeDef = tuple[Any, ...]
@@ -16,6 +16,25 @@ _LEAF = LEAF
 def flatten(tree: Any) -> tuple[list[Any], TreeDef]:
     leaves: list[Any] = []
     return leaves, _flatten(tree, leaves)
+
+
+def flatten_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], TreeDef]:
+    """``flatten((args, kwargs))`` of a call, the same leaves and the same tree definition,
+    without the walk for the commonest calls: no arguments, or positional ones that are
+    all leaves (no list, tuple or dict among them)."""
+    if not kwargs:
+        if not args:
+            return [], NO_ARGS
+        for x in args:
+            t = type(x)
+            if t is list or t is dict or isinstance(x, tuple):
+                break
+        else:
+            treedef = _FLAT_CALLS.get(len(args))
+            if treedef is None:
+                treedef = ("tuple", None, (("tuple", None, (_LEAF,) * len(args)), _NO_KWARGS))
+            return list(args), treedef
+    return flatten((args, kwargs))
 
 
 def _flatten(node: Any, leaves: list[Any]) -> TreeDef:
@@ -31,6 +50,12 @@ def _flatten(node: Any, leaves: list[Any]) -> TreeDef:
         return ("dict", keys, tuple(_flatten(node[k], leaves) for k in keys))
     leaves.append(node)
     return _LEAF
+
+
+_NO_KWARGS: TreeDef = ("dict", (), ())
+NO_ARGS: TreeDef = ("tuple", None, (("tuple", None, ()), _NO_KWARGS))  # of ``((), {})``
+# calls with a few positional leaves: one tree definition each, built once
+_FLAT_CALLS = {n: ("tuple", None, (("tuple", None, (_LEAF,) * n), _NO_KWARGS)) for n in range(1, 9)}
 
 
 def unflatten(treedef: TreeDef, leaves: list[Any]) -> Any:

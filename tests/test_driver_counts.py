@@ -23,16 +23,21 @@ from mpl.wire.jobs import Exec
 
 WORLD_SIZE = 2
 # main (14e5dcc) made 53 Python calls per job here, 68feee1 46 (44, plus the check whether
-# an answer is a batch), now 33 (a call without arguments finds its trace without a key, the
-# job's wait reads its JobResult on a path of its own, the deletes are packed in one call);
-# the margin is for the batch of deletes (the jobs' dropped outputs) that may go out during
-# the count
-PER_JOB = 35
+# an answer is a batch), e7b802d 33 (a call without arguments finds its trace without a key,
+# the job's wait reads its JobResult on a path of its own, the deletes are packed in one
+# call), now 31 (a short JobResult is read without a Decoder); the margin is for the batch of
+# deletes (the jobs' dropped outputs) that may go out during the count
+PER_JOB = 32
+# an eager call without arguments (mp.device("P0")(fn)()) and its fetch: 57 calls per job at
+# e7b802d (the arguments flattened, a plan key built and looked up, the device and its ranks
+# found), now 31: its plan is the decorated function's own (the margin is for the deletes)
+PER_EAGER_JOB = 32
 # mp.submit with 64 in flight, per job: the calling thread (submit, result, fetch) made 40
 # calls at 68feee1, now 21 (the margin is for the deletes); the pump thread (send, read,
-# settle) 19 per job besides its per-wake-up loop at 68feee1, now 13.
+# settle) 19 per job besides its per-wake-up loop at 68feee1, 13 at e7b802d, now 11 (the
+# JobResult read without a Decoder).
 PER_SUBMIT_CALLER = 23
-PER_SUBMIT_PUMP = 15
+PER_SUBMIT_PUMP = 13
 # The pump's loop, run once per wake-up or per message (a batch carries many jobs): how the
 # jobs fall into wake-ups and batches depends on timing, so these are not counted per job.
 PER_WAKE_UP = frozenset(
@@ -75,6 +80,28 @@ def test_python_calls_per_sync_trivial_job_at_the_driver(counted_ctx: Any) -> No
     per_job = sum(calls.values()) / n
     print(f"{per_job} Python calls per job: {calls.most_common(12)}")
     assert per_job <= PER_JOB
+
+
+def test_python_calls_per_sync_eager_call_without_arguments(counted_ctx: Any) -> None:
+    one = mp.device("P0")(lambda: 1)
+    for _ in range(20):  # recorded, program sent, caches warm
+        assert mp.fetch(one()) == 1
+    calls: Counter[str] = Counter()
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            calls[frame.f_code.co_name] += 1
+
+    n = 50
+    sys.setprofile(count)
+    try:
+        results = [mp.fetch(one()) for _ in range(n)]
+    finally:
+        sys.setprofile(None)
+    assert results == [1] * n
+    per_job = (sum(calls.values()) - calls["<listcomp>"]) / n
+    print(f"{per_job} Python calls per eager job: {calls.most_common(12)}")
+    assert per_job <= PER_EAGER_JOB
 
 
 def test_an_exec_without_bindings_is_packed_without_walking_them() -> None:

@@ -71,6 +71,43 @@ def test_values_of_another_context_are_still_refused(ctx: mp.Context) -> None:
         other.close()
 
 
+def test_a_call_without_arguments_replays_its_plan_in_its_own_cluster_only(
+    sim: mp.Context,
+) -> None:
+    """Such a call's plan is found without flattening or a key; a context on another
+    cluster gets its own plan, and a call inside a trace is traced, not replayed."""
+    import sys
+    from collections import Counter
+
+    other = mp.Simulator.simple(2)
+    try:
+        one = mp.device("P0")(lambda: 1)
+        recorded, replayed = counts()
+        for turn in (sim, other, sim, other):
+            with turn:
+                assert mp.fetch(one()) == 1
+        assert counts() == (recorded + 2, replayed + 2)
+        calls: Counter[str] = Counter()
+
+        def count(frame: Any, event: str, arg: Any) -> None:
+            if event == "call":
+                calls[frame.f_code.co_name] += 1
+
+        with other:
+            sys.setprofile(count)
+            try:
+                values = [mp.fetch(one()) for _ in range(5)]
+            finally:
+                sys.setprofile(None)
+        assert values == [1] * 5 and counts() == (recorded + 2, replayed + 7)
+        assert calls["plan_key"] == calls["_flatten"] == calls["lookup"] == 0
+        with sim:
+            assert mp.fetch(mp.function(lambda: one())()) == 1
+        assert counts() == (recorded + 2, replayed + 7)
+    finally:
+        other.close()
+
+
 def test_function_calls_inside_a_trace_do_not_touch_the_plans(sim: mp.Context) -> None:
     @mp.function
     def twice(v: mp.Value) -> mp.Value:

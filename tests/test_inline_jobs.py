@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from helpers import nap_then_thread, thread_name
+from helpers import nap_then_thread, thread_name, wait_until
 
 import mpl.driver as mp
 
@@ -43,8 +43,12 @@ def test_a_slow_run_sends_the_program_back_to_the_pool(sim: mp.Simulator) -> Non
     where = mp.device("P0")(thread_name)
     assert mp.fetch(where()).startswith("mpl-job")
     assert mp.fetch(where()) == "mpl-worker-0"
-    sim.runtime.workers[0].jobs.inline_s = 1e-12  # every run is now too slow to stay inline
+    # the worker books a run after its answer went out: the new limit must not reach that run
+    jobs = sim.runtime.workers[0].jobs
+    wait_until(lambda: jobs.stats()["jobs_done"] >= 2, what="the second run booked")
+    jobs.inline_s = 1e-12  # every run is now too slow to stay inline
     assert mp.fetch(where()) == "mpl-worker-0"  # it was quick last time: inline, measured
+    wait_until(lambda: jobs.stats()["jobs_done"] >= 3, what="the third run booked")
     assert mp.fetch(where()).startswith("mpl-job")
     assert mp.fetch(where()).startswith("mpl-job")
     assert _inline(sim, 0) == 2

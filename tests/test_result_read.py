@@ -27,6 +27,7 @@ RESULTS = [
     JobResult("a" * 24, {0: {0: 1, 1: 1}}, None, False, STATS, {0: "int"}),
     JobResult("j", {0: {1: np.arange(6.0).reshape(2, 3)}, 1: {0: "text", 1: None}}),
     JobResult("j", {0: {0: (1, [2.5, {"k": b"raw"}])}}, metas={0: "tuple"}),
+    JobResult("j", {0: {0: (2, 3), 1: ()}, 1: {0: b"\x00box"}}, stats=STATS),
     JobResult("j", error=ErrorInfo("RemoteError", "it broke", 1, "op 3", "ValueError")),
     JobResult("j", missing_program=True),
     JobResult("j"),
@@ -171,3 +172,35 @@ def test_a_short_result_skips_the_container_hooks_and_deep_nesting_is_still_refu
     wide = _raw_result({0: {i: [] for i in range(MAX_NESTING + 5)}})
     assert _counted_length(memoryview(wide[1])) == len(wide[1])
     assert outcome(read_answer, wide, True)[0] == outcome(decode, wide, True)[0] == "ok"
+
+
+def test_a_short_result_without_buffers_is_read_without_a_decoder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A trivial job's result (scalars, a sealed box's bytes, short tuples of small ints)
+    is read by msgpack alone; an extension only the Decoder reads, or a buffer frame, takes
+    the Decoder, and both build what decode builds."""
+    from mpl.wire import result_read
+    from mpl.wire.decoder import Decoder
+
+    made: list[int] = []
+
+    class CountedDecoder(Decoder):
+        __slots__ = ()
+
+        def __init__(self, *args: Any) -> None:
+            made.append(1)
+            super().__init__(*args)
+
+    monkeypatch.setattr(result_read, "Decoder", CountedDecoder)
+    for result, decoders in [
+        (RESULTS[0], 0),  # scalars
+        (RESULTS[3], 0),  # a short tuple, bytes, None
+        (RESULTS[2], 1),  # a longer tuple: read by the Decoder
+        (RESULTS[4], 1),  # an error: its ErrorInfo is a record
+        (RESULTS[1], 1),  # an array: a buffer frame
+    ]:
+        made.clear()
+        frames = encode(result)
+        assert repr(read_answer(frames, safe=True)) == repr(decode(frames, safe=True))
+        assert len(made) == decoders, result

@@ -18,6 +18,7 @@ box (short ``bytes``). Anything else (arrays, pickles, ``Sealed`` records) goes 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -49,20 +50,22 @@ _tls = _Parts()
 def exec_frames(msg: Exec) -> list[Any]:
     """``encode(msg)``: the frames of ``msg``, packed from cached parts when its bindings
     are plain (see the module docstring)."""
+    tls = _tls
+    pack = tls.packer.pack
     # no bindings (a job without inputs): the empty map, without the walk
-    bindings = _EMPTY_MAP if msg.bindings == {} else _pack_bindings(msg.bindings)
+    plain = msg.bindings
+    bindings = _EMPTY_MAP if type(plain) is dict and not plain else _pack_bindings(plain, pack)
     if bindings is None:
         return encode(msg)
-    pack = _tls.packer.pack
     key = (msg.session, msg.digest, msg.ranks, msg.inline, msg.timeout_s)
-    parts = _tls.cache.get(key)
+    parts = tls.cache.get(key)
     if parts is None:
         parts = _parts(msg)
         if parts is None:
             return encode(msg)
-        if len(_tls.cache) >= _PARTS:
-            _tls.cache.clear()
-        _tls.cache[key] = parts
+        if len(tls.cache) >= _PARTS:
+            tls.cache.clear()
+        tls.cache[key] = parts
     head, middle, tail = parts
     header = b"".join((head, pack(msg.job), middle, bindings, tail))
     if len(header) > MAX_HEADER_BYTES:
@@ -93,36 +96,52 @@ def _plain_ints(items: tuple[Any, ...]) -> bool:
     return all(type(i) is int and _INT_MIN <= i <= _INT_MAX for i in items)
 
 
-def _pack_bindings(bindings: Any) -> bytes | None:
-    """The packed bindings map, or None when some binding needs the general encoder."""
+def _pack_bindings(bindings: Any, pack: Callable[[Any], bytes] | None = None) -> bytes | None:
+    """The packed bindings map, or None when some binding needs the general encoder.
+
+    Packed as they are when no ``Lit`` needs its extension (a job's store URIs, a secure
+    job's boxes); otherwise from a copy holding the extensions. ``pack``: this thread's
+    packer's, when the caller has it."""
     if type(bindings) is not dict:
         return None
-    plain: dict[int, Any] = {}
-    # the rank checks are written out in the loop: a helper and its generator were four
+    if pack is None:
+        pack = _tls.packer.pack
+    lits = False
+    # the checks are written out in the loop: a helper and its generator were four
     # Python calls per Exec (a secure Exec has a box for every rank)
     for rank, row in bindings.items():
         if type(rank) is not int or not _INT_MIN <= rank <= _INT_MAX:
             return None
-        if type(row) is bytes and len(row) < _INLINE_BYTES:
-            plain[rank] = row  # a sealed box (secure mode): bin, as encode packs it
+        if type(row) is bytes:
+            if len(row) >= _INLINE_BYTES:  # a sealed box (secure mode) travels inline, as bin
+                return None
             continue
         if type(row) is not list:
             return None
-        items: list[Any] = []
         for item in row:
             t = type(item)
-            if t is str or item is None:
-                items.append(item)
-            elif t is Lit:
+            if t is Lit:
+                lits = True
+            elif t is not str and item is not None:
+                return None
+    if not lits:
+        return pack(bindings)
+    plain: dict[int, Any] = {}
+    for rank, row in bindings.items():
+        if type(row) is bytes:
+            plain[rank] = row
+            continue
+        items: list[Any] = []
+        for item in row:
+            if type(item) is Lit:
                 lit = _lit(item.value)
                 if lit is None:
                     return None
                 items.append(lit)
             else:
-                return None
+                items.append(item)
         plain[rank] = items
-    packed: bytes = _tls.packer.pack(plain)
-    return packed
+    return pack(plain)
 
 
 def _lit(value: Any) -> msgpack.ExtType | None:

@@ -8,6 +8,14 @@ same :class:`~mpl.wire.decoder.Decoder` (safe mode refuses pickles, buffer index
 nesting and container counts bounded), and every buffer frame must be referenced. The
 message comes from the broker, which packs the workers' values into it: nothing in it is
 trusted. Any other message goes to ``decode``.
+
+A short result without buffer frames (a trivial job's: a few scalars, or sealed boxes in
+secure mode) is read by msgpack alone, without a ``Decoder`` (two Python calls and its
+state): with no buffers there is nothing to index or account for, the container count is
+bounded as the Decoder bounds it (:func:`_counted_length`), and the only extension read
+there is the Decoder's own short tuple of small ints. Any other extension (an error's
+``ErrorInfo``, a pickle, a nested tuple) sends the header to the ``Decoder`` after all, so
+both paths accept and build exactly the same.
 """
 
 from __future__ import annotations
@@ -15,22 +23,32 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import msgpack
+
 from mpl.wire.codec import MAGIC_FRAME, decode
-from mpl.wire.decoder import Decoder
+from mpl.wire.decoder import TUPLE, Decoder
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import JobResult
-from mpl.wire.limits import INT_MAX, INT_MIN, MAX_FRAMES, MAX_HEADER_BYTES, MAX_NESTING
+from mpl.wire.limits import (
+    INT_MAX,
+    INT_MIN,
+    MAX_FRAMES,
+    MAX_HEADER_BYTES,
+    MAX_HEADER_ITEMS,
+    MAX_NESTING,
+)
 from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import ErrorInfo
 
 __all__ = ["read_answer"]
 
-# Written out by hand above and in _fits: a changed JobResult would otherwise fall back to
-# decode on every answer, silently.
+# Written out by hand in read_answer and _fits: a changed JobResult would otherwise be read
+# wrong, or fall back to decode on every answer, silently. Filled in directly (direct).
 _FIELDS = pinned_fields(
     JobResult,
     ("job", "values", "error", "missing_program", "stats", "metas"),
     "mpl.wire.result_read",
+    direct=True,
 )
 # msgpack's list and map markers: fixmap, fixarray, array 16/32, map 16/32
 _CONTAINER_MARKERS = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
@@ -56,20 +74,61 @@ def read_answer(frames: Sequence[Any], *, safe: bool) -> Record:
         or view[: len(_PREFIX)].tobytes() != _PREFIX
     ):
         return decode(frames, safe=safe)
-    dec = Decoder(frames[2:], True, safe, _counted_length(view))
+    counted = _counted_length(view)
+    items: Any = _NOT_READ
+    unused = 0  # buffer frames the header does not reference
     try:
-        items = dec.unpack(header)
+        if counted == 0 and len(frames) == 2:  # no buffers, few containers: msgpack alone
+            try:
+                items = msgpack.unpackb(
+                    header,
+                    ext_hook=_short_tuple,
+                    strict_map_key=False,
+                    raw=False,
+                    max_array_len=MAX_HEADER_ITEMS,
+                    max_map_len=MAX_HEADER_ITEMS,
+                )
+            except _NeedsDecoder:
+                items = _NOT_READ  # an extension only the Decoder reads
+        if items is _NOT_READ:
+            dec = Decoder(frames[2:], True, safe, counted)
+            items = dec.unpack(header)
+            unused = dec.used.count(False)
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack and numpy errors mean "malformed", as in decode
         raise ProtocolError(f"malformed header: {type(exc).__name__}: {exc}") from exc
     if not _fits(items):
         raise ProtocolError(f"record {JobResult.TAG!r}: a field does not match its annotation")
-    if not all(dec.used):
-        raise ProtocolError(f"{dec.used.count(False)} buffer frame(s) not referenced by the header")
+    if unused:
+        raise ProtocolError(f"{unused} buffer frame(s) not referenced by the header")
+    # filled in with keywords, as _FIELDS pins them: no slice or zip, and (unlike a dict
+    # filled key by key or from a zip) a __dict__ whose fields every reader later loads
+    # at the interpreter's specialised speed
+    _, job, values, error, missing, stats, metas = items
     rec = object.__new__(JobResult)
-    rec.__dict__.update(zip(_FIELDS, items[1:], strict=True))
+    rec.__dict__.update(
+        job=job, values=values, error=error, missing_program=missing, stats=stats, metas=metas
+    )
     return rec
+
+
+class _NeedsDecoder(Exception):
+    """An extension only the Decoder reads: the header goes to it."""
+
+
+_NOT_READ = object()
+
+
+def _short_tuple(code: int, data: bytes) -> Any:
+    """The Decoder's read of a short tuple of small non-negative ints (its first branch for
+    ``TUPLE``, at the top level, not counting containers), for a header msgpack reads alone;
+    any other extension raises :class:`_NeedsDecoder`."""
+    if code == TUPLE:
+        n = len(data) - 1
+        if 0 <= n < 16 and data[0] == 0x90 | n and (n == 0 or max(data[1:]) < 0x80):
+            return tuple(data[1:])
+    raise _NeedsDecoder
 
 
 def _counted_length(view: memoryview) -> int:
