@@ -33,6 +33,10 @@ authenticated for its one recipient:
   direction's key. A recipient keeps the ciphers of the epochs that opened for it (bounded;
   an epoch enters only once a box of it has authenticated). Larger payloads, and programs,
   stay ``Sealed`` records.
+* **Numbered.** A payload :meth:`Sealer.seal` makes carries its epoch's next number, bound
+  like the rest: a box's nonce, or a record's salt (the epoch's first half, then the
+  number). A worker keeps a window of the numbers of the Execs it ran per sender and epoch
+  (``mpl.wire.replay``), so a broker cannot replay a recorded job however long it waits.
 * **None as a tag alone.** A sealed None (the bindings of every rank a job gives no inputs,
   sealed on every such job) has nothing to hide, only a sender, a recipient and a context
   to prove: it is a box whose ciphertext is replaced by a 16-byte keyed-BLAKE2b tag over
@@ -317,13 +321,17 @@ class Sealer:
             nonce = next(counter).to_bytes(_NONCE, "big")
             aad = context.encode() + _COMPACT_AAD
             return b"".join((head, nonce, aead.encrypt(nonce, frames[1], aad)))
-        return self._record(frames, os.urandom(_SALT), to, context)
+        # numbered as boxes are (a worker refuses an Exec's bindings run before by number):
+        # the epoch's first half, then the epoch's next number
+        head, _, _, counter = self._sending.get(to) or self._new_epoch(to)
+        salt = head[-_SALT : -_SALT // 2] + next(counter).to_bytes(_SALT // 2, "big")
+        return self._record(frames, salt, to, context)
 
     def _new_epoch(self, to: str) -> _Epoch:
-        assert self._box_head is not None
         epoch = os.urandom(_SALT)
         aead, mark = self._epoch_keys(to, epoch, self.identity, to)
-        sending = self._sending[to] = (self._box_head + epoch, aead, mark, itertools.count())
+        head = (self._box_head or b"") + epoch  # no boxes without a box head: records only
+        sending = self._sending[to] = (head, aead, mark, itertools.count())
         return sending
 
     def seal_record(self, value: Any, to: str, context: str, *, safe: bool = True) -> Sealed:

@@ -7,6 +7,9 @@ here, what it hands the broker for a driver is sealed here. No I/O.
 * An ``Exec`` runs only with its bindings sealed for this rank and this (session, job,
   digest) by such a driver: the broker cannot start a job, replay one into another job, or
   swap one rank's inputs for another's. That driver is remembered as the job's recipient.
+  Nor can it replay a job: the bindings carry their sealer's sequence number, and a window
+  of those per stream (``mpl.wire.replay``) lets each run once, however many jobs ran since
+  and whether or not its session is still open.
 * ``Done`` values and fetch ``Reply`` values are sealed for the driver that asked, bound to
   the job and output index, or to the fetch's ticket.
 
@@ -29,6 +32,7 @@ from mpl.wire.jobs import Done, Exec, Failed, Program
 from mpl.wire.lru import LRU
 from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import ErrorInfo, to_info
+from mpl.wire.replay import ReplayGuard
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
     Sealer,
@@ -42,7 +46,7 @@ from mpl.worker.code_policy import open_sealed
 
 __all__ = ["WorkerSeal"]
 
-_MEMORY = 4096  # jobs, fetches and refused programs remembered (bounded: keyed by input)
+_MEMORY = 4096  # jobs' recipients, fetches and refused programs remembered (bounded)
 
 _new = object.__new__
 _set = OrderedDict.__setitem__  # LRU's own, in C, for a key known to be new
@@ -71,9 +75,10 @@ class WorkerSeal:
         self.rank = rank
         self._kernels_only = code == "kernels"  # mpl-worker --code kernels
         self.safe = not pickles_allowed(WORKER, trusted=trusted)  # results leave this party
-        # (session, job) of every job opened here -> the driver that sealed it, its results'
-        # recipient ("" once the job failed or was aborted): a replay of it is refused
+        # (session, job) of the jobs opened here last -> the driver that sealed it, its
+        # results' recipient ("" once the job failed or was aborted)
         self._opened: LRU[tuple[str, str], str] = LRU(_MEMORY)
+        self.replays = ReplayGuard()  # which sealed Execs ran: each runs once
         self._fetches: LRU[int, Fetch] = LRU(_MEMORY)
         self._refused: LRU[str, str] = LRU(_MEMORY)  # program digest -> why it did not open
         self.refusals = 0
@@ -90,8 +95,6 @@ class WorkerSeal:
             refused = self._refused.get(msg.digest) if self._refused else None
             if refused is not None:
                 raise AuthenticationError(f"program {msg.digest} was refused: {refused}")
-            if job in self._opened:
-                raise AuthenticationError(f"job {msg.job} was already run here: a replay")
             context = exec_context(
                 msg.session, msg.job, msg.digest, msg.ranks, msg.inline, msg.timeout_s
             )
@@ -102,6 +105,9 @@ class WorkerSeal:
                 driver, mine = self.sealer.open_box(sealed, context, "", False, True)
             else:  # what _open does then, without its call: this runs for every job
                 driver, mine = self.sealer.open(sealed, context, safe=False)
+            replayed = self.replays.admit(driver, sealed)  # authenticated: counted as run
+            if replayed:
+                raise AuthenticationError(f"job {msg.job} refused: {replayed}")
             if mine is not None and type(mine) is not list:
                 raise ProtocolError("a job's sealed bindings are not a list")
         except (AuthenticationError, ProtocolError) as exc:
@@ -110,7 +116,8 @@ class WorkerSeal:
             info = ErrorInfo(kind, str(exc), rank=self.rank, op="inputs", job=msg.job)
             return None, Failed(msg.session, msg.job, self.rank, info)
         # self._opened[job] = driver, without LRU.__setitem__'s Python call (once per job):
-        # the job is new here (a replay was refused above), so it goes in as the newest
+        # the job is new here (its sealer numbers each job once, and a replay was refused
+        # above), so it goes in as the newest
         opened = self._opened
         _set(opened, job, driver)
         if len(opened) > opened.limit:
