@@ -25,6 +25,8 @@ from mpl.wire.graph import Graph
 from mpl.wire.identity import node_identity
 from mpl.wire.jobs import Exec, JobResult, Program
 from mpl.wire.record import pinned_fields
+from mpl.wire.remote import ErrorInfo
+from mpl.wire.replay import UNKNOWN_STREAM, WINDOW
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
     Sealer,
@@ -155,6 +157,18 @@ class DriverSeal:
             )
         )
         return out
+
+    def refused(self, error: ErrorInfo) -> None:
+        """A job failed with ``error``. If its rank's worker refused the job's stream as one
+        it does not know (it restarted, or forgot this client), seal for that node under a
+        new epoch: the next job runs. Only once the epoch has numbered ``WINDOW`` Execs for
+        it, as a genuine refusal needs: a broker forging refusals cannot make this driver
+        start new streams faster than one per ``WINDOW`` jobs."""
+        if error.op != UNKNOWN_STREAM or error.kind != "AuthenticationError":
+            return
+        who = self._nodes.get(error.rank) if error.rank is not None else None
+        if who is not None and self.sealer is not None:
+            self.sealer.renew(who, WINDOW)
 
     def fetch_ticket(self) -> tuple[str, str]:
         """``(reply_to, ticket)`` for a new fetch."""

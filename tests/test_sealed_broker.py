@@ -422,3 +422,41 @@ def test_a_broker_that_replays_a_recorded_exec_thousands_of_jobs_later_runs_noth
         )
     assert ran.read_text() == "ran\n"
     assert worker.protocol_errors == errors + 1
+
+
+def test_a_worker_restarted_under_a_running_driver_serves_it_again(
+    make: Callable[[bool], Setup], tmp_path: Path
+) -> None:
+    """A restarted worker knows none of the driver's sequence numbers: the first job on it
+    is refused (it cannot tell that job from a replay), and the refusal makes the driver
+    number its jobs afresh for that node, so the next one runs."""
+    setup = make(True)
+    with setup.ctx:
+        one = mp.device("P0")(lambda: 1)
+        values = [one() for _ in range(4200)]  # past the window of a stream's first numbers
+        assert mp.fetch(values[-1]) == 1
+        old = setup.workers[0]
+        old.stop()
+        old.join(5)
+        setup.workers[0] = Worker(
+            setup.broker.address,
+            0,
+            curve=setup.curves["node0"],
+            data_root=tmp_path / "data0-restarted",
+        ).start()
+        assert setup.workers[0].joined.wait(15), "worker did not join"
+        with pytest.raises(mp.AuthenticationError, match="does not know"):
+            wait_until(lambda: _refused_or_ran(one), 20, "a job on the restarted worker")
+        assert mp.fetch(one()) == 1
+
+
+def _refused_or_ran(fn: Callable[[], Any]) -> bool:
+    """Run ``fn`` once on a worker that may still be joining: True once it ran; its
+    AuthenticationError goes up; other failures (the rank not back yet) mean try again."""
+    try:
+        mp.fetch(fn())
+    except mp.AuthenticationError:
+        raise
+    except mp.MplError:
+        return False
+    return True

@@ -17,7 +17,7 @@ import zmq
 
 from mpl.driver.sealing import DriverSeal
 from mpl.wire.jobs import Exec, Failed
-from mpl.wire.replay import ReplayGuard
+from mpl.wire.replay import UNKNOWN_STREAM, ReplayGuard, stamp
 from mpl.wire.seal import Sealer
 from mpl.worker.sealing import WorkerSeal
 
@@ -141,6 +141,23 @@ def test_a_restarted_worker_refuses_what_was_recorded_past_its_window() -> None:
     assert not any(runs(restarted, msg) for msg in msgs[-100:])
     newcomer = cluster.client()  # a client that connects now runs its jobs
     assert all(runs(restarted, sealed(newcomer)) for _ in range(10))
+
+
+def test_a_client_whose_stream_a_restarted_worker_forgot_starts_a_new_one() -> None:
+    """The client's next job is refused as an unknown stream; the refusal makes it start a
+    new stream for that node, and its jobs run again. A forged refusal (the broker's) moves
+    it to a new stream no faster than one per window of its jobs."""
+    cluster = Cluster()
+    client = cluster.client()
+    assert all(runs(cluster.worker, sealed(client)) for _ in range(MANY))
+    restarted = cluster.restart()
+    _, refusal = restarted.inbound(sealed(client))
+    assert type(refusal) is Failed and refusal.error.op == UNKNOWN_STREAM
+    client.refused(refusal.error)
+    assert all(runs(restarted, sealed(client)) for _ in range(10))
+    stream = stamp(sealed(client).bindings[0])[0]
+    client.refused(refusal.error)  # forged: the stream has numbered too few to be refused
+    assert stamp(sealed(client).bindings[0])[0] == stream
 
 
 def test_an_exec_held_back_past_the_window_is_refused() -> None:

@@ -21,7 +21,8 @@ used out first, so one driver's clients cannot push another driver's streams out
 the guard does not know starts only below ``WINDOW`` (a client's first Execs): a stream it
 forgot (a worker restart, or ``STREAMS`` newer streams of the same driver since its last
 job) can have at most its first ``WINDOW`` Execs replayed, once, never any later one; and a
-client whose stream was forgotten has its further jobs refused (it must reconnect).
+client whose stream was forgotten has that job refused, and the refusal (its ``op`` is
+``UNKNOWN_STREAM``) makes the client start a new stream for that node: its next job runs.
 """
 
 from __future__ import annotations
@@ -30,12 +31,15 @@ from collections import OrderedDict
 
 from mpl.wire.sealed import BOX_MAGIC, Sealed
 
-__all__ = ["STREAMS", "WINDOW", "ReplayGuard", "stamp"]
+__all__ = ["STREAMS", "UNKNOWN_STREAM", "WINDOW", "ReplayGuard", "stamp"]
 
 WINDOW = 4096  # sequence numbers per stream below the highest run: reordering tolerated
 STREAMS = 1024  # streams kept per driver
 _EPOCH = 16  # a box's epoch bytes, after its sender; a record's salt is as long
 _LEN_AT = len(BOX_MAGIC)  # where a box's sender length byte is
+# The ``op`` of a worker's refusal of a stream it does not know (past its first WINDOW
+# numbers): the driver then seals for that node under a new epoch (DriverSeal.refused).
+UNKNOWN_STREAM = "stream"
 
 
 def stamp(sealed: object) -> tuple[bytes, int]:
@@ -74,8 +78,9 @@ class ReplayGuard:
         if window is None:
             if seq >= self.window:
                 return (
-                    f"an Exec numbered {seq} of a stream of {sender} this worker does not know "
-                    "(a replay, or the worker restarted or forgot the stream: reconnect)"
+                    f"{UNKNOWN_STREAM}: an Exec numbered {seq} of a stream of {sender} this "
+                    "worker does not know (a replay, or the worker restarted or forgot the "
+                    "stream: the driver starts a new one)"
                 )
             streams[epoch] = [seq, 1]
             if len(streams) > self.streams:

@@ -334,6 +334,15 @@ class Sealer:
         sending = self._sending[to] = (head, aead, mark, itertools.count())
         return sending
 
+    def renew(self, to: str, numbered: int) -> bool:
+        """Seal for ``to`` under a new epoch from now on (its numbers start again at 0), if
+        the current one has numbered at least ``numbered`` payloads; whether it did."""
+        sending = self._sending.get(to)
+        if sending is None or int(repr(sending[3])[len("count(") : -1]) < numbered:
+            return False
+        self._sending.pop(to, None)  # the next seal draws the new epoch
+        return True
+
     def seal_record(self, value: Any, to: str, context: str, *, safe: bool = True) -> Sealed:
         """:meth:`seal`, always as a ``Sealed`` record (what a ``Program`` carries)."""
         return self._record(encode(_Payload(value), safe=safe), os.urandom(_SALT), to, context)

@@ -32,7 +32,7 @@ from mpl.wire.jobs import Done, Exec, Failed, Program
 from mpl.wire.lru import LRU
 from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import ErrorInfo, to_info
-from mpl.wire.replay import ReplayGuard
+from mpl.wire.replay import UNKNOWN_STREAM, ReplayGuard
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
     Sealer,
@@ -63,6 +63,14 @@ _DONE_FIELDS = pinned_fields(
     "mpl.worker.sealing",
     direct=True,
 )
+
+
+class _Replayed(AuthenticationError):
+    """A sealed Exec that authenticated but may not run (again) here, and why."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class WorkerSeal:
@@ -107,13 +115,16 @@ class WorkerSeal:
                 driver, mine = self.sealer.open(sealed, context, safe=False)
             replayed = self.replays.admit(driver, sealed)  # authenticated: counted as run
             if replayed:
-                raise AuthenticationError(f"job {msg.job} refused: {replayed}")
+                raise _Replayed(f"job {msg.job} refused: {replayed}", replayed)
             if mine is not None and type(mine) is not list:
                 raise ProtocolError("a job's sealed bindings are not a list")
         except (AuthenticationError, ProtocolError) as exc:
             self.refusals += 1
-            kind = type(exc).__name__
-            info = ErrorInfo(kind, str(exc), rank=self.rank, op="inputs", job=msg.job)
+            kind, op = type(exc).__name__, "inputs"
+            if type(exc) is _Replayed:
+                kind = "AuthenticationError"
+                op = UNKNOWN_STREAM if exc.reason.startswith(UNKNOWN_STREAM) else op
+            info = ErrorInfo(kind, str(exc), rank=self.rank, op=op, job=msg.job)
             return None, Failed(msg.session, msg.job, self.rank, info)
         # self._opened[job] = driver, without LRU.__setitem__'s Python call (once per job):
         # the job is new here (its sealer numbers each job once, and a replay was refused
