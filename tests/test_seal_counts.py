@@ -79,8 +79,9 @@ def test_a_rank_without_inputs_costs_neither_side_a_cipher_call() -> None:
 # integration branch (b56ed16) 14 (the Exec's and the Done's record.built, two calls each,
 # open()'s dispatch to the box, inbound and outbound handing on to _exec and _done, and
 # LRU.__setitem__ for the job run); 6.05 before the replay window, whose admission is one
-# call per job (mpl.wire.replay)
-_WORKER_CALLS = 7.5
+# call per job (mpl.wire.replay), and 5.05 with it once exec_context's and done_context's
+# strings were written out in WorkerSeal
+_WORKER_CALLS = 5.5
 
 
 def test_the_workers_sealing_per_trivial_job_one_cipher_call_and_bounded_python_calls() -> None:

@@ -190,3 +190,21 @@ def test_streams_stay_bounded_per_driver_and_one_drivers_cannot_push_out_another
     assert not any(runs(worker, msg) for msg in kept_msgs)
     assert not any(runs(worker, msg) for msg in gone_msgs[64:])
     assert not runs(worker, sealed(gone))  # the forgotten client is refused: it reconnects
+
+
+def test_the_window_admits_exactly_what_a_set_of_every_number_run_would() -> None:
+    """The guard's ring against a model that remembers every number: numbers delivered out
+    of order, repeated, and in jumps past the window (its ring wraps round many times)."""
+    rng = random.Random(11)
+    guard = ReplayGuard(window=16, streams=4)
+    box_head = b"mpl-box\x01" + bytes([8]) + b"driver:a" + bytes(range(16))
+    ran: set[int] = set()
+    for _ in range(20_000):
+        top = max(ran, default=-1)
+        seq = max(0, top + rng.choice([-20, -15, -3, -1, 0, 1, 1, 1, 2, 5, 17, 40]))
+        box = box_head + seq.to_bytes(12, "big") + bytes(16)
+        model = seq not in ran and seq > top - 16 and (bool(ran) or seq < 16)
+        assert (guard.admit("driver:a", box) == "") is model, (seq, top)
+        if model:
+            ran.add(seq)
+    assert len(ran) > 5000

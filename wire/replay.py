@@ -11,10 +11,11 @@ collide: several clients of one driver (one process may hold several) have epoch
 own, and sessions do not matter (a stream spans every session its client uses, so a session
 closed and forgotten by the worker is no way round it).
 
-Per stream the guard keeps the highest number run and a bitmap of the ``WINDOW`` numbers
-below it: a number above it runs (the window slides up), one within it runs once (threads
-of one client seal and send concurrently, so Execs arrive a little out of order), one below
-the window is refused (too old to tell from a replay).
+Per stream the guard keeps the highest number run and whether each of the ``WINDOW``
+numbers up to it ran (a ring of bytes, one slot per number: 4 KiB): a number above it runs
+(the window slides up), one within it runs once (threads of one client seal and send
+concurrently, so Execs arrive a little out of order), one below the window is refused (too
+old to tell from a replay).
 
 Bounded memory: ``STREAMS`` streams per driver (the drivers are the spec's), least recently
 used out first, so one driver's clients cannot push another driver's streams out. A stream
@@ -27,7 +28,9 @@ client whose stream was forgotten has that job refused, and the refusal (its ``o
 
 from __future__ import annotations
 
+import struct
 from collections import OrderedDict
+from typing import Any
 
 from mpl.wire.sealed import BOX_MAGIC, Sealed
 
@@ -37,6 +40,9 @@ WINDOW = 4096  # sequence numbers per stream below the highest run: reordering t
 STREAMS = 1024  # streams kept per driver
 _EPOCH = 16  # a box's epoch bytes, after its sender; a record's salt is as long
 _LEN_AT = len(BOX_MAGIC)  # where a box's sender length byte is
+_BOX_HEAD = _LEN_AT + 1 + _EPOCH  # a box's head but for its sender's name
+# from a box's epoch on: its first half (the stream), its second, its 12-byte number
+_unpack_box = struct.Struct(">8s8xIQ").unpack_from
 # The ``op`` of a worker's refusal of a stream it does not know (past its first WINDOW
 # numbers): the driver then seals for that node under a new epoch (DriverSeal.refused).
 UNKNOWN_STREAM = "stream"
@@ -59,46 +65,71 @@ class ReplayGuard:
     def __init__(self, window: int = WINDOW, streams: int = STREAMS) -> None:
         self.window = window
         self.streams = streams
-        self._mask = (1 << window) - 1
-        # sender -> stream epoch -> [highest number run, bitmap: bit d is number high - d]
-        self._senders: dict[str, OrderedDict[bytes, list[int]]] = {}
+        if window & (window - 1):
+            raise ValueError("the window is a power of two")
+        self._slot = window - 1  # a number's slot in its stream's ring: its low bits
+        # sender -> stream epoch -> [highest number run, ring: whether each of the window's
+        # numbers ran, at the number's slot]
+        self._senders: dict[str, OrderedDict[bytes, list[Any]]] = {}
 
     def admit(self, sender: str, sealed: object) -> str:
         """``""`` if the Exec whose bindings are ``sealed`` (authenticated: sealed by
         ``sender``) may run, and it is counted as run; otherwise why it may not."""
         if type(sealed) is bytes:  # a compact box (most jobs): stamp() without its call
-            end = _LEN_AT + 1 + sealed[_LEN_AT] + _EPOCH
-            epoch, seq = sealed[end - _EPOCH : end - 8], int.from_bytes(sealed[end : end + 12])
+            epoch, top, seq = _unpack_box(sealed, sealed[_LEN_AT] + _BOX_HEAD - _EPOCH)
+            if top:  # a number past 2**64: no sealer counts that far
+                seq = top << 64 | seq
         else:
             epoch, seq = stamp(sealed)
-        streams = self._senders.get(sender)
-        if streams is None:
-            streams = self._senders[sender] = OrderedDict()
-        window = streams.get(epoch)
-        if window is None:
-            if seq >= self.window:
-                return (
-                    f"{UNKNOWN_STREAM}: an Exec numbered {seq} of a stream of {sender} this "
-                    "worker does not know (a replay, or the worker restarted or forgot the "
-                    "stream: the driver starts a new one)"
-                )
-            streams[epoch] = [seq, 1]
-            if len(streams) > self.streams:
-                streams.popitem(last=False)
-            return ""
+        try:
+            streams = self._senders[sender]
+            window = streams[epoch]
+        except KeyError:
+            return self._start(sender, epoch, seq)
         streams.move_to_end(epoch)
-        high, seen = window
-        if seq > high:
+        high, ran = window
+        if seq > high:  # most jobs: the next number
             window[0] = seq
-            window[1] = ((seen << (seq - high)) | 1) & self._mask if seq - high < self.window else 1
+            if seq - high > 1:  # numbers skipped (sent out of order): not run yet
+                self._skip(ran, high, seq)
+            ran[seq & self._slot] = 1
             return ""
-        behind = high - seq
-        if behind >= self.window:
+        if high - seq >= self.window:
+            behind = high - seq
             return f"an Exec of {sender} {behind} behind its stream's newest: too old, or a replay"
-        bit = 1 << behind
-        if seen & bit:
+        if ran[seq & self._slot]:
             return f"an Exec of {sender} that already ran here: a replay"
-        window[1] = seen | bit
+        ran[seq & self._slot] = 1
+        return ""
+
+    def _skip(self, ran: bytearray, high: int, seq: int) -> None:
+        """The window moves up from ``high`` to ``seq``: the slots of the numbers between
+        (entering it) are cleared of the numbers leaving it."""
+        if seq - high >= self.window:
+            ran[:] = bytes(self.window)
+            return
+        lo, hi = (high + 1) & self._slot, seq & self._slot
+        if lo <= hi:
+            ran[lo:hi] = bytes(hi - lo)
+        else:  # round the ring's end
+            ran[lo:] = bytes(self.window - lo)
+            ran[:hi] = bytes(hi)
+
+    def _start(self, sender: str, epoch: bytes, seq: int) -> str:
+        """Admit the first Exec of a stream not (or no longer) known, if it can be one of
+        the stream's first."""
+        if seq >= self.window:
+            return (
+                f"{UNKNOWN_STREAM}: an Exec numbered {seq} of a stream of {sender} this "
+                "worker does not know (a replay, or the worker restarted or forgot the "
+                "stream: the driver starts a new one)"
+            )
+        streams = self._senders.setdefault(sender, OrderedDict())
+        ran = bytearray(self.window)
+        ran[seq & self._slot] = 1
+        streams[epoch] = [seq, ran]
+        if len(streams) > self.streams:
+            streams.popitem(last=False)
         return ""
 
     def streams_of(self, sender: str) -> int:

@@ -65,6 +65,16 @@ _DONE_FIELDS = pinned_fields(
 )
 
 
+_TAILS_KEPT = 256
+_EXEC_HEAD = "exec||"  # what exec_context writes before the tail, for an empty session and job
+# inbound and outbound write out the contexts exec_context and done_context write
+_SAMPLE = ("s1", "j1", "d1", (0, 1), (1,), 2.5)
+if exec_context(*_SAMPLE) != "exec|s1|j1" + exec_context("", "", *_SAMPLE[2:])[len(_EXEC_HEAD) :]:
+    raise ImportError("mpl.worker.sealing writes Exec contexts unlike mpl.wire.seal")
+if done_context("s1", "j1", 3) != "done|s1|j1|3":
+    raise ImportError("mpl.worker.sealing writes Done contexts unlike mpl.wire.seal")
+
+
 class _Replayed(AuthenticationError):
     """A sealed Exec that authenticated but may not run (again) here, and why."""
 
@@ -90,6 +100,8 @@ class WorkerSeal:
         self._fetches: LRU[int, Fetch] = LRU(_MEMORY)
         self._refused: LRU[str, str] = LRU(_MEMORY)  # program digest -> why it did not open
         self.refusals = 0
+        # (digest, ranks, inline, timeout) -> what exec_context writes after the job
+        self._tails: dict[tuple[str, tuple[int, ...], tuple[int, ...], float], str] = {}
 
     def inbound(self, msg: Record) -> tuple[Record | None, Record | None]:
         """``(message to act on, or None; answer for the broker, or None)``.
@@ -103,9 +115,12 @@ class WorkerSeal:
             refused = self._refused.get(msg.digest) if self._refused else None
             if refused is not None:
                 raise AuthenticationError(f"program {msg.digest} was refused: {refused}")
-            context = exec_context(
-                msg.session, msg.job, msg.digest, msg.ranks, msg.inline, msg.timeout_s
-            )
+            # exec_context without its call: the part after the job from this worker's own
+            # table, the part before written out (checked on import)
+            tail = self._tails.get(key := (msg.digest, msg.ranks, msg.inline, msg.timeout_s))
+            if tail is None:
+                tail = self._tail(key)
+            context = f"exec|{msg.session}|{msg.job}{tail}"
             sealed = msg.bindings.get(self.rank)
             if self._kernels_only:
                 driver, mine = self._open(sealed, context)
@@ -148,6 +163,12 @@ class WorkerSeal:
         )
         return out, None
 
+    def _tail(self, key: tuple[str, tuple[int, ...], tuple[int, ...], float]) -> str:
+        if len(self._tails) >= _TAILS_KEPT:
+            self._tails.clear()  # a bound, not a policy: they are cheap to write again
+        tail = self._tails[key] = exec_context("", "", *key)[len(_EXEC_HEAD) :]
+        return tail
+
     def _inbound_other(self, msg: Record) -> tuple[Record | None, Record | None]:
         if isinstance(msg, Program):
             return self._program(msg), None
@@ -174,7 +195,8 @@ class WorkerSeal:
         values: dict[int, Any] = {}
         try:
             for index, value in msg.values.items():  # a loop: a comprehension is one more call
-                values[index] = seal(value, driver, done_context(session, job, index), safe=safe)
+                # done_context without its call (checked on import)
+                values[index] = seal(value, driver, f"done|{session}|{job}|{index}", safe=safe)
         except Exception as exc:  # an unsafe value: the job fails with the reason
             info = to_info(exc, rank=self.rank, op="result", job=msg.job, with_traceback=False)
             return Failed(msg.session, msg.job, self.rank, info)
