@@ -29,6 +29,7 @@ from mpl.wire.remote import ErrorInfo
 from mpl.wire.replay import UNKNOWN_STREAM, WINDOW
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
+    ExecTails,
     Sealer,
     done_context,
     exec_context,
@@ -53,6 +54,15 @@ _RESULT_FIELDS = pinned_fields(
     direct=True,
 )
 
+# exec and result write out the contexts exec_context and done_context write
+if (
+    exec_context("s1", "j1", "d1", (0, 1), (1,), 2.5)
+    != "exec|s1|j1" + ExecTails()[("d1", (0, 1), (1,), 2.5)]
+):
+    raise ImportError("mpl.driver.sealing writes Exec contexts unlike mpl.wire.seal")
+if done_context("s1", "j1", 3) != "done|s1|j1|3":
+    raise ImportError("mpl.driver.sealing writes Done contexts unlike mpl.wire.seal")
+
 
 def driver_seal(curve: Curve, trusted: bool) -> DriverSeal:
     sealer = Sealer.for_driver(curve)
@@ -66,6 +76,7 @@ class DriverSeal:
         spec = curve.cluster
         self._own = {n.name for n in spec.nodes} if spec else set()  # the nodes we hold keys of
         self._nodes: dict[int, str] = {}  # rank -> node identity, from the session's layout
+        self._tails = ExecTails()  # what exec_context writes after the job
 
     def bind(self, layout: ClusterSpec) -> None:
         """Learn which rank is which node from a session's layout (the broker's ranks).
@@ -113,9 +124,9 @@ class DriverSeal:
         """``msg`` with every rank's bindings sealed for that rank (a sealed None where it
         has none: it proves the job comes from this driver)."""
         seal = (self.sealer or self._ready()).seal
-        context = exec_context(
-            msg.session, msg.job, msg.digest, msg.ranks, msg.inline, msg.timeout_s
-        )
+        # exec_context(...) without its call (checked on import)
+        tail = self._tails[(msg.digest, msg.ranks, msg.inline, msg.timeout_s)]
+        context = f"exec|{msg.session}|{msg.job}{tail}"
         plain, nodes = msg.bindings, self._nodes
         sealed: dict[int, Any] = {}
         for rank in msg.ranks:  # plain loops: a comprehension is one more call per job
@@ -138,7 +149,7 @@ class DriverSeal:
         open_, open_box, safe, nodes = sealer.open, sealer.open_box, self.safe, self._nodes
         values: dict[int, dict[int, Any]] = {}
         for index, per_rank in result.values.items():
-            context, opened = done_context(session, result.job, index), {}
+            context, opened = f"done|{session}|{result.job}|{index}", {}  # done_context
             for rank, sealed in per_rank.items():
                 who = nodes.get(rank) or self._node(rank)
                 if type(sealed) is bytes:  # an inline result's compact box: the commonest

@@ -78,6 +78,7 @@ from mpl.wire.sealed import BOX_MAGIC, Sealed
 __all__ = [
     "CHUNK",
     "COMPACT_MAX",
+    "ExecTails",
     "Sealed",
     "Sealer",
     "done_context",
@@ -97,6 +98,9 @@ _NONCE = 12
 _EPOCH_PERSON = b"mpl-box-epoch/1"  # keeps epoch keys apart from per-payload keys
 _EPOCHS_KEPT = 1024  # ciphers of other processes' epochs a recipient keeps
 _MARK_PERSON = b"mpl-box-mark/1"  # keeps a None's tag key apart from the epoch's cipher key
+_BOX_START = len(BOX_MAGIC) + 1  # where a box's sender identity starts
+_BOX_HEAD = _BOX_START + _SALT  # a box's head (magic, sender, epoch) but for the identity
+_BOX_TRAILER = _NONCE + _TAG  # the least a box holds after its head
 
 
 def program_context(digest: str) -> str:
@@ -113,18 +117,28 @@ def exec_context(
 ) -> str:
     """Everything in an ``Exec`` besides the bindings is bound too: the broker cannot change
     which ranks take part, what comes back inline, or the job's deadline."""
-    # The part after the job is the same for every job of one call site: written once.
-    key = (digest, ranks, inline, timeout)
-    tail = _EXEC_TAILS.get(key)
-    if tail is None:
-        tail = f"|{digest}|{list(ranks)}|{list(inline)}|{float(timeout)!r}"
-        if len(_EXEC_TAILS) >= _EXEC_TAILS_KEPT:
-            _EXEC_TAILS.clear()  # a bound, not a policy: they are cheap to write again
-        _EXEC_TAILS[key] = tail
-    return f"exec|{session}|{job}{tail}"  # one string built, not three
+    # one string built, not three (the hot paths write this line out, with ExecTails)
+    return f"exec|{session}|{job}{_EXEC_TAILS[(digest, ranks, inline, timeout)]}"
 
 
-_EXEC_TAILS: dict[tuple[str, tuple[int, ...], tuple[int, ...], float], str] = {}
+ExecKey = tuple[str, tuple[int, ...], tuple[int, ...], float]  # digest, ranks, inline, timeout
+
+
+class ExecTails(dict[ExecKey, str]):
+    """The part of :func:`exec_context` after the job, by (digest, ranks, inline, timeout):
+    the same for every job of one call site, so written once. A hot path writes
+    ``f"exec|{session}|{job}{tails[key]}"`` itself, as exec_context does (one Python call
+    less per job). Bounded: keyed by what a broker sends."""
+
+    def __missing__(self, key: ExecKey) -> str:
+        digest, ranks, inline, timeout = key
+        if len(self) >= _EXEC_TAILS_KEPT:
+            self.clear()  # a bound, not a policy: they are cheap to write again
+        tail = self[key] = f"|{digest}|{list(ranks)}|{list(inline)}|{float(timeout)!r}"
+        return tail
+
+
+_EXEC_TAILS = ExecTails()
 _EXEC_TAILS_KEPT = 256
 
 
@@ -428,9 +442,9 @@ class Sealer:
         process's epoch: once one of them has authenticated, the head alone finds its sender
         and cipher, and only the sender check (``sender``) is left to make before the tag
         is checked."""
-        start = len(BOX_MAGIC) + 1
-        end = start + (box[start - 1] if len(box) >= start else 0) + _SALT
-        if len(box) < end + _NONCE + _TAG:
+        size = len(box)
+        end = box[_BOX_START - 1] + _BOX_HEAD if size >= _BOX_START else _BOX_HEAD  # epoch's end
+        if size < end + _BOX_TRAILER:
             raise AuthenticationError("malformed sealed payload")
         head = box[:end]
         known = self._receiving.get(head)
@@ -442,13 +456,13 @@ class Sealer:
             if not head.startswith(BOX_MAGIC):
                 raise AuthenticationError("malformed sealed payload")
             try:
-                who = head[start : end - _SALT].decode()
+                who = head[_BOX_START : end - _SALT].decode()
             except UnicodeDecodeError:
                 raise AuthenticationError("malformed sealed payload") from None
             self._check_sender(who, sender)
             aead, mark = self._epoch_keys(who, head[end - _SALT :], who, self.identity)
         nonce = box[end : end + _NONCE]
-        if len(box) == end + _NONCE + _TAG:  # no ciphertext: a sealed None's tag alone
+        if size == end + _BOX_TRAILER:  # no ciphertext: a sealed None's tag alone
             tagger = mark.copy()  # as seal() makes it: keyed BLAKE2b over nonce and context
             tagger.update(nonce + context.encode())
             if not hmac.compare_digest(box[end + _NONCE :], tagger.digest()):

@@ -35,6 +35,7 @@ from mpl.wire.remote import ErrorInfo, to_info
 from mpl.wire.replay import UNKNOWN_STREAM, ReplayGuard
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
+    ExecTails,
     Sealer,
     done_context,
     exec_context,
@@ -65,11 +66,11 @@ _DONE_FIELDS = pinned_fields(
 )
 
 
-_TAILS_KEPT = 256
-_EXEC_HEAD = "exec||"  # what exec_context writes before the tail, for an empty session and job
 # inbound and outbound write out the contexts exec_context and done_context write
-_SAMPLE = ("s1", "j1", "d1", (0, 1), (1,), 2.5)
-if exec_context(*_SAMPLE) != "exec|s1|j1" + exec_context("", "", *_SAMPLE[2:])[len(_EXEC_HEAD) :]:
+if (
+    exec_context("s1", "j1", "d1", (0, 1), (1,), 2.5)
+    != "exec|s1|j1" + ExecTails()[("d1", (0, 1), (1,), 2.5)]
+):
     raise ImportError("mpl.worker.sealing writes Exec contexts unlike mpl.wire.seal")
 if done_context("s1", "j1", 3) != "done|s1|j1|3":
     raise ImportError("mpl.worker.sealing writes Done contexts unlike mpl.wire.seal")
@@ -100,8 +101,7 @@ class WorkerSeal:
         self._fetches: LRU[int, Fetch] = LRU(_MEMORY)
         self._refused: LRU[str, str] = LRU(_MEMORY)  # program digest -> why it did not open
         self.refusals = 0
-        # (digest, ranks, inline, timeout) -> what exec_context writes after the job
-        self._tails: dict[tuple[str, tuple[int, ...], tuple[int, ...], float], str] = {}
+        self._tails = ExecTails()  # what exec_context writes after the job
 
     def inbound(self, msg: Record) -> tuple[Record | None, Record | None]:
         """``(message to act on, or None; answer for the broker, or None)``.
@@ -115,11 +115,8 @@ class WorkerSeal:
             refused = self._refused.get(msg.digest) if self._refused else None
             if refused is not None:
                 raise AuthenticationError(f"program {msg.digest} was refused: {refused}")
-            # exec_context without its call: the part after the job from this worker's own
-            # table, the part before written out (checked on import)
-            tail = self._tails.get(key := (msg.digest, msg.ranks, msg.inline, msg.timeout_s))
-            if tail is None:
-                tail = self._tail(key)
+            # exec_context(...) without its call
+            tail = self._tails[(msg.digest, msg.ranks, msg.inline, msg.timeout_s)]
             context = f"exec|{msg.session}|{msg.job}{tail}"
             sealed = msg.bindings.get(self.rank)
             if self._kernels_only:
@@ -162,12 +159,6 @@ class WorkerSeal:
             )
         )
         return out, None
-
-    def _tail(self, key: tuple[str, tuple[int, ...], tuple[int, ...], float]) -> str:
-        if len(self._tails) >= _TAILS_KEPT:
-            self._tails.clear()  # a bound, not a policy: they are cheap to write again
-        tail = self._tails[key] = exec_context("", "", *key)[len(_EXEC_HEAD) :]
-        return tail
 
     def _inbound_other(self, msg: Record) -> tuple[Record | None, Record | None]:
         if isinstance(msg, Program):
