@@ -135,12 +135,16 @@ class DriverSeal:
         # the driver's own Exec, with its bindings sealed: built without re-checks, and
         # filled in here (record.built without its two calls; checked on import)
         out = _new(Exec)
-        out.__dict__.update(
-            zip(
-                _EXEC_FIELDS,
-                (msg.session, msg.job, msg.digest, msg.ranks, sealed, msg.inline, msg.timeout_s),
-                strict=True,
-            )
+        out.__dict__.update(  # _EXEC_FIELDS, in a dict display: no zip to walk
+            {
+                "session": msg.session,
+                "job": msg.job,
+                "digest": msg.digest,
+                "ranks": msg.ranks,
+                "bindings": sealed,
+                "inline": msg.inline,
+                "timeout_s": msg.timeout_s,
+            }
         )
         return out
 
@@ -160,12 +164,15 @@ class DriverSeal:
         # the decoded (so checked) JobResult with its values opened: no re-check, filled in
         # here (record.built without its two calls; checked on import)
         r, out = result, _new(JobResult)
-        out.__dict__.update(
-            zip(
-                _RESULT_FIELDS,
-                (r.job, values, r.error, r.missing_program, r.stats, r.metas),
-                strict=True,
-            )
+        out.__dict__.update(  # _RESULT_FIELDS, in a dict display: no zip to walk
+            {
+                "job": r.job,
+                "values": values,
+                "error": r.error,
+                "missing_program": r.missing_program,
+                "stats": r.stats,
+                "metas": r.metas,
+            }
         )
         return out
 

@@ -151,12 +151,16 @@ class WorkerSeal:
         bindings = {self.rank: mine} if mine is not None else {}
         s, j = job
         out = _new(Exec)
-        out.__dict__.update(
-            zip(
-                _EXEC_FIELDS,
-                (s, j, msg.digest, msg.ranks, bindings, msg.inline, msg.timeout_s),
-                strict=True,
-            )
+        out.__dict__.update(  # _EXEC_FIELDS, in a dict display: no zip to walk
+            {
+                "session": s,
+                "job": j,
+                "digest": msg.digest,
+                "ranks": msg.ranks,
+                "bindings": bindings,
+                "inline": msg.inline,
+                "timeout_s": msg.timeout_s,
+            }
         )
         return out, None
 
@@ -194,12 +198,16 @@ class WorkerSeal:
         # this process's own Done with its values sealed: built without re-checks, filled in
         # here (record.built without its two calls; checked on import)
         out = _new(Done)
-        out.__dict__.update(
-            zip(
-                _DONE_FIELDS,
-                (msg.session, msg.job, msg.rank, values, msg.stats, msg.metas, msg.saved),
-                strict=True,
-            )
+        out.__dict__.update(  # _DONE_FIELDS, in a dict display: no zip to walk
+            {
+                "session": msg.session,
+                "job": msg.job,
+                "rank": msg.rank,
+                "values": values,
+                "stats": msg.stats,
+                "metas": msg.metas,
+                "saved": msg.saved,
+            }
         )
         return out
 
