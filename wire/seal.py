@@ -56,6 +56,7 @@ import hashlib
 import hmac
 import itertools
 import os
+import struct
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -251,6 +252,10 @@ def _pieces(size: int) -> int:
     return max(1, -(-size // CHUNK))
 
 
+# a box's nonce: its epoch's counter, 12 bytes big-endian (a counter never reaches 2**64)
+_box_nonce = struct.Struct(">4xQ").pack
+
+
 def _nonce(index: int) -> bytes:
     return index.to_bytes(12, "big")  # a fresh key per payload: a counter never repeats
 
@@ -321,18 +326,22 @@ class Sealer:
         """
         if value is None and self._box_head is not None:
             head, _, mark, counter = self._sending.get(to) or self._new_epoch(to)
-            nonce = next(counter).to_bytes(_NONCE, "big")
+            nonce = _box_nonce(next(counter))
             # the tag: keyed BLAKE2b over nonce and context, from the epoch's keyed state
             tagger = mark.copy()
             tagger.update(nonce + context.encode())
             return head + nonce + tagger.digest()
         if type(value) is int and -32 <= value < 128:  # the commonest result: no call
             frames = _FIXINT_FRAMES[value]
+            compact = self._box_head is not None  # its one header byte and no buffer
         else:
             frames = _scalar_frames(value) or encode(_Payload(value), safe=safe)
-        if self._box_head is not None and len(frames) == 2 and len(frames[1]) < COMPACT_MAX:
+            compact = (
+                self._box_head is not None and len(frames) == 2 and len(frames[1]) < COMPACT_MAX
+            )
+        if compact:
             head, aead, _, counter = self._sending.get(to) or self._new_epoch(to)
-            nonce = next(counter).to_bytes(_NONCE, "big")
+            nonce = _box_nonce(next(counter))
             aad = context.encode() + _COMPACT_AAD
             return b"".join((head, nonce, aead.encrypt(nonce, frames[1], aad)))
         # numbered as boxes are (a worker refuses an Exec's bindings run before by number):
