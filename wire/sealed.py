@@ -27,7 +27,7 @@ class Sealed(Record, tag="sealed"):
     key up in its own spec, and only that key's holder could have sealed what opens."""
 
     sender: str
-    salt: bytes
+    salt: bytes  # 16 bytes, unique per payload (Sealer.seal: its epoch's half and number)
     sizes: list[int]  # plaintext bytes of each codec buffer frame
     parts: list[Any]  # ciphertext: the codec header, then each buffer in CHUNK pieces
 
