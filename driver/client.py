@@ -262,6 +262,8 @@ class Client(BrokerCalls):
                 raise
             if not result.missing_program:
                 if result.error is not None:
+                    if seal is not None:  # a worker that forgot our stream: a new one
+                        seal.refused(result.error)
                     raise from_info(result.error)
                 return seal.result(session, result) if seal else result
         raise ProtocolError(f"the broker keeps losing program {graph.digest}")

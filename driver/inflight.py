@@ -288,6 +288,8 @@ class JobPump:
             return
         self._client.progress.end(msg.job, msg.error is None)
         if msg.error is not None:
+            if self._client.seal is not None:  # a worker that forgot our stream: a new one
+                self._client.seal.refused(msg.error)
             _fail(p, from_info(msg.error))
             return
         try:

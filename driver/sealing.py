@@ -25,8 +25,11 @@ from mpl.wire.graph import Graph
 from mpl.wire.identity import node_identity
 from mpl.wire.jobs import Exec, JobResult, Program
 from mpl.wire.record import pinned_fields
+from mpl.wire.remote import ErrorInfo
+from mpl.wire.replay import UNKNOWN_STREAM, WINDOW
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
+    ExecTails,
     Sealer,
     done_context,
     exec_context,
@@ -51,6 +54,15 @@ _RESULT_FIELDS = pinned_fields(
     direct=True,
 )
 
+# exec and result write out the contexts exec_context and done_context write
+if (
+    exec_context("s1", "j1", "d1", (0, 1), (1,), 2.5)
+    != "exec|s1|j1" + ExecTails()[("d1", (0, 1), (1,), 2.5)]
+):
+    raise ImportError("mpl.driver.sealing writes Exec contexts unlike mpl.wire.seal")
+if done_context("s1", "j1", 3) != "done|s1|j1|3":
+    raise ImportError("mpl.driver.sealing writes Done contexts unlike mpl.wire.seal")
+
 
 def driver_seal(curve: Curve, trusted: bool) -> DriverSeal:
     sealer = Sealer.for_driver(curve)
@@ -64,6 +76,7 @@ class DriverSeal:
         spec = curve.cluster
         self._own = {n.name for n in spec.nodes} if spec else set()  # the nodes we hold keys of
         self._nodes: dict[int, str] = {}  # rank -> node identity, from the session's layout
+        self._tails = ExecTails()  # what exec_context writes after the job
 
     def bind(self, layout: ClusterSpec) -> None:
         """Learn which rank is which node from a session's layout (the broker's ranks).
@@ -111,9 +124,9 @@ class DriverSeal:
         """``msg`` with every rank's bindings sealed for that rank (a sealed None where it
         has none: it proves the job comes from this driver)."""
         seal = (self.sealer or self._ready()).seal
-        context = exec_context(
-            msg.session, msg.job, msg.digest, msg.ranks, msg.inline, msg.timeout_s
-        )
+        # exec_context(...) without its call (checked on import)
+        tail = self._tails[(msg.digest, msg.ranks, msg.inline, msg.timeout_s)]
+        context = f"exec|{msg.session}|{msg.job}{tail}"
         plain, nodes = msg.bindings, self._nodes
         sealed: dict[int, Any] = {}
         for rank in msg.ranks:  # plain loops: a comprehension is one more call per job
@@ -122,12 +135,16 @@ class DriverSeal:
         # the driver's own Exec, with its bindings sealed: built without re-checks, and
         # filled in here (record.built without its two calls; checked on import)
         out = _new(Exec)
-        out.__dict__.update(
-            zip(
-                _EXEC_FIELDS,
-                (msg.session, msg.job, msg.digest, msg.ranks, sealed, msg.inline, msg.timeout_s),
-                strict=True,
-            )
+        out.__dict__.update(  # _EXEC_FIELDS, in a dict display: no zip to walk
+            {
+                "session": msg.session,
+                "job": msg.job,
+                "digest": msg.digest,
+                "ranks": msg.ranks,
+                "bindings": sealed,
+                "inline": msg.inline,
+                "timeout_s": msg.timeout_s,
+            }
         )
         return out
 
@@ -136,7 +153,7 @@ class DriverSeal:
         open_, open_box, safe, nodes = sealer.open, sealer.open_box, self.safe, self._nodes
         values: dict[int, dict[int, Any]] = {}
         for index, per_rank in result.values.items():
-            context, opened = done_context(session, result.job, index), {}
+            context, opened = f"done|{session}|{result.job}|{index}", {}  # done_context
             for rank, sealed in per_rank.items():
                 who = nodes.get(rank) or self._node(rank)
                 if type(sealed) is bytes:  # an inline result's compact box: the commonest
@@ -147,14 +164,29 @@ class DriverSeal:
         # the decoded (so checked) JobResult with its values opened: no re-check, filled in
         # here (record.built without its two calls; checked on import)
         r, out = result, _new(JobResult)
-        out.__dict__.update(
-            zip(
-                _RESULT_FIELDS,
-                (r.job, values, r.error, r.missing_program, r.stats, r.metas),
-                strict=True,
-            )
+        out.__dict__.update(  # _RESULT_FIELDS, in a dict display: no zip to walk
+            {
+                "job": r.job,
+                "values": values,
+                "error": r.error,
+                "missing_program": r.missing_program,
+                "stats": r.stats,
+                "metas": r.metas,
+            }
         )
         return out
+
+    def refused(self, error: ErrorInfo) -> None:
+        """A job failed with ``error``. If its rank's worker refused the job's stream as one
+        it does not know (it restarted, or forgot this client), seal for that node under a
+        new epoch: the next job runs. Only once the epoch has numbered ``WINDOW`` Execs for
+        it, as a genuine refusal needs: a broker forging refusals cannot make this driver
+        start new streams faster than one per ``WINDOW`` jobs."""
+        if error.op != UNKNOWN_STREAM or error.kind != "AuthenticationError":
+            return
+        who = self._nodes.get(error.rank) if error.rank is not None else None
+        if who is not None and self.sealer is not None:
+            self.sealer.renew(who, WINDOW)
 
     def fetch_ticket(self) -> tuple[str, str]:
         """``(reply_to, ticket)`` for a new fetch."""

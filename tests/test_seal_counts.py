@@ -78,8 +78,10 @@ def test_a_rank_without_inputs_costs_neither_side_a_cipher_call() -> None:
 # scalar table, the bindings through a helper, the results through a comprehension); the
 # integration branch (b56ed16) 14 (the Exec's and the Done's record.built, two calls each,
 # open()'s dispatch to the box, inbound and outbound handing on to _exec and _done, and
-# LRU.__setitem__ for the job run)
-_WORKER_CALLS = 6.5
+# LRU.__setitem__ for the job run); 6.05 before the replay window, whose admission is one
+# call per job (mpl.wire.replay), and 5.05 with it once exec_context's and done_context's
+# strings were written out in WorkerSeal
+_WORKER_CALLS = 5.5
 
 
 def test_the_workers_sealing_per_trivial_job_one_cipher_call_and_bounded_python_calls() -> None:
@@ -133,8 +135,9 @@ def _driver_and_nodes() -> tuple[DriverSeal, list[WorkerSeal]]:
 
 # the integration branch (b56ed16) made 20.4 Python calls per 2p job here: the Exec's and the
 # JobResult's record.built (two calls each), open()'s dispatch to the box per result, and
-# exec_pack's rank check (a helper and its generator) on the sealed bindings
-_DRIVER_CALLS_2P = 11
+# exec_pack's rank check (a helper and its generator) on the sealed bindings; main (e7b802d)
+# 10.05, 8.05 once exec_context's and done_context's strings were written out in DriverSeal
+_DRIVER_CALLS_2P = 8.5
 
 
 def test_the_drivers_sealing_per_trivial_2p_job_bounded_python_calls() -> None:

@@ -33,13 +33,14 @@ from mpl.wire.sessions import Reply
 from mpl.worker.daemon import Worker
 
 Frames = list[Any]
-Alter = Callable[[Record], Record | None]
+# the record to send instead (a list: several, in order), or None to send it unchanged
+Alter = Callable[[Record], Record | list[Record] | None]
 
 
 class Tap:
     """Stands in for the broker's ROUTER: records every message it receives and sends, and
     lets the test rewrite the messages it sends (``alter``: the decoded record in, the
-    record to send instead, or None to send it unchanged)."""
+    record or records to send instead, or None to send it unchanged)."""
 
     def __init__(self, sock: Any) -> None:
         self._sock = sock
@@ -59,6 +60,10 @@ class Tap:
         if self.alter is not None:
             msg = decode(frames[1:], unpickle=False)
             changed = self.alter(msg)
+            if isinstance(changed, list):  # sent before the last one, to the same peer
+                for extra in changed[:-1]:
+                    self._sock.send_multipart([frames[0], *encode(extra)], *args, **kw)
+                changed = changed[-1]
             if changed is not None:
                 frames = [frames[0], *encode(changed)]
         self.seen.append([memoryview(f).tobytes() for f in frames[1:]])
@@ -371,3 +376,87 @@ def test_a_broker_that_replays_or_alters_a_sealed_none_fails_the_job(
             one()
         tap.alter = None  # and the cluster keeps serving honest traffic
         assert mp.fetch(one()) == 1
+
+
+def test_a_broker_that_replays_a_recorded_exec_thousands_of_jobs_later_runs_nothing(
+    make: Callable[[bool], Setup], tmp_path: Path
+) -> None:
+    """The broker records a job's sealed Exec (code with a side effect), lets more jobs run
+    than a worker could remember one by one, then hands the recorded Exec to the worker
+    again: the worker refuses it, and the code ran once."""
+    setup = make(True)
+    tap, worker = setup.tap, setup.workers[0]
+    ran = tmp_path / "ran"
+    path = str(ran)
+    recorded: list[Record] = []
+
+    def record(msg: Record) -> Record | None:
+        if isinstance(msg, Exec) and 0 in msg.bindings and not recorded:
+            recorded.append(msg)
+        return None
+
+    def replay(msg: Record) -> list[Record] | None:
+        if isinstance(msg, Exec) and 0 in msg.bindings:
+            tap.alter = None
+            return [recorded[0], msg]  # the recorded Exec, then the honest one
+        return None
+
+    def side_effect() -> int:
+        with open(path, "a") as out:
+            return out.write("ran\n")
+
+    with setup.ctx:
+        tap.alter = record
+        assert mp.fetch(mp.device("P0")(side_effect)()) == 4
+        tap.alter = None
+        one = mp.device("P0")(lambda: 1)
+        values = [one() for _ in range(4200)]
+        assert mp.fetch(values[-1]) == 1
+        errors = worker.protocol_errors
+        tap.alter = replay
+        assert mp.fetch(one()) == 1
+        wait_until(
+            lambda: worker.protocol_errors > errors or ran.read_text().count("ran") > 1,
+            20,
+            "the replay refused or run",
+        )
+    assert ran.read_text() == "ran\n"
+    assert worker.protocol_errors == errors + 1
+
+
+def test_a_worker_restarted_under_a_running_driver_serves_it_again(
+    make: Callable[[bool], Setup], tmp_path: Path
+) -> None:
+    """A restarted worker knows none of the driver's sequence numbers: the first job on it
+    is refused (it cannot tell that job from a replay), and the refusal makes the driver
+    number its jobs afresh for that node, so the next one runs."""
+    setup = make(True)
+    with setup.ctx:
+        one = mp.device("P0")(lambda: 1)
+        values = [one() for _ in range(4200)]  # past the window of a stream's first numbers
+        assert mp.fetch(values[-1]) == 1
+        old = setup.workers[0]
+        old.stop()
+        old.join(5)
+        setup.workers[0] = Worker(
+            setup.broker.address,
+            0,
+            curve=setup.curves["node0"],
+            data_root=tmp_path / "data0-restarted",
+        ).start()
+        assert setup.workers[0].joined.wait(15), "worker did not join"
+        with pytest.raises(mp.AuthenticationError, match="does not know"):
+            wait_until(lambda: _refused_or_ran(one), 20, "a job on the restarted worker")
+        assert mp.fetch(one()) == 1
+
+
+def _refused_or_ran(fn: Callable[[], Any]) -> bool:
+    """Run ``fn`` once on a worker that may still be joining: True once it ran; its
+    AuthenticationError goes up; other failures (the rank not back yet) mean try again."""
+    try:
+        mp.fetch(fn())
+    except mp.AuthenticationError:
+        raise
+    except mp.MplError:
+        return False
+    return True

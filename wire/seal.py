@@ -33,6 +33,10 @@ authenticated for its one recipient:
   direction's key. A recipient keeps the ciphers of the epochs that opened for it (bounded;
   an epoch enters only once a box of it has authenticated). Larger payloads, and programs,
   stay ``Sealed`` records.
+* **Numbered.** A payload :meth:`Sealer.seal` makes carries its epoch's next number, bound
+  like the rest: a box's nonce, or a record's salt (the epoch's first half, then the
+  number). A worker keeps a window of the numbers of the Execs it ran per sender and epoch
+  (``mpl.wire.replay``), so a broker cannot replay a recorded job however long it waits.
 * **None as a tag alone.** A sealed None (the bindings of every rank a job gives no inputs,
   sealed on every such job) has nothing to hide, only a sender, a recipient and a context
   to prove: it is a box whose ciphertext is replaced by a 16-byte keyed-BLAKE2b tag over
@@ -52,6 +56,7 @@ import hashlib
 import hmac
 import itertools
 import os
+import struct
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -74,6 +79,7 @@ from mpl.wire.sealed import BOX_MAGIC, Sealed
 __all__ = [
     "CHUNK",
     "COMPACT_MAX",
+    "ExecTails",
     "Sealed",
     "Sealer",
     "done_context",
@@ -93,6 +99,9 @@ _NONCE = 12
 _EPOCH_PERSON = b"mpl-box-epoch/1"  # keeps epoch keys apart from per-payload keys
 _EPOCHS_KEPT = 1024  # ciphers of other processes' epochs a recipient keeps
 _MARK_PERSON = b"mpl-box-mark/1"  # keeps a None's tag key apart from the epoch's cipher key
+_BOX_START = len(BOX_MAGIC) + 1  # where a box's sender identity starts
+_BOX_HEAD = _BOX_START + _SALT  # a box's head (magic, sender, epoch) but for the identity
+_BOX_TRAILER = _NONCE + _TAG  # the least a box holds after its head
 
 
 def program_context(digest: str) -> str:
@@ -109,18 +118,28 @@ def exec_context(
 ) -> str:
     """Everything in an ``Exec`` besides the bindings is bound too: the broker cannot change
     which ranks take part, what comes back inline, or the job's deadline."""
-    # The part after the job is the same for every job of one call site: written once.
-    key = (digest, ranks, inline, timeout)
-    tail = _EXEC_TAILS.get(key)
-    if tail is None:
-        tail = f"|{digest}|{list(ranks)}|{list(inline)}|{float(timeout)!r}"
-        if len(_EXEC_TAILS) >= _EXEC_TAILS_KEPT:
-            _EXEC_TAILS.clear()  # a bound, not a policy: they are cheap to write again
-        _EXEC_TAILS[key] = tail
-    return f"exec|{session}|{job}{tail}"  # one string built, not three
+    # one string built, not three (the hot paths write this line out, with ExecTails)
+    return f"exec|{session}|{job}{_EXEC_TAILS[(digest, ranks, inline, timeout)]}"
 
 
-_EXEC_TAILS: dict[tuple[str, tuple[int, ...], tuple[int, ...], float], str] = {}
+ExecKey = tuple[str, tuple[int, ...], tuple[int, ...], float]  # digest, ranks, inline, timeout
+
+
+class ExecTails(dict[ExecKey, str]):
+    """The part of :func:`exec_context` after the job, by (digest, ranks, inline, timeout):
+    the same for every job of one call site, so written once. A hot path writes
+    ``f"exec|{session}|{job}{tails[key]}"`` itself, as exec_context does (one Python call
+    less per job). Bounded: keyed by what a broker sends."""
+
+    def __missing__(self, key: ExecKey) -> str:
+        digest, ranks, inline, timeout = key
+        if len(self) >= _EXEC_TAILS_KEPT:
+            self.clear()  # a bound, not a policy: they are cheap to write again
+        tail = self[key] = f"|{digest}|{list(ranks)}|{list(inline)}|{float(timeout)!r}"
+        return tail
+
+
+_EXEC_TAILS = ExecTails()
 _EXEC_TAILS_KEPT = 256
 
 
@@ -233,6 +252,10 @@ def _pieces(size: int) -> int:
     return max(1, -(-size // CHUNK))
 
 
+# a box's nonce: its epoch's counter, 12 bytes big-endian (a counter never reaches 2**64)
+_box_nonce = struct.Struct(">4xQ").pack
+
+
 def _nonce(index: int) -> bytes:
     return index.to_bytes(12, "big")  # a fresh key per payload: a counter never repeats
 
@@ -303,28 +326,45 @@ class Sealer:
         """
         if value is None and self._box_head is not None:
             head, _, mark, counter = self._sending.get(to) or self._new_epoch(to)
-            nonce = next(counter).to_bytes(_NONCE, "big")
+            nonce = _box_nonce(next(counter))
             # the tag: keyed BLAKE2b over nonce and context, from the epoch's keyed state
             tagger = mark.copy()
             tagger.update(nonce + context.encode())
             return head + nonce + tagger.digest()
         if type(value) is int and -32 <= value < 128:  # the commonest result: no call
             frames = _FIXINT_FRAMES[value]
+            compact = self._box_head is not None  # its one header byte and no buffer
         else:
             frames = _scalar_frames(value) or encode(_Payload(value), safe=safe)
-        if self._box_head is not None and len(frames) == 2 and len(frames[1]) < COMPACT_MAX:
+            compact = (
+                self._box_head is not None and len(frames) == 2 and len(frames[1]) < COMPACT_MAX
+            )
+        if compact:
             head, aead, _, counter = self._sending.get(to) or self._new_epoch(to)
-            nonce = next(counter).to_bytes(_NONCE, "big")
+            nonce = _box_nonce(next(counter))
             aad = context.encode() + _COMPACT_AAD
             return b"".join((head, nonce, aead.encrypt(nonce, frames[1], aad)))
-        return self._record(frames, os.urandom(_SALT), to, context)
+        # numbered as boxes are (a worker refuses an Exec's bindings run before by number):
+        # the epoch's first half, then the epoch's next number
+        head, _, _, counter = self._sending.get(to) or self._new_epoch(to)
+        salt = head[-_SALT : -_SALT // 2] + next(counter).to_bytes(_SALT // 2, "big")
+        return self._record(frames, salt, to, context)
 
     def _new_epoch(self, to: str) -> _Epoch:
-        assert self._box_head is not None
         epoch = os.urandom(_SALT)
         aead, mark = self._epoch_keys(to, epoch, self.identity, to)
-        sending = self._sending[to] = (self._box_head + epoch, aead, mark, itertools.count())
+        head = (self._box_head or b"") + epoch  # no boxes without a box head: records only
+        sending = self._sending[to] = (head, aead, mark, itertools.count())
         return sending
+
+    def renew(self, to: str, numbered: int) -> bool:
+        """Seal for ``to`` under a new epoch from now on (its numbers start again at 0), if
+        the current one has numbered at least ``numbered`` payloads; whether it did."""
+        sending = self._sending.get(to)
+        if sending is None or int(repr(sending[3])[len("count(") : -1]) < numbered:
+            return False
+        self._sending.pop(to, None)  # the next seal draws the new epoch
+        return True
 
     def seal_record(self, value: Any, to: str, context: str, *, safe: bool = True) -> Sealed:
         """:meth:`seal`, always as a ``Sealed`` record (what a ``Program`` carries)."""
@@ -411,9 +451,9 @@ class Sealer:
         process's epoch: once one of them has authenticated, the head alone finds its sender
         and cipher, and only the sender check (``sender``) is left to make before the tag
         is checked."""
-        start = len(BOX_MAGIC) + 1
-        end = start + (box[start - 1] if len(box) >= start else 0) + _SALT
-        if len(box) < end + _NONCE + _TAG:
+        size = len(box)
+        end = box[_BOX_START - 1] + _BOX_HEAD if size >= _BOX_START else _BOX_HEAD  # epoch's end
+        if size < end + _BOX_TRAILER:
             raise AuthenticationError("malformed sealed payload")
         head = box[:end]
         known = self._receiving.get(head)
@@ -425,13 +465,13 @@ class Sealer:
             if not head.startswith(BOX_MAGIC):
                 raise AuthenticationError("malformed sealed payload")
             try:
-                who = head[start : end - _SALT].decode()
+                who = head[_BOX_START : end - _SALT].decode()
             except UnicodeDecodeError:
                 raise AuthenticationError("malformed sealed payload") from None
             self._check_sender(who, sender)
             aead, mark = self._epoch_keys(who, head[end - _SALT :], who, self.identity)
         nonce = box[end : end + _NONCE]
-        if len(box) == end + _NONCE + _TAG:  # no ciphertext: a sealed None's tag alone
+        if size == end + _BOX_TRAILER:  # no ciphertext: a sealed None's tag alone
             tagger = mark.copy()  # as seal() makes it: keyed BLAKE2b over nonce and context
             tagger.update(nonce + context.encode())
             if not hmac.compare_digest(box[end + _NONCE :], tagger.digest()):

@@ -16,7 +16,8 @@ from mpl.wire.record import Record
 __all__ = ["BOX_MAGIC", "Sealed", "is_sealed"]
 
 # A compact box: BOX_MAGIC, the sender identity's length (one byte) and UTF-8 bytes, the
-# 16-byte salt, then the ciphertext of the codec header (with its 16-byte tag).
+# sender's 16-byte epoch, the 12-byte nonce (the epoch's counter), then the ciphertext of the
+# codec header with its 16-byte tag (or, for a sealed None, a 16-byte tag alone).
 BOX_MAGIC = b"mpl-box\x01"
 
 
@@ -26,7 +27,7 @@ class Sealed(Record, tag="sealed"):
     key up in its own spec, and only that key's holder could have sealed what opens."""
 
     sender: str
-    salt: bytes
+    salt: bytes  # 16 bytes, unique per payload (Sealer.seal: its epoch's half and number)
     sizes: list[int]  # plaintext bytes of each codec buffer frame
     parts: list[Any]  # ciphertext: the codec header, then each buffer in CHUNK pieces
 

@@ -7,6 +7,9 @@ here, what it hands the broker for a driver is sealed here. No I/O.
 * An ``Exec`` runs only with its bindings sealed for this rank and this (session, job,
   digest) by such a driver: the broker cannot start a job, replay one into another job, or
   swap one rank's inputs for another's. That driver is remembered as the job's recipient.
+  Nor can it replay a job: the bindings carry their sealer's sequence number, and a window
+  of those per stream (``mpl.wire.replay``) lets each run once, however many jobs ran since
+  and whether or not its session is still open.
 * ``Done`` values and fetch ``Reply`` values are sealed for the driver that asked, bound to
   the job and output index, or to the fetch's ticket.
 
@@ -29,8 +32,10 @@ from mpl.wire.jobs import Done, Exec, Failed, Program
 from mpl.wire.lru import LRU
 from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import ErrorInfo, to_info
+from mpl.wire.replay import UNKNOWN_STREAM, ReplayGuard
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
+    ExecTails,
     Sealer,
     done_context,
     exec_context,
@@ -42,7 +47,7 @@ from mpl.worker.code_policy import open_sealed
 
 __all__ = ["WorkerSeal"]
 
-_MEMORY = 4096  # jobs, fetches and refused programs remembered (bounded: keyed by input)
+_MEMORY = 4096  # jobs' recipients, fetches and refused programs remembered (bounded)
 
 _new = object.__new__
 _set = OrderedDict.__setitem__  # LRU's own, in C, for a key known to be new
@@ -61,6 +66,24 @@ _DONE_FIELDS = pinned_fields(
 )
 
 
+# inbound and outbound write out the contexts exec_context and done_context write
+if (
+    exec_context("s1", "j1", "d1", (0, 1), (1,), 2.5)
+    != "exec|s1|j1" + ExecTails()[("d1", (0, 1), (1,), 2.5)]
+):
+    raise ImportError("mpl.worker.sealing writes Exec contexts unlike mpl.wire.seal")
+if done_context("s1", "j1", 3) != "done|s1|j1|3":
+    raise ImportError("mpl.worker.sealing writes Done contexts unlike mpl.wire.seal")
+
+
+class _Replayed(AuthenticationError):
+    """A sealed Exec that authenticated but may not run (again) here, and why."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class WorkerSeal:
     """Opens inbound payloads and seals outbound ones for rank ``rank``."""
 
@@ -71,12 +94,14 @@ class WorkerSeal:
         self.rank = rank
         self._kernels_only = code == "kernels"  # mpl-worker --code kernels
         self.safe = not pickles_allowed(WORKER, trusted=trusted)  # results leave this party
-        # (session, job) of every job opened here -> the driver that sealed it, its results'
-        # recipient ("" once the job failed or was aborted): a replay of it is refused
+        # (session, job) of the jobs opened here last -> the driver that sealed it, its
+        # results' recipient ("" once the job failed or was aborted)
         self._opened: LRU[tuple[str, str], str] = LRU(_MEMORY)
+        self.replays = ReplayGuard()  # which sealed Execs ran: each runs once
         self._fetches: LRU[int, Fetch] = LRU(_MEMORY)
         self._refused: LRU[str, str] = LRU(_MEMORY)  # program digest -> why it did not open
         self.refusals = 0
+        self._tails = ExecTails()  # what exec_context writes after the job
 
     def inbound(self, msg: Record) -> tuple[Record | None, Record | None]:
         """``(message to act on, or None; answer for the broker, or None)``.
@@ -90,11 +115,9 @@ class WorkerSeal:
             refused = self._refused.get(msg.digest) if self._refused else None
             if refused is not None:
                 raise AuthenticationError(f"program {msg.digest} was refused: {refused}")
-            if job in self._opened:
-                raise AuthenticationError(f"job {msg.job} was already run here: a replay")
-            context = exec_context(
-                msg.session, msg.job, msg.digest, msg.ranks, msg.inline, msg.timeout_s
-            )
+            # exec_context(...) without its call
+            tail = self._tails[(msg.digest, msg.ranks, msg.inline, msg.timeout_s)]
+            context = f"exec|{msg.session}|{msg.job}{tail}"
             sealed = msg.bindings.get(self.rank)
             if self._kernels_only:
                 driver, mine = self._open(sealed, context)
@@ -102,15 +125,22 @@ class WorkerSeal:
                 driver, mine = self.sealer.open_box(sealed, context, "", False, True)
             else:  # what _open does then, without its call: this runs for every job
                 driver, mine = self.sealer.open(sealed, context, safe=False)
+            replayed = self.replays.admit(driver, sealed)  # authenticated: counted as run
+            if replayed:
+                raise _Replayed(f"job {msg.job} refused: {replayed}", replayed)
             if mine is not None and type(mine) is not list:
                 raise ProtocolError("a job's sealed bindings are not a list")
         except (AuthenticationError, ProtocolError) as exc:
             self.refusals += 1
-            kind = type(exc).__name__
-            info = ErrorInfo(kind, str(exc), rank=self.rank, op="inputs", job=msg.job)
+            kind, op = type(exc).__name__, "inputs"
+            if type(exc) is _Replayed:
+                kind = "AuthenticationError"
+                op = UNKNOWN_STREAM if exc.reason.startswith(UNKNOWN_STREAM) else op
+            info = ErrorInfo(kind, str(exc), rank=self.rank, op=op, job=msg.job)
             return None, Failed(msg.session, msg.job, self.rank, info)
         # self._opened[job] = driver, without LRU.__setitem__'s Python call (once per job):
-        # the job is new here (a replay was refused above), so it goes in as the newest
+        # the job is new here (its sealer numbers each job once, and a replay was refused
+        # above), so it goes in as the newest
         opened = self._opened
         _set(opened, job, driver)
         if len(opened) > opened.limit:
@@ -121,12 +151,16 @@ class WorkerSeal:
         bindings = {self.rank: mine} if mine is not None else {}
         s, j = job
         out = _new(Exec)
-        out.__dict__.update(
-            zip(
-                _EXEC_FIELDS,
-                (s, j, msg.digest, msg.ranks, bindings, msg.inline, msg.timeout_s),
-                strict=True,
-            )
+        out.__dict__.update(  # _EXEC_FIELDS, in a dict display: no zip to walk
+            {
+                "session": s,
+                "job": j,
+                "digest": msg.digest,
+                "ranks": msg.ranks,
+                "bindings": bindings,
+                "inline": msg.inline,
+                "timeout_s": msg.timeout_s,
+            }
         )
         return out, None
 
@@ -156,19 +190,24 @@ class WorkerSeal:
         values: dict[int, Any] = {}
         try:
             for index, value in msg.values.items():  # a loop: a comprehension is one more call
-                values[index] = seal(value, driver, done_context(session, job, index), safe=safe)
+                # done_context without its call (checked on import)
+                values[index] = seal(value, driver, f"done|{session}|{job}|{index}", safe=safe)
         except Exception as exc:  # an unsafe value: the job fails with the reason
             info = to_info(exc, rank=self.rank, op="result", job=msg.job, with_traceback=False)
             return Failed(msg.session, msg.job, self.rank, info)
         # this process's own Done with its values sealed: built without re-checks, filled in
         # here (record.built without its two calls; checked on import)
         out = _new(Done)
-        out.__dict__.update(
-            zip(
-                _DONE_FIELDS,
-                (msg.session, msg.job, msg.rank, values, msg.stats, msg.metas, msg.saved),
-                strict=True,
-            )
+        out.__dict__.update(  # _DONE_FIELDS, in a dict display: no zip to walk
+            {
+                "session": msg.session,
+                "job": msg.job,
+                "rank": msg.rank,
+                "values": values,
+                "stats": msg.stats,
+                "metas": msg.metas,
+                "saved": msg.saved,
+            }
         )
         return out
 
