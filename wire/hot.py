@@ -194,8 +194,10 @@ def result_record(
     """``JobResult(job, values, None, False, stats, metas)`` without its ``__init__``: for
     values, stats and metas the broker read and checked itself (``read_done`` or decode)."""
     result = _new(JobResult)
+    # with keywords, as _RESULT_FIELDS pins them: a __dict__ filled from a zip (or key by
+    # key) makes every later read of a field about twice as slow
     result.__dict__.update(
-        zip(_RESULT_FIELDS, (job, values, None, False, stats, metas), strict=True)
+        job=job, values=values, error=None, missing_program=False, stats=stats, metas=metas
     )
     return result
 
@@ -592,6 +594,15 @@ def _read_exec(header: bytes) -> Exec | None:
             check_nesting(items)
         except ProtocolError:
             return None
-    exec_ = _new(Exec)  # filled in directly (fills_directly, checked on import)
-    exec_.__dict__.update(zip(_EXEC_FIELDS, items[1:], strict=True))
+    _, session, job, digest, ranks, bindings, inline, timeout_s = items
+    exec_ = _new(Exec)  # filled in directly, with keywords (_EXEC_FIELDS, checked on import)
+    exec_.__dict__.update(
+        session=session,
+        job=job,
+        digest=digest,
+        ranks=ranks,
+        bindings=bindings,
+        inline=inline,
+        timeout_s=timeout_s,
+    )
     return exec_
