@@ -62,6 +62,22 @@ def test_a_repeat_is_read_by_comparison_as_decode_reads_it() -> None:
     assert _reader_after(_programs()[4]).full_reads == 0
 
 
+def _against_decode(reader: RepeatExecs, header: bytes) -> str:
+    """Read ``header`` with ``reader`` and check it against ``decode``: "taken" (read as
+    decode reads it), "refused" (by both) or "left" (to decode, as read_exec leaves it)."""
+    frames = [MAGIC_FRAME, header]
+    before = reader.repeats
+    read, want = reader.read(frames), decoded_exec(frames)
+    if want is None:
+        assert read is None, f"took what decode refuses: {header!r}"
+        return "refused"
+    if read is not None:
+        assert _same(read, want), f"read {read!r}, decode {want!r}: {header!r}"
+        return "taken"
+    assert reader.repeats == before and exec_repeat.read_exec(frames) is None
+    return "left"
+
+
 def test_every_mutated_repeat_is_taken_exactly_when_decode_takes_it() -> None:
     rng = random.Random(715)
     taken = refused = repeats = 0
@@ -77,17 +93,10 @@ def test_every_mutated_repeat_is_taken_exactly_when_decode_takes_it() -> None:
                 else:  # within the job id and the byte before it (its str header)
                     at = rng.randrange(start - 1, start + len(job))
                     bad = header[:at] + bytes([rng.randrange(256)]) + header[at + 1 :]
-                frames = [MAGIC_FRAME, bad]
-                read, want = reader.read(frames), decoded_exec(frames)
+                outcome = _against_decode(reader, bad)
                 repeats += reader.repeats - before
-                if want is None:
-                    assert read is None, f"took what decode refuses: {bad!r}"
-                    refused += 1
-                elif read is not None:
-                    assert _same(read, want), f"read {read!r}, decode {want!r}: {bad!r}"
-                    taken += 1
-                else:  # left to decode: only what read_exec leaves to it too
-                    assert reader.repeats == before and exec_repeat.read_exec(frames) is None
+                taken += outcome == "taken"
+                refused += outcome == "refused"
     assert taken > 500 and refused > 500 and repeats > 500
 
 
@@ -185,15 +194,8 @@ def test_every_mutated_sealed_repeat_is_taken_exactly_when_decode_takes_it() -> 
                 start = spans[n % 3 - 1]
                 at = rng.randrange(start, start + 12)
                 bad = header[:at] + bytes([rng.randrange(256)]) + header[at + 1 :]
-            frames = [MAGIC_FRAME, bad]
-            read, want = reader.read(frames), decoded_exec(frames)
+            outcome = _against_decode(reader, bad)
             repeats += reader.repeats - before
-            if want is None:
-                assert read is None, f"took what decode refuses: {bad!r}"
-                refused += 1
-            elif read is not None:
-                assert _same(read, want), f"read {read!r}, decode {want!r}: {bad!r}"
-                taken += 1
-            else:  # left to decode: only what read_exec leaves to it too
-                assert reader.repeats == before and exec_repeat.read_exec(frames) is None
+            taken += outcome == "taken"
+            refused += outcome == "refused"
     assert taken > 500 and refused > 100 and repeats > 500

@@ -8,6 +8,7 @@ adds calls to that path shows up here, whatever the machine's speed."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -49,12 +50,14 @@ def sim() -> Iterator[mp.Simulator]:
     ctx.close()
 
 
-def _worker_calls(sim: mp.Simulator, rank: int, job: Any) -> tuple[int, Counter[str]]:
-    """Run ``job`` _JOBS times; the worker-side Python calls made while ``rank``'s I/O thread
-    handled the jobs' Execs, and which functions."""
-    worker = sim.runtime.workers[rank]
+@contextlib.contextmanager
+def _exec_calls(worker: Worker) -> Iterator[tuple[Counter[str], list[list[Any]]]]:
+    """While inside: the worker-side Python calls (``mpl.worker`` and the Done packing, by
+    ``file:function``) made while ``worker``'s I/O thread handled each Exec, and the frames
+    of the Execs it handled."""
     calls: Counter[str] = Counter()
-    handled = [0]
+    execs: list[list[Any]] = []
+    handle = worker._on_frames
 
     def count(frame: FrameType, event: str, arg: Any) -> None:
         if event == "call":
@@ -62,13 +65,11 @@ def _worker_calls(sim: mp.Simulator, rank: int, job: Any) -> tuple[int, Counter[
             if "/mpl/worker/" in path or path.endswith("/done_pack.py"):
                 calls[f"{path.rsplit('/', 1)[-1]}:{frame.f_code.co_name}"] += 1
 
-    handle = worker._on_frames
-
     def counted(frames: list[Any]) -> None:
         if read_exec(frames) is None:  # a heartbeat, a directory: not the job's
             handle(frames)
             return
-        handled[0] += 1
+        execs.append(frames)
         sys.setprofile(count)
         try:
             handle(frames)
@@ -77,11 +78,18 @@ def _worker_calls(sim: mp.Simulator, rank: int, job: Any) -> tuple[int, Counter[
 
     worker._on_frames = counted
     try:
-        for _ in range(_JOBS):
-            assert mp.fetch(job()) == [1, 1]
+        yield calls, execs
     finally:
         worker._on_frames = handle
-    assert handled[0] == _JOBS, "one Exec per job expected"
+
+
+def _worker_calls(sim: mp.Simulator, rank: int, job: Any) -> tuple[int, Counter[str]]:
+    """Run ``job`` _JOBS times; the worker-side Python calls made while ``rank``'s I/O thread
+    handled the jobs' Execs, and which functions."""
+    with _exec_calls(sim.runtime.workers[rank]) as (calls, execs):
+        for _ in range(_JOBS):
+            assert mp.fetch(job()) == [1, 1]
+    assert len(execs) == _JOBS, "one Exec per job expected"
     return sum(calls.values()), calls
 
 
@@ -163,32 +171,9 @@ def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
         assert mp.fetch(job()) == 1
     assert worker.seal is not None
     repeats, refused = worker._execs.repeats, worker.seal.refusals
-    calls: Counter[str] = Counter()
-    handle = worker._on_frames
-    last: list[list[Any] | None] = [None]
-
-    def count(frame: FrameType, event: str, arg: Any) -> None:
-        path = frame.f_code.co_filename.replace("\\", "/")
-        if event == "call" and ("/mpl/worker/" in path or path.endswith("/done_pack.py")):
-            calls[f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_code.co_name}"] += 1
-
-    def counted(frames: list[Any]) -> None:
-        if read_exec(frames) is None:
-            handle(frames)
-            return
-        last[0] = frames
-        sys.setprofile(count)
-        try:
-            handle(frames)
-        finally:
-            sys.setprofile(None)
-
-    worker._on_frames = counted
-    try:
+    with _exec_calls(worker) as (calls, execs):
         for _ in range(_JOBS):
             assert mp.fetch(job()) == 1
-    finally:
-        worker._on_frames = handle
     assert worker._execs.repeats - repeats == _JOBS  # none read in full
     assert calls["broker_messages.py:_read"] == 0 and calls["broker_messages.py:_on_exec"] == _JOBS
     assert calls["sealing.py:inbound"] == _JOBS  # every one opened by the seal
@@ -196,12 +181,12 @@ def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
     assert calls["done_pack.py:own_done_frames"] == _JOBS and calls["done_pack.py:_plain"] == 0
     # a next job whose box a hostile broker changed: read by comparison, refused by the seal
     done = int(worker.jobs.stats()["jobs_done"])
-    previous = last[0]
-    assert previous is not None
+    previous = execs[-1]
     read = read_exec(previous)
     assert read is not None
     forged = _tampered(previous, "f" * len(read.job))
     sent: list[list[bytes]] = []
+    handle = worker._on_frames
 
     def forged_first(frames: list[Any]) -> None:
         if not sent and read_exec(frames) is not None:
