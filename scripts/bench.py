@@ -300,6 +300,7 @@ def phase_secure() -> None:
         rates = [_raw_move(ctx, 64, curve=curve) for _ in range(6)]
         record("secure", f"raw pyzmq {name}PUSH->PULL 64 MiB", rates[1:], unit="MB/s")
     ctx.term()
+    _raw_curve_latency()
     # Both clusters run at once and take turns, so load from elsewhere on a shared machine
     # falls on both alike.
     spec = mp.ClusterSpec.simple(2, enable_spu=False)
@@ -344,6 +345,33 @@ def phase_secure() -> None:
     finally:
         for cluster in clusters.values():
             cluster.close()
+
+
+def _raw_curve_latency() -> None:
+    """The secure floor: a raw pyzmq relay's round trip (driver -> relay -> echo and back,
+    the shape of a one-rank job) with CURVE on every socket, against the same relay in
+    plaintext; both up at once, taking six turns of 500 round trips."""
+    from bench_speed import _RawRelay
+
+    relays = {"plaintext": _RawRelay(), "CURVE": _RawRelay(curve=True)}
+    try:
+        times: dict[str, list[float]] = {mode: [] for mode in relays}
+        ratios = []
+        for _ in range(6):
+            p50 = {}
+            for mode, relay in relays.items():
+                xs = measure(relay.round_trip, 500, warmup=20)
+                p50[mode] = statistics.median(xs)
+                times[mode] += xs
+            ratios.append(p50["CURVE"] / p50["plaintext"])
+    finally:
+        for relay in relays.values():
+            relay.close()
+    for mode, xs in times.items():
+        record("secure", f"raw pyzmq relay round trip, {mode}", xs, **percentiles(xs))
+    record(
+        "secure", "raw pyzmq relay round trip: CURVE / plaintext p50, per turn", ratios, unit="x"
+    )
 
 
 def _secure_latency(clusters: dict[str, Any]) -> None:

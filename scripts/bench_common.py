@@ -70,8 +70,10 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def spawn(*args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, os.path.join(HERE, "bench_floor.py"), *args])
+def spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """A ``bench_floor.py`` role as its own process (``env``: extra environment)."""
+    script = os.path.join(HERE, "bench_floor.py")
+    return subprocess.Popen([sys.executable, script, *args], env={**os.environ, **(env or {})})
 
 
 def percentiles(xs: list[float]) -> dict[str, float]:

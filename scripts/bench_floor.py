@@ -7,6 +7,8 @@ Used by ``scripts/bench.py``; each role runs as its own process:
     python scripts/bench_floor.py fanrelay FRONT BACK N   # one request to N echoes, one reply
     python scripts/bench_floor.py pull ADDR ACK N         # receives N frames, acks each
     MPL_BENCH_CURVE_SECRET=<z85> ... pull ADDR ACK N      # the same, as a CURVE server
+    MPL_BENCH_CURVE_SECRET=<z85> ... relay FRONT BACK     # both ROUTERs CURVE servers
+    MPL_BENCH_CURVE_SERVER=<z85> ... echo BACK            # a CURVE client of that server
     python scripts/bench_floor.py spu RANK WORLD PORTS CASE PROTOCOL FIELD N OUT
 
 The SPU floor uses libspu directly: brpc links created once, ``spawn()`` per run, the
@@ -25,9 +27,23 @@ from typing import Any
 import zmq
 
 
+def _curve(sock: zmq.Socket[Any]) -> zmq.Socket[Any]:
+    """CURVE on ``sock`` when the environment asks for it (keys stay out of argv: ps shows
+    that): a server with MPL_BENCH_CURVE_SECRET, a client of MPL_BENCH_CURVE_SERVER."""
+    secret = os.environ.get("MPL_BENCH_CURVE_SECRET", "")
+    server = os.environ.get("MPL_BENCH_CURVE_SERVER", "")
+    if secret:
+        sock.curve_server = True
+        sock.curve_secretkey = secret.encode()
+    elif server:
+        sock.curve_serverkey = server.encode()
+        sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+    return sock
+
+
 def relay(front: str, back: str) -> None:
     ctx = zmq.Context()
-    f, b = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
+    f, b = _curve(ctx.socket(zmq.ROUTER)), _curve(ctx.socket(zmq.ROUTER))
     f.bind(front)
     b.bind(back)
     poller = zmq.Poller()
@@ -91,7 +107,7 @@ def fanrelay(front: str, back: str, n: int) -> None:
 
 def echo(back: str) -> None:
     ctx = zmq.Context()
-    s = ctx.socket(zmq.DEALER)
+    s = _curve(ctx.socket(zmq.DEALER))
     s.connect(back)
     s.send(b"hi")
     while True:

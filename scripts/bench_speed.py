@@ -18,15 +18,23 @@ from bench_common import free_ports, measure, percentiles, record, spawn, start_
 class _RawRelay:
     """Raw pyzmq relay processes (one echo, or N echoes behind a fan-out relay)."""
 
-    def __init__(self, echoes: int = 1, fan: bool = False) -> None:
+    def __init__(self, echoes: int = 1, fan: bool = False, curve: bool = False) -> None:
         import zmq
 
         front, back = (f"tcp://127.0.0.1:{p}" for p in free_ports(2))
         relay = ("fanrelay", front, back, str(echoes)) if fan else ("relay", front, back)
-        self.procs = [spawn(*relay)] + [spawn("echo", back) for _ in range(echoes)]
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.linger = 0
+        server: dict[str, str] = {}
+        client: dict[str, str] = {}
+        if curve:  # CURVE on every socket, fresh throw-away keys: the secure floor
+            public, secret = (k.decode() for k in zmq.curve_keypair())
+            server, client = {"MPL_BENCH_CURVE_SECRET": secret}, {"MPL_BENCH_CURVE_SERVER": public}
+            self.sock.curve_serverkey = public.encode()
+            self.sock.curve_publickey, self.sock.curve_secretkey = zmq.curve_keypair()
+        self.procs = [spawn(*relay, env=server)]
+        self.procs += [spawn("echo", back, env=client) for _ in range(echoes)]
         self.sock.connect(front)
         deadline = time.monotonic() + 30
         for i in itertools.count():  # the echoes are registered once a request comes back
