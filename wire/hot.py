@@ -594,15 +594,7 @@ def _read_exec(header: bytes) -> Exec | None:
             check_nesting(items)
         except ProtocolError:
             return None
-    _, session, job, digest, ranks, bindings, inline, timeout_s = items
+    _, s, j, d, r, b, i, t = items
     exec_ = _new(Exec)  # filled in directly, with keywords (_EXEC_FIELDS, checked on import)
-    exec_.__dict__.update(
-        session=session,
-        job=job,
-        digest=digest,
-        ranks=ranks,
-        bindings=bindings,
-        inline=inline,
-        timeout_s=timeout_s,
-    )
+    exec_.__dict__.update(session=s, job=j, digest=d, ranks=r, bindings=b, inline=i, timeout_s=t)
     return exec_
