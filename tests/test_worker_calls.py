@@ -38,8 +38,10 @@ _GENEROUS_S = 10.0
 # path: -2, +1 for the Exec's own handler), the job's progress position became an
 # attribute (-1), an inline run answered with its Done alone and booked its end and sent it
 # without a second call each (-2): 13. Then the job shell read whether an inline job was
-# stopped meanwhile by the state's two lookups written out (-1): 12.
-_MAX_CALLS_PER_JOB = 12
+# stopped meanwhile by the state's two lookups written out (-1): 12 (11.975 measured: one
+# call in 40 jobs falls outside the path). Half a call of margin, so that a stray call
+# does not fail it; the code before (12.975) still does.
+_MAX_CALLS_PER_JOB = 12.5
 
 
 @pytest.fixture
