@@ -150,7 +150,7 @@ class DriverSeal:
 
     def result(self, session: str, result: JobResult) -> JobResult:
         sealer = self.sealer or self._ready()
-        open_, open_box, safe, nodes = sealer.open, sealer.open_box, self.safe, self._nodes
+        open_box, safe, nodes = sealer.open_box, self.safe, self._nodes  # sealer.open: rare
         values: dict[int, dict[int, Any]] = {}
         for index, per_rank in result.values.items():
             context, opened = f"done|{session}|{result.job}|{index}", {}  # done_context
@@ -159,7 +159,7 @@ class DriverSeal:
                 if type(sealed) is bytes:  # an inline result's compact box: the commonest
                     opened[rank] = open_box(sealed, context, who, safe, True)[1]
                 else:
-                    opened[rank] = open_(sealed, context, sender=who, safe=safe)[1]
+                    opened[rank] = sealer.open(sealed, context, sender=who, safe=safe)[1]
             values[index] = opened
         # the decoded (so checked) JobResult with its values opened: no re-check, filled in
         # here (record.built without its two calls; checked on import)
