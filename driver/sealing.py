@@ -135,16 +135,14 @@ class DriverSeal:
         # the driver's own Exec, with its bindings sealed: built without re-checks, and
         # filled in here (record.built without its two calls; checked on import)
         out = _new(Exec)
-        out.__dict__.update(  # _EXEC_FIELDS, in a dict display: no zip to walk
-            {
-                "session": msg.session,
-                "job": msg.job,
-                "digest": msg.digest,
-                "ranks": msg.ranks,
-                "bindings": sealed,
-                "inline": msg.inline,
-                "timeout_s": msg.timeout_s,
-            }
+        out.__dict__.update(  # _EXEC_FIELDS, as keywords: no zip to walk
+            session=msg.session,
+            job=msg.job,
+            digest=msg.digest,
+            ranks=msg.ranks,
+            bindings=sealed,
+            inline=msg.inline,
+            timeout_s=msg.timeout_s,
         )
         return out
 
@@ -164,15 +162,13 @@ class DriverSeal:
         # the decoded (so checked) JobResult with its values opened: no re-check, filled in
         # here (record.built without its two calls; checked on import)
         r, out = result, _new(JobResult)
-        out.__dict__.update(  # _RESULT_FIELDS, in a dict display: no zip to walk
-            {
-                "job": r.job,
-                "values": values,
-                "error": r.error,
-                "missing_program": r.missing_program,
-                "stats": r.stats,
-                "metas": r.metas,
-            }
+        out.__dict__.update(  # _RESULT_FIELDS, as keywords: no zip to walk
+            job=r.job,
+            values=values,
+            error=r.error,
+            missing_program=r.missing_program,
+            stats=r.stats,
+            metas=r.metas,
         )
         return out
 

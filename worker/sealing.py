@@ -151,16 +151,14 @@ class WorkerSeal:
         bindings = {self.rank: mine} if mine is not None else {}
         s, j = job
         out = _new(Exec)
-        out.__dict__.update(  # _EXEC_FIELDS, in a dict display: no zip to walk
-            {
-                "session": s,
-                "job": j,
-                "digest": msg.digest,
-                "ranks": msg.ranks,
-                "bindings": bindings,
-                "inline": msg.inline,
-                "timeout_s": msg.timeout_s,
-            }
+        out.__dict__.update(  # _EXEC_FIELDS, as keywords: no zip to walk
+            session=s,
+            job=j,
+            digest=msg.digest,
+            ranks=msg.ranks,
+            bindings=bindings,
+            inline=msg.inline,
+            timeout_s=msg.timeout_s,
         )
         return out, None
 
@@ -198,16 +196,14 @@ class WorkerSeal:
         # this process's own Done with its values sealed: built without re-checks, filled in
         # here (record.built without its two calls; checked on import)
         out = _new(Done)
-        out.__dict__.update(  # _DONE_FIELDS, in a dict display: no zip to walk
-            {
-                "session": msg.session,
-                "job": msg.job,
-                "rank": msg.rank,
-                "values": values,
-                "stats": msg.stats,
-                "metas": msg.metas,
-                "saved": msg.saved,
-            }
+        out.__dict__.update(  # _DONE_FIELDS, as keywords: no zip to walk
+            session=msg.session,
+            job=msg.job,
+            rank=msg.rank,
+            values=values,
+            stats=msg.stats,
+            metas=msg.metas,
+            saved=msg.saved,
         )
         return out
 
