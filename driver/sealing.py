@@ -131,7 +131,8 @@ class DriverSeal:
         sealed: dict[int, Any] = {}
         for rank in msg.ranks:  # plain loops: a comprehension is one more call per job
             who = nodes.get(rank) or self._node(rank)  # _node says why there is none
-            sealed[rank] = seal(plain.get(rank), who, context, safe=False)
+            # safe=False, passed by position: a keyword costs the call a name to match
+            sealed[rank] = seal(plain.get(rank), who, context, False)
         # the driver's own Exec, with its bindings sealed: built without re-checks, and
         # filled in here (record.built without its two calls; checked on import)
         out = _new(Exec)

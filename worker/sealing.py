@@ -188,8 +188,8 @@ class WorkerSeal:
         values: dict[int, Any] = {}
         try:
             for index, value in msg.values.items():  # a loop: a comprehension is one more call
-                # done_context without its call (checked on import)
-                values[index] = seal(value, driver, f"done|{session}|{job}|{index}", safe=safe)
+                # done_context without its call (checked on import); safe by position
+                values[index] = seal(value, driver, f"done|{session}|{job}|{index}", safe)
         except Exception as exc:  # an unsafe value: the job fails with the reason
             info = to_info(exc, rank=self.rank, op="result", job=msg.job, with_traceback=False)
             return Failed(msg.session, msg.job, self.rank, info)
