@@ -131,26 +131,25 @@ class DriverSeal:
         sealed: dict[int, Any] = {}
         for rank in msg.ranks:  # plain loops: a comprehension is one more call per job
             who = nodes.get(rank) or self._node(rank)  # _node says why there is none
-            sealed[rank] = seal(plain.get(rank), who, context, safe=False)
+            # safe=False, passed by position: a keyword costs the call a name to match
+            sealed[rank] = seal(plain.get(rank), who, context, False)
         # the driver's own Exec, with its bindings sealed: built without re-checks, and
         # filled in here (record.built without its two calls; checked on import)
         out = _new(Exec)
-        out.__dict__.update(  # _EXEC_FIELDS, in a dict display: no zip to walk
-            {
-                "session": msg.session,
-                "job": msg.job,
-                "digest": msg.digest,
-                "ranks": msg.ranks,
-                "bindings": sealed,
-                "inline": msg.inline,
-                "timeout_s": msg.timeout_s,
-            }
+        out.__dict__.update(  # _EXEC_FIELDS, as keywords: no zip to walk
+            session=msg.session,
+            job=msg.job,
+            digest=msg.digest,
+            ranks=msg.ranks,
+            bindings=sealed,
+            inline=msg.inline,
+            timeout_s=msg.timeout_s,
         )
         return out
 
     def result(self, session: str, result: JobResult) -> JobResult:
         sealer = self.sealer or self._ready()
-        open_, open_box, safe, nodes = sealer.open, sealer.open_box, self.safe, self._nodes
+        open_box, safe, nodes = sealer.open_box, self.safe, self._nodes  # sealer.open: rare
         values: dict[int, dict[int, Any]] = {}
         for index, per_rank in result.values.items():
             context, opened = f"done|{session}|{result.job}|{index}", {}  # done_context
@@ -159,20 +158,18 @@ class DriverSeal:
                 if type(sealed) is bytes:  # an inline result's compact box: the commonest
                     opened[rank] = open_box(sealed, context, who, safe, True)[1]
                 else:
-                    opened[rank] = open_(sealed, context, sender=who, safe=safe)[1]
+                    opened[rank] = sealer.open(sealed, context, sender=who, safe=safe)[1]
             values[index] = opened
         # the decoded (so checked) JobResult with its values opened: no re-check, filled in
         # here (record.built without its two calls; checked on import)
         r, out = result, _new(JobResult)
-        out.__dict__.update(  # _RESULT_FIELDS, in a dict display: no zip to walk
-            {
-                "job": r.job,
-                "values": values,
-                "error": r.error,
-                "missing_program": r.missing_program,
-                "stats": r.stats,
-                "metas": r.metas,
-            }
+        out.__dict__.update(  # _RESULT_FIELDS, as keywords: no zip to walk
+            job=r.job,
+            values=values,
+            error=r.error,
+            missing_program=r.missing_program,
+            stats=r.stats,
+            metas=r.metas,
         )
         return out
 

@@ -317,7 +317,7 @@ class Sealer:
         return identity in self._peers
 
     # -- sealing --------------------------------------------------------------------------
-    def seal(self, value: Any, to: str, context: str, *, safe: bool = True) -> Sealed | bytes:
+    def seal(self, value: Any, to: str, context: str, safe: bool = True) -> Sealed | bytes:
         """Seal ``value`` for ``to`` (an identity among this sealer's peers).
 
         ``safe`` refuses values outside the safe value format at once (what a worker sends

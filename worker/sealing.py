@@ -151,16 +151,14 @@ class WorkerSeal:
         bindings = {self.rank: mine} if mine is not None else {}
         s, j = job
         out = _new(Exec)
-        out.__dict__.update(  # _EXEC_FIELDS, in a dict display: no zip to walk
-            {
-                "session": s,
-                "job": j,
-                "digest": msg.digest,
-                "ranks": msg.ranks,
-                "bindings": bindings,
-                "inline": msg.inline,
-                "timeout_s": msg.timeout_s,
-            }
+        out.__dict__.update(  # _EXEC_FIELDS, as keywords: no zip to walk
+            session=s,
+            job=j,
+            digest=msg.digest,
+            ranks=msg.ranks,
+            bindings=bindings,
+            inline=msg.inline,
+            timeout_s=msg.timeout_s,
         )
         return out, None
 
@@ -190,24 +188,22 @@ class WorkerSeal:
         values: dict[int, Any] = {}
         try:
             for index, value in msg.values.items():  # a loop: a comprehension is one more call
-                # done_context without its call (checked on import)
-                values[index] = seal(value, driver, f"done|{session}|{job}|{index}", safe=safe)
+                # done_context without its call (checked on import); safe by position
+                values[index] = seal(value, driver, f"done|{session}|{job}|{index}", safe)
         except Exception as exc:  # an unsafe value: the job fails with the reason
             info = to_info(exc, rank=self.rank, op="result", job=msg.job, with_traceback=False)
             return Failed(msg.session, msg.job, self.rank, info)
         # this process's own Done with its values sealed: built without re-checks, filled in
         # here (record.built without its two calls; checked on import)
         out = _new(Done)
-        out.__dict__.update(  # _DONE_FIELDS, in a dict display: no zip to walk
-            {
-                "session": msg.session,
-                "job": msg.job,
-                "rank": msg.rank,
-                "values": values,
-                "stats": msg.stats,
-                "metas": msg.metas,
-                "saved": msg.saved,
-            }
+        out.__dict__.update(  # _DONE_FIELDS, as keywords: no zip to walk
+            session=msg.session,
+            job=msg.job,
+            rank=msg.rank,
+            values=values,
+            stats=msg.stats,
+            metas=msg.metas,
+            saved=msg.saved,
         )
         return out
 
