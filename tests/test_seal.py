@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import zmq
 
-from mpl.wire import decode, encode
+from mpl.wire import decode, encode, seal
 from mpl.wire.decoder import OpaqueRecord
 from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.seal import CHUNK, Sealer
@@ -185,3 +185,18 @@ def test_large_arrays_are_sealed_and_opened_without_an_extra_copy(
     assert sealing_peak < 1.1 * size, sealing_peak / size
     assert opening_peak - base < 1.1 * size, (opening_peak - base) / size
     assert np.array_equal(opened, value)
+
+
+def test_the_hot_paths_context_check_refuses_a_changed_context_format(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sealing hot paths write Exec and Done contexts out; pin_contexts (run at their
+    import) refuses to let them if wire.seal writes either differently."""
+    seal.pin_contexts("a hot path")  # as written today: accepted
+    monkeypatch.setattr(seal, "done_context", lambda s, j, i: f"done|{s}|{j}#{i}")
+    with pytest.raises(ImportError, match="a hot path writes Done contexts"):
+        seal.pin_contexts("a hot path")
+    monkeypatch.undo()
+    monkeypatch.setattr(seal, "exec_context", lambda *a: "exec|" + "|".join(map(str, a)))
+    with pytest.raises(ImportError, match="a hot path writes Exec contexts"):
+        seal.pin_contexts("a hot path")

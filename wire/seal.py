@@ -85,6 +85,7 @@ __all__ = [
     "done_context",
     "exec_context",
     "fetch_context",
+    "pin_contexts",
     "program_context",
 ]
 
@@ -145,6 +146,20 @@ _EXEC_TAILS_KEPT = 256
 
 def done_context(session: str, job: str, index: int) -> str:
     return f"done|{session}|{job}|{index}"
+
+
+def pin_contexts(user: str) -> None:
+    """For a hot path that writes Exec and Done contexts out itself, as
+    ``f"exec|{session}|{job}{tails[key]}"`` and ``f"done|{session}|{job}|{index}"`` (a
+    Python call less per job): raise ImportError, naming ``user``, if :func:`exec_context`
+    or :func:`done_context` no longer write them so. Called once, at ``user``'s import."""
+    if (
+        exec_context("s1", "j1", "d1", (0, 1), (1,), 2.5)
+        != "exec|s1|j1" + ExecTails()[("d1", (0, 1), (1,), 2.5)]
+    ):
+        raise ImportError(f"{user} writes Exec contexts unlike mpl.wire.seal")
+    if done_context("s1", "j1", 3) != "done|s1|j1|3":
+        raise ImportError(f"{user} writes Done contexts unlike mpl.wire.seal")
 
 
 def fetch_context(session: str, rank: int, uri: str, ticket: str) -> str:
