@@ -72,7 +72,7 @@ INPROC_CONTEXTS: dict[str, zmq.Context[Any]] = {}
 
 log = logging.getLogger("mpl.driver")
 _REPORT_GRACE_S = 1.0
-# Client._exec fills its Execs in field by field
+# Client._exec fills its Execs in directly, naming every field (keywords): pinned here
 _EXEC_FIELDS = pinned_fields(
     Exec,
     ("session", "job", "digest", "ranks", "bindings", "inline", "timeout_s"),

@@ -39,7 +39,7 @@ from mpl.wire.seal import (
 __all__ = ["DriverSeal", "driver_seal"]
 
 _new = object.__new__
-# DriverSeal fills these records in field by field, as record.built would
+# DriverSeal fills these records in directly, naming every field (keywords): pinned here
 _EXEC_FIELDS = pinned_fields(
     Exec,
     ("session", "job", "digest", "ranks", "bindings", "inline", "timeout_s"),

@@ -50,7 +50,7 @@ _MEMORY = 4096  # jobs' recipients, fetches and refused programs remembered (bou
 
 _new = object.__new__
 _set = OrderedDict.__setitem__  # LRU's own, in C, for a key known to be new
-# WorkerSeal fills these records in field by field, as record.built would
+# WorkerSeal fills these records in directly, naming every field (keywords): pinned here
 _EXEC_FIELDS = pinned_fields(
     Exec,
     ("session", "job", "digest", "ranks", "bindings", "inline", "timeout_s"),
