@@ -297,8 +297,8 @@ def phase_secure() -> None:
     ctx = zmq.Context()
     for curve in (False, True):
         name = "CURVE " if curve else ""
-        rates = [_raw_move(ctx, 64, curve=curve) for _ in range(6)]
-        record("secure", f"raw pyzmq {name}PUSH->PULL 64 MiB", rates[1:], unit="MB/s")
+        raw_rates = [_raw_move(ctx, 64, curve=curve) for _ in range(6)]
+        record("secure", f"raw pyzmq {name}PUSH->PULL 64 MiB", raw_rates[1:], unit="MB/s")
     ctx.term()
     _raw_curve_latency()
     # Both clusters run at once and take turns, so load from elsewhere on a shared machine
@@ -415,6 +415,7 @@ def _secure_cpu(clusters: dict[str, Any]) -> None:
 
     import mpl.driver as mp
 
+    used: dict[str, collections.defaultdict[str, list[float]]]
     n, used = 2000, {mode: collections.defaultdict(list) for mode in clusters}
     for _ in range(3):
         for mode, cluster in clusters.items():

@@ -14,7 +14,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from mpl.driver.launcher import LocalCluster
 
 ROWS: list[dict[str, Any]] = []
 
@@ -33,7 +36,9 @@ def record(phase: str, metric: str, xs: list[float], unit: str = "s", **extra: A
     )
 
 
-def measure(fn: Callable[[], Any], reps: int, warmup: int = 3) -> list[float]:
+# Callable[..., Any], not [[], Any]: callers bind loop variables as lambda defaults
+# (`lambda job=job: ...`), which mypy cannot infer against a no-argument callable
+def measure(fn: Callable[..., Any], reps: int, warmup: int = 3) -> list[float]:
     for _ in range(warmup):
         fn()
     out = []
@@ -76,14 +81,22 @@ def spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[byt
     return subprocess.Popen([sys.executable, script, *args], env={**os.environ, **(env or {})})
 
 
-def percentiles(xs: list[float]) -> dict[str, float]:
+class Percentiles(TypedDict):
+    """Extra columns of a row (its keys are known, so ``**`` cannot fill ``unit``)."""
+
+    p50: float
+    p99: float
+
+
+def percentiles(xs: list[float]) -> Percentiles:
     ys = sorted(xs)
     return {"p50": ys[len(ys) // 2], "p99": ys[min(len(ys) - 1, int(len(ys) * 0.99))]}
 
 
-def start_cluster(world: int, protocol: str = "SEMI2K", field: str = "FM128") -> Any:
+def start_cluster(world: int, protocol: str = "SEMI2K", field: str = "FM128") -> LocalCluster:
     import mpl.driver as mp
 
-    return mp.local_cluster(
+    cluster: LocalCluster = mp.local_cluster(
         mp.ClusterSpec.simple(world, spu_protocol=protocol, spu_field=field), timeout=60.0
     )
+    return cluster

@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -151,7 +152,7 @@ def spu_party(
     io = api.Io(world, cfg)
     if case == "millionaire":
         fn: Any = lambda a, b: a < b  # noqa: E731
-        make = lambda r: np.asarray(3_000_000 + 2_000_000 * r)  # noqa: E731
+        make: Callable[[int], Any] = lambda r: np.asarray(3_000_000 + 2_000_000 * r)  # noqa: E731
     else:
         fn = lambda a, b: a @ b  # noqa: E731
         make = lambda r: np.random.default_rng(r).random((100, 100))  # noqa: E731

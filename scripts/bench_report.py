@@ -227,7 +227,10 @@ def summary(reference: list[dict[str, Any]]) -> str:
         # rows measured against their own floor carry it; others name a floor row
         base = _value(_find(ROWS, *floor)) if floor else _value(_find(ROWS, *ours[:2]), "floor")
         unit = _unit(label)
-        show = lambda v, unit=unit: fmt(v, unit) if v is not None else "-"  # noqa: E731
+
+        def show(v: float | None, unit: str = unit) -> str:
+            return fmt(v, unit) if v is not None else "-"
+
         lines.append(
             f"| {label} | {show(theirs)} | {show(base)} | {show(mine)} | {target} | "
             f"{'yes' if ok(mine, base) else 'NO'} |"
