@@ -6,8 +6,8 @@ import contextlib
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -15,6 +15,10 @@ from mpl.wire import GraphBuilder
 from mpl.wire.codec import decode
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Exec, Lit
+from mpl.wire.record import Record
+from mpl.wire.sealed import Sealed
+
+R = TypeVar("R", bound=Record)
 
 
 def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
@@ -50,6 +54,27 @@ def decoded_exec(frames: list[bytes]) -> Exec | None:
     except ProtocolError:
         return None
     return msg if type(msg) is Exec else None
+
+
+def decoded_as(
+    cls: type[R], frames: Sequence[Any], *, unpickle: bool = True, safe: bool = False
+) -> R:
+    """``decode(frames, ...)``, which must be a ``cls``: its fields are then typed."""
+    msg = decode(frames, unpickle=unpickle, safe=safe)
+    assert isinstance(msg, cls), msg
+    return msg
+
+
+def compact_box(sealed: Sealed | bytes) -> bytes:
+    """``Sealer.seal``'s answer for a small value, which must be a compact box."""
+    assert type(sealed) is bytes, type(sealed)
+    return sealed
+
+
+def sealed_record(sealed: Sealed | bytes) -> Sealed:
+    """``Sealer.seal``'s answer for a value with buffers, which must be a ``Sealed``."""
+    assert type(sealed) is Sealed, type(sealed)
+    return sealed
 
 
 def mutated(header: bytes, rng: random.Random) -> bytes:

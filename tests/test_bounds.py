@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import random
 import time
+from functools import partial
 
 import pytest
+from helpers import decoded_as
 
 import mpl.broker.program_store as program_store
 import mpl.broker.registry as registry
@@ -14,8 +16,8 @@ import mpl.worker.state as worker_state
 from mpl.broker.registry import WorkerEntry
 from mpl.broker.state import BrokerState
 from mpl.wire import ClusterSpec, GraphBuilder
-from mpl.wire.codec import decode, encode
-from mpl.wire.control import WorkerHello
+from mpl.wire.codec import encode
+from mpl.wire.control import Refused, WorkerHello
 from mpl.wire.jobs import Program, program_nbytes
 from mpl.wire.sealed import Sealed
 from mpl.worker.keyed_mailbox import spu_mailbox
@@ -75,7 +77,7 @@ def test_program_caches_count_bytes_and_the_broker_mirror_stays_in_step(
             p = made[-1]
         else:
             p = rng.choice(made)
-        if mirror.needs_program(p.digest, lambda p=p: program_nbytes(p, 1)):
+        if mirror.needs_program(p.digest, partial(program_nbytes, p, 1)):
             worker.handle(Program(p.digest, p.graph), 0.0)  # what the broker forwards
         assert worker.program(p.digest) is not None  # the job finds its program
         assert worker.programs.nbytes <= 60_000 and mirror.programs.nbytes <= 40_000
@@ -88,6 +90,7 @@ def test_the_broker_refuses_a_program_beyond_the_limit(monkeypatch: pytest.Monke
     small, big = _program(100, 1), _program(10_000, 2)
     assert s.handle(b"d", small, 0.0) == []
     out = s.handle(b"d", big, 0.0)
+    assert isinstance(out[0].msg, Refused)
     assert "exceeds MAX_PROGRAM_BYTES" in out[0].msg.error.message
     assert s.counters["protocol_errors"] == 1 and len(s.programs) == 1
     # sealed for each rank: judged by what one worker would cache, not by the sum
@@ -102,7 +105,8 @@ def test_a_sealed_program_is_counted_alike_decoded_opaque_or_not() -> None:
     box = Sealed("d", b"salt", [5000], [b"h" * 40, b"c" * 5016])
     sealed = Program("digest", None, {0: box, 1: box})
     frames = encode(sealed)
-    at_broker = decode(frames, unpickle=False)  # buffers kept opaque, as the broker does
-    at_worker = decode(frames)
+    # buffers kept opaque, as the broker does
+    at_broker = decoded_as(Program, frames, unpickle=False)
+    at_worker = decoded_as(Program, frames)
     assert program_nbytes(at_broker, 0) == program_nbytes(at_worker, 0) == 4 + 40 + 5016
     assert program_nbytes(at_broker) == 2 * program_nbytes(at_broker, 1)

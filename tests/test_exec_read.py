@@ -76,7 +76,7 @@ def test_plain_execs_are_read_on_the_lean_path_as_decode_reads_them(msg: Exec) -
         assert lean is not None, "the plain shape must not fall back to decode"
         assert type(lean) is Exec and _same(lean, decode(frames, safe=True)) and lean == msg
         with pytest.raises(Exception, match="cannot assign"):  # as immutable as decode's
-            lean.job = "other"  # type: ignore[misc]
+            lean.job = "other"
 
 
 def test_what_the_broker_forwards_to_a_rank_is_read_on_the_lean_path() -> None:
@@ -128,7 +128,7 @@ def _tuple(payload: Any) -> msgpack.ExtType:
 def test_fields_of_the_wrong_type_are_refused_as_decode_refuses_them() -> None:
     good = ["s", "j", "d", _tuple([0]), {}, _tuple([]), 1.0]
     assert read_exec(_exec_header(*good)) is not None
-    bad = {
+    bad: dict[int, list[Any]] = {
         0: [1, None, b"s"],
         1: [1.5, []],
         2: [{}, True],

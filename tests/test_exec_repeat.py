@@ -18,6 +18,7 @@ from helpers import decoded_exec, mutated, sample_execs
 import mpl.wire.exec_repeat as exec_repeat
 from mpl.wire.codec import MAGIC_FRAME, encode
 from mpl.wire.exec_repeat import RepeatExecs
+from mpl.wire.hot import read_exec
 from mpl.wire.jobs import Exec
 
 
@@ -33,7 +34,7 @@ def _frames(exe: Exec) -> list[bytes]:
     return [bytes(f) for f in encode(exe)]
 
 
-def _same(a: Exec, b: Exec) -> bool:
+def _same(a: Exec, b: Exec | None) -> bool:
     return a == b and all(getattr(a, f) == getattr(b, f) for f in a.__dataclass_fields__)
 
 
@@ -55,7 +56,7 @@ def test_a_repeat_is_read_by_comparison_as_decode_reads_it() -> None:
                 assert read is not None and _same(read, nxt)
                 assert _same(read, decoded_exec(_frames(nxt)))
             else:  # decode's to read, every time
-                assert read is None and exec_repeat.read_exec(_frames(nxt)) is None
+                assert read is None and read_exec(_frames(nxt)) is None
         if remembered:  # every next one by comparison: no full read
             assert reader.repeats == len(_NEXT_IDS) and reader.full_reads == 1
     # a record in the bindings (a Lit) is decode's to read: nothing to compare with
@@ -74,7 +75,7 @@ def _against_decode(reader: RepeatExecs, header: bytes) -> str:
     if read is not None:
         assert _same(read, want), f"read {read!r}, decode {want!r}: {header!r}"
         return "taken"
-    assert reader.repeats == before and exec_repeat.read_exec(frames) is None
+    assert reader.repeats == before and read_exec(frames) is None
     return "left"
 
 
@@ -110,7 +111,7 @@ def test_a_refused_message_leaves_the_last_accepted_header_to_compare_with() -> 
     assert reader.read([MAGIC_FRAME, broken]) is None
     assert reader.read([b"not the magic", header]) is None
     assert reader.read([object(), header]) is None  # no buffer: refused, as read_exec does
-    assert exec_repeat.read_exec([object(), header]) is None
+    assert read_exec([object(), header]) is None
     read = reader.read([MAGIC_FRAME, header])
     assert read is not None and read.job == "job-2" and reader.repeats == 1
 

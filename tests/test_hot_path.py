@@ -17,13 +17,14 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from helpers import raw_broker
+from helpers import decoded_as, raw_broker
 
 from mpl.broker.daemon import Broker
 from mpl.wire import GraphBuilder
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import MAGIC_FRAME, decode, encode
 from mpl.wire.control import Heartbeat, Welcome, WorkerHello
+from mpl.wire.graph import Graph
 from mpl.wire.hot import done_spans, exec_for_rank, exec_spans, result_frames
 from mpl.wire.jobs import Done, Exec, JobResult, Lit, Program
 from mpl.wire.record import Record
@@ -43,7 +44,7 @@ WIDE_ONE = b"\xcf" + (1).to_bytes(8, "big")
 
 class Raw:
     def __init__(self, ctx: zmq.Context[Any], address: str) -> None:
-        self.sock = ctx.socket(zmq.DEALER)
+        self.sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(address)
 
@@ -334,7 +335,7 @@ def test_built_makes_the_record_its_init_makes_and_refuses_a_wrong_field_count()
     assert type(made) is JobResult and made == want
     assert decode(encode(made)) == want
     with pytest.raises(Exception, match="cannot assign"):
-        made.job = "other"  # type: ignore[misc]
+        made.job = "other"
     with pytest.raises(TypeError, match="6 fields, got 2"):
         built(JobResult, "j", {})
 
@@ -373,10 +374,10 @@ def test_replaced_copies_a_record_with_fields_swapped_and_leaves_the_original() 
     with pytest.raises(TypeError, match="no field 'bindingz'"):
         replaced(exe, bindingz={})
     with pytest.raises(Exception, match="cannot assign"):
-        mine.job = "other"  # type: ignore[misc]
+        mine.job = "other"
     # a value cached from the fields (a graph's wire digest) is not carried to the copy
     b = GraphBuilder(1)
-    graph = decode(encode(b.build(b.op("constant", [], ranks=(0,), value=1))))
+    graph = decoded_as(Graph, encode(b.build(b.op("constant", [], ranks=(0,), value=1))))
     assert "digest" in graph.__dict__
     assert "digest" not in replaced(graph, outputs=graph.outputs).__dict__
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import zmq
@@ -144,8 +144,8 @@ def test_a_hello_counts_only_from_that_ranks_key_even_first_after_a_restart() ->
     # node1's key claims rank 0 before the genuine worker (e.g. right after a broker restart)
     out = state.handle(b"evil", _hello(0, "stolen"), 0.0, who="node:node1")
     assert [type(a.msg) for a in out] == [Refused]
-    assert out[0].msg.error.kind == "AuthenticationError"
-    assert "node:node0" in out[0].msg.error.message
+    assert cast(Refused, out[0].msg).error.kind == "AuthenticationError"
+    assert "node:node0" in cast(Refused, out[0].msg).error.message
     assert state.registry.by_rank == {} and state.counters["protocol_errors"] == 1
     assert state.handle(b"anon", _hello(0, "x"), 0.0, who=None)[0].msg.TAG == "refused"
     out = state.handle(b"w0", _hello(0, "inc0"), 0.0, who="node:node0")

@@ -10,7 +10,7 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
-from helpers import double, stats, wait_until
+from helpers import decoded_as, double, stats, wait_until
 from test_broker_state import D, hello, open_session, program, sent
 
 import mpl.broker.admission as broker_admission
@@ -60,15 +60,15 @@ class _Counter(Record, tag="test-limits-counter"):
 
 # -- one message ------------------------------------------------------------------------------
 def test_ints_in_record_fields_are_64_bit_unless_declared_big() -> None:
-    assert decode(encode(_Counter((1 << 64) - 1, HUGE))).big == HUGE  # type: ignore[attr-defined]
+    assert decoded_as(_Counter, encode(_Counter((1 << 64) - 1, HUGE))).big == HUGE
     for bad in (1 << 64, -(1 << 63) - 1, HUGE):
         with pytest.raises(ProtocolError, match="field 'small'"):
             decode(_record("test-limits-counter", _bigint(bad), _p(1)))
     with pytest.raises(ProtocolError, match="field 'rank'"):  # a float field is no way round
-        decode(_record("hello", _bigint(HUGE), *(_p(x) for x in ("i", 1, "h", "a", "", [], ""))))
+        decode(_record("hello", _bigint(HUGE), *map(_p, ("i", 1, "h", "a", "", [], ""))))
     with pytest.raises(ProtocolError, match="field 'lease_s'"):
         decode(_record("open", _p(1), _p(""), _bigint(HUGE), _p("c"), _p(None), _p(None)))
-    assert decode(encode(Lit(HUGE))).value == HUGE  # values carry ints of any size
+    assert decoded_as(Lit, encode(Lit(HUGE))).value == HUGE  # values carry ints of any size
 
 
 def test_nesting_is_bounded_where_decoding_starts() -> None:
@@ -78,17 +78,17 @@ def test_nesting_is_bounded_where_decoding_starts() -> None:
     ok: Any = []
     for _ in range(MAX_NESTING - 5):
         ok = [ok]
-    assert decode(encode(Lit(ok))).value == ok
+    assert decoded_as(Lit, encode(Lit(ok))).value == ok
     too_deep: Any = []
     for _ in range(MAX_NESTING):
         too_deep = [too_deep]
     with pytest.raises(ValueError, match="nested deeper"):  # refused at the sender too
         encode(Lit(too_deep))
-    tuples = (1,)
+    tuples: Any = (1,)
     for _ in range(50):  # tuples are extensions: the same walk counts them
         tuples = (tuples,)
     wide = [[i] for i in range(MAX_NESTING * 3)]  # many containers, shallow: accepted
-    assert decode(encode(Lit([wide, tuples]))).value == [wide, tuples]
+    assert decoded_as(Lit, encode(Lit([wide, tuples]))).value == [wide, tuples]
 
 
 def test_a_big_header_of_empty_lists_is_refused_cheaply() -> None:
@@ -222,11 +222,11 @@ def test_hostile_moves_leave_the_worker_serving(make_cluster: Any) -> None:
         for frames in hostile:
             before = stats(client, 1).get("protocol_errors", 0)
             push.send_multipart(frames)
-            wait_until(
-                lambda b=before: stats(client, 1).get("protocol_errors", 0) > b,
-                timeout=15,
-                what="rank 1 to count the bad move",
-            )
+
+            def counted(b: Any = before) -> Any:
+                return stats(client, 1).get("protocol_errors", 0) > b
+
+            wait_until(counted, timeout=15, what="rank 1 to count the bad move")
             client.status(timeout=5.0)
         push.close()
     finally:

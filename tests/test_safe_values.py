@@ -12,6 +12,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
+from helpers import decoded_as
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -24,7 +25,7 @@ from mpl.wire.safe_values import MAX_DEPTH
 
 
 def roundtrip(value: Any) -> Any:
-    return decode(encode(Lit(value), safe=True), safe=True).value
+    return decoded_as(Lit, encode(Lit(value), safe=True), safe=True).value
 
 
 def same(a: Any, b: Any) -> bool:
@@ -32,9 +33,9 @@ def same(a: Any, b: Any) -> bool:
     if type(a) is not type(b):
         return False
     if isinstance(a, np.ndarray):
-        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+        return bool(a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes())
     if isinstance(a, np.generic):
-        return a.dtype == b.dtype and a.tobytes() == b.tobytes()
+        return bool(a.dtype == b.dtype and a.tobytes() == b.tobytes())
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict):
@@ -54,7 +55,7 @@ def test_arrays_of_every_non_object_dtype_round_trip_zero_copy(dtype: Any) -> No
     dt = np.dtype(dtype)
     arr = np.frombuffer(raw[: 6 * dt.itemsize], dtype=dt).reshape(2, 3)
     frames = encode(Lit(arr), safe=True)
-    back = decode(frames, safe=True).value
+    back = decoded_as(Lit, frames, safe=True).value
     assert same(back, arr)
     assert same(roundtrip(arr[0, 1]), arr[0, 1])  # and its numpy scalar
     big = np.zeros(1 << 15, dtype="f8")  # 256 KiB: travels as its own memory, not a copy
@@ -63,7 +64,7 @@ def test_arrays_of_every_non_object_dtype_round_trip_zero_copy(dtype: Any) -> No
 
 
 def test_plain_values_and_containers_round_trip_exactly() -> None:
-    value = {
+    value: dict[Any, Any] = {
         "none": None,
         "flags": [True, False],
         "ints": [0, -1, 2**63 - 1, -(2**63), 2**64 - 1, 2**200, -(2**300)],
@@ -97,7 +98,7 @@ def test_other_types_are_refused_at_the_sender_naming_the_type(value: Any) -> No
     assert "trusted: true" in str(info.value) and "arrays" in str(info.value)
     with pytest.raises(UnsafeValueError, match="to the driver"):
         check_safe(value, "to the driver (fetch of j/0)")
-    assert isinstance(decode(encode(Lit(value))).value, type(value))  # trusted: pickled
+    assert isinstance(decoded_as(Lit, encode(Lit(value))).value, type(value))  # trusted: pickled
 
 
 def test_subclasses_of_plain_types_are_refused_too() -> None:
@@ -274,7 +275,7 @@ def test_dataframes_series_and_arrow_tables_round_trip_exactly() -> None:
     nested = roundtrip({"frames": [df, df]})
     pd.testing.assert_frame_equal(nested["frames"][1], df)
     opaque = decode(encode(Lit(df), safe=True), unpickle=False)  # the broker: never opened
-    pd.testing.assert_frame_equal(decode(encode(opaque), safe=True).value, df)
+    pd.testing.assert_frame_equal(decoded_as(Lit, encode(opaque), safe=True).value, df)
 
 
 def test_a_compressed_arrow_stream_is_refused_before_it_inflates() -> None:

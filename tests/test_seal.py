@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zmq
+from helpers import decoded_as, sealed_record
 
 from mpl.wire import decode, encode, seal
 from mpl.wire.decoder import OpaqueRecord
@@ -36,7 +37,7 @@ def pair() -> tuple[Sealer, Sealer, Sealer]:
 def _through_wire(sealed: Sealed | bytes) -> Any:
     """As the recipient gets it: through the broker's opaque decode and a full decode."""
     routed = decode(encode(Reply(1, sealed)), unpickle=False)
-    value = decode(encode(routed)).value
+    value = decoded_as(Reply, encode(routed)).value
     assert is_sealed(value)
     return value
 
@@ -45,7 +46,7 @@ def test_values_round_trip_through_an_opaque_broker(pair: tuple[Sealer, ...]) ->
     driver, worker, _ = pair
     big = np.arange(3 * CHUNK // 8 + 5, dtype=np.float64)  # 4 pieces, the last one short
     value = {"big": big, "small": np.int32(7), "text": "hi", "n": 1 << 80, "empty": b""}
-    sealed = worker.seal(value, "driver:analyst", "done|s|j|0")
+    sealed = sealed_record(worker.seal(value, "driver:analyst", "done|s|j|0"))
     assert len(sealed.parts) == 1 + 4  # the header (small values inline), the array in pieces
     who, opened = driver.open(_through_wire(sealed), "done|s|j|0", sender="node:node0")
     assert who == "node:node0"
@@ -53,14 +54,16 @@ def test_values_round_trip_through_an_opaque_broker(pair: tuple[Sealer, ...]) ->
     assert opened["small"] == np.int32(7) and opened["n"] == 1 << 80 and opened["empty"] == b""
     # the ciphertext holds none of the plaintext
     marker = np.full(4096, 1234.5678).tobytes()
-    box = worker.seal(np.full(4096, 1234.5678), "driver:analyst", "done|s|j|1")
+    box = sealed_record(worker.seal(np.full(4096, 1234.5678), "driver:analyst", "done|s|j|1"))
     assert not any(marker[:64] in memoryview(p).tobytes() for p in box.parts)
 
 
 @pytest.mark.parametrize("where", ["header", "piece", "salt", "drop", "swap"])
 def test_any_alteration_fails_authentication(pair: tuple[Sealer, ...], where: str) -> None:
     driver, worker, _ = pair
-    sealed = worker.seal(np.arange(CHUNK // 4, dtype=np.float64), "driver:analyst", "ctx")
+    sealed = sealed_record(
+        worker.seal(np.arange(CHUNK // 4, dtype=np.float64), "driver:analyst", "ctx")
+    )
     parts = [bytearray(memoryview(p).tobytes()) for p in sealed.parts]
     salt, sizes = sealed.salt, sealed.sizes
     if where == "header":
@@ -128,14 +131,14 @@ def test_broker_routes_records_it_does_not_know() -> None:
 
     saved = record.Record._registry.pop("spushare")  # as in the broker: tag unknown
     try:
-        routed = decode(frames, unpickle=False)
+        routed = decoded_as(Reply, frames, unpickle=False)
         assert isinstance(routed.value["x"], OpaqueRecord)
         again = encode(routed)
         with pytest.raises(ProtocolError, match="unknown message tag"):
             decode(again)  # a process that decodes values must know every tag it accepts
     finally:
         record.Record._registry["spushare"] = saved
-    value = decode(again).value
+    value = decoded_as(Reply, again).value
     assert value["x"] == share and value["also"] == [share]
 
 
@@ -181,7 +184,7 @@ def test_large_arrays_are_sealed_and_opened_without_an_extra_copy(
         _, opening_peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert len(sealed.parts) == 1 + size // CHUNK
+    assert len(sealed_record(sealed).parts) == 1 + size // CHUNK
     assert sealing_peak < 1.1 * size, sealing_peak / size
     assert opening_peak - base < 1.1 * size, (opening_peak - base) / size
     assert np.array_equal(opened, value)

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 import zmq
+from helpers import compact_box, decoded_as
 
 from mpl.driver.sealing import DriverSeal
-from mpl.wire import decode, encode
+from mpl.wire import encode
 from mpl.wire.done_pack import own_done_frames
 from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.exec_pack import _pack_bindings, exec_frames
@@ -71,8 +72,8 @@ def test_a_small_value_is_one_box_the_broker_routes_as_plain_bytes(
     box = parties.n0.seal(value, "driver:a", "done|s|j|0")
     assert type(box) is bytes and is_sealed(box)
     assert b"VALUE-MARKER-5e1d" not in box
-    routed = decode(encode(Reply(1, box)), unpickle=False).value  # the broker's view
-    arrived = decode(encode(Reply(1, routed))).value
+    routed = decoded_as(Reply, encode(Reply(1, box)), unpickle=False).value  # the broker's view
+    arrived = decoded_as(Reply, encode(Reply(1, routed))).value
     assert arrived == box
     assert parties.a.open(arrived, "done|s|j|0", sender="node:n0") == ("node:n0", value)
 
@@ -95,7 +96,7 @@ def test_a_sealed_done_takes_the_workers_packed_path(parties: Parties) -> None:
     opened, _ = rank0.inbound(
         Exec("s", "j1", "d", (0,), {0: parties.a.seal(None, "node:n0", context)}, (0,), 5.0)
     )
-    assert opened is not None and opened.bindings == {}
+    assert isinstance(opened, Exec) and opened.bindings == {}
     done = rank0.outbound(Done("s", "j1", 0, {0: 7, 1: "x"}, {"run_s": 0.1}, {0: "int"}, []))
     assert type(done) is Done and all(map(is_sealed, done.values.values()))
     assert own_done_frames(done) == encode(done)
@@ -147,7 +148,7 @@ def test_a_box_for_one_rank_does_not_run_a_job_on_another(parties: Parties) -> N
 
 @pytest.mark.parametrize("where", ["magic", "epoch", "nonce", "ciphertext", "tag", "short"])
 def test_any_alteration_of_a_box_fails_authentication(parties: Parties, where: str) -> None:
-    box = bytearray(parties.a.seal([3], "node:n0", "ctx", safe=False))
+    box = bytearray(compact_box(parties.a.seal([3], "node:n0", "ctx", safe=False)))
     end = _sender_end(bytes(box))
     if where == "magic":
         box[0] ^= 1
@@ -169,13 +170,13 @@ def test_no_nonce_is_used_twice_and_a_restarted_sealer_takes_a_new_epoch(
     parties: Parties,
 ) -> None:
     a = parties.a
-    boxes = [a.seal(i, "node:n0", "ctx") for i in range(500)]
+    boxes = [compact_box(a.seal(i, "node:n0", "ctx")) for i in range(500)]
     end = _sender_end(boxes[0])
     epochs = {bytes(b)[end : end + 16] for b in boxes}
     nonces = {bytes(b)[end + 16 : end + 28] for b in boxes}
     assert len(epochs) == 1 and len(nonces) == 500
     again = parties.sealer("driver:a", {"node:n0": parties.keys["node:n0"][0]})
-    restarted = bytes(again.seal(0, "node:n0", "ctx"))
+    restarted = bytes(compact_box(again.seal(0, "node:n0", "ctx")))
     assert restarted[end : end + 16] not in epochs
     assert parties.n0.open(restarted, "ctx")[1] == 0  # and still opens
 
@@ -186,14 +187,14 @@ def test_a_known_epoch_opens_nothing_it_would_not_have_opened_before(parties: Pa
     a head moved onto another party's box still meets this epoch's key, and a known box is
     still bound to its context."""
     n0 = parties.n0
-    from_a, from_b = (p.seal(1, "node:n0", "ctx") for p in (parties.a, parties.b))
+    from_a, from_b = (compact_box(p.seal(1, "node:n0", "ctx")) for p in (parties.a, parties.b))
     assert n0.open(from_a, "ctx", sender="driver:a")[1] == 1
     assert n0.open(from_b, "ctx", sender="driver:b")[1] == 1
     again = parties.a.seal(2, "node:n0", "ctx")  # the same head as from_a: a cache hit
     with pytest.raises(AuthenticationError, match="claims to be sealed by driver:a"):
         n0.open(again, "ctx", sender="driver:b")
     end_a, end_b = _sender_end(from_a) + 16, _sender_end(from_b) + 16
-    b_as_a = from_a[:end_a] + parties.b.seal(3, "node:n0", "ctx")[end_b:]
+    b_as_a = from_a[:end_a] + compact_box(parties.b.seal(3, "node:n0", "ctx"))[end_b:]
     with pytest.raises(AuthenticationError, match="failed authentication"):
         n0.open(b_as_a, "ctx")
     with pytest.raises(AuthenticationError, match="failed authentication"):
@@ -203,7 +204,7 @@ def test_a_known_epoch_opens_nothing_it_would_not_have_opened_before(parties: Pa
 
 def test_forged_epochs_cannot_grow_or_flush_what_a_recipient_keeps(parties: Parties) -> None:
     n0 = parties.n0
-    good = parties.a.seal(1, "node:n0", "ctx")
+    good = compact_box(parties.a.seal(1, "node:n0", "ctx"))
     assert n0.open(good, "ctx")[1] == 1
     kept = dict(n0._receiving)
     assert len(kept) == 1
@@ -236,9 +237,10 @@ def test_odd_plaintext_from_a_listed_party_goes_through_the_codecs_checks(
     """A listed (but hostile) party may seal any plaintext: the scalar shortcut reads only
     what the codec would read the same way, and leaves the rest to the codec's checks."""
     from mpl.wire import seal as seal_module
+    from mpl.wire.codec import MAGIC_FRAME
 
     head = seal_module._PAYLOAD_HEAD
-    crafted = [seal_module.MAGIC_FRAME, head + plaintext]
+    crafted = [MAGIC_FRAME, head + plaintext]
     monkeypatch.setattr(seal_module, "_scalar_frames", lambda value: crafted)
     box = parties.n0.seal(1000, "driver:a", "ctx")  # no fixint: sealed via _scalar_frames
     monkeypatch.undo()
