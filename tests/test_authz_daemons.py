@@ -58,11 +58,11 @@ def zctx() -> Iterator[zmq.Context[Any]]:
     socket = ctx.socket
 
     def tracked(kind: int) -> zmq.Socket[Any]:
-        sock = socket(kind)
+        sock: zmq.Socket[Any] = socket(kind)
         made.append(sock)
         return sock
 
-    ctx.socket = tracked  # type: ignore[method-assign]
+    ctx.socket = tracked  # type: ignore[method-assign,assignment]  # tracks every socket
     yield ctx
     for sock in made:
         sock.close(linger=0)

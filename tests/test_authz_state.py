@@ -50,7 +50,8 @@ def program(tag: int = 1, ranks: tuple[int, ...] = (0, 1)) -> Program:
     b = GraphBuilder(2)
     v = b.op("constant", [], ranks=ranks, value=tag)[0]
     g = b.build([v])
-    return wire(Program(g.digest, g))
+    out: Program = wire(Program(g.digest, g))
+    return out
 
 
 def wire(msg: Record, unpickle: bool = False) -> Any:
@@ -291,7 +292,8 @@ def test_a_worker_caches_a_program_only_under_its_own_digest() -> None:
     core.handle(wire(genuine, unpickle=True), 0.1)
     assert core.program(genuine.digest) is not None and genuine.digest not in core.broken
     core.handle(forged, 0.2)  # a forgery does not displace the genuine copy
-    assert core.program(genuine.digest).graph.digest == genuine.digest
+    kept = core.program(genuine.digest)
+    assert kept is not None and kept.graph is not None and kept.graph.digest == genuine.digest
 
 
 # -- status -------------------------------------------------------------------------------------

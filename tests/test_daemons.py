@@ -115,7 +115,7 @@ def test_garbage_to_broker_and_peer_port_leaves_both_serving(make_cluster: Any) 
 
 
 def _data_addr(cluster: Any, rank: int) -> str:
-    log = (cluster.impl.run_dir / f"worker{rank}.log").read_text()
+    log: str = (cluster.impl.run_dir / f"worker{rank}.log").read_text()
     return log.split(" data ", 1)[1].split(",", 1)[0]
 
 

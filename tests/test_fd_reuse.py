@@ -25,7 +25,7 @@ from mpl.wire.sockets import recv_frames
 
 
 def _dealer(ctx: zmq.Context[Any], address: str) -> zmq.Socket[Any]:
-    sock = ctx.socket(zmq.DEALER)
+    sock: zmq.Socket[Any] = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(address)
     return sock

@@ -3,6 +3,7 @@ jobs that will never exist cannot make another party's genuine early move be dro
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
@@ -215,8 +216,13 @@ def test_a_worker_runs_a_job_whose_early_move_came_amid_another_partys_flood(
     broker = FakeBroker(zmq_ctx)
     worker = Worker(broker.address, 0, context=zmq_ctx, heartbeat_s=0.5).start()
     socks: list[zmq.Socket[Any]] = []
+
+    def hello_seen() -> Any:
+        broker.pump(50)
+        return broker.peer
+
     try:
-        wait_until(lambda: broker.pump(50) or broker.peer, 10, "the worker's hello")
+        wait_until(hello_seen, 10, "the worker's hello")
         broker.send(Welcome(0, 3, "fake-broker", 0.5, {}))
         assert worker.joined.wait(10), "the worker did not join the fake broker"
         for _ in range(2):
@@ -256,7 +262,12 @@ def test_a_flood_leaves_room_in_the_peer_threads_second_chances(zmq_ctx: zmq.Con
     """A move the holding area has no room for is put once more after the I/O thread's next
     message (it may have overtaken an Exec queued there); one sender's flood takes at most
     a quarter of those second chances."""
-    holding = Holding(max_entries=6, sender_of=lambda held: held[0][4], senders=_three)
+
+    def sender_of(held: Any) -> Hashable:
+        src: Hashable = held[0][4]
+        return src
+
+    holding = Holding(max_entries=6, sender_of=sender_of, senders=_three)
     mailbox = move_mailbox(holding)
     intake = PeerIntake(
         zmq_ctx, "tcp://127.0.0.1:0", 0, mailbox, lambda event: None,

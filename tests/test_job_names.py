@@ -79,10 +79,21 @@ class _Job:
         self.spans: list[list[Any]] = []
         self.saved: list[SymbolInfo] = []
 
-    started, next_report, position = 0.0, float("inf"), None
+    started, next_report = 0.0, float("inf")
+    position: tuple[int, int, Graph, int] | None = None
 
     def report(self, now: float) -> None:
         pass
+
+    # the rest of JobContext: the graphs run here move nothing and use no extension
+    def send(self, dst: int, op: int, seq: int, value: Any) -> None:
+        raise AssertionError("no op here sends")
+
+    def recv(self, src: int, op: int, seq: int) -> Any:
+        raise AssertionError("no op here receives")
+
+    def extension(self, name: str) -> Any:
+        raise KeyError(name)
 
 
 def test_a_save_on_a_rank_that_does_not_hold_the_value_names_nothing(tmp_path: Path) -> None:
@@ -108,7 +119,7 @@ def test_a_save_on_a_rank_that_does_not_hold_the_value_names_nothing(tmp_path: P
 
 def _spy_requests(sim: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The broker's own view of what drivers ask: every request record it handles."""
-    state = sim.runtime.broker.state
+    state: BrokerState = sim.runtime.broker.state
     seen: list[str] = []
     handle = state.handle
 
@@ -117,7 +128,7 @@ def _spy_requests(sim: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
             seen.append(type(msg).__name__)
         return handle(peer, msg, *args, **kw)
 
-    def counting_exec(peer: bytes, msg: Record, *args: Any, **kw: Any) -> list[Send]:
+    def counting_exec(peer: bytes, msg: Exec, *args: Any, **kw: Any) -> list[Send]:
         seen.append(type(msg).__name__)  # the hot Exec's own entry point (drivers only)
         return exec_read(peer, msg, *args, **kw)
 
@@ -254,6 +265,12 @@ def _result(actions: list[Send]) -> JobResult:
     return next(a.msg for a in actions if isinstance(a.msg, JobResult))
 
 
+def _symbols(state: BrokerState, sid: str) -> dict[str, SymbolInfo]:
+    entry = state.sessions.get(sid)
+    assert entry is not None
+    return entry.symbols
+
+
 def _info(name: str, ranks: tuple[int, ...], persist: bool = False) -> SymbolInfo:
     return SymbolInfo(name, "", ranks, persist, {"meta": "int"})
 
@@ -264,10 +281,10 @@ def test_the_broker_names_what_every_holder_reported_and_persisted_entries_per_r
     saved0 = [_info("m", (0, 1)), _info("own", (0, 1), persist=True)]
     state.handle(W[0], Done(sid, "j", 0, saved=saved0), 0.2)
     assert set(state.persisted.holders("own")) == {0}  # rank 0's file, recorded at once
-    assert "m" not in state.sessions.get(sid).symbols  # not until every holder said so
+    assert "m" not in _symbols(state, sid)  # not until every holder said so
     out = state.handle(W[1], Done(sid, "j", 1, saved=[_info("m", (0, 1))]), 0.3)
     assert _result(out).error is None
-    assert state.sessions.get(sid).symbols["m"].ranks == (0, 1)
+    assert _symbols(state, sid)["m"].ranks == (0, 1)
 
 
 def test_a_rank_cannot_name_values_for_other_ranks() -> None:
@@ -283,7 +300,7 @@ def test_a_rank_cannot_name_values_for_other_ranks() -> None:
     state.handle(W[0], Done(sid, "j", 0, saved=claims), 0.2)
     out = state.handle(W[1], Done(sid, "j", 1), 0.3)
     assert _result(out).error is None
-    assert state.persisted.names() == [] and state.sessions.get(sid).symbols == {}
+    assert state.persisted.names() == [] and _symbols(state, sid) == {}
     assert state.counters["forged_replies"] == forged + 4
 
 
@@ -295,7 +312,7 @@ def test_a_file_written_by_a_job_that_failed_elsewhere_is_still_listed_for_its_p
     late = [_info("disk", (0, 1), persist=True), _info("m", (0, 1))]
     assert state.handle(W[0], Done(sid, "j", 0, saved=late), 0.3) == []
     assert set(state.persisted.holders("disk")) == {0}  # rank 0's file is on its disk
-    assert state.sessions.get(sid).symbols == {}  # the failed job named nothing
+    assert _symbols(state, sid) == {}  # the failed job named nothing
 
 
 def test_a_job_saving_past_the_sessions_name_bound_names_nothing_and_fails() -> None:

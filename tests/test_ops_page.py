@@ -3,6 +3,7 @@ port, checked in a real (headless) browser."""
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import signal
@@ -41,7 +42,7 @@ def test_status_watch_redraws_and_stops_on_sigint(make_cluster: Any) -> None:
     out = bytearray()
 
     def read() -> None:
-        assert proc.stdout is not None
+        assert isinstance(proc.stdout, io.BufferedReader)
         while chunk := proc.stdout.read1(4096):
             out.extend(chunk)
 

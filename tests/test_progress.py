@@ -22,6 +22,7 @@ from mpl.driver.job_progress import JobProgress, ProgressBoard, progress
 from mpl.wire import ClusterSpec, GraphBuilder
 from mpl.wire.jobs import Done, Exec
 from mpl.wire.progress import Progress
+from mpl.wire.record import Record
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,7 +58,9 @@ print(json.dumps({"out": out, "seen": seen}))
 """
 
 
-def run_script(tmp_path: Path, *, tty: bool, env: dict[str, str] | None = None) -> tuple[dict, str]:
+def run_script(
+    tmp_path: Path, *, tty: bool, env: dict[str, str] | None = None
+) -> tuple[dict[str, Any], str]:
     """Run SCRIPT with stderr on a pseudo-terminal (or a pipe); return its result and stderr."""
     script = tmp_path / "slow_job.py"
     script.write_text(SCRIPT)
@@ -140,7 +143,7 @@ def test_board_reports_the_slowest_rank_and_forgets_ended_jobs() -> None:
     board.update(Progress("s", "j", 0, 5, 8, "3 (pcall a)"))
     board.update(Progress("s", "j", 1, 2, 4, "1 (pcall b)"))
     board.update(Progress("s", "other", 1, 1, 1, "x"))  # not a job of ours
-    assert board.get("j") is not None and board.get("j").slowest() == (1, 2, 4, "1 (pcall b)")
+    assert (got := board.get("j")) is not None and got.slowest() == (1, 2, 4, "1 (pcall b)")
     assert set(board.running()) == {"j"} and len(seen) == 2
     board.end("j", ok=True)
     assert board.running() == {} and board.get("j") is None
@@ -157,7 +160,7 @@ def test_broker_forwards_progress_only_from_the_rank_itself_throttled() -> None:
     state.handle(D, p, 0.0)
     state.handle(D, Exec(sid, "j", p.digest, (0, 1), {}), 0.1)
 
-    def forwarded(peer: bytes, msg: Progress, now: float) -> list[Progress]:
+    def forwarded(peer: bytes, msg: Progress, now: float) -> list[Record]:
         return [a.msg for a in state.handle(peer, msg, now) if a.peer == D]
 
     assert forwarded(W0, Progress(sid, "j", 0, 1, 4, "op"), 1.0) == [

@@ -40,7 +40,7 @@ def test_a_record_whose_class_is_still_being_defined_waits_for_it(tmp_path: Path
     (tmp_path / "racemod.py").write_text(RACY)
     sys.path.insert(0, str(tmp_path))
     try:
-        import racegate
+        import racegate  # type: ignore[import-not-found]  # written to tmp_path just above
 
         importer = threading.Thread(target=lambda: __import__("racemod"), daemon=True)
         importer.start()

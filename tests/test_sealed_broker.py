@@ -88,7 +88,7 @@ class Setup:
         self.spec = spec
         self.broker = Broker(spec, "tcp://127.0.0.1:0", curve=self.curves["broker"])
         self.tap = Tap(self.broker.router)
-        self.broker.router = self.tap
+        self.broker.router = self.tap  # type: ignore[assignment]  # a stand-in (see Tap)
         self.broker.start()
         self.workers = [
             Worker(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from functools import partial
 from typing import Any
 
 from helpers import nap, wait_until
@@ -26,7 +27,7 @@ def test_many_sessions_share_a_bounded_number_of_threads_in_order_per_session() 
     sessions = [f"s{n}" for n in range(20)]
     for i in range(5):
         for sid in sessions:
-            pool.submit(sid, lambda sid=sid, i=i: task(sid, i))
+            pool.submit(sid, partial(task, sid, i))
     wait_until(lambda: pool.threads == 3, what="the pool to fill")
     assert pool.peak_threads == 3  # before: one thread per session, 20 here
     gate.set()

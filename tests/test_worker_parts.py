@@ -23,10 +23,12 @@ from mpl.wire.control import (
 )
 from mpl.wire.jobs import Program
 from mpl.wire.remote import ErrorInfo
+from mpl.wire.sessions import SymbolInfo
 from mpl.worker.interpreter import ABSENT, Plan, run_graph
 from mpl.worker.keyed_mailbox import move_mailbox, spu_mailbox
 from mpl.worker.state import PROGRAM_SLOTS, WorkerState
 from mpl.worker.state_events import Beat, CloseAll, Joined, Reconnect, Send, Stop, Tick
+from mpl.worker.store import ObjectStore
 
 
 def core() -> WorkerState:
@@ -138,6 +140,9 @@ class FakeJob:
     # every op's start is due for a report: the fake records each position
     started, next_report = 0.0, float("-inf")
     position: tuple[int, int, Any, int] | None = None
+    # declared for JobContext only: the graphs run here neither save nor load
+    store: ObjectStore
+    saved: list[SymbolInfo]
 
     def report(self, now: float) -> None:
         assert self.position is not None

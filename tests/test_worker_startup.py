@@ -19,6 +19,7 @@ from helpers import wait_until
 
 import mpl.worker.daemon as daemon
 from mpl.worker.spu_link import SPU_MAGIC
+from mpl.worker.state import WorkerState
 
 _RANK = 13  # names the link thread mpl-spu-13: no other test's worker has that rank
 _LANE = "s/spu/x/0"
@@ -42,7 +43,7 @@ def test_an_spu_message_during_construction_waits_for_the_worker_state(
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 0)
 
-    class StateBuiltLate(daemon.WorkerState):
+    class StateBuiltLate(WorkerState):
         """The worker's state, built only after an SPU message reached the link (and, if
         the link's thread already runs, after that thread had a chance to deliver it)."""
 

@@ -153,7 +153,8 @@ def test_a_restarted_worker_registers_its_persisted_names_and_has_no_programs() 
     names = [SymbolInfo("kept", "P0", (0,), True, {})]
     fresh = WorkerState(WorkerHello(RANK, "inc2", 1, "h", "tcp://d", "", names), now=5.0)
     (hello,) = fresh.handle(Tick(), 5.0)
-    assert isinstance(hello, Send) and hello.msg.symbols == names
+    assert isinstance(hello, Send) and isinstance(hello.msg, WorkerHello)
+    assert hello.msg.symbols == names
     out = fresh.handle(_exec("s", "j"), 5.1)  # a program cached before the restart
     (failed,) = _of(out, Post)
     assert isinstance(failed.msg, Failed) and "not cached here" in failed.msg.error.message
@@ -163,7 +164,7 @@ def test_a_restarted_worker_registers_its_persisted_names_and_has_no_programs() 
 
 def test_reregistration_sends_the_hello_again_at_once() -> None:
     s = _state()
-    out = s.handle(Reregister("B1"), 3.0)
+    out: list[Any] = s.handle(Reregister("B1"), 3.0)
     assert _of(out, Send) and isinstance(out[0].msg, WorkerHello)
     assert not s.joined
 
