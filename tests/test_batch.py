@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
@@ -40,6 +40,9 @@ from mpl.wire.record import Record
 from mpl.wire.sessions import OpenSession, Reply, SessionOpened, StatusRequest
 from mpl.wire.sockets import configure
 from mpl.worker.daemon import Worker
+
+if TYPE_CHECKING:
+    from mpl.driver.simulator import Simulator
 
 # -- the wire form --------------------------------------------------------------------------
 
@@ -109,7 +112,7 @@ class Raw:
     def send(self, msg: Record) -> None:
         self.sock.send_multipart(encode(msg))
 
-    def send_batch(self, msgs: list[Record]) -> None:
+    def send_batch(self, msgs: Sequence[Record]) -> None:
         self.sock.send_multipart(batch_frames([_header(m) for m in msgs]))
 
     def messages(self, timeout: float) -> Iterator[tuple[list[bytes], Record]]:
@@ -370,7 +373,12 @@ def test_a_worker_batching_execs_gets_what_each_exec_alone_gets(rig: tuple[Broke
         return [a for a in got if a[0] not in ("hb", "directory")]
 
     execs = [Exec(sid, f"w{i}", digest, (0, 1), {}, (0,)) for i in range(3)]
-    alone = answers(lambda: [workers[0].send(e) for e in execs])
+
+    def one_by_one() -> None:
+        for e in execs:
+            workers[0].send(e)
+
+    alone = answers(one_by_one)
     batched = answers(lambda: workers[0].send_batch(execs))
     assert alone and batched == alone
     assert [m.TAG for _, m in workers[1].messages(0.2) if isinstance(m, Exec)] == []
@@ -535,7 +543,8 @@ class CountingSocket:
 
 @mp.function
 def trivial() -> mp.Value:
-    return mp.device("P0")(lambda: 1)()
+    out: mp.Value = mp.device("P0")(lambda: 1)()
+    return out
 
 
 def _windowed(jobs: int, window: int) -> None:
@@ -551,7 +560,7 @@ def _windowed(jobs: int, window: int) -> None:
 def test_64_in_flight_take_well_under_four_messages_per_job_in_process() -> None:
     """Each job is an Exec in and out of the broker and a Done in and a JobResult out: four
     ZeroMQ messages through the broker's socket when each goes alone."""
-    sim = mp.Simulator.simple(2)
+    sim: Simulator = mp.Simulator.simple(2)
     try:
         with sim:
             broker = sim.runtime.broker
@@ -724,7 +733,7 @@ def test_bad_batches_against_real_daemons_are_refused_and_they_still_serve(
         ]
         for frames in bad:
             attacker.sock.send_multipart(frames)
-        refusals: list[Record] = []
+        refusals: list[Refused | JobResult] = []
         for _, msg in attacker.messages(10):
             if isinstance(msg, (Refused, JobResult)):
                 refusals.append(msg)

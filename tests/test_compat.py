@@ -80,7 +80,8 @@ def sim() -> Iterator[mp.Context]:
 def test_evaluate_and_fetch_in_both_spellings(sim: mp.Context) -> None:
     def program(n: int) -> mp.Value:
         x = mp.device("P0")(np.arange)(n)
-        return mp.device("local_1")(lambda v: v.sum())(x)  # a mplang v1 local device
+        out: mp.Value = mp.device("local_1")(lambda v: v.sum())(x)  # a mplang v1 local device
+        return out
 
     v1 = mp.evaluate(sim, program, 4)  # mplang v1: evaluate(ctx, fn, *args)
     assert mp.fetch(sim, v1) == 6  # fetch(ctx, value)

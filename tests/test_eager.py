@@ -111,7 +111,8 @@ def test_a_call_without_arguments_replays_its_plan_in_its_own_cluster_only(
 def test_function_calls_inside_a_trace_do_not_touch_the_plans(sim: mp.Context) -> None:
     @mp.function
     def twice(v: mp.Value) -> mp.Value:
-        return mp.device("P1")(add)(v, v)
+        out: mp.Value = mp.device("P1")(add)(v, v)
+        return out
 
     with sim:
         x = mp.put("P0", 21)
@@ -163,7 +164,8 @@ def test_a_traced_program_moves_between_workers_even_when_the_driver_holds_the_v
 ) -> None:
     @mp.function
     def on_p1(v: mp.Value) -> mp.Value:
-        return mp.device("P1")(add)(v, 1)
+        out: mp.Value = mp.device("P1")(add)(v, 1)
+        return out
 
     x = mp.put("P0", 41)
     assert x.cached(0) == 41
@@ -182,7 +184,7 @@ def test_the_drivers_copy_is_sealed_for_the_callee_in_secure_mode(tmp_path: Path
         try:
             results = [mp.fetch(mp.device("P1")(np.multiply)(x, float(k))) for k in range(3)]
         finally:
-            ctx.client.submit = jobs._real  # type: ignore[method-assign]
+            ctx.client.submit = jobs._real
         for k, got in enumerate(results):
             np.testing.assert_array_equal(got, np.arange(3.0) * k)
         assert [g.ranks for g in jobs.graphs] == [(1,)] * 3  # one job on the callee each

@@ -20,12 +20,14 @@ WORLD_SIZE = 2  # of the shared sim / procs / ctx fixtures (conftest.py)
 
 @mp.function
 def step(x: mp.Value, i: int) -> mp.Value:
-    return mp.device("P1")(lambda a, b: a + b)(x, i)
+    out: mp.Value = mp.device("P1")(lambda a, b: a + b)(x, i)
+    return out
 
 
 @mp.function
 def add_values(x: mp.Value, y: mp.Value) -> mp.Value:
-    return mp.device("P1")(lambda a, b: a + b)(x, y)
+    out: mp.Value = mp.device("P1")(lambda a, b: a + b)(x, y)
+    return out
 
 
 @mp.function
@@ -246,4 +248,5 @@ def test_futures_work_in_secure_mode(tmp_path: Any) -> None:
 
 @mp.function
 def boom_fn(x: mp.Value) -> mp.Value:
-    return mp.device("P0")(boom)(x)
+    out: mp.Value = mp.device("P0")(boom)(x)
+    return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -16,14 +16,18 @@ from helpers import Point, add, double, make_point, point_x, stats, wait_until
 
 import mpl.driver as mp
 from mpl.wire import GraphBuilder, ProtocolError, RemoteError, encode
+from mpl.wire.codec import MAGIC_FRAME
 from mpl.wire.data import Move
 from mpl.wire.errors import UnsafeValueError
 from mpl.wire.jobs import Exec, Lit, Program
-from mpl.wire.persist import MAGIC_FRAME, dumps
+from mpl.wire.persist import dumps
 from mpl.wire.record import Record
 from mpl.wire.sessions import SymbolInfo
 from mpl.wire.shares import SpuShare, flatten
 from mpl.worker.store import SymbolDisk
+
+if TYPE_CHECKING:
+    from mpl.driver.simulator import Simulator
 
 
 class _Marker:
@@ -73,10 +77,12 @@ def kind(request: pytest.FixtureRequest) -> str:
 
 def _context(kind: str, tmp_path: Path, trusted: bool | None) -> mp.Context:
     if kind == "sim":
-        return mp.Simulator.simple(2, enable_spu=False, trusted=trusted)
-    return mp.local_cluster(
+        sim: mp.Context = mp.Simulator.simple(2, enable_spu=False, trusted=trusted)
+        return sim
+    cluster: mp.Context = mp.local_cluster(
         mp.ClusterSpec.simple(2, enable_spu=False), trusted=trusted, run_dir=tmp_path / "lc"
     )
+    return cluster
 
 
 def test_a_user_class_is_refused_at_the_sender_unless_trusted(kind: str, tmp_path: Path) -> None:
@@ -109,7 +115,6 @@ def test_values_round_trip_exactly_between_parties_and_to_the_driver() -> None:
     }
     value["big"] = np.arange(1 << 17, dtype=np.float64)  # a 1 MiB frame
     value["nested"] = {"l": [1, (2, [3, {"d": None}])], 2**100: -(2**90), (1, 2): {1 + 2j, "s"}}
-    pd = None
     try:
         import pandas as pd
         import pyarrow  # noqa: F401
@@ -157,7 +162,7 @@ def test_a_persisted_pickle_is_refused_naming_the_file(tmp_path: Path) -> None:
 @pytest.fixture
 def spied_sim() -> Iterator[tuple[mp.Context, dict[int, list[Record]]]]:
     """A simulator whose workers record every message they receive from the broker."""
-    sim = mp.Simulator.simple(3)
+    sim: Simulator = mp.Simulator.simple(3)
     got: dict[int, list[Record]] = {w.rank: [] for w in sim.runtime.workers}
     for w in sim.runtime.workers:
         original = w._on_broker
@@ -205,6 +210,7 @@ def test_traced_put_binds_each_share_and_private_value_on_its_rank_only(
         shares[r] = [x for v in bound for x in flatten(v)[0] if isinstance(x, SpuShare)]
         assert len(shares[r]) == 1  # its own share of the secret, and nobody else's
         graph = programs[r][0].graph
+        assert graph is not None
         assert not [op for op in graph.ops if op.opcode == "constant"]
         assert secret.tobytes() not in _blob(programs[r][0])
     for r in range(3):

@@ -51,11 +51,12 @@ def rank_rows(d: Deployment, timeout: float = 2.0) -> dict[int, dict[str, Any]]:
 
 
 def wait_up(d: Deployment, ranks: range, timeout: float = 20) -> dict[int, dict[str, Any]]:
-    return wait_until(
+    all_up: dict[int, dict[str, Any]] = wait_until(
         lambda: (rows := rank_rows(d)) and all(rows[r]["state"] == "up" for r in ranks) and rows,
         timeout,
         "every rank up",
     )
+    return all_up
 
 
 def up(d: Deployment, world: int = 2, extra: dict[int, list[str]] | None = None) -> None:

@@ -222,7 +222,7 @@ def test_millionaire_on_daemons_and_a_member_killed_mid_run(tmp_path: Any) -> No
         t.start()
         wait_until(lambda: stats(ctx.client, 0).get("jobs_running") == 1, what="the SPU job")
         killed = time.monotonic()
-        ctx.processes.kill_worker(1)  # type: ignore[attr-defined]
+        ctx.processes.kill_worker(1)
         t.join(15)
         assert time.monotonic() - killed < 5
         assert errors and isinstance(errors[0], mp.WorkerLostError), errors

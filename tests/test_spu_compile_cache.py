@@ -28,7 +28,7 @@ def _sources(lib: Any) -> list[Any]:
 
     out = []
     for n in range(1, _SOURCES + 1):
-        spec = jax.ShapeDtypeStruct((n,), np.float32)
+        spec = jax.ShapeDtypeStruct((n,), np.float32)  # type: ignore[no-untyped-call]  # jax's
         ir, _ = fe._jax_compilation(lambda x: x + 1, (), None, [spec], {})
         out.append(lib.CompilationSource(lib.SourceIRType.XLA, ir, [lib.Visibility.VIS_SECRET]))
     return out
