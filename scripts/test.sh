@@ -13,5 +13,6 @@ echo "== ruff" >&2
 "$PY" -m ruff format --check .
 echo "== mypy" >&2
 "$PY" -m mypy -p mpl.wire -p mpl.broker -p mpl.worker -p mpl.driver
+"$PY" -m mypy scripts tests  # files, not packages: mypy takes one kind per run
 echo "== pytest" >&2
 "$PY" -m pytest "$@"
