@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -13,6 +13,9 @@ import mpl.driver as mp
 from mpl.driver import eager
 from mpl.driver.values import NOT_CACHED
 from mpl.wire.errors import MplError
+
+if TYPE_CHECKING:
+    from mpl.driver.launcher import LocalCluster
 
 
 def counts() -> tuple[int, int]:
@@ -178,13 +181,14 @@ def test_a_traced_program_moves_between_workers_even_when_the_driver_holds_the_v
 
 
 def test_the_drivers_copy_is_sealed_for_the_callee_in_secure_mode(tmp_path: Path) -> None:
+    ctx: LocalCluster
     with mp.local_cluster(2, secure=True, run_dir=tmp_path) as ctx, ctx:
         x = mp.put("P0", np.arange(3.0))
         jobs = _Jobs(ctx)
         try:
             results = [mp.fetch(mp.device("P1")(np.multiply)(x, float(k))) for k in range(3)]
         finally:
-            ctx.client.submit = jobs._real
+            ctx.client.submit = jobs._real  # type: ignore[method-assign]
         for k, got in enumerate(results):
             np.testing.assert_array_equal(got, np.arange(3.0) * k)
         assert [g.ranks for g in jobs.graphs] == [(1,)] * 3  # one job on the callee each
