@@ -20,11 +20,10 @@ import zmq
 from helpers import decoded_as, raw_broker
 
 from mpl.broker.daemon import Broker
-from mpl.wire import GraphBuilder
+from mpl.wire import Graph, GraphBuilder
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import MAGIC_FRAME, decode, encode
 from mpl.wire.control import Heartbeat, Welcome, WorkerHello
-from mpl.wire.graph import Graph
 from mpl.wire.hot import done_spans, exec_for_rank, exec_spans, result_frames
 from mpl.wire.jobs import Done, Exec, JobResult, Lit, Program
 from mpl.wire.record import Record
