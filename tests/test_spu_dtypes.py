@@ -37,7 +37,7 @@ def test_dtype_matrix_matches_spu_simulator_with_x64_on() -> None:
     import jax
 
     # conftest turns 64-bit mode on for the suite (jax's stubs do not list its flags)
-    assert jax.config.jax_enable_x64  # type: ignore[attr-defined]
+    assert jax.config.jax_enable_x64  # type: ignore[attr-defined]  # see above
     cases, mismatches = spu_matrix.run()
     assert cases == 70
     assert mismatches == []

@@ -78,11 +78,11 @@ def _exec_calls(worker: Worker) -> Iterator[tuple[Counter[str], list[list[Any]]]
         finally:
             sys.setprofile(None)
 
-    worker._on_frames = counted  # type: ignore[method-assign]
+    worker._on_frames = counted  # type: ignore[method-assign]  # the handler, counted
     try:
         yield calls, execs
     finally:
-        worker._on_frames = handle  # type: ignore[method-assign]
+        worker._on_frames = handle  # type: ignore[method-assign]  # put back
 
 
 def _worker_calls(sim: mp.Simulator, rank: int, job: Any) -> tuple[int, Counter[str]]:
@@ -196,11 +196,11 @@ def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
             handle(forged)
         handle(frames)
 
-    worker._on_frames = forged_first  # type: ignore[method-assign]
+    worker._on_frames = forged_first  # type: ignore[method-assign]  # a forgery first
     try:
         assert mp.fetch(job()) == 1
     finally:
-        worker._on_frames = handle  # type: ignore[method-assign]
+        worker._on_frames = handle  # type: ignore[method-assign]  # put back
     assert sent and worker.seal is not None and worker.seal.refusals == refused + 1
     assert worker._execs.repeats - repeats == _JOBS + 2  # the forged one, and the next
     # the genuine one alone ran (its end is booked just after its answer went out)
