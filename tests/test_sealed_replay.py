@@ -302,7 +302,9 @@ def test_a_client_whose_clock_is_behind_a_workers_floor_runs_after_one_refusal(
         assert runs(worker, sealed(cluster.client()))
     floor = worker.replays.floor("driver:a")
     assert floor > 0
-    monkeypatch.setattr("mpl.wire.replay.time.time_ns", lambda: 10**9)  # 1970, one second in
+    # another process of the same driver (nothing drawn yet) whose clock says 1970
+    monkeypatch.setattr("mpl.wire.replay._drawn", [0])
+    monkeypatch.setattr("mpl.wire.replay.time", SimpleNamespace(time_ns=lambda: 10**9))
     behind = cluster.client()
     _, refusal = worker.inbound(sealed(behind))
     assert type(refusal) is Failed and refusal.error.op == UNKNOWN_STREAM

@@ -30,7 +30,7 @@ What the guard forgot cannot be replayed either:
 * **Eviction.** Bounded memory: ``STREAMS`` streams per driver (the drivers are the
   spec's), least recently used out first, so one driver's clients cannot push another
   driver's streams out. A stream's epoch starts with its start time, the sealing
-  process's clock in ns (:func:`epoch_start`; authenticated as the rest of the epoch), and
+  process's clock in ms (:func:`epoch_start`; authenticated as the rest of the epoch), and
   the guard keeps, per driver, the latest start of a stream it forgot: its *floor* (one
   number per driver). A stream it does not know that started at or below the floor is
   refused (``UNKNOWN_STREAM``, the floor in the refusal), and the driver's next epoch for
@@ -49,6 +49,7 @@ from __future__ import annotations
 import re
 import secrets
 import struct
+import threading
 import time
 from collections import OrderedDict
 from typing import Any
@@ -79,17 +80,25 @@ _unpack_box = struct.Struct(">8s8xIQ").unpack_from
 # The ``op`` of a worker's refusal of a stream it does not know (past its first WINDOW
 # numbers): the driver then seals for that node under a new epoch (DriverSeal.refused).
 UNKNOWN_STREAM = "stream"
-_RANDOM_BITS = 16  # an epoch time's low bits, random: two sealers drawing at once differ
-FLOOR_MAX = 1 << 63  # a floor a driver takes (one past it fits an epoch's 8 bytes)
+# An epoch's first 8 bytes: its start in ms since 1970 (42 bits: until 2109), then 22 random
+# bits, so streams of one driver's processes that start in the same ms (or above the same
+# floor) still differ; one process never draws one ms twice.
+_RANDOM_BITS = 22
+FLOOR_MAX = 1 << 63  # a floor a driver takes (the epoch above it fits in 8 bytes)
+_drawn = [0]  # the latest ms this process started an epoch at
+_drawing = threading.Lock()
 
 
 def epoch_start(floor: int = -1) -> bytes:
-    """The first 8 bytes of a new epoch: its time, the sealing process's clock in ns (its
-    low bits random), always above ``floor``. Streams of one sender are so ordered by when
-    they started, as a worker's floor needs."""
-    start = max(time.time_ns(), floor + 1)
-    start = ((start >> _RANDOM_BITS) + 1) << _RANDOM_BITS | secrets.randbits(_RANDOM_BITS)
-    return start.to_bytes(8, "big")
+    """The first 8 bytes of a new epoch, as a number: its start time (this process's clock,
+    in ms; a later ms than any epoch this process started before), then random bits;
+    always above ``floor``. Streams of one sender are so ordered by when they started, as a
+    worker's floor needs."""
+    with _drawing:  # rare (an epoch per recipient and client): threads may draw at once
+        ms = _drawn[0] = max(
+            time.time_ns() // 1_000_000, (floor >> _RANDOM_BITS) + 1, _drawn[0] + 1
+        )
+    return (ms << _RANDOM_BITS | secrets.randbits(_RANDOM_BITS)).to_bytes(8, "big")
 
 
 def epoch_time(epoch: bytes) -> int:
