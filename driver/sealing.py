@@ -99,7 +99,15 @@ class DriverSeal:
         for rank, incarnation in (incarnations or {}).items():
             self._learn(rank, incarnation, -1)
 
-    def _learn(self, rank: int, incarnation: str, floor: int) -> None:
+    def learn(self, rows: Any) -> None:
+        """Learn the incarnations of the ranks' workers from the broker's status rows (a
+        worker that joined after the session opened: its first job then runs). The
+        broker's word, as in :meth:`bind`; anything malformed is passed over."""
+        for row in rows if type(rows) is list else ():
+            if type(row) is dict and type(row.get("rank")) is int and row.get("state") == "up":
+                self._learn(row["rank"], row.get("incarnation"), -1)
+
+    def _learn(self, rank: int, incarnation: Any, floor: int) -> None:
         """Seal for ``rank``'s worker as the process of public ``incarnation``, under a new
         epoch (its numbers start again, above ``floor``), if that is news."""
         who = self._nodes.get(rank)

@@ -188,35 +188,41 @@ def test_a_restarted_worker_refuses_a_recorded_early_exec_and_keeps_serving(
     assert ran.read_text() == "ran\nran\n"
 
 
-def test_clients_before_and_after_a_restart_and_a_late_joiner_are_refused_once_at_most(
+def test_clients_before_and_after_a_restart_and_late_joiners_are_refused_once_at_most(
     rig: Rig,
 ) -> None:
-    """Two clients of one driver, connected before worker 0 restarts, and a session opened
-    while rank 0 has no worker at all (it joins later): each client has at most one job
-    refused on the new process, then all its jobs run."""
+    """Two clients of one driver, connected before worker 0 restarts, and two sessions
+    opened while rank 0 has no worker at all (it joins later): each client has at most one
+    job refused on the new process, then all its jobs run; a client that waits for the rank
+    to be up in the broker's status (as scripts started with the cluster do) has none."""
     rig.start_worker(0)
     rig.start_worker(1)
     one = mp.device("P0")(lambda: 1)
     two = mp.device("P0")(lambda: 2)
     a, b = rig.connect(), rig.connect()
+    late: list[mp.Context] = []
     try:
         with a:
             assert mp.fetch(one()) == 1
         with b:
             assert mp.fetch(two()) == 2
         rig.stop_worker(0)
-        late = rig.connect()  # its session opens with rank 0 empty: no incarnation for it
-        try:
-            rig.start_worker(0)
-            for ctx, fn, value in [(a, one, 1), (b, two, 2), (late, one, 1)]:
-                with ctx:
-                    assert _runs_after_refusals(fn, value) <= 1
-                    assert all(mp.fetch(fn()) == value for _ in range(3))
-        finally:
-            late.close()
+        late += [rig.connect(), rig.connect()]  # rank 0 empty: no incarnation for it
+        rig.start_worker(0)
+        for ctx, fn, value in [(a, one, 1), (b, two, 2), (late[0], one, 1)]:
+            with ctx:
+                assert _runs_after_refusals(fn, value) <= 1
+                assert all(mp.fetch(fn()) == value for _ in range(3))
+        with late[1]:
+            wait_until(
+                lambda: all(r["state"] == "up" for r in late[1].status()["ranks"]),
+                30,
+                "every rank up in the status",
+            )
+            assert _runs_after_refusals(two, 2) == 0
     finally:
-        a.close()
-        b.close()
+        for ctx in [a, b, *late]:
+            ctx.close()
 
 
 def test_a_session_opened_names_each_live_workers_public_incarnation() -> None:
