@@ -172,9 +172,9 @@ def pin_contexts(user: str) -> None:
     :func:`incarnation_suffix`, written once per worker) and ``f"done|{session}|{job}|{index}"``
     (a Python call less per job): raise ImportError, naming ``user``, if :func:`exec_context`
     or :func:`done_context` no longer write them so. Called once, at ``user``'s import."""
-    if exec_context("s1", "j1", "d1", (0, 1), (1,), 2.5, "i1") != "exec|s1|j1" + ExecTails()[
-        ("d1", (0, 1), (1,), 2.5)
-    ] + incarnation_suffix("i1"):
+    tail = ExecTails()[("d1", (0, 1), (1,), 2.5)]
+    written = "exec|s1|j1" + tail + incarnation_suffix("i1")
+    if exec_context("s1", "j1", "d1", (0, 1), (1,), 2.5, "i1") != written:
         raise ImportError(f"{user} writes Exec contexts unlike mpl.wire.seal")
     if done_context("s1", "j1", 3) != "done|s1|j1|3":
         raise ImportError(f"{user} writes Done contexts unlike mpl.wire.seal")
