@@ -9,12 +9,12 @@ add a channel speaking for it.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mpl.wire.control import Directory, PeerInfo, WorkerHello
 from mpl.wire.errors import RegistrationError
+from mpl.wire.incarnation import public_incarnation
 from mpl.wire.limits import PROGRAM_MIRROR_BYTES
 from mpl.wire.lru import SizedLRU
 
@@ -24,11 +24,6 @@ __all__ = ["PROGRAM_SLOTS", "Registry", "WorkerEntry", "public_incarnation"]
 # the worker keeps at least as many (and as many bytes: mpl.wire.limits), so whatever the
 # broker believes is cached really is.
 PROGRAM_SLOTS = 256
-
-
-def public_incarnation(incarnation: str) -> str:
-    """What peers learn of a worker's incarnation: new per process start, not replayable."""
-    return hashlib.sha256(b"mpl-incarnation:" + incarnation.encode()).hexdigest()[:16]
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from mpl.broker.actions import Send
 from mpl.broker.admission import refuse_open
 from mpl.broker.sessions import session_spec
+from mpl.wire.incarnation import public_incarnation
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import CloseSession, OpenSession, Reply, SessionClosed, SessionOpened
 
@@ -50,8 +51,12 @@ class SessionCalls:
         if not attached:
             entry.cluster = spec
         cluster = entry.cluster or state.cluster.to_dict()
+        # each live worker's public incarnation: what a secure driver binds its Execs to
+        incarnations = {
+            r: public_incarnation(e.hello.incarnation) for r, e in state.registry.by_rank.items()
+        }
         opened = SessionOpened(
-            msg.req, entry.sid, state.broker_id, cluster, state.heartbeat_s, attached
+            msg.req, entry.sid, state.broker_id, cluster, state.heartbeat_s, attached, incarnations
         )
         if not attached and spec is not None:  # its nodes' workers accept it first
             return state.runtimes.announce(peer, entry, msg.cluster or {}, opened)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mpl.broker.listing import session_rows
+from mpl.wire.incarnation import public_incarnation
 
 if TYPE_CHECKING:
     from mpl.broker.state import BrokerState
@@ -31,6 +32,9 @@ def _rank_rows(state: BrokerState, now: float) -> list[dict[str, Any]]:
                     "host": entry.hello.host,
                     "heartbeat_age_s": now - entry.last_seen,
                     **entry.stats,
+                    # what a secure driver binds its Execs for this rank to (after the
+                    # worker's own stats: the registry's word, not the worker's)
+                    "incarnation": public_incarnation(entry.hello.incarnation),
                 }
             )
             continue

@@ -418,6 +418,8 @@ class Client(BrokerCalls):
         value = self._reply(StatusRequest(req), req, timeout, "asking for status")
         if not isinstance(value, dict):
             raise ProtocolError("status reply is not a mapping")
+        if self.seal is not None:  # workers that joined since: seal for them from now on
+            self.seal.learn(value.get("ranks"))
         return value
 
     def close(self) -> None:

@@ -116,7 +116,7 @@ class Context:
             if cluster is not None:
                 self.cluster = session_cluster(self.cluster, cluster)
             if client.seal is not None:  # secure mode: which rank is which node, for keys
-                client.seal.bind(self.cluster)
+                client.seal.bind(self.cluster, opened.incarnations)
         except BaseException:
             client.close_session(self.session)
             raise

@@ -23,15 +23,17 @@ from mpl.wire.curve import Curve
 from mpl.wire.errors import AuthenticationError
 from mpl.wire.graph import Graph
 from mpl.wire.identity import node_identity
+from mpl.wire.incarnation import PUBLIC_INCARNATION_CHARS
 from mpl.wire.jobs import Exec, JobResult, Program
 from mpl.wire.record import pinned_fields
 from mpl.wire.remote import ErrorInfo
-from mpl.wire.replay import UNKNOWN_STREAM, WINDOW
+from mpl.wire.replay import FLOOR_MAX, UNKNOWN_STREAM, WINDOW, read_refusal
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
     ExecTails,
     Sealer,
     fetch_context,
+    incarnation_suffix,
     pin_contexts,
     program_context,
 )
@@ -69,14 +71,22 @@ class DriverSeal:
         spec = curve.cluster
         self._own = {n.name for n in spec.nodes} if spec else set()  # the nodes we hold keys of
         self._nodes: dict[int, str] = {}  # rank -> node identity, from the session's layout
+        # rank -> the public incarnation of its worker, as last learnt (from the broker, or
+        # the worker's refusal); and rank -> (node identity, what ends an Exec context for
+        # that worker), for exec
+        self._incarnations: dict[int, str] = {}
+        self._targets: dict[int, tuple[str, str]] = {}
         self._tails = ExecTails()  # what exec_context writes after the job
 
-    def bind(self, layout: ClusterSpec) -> None:
-        """Learn which rank is which node from a session's layout (the broker's ranks).
+    def bind(self, layout: ClusterSpec, incarnations: dict[int, str] | None = None) -> None:
+        """Learn which rank is which node from a session's layout (the broker's ranks), and
+        the public incarnation of each rank's worker (``SessionOpened.incarnations``).
 
         Only nodes of this driver's own spec get a rank here: the others have no key this
         driver trusts, so nothing is sealed for them. Every session of one broker has the
-        same ranks; a layout that moves a known node to another rank is refused.
+        same ranks; a layout that moves a known node to another rank is refused. The
+        incarnations are the broker's word: a wrong one only makes that worker refuse the
+        next job, telling its own (:meth:`refused`).
         """
         ranks = {n.rank: node_identity(n.name) for n in layout.nodes if n.name in self._own}
         for rank, who in ranks.items():
@@ -85,6 +95,33 @@ class DriverSeal:
                     f"the broker puts {who} at rank {rank}, where an earlier session had "
                     f"{self._nodes[rank]}: a node's rank never changes on one broker"
                 )
+            self._targets.setdefault(rank, (who, incarnation_suffix("")))
+        for rank, incarnation in (incarnations or {}).items():
+            self._learn(rank, incarnation, -1)
+
+    def learn(self, rows: Any) -> None:
+        """Learn the incarnations of the ranks' workers from the broker's status rows (a
+        worker that joined after the session opened: its first job then runs). The
+        broker's word, as in :meth:`bind`; anything malformed is passed over."""
+        for row in rows if type(rows) is list else ():
+            if type(row) is dict and type(row.get("rank")) is int and row.get("state") == "up":
+                self._learn(row["rank"], row.get("incarnation"), -1)
+
+    def _learn(self, rank: int, incarnation: Any, floor: int) -> None:
+        """Seal for ``rank``'s worker as the process of public ``incarnation``, under a new
+        epoch (its numbers start again, above ``floor``), if that is news."""
+        who = self._nodes.get(rank)
+        if (
+            who is None
+            or type(incarnation) is not str
+            or len(incarnation) > PUBLIC_INCARNATION_CHARS
+            or self._incarnations.get(rank, "") == incarnation
+        ):
+            return
+        if self.sealer is not None:
+            self.sealer.renew(who, 0, floor)  # a new worker knows no stream: start one
+        self._incarnations[rank] = incarnation
+        self._targets[rank] = (who, incarnation_suffix(incarnation))
 
     def _ready(self) -> Sealer:
         if self.sealer is None:
@@ -104,6 +141,10 @@ class DriverSeal:
             )
         return who
 
+    def _target(self, rank: int) -> tuple[str, str]:
+        """What exec seals for ``rank`` with, when it has no entry: _node says why."""
+        return self._node(rank), incarnation_suffix(self._incarnations.get(rank, ""))
+
     def program(self, graph: Graph) -> Program:
         sealer = self._ready()
         context = program_context(graph.digest)
@@ -117,15 +158,16 @@ class DriverSeal:
         """``msg`` with every rank's bindings sealed for that rank (a sealed None where it
         has none: it proves the job comes from this driver)."""
         seal = (self.sealer or self._ready()).seal
-        # exec_context(...) without its call (checked on import)
+        # exec_context(...) without its call (checked on import): the job's, then per rank
+        # its worker's incarnation
         tail = self._tails[(msg.digest, msg.ranks, msg.inline, msg.timeout_s)]
         context = f"exec|{msg.session}|{msg.job}{tail}"
-        plain, nodes = msg.bindings, self._nodes
+        plain, targets = msg.bindings, self._targets
         sealed: dict[int, Any] = {}
         for rank in msg.ranks:  # plain loops: a comprehension is one more call per job
-            who = nodes.get(rank) or self._node(rank)  # _node says why there is none
+            who, bound = targets.get(rank) or self._target(rank)
             # safe=False, passed by position: a keyword costs the call a name to match
-            sealed[rank] = seal(plain.get(rank), who, context, False)
+            sealed[rank] = seal(plain.get(rank), who, context + bound, False)
         # the driver's own Exec, with its bindings sealed: built without re-checks, and
         # filled in here (record.built without its two calls; checked on import)
         out = _new(Exec)
@@ -168,15 +210,27 @@ class DriverSeal:
 
     def refused(self, error: ErrorInfo) -> None:
         """A job failed with ``error``. If its rank's worker refused the job's stream as one
-        it does not know (it restarted, or forgot this client), seal for that node under a
-        new epoch: the next job runs. Only once the epoch has numbered ``WINDOW`` Execs for
-        it, as a genuine refusal needs: a broker forging refusals cannot make this driver
-        start new streams faster than one per ``WINDOW`` jobs."""
+        it does not know, seal for that node under a new epoch, and for the worker's
+        incarnation the refusal names: the next job runs. A new epoch when the worker is
+        another process (it restarted, or joined after the session opened: it cannot open
+        what was sealed for another), when the current epoch started at or below the floor
+        the refusal names (the worker forgot this stream, or streams of this driver started
+        later), or when the epoch has numbered ``WINDOW`` Execs (an older worker's only
+        refusal). The refusal comes through the broker: a forged one can only have this
+        driver seal what the worker refuses, so its next job fails too, never what runs
+        twice."""
         if error.op != UNKNOWN_STREAM or error.kind != "AuthenticationError":
             return
-        who = self._nodes.get(error.rank) if error.rank is not None else None
-        if who is not None and self.sealer is not None:
-            self.sealer.renew(who, WINDOW)
+        rank = error.rank
+        who = self._nodes.get(rank) if rank is not None else None
+        if who is None or rank is None or self.sealer is None:
+            return
+        incarnation, floor = read_refusal(error.message)
+        floor = floor if floor < FLOOR_MAX else -1  # an epoch past it would not fit
+        if incarnation is not None and incarnation != self._incarnations.get(rank, ""):
+            self._learn(rank, incarnation, floor)
+        else:
+            self.sealer.renew(who, WINDOW, floor)
 
     def fetch_ticket(self) -> tuple[str, str]:
         """``(reply_to, ticket)`` for a new fetch."""

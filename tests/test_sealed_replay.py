@@ -1,7 +1,8 @@
 """A hostile broker that recorded a sealed ``Exec`` replays it to the worker: refused however
-many jobs ran since, in whatever session, and after the worker restarted; honest traffic
-(several drivers in one session, several clients of one driver, Execs a little out of order)
-runs every job exactly once.
+many jobs ran since, in whatever session, after the worker restarted, and after the worker
+forgot its stream; honest traffic (several drivers in one session, several clients of one
+driver, Execs a little out of order) runs every job exactly once, and a broker lying about
+incarnations or floors causes refusals only.
 
 The seals are pure classes: thousands of sealed Execs go straight from a ``DriverSeal`` into
 a ``WorkerSeal``, as the broker would hand them on.
@@ -10,15 +11,28 @@ a ``WorkerSeal``, as the broker would hand them on.
 from __future__ import annotations
 
 import random
+import secrets
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import zmq
 
 from mpl.driver.sealing import DriverSeal
+from mpl.wire.incarnation import public_incarnation
 from mpl.wire.jobs import Exec, Failed
-from mpl.wire.replay import UNKNOWN_STREAM, ReplayGuard, stamp
+from mpl.wire.remote import ErrorInfo
+from mpl.wire.replay import (
+    STREAMS,
+    UNKNOWN_STREAM,
+    ReplayGuard,
+    epoch_time,
+    read_refusal,
+    refusal_facts,
+    stamp,
+)
 from mpl.wire.seal import Sealer
+from mpl.wire.sealed import BOX_MAGIC, Sealed
 from mpl.worker.sealing import WorkerSeal
 
 # more jobs than a worker remembered before sequence numbers (4,096), and more than the
@@ -37,20 +51,26 @@ class Cluster:
         self.worker = self.restart()
 
     def restart(self) -> WorkerSeal:
-        """A new worker process for node n0: same keys, nothing remembered."""
+        """A new worker process for node n0: same keys, nothing remembered, a new
+        incarnation (as the daemon draws one per start)."""
         peers = {f"driver:{d}": self.public[d] for d in self.drivers}
         sealer = Sealer(self.keys["node:n0"][1].decode(), "node:n0", peers)
-        self.worker = WorkerSeal(sealer, 0)
+        self.incarnation = public_incarnation(secrets.token_hex(8))
+        self.worker = WorkerSeal(sealer, 0, incarnation=self.incarnation)
         return self.worker
 
-    def client(self, driver: str = "a") -> DriverSeal:
-        """A new client of ``driver`` (as ``mp.connect`` makes one: its own sealer)."""
+    def client(self, driver: str = "a", incarnation: str | None = None) -> DriverSeal:
+        """A new client of ``driver`` (as ``mp.connect`` makes one: its own sealer), told
+        the worker's incarnation as the broker's ``SessionOpened`` does (``incarnation``:
+        another one, a broker's lie)."""
         sealer = Sealer(
             self.keys[driver][1].decode(), f"driver:{driver}", {"node:n0": self.public["node:n0"]}
         )
         spec = SimpleNamespace(nodes=[SimpleNamespace(name="n0")])
         seal = DriverSeal(sealer, SimpleNamespace(cluster=spec), trusted=False)  # type: ignore[arg-type]
-        seal.bind(SimpleNamespace(nodes=[SimpleNamespace(name="n0", rank=0)]))  # type: ignore[arg-type]
+        layout = SimpleNamespace(nodes=[SimpleNamespace(name="n0", rank=0)])
+        told = self.incarnation if incarnation is None else incarnation
+        seal.bind(layout, {0: told})  # type: ignore[arg-type]
         return seal
 
 
@@ -130,17 +150,24 @@ def test_drivers_sharing_a_session_and_clients_of_one_driver_never_collide() -> 
     assert all(runs(cluster.worker, sealed(c, "shared")) for c in clients)
 
 
-def test_a_restarted_worker_refuses_what_was_recorded_past_its_window() -> None:
-    """A worker remembers nothing across a restart: what it can still refuse is every Exec
-    of a client's stream past its first ``WINDOW`` (a new stream must start at its start)."""
+def test_a_restarted_worker_runs_no_recorded_exec_not_even_a_streams_first() -> None:
+    """A worker remembers nothing across a restart, but what was sealed for it names the
+    process it was sealed for (its incarnation): every recorded Exec is refused, a stream's
+    first ones too, and the refusal names the new incarnation."""
     cluster = Cluster()
     client = cluster.client()
-    msgs = [sealed(client) for _ in range(MANY)]
+    early = [sealed(client), sealed(client, bindings=[1, 2]), sealed(client, bindings=[BIG])]
+    msgs = early + [sealed(client) for _ in range(MANY)]
     assert all(runs(cluster.worker, msg) for msg in msgs)
     restarted = cluster.restart()
+    refusals = [restarted.inbound(msg)[1] for msg in early]
     assert not any(runs(restarted, msg) for msg in msgs[-100:])
+    for refusal in refusals:
+        assert type(refusal) is Failed and refusal.error.op == UNKNOWN_STREAM
+        assert read_refusal(refusal.error.message) == (cluster.incarnation, -1)
     newcomer = cluster.client()  # a client that connects now runs its jobs
     assert all(runs(restarted, sealed(newcomer)) for _ in range(10))
+    assert restarted.replays.streams_of("driver:a") == 1  # no recorded one ever started
 
 
 def test_a_client_whose_stream_a_restarted_worker_forgot_starts_a_new_one() -> None:
@@ -153,7 +180,8 @@ def test_a_client_whose_stream_a_restarted_worker_forgot_starts_a_new_one() -> N
     restarted = cluster.restart()
     _, refusal = restarted.inbound(sealed(client))
     assert type(refusal) is Failed and refusal.error.op == UNKNOWN_STREAM
-    client.refused(refusal.error)
+    assert read_refusal(refusal.error.message)[0] == cluster.incarnation
+    client.refused(refusal.error)  # sealed for the new incarnation, in a new stream
     assert all(runs(restarted, sealed(client)) for _ in range(10))
     stream = stamp(sealed(client).bindings[0])[0]
     client.refused(refusal.error)  # forged: the stream has numbered too few to be refused
@@ -188,8 +216,11 @@ def test_streams_stay_bounded_per_driver_and_one_drivers_cannot_push_out_another
     assert worker.replays.streams_of("driver:a") == 8
     assert worker.replays.streams_of("driver:b") == 2
     assert not any(runs(worker, msg) for msg in kept_msgs)
-    assert not any(runs(worker, msg) for msg in gone_msgs[64:])
-    assert not runs(worker, sealed(gone))  # the forgotten client is refused: it reconnects
+    assert not any(runs(worker, msg) for msg in gone_msgs)  # its first ones too: the floor
+    _, refusal = worker.inbound(sealed(gone))  # the forgotten client is refused once
+    assert type(refusal) is Failed and refusal.error.op == UNKNOWN_STREAM
+    gone.refused(refusal.error)
+    assert runs(worker, sealed(gone))  # then it runs again, in a stream above the floor
 
 
 def test_the_window_admits_exactly_what_a_set_of_every_number_run_would() -> None:
@@ -208,3 +239,120 @@ def test_the_window_admits_exactly_what_a_set_of_every_number_run_would() -> Non
         if model:
             ran.add(seq)
     assert len(ran) > 5000
+
+
+def test_a_replay_of_a_stream_forgotten_among_many_newer_ones_is_refused() -> None:
+    """More than ``STREAMS`` newer clients of one driver (say, short runs over weeks with
+    one key) push a client's stream out of the worker's memory. The broker then replays
+    that stream's first Execs, as recorded, and with the stream's start rewritten to look
+    newer: all refused (the worker keeps the latest start it forgot: a floor; the start is
+    authenticated as the rest of the epoch). The forgotten client itself is refused once,
+    then runs above the floor."""
+    cluster = Cluster()
+    first = cluster.client()
+    early = [sealed(first), sealed(first, bindings=[1, 2]), sealed(first, bindings=[BIG])]
+    assert all(runs(cluster.worker, msg) for msg in early)
+    for _ in range(STREAMS + 1):
+        assert runs(cluster.worker, sealed(cluster.client()))
+    assert cluster.worker.replays.streams_of("driver:a") == STREAMS
+    assert not any(runs(cluster.worker, msg) for msg in early)
+    for msg in early:  # the stream's start is authenticated: a box, a None, a record
+        _, refusal = cluster.worker.inbound(_restarted_later(msg))
+        assert type(refusal) is Failed and "failed authentication" in refusal.error.message
+    _, refusal = cluster.worker.inbound(sealed(first))
+    assert type(refusal) is Failed and refusal.error.op == UNKNOWN_STREAM
+    floor = read_refusal(refusal.error.message)[1]
+    assert floor == cluster.worker.replays.floor("driver:a") >= epoch_time(stamp_of(early[0]))
+    first.refused(refusal.error)
+    renewed = sealed(first)
+    assert epoch_time(stamp_of(renewed)) > floor
+    assert runs(cluster.worker, renewed)
+    assert not any(runs(cluster.worker, msg) for msg in early)
+
+
+def stamp_of(msg: Exec) -> bytes:
+    return stamp(msg.bindings[0])[0]
+
+
+def _restarted_later(msg: Exec) -> Exec:
+    """``msg`` with its stream's start (the epoch's first 8 bytes) moved to now: what a
+    broker would send to get past a worker's floor."""
+    box = msg.bindings[0]
+    later = (epoch_time(stamp_of(msg)) + (1 << 40)).to_bytes(8, "big")
+    if type(box) is bytes:
+        assert box.startswith(BOX_MAGIC)
+        at = len(BOX_MAGIC) + 1 + box[len(BOX_MAGIC)]  # the epoch: after magic and sender
+        box = box[:at] + later + box[at + 8 :]
+    else:
+        assert type(box) is Sealed
+        box = Sealed(box.sender, later + box.salt[8:], box.sizes, box.parts)
+    return Exec(msg.session, msg.job, msg.digest, msg.ranks, {0: box}, msg.inline, msg.timeout_s)
+
+
+def test_a_client_whose_clock_is_behind_a_workers_floor_runs_after_one_refusal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Streams of one driver are ordered by its clock; a process of that driver whose clock
+    is behind the floor (another machine's) is refused once, with the floor, and its next
+    stream starts above it."""
+    cluster = Cluster()
+    worker = cluster.worker
+    worker.replays = ReplayGuard(window=64, streams=4)
+    for _ in range(6):
+        assert runs(worker, sealed(cluster.client()))
+    floor = worker.replays.floor("driver:a")
+    assert floor > 0
+    # another process of the same driver (nothing drawn yet) whose clock says 1970
+    monkeypatch.setattr("mpl.wire.replay._drawn", [0])
+    monkeypatch.setattr("mpl.wire.replay.time", SimpleNamespace(time_ns=lambda: 10**9))
+    behind = cluster.client()
+    _, refusal = worker.inbound(sealed(behind))
+    assert type(refusal) is Failed and refusal.error.op == UNKNOWN_STREAM
+    assert read_refusal(refusal.error.message) == (cluster.incarnation, floor)
+    behind.refused(refusal.error)
+    assert all(runs(worker, sealed(behind)) for _ in range(5))
+
+
+def test_a_broker_lying_about_incarnations_or_floors_causes_refusals_only() -> None:
+    """The broker tells a client the wrong incarnation, forges refusals naming another one
+    or absurd floors: some jobs are refused, the client finds its way back, and at the end
+    not one of the Execs it sealed runs a second time."""
+    cluster = Cluster()
+    worker = cluster.worker
+    every: list[Exec] = []
+
+    def job(client: DriverSeal) -> Exec:
+        every.append(sealed(client, bindings=[len(every)] if len(every) % 2 else None))
+        return every[-1]
+
+    def forged(client: DriverSeal, incarnation: str, floor: int) -> None:
+        message = "job refused: stream: forged" + refusal_facts(incarnation, floor)
+        client.refused(ErrorInfo("AuthenticationError", message, rank=0, op=UNKNOWN_STREAM))
+
+    lied_to = cluster.client(incarnation="0123456789abcdef")  # SessionOpened lied
+    _, refusal = worker.inbound(job(lied_to))
+    assert type(refusal) is Failed and refusal.error.op == UNKNOWN_STREAM
+    lied_to.refused(refusal.error)  # the worker's own word
+    assert runs(worker, job(lied_to))
+
+    client = cluster.client()
+    assert runs(worker, job(client))
+    forged(client, "fedcba9876543210", -1)
+    _, refusal = worker.inbound(job(client))  # sealed for a process that is not there
+    assert type(refusal) is Failed
+    client.refused(refusal.error)
+    assert runs(worker, job(client))
+    stream = stamp_of(every[-1])
+    forged(client, cluster.incarnation, epoch_time(stream) - 1)  # below its stream: no news
+    assert stamp_of(job(client)) == stream and runs(worker, every[-1])
+    forged(client, cluster.incarnation, epoch_time(stream) + (1 << 50))  # far ahead
+    assert epoch_time(stamp_of(job(client))) > epoch_time(stream) + (1 << 50)
+    assert runs(worker, every[-1])
+    forged(client, cluster.incarnation, 1 << 64)  # past any epoch: ignored
+    stream = stamp_of(job(client))
+    assert runs(worker, every[-1]) and stamp_of(job(client)) == stream
+    assert runs(worker, every[-1])
+
+    refusals = worker.refusals
+    assert not any(runs(worker, msg) for msg in every)
+    assert worker.refusals == refusals + len(every)

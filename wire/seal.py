@@ -35,8 +35,12 @@ authenticated for its one recipient:
   stay ``Sealed`` records.
 * **Numbered.** A payload :meth:`Sealer.seal` makes carries its epoch's next number, bound
   like the rest: a box's nonce, or a record's salt (the epoch's first half, then the
-  number). A worker keeps a window of the numbers of the Execs it ran per sender and epoch
-  (``mpl.wire.replay``), so a broker cannot replay a recorded job however long it waits.
+  number). An epoch's first half is its start time (the sealer's clock, above the floor its
+  recipient gave: ``mpl.wire.replay.epoch_start``), its second half random. A worker keeps
+  a window of the numbers of the Execs it ran per sender and epoch, and a floor of the
+  epochs it forgot (``mpl.wire.replay``); an Exec's context names the recipient worker's
+  process (its public incarnation), so a broker cannot replay a recorded job however long
+  it waits, nor after the worker restarted.
 * **None as a tag alone.** A sealed None (the bindings of every rank a job gives no inputs,
   sealed on every such job) has nothing to hide, only a sender, a recipient and a context
   to prove: it is a box whose ciphertext is replaced by a 16-byte keyed-BLAKE2b tag over
@@ -74,6 +78,7 @@ from mpl.wire.curve import Curve
 from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.identity import driver_identity, node_identity
 from mpl.wire.record import Record
+from mpl.wire.replay import epoch_start, epoch_time
 from mpl.wire.sealed import BOX_MAGIC, Sealed
 
 __all__ = [
@@ -85,6 +90,7 @@ __all__ = [
     "done_context",
     "exec_context",
     "fetch_context",
+    "incarnation_suffix",
     "pin_contexts",
     "program_context",
 ]
@@ -116,11 +122,23 @@ def exec_context(
     ranks: tuple[int, ...],
     inline: tuple[int, ...],
     timeout: float,
+    incarnation: str = "",
 ) -> str:
     """Everything in an ``Exec`` besides the bindings is bound too: the broker cannot change
-    which ranks take part, what comes back inline, or the job's deadline."""
+    which ranks take part, what comes back inline, or the job's deadline. So is the
+    recipient worker's public ``incarnation`` (``mpl.wire.incarnation``; "" where none is
+    known): an Exec sealed for one process start never opens in another, so a worker
+    that restarted, and so remembers none of the Execs it ran, cannot be made to run a
+    recorded one again. Each rank's bindings are sealed under its own worker's."""
     # one string built, not three (the hot paths write this line out, with ExecTails)
-    return f"exec|{session}|{job}{_EXEC_TAILS[(digest, ranks, inline, timeout)]}"
+    tail = _EXEC_TAILS[(digest, ranks, inline, timeout)]
+    return f"exec|{session}|{job}{tail}{incarnation_suffix(incarnation)}"
+
+
+def incarnation_suffix(incarnation: str) -> str:
+    """What ends an Exec context for a worker of public ``incarnation``: written once per
+    worker (a hot path appends it to the job's context for that worker's rank)."""
+    return f"|{incarnation}"
 
 
 ExecKey = tuple[str, tuple[int, ...], tuple[int, ...], float]  # digest, ranks, inline, timeout
@@ -150,13 +168,13 @@ def done_context(session: str, job: str, index: int) -> str:
 
 def pin_contexts(user: str) -> None:
     """For a hot path that writes Exec and Done contexts out itself, as
-    ``f"exec|{session}|{job}{tails[key]}"`` and ``f"done|{session}|{job}|{index}"`` (a
-    Python call less per job): raise ImportError, naming ``user``, if :func:`exec_context`
+    ``f"exec|{session}|{job}{tails[key]}{suffix}"`` (``suffix``: the recipient's
+    :func:`incarnation_suffix`, written once per worker) and ``f"done|{session}|{job}|{index}"``
+    (a Python call less per job): raise ImportError, naming ``user``, if :func:`exec_context`
     or :func:`done_context` no longer write them so. Called once, at ``user``'s import."""
-    if (
-        exec_context("s1", "j1", "d1", (0, 1), (1,), 2.5)
-        != "exec|s1|j1" + ExecTails()[("d1", (0, 1), (1,), 2.5)]
-    ):
+    tail = ExecTails()[("d1", (0, 1), (1,), 2.5)]
+    written = "exec|s1|j1" + tail + incarnation_suffix("i1")
+    if exec_context("s1", "j1", "d1", (0, 1), (1,), 2.5, "i1") != written:
         raise ImportError(f"{user} writes Exec contexts unlike mpl.wire.seal")
     if done_context("s1", "j1", 3) != "done|s1|j1|3":
         raise ImportError(f"{user} writes Done contexts unlike mpl.wire.seal")
@@ -301,6 +319,9 @@ class Sealer:
         # recipient -> (box head with this process's epoch for it, its cipher, its None's
         # keyed tag hash, box counter)
         self._sending: dict[str, _Epoch] = {}
+        # recipient -> the floor it set for this sealer's epochs (``renew``): new ones start
+        # above it
+        self.floors: dict[str, int] = {}
         # a box's head (magic, sender, epoch) -> (sender, cipher, tag hash), oldest
         # first; a plain dict: a driver opens on its pump thread and its caller's thread at
         # once, and each dict operation is atomic
@@ -366,17 +387,25 @@ class Sealer:
         return self._record(frames, salt, to, context)
 
     def _new_epoch(self, to: str) -> _Epoch:
-        epoch = os.urandom(_SALT)
+        # its first half the clock, above the recipient's floor (mpl.wire.replay)
+        epoch = epoch_start(self.floors.get(to, -1)) + os.urandom(_SALT // 2)
         aead, mark = self._epoch_keys(to, epoch, self.identity, to)
         head = (self._box_head or b"") + epoch  # no boxes without a box head: records only
         sending = self._sending[to] = (head, aead, mark, itertools.count())
         return sending
 
-    def renew(self, to: str, numbered: int) -> bool:
+    def renew(self, to: str, numbered: int, floor: int = -1) -> bool:
         """Seal for ``to`` under a new epoch from now on (its numbers start again at 0), if
-        the current one has numbered at least ``numbered`` payloads; whether it did."""
+        the current one has numbered at least ``numbered`` payloads, or its time is at or
+        below ``floor`` (``to``'s floor for this sealer's streams: every later epoch for it
+        starts above; -1: none); whether it did."""
+        if floor > self.floors.get(to, -1):
+            self.floors[to] = floor
         sending = self._sending.get(to)
-        if sending is None or int(repr(sending[3])[len("count(") : -1]) < numbered:
+        if sending is None:
+            return False
+        below = epoch_time(sending[0][-_SALT:]) <= floor
+        if not below and int(repr(sending[3])[len("count(") : -1]) < numbered:
             return False
         self._sending.pop(to, None)  # the next seal draws the new epoch
         return True

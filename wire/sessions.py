@@ -20,7 +20,7 @@ A session whose drivers stopped heartbeating for its lease is closed the same wa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mpl.wire.record import Record
@@ -67,12 +67,18 @@ class OpenSession(Record, tag="open"):
 
 @dataclass(eq=False, repr=False)
 class SessionOpened(Record, tag="opened"):
+    """``incarnations``: each live worker's public incarnation by rank
+    (``mpl.wire.incarnation``), for a secure driver to bind what it seals for that worker
+    to it. Only a hint from the broker: a wrong one makes that worker refuse the driver's
+    next job, with its own incarnation in the refusal (``mpl.wire.replay``)."""
+
     req: int
     session: str
     broker_id: str
     cluster: dict[str, Any]
     heartbeat_s: float
     attached: bool  # True when the session already existed
+    incarnations: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(eq=False, repr=False)

@@ -48,6 +48,7 @@ from mpl.wire.curve import Curve, peer_admits
 from mpl.wire.done_pack import own_done_frames
 from mpl.wire.exec_repeat import RepeatExecs
 from mpl.wire.guard import Guard, substitute
+from mpl.wire.incarnation import public_incarnation
 from mpl.wire.jobs import Done
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
@@ -139,13 +140,20 @@ class Worker(BrokerMessages):
             # let in anyone who knows this worker's public key
             self.gatekeeper = Gatekeeper(self.ctx, peer_admits(curve.cluster))
             self.gatekeeper.start()
-        # secure mode: payloads to and from drivers are sealed end to end (worker/sealing.py)
+        self.incarnation = secrets.token_hex(8)
+        # secure mode: payloads to and from drivers are sealed end to end (worker/sealing.py),
+        # Execs for this process start only (its public incarnation)
         self.seal = (
-            WorkerSeal(Sealer.for_node(curve, rank), rank, trusted=trusted, code=code)
+            WorkerSeal(
+                Sealer.for_node(curve, rank),
+                rank,
+                trusted=trusted,
+                code=code,
+                incarnation=public_incarnation(self.incarnation),
+            )
             if curve is not None
             else None
         )
-        self.incarnation = secrets.token_hex(8)
         self.mailbox = move_mailbox(held_moves(curve, lambda: self.state.world_size))
         self.intake = PeerIntake(
             self.ctx,

@@ -9,7 +9,9 @@ here, what it hands the broker for a driver is sealed here. No I/O.
   swap one rank's inputs for another's. That driver is remembered as the job's recipient.
   Nor can it replay a job: the bindings carry their sealer's sequence number, and a window
   of those per stream (``mpl.wire.replay``) lets each run once, however many jobs ran since
-  and whether or not its session is still open.
+  and whether or not its session is still open; they are sealed for this worker process
+  (its public incarnation), so none recorded before a restart opens after it, and a
+  stream this worker forgot stays refused (its floor).
 * ``Done`` values and fetch ``Reply`` values are sealed for the driver that asked, bound to
   the job and output index, or to the fetch's ticket.
 
@@ -32,12 +34,13 @@ from mpl.wire.jobs import Done, Exec, Failed, Program
 from mpl.wire.lru import LRU
 from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import ErrorInfo, to_info
-from mpl.wire.replay import UNKNOWN_STREAM, ReplayGuard
+from mpl.wire.replay import UNKNOWN_STREAM, ReplayGuard, claimed_stream, refusal_facts
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
     ExecTails,
     Sealer,
     fetch_context,
+    incarnation_suffix,
     pin_contexts,
     program_context,
 )
@@ -77,14 +80,31 @@ class _Replayed(AuthenticationError):
         self.reason = reason
 
 
+class _Unopened(AuthenticationError):
+    """Sealed bindings that did not open, of a stream this worker does not know: perhaps
+    sealed for another process on this rank (this one restarted, or the driver learnt no
+    incarnation yet). Its message ends with the facts the driver needs to seal for this
+    one (``mpl.wire.replay.refusal_facts``)."""
+
+
 class WorkerSeal:
-    """Opens inbound payloads and seals outbound ones for rank ``rank``."""
+    """Opens inbound payloads and seals outbound ones for rank ``rank``, in the worker
+    process of public ``incarnation`` (``mpl.wire.incarnation``): only Execs sealed for it
+    open here."""
 
     def __init__(
-        self, sealer: Sealer, rank: int, *, trusted: bool = False, code: str = "any"
+        self,
+        sealer: Sealer,
+        rank: int,
+        *,
+        trusted: bool = False,
+        code: str = "any",
+        incarnation: str = "",
     ) -> None:
         self.sealer = sealer
         self.rank = rank
+        self.incarnation = incarnation
+        self._bound = incarnation_suffix(incarnation)  # what ends an Exec context for us
         self._kernels_only = code == "kernels"  # mpl-worker --code kernels
         self.safe = not pickles_allowed(WORKER, trusted=trusted)  # results leave this party
         # (session, job) of the jobs opened here last -> the driver that sealed it, its
@@ -110,14 +130,17 @@ class WorkerSeal:
                 raise AuthenticationError(f"program {msg.digest} was refused: {refused}")
             # exec_context(...) without its call
             tail = self._tails[(msg.digest, msg.ranks, msg.inline, msg.timeout_s)]
-            context = f"exec|{msg.session}|{msg.job}{tail}"
+            context = f"exec|{msg.session}|{msg.job}{tail}{self._bound}"
             sealed = msg.bindings.get(self.rank)
-            if self._kernels_only:
-                driver, mine = self._open(sealed, context)
-            elif type(sealed) is bytes:  # a compact box (every job without large inputs)
-                driver, mine = self.sealer.open_box(sealed, context, "", False, True)
-            else:  # what _open does then, without its call: this runs for every job
-                driver, mine = self.sealer.open(sealed, context, safe=False)
+            try:  # (no cost in Python 3.11 unless it raises)
+                if self._kernels_only:
+                    driver, mine = self._open(sealed, context)
+                elif type(sealed) is bytes:  # a compact box (every job without large inputs)
+                    driver, mine = self.sealer.open_box(sealed, context, "", False, True)
+                else:  # what _open does then, without its call: this runs for every job
+                    driver, mine = self.sealer.open(sealed, context, safe=False)
+            except AuthenticationError as exc:
+                raise self._unopened(exc, sealed) from None
             replayed = self.replays.admit(driver, sealed)  # authenticated: counted as run
             if replayed:
                 raise _Replayed(f"job {msg.job} refused: {replayed}", replayed)
@@ -126,10 +149,15 @@ class WorkerSeal:
         except (AuthenticationError, ProtocolError) as exc:
             self.refusals += 1
             kind, op = type(exc).__name__, "inputs"
+            message = str(exc)
             if type(exc) is _Replayed:
                 kind = "AuthenticationError"
-                op = UNKNOWN_STREAM if exc.reason.startswith(UNKNOWN_STREAM) else op
-            info = ErrorInfo(kind, str(exc), rank=self.rank, op=op, job=msg.job)
+                if exc.reason.startswith(UNKNOWN_STREAM):  # the driver starts a new stream
+                    op = UNKNOWN_STREAM
+                    message += refusal_facts(self.incarnation, self.replays.floor(driver))
+            elif type(exc) is _Unopened:  # perhaps sealed for another incarnation of ours
+                kind, op = "AuthenticationError", UNKNOWN_STREAM
+            info = ErrorInfo(kind, message, rank=self.rank, op=op, job=msg.job)
             return None, Failed(msg.session, msg.job, self.rank, info)
         # self._opened[job] = driver, without LRU.__setitem__'s Python call (once per job):
         # the job is new here (its sealer numbers each job once, and a replay was refused
@@ -154,6 +182,16 @@ class WorkerSeal:
             timeout_s=msg.timeout_s,
         )
         return out, None
+
+    def _unopened(self, exc: AuthenticationError, sealed: Any) -> AuthenticationError:
+        """Why sealed bindings did not open, for the refusal: if they claim a stream this
+        worker does not know, with this worker's incarnation and that sender's floor."""
+        claimed = claimed_stream(sealed)
+        if claimed is None or self.replays.knows(*claimed):
+            return exc  # a stream that ran here: the right incarnation, so a forgery
+        sender, _ = claimed
+        facts = refusal_facts(self.incarnation, self.replays.floor(sender))
+        return _Unopened(f"{exc}; a stream this worker does not know{facts}")
 
     def _inbound_other(self, msg: Record) -> tuple[Record | None, Record | None]:
         if isinstance(msg, Program):
