@@ -38,7 +38,6 @@ from mpl.wire.seal import (
 
 __all__ = ["DriverSeal", "driver_seal"]
 
-_new = object.__new__
 # DriverSeal fills these records in directly, naming every field (keywords): pinned here
 _EXEC_FIELDS = pinned_fields(
     Exec,
@@ -115,7 +114,8 @@ class DriverSeal:
 
     def exec(self, msg: Exec) -> Exec:
         """``msg`` with every rank's bindings sealed for that rank (a sealed None where it
-        has none: it proves the job comes from this driver)."""
+        has none: it proves the job comes from this driver): ``msg`` itself, its bindings
+        field replaced (the dict it held is left as it was), so the caller sends it instead."""
         seal = (self.sealer or self._ready()).seal
         # exec_context(...) without its call (checked on import)
         tail = self._tails[(msg.digest, msg.ranks, msg.inline, msg.timeout_s)]
@@ -126,21 +126,14 @@ class DriverSeal:
             who = nodes.get(rank) or self._node(rank)  # _node says why there is none
             # safe=False, passed by position: a keyword costs the call a name to match
             sealed[rank] = seal(plain.get(rank), who, context, False)
-        # the driver's own Exec, with its bindings sealed: built without re-checks, and
-        # filled in here (record.built without its two calls; checked on import)
-        out = _new(Exec)
-        out.__dict__.update(  # _EXEC_FIELDS, as keywords: no zip to walk
-            session=msg.session,
-            job=msg.job,
-            digest=msg.digest,
-            ranks=msg.ranks,
-            bindings=sealed,
-            inline=msg.inline,
-            timeout_s=msg.timeout_s,
-        )
-        return out
+        # the bindings sealed in their place: the caller built ``msg`` for this job and
+        # sends what comes back instead (a field set so costs no record built: _EXEC_FIELDS)
+        msg.__dict__["bindings"] = sealed
+        return msg
 
     def result(self, session: str, result: JobResult) -> JobResult:
+        """``result`` (decoded for this call) itself, its values field replaced by the
+        values opened: each only if the node of its rank sealed it for this job and output."""
         sealer = self.sealer or self._ready()
         open_box, safe, nodes = sealer.open_box, self.safe, self._nodes  # sealer.open: rare
         values: dict[int, dict[int, Any]] = {}
@@ -153,18 +146,10 @@ class DriverSeal:
                 else:
                     opened[rank] = sealer.open(sealed, context, sender=who, safe=safe)[1]
             values[index] = opened
-        # the decoded (so checked) JobResult with its values opened: no re-check, filled in
-        # here (record.built without its two calls; checked on import)
-        r, out = result, _new(JobResult)
-        out.__dict__.update(  # _RESULT_FIELDS, as keywords: no zip to walk
-            job=r.job,
-            values=values,
-            error=r.error,
-            missing_program=r.missing_program,
-            stats=r.stats,
-            metas=r.metas,
-        )
-        return out
+        # the values opened in their place: the caller decoded ``result`` for this call and
+        # keeps what comes back instead (a field set so costs no record built: _RESULT_FIELDS)
+        result.__dict__["values"] = values
+        return result
 
     def refused(self, error: ErrorInfo) -> None:
         """A job failed with ``error``. If its rank's worker refused the job's stream as one

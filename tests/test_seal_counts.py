@@ -28,16 +28,19 @@ def _pair() -> tuple[Sealer, Sealer]:
 
 
 class _Count:
-    """Python calls and calls into the cipher made while it is on."""
+    """Python calls, calls into the cipher and records built made while it is on."""
 
     def __init__(self) -> None:
         self.calls = 0
         self.cipher: Counter[str] = Counter()
+        self.built = 0  # records made without __init__ (object.__new__)
 
     def __call__(self, frame: Any, event: str, arg: Any) -> None:
         if event == "call":
             self.calls += 1
         elif event == "c_call":
+            if arg is object.__new__:
+                self.built += 1
             name = getattr(arg, "__qualname__", "")
             if name.startswith("ChaCha20Poly1305."):
                 self.cipher[name] += 1
@@ -106,6 +109,9 @@ def test_the_workers_sealing_per_trivial_job_one_cipher_call_and_bounded_python_
         assert driver.open(out.values[0], context, sender="node:n0") == ("node:n0", 1)
     assert "ChaCha20Poly1305.decrypt" not in count.cipher  # main opened every None with it
     assert count.cipher["ChaCha20Poly1305.encrypt"] <= 20
+    # the Done its sealed values go out in; the Exec that opened is the broker's, its
+    # bindings replaced (main, f226f8d, built that one too)
+    assert count.built == 20
     per_job = count.calls / 20
     print(f"{per_job} Python calls per job in the worker's sealing")
     assert per_job <= _WORKER_CALLS
@@ -145,30 +151,38 @@ def test_the_drivers_sealing_per_trivial_2p_job_bounded_python_calls() -> None:
     two inline results, counted in the driver."""
     driver, workers = _driver_and_nodes()
     n = 20
-    plain = [Exec("s", f"j{i}", "d", (0, 1), {}, (0,), 5.0) for i in range(n + 5)]
+
+    def plain(i: int) -> Exec:  # a new one each time: exec seals the bindings in its place
+        return Exec("s", f"j{i}", "d", (0, 1), {}, (0,), 5.0)
+
     results = []
-    for msg in plain:  # each result as the broker hands it on: both ranks' sealed values
-        sealed = driver.exec(msg)
+    for i in range(n + 5):  # each result as the broker hands it on: both ranks' sealed values
+        msg = driver.exec(plain(i))
         values: dict[int, Any] = {}
         for rank, worker in enumerate(workers):
-            one = Exec("s", msg.job, "d", (0, 1), {rank: sealed.bindings[rank]}, (0,), 5.0)
+            one = Exec("s", msg.job, "d", (0, 1), {rank: msg.bindings[rank]}, (0,), 5.0)
             assert worker.inbound(one)[1] is None
             done = worker.outbound(Done("s", msg.job, rank, {0: rank + 7}))
             assert isinstance(done, Done)
             values[rank] = done.values[0]
         results.append(JobResult(msg.job, {0: values}))
-    for msg, result in zip(plain[:5], results[:5], strict=True):  # warm: epochs known
-        exec_frames(driver.exec(msg))
+    for i, result in enumerate(results[:5]):  # warm: epochs known
+        exec_frames(driver.exec(plain(i)))
         driver.result("s", result)
+    fresh = [plain(i) for i in range(5, n + 5)]
     opened = []
     with _Count() as count:
-        for msg, result in zip(plain[5:], results[5:], strict=True):
+        for msg, result in zip(fresh, results[5:], strict=True):
             sealed = driver.exec(msg)
             frames = exec_frames(sealed)
             opened.append(driver.result("s", result))
     assert frames == encode(sealed)  # the sealed Exec packed as the codec packs it
     assert all(r.values == {0: {0: 7, 1: 8}} for r in opened)
     assert count.cipher["ChaCha20Poly1305.decrypt"] == 2 * n  # the results alone
+    # no record built: the Exec and the JobResult come back with a field replaced (main
+    # f226f8d, built a new one of each per job)
+    assert count.built == 0
+    assert all(out is r for out, r in zip(opened, results[5:], strict=True))
     per_job = count.calls / n
     print(f"{per_job} Python calls per 2p job in the driver's sealing")
     assert per_job <= _DRIVER_CALLS_2P

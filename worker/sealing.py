@@ -100,7 +100,8 @@ class WorkerSeal:
         """``(message to act on, or None; answer for the broker, or None)``.
 
         An ``Exec`` (most messages) is opened here, in this method: its own method would
-        be one more Python call per job."""
+        be one more Python call per job. One that opens comes back itself, its sealed
+        bindings replaced by what they held (the caller acts on it instead)."""
         if type(msg) is not Exec and not isinstance(msg, Exec):
             return self._inbound_other(msg)
         job = (msg.session, msg.job)
@@ -139,21 +140,11 @@ class WorkerSeal:
         if len(opened) > opened.limit:
             opened.popitem(last=False)
             opened.dropped += 1
-        # the broker's Exec, decoded and checked, with the bindings that opened: no re-check,
-        # filled in here (record.built without its two calls; checked on import)
-        bindings = {self.rank: mine} if mine is not None else {}
-        s, j = job
-        out = _new(Exec)
-        out.__dict__.update(  # _EXEC_FIELDS, as keywords: no zip to walk
-            session=s,
-            job=j,
-            digest=msg.digest,
-            ranks=msg.ranks,
-            bindings=bindings,
-            inline=msg.inline,
-            timeout_s=msg.timeout_s,
-        )
-        return out, None
+        # the broker's Exec with the bindings that opened, in their place: it was decoded
+        # for this call alone (the daemon reads a new record per message and drops it for
+        # the one returned), and a field set so costs no record built (_EXEC_FIELDS)
+        msg.__dict__["bindings"] = {self.rank: mine} if mine is not None else {}
+        return msg, None
 
     def _inbound_other(self, msg: Record) -> tuple[Record | None, Record | None]:
         if isinstance(msg, Program):
