@@ -38,7 +38,8 @@ from mpl.wire.seal import (
 
 __all__ = ["DriverSeal", "driver_seal"]
 
-# DriverSeal fills these records in directly, naming every field (keywords): pinned here
+# DriverSeal sets a field of these records in place, in their __dict__ (a record that only
+# stores its fields, direct): pinned here
 _EXEC_FIELDS = pinned_fields(
     Exec,
     ("session", "job", "digest", "ranks", "bindings", "inline", "timeout_s"),

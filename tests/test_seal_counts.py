@@ -109,9 +109,10 @@ def test_the_workers_sealing_per_trivial_job_one_cipher_call_and_bounded_python_
         assert driver.open(out.values[0], context, sender="node:n0") == ("node:n0", 1)
     assert "ChaCha20Poly1305.decrypt" not in count.cipher  # main opened every None with it
     assert count.cipher["ChaCha20Poly1305.encrypt"] <= 20
-    # the Done its sealed values go out in; the Exec that opened is the broker's, its
-    # bindings replaced (main, f226f8d, built that one too)
-    assert count.built == 20
+    # no record built: the Exec that opened is the broker's and the Done the job's, each
+    # with a field replaced (main, f226f8d, built a new one of each per job)
+    assert count.built == 0
+    assert all(out is done for (_, done), out in zip(jobs, sealed, strict=True))
     per_job = count.calls / 20
     print(f"{per_job} Python calls per job in the worker's sealing")
     assert per_job <= _WORKER_CALLS

@@ -48,9 +48,9 @@ __all__ = ["WorkerSeal"]
 
 _MEMORY = 4096  # jobs' recipients, fetches and refused programs remembered (bounded)
 
-_new = object.__new__
 _set = OrderedDict.__setitem__  # LRU's own, in C, for a key known to be new
-# WorkerSeal fills these records in directly, naming every field (keywords): pinned here
+# WorkerSeal sets a field of these records in place, in their __dict__ (a record that only
+# stores its fields, direct): pinned here
 _EXEC_FIELDS = pinned_fields(
     Exec,
     ("session", "job", "digest", "ranks", "bindings", "inline", "timeout_s"),
@@ -156,7 +156,8 @@ class WorkerSeal:
     def outbound(self, msg: Record) -> Record:
         """Seal what ``msg`` carries for its driver (results, fetch replies).
 
-        A ``Done`` is sealed here, in this method, for the same reason as ``inbound``."""
+        A ``Done`` is sealed here, in this method, for the same reason as ``inbound``: it
+        comes back itself, its values replaced by their sealed boxes."""
         if not isinstance(msg, Done):
             return self._outbound_other(msg)
         driver = self._opened.get((msg.session, msg.job))
@@ -177,19 +178,10 @@ class WorkerSeal:
         except Exception as exc:  # an unsafe value: the job fails with the reason
             info = to_info(exc, rank=self.rank, op="result", job=msg.job, with_traceback=False)
             return Failed(msg.session, msg.job, self.rank, info)
-        # this process's own Done with its values sealed: built without re-checks, filled in
-        # here (record.built without its two calls; checked on import)
-        out = _new(Done)
-        out.__dict__.update(  # _DONE_FIELDS, as keywords: no zip to walk
-            session=msg.session,
-            job=msg.job,
-            rank=msg.rank,
-            values=values,
-            stats=msg.stats,
-            metas=msg.metas,
-            saved=msg.saved,
-        )
-        return out
+        # the values sealed in their place: the job built ``msg`` for this one message and
+        # the caller sends what comes back instead (a field set so costs no record built)
+        msg.__dict__["values"] = values
+        return msg
 
     def _outbound_other(self, msg: Record) -> Record:
         if isinstance(msg, Failed):
