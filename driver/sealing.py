@@ -117,16 +117,24 @@ class DriverSeal:
         """``msg`` with every rank's bindings sealed for that rank (a sealed None where it
         has none: it proves the job comes from this driver): ``msg`` itself, its bindings
         field replaced (the dict it held is left as it was), so the caller sends it instead."""
-        seal = (self.sealer or self._ready()).seal
+        sealer = self.sealer or self._ready()
         # exec_context(...) without its call (checked on import)
         tail = self._tails[(msg.digest, msg.ranks, msg.inline, msg.timeout_s)]
         context = f"exec|{msg.session}|{msg.job}{tail}"
         plain, nodes = msg.bindings, self._nodes
-        sealed: dict[int, Any] = {}
-        for rank in msg.ranks:  # plain loops: a comprehension is one more call per job
-            who = nodes.get(rank) or self._node(rank)  # _node says why there is none
-            # safe=False, passed by position: a keyword costs the call a name to match
-            sealed[rank] = seal(plain.get(rank), who, context, False)
+        sealed: dict[int, Any]
+        if not plain:  # no rank has inputs (most jobs): every rank's None in one call
+            try:
+                sealed = sealer.seal_nones(nodes, msg.ranks, context)
+            except KeyError as exc:  # a rank of no node of this driver's spec
+                self._node(exc.args[0])  # says why
+                raise
+        else:
+            seal, sealed = sealer.seal, {}
+            for rank in msg.ranks:  # plain loops: a comprehension is one more call per job
+                who = nodes.get(rank) or self._node(rank)  # _node says why there is none
+                # safe=False, passed by position: a keyword costs the call a name to match
+                sealed[rank] = seal(plain.get(rank), who, context, False)
         # the bindings sealed in their place: the caller built ``msg`` for this job and
         # sends what comes back instead (a field set so costs no record built: _EXEC_FIELDS)
         msg.__dict__["bindings"] = sealed

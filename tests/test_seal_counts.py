@@ -9,10 +9,12 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import zmq
 
 from mpl.driver.sealing import DriverSeal
 from mpl.wire.codec import encode
+from mpl.wire.errors import AuthenticationError
 from mpl.wire.exec_pack import exec_frames
 from mpl.wire.jobs import Done, Exec, JobResult
 from mpl.wire.seal import Sealer, done_context, exec_context
@@ -144,7 +146,8 @@ def _driver_and_nodes() -> tuple[DriverSeal, list[WorkerSeal]]:
 # JobResult's record.built (two calls each), open()'s dispatch to the box per result, and
 # exec_pack's rank check (a helper and its generator) on the sealed bindings; main (e7b802d)
 # 10.05, 8.05 once exec_context's and done_context's strings were written out in DriverSeal
-_DRIVER_CALLS_2P = 8.5
+# (f226f8d); 7.05 with every rank's sealed None made in one call (Sealer.seal_nones)
+_DRIVER_CALLS_2P = 7.5
 
 
 def test_the_drivers_sealing_per_trivial_2p_job_bounded_python_calls() -> None:
@@ -200,3 +203,13 @@ def test_the_workers_memory_of_run_jobs_stays_bounded_oldest_out_first() -> None
         worker.outbound(done)
     assert list(worker._opened) == [("s", "j2"), ("s", "j3"), ("s", "j4")]
     assert worker._opened.dropped == 2
+
+
+def test_a_rank_with_no_node_in_the_drivers_spec_is_refused_with_or_without_inputs() -> None:
+    """The driver seals nothing for a rank its spec names no node for, whether the job's
+    Nones are sealed in one call (no inputs) or rank by rank: it says which rank."""
+    driver, _ = _driver_and_nodes()
+    for bindings in ({}, {0: [1]}):
+        msg = Exec("s", "j", "d", (0, 2), dict(bindings), (0,), 5.0)
+        with pytest.raises(AuthenticationError, match="rank 2 is not a node"):
+            driver.exec(msg)

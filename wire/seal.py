@@ -43,7 +43,9 @@ authenticated for its one recipient:
   its nonce and context, under a second key of the same epoch (personalised apart from the
   cipher's). One hash call instead of a cipher set-up, encode and decode on either side; it
   is bound exactly as a box is (a box's ciphertext is never empty: its plaintext holds at
-  least the payload's head, so the two cannot be taken for one another).
+  least the payload's head, so the two cannot be taken for one another). A job whose ranks
+  have no inputs gets all its Nones from one call (:meth:`Sealer.seal_nones`), each still
+  tagged under its own recipient's epoch.
 
 Opening is all-or-nothing: anything wrong raises :class:`AuthenticationError` before the
 plaintext is decoded, so a pickle inside a job's bindings or program is loaded only after
@@ -364,6 +366,25 @@ class Sealer:
         head, _, _, counter = self._sending.get(to) or self._new_epoch(to)
         salt = head[-_SALT : -_SALT // 2] + next(counter).to_bytes(_SALT // 2, "big")
         return self._record(frames, salt, to, context)
+
+    def seal_nones(
+        self, to: dict[int, str], ranks: tuple[int, ...], context: str
+    ) -> dict[int, Any]:
+        """``{rank: seal(None, to[rank], context)}`` for every rank of ``ranks`` in one call
+        (a job whose ranks have no inputs: most jobs), the context encoded once: each tag
+        still under the epoch of its own recipient, numbered by that epoch's counter.
+        KeyError (the rank) for a rank ``to`` has no identity for."""
+        if self._box_head is None:  # records only: seal() says how
+            return {rank: self.seal(None, to[rank], context) for rank in ranks}
+        data, sending, out = context.encode(), self._sending, {}
+        for rank in ranks:
+            who = to[rank]
+            head, _, mark, counter = sending.get(who) or self._new_epoch(who)
+            nonce = _box_nonce(next(counter))
+            tagger = mark.copy()  # as seal() makes a None's tag
+            tagger.update(nonce + data)
+            out[rank] = head + nonce + tagger.digest()
+        return out
 
     def _new_epoch(self, to: str) -> _Epoch:
         epoch = os.urandom(_SALT)
