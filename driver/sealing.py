@@ -143,18 +143,16 @@ class DriverSeal:
     def result(self, session: str, result: JobResult) -> JobResult:
         """``result`` (decoded for this call) itself, its values field replaced by the
         values opened: each only if the node of its rank sealed it for this job and output."""
-        sealer = self.sealer or self._ready()
-        open_box, safe, nodes = sealer.open_box, self.safe, self._nodes  # sealer.open: rare
+        open_all, safe, nodes = (self.sealer or self._ready()).open_all, self.safe, self._nodes
         values: dict[int, dict[int, Any]] = {}
         for index, per_rank in result.values.items():
-            context, opened = f"done|{session}|{result.job}|{index}", {}  # done_context
-            for rank, sealed in per_rank.items():
-                who = nodes.get(rank) or self._node(rank)
-                if type(sealed) is bytes:  # an inline result's compact box: the commonest
-                    opened[rank] = open_box(sealed, context, who, safe, True)[1]
-                else:
-                    opened[rank] = sealer.open(sealed, context, sender=who, safe=safe)[1]
-            values[index] = opened
+            try:  # every rank's value of this output in one call; done_context written out
+                values[index] = open_all(
+                    per_rank, nodes, f"done|{session}|{result.job}|{index}", safe
+                )
+            except KeyError as exc:  # a rank of no node of this driver's spec
+                self._node(exc.args[0])  # says why
+                raise
         # the values opened in their place: the caller decoded ``result`` for this call and
         # keeps what comes back instead (a field set so costs no record built: _RESULT_FIELDS)
         result.__dict__["values"] = values

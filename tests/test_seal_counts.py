@@ -146,8 +146,9 @@ def _driver_and_nodes() -> tuple[DriverSeal, list[WorkerSeal]]:
 # JobResult's record.built (two calls each), open()'s dispatch to the box per result, and
 # exec_pack's rank check (a helper and its generator) on the sealed bindings; main (e7b802d)
 # 10.05, 8.05 once exec_context's and done_context's strings were written out in DriverSeal
-# (f226f8d); 7.05 with every rank's sealed None made in one call (Sealer.seal_nones)
-_DRIVER_CALLS_2P = 7.5
+# (f226f8d); 7.05 with every rank's sealed None made in one call (Sealer.seal_nones), 6.05
+# with every rank's value of an output opened in one call (Sealer.open_all)
+_DRIVER_CALLS_2P = 6.5
 
 
 def test_the_drivers_sealing_per_trivial_2p_job_bounded_python_calls() -> None:
@@ -207,9 +208,12 @@ def test_the_workers_memory_of_run_jobs_stays_bounded_oldest_out_first() -> None
 
 def test_a_rank_with_no_node_in_the_drivers_spec_is_refused_with_or_without_inputs() -> None:
     """The driver seals nothing for a rank its spec names no node for, whether the job's
-    Nones are sealed in one call (no inputs) or rank by rank: it says which rank."""
+    Nones are sealed in one call (no inputs) or rank by rank, and opens no result from it:
+    it says which rank."""
     driver, _ = _driver_and_nodes()
     for bindings in ({}, {0: [1]}):
         msg = Exec("s", "j", "d", (0, 2), dict(bindings), (0,), 5.0)
         with pytest.raises(AuthenticationError, match="rank 2 is not a node"):
             driver.exec(msg)
+    with pytest.raises(AuthenticationError, match="rank 2 is not a node"):  # nor opens from it
+        driver.result("s", JobResult("j", {0: {2: b"mpl-box"}}))
