@@ -198,12 +198,13 @@ def test_the_workers_memory_of_run_jobs_stays_bounded_oldest_out_first() -> None
     network input: past the bound the oldest goes, whatever the fast path that adds them."""
     driver, node = _pair()
     worker = WorkerSeal(node, 0)
-    worker._opened.limit = 3  # the bound, made small (it is _MEMORY)
+    worker._opened_limit = 3  # the bound, made small (it is _MEMORY)
     for exec_, done in _jobs(driver, 5):
         assert worker.inbound(exec_)[1] is None
         worker.outbound(done)
     assert list(worker._opened) == [("s", "j2"), ("s", "j3"), ("s", "j4")]
-    assert worker._opened.dropped == 2
+    worker.forget("s", "j3")  # a failed job's recipient forgotten, in its place
+    assert worker._opened == {("s", "j2"): "driver:a", ("s", "j3"): "", ("s", "j4"): "driver:a"}
 
 
 def test_a_rank_with_no_node_in_the_drivers_spec_is_refused_with_or_without_inputs() -> None:

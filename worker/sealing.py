@@ -22,7 +22,6 @@ the seal hides them from the check it makes on the outer message.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 from mpl.wire.data import Fetch
@@ -48,7 +47,6 @@ __all__ = ["WorkerSeal"]
 
 _MEMORY = 4096  # jobs' recipients, fetches and refused programs remembered (bounded)
 
-_set = OrderedDict.__setitem__  # LRU's own, in C, for a key known to be new
 # WorkerSeal sets a field of these records in place, in their __dict__ (a record that only
 # stores its fields, direct): pinned here
 _EXEC_FIELDS = pinned_fields(
@@ -88,8 +86,10 @@ class WorkerSeal:
         self._kernels_only = code == "kernels"  # mpl-worker --code kernels
         self.safe = not pickles_allowed(WORKER, trusted=trusted)  # results leave this party
         # (session, job) of the jobs opened here last -> the driver that sealed it, its
-        # results' recipient ("" once the job failed or was aborted)
-        self._opened: LRU[tuple[str, str], str] = LRU(_MEMORY)
+        # results' recipient ("" once the job failed or was aborted): a plain dict, oldest
+        # first, at most _opened_limit (every job enters it once, as the newest)
+        self._opened: dict[tuple[str, str], str] = {}
+        self._opened_limit = _MEMORY
         self.replays = ReplayGuard()  # which sealed Execs ran: each runs once
         self._fetches: LRU[int, Fetch] = LRU(_MEMORY)
         self._refused: LRU[str, str] = LRU(_MEMORY)  # program digest -> why it did not open
@@ -132,14 +132,13 @@ class WorkerSeal:
                 op = UNKNOWN_STREAM if exc.reason.startswith(UNKNOWN_STREAM) else op
             info = ErrorInfo(kind, str(exc), rank=self.rank, op=op, job=msg.job)
             return None, Failed(msg.session, msg.job, self.rank, info)
-        # self._opened[job] = driver, without LRU.__setitem__'s Python call (once per job):
         # the job is new here (its sealer numbers each job once, and a replay was refused
-        # above), so it goes in as the newest
+        # above), so it goes in last, as the newest; past the bound the oldest goes (the
+        # first a dict iterates): no LRU to keep in order (an OrderedDict's set cost more)
         opened = self._opened
-        _set(opened, job, driver)
-        if len(opened) > opened.limit:
-            opened.popitem(last=False)
-            opened.dropped += 1
+        opened[job] = driver
+        if len(opened) > self._opened_limit:
+            opened.pop(next(iter(opened)), None)
         # the broker's Exec with the bindings that opened, in their place: it was decoded
         # for this call alone (the daemon reads a new record per message and drops it for
         # the one returned), and a field set so costs no record built (_EXEC_FIELDS)
