@@ -69,6 +69,8 @@ class DriverSeal:
         spec = curve.cluster
         self._own = {n.name for n in spec.nodes} if spec else set()  # the nodes we hold keys of
         self._nodes: dict[int, str] = {}  # rank -> node identity, from the session's layout
+        # rank -> (node identity, what ends an Exec context for it), for Sealer.seal_nones
+        self._targets: dict[int, tuple[str, str]] = {}
         self._tails = ExecTails()  # what exec_context writes after the job
 
     def bind(self, layout: ClusterSpec) -> None:
@@ -85,6 +87,7 @@ class DriverSeal:
                     f"the broker puts {who} at rank {rank}, where an earlier session had "
                     f"{self._nodes[rank]}: a node's rank never changes on one broker"
                 )
+            self._targets.setdefault(rank, (who, ""))
 
     def _ready(self) -> Sealer:
         if self.sealer is None:
@@ -125,7 +128,7 @@ class DriverSeal:
         sealed: dict[int, Any]
         if not plain:  # no rank has inputs (most jobs): every rank's None in one call
             try:
-                sealed = sealer.seal_nones(nodes, msg.ranks, context)
+                sealed = sealer.seal_nones(self._targets, msg.ranks, context)
             except KeyError as exc:  # a rank of no node of this driver's spec
                 self._node(exc.args[0])  # says why
                 raise

@@ -368,21 +368,23 @@ class Sealer:
         return self._record(frames, salt, to, context)
 
     def seal_nones(
-        self, to: dict[int, str], ranks: tuple[int, ...], context: str
+        self, targets: dict[int, tuple[str, str]], ranks: tuple[int, ...], context: str
     ) -> dict[int, Any]:
-        """``{rank: seal(None, to[rank], context)}`` for every rank of ``ranks`` in one call
-        (a job whose ranks have no inputs: most jobs), the context encoded once: each tag
-        still under the epoch of its own recipient, numbered by that epoch's counter.
-        KeyError (the rank) for a rank ``to`` has no identity for."""
+        """``{rank: seal(None, who, context + suffix)}``, ``(who, suffix) = targets[rank]``
+        (its recipient, and what ends its context: "" when all ranks' are one), for every
+        rank of ``ranks`` in one call (a job whose ranks have no inputs: most jobs), the
+        job's context encoded once: each tag still under the epoch of its own recipient,
+        numbered by that epoch's counter, over its own rank's context. KeyError (the rank)
+        for a rank ``targets`` has no entry for."""
         if self._box_head is None:  # records only: seal() says how
-            return {rank: self.seal(None, to[rank], context) for rank in ranks}
+            return {r: self.seal(None, targets[r][0], context + targets[r][1]) for r in ranks}
         data, sending, out = context.encode(), self._sending, {}
         for rank in ranks:
-            who = to[rank]
+            who, suffix = targets[rank]
             head, _, mark, counter = sending.get(who) or self._new_epoch(who)
             nonce = _box_nonce(next(counter))
             tagger = mark.copy()  # as seal() makes a None's tag
-            tagger.update(nonce + data)
+            tagger.update(nonce + data + suffix.encode() if suffix else nonce + data)
             out[rank] = head + nonce + tagger.digest()
         return out
 
