@@ -40,8 +40,8 @@ from mpl.wire.seal import (
 
 __all__ = ["DriverSeal", "driver_seal"]
 
-_new = object.__new__
-# DriverSeal fills these records in directly, naming every field (keywords): pinned here
+# DriverSeal sets a field of these records in place, in their __dict__ (a record that only
+# stores its fields, direct): pinned here
 _EXEC_FIELDS = pinned_fields(
     Exec,
     ("session", "job", "digest", "ranks", "bindings", "inline", "timeout_s"),
@@ -156,57 +156,51 @@ class DriverSeal:
 
     def exec(self, msg: Exec) -> Exec:
         """``msg`` with every rank's bindings sealed for that rank (a sealed None where it
-        has none: it proves the job comes from this driver)."""
-        seal = (self.sealer or self._ready()).seal
+        has none: it proves the job comes from this driver): ``msg`` itself, its bindings
+        field replaced (the dict it held is left as it was), so the caller sends it instead.
+        Each rank's bindings are sealed for its worker process: the context ends with that
+        worker's incarnation (``_targets``)."""
+        sealer = self.sealer or self._ready()
         # exec_context(...) without its call (checked on import): the job's, then per rank
         # its worker's incarnation
         tail = self._tails[(msg.digest, msg.ranks, msg.inline, msg.timeout_s)]
         context = f"exec|{msg.session}|{msg.job}{tail}"
         plain, targets = msg.bindings, self._targets
-        sealed: dict[int, Any] = {}
-        for rank in msg.ranks:  # plain loops: a comprehension is one more call per job
-            who, bound = targets.get(rank) or self._target(rank)
-            # safe=False, passed by position: a keyword costs the call a name to match
-            sealed[rank] = seal(plain.get(rank), who, context + bound, False)
-        # the driver's own Exec, with its bindings sealed: built without re-checks, and
-        # filled in here (record.built without its two calls; checked on import)
-        out = _new(Exec)
-        out.__dict__.update(  # _EXEC_FIELDS, as keywords: no zip to walk
-            session=msg.session,
-            job=msg.job,
-            digest=msg.digest,
-            ranks=msg.ranks,
-            bindings=sealed,
-            inline=msg.inline,
-            timeout_s=msg.timeout_s,
-        )
-        return out
+        sealed: dict[int, Any]
+        if not plain:  # no rank has inputs (most jobs): every rank's None in one call
+            try:
+                sealed = sealer.seal_nones(targets, msg.ranks, context)
+            except KeyError as exc:  # a rank of no node of this driver's spec
+                self._target(exc.args[0])  # says why
+                raise
+        else:
+            seal, sealed = sealer.seal, {}
+            for rank in msg.ranks:  # plain loops: a comprehension is one more call per job
+                who, bound = targets.get(rank) or self._target(rank)
+                # safe=False, passed by position: a keyword costs the call a name to match
+                sealed[rank] = seal(plain.get(rank), who, context + bound, False)
+        # the bindings sealed in their place: the caller built ``msg`` for this job and
+        # sends what comes back instead (a field set so costs no record built: _EXEC_FIELDS)
+        msg.__dict__["bindings"] = sealed
+        return msg
 
     def result(self, session: str, result: JobResult) -> JobResult:
-        sealer = self.sealer or self._ready()
-        open_box, safe, nodes = sealer.open_box, self.safe, self._nodes  # sealer.open: rare
+        """``result`` (decoded for this call) itself, its values field replaced by the
+        values opened: each only if the node of its rank sealed it for this job and output."""
+        open_all, safe, nodes = (self.sealer or self._ready()).open_all, self.safe, self._nodes
         values: dict[int, dict[int, Any]] = {}
         for index, per_rank in result.values.items():
-            context, opened = f"done|{session}|{result.job}|{index}", {}  # done_context
-            for rank, sealed in per_rank.items():
-                who = nodes.get(rank) or self._node(rank)
-                if type(sealed) is bytes:  # an inline result's compact box: the commonest
-                    opened[rank] = open_box(sealed, context, who, safe, True)[1]
-                else:
-                    opened[rank] = sealer.open(sealed, context, sender=who, safe=safe)[1]
-            values[index] = opened
-        # the decoded (so checked) JobResult with its values opened: no re-check, filled in
-        # here (record.built without its two calls; checked on import)
-        r, out = result, _new(JobResult)
-        out.__dict__.update(  # _RESULT_FIELDS, as keywords: no zip to walk
-            job=r.job,
-            values=values,
-            error=r.error,
-            missing_program=r.missing_program,
-            stats=r.stats,
-            metas=r.metas,
-        )
-        return out
+            try:  # every rank's value of this output in one call; done_context written out
+                values[index] = open_all(
+                    per_rank, nodes, f"done|{session}|{result.job}|{index}", safe
+                )
+            except KeyError as exc:  # a rank of no node of this driver's spec
+                self._node(exc.args[0])  # says why
+                raise
+        # the values opened in their place: the caller decoded ``result`` for this call and
+        # keeps what comes back instead (a field set so costs no record built: _RESULT_FIELDS)
+        result.__dict__["values"] = values
+        return result
 
     def refused(self, error: ErrorInfo) -> None:
         """A job failed with ``error``. If its rank's worker refused the job's stream as one

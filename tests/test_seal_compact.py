@@ -338,3 +338,31 @@ def test_the_driver_refuses_one_ranks_result_box_handed_on_as_anothers(parties: 
     assert honest.values == {0: {0: 7, 1: 8}}
     with pytest.raises(AuthenticationError, match="claims to be sealed by node:n0"):
         driver.result("s", JobResult("job1", {0: {0: from_n0, 1: from_n0}}))
+
+
+def test_one_outputs_values_opened_in_one_call_as_open_opens_each(parties: Parties) -> None:
+    """Sealer.open_all (a result's inline values, every rank in one call): what opens is
+    what open() gives rank by rank, boxes of epochs known or not, records and Nones alike;
+    a box from another node than its rank's, for another output, or altered, is refused."""
+    a, n0, n1 = parties.a, parties.n0, parties.n1
+    context = done_context("s", "j1", 0)
+    senders = {0: "node:n0", 1: "node:n1"}
+    first = {0: n0.seal(7, "driver:a", context), 1: n1.seal(None, "driver:a", context)}
+    assert a.open_all(first, senders, context, True) == {0: 7, 1: None}  # epochs learnt
+    values: dict[int, Any] = {0: "text", 1: b"x" * (1 << 17)}  # a short str; a record
+    sealed = {r: s.seal(values[r], "driver:a", context) for r, s in ((0, n0), (1, n1))}
+    assert type(sealed[0]) is bytes and type(sealed[1]) is not bytes
+    assert a.open_all(sealed, senders, context, True) == values
+    box = n0.seal(8, "driver:a", context)
+    for bad_senders, bad_context in (
+        ({0: "node:n1"}, context),  # rank 0 answered by node n1's name: the epoch is n0's
+        ({0: "node:n0"}, done_context("s", "j1", 1)),  # another output
+        ({0: "node:n0"}, done_context("s", "j2", 0)),  # another job
+    ):
+        with pytest.raises(AuthenticationError):
+            a.open_all({0: box}, bad_senders, bad_context, True)
+    altered = box[:-1] + bytes([box[-1] ^ 1])
+    with pytest.raises(AuthenticationError, match="failed authentication"):
+        a.open_all({0: altered}, senders, context, True)
+    with pytest.raises(KeyError):  # a rank with no sender: the caller says why
+        a.open_all({2: box}, senders, context, True)

@@ -9,10 +9,12 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import zmq
 
 from mpl.driver.sealing import DriverSeal
 from mpl.wire.codec import encode
+from mpl.wire.errors import AuthenticationError
 from mpl.wire.exec_pack import exec_frames
 from mpl.wire.jobs import Done, Exec, JobResult
 from mpl.wire.seal import Sealer, done_context, exec_context
@@ -28,16 +30,19 @@ def _pair() -> tuple[Sealer, Sealer]:
 
 
 class _Count:
-    """Python calls and calls into the cipher made while it is on."""
+    """Python calls, calls into the cipher and records built made while it is on."""
 
     def __init__(self) -> None:
         self.calls = 0
         self.cipher: Counter[str] = Counter()
+        self.built = 0  # records made without __init__ (object.__new__)
 
     def __call__(self, frame: Any, event: str, arg: Any) -> None:
         if event == "call":
             self.calls += 1
         elif event == "c_call":
+            if arg is object.__new__:
+                self.built += 1
             name = getattr(arg, "__qualname__", "")
             if name.startswith("ChaCha20Poly1305."):
                 self.cipher[name] += 1
@@ -106,6 +111,10 @@ def test_the_workers_sealing_per_trivial_job_one_cipher_call_and_bounded_python_
         assert driver.open(out.values[0], context, sender="node:n0") == ("node:n0", 1)
     assert "ChaCha20Poly1305.decrypt" not in count.cipher  # main opened every None with it
     assert count.cipher["ChaCha20Poly1305.encrypt"] <= 20
+    # no record built: the Exec that opened is the broker's and the Done the job's, each
+    # with a field replaced (main, f226f8d, built a new one of each per job)
+    assert count.built == 0
+    assert all(out is done for (_, done), out in zip(jobs, sealed, strict=True))
     per_job = count.calls / 20
     print(f"{per_job} Python calls per job in the worker's sealing")
     assert per_job <= _WORKER_CALLS
@@ -137,7 +146,9 @@ def _driver_and_nodes() -> tuple[DriverSeal, list[WorkerSeal]]:
 # JobResult's record.built (two calls each), open()'s dispatch to the box per result, and
 # exec_pack's rank check (a helper and its generator) on the sealed bindings; main (e7b802d)
 # 10.05, 8.05 once exec_context's and done_context's strings were written out in DriverSeal
-_DRIVER_CALLS_2P = 8.5
+# (f226f8d); 7.05 with every rank's sealed None made in one call (Sealer.seal_nones), 6.05
+# with every rank's value of an output opened in one call (Sealer.open_all)
+_DRIVER_CALLS_2P = 6.5
 
 
 def test_the_drivers_sealing_per_trivial_2p_job_bounded_python_calls() -> None:
@@ -145,30 +156,38 @@ def test_the_drivers_sealing_per_trivial_2p_job_bounded_python_calls() -> None:
     two inline results, counted in the driver."""
     driver, workers = _driver_and_nodes()
     n = 20
-    plain = [Exec("s", f"j{i}", "d", (0, 1), {}, (0,), 5.0) for i in range(n + 5)]
+
+    def plain(i: int) -> Exec:  # a new one each time: exec seals the bindings in its place
+        return Exec("s", f"j{i}", "d", (0, 1), {}, (0,), 5.0)
+
     results = []
-    for msg in plain:  # each result as the broker hands it on: both ranks' sealed values
-        sealed = driver.exec(msg)
+    for i in range(n + 5):  # each result as the broker hands it on: both ranks' sealed values
+        msg = driver.exec(plain(i))
         values: dict[int, Any] = {}
         for rank, worker in enumerate(workers):
-            one = Exec("s", msg.job, "d", (0, 1), {rank: sealed.bindings[rank]}, (0,), 5.0)
+            one = Exec("s", msg.job, "d", (0, 1), {rank: msg.bindings[rank]}, (0,), 5.0)
             assert worker.inbound(one)[1] is None
             done = worker.outbound(Done("s", msg.job, rank, {0: rank + 7}))
             assert isinstance(done, Done)
             values[rank] = done.values[0]
         results.append(JobResult(msg.job, {0: values}))
-    for msg, result in zip(plain[:5], results[:5], strict=True):  # warm: epochs known
-        exec_frames(driver.exec(msg))
+    for i, result in enumerate(results[:5]):  # warm: epochs known
+        exec_frames(driver.exec(plain(i)))
         driver.result("s", result)
+    fresh = [plain(i) for i in range(5, n + 5)]
     opened = []
     with _Count() as count:
-        for msg, result in zip(plain[5:], results[5:], strict=True):
+        for msg, result in zip(fresh, results[5:], strict=True):
             sealed = driver.exec(msg)
             frames = exec_frames(sealed)
             opened.append(driver.result("s", result))
     assert frames == encode(sealed)  # the sealed Exec packed as the codec packs it
     assert all(r.values == {0: {0: 7, 1: 8}} for r in opened)
     assert count.cipher["ChaCha20Poly1305.decrypt"] == 2 * n  # the results alone
+    # no record built: the Exec and the JobResult come back with a field replaced (main
+    # f226f8d, built a new one of each per job)
+    assert count.built == 0
+    assert all(out is r for out, r in zip(opened, results[5:], strict=True))
     per_job = count.calls / n
     print(f"{per_job} Python calls per 2p job in the driver's sealing")
     assert per_job <= _DRIVER_CALLS_2P
@@ -179,9 +198,23 @@ def test_the_workers_memory_of_run_jobs_stays_bounded_oldest_out_first() -> None
     network input: past the bound the oldest goes, whatever the fast path that adds them."""
     driver, node = _pair()
     worker = WorkerSeal(node, 0)
-    worker._opened.limit = 3  # the bound, made small (it is _MEMORY)
+    worker._opened_limit = 3  # the bound, made small (it is _MEMORY)
     for exec_, done in _jobs(driver, 5):
         assert worker.inbound(exec_)[1] is None
         worker.outbound(done)
     assert list(worker._opened) == [("s", "j2"), ("s", "j3"), ("s", "j4")]
-    assert worker._opened.dropped == 2
+    worker.forget("s", "j3")  # a failed job's recipient forgotten, in its place
+    assert worker._opened == {("s", "j2"): "driver:a", ("s", "j3"): "", ("s", "j4"): "driver:a"}
+
+
+def test_a_rank_with_no_node_in_the_drivers_spec_is_refused_with_or_without_inputs() -> None:
+    """The driver seals nothing for a rank its spec names no node for, whether the job's
+    Nones are sealed in one call (no inputs) or rank by rank, and opens no result from it:
+    it says which rank."""
+    driver, _ = _driver_and_nodes()
+    for bindings in ({}, {0: [1]}):
+        msg = Exec("s", "j", "d", (0, 2), dict(bindings), (0,), 5.0)
+        with pytest.raises(AuthenticationError, match="rank 2 is not a node"):
+            driver.exec(msg)
+    with pytest.raises(AuthenticationError, match="rank 2 is not a node"):  # nor opens from it
+        driver.result("s", JobResult("j", {0: {2: b"mpl-box"}}))

@@ -138,3 +138,31 @@ def test_a_worker_refuses_another_ranks_or_another_jobs_sealed_none(parties: Par
     assert answer is None and isinstance(opened, Exec) and opened.bindings == {}
     opened, answer = rank0.inbound(Exec("s", "j1", "d", (0, 1), {0: for_n0}, (), 5.0))
     assert opened is None and isinstance(answer, Failed)  # the same job again: a replay
+
+
+def test_a_jobs_nones_sealed_in_one_call_are_each_bound_to_their_own_recipient(
+    parties: Parties,
+) -> None:
+    """Sealer.seal_nones (a job's every rank without inputs, one call): each rank's box is
+    sealed for that rank's node alone and that rank's context (the job's, then its own
+    suffix), numbered by that node's epoch as seal() numbers it, and opens nowhere else nor
+    for any other context."""
+    a, n0, n1 = parties.a, parties.n0, parties.n1
+    before = a.seal(None, "node:n0", _CONTEXT, safe=False)
+    boxes = a.seal_nones({0: ("node:n0", ""), 1: ("node:n1", "|i1")}, (0, 1), _CONTEXT)
+    assert list(boxes) == [0, 1]
+    assert n0.open(boxes[0], _CONTEXT) == ("driver:a", None)
+    assert n1.open(boxes[1], _CONTEXT + "|i1") == ("driver:a", None)  # its own context
+    with pytest.raises(AuthenticationError, match="replayed"):
+        n1.open(boxes[1], _CONTEXT)
+    for node, box in ((n1, boxes[0]), (n0, boxes[1])):  # the other node's: its key fails
+        with pytest.raises(AuthenticationError):
+            node.open(box, _CONTEXT)
+    with pytest.raises(AuthenticationError, match="replayed"):
+        n0.open(boxes[0], exec_context("s", "job2", "d", (0, 1), (0,), 5.0))
+    # node:n0's epoch numbers it right after the None seal() made just before
+    end = _end(before)
+    assert boxes[0][:end] == before[:end]
+    assert int.from_bytes(boxes[0][end : end + 12]) == int.from_bytes(before[end : end + 12]) + 1
+    with pytest.raises(KeyError):  # a rank with no identity: the caller says why
+        a.seal_nones({0: ("node:n0", "")}, (0, 2), _CONTEXT)

@@ -47,7 +47,9 @@ authenticated for its one recipient:
   its nonce and context, under a second key of the same epoch (personalised apart from the
   cipher's). One hash call instead of a cipher set-up, encode and decode on either side; it
   is bound exactly as a box is (a box's ciphertext is never empty: its plaintext holds at
-  least the payload's head, so the two cannot be taken for one another).
+  least the payload's head, so the two cannot be taken for one another). A job whose ranks
+  have no inputs gets all its Nones from one call (:meth:`Sealer.seal_nones`), each still
+  tagged under its own recipient's epoch.
 
 Opening is all-or-nothing: anything wrong raises :class:`AuthenticationError` before the
 plaintext is decoded, so a pickle inside a job's bindings or program is loaded only after
@@ -386,6 +388,27 @@ class Sealer:
         salt = head[-_SALT : -_SALT // 2] + next(counter).to_bytes(_SALT // 2, "big")
         return self._record(frames, salt, to, context)
 
+    def seal_nones(
+        self, targets: dict[int, tuple[str, str]], ranks: tuple[int, ...], context: str
+    ) -> dict[int, Any]:
+        """``{rank: seal(None, who, context + suffix)}``, ``(who, suffix) = targets[rank]``
+        (its recipient, and what ends its context: "" when all ranks' are one), for every
+        rank of ``ranks`` in one call (a job whose ranks have no inputs: most jobs), the
+        job's context encoded once: each tag still under the epoch of its own recipient,
+        numbered by that epoch's counter, over its own rank's context. KeyError (the rank)
+        for a rank ``targets`` has no entry for."""
+        if self._box_head is None:  # records only: seal() says how
+            return {r: self.seal(None, targets[r][0], context + targets[r][1]) for r in ranks}
+        data, sending, out = context.encode(), self._sending, {}
+        for rank in ranks:
+            who, suffix = targets[rank]
+            head, _, mark, counter = sending.get(who) or self._new_epoch(who)
+            nonce = _box_nonce(next(counter))
+            tagger = mark.copy()  # as seal() makes a None's tag
+            tagger.update(nonce + data + suffix.encode() if suffix else nonce + data)
+            out[rank] = head + nonce + tagger.digest()
+        return out
+
     def _new_epoch(self, to: str) -> _Epoch:
         # its first half the clock, above the recipient's floor (mpl.wire.replay)
         epoch = epoch_start(self.floors.get(to, -1)) + os.urandom(_SALT // 2)
@@ -541,6 +564,38 @@ class Sealer:
         if value is not _NOT_ONE_BYTE:
             return who, value
         return who, _value(who, [MAGIC_FRAME, header], safe, unpickle)
+
+    def open_all(
+        self, sealed: dict[int, Any], senders: dict[int, str], context: str, safe: bool
+    ) -> dict[int, Any]:
+        """``{rank: open(payload, context, sender=senders[rank], safe=safe)[1]}`` for every
+        rank's payload of one output, in one call (a result's inline values): the context
+        encoded once. KeyError (the rank) for a rank ``senders`` has no identity for.
+
+        A box of an epoch that has authenticated here before, from the sender that epoch
+        belongs to, holding a ciphertext (most results) is opened here, as :meth:`open_box`
+        opens it; anything else goes to :meth:`open_box` or :meth:`open`."""
+        aad, receiving, out = context.encode() + _COMPACT_AAD, self._receiving, {}
+        for rank, box in sealed.items():
+            who = senders[rank]
+            if type(box) is not bytes:
+                out[rank] = self.open(box, context, sender=who, safe=safe)[1]
+                continue
+            size = len(box)
+            end = box[_BOX_START - 1] + _BOX_HEAD if size >= _BOX_START else _BOX_HEAD
+            known = receiving.get(box[:end]) if size > end + _BOX_TRAILER else None
+            if known is None or known[0] != who:  # open_box says why, or learns the epoch
+                out[rank] = self.open_box(box, context, who, safe, True)[1]
+                continue
+            try:
+                header = known[1].decrypt(box[end : end + _NONCE], box[end + _NONCE :], aad)
+            except InvalidTag:
+                raise _failed(who, context) from None
+            value = _ONE_BYTE_VALUES.get(header, _NOT_ONE_BYTE)  # None, bools, small ints
+            if value is _NOT_ONE_BYTE:
+                value = _value(who, [MAGIC_FRAME, header], safe, True)
+            out[rank] = value
+        return out
 
     def _check_sender(self, who: str, sender: str) -> None:
         if sender and who != sender:

@@ -24,7 +24,6 @@ the seal hides them from the check it makes on the outer message.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 from mpl.wire.data import Fetch
@@ -51,9 +50,8 @@ __all__ = ["WorkerSeal"]
 
 _MEMORY = 4096  # jobs' recipients, fetches and refused programs remembered (bounded)
 
-_new = object.__new__
-_set = OrderedDict.__setitem__  # LRU's own, in C, for a key known to be new
-# WorkerSeal fills these records in directly, naming every field (keywords): pinned here
+# WorkerSeal sets a field of these records in place, in their __dict__ (a record that only
+# stores its fields, direct): pinned here
 _EXEC_FIELDS = pinned_fields(
     Exec,
     ("session", "job", "digest", "ranks", "bindings", "inline", "timeout_s"),
@@ -108,8 +106,10 @@ class WorkerSeal:
         self._kernels_only = code == "kernels"  # mpl-worker --code kernels
         self.safe = not pickles_allowed(WORKER, trusted=trusted)  # results leave this party
         # (session, job) of the jobs opened here last -> the driver that sealed it, its
-        # results' recipient ("" once the job failed or was aborted)
-        self._opened: LRU[tuple[str, str], str] = LRU(_MEMORY)
+        # results' recipient ("" once the job failed or was aborted): a plain dict, oldest
+        # first, at most _opened_limit (every job enters it once, as the newest)
+        self._opened: dict[tuple[str, str], str] = {}
+        self._opened_limit = _MEMORY
         self.replays = ReplayGuard()  # which sealed Execs ran: each runs once
         self._fetches: LRU[int, Fetch] = LRU(_MEMORY)
         self._refused: LRU[str, str] = LRU(_MEMORY)  # program digest -> why it did not open
@@ -120,7 +120,8 @@ class WorkerSeal:
         """``(message to act on, or None; answer for the broker, or None)``.
 
         An ``Exec`` (most messages) is opened here, in this method: its own method would
-        be one more Python call per job."""
+        be one more Python call per job. One that opens comes back itself, its sealed
+        bindings replaced by what they held (the caller acts on it instead)."""
         if type(msg) is not Exec and not isinstance(msg, Exec):
             return self._inbound_other(msg)
         job = (msg.session, msg.job)
@@ -159,29 +160,18 @@ class WorkerSeal:
                 kind, op = "AuthenticationError", UNKNOWN_STREAM
             info = ErrorInfo(kind, message, rank=self.rank, op=op, job=msg.job)
             return None, Failed(msg.session, msg.job, self.rank, info)
-        # self._opened[job] = driver, without LRU.__setitem__'s Python call (once per job):
         # the job is new here (its sealer numbers each job once, and a replay was refused
-        # above), so it goes in as the newest
+        # above), so it goes in last, as the newest; past the bound the oldest goes (the
+        # first a dict iterates): no LRU to keep in order (an OrderedDict's set cost more)
         opened = self._opened
-        _set(opened, job, driver)
-        if len(opened) > opened.limit:
-            opened.popitem(last=False)
-            opened.dropped += 1
-        # the broker's Exec, decoded and checked, with the bindings that opened: no re-check,
-        # filled in here (record.built without its two calls; checked on import)
-        bindings = {self.rank: mine} if mine is not None else {}
-        s, j = job
-        out = _new(Exec)
-        out.__dict__.update(  # _EXEC_FIELDS, as keywords: no zip to walk
-            session=s,
-            job=j,
-            digest=msg.digest,
-            ranks=msg.ranks,
-            bindings=bindings,
-            inline=msg.inline,
-            timeout_s=msg.timeout_s,
-        )
-        return out, None
+        opened[job] = driver
+        if len(opened) > self._opened_limit:
+            opened.pop(next(iter(opened)), None)
+        # the broker's Exec with the bindings that opened, in their place: it was decoded
+        # for this call alone (the daemon reads a new record per message and drops it for
+        # the one returned), and a field set so costs no record built (_EXEC_FIELDS)
+        msg.__dict__["bindings"] = {self.rank: mine} if mine is not None else {}
+        return msg, None
 
     def _unopened(self, exc: AuthenticationError, sealed: Any) -> AuthenticationError:
         """Why sealed bindings did not open, for the refusal: if they claim a stream this
@@ -203,7 +193,8 @@ class WorkerSeal:
     def outbound(self, msg: Record) -> Record:
         """Seal what ``msg`` carries for its driver (results, fetch replies).
 
-        A ``Done`` is sealed here, in this method, for the same reason as ``inbound``."""
+        A ``Done`` is sealed here, in this method, for the same reason as ``inbound``: it
+        comes back itself, its values replaced by their sealed boxes."""
         if not isinstance(msg, Done):
             return self._outbound_other(msg)
         driver = self._opened.get((msg.session, msg.job))
@@ -224,19 +215,10 @@ class WorkerSeal:
         except Exception as exc:  # an unsafe value: the job fails with the reason
             info = to_info(exc, rank=self.rank, op="result", job=msg.job, with_traceback=False)
             return Failed(msg.session, msg.job, self.rank, info)
-        # this process's own Done with its values sealed: built without re-checks, filled in
-        # here (record.built without its two calls; checked on import)
-        out = _new(Done)
-        out.__dict__.update(  # _DONE_FIELDS, as keywords: no zip to walk
-            session=msg.session,
-            job=msg.job,
-            rank=msg.rank,
-            values=values,
-            stats=msg.stats,
-            metas=msg.metas,
-            saved=msg.saved,
-        )
-        return out
+        # the values sealed in their place: the job built ``msg`` for this one message and
+        # the caller sends what comes back instead (a field set so costs no record built)
+        msg.__dict__["values"] = values
+        return msg
 
     def _outbound_other(self, msg: Record) -> Record:
         if isinstance(msg, Failed):
