@@ -227,6 +227,8 @@ class Worker(BrokerMessages):
             self.mailbox,
             self.peers,
             self._post,
+            # plaintext: an inline run's Done goes out as frames it packed itself
+            post_frames=self._post_done_frames if curve is None else None,
             extensions=services,
             job_timeout_s=job_timeout_s,
             spu=self.spu_links,
@@ -470,13 +472,34 @@ class Worker(BrokerMessages):
                 gathered.append(frames)
                 return
             self._send_gathered()  # what was gathered goes first: the order is kept
-        with self._results_lock:  # _post_frames, without its call (a Done per job)
-            if self._closed:
-                return
-            try:
+        lock = self._results_lock  # _post_frames, without its call (a Done per job)
+        lock.acquire()  # not `with`: acquire and release are a third of its cost
+        try:
+            if not self._closed:
                 send_frames(self._results, frames)
-            except zmq.Again:
-                log.warning("rank %d: result queue full, dropped %s", self.rank, msg.TAG)
+        except zmq.Again:
+            log.warning("rank %d: result queue full, dropped %s", self.rank, msg.TAG)
+        finally:
+            lock.release()
+
+    def _post_done_frames(self, frames: list[Any]) -> None:
+        """:meth:`_post` for a Done the job shell packed itself (an inline run's, in
+        plaintext): gathered while a batch is handled (the I/O thread's), else sent."""
+        gathered = self._gathered
+        if gathered is not None and threading.get_ident() == self._io_thread:
+            if header_only(frames) is not None:
+                gathered.append(frames)
+                return
+            self._send_gathered()  # what was gathered goes first: the order is kept
+        lock = self._results_lock
+        lock.acquire()  # not `with`: acquire and release are a third of its cost
+        try:
+            if not self._closed:
+                send_frames(self._results, frames)
+        except zmq.Again:
+            log.warning("rank %d: result queue full, dropped Done", self.rank)
+        finally:
+            lock.release()
 
     def _post_frames(self, frames: list[Any], what: str) -> None:
         with self._results_lock:

@@ -322,19 +322,12 @@ class WorkerState:
         self.inline += 1
         return graph
 
-    def inline_stopped(self, sid: str, job: str) -> bool:
-        """Whether a job :meth:`begin_inline` began was stopped (aborted, or its session
-        closed) while it ran: then ``handle(RunFinished)`` decides; if not, its ``Done`` is
-        posted and :meth:`end_inline` follows. Changes nothing, and reads two maps (each
-        lookup atomic): the job shell may ask without the lock (``Jobs.run_now`` asks by
-        these two lookups written out, a call less per job: keep them in step)."""
-        return (sid, job) in self.aborted or sid in self.closed  # stopped(), without its call
-
     def end_inline(self, sid: str, job: str, seconds: float) -> None:
         """``handle(RunFinished)`` for a job :meth:`begin_inline` began, whose ``Done`` was
-        posted (:meth:`inline_stopped` said it was not stopped): the same bookkeeping. A
-        stop that came after that answer only forgets its reason here, as for any job that
-        ended (its outputs were freed by the stop)."""
+        posted (the job shell found it neither aborted nor its session closed once it had
+        run: ``Jobs.run_now``): the same bookkeeping. A stop that came after that answer
+        only forgets its reason here, as for any job that ended (its outputs were freed by
+        the stop)."""
         self.done += 1
         # _ended for a job begun inline (local, not pooled), written out: a call less
         key = (sid, job)
