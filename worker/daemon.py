@@ -92,6 +92,7 @@ log = logging.getLogger("mpl.worker")
 _POLL_MS = 100  # the timers run at least this often while there is work about
 _SLACK_MS = 5  # how late the timers may run while messages stream in
 _JOIN_S = 2.0
+_raw_recv = zmq.backend.Socket.recv  # the compiled receive (as mpl.wire.sockets calls it)
 
 
 class Worker(BrokerMessages):
@@ -245,7 +246,9 @@ class Worker(BrokerMessages):
         self._faults: dict[str, int] = {}
         self.guard = Guard(log, self._faults)  # counts internal_errors; the loop goes on
         self._clock = 0.0  # time.monotonic() as the I/O thread's last turn ended
-        self._rcvtimeo: dict[zmq.Socket[Any], int] = {}  # the dealer's RCVTIMEO, as last set
+        # the RCVTIMEO last set, and on which dealer (a replaced one starts unset)
+        self._rcvtimeo_on: zmq.Socket[Any] | None = None
+        self._rcvtimeo_ms = -1
         # asked to stop (by any thread): a plain flag, which the loop reads on every turn
         # without a call (Event.is_set is a Python call per message)
         self._stopping = False
@@ -317,17 +320,26 @@ class Worker(BrokerMessages):
         if self._resting:
             frames = self._rest(dealer, next_timers)
         else:
-            # the clock as the last turn ended (a moment ago) rather than a read of it
-            wait_ms = max(0, min(_POLL_MS, int((next_timers - self._clock) * 1000) + 1))
+            # the clock as the last turn ended (a moment ago) rather than a read of it;
+            # clamped by comparisons (min and max are calls)
+            wait_ms = int((next_timers - self._clock) * 1000) + 1
+            if wait_ms > _POLL_MS:
+                wait_ms = _POLL_MS
+            elif wait_ms < 0:
+                wait_ms = 0
             # Reset the timeout only when it is off by more than the slack (a socket option
             # per message costs more than the receive): the timers may run up to _SLACK_MS
             # late.
-            set_ms = self._rcvtimeo.get(dealer, -1)
+            set_ms = self._rcvtimeo_ms if self._rcvtimeo_on is dealer else -1
             if not wait_ms <= set_ms <= wait_ms + _SLACK_MS:
                 dealer.setsockopt(zmq.RCVTIMEO, wait_ms)
-                self._rcvtimeo = {dealer: wait_ms}  # a replaced dealer starts unset
-            try:
-                frames = recv_frames(dealer)
+                self._rcvtimeo_on, self._rcvtimeo_ms = dealer, wait_ms  # a new dealer: unset
+            try:  # recv_frames, without its call (the dealer is a socket of ours)
+                frame = _raw_recv(dealer, 0, False)
+                frames = [frame]
+                while frame.more:  # the rest of the message is there: never blocks
+                    frame = _raw_recv(dealer, 0, False)
+                    frames.append(frame)
             except zmq.Again:
                 frames = None
         if frames is not None:
