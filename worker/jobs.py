@@ -77,6 +77,17 @@ DEFAULT_JOB_TIMEOUT_S = 600.0
 RunEnd = RunFinished | RunFailed | RunAborted
 
 
+def _with_job(msg: Exec, job: str) -> Exec:
+    """``msg`` with job id ``job`` (itself if it has it), built as decode builds it."""
+    if job is msg.job:
+        return msg
+    other: Exec = object.__new__(Exec)
+    fields = other.__dict__
+    fields.update(msg.__dict__)
+    fields["job"], fields["bindings"] = job, dict(msg.bindings)
+    return other
+
+
 class _JobRun:
     """A job's view of the world (the interpreter's JobContext)."""
 
@@ -177,7 +188,7 @@ class Jobs:
         self._plans: dict[str, Plan] = {}  # by program digest (a digest names one graph)
         self._compiled: dict[str, InlineRun | None] = {}  # the same, compiled (None: not)
         # the inline run going on (on the I/O thread), for its progress reports
-        self._inline: tuple[Exec, InlineRun, float, float] | None = None
+        self._inline: tuple[str, str, InlineRun, float, float] | None = None
         self._inline_ctx: _JobRun | None = None
         self._reports = self._report_inline  # one bound method, not one per run
         # the last job's timeout_s, the cap then, and what the job was given
@@ -204,7 +215,7 @@ class Jobs:
             actions = self.state.handle(event, time.monotonic())
         return self.perform(actions)
 
-    def run_now(self, msg: Exec) -> bool:
+    def run_now(self, msg: Exec, job: str | None = None) -> bool:
         """A repeat quick job, whole, on the calling (I/O) thread, when the state says it
         may run inline with nothing else to decide (``WorkerState.begin_inline``): the run,
         its outputs stored, its ``Done`` posted; no events or actions in between. False for
@@ -215,12 +226,18 @@ class Jobs:
         other core) reads the answer meanwhile. Nothing the broker sends next can overtake
         that bookkeeping: this thread reads it only afterwards. A program whose plan
         compiles (``inline_run.py``) runs compiled, its ``Done`` packed from its fields
-        (plaintext); any other the way a pooled job runs."""
+        (plaintext); any other the way a pooled job runs.
+
+        ``job``: the job to run is ``msg`` but for this job id (a repeat the I/O thread
+        read by its id alone, ``RepeatExecs.repeat_job``); a program that does not
+        compile then runs from a record of it."""
+        if job is None:
+            job = msg.job
         lock = self._lock
         t0 = time.monotonic()  # the state's clock, and the run's start
         lock.acquire()  # not `with`: acquire and release are a third of its cost
         try:
-            graph = self.state.begin_inline(msg, t0)
+            graph = self.state.begin_inline(msg, t0, job)
         finally:
             lock.release()
         if graph is None:
@@ -231,9 +248,9 @@ class Jobs:
             compiled = self._compile(digest, graph)
         end: RunEnd | Done | None
         if compiled is None:
-            end = self._run(msg, graph, tracked=False)
+            end = self._run(_with_job(msg, job), graph, tracked=False)
         else:
-            end = self._run_compiled(msg, compiled, t0)
+            end = self._run_compiled(msg, job, compiled, t0)
         if end is None:  # answered (plaintext), and its end booked
             return True
         if type(end) is Done:
@@ -267,11 +284,14 @@ class Jobs:
         compiled = self._compiled[digest] = InlineRun.compile(self._plan(digest, graph))
         return compiled
 
-    def _run_compiled(self, msg: Exec, compiled: InlineRun, t0: float) -> RunEnd | Done | None:
+    def _run_compiled(
+        self, msg: Exec, job: str, compiled: InlineRun, t0: float
+    ) -> RunEnd | Done | None:
         """:meth:`_run` for an inline run of a compiled program (``t0``: its start). In
         plaintext its ``Done`` is packed from its fields and posted here, and the state
-        books its end (None); otherwise its ``Done``, or how it failed, as ``_run`` says."""
-        sid, job = msg.session, msg.job
+        books its end (None); otherwise its ``Done``, or how it failed, as ``_run`` says.
+        ``job``: the job's id (``msg`` may be an earlier job of the program)."""
+        sid = msg.session
         try:
             asked, cap, timeout = self._last_timeout  # _timeout's shortcut, without its call
             if msg.timeout_s != asked or cap != self.job_timeout_s:
@@ -288,7 +308,7 @@ class Jobs:
                         f"job binds {len(inputs)} inputs on rank {self.rank}, "
                         f"the graph has {len(compiled.plan.graph.inputs)}"
                     )
-            self._inline = (msg, compiled, t0, timeout)  # for _report_inline
+            self._inline = (sid, job, compiled, t0, timeout)  # for _report_inline
             wall = time.time()
             outputs, spans, t1 = compiled.run(inputs, t0, t0 + FIRST_AFTER_S, self._reports)
         except OpFailed as exc:
@@ -299,7 +319,7 @@ class Jobs:
             info = to_info(exc, rank=self.rank, op="inputs", job=job)
             return RunFailed(sid, job, time.monotonic() - t0, info)
         try:
-            values, metas = self._store_outputs(msg, outputs)
+            values, metas = self._store_outputs(sid, job, msg.inline, outputs)
             stats = {"run_s": t1 - t0, "started": wall, "ops": spans}
             post_frames = self.post_frames
             if post_frames is not None:
@@ -340,10 +360,10 @@ class Jobs:
         context as a pooled run's is (made for the run's first report); returns when the
         next is due."""
         assert self._inline is not None  # set by _run_compiled before the run
-        msg, compiled, t0, timeout = self._inline
+        sid, job, compiled, t0, timeout = self._inline
         run = self._inline_ctx
-        if run is None or run.job is not msg.job or run.started != t0:
-            run = self._inline_ctx = _JobRun(self, msg.session, msg.job, t0 + timeout, t0)
+        if run is None or run.job is not job or run.started != t0:
+            run = self._inline_ctx = _JobRun(self, sid, job, t0 + timeout, t0)
         plan = compiled.plan
         run.position = (done, plan.ops_here, plan.graph, index)
         run.report(now)
@@ -473,7 +493,7 @@ class Jobs:
                     self._runs.pop((sid, job), None)
             # An abort that came during the run is the state's to see (RunFinished of a stopped
             # job frees its outputs and says nothing), so no second look under the lock here.
-            values, metas = self._store_outputs(msg, outputs)
+            values, metas = self._store_outputs(sid, job, msg.inline, outputs)
             stats = {"run_s": time.monotonic() - t0, "started": wall, "ops": run.spans}
             # Done(...) filled in directly (as decode fills in the records it checked): its
             # __init__ sets each field through the records' immutability guard. Every
@@ -523,11 +543,11 @@ class Jobs:
         return RunFailed(sid, job, time.monotonic() - t0, info)
 
     def _store_outputs(
-        self, msg: Exec, outputs: list[Any]
+        self, sid: str, job: str, inline: tuple[int, ...], outputs: list[Any]
     ) -> tuple[dict[int, Any], dict[int, str]]:
-        """Store a finished run's outputs; the small ones the driver asked for inline, and
-        the description of each (Done's ``values`` and ``metas``)."""
-        sid, job, inline = msg.session, msg.job, msg.inline
+        """Store a finished run's outputs; the small ones the driver asked for inline (the
+        indices in ``inline``), and the description of each (Done's ``values`` and
+        ``metas``)."""
         values: dict[int, Any] = {}
         metas: dict[int, str] = {}
         for i, value in enumerate(outputs):

@@ -295,15 +295,16 @@ class WorkerState:
         return [run] if local else [Expect((sid, job)), run]  # a local job gets no moves
 
     # -- the hot path: a repeat quick job, without events or actions ---------------------
-    def begin_inline(self, msg: Exec, now: float) -> Graph | None:
+    def begin_inline(self, msg: Exec, now: float, job: str | None = None) -> Graph | None:
         """``handle(msg)`` for a job with nothing to decide but "run it inline now": its
         program is cached here and not refused, its last run here was quick (so it is
         local: no ``Expect``), its session is open with nothing queued, and the job is
         neither known nor aborted. Makes the bookkeeping :meth:`_exec` makes for such a
         job and returns the graph to run; None, with nothing changed, for any other job
-        (then ``handle(msg)`` decides)."""
+        (then ``handle(msg)`` decides). ``job``: the job is ``msg`` but for this id (a
+        program's next job, as the job shell reads it: ``Jobs.run_now``)."""
         sid, digest = msg.session, msg.digest
-        key = (sid, msg.job)
+        key = (sid, msg.job if job is None else job)
         if (
             not self.quick.get(digest)
             or self.queued.get(sid)
