@@ -100,7 +100,8 @@ def is_local(graph: Graph) -> bool:
 
 class WorkerState:
     """One rank's decisions: ``handle(event, now) -> list[Action]``. Not thread-safe: the
-    shells call it under one lock."""
+    shells call it under one lock; only :meth:`begin_inline` is called without it (the
+    I/O thread's, which its docstring says why it may be)."""
 
     def __init__(
         self,
@@ -302,7 +303,15 @@ class WorkerState:
         neither known nor aborted. Makes the bookkeeping :meth:`_exec` makes for such a
         job and returns the graph to run; None, with nothing changed, for any other job
         (then ``handle(msg)`` decides). ``job``: the job is ``msg`` but for this id (a
-        program's next job, as the job shell reads it: ``Jobs.run_now``)."""
+        program's next job, as the job shell reads it: ``Jobs.run_now``).
+
+        Called by the I/O thread without the lock (a lock round per job less): it writes
+        only what no other thread writes (the program cache's order, ``last_heard``, the
+        ``inline`` count, a new key of ``jobs``), and it reads the rest by single lookups,
+        each atomic. The other threads (job threads, the peer thread) only end jobs, drop
+        queued counts, make programs slow and abort jobs: read a moment early, each of
+        these leaves the job to ``handle`` or to the check after its run, as it would a
+        moment later."""
         sid, digest = msg.session, msg.digest
         key = (sid, msg.job if job is None else job)
         if (
