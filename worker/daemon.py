@@ -92,7 +92,11 @@ log = logging.getLogger("mpl.worker")
 _POLL_MS = 100  # the timers run at least this often while there is work about
 _SLACK_MS = 5  # how late the timers may run while messages stream in
 _JOIN_S = 2.0
-_raw_recv = zmq.backend.Socket.recv  # the compiled receive (as mpl.wire.sockets calls it)
+# the compiled receive and send, as mpl.wire.sockets calls them
+_raw_recv = zmq.backend.Socket.recv
+_raw_send = zmq.backend.Socket.send
+_NOBLOCK = int(zmq.NOBLOCK)  # plain ints: `int | IntFlag` builds an enum each time
+_NOBLOCK_MORE = _NOBLOCK | int(zmq.SNDMORE)
 
 
 class Worker(BrokerMessages):
@@ -503,12 +507,14 @@ class Worker(BrokerMessages):
                 gathered.append(frames)
                 return
             self._send_gathered()  # what was gathered goes first: the order is kept
+        magic, header = frames  # send_frames of a header-only message, without its call
         lock = self._results_lock
         lock.acquire()  # not `with`: acquire and release are a third of its cost
         try:
             if not self._closed:
-                send_frames(self._results, frames)
-        except zmq.Again:
+                _raw_send(self._results, magic, _NOBLOCK_MORE)
+                _raw_send(self._results, header, _NOBLOCK)
+        except zmq.Again:  # on the first part (a message goes whole or not at all)
             log.warning("rank %d: result queue full, dropped Done", self.rank)
         finally:
             lock.release()
