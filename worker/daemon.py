@@ -15,8 +15,8 @@ run took under a millisecond runs on the I/O thread itself (no hand-off, see ``j
 A batch of broker messages (``mpl.wire.batch``) is handled one message at a time, as if
 each had come alone; the Dones of the jobs it ran inline meanwhile go back in batches.
 Job threads send their answers on a second DEALER, the result channel (one socket behind a
-lock, announced to the broker with ``Channel``), and their moves on the peer links
-(``peers.py``): neither waits for the I/O thread.
+lock, announced to the broker with ``Channel``: ``result_channel.py``), and their moves on
+the peer links (``peers.py``): neither waits for the I/O thread.
 
 In secure mode (``curve``) every socket runs CurveZMQ with keys from the worker's OWN copy
 of the cluster spec: its DEALERs pin the broker's key, its peer links pin each rank's key,
@@ -41,14 +41,11 @@ from typing import Any
 
 import zmq
 
-from mpl.wire.batch import coalesce, header_only
 from mpl.wire.codec import encode
-from mpl.wire.control import HEARTBEAT_S, Bye, Channel, Heartbeat, WorkerHello
+from mpl.wire.control import HEARTBEAT_S, Bye, Heartbeat, WorkerHello
 from mpl.wire.curve import Curve, peer_admits
-from mpl.wire.done_pack import own_done_frames
 from mpl.wire.exec_repeat import RepeatExecs
 from mpl.wire.guard import Guard, substitute
-from mpl.wire.jobs import Done
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
@@ -69,6 +66,7 @@ from mpl.worker.keyed_mailbox import move_mailbox
 from mpl.worker.metrics import rss_bytes
 from mpl.worker.peer_intake import PeerIntake
 from mpl.worker.peers import PeerLinks
+from mpl.worker.result_channel import ResultChannel
 from mpl.worker.sealing import WorkerSeal
 from mpl.worker.session_runtime import SessionRuntimes
 from mpl.worker.spu_kernels import SpuService
@@ -92,14 +90,10 @@ log = logging.getLogger("mpl.worker")
 _POLL_MS = 100  # the timers run at least this often while there is work about
 _SLACK_MS = 5  # how late the timers may run while messages stream in
 _JOIN_S = 2.0
-# the compiled receive and send, as mpl.wire.sockets calls them
-_raw_recv = zmq.backend.Socket.recv
-_raw_send = zmq.backend.Socket.send
-_NOBLOCK = int(zmq.NOBLOCK)  # plain ints: `int | IntFlag` builds an enum each time
-_NOBLOCK_MORE = _NOBLOCK | int(zmq.SNDMORE)
+_raw_recv = zmq.backend.Socket.recv  # the compiled receive, as mpl.wire.sockets calls it
 
 
-class Worker(BrokerMessages):
+class Worker(BrokerMessages, ResultChannel):
     """One rank's worker, connected to the broker at ``broker``.
 
     ``data_bind`` is where peers reach it (default ``tcp://<host>:0``, a free port);
@@ -470,86 +464,6 @@ class Worker(BrokerMessages):
             send_frames(self.dealer, frames)
         except zmq.Again:
             log.debug("rank %d: broker unreachable, dropped %s", self.rank, msg.TAG)
-
-    def _post(self, msg: Record) -> None:
-        """Send to the broker from any thread, on the result channel."""
-        if self.seal is not None:  # its values sealed into bytes (plain values too)
-            msg = self.seal.outbound(msg)
-        # a Done of plain values (most) is packed without the general encoder; the job
-        # shell built its stats, metas and saved list, so only values are checked
-        frames = own_done_frames(msg) if type(msg) is Done else None
-        if frames is None:
-            frames = self._encode(msg)
-        if frames is None:
-            return
-        gathered = self._gathered
-        if gathered is not None and threading.get_ident() == self._io_thread:
-            if type(msg) is Done and header_only(frames) is not None:
-                gathered.append(frames)
-                return
-            self._send_gathered()  # what was gathered goes first: the order is kept
-        lock = self._results_lock  # _post_frames, without its call (a Done per job)
-        lock.acquire()  # not `with`: acquire and release are a third of its cost
-        try:
-            if not self._closed:
-                send_frames(self._results, frames)
-        except zmq.Again:
-            log.warning("rank %d: result queue full, dropped %s", self.rank, msg.TAG)
-        finally:
-            lock.release()
-
-    def _post_done_frames(self, frames: list[Any]) -> None:
-        """:meth:`_post` for a Done the job shell packed itself (an inline run's, in
-        plaintext): gathered while a batch is handled (the I/O thread's), else sent."""
-        gathered = self._gathered
-        if gathered is not None and threading.get_ident() == self._io_thread:
-            if header_only(frames) is not None:
-                gathered.append(frames)
-                return
-            self._send_gathered()  # what was gathered goes first: the order is kept
-        magic, header = frames  # send_frames of a header-only message, without its call
-        lock = self._results_lock
-        lock.acquire()  # not `with`: acquire and release are a third of its cost
-        try:
-            if not self._closed:
-                _raw_send(self._results, magic, _NOBLOCK_MORE)
-                _raw_send(self._results, header, _NOBLOCK)
-        except zmq.Again:  # on the first part (a message goes whole or not at all)
-            log.warning("rank %d: result queue full, dropped Done", self.rank)
-        finally:
-            lock.release()
-
-    def _post_frames(self, frames: list[Any], what: str) -> None:
-        with self._results_lock:
-            if self._closed:
-                return
-            try:
-                send_frames(self._results, frames)
-            except zmq.Again:
-                log.warning("rank %d: result queue full, dropped %s", self.rank, what)
-
-    def _send_gathered(self) -> None:
-        """Send the Dones gathered while handling a batch: two or more as one batch."""
-        gathered = self._gathered
-        if not gathered:
-            return
-        self._gathered = []
-        for frames, carried in coalesce((done, True) for done in gathered):
-            self._post_frames(frames, f"batch of {carried} Done" if carried > 1 else "Done")
-
-    def _announce_channel(self) -> None:
-        """Tell the broker which connection carries our results, without blocking the I/O
-        thread: while the result socket's queue is full (results that piled up while the
-        broker was away), the timers try again on every turn of the loop."""
-        with self._results_lock:
-            if self._closed:
-                return
-            try:
-                frames = encode(Channel(self.rank, self.incarnation))
-                self._results.send_multipart(frames, zmq.NOBLOCK, copy=False)
-                self._channel_owed = False
-            except zmq.Again:
-                log.debug("rank %d: result queue full, the channel is announced later", self.rank)
 
     def _encode(self, msg: Record) -> list[Any] | None:
         """``msg``'s frames; if it cannot be encoded (a result that does not pickle, or is
