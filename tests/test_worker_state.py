@@ -16,6 +16,7 @@ from mpl.wire.control import Reregister, Welcome, WorkerHello
 from mpl.wire.errors import JobAbortedError
 from mpl.wire.graph import Graph, GraphBuilder, Op
 from mpl.wire.jobs import Abort, Done, Exec, Failed, Program
+from mpl.wire.progress import Progress
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import SessionClosed, SymbolInfo
 from mpl.worker.jobs import Jobs
@@ -371,6 +372,32 @@ def test_a_repeat_quick_job_posts_its_done_before_the_state_ends_it() -> None:
     assert type(done) is Done and done.job == "2" and done.values == {0: 1}
     assert running and done_before == 1, "the state ended the job before its Done went out"
     assert ("s", "2") not in state.jobs and state.done == 2 and state.quick[graph.digest]
+
+
+def test_a_compiled_inline_run_reports_progress_as_a_pooled_run_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A quick program's run that turns long reports where it is, as a pooled run does:
+    here every op's start is past the first report's time (set to before the run)."""
+    from mpl.worker import inline_jobs, jobs
+
+    for module in (inline_jobs, jobs):  # when the run checks, and when the report says
+        monkeypatch.setattr(module, "FIRST_AFTER_S", -1.0)
+    b = GraphBuilder(2)
+    (one,) = b.op("pcall", [], ranks=(RANK,), fn=b.fn(_stop_then_seven))
+    (two,) = b.op("pcall", [one], ranks=(RANK,), fn=b.fn(abs))
+    graph = b.build([two])
+    state = _state()
+    state.inline_s = 60.0
+    state.handle(Program(graph.digest, graph), 0.0)
+    state.handle(Exec("s", "1", graph.digest, (0, 1), {}, (0,)), 1.0)
+    state.handle(_done("s", "1"), 1.1)
+    posted: list[Any] = []
+    shell = Jobs(state, ObjectStore(), move_mailbox(), None, posted.append)  # type: ignore[arg-type]
+    assert shell.run_now(Exec("s", "2", graph.digest, (0, 1), {}, (0,)))
+    progress = [m for m in posted if type(m) is Progress]
+    assert [(m.job, m.done, m.total) for m in progress] == [("2", 0, 2)]  # then not again
+    assert progress[0].op.startswith("0 (pcall") and type(posted[-1]) is Done
 
 
 # -- the job shell over the state: real mailbox and store, no sockets ------------------------
