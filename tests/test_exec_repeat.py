@@ -101,6 +101,33 @@ def test_every_mutated_repeat_is_taken_exactly_when_decode_takes_it() -> None:
     assert taken > 500 and refused > 500 and repeats > 500
 
 
+def test_a_repeat_said_by_its_job_id_is_the_repeat_read_as_a_record() -> None:
+    """``repeat_job`` (the worker's plaintext path) takes exactly the messages ``repeat``
+    takes, saying each by the job id of the record ``repeat`` reads; ``last`` with that id
+    (``record``) is that record. It never takes a sealed repeat (that is ``repeat``'s)."""
+    rng = random.Random(716)
+    taken = 0
+    for first in _programs():
+        header = _frames(dataclasses.replace(first, job="job-9"))[1]
+        for n in range(300):
+            by_record, by_id = _reader_after(first), _reader_after(first)
+            frames = [MAGIC_FRAME, header if n == 0 else mutated(header, rng)]
+            record, job = by_record.repeat(frames), by_id.repeat_job(frames)
+            if record is None:
+                assert job is None and by_id.repeats == 0
+                continue
+            taken += 1
+            assert job == record.job and by_id.repeats == 1
+            assert by_id.last is not None and _same(by_id.last, first)
+            assert _same(by_id.record(job), record)
+            assert by_id.record(job).bindings is not by_id.last.bindings
+    assert taken > 20
+    sealed = Exec("s", "j1", "dig", (0, 1), {1: b"box-1" * 20}, (0,))
+    reader = _reader_after(sealed)
+    nxt = _frames(dataclasses.replace(sealed, job="j2"))
+    assert reader.repeat_job(nxt) is None and reader.repeat(nxt) is not None
+
+
 def test_a_refused_message_leaves_the_last_accepted_header_to_compare_with() -> None:
     first = _programs()[0]
     reader = _reader_after(first)

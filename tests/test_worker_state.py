@@ -16,6 +16,7 @@ from mpl.wire.control import Reregister, Welcome, WorkerHello
 from mpl.wire.errors import JobAbortedError
 from mpl.wire.graph import Graph, GraphBuilder, Op
 from mpl.wire.jobs import Abort, Done, Exec, Failed, Program
+from mpl.wire.progress import Progress
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import SessionClosed, SymbolInfo
 from mpl.worker.jobs import Jobs
@@ -258,7 +259,6 @@ def test_the_hot_path_decides_a_repeat_quick_job_as_handle_does() -> None:
     assert by_hot_path.begin_inline(job, 1.2) is LOCAL
     assert _snapshot(by_hot_path) == _snapshot(by_events)
     assert by_events.handle(_done("s", "2"), 1.3) == [Post(Done("s", "2", RANK))]
-    assert by_hot_path.inline_stopped("s", "2") is False
     by_hot_path.end_inline("s", "2", 0.01)
     assert _snapshot(by_hot_path) == _snapshot(by_events)
     assert by_hot_path.inline == 1 and by_hot_path.done == 2
@@ -286,11 +286,69 @@ def test_the_hot_path_leaves_every_other_job_to_handle_untouched() -> None:
         assert _snapshot(s) == before
     assert s.begin_inline(_exec("s", "3", LOCAL), 2.0) is LOCAL
     s.handle(_abort("s", "3"), 2.1)  # stopped while it ran: handle frees it, says nothing
-    stopped = _snapshot(s)
-    assert s.inline_stopped("s", "3") is True
-    assert _snapshot(s) == stopped  # asking changed nothing
     assert s.done == 1 and ("s", "3") in s.jobs
     assert FreeJob(("s", "3")) in s.handle(_done("s", "3"), 2.2)
+
+
+_STOPS: list[Any] = []  # what the functions below call as they run (pickled by name)
+
+
+def _stop_then_seven() -> int:
+    for stop in _STOPS:
+        stop()
+    return 7
+
+
+def _stop_then_seven_in_a_tuple() -> tuple[int]:
+    return (_stop_then_seven(),)
+
+
+def _stopping_graph(*, compiled: bool) -> Graph:
+    """A local graph whose one function calls what ``_STOPS`` holds and returns 7: a plain
+    call (which the job shell runs compiled), or one behind a ``getitem`` (which it does
+    not)."""
+    b = GraphBuilder(2)
+    fn = _stop_then_seven if compiled else _stop_then_seven_in_a_tuple
+    (out,) = b.op("pcall", [], ranks=(RANK,), fn=b.fn(fn))
+    if not compiled:
+        (out,) = b.op("getitem", [out], ranks=(RANK,), key=0)
+    return b.build([out])
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("how", ["abort", "close"])
+def test_a_repeat_quick_job_stopped_while_it_runs_inline_says_nothing(
+    compiled: bool, how: str
+) -> None:
+    """The job shell's inline path (``Jobs.run_now``) looks again once the run is over:
+    a job aborted, or whose session closed, while it ran posts no Done, and the state
+    frees its outputs; the same program's next job answers as before."""
+    state = _state()
+    state.inline_s = 60.0  # counts, not time: no run on a busy machine is "slow"
+    posted: list[Any] = []
+    shell = Jobs(state, ObjectStore(), move_mailbox(), None, posted.append)  # type: ignore[arg-type]
+    stop_job: list[str] = []
+
+    def stop() -> None:  # what another thread (or this one's next message) may do meanwhile
+        if stop_job:
+            error = ErrorInfo("RemoteError", "rank 1 failed")
+            stopping = Abort("s", stop_job[0], error) if how == "abort" else None
+            shell.handle(stopping or SessionClosed("s", "bye"))
+
+    graph = _stopping_graph(compiled=compiled)
+    _STOPS[:] = [stop]
+    state.handle(Program(graph.digest, graph), 0.0)
+    state.handle(Exec("s", "1", graph.digest, (0, 1), {}, (0,)), 1.0)
+    state.handle(_done("s", "1"), 1.1)  # quick: its next runs are inline
+    assert shell.run_now(Exec("s", "2", graph.digest, (0, 1), {}, (0,)))
+    assert [type(m) for m in posted] == [Done] and posted[0].values == {0: 7}
+    assert shell.store.has("s", "2/0") and state.done == 2
+    stop_job.append("3")
+    assert shell.run_now(Exec("s", "3", graph.digest, (0, 1), {}, (0,)))
+    assert len(posted) == 1, "a job stopped while it ran answered"
+    assert not shell.store.has("s", "3/0"), "its outputs were kept"
+    _STOPS.clear()
+    assert state.done == 2 and ("s", "3") not in state.jobs and ("s", "3") not in state.aborted
 
 
 def test_a_repeat_quick_job_posts_its_done_before_the_state_ends_it() -> None:
@@ -315,6 +373,32 @@ def test_a_repeat_quick_job_posts_its_done_before_the_state_ends_it() -> None:
     assert type(done) is Done and done.job == "2" and done.values == {0: 1}
     assert running and done_before == 1, "the state ended the job before its Done went out"
     assert ("s", "2") not in state.jobs and state.done == 2 and state.quick[graph.digest]
+
+
+def test_a_compiled_inline_run_reports_progress_as_a_pooled_run_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A quick program's run that turns long reports where it is, as a pooled run does:
+    here every op's start is past the first report's time (set to before the run)."""
+    from mpl.worker import inline_jobs, jobs
+
+    for module in (inline_jobs, jobs):  # when the run checks, and when the report says
+        monkeypatch.setattr(module, "FIRST_AFTER_S", -1.0)
+    b = GraphBuilder(2)
+    (one,) = b.op("pcall", [], ranks=(RANK,), fn=b.fn(_stop_then_seven))
+    (two,) = b.op("pcall", [one], ranks=(RANK,), fn=b.fn(abs))
+    graph = b.build([two])
+    state = _state()
+    state.inline_s = 60.0
+    state.handle(Program(graph.digest, graph), 0.0)
+    state.handle(Exec("s", "1", graph.digest, (0, 1), {}, (0,)), 1.0)
+    state.handle(_done("s", "1"), 1.1)
+    posted: list[Any] = []
+    shell = Jobs(state, ObjectStore(), move_mailbox(), None, posted.append)  # type: ignore[arg-type]
+    assert shell.run_now(Exec("s", "2", graph.digest, (0, 1), {}, (0,)))
+    progress = [m for m in posted if type(m) is Progress]
+    assert [(m.job, m.done, m.total) for m in progress] == [("2", 0, 2)]  # then not again
+    assert progress[0].op.startswith("0 (pcall") and type(posted[-1]) is Done
 
 
 # -- the job shell over the state: real mailbox and store, no sockets ------------------------

@@ -25,7 +25,7 @@ from mpl.wire.codec import _INLINE_BYTES, MAGIC_FRAME, MAX_HEADER_BYTES
 from mpl.wire.jobs import Done
 from mpl.wire.record import pinned_fields
 
-__all__ = ["done_frames", "own_done_frames"]
+__all__ = ["done_frames", "own_done_fields", "own_done_frames"]
 
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
 _ATOMS = frozenset({str, float, bool, type(None)})
@@ -74,9 +74,22 @@ def own_done_frames(msg: Done) -> list[Any] | None:
     built itself (the worker's job shell: run times, op spans of ints, label strings and
     floats, descriptions): only its values, which user code made, are checked for plain
     data. The bytes are the same; None where ``done_frames`` would say None."""
-    values = msg.values
-    if msg.saved or type(values) is not dict:
+    if msg.saved or type(msg.values) is not dict:
         return None
+    return own_done_fields(msg.session, msg.job, msg.rank, msg.values, msg.stats, msg.metas)
+
+
+def own_done_fields(
+    session: str,
+    job: str,
+    rank: int,
+    values: dict[int, Any],
+    stats: dict[str, Any],
+    metas: dict[int, str],
+) -> list[Any] | None:
+    """:func:`own_done_frames` of ``Done(session, job, rank, values, stats, metas)`` (no
+    names saved), packed from its fields without the record: for the job shell's inline
+    runs, whose answer is packed as soon as it is known."""
     for value in values.values():  # _plain(values, 1) unrolled; its keys are output indices
         t = type(value)
         if t in _ATOMS or (t is int and _INT_MIN <= value <= _INT_MAX):
@@ -85,9 +98,8 @@ def own_done_frames(msg: Done) -> list[Any] | None:
             continue  # a short bytes value, as every sealed one (secure mode): no call
         if not _plain(value, 2):
             return None
-    fields = [_TAG, msg.session, msg.job, msg.rank, msg.values, msg.stats, msg.metas, []]
     try:
-        header: bytes = _tls.pack(fields)
+        header: bytes = _tls.pack([_TAG, session, job, rank, values, stats, metas, []])
     except Exception:  # a string msgpack cannot encode, say: encode reports it
         _tls.pack = _packer()
         return None

@@ -10,7 +10,9 @@ last record's, which were checked when it was read: the same bytes decode to the
 values. Any other difference, or anything unusual about the job id, takes the full read.
 :meth:`RepeatExecs.repeat` is the comparison alone (None for anything else, which the
 caller then reads in full or decodes): the worker tries it first on every message from the
-broker.
+broker. :meth:`RepeatExecs.repeat_job` says a plaintext repeat by its job id alone, with
+no record: the worker's inline runs need none (:attr:`RepeatExecs.last` and the id say
+the job), and :meth:`RepeatExecs.record` makes the one ``repeat`` would have read.
 
 In secure mode a job's bindings are one sealed box for this rank, sealed afresh for every
 job: the header then repeats the last one but for two spans, the job id and the box's
@@ -100,6 +102,7 @@ class RepeatExecs:
         "_size",
         "_tail",
         "full_reads",
+        "last",
         "repeats",
     )
 
@@ -110,6 +113,8 @@ class RepeatExecs:
         self._id_at = 0  # where its job id's bytes begin,
         self._id_byte = -1  # and the byte before them (a fixstr's, or -1)
         self._fields: dict[str, Any] = {}  # the last record's fields, as read
+        # a record of them, what repeat_job compares with (its callers run it by job id)
+        self.last: Exec | None = None
         # a sealed header (secure mode): the box's bytes begin at _box_at (0: none), after
         # _middle, the bytes from the job id's end at _id_end to there; _box_rank keys it
         self._box_at = 0
@@ -138,8 +143,11 @@ class RepeatExecs:
         """:meth:`read` for a repeat of the last ``Exec`` read in full, by comparison; None
         for any other message (a batch, another record, another program's ``Exec``, a
         first one), with nothing read or remembered: then :meth:`read` it (or decode it)."""
+        if not self._box_at:  # plaintext bindings: the job id is all that differs
+            job = self.repeat_job(frames)
+            return None if job is None else self.record(job)
         head = self._head
-        if not head or len(frames) != 2:
+        if len(frames) != 2:
             return None
         magic, raw = frames
         try:
@@ -153,39 +161,67 @@ class RepeatExecs:
         tail = self._tail
         if not (magic_ok and header.startswith(head) and header.endswith(tail)):
             return None
-        at, size = self._id_at, len(header)
-        box_at = self._box_at
-        if box_at:  # a sealed header: only as long as the last, job id and box alike
-            end = size - len(tail)
-            if not (
-                size == self._size
-                and header[at - 1] == self._id_byte
-                and header.startswith(self._middle, self._id_end)
-                and size < MAX_CONTAINERS
-            ):
-                return None
-            try:
-                job_id = header[at : self._id_end].decode()
-            except UnicodeDecodeError:
-                return None
-            self.repeats += 1
-            sealed: Exec = _new(Exec)
-            fields = sealed.__dict__
-            fields.update(self._fields)
-            fields["job"], fields["bindings"] = job_id, {self._box_rank: header[box_at:end]}
-            return sealed
+        # a sealed header: only as long as the last, job id and box alike
+        at, size, box_at = self._id_at, len(header), self._box_at
+        end = size - len(tail)
+        if not (
+            size == self._size
+            and header[at - 1] == self._id_byte
+            and header.startswith(self._middle, self._id_end)
+            and size < MAX_CONTAINERS
+        ):
+            return None
+        try:
+            job_id = header[at : self._id_end].decode()
+        except UnicodeDecodeError:
+            return None
+        self.repeats += 1
+        sealed: Exec = _new(Exec)
+        fields = sealed.__dict__
+        fields.update(self._fields)
+        fields["job"], fields["bindings"] = job_id, {self._box_rank: header[box_at:end]}
+        return sealed
+
+    def repeat_job(self, frames: Sequence[Any]) -> str | None:
+        """:meth:`repeat` for a repeat of a plaintext ``Exec`` (bindings not sealed), saying
+        it by its job id alone: the message is :attr:`last` but for that id. None for
+        anything else (a sealed repeat too), with nothing read or remembered.
+
+        For a caller that needs no record of most jobs (the worker's inline runs): it
+        builds one only if it must (:meth:`record`)."""
+        head = self._head
+        if not head or len(frames) != 2 or self._box_at:
+            return None
+        magic, raw = frames
+        try:
+            if type(magic) is Frame and type(raw) is Frame:  # received (most): no memoryview
+                header, magic_ok = raw.bytes, magic.bytes == MAGIC_FRAME
+            else:
+                header = raw.bytes if type(raw) is Frame else bytes(raw)
+                magic_ok = memoryview(magic).tobytes() == MAGIC_FRAME
+        except TypeError:  # no buffer: read_exec refuses it as well
+            return None
+        tail = self._tail
+        if not (magic_ok and header.startswith(head) and header.endswith(tail)):
+            return None
         # the common case: a job id as long as the last one (fixstr: its size is in the
         # byte before it), so at the same place in a header of the same size
+        at, size = self._id_at, len(header)
         if size == self._size and header[at - 1] == self._id_byte:
             try:  # _utf8, without its call
                 job: str | None = header[at : size - len(tail)].decode()
             except UnicodeDecodeError:
-                job = None
+                return None
         else:
             job = _job_id(header, len(head), size - len(tail))
         if job is None or size >= MAX_CONTAINERS:  # as read_exec bounds it
             return None
         self.repeats += 1
+        return job
+
+    def record(self, job: str) -> Exec:
+        """The record :meth:`repeat` returns for the repeat :meth:`repeat_job` said
+        ``job`` of (:attr:`last` with that job id)."""
         msg: Exec = _new(Exec)  # as read_exec builds it (no __init__)
         fields = msg.__dict__
         fields.update(self._fields)
@@ -199,7 +235,7 @@ class RepeatExecs:
         msgpack packs it (a longer form of an array, tag, session or job id) is not kept,
         nor one whose bindings are sealed any other way than one box for one rank."""
         self._head, self._tail, self._size, self._fields = b"", b"", 0, {}
-        self._box_at = 0
+        self._box_at, self.last = 0, None
         bindings = msg.bindings
         boxed = bool(bindings) and any(type(b) is bytes for b in bindings.values())
         head = EXEC_PREFIX + msgpack.packb(msg.session)
@@ -221,6 +257,7 @@ class RepeatExecs:
         else:
             self._head, self._tail = head, header[len(head) + len(job) :]
         self._size, self._fields = len(header), dict(msg.__dict__)
+        self.last = self.record(msg.job)
         self._id_at = len(head) + 1 if fixstr else -1
         self._id_byte = job[0] if fixstr else -1
 

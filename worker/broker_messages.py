@@ -69,11 +69,32 @@ class BrokerMessages:
         as one batch).
 
         A program's next ``Exec`` (most messages of a busy worker) is recognised first, by
-        comparison with the last one read (``RepeatExecs.repeat``), and goes straight to
-        its handling; in secure mode through the seal first (``_on_broker``), which opens
-        its sealed inputs or refuses the job. Every message is handled under one guard: a
-        message's failure stays that message's failure."""
-        repeat = self._execs.repeat(frames)
+        comparison with the last one read, and goes straight to its handling: in
+        plaintext by its job id alone (``RepeatExecs.repeat_job``: the job shell runs it
+        as the last ``Exec`` with that id, and a record of it is made only if it must be
+        handed on), in secure mode as a record through the seal first (``_on_broker``),
+        which opens its sealed inputs or refuses the job. Every message is handled under
+        one guard: a message's failure stays that message's failure."""
+        execs = self._execs
+        repeat: Exec | None = None
+        if self.seal is None:
+            job = execs.repeat_job(frames)
+            if job is not None:
+                try:  # _on_exec, written out for a job id (a call and a record less)
+                    if self.runtimes.refused_sessions:
+                        self._on_exec(execs.record(job))
+                    elif not self.jobs.run_now(execs.last, job):  # type: ignore[arg-type]
+                        record = execs.record(job)
+                        self._send_gathered()  # Dones gathered go before a job thread's
+                        self._perform(self.jobs.handle(record))
+                except Exception as exc:
+                    record = execs.record(job)
+                    reply = self.guard.internal("the broker", record, exc, rank=self.rank)
+                    if reply is not None:
+                        self._send(reply)
+                return
+        else:
+            repeat = execs.repeat(frames)
         msg: Record | None = repeat
         if msg is None:
             if is_batch(frames):
@@ -83,11 +104,7 @@ class BrokerMessages:
             if msg is None:  # refused, or handled as refused
                 return
         try:
-            # most messages, a plaintext repeat: no other checks (secure: the seal's first)
-            if repeat is not None and self.seal is None:
-                self._on_exec(repeat)
-            else:
-                self._on_broker(msg)
+            self._on_broker(msg)
         except Exception as exc:
             reply = self.guard.internal("the broker", msg, exc, rank=self.rank)
             if reply is not None:

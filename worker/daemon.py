@@ -15,8 +15,8 @@ run took under a millisecond runs on the I/O thread itself (no hand-off, see ``j
 A batch of broker messages (``mpl.wire.batch``) is handled one message at a time, as if
 each had come alone; the Dones of the jobs it ran inline meanwhile go back in batches.
 Job threads send their answers on a second DEALER, the result channel (one socket behind a
-lock, announced to the broker with ``Channel``), and their moves on the peer links
-(``peers.py``): neither waits for the I/O thread.
+lock, announced to the broker with ``Channel``: ``result_channel.py``), and their moves on
+the peer links (``peers.py``): neither waits for the I/O thread.
 
 In secure mode (``curve``) every socket runs CurveZMQ with keys from the worker's OWN copy
 of the cluster spec: its DEALERs pin the broker's key, its peer links pin each rank's key,
@@ -41,15 +41,12 @@ from typing import Any
 
 import zmq
 
-from mpl.wire.batch import coalesce, header_only
 from mpl.wire.codec import encode
-from mpl.wire.control import HEARTBEAT_S, Bye, Channel, Heartbeat, WorkerHello
+from mpl.wire.control import HEARTBEAT_S, Bye, Heartbeat, WorkerHello
 from mpl.wire.curve import Curve, peer_admits
-from mpl.wire.done_pack import own_done_frames
 from mpl.wire.exec_repeat import RepeatExecs
 from mpl.wire.guard import Guard, substitute
 from mpl.wire.incarnation import public_incarnation
-from mpl.wire.jobs import Done
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
@@ -70,6 +67,7 @@ from mpl.worker.keyed_mailbox import move_mailbox
 from mpl.worker.metrics import rss_bytes
 from mpl.worker.peer_intake import PeerIntake
 from mpl.worker.peers import PeerLinks
+from mpl.worker.result_channel import ResultChannel
 from mpl.worker.sealing import WorkerSeal
 from mpl.worker.session_runtime import SessionRuntimes
 from mpl.worker.spu_kernels import SpuService
@@ -93,9 +91,10 @@ log = logging.getLogger("mpl.worker")
 _POLL_MS = 100  # the timers run at least this often while there is work about
 _SLACK_MS = 5  # how late the timers may run while messages stream in
 _JOIN_S = 2.0
+_raw_recv = zmq.backend.Socket.recv  # the compiled receive, as mpl.wire.sockets calls it
 
 
-class Worker(BrokerMessages):
+class Worker(BrokerMessages, ResultChannel):
     """One rank's worker, connected to the broker at ``broker``.
 
     ``data_bind`` is where peers reach it (default ``tcp://<host>:0``, a free port);
@@ -235,6 +234,8 @@ class Worker(BrokerMessages):
             self.mailbox,
             self.peers,
             self._post,
+            # plaintext: an inline run's Done goes out as frames it packed itself
+            post_frames=self._post_done_frames if curve is None else None,
             extensions=services,
             job_timeout_s=job_timeout_s,
             spu=self.spu_links,
@@ -251,7 +252,9 @@ class Worker(BrokerMessages):
         self._faults: dict[str, int] = {}
         self.guard = Guard(log, self._faults)  # counts internal_errors; the loop goes on
         self._clock = 0.0  # time.monotonic() as the I/O thread's last turn ended
-        self._rcvtimeo: dict[zmq.Socket[Any], int] = {}  # the dealer's RCVTIMEO, as last set
+        # the RCVTIMEO last set, and on which dealer (a replaced one starts unset)
+        self._rcvtimeo_on: zmq.Socket[Any] | None = None
+        self._rcvtimeo_ms = -1
         # asked to stop (by any thread): a plain flag, which the loop reads on every turn
         # without a call (Event.is_set is a Python call per message)
         self._stopping = False
@@ -323,17 +326,26 @@ class Worker(BrokerMessages):
         if self._resting:
             frames = self._rest(dealer, next_timers)
         else:
-            # the clock as the last turn ended (a moment ago) rather than a read of it
-            wait_ms = max(0, min(_POLL_MS, int((next_timers - self._clock) * 1000) + 1))
+            # the clock as the last turn ended (a moment ago) rather than a read of it;
+            # clamped by comparisons (min and max are calls)
+            wait_ms = int((next_timers - self._clock) * 1000) + 1
+            if wait_ms > _POLL_MS:
+                wait_ms = _POLL_MS
+            elif wait_ms < 0:
+                wait_ms = 0
             # Reset the timeout only when it is off by more than the slack (a socket option
             # per message costs more than the receive): the timers may run up to _SLACK_MS
             # late.
-            set_ms = self._rcvtimeo.get(dealer, -1)
+            set_ms = self._rcvtimeo_ms if self._rcvtimeo_on is dealer else -1
             if not wait_ms <= set_ms <= wait_ms + _SLACK_MS:
                 dealer.setsockopt(zmq.RCVTIMEO, wait_ms)
-                self._rcvtimeo = {dealer: wait_ms}  # a replaced dealer starts unset
-            try:
-                frames = recv_frames(dealer)
+                self._rcvtimeo_on, self._rcvtimeo_ms = dealer, wait_ms  # a new dealer: unset
+            try:  # recv_frames, without its call (the dealer is a socket of ours)
+                frame = _raw_recv(dealer, 0, False)
+                frames = [frame]
+                while frame.more:  # the rest of the message is there: never blocks
+                    frame = _raw_recv(dealer, 0, False)
+                    frames.append(frame)
             except zmq.Again:
                 frames = None
         if frames is not None:
@@ -460,63 +472,6 @@ class Worker(BrokerMessages):
             send_frames(self.dealer, frames)
         except zmq.Again:
             log.debug("rank %d: broker unreachable, dropped %s", self.rank, msg.TAG)
-
-    def _post(self, msg: Record) -> None:
-        """Send to the broker from any thread, on the result channel."""
-        if self.seal is not None:  # its values sealed into bytes (plain values too)
-            msg = self.seal.outbound(msg)
-        # a Done of plain values (most) is packed without the general encoder; the job
-        # shell built its stats, metas and saved list, so only values are checked
-        frames = own_done_frames(msg) if type(msg) is Done else None
-        if frames is None:
-            frames = self._encode(msg)
-        if frames is None:
-            return
-        gathered = self._gathered
-        if gathered is not None and threading.get_ident() == self._io_thread:
-            if type(msg) is Done and header_only(frames) is not None:
-                gathered.append(frames)
-                return
-            self._send_gathered()  # what was gathered goes first: the order is kept
-        with self._results_lock:  # _post_frames, without its call (a Done per job)
-            if self._closed:
-                return
-            try:
-                send_frames(self._results, frames)
-            except zmq.Again:
-                log.warning("rank %d: result queue full, dropped %s", self.rank, msg.TAG)
-
-    def _post_frames(self, frames: list[Any], what: str) -> None:
-        with self._results_lock:
-            if self._closed:
-                return
-            try:
-                send_frames(self._results, frames)
-            except zmq.Again:
-                log.warning("rank %d: result queue full, dropped %s", self.rank, what)
-
-    def _send_gathered(self) -> None:
-        """Send the Dones gathered while handling a batch: two or more as one batch."""
-        gathered = self._gathered
-        if not gathered:
-            return
-        self._gathered = []
-        for frames, carried in coalesce((done, True) for done in gathered):
-            self._post_frames(frames, f"batch of {carried} Done" if carried > 1 else "Done")
-
-    def _announce_channel(self) -> None:
-        """Tell the broker which connection carries our results, without blocking the I/O
-        thread: while the result socket's queue is full (results that piled up while the
-        broker was away), the timers try again on every turn of the loop."""
-        with self._results_lock:
-            if self._closed:
-                return
-            try:
-                frames = encode(Channel(self.rank, self.incarnation))
-                self._results.send_multipart(frames, zmq.NOBLOCK, copy=False)
-                self._channel_owed = False
-            except zmq.Again:
-                log.debug("rank %d: result queue full, the channel is announced later", self.rank)
 
     def _encode(self, msg: Record) -> list[Any] | None:
         """``msg``'s frames; if it cannot be encoded (a result that does not pickle, or is

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from mpl.wire.sessions import SymbolInfo
     from mpl.worker.store import ObjectStore
 
-__all__ = ["ABSENT", "KERNELS", "JobContext", "OpFailed", "Plan", "op_label", "run_graph"]
+__all__ = [
+    "ABSENT", "KERNELS", "MAX_SPANS", "JobContext", "OpFailed", "Plan", "op_label", "run_graph",
+]  # fmt: skip
 
 
 class _Absent:
@@ -70,7 +72,7 @@ class JobContext(Protocol):
 
 Kernel = Callable[[JobContext, Graph, int, Op, list[Any]], list[Any]]
 KERNELS: dict[str, Kernel] = {}
-_MAX_SPANS = 2000  # per job and rank, for mp.trace
+MAX_SPANS = 2000  # per job and rank, for mp.trace
 
 
 def kernel(opcode: str) -> Callable[[Kernel], Kernel]:
@@ -159,7 +161,7 @@ def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
                 raise
             except BaseException as exc:  # user code: SystemExit and KeyboardInterrupt too
                 raise OpFailed(label, exc) from exc
-            if len(spans) < _MAX_SPANS:
+            if len(spans) < MAX_SPANS:
                 spans.append([k, label, start - origin, time.monotonic() - origin])
             for i, value in enumerate(outs):
                 if value is not ABSENT:

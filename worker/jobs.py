@@ -19,6 +19,11 @@ thread delivers, no SPU, no installed kernels), (2) its last run on this worker
 took at most ``inline_s`` (1 ms by default; its first run is always on the pool), and (3)
 its session has nothing queued or running, so arrival order holds. A run that turns out
 slower sends the program's next runs back to the pool. The state decides all three.
+
+Such a program's runs repeat: its plan is compiled once (``inline_run.py``: each op the
+call it makes), a plaintext job comes as a job id the I/O thread read by comparison with
+the program's last ``Exec``, and its ``Done`` goes out as frames packed from its fields,
+with no record made on the way (``inline_jobs.py``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import ErrorInfo, to_info
 from mpl.wire.safe_values import unsafe
 from mpl.wire.sessions import Ack, DeleteSymbol, Reply, SaveSymbol, SessionClosed, SymbolInfo
+from mpl.worker.inline_jobs import InlineJobs
+from mpl.worker.inline_run import InlineRun
 from mpl.worker.interpreter import ABSENT, OpFailed, Plan, op_label, run_graph
 from mpl.worker.keyed_mailbox import KeyedMailbox, MoveKey
 from mpl.worker.outputs import SCALAR_NAMES, describe, is_small
@@ -140,7 +147,7 @@ _DONE_FIELDS = pinned_fields(
 )
 
 
-class Jobs:
+class Jobs(InlineJobs):
     """Everything a worker does on behalf of sessions, as its state machine says."""
 
     def __init__(
@@ -151,6 +158,7 @@ class Jobs:
         peers: PeerLinks,
         post: Callable[[Record], None],
         *,
+        post_frames: Callable[[list[Any]], None] | None = None,
         extensions: dict[str, Callable[[], Any]] | None = None,
         job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
         spu: SpuLinks | None = None,
@@ -164,12 +172,19 @@ class Jobs:
         self.mailbox = mailbox
         self.peers = peers
         self.post = post  # thread-safe: send a message to the broker
+        # the I/O thread's sender of a plaintext Done's frames (None: Dones go to post)
+        self.post_frames = post_frames
         self.spu = spu
         self.job_timeout_s = job_timeout_s
         self._factories = dict(extensions or {})
         self._extensions: dict[str, Any] = {}
         self._pool = SessionPool(job_threads, f"mpl-job-{self.rank}")
         self._plans: dict[str, Plan] = {}  # by program digest (a digest names one graph)
+        self._compiled: dict[str, InlineRun | None] = {}  # the same, compiled (None: not)
+        # the inline run going on (on the I/O thread), for its progress reports
+        self._inline: tuple[str, str, InlineRun, float, float] | None = None
+        self._inline_ctx: _JobRun | None = None
+        self._reports = self._report_inline  # one bound method, not one per run
         # the last job's timeout_s, the cap then, and what the job was given
         self._last_timeout = (-1.0, job_timeout_s, 0.0)
         self._lock = threading.Lock()  # the state's, held only while it decides
@@ -194,36 +209,19 @@ class Jobs:
             actions = self.state.handle(event, time.monotonic())
         return self.perform(actions)
 
-    def run_now(self, msg: Exec) -> bool:
-        """A repeat quick job, whole, on the calling (I/O) thread, when the state says it
-        may run inline with nothing else to decide (``WorkerState.begin_inline``): the run,
-        its outputs stored, its ``Done`` posted; no events or actions in between. False for
-        any other job, with nothing done: then :meth:`handle` it.
-
-        The ``Done`` goes out as soon as it is built and the state has said the job was not
-        stopped; the state's bookkeeping of the job's end follows the send, so the broker
-        (on the other core) reads the answer meanwhile. Nothing the broker sends next can
-        overtake that bookkeeping: this thread reads it only afterwards."""
-        with self._lock:
-            graph = self.state.begin_inline(msg, time.monotonic())
-        if graph is None:
-            return False
-        end = self._run(msg, graph, tracked=False)
-        if type(end) is Done:
-            sid, job = end.session, end.job
-            state = self.state
-            # state.inline_stopped, written out (a call less per job): read without the
-            # lock, two lookups, each atomic; a stop that comes just after is one that
-            # came after the answer, as it may for any job
-            if (sid, job) not in state.aborted and sid not in state.closed:
-                self.post(end)
-                with self._lock:
-                    state.end_inline(sid, job, end.stats["run_s"])
-                return True
-            self.report(RunFinished(sid, job, end.stats["run_s"], end))  # stopped meanwhile
-            return True
-        self.report(end)  # failed or aborted: the state's ordinary path
-        return True
+    def _report_inline(self, done: int, index: int, now: float) -> float:
+        """A compiled inline run's progress report, due at an op's start: made by a job
+        context as a pooled run's is (made for the run's first report); returns when the
+        next is due."""
+        assert self._inline is not None  # set by _run_compiled before the run
+        sid, job, compiled, t0, timeout = self._inline
+        run = self._inline_ctx
+        if run is None or run.job is not job or run.started != t0:
+            run = self._inline_ctx = _JobRun(self, sid, job, t0 + timeout, t0)
+        plan = compiled.plan
+        run.position = (done, plan.ops_here, plan.graph, index)
+        run.report(now)
+        return run.next_report
 
     def report(self, event: Any) -> None:
         """From a job thread: what came of a run or task. Its answers go on the result
@@ -319,17 +317,9 @@ class Jobs:
             if tracked and self.stopped((sid, job)):
                 return RunAborted(sid, job, 0.0)
             started, wall = t0, time.time()
-            asked, cap, timeout = self._last_timeout  # the jobs of a program ask for the same
-            if msg.timeout_s != asked or cap != self.job_timeout_s:  # (NaN never equals)
-                try:  # capped by this worker's --job-timeout
-                    timeout = job_timeout(msg.timeout_s, self.job_timeout_s)
-                except ValueError as exc:
-                    error = ErrorInfo(
-                        "ProtocolError", str(exc), rank=self.rank, op="timeout", job=job
-                    )
-                    return RunFailed(sid, job, time.monotonic() - t0, error)
-                # one tuple, so that threads read it whole
-                self._last_timeout = (msg.timeout_s, self.job_timeout_s, timeout)
+            timeout = self._timeout(msg)
+            if isinstance(timeout, RunFailed):
+                return timeout
             run = _JobRun(self, sid, job, started + timeout, started)
             if tracked:
                 self._runs[(sid, job)] = run
@@ -348,15 +338,7 @@ class Jobs:
             except JobAbortedError:
                 return RunAborted(sid, job, time.monotonic() - t0)
             except OpFailed as exc:
-                info = to_info(exc.cause, rank=self.rank, op=exc.label, job=job, remote=True)
-                log.info(
-                    "job %s failed at op %s: %s",
-                    job,
-                    exc.label,
-                    info.message[:200],
-                    extra={"session": sid, "job": job, "error": info.message[:200]},
-                )
-                return RunFailed(sid, job, time.monotonic() - t0, info)
+                return self._op_failed(sid, job, exc, t0)
             except BaseException as exc:  # user code may raise SystemExit: still a failed job
                 info = to_info(exc, rank=self.rank, op="inputs", job=job)
                 return RunFailed(sid, job, time.monotonic() - t0, info)
@@ -365,21 +347,7 @@ class Jobs:
                     self._runs.pop((sid, job), None)
             # An abort that came during the run is the state's to see (RunFinished of a stopped
             # job frees its outputs and says nothing), so no second look under the lock here.
-            values: dict[int, Any] = {}
-            metas: dict[int, str] = {}
-            for i, value in enumerate(outputs):
-                if value is ABSENT:
-                    continue
-                self.store.put(sid, output_uri(job, i), value)
-                scalar = SCALAR_NAMES.get(type(value))
-                if scalar is not None:  # most outputs: described by name and small, no calls
-                    metas[i] = scalar
-                    if i in msg.inline:
-                        values[i] = value
-                    continue
-                metas[i] = describe(value)
-                if i in msg.inline and is_small(value):
-                    values[i] = value
+            values, metas = self._store_outputs(sid, job, msg.inline, outputs)
             stats = {"run_s": time.monotonic() - t0, "started": wall, "ops": run.spans}
             # Done(...) filled in directly (as decode fills in the records it checked): its
             # __init__ sets each field through the records' immutability guard. Every
@@ -400,6 +368,56 @@ class Jobs:
         except BaseException as exc:  # the thread must report whatever happened
             error = to_info(exc, rank=self.rank, op="run", job=msg.job)
             return RunFailed(msg.session, msg.job, time.monotonic() - t0, error)
+
+    def _timeout(self, msg: Exec) -> float | RunFailed:
+        """The job's seconds to wait for peers, capped by this worker's ``--job-timeout``
+        (the jobs of a program ask for the same: worked out once), or why it has none."""
+        asked, cap, timeout = self._last_timeout
+        if msg.timeout_s != asked or cap != self.job_timeout_s:  # (NaN never equals)
+            try:
+                timeout = job_timeout(msg.timeout_s, self.job_timeout_s)
+            except ValueError as exc:
+                error = ErrorInfo(
+                    "ProtocolError", str(exc), rank=self.rank, op="timeout", job=msg.job
+                )
+                return RunFailed(msg.session, msg.job, 0.0, error)
+            # one tuple, so that threads read it whole
+            self._last_timeout = (msg.timeout_s, self.job_timeout_s, timeout)
+        return timeout
+
+    def _op_failed(self, sid: str, job: str, exc: OpFailed, t0: float) -> RunFailed:
+        info = to_info(exc.cause, rank=self.rank, op=exc.label, job=job, remote=True)
+        log.info(
+            "job %s failed at op %s: %s",
+            job,
+            exc.label,
+            info.message[:200],
+            extra={"session": sid, "job": job, "error": info.message[:200]},
+        )
+        return RunFailed(sid, job, time.monotonic() - t0, info)
+
+    def _store_outputs(
+        self, sid: str, job: str, inline: tuple[int, ...], outputs: list[Any]
+    ) -> tuple[dict[int, Any], dict[int, str]]:
+        """Store a finished run's outputs; the small ones the driver asked for inline (the
+        indices in ``inline``), and the description of each (Done's ``values`` and
+        ``metas``)."""
+        values: dict[int, Any] = {}
+        metas: dict[int, str] = {}
+        for i, value in enumerate(outputs):
+            if value is ABSENT:
+                continue
+            self.store.put(sid, output_uri(job, i), value)
+            scalar = SCALAR_NAMES.get(type(value))
+            if scalar is not None:  # most outputs: described by name and small, no calls
+                metas[i] = scalar
+                if i in inline:
+                    values[i] = value
+                continue
+            metas[i] = describe(value)
+            if i in inline and is_small(value):
+                values[i] = value
+        return values, metas
 
     def _resolve(self, sid: str, binding: Any) -> Any:
         if binding is None:

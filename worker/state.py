@@ -100,7 +100,8 @@ def is_local(graph: Graph) -> bool:
 
 class WorkerState:
     """One rank's decisions: ``handle(event, now) -> list[Action]``. Not thread-safe: the
-    shells call it under one lock."""
+    shells call it under one lock; only :meth:`begin_inline` is called without it (the
+    I/O thread's, which its docstring says why it may be)."""
 
     def __init__(
         self,
@@ -295,15 +296,24 @@ class WorkerState:
         return [run] if local else [Expect((sid, job)), run]  # a local job gets no moves
 
     # -- the hot path: a repeat quick job, without events or actions ---------------------
-    def begin_inline(self, msg: Exec, now: float) -> Graph | None:
+    def begin_inline(self, msg: Exec, now: float, job: str | None = None) -> Graph | None:
         """``handle(msg)`` for a job with nothing to decide but "run it inline now": its
         program is cached here and not refused, its last run here was quick (so it is
         local: no ``Expect``), its session is open with nothing queued, and the job is
         neither known nor aborted. Makes the bookkeeping :meth:`_exec` makes for such a
         job and returns the graph to run; None, with nothing changed, for any other job
-        (then ``handle(msg)`` decides)."""
+        (then ``handle(msg)`` decides). ``job``: the job is ``msg`` but for this id (a
+        program's next job, as the job shell reads it: ``Jobs.run_now``).
+
+        Called by the I/O thread without the lock (a lock round per job less): it writes
+        only what no other thread writes (the program cache's order, ``last_heard``, the
+        ``inline`` count, a new key of ``jobs``), and it reads the rest by single lookups,
+        each atomic. The other threads (job threads, the peer thread) only end jobs, drop
+        queued counts, make programs slow and abort jobs: read a moment early, each of
+        these leaves the job to ``handle`` or to the check after its run, as it would a
+        moment later."""
         sid, digest = msg.session, msg.digest
-        key = (sid, msg.job)
+        key = (sid, msg.job if job is None else job)
         if (
             not self.quick.get(digest)
             or self.queued.get(sid)
@@ -322,19 +332,12 @@ class WorkerState:
         self.inline += 1
         return graph
 
-    def inline_stopped(self, sid: str, job: str) -> bool:
-        """Whether a job :meth:`begin_inline` began was stopped (aborted, or its session
-        closed) while it ran: then ``handle(RunFinished)`` decides; if not, its ``Done`` is
-        posted and :meth:`end_inline` follows. Changes nothing, and reads two maps (each
-        lookup atomic): the job shell may ask without the lock (``Jobs.run_now`` asks by
-        these two lookups written out, a call less per job: keep them in step)."""
-        return (sid, job) in self.aborted or sid in self.closed  # stopped(), without its call
-
     def end_inline(self, sid: str, job: str, seconds: float) -> None:
         """``handle(RunFinished)`` for a job :meth:`begin_inline` began, whose ``Done`` was
-        posted (:meth:`inline_stopped` said it was not stopped): the same bookkeeping. A
-        stop that came after that answer only forgets its reason here, as for any job that
-        ended (its outputs were freed by the stop)."""
+        posted (the job shell found it neither aborted nor its session closed once it had
+        run: ``Jobs.run_now``): the same bookkeeping. A stop that came after that answer
+        only forgets its reason here, as for any job that ended (its outputs were freed by
+        the stop)."""
         self.done += 1
         # _ended for a job begun inline (local, not pooled), written out: a call less
         key = (sid, job)

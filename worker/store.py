@@ -30,8 +30,12 @@ class ObjectStore:
         self._lock = threading.Lock()
 
     def put(self, session: str, uri: str, value: Any) -> None:
-        with self._lock:
+        lock = self._lock  # not `with` (once per output): acquire and release cost less
+        lock.acquire()
+        try:
             self._sessions.setdefault(session, {})[uri] = value
+        finally:
+            lock.release()
 
     def get(self, session: str, uri: str) -> Any:
         with self._lock:

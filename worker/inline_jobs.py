@@ -1,0 +1,206 @@
+"""The job shell's inline path: a program's repeat quick job, run whole on the I/O thread.
+
+:class:`InlineJobs` is the half of :class:`~mpl.worker.jobs.Jobs` that runs a job the
+state lets run inline with nothing else to decide (``WorkerState.begin_inline``): its
+plan compiled once (``inline_run.py``), its outputs stored, its ``Done`` posted, then the
+state's bookkeeping of its end; no events or actions in between. A plaintext job comes as
+a job id the I/O thread read by comparison with the program's last ``Exec``
+(``RepeatExecs.repeat_job``), and its ``Done`` leaves as frames packed from its fields:
+no record is made on the way. The rest of the job shell (events, the pool, tasks) is
+``jobs.py``'s.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mpl.wire.done_pack import own_done_fields
+from mpl.wire.errors import JobAbortedError, SessionError
+from mpl.wire.graph import Graph
+from mpl.wire.jobs import Done, Exec
+from mpl.wire.progress import FIRST_AFTER_S
+from mpl.wire.record import Record
+from mpl.wire.remote import to_info
+from mpl.worker.inline_run import InlineRun
+from mpl.worker.interpreter import OpFailed, Plan
+from mpl.worker.state import WorkerState
+from mpl.worker.state_events import RunAborted, RunFailed, RunFinished
+
+__all__ = ["InlineJobs"]
+
+RunEnd = RunFinished | RunFailed | RunAborted
+
+
+class InlineJobs:
+    """The inline path of the job shell (mixed into ``Jobs``, which sets these attributes
+    and provides the runs' common parts)."""
+
+    state: WorkerState
+    rank: int
+    job_timeout_s: float
+    post: Callable[[Record], None]
+    post_frames: Callable[[list[Any]], None] | None
+    _lock: threading.Lock
+    _compiled: dict[str, InlineRun | None]
+    _last_timeout: tuple[float, float, float]
+    _inline: tuple[str, str, InlineRun, float, float] | None
+    _reports: Callable[[int, int, float], float]
+    report: Callable[[Any], None]
+    _plan: Callable[[str, Graph], Plan]
+    _run: Callable[..., Done | RunFailed | RunAborted]
+    _timeout: Callable[[Exec], float | RunFailed]
+    _resolve: Callable[[str, Any], Any]
+    _op_failed: Callable[[str, str, OpFailed, float], RunFailed]
+    _store_outputs: Callable[
+        [str, str, tuple[int, ...], list[Any]], tuple[dict[int, Any], dict[int, str]]
+    ]
+
+    def run_now(self, msg: Exec, job: str | None = None) -> bool:
+        """A repeat quick job, whole, on the calling (I/O) thread, when the state says it
+        may run inline with nothing else to decide (``WorkerState.begin_inline``): the run,
+        its outputs stored, its ``Done`` posted; no events or actions in between. False for
+        any other job, with nothing done: then :meth:`handle` it.
+
+        The ``Done`` goes out as soon as it is built and the job was not stopped meanwhile;
+        the state's bookkeeping of the job's end follows the send, so the broker (on the
+        other core) reads the answer meanwhile. Nothing the broker sends next can overtake
+        that bookkeeping: this thread reads it only afterwards. A program whose plan
+        compiles (``inline_run.py``) runs compiled, its ``Done`` packed from its fields
+        (plaintext); any other the way a pooled job runs.
+
+        ``job``: the job to run is ``msg`` but for this job id (a repeat the I/O thread
+        read by its id alone, ``RepeatExecs.repeat_job``); a program that does not
+        compile then runs from a record of it."""
+        if job is None:
+            job = msg.job
+        lock = self._lock
+        t0 = time.monotonic()  # the state's clock, and the run's start
+        graph = self.state.begin_inline(msg, t0, job)  # without the lock: see its docstring
+        if graph is None:
+            return False
+        digest = msg.digest
+        compiled = self._compiled.get(digest)
+        if compiled is None and digest not in self._compiled:  # its first inline run
+            compiled = self._compile(digest, graph)
+        end: RunEnd | Done | None
+        if compiled is None:
+            end = self._run(_with_job(msg, job), graph, tracked=False)
+        else:
+            end = self._run_compiled(msg, job, compiled, t0)
+        if end is None:  # answered (plaintext), and its end booked
+            return True
+        if type(end) is Done:
+            sid, job = end.session, end.job
+            if self._not_stopped(sid, job):
+                self.post(end)
+                lock.acquire()  # not `with`: acquire and release are a third of its cost
+                try:
+                    self.state.end_inline(sid, job, end.stats["run_s"])
+                finally:
+                    lock.release()
+                return True
+            self.report(RunFinished(sid, job, end.stats["run_s"], end))  # stopped meanwhile
+            return True
+        self.report(end)  # failed or aborted: the state's ordinary path
+        return True
+
+    def _not_stopped(self, sid: str, job: str) -> bool:
+        """Whether a job the state began inline is still to be answered: neither aborted
+        nor its session closed while it ran (then ``RunFinished`` tells the state, which
+        frees its outputs and says nothing). Read without the lock, two lookups, each
+        atomic; a stop that comes just after is one that came after the answer, as it may
+        for any job."""
+        state = self.state
+        return (sid, job) not in state.aborted and sid not in state.closed
+
+    def _compile(self, digest: str, graph: Graph) -> InlineRun | None:
+        """The compiled run of program ``digest`` on this rank (None: not compilable)."""
+        if len(self._compiled) > 512:
+            self._compiled.clear()
+        compiled = self._compiled[digest] = InlineRun.compile(self._plan(digest, graph))
+        return compiled
+
+    def _run_compiled(
+        self, msg: Exec, job: str, compiled: InlineRun, t0: float
+    ) -> RunEnd | Done | None:
+        """:meth:`_run` for an inline run of a compiled program (``t0``: its start). In
+        plaintext its ``Done`` is packed from its fields and posted here, and the state
+        books its end (None); otherwise its ``Done``, or how it failed, as ``_run`` says.
+        ``job``: the job's id (``msg`` may be an earlier job of the program)."""
+        sid = msg.session
+        try:
+            asked, cap, timeout = self._last_timeout  # _timeout's shortcut, without its call
+            if msg.timeout_s != asked or cap != self.job_timeout_s:
+                worked_out = self._timeout(msg)
+                if isinstance(worked_out, RunFailed):
+                    return worked_out
+                timeout = worked_out
+            mine = msg.bindings.get(self.rank)
+            inputs: list[Any] | tuple[()] = ()
+            if mine:
+                inputs = [self._resolve(sid, b) for b in mine]
+                if len(inputs) != len(compiled.plan.graph.inputs):
+                    raise SessionError(
+                        f"job binds {len(inputs)} inputs on rank {self.rank}, "
+                        f"the graph has {len(compiled.plan.graph.inputs)}"
+                    )
+            self._inline = (sid, job, compiled, t0, timeout)  # for _report_inline
+            wall = time.time()
+            outputs, spans, t1 = compiled.run(inputs, t0, t0 + FIRST_AFTER_S, self._reports)
+        except OpFailed as exc:
+            return self._op_failed(sid, job, exc, t0)
+        except JobAbortedError:
+            return RunAborted(sid, job, time.monotonic() - t0)
+        except BaseException as exc:
+            info = to_info(exc, rank=self.rank, op="inputs", job=job)
+            return RunFailed(sid, job, time.monotonic() - t0, info)
+        try:
+            values, metas = self._store_outputs(sid, job, msg.inline, outputs)
+            stats = {"run_s": t1 - t0, "started": wall, "ops": spans}
+            post_frames = self.post_frames
+            if post_frames is not None:
+                frames = own_done_fields(sid, job, self.rank, values, stats, metas)
+                state = self.state  # _not_stopped, written out (a call less per job)
+                if (
+                    frames is not None
+                    and (sid, job) not in state.aborted
+                    and sid not in state.closed
+                ):
+                    post_frames(frames)
+                    lock = self._lock
+                    lock.acquire()
+                    try:
+                        state.end_inline(sid, job, t1 - t0)
+                    finally:
+                        lock.release()
+                    return None
+            done: Done = object.__new__(Done)  # as _run builds it
+            done.__dict__.update(
+                {
+                    "session": sid,
+                    "job": job,
+                    "rank": self.rank,
+                    "values": values,
+                    "stats": stats,
+                    "metas": metas,
+                    "saved": [],
+                }
+            )
+            return done
+        except BaseException as exc:  # the thread must report whatever happened
+            error = to_info(exc, rank=self.rank, op="run", job=job)
+            return RunFailed(sid, job, time.monotonic() - t0, error)
+
+
+def _with_job(msg: Exec, job: str) -> Exec:
+    """``msg`` with job id ``job`` (itself if it has it), built as decode builds it."""
+    if job is msg.job:
+        return msg
+    other: Exec = object.__new__(Exec)
+    fields = other.__dict__
+    fields.update(msg.__dict__)
+    fields["job"], fields["bindings"] = job, dict(msg.bindings)
+    return other

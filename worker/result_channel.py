@@ -1,0 +1,133 @@
+"""How the worker's answers leave: the result channel (a part of the worker).
+
+:class:`ResultChannel` is the half of :class:`~mpl.worker.daemon.Worker` that sends what
+the job threads and the I/O thread answer (Dones, Faileds, replies, progress) on the
+result channel: a second DEALER to the broker behind a lock, announced with ``Channel``,
+so that no answer waits for the I/O thread. While the I/O thread handles a batch of the
+broker's messages, the Dones of the jobs it runs inline gather and go out in batches
+(``mpl.wire.batch``). An inline run's ``Done``, packed by the job shell itself (plaintext),
+goes out as its two frames by the compiled send.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from mpl.wire.batch import coalesce, header_only
+from mpl.wire.codec import encode
+from mpl.wire.control import Channel
+from mpl.wire.done_pack import own_done_frames
+from mpl.wire.jobs import Done
+from mpl.wire.record import Record
+from mpl.wire.sockets import send_frames
+from mpl.worker.sealing import WorkerSeal
+
+__all__ = ["ResultChannel"]
+
+log = logging.getLogger("mpl.worker")
+# the compiled send, as mpl.wire.sockets calls it, with plain ints for flags (`int |
+# IntFlag` builds an enum each time)
+_raw_send = zmq.backend.Socket.send
+_NOBLOCK = int(zmq.NOBLOCK)
+_NOBLOCK_MORE = _NOBLOCK | int(zmq.SNDMORE)
+
+
+class ResultChannel:
+    """The worker's sending of answers (mixed into ``Worker``, which sets these
+    attributes and encodes records)."""
+
+    rank: int
+    incarnation: str
+    seal: WorkerSeal | None
+    _results: zmq.Socket[Any]
+    _results_lock: threading.Lock
+    _closed: bool
+    _channel_owed: bool
+    _io_thread: int
+    _gathered: list[list[Any]] | None
+    _encode: Callable[[Record], list[Any] | None]
+
+    def _post(self, msg: Record) -> None:
+        """Send to the broker from any thread, on the result channel."""
+        if self.seal is not None:  # its values sealed into bytes (plain values too)
+            msg = self.seal.outbound(msg)
+        # a Done of plain values (most) is packed without the general encoder; the job
+        # shell built its stats, metas and saved list, so only values are checked
+        frames = own_done_frames(msg) if type(msg) is Done else None
+        if frames is None:
+            frames = self._encode(msg)
+        if frames is None:
+            return
+        gathered = self._gathered
+        if gathered is not None and threading.get_ident() == self._io_thread:
+            if type(msg) is Done and header_only(frames) is not None:
+                gathered.append(frames)
+                return
+            self._send_gathered()  # what was gathered goes first: the order is kept
+        lock = self._results_lock  # _post_frames, without its call (a Done per job)
+        lock.acquire()  # not `with`: acquire and release are a third of its cost
+        try:
+            if not self._closed:
+                send_frames(self._results, frames)
+        except zmq.Again:
+            log.warning("rank %d: result queue full, dropped %s", self.rank, msg.TAG)
+        finally:
+            lock.release()
+
+    def _post_done_frames(self, frames: list[Any]) -> None:
+        """:meth:`_post` for a Done the job shell packed itself (an inline run's, in
+        plaintext): gathered while a batch is handled (the I/O thread's), else sent."""
+        gathered = self._gathered
+        if gathered is not None and threading.get_ident() == self._io_thread:
+            if header_only(frames) is not None:
+                gathered.append(frames)
+                return
+            self._send_gathered()  # what was gathered goes first: the order is kept
+        magic, header = frames  # send_frames of a header-only message, without its call
+        lock = self._results_lock
+        lock.acquire()  # not `with`: acquire and release are a third of its cost
+        try:
+            if not self._closed:
+                _raw_send(self._results, magic, _NOBLOCK_MORE)
+                _raw_send(self._results, header, _NOBLOCK)
+        except zmq.Again:  # on the first part (a message goes whole or not at all)
+            log.warning("rank %d: result queue full, dropped Done", self.rank)
+        finally:
+            lock.release()
+
+    def _post_frames(self, frames: list[Any], what: str) -> None:
+        with self._results_lock:
+            if self._closed:
+                return
+            try:
+                send_frames(self._results, frames)
+            except zmq.Again:
+                log.warning("rank %d: result queue full, dropped %s", self.rank, what)
+
+    def _send_gathered(self) -> None:
+        """Send the Dones gathered while handling a batch: two or more as one batch."""
+        gathered = self._gathered
+        if not gathered:
+            return
+        self._gathered = []
+        for frames, carried in coalesce((done, True) for done in gathered):
+            self._post_frames(frames, f"batch of {carried} Done" if carried > 1 else "Done")
+
+    def _announce_channel(self) -> None:
+        """Tell the broker which connection carries our results, without blocking the I/O
+        thread: while the result socket's queue is full (results that piled up while the
+        broker was away), the timers try again on every turn of the loop."""
+        with self._results_lock:
+            if self._closed:
+                return
+            try:
+                frames = encode(Channel(self.rank, self.incarnation))
+                self._results.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                self._channel_owed = False
+            except zmq.Again:
+                log.debug("rank %d: result queue full, the channel is announced later", self.rank)
