@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mpl.driver.context import Context
+from mpl.driver.job_site import JobSite
 from mpl.driver.recorder import Out, Recorder, wrap
 from mpl.driver.values import NOT_CACHED, Value
 from mpl.wire.cluster import ClusterSpec
@@ -37,7 +38,7 @@ stats = {"recorded": 0, "replayed": 0}  # plans recorded (graph built and checke
 class Plan:
     """A recorded eager call: its graph, and which argument leaf binds each input."""
 
-    __slots__ = ("cluster", "graph", "inline", "outs", "placements", "sources")
+    __slots__ = ("_site", "cluster", "graph", "inline", "outs", "placements", "sources")
 
     def __init__(
         self,
@@ -53,6 +54,7 @@ class Plan:
         self.outs = list(outs)
         self.placements = list(placements)
         self.inline = tuple(range(len(outs)))
+        self._site: JobSite | None = None  # its synchronous jobs, compiled for one context
 
     def run(self, ctx: Context, leaves: Sequence[Any]) -> list[Value]:
         """Bind ``leaves`` and run the graph as one job."""
@@ -71,7 +73,10 @@ class Plan:
                 if row is None:
                     row = bindings[r] = [None] * n
                 row[i] = binding
-        result = ctx.run(self.graph, bindings, inline=self.inline)
+        site = self._site
+        if site is None or site.ctx is not ctx:
+            site = self._site = JobSite(ctx, self.graph, self.inline)
+        result = site.run(bindings)
         return wrap(ctx, result.job, self.outs, self.placements, result)
 
 

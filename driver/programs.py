@@ -14,8 +14,9 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from mpl.driver.context import Context, current
-from mpl.driver.recorder import Ranks, Recorder, active, bind, tracing, wrap
+from mpl.driver.context import STACK, Context, current
+from mpl.driver.job_site import JobSite
+from mpl.driver.recorder import TRACES, Ranks, Recorder, bind, tracing, wrap
 from mpl.driver.tree import LEAF, NO_ARGS, flatten, flatten_call, unflatten
 from mpl.driver.values import Value
 from mpl.wire.cluster import ClusterSpec
@@ -27,6 +28,8 @@ from mpl.wire.lru import LRU
 __all__ = ["Function", "Program", "compile", "function"]
 
 _TRACES = 64  # programs cached per function
+_FIRST_OUTPUT = output_uri("", 0)  # a job's first output is its id and this
+assert output_uri("job", 0) == "job" + _FIRST_OUTPUT
 
 
 class Program:
@@ -58,6 +61,7 @@ class Program:
                 devices[index] = device
         self._out_devices = [(-1, d) for d in devices]
         self._out_placements = [graph.placements[v] for v in graph.outputs]
+        self._site: JobSite | None = None  # its synchronous jobs, compiled for one context
         # (device, ranks) when the function returns exactly one Value, its only output
         self._single: tuple[str | None, Ranks] | None = None
         if out_tree == LEAF and len(outs) == 1 and outs[0][0] == "v" and len(graph.outputs) == 1:
@@ -83,8 +87,22 @@ class Program:
         them. ``leaves`` are the flattened ``(args, kwargs)`` when the caller has them."""
         # no inputs (no parameters, nothing captured): nothing to bind or check
         bindings = self._bind(ctx, args, kwargs, leaves) if self._inputs else {}
-        result = ctx.run(self.graph, bindings, inline=self._inline)
-        return self._outputs(ctx, result)
+        site = self._site
+        if site is None or site.ctx is not ctx:
+            site = self._site = JobSite(ctx, self.graph, self._inline)
+        result = site.run(bindings)
+        if self._single is None:
+            return self._outputs(ctx, result)
+        device, ranks = self._single  # one Value (_outputs' first case, written out)
+        return Value(
+            device,
+            ranks,
+            ctx=ctx,
+            uri=result.job + _FIRST_OUTPUT,
+            owned=True,
+            cache=result.values.get(0),
+            meta=result.metas.get(0, ""),
+        )
 
     def submit(
         self,
@@ -207,9 +225,10 @@ class Function:
         self.traces = 0  # how many times the function was traced (cache misses)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if active() is not None:  # called inside another trace: inline it there
+        if TRACES.recorders:  # called inside another trace (active()): inline it there
             return self.fn(*args, **kwargs)
-        ctx = current()
+        contexts = STACK.contexts  # current(), its common case read here
+        ctx = contexts[-1] if contexts else current()
         bare = self._bare
         if bare is not None and not args and not kwargs and bare[0] is ctx.cluster:
             return bare[1].run(ctx, args, kwargs, [])

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgpack
+import zmq
 
 from mpl.wire.codec import MAGIC_FRAME, decode
 from mpl.wire.decoder import TUPLE, Decoder
@@ -40,7 +41,7 @@ from mpl.wire.limits import (
 from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import ErrorInfo
 
-__all__ = ["read_answer"]
+__all__ = ["read_answer", "read_result"]
 
 # Written out by hand in read_answer and _fits: a changed JobResult would otherwise be read
 # wrong, or fall back to decode on every answer, silently. Filled in directly (direct).
@@ -113,6 +114,60 @@ def read_answer(frames: Sequence[Any], *, safe: bool) -> Record:
     return rec
 
 
+def read_result(frames: Sequence[Any], job: bytes, *, safe: bool) -> Record | None:
+    """``read_answer(frames, safe=safe)`` for ``job``'s JobResult, for a caller that knows
+    which job's answer it waits for (``job``: its id as msgpack packs it, a fixstr for
+    any id up to 31 characters); None for what is not read here (another message, or
+    frames other than a magic and a header as ``bytes`` or ``zmq.Frame``): the caller reads
+    it the general way. A header that starts with the bytes of the record's tag and ``job``
+    is this job's result; a short one is read with one copy, one comparison and one msgpack
+    call, and anything else in it goes to ``read_answer``, as would the whole message."""
+    if len(frames) != 2:
+        return None
+    magic, header = frames
+    if type(header) is zmq.Frame:
+        data = header.bytes
+        magic = magic.bytes if type(magic) is zmq.Frame else magic
+    elif type(header) is bytes:
+        data = header
+    else:
+        return None
+    if not data.startswith(_PREFIX + job):
+        return None
+    n = len(data)
+    # _counted_length, on the bytes in hand: a short header with fewer container markers
+    # than MAX_NESTING needs no Decoder hooks (see _counted_length)
+    if (
+        magic != MAGIC_FRAME
+        or n >= _COUNT_BELOW
+        or n - len(data.translate(None, _CONTAINER_MARKERS)) >= MAX_NESTING
+    ):
+        return read_answer(frames, safe=safe)
+    try:
+        items = msgpack.unpackb(
+            data,
+            ext_hook=_short_tuple,
+            strict_map_key=False,
+            raw=False,
+            max_array_len=MAX_HEADER_ITEMS,
+            max_map_len=MAX_HEADER_ITEMS,
+        )
+    except _NeedsDecoder:  # an extension only the Decoder reads
+        return read_answer(frames, safe=safe)
+    except Exception as exc:  # msgpack's errors mean "malformed", as in decode
+        raise ProtocolError(f"malformed header: {type(exc).__name__}: {exc}") from exc
+    # a fixarray of seven (the prefix), its job id a str (the prefix too), no ErrorInfo (an
+    # extension: the Decoder's), every int 64-bit (msgpack's own range), dicts exact
+    _, job, values, error, missing, stats, metas = items
+    if error is not None or not _fits_plain(values, missing, stats, metas):
+        raise ProtocolError(f"record {JobResult.TAG!r}: a field does not match its annotation")
+    rec = object.__new__(JobResult)  # as read_answer fills it in
+    rec.__dict__.update(
+        job=job, values=values, error=error, missing_program=missing, stats=stats, metas=metas
+    )
+    return rec
+
+
 class _NeedsDecoder(Exception):
     """An extension only the Decoder reads: the header goes to it."""
 
@@ -148,6 +203,38 @@ def _counted_length(view: memoryview) -> int:
         return n
     data = view.tobytes()
     return 0 if n - len(data.translate(None, _CONTAINER_MARKERS)) < MAX_NESTING else n
+
+
+def _fits_plain(values: Any, missing: Any, stats: Any, metas: Any) -> bool:
+    """:func:`_fits` for fields msgpack alone read: no range checks (msgpack's ints are all
+    64-bit) and exact types (msgpack builds exact dicts, lists and strs). Loops over keys
+    and lookups: cheaper than loops over items, and than ``set(map(type, ...))`` on the
+    handful of keys a result has (callgrind)."""
+    if not (
+        type(values) is dict
+        and type(stats) is dict
+        and type(metas) is dict
+        and type(missing) is bool
+    ):
+        return False
+    for index in values:  # dict[int, dict[int, Any]]
+        by_rank = values[index]
+        if type(index) is not int or type(by_rank) is not dict:
+            return False
+        for rank in by_rank:
+            if type(rank) is not int:
+                return False
+    for rank in stats:  # dict[int, dict[str, Any]]
+        stat = stats[rank]
+        if type(rank) is not int or type(stat) is not dict:
+            return False
+        for key in stat:
+            if type(key) is not str:
+                return False
+    for index in metas:  # dict[int, str]  # noqa: SIM110 (all() and a generator: calls)
+        if type(index) is not int or type(metas[index]) is not str:
+            return False
+    return True
 
 
 def _fits(items: Any) -> bool:
