@@ -98,5 +98,5 @@ class Value:
 
     def __del__(self) -> None:
         ctx = self._ctx
-        if self._owned and ctx is not None:
-            ctx.release(self.parties, self._uri)
+        if self._owned and ctx is not None and not ctx.closed:
+            ctx._released.append((self.parties, self._uri))  # ctx.release, written out
