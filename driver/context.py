@@ -229,7 +229,8 @@ class Context:
         return self.client.fetch(self.session, rank, uri, timeout=timeout)
 
     def release(self, parties: tuple[int, ...], uri: str) -> None:
-        """A Value was dropped: queue its deletion (safe from any thread, even the GC)."""
+        """A Value was dropped: queue its deletion (safe from any thread, even the GC).
+        ``Value.__del__`` writes this out."""
         if self.closed:
             return
         self._released.append((parties, uri))

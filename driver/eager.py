@@ -76,8 +76,8 @@ class Plan:
         site = self._site
         if site is None or site.ctx is not ctx:
             site = self._site = JobSite(ctx, self.graph, self.inline)
-        result = site.run(bindings)
-        return wrap(ctx, result.job, self.outs, self.placements, result)
+        job, values, metas = site.run(bindings)
+        return wrap(ctx, job, self.outs, self.placements, values, metas)
 
 
 _plans: LRU[Any, Plan] = LRU(_PLANS)

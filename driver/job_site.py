@@ -29,13 +29,13 @@ from mpl.driver.client import _REPORT_GRACE_S, _JobIds
 from mpl.driver.context import _DELETE_BATCH, _DELETE_EVERY_S, _record
 from mpl.driver.job_progress import _REMEMBERED
 from mpl.wire.codec import MAGIC_FRAME
-from mpl.wire.errors import MplTimeoutError
+from mpl.wire.errors import MplError, MplTimeoutError
 from mpl.wire.exec_pack import exec_frames, exec_parts, pack_bindings
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Cancel, Exec, JobResult
 from mpl.wire.record import pinned_fields
 from mpl.wire.remote import from_info
-from mpl.wire.result_read import read_result
+from mpl.wire.result_read import RESULT_HEAD, result_fields
 from mpl.wire.sockets import send_frames
 
 if TYPE_CHECKING:
@@ -44,20 +44,43 @@ if TYPE_CHECKING:
 __all__ = ["JobSite"]
 
 _ID_MARK = bytes([0xA0 | 2 * _JobIds._BYTES])  # msgpack's fixstr marker of a job id's length
+_ANSWER_HEAD = RESULT_HEAD + _ID_MARK  # a JobResult's header up to its job id's characters
 _EMPTY_MAP = b"\x80"  # msgpack's empty map: the bindings of a job without inputs
 _SMALL = 64 * 1024  # headers below pyzmq's copy threshold are sent here (copied by libzmq)
 _MORE = int(zmq.SNDMORE)
 _send = zmq.backend.Socket.send  # the compiled methods: pyzmq's Python layer costs more
 _recv = zmq.backend.Socket.recv
-# the sealed path fills its Execs in directly, naming every field (keywords): pinned here
+# the sealed path fills its Execs and the JobResult it opens in directly, naming every
+# field (keywords): pinned here
 _EXEC_FIELDS = pinned_fields(
     Exec,
     ("session", "job", "digest", "ranks", "bindings", "inline", "timeout_s"),
     "mpl.driver.job_site",
     direct=True,
 )
+_RESULT_FIELDS = pinned_fields(
+    JobResult,
+    ("job", "values", "error", "missing_program", "stats", "metas"),
+    "mpl.driver.job_site",
+    direct=True,
+)
 _now = time.monotonic
 _wall = time.time
+
+
+def _fields(answer: Any) -> list[Any] | None:
+    """A JobResult record's fields as ``result_fields`` lists them; None for None."""
+    if answer is None:
+        return None
+    return [
+        JobResult.TAG,
+        answer.job,
+        answer.values,
+        answer.error,
+        answer.missing_program,
+        answer.stats,
+        answer.metas,
+    ]
 
 
 class JobSite:
@@ -74,8 +97,9 @@ class JobSite:
         # None when the general encoder must pack these fields
         self._parts: tuple[float, tuple[bytes, bytes, bytes] | None] | None = None
 
-    def run(self, bindings: dict[int, list[Any]]) -> JobResult:
-        """Run the graph as one job with ``bindings`` and wait: ``ctx.run``'s result."""
+    def run(self, bindings: dict[int, list[Any]]) -> tuple[str, Any, dict[int, str]]:
+        """Run the graph as one job with ``bindings`` and wait: the job's id, and its
+        JobResult's ``values`` and ``metas`` (``ctx.run``'s result, its record not built)."""
         ctx = self.ctx
         client = ctx.client
         graph = self.graph
@@ -88,31 +112,31 @@ class JobSite:
         if seal is None:
             packed: Any = _EMPTY_MAP if not bindings else pack_bindings(bindings)
             if packed is None or parts is None:
-                return ctx.run(graph, bindings, inline=self.inline)
+                return self._general(bindings)
         if (
             ctx.closed
             or graph.digest not in client._programs
             or (bindings and not bindings.keys() <= self._ranks)  # ranks beyond the graph's
         ):
-            return ctx.run(graph, bindings, inline=self.inline)
+            return self._general(bindings)
         holder = getattr(client._local, "socket", None)
-        if holder is None or client._closed or holder.sock.closed:
-            return ctx.run(graph, bindings, inline=self.inline)  # which opens the socket
+        if holder is None or client._closed:  # (a closing client closes every socket)
+            return self._general(bindings)  # which opens the socket
         sock = holder.sock
         compiled = isinstance(sock, zmq.backend.Socket)
         if not compiled:  # a look-alike (a test's): the usual way
-            return ctx.run(graph, bindings, inline=self.inline)
+            return self._general(bindings)
         wall, start = _wall(), _now()
         released = ctx._released
         if released and (len(released) >= _DELETE_BATCH or start - ctx._flushed > _DELETE_EVERY_S):
             ctx.flush()
         ids = client._job_ids
         job = next(ids.pool, None) or ids.refill()  # unguessable: see _JobIds
-        packed_job = _ID_MARK + job.encode()
+        job_bytes = job.encode()
         try:  # blocks at most SNDTIMEO, as _job_call's send
             if seal is None:
                 head, middle, tail = parts  # type: ignore[misc]
-                header = b"".join((head, packed_job, middle, packed, tail))
+                header = b"".join((head, _ID_MARK, job_bytes, middle, packed, tail))
                 if len(header) < _SMALL:
                     _send(sock, MAGIC_FRAME, _MORE)
                     _send(sock, header, 0)
@@ -135,12 +159,16 @@ class JobSite:
                 f"job {job}: the broker at {client.address} took no message for "
                 f"{client.timeout:g} s (the queue to it is full)"
             ) from None
+        except zmq.ZMQError:
+            if client._closed:  # closed by another thread meanwhile: its socket too
+                raise MplError("the client is closed") from None
+            raise
         progress = client.progress
         started = progress._started  # ProgressBoard.begin, with the clock read above
         started[job] = start
         if len(started) > _REMEMBERED:
             progress._forget_oldest()
-        answer: JobResult | None = None
+        fields: list[Any] | None = None  # the JobResult's, as wire.result_read lists them
         watch = client.watch
         if watch.refused is None and watch.silence is None and not watch.lost:
             try:  # the first slice: a trivial job's answer is here well before it ends
@@ -152,29 +180,40 @@ class JobSite:
                 while frame.more:
                     frame = _recv(sock, 0, False)
                     frames.append(frame)
-                got: Any = read_result(frames, packed_job, safe=client.safe)
-                if got is not None:  # this job's result (read_answer's read of it)
-                    answer = got
-                    if not got.missing_program:  # ProgressBoard.end, written out
+                fields = result_fields(frames, _ANSWER_HEAD + job_bytes, safe=client.safe)
+                if fields is not None:  # this job's result (read_answer's read of it)
+                    if not fields[4]:  # not missing_program: ProgressBoard.end, written out
                         started.pop(job, None)
                         if progress._jobs or progress._watchers or progress._bars:
-                            progress.end(job, got.error is None)
+                            progress.end(job, fields[3] is None)
                 else:  # a report, a late answer, a batch: as the general wait reads them
-                    answer = client._mine(frames, job)  # type: ignore[assignment]
-        if answer is None:
-            answer = self._wait(job, start + limit + _REPORT_GRACE_S, limit)
-        if answer.missing_program:  # a broker that lost it: sent again with a new job
+                    fields = _fields(client._mine(frames, job))
+        if fields is None:
+            fields = _fields(self._wait(job, start + limit + _REPORT_GRACE_S, limit))
+            assert fields is not None
+        _, _, values, error, missing, stats, metas = fields
+        if missing:  # a broker that lost the program: sent again, with a new job
             started.pop(job, None)
             client._programs.discard(graph.digest)
-            return ctx.run(graph, bindings, inline=self.inline)
-        if answer.error is not None:
+            return self._general(bindings)
+        if error is not None:
             if seal is not None:  # a worker that forgot our stream: a new one
-                seal.refused(answer.error)
-            raise from_info(answer.error)
+                seal.refused(error)
+            raise from_info(error)
         if seal is not None:
-            answer = seal.result(ctx.session, answer)
-        ctx.jobs.append(_record((job, graph.name, wall, _now() - start, answer.stats)))
-        return answer
+            sealed = object.__new__(JobResult)  # as wire.result_read fills it in
+            sealed.__dict__.update(
+                job=job, values=values, error=None, missing_program=False, stats=stats, metas=metas
+            )
+            opened = seal.result(ctx.session, sealed)
+            values, metas = opened.values, opened.metas
+        ctx.jobs.append(_record((job, graph.name, wall, _now() - start, stats)))
+        return job, values, metas
+
+    def _general(self, bindings: dict[int, list[Any]]) -> tuple[str, Any, dict[int, str]]:
+        """The job the general way (``ctx.run``), for what leaves the compiled path."""
+        result = self.ctx.run(self.graph, bindings, inline=self.inline)
+        return result.job, result.values, result.metas
 
     def _wait(self, job: str, deadline: float, limit: float) -> JobResult:
         """The rest of the wait, the general way (``Client.submit``'s, from its first slice)."""

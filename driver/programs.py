@@ -18,7 +18,7 @@ from mpl.driver.context import STACK, Context, current
 from mpl.driver.job_site import JobSite
 from mpl.driver.recorder import TRACES, Ranks, Recorder, bind, tracing, wrap
 from mpl.driver.tree import LEAF, NO_ARGS, flatten, flatten_call, unflatten
-from mpl.driver.values import Value
+from mpl.driver.values import Value, output_value
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.errors import MplError
 from mpl.wire.graph import Graph, format_graph
@@ -90,18 +90,12 @@ class Program:
         site = self._site
         if site is None or site.ctx is not ctx:
             site = self._site = JobSite(ctx, self.graph, self._inline)
-        result = site.run(bindings)
+        job, values, metas = site.run(bindings)
         if self._single is None:
-            return self._outputs(ctx, result)
-        device, ranks = self._single  # one Value (_outputs' first case, written out)
-        return Value(
-            device,
-            ranks,
-            ctx=ctx,
-            uri=result.job + _FIRST_OUTPUT,
-            owned=True,
-            cache=result.values.get(0),
-            meta=result.metas.get(0, ""),
+            return self._built(ctx, job, values, metas)
+        device, ranks = self._single  # one Value (_built's first case, written out)
+        return output_value(
+            device, ranks, ctx, job + _FIRST_OUTPUT, values.get(0), metas.get(0, "")
         )
 
     def submit(
@@ -144,18 +138,19 @@ class Program:
         return bind(self._sources, self.graph.world_size, slots)
 
     def _outputs(self, ctx: Context, result: JobResult) -> Any:
+        return self._built(ctx, result.job, result.values, result.metas)
+
+    def _built(
+        self, ctx: Context, job: str, got: dict[int, dict[int, Any]], metas: dict[int, str]
+    ) -> Any:
+        """The outputs of ``job`` as the traced function returned them (``got``, ``metas``:
+        its JobResult's ``values`` and ``metas``)."""
         if self._single is not None:  # the function returned one Value: no tree to rebuild
             device, ranks = self._single
-            return Value(
-                device,
-                ranks,
-                ctx=ctx,
-                uri=output_uri(result.job, 0),
-                owned=True,
-                cache=result.values.get(0),
-                meta=result.metas.get(0, ""),
+            return output_value(
+                device, ranks, ctx, job + _FIRST_OUTPUT, got.get(0), metas.get(0, "")
             )
-        values = wrap(ctx, result.job, self._out_devices, self._out_placements, result)
+        values = wrap(ctx, job, self._out_devices, self._out_placements, got, metas)
         out = [values[index] if kind == "v" else index for kind, index, _ in self._outs]
         return unflatten(self._out_tree, out)
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import mpl.driver as mp
+from mpl.driver.values import NOT_CACHED
 from mpl.wire.codec import encode
 from mpl.wire.exec_pack import exec_frames
 from mpl.wire.jobs import Exec
@@ -168,3 +169,16 @@ def test_python_calls_per_submitted_job_on_the_caller_and_the_pump(counted_ctx: 
     print(f"per job: caller {caller}, pump {pump}: {pump_calls.most_common(16)}")
     assert 0 < pump <= PER_SUBMIT_PUMP
     assert caller <= PER_SUBMIT_CALLER
+
+
+def test_an_output_value_is_the_value_init_makes() -> None:
+    """output_value (a job's output, filled without __init__) sets every slot as __init__
+    would: the same Value, not one missing a field."""
+    from mpl.driver.values import Value, output_value
+
+    made = output_value("P0", (0,), None, "j/0", {0: 1}, "int")  # type: ignore[arg-type]
+    init = Value("P0", (0,), ctx=None, uri="j/0", owned=True, cache={0: 1}, meta="int")
+    slots = [s for s in Value.__slots__ if s != "__weakref__"]
+    assert [getattr(made, s) for s in slots] == [getattr(init, s) for s in slots]
+    empty = output_value(None, (0, 1), None, "j/1", None, "")  # type: ignore[arg-type]
+    assert empty._cache == {} and empty.cached(0) is NOT_CACHED

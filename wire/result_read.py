@@ -41,7 +41,7 @@ from mpl.wire.limits import (
 from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import ErrorInfo
 
-__all__ = ["read_answer", "read_result"]
+__all__ = ["RESULT_HEAD", "read_answer", "read_result", "result_fields"]
 
 # Written out by hand in read_answer and _fits: a changed JobResult would otherwise be read
 # wrong, or fall back to decode on every answer, silently. Filled in directly (direct).
@@ -56,6 +56,7 @@ _CONTAINER_MARKERS = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
 _COUNT_BELOW = 8192  # longer headers are counted by the Decoder's hooks, as decode does
 # a fixarray of the tag and six fields, then the tag as a fixstr
 _PREFIX = b"\x97" + bytes([0xA0 | len(JobResult.TAG)]) + JobResult.TAG.encode()
+RESULT_HEAD = _PREFIX  # what every JobResult's header starts with: its job id follows
 
 
 def read_answer(frames: Sequence[Any], *, safe: bool) -> Record:
@@ -119,9 +120,27 @@ def read_result(frames: Sequence[Any], job: bytes, *, safe: bool) -> Record | No
     which job's answer it waits for (``job``: its id as msgpack packs it, a fixstr for
     any id up to 31 characters); None for what is not read here (another message, or
     frames other than a magic and a header as ``bytes`` or ``zmq.Frame``): the caller reads
-    it the general way. A header that starts with the bytes of the record's tag and ``job``
-    is this job's result; a short one is read with one copy, one comparison and one msgpack
-    call, and anything else in it goes to ``read_answer``, as would the whole message."""
+    it the general way. See :func:`result_fields`, which reads it."""
+    fields = result_fields(frames, RESULT_HEAD + job, safe=safe)
+    if fields is None:
+        return None
+    _, job_id, values, error, missing, stats, metas = fields
+    rec = object.__new__(JobResult)  # as read_answer fills it in
+    rec.__dict__.update(
+        job=job_id, values=values, error=error, missing_program=missing, stats=stats, metas=metas
+    )
+    return rec
+
+
+def result_fields(frames: Sequence[Any], head: bytes, *, safe: bool) -> list[Any] | None:
+    """:func:`read_result`'s record as the list msgpack reads, ``[tag, job, values, error,
+    missing_program, stats, metas]``, for a caller that reads the fields at once (building
+    the record costs about as much as checking them); None as in ``read_result``. ``head``:
+    ``RESULT_HEAD`` and the job id as msgpack packs it (a caller builds it in one go).
+
+    A header that starts with ``head`` is this job's result;
+    a short one is read with one copy, one comparison and one msgpack call, and anything
+    else in it goes to ``read_answer``, as would the whole message."""
     if len(frames) != 2:
         return None
     magic, header = frames
@@ -132,7 +151,7 @@ def read_result(frames: Sequence[Any], job: bytes, *, safe: bool) -> Record | No
         data = header
     else:
         return None
-    if not data.startswith(_PREFIX + job):
+    if not data.startswith(head):
         return None
     n = len(data)
     # _counted_length, on the bytes in hand: a short header with fewer container markers
@@ -142,9 +161,9 @@ def read_result(frames: Sequence[Any], job: bytes, *, safe: bool) -> Record | No
         or n >= _COUNT_BELOW
         or n - len(data.translate(None, _CONTAINER_MARKERS)) >= MAX_NESTING
     ):
-        return read_answer(frames, safe=safe)
+        return _fields_of(read_answer(frames, safe=safe))
     try:
-        items = msgpack.unpackb(
+        items: list[Any] = msgpack.unpackb(
             data,
             ext_hook=_short_tuple,
             strict_map_key=False,
@@ -153,19 +172,29 @@ def read_result(frames: Sequence[Any], job: bytes, *, safe: bool) -> Record | No
             max_map_len=MAX_HEADER_ITEMS,
         )
     except _NeedsDecoder:  # an extension only the Decoder reads
-        return read_answer(frames, safe=safe)
+        return _fields_of(read_answer(frames, safe=safe))
     except Exception as exc:  # msgpack's errors mean "malformed", as in decode
         raise ProtocolError(f"malformed header: {type(exc).__name__}: {exc}") from exc
     # a fixarray of seven (the prefix), its job id a str (the prefix too), no ErrorInfo (an
     # extension: the Decoder's), every int 64-bit (msgpack's own range), dicts exact
-    _, job, values, error, missing, stats, metas = items
+    _, _, values, error, missing, stats, metas = items
     if error is not None or not _fits_plain(values, missing, stats, metas):
         raise ProtocolError(f"record {JobResult.TAG!r}: a field does not match its annotation")
-    rec = object.__new__(JobResult)  # as read_answer fills it in
-    rec.__dict__.update(
-        job=job, values=values, error=error, missing_program=missing, stats=stats, metas=metas
-    )
-    return rec
+    return items
+
+
+def _fields_of(rec: Record) -> list[Any]:
+    if type(rec) is not JobResult:  # the prefix says it is one: decode built something else?
+        raise ProtocolError("the answer is not the JobResult its header starts as")
+    return [
+        JobResult.TAG,
+        rec.job,
+        rec.values,
+        rec.error,
+        rec.missing_program,
+        rec.stats,
+        rec.metas,
+    ]
 
 
 class _NeedsDecoder(Exception):
