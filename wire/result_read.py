@@ -15,7 +15,14 @@ state): with no buffers there is nothing to index or account for, the container 
 bounded as the Decoder bounds it (:func:`_counted_length`), and the only extension read
 there is the Decoder's own short tuple of small ints. Any other extension (an error's
 ``ErrorInfo``, a pickle, a nested tuple) sends the header to the ``Decoder`` after all, so
-both paths accept and build exactly the same.
+both paths accept and build exactly the same. What msgpack alone read is checked without
+range checks (its ints are all 64-bit) and with exact types (it builds exact dicts and strs).
+
+A caller that knows which job's answer it waits for (a driver's call site,
+:mod:`mpl.driver.job_site`) reads it with :func:`result_fields`: the header must start with
+that job's bytes (one comparison instead of a field check), and the fields come back as the
+list msgpack built, without the record (:func:`read_result` builds it, for tests and other
+callers). Anything else it leaves to the caller's general reading.
 """
 
 from __future__ import annotations
@@ -92,7 +99,8 @@ def read_answer(frames: Sequence[Any], *, safe: bool) -> Record:
                 )
             except _NeedsDecoder:
                 items = _NOT_READ  # an extension only the Decoder reads
-        if items is _NOT_READ:
+        plain = items is not _NOT_READ
+        if not plain:
             dec = Decoder(frames[2:], True, safe, counted)
             items = dec.unpack(header)
             unused = dec.used.count(False)
@@ -100,7 +108,12 @@ def read_answer(frames: Sequence[Any], *, safe: bool) -> Record:
         raise
     except Exception as exc:  # msgpack and numpy errors mean "malformed", as in decode
         raise ProtocolError(f"malformed header: {type(exc).__name__}: {exc}") from exc
-    if not _fits(items):
+    if plain:  # msgpack alone: a list of seven (the prefix), see result_fields
+        _, job, values, error, missing, stats, metas = items
+        fits = type(job) is str and error is None and _fits_plain(values, missing, stats, metas)
+    else:
+        fits = _fits(items)
+    if not fits:
         raise ProtocolError(f"record {JobResult.TAG!r}: a field does not match its annotation")
     if unused:
         raise ProtocolError(f"{unused} buffer frame(s) not referenced by the header")
