@@ -11,7 +11,9 @@ driver holds the Value's data (a small result sent back with its job): such a Va
 to another party is bound from the driver's copy (``Recorder.copy``), so the call is one
 job on the callee alone, with no move between workers.
 
-``stats`` counts recordings and replays, so tests can prove the cache by counts.
+A plan runs its jobs through a call site compiled for its context
+(:mod:`mpl.driver.job_site`). ``stats`` counts recordings and replays, so tests can prove
+the cache by counts.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ ONE job (one driver -> broker -> workers round trip, whatever the number of ops)
 Tracing records placements, not data: Python control flow on the driver is unrolled, host
 values (and the shares of ``mp.put`` on an SPU) become job inputs bound on the ranks that use
 them, never constants of the graph every rank receives, and Values reached through closures
-become inputs. A traced program is cached per argument structure, placement and host values.
+become inputs. A traced program is cached per argument structure, placement and host values,
+and runs its synchronous jobs through a call site compiled for its context
+(:mod:`mpl.driver.job_site`: the Exec packed once, the round trip in one function).
 """
 
 from __future__ import annotations
