@@ -24,7 +24,8 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -81,34 +82,53 @@ _EXEC_FIELDS = pinned_fields(
 )
 
 
-# Forks of this process so far, as seen by the process itself: a child's count differs from
-# its parent's, so a forked child notices without a getpid system call per job.
-_forks = [0]
-os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
-
-
 class _JobIds:
     """Unguessable job ids, drawn from the OS's CSPRNG a batch at a time: one ``getrandom``
-    call per ``_BATCH`` jobs instead of one per job. Safe to share between threads; a
-    forked child draws its own batch (it must never repeat its parent's ids)."""
+    call per ``_BATCH`` jobs instead of one per job.
+
+    ``pool`` is an iterator over the batch's ids: ``next(ids.pool, None) or ids.refill()``
+    takes one without a Python call or a lock (a list iterator hands each item out once,
+    under the GIL, whichever threads ask). A forked child drops its parent's batch before
+    it runs anything (``_forget_in_child``): it must never repeat its parent's ids.
+    """
 
     _BATCH = 256
     _BYTES = 12
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pool = b""
-        self._at = 0
-        self._fork = -1
+        self.pool: Iterator[str] = iter(())
+        _live_ids.add(self)
 
     def next(self) -> str:
+        return next(self.pool, None) or self.refill()
+
+    def refill(self) -> str:
+        """The batch ran out: one id of a new one (another thread may have drawn it)."""
         with self._lock:
-            if self._at >= len(self._pool) or self._fork != _forks[0]:
-                self._pool, self._at = os.urandom(self._BYTES * self._BATCH), 0
-                self._fork = _forks[0]
-            at = self._at
-            self._at = at + self._BYTES
-            return self._pool[at : at + self._BYTES].hex()
+            job = next(self.pool, None)
+            if job is not None:
+                return job
+            hexed = os.urandom(self._BYTES * self._BATCH).hex()
+            width = 2 * self._BYTES
+            batch = [hexed[at : at + width] for at in range(0, len(hexed), width)]
+            self.pool = iter(batch[1:])
+            return batch[0]
+
+    def _forget(self) -> None:
+        self._lock = threading.Lock()  # a lock another thread held at the fork stays held
+        self.pool = iter(())
+
+
+_live_ids: weakref.WeakSet[_JobIds] = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    for ids in list(_live_ids):
+        ids._forget()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class Client(BrokerCalls):
@@ -324,7 +344,9 @@ class Client(BrokerCalls):
         (the caller begins the job on the progress board)."""
         limit = self.job_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit + _REPORT_GRACE_S
-        job = self._job_ids.next()  # unguessable: no one can prepare traffic for it
+        job = (
+            next(self._job_ids.pool, None) or self._job_ids.refill()
+        )  # unguessable: no one can prepare traffic for it
         ranks = graph.ranks
         for rank in bindings:
             if rank not in ranks:

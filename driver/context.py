@@ -27,7 +27,7 @@ from mpl.wire.keys import is_z85_key, load_keypair
 from mpl.wire.session_cluster import session_cluster
 from mpl.wire.status import format_status
 
-__all__ = ["Context", "Status", "connect", "current", "get_context", "set_context"]
+__all__ = ["STACK", "Context", "Status", "connect", "current", "get_context", "set_context"]
 
 _DELETE_BATCH = 256
 _DELETE_EVERY_S = 1.0
@@ -40,6 +40,8 @@ class _Stack(threading.local):
 
 
 _stack = _Stack()
+# the same, for a hot path that reads ``STACK.contexts`` itself before calling current()
+STACK = _stack
 _default: Context | None = None
 
 
@@ -227,7 +229,8 @@ class Context:
         return self.client.fetch(self.session, rank, uri, timeout=timeout)
 
     def release(self, parties: tuple[int, ...], uri: str) -> None:
-        """A Value was dropped: queue its deletion (safe from any thread, even the GC)."""
+        """A Value was dropped: queue its deletion (safe from any thread, even the GC).
+        ``Value.__del__`` writes this out."""
         if self.closed:
             return
         self._released.append((parties, uri))

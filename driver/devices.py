@@ -20,15 +20,15 @@ from typing import Any
 
 from mpl.driver import eager
 from mpl.driver import spu as _spu
-from mpl.driver.context import current
-from mpl.driver.recorder import Out, Recorder, active, call_template, cluster_now, emit
+from mpl.driver.context import STACK, current
+from mpl.driver.recorder import TRACES, Out, Recorder, active, call_template, cluster_now, emit
 from mpl.driver.tree import NO_ARGS, flatten_call, tree_map
 from mpl.driver.values import NOT_CACHED, Value
 from mpl.wire.cluster import ClusterSpec, Device
 from mpl.wire.errors import DeviceError, DeviceInferenceError, DeviceNotFoundError
 from mpl.wire.kernels import KernelRef
 
-__all__ = ["DeviceCall", "device", "fetch", "getitem", "kernel", "move", "put"]
+__all__ = ["DeviceCall", "device", "fetch", "fetch_one", "getitem", "kernel", "move", "put"]
 
 
 def _device(cluster: ClusterSpec, name: str) -> Device:
@@ -92,8 +92,9 @@ class DeviceCall:
         @functools.wraps(fn)
         def on_device(*args: Any, **kwargs: Any) -> Any:
             bare = site.bare
-            if bare is not None and not args and not kwargs and active() is None:
-                ctx = current()
+            if bare is not None and not args and not kwargs and not TRACES.recorders:
+                contexts = STACK.contexts  # current(), its common case read here
+                ctx = contexts[-1] if contexts else current()
                 if bare[0] is ctx.cluster:  # an eager call without arguments, planned
                     eager.stats["replayed"] += 1
                     outs = bare[1].run(ctx, [])
@@ -299,14 +300,15 @@ def fetch(x: Any, *, timeout: float | None = None) -> Any:
     None where a rank holds nothing. An SPU value is reconstructed here: that reveals the
     secret to whoever runs the driver. Inside ``@mp.function`` it returns its input.
     """
-    if active() is not None:
+    if TRACES.recorders:  # active()
         return x
     if type(x) is Value:  # the common case: one Value, no tree to walk
-        return _fetch_one(x, timeout)
-    return tree_map(lambda leaf: _fetch_one(leaf, timeout), x)
+        return fetch_one(x, timeout)
+    return tree_map(lambda leaf: fetch_one(leaf, timeout), x)
 
 
-def _fetch_one(value: Any, timeout: float | None) -> Any:
+def fetch_one(value: Any, timeout: float | None) -> Any:
+    """:func:`fetch` of one leaf, outside a trace (``mp.fetch`` calls it for one Value)."""
     if not isinstance(value, Value):
         return value
     if value._recorder is not None:  # value.traced

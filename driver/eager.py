@@ -11,7 +11,9 @@ driver holds the Value's data (a small result sent back with its job): such a Va
 to another party is bound from the driver's copy (``Recorder.copy``), so the call is one
 job on the callee alone, with no move between workers.
 
-``stats`` counts recordings and replays, so tests can prove the cache by counts.
+A plan runs its jobs through a call site compiled for its context
+(:mod:`mpl.driver.job_site`). ``stats`` counts recordings and replays, so tests can prove
+the cache by counts.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mpl.driver.context import Context
+from mpl.driver.job_site import JobSite
 from mpl.driver.recorder import Out, Recorder, wrap
 from mpl.driver.values import NOT_CACHED, Value
 from mpl.wire.cluster import ClusterSpec
@@ -37,7 +40,7 @@ stats = {"recorded": 0, "replayed": 0}  # plans recorded (graph built and checke
 class Plan:
     """A recorded eager call: its graph, and which argument leaf binds each input."""
 
-    __slots__ = ("cluster", "graph", "inline", "outs", "placements", "sources")
+    __slots__ = ("_site", "cluster", "graph", "inline", "outs", "placements", "sources")
 
     def __init__(
         self,
@@ -53,6 +56,7 @@ class Plan:
         self.outs = list(outs)
         self.placements = list(placements)
         self.inline = tuple(range(len(outs)))
+        self._site: JobSite | None = None  # its synchronous jobs, compiled for one context
 
     def run(self, ctx: Context, leaves: Sequence[Any]) -> list[Value]:
         """Bind ``leaves`` and run the graph as one job."""
@@ -71,8 +75,11 @@ class Plan:
                 if row is None:
                     row = bindings[r] = [None] * n
                 row[i] = binding
-        result = ctx.run(self.graph, bindings, inline=self.inline)
-        return wrap(ctx, result.job, self.outs, self.placements, result)
+        site = self._site
+        if site is None or site.ctx is not ctx:
+            site = self._site = JobSite(ctx, self.graph, self.inline)
+        job, values, metas = site.run(bindings)
+        return wrap(ctx, job, self.outs, self.placements, values, metas)
 
 
 _plans: LRU[Any, Plan] = LRU(_PLANS)

@@ -136,6 +136,7 @@ class ProgressBoard:
         # no lock. Whoever adds to _jobs, _watchers or _bars (under the lock) looks again
         # whether the job is still in _started afterwards, and end looks at those tables
         # after taking the job out of _started: one of the two always sees the other.
+        # (mpl.driver.job_site writes begin and end out, with these same steps.)
         started = self._started
         started[job] = time.monotonic()
         if len(started) > _REMEMBERED:

@@ -4,7 +4,9 @@ ONE job (one driver -> broker -> workers round trip, whatever the number of ops)
 Tracing records placements, not data: Python control flow on the driver is unrolled, host
 values (and the shares of ``mp.put`` on an SPU) become job inputs bound on the ranks that use
 them, never constants of the graph every rank receives, and Values reached through closures
-become inputs. A traced program is cached per argument structure, placement and host values.
+become inputs. A traced program is cached per argument structure, placement and host values,
+and runs its synchronous jobs through a call site compiled for its context
+(:mod:`mpl.driver.job_site`: the Exec packed once, the round trip in one function).
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from mpl.driver.context import Context, current
-from mpl.driver.recorder import Ranks, Recorder, active, bind, tracing, wrap
+from mpl.driver.context import STACK, Context, current
+from mpl.driver.job_site import JobSite
+from mpl.driver.recorder import TRACES, Ranks, Recorder, bind, tracing, wrap
 from mpl.driver.tree import LEAF, NO_ARGS, flatten, flatten_call, unflatten
-from mpl.driver.values import Value
+from mpl.driver.values import Value, output_value
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.errors import MplError
 from mpl.wire.graph import Graph, format_graph
@@ -27,6 +30,8 @@ from mpl.wire.lru import LRU
 __all__ = ["Function", "Program", "compile", "function"]
 
 _TRACES = 64  # programs cached per function
+_FIRST_OUTPUT = output_uri("", 0)  # a job's first output is its id and this
+assert output_uri("job", 0) == "job" + _FIRST_OUTPUT
 
 
 class Program:
@@ -58,6 +63,7 @@ class Program:
                 devices[index] = device
         self._out_devices = [(-1, d) for d in devices]
         self._out_placements = [graph.placements[v] for v in graph.outputs]
+        self._site: JobSite | None = None  # its synchronous jobs, compiled for one context
         # (device, ranks) when the function returns exactly one Value, its only output
         self._single: tuple[str | None, Ranks] | None = None
         if out_tree == LEAF and len(outs) == 1 and outs[0][0] == "v" and len(graph.outputs) == 1:
@@ -83,8 +89,16 @@ class Program:
         them. ``leaves`` are the flattened ``(args, kwargs)`` when the caller has them."""
         # no inputs (no parameters, nothing captured): nothing to bind or check
         bindings = self._bind(ctx, args, kwargs, leaves) if self._inputs else {}
-        result = ctx.run(self.graph, bindings, inline=self._inline)
-        return self._outputs(ctx, result)
+        site = self._site
+        if site is None or site.ctx is not ctx:
+            site = self._site = JobSite(ctx, self.graph, self._inline)
+        job, values, metas = site.run(bindings)
+        if self._single is None:
+            return self._built(ctx, job, values, metas)
+        device, ranks = self._single  # one Value (_built's first case, written out)
+        return output_value(
+            device, ranks, ctx, job + _FIRST_OUTPUT, values.get(0), metas.get(0, "")
+        )
 
     def submit(
         self,
@@ -126,18 +140,19 @@ class Program:
         return bind(self._sources, self.graph.world_size, slots)
 
     def _outputs(self, ctx: Context, result: JobResult) -> Any:
+        return self._built(ctx, result.job, result.values, result.metas)
+
+    def _built(
+        self, ctx: Context, job: str, got: dict[int, dict[int, Any]], metas: dict[int, str]
+    ) -> Any:
+        """The outputs of ``job`` as the traced function returned them (``got``, ``metas``:
+        its JobResult's ``values`` and ``metas``)."""
         if self._single is not None:  # the function returned one Value: no tree to rebuild
             device, ranks = self._single
-            return Value(
-                device,
-                ranks,
-                ctx=ctx,
-                uri=output_uri(result.job, 0),
-                owned=True,
-                cache=result.values.get(0),
-                meta=result.metas.get(0, ""),
+            return output_value(
+                device, ranks, ctx, job + _FIRST_OUTPUT, got.get(0), metas.get(0, "")
             )
-        values = wrap(ctx, result.job, self._out_devices, self._out_placements, result)
+        values = wrap(ctx, job, self._out_devices, self._out_placements, got, metas)
         out = [values[index] if kind == "v" else index for kind, index, _ in self._outs]
         return unflatten(self._out_tree, out)
 
@@ -207,9 +222,10 @@ class Function:
         self.traces = 0  # how many times the function was traced (cache misses)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if active() is not None:  # called inside another trace: inline it there
+        if TRACES.recorders:  # called inside another trace (active()): inline it there
             return self.fn(*args, **kwargs)
-        ctx = current()
+        contexts = STACK.contexts  # current(), its common case read here
+        ctx = contexts[-1] if contexts else current()
         bare = self._bare
         if bare is not None and not args and not kwargs and bare[0] is ctx.cluster:
             return bare[1].run(ctx, args, kwargs, [])

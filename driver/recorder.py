@@ -19,14 +19,14 @@ from typing import Any
 
 from mpl.driver.context import Context, current
 from mpl.driver.tree import unflatten
-from mpl.driver.values import Value
+from mpl.driver.values import Value, output_value
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.errors import MplError
 from mpl.wire.graph import Arg, Graph, GraphBuilder
 from mpl.wire.jobs import Lit, output_uri
 from mpl.wire.lru import LRU
 
-__all__ = ["Recorder", "active", "emit"]
+__all__ = ["TRACES", "Recorder", "active", "emit"]
 
 Ranks = tuple[int, ...]
 Out = tuple[int, str | None]  # (symbol, device) of one result
@@ -39,6 +39,8 @@ class _Active(threading.local):
 
 
 _active = _Active()
+# the same, for a hot path that reads ``TRACES.recorders`` itself instead of calling active()
+TRACES = _active
 
 
 def active() -> Recorder | None:
@@ -187,7 +189,8 @@ class Recorder:
         bindings = bind(self.sources, graph.world_size, [None] * len(self.sources))
         result = ctx.run(graph, bindings, inline=tuple(range(len(outs))))
         self._held.clear()
-        return wrap(ctx, result.job, outs, [self.placement(s) for s, _ in outs], result)
+        placements = [self.placement(s) for s, _ in outs]
+        return wrap(ctx, result.job, outs, placements, result.values, result.metas)
 
     def _cached_graph(self, outputs: list[int]) -> Graph:
         key = (tuple(self.key), tuple(outputs), id(self.cluster))
@@ -244,26 +247,26 @@ def bind(
     return bindings
 
 
+assert output_uri("job", 7) == "job/7"  # wrap writes it out
+
+
 def wrap(
-    ctx: Context, job: str, outs: Sequence[Out], placements: Sequence[Ranks], result: Any
+    ctx: Context,
+    job: str,
+    outs: Sequence[Out],
+    placements: Sequence[Ranks],
+    got: dict[int, dict[int, Any]],
+    metas: dict[int, str],
 ) -> list[Value]:
-    """Values for a finished job's outputs, with the small ones already cached."""
+    """Values for a finished job's outputs, with the small ones already cached (``got`` and
+    ``metas``: the job's JobResult's ``values`` and ``metas``)."""
     if len(outs) != len(placements):
         raise ValueError(f"{len(outs)} outputs, {len(placements)} placements")
-    got = result.values
-    metas = getattr(result, "metas", None) or {}
     values = []
     for i, (_, device) in enumerate(outs):  # plain indexing: this runs for every job
+        # output_uri(job, i) written out, as checked on import
         values.append(
-            Value(
-                device,
-                placements[i],
-                ctx=ctx,
-                uri=output_uri(job, i),
-                owned=True,
-                cache=got.get(i),
-                meta=metas.get(i, ""),
-            )
+            output_value(device, placements[i], ctx, f"{job}/{i}", got.get(i), metas.get(i, ""))
         )
     return values
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import mpl.driver as mp
+from mpl.driver.values import NOT_CACHED
 from mpl.wire.codec import encode
 from mpl.wire.exec_pack import exec_frames
 from mpl.wire.jobs import Exec
@@ -25,18 +26,21 @@ WORLD_SIZE = 2
 # main (14e5dcc) made 53 Python calls per job here, 68feee1 46 (44, plus the check whether
 # an answer is a batch), e7b802d 33 (a call without arguments finds its trace without a key,
 # the job's wait reads its JobResult on a path of its own, the deletes are packed in one
-# call), now 31 (a short JobResult is read without a Decoder); the margin is for the batch of
-# deletes (the jobs' dropped outputs) that may go out during the count
-PER_JOB = 32
+# call), 31 at f226f8d (a short JobResult is read without a Decoder), now 9: the program's
+# call site (mpl.driver.job_site) runs the job in one function, reads its own JobResult
+# (read_result) and builds the one Value, and mp.fetch of one Value goes to it directly; the
+# margin is for the batch of deletes (the jobs' dropped outputs) that may go out during the count
+PER_JOB = 10
 # an eager call without arguments (mp.device("P0")(fn)()) and its fetch: 57 calls per job at
 # e7b802d (the arguments flattened, a plan key built and looked up, the device and its ranks
-# found), now 31: its plan is the decorated function's own (the margin is for the deletes)
-PER_EAGER_JOB = 32
+# found), 31 at f226f8d (its plan is the decorated function's own), now 10: the plan's call
+# site runs the job (the margin is for the deletes)
+PER_EAGER_JOB = 11
 # mp.submit with 64 in flight, per job: the calling thread (submit, result, fetch) made 40
-# calls at 68feee1, now 21 (the margin is for the deletes); the pump thread (send, read,
-# settle) 19 per job besides its per-wake-up loop at 68feee1, 13 at e7b802d, now 11 (the
-# JobResult read without a Decoder).
-PER_SUBMIT_CALLER = 23
+# calls at 68feee1, 21 at f226f8d, now 17 (a job id without a call; the margin is for the
+# deletes); the pump thread (send, read, settle) 19 per job besides its per-wake-up loop at
+# 68feee1, 13 at e7b802d, now 11 (the JobResult read without a Decoder).
+PER_SUBMIT_CALLER = 19
 PER_SUBMIT_PUMP = 13
 # The pump's loop, run once per wake-up or per message (a batch carries many jobs): how the
 # jobs fall into wake-ups and batches depends on timing, so these are not counted per job.
@@ -165,3 +169,16 @@ def test_python_calls_per_submitted_job_on_the_caller_and_the_pump(counted_ctx: 
     print(f"per job: caller {caller}, pump {pump}: {pump_calls.most_common(16)}")
     assert 0 < pump <= PER_SUBMIT_PUMP
     assert caller <= PER_SUBMIT_CALLER
+
+
+def test_an_output_value_is_the_value_init_makes() -> None:
+    """output_value (a job's output, filled without __init__) sets every slot as __init__
+    would: the same Value, not one missing a field."""
+    from mpl.driver.values import Value, output_value
+
+    made = output_value("P0", (0,), None, "j/0", {0: 1}, "int")  # type: ignore[arg-type]
+    init = Value("P0", (0,), ctx=None, uri="j/0", owned=True, cache={0: 1}, meta="int")
+    slots = [s for s in Value.__slots__ if s != "__weakref__"]
+    assert [getattr(made, s) for s in slots] == [getattr(init, s) for s in slots]
+    empty = output_value(None, (0, 1), None, "j/1", None, "")  # type: ignore[arg-type]
+    assert empty._cache == {} and empty.cached(0) is NOT_CACHED

@@ -11,6 +11,7 @@ from helpers import add
 
 import mpl.driver as mp
 from mpl.driver import eager
+from mpl.driver.job_site import JobSite
 from mpl.driver.values import NOT_CACHED
 from mpl.wire.errors import MplError
 
@@ -125,18 +126,41 @@ def test_function_calls_inside_a_trace_do_not_touch_the_plans(sim: mp.Context) -
 
 
 class _Jobs:
-    """Every job the client is asked to run (the graph and its bindings), then runs it."""
+    """Every job the driver is asked to run (the graph and its bindings), then runs it: what
+    a call site (mpl.driver.job_site) or the context runs, each job once (a call site that
+    hands its job to the context is not counted again). ``close`` ends the watch."""
 
     def __init__(self, ctx: mp.Context) -> None:
         self.graphs: list[Any] = []
         self.bindings: list[dict[int, list[Any]]] = []
-        self._real = ctx.client.submit
-        ctx.client.submit = self  # type: ignore[method-assign]
+        self._ctx = ctx
+        self._site_run = JobSite.run
+        self._depth = 0  # inside a call site's run
+        jobs = self
 
-    def __call__(self, session: str, graph: Any, bindings: Any, **kw: Any) -> Any:
+        def site_run(site: JobSite, bindings: Any) -> Any:
+            jobs._note(site.graph, bindings)
+            jobs._depth += 1
+            try:
+                return jobs._site_run(site, bindings)
+            finally:
+                jobs._depth -= 1
+
+        def ctx_run(graph: Any, bindings: Any, **kw: Any) -> Any:
+            if not jobs._depth:
+                jobs._note(graph, bindings)
+            return type(ctx).run(ctx, graph, bindings, **kw)
+
+        JobSite.run = site_run  # type: ignore[method-assign, assignment]
+        ctx.run = ctx_run  # type: ignore[method-assign]
+
+    def _note(self, graph: Any, bindings: Any) -> None:
         self.graphs.append(graph)
         self.bindings.append(bindings)
-        return self._real(session, graph, bindings, **kw)
+
+    def close(self) -> None:
+        JobSite.run = self._site_run  # type: ignore[method-assign]
+        del self._ctx.run
 
 
 def test_an_eager_move_of_a_value_the_driver_holds_is_one_job_on_the_callee(
@@ -154,7 +178,7 @@ def test_an_eager_move_of_a_value_the_driver_holds_is_one_job_on_the_callee(
         moved = mp.device("P1")(np.sum)(big)
         assert mp.fetch(moved) == 20_000.0
     finally:
-        ctx.client.submit = jobs._real  # type: ignore[method-assign]
+        jobs.close()
     assert len(jobs.graphs) == 4  # one job per call, nothing else sent
     for graph, bindings in zip(jobs.graphs[:3], jobs.bindings[:3], strict=True):
         assert graph.ranks == (1,) and "shuffle" not in graph.opcodes  # no move between workers
@@ -176,7 +200,7 @@ def test_a_traced_program_moves_between_workers_even_when_the_driver_holds_the_v
     try:
         assert mp.fetch(on_p1(x)) == 42
     finally:
-        ctx.client.submit = jobs._real  # type: ignore[method-assign]
+        jobs.close()
     assert "shuffle" in jobs.graphs[0].opcodes  # the program is reused for any P0 value
 
 
@@ -188,7 +212,7 @@ def test_the_drivers_copy_is_sealed_for_the_callee_in_secure_mode(tmp_path: Path
         try:
             results = [mp.fetch(mp.device("P1")(np.multiply)(x, float(k))) for k in range(3)]
         finally:
-            ctx.client.submit = jobs._real  # type: ignore[method-assign]
+            jobs.close()
         for k, got in enumerate(results):
             np.testing.assert_array_equal(got, np.arange(3.0) * k)
         assert [g.ranks for g in jobs.graphs] == [(1,)] * 3  # one job on the callee each

@@ -8,9 +8,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpl.wire.codec import decode, encode
+from mpl.wire.codec import MAGIC_FRAME, decode, encode
 from mpl.wire.data import Delete
-from mpl.wire.exec_pack import delete_frames, exec_frames
+from mpl.wire.exec_pack import delete_frames, exec_frames, exec_parts, pack_bindings
 from mpl.wire.jobs import Exec, Lit
 
 _atoms = st.one_of(
@@ -91,3 +91,38 @@ def test_a_delete_that_is_not_plain_takes_the_general_encoder() -> None:
     assert [bytes(f) for f in delete_frames("s", odd)] == [
         bytes(f) for f in encode(Delete("s", odd))
     ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    session=st.text(max_size=20),
+    ranks=st.lists(st.integers(min_value=0, max_value=1000), max_size=5).map(tuple),
+    bindings=_bindings,
+    inline=st.lists(st.integers(min_value=0, max_value=100), max_size=4).map(tuple),
+    timeout=st.floats(min_value=0, max_value=1e6),
+)
+def test_a_header_joined_from_exec_parts_is_the_encoders(
+    session: str,
+    ranks: tuple[int, ...],
+    bindings: dict[int, list[Any]],
+    inline: tuple[int, ...],
+    timeout: float,
+) -> None:
+    """What a driver's call site joins per job (mpl.driver.job_site): the parts packed once,
+    the job id as a fixstr of its 24 characters, the bindings packed per call."""
+    job = "0123456789abcdef01234567"
+    msg = Exec(session, job, "d" * 64, ranks, bindings, inline, timeout)
+    parts = exec_parts(session, "d" * 64, ranks, inline, timeout)
+    packed = pack_bindings(bindings)
+    if parts is None or packed is None:  # not plain: the call site takes the general path
+        return
+    head, middle, tail = parts
+    header = b"".join((head, b"\xb8" + job.encode(), middle, packed, tail))
+    assert [MAGIC_FRAME, header] == [bytes(f) for f in encode(msg)]
+
+
+def test_exec_parts_refuse_what_is_not_plain() -> None:
+    assert exec_parts("s", "d", (0, 1), (0,), 600) is None  # an int time limit
+    assert exec_parts("s", "d", (0, 1 << 70), (0,), 600.0) is None  # a rank past 64 bits
+    assert exec_parts("s", "d", (0, True), (0,), 600.0) is None  # a bool is no rank
+    assert exec_parts("s", "d", (0, 1), (0,), 600.0) is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 from mpl.driver.client import _JobIds
 
@@ -13,6 +14,25 @@ def test_ids_are_distinct_across_batches() -> None:
     drawn = [ids.next() for _ in range(1000)]  # about four batches
     assert len(set(drawn)) == 1000
     assert all(len(j) == 24 and int(j, 16) >= 0 for j in drawn)
+
+
+def test_threads_drawing_at_once_never_share_an_id() -> None:
+    ids = _JobIds()
+    drawn: list[list[str]] = [[] for _ in range(8)]
+    start = threading.Barrier(8)
+
+    def draw(mine: list[str]) -> None:
+        start.wait(timeout=30)
+        for _ in range(2000):  # several batches each, refilled while others draw
+            mine.append(next(ids.pool, None) or ids.refill())
+
+    threads = [threading.Thread(target=draw, args=(d,)) for d in drawn]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    every = [j for d in drawn for j in d]
+    assert len(every) == 16000 and len(set(every)) == 16000
 
 
 _FORK_CHECK = """

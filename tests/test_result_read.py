@@ -10,13 +10,14 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
+import zmq
 
 from mpl.wire import ProtocolError, decode, encode
 from mpl.wire.codec import MAGIC_FRAME
 from mpl.wire.control import Heartbeat
 from mpl.wire.jobs import JobResult
 from mpl.wire.remote import ErrorInfo
-from mpl.wire.result_read import read_answer
+from mpl.wire.result_read import read_answer, read_result
 
 STATS = {
     0: {"run_s": 7e-5, "started": 1.7e9, "ops": [[0, "0 (pcall f)", 3e-5, 4e-5]]},
@@ -204,3 +205,61 @@ def test_a_short_result_without_buffers_is_read_without_a_decoder(
         frames = encode(result)
         assert repr(read_answer(frames, safe=True)) == repr(decode(frames, safe=True))
         assert len(made) == decoders, result
+
+
+def _by(job: str) -> Any:
+    """read_result for ``job``'s answer, as a reader of (frames, safe=...): None (not read
+    there: the caller reads it the general way) comes out as "not read"."""
+    packed = msgpack.packb(job)
+
+    def read(frames: list[Any], *, safe: bool) -> Any:
+        got = read_result(frames, packed, safe=safe)
+        if got is None:
+            raise LookupError("not read")
+        return got
+
+    return read
+
+
+def _as_zmq(frames: list[Any]) -> list[Any]:
+    return [zmq.Frame(bytes(f)) for f in frames]
+
+
+@pytest.mark.parametrize("result", RESULTS, ids=range(len(RESULTS)))
+def test_a_jobs_own_result_is_read_as_read_answer_reads_it(result: JobResult) -> None:
+    frames = encode(result)
+    for given in (frames, _as_zmq(frames)):
+        for safe in (True, False):
+            mine = read_result(given, msgpack.packb(result.job), safe=safe)
+            if len(frames) == 2:  # a magic and a header: read here
+                assert type(mine) is JobResult
+                assert repr(mine) == repr(read_answer(frames, safe=safe))
+            else:  # buffer frames: for the general way
+                assert mine is None
+    assert read_result(frames, msgpack.packb("other"), safe=True) is None  # another job's
+    assert read_result(encode(Heartbeat({})), msgpack.packb(result.job), safe=True) is None
+
+
+@pytest.mark.timeout(60)
+def test_mutated_results_of_a_job_are_read_exactly_as_decode_reads_them() -> None:
+    rng = random.Random(21)
+    samples = [(r.job, [bytes(f) for f in encode(r)]) for r in RESULTS if len(encode(r)) == 2]
+    read = 0
+    for _ in range(4000):
+        job, sample = rng.choice(samples)
+        frames = _mutate(rng, sample)
+        if rng.random() < 0.5:
+            frames = _as_zmq(frames)
+        for safe in (True, False):
+            expected = outcome(decode, frames, safe)
+            try:
+                got = outcome(_by(job), frames, safe)
+            except LookupError:  # not read: it must not be this job's result
+                if expected[0] == "ok":
+                    assert not (type(expected[1]) is JobResult and expected[1].job == job)
+                continue
+            read += 1
+            assert got[0] == expected[0], frames
+            if got[0] == "ok":
+                assert repr(got[1]) == repr(expected[1])
+    assert read > 1000

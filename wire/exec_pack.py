@@ -28,7 +28,7 @@ from mpl.wire.data import Delete
 from mpl.wire.decoder import RECORD, TUPLE
 from mpl.wire.jobs import Exec, Lit
 
-__all__ = ["delete_frames", "exec_frames"]
+__all__ = ["delete_frames", "exec_frames", "exec_parts", "pack_bindings"]
 
 _PARTS = 64  # (session, digest, ranks, inline, timeout) combinations kept per thread
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
@@ -75,14 +75,23 @@ def exec_frames(msg: Exec) -> list[Any]:
 
 def _parts(msg: Exec) -> tuple[bytes, bytes, bytes] | None:
     """The packed header around the job id and the bindings, or None if not all plain."""
-    if type(msg.timeout_s) is not float or not _plain_ints(msg.ranks + msg.inline):
+    return exec_parts(msg.session, msg.digest, msg.ranks, msg.inline, msg.timeout_s)
+
+
+def exec_parts(
+    session: Any, digest: Any, ranks: tuple[Any, ...], inline: tuple[Any, ...], timeout_s: Any
+) -> tuple[bytes, bytes, bytes] | None:
+    """``(head, middle, tail)``: an Exec's header is ``head + pack(job) + middle +
+    pack_bindings(bindings) + tail``, byte for byte what ``encode`` writes; None unless
+    these fields are plain (str, 64-bit ints, a float time limit)."""
+    if type(timeout_s) is not float or not _plain_ints(ranks + inline):
         return None
-    if type(msg.session) is not str or type(msg.digest) is not str:
+    if type(session) is not str or type(digest) is not str:
         return None
     pack = _tls.packer.pack
-    head = b"\x98" + pack(Exec.TAG) + pack(msg.session)  # fixarray of tag and 7 fields
-    middle = pack(msg.digest) + _tuple(msg.ranks)
-    tail = _tuple(msg.inline) + pack(msg.timeout_s)
+    head = b"\x98" + pack(Exec.TAG) + pack(session)  # fixarray of tag and 7 fields
+    middle = pack(digest) + _tuple(ranks)
+    tail = _tuple(inline) + pack(timeout_s)
     return head, middle, tail
 
 
@@ -142,6 +151,9 @@ def _pack_bindings(bindings: Any, pack: Callable[[Any], bytes] | None = None) ->
                 items.append(item)
         plain[rank] = items
     return pack(plain)
+
+
+pack_bindings = _pack_bindings  # for a caller that packs an Exec from exec_parts
 
 
 def _lit(value: Any) -> msgpack.ExtType | None:

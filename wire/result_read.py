@@ -15,7 +15,14 @@ state): with no buffers there is nothing to index or account for, the container 
 bounded as the Decoder bounds it (:func:`_counted_length`), and the only extension read
 there is the Decoder's own short tuple of small ints. Any other extension (an error's
 ``ErrorInfo``, a pickle, a nested tuple) sends the header to the ``Decoder`` after all, so
-both paths accept and build exactly the same.
+both paths accept and build exactly the same. What msgpack alone read is checked without
+range checks (its ints are all 64-bit) and with exact types (it builds exact dicts and strs).
+
+A caller that knows which job's answer it waits for (a driver's call site,
+:mod:`mpl.driver.job_site`) reads it with :func:`result_fields`: the header must start with
+that job's bytes (one comparison instead of a field check), and the fields come back as the
+list msgpack built, without the record (:func:`read_result` builds it, for tests and other
+callers). Anything else it leaves to the caller's general reading.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgpack
+import zmq
 
 from mpl.wire.codec import MAGIC_FRAME, decode
 from mpl.wire.decoder import TUPLE, Decoder
@@ -40,7 +48,7 @@ from mpl.wire.limits import (
 from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import ErrorInfo
 
-__all__ = ["read_answer"]
+__all__ = ["RESULT_HEAD", "read_answer", "read_result", "result_fields"]
 
 # Written out by hand in read_answer and _fits: a changed JobResult would otherwise be read
 # wrong, or fall back to decode on every answer, silently. Filled in directly (direct).
@@ -55,6 +63,7 @@ _CONTAINER_MARKERS = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
 _COUNT_BELOW = 8192  # longer headers are counted by the Decoder's hooks, as decode does
 # a fixarray of the tag and six fields, then the tag as a fixstr
 _PREFIX = b"\x97" + bytes([0xA0 | len(JobResult.TAG)]) + JobResult.TAG.encode()
+RESULT_HEAD = _PREFIX  # what every JobResult's header starts with: its job id follows
 
 
 def read_answer(frames: Sequence[Any], *, safe: bool) -> Record:
@@ -90,7 +99,8 @@ def read_answer(frames: Sequence[Any], *, safe: bool) -> Record:
                 )
             except _NeedsDecoder:
                 items = _NOT_READ  # an extension only the Decoder reads
-        if items is _NOT_READ:
+        plain = items is not _NOT_READ
+        if not plain:
             dec = Decoder(frames[2:], True, safe, counted)
             items = dec.unpack(header)
             unused = dec.used.count(False)
@@ -98,7 +108,12 @@ def read_answer(frames: Sequence[Any], *, safe: bool) -> Record:
         raise
     except Exception as exc:  # msgpack and numpy errors mean "malformed", as in decode
         raise ProtocolError(f"malformed header: {type(exc).__name__}: {exc}") from exc
-    if not _fits(items):
+    if plain:  # msgpack alone: a list of seven (the prefix), see result_fields
+        _, job, values, error, missing, stats, metas = items
+        fits = type(job) is str and error is None and _fits_plain(values, missing, stats, metas)
+    else:
+        fits = _fits(items)
+    if not fits:
         raise ProtocolError(f"record {JobResult.TAG!r}: a field does not match its annotation")
     if unused:
         raise ProtocolError(f"{unused} buffer frame(s) not referenced by the header")
@@ -111,6 +126,88 @@ def read_answer(frames: Sequence[Any], *, safe: bool) -> Record:
         job=job, values=values, error=error, missing_program=missing, stats=stats, metas=metas
     )
     return rec
+
+
+def read_result(frames: Sequence[Any], job: bytes, *, safe: bool) -> Record | None:
+    """``read_answer(frames, safe=safe)`` for ``job``'s JobResult, for a caller that knows
+    which job's answer it waits for (``job``: its id as msgpack packs it, a fixstr for
+    any id up to 31 characters); None for what is not read here (another message, or
+    frames other than a magic and a header as ``bytes`` or ``zmq.Frame``): the caller reads
+    it the general way. See :func:`result_fields`, which reads it."""
+    fields = result_fields(frames, RESULT_HEAD + job, safe=safe)
+    if fields is None:
+        return None
+    _, job_id, values, error, missing, stats, metas = fields
+    rec = object.__new__(JobResult)  # as read_answer fills it in
+    rec.__dict__.update(
+        job=job_id, values=values, error=error, missing_program=missing, stats=stats, metas=metas
+    )
+    return rec
+
+
+def result_fields(frames: Sequence[Any], head: bytes, *, safe: bool) -> list[Any] | None:
+    """:func:`read_result`'s record as the list msgpack reads, ``[tag, job, values, error,
+    missing_program, stats, metas]``, for a caller that reads the fields at once (building
+    the record costs about as much as checking them); None as in ``read_result``. ``head``:
+    ``RESULT_HEAD`` and the job id as msgpack packs it (a caller builds it in one go).
+
+    A header that starts with ``head`` is this job's result;
+    a short one is read with one copy, one comparison and one msgpack call, and anything
+    else in it goes to ``read_answer``, as would the whole message."""
+    if len(frames) != 2:
+        return None
+    magic, header = frames
+    if type(header) is zmq.Frame:
+        data = header.bytes
+        magic = magic.bytes if type(magic) is zmq.Frame else magic
+    elif type(header) is bytes:
+        data = header
+    else:
+        return None
+    if not data.startswith(head):
+        return None
+    n = len(data)
+    # _counted_length, on the bytes in hand: a short header with fewer container markers
+    # than MAX_NESTING needs no Decoder hooks (see _counted_length)
+    if (
+        magic != MAGIC_FRAME
+        or n >= _COUNT_BELOW
+        or n - len(data.translate(None, _CONTAINER_MARKERS)) >= MAX_NESTING
+    ):
+        return _fields_of(read_answer(frames, safe=safe))
+    try:
+        items: list[Any] = msgpack.unpackb(
+            data,
+            ext_hook=_short_tuple,
+            strict_map_key=False,
+            raw=False,
+            max_array_len=MAX_HEADER_ITEMS,
+            max_map_len=MAX_HEADER_ITEMS,
+        )
+    except _NeedsDecoder:  # an extension only the Decoder reads
+        return _fields_of(read_answer(frames, safe=safe))
+    except Exception as exc:  # msgpack's errors mean "malformed", as in decode
+        raise ProtocolError(f"malformed header: {type(exc).__name__}: {exc}") from exc
+    # a fixarray of seven (the prefix), its job id a str (the prefix too), no ErrorInfo (an
+    # extension: the Decoder's), every int 64-bit (msgpack's own range), dicts exact
+    _, _, values, error, missing, stats, metas = items
+    if error is not None or not _fits_plain(values, missing, stats, metas):
+        raise ProtocolError(f"record {JobResult.TAG!r}: a field does not match its annotation")
+    return items
+
+
+def _fields_of(rec: Record) -> list[Any]:
+    if type(rec) is not JobResult:  # the prefix says it is one: decode built something else?
+        raise ProtocolError("the answer is not the JobResult its header starts as")
+    return [
+        JobResult.TAG,
+        rec.job,
+        rec.values,
+        rec.error,
+        rec.missing_program,
+        rec.stats,
+        rec.metas,
+    ]
 
 
 class _NeedsDecoder(Exception):
@@ -148,6 +245,38 @@ def _counted_length(view: memoryview) -> int:
         return n
     data = view.tobytes()
     return 0 if n - len(data.translate(None, _CONTAINER_MARKERS)) < MAX_NESTING else n
+
+
+def _fits_plain(values: Any, missing: Any, stats: Any, metas: Any) -> bool:
+    """:func:`_fits` for fields msgpack alone read: no range checks (msgpack's ints are all
+    64-bit) and exact types (msgpack builds exact dicts, lists and strs). Loops over keys
+    and lookups: cheaper than loops over items, and than ``set(map(type, ...))`` on the
+    handful of keys a result has (callgrind)."""
+    if not (
+        type(values) is dict
+        and type(stats) is dict
+        and type(metas) is dict
+        and type(missing) is bool
+    ):
+        return False
+    for index in values:  # dict[int, dict[int, Any]]
+        by_rank = values[index]
+        if type(index) is not int or type(by_rank) is not dict:
+            return False
+        for rank in by_rank:
+            if type(rank) is not int:
+                return False
+    for rank in stats:  # dict[int, dict[str, Any]]
+        stat = stats[rank]
+        if type(rank) is not int or type(stat) is not dict:
+            return False
+        for key in stat:
+            if type(key) is not str:
+                return False
+    for index in metas:  # dict[int, str]  # noqa: SIM110 (all() and a generator: calls)
+        if type(index) is not int or type(metas[index]) is not str:
+            return False
+    return True
 
 
 def _fits(items: Any) -> bool:

@@ -1,0 +1,240 @@
+"""One call site's synchronous job, compiled: what it sends packed once, and the round trip
+written out in one function instead of the client's generic layers.
+
+A ``@mp.function`` program (or an eager plan) runs the same graph in the same session, on
+the same ranks, with the same inline outputs and time limit, on every call: only the job id
+and the bindings change. A :class:`JobSite` packs the rest of the ``Exec`` header once
+(:func:`mpl.wire.exec_pack.exec_parts`, byte for byte what ``encode`` writes) and runs each
+job as: draw an id, join the header, send it on the calling thread's socket, take the first
+answer within the wait's first slice, read it (:func:`mpl.wire.result_read.read_answer`,
+with every check of the general path), book the job. No ``Exec`` record is built and no
+generic wait loop, callback or key is set up for the answer that nearly always comes first.
+
+Whatever leaves that path goes on through the general calls, which behave as they always
+did: secure mode (the seal needs the ``Exec`` record), bindings the packer does not take, a
+program the broker does not hold yet, a broker the watch has a verdict on, and an answer
+that is not this job's or comes later than the first slice (then ``BrokerCalls._wait``
+takes over, with the same deadline). Safe to share between threads: each uses its own
+socket, and the packed parts are replaced whole.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from mpl.driver.client import _REPORT_GRACE_S, _JobIds
+from mpl.driver.context import _DELETE_BATCH, _DELETE_EVERY_S, _record
+from mpl.driver.job_progress import _REMEMBERED
+from mpl.wire.codec import MAGIC_FRAME
+from mpl.wire.errors import MplError, MplTimeoutError
+from mpl.wire.exec_pack import exec_frames, exec_parts, pack_bindings
+from mpl.wire.graph import Graph
+from mpl.wire.jobs import Cancel, Exec, JobResult
+from mpl.wire.record import pinned_fields
+from mpl.wire.remote import from_info
+from mpl.wire.result_read import RESULT_HEAD, result_fields
+from mpl.wire.sockets import send_frames
+
+if TYPE_CHECKING:
+    from mpl.driver.context import Context
+
+__all__ = ["JobSite"]
+
+_ID_MARK = bytes([0xA0 | 2 * _JobIds._BYTES])  # msgpack's fixstr marker of a job id's length
+_ANSWER_HEAD = RESULT_HEAD + _ID_MARK  # a JobResult's header up to its job id's characters
+_EMPTY_MAP = b"\x80"  # msgpack's empty map: the bindings of a job without inputs
+_SMALL = 64 * 1024  # headers below pyzmq's copy threshold are sent here (copied by libzmq)
+_MORE = int(zmq.SNDMORE)
+_send = zmq.backend.Socket.send  # the compiled methods: pyzmq's Python layer costs more
+_recv = zmq.backend.Socket.recv
+# the sealed path fills its Execs and the JobResult it opens in directly, naming every
+# field (keywords): pinned here
+_EXEC_FIELDS = pinned_fields(
+    Exec,
+    ("session", "job", "digest", "ranks", "bindings", "inline", "timeout_s"),
+    "mpl.driver.job_site",
+    direct=True,
+)
+_RESULT_FIELDS = pinned_fields(
+    JobResult,
+    ("job", "values", "error", "missing_program", "stats", "metas"),
+    "mpl.driver.job_site",
+    direct=True,
+)
+_now = time.monotonic
+_wall = time.time
+
+
+def _fields(answer: Any) -> list[Any] | None:
+    """A JobResult record's fields as ``result_fields`` lists them; None for None."""
+    if answer is None:
+        return None
+    return [
+        JobResult.TAG,
+        answer.job,
+        answer.values,
+        answer.error,
+        answer.missing_program,
+        answer.stats,
+        answer.metas,
+    ]
+
+
+class JobSite:
+    """The synchronous jobs of one graph in one context, with one set of inline outputs."""
+
+    __slots__ = ("_parts", "_ranks", "ctx", "graph", "inline")
+
+    def __init__(self, ctx: Context, graph: Graph, inline: tuple[int, ...]) -> None:
+        self.ctx = ctx
+        self.graph = graph
+        self.inline = inline
+        self._ranks = frozenset(graph.ranks)
+        # the client's job_timeout, and for it (head with the id's marker, middle, tail) or
+        # None when the general encoder must pack these fields
+        self._parts: tuple[float, tuple[bytes, bytes, bytes] | None] | None = None
+
+    def run(self, bindings: dict[int, list[Any]]) -> tuple[str, Any, dict[int, str]]:
+        """Run the graph as one job with ``bindings`` and wait: the job's id, and its
+        JobResult's ``values`` and ``metas`` (``ctx.run``'s result, its record not built)."""
+        ctx = self.ctx
+        client = ctx.client
+        graph = self.graph
+        seal = client.seal
+        limit = client.job_timeout
+        prepared = self._parts
+        if prepared is None or prepared[0] != limit:
+            prepared = self._prepare(limit)
+        parts = prepared[1]
+        if seal is None:
+            packed: Any = _EMPTY_MAP if not bindings else pack_bindings(bindings)
+            if packed is None or parts is None:
+                return self._general(bindings)
+        if (
+            ctx.closed
+            or graph.digest not in client._programs
+            or (bindings and not bindings.keys() <= self._ranks)  # ranks beyond the graph's
+        ):
+            return self._general(bindings)
+        holder = getattr(client._local, "socket", None)
+        if holder is None or client._closed:  # (a closing client closes every socket)
+            return self._general(bindings)  # which opens the socket
+        sock = holder.sock
+        compiled = isinstance(sock, zmq.backend.Socket)
+        if not compiled:  # a look-alike (a test's): the usual way
+            return self._general(bindings)
+        wall, start = _wall(), _now()
+        released = ctx._released
+        if released and (len(released) >= _DELETE_BATCH or start - ctx._flushed > _DELETE_EVERY_S):
+            ctx.flush()
+        ids = client._job_ids
+        job = next(ids.pool, None) or ids.refill()  # unguessable: see _JobIds
+        job_bytes = job.encode()
+        try:  # blocks at most SNDTIMEO, as _job_call's send
+            if seal is None:
+                head, middle, tail = parts  # type: ignore[misc]
+                header = b"".join((head, _ID_MARK, job_bytes, middle, packed, tail))
+                if len(header) < _SMALL:
+                    _send(sock, MAGIC_FRAME, _MORE)
+                    _send(sock, header, 0)
+                else:
+                    send_frames(sock, [MAGIC_FRAME, header], 0)
+            else:  # the seal takes the record, as Client._exec fills it in
+                msg = object.__new__(Exec)
+                msg.__dict__.update(
+                    session=ctx.session,
+                    job=job,
+                    digest=graph.digest,
+                    ranks=graph.ranks,
+                    bindings=bindings,
+                    inline=self.inline,
+                    timeout_s=limit,
+                )
+                send_frames(sock, exec_frames(seal.exec(msg)), 0)
+        except zmq.Again:
+            raise MplTimeoutError(
+                f"job {job}: the broker at {client.address} took no message for "
+                f"{client.timeout:g} s (the queue to it is full)"
+            ) from None
+        except zmq.ZMQError:
+            if client._closed:  # closed by another thread meanwhile: its socket too
+                raise MplError("the client is closed") from None
+            raise
+        progress = client.progress
+        started = progress._started  # ProgressBoard.begin, with the clock read above
+        started[job] = start
+        if len(started) > _REMEMBERED:
+            progress._forget_oldest()
+        fields: list[Any] | None = None  # the JobResult's, as wire.result_read lists them
+        watch = client.watch
+        if watch.refused is None and watch.silence is None and not watch.lost:
+            try:  # the first slice: a trivial job's answer is here well before it ends
+                frame = _recv(sock, 0, False)
+            except zmq.Again:
+                frame = None
+            if frame is not None:
+                frames = [frame]
+                while frame.more:
+                    frame = _recv(sock, 0, False)
+                    frames.append(frame)
+                fields = result_fields(frames, _ANSWER_HEAD + job_bytes, safe=client.safe)
+                if fields is not None:  # this job's result (read_answer's read of it)
+                    if not fields[4]:  # not missing_program: ProgressBoard.end, written out
+                        started.pop(job, None)
+                        if progress._jobs or progress._watchers or progress._bars:
+                            progress.end(job, fields[3] is None)
+                else:  # a report, a late answer, a batch: as the general wait reads them
+                    fields = _fields(client._mine(frames, job))
+        if fields is None:
+            fields = _fields(self._wait(job, start + limit + _REPORT_GRACE_S, limit))
+            assert fields is not None
+        _, _, values, error, missing, stats, metas = fields
+        if missing:  # a broker that lost the program: sent again, with a new job
+            started.pop(job, None)
+            client._programs.discard(graph.digest)
+            return self._general(bindings)
+        if error is not None:
+            if seal is not None:  # a worker that forgot our stream: a new one
+                seal.refused(error)
+            raise from_info(error)
+        if seal is not None:
+            sealed = object.__new__(JobResult)  # as wire.result_read fills it in
+            sealed.__dict__.update(
+                job=job, values=values, error=None, missing_program=False, stats=stats, metas=metas
+            )
+            opened = seal.result(ctx.session, sealed)
+            values, metas = opened.values, opened.metas
+        ctx.jobs.append(_record((job, graph.name, wall, _now() - start, stats)))
+        return job, values, metas
+
+    def _general(self, bindings: dict[int, list[Any]]) -> tuple[str, Any, dict[int, str]]:
+        """The job the general way (``ctx.run``), for what leaves the compiled path."""
+        result = self.ctx.run(self.graph, bindings, inline=self.inline)
+        return result.job, result.values, result.metas
+
+    def _wait(self, job: str, deadline: float, limit: float) -> JobResult:
+        """The rest of the wait, the general way (``Client.submit``'s, from its first slice)."""
+        ctx = self.ctx
+        client = ctx.client
+        sock = client._socket()
+        session = ctx.session
+        left = deadline - _now()
+        try:
+            answer = client._wait(
+                sock, session, f"job {job}", deadline, limit, left, client._mine, job, job
+            )
+        except MplTimeoutError:
+            client.progress.end(job, False)
+            client._send(Cancel(session, job, f"the driver stopped waiting after {limit:g} s"))
+            raise
+        assert type(answer) is JobResult
+        return answer
+
+    def _prepare(self, limit: float) -> tuple[float, tuple[bytes, bytes, bytes] | None]:
+        graph = self.graph
+        parts = exec_parts(self.ctx.session, graph.digest, graph.ranks, self.inline, limit)
+        prepared = self._parts = (limit, parts)
+        return prepared
