@@ -79,7 +79,7 @@ class Rig:
         curve = Curve(load_keypair(self.d.key("broker")), self.d.spec)
         self.broker = Broker(self.d.spec, "tcp://127.0.0.1:0", curve=curve)
         self.tap = Tap(self.broker.router)
-        self.broker.router = self.tap
+        self.broker.router = self.tap  # type: ignore[assignment]  # the tap in its place
         self.broker.start()
         self.d.address = self.broker.address
         self.workers: dict[int, subprocess.Popen[bytes]] = {}
@@ -175,7 +175,7 @@ def test_a_restarted_worker_refuses_a_recorded_early_exec_and_keeps_serving(
         rig.tap.alter = replay
         refusals = _runs_after_refusals(one, 1)
         answers = wait_until(
-            lambda: [m for m in rig.tap.received if m.job == replayed.job][1:],
+            lambda: [m for m in rig.tap.received if getattr(m, "job", None) == replayed.job][1:],
             20,
             "the new worker's answer to the replayed Exec",
         )
@@ -235,7 +235,7 @@ def test_a_session_opened_names_each_live_workers_public_incarnation() -> None:
     def opened() -> dict[int, str]:
         out = state.handle(b"drv:alice/1", OpenSession(1, "", 60.0, "c"), 0.0)
         msgs = [decode(encode(a.msg)) for a in out if isinstance(a.msg, SessionOpened)]
-        assert len(msgs) == 1
+        assert len(msgs) == 1 and isinstance(msgs[0], SessionOpened)
         return dict(msgs[0].incarnations)
 
     assert opened() == {0: public_incarnation("s0"), 1: public_incarnation("s1")}

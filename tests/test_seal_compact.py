@@ -354,6 +354,7 @@ def test_one_outputs_values_opened_in_one_call_as_open_opens_each(parties: Parti
     assert type(sealed[0]) is bytes and type(sealed[1]) is not bytes
     assert a.open_all(sealed, senders, context, True) == values
     box = n0.seal(8, "driver:a", context)
+    assert isinstance(box, bytes)  # an int is sealed compact
     for bad_senders, bad_context in (
         ({0: "node:n1"}, context),  # rank 0 answered by node n1's name: the epoch is n0's
         ({0: "node:n0"}, done_context("s", "j1", 1)),  # another output

@@ -149,6 +149,7 @@ def test_a_jobs_nones_sealed_in_one_call_are_each_bound_to_their_own_recipient(
     for any other context."""
     a, n0, n1 = parties.a, parties.n0, parties.n1
     before = a.seal(None, "node:n0", _CONTEXT, safe=False)
+    assert isinstance(before, bytes)  # a sealed None is a compact box
     boxes = a.seal_nones({0: ("node:n0", ""), 1: ("node:n1", "|i1")}, (0, 1), _CONTEXT)
     assert list(boxes) == [0, 1]
     assert n0.open(boxes[0], _CONTEXT) == ("driver:a", None)
