@@ -19,6 +19,7 @@ import pytest
 import zmq
 
 from mpl.driver.sealing import DriverSeal
+from mpl.wire.codec import decode, encode
 from mpl.wire.incarnation import public_incarnation
 from mpl.wire.jobs import Exec, Failed
 from mpl.wire.remote import ErrorInfo
@@ -83,9 +84,18 @@ def sealed(client: DriverSeal, session: str = "s", bindings: Any = None) -> Exec
     return client.exec(Exec(session, f"job{next(_jobs)}", "digest", (0,), plain, (0,), 5.0))
 
 
+def _wire(msg: Exec) -> Exec:
+    """``msg`` as a worker reads it off its socket: a new record each time (the seal opens
+    an Exec in place), so a test can hand the same recorded Exec in again, as a broker
+    replaying it would."""
+    out = decode(encode(msg))
+    assert type(out) is Exec
+    return out
+
+
 def runs(worker: WorkerSeal, msg: Exec) -> bool:
     """Whether the worker runs ``msg`` (True) or refuses it as an AuthenticationError."""
-    opened, answer = worker.inbound(msg)
+    opened, answer = worker.inbound(_wire(msg))
     if opened is not None:
         assert answer is None
         return True
@@ -160,7 +170,7 @@ def test_a_restarted_worker_runs_no_recorded_exec_not_even_a_streams_first() -> 
     msgs = early + [sealed(client) for _ in range(MANY)]
     assert all(runs(cluster.worker, msg) for msg in msgs)
     restarted = cluster.restart()
-    refusals = [restarted.inbound(msg)[1] for msg in early]
+    refusals = [restarted.inbound(_wire(msg))[1] for msg in early]
     assert not any(runs(restarted, msg) for msg in msgs[-100:])
     for refusal in refusals:
         assert type(refusal) is Failed and refusal.error.op == UNKNOWN_STREAM
@@ -178,7 +188,7 @@ def test_a_client_whose_stream_a_restarted_worker_forgot_starts_a_new_one() -> N
     client = cluster.client()
     assert all(runs(cluster.worker, sealed(client)) for _ in range(MANY))
     restarted = cluster.restart()
-    _, refusal = restarted.inbound(sealed(client))
+    _, refusal = restarted.inbound(_wire(sealed(client)))
     assert type(refusal) is Failed and refusal.error.op == UNKNOWN_STREAM
     assert read_refusal(refusal.error.message)[0] == cluster.incarnation
     client.refused(refusal.error)  # sealed for the new incarnation, in a new stream
@@ -217,7 +227,7 @@ def test_streams_stay_bounded_per_driver_and_one_drivers_cannot_push_out_another
     assert worker.replays.streams_of("driver:b") == 2
     assert not any(runs(worker, msg) for msg in kept_msgs)
     assert not any(runs(worker, msg) for msg in gone_msgs)  # its first ones too: the floor
-    _, refusal = worker.inbound(sealed(gone))  # the forgotten client is refused once
+    _, refusal = worker.inbound(_wire(sealed(gone)))  # the forgotten client is refused once
     assert type(refusal) is Failed and refusal.error.op == UNKNOWN_STREAM
     gone.refused(refusal.error)
     assert runs(worker, sealed(gone))  # then it runs again, in a stream above the floor
@@ -257,9 +267,9 @@ def test_a_replay_of_a_stream_forgotten_among_many_newer_ones_is_refused() -> No
     assert cluster.worker.replays.streams_of("driver:a") == STREAMS
     assert not any(runs(cluster.worker, msg) for msg in early)
     for msg in early:  # the stream's start is authenticated: a box, a None, a record
-        _, refusal = cluster.worker.inbound(_restarted_later(msg))
+        _, refusal = cluster.worker.inbound(_wire(_restarted_later(msg)))
         assert type(refusal) is Failed and "failed authentication" in refusal.error.message
-    _, refusal = cluster.worker.inbound(sealed(first))
+    _, refusal = cluster.worker.inbound(_wire(sealed(first)))
     assert type(refusal) is Failed and refusal.error.op == UNKNOWN_STREAM
     floor = read_refusal(refusal.error.message)[1]
     assert floor == cluster.worker.replays.floor("driver:a") >= epoch_time(stamp_of(early[0]))
@@ -306,7 +316,7 @@ def test_a_client_whose_clock_is_behind_a_workers_floor_runs_after_one_refusal(
     monkeypatch.setattr("mpl.wire.replay._drawn", [0])
     monkeypatch.setattr("mpl.wire.replay.time", SimpleNamespace(time_ns=lambda: 10**9))
     behind = cluster.client()
-    _, refusal = worker.inbound(sealed(behind))
+    _, refusal = worker.inbound(_wire(sealed(behind)))
     assert type(refusal) is Failed and refusal.error.op == UNKNOWN_STREAM
     assert read_refusal(refusal.error.message) == (cluster.incarnation, floor)
     behind.refused(refusal.error)
@@ -330,7 +340,7 @@ def test_a_broker_lying_about_incarnations_or_floors_causes_refusals_only() -> N
         client.refused(ErrorInfo("AuthenticationError", message, rank=0, op=UNKNOWN_STREAM))
 
     lied_to = cluster.client(incarnation="0123456789abcdef")  # SessionOpened lied
-    _, refusal = worker.inbound(job(lied_to))
+    _, refusal = worker.inbound(_wire(job(lied_to)))
     assert type(refusal) is Failed and refusal.error.op == UNKNOWN_STREAM
     lied_to.refused(refusal.error)  # the worker's own word
     assert runs(worker, job(lied_to))
@@ -338,7 +348,7 @@ def test_a_broker_lying_about_incarnations_or_floors_causes_refusals_only() -> N
     client = cluster.client()
     assert runs(worker, job(client))
     forged(client, "fedcba9876543210", -1)
-    _, refusal = worker.inbound(job(client))  # sealed for a process that is not there
+    _, refusal = worker.inbound(_wire(job(client)))  # sealed for a process that is not there
     assert type(refusal) is Failed
     client.refused(refusal.error)
     assert runs(worker, job(client))
