@@ -44,6 +44,7 @@ __all__ = [
     "read_done",
     "read_exec",
     "read_hot",
+    "read_hot_header",
     "result_record",
 ]
 
@@ -209,6 +210,18 @@ def read_hot(frames: Sequence[Any]) -> DoneRead | Exec | None:
         header = header.bytes if type(header) is _Frame else bytes(header)
     except TypeError:
         return None
+    if magic != MAGIC_FRAME or len(header) >= MAX_CONTAINERS:
+        return None
+    if header.startswith(DONE_PREFIX):
+        return _read_done(header)
+    if header.startswith(EXEC_PREFIX):
+        return _read_exec(header)
+    return None
+
+
+def read_hot_header(magic: bytes, header: bytes) -> DoneRead | Exec | None:
+    """:func:`read_hot` of a message of two frames given as bytes (the broker takes them
+    from the frames it received, and counts their bytes, itself)."""
     if magic != MAGIC_FRAME or len(header) >= MAX_CONTAINERS:
         return None
     if header.startswith(DONE_PREFIX):
