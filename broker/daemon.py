@@ -19,7 +19,7 @@ handled as if it had come alone. The Exec of a job alone in flight, with nothing
 before it, goes to its ranks at once, skipping the queue (nothing could share a batch with
 it). The clock is read once per wake-up, for its messages and the timers alike.
 
-A socket monitor reports closed TCP connections; the identity frame's source fd maps them
+A socket monitor reports closed TCP connections; a message's source fd (on every part) maps them
 back to a peer, so a killed worker is noticed in milliseconds rather than after 3 missed
 heartbeats. The kernel reuses fds, so the monitor's queued events are read before a new
 peer's fd is mapped: a closed connection's DISCONNECTED never ends the peer that took its fd.
@@ -204,8 +204,11 @@ class Broker:
         while True:
             try:
                 if recv is not None:
+                    # the routing id as bytes: no Frame for it (a ROUTER message always has
+                    # a part after it; its source fd and User-Id ride on every part)
+                    frames = [recv(router, 0, True)]
                     frame = recv(router, 0, False)
-                    frames = [frame]
+                    frames.append(frame)
                     while frame.more:  # the rest of a multipart message is there already
                         frame = recv(router, 0, False)
                         frames.append(frame)
@@ -263,10 +266,13 @@ class Broker:
     def _route(self, frames: list[Any], now: float | None = None) -> None:
         """Take one ZeroMQ message from the ROUTER: a message, or a batch of them (each
         handled as if it had arrived alone, with the batch's authenticated identity).
-        ``now``: the clock as the wake-up that received it read it (else read here)."""
-        peer = frames[0].bytes
+        ``now``: the clock as the wake-up that received it read it (else read here). Its
+        routing id comes as bytes (from the loop) or as a ``zmq.Frame``."""
+        peer = frames[0]
+        if type(peer) is not bytes:
+            peer = peer.bytes
         if self.monitor is not None and peer not in self._peer_fd:
-            fd = frames[0].get(zmq.SRCFD)
+            fd = frames[1].get(zmq.SRCFD)  # every part carries it
             if fd >= 0:
                 # A connection that closed may have left this fd to this one, and its
                 # DISCONNECTED (queued before this peer's first message could arrive) must
