@@ -15,9 +15,11 @@ ends and spans, the log lines for refusals and failed jobs): the workers and the
 on while it finishes, and every count is in place before the next wake-up reads a message.
 With jobs in flight, a run of Execs to one worker or of JobResults to one driver goes as
 one batch (``mpl.wire.batch``), and a batch that arrives is split and each message in it
-handled as if it had come alone.
+handled as if it had come alone. The Exec of a job alone in flight, with nothing queued
+before it, goes to its ranks at once, skipping the queue (nothing could share a batch with
+it). The clock is read once per wake-up, for its messages and the timers alike.
 
-A socket monitor reports closed TCP connections; the identity frame's source fd maps them
+A socket monitor reports closed TCP connections; a message's source fd (on every part) maps them
 back to a peer, so a killed worker is noticed in milliseconds rather than after 3 missed
 heartbeats. The kernel reuses fds, so the monitor's queued events are read before a new
 peer's fd is mapped: a closed connection's DISCONNECTED never ends the peer that took its fd.
@@ -48,7 +50,7 @@ from mpl.wire.control import HEARTBEAT_S, Bye, Directory, Heartbeat, Refused
 from mpl.wire.curve import BROKER_DOMAIN, Curve, broker_admits
 from mpl.wire.errors import ProtocolError
 from mpl.wire.guard import Guard
-from mpl.wire.hot import DoneRead, read_hot
+from mpl.wire.hot import DoneRead, read_hot, read_hot_header
 from mpl.wire.identity import frame_identity
 from mpl.wire.jobs import Exec, JobResult
 from mpl.wire.logs import RefusalLog
@@ -72,6 +74,7 @@ _raw_recv: Any = zmq.backend.Socket.recv
 _raw_send: Any = zmq.backend.Socket.send
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE = _NOBLOCK | int(zmq.SNDMORE)
+_Frame = zmq.Frame
 _COPY_BELOW = 64 * 1024  # pyzmq's copy threshold (mpl.wire.sockets.send_frames)
 
 log = logging.getLogger("mpl.broker")
@@ -195,13 +198,17 @@ class Broker:
         """
         router: Any = self.router  # a test may stand something else in
         jobs = self._jobs
+        monotonic = time.monotonic
         # recv_frames written out for the compiled socket (a test's stand-in gets the call)
         recv = _raw_recv if isinstance(router, zmq.backend.Socket) else None
         while True:
             try:
                 if recv is not None:
+                    # the routing id as bytes: no Frame for it (a ROUTER message always has
+                    # a part after it; its source fd and User-Id ride on every part)
+                    frames = [recv(router, 0, True)]
                     frame = recv(router, 0, False)
-                    frames = [frame]
+                    frames.append(frame)
                     while frame.more:  # the rest of a multipart message is there already
                         frame = recv(router, 0, False)
                         frames.append(frame)
@@ -209,18 +216,21 @@ class Broker:
                     frames = recv_frames(router)
             except zmq.Again:
                 break
-            self._route(frames)
+            # one clock read per wake-up: its messages arrived together, and the timers
+            # wait at most one wake-up longer
+            now = monotonic()
+            self._route(frames, now)
             # With one job or none in flight nothing queued could share a batch with what
             # this message asks to send: skip the receive that would find nothing (a
             # system call and a zmq.Again on the one-job-at-a-time path).
             if len(jobs) > 1:  # state.jobs_in_flight, without the property's call
                 for frames in recv_queued(router, _WAKE - 1):
-                    self._route(frames)
+                    self._route(frames, now)
                     if len(self._outbox) >= _WAKE:  # batches in: answers go out before more
                         break
             if self._outbox or self._accounts:  # most Dones ask for nothing: no call
                 self._flush()
-            if time.monotonic() >= next_tick:
+            if now >= next_tick:
                 break
         now = time.monotonic()
         if now < next_tick:
@@ -253,12 +263,16 @@ class Broker:
             self.ctx.term()
 
     # -- loop body ------------------------------------------------------------------------
-    def _route(self, frames: list[Any]) -> None:
+    def _route(self, frames: list[Any], now: float | None = None) -> None:
         """Take one ZeroMQ message from the ROUTER: a message, or a batch of them (each
-        handled as if it had arrived alone, with the batch's authenticated identity)."""
-        peer = frames[0].bytes
+        handled as if it had arrived alone, with the batch's authenticated identity).
+        ``now``: the clock as the wake-up that received it read it (else read here). Its
+        routing id comes as bytes (from the loop) or as a ``zmq.Frame``."""
+        peer = frames[0]
+        if type(peer) is not bytes:
+            peer = peer.bytes
         if self.monitor is not None and peer not in self._peer_fd:
-            fd = frames[0].get(zmq.SRCFD)
+            fd = frames[1].get(zmq.SRCFD)  # every part carries it
             if fd >= 0:
                 # A connection that closed may have left this fd to this one, and its
                 # DISCONNECTED (queued before this peer's first message could arrive) must
@@ -269,17 +283,24 @@ class Broker:
                     self._contain(None, None, exc)
                 self._fd_peer[fd] = peer
                 self._peer_fd[peer] = fd
-        now = time.monotonic()
+        if now is None:
+            now = time.monotonic()
         body = frames[1:]
-        # received frames: len() is their size in bytes
-        self.state.counters["bytes_routed"] += sum(map(len, body))
         # every frame of a message carries its connection's User-Id
         who = frame_identity(body[0]) if self.secure and body else None
         # the hot messages, header only, are read without the general decode (and, with
         # the codec's magic, are no batch); a Done of the hot path is taken here, with no
         # record built (most leave their job waiting on other ranks: nothing to send)
         try:  # one message's failure stays that message's failure
-            read = read_hot(body)
+            if len(body) == 2 and type(body[0]) is _Frame and type(body[1]) is _Frame:
+                # the frames' bytes (copied once, kept by the frame), counted from them
+                magic, header = body[0].bytes, body[1].bytes
+                self.state.counters["bytes_routed"] += len(magic) + len(header)
+                read = read_hot_header(magic, header)
+            else:
+                # received frames: len() is their size in bytes
+                self.state.counters["bytes_routed"] += sum(map(len, body))
+                read = read_hot(body)
             if type(read) is DoneRead:
                 actions = self.state.done_read(peer, read, now, who)
                 if actions:
@@ -329,7 +350,11 @@ class Broker:
                 # a short frame costs less to send copied than as a zmq.Frame
                 header = body[1]
                 raw = [MAGIC_FRAME, header.bytes if hasattr(header, "bytes") else bytes(header)]
-                self._perform(self.state.exec_read(peer, read, now, raw, who))
+                actions = self.state.exec_read(peer, read, now, raw, who)
+                if len(self._jobs) == 1 and not self._outbox:
+                    self._fan_out(actions)  # nothing it could be batched with
+                else:
+                    self._perform(actions)
                 return
             if batch_ok and is_batch(body):
                 self._batch(peer, body, now, who)
@@ -345,6 +370,28 @@ class Broker:
             self._perform(self.state.handle(peer, msg, now, body, who=who))
         except Exception as exc:
             self._contain(peer, msg, exc)
+
+    def _fan_out(self, actions: list[Send]) -> None:
+        """Send a job's Exec to its ranks at once, as the state asked, when nothing else is
+        queued (its sends would go first) and no other job is in flight (nothing could be
+        batched with them): the outbox, its grouping by peer and its loop are skipped.
+        From the first action that is no header-only Exec (a rank's program, a refusal)
+        on, the rest are queued the ordinary way."""
+        router: Any = self.router
+        if not isinstance(router, zmq.backend.Socket):
+            self._perform(actions)
+            return
+        for at, action in enumerate(actions):
+            peer, msg, frames = action
+            if type(msg) is not Exec or frames is None or type(header := frames[1]) is not bytes:
+                self._perform(actions[at:])
+                return
+            try:
+                _raw_send(router, peer, _MORE)
+                _raw_send(router, frames[0], _MORE)
+                _raw_send(router, header, _NOBLOCK, len(header) < _COPY_BELOW)
+            except Exception as exc:
+                self._unsent(peer, ((action, frames),), exc)
 
     def _contain(self, peer: bytes | None, msg: Record | None, exc: Exception) -> None:
         """Count and log a failure, and answer the sender if it waits for an answer."""

@@ -58,15 +58,13 @@ from mpl.wire.control import (
     WorkerHello,
 )
 from mpl.wire.data import Delete, Fetch
-from mpl.wire.hot import (
-    DoneRead,
+from mpl.wire.hot import DoneRead, packed_result, result_record
+from mpl.wire.hot_spans import (
     DoneSpans,
     done_spans,
     exec_for_rank,
     exec_spans,
-    packed_result,
     result_frames,
-    result_record,
 )
 from mpl.wire.jobs import (
     Abort,

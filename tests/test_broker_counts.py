@@ -9,6 +9,7 @@ fed the frames a driver and its workers send.
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 import msgpack
@@ -421,6 +422,9 @@ def _shell_calls(world: int, jobs: int = 10) -> float:
     return calls / jobs
 
 
+# w21broker: the Exec of a lone job sent at once (_fan_out: no Python call per rank on
+# its way out, as before, but no outbox, grouping and per-rank tuples: about 1.3k fewer
+# instructions per rank and 5k per job) leaves these counts as they were: 52 and 4.
 # Measured: 54 Python calls per job at world 2, and 4 per added rank (the message's
 # route, the lean read of its header, the Done's own handler; nothing on the Exec's way
 # out). Main (e7b802d) made 76 and 17 (per Done a turn, a receive with its socket check,
@@ -433,4 +437,63 @@ def test_python_calls_per_added_rank_in_the_brokers_loop() -> None:
     per_rank = (large - small) / 14
     print(f"loop: {small} calls per job at world 2, {large} at 16: {per_rank} per rank")
     assert per_rank <= 4.5
-    assert small <= 57  # main (e7b802d) made 76
+    assert small <= 54  # main (e7b802d) made 76; f226f8d 52
+
+
+def _clock_reads(world: int, monkeypatch: pytest.MonkeyPatch, jobs: int = 5) -> float:
+    """Monotonic clock reads per trivial job at world ``world``, through the loop."""
+    shell = _Shell(world)
+    reads: list[int] = []
+    real = time.monotonic
+
+    def counted() -> float:
+        reads.append(1)
+        return real()
+
+    try:
+        shell.job(lambda *_: None)  # warm: the ranks' program, first uses
+        monkeypatch.setattr(time, "monotonic", counted)
+        for _ in range(jobs):
+            shell.job(lambda *_: None)
+        monkeypatch.setattr(time, "monotonic", real)
+    finally:
+        shell.close()
+    return len(reads) / jobs
+
+
+def test_the_loop_reads_the_clock_once_per_wake_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the broker's own loop, each rank a job adds (its Exec out, its Done in, a
+    wake-up of its own) costs one read of the monotonic clock: the wake-up's, which routes
+    the Done and looks at the timers. Main read it twice per message (route, timers)."""
+    per_rank = (_clock_reads(6, monkeypatch) - _clock_reads(2, monkeypatch)) / 4
+    assert per_rank <= 1.0
+
+
+def _frames_made(world: int, monkeypatch: pytest.MonkeyPatch, jobs: int = 5) -> float:
+    """``zmq.Frame`` objects made per trivial job at world ``world``, through the loop
+    (pyzmq makes one, by the name ``zmq.Frame``, for every part received with copy=False;
+    the stand-ins for driver and workers receive with copy=True)."""
+    shell = _Shell(world)
+    made: list[int] = []
+
+    class Counted(zmq.Frame):
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            made.append(1)
+            super().__init__(*args, **kw)
+
+    try:
+        shell.job(lambda *_: None)  # warm: the ranks' program, first uses
+        monkeypatch.setattr(zmq, "Frame", Counted)
+        for _ in range(jobs):
+            shell.job(lambda *_: None)
+        monkeypatch.undo()
+    finally:
+        shell.close()
+    return len(made) / jobs
+
+
+def test_the_loop_makes_no_frame_for_a_routing_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rank a job adds brings one Done (routing id, magic, header): its routing id
+    comes as bytes, so two Frames are made for it, not three (f226f8d made three)."""
+    per_rank = (_frames_made(6, monkeypatch) - _frames_made(2, monkeypatch)) / 4
+    assert per_rank <= 2.0

@@ -16,7 +16,8 @@ from mpl.wire.codec import MAGIC_FRAME
 from mpl.wire.control import Heartbeat
 from mpl.wire.decoder import TUPLE
 from mpl.wire.exec_pack import exec_frames
-from mpl.wire.hot import exec_for_rank, exec_spans, read_exec
+from mpl.wire.hot import read_exec
+from mpl.wire.hot_spans import exec_for_rank, exec_spans
 from mpl.wire.jobs import Exec, Lit
 from mpl.wire.record import Record
 

@@ -1,32 +1,20 @@
-"""Pre-packed headers for the messages the broker forwards on every job: no re-encode.
+"""Lean readers for the messages the broker and workers handle on every job.
 
-The broker decodes (and so checks) every message it receives, but what it only forwards it
-need not encode again. Two messages are built here by splicing the bytes that arrived:
-
-* a rank's own ``Exec``: the driver's header with the ``bindings`` map cut down to that
-  rank's entry (in secure mode every rank has bindings, each sealed for its rank);
-* the ``JobResult`` of a job some of whose ``Done`` messages were decoded (no buffer
-  frames, but extension types): each rank's values and stats, copied byte for byte into
-  the one answer, under a header packed here.
-
-A ``Done`` of the hot path (no buffer frames, extension types or saved names) is not
-decoded into a record at all: :func:`read_done` reads its header in one call under the
-codec's limits and checks each field as the record's annotations would; when every rank's
-Done of a job was read so, the answer is packed from what was read in one C call
-(:func:`packed_result`: plain msgpack in, plain msgpack out). ``tests/test_done_read.py``
-compares it with ``decode`` on mutated messages.
-
-Both only apply to messages whose header references no buffer frame (small values, which is
-what a job's hot path carries): buffer indexes would have to be renumbered, so larger
-messages take the codec's ordinary path. Everything here reads headers the codec has
-already decoded and checked; when a layout is not the expected one the functions return
-None and the caller encodes as before.
+The broker decodes (and so checks) every message it receives. A ``Done`` of the hot path
+(no buffer frames, extension types or saved names) is not decoded into a record at all:
+:func:`read_done` reads its header in one call under the codec's limits and checks each
+field as the record's annotations would; when every rank's Done of a job was read so, the
+answer is packed from what was read in one C call (:func:`packed_result`: plain msgpack in,
+plain msgpack out). ``tests/test_done_read.py`` compares it with ``decode`` on mutated
+messages. An ``Exec`` is read the same way and built without the general decoder
+(:func:`read_exec`). What a header's bytes are cut into for splicing (a rank's own Exec, a
+JobResult from decoded Dones) is :mod:`mpl.wire.hot_spans`.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -50,21 +38,18 @@ __all__ = [
     "DONE_PREFIX",
     "EXEC_PREFIX",
     "DoneRead",
-    "DoneSpans",
-    "ExecSpans",
-    "done_spans",
-    "exec_for_rank",
-    "exec_spans",
+    "header_packer",
+    "header_unpacker",
     "packed_result",
     "read_done",
     "read_exec",
     "read_hot",
-    "result_frames",
+    "read_hot_header",
     "result_record",
 ]
 
-# read_exec and read_done check each field by hand as its annotation says, result_frames
-# packs a JobResult field by field, and Exec and JobResult are filled in directly
+# read_exec and read_done check each field by hand as its annotation says, and Exec and
+# JobResult are filled in directly
 # (record.built without its two calls): each must know every field.
 _EXEC_FIELDS = pinned_fields(
     Exec,
@@ -83,8 +68,7 @@ _RESULT_FIELDS = pinned_fields(
 )
 _EXEC_ITEMS = 1 + len(_EXEC_FIELDS)  # the tag, then the fields
 _DONE_ITEMS = 1 + len(_DONE_FIELDS)
-_RESULT_ITEMS = 1 + len(_RESULT_FIELDS)
-_RESULT_TAG = msgpack.packb("result")
+_EXEC_BINDINGS = 1 + _EXEC_FIELDS.index("bindings")  # where bindings sit (the tag is item 0)
 _NESTS = (list, dict)  # what a decoded value nests in (tuples are extensions, bounded apart)
 # msgpack's list and map markers: fixmap, fixarray, array 16/32, map 16/32
 _CONTAINER_MARKERS = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
@@ -92,42 +76,16 @@ _CONTAINER_MARKERS = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
 # headers that begin so to read_done (anything else, or a surprise there, to decode).
 DONE_PREFIX = bytes([0x90 | _DONE_ITEMS]) + msgpack.packb(Done.TAG)
 EXEC_PREFIX = bytes([0x90 | _EXEC_ITEMS]) + msgpack.packb(Exec.TAG)
-_NONE, _FALSE = msgpack.packb(None), msgpack.packb(False)
-_RESULT_HEAD = bytes([0x90 | _RESULT_ITEMS]) + _RESULT_TAG
-_EMPTY_MAP, _ONE_ENTRY = msgpack.packb({}), bytes([0x81])
-# Ranks and output indexes as msgpack writes them: the ones below 128 are a byte each
-_FIXINTS: tuple[bytes, ...] = tuple(bytes([i]) for i in range(128))
-_FIXSTRS: tuple[bytes, ...] = tuple(bytes([0xA0 | n]) for n in range(32))
-
-
-def _int(n: int) -> bytes:
-    if 0 <= n < 128:
-        return _FIXINTS[n]
-    packed: bytes = msgpack.packb(n)
-    return packed
-
-
 _tls = threading.local()
 _Frame = zmq.Frame
 
 
-def _unpacker(header: bytes, slot: str = "unpacker", ext_hook: Any = None) -> tuple[Any, int]:
-    """This thread's reusable Unpacker named ``slot`` (the codec's limits; ``ext_hook`` for
-    extension types, if given) fed with ``header``, and its offset there (``tell()`` counts
-    every byte it was ever fed). Making one costs more than reading a Done header. A reader
-    that fails sets the slot to None: the Unpacker may still hold part of that header."""
-    unpacker = getattr(_tls, slot, None)
-    if unpacker is None:
-        unpacker = _new_unpacker(slot, ext_hook)
-    base = unpacker.tell()
-    unpacker.feed(header)
-    return unpacker, base
-
-
-def _new_unpacker(slot: str, ext_hook: Any = None) -> Any:
-    """A new Unpacker under the codec's limits, kept as this thread's ``slot``."""
+def header_unpacker(ext_hook: Any = None) -> Any:
+    """A new streaming Unpacker under the codec's limits (``ext_hook`` for extension types,
+    if given). Making one costs more than reading a Done header: readers keep one per
+    thread, and drop it when a read fails (it may still hold part of that header)."""
     hooks = {} if ext_hook is None else {"ext_hook": ext_hook}
-    unpacker = msgpack.Unpacker(
+    return msgpack.Unpacker(
         None,
         raw=False,
         strict_map_key=False,
@@ -136,51 +94,16 @@ def _new_unpacker(slot: str, ext_hook: Any = None) -> Any:
         max_map_len=MAX_HEADER_ITEMS,
         **hooks,
     )
+
+
+def _new_unpacker(slot: str, ext_hook: Any = None) -> Any:
+    """A new :func:`header_unpacker`, kept as this thread's ``slot``."""
+    unpacker = header_unpacker(ext_hook)
     setattr(_tls, slot, unpacker)
     return unpacker
 
 
-def _finished(unpacker: Any, base: int, header: bytes) -> bool:
-    """Whether the header was read to its end; if not, the Unpacker is dropped (it still
-    holds the rest), and the caller takes the ordinary path."""
-    if unpacker.tell() - base == len(header):
-        return True
-    _tls.unpacker = None
-    return False
-
-
-def _map_spans(unpacker: Any, header: bytes, base: int) -> dict[int, bytes]:
-    """The next value is a map with int keys: each entry's value as the bytes it came in."""
-    spans: dict[int, bytes] = {}
-    for _ in range(unpacker.read_map_header()):
-        key = unpacker.unpack()
-        start = unpacker.tell() - base
-        unpacker.skip()
-        spans[key] = header[start : unpacker.tell() - base]
-    return spans
-
-
-_FIXMAPS: tuple[bytes, ...] = tuple(bytes([0x80 | n]) for n in range(16))
-
-
-def _map_header(n: int) -> bytes:
-    if n < 16:
-        return _FIXMAPS[n]
-    if n < 1 << 16:
-        return b"\xde" + n.to_bytes(2, "big")
-    return b"\xdf" + n.to_bytes(4, "big")
-
-
-def _str(text: str) -> bytes:
-    """``msgpack.packb(text)``, without making a Packer for a short one (a job id)."""
-    data = text.encode()
-    if len(data) < 32:
-        return _FIXSTRS[len(data)] + data
-    packed: bytes = _packer().pack(text)
-    return packed
-
-
-def _packer() -> Any:
+def header_packer() -> Any:
     """This thread's Packer (making one costs more than packing a job's metas with it)."""
     packer = getattr(_tls, "packer", None)
     if packer is None:
@@ -200,146 +123,6 @@ def result_record(
         job=job, values=values, error=None, missing_program=False, stats=stats, metas=metas
     )
     return result
-
-
-def _header_only(frames: Sequence[Any]) -> bytes | None:
-    """A message's header as bytes when it has no buffer frames (else None)."""
-    if len(frames) != 2:
-        return None
-    header = frames[1]
-    return header.bytes if hasattr(header, "bytes") else bytes(header)
-
-
-class ExecSpans:
-    """An ``Exec`` header cut around its ``bindings`` map."""
-
-    __slots__ = ("bindings", "head", "tail")
-
-    def __init__(self, head: bytes, bindings: dict[int, bytes], tail: bytes) -> None:
-        self.head = head  # up to the bindings map
-        self.bindings = bindings  # rank -> that rank's bindings, as they came
-        self.tail = tail  # after it: inline, timeout_s
-
-
-# Where the cut maps and kept fields sit in the header array (the tag is item 0).
-_EXEC_BINDINGS = 1 + _EXEC_FIELDS.index("bindings")
-_DONE_VALUES = 1 + _DONE_FIELDS.index("values")
-_DONE_STATS = 1 + _DONE_FIELDS.index("stats")
-if _DONE_STATS < _DONE_VALUES:
-    raise ImportError("mpl.wire.hot: Done's stats must follow its values; update done_spans")
-
-
-def exec_spans(frames: Sequence[Any]) -> ExecSpans | None:
-    """Cut a decoded ``Exec``'s frames (``[magic, header]``) for :func:`exec_for_rank`, in
-    one walk over its header. None when the message has buffer frames or a layout this
-    does not expect: the caller then encodes the ordinary way."""
-    header = _header_only(frames)
-    if header is None:
-        return None
-    unpacker, base = _unpacker(header)
-    skip, tell = unpacker.skip, unpacker.tell
-    try:
-        if unpacker.read_array_header() != _EXEC_ITEMS:
-            raise ValueError("not an Exec")
-        for _ in range(_EXEC_BINDINGS):
-            skip()
-        start = tell() - base
-        bindings = _map_spans(unpacker, header, base)
-        end = tell() - base
-        for _ in range(_EXEC_BINDINGS + 1, _EXEC_ITEMS):
-            skip()
-    except Exception:  # any surprise: the caller encodes the ordinary way
-        _tls.unpacker = None
-        return None
-    if not _finished(unpacker, base, header):
-        return None
-    return ExecSpans(header[:start], bindings, header[end:])
-
-
-def exec_for_rank(spans: ExecSpans, rank: int) -> list[bytes]:
-    """The frames of the ``Exec`` that ``rank`` gets: only its own bindings."""
-    mine = spans.bindings.get(rank)
-    middle = _EMPTY_MAP if mine is None else _ONE_ENTRY + _int(rank) + mine
-    return [MAGIC_FRAME, b"".join((spans.head, middle, spans.tail))]
-
-
-class DoneSpans:
-    """A ``Done``'s values (by output index) and stats, as the bytes they came in."""
-
-    __slots__ = ("stats", "values")
-
-    def __init__(self, values: dict[int, bytes], stats: bytes) -> None:
-        self.values = values
-        self.stats = stats
-
-
-def done_spans(frames: Sequence[Any]) -> DoneSpans | None:
-    """Cut a decoded ``Done``'s frames (``[magic, header]``) for :func:`result_frames`, in
-    one walk over its header (skipping builds no objects: about a third of decoding it).
-    None when the message has buffer frames or a layout this does not expect."""
-    header = _header_only(frames)
-    if header is None:
-        return None
-    return _cut_done(header)
-
-
-def _cut_done(header: bytes) -> DoneSpans | None:
-    unpacker, base = _unpacker(header)
-    skip, tell = unpacker.skip, unpacker.tell
-    try:
-        if unpacker.read_array_header() != _DONE_ITEMS:
-            raise ValueError("not a Done")
-        for _ in range(_DONE_VALUES):
-            skip()
-        values = _map_spans(unpacker, header, base)
-        for _ in range(_DONE_VALUES + 1, _DONE_STATS):
-            skip()
-        start = tell() - base
-        skip()
-        stats = header[start : tell() - base]
-        for _ in range(_DONE_STATS + 1, _DONE_ITEMS):
-            skip()
-    except Exception:  # any surprise: the caller encodes the ordinary way
-        _tls.unpacker = None
-        return None
-    if not _finished(unpacker, base, header):
-        return None
-    return DoneSpans(values, stats)
-
-
-def result_frames(
-    job: str,
-    values: Mapping[int, Mapping[int, bytes]],
-    stats: Mapping[int, bytes],
-    metas: Mapping[int, str],
-) -> list[bytes] | None:
-    """A successful ``JobResult`` of ``job`` from the ranks' value and stats bytes.
-
-    ``values[output][rank]`` and ``stats[rank]`` are spans from :func:`done_spans`, copied
-    verbatim; ``metas`` were checked as ``dict[int, str]`` on decoding and are packed here.
-    It decodes to ``JobResult(job, values, None, False, stats, metas)``; None when the
-    header would exceed ``MAX_HEADER_BYTES`` (the codec then says why).
-    """
-    small, maps = _FIXINTS, _FIXMAPS  # below 128 ints, below 16 maps: a byte, no call
-    n = len(values)
-    parts = [_RESULT_HEAD, _str(job), maps[n] if n < 16 else _map_header(n)]
-    for index, by_rank in values.items():
-        n = len(by_rank)
-        parts += (
-            small[index] if 0 <= index < 128 else _int(index),
-            maps[n] if n < 16 else _map_header(n),
-        )
-        for rank, value in by_rank.items():
-            parts += (small[rank] if 0 <= rank < 128 else _int(rank), value)
-    n = len(stats)
-    parts += (_NONE, _FALSE, maps[n] if n < 16 else _map_header(n))
-    for rank, raw in stats.items():
-        parts += (small[rank] if 0 <= rank < 128 else _int(rank), raw)
-    parts.append(_packer().pack(metas) if metas else _EMPTY_MAP)
-    header = b"".join(parts)
-    if len(header) > MAX_HEADER_BYTES:
-        return None
-    return [MAGIC_FRAME, header]
 
 
 class DoneRead:
@@ -436,6 +219,18 @@ def read_hot(frames: Sequence[Any]) -> DoneRead | Exec | None:
     return None
 
 
+def read_hot_header(magic: bytes, header: bytes) -> DoneRead | Exec | None:
+    """:func:`read_hot` of a message of two frames given as bytes (the broker takes them
+    from the frames it received, and counts their bytes, itself)."""
+    if magic != MAGIC_FRAME or len(header) >= MAX_CONTAINERS:
+        return None
+    if header.startswith(DONE_PREFIX):
+        return _read_done(header)
+    if header.startswith(EXEC_PREFIX):
+        return _read_exec(header)
+    return None
+
+
 def _read_done(header: bytes) -> DoneRead | None:
     """:func:`read_done` of a header :func:`_lean_header` took that begins with
     ``DONE_PREFIX`` (so it reads, if at all, as a list of the Done's items, tag first)."""
@@ -499,7 +294,7 @@ def packed_result(
     extension types, so they pack back to what they were read from, up to the width of a
     number); None when the header would exceed ``MAX_HEADER_BYTES`` (the codec then says
     why)."""
-    header: bytes = _packer().pack([JobResult.TAG, job, values, None, False, stats, metas])
+    header: bytes = header_packer().pack([JobResult.TAG, job, values, None, False, stats, metas])
     if len(header) > MAX_HEADER_BYTES:
         return None
     return [MAGIC_FRAME, header]
