@@ -10,7 +10,7 @@ import pytest
 import zmq
 from helpers import decoded_as, sealed_record
 
-from mpl.wire import decode, encode, seal
+from mpl.wire import decode, encode, seal_contexts
 from mpl.wire.decoder import OpaqueRecord
 from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.seal import CHUNK, Sealer
@@ -194,12 +194,12 @@ def test_the_hot_paths_context_check_refuses_a_changed_context_format(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The sealing hot paths write Exec and Done contexts out; pin_contexts (run at their
-    import) refuses to let them if wire.seal writes either differently."""
-    seal.pin_contexts("a hot path")  # as written today: accepted
-    monkeypatch.setattr(seal, "done_context", lambda s, j, i: f"done|{s}|{j}#{i}")
+    import) refuses to let them if wire.seal_contexts writes either differently."""
+    seal_contexts.pin_contexts("a hot path")  # as written today: accepted
+    monkeypatch.setattr(seal_contexts, "done_context", lambda s, j, i: f"done|{s}|{j}#{i}")
     with pytest.raises(ImportError, match="a hot path writes Done contexts"):
-        seal.pin_contexts("a hot path")
+        seal_contexts.pin_contexts("a hot path")
     monkeypatch.undo()
-    monkeypatch.setattr(seal, "exec_context", lambda *a: "exec|" + "|".join(map(str, a)))
+    monkeypatch.setattr(seal_contexts, "exec_context", lambda *a: "exec|" + "|".join(map(str, a)))
     with pytest.raises(ImportError, match="a hot path writes Exec contexts"):
-        seal.pin_contexts("a hot path")
+        seal_contexts.pin_contexts("a hot path")

@@ -237,12 +237,13 @@ def test_odd_plaintext_from_a_listed_party_goes_through_the_codecs_checks(
     """A listed (but hostile) party may seal any plaintext: the scalar shortcut reads only
     what the codec would read the same way, and leaves the rest to the codec's checks."""
     from mpl.wire import seal as seal_module
+    from mpl.wire import seal_payload
     from mpl.wire.codec import MAGIC_FRAME
 
-    head = seal_module._PAYLOAD_HEAD
+    head = seal_payload._PAYLOAD_HEAD
     crafted = [MAGIC_FRAME, head + plaintext]
-    monkeypatch.setattr(seal_module, "_scalar_frames", lambda value: crafted)
-    box = parties.n0.seal(1000, "driver:a", "ctx")  # no fixint: sealed via _scalar_frames
+    monkeypatch.setattr(seal_module, "scalar_frames", lambda value: crafted)
+    box = parties.n0.seal(1000, "driver:a", "ctx")  # no fixint: sealed via scalar_frames
     monkeypatch.undo()
     if plaintext == b"\x91\x01":
         assert parties.a.open(box, "ctx")[1] == [1]  # not a scalar: the codec decodes it

@@ -64,10 +64,8 @@ import itertools
 import os
 import struct
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
-import msgpack
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
@@ -79,8 +77,24 @@ from mpl.wire.codec import MAGIC_FRAME, ZERO_COPY_BYTES, decode, encode
 from mpl.wire.curve import Curve
 from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.identity import driver_identity, node_identity
-from mpl.wire.record import Record
 from mpl.wire.replay import epoch_start, epoch_time
+from mpl.wire.seal_contexts import (
+    ExecTails,
+    done_context,
+    exec_context,
+    fetch_context,
+    incarnation_suffix,
+    pin_contexts,
+    program_context,
+)
+from mpl.wire.seal_payload import (
+    FIXINT_FRAMES,
+    NOT_ONE_BYTE,
+    ONE_BYTE_VALUES,
+    Payload,
+    read_scalar,
+    scalar_frames,
+)
 from mpl.wire.sealed import BOX_MAGIC, Sealed
 
 __all__ = [
@@ -111,159 +125,6 @@ _MARK_PERSON = b"mpl-box-mark/1"  # keeps a None's tag key apart from the epoch'
 _BOX_START = len(BOX_MAGIC) + 1  # where a box's sender identity starts
 _BOX_HEAD = _BOX_START + _SALT  # a box's head (magic, sender, epoch) but for the identity
 _BOX_TRAILER = _NONCE + _TAG  # the least a box holds after its head
-
-
-def program_context(digest: str) -> str:
-    return f"program|{digest}"
-
-
-def exec_context(
-    session: str,
-    job: str,
-    digest: str,
-    ranks: tuple[int, ...],
-    inline: tuple[int, ...],
-    timeout: float,
-    incarnation: str = "",
-) -> str:
-    """Everything in an ``Exec`` besides the bindings is bound too: the broker cannot change
-    which ranks take part, what comes back inline, or the job's deadline. So is the
-    recipient worker's public ``incarnation`` (``mpl.wire.incarnation``; "" where none is
-    known): an Exec sealed for one process start never opens in another, so a worker
-    that restarted, and so remembers none of the Execs it ran, cannot be made to run a
-    recorded one again. Each rank's bindings are sealed under its own worker's."""
-    # one string built, not three (the hot paths write this line out, with ExecTails)
-    tail = _EXEC_TAILS[(digest, ranks, inline, timeout)]
-    return f"exec|{session}|{job}{tail}{incarnation_suffix(incarnation)}"
-
-
-def incarnation_suffix(incarnation: str) -> str:
-    """What ends an Exec context for a worker of public ``incarnation``: written once per
-    worker (a hot path appends it to the job's context for that worker's rank)."""
-    return f"|{incarnation}"
-
-
-ExecKey = tuple[str, tuple[int, ...], tuple[int, ...], float]  # digest, ranks, inline, timeout
-
-
-class ExecTails(dict[ExecKey, str]):
-    """The part of :func:`exec_context` after the job, by (digest, ranks, inline, timeout):
-    the same for every job of one call site, so written once. A hot path writes
-    ``f"exec|{session}|{job}{tails[key]}"`` itself, as exec_context does (one Python call
-    less per job). Bounded: keyed by what a broker sends."""
-
-    def __missing__(self, key: ExecKey) -> str:
-        digest, ranks, inline, timeout = key
-        if len(self) >= _EXEC_TAILS_KEPT:
-            self.clear()  # a bound, not a policy: they are cheap to write again
-        tail = self[key] = f"|{digest}|{list(ranks)}|{list(inline)}|{float(timeout)!r}"
-        return tail
-
-
-_EXEC_TAILS = ExecTails()
-_EXEC_TAILS_KEPT = 256
-
-
-def done_context(session: str, job: str, index: int) -> str:
-    return f"done|{session}|{job}|{index}"
-
-
-def pin_contexts(user: str) -> None:
-    """For a hot path that writes Exec and Done contexts out itself, as
-    ``f"exec|{session}|{job}{tails[key]}{suffix}"`` (``suffix``: the recipient's
-    :func:`incarnation_suffix`, written once per worker) and ``f"done|{session}|{job}|{index}"``
-    (a Python call less per job): raise ImportError, naming ``user``, if :func:`exec_context`
-    or :func:`done_context` no longer write them so. Called once, at ``user``'s import."""
-    tail = ExecTails()[("d1", (0, 1), (1,), 2.5)]
-    written = "exec|s1|j1" + tail + incarnation_suffix("i1")
-    if exec_context("s1", "j1", "d1", (0, 1), (1,), 2.5, "i1") != written:
-        raise ImportError(f"{user} writes Exec contexts unlike mpl.wire.seal")
-    if done_context("s1", "j1", 3) != "done|s1|j1|3":
-        raise ImportError(f"{user} writes Done contexts unlike mpl.wire.seal")
-
-
-def fetch_context(session: str, rank: int, uri: str, ticket: str) -> str:
-    return f"fetch|{session}|{rank}|{uri}|{ticket}"
-
-
-@dataclass(eq=False, repr=False)
-class _Payload(Record, tag="sealed-value"):
-    value: Any
-
-
-# The smallest payloads (None, sealed on every job for each rank without inputs; a bool, a
-# 64-bit int, a float or a short str: most inline results) skip the codec's walk on both
-# sides. Their plaintext is byte for byte what the codec writes (checked below, at import),
-# so either side may take either path.
-_NONE_FRAMES = encode(_Payload(None))
-_PAYLOAD_HEAD = _NONE_FRAMES[1][: -len(msgpack.packb(None))]
-_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
-_SHORT_STR = 32  # a msgpack fixstr: its one lead byte says it is a str
-# lead bytes of those values: fixint, nil, bool, float64, (u)int8-64, fixstr, negative fixint
-_SCALAR_LEADS = frozenset(
-    (*range(0x00, 0x80), 0xC0, 0xC2, 0xC3, 0xCB, *range(0xCC, 0xD4), *range(0xA0, 0xC0))
-) | frozenset(range(0xE0, 0x100))
-
-
-def _scalar_frames(value: Any) -> list[Any] | None:
-    """The payload frames of a small scalar without the codec, or None for anything else."""
-    if value is None:
-        return _NONE_FRAMES
-    t = type(value)
-    if t is int and -32 <= value < 128:  # the commonest results: one msgpack byte, no call
-        return _FIXINT_FRAMES[value]
-    if t is bool:
-        return _TRUE_FRAMES if value else _FALSE_FRAMES
-    if (
-        (t is int and _INT_MIN <= value <= _INT_MAX)
-        or t is float
-        or (t is str and len(value) < _SHORT_STR // 4)
-    ):
-        return [MAGIC_FRAME, _PAYLOAD_HEAD + msgpack.packb(value)]
-    return None
-
-
-def _scalar(header: bytes) -> tuple[bool, Any]:
-    """``(True, value)`` when an authenticated plaintext holds one small scalar, read
-    without the codec; ``(False, None)`` sends it down the codec's path."""
-    rest = header[len(_PAYLOAD_HEAD) :]
-    if not header.startswith(_PAYLOAD_HEAD) or not rest or rest[0] not in _SCALAR_LEADS:
-        return False, None
-    try:
-        value = msgpack.unpackb(rest)
-    except (ValueError, msgpack.UnpackException):  # extra bytes, bad UTF-8, cut short:
-        return False, None  # the codec says why
-    return type(value) in (int, float, bool, str, type(None)), value
-
-
-def _one_byte_frames(value: Any) -> list[Any]:
-    return [MAGIC_FRAME, _PAYLOAD_HEAD + msgpack.packb(value)]
-
-
-# Payloads whose value is one msgpack byte (None, a bool, a fixint), sealed and opened by a
-# table lookup: the plaintext -> value table maps whole plaintexts, so only these exact
-# bytes take it (True and 1 differ in their byte, so the table keeps them apart).
-_FIXINT_FRAMES = {v: _one_byte_frames(v) for v in range(-32, 128)}
-_TRUE_FRAMES, _FALSE_FRAMES = _one_byte_frames(True), _one_byte_frames(False)
-_ONE_BYTE_VALUES: dict[bytes, Any] = {
-    frames[1]: value
-    for value, frames in [
-        (None, _NONE_FRAMES),
-        (True, _TRUE_FRAMES),
-        (False, _FALSE_FRAMES),
-        *_FIXINT_FRAMES.items(),
-    ]
-}
-_NOT_ONE_BYTE = object()
-
-for _sample in (None, True, False, -32, -1, 0, 127, 128, 1 << 63, -(1 << 63), 0.5, "text"):
-    # the two paths agree (at the table's ends and both sides of them too)
-    if _scalar_frames(_sample) != encode(_Payload(_sample)):
-        raise ImportError(f"mpl.wire.seal: the scalar path differs from the codec's at {_sample!r}")
-    _read = _ONE_BYTE_VALUES.get(encode(_Payload(_sample))[1], _NOT_ONE_BYTE)
-    _in_table = _sample in (None, True, False, -32, -1, 0, 127) and type(_sample) is not float
-    if (_read, type(_read)) != ((_sample, type(_sample)) if _in_table else (_NOT_ONE_BYTE, object)):
-        raise ImportError(f"mpl.wire.seal: the one-byte table misreads {_sample!r}")
 
 
 # A forked child would otherwise go on with its parent's epochs and counters and seal boxes
@@ -370,10 +231,10 @@ class Sealer:
             tagger.update(nonce + context.encode())
             return head + nonce + tagger.digest()
         if type(value) is int and -32 <= value < 128:  # the commonest result: no call
-            frames = _FIXINT_FRAMES[value]
+            frames = FIXINT_FRAMES[value]
             compact = self._box_head is not None  # its one header byte and no buffer
         else:
-            frames = _scalar_frames(value) or encode(_Payload(value), safe=safe)
+            frames = scalar_frames(value) or encode(Payload(value), safe=safe)
             compact = (
                 self._box_head is not None and len(frames) == 2 and len(frames[1]) < COMPACT_MAX
             )
@@ -435,7 +296,7 @@ class Sealer:
 
     def seal_record(self, value: Any, to: str, context: str, *, safe: bool = True) -> Sealed:
         """:meth:`seal`, always as a ``Sealed`` record (what a ``Program`` carries)."""
-        return self._record(encode(_Payload(value), safe=safe), os.urandom(_SALT), to, context)
+        return self._record(encode(Payload(value), safe=safe), os.urandom(_SALT), to, context)
 
     def _record(self, frames: list[Any], salt: bytes, to: str, context: str) -> Sealed:
         views = [_flat(b) for b in frames[2:]]
@@ -560,8 +421,8 @@ class Sealer:
             self._receiving[head] = (who, aead, mark)
         if header is None:
             return who, None
-        value = _ONE_BYTE_VALUES.get(header, _NOT_ONE_BYTE)  # None, bools, small ints
-        if value is not _NOT_ONE_BYTE:
+        value = ONE_BYTE_VALUES.get(header, NOT_ONE_BYTE)  # None, bools, small ints
+        if value is not NOT_ONE_BYTE:
             return who, value
         return who, _value(who, [MAGIC_FRAME, header], safe, unpickle)
 
@@ -591,8 +452,8 @@ class Sealer:
                 header = known[1].decrypt(box[end : end + _NONCE], box[end + _NONCE :], aad)
             except InvalidTag:
                 raise _failed(who, context) from None
-            value = _ONE_BYTE_VALUES.get(header, _NOT_ONE_BYTE)  # None, bools, small ints
-            if value is _NOT_ONE_BYTE:
+            value = ONE_BYTE_VALUES.get(header, NOT_ONE_BYTE)  # None, bools, small ints
+            if value is NOT_ONE_BYTE:
                 value = _value(who, [MAGIC_FRAME, header], safe, True)
             out[rank] = value
         return out
@@ -676,17 +537,17 @@ def _failed(who: str, context: str) -> AuthenticationError:
 def _value(who: str, frames: list[Any], safe: bool, unpickle: bool) -> Any:
     """The value inside an authenticated payload's plaintext frames."""
     if len(frames) == 2:
-        value = _ONE_BYTE_VALUES.get(frames[1], _NOT_ONE_BYTE)
-        if value is not _NOT_ONE_BYTE:
+        value = ONE_BYTE_VALUES.get(frames[1], NOT_ONE_BYTE)
+        if value is not NOT_ONE_BYTE:
             return value
-        done, value = _scalar(frames[1])
+        done, value = read_scalar(frames[1])
         if done:
             return value
     try:
         payload = decode(frames, safe=safe, unpickle=unpickle)
     except ProtocolError as exc:
         raise ProtocolError(f"a payload sealed by {who}: {exc}") from None
-    if not isinstance(payload, _Payload):
+    if not isinstance(payload, Payload):
         raise ProtocolError(f"a payload sealed by {who} holds a {payload.TAG!r} record")
     return payload.value
 

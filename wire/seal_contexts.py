@@ -1,0 +1,100 @@
+"""The contexts a sealed payload is bound to (``mpl.wire.seal``): what it is for, written
+into its key or its associated data, so that one replayed into another job, request,
+output slot, direction or worker process does not open.
+
+* ``program|digest``: a job's program.
+* ``exec|session|job|digest|ranks|inline|timeout|incarnation``: one rank's bindings of a
+  job, everything else in the ``Exec`` and the recipient worker's public incarnation.
+* ``done|session|job|index``: one inline output of a job.
+* ``fetch|session|rank|uri|ticket``: one fetch's reply.
+
+The driver's and the worker's hot paths write the Exec and Done contexts out themselves
+(a Python call less per job); :func:`pin_contexts` checks at their import that they write
+them as this module does.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ExecKey",
+    "ExecTails",
+    "done_context",
+    "exec_context",
+    "fetch_context",
+    "incarnation_suffix",
+    "pin_contexts",
+    "program_context",
+]
+
+
+def program_context(digest: str) -> str:
+    return f"program|{digest}"
+
+
+def exec_context(
+    session: str,
+    job: str,
+    digest: str,
+    ranks: tuple[int, ...],
+    inline: tuple[int, ...],
+    timeout: float,
+    incarnation: str = "",
+) -> str:
+    """Everything in an ``Exec`` besides the bindings is bound too: the broker cannot change
+    which ranks take part, what comes back inline, or the job's deadline. So is the
+    recipient worker's public ``incarnation`` (``mpl.wire.incarnation``; "" where none is
+    known): an Exec sealed for one process start never opens in another, so a worker
+    that restarted, and so remembers none of the Execs it ran, cannot be made to run a
+    recorded one again. Each rank's bindings are sealed under its own worker's."""
+    # one string built, not three (the hot paths write this line out, with ExecTails)
+    tail = _EXEC_TAILS[(digest, ranks, inline, timeout)]
+    return f"exec|{session}|{job}{tail}{incarnation_suffix(incarnation)}"
+
+
+def incarnation_suffix(incarnation: str) -> str:
+    """What ends an Exec context for a worker of public ``incarnation``: written once per
+    worker (a hot path appends it to the job's context for that worker's rank)."""
+    return f"|{incarnation}"
+
+
+ExecKey = tuple[str, tuple[int, ...], tuple[int, ...], float]  # digest, ranks, inline, timeout
+
+
+class ExecTails(dict[ExecKey, str]):
+    """The part of :func:`exec_context` after the job, by (digest, ranks, inline, timeout):
+    the same for every job of one call site, so written once. A hot path writes
+    ``f"exec|{session}|{job}{tails[key]}"`` itself, as exec_context does (one Python call
+    less per job). Bounded: keyed by what a broker sends."""
+
+    def __missing__(self, key: ExecKey) -> str:
+        digest, ranks, inline, timeout = key
+        if len(self) >= _EXEC_TAILS_KEPT:
+            self.clear()  # a bound, not a policy: they are cheap to write again
+        tail = self[key] = f"|{digest}|{list(ranks)}|{list(inline)}|{float(timeout)!r}"
+        return tail
+
+
+_EXEC_TAILS = ExecTails()
+_EXEC_TAILS_KEPT = 256
+
+
+def done_context(session: str, job: str, index: int) -> str:
+    return f"done|{session}|{job}|{index}"
+
+
+def pin_contexts(user: str) -> None:
+    """For a hot path that writes Exec and Done contexts out itself, as
+    ``f"exec|{session}|{job}{tails[key]}{suffix}"`` (``suffix``: the recipient's
+    :func:`incarnation_suffix`, written once per worker) and ``f"done|{session}|{job}|{index}"``
+    (a Python call less per job): raise ImportError, naming ``user``, if :func:`exec_context`
+    or :func:`done_context` no longer write them so. Called once, at ``user``'s import."""
+    tail = ExecTails()[("d1", (0, 1), (1,), 2.5)]
+    written = "exec|s1|j1" + tail + incarnation_suffix("i1")
+    if exec_context("s1", "j1", "d1", (0, 1), (1,), 2.5, "i1") != written:
+        raise ImportError(f"{user} writes Exec contexts unlike mpl.wire.seal")
+    if done_context("s1", "j1", 3) != "done|s1|j1|3":
+        raise ImportError(f"{user} writes Done contexts unlike mpl.wire.seal")
+
+
+def fetch_context(session: str, rank: int, uri: str, ticket: str) -> str:
+    return f"fetch|{session}|{rank}|{uri}|{ticket}"
