@@ -10,11 +10,13 @@ answer within the wait's first slice, read it (:func:`mpl.wire.result_read.read_
 with every check of the general path), book the job. No ``Exec`` record is built and no
 generic wait loop, callback or key is set up for the answer that nearly always comes first.
 
-Whatever leaves that path goes on through the general calls, which behave as they always
-did: secure mode (the seal needs the ``Exec`` record), bindings the packer does not take, a
-program the broker does not hold yet, a broker the watch has a verdict on, and an answer
-that is not this job's or comes later than the first slice (then ``BrokerCalls._wait``
-takes over, with the same deadline). Safe to share between threads: each uses its own
+In secure mode the job takes the same path, but for its ``Exec``: the seal takes the
+record (sealing each rank's bindings in it), which is then encoded, and the answer's values
+are opened before they are booked. Whatever leaves that path goes on through the general
+calls, which behave as they always did: bindings the packer does not take, a program the
+broker does not hold yet, a broker the watch has a verdict on, and an answer that is not
+this job's or comes later than the first slice (then ``BrokerCalls._wait`` takes over,
+with the same deadline). Safe to share between threads: each uses its own
 socket, and the packed parts are replaced whole.
 """
 
