@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from mpl.wire.record import Record
+from mpl.wire.jobs import Exec
+from mpl.wire.record import Record, pinned_fields
 
-__all__ = ["Send", "fan"]
+__all__ = ["Send", "fan", "own_execs"]
 
 
 class Send(NamedTuple):
@@ -29,3 +30,32 @@ def fan(peers: Iterable[bytes], msg: Record, raw: Any = None) -> list[Send]:
     """``[Send(peer, msg, raw) for peer in peers]`` without a Python call per peer (the
     NamedTuple's ``__new__`` is one): an Exec that goes out the same to every rank."""
     return [_new(Send, (peer, msg, raw)) for peer in peers]
+
+
+# own_execs fills each rank's Exec in directly (record.replaced without its calls)
+_EXEC_FIELDS = pinned_fields(
+    Exec,
+    ("session", "job", "digest", "ranks", "bindings", "inline", "timeout_s"),
+    "mpl.broker.actions",
+    direct=True,
+)
+_new_record = object.__new__
+
+
+def own_execs(
+    peers: Sequence[bytes], msg: Exec, frames: Sequence[list[bytes]] | None
+) -> list[Send]:
+    """The Exec ``msg`` (decoded, so checked) to each rank of its job, ``peers`` in the order
+    of ``msg.ranks``: each with that rank's bindings only (none if it has none), and
+    ``frames[i]`` (``mpl.wire.hot_spans.execs_for_ranks``) if given, else encoded anew;
+    without a Python call per rank (in secure mode every rank has its own)."""
+    fields, bindings = msg.__dict__, msg.bindings
+    if len(fields) != len(_EXEC_FIELDS):  # values cached from the fields: never copied
+        fields = {name: fields[name] for name in _EXEC_FIELDS}
+    out: list[Send] = []
+    for at, rank in enumerate(msg.ranks):
+        forwarded = _new_record(Exec)
+        mine = {rank: bindings[rank]} if rank in bindings else {}
+        forwarded.__dict__.update(fields, bindings=mine)
+        out.append(_new(Send, (peers[at], forwarded, None if frames is None else frames[at])))
+    return out

@@ -32,7 +32,7 @@ from operator import attrgetter
 from typing import Any
 
 from mpl.broker.access import Access
-from mpl.broker.actions import Send, fan
+from mpl.broker.actions import Send, fan, own_execs
 from mpl.broker.admission import refuse_call
 from mpl.broker.calls import Call, CallTable, JobCall, RequestCall
 from mpl.broker.data import DataCalls
@@ -62,8 +62,7 @@ from mpl.wire.hot import DoneRead, packed_result, result_record
 from mpl.wire.hot_spans import (
     DoneSpans,
     done_spans,
-    exec_for_rank,
-    exec_spans,
+    execs_for_ranks,
     result_frames,
 )
 from mpl.wire.jobs import (
@@ -83,7 +82,7 @@ from mpl.wire.limits import (
 )
 from mpl.wire.lru import LRU, SizedLRU
 from mpl.wire.progress import EVERY_S, Progress
-from mpl.wire.record import Record, replaced
+from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import (
     Ack,
@@ -340,10 +339,9 @@ class BrokerState:
         # A rank must see only its own bindings (host values are private to their party).
         # When no other rank's bindings are in the message, it goes out as it came: one
         # Send for every rank, the same frames. Otherwise each rank's Exec is the arrived
-        # header with the other ranks' bindings cut out (mpl.wire.hot), or, when the message
+        # header with the other ranks' bindings cut out (mpl.wire.hot_spans), or, when the message
         # has buffer frames, encoded anew.
         shared = set(bindings) <= {ranks[0]} if len(ranks) == 1 else not bindings
-        spans = None if shared or raw is None else exec_spans(raw)
         out: list[Send] = []  # a rank's program goes before its Exec
         for entry in workers:
             assert entry is not None  # None in workers was answered above
@@ -352,16 +350,11 @@ class BrokerState:
                 digest, partial(program_nbytes, program, entry.rank)
             ):
                 out.append(Send(entry.peer, program))
+        peers = list(map(_peer_of, workers))
         if shared:
-            return out + fan(map(_peer_of, workers), msg, raw)
-        for entry in workers:
-            assert entry is not None
-            rank = entry.rank
-            mine = {rank: bindings[rank]} if rank in bindings else {}
-            forwarded = replaced(msg, bindings=mine)  # checked on decoding, not again
-            frames = None if spans is None else exec_for_rank(spans, rank)
-            out.append(Send(entry.peer, forwarded, frames))
-        return out
+            return out + fan(peers, msg, raw)
+        # each rank's record and header made in one call each, not per rank
+        return out + own_execs(peers, msg, None if raw is None else execs_for_ranks(raw, ranks))
 
     def _absent(self, rank: int, job: str = "") -> ErrorInfo:
         lost = self.registry.lost.get(rank)

@@ -497,3 +497,68 @@ def test_the_loop_makes_no_frame_for_a_routing_id(monkeypatch: pytest.MonkeyPatc
     comes as bytes, so two Frames are made for it, not three (f226f8d made three)."""
     per_rank = (_frames_made(6, monkeypatch) - _frames_made(2, monkeypatch)) / 4
     assert per_rank <= 2.0
+
+
+def _secure_exec_calls(world: int, jobs: int = 10) -> float:
+    """Python calls per secure Exec (every rank's bindings its own sealed box) in the
+    state's hot entry point, from the header the lean reader read to each rank's Send."""
+    spec = ClusterSpec.simple(world)
+    state = BrokerState(spec, now=0.0, secure=True)
+    for node in spec.nodes:
+        hello = WorkerHello(node.rank, f"i{node.rank}", 1, "h", "tcp://x:1", "")
+        state.handle(b"w%d" % node.rank, hello, 0.0, who=f"node:{node.name}")
+    driver = "driver:alice"
+    (opened,) = state.handle(b"drv", OpenSession(1, "", 600.0, "c"), 0.0, who=driver)
+    assert isinstance(opened.msg, SessionOpened)
+    sid = opened.msg.session
+    builder = GraphBuilder(world)
+    graph = builder.build(builder.op("constant", [], ranks=tuple(range(world)), value=1))
+    assert state.handle(b"drv", Program(graph.digest, graph), 0.0, who=driver) == []
+    ranks = tuple(range(world))
+    boxes = {r: b"mpl-box\x01" + bytes([r]) * 60 for r in ranks}  # what a driver seals
+
+    def frames(n: int) -> list[bytes]:
+        raw = encode(Exec(sid, f"j{n}", graph.digest, ranks, boxes, (0,), 9))
+        return [MAGIC_FRAME, bytes(raw[1])]
+
+    def run(raw: list[bytes]) -> list[Any]:
+        read = hot.read_exec(raw)
+        assert isinstance(read, Exec)
+        out = state.exec_read(b"drv", read, 0.0, raw, driver)
+        del state.calls.jobs[read.job]  # no Dones here: the next job starts alone
+        return out
+
+    out = [run(frames(n)) for n in range(3)][-1]  # warm: each worker got the program once
+    # each rank gets its own Exec: its own box only, spliced from the bytes that came
+    for send, rank in zip(out, ranks, strict=True):
+        assert send.peer == b"w%d" % rank and send.msg.bindings == {rank: boxes[rank]}
+        assert decode(send.raw, unpickle=False) == send.msg
+    batch = [frames(100 + n) for n in range(jobs)]
+    calls = 0
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        nonlocal calls
+        calls += event == "call"
+
+    sys.setprofile(count)
+    try:
+        for raw in batch:
+            run(raw)
+    finally:
+        sys.setprofile(None)
+    return calls / jobs
+
+
+# w22secbroker: each rank's Exec record and header made in one call each for all ranks
+# (hot_spans.execs_for_ranks, actions.own_execs). Main (acf9e26) made 5 calls per added
+# rank (record.replaced and its spec look-up, exec_for_rank and its rank packer, the
+# Send's __new__) and 35 per job at world 2 (the lean read and this test's helper
+# included); now 0 per rank and 22 per job.
+def test_a_secure_execs_ranks_cost_no_python_call_each() -> None:
+    """In secure mode every rank's Exec is its own (its own sealed box): cutting them makes
+    no Python call per rank."""
+    small, large = _secure_exec_calls(2), _secure_exec_calls(16)
+    per_rank = (large - small) / 14
+    print(f"secure exec: {small} calls at world 2, {large} at 16: {per_rank} per rank")
+    assert per_rank <= 0.5
+    assert small <= 23

@@ -36,6 +36,7 @@ __all__ = [
     "done_spans",
     "exec_for_rank",
     "exec_spans",
+    "execs_for_ranks",
     "result_frames",
 ]
 
@@ -183,6 +184,55 @@ def exec_for_rank(spans: ExecSpans, rank: int) -> list[bytes]:
     mine = spans.bindings.get(rank)
     middle = _EMPTY_MAP if mine is None else _ONE_ENTRY + _int(rank) + mine
     return [MAGIC_FRAME, b"".join((spans.head, middle, spans.tail))]
+
+
+def execs_for_ranks(frames: Sequence[Any], ranks: Sequence[int]) -> list[list[bytes]] | None:
+    """Each of ``ranks``' own ``Exec`` (:func:`exec_for_rank`), in their order, cut from a
+    decoded ``Exec``'s frames (``[magic, header]``) in one walk over its header, with no
+    Python call per rank: in secure mode every rank of every job gets its own. A rank's
+    bindings entry goes out as the bytes it came in, key and all. None as for
+    :func:`exec_spans`."""
+    if len(frames) != 2:
+        return None
+    header = frames[1]
+    if type(header) is not bytes:
+        header = header.bytes if hasattr(header, "bytes") else bytes(header)
+    unpacker = getattr(_tls, "unpacker", None)  # _unpacker, written out
+    if unpacker is None:
+        unpacker = _tls.unpacker = header_unpacker()
+    base = unpacker.tell()
+    unpacker.feed(header)
+    skip, tell = unpacker.skip, unpacker.tell
+    entries: dict[int, bytes] = {}  # rank -> its bindings entry (key and value), as it came
+    try:
+        if unpacker.read_array_header() != _EXEC_ITEMS:
+            raise ValueError("not an Exec")
+        for _ in range(_EXEC_BINDINGS):
+            skip()
+        start = tell() - base
+        for _ in range(unpacker.read_map_header()):
+            at = tell() - base
+            key = unpacker.unpack()
+            skip()
+            entries[key] = header[at : tell() - base]
+        end = tell() - base
+        for _ in range(_EXEC_BINDINGS + 1, _EXEC_ITEMS):
+            skip()
+        if tell() - base != len(header):
+            raise ValueError("bytes after the header")
+    except Exception:  # any surprise: the caller encodes the ordinary way (and the
+        _tls.unpacker = None  # Unpacker, which may still hold part of it, is dropped)
+        return None
+    head, tail, join = header[:start], header[end:], b"".join
+    return [
+        [
+            MAGIC_FRAME,
+            join((head, _EMPTY_MAP, tail))
+            if (mine := entries.get(rank)) is None
+            else join((head, _ONE_ENTRY, mine, tail)),
+        ]
+        for rank in ranks
+    ]
 
 
 class DoneSpans:
