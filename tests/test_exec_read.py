@@ -17,7 +17,7 @@ from mpl.wire.control import Heartbeat
 from mpl.wire.decoder import TUPLE
 from mpl.wire.exec_pack import exec_frames
 from mpl.wire.hot import read_exec
-from mpl.wire.hot_spans import exec_for_rank, exec_spans, execs_for_ranks
+from mpl.wire.hot_spans import execs_for_ranks
 from mpl.wire.jobs import Exec, Lit
 from mpl.wire.record import Record
 
@@ -83,18 +83,18 @@ def test_plain_execs_are_read_on_the_lean_path_as_decode_reads_them(msg: Exec) -
 def test_what_the_broker_forwards_to_a_rank_is_read_on_the_lean_path() -> None:
     boxes = {0: b"\x01box for rank 0" * 3, 1: b"\x01box for rank 1" * 3}  # secure mode
     for msg in (Exec("s", "j", "d", (0, 1), boxes, (0,), 600.0), LEAN[0], LEAN[2]):
-        spans = exec_spans(exec_frames(msg))
-        assert spans is not None
-        for rank in msg.ranks:
-            frames = exec_for_rank(spans, rank)
+        each = execs_for_ranks(exec_frames(msg), msg.ranks)
+        assert each is not None
+        for rank, frames in zip(msg.ranks, each, strict=True):
             lean = read_exec(frames)
             assert lean is not None and _same(lean, decode(frames, safe=True))
             assert lean.bindings == {r: b for r, b in msg.bindings.items() if r == rank}
 
 
-def test_every_ranks_exec_cut_in_one_walk_is_the_one_cut_for_it_alone() -> None:
-    """execs_for_ranks (what the broker sends every rank, in secure mode) makes, byte for
-    byte, what exec_for_rank makes for each rank: its own bindings, or none."""
+def test_every_ranks_exec_cut_in_one_walk_holds_its_own_bindings_alone() -> None:
+    """execs_for_ranks (what the broker sends every rank, in secure mode) makes for each
+    rank the driver's Exec with its own bindings, or none, read alike by the lean reader
+    and decode, with its entry's bytes as they came."""
     boxes = {r: b"\x01box for rank %d" % r * 3 for r in (0, 1, 200)}  # a rank past a fixint
     for msg in (
         Exec("s", "j", "d", (0, 1, 200), boxes, (0,), 600.0),
@@ -102,10 +102,8 @@ def test_every_ranks_exec_cut_in_one_walk_is_the_one_cut_for_it_alone() -> None:
         *LEAN,
     ):
         for frames in (encode(msg), exec_frames(msg)):
-            spans = exec_spans(frames)
-            assert spans is not None
             each = execs_for_ranks(frames, msg.ranks)
-            assert each == [exec_for_rank(spans, rank) for rank in msg.ranks]
+            assert each is not None
             for rank, own in zip(msg.ranks, each, strict=True):
                 lean = read_exec(own)
                 assert lean is not None and _same(lean, decode(own, safe=True))
@@ -115,9 +113,8 @@ def test_every_ranks_exec_cut_in_one_walk_is_the_one_cut_for_it_alone() -> None:
     assert execs_for_ranks([frames[0], frames[1] + b"\xc0"], (0,)) is None  # trailing bytes
     assert execs_for_ranks([frames[0], frames[1][:-3]], (0,)) is None  # cut short
     assert execs_for_ranks(encode(Heartbeat()), (0,)) is None  # no Exec
-    spans = exec_spans(frames)
-    assert spans is not None
-    assert execs_for_ranks(frames, (0,)) == [exec_for_rank(spans, 0)]  # the reader still works
+    again = execs_for_ranks(frames, (0,))  # the reader still works
+    assert again is not None and decode(again[0], safe=True) == LEAN[1]
 
 
 @pytest.mark.parametrize("msg", OTHER, ids=range(len(OTHER)))

@@ -24,7 +24,7 @@ from mpl.wire import Graph, GraphBuilder
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import MAGIC_FRAME, decode, encode
 from mpl.wire.control import Heartbeat, Welcome, WorkerHello
-from mpl.wire.hot_spans import done_spans, exec_for_rank, exec_spans, result_frames
+from mpl.wire.hot_spans import done_spans, execs_for_ranks, result_frames
 from mpl.wire.jobs import Done, Exec, JobResult, Lit, Program
 from mpl.wire.record import Record
 from mpl.wire.sessions import (
@@ -165,10 +165,10 @@ def test_spliced_result_packs_any_job_id_as_the_codec_does(job: str) -> None:
 def test_messages_with_buffer_frames_take_the_ordinary_path() -> None:
     big = np.arange(10_000)  # travels in a frame of its own
     assert done_spans(encode(Done("s", "j", 0, {0: big}))) is None
-    assert exec_spans(encode(Exec("s", "j", "d", (0, 1), {0: [Lit(big)]}))) is None
-    small = exec_spans(encode(Exec("s", "j", "d", (0, 1), {0: [Lit(3)]}, (0,), 1.5)))
+    assert execs_for_ranks(encode(Exec("s", "j", "d", (0, 1), {0: [Lit(big)]})), (0, 1)) is None
+    small = execs_for_ranks(encode(Exec("s", "j", "d", (0, 1), {0: [Lit(3)]}, (0,), 1.5)), (1,))
     assert small is not None
-    assert decode(exec_for_rank(small, 1)) == Exec("s", "j", "d", (0, 1), {}, (0,), 1.5)
+    assert decode(small[0]) == Exec("s", "j", "d", (0, 1), {}, (0,), 1.5)
 
 
 def test_an_unexpected_layout_leaves_the_next_message_readable() -> None:

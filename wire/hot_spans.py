@@ -32,15 +32,12 @@ from mpl.wire.record import pinned_fields
 
 __all__ = [
     "DoneSpans",
-    "ExecSpans",
     "done_spans",
-    "exec_for_rank",
-    "exec_spans",
     "execs_for_ranks",
     "result_frames",
 ]
 
-# exec_spans and done_spans skip to fields by their place, result_frames packs a JobResult
+# execs_for_ranks and done_spans skip to fields by their place, result_frames packs a JobResult
 # field by field: each must know every field
 _EXEC_FIELDS = pinned_fields(
     Exec,
@@ -133,17 +130,6 @@ def _header_only(frames: Sequence[Any]) -> bytes | None:
     return header.bytes if hasattr(header, "bytes") else bytes(header)
 
 
-class ExecSpans:
-    """An ``Exec`` header cut around its ``bindings`` map."""
-
-    __slots__ = ("bindings", "head", "tail")
-
-    def __init__(self, head: bytes, bindings: dict[int, bytes], tail: bytes) -> None:
-        self.head = head  # up to the bindings map
-        self.bindings = bindings  # rank -> that rank's bindings, as they came
-        self.tail = tail  # after it: inline, timeout_s
-
-
 # Where the cut maps and kept fields sit in the header array (the tag is item 0).
 _EXEC_BINDINGS = 1 + _EXEC_FIELDS.index("bindings")
 _DONE_VALUES = 1 + _DONE_FIELDS.index("values")
@@ -152,46 +138,13 @@ if _DONE_STATS < _DONE_VALUES:
     raise ImportError("mpl.wire.hot: Done's stats must follow its values; update done_spans")
 
 
-def exec_spans(frames: Sequence[Any]) -> ExecSpans | None:
-    """Cut a decoded ``Exec``'s frames (``[magic, header]``) for :func:`exec_for_rank`, in
-    one walk over its header. None when the message has buffer frames or a layout this
-    does not expect: the caller then encodes the ordinary way."""
-    header = _header_only(frames)
-    if header is None:
-        return None
-    unpacker, base = _unpacker(header)
-    skip, tell = unpacker.skip, unpacker.tell
-    try:
-        if unpacker.read_array_header() != _EXEC_ITEMS:
-            raise ValueError("not an Exec")
-        for _ in range(_EXEC_BINDINGS):
-            skip()
-        start = tell() - base
-        bindings = _map_spans(unpacker, header, base)
-        end = tell() - base
-        for _ in range(_EXEC_BINDINGS + 1, _EXEC_ITEMS):
-            skip()
-    except Exception:  # any surprise: the caller encodes the ordinary way
-        _tls.unpacker = None
-        return None
-    if not _finished(unpacker, base, header):
-        return None
-    return ExecSpans(header[:start], bindings, header[end:])
-
-
-def exec_for_rank(spans: ExecSpans, rank: int) -> list[bytes]:
-    """The frames of the ``Exec`` that ``rank`` gets: only its own bindings."""
-    mine = spans.bindings.get(rank)
-    middle = _EMPTY_MAP if mine is None else _ONE_ENTRY + _int(rank) + mine
-    return [MAGIC_FRAME, b"".join((spans.head, middle, spans.tail))]
-
-
 def execs_for_ranks(frames: Sequence[Any], ranks: Sequence[int]) -> list[list[bytes]] | None:
-    """Each of ``ranks``' own ``Exec`` (:func:`exec_for_rank`), in their order, cut from a
-    decoded ``Exec``'s frames (``[magic, header]``) in one walk over its header, with no
-    Python call per rank: in secure mode every rank of every job gets its own. A rank's
-    bindings entry goes out as the bytes it came in, key and all. None as for
-    :func:`exec_spans`."""
+    """Each of ``ranks``' own ``Exec`` (the driver's, with only that rank's bindings, or
+    none), in their order, cut from a decoded ``Exec``'s frames (``[magic, header]``) in
+    one walk over its header, with no Python call per rank: in secure mode every rank of
+    every job gets its own. A rank's bindings entry goes out as the bytes it came in, key
+    and all. None when the message has buffer frames or a layout this does not expect: the
+    caller then encodes the ordinary way."""
     if len(frames) != 2:
         return None
     header = frames[1]
