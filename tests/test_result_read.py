@@ -18,10 +18,11 @@ from mpl.wire.control import Heartbeat
 from mpl.wire.jobs import JobResult
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.result_read import read_answer, read_result
+from mpl.wire.run_stats import pack_stats
 
-STATS = {
-    0: {"run_s": 7e-5, "started": 1.7e9, "ops": [[0, "0 (pcall f)", 3e-5, 4e-5]]},
-    1: {"run_s": 4e-5, "started": 1.7e9, "ops": []},
+STATS = {  # each rank's stats blob, as its worker packs it
+    0: pack_stats(7e-5, 1.7e9, [[0, "0 (pcall f)", 3e-5, 4e-5]]),
+    1: pack_stats(4e-5, 1.7e9, []),
 }
 
 RESULTS = [
@@ -63,13 +64,13 @@ def _header(fields: list[Any]) -> list[Any]:
 
 
 HUGE = msgpack.ExtType(7, (1 << 70).to_bytes(10, "big", signed=True))  # an int past 64 bits
-GOOD = ["j", {0: {0: 1}}, None, False, {0: {"run_s": 1.0}}, {0: "int"}]
+GOOD = ["j", {0: {0: 1}}, None, False, {0: pack_stats(1.0, 0.0, [])}, {0: "int"}]
 BAD_FIELDS: dict[str, list[Any]] = {
     "job": [1, None, b"j"],
     "values": [[], {"0": {0: 1}}, {0: [1]}, {0: {"0": 1}}, {True: {0: 1}}, {0: {HUGE: 1}}],
     "error": ["boom", 1, {}],
     "missing_program": [0, 1, None, "no"],
-    "stats": [[], {"0": {}}, {0: []}, {0: {1: 2}}, {HUGE: {}}],
+    "stats": [[], {"0": b""}, {0: []}, {0: {"run_s": 1.0}}, {HUGE: b""}, {0: "blob"}],
     "metas": [[], {0: 1}, {"0": "int"}, {0: None}],
 }
 
@@ -162,7 +163,7 @@ def test_a_short_result_skips_the_container_hooks_and_deep_nesting_is_still_refu
     # values nested past the limit (the header's own list and two maps count): refused as
     # decode refuses them, at every depth around the limit, in short and long headers
     for depth in range(MAX_NESTING - 4, MAX_NESTING + 2):
-        for stats in (None, {0: {"pad": "x" * 9000}}):
+        for stats in (None, {0: b"x" * 9000}):
             frames = _raw_result({0: {0: _nested(depth)}}, stats)
             for safe in (True, False):
                 assert outcome(read_answer, frames, safe)[0] == outcome(decode, frames, safe)[0]

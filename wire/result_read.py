@@ -237,8 +237,8 @@ def _counted_length(view: memoryview) -> int:
     bytes occur inside strings and floats) but never under-counts, and fewer than
     ``MAX_NESTING`` containers can neither nest too deep nor build more than
     ``MAX_CONTAINERS``: the hooks would check nothing. A JobResult's header carries every
-    rank's op spans, so it is rarely shorter than ``MAX_NESTING`` bytes (the Decoder's own
-    test), while its markers are few.
+    rank's stats blob, so it is rarely shorter than ``MAX_NESTING`` bytes (the Decoder's own
+    test), while its markers are few (the blobs' bytes may hold some: an over-count).
     """
     n = view.nbytes
     if n >= _COUNT_BELOW:
@@ -266,13 +266,9 @@ def _fits_plain(values: Any, missing: Any, stats: Any, metas: Any) -> bool:
         for rank in by_rank:
             if type(rank) is not int:
                 return False
-    for rank in stats:  # dict[int, dict[str, Any]]
-        stat = stats[rank]
-        if type(rank) is not int or type(stat) is not dict:
+    for rank in stats:  # dict[int, bytes]: each rank's blob, read on demand (run_stats)
+        if type(rank) is not int or type(stats[rank]) is not bytes:
             return False
-        for key in stat:
-            if type(key) is not str:
-                return False
     for index in metas:  # dict[int, str]  # noqa: SIM110 (all() and a generator: calls)
         if type(index) is not int or type(metas[index]) is not str:
             return False
@@ -300,12 +296,9 @@ def _fits(items: Any) -> bool:
         for index in by_output:
             if not (type(index) is int and INT_MIN <= index <= INT_MAX):
                 return False
-    for rank, stat in stats.items():  # dict[int, dict[str, Any]]
-        if not (type(rank) is int and INT_MIN <= rank <= INT_MAX and isinstance(stat, dict)):
+    for rank, stat in stats.items():  # dict[int, bytes]
+        if not (type(rank) is int and INT_MIN <= rank <= INT_MAX and isinstance(stat, bytes)):
             return False
-        for key in stat:
-            if not isinstance(key, str):
-                return False
     for index, meta in metas.items():  # dict[int, str]
         if not (type(index) is int and INT_MIN <= index <= INT_MAX and isinstance(meta, str)):
             return False
