@@ -22,6 +22,7 @@ read, never where the job's result is.
 from __future__ import annotations
 
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,16 +49,33 @@ class RunStats:
     dropped: int = 0  # spans the worker left out to keep within MAX_STATS_BYTES
 
 
+class _Packer(threading.local):
+    """A packer per thread (jobs finish on the I/O thread and on job threads): making one
+    costs more than packing a trivial job's stats with it."""
+
+    def __init__(self) -> None:
+        self.pack = _packer()
+
+
+def _packer() -> Any:
+    return msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+_tls = _Packer()
+
+
 def pack_stats(run_s: float, started: float, ops: list[list[Any]]) -> bytes:
     """The blob of a run (the worker's: ``ops`` as its interpreter records them), at most
     :data:`MAX_STATS_BYTES`: spans are left out from the end (and counted) to fit."""
-    blob: bytes = msgpack.packb([float(run_s), float(started), ops, 0], use_bin_type=True)
+    try:
+        blob: bytes = _tls.pack([run_s, started, ops, 0])
+    except Exception:
+        _tls.pack = _packer()  # never reuse a packer that failed mid-way
+        raise
     kept = len(ops)
     while len(blob) > MAX_STATS_BYTES and kept:
         kept = kept * MAX_STATS_BYTES // len(blob) * 9 // 10  # a tenth to spare, then check
-        blob = msgpack.packb(
-            [float(run_s), float(started), ops[:kept], len(ops) - kept], use_bin_type=True
-        )
+        blob = _tls.pack([run_s, started, ops[:kept], len(ops) - kept])
     return blob
 
 
