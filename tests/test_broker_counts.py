@@ -89,6 +89,26 @@ class _CountingUnpacker:
         return counted
 
 
+def test_a_hot_done_of_flat_values_is_read_without_a_pass_over_its_bytes() -> None:
+    """A Done whose values are no lists or dicts (a trivial job's, or sealed boxes) nests
+    nothing: no count of its container markers (bac702e made one, a bytes.translate over
+    the whole header, for every Done longer than MAX_NESTING bytes before it looked)."""
+    frames = encode(Done("s" * 16, "j" * 24, 1, {0: 1, 1: 2.5}, STATS, {0: "int64[]"}))
+    assert len(frames[1]) > MAX_NESTING
+    called: list[str] = []
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event == "c_call":
+            called.append(getattr(arg, "__name__", ""))
+
+    sys.setprofile(hook)
+    try:
+        read = hot.read_done(frames)
+    finally:
+        sys.setprofile(None)
+    assert read is not None and "translate" not in called
+
+
 def test_a_hot_done_is_read_in_one_unpack() -> None:
     """read_done reads the header whole, in one call (a walk field by field, to keep each
     value's bytes, took 15 calls for a one-value Done and about twice the instructions)."""
