@@ -114,12 +114,18 @@ def test_the_driver_builds_nothing_for_stats_per_job(counted_ctx: Any, tmp_path:
 # -- hostile blobs through a real broker --------------------------------------------------
 
 
-def _done(session: str, job: str, rank: int, stats: bytes) -> list[bytes]:
-    """A Done written by hand, as a hostile worker may: value 1, ``stats`` as given (the
-    packed bytes of the stats field)."""
+# a Done's values map {0: 1}, or {0: ("x",)}: a tuple of a str, which the broker's lean
+# reader leaves to decode (and the answer is then spliced from the Dones' bytes)
+PLAIN_VALUES = b"\x81\x00\x01"
+TUPLE_VALUES = b"\x81\x00" + msgpack.packb(msgpack.ExtType(4, msgpack.packb(["x"])))
+
+
+def _done(session: str, job: str, rank: int, values: bytes, stats: bytes) -> list[bytes]:
+    """A Done written by hand, as a hostile worker may: ``values`` and ``stats`` as given
+    (the packed bytes of those fields)."""
     pack = msgpack.packb
     head = b"".join((b"\x98", pack("done"), pack(session), pack(job), pack(rank)))
-    return [MAGIC_FRAME, head + b"\x81\x00\x01" + stats + b"\x80\x90"]
+    return [MAGIC_FRAME, head + values + stats + b"\x80\x90"]
 
 
 def _bin(blob: bytes) -> bytes:
@@ -135,9 +141,10 @@ FIELDS: dict[str, bytes] = {
 }
 
 
+@pytest.mark.parametrize("spliced", [False, True])
 @pytest.mark.parametrize("name", list(FIELDS))
 def test_a_hostile_blob_through_a_real_broker_leaves_the_result_and_the_broker_whole(
-    name: str, tmp_path: Path
+    name: str, spliced: bool, tmp_path: Path
 ) -> None:
     with raw_broker(2, Raw) as (broker, raw):
         workers = [raw() for _ in range(2)]
@@ -161,13 +168,14 @@ def test_a_hostile_blob_through_a_real_broker_leaves_the_result_and_the_broker_w
             for rank, w in enumerate(workers):
                 w.wait_for(Exec)
                 bad = rank == 1 and n == 0
-                w.sock.send_multipart(
-                    _done(opened.session, job, rank, FIELDS[name] if bad else good)
-                )
+                values = TUPLE_VALUES if spliced else PLAIN_VALUES
+                stats = FIELDS[name] if bad else good
+                w.sock.send_multipart(_done(opened.session, job, rank, values, stats))
             _, frames = driver.wait_for(JobResult)
             result = read_answer(frames, safe=True)  # the driver's own reader
             assert isinstance(result, JobResult) and result.job == job and result.error is None
-            assert result.values == {0: {0: 1, 1: 1}}
+            one = ("x",) if spliced else 1
+            assert result.values == {0: {0: one, 1: one}}
             record = JobRecord(job, "g", 1.7e9, 1e-3, result.stats)
             read = record.rank_stats()
             assert isinstance(read[0], RunStats)  # rank 0's is fine
