@@ -16,21 +16,23 @@ from typing import Any
 
 import msgpack
 import pytest
-from helpers import raw_broker
+import zmq
+from helpers import wait_until
 from test_hot_path import Raw
 
 import mpl.driver as mp
 from mpl.driver.context import JobRecord
+from mpl.driver.launcher import daemon_command
 from mpl.driver.tracefile import write_trace
 from mpl.wire import GraphBuilder
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import MAGIC_FRAME
-from mpl.wire.control import Welcome, WorkerHello
+from mpl.wire.control import Heartbeat, Welcome, WorkerHello
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Exec, JobResult, Program
 from mpl.wire.result_read import read_answer
 from mpl.wire.run_stats import MAX_STATS_BYTES, RunStats, pack_stats, read_stats, run_seconds
-from mpl.wire.sessions import OpenSession, SessionOpened
+from mpl.wire.sessions import OpenSession, Reply, SessionOpened, StatusRequest
 
 WORLD_SIZE = 2
 
@@ -141,55 +143,99 @@ FIELDS: dict[str, bytes] = {
 }
 
 
+@pytest.fixture
+def broker_process(tmp_path: Path) -> Iterator[tuple[str, Any]]:
+    """A real ``mpl-broker`` process for 2 ranks on a free loopback port (no workers: the
+    test's raw sockets play them), and a maker of raw sockets on it; every socket closed
+    and the process stopped by its pid at the end."""
+    import re
+    import subprocess
+
+    log = tmp_path / "broker.log"
+    with open(log, "wb") as out:
+        cmd = [*daemon_command("mpl-broker"), "--listen", "tcp://127.0.0.1:0", "--world-size", "2"]
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+    ctx: zmq.Context[Any] = zmq.Context()
+    made: list[Raw] = []
+    try:
+        found = wait_until(
+            lambda: re.search(r"mpl-broker listening on (\S+)", log.read_text()),
+            20,
+            "the broker to listen",
+        )
+        address = found.group(1)
+
+        def raw() -> Raw:
+            made.append(Raw(ctx, address))
+            return made[-1]
+
+        yield address, raw
+    finally:
+        for r in made:
+            r.sock.close(linger=0)
+        ctx.term()
+        proc.terminate()
+        proc.wait(10)
+
+
+def _counter(raw: Any, name: str) -> int:
+    """A counter from the broker's status, asked over a raw socket."""
+    asker = raw()
+    asker.send(StatusRequest(1))
+    reply, _ = asker.wait_for(Reply)
+    assert isinstance(reply, Reply) and isinstance(reply.value, dict)
+    return int(reply.value.get(name, 0))
+
+
 @pytest.mark.parametrize("spliced", [False, True])
 @pytest.mark.parametrize("name", list(FIELDS))
 def test_a_hostile_blob_through_a_real_broker_leaves_the_result_and_the_broker_whole(
-    name: str, spliced: bool, tmp_path: Path
+    name: str, spliced: bool, tmp_path: Path, broker_process: tuple[str, Any]
 ) -> None:
-    with raw_broker(2, Raw) as (broker, raw):
-        workers = [raw() for _ in range(2)]
+    _, raw = broker_process
+    workers = [raw() for _ in range(2)]
+    for rank, w in enumerate(workers):
+        w.send(
+            WorkerHello(rank, f"inc{rank}", 100 + rank, "host", f"tcp://127.0.0.1:{9 + rank}", "")
+        )
+        w.wait_for(Welcome)
+    driver = raw()
+    driver.send(OpenSession(1, "", 60.0, "stats"))
+    opened, _ = driver.wait_for(SessionOpened)
+    assert isinstance(opened, SessionOpened)
+    b = GraphBuilder(2)
+    graph = b.build(b.op("constant", [], ranks=(0, 1), value=1))
+    driver.send(Program(graph.digest, graph))
+    good = _bin(pack_stats(2e-5, 1.7e9, [[0, "0 (constant)", 1e-6, 1.5e-5]]))
+    for n, job in enumerate(("hostile", "after")):
+        for rank, w in enumerate(workers):  # alive, however slow this machine is today
+            w.send(Heartbeat(rank=rank))
+        driver.send(Exec(opened.session, job, graph.digest, (0, 1), {}, (0,)))
         for rank, w in enumerate(workers):
-            w.send(
-                WorkerHello(
-                    rank, f"inc{rank}", 100 + rank, "host", f"tcp://127.0.0.1:{9 + rank}", ""
-                )
-            )
-            w.wait_for(Welcome)
-        driver = raw()
-        driver.send(OpenSession(1, "", 60.0, "stats"))
-        opened, _ = driver.wait_for(SessionOpened)
-        assert isinstance(opened, SessionOpened)
-        b = GraphBuilder(2)
-        graph = b.build(b.op("constant", [], ranks=(0, 1), value=1))
-        driver.send(Program(graph.digest, graph))
-        good = _bin(pack_stats(2e-5, 1.7e9, [[0, "0 (constant)", 1e-6, 1.5e-5]]))
-        for n, job in enumerate(("hostile", "after")):
-            driver.send(Exec(opened.session, job, graph.digest, (0, 1), {}, (0,)))
-            for rank, w in enumerate(workers):
-                w.wait_for(Exec)
-                bad = rank == 1 and n == 0
-                values = TUPLE_VALUES if spliced else PLAIN_VALUES
-                stats = FIELDS[name] if bad else good
-                w.sock.send_multipart(_done(opened.session, job, rank, values, stats))
-            _, frames = driver.wait_for(JobResult)
-            result = read_answer(frames, safe=True)  # the driver's own reader
-            assert isinstance(result, JobResult) and result.job == job and result.error is None
-            one = ("x",) if spliced else 1
-            assert result.values == {0: {0: one, 1: one}}
-            record = JobRecord(job, "g", 1.7e9, 1e-3, result.stats)
-            read = record.rank_stats()
-            assert isinstance(read[0], RunStats)  # rank 0's is fine
-            if n == 0:
-                assert isinstance(read[1], ProtocolError) and "stats unreadable" in str(read[1])
-                # the trace says so on rank 1's row, and draws rank 0's spans
-                path = write_trace([record], ClusterSpec.simple(2), str(tmp_path / "t.json"))
-                events = json.loads(Path(path).read_text())["traceEvents"]
-                marks = [e for e in events if e.get("name") == "stats unreadable"]
-                assert [m["pid"] for m in marks] == [1]
-                assert [e["pid"] for e in events if e.get("tid") == 1] == [0]
-            else:  # the cluster still serves, and reads both ranks' stats
-                assert not any(isinstance(r, ProtocolError) for r in read.values())
-        # what the broker checks (a blob within the cap) it dropped and counted; what it
-        # does not read (a blob's contents) it forwarded as it came
-        dropped = name in ("oversized", "not bytes")
-        assert broker.state.counters.get("stats_refused", 0) == int(dropped)
+            w.wait_for(Exec)
+            bad = rank == 1 and n == 0
+            values = TUPLE_VALUES if spliced else PLAIN_VALUES
+            stats = FIELDS[name] if bad else good
+            w.sock.send_multipart(_done(opened.session, job, rank, values, stats))
+        _, frames = driver.wait_for(JobResult)
+        result = read_answer(frames, safe=True)  # the driver's own reader
+        assert isinstance(result, JobResult) and result.job == job and result.error is None
+        one = ("x",) if spliced else 1
+        assert result.values == {0: {0: one, 1: one}}
+        record = JobRecord(job, "g", 1.7e9, 1e-3, result.stats)
+        read = record.rank_stats()
+        assert isinstance(read[0], RunStats)  # rank 0's is fine
+        if n == 0:
+            assert isinstance(read[1], ProtocolError) and "stats unreadable" in str(read[1])
+            # the trace says so on rank 1's row, and draws rank 0's spans
+            path = write_trace([record], ClusterSpec.simple(2), str(tmp_path / "t.json"))
+            events = json.loads(Path(path).read_text())["traceEvents"]
+            marks = [e for e in events if e.get("name") == "stats unreadable"]
+            assert [m["pid"] for m in marks] == [1]
+            assert [e["pid"] for e in events if e.get("tid") == 1] == [0]
+        else:  # the cluster still serves, and reads both ranks' stats
+            assert not any(isinstance(r, ProtocolError) for r in read.values())
+    # what the broker checks (a blob within the cap) it dropped and counted; what it
+    # does not read (a blob's contents) it forwarded as it came
+    dropped = name in ("oversized", "not bytes")
+    assert _counter(raw, "stats_refused") == int(dropped)
