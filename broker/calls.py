@@ -31,7 +31,7 @@ class JobCall(Call):
 
     job: str
     values: dict[int, dict[int, Any]]
-    stats: dict[int, dict[str, Any]]
+    stats: dict[int, Any]  # each rank's stats blob, unread (mpl.wire.run_stats)
     metas: dict[int, str]
     progress_sent: dict[int, float]  # rank -> last forwarded
     saved: dict[str, dict[int, SymbolInfo]]  # name -> reports

@@ -14,8 +14,10 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Exec, JobResult
 from mpl.wire.record import Record
+from mpl.wire.run_stats import read_stats
 
 __all__ = ["BUCKETS", "OUTCOMES", "JobLedger", "JobSpan", "outcome_of"]
 
@@ -47,7 +49,7 @@ class JobSpan:
     """One finished job, as the timeline draws it.
 
     Its ranks' parts are worked out when first read (the page and the log read few of the
-    jobs the broker ends), from the result's stats, which nothing changes once sent.
+    jobs the broker ends), from the result's stats blobs, which nothing changes once sent.
     """
 
     __slots__ = ("_parts", "_stats", "job", "outcome", "seconds", "session", "started")
@@ -78,11 +80,12 @@ class JobSpan:
             ranks, stats = self._stats
             parts: dict[int, tuple[float, float]] = {}
             for rank in ranks:
-                own = stats.get(rank) or {}
-                began, run_s = own.get("started"), own.get("run_s")
-                if isinstance(began, (int, float)) and isinstance(run_s, (int, float)):
-                    parts[rank] = (float(began), float(run_s))
-                else:  # failed jobs carry no per-rank stats: draw the broker's view
+                try:  # the blob a rank sent, read now (it is checked on reading)
+                    own = read_stats(stats[rank])
+                    parts[rank] = (own.started, own.run_s)
+                except (KeyError, ProtocolError):
+                    # failed jobs carry no per-rank stats, and a rank's may be unreadable:
+                    # draw the broker's view
                     parts[rank] = (self.started, self.seconds)
             self._parts, self._stats = parts, None
         return self._parts

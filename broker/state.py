@@ -84,6 +84,7 @@ from mpl.wire.lru import LRU, SizedLRU
 from mpl.wire.progress import EVERY_S, Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
+from mpl.wire.run_stats import MAX_STATS_BYTES, stats_blob
 from mpl.wire.sessions import (
     Ack,
     CloseNamed,
@@ -98,6 +99,8 @@ from mpl.wire.sessions import (
 )
 
 __all__ = ["BrokerState", "Send"]
+
+_EMPTY_BIN = b"\xc4\x00"  # msgpack's empty bin: a refused stats blob in a spliced answer
 
 _peer_of = attrgetter("peer")
 PROGRAM_CACHE = 1024
@@ -460,7 +463,10 @@ class BrokerState:
                     values[index] = {rank: value}
                     raw_values[index] = {rank: value_bytes[index]}
             job.raw_stats[rank] = spans.stats
-        job.stats[rank] = msg.stats
+        job.stats[rank] = msg.stats  # a blob (an Opaque frame when 1 KiB or more): checked
+        blob = stats_blob(msg.stats)
+        if blob is None or len(blob) > MAX_STATS_BYTES:
+            self._refuse_stats(job, rank, msg.stats, blob)
         if msg.metas:
             metas = job.metas
             for index, meta in msg.metas.items():
@@ -468,6 +474,17 @@ class BrokerState:
         if job.pending:
             return []
         return self._job_done(job)
+
+    def _refuse_stats(self, job: JobCall, rank: int, stats: Any, blob: bytes | None) -> None:
+        """A decoded Done whose stats are no blob, or one over MAX_STATS_BYTES (the lean
+        reader leaves both to decode): the job's answer carries an empty blob for the rank
+        instead (its reader says "stats unreadable"), and the result stands."""
+        what = f"{len(blob)} bytes" if blob is not None else f"a {type(stats).__name__}"
+        self.counters["stats_refused"] = self.counters.get("stats_refused", 0) + 1
+        self._note(f"rank {rank} sent stats of {what} for job {job.job}; dropped")
+        job.stats[rank] = b""
+        if rank in job.raw_stats:
+            job.raw_stats[rank] = _EMPTY_BIN
 
     def _job_done(self, job: JobCall) -> list[Send]:
         """Every rank of ``job`` answered: end it, and answer its driver."""

@@ -25,7 +25,7 @@ import zmq
 from mpl.driver.job_progress import ProgressBoard
 from mpl.driver.watch import BrokerWatch
 from mpl.wire.batch import is_batch, split_batch
-from mpl.wire.codec import decode, encode
+from mpl.wire.codec import decode, encode, foreign_version
 from mpl.wire.control import Bye, Refused
 from mpl.wire.curve import Curve
 from mpl.wire.errors import MplError, MplTimeoutError, ProtocolError, SessionError
@@ -262,6 +262,8 @@ class BrokerCalls:
         try:
             answer = read_answer(frames, safe=self.safe)
         except ProtocolError as exc:
+            if frames and foreign_version(frames[0]) is not None:
+                raise  # a broker of another wire version: nothing it says can be read
             self._refuse_answer(frames, match, exc)
             log.warning("bad message from the broker: %s", exc)
             return None

@@ -20,10 +20,11 @@ from typing import Any, NamedTuple
 from mpl.driver.client import Client
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.curve import Curve
-from mpl.wire.errors import MplError
+from mpl.wire.errors import MplError, ProtocolError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import JobResult
 from mpl.wire.keys import is_z85_key, load_keypair
+from mpl.wire.run_stats import RunStats, read_stats
 from mpl.wire.session_cluster import session_cluster
 from mpl.wire.status import format_status
 
@@ -80,13 +81,25 @@ class Status(dict[str, Any]):
 
 class JobRecord(NamedTuple):
     """What ``mp.trace`` draws: one job's per-rank op spans (a tuple: one is kept per job,
-    and building it must cost next to nothing)."""
+    and building it must cost next to nothing). ``stats`` holds each rank's stats blob as
+    the job's answer carried it, unread: :meth:`rank_stats` reads them."""
 
     job: str
     name: str
     started: float  # driver wall clock
     seconds: float
-    stats: dict[int, dict[str, Any]]
+    stats: dict[int, bytes]
+
+    def rank_stats(self) -> dict[int, RunStats | ProtocolError]:
+        """Each rank's stats, read now (``mpl.wire.run_stats.read_stats``): a rank whose
+        blob is unreadable (a hostile broker or party) gets the error saying why."""
+        out: dict[int, RunStats | ProtocolError] = {}
+        for rank, blob in self.stats.items():
+            try:
+                out[rank] = read_stats(blob)
+            except ProtocolError as exc:
+                out[rank] = exc
+        return out
 
 
 _record = partial(tuple.__new__, JobRecord)

@@ -1,7 +1,9 @@
 """Chrome/Perfetto traces of recent jobs: one row per rank, one span per op.
 
 Open the file at https://ui.perfetto.dev or chrome://tracing. Times come from each worker's
-clock; on one machine (or NTP-synchronised ones) the rows line up.
+clock; on one machine (or NTP-synchronised ones) the rows line up. Each rank's stats are
+read here, when the trace is written (``JobRecord.rank_stats``); a rank whose stats are
+unreadable gets a "stats unreadable" mark on its row, saying why, instead of spans.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from mpl.wire.cluster import ClusterSpec
+from mpl.wire.errors import ProtocolError
 
 if TYPE_CHECKING:
     from mpl.driver.context import JobRecord
@@ -45,8 +48,21 @@ def write_trace(jobs: Sequence[JobRecord], cluster: ClusterSpec, path: str) -> s
                 "args": {"job": job.job},
             }
         )
-        for rank, stats in job.stats.items():
-            started = float(stats.get("started", job.started))
+        for rank, stats in job.rank_stats().items():
+            if isinstance(stats, ProtocolError):  # say so on the rank's row, at the job's start
+                events.append(
+                    {
+                        "ph": "i",
+                        "pid": rank,
+                        "tid": 0,
+                        "s": "p",
+                        "name": "stats unreadable",
+                        "ts": job.started * 1e6,
+                        "args": {"job": job.job, "why": str(stats)},
+                    }
+                )
+                continue
+            started = stats.started
             events.append(
                 {
                     "ph": "X",
@@ -54,10 +70,10 @@ def write_trace(jobs: Sequence[JobRecord], cluster: ClusterSpec, path: str) -> s
                     "tid": 0,
                     "name": f"job {job.job}",
                     "ts": started * 1e6,
-                    "dur": float(stats.get("run_s", 0)) * 1e6,
+                    "dur": stats.run_s * 1e6,
                 }
             )
-            for index, label, start, end in stats.get("ops", []):
+            for index, label, start, end in stats.ops:
                 events.append(
                     {
                         "ph": "X",

@@ -24,10 +24,11 @@ from mpl.wire.codec import MAGIC_FRAME, decode, encode
 from mpl.wire.control import Refused, WorkerHello
 from mpl.wire.jobs import Done, Exec, JobResult, Program
 from mpl.wire.limits import MAX_NESTING
+from mpl.wire.run_stats import pack_stats
 from mpl.wire.sessions import OpenSession, SessionOpened
 
-# What a worker's stats look like for a trivial job (mpl.worker.jobs)
-STATS = {"run_s": 1.2e-05, "started": 1.7645e9, "ops": [[0, "pcall", 1e-06, 1.1e-05]]}
+# What a worker's stats look like for a trivial job (mpl.worker.jobs): one blob
+STATS = pack_stats(1.2e-05, 1.7645e9, [[0, "pcall", 1e-06, 1.1e-05]])
 
 
 def test_a_hot_done_is_not_walked_for_nesting_its_bytes_cannot_reach(
@@ -43,8 +44,8 @@ def test_a_hot_done_is_not_walked_for_nesting_its_bytes_cannot_reach(
 def test_a_long_done_with_few_container_markers_is_not_walked(nesting_walks: list[int]) -> None:
     """A Done whose stats and values are each long enough to nest 100 deep, but whose
     header holds fewer list and map markers than that, cannot: read without the walk."""
-    ops = [[i, "pcall", 1.5e-06, 2.5e-05] for i in range(8)]
-    stats = {**STATS, "ops": ops, "note": "x" * 120}
+    ops = [[i, "pcall" + "x" * 20, 1.5e-06, 2.5e-05] for i in range(8)]
+    stats = pack_stats(1.2e-05, 1.7645e9, ops)
     frames = encode(Done("s" * 16, "j" * 24, 1, {0: [1, 2, "x" * 120]}, stats, {0: "a"}))
     assert len(frames[1]) > 3 * MAX_NESTING
     assert hot.read_done(frames) is not None
@@ -57,13 +58,17 @@ def test_a_done_whose_value_could_nest_deep_is_still_walked_and_refused(
     pack = msgpack.packb
     head = b"".join((b"\x98", pack("done"), pack("s"), pack("j"), pack(0)))
     deep = b"\x91" * 98 + b"\x90"  # 99 levels inside the values map: past MAX_NESTING
-    assert hot.read_done([MAGIC_FRAME, head + b"\x81\x00" + deep + b"\x80\x80\x90"]) is None
+    assert hot.read_done([MAGIC_FRAME, head + b"\x81\x00" + deep + b"\xc4\x00\x80\x90"]) is None
     # a long value with more list markers than the limit (120 empty lists side by side),
     # that nests only 2 levels: walked, and read
     fine = b"\xdc\x00\x78" + b"\x90" * 120
-    stats = pack({"k": "x" * 120})  # and a long stats map
+    stats = pack(b"\x91" * 120)  # and a long stats blob, full of list markers
     read = hot.read_done([MAGIC_FRAME, head + b"\x81\x00" + fine + stats + b"\x80\x90"])
     assert read is not None
+    assert len(nesting_walks) == 2
+    # markers in the stats blob alone: no walk (a blob nests nothing)
+    read = hot.read_done([MAGIC_FRAME, head + b"\x81\x00\x01" + stats + b"\x80\x90"])
+    assert read is not None and read.stats == b"\x91" * 120
     assert len(nesting_walks) == 2
 
 
@@ -82,6 +87,26 @@ class _CountingUnpacker:
             return method(*args)
 
         return counted
+
+
+def test_a_hot_done_of_flat_values_is_read_without_a_pass_over_its_bytes() -> None:
+    """A Done whose values are no lists or dicts (a trivial job's, or sealed boxes) nests
+    nothing: no count of its container markers (bac702e made one, a bytes.translate over
+    the whole header, for every Done longer than MAX_NESTING bytes before it looked)."""
+    frames = encode(Done("s" * 16, "j" * 24, 1, {0: 1, 1: 2.5}, STATS, {0: "int64[]"}))
+    assert len(frames[1]) > MAX_NESTING
+    called: list[str] = []
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event == "c_call":
+            called.append(getattr(arg, "__name__", ""))
+
+    sys.setprofile(hook)
+    try:
+        read = hot.read_done(frames)
+    finally:
+        sys.setprofile(None)
+    assert read is not None and "translate" not in called
 
 
 def test_a_hot_done_is_read_in_one_unpack() -> None:

@@ -15,6 +15,7 @@ from helpers import double, nap_then, one, stats, wait_until
 
 from mpl.driver.launcher import daemon_command
 from mpl.wire import GraphBuilder, SessionError, WorkerLostError, encode
+from mpl.wire.codec import MAGIC_FRAME
 from mpl.wire.data import Move
 from mpl.wire.jobs import Lit, output_uri
 from mpl.wire.sessions import SymbolInfo
@@ -90,7 +91,7 @@ def test_garbage_to_broker_and_peer_port_leaves_both_serving(make_cluster: Any) 
         junk.linger = 0
         junk.connect(cluster.address)
         junk.send_multipart([b"not mpl", b"\xff\xfe"])
-        junk.send_multipart([b"MPL\x01", b"\x93\xa4exec\x01"])
+        junk.send_multipart([MAGIC_FRAME, b"\x93\xa4exec\x01"])
         junk.send(b"x")
         assert junk.poll(5000), "the broker answers garbage with a refusal"
         junk.close()
@@ -98,7 +99,7 @@ def test_garbage_to_broker_and_peer_port_leaves_both_serving(make_cluster: Any) 
         peer.linger = 2000  # bounded, but long enough for the queued frames to leave
         data_addr = _data_addr(cluster, 1)
         peer.connect(data_addr)
-        peer.send_multipart([b"MPL\x01", b"garbage"])
+        peer.send_multipart([MAGIC_FRAME, b"garbage"])
         peer.send(b"nothing at all")
         # a well-formed move for a job that does not exist is kept out of the way, not crashing
         peer.send_multipart(encode(Move(sid, "ghost", 0, 0, 0, 1, np.ones(3))), copy=False)

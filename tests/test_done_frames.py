@@ -13,6 +13,7 @@ from mpl.wire.codec import decode, encode
 from mpl.wire.done_pack import done_frames, own_done_frames
 from mpl.wire.jobs import Done
 from mpl.wire.limits import MAX_HEADER_BYTES
+from mpl.wire.run_stats import pack_stats
 from mpl.wire.sessions import SymbolInfo
 
 _atoms = st.one_of(
@@ -61,7 +62,7 @@ def test_dones_pack_to_the_encoders_bytes_or_leave_it_to_the_encoder(
     spans: list[list[Any]],
     metas: dict[int, str],
 ) -> None:
-    stats = {"run_s": 0.25, "started": 1.7e9, "ops": spans}
+    stats = pack_stats(0.25, 1.7e9, spans)
     msg = Done(session, job, rank, values, stats, metas)
     fast = done_frames(msg)
     if fast is None:
@@ -80,7 +81,7 @@ def test_dones_pack_to_the_encoders_bytes_or_leave_it_to_the_encoder(
 def test_a_done_the_worker_built_packs_as_done_frames_does(
     values: dict[int, Any], spans: list[list[Any]], metas: dict[int, str]
 ) -> None:
-    stats = {"run_s": 0.25, "started": 1.7e9, "ops": spans}
+    stats = pack_stats(0.25, 1.7e9, spans)
     msg = Done("s", "j", 3, values, stats, metas)
     own, general = own_done_frames(msg), done_frames(msg)
     assert own == general  # same bytes; None (the encoder's path) for the same values
@@ -90,7 +91,7 @@ def test_a_done_the_worker_built_packs_as_done_frames_does(
 
 def test_a_trivial_jobs_done_takes_the_lean_path() -> None:
     spans = [[0, "0 (pcall <lambda>)", 1.5e-6, 4.1e-6]]
-    stats = {"run_s": 3e-5, "started": 1.7e9, "ops": spans}
+    stats = pack_stats(3e-5, 1.7e9, spans)
     msg = Done("s" * 32, "j" * 24, 1, {0: 1}, stats, {0: "int"})
     fast = done_frames(msg)
     assert fast is not None

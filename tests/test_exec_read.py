@@ -12,7 +12,7 @@ import msgpack
 import pytest
 
 from mpl.wire import ProtocolError, decode, encode
-from mpl.wire.codec import MAGIC_FRAME
+from mpl.wire.codec import MAGIC, MAGIC_FRAME, VERSION
 from mpl.wire.control import Heartbeat
 from mpl.wire.decoder import TUPLE
 from mpl.wire.exec_pack import exec_frames
@@ -134,7 +134,7 @@ def test_other_messages_and_bad_frames_go_to_decode() -> None:
         [*good, b"unreferenced"],
         [good[0]],
         [b"XYZ\x01", good[1]],
-        [b"MPL\x02", good[1]],
+        [MAGIC + bytes([VERSION + 1]), good[1]],  # another wire version
         [MAGIC_FRAME, good[1][:-3]],
         [MAGIC_FRAME, good[1] + b"\x00"],  # bytes after the record
         [MAGIC_FRAME, 7],  # not a buffer

@@ -27,6 +27,7 @@ from mpl.wire.control import Heartbeat, Welcome, WorkerHello
 from mpl.wire.hot_spans import done_spans, execs_for_ranks, result_frames
 from mpl.wire.jobs import Done, Exec, JobResult, Lit, Program
 from mpl.wire.record import Record
+from mpl.wire.run_stats import pack_stats
 from mpl.wire.sessions import (
     ListRequest,
     OpenSession,
@@ -87,7 +88,7 @@ def _done_by_hand(session: str, job: str, rank: int) -> list[bytes]:
     header = b"".join(
         (b"\x98", pack("done"), pack(session), pack(job), pack(rank), b"\x81", pack(0), WIDE_ONE)
     )
-    return [MAGIC_FRAME, header + pack({}) + pack({}) + pack([])]
+    return [MAGIC_FRAME, header + pack(b"") + pack({}) + pack([])]
 
 
 def test_done_values_reach_the_driver_as_read_and_each_rank_gets_one_exec(
@@ -128,8 +129,8 @@ def test_done_values_reach_the_driver_as_read_and_each_rank_gets_one_exec(
 
 
 def test_spliced_result_decodes_as_the_encoded_one() -> None:
-    d0 = Done("s", "j", 0, {0: 1, 2: [1, "x", (2, 3)]}, {"started": 1.5, "run_s": 0.01}, {0: "i"})
-    d1 = Done("s", "j", 1, {0: 2.5, 2: None}, {"started": 1.6}, {2: "x"})
+    d0 = Done("s", "j", 0, {0: 1, 2: [1, "x", (2, 3)]}, pack_stats(0.01, 1.5, []), {0: "i"})
+    d1 = Done("s", "j", 1, {0: 2.5, 2: None}, pack_stats(0.02, 1.6, [[0, "x", 0, 1]]), {2: "x"})
     values: dict[int, dict[int, bytes]] = {}
     stats: dict[int, bytes] = {}
     for rank, done in enumerate((d0, d1)):
@@ -153,11 +154,12 @@ def test_spliced_result_decodes_as_the_encoded_one() -> None:
 def test_spliced_result_packs_any_job_id_as_the_codec_does(job: str) -> None:
     """The job id is packed by hand when short (no Packer made): byte for byte what the
     codec writes, on both sides of the short form's limit (31 bytes of UTF-8)."""
-    spans = done_spans(encode(Done("s", job, 0, {0: 7}, {"run_s": 0.5}, {0: "int64[]"})))
+    blob = pack_stats(0.5, 1.0, [])
+    spans = done_spans(encode(Done("s", job, 0, {0: 7}, blob, {0: "int64[]"})))
     assert spans is not None
     frames = result_frames(job, {0: {0: spans.values[0]}}, {0: spans.stats}, {0: "int64[]"})
     assert frames is not None
-    want = JobResult(job, {0: {0: 7}}, stats={0: {"run_s": 0.5}}, metas={0: "int64[]"})
+    want = JobResult(job, {0: {0: 7}}, stats={0: blob}, metas={0: "int64[]"})
     assert frames[1] == encode(want)[1]
     assert decode(frames) == want
 
@@ -328,7 +330,7 @@ def test_a_done_from_another_ranks_socket_is_dropped_and_the_job_waits_for_the_r
 def test_built_makes_the_record_its_init_makes_and_refuses_a_wrong_field_count() -> None:
     from mpl.wire.record import built
 
-    stats = {0: {"run_s": 1.0}}
+    stats = {0: pack_stats(1.0, 0.0, [])}
     made = built(JobResult, "j", {0: {0: 1}}, None, False, stats, {0: "int64[]"})
     want = JobResult("j", {0: {0: 1}}, stats=stats, metas={0: "int64[]"})
     assert type(made) is JobResult and made == want

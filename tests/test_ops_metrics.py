@@ -223,6 +223,7 @@ def test_ledger_outcomes_are_a_fixed_set_whatever_error_kind_arrives() -> None:
     from mpl.broker.ledger import OUTCOMES, JobLedger
     from mpl.wire.jobs import Exec, JobResult
     from mpl.wire.remote import ErrorInfo
+    from mpl.wire.run_stats import pack_stats
 
     clock = [0.0]
     ledger = JobLedger(clock=lambda: clock[0])
@@ -233,7 +234,7 @@ def test_ledger_outcomes_are_a_fixed_set_whatever_error_kind_arrives() -> None:
         assert span is not None and span.outcome in OUTCOMES
     ledger.received(Exec("s", "ok", "d", (0,), {}))
     clock[0] += 0.003
-    ledger.sent(JobResult("ok", stats={0: {"started": 5.0, "run_s": 0.002}}))
+    ledger.sent(JobResult("ok", stats={0: pack_stats(0.002, 5.0, [])}))
     assert set(ledger.outcomes) == set(OUTCOMES)
     assert ledger.outcomes["worker_lost"] == 1 and ledger.outcomes["failed"] == 3
     assert ledger.outcomes["ok"] == 1 and ledger.count == 5

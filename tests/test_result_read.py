@@ -18,10 +18,11 @@ from mpl.wire.control import Heartbeat
 from mpl.wire.jobs import JobResult
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.result_read import read_answer, read_result
+from mpl.wire.run_stats import pack_stats
 
-STATS = {
-    0: {"run_s": 7e-5, "started": 1.7e9, "ops": [[0, "0 (pcall f)", 3e-5, 4e-5]]},
-    1: {"run_s": 4e-5, "started": 1.7e9, "ops": []},
+STATS = {  # each rank's stats blob, as its worker packs it
+    0: pack_stats(7e-5, 1.7e9, [[0, "0 (pcall f)", 3e-5, 4e-5]]),
+    1: pack_stats(4e-5, 1.7e9, []),
 }
 
 RESULTS = [
@@ -63,13 +64,13 @@ def _header(fields: list[Any]) -> list[Any]:
 
 
 HUGE = msgpack.ExtType(7, (1 << 70).to_bytes(10, "big", signed=True))  # an int past 64 bits
-GOOD = ["j", {0: {0: 1}}, None, False, {0: {"run_s": 1.0}}, {0: "int"}]
+GOOD = ["j", {0: {0: 1}}, None, False, {0: pack_stats(1.0, 0.0, [])}, {0: "int"}]
 BAD_FIELDS: dict[str, list[Any]] = {
     "job": [1, None, b"j"],
     "values": [[], {"0": {0: 1}}, {0: [1]}, {0: {"0": 1}}, {True: {0: 1}}, {0: {HUGE: 1}}],
     "error": ["boom", 1, {}],
     "missing_program": [0, 1, None, "no"],
-    "stats": [[], {"0": {}}, {0: []}, {0: {1: 2}}, {HUGE: {}}],
+    "stats": [[], {"0": b""}, {0: []}, {0: {"run_s": 1.0}}, {HUGE: b""}, {0: "blob"}],
     "metas": [[], {0: 1}, {"0": "int"}, {0: None}],
 }
 
@@ -162,7 +163,7 @@ def test_a_short_result_skips_the_container_hooks_and_deep_nesting_is_still_refu
     # values nested past the limit (the header's own list and two maps count): refused as
     # decode refuses them, at every depth around the limit, in short and long headers
     for depth in range(MAX_NESTING - 4, MAX_NESTING + 2):
-        for stats in (None, {0: {"pad": "x" * 9000}}):
+        for stats in (None, {0: b"x" * 9000}):
             frames = _raw_result({0: {0: _nested(depth)}}, stats)
             for safe in (True, False):
                 assert outcome(read_answer, frames, safe)[0] == outcome(decode, frames, safe)[0]
@@ -263,3 +264,49 @@ def test_mutated_results_of_a_job_are_read_exactly_as_decode_reads_them() -> Non
             if got[0] == "ok":
                 assert repr(got[1]) == repr(expected[1])
     assert read > 1000
+
+
+def _c_calls(fn: Any) -> list[str]:
+    """Names of the C functions ``fn()`` calls (sys.setprofile's c_call events)."""
+    import sys
+
+    seen: list[str] = []
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event == "c_call":
+            seen.append(getattr(arg, "__name__", ""))
+
+    sys.setprofile(hook)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def test_a_result_of_flat_values_is_read_without_a_pass_over_its_bytes() -> None:
+    """A trivial job's answer (scalar values, every rank's stats blob): its fields show it
+    nests three deep, so no byte is counted (bac702e counted its container markers with a
+    bytes.translate over the whole header on every job: about 20 instructions a byte)."""
+    result = JobResult("a" * 24, {0: {r: 1 for r in range(32)}}, None, False, {}, {0: "int"})
+    result = JobResult(result.job, result.values, stats={r: STATS[0] for r in range(32)})
+    frames = encode(result)
+    packed = msgpack.packb(result.job)
+    assert "translate" not in _c_calls(lambda: read_result(frames, packed, safe=True))
+    read = read_result(frames, packed, safe=True)
+    assert read is not None and repr(read) == repr(decode(frames, safe=True))
+
+
+def test_a_jobs_own_result_nesting_deep_is_judged_as_decode_judges_it() -> None:
+    from mpl.wire.limits import MAX_NESTING
+
+    read = _by("j")
+    for depth in range(MAX_NESTING - 4, MAX_NESTING + 2):
+        for stats in (None, {0: b"\x91" * 200}):  # a blob full of list markers, or none
+            frames = _raw_result({0: {0: _nested(depth)}}, stats)
+            assert outcome(read, frames, True)[0] == outcome(decode, frames, True)[0]
+    pack = msgpack.packb
+    head = b"\x97" + pack(JobResult.TAG) + pack("j") + b"\x81\x00\x81\x00"
+    # past msgpack's own stack (and packb's limit: written by hand): refused too
+    deep = [MAGIC_FRAME, head + b"\x91" * 1999 + b"\x90" + pack(None) + pack(False) + b"\x80\x80"]
+    assert outcome(read, deep, True)[0] == outcome(decode, deep, True)[0] == "refused"

@@ -1,7 +1,8 @@
 """The broker's lean readers (``mpl.wire.hot``) on secure-mode messages: a ``Done`` or an
 ``Exec`` whose values are sealed boxes (``bytes``) is long enough to be walked for nesting,
 but holds nothing that could nest; the walk is left out for it, and only for it: a deep
-value or stats beside the boxes is still refused, as ``decode`` refuses it."""
+value or stats beside the boxes is still refused, as ``decode`` refuses it (stats by their
+type: a blob nests nothing)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from mpl.wire.errors import ProtocolError
 from mpl.wire.hot import read_done, read_exec
 from mpl.wire.jobs import Done, Exec
 from mpl.wire.limits import MAX_NESTING
+from mpl.wire.run_stats import pack_stats
 from mpl.wire.sealed import BOX_MAGIC
 
 BOX = BOX_MAGIC + b"\x08driver:a" + bytes(range(60))  # a compact box's length, as bytes
-STATS = {"run_s": 1.5e-5, "inline": True}
+STATS = pack_stats(1.5e-5, 1.7e9, [[0, "0 (pcall f)", 1e-6, 1.4e-5]])
 
 
 def _refused_by_decode(frames: list[bytes]) -> bool:
@@ -56,7 +58,8 @@ def test_deep_nesting_beside_sealed_boxes_is_still_refused(
         values, stats = b"\x81\x00" + pack(BOX), b"\x81" + pack("ops") + deep
     frames = [MAGIC_FRAME, head + values + stats + b"\x80\x90"]
     assert _refused_by_decode(frames)
-    assert read_done(frames) is None and nesting_walks == [1]
+    # deep stats are no blob: refused by their type, before any walk
+    assert read_done(frames) is None and nesting_walks == ([1] if where == "value" else [])
 
 
 def test_deep_bindings_beside_a_sealed_box_are_still_refused(nesting_walks: list[int]) -> None:

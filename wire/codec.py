@@ -83,14 +83,18 @@ __all__ = [
     "check_safe",
     "decode",
     "encode",
+    "foreign_version",
     "frames_digest",
     "frames_nbytes",
     "pickle_by_value",
 ]
 
 MAGIC = b"MPL"
-VERSION = 1
+# 2: a Done's and a JobResult's stats are one opaque blob per rank (mpl.wire.run_stats).
+# Persisted files have a format version of their own (mpl.wire.persist).
+VERSION = 2
 MAGIC_FRAME = MAGIC + bytes([VERSION])
+_BATCH = b"MPB"  # a batch's magic (mpl.wire.batch), the same version byte
 ZERO_COPY_BYTES = 64 * 1024  # pyzmq's copy threshold: below it copying beats tracking
 
 _BUF_KINDS: tuple[type, ...] = (bytes, bytearray, memoryview)
@@ -260,6 +264,18 @@ class _Encoder:
         return msgpack.ExtType(PICKLE, self.pack(self._pickled(payload, oob)))
 
 
+def foreign_version(magic: Any) -> int | None:
+    """The wire version of a message's (or batch's) first frame when it is mpl's magic of
+    another version than this one's; None for this version's, and for anything else."""
+    try:
+        data = memoryview(magic).tobytes()
+    except TypeError:
+        return None
+    if len(data) == 4 and data[:3] in (MAGIC, _BATCH) and data[3] != VERSION:
+        return data[3]
+    return None
+
+
 def encode(msg: Record, *, safe: bool = False) -> list[Any]:
     """Encode one record into frames ``[MAGIC_FRAME, header, *buffers]``.
 
@@ -340,8 +356,12 @@ def decode(frames: Sequence[Any], *, unpickle: bool = True, safe: bool = False) 
     except TypeError as exc:
         raise ProtocolError(f"frames must be buffers: {exc}") from exc
     if magic != MAGIC_FRAME:
-        if magic[:3] == MAGIC and len(magic) == 4:
-            raise ProtocolError(f"wire version {magic[3]} is not supported (this is {VERSION})")
+        other = foreign_version(magic)
+        if other is not None:
+            raise ProtocolError(
+                f"wire version {other} is not supported: this mpl speaks wire version "
+                f"{VERSION} (drivers, brokers and workers are upgraded together)"
+            )
         raise ProtocolError(f"bad magic frame {magic[:16]!r}: not an mpl message")
     if header_len > MAX_HEADER_BYTES:
         raise ProtocolError(f"header of {header_len} bytes exceeds {MAX_HEADER_BYTES}")

@@ -1,8 +1,9 @@
 """Done frames on the worker's hot path: the same bytes as ``encode``, a fraction of the work.
 
 A worker answers every job it ran with a ``Done`` it built itself (``jobs.py``): the small
-outputs, the run's stats and op spans, the outputs' descriptions. Most of these hold only
-plain data (ints, floats, strings), which msgpack packs as they are. For those,
+outputs, the run's stats blob (``mpl.wire.run_stats``), the outputs' descriptions. Most
+of these hold only plain data (ints, floats, strings, short bytes), which msgpack packs as
+they are. For those,
 :func:`done_frames` packs the header in one call, without the general encoder's copy of
 the whole record (``_prepare``) and its per-value type dispatch. The frames are byte for
 byte what :func:`mpl.wire.codec.encode` writes, in either mode (plain data is in the safe
@@ -71,9 +72,9 @@ def done_frames(msg: Done) -> list[Any] | None:
 
 def own_done_frames(msg: Done) -> list[Any] | None:
     """:func:`done_frames` for a ``Done`` whose stats, metas and saved list this process
-    built itself (the worker's job shell: run times, op spans of ints, label strings and
-    floats, descriptions): only its values, which user code made, are checked for plain
-    data. The bytes are the same; None where ``done_frames`` would say None."""
+    built itself (the worker's job shell: the stats blob it packed, descriptions): only its
+    values, which user code made, are checked for plain data. The bytes are the same; None
+    where ``done_frames`` would say None."""
     if msg.saved or type(msg.values) is not dict:
         return None
     return own_done_fields(msg.session, msg.job, msg.rank, msg.values, msg.stats, msg.metas)
@@ -84,12 +85,14 @@ def own_done_fields(
     job: str,
     rank: int,
     values: dict[int, Any],
-    stats: dict[str, Any],
+    stats: bytes,
     metas: dict[int, str],
 ) -> list[Any] | None:
     """:func:`own_done_frames` of ``Done(session, job, rank, values, stats, metas)`` (no
     names saved), packed from its fields without the record: for the job shell's inline
     runs, whose answer is packed as soon as it is known."""
+    if len(stats) >= _INLINE_BYTES:  # a long blob travels in a frame: encode's
+        return None
     for value in values.values():  # _plain(values, 1) unrolled; its keys are output indices
         t = type(value)
         if t in _ATOMS or (t is int and _INT_MIN <= value <= _INT_MAX):

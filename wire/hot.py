@@ -33,6 +33,7 @@ from mpl.wire.limits import (
     MAX_NESTING,
 )
 from mpl.wire.record import pinned_fields
+from mpl.wire.run_stats import MAX_STATS_BYTES
 
 __all__ = [
     "DONE_PREFIX",
@@ -69,7 +70,8 @@ _RESULT_FIELDS = pinned_fields(
 _EXEC_ITEMS = 1 + len(_EXEC_FIELDS)  # the tag, then the fields
 _DONE_ITEMS = 1 + len(_DONE_FIELDS)
 _EXEC_BINDINGS = 1 + _EXEC_FIELDS.index("bindings")  # where bindings sit (the tag is item 0)
-_NESTS = (list, dict)  # what a decoded value nests in (tuples are extensions, bounded apart)
+# what a decoded value nests in (tuples are extensions, bounded apart)
+_NESTING = frozenset({list, dict})
 # msgpack's list and map markers: fixmap, fixarray, array 16/32, map 16/32
 _CONTAINER_MARKERS = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
 # How every Done header begins: its array header, then its tag. The broker's shell sends
@@ -136,7 +138,7 @@ class DoneRead:
     job: str
     rank: int
     values: dict[int, Any]
-    stats: dict[str, Any]
+    stats: bytes  # the rank's stats blob (mpl.wire.run_stats), copied into the answer unread
     metas: dict[int, str]
     saved: list[Any]
 
@@ -172,7 +174,7 @@ def _lean_header(frames: Sequence[Any]) -> bytes | None:
 _INT_ONLY, _STR_ONLY = {int}, {str}
 _new = object.__new__
 # A Done's header items by type, tag first: one C comparison checks them all
-_DONE_TYPES = (str, str, str, int, dict, dict, dict, list)
+_DONE_TYPES = (str, str, str, int, dict, bytes, dict, list)
 # msgpack's int formats are int64 and uint64: an int it decodes always fits the codec's
 # 64-bit range (limits.int_fits), so the lean readers need no range check on one
 if (INT_MIN, INT_MAX) != (-(1 << 63), (1 << 64) - 1):
@@ -185,10 +187,12 @@ def read_done(frames: Sequence[Any]) -> DoneRead | None:
     no saved names) and ``decode`` would accept it.
 
     The fields are checked as ``Done``'s annotations say (``session``/``job`` str, ``rank``
-    a 64-bit int, ``values`` and ``metas`` keyed by 64-bit ints, ``metas`` of str, ``stats``
-    keyed by str), under the codec's limits (items per container, nesting, containers per
-    header). On None the caller decodes the ordinary way, which accepts the message or
-    says why not.
+    a 64-bit int, ``values`` and ``metas`` keyed by 64-bit ints, ``metas`` of str), under
+    the codec's limits (items per container, nesting, containers per header); ``stats``
+    must be a blob of at most ``MAX_STATS_BYTES``, which is not parsed here (nobody on the
+    job's path reads it: it goes into the answer as it came, and its reader checks it).
+    On None the caller decodes the ordinary way, which accepts the message or says why
+    not.
     """
     header = _lean_header(frames)
     if header is None or not header.startswith(DONE_PREFIX):
@@ -250,22 +254,21 @@ def _read_done(header: bytes) -> DoneRead | None:
     if (
         tuple(map(type, items)) != _DONE_TYPES
         or saved  # saved names are records: decode checks them
+        or len(stats) > MAX_STATS_BYTES  # the broker's state refuses it
         or not {*map(type, values), *map(type, metas)} <= _INT_ONLY
-        or not {*map(type, stats), *map(type, metas.values())} <= _STR_ONLY
+        or not {*map(type, metas.values())} <= _STR_ONLY
     ):
         return None
     # Too short to nest that deep, too few list and map markers to (every container in
     # it, the header array included, starts with one such byte, so no container sits
     # deeper than their count: one C call counts them), or nothing in it that could:
-    # metas hold strs, saved is empty, stats that are flat or values that are no
+    # metas hold strs, saved is empty, stats are a blob, and values that are no
     # containers (sealed boxes, in secure mode) nest nothing.
+    # (values first: a pass over one or two of them costs less than one over every byte)
     if (
         len(header) > MAX_NESTING
+        and not _NESTING.isdisjoint(map(type, values.values()))
         and len(header) - len(header.translate(None, _CONTAINER_MARKERS)) > MAX_NESTING
-        and (
-            any(type(v) in _NESTS for v in stats.values())
-            or any(type(v) in _NESTS for v in values.values())
-        )
     ):
         try:
             check_nesting([values, stats, metas, saved])
@@ -281,7 +284,7 @@ def _read_done(header: bytes) -> DoneRead | None:
 def packed_result(
     job: str,
     values: dict[int, dict[int, Any]],
-    stats: dict[int, Any],
+    stats: dict[int, bytes],
     metas: dict[int, str],
 ) -> list[bytes] | None:
     """The frames of ``JobResult(job, values, None, False, stats, metas)`` packed in one

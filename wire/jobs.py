@@ -119,13 +119,18 @@ class Done(Record, tag="done"):
     ``saved`` lists the names this rank's ``save`` ops wrote (``mp.save`` inside a program):
     the broker learns a job's names from these, each rank speaking for itself, at most
     ``MAX_JOB_SAVES`` per rank.
+
+    ``stats`` is the rank's run stats as one opaque blob (``mpl.wire.run_stats``), which the
+    broker copies into the ``JobResult`` unread. Annotated ``Any``: a blob of 1 KiB or more
+    travels in a frame of its own, which the broker's decode keeps undecoded (an
+    ``Opaque``); the broker checks it is a blob within ``MAX_STATS_BYTES`` itself.
     """
 
     session: str
     job: str
     rank: int
     values: dict[int, Any] = field(default_factory=dict)
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: Any = b""  # bytes: mpl.wire.run_stats.pack_stats; see above
     metas: dict[int, str] = field(default_factory=dict)  # "float64[3]"-style descriptions
     saved: list[SymbolInfo] = field(default_factory=list)
 
@@ -161,11 +166,13 @@ class JobResult(Record, tag="result"):
     """The broker's one answer to ``Exec``: ``values[output][rank]``, or an error.
 
     ``missing_program`` means the broker lacked the graph: send ``Program`` and retry.
+    ``stats[rank]`` is that rank's stats blob as its ``Done`` carried it, read only on demand
+    (``mpl.wire.run_stats.read_stats``).
     """
 
     job: str
     values: dict[int, dict[int, Any]] = field(default_factory=dict)
     error: ErrorInfo | None = None
     missing_program: bool = False
-    stats: dict[int, dict[str, Any]] = field(default_factory=dict)
+    stats: dict[int, bytes] = field(default_factory=dict)
     metas: dict[int, str] = field(default_factory=dict)

@@ -1,10 +1,20 @@
 """Records in files: the same frames as on the wire, length-prefixed in one byte string.
 
-Layout of a record: ``MAGIC_FRAME``, then for each frame an 8-byte little-endian length and
-its bytes. Files hold the safe value format only (``mpl.wire.safe_values``), even in a
-trusted cluster: ``dumps`` refuses other values with ``UnsafeValueError`` and ``loads``
-refuses a pickle (files written before mpl had the safe format) with ``ProtocolError``,
-unloaded. ``loads`` raises :class:`ProtocolError` for anything malformed, like ``decode``.
+Layout of a record: ``RECORD_MAGIC`` (``b"MPR"`` and the persisted format's version, its
+own: the wire's ``VERSION`` may change without making stored files unreadable), then for
+each frame of the record (its header, then its buffers) an 8-byte little-endian length and
+its bytes. Files written before persisted records had their own version (wire version 1)
+begin with that wire magic instead, and hold the wire magic again as their first frame;
+``loads`` reads them too (:data:`LEGACY_MAGIC`).
+
+``PERSIST_VERSION`` names the layouts of the records stored in files (``SymbolInfo``, and
+``Lit`` with the safe values in it), which the codec then decodes: a change to those
+layouts bumps it, and ``loads`` must go on reading the versions before.
+
+Files hold the safe value format only (``mpl.wire.safe_values``), even in a trusted
+cluster: ``dumps`` refuses other values with ``UnsafeValueError`` and ``loads`` refuses a
+pickle (files written before mpl had the safe format) with ``ProtocolError``, unloaded.
+``loads`` raises :class:`ProtocolError` for anything malformed, like ``decode``.
 
 A persisted symbol is ONE file, so that it is published by one atomic rename::
 
@@ -27,7 +37,10 @@ from mpl.wire.errors import ProtocolError
 from mpl.wire.record import Record
 
 __all__ = [
+    "LEGACY_MAGIC",
     "MAX_DESCRIPTION_BYTES",
+    "PERSIST_VERSION",
+    "RECORD_MAGIC",
     "SYMBOL_MAGIC",
     "dumps",
     "loads",
@@ -38,11 +51,16 @@ __all__ = [
 
 SYMBOL_MAGIC = b"MPS\x01"
 MAX_DESCRIPTION_BYTES = 1 << 20  # a SymbolInfo is a name, ranks and a small meta dict
+PERSIST_VERSION = 1
+RECORD_MAGIC = b"MPR" + bytes([PERSIST_VERSION])
+# What files written with wire version 1 (before PERSIST_VERSION) begin with, and their
+# first frame: the records in them have persist version 1's layouts
+LEGACY_MAGIC = b"MPL\x01"
 
 
 def _chunks(msg: Record) -> Iterator[Any]:
-    yield MAGIC_FRAME
-    for frame in encode(msg, safe=True):
+    yield RECORD_MAGIC
+    for frame in encode(msg, safe=True)[1:]:  # the wire's magic is not stored
         view = memoryview(frame)
         yield view.nbytes.to_bytes(8, "little")
         yield view
@@ -54,10 +72,16 @@ def dumps(msg: Record) -> bytes:
 
 def loads(data: bytes | memoryview) -> Record:
     view = memoryview(data)
-    if view[: len(MAGIC_FRAME)].tobytes() != MAGIC_FRAME:
+    magic = view[: len(RECORD_MAGIC)].tobytes()
+    if magic != RECORD_MAGIC and magic != LEGACY_MAGIC:
+        if magic[:3] == RECORD_MAGIC[:3] and len(magic) == len(RECORD_MAGIC):
+            raise ProtocolError(
+                f"persisted record of format version {magic[3]}: this mpl reads versions up "
+                f"to {PERSIST_VERSION}"
+            )
         raise ProtocolError("not an mpl persisted record (bad magic)")
     frames: list[memoryview] = []
-    pos = len(MAGIC_FRAME)
+    pos = len(RECORD_MAGIC)
     while pos < len(view):
         if pos + 8 > len(view):
             raise ProtocolError("truncated persisted record")
@@ -67,7 +91,13 @@ def loads(data: bytes | memoryview) -> Record:
             raise ProtocolError("truncated persisted record")
         frames.append(view[pos : pos + size])
         pos += size
-    return decode(frames, safe=True)
+    if magic == LEGACY_MAGIC:  # the wire's magic of then, kept as the first frame
+        if not frames or frames[0].tobytes() != LEGACY_MAGIC:
+            raise ProtocolError("not an mpl persisted record (bad inner magic)")
+        frames = frames[1:]
+    # the records' layouts are PERSIST_VERSION's (and version 1's, the same): the codec of
+    # this wire version reads them
+    return decode([MAGIC_FRAME, *frames], safe=True)
 
 
 def symbol_chunks(info: Record, value: Record) -> Iterator[Any]:

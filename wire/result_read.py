@@ -22,7 +22,10 @@ A caller that knows which job's answer it waits for (a driver's call site,
 :mod:`mpl.driver.job_site`) reads it with :func:`result_fields`: the header must start with
 that job's bytes (one comparison instead of a field check), and the fields come back as the
 list msgpack built, without the record (:func:`read_result` builds it, for tests and other
-callers). Anything else it leaves to the caller's general reading.
+callers). Anything else it leaves to the caller's general reading. It bounds nesting by the
+fields it read rather than by a count of the header's bytes: in a result that fits, only
+the values themselves can nest (stats are blobs, metas strs), so one with no list or dict
+among them needs no count.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ _FIELDS = pinned_fields(
 # msgpack's list and map markers: fixmap, fixarray, array 16/32, map 16/32
 _CONTAINER_MARKERS = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
 _COUNT_BELOW = 8192  # longer headers are counted by the Decoder's hooks, as decode does
+_NESTS = (list, dict)  # what msgpack builds that nests (its tuples here: of small ints)
 # a fixarray of the tag and six fields, then the tag as a fixstr
 _PREFIX = b"\x97" + bytes([0xA0 | len(JobResult.TAG)]) + JobResult.TAG.encode()
 RESULT_HEAD = _PREFIX  # what every JobResult's header starts with: its job id follows
@@ -166,14 +170,10 @@ def result_fields(frames: Sequence[Any], head: bytes, *, safe: bool) -> list[Any
         return None
     if not data.startswith(head):
         return None
-    n = len(data)
-    # _counted_length, on the bytes in hand: a short header with fewer container markers
-    # than MAX_NESTING needs no Decoder hooks (see _counted_length)
-    if (
-        magic != MAGIC_FRAME
-        or n >= _COUNT_BELOW
-        or n - len(data.translate(None, _CONTAINER_MARKERS)) >= MAX_NESTING
-    ):
+    # a short header is read by msgpack alone (bounded: fewer than _COUNT_BELOW bytes build
+    # fewer containers than that, nested at most as deep as msgpack's own stack); whether it
+    # nests too deep is judged below, once its fields are known
+    if magic != MAGIC_FRAME or len(data) >= _COUNT_BELOW:
         return _fields_of(read_answer(frames, safe=safe))
     try:
         items: list[Any] = msgpack.unpackb(
@@ -193,6 +193,17 @@ def result_fields(frames: Sequence[Any], head: bytes, *, safe: bool) -> list[Any
     _, _, values, error, missing, stats, metas = items
     if error is not None or not _fits_plain(values, missing, stats, metas):
         raise ProtocolError(f"record {JobResult.TAG!r}: a field does not match its annotation")
+    # Fields that fit nest three deep (the header, values, a rank's map) but for the values
+    # themselves (stats are blobs, metas strs): with no list or dict among those, the header
+    # is within MAX_NESTING, and its markers need no count (a pass over every byte: more
+    # than the rest of the read for a trivial job's answer, per rank). Otherwise the count
+    # of _counted_length decides, and a header it does not clear goes to the Decoder.
+    for by_rank in values.values():
+        for value in by_rank.values():
+            if type(value) in _NESTS:
+                if len(data) - len(data.translate(None, _CONTAINER_MARKERS)) >= MAX_NESTING:
+                    return _fields_of(read_answer(frames, safe=safe))
+                return items
     return items
 
 
@@ -237,8 +248,8 @@ def _counted_length(view: memoryview) -> int:
     bytes occur inside strings and floats) but never under-counts, and fewer than
     ``MAX_NESTING`` containers can neither nest too deep nor build more than
     ``MAX_CONTAINERS``: the hooks would check nothing. A JobResult's header carries every
-    rank's op spans, so it is rarely shorter than ``MAX_NESTING`` bytes (the Decoder's own
-    test), while its markers are few.
+    rank's stats blob, so it is rarely shorter than ``MAX_NESTING`` bytes (the Decoder's own
+    test), while its markers are few (the blobs' bytes may hold some: an over-count).
     """
     n = view.nbytes
     if n >= _COUNT_BELOW:
@@ -266,13 +277,9 @@ def _fits_plain(values: Any, missing: Any, stats: Any, metas: Any) -> bool:
         for rank in by_rank:
             if type(rank) is not int:
                 return False
-    for rank in stats:  # dict[int, dict[str, Any]]
-        stat = stats[rank]
-        if type(rank) is not int or type(stat) is not dict:
+    for rank in stats:  # dict[int, bytes]: each rank's blob, read on demand (run_stats)
+        if type(rank) is not int or type(stats[rank]) is not bytes:
             return False
-        for key in stat:
-            if type(key) is not str:
-                return False
     for index in metas:  # dict[int, str]  # noqa: SIM110 (all() and a generator: calls)
         if type(index) is not int or type(metas[index]) is not str:
             return False
@@ -300,12 +307,9 @@ def _fits(items: Any) -> bool:
         for index in by_output:
             if not (type(index) is int and INT_MIN <= index <= INT_MAX):
                 return False
-    for rank, stat in stats.items():  # dict[int, dict[str, Any]]
-        if not (type(rank) is int and INT_MIN <= rank <= INT_MAX and isinstance(stat, dict)):
+    for rank, stat in stats.items():  # dict[int, bytes]
+        if not (type(rank) is int and INT_MIN <= rank <= INT_MAX and isinstance(stat, bytes)):
             return False
-        for key in stat:
-            if not isinstance(key, str):
-                return False
     for index, meta in metas.items():  # dict[int, str]
         if not (type(index) is int and INT_MIN <= index <= INT_MAX and isinstance(meta, str)):
             return False

@@ -24,6 +24,7 @@ from mpl.wire.jobs import Done, Exec
 from mpl.wire.progress import FIRST_AFTER_S
 from mpl.wire.record import Record
 from mpl.wire.remote import to_info
+from mpl.wire.run_stats import pack_stats, run_seconds
 from mpl.worker.inline_run import InlineRun
 from mpl.worker.interpreter import OpFailed, Plan
 from mpl.worker.state import WorkerState
@@ -98,11 +99,11 @@ class InlineJobs:
                 self.post(end)
                 lock.acquire()  # not `with`: acquire and release are a third of its cost
                 try:
-                    self.state.end_inline(sid, job, end.stats["run_s"])
+                    self.state.end_inline(sid, job, run_seconds(end.stats))
                 finally:
                     lock.release()
                 return True
-            self.report(RunFinished(sid, job, end.stats["run_s"], end))  # stopped meanwhile
+            self.report(RunFinished(sid, job, run_seconds(end.stats), end))  # stopped meanwhile
             return True
         self.report(end)  # failed or aborted: the state's ordinary path
         return True
@@ -159,7 +160,7 @@ class InlineJobs:
             return RunFailed(sid, job, time.monotonic() - t0, info)
         try:
             values, metas = self._store_outputs(sid, job, msg.inline, outputs)
-            stats = {"run_s": t1 - t0, "started": wall, "ops": spans}
+            stats = pack_stats(t1 - t0, wall, spans)  # one blob, unread on the way
             post_frames = self.post_frames
             if post_frames is not None:
                 frames = own_done_fields(sid, job, self.rank, values, stats, metas)

@@ -44,6 +44,7 @@ from mpl.wire.limits import MAX_JOB_THREADS, check_symbol_name, job_timeout
 from mpl.wire.progress import EVERY_S, FIRST_AFTER_S, Progress
 from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import ErrorInfo, to_info
+from mpl.wire.run_stats import pack_stats, run_seconds
 from mpl.wire.safe_values import unsafe
 from mpl.wire.sessions import Ack, DeleteSymbol, Reply, SaveSymbol, SessionClosed, SymbolInfo
 from mpl.worker.inline_jobs import InlineJobs
@@ -294,7 +295,7 @@ class Jobs(InlineJobs):
         happened: the thread that runs it must report it."""
         end = self._run(msg, graph)
         if isinstance(end, Done):
-            return RunFinished(end.session, end.job, end.stats["run_s"], end)
+            return RunFinished(end.session, end.job, run_seconds(end.stats), end)
         return end
 
     def _run(
@@ -348,7 +349,7 @@ class Jobs(InlineJobs):
             # An abort that came during the run is the state's to see (RunFinished of a stopped
             # job frees its outputs and says nothing), so no second look under the lock here.
             values, metas = self._store_outputs(sid, job, msg.inline, outputs)
-            stats = {"run_s": time.monotonic() - t0, "started": wall, "ops": run.spans}
+            stats = pack_stats(time.monotonic() - t0, wall, run.spans)  # one blob, unread
             # Done(...) filled in directly (as decode fills in the records it checked): its
             # __init__ sets each field through the records' immutability guard. Every
             # field is named here: the check below _DONE_FIELDS keeps them in step.
