@@ -109,7 +109,9 @@ class BrokerMessages:
                     if type(mine) is Failed:
                         self._send(mine)
                         self.protocol_errors += 1
-                        log.warning("rank %d: refused an exec that did not authenticate", self.rank)
+                        log.warning(
+                            "rank %d: refused a %s that did not authenticate", self.rank, Exec.TAG
+                        )
                     elif mine is not None or self.runtimes.refused_sessions:
                         self._on_exec(_with_job(last, job, {} if mine is None else {rank: mine}))
                     elif not self.jobs.run_now(  # _unbound(last), its common case written out
