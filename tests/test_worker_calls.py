@@ -211,6 +211,7 @@ def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
     # its sealed value is short bytes: packed without a walk over it
     assert calls["done_pack.py:own_done_frames"] == _JOBS and calls["done_pack.py:_plain"] == 0
     # a next job whose box a hostile broker changed: read by comparison, refused by the seal
+    wait_until(lambda: not worker.jobs.state.jobs, what="the last job booked")
     done = int(worker.jobs.stats()["jobs_done"])
     previous = execs[-1]
     read = read_exec(previous)
@@ -306,6 +307,8 @@ def test_a_hostile_brokers_sealed_exec_forgeries_are_refused_and_run_nothing(
     worker = workers[0]
     assert worker.seal is not None
     refused, repeats = worker.seal.refusals, worker._execs.repeats
+    # the last job's end is booked just after its answer went out: wait for it
+    wait_until(lambda: not worker.jobs.state.jobs, what="the last job booked")
     done = int(worker.jobs.stats()["jobs_done"])
     handle = handles[0]
     pending = list(forgeries.values())
