@@ -10,9 +10,9 @@ answer within the wait's first slice, read it (:func:`mpl.wire.result_read.read_
 with every check of the general path), book the job. No ``Exec`` record is built and no
 generic wait loop, callback or key is set up for the answer that nearly always comes first.
 
-In secure mode the job takes the same path, but for its ``Exec``: the seal takes the
-record (sealing each rank's bindings in it), which is then encoded, and the answer's values
-are opened before they are booked. Whatever leaves that path goes on through the general
+In secure mode the job takes the same path: each rank's bindings are sealed
+(``DriverSeal.sealed``) and packed into the same header parts, and the answer's values are
+opened before they are booked. Whatever leaves that path goes on through the general
 calls, which behave as they always did: bindings the packer does not take, a program the
 broker does not hold yet, a broker the watch has a verdict on, and an answer that is not
 this job's or comes later than the first slice (then ``BrokerCalls._wait`` takes over,
@@ -144,18 +144,31 @@ class JobSite:
                     _send(sock, header, 0)
                 else:
                     send_frames(sock, [MAGIC_FRAME, header], 0)
-            else:  # the seal takes the record, as Client._exec fills it in
-                msg = object.__new__(Exec)
-                msg.__dict__.update(
-                    session=ctx.session,
-                    job=job,
-                    digest=graph.digest,
-                    ranks=graph.ranks,
-                    bindings=bindings,
-                    inline=self.inline,
-                    timeout_s=limit,
+            else:  # sealed bindings, packed into the same header (no record of the Exec)
+                boxes = seal.sealed(
+                    ctx.session, job, graph.digest, graph.ranks, self.inline, limit, bindings
                 )
-                send_frames(sock, exec_frames(seal.exec(msg)), 0)
+                packed = pack_bindings(boxes)
+                if packed is not None and parts is not None:  # compact boxes (most jobs)
+                    head, middle, tail = parts
+                    header = b"".join((head, _ID_MARK, job_bytes, middle, packed, tail))
+                    if len(header) < _SMALL:
+                        _send(sock, MAGIC_FRAME, _MORE)
+                        _send(sock, header, 0)
+                    else:
+                        send_frames(sock, [MAGIC_FRAME, header], 0)
+                else:  # a sealed record among them (large inputs): the encoder packs it
+                    msg = object.__new__(Exec)
+                    msg.__dict__.update(
+                        session=ctx.session,
+                        job=job,
+                        digest=graph.digest,
+                        ranks=graph.ranks,
+                        bindings=boxes,
+                        inline=self.inline,
+                        timeout_s=limit,
+                    )
+                    send_frames(sock, exec_frames(msg), 0)
         except zmq.Again:
             raise MplTimeoutError(
                 f"job {job}: the broker at {client.address} took no message for "

@@ -155,34 +155,49 @@ class DriverSeal:
         return Program(graph.digest, None, boxes)
 
     def exec(self, msg: Exec) -> Exec:
-        """``msg`` with every rank's bindings sealed for that rank (a sealed None where it
-        has none: it proves the job comes from this driver): ``msg`` itself, its bindings
-        field replaced (the dict it held is left as it was), so the caller sends it instead.
-        Each rank's bindings are sealed for its worker process: the context ends with that
-        worker's incarnation (``_targets``)."""
+        """``msg`` with every rank's bindings sealed for that rank (:meth:`sealed`): ``msg``
+        itself, its bindings field replaced (the dict it held is left as it was), so the
+        caller sends it instead."""
+        # the bindings sealed in their place: the caller built ``msg`` for this job and
+        # sends what comes back instead (a field set so costs no record built: _EXEC_FIELDS)
+        msg.__dict__["bindings"] = self.sealed(
+            msg.session, msg.job, msg.digest, msg.ranks, msg.inline, msg.timeout_s, msg.bindings
+        )
+        return msg
+
+    def sealed(
+        self,
+        session: str,
+        job: str,
+        digest: str,
+        ranks: tuple[int, ...],
+        inline: tuple[int, ...],
+        timeout_s: float,
+        plain: dict[int, Any],
+    ) -> dict[int, Any]:
+        """The bindings of the ``Exec`` of these fields, ``plain``, with every rank's sealed
+        for that rank (a sealed None where it has none: it proves the job comes from this
+        driver), as the ``Exec`` carries them: a call site packs them into its header
+        without a record (``mpl.driver.job_site``). Each rank's bindings are sealed for its
+        worker process: the context ends with that worker's incarnation (``_targets``)."""
         sealer = self.sealer or self._ready()
         # exec_context(...) without its call (checked on import): the job's, then per rank
         # its worker's incarnation
-        tail = self._tails[(msg.digest, msg.ranks, msg.inline, msg.timeout_s)]
-        context = f"exec|{msg.session}|{msg.job}{tail}"
-        plain, targets = msg.bindings, self._targets
+        context = f"exec|{session}|{job}{self._tails[(digest, ranks, inline, timeout_s)]}"
+        targets = self._targets
         sealed: dict[int, Any]
         if not plain:  # no rank has inputs (most jobs): every rank's None in one call
             try:
-                sealed = sealer.seal_nones(targets, msg.ranks, context)
+                return sealer.seal_nones(targets, ranks, context)
             except KeyError as exc:  # a rank of no node of this driver's spec
                 self._target(exc.args[0])  # says why
                 raise
-        else:
-            seal, sealed = sealer.seal, {}
-            for rank in msg.ranks:  # plain loops: a comprehension is one more call per job
-                who, bound = targets.get(rank) or self._target(rank)
-                # safe=False, passed by position: a keyword costs the call a name to match
-                sealed[rank] = seal(plain.get(rank), who, context + bound, False)
-        # the bindings sealed in their place: the caller built ``msg`` for this job and
-        # sends what comes back instead (a field set so costs no record built: _EXEC_FIELDS)
-        msg.__dict__["bindings"] = sealed
-        return msg
+        seal, sealed = sealer.seal, {}
+        for rank in ranks:  # plain loops: a comprehension is one more call per job
+            who, bound = targets.get(rank) or self._target(rank)
+            # safe=False, passed by position: a keyword costs the call a name to match
+            sealed[rank] = seal(plain.get(rank), who, context + bound, False)
+        return sealed
 
     def result(self, session: str, result: JobResult) -> JobResult:
         """``result`` (decoded for this call) itself, its values field replaced by the

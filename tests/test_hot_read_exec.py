@@ -96,3 +96,31 @@ def test_an_exec_with_a_malformed_field_is_left_to_decode_which_refuses_it(
     frames = [MAGIC_FRAME, header]
     assert read_exec(frames) is None
     assert decoded_exec(frames) is None
+
+
+def test_an_exec_whose_bindings_nest_nothing_is_not_scanned_for_nesting() -> None:
+    """A job without inputs, or a secure job (each rank's bindings a sealed box), nests
+    nothing the nesting bound could refuse: its header is read without a pass over its
+    bytes for list and map markers (bac702e made one per Exec longer than MAX_NESTING)."""
+    import sys
+
+    from mpl.wire.codec import decode
+    from mpl.wire.limits import MAX_NESTING
+
+    for bindings in ({}, {0: b"\x01" * 60, 1: b"\x02" * 60}):
+        msg = Exec("s" + "5" * 16, "a" * 24, "d" * 64, (0, 1), bindings, (0,), 60.0)
+        raw = encode(msg)
+        assert len(raw[1]) > MAX_NESTING
+        scans = 0
+
+        def count(frame: Any, event: str, arg: Any) -> None:
+            nonlocal scans
+            scans += event == "c_call" and getattr(arg, "__name__", "") == "translate"
+
+        sys.setprofile(count)
+        try:
+            read = read_exec(raw)
+        finally:
+            sys.setprofile(None)
+        assert read == decode(raw) == msg
+        assert scans == 0

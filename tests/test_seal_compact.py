@@ -20,6 +20,7 @@ from mpl.wire.done_pack import own_done_frames
 from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.exec_pack import _pack_bindings, exec_frames
 from mpl.wire.jobs import Done, Exec, Failed, JobResult
+from mpl.wire.replay import stamp
 from mpl.wire.seal import Sealer, done_context, exec_context
 from mpl.wire.sealed import BOX_MAGIC, is_sealed
 from mpl.wire.sessions import Reply
@@ -368,3 +369,21 @@ def test_one_outputs_values_opened_in_one_call_as_open_opens_each(parties: Parti
         a.open_all({0: altered}, senders, context, True)
     with pytest.raises(KeyError):  # a rank with no sender: the caller says why
         a.open_all({2: box}, senders, context, True)
+
+
+def test_renew_starts_a_new_epoch_once_the_current_has_numbered_enough(
+    parties: Parties,
+) -> None:
+    """``Sealer.renew(to, numbered)``: a new epoch (numbers from 0 again) only once the
+    current one has numbered at least ``numbered`` payloads; its numbers never go back."""
+    driver = parties.a
+    context = exec_context("s", "j1", "d", (0,), (0,), 5.0)
+    numbers = [stamp(driver.seal(None, "node:n0", context))[1] for _ in range(3)]
+    assert numbers == [0, 1, 2]
+    assert not driver.renew("node:n0", 10)  # 3 numbered (4 with the one it draws)
+    later = stamp(driver.seal(None, "node:n0", context))
+    assert later[1] > numbers[-1]  # the same epoch, numbers still going up
+    assert driver.renew("node:n0", 4)  # 4 numbered (its epoch's 0 to 3)
+    fresh = stamp(driver.seal(None, "node:n0", context))
+    assert fresh[1] == 0 and fresh[0] != later[0]  # a new epoch
+    assert not driver.renew("node:n1", 0)  # no epoch for it yet: nothing to renew

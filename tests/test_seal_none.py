@@ -167,3 +167,31 @@ def test_a_jobs_nones_sealed_in_one_call_are_each_bound_to_their_own_recipient(
     assert int.from_bytes(boxes[0][end : end + 12]) == int.from_bytes(before[end : end + 12]) + 1
     with pytest.raises(KeyError):  # a rank with no identity: the caller says why
         a.seal_nones({0: ("node:n0", "")}, (0, 2), _CONTEXT)
+
+
+def test_a_sealed_nones_tag_input_fits_one_blake2b_block() -> None:
+    """A sealed None's tag is keyed BLAKE2b over its nonce and its context, from a state that
+    took its key block in already: with the Exec's fields after the job hashed into a short
+    tail (``ExecTails``), nonce and context fit one 128-byte block for a job as a driver
+    numbers it (bac702e wrote those fields out: about 150 bytes, two blocks)."""
+    context = exec_context(
+        "s" + "5" * 16,  # a broker's session id
+        "a" * 24,  # a driver's job id (_JobIds)
+        "d" * 64,  # a program's sha256 digest
+        (0, 1, 2, 3),
+        (0, 1),
+        3600.0,
+        "c" * 16,  # a worker's public incarnation
+    )
+    assert 12 + len(context.encode()) <= 128  # the nonce, then the context
+    # still bound to every field the tail stands for
+    others = [
+        exec_context("s" + "5" * 16, "a" * 24, digest, ranks, inline, timeout, "c" * 16)
+        for digest, ranks, inline, timeout in (
+            ("e" * 64, (0, 1, 2, 3), (0, 1), 3600.0),
+            ("d" * 64, (0, 1, 2), (0, 1), 3600.0),
+            ("d" * 64, (0, 1, 2, 3), (0,), 3600.0),
+            ("d" * 64, (0, 1, 2, 3), (0, 1), 3601.0),
+        )
+    ]
+    assert len({context, *others}) == 5

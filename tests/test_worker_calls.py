@@ -22,8 +22,10 @@ from helpers import wait_until
 import mpl.driver as mp
 from mpl.broker.daemon import Broker
 from mpl.wire import ClusterSpec
+from mpl.wire.codec import encode
 from mpl.wire.curve import Curve
 from mpl.wire.hot import read_exec
+from mpl.wire.jobs import Exec
 from mpl.wire.keys import load_keypair, write_keypair
 from mpl.worker.daemon import Worker
 
@@ -48,6 +50,7 @@ _GENEROUS_S = 10.0
 # code before counts 13 so). Half a call of margin, so that a stray call does not fail it;
 # the code before does.
 _MAX_CALLS_PER_JOB = 11.5
+_BUILT = "records built"  # the key under which _exec_calls counts records made (no __init__)
 
 
 @pytest.fixture
@@ -66,12 +69,15 @@ def _exec_calls(worker: Worker) -> Iterator[tuple[Counter[str], list[list[Any]]]
     calls: Counter[str] = Counter()
     execs: list[list[Any]] = []
     handle = worker._on_frames
+    built = [0]
 
     def count(frame: FrameType, event: str, arg: Any) -> None:
         if event == "call":
             path = frame.f_code.co_filename.replace("\\", "/")
             if "/mpl/worker/" in path or path.endswith(("/done_pack.py", "/exec_repeat.py")):
                 calls[f"{path.rsplit('/', 1)[-1]}:{frame.f_code.co_name}"] += 1
+        elif event == "c_call" and arg is object.__new__:  # a record built (no __init__)
+            built[0] += 1
 
     def counted(frames: list[Any]) -> None:
         if read_exec(frames) is None:  # a heartbeat, a directory: not the job's
@@ -88,6 +94,7 @@ def _exec_calls(worker: Worker) -> Iterator[tuple[Counter[str], list[list[Any]]]
     try:
         yield calls, execs
     finally:
+        calls[_BUILT] = built[0]
         worker._on_frames = handle  # type: ignore[method-assign]  # put back
 
 
@@ -98,7 +105,7 @@ def _worker_calls(sim: mp.Simulator, rank: int, job: Any) -> tuple[int, Counter[
         for _ in range(_JOBS):
             assert mp.fetch(job()) == [1, 1]
     assert len(execs) == _JOBS, "one Exec per job expected"
-    return sum(calls.values()), calls
+    return sum(n for name, n in calls.items() if name != _BUILT), calls
 
 
 def test_a_repeat_quick_job_costs_the_worker_few_python_calls(sim: mp.Simulator) -> None:
@@ -157,6 +164,11 @@ def secure(tmp_path: Path) -> Iterator[tuple[Broker, list[Worker], Any]]:
         broker.join(5)
 
 
+# bac702e made 17 calls per sealed repeat here (the repeat's record, then _on_broker, the
+# seal's inbound and _on_exec); read by job id and box and opened without a record: 15
+_MAX_SEALED_CALLS_PER_JOB = 15.5
+
+
 def _tampered(frames: list[Any], job: str) -> list[bytes]:
     """The Exec ``frames`` for job ``job`` (an id as long as its own) with the last byte of
     its sealed box flipped: what a hostile broker could send as a program's next job."""
@@ -187,11 +199,19 @@ def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
         for _ in range(_JOBS):
             assert mp.fetch(job()) == 1
     assert worker._execs.repeats - repeats == _JOBS  # none read in full
-    assert calls["broker_messages.py:_read"] == 0 and calls["broker_messages.py:_on_exec"] == _JOBS
-    assert calls["sealing.py:inbound"] == _JOBS  # every one opened by the seal
+    assert calls["broker_messages.py:_read"] == 0
+    # by its job id and box (no record of the Exec, no general message path; bac702e made
+    # a record of every one and took it through _on_broker, inbound and _on_exec)
+    assert calls["exec_repeat.py:repeat_box"] == _JOBS and calls["exec_repeat.py:repeat"] == 0
+    assert calls["broker_messages.py:_on_broker"] == calls["broker_messages.py:_on_exec"] == 0
+    assert calls["sealing.py:open_exec"] == _JOBS  # every one opened by the seal
+    assert calls[_BUILT] == _JOBS  # its Done alone (bac702e: the Exec's record too)
+    per_job = sum(n for name, n in calls.items() if name != _BUILT) / _JOBS
+    assert per_job <= _MAX_SEALED_CALLS_PER_JOB, f"{per_job:.2f} calls: {sorted(calls.items())}"
     # its sealed value is short bytes: packed without a walk over it
     assert calls["done_pack.py:own_done_frames"] == _JOBS and calls["done_pack.py:_plain"] == 0
     # a next job whose box a hostile broker changed: read by comparison, refused by the seal
+    wait_until(lambda: not worker.jobs.state.jobs, what="the last job booked")
     done = int(worker.jobs.stats()["jobs_done"])
     previous = execs[-1]
     read = read_exec(previous)
@@ -216,3 +236,106 @@ def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
     # the genuine one alone ran (its end is booked just after its answer went out)
     wait_until(lambda: int(worker.jobs.stats()["jobs_done"]) > done, what="the job booked")
     assert int(worker.jobs.stats()["jobs_done"]) == done + 1
+
+
+def _box_of(frames: list[Any]) -> tuple[bytes, bytes, str]:
+    """An Exec's header, its one sealed box and its job id."""
+    read = read_exec(frames)
+    assert read is not None and len(read.bindings) == 1
+    return bytes(memoryview(frames[1])), next(iter(read.bindings.values())), read.job
+
+
+def test_a_hostile_brokers_sealed_exec_forgeries_are_refused_and_run_nothing(
+    secure: tuple[Broker, list[Worker], Any],
+) -> None:
+    """What a hostile broker can do with the sealed Execs it routes, done to rank 0 between
+    two genuine jobs: hand it rank 1's Exec, splice rank 1's box (or an earlier job's box)
+    into rank 0's header, replay an earlier Exec whole, or drop the box. Every one is
+    refused by the seal (counted), none runs, and the genuine next job runs once. The
+    forgeries shaped as the program's next Exec are read by comparison, so the lean
+    intake (``RepeatExecs.repeat_box`` and ``WorkerSeal.open_exec``, no record) is the one
+    refusing them. (bac702e refused them all too, through a record and ``inbound``.)"""
+    _, workers, _ = secure
+    for worker in workers:
+        worker.jobs.inline_s = _GENEROUS_S
+    job = mp.function(lambda: mp.simp.pcall((0, 1), lambda: 1))
+    for _ in range(3):
+        assert mp.fetch(job()) == [1, 1]
+    seen: list[list[list[Any]]] = [[], []]
+    handles = [worker._on_frames for worker in workers]
+
+    def recorder(rank: int) -> Any:
+        def record(frames: list[Any]) -> None:
+            if read_exec(frames) is not None:
+                seen[rank].append([bytes(memoryview(f)) for f in frames])
+            handles[rank](frames)
+
+        return record
+
+    for rank, worker in enumerate(workers):
+        worker._on_frames = recorder(rank)  # type: ignore[method-assign]  # recorded
+    try:
+        for _ in range(2):
+            assert mp.fetch(job()) == [1, 1]
+    finally:
+        for rank, worker in enumerate(workers):
+            worker._on_frames = handles[rank]  # type: ignore[method-assign]  # put back
+    mine, other = seen[0][-1], seen[1][-1]
+    header, box, job_id = _box_of(mine)
+    _, other_box, _ = _box_of(other)
+    _, earlier_box, _ = _box_of(seen[0][-2])
+    fresh = "f" * len(job_id)
+    magic = mine[0]
+    assert len(other_box) == len(box) == len(earlier_box)  # each fits where the other was
+    # first those shaped as the program's next Exec (read by comparison), then two that
+    # are not (another rank's key, no box: read in full)
+    shaped = {
+        "rank 1's box in rank 0's header": [magic, header.replace(box, other_box)],
+        "an earlier job's box under a new job id": [
+            magic,
+            header.replace(box, earlier_box).replace(job_id.encode(), fresh.encode()),
+        ],
+        "a new job id on this job's box": [magic, header.replace(job_id.encode(), fresh.encode())],
+        "an earlier Exec replayed whole": seen[0][-2],
+        "this Exec replayed whole": mine,
+    }
+    forgeries = {
+        **shaped,
+        "rank 1's own Exec": other,
+        "the box dropped": [magic, _without_bindings(mine)],
+    }
+    worker = workers[0]
+    assert worker.seal is not None
+    refused, repeats = worker.seal.refusals, worker._execs.repeats
+    # the last job's end is booked just after its answer went out: wait for it
+    wait_until(lambda: not worker.jobs.state.jobs, what="the last job booked")
+    done = int(worker.jobs.stats()["jobs_done"])
+    handle = handles[0]
+    pending = list(forgeries.values())
+
+    def forged_first(frames: list[Any]) -> None:
+        if pending and read_exec(frames) is not None:
+            for forged in pending:
+                handle(forged)
+            pending.clear()
+        handle(frames)
+
+    worker._on_frames = forged_first  # type: ignore[method-assign]  # forgeries first
+    try:
+        assert mp.fetch(job()) == [1, 1]
+    finally:
+        worker._on_frames = handle  # type: ignore[method-assign]  # put back
+    assert not pending
+    assert worker.seal.refusals == refused + len(forgeries)  # each one refused by the seal
+    # read by comparison, by job id and box, as a genuine repeat is
+    assert worker._execs.repeats - repeats == len(shaped)
+    wait_until(lambda: int(worker.jobs.stats()["jobs_done"]) > done, what="the job booked")
+    assert int(worker.jobs.stats()["jobs_done"]) == done + 1  # the genuine one alone ran
+
+
+def _without_bindings(frames: list[Any]) -> bytes:
+    """An Exec's header with no bindings (its box dropped)."""
+    read = read_exec(frames)
+    assert read is not None
+    bare = Exec(read.session, read.job, read.digest, read.ranks, {}, read.inline, read.timeout_s)
+    return bytes(memoryview(encode(bare)[1]))

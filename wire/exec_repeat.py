@@ -18,7 +18,8 @@ In secure mode a job's bindings are one sealed box for this rank, sealed afresh 
 job: the header then repeats the last one but for two spans, the job id and the box's
 bytes. Such a header is compared outside both: the job id is read as above, and the box is
 the bytes of a msgpack bin whose header (its size) is among the bytes compared, exactly
-what ``decode`` reads there. Whether the box opens is the seal's to say (``worker/
+what ``decode`` reads there. :meth:`RepeatExecs.repeat_box` says such a repeat by its job
+id, rank and box, with no record. Whether the box opens is the seal's to say (``worker/
 sealing.py``), for a job read either way.
 
 One reader per sender: the bytes it compares with came from that sender's connection and
@@ -146,8 +147,25 @@ class RepeatExecs:
         if not self._box_at:  # plaintext bindings: the job id is all that differs
             job = self.repeat_job(frames)
             return None if job is None else self.record(job)
-        head = self._head
-        if len(frames) != 2:
+        read = self.repeat_box(frames)
+        if read is None:
+            return None
+        job_id, rank, box = read
+        sealed: Exec = _new(Exec)
+        fields = sealed.__dict__
+        fields.update(self._fields)
+        fields["job"], fields["bindings"] = job_id, {rank: box}
+        return sealed
+
+    def repeat_box(self, frames: Sequence[Any]) -> tuple[str, int, bytes] | None:
+        """:meth:`repeat` for a repeat of a sealed ``Exec`` (one box for one rank), saying
+        it by ``(job id, rank, box)`` with no record: the message is :attr:`last` but for
+        that id and that rank's box (the rank's key among the bytes compared). None for
+        anything else (a plaintext repeat too), with nothing read or remembered.
+
+        For a caller that needs no record of most jobs (a secure worker: the seal opens the
+        box, and a job without inputs runs as :attr:`last` by its id)."""
+        if not self._box_at or len(frames) != 2:
             return None
         magic, raw = frames
         try:
@@ -159,11 +177,10 @@ class RepeatExecs:
         except TypeError:  # no buffer: read_exec refuses it as well
             return None
         tail = self._tail
-        if not (magic_ok and header.startswith(head) and header.endswith(tail)):
+        if not (magic_ok and header.startswith(self._head) and header.endswith(tail)):
             return None
         # a sealed header: only as long as the last, job id and box alike
         at, size, box_at = self._id_at, len(header), self._box_at
-        end = size - len(tail)
         if not (
             size == self._size
             and header[at - 1] == self._id_byte
@@ -176,11 +193,7 @@ class RepeatExecs:
         except UnicodeDecodeError:
             return None
         self.repeats += 1
-        sealed: Exec = _new(Exec)
-        fields = sealed.__dict__
-        fields.update(self._fields)
-        fields["job"], fields["bindings"] = job_id, {self._box_rank: header[box_at:end]}
-        return sealed
+        return job_id, self._box_rank, header[box_at : size - len(tail)]
 
     def repeat_job(self, frames: Sequence[Any]) -> str | None:
         """:meth:`repeat` for a repeat of a plaintext ``Exec`` (bindings not sealed), saying

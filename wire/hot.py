@@ -171,7 +171,7 @@ def _lean_header(frames: Sequence[Any]) -> bytes | None:
     return header
 
 
-_INT_ONLY, _STR_ONLY = {int}, {str}
+_INT_ONLY, _STR_ONLY, _BYTES_ONLY = {int}, {str}, {bytes}
 _new = object.__new__
 # A Done's header items by type, tag first: one C comparison checks them all
 _DONE_TYPES = (str, str, str, int, dict, bytes, dict, list)
@@ -375,13 +375,13 @@ def _read_exec(header: bytes) -> Exec | None:
         or not {*map(type, items[_EXEC_BINDINGS])} <= _INT_ONLY
     ):
         return None
-    # too short to nest that deep, too few list and map markers to (as read_done says),
-    # or only bindings that nest nothing (none, or sealed boxes): ranks and inline are
-    # tuples, bounded on their own
+    # too short to nest that deep, only bindings that nest nothing (none, or sealed boxes:
+    # told first, as it costs no pass over the header), or too few list and map markers to
+    # (as read_done says): ranks and inline are tuples, bounded on their own
     if (
         len(header) > MAX_NESTING
+        and not {*map(type, items[_EXEC_BINDINGS].values())} <= _BYTES_ONLY
         and len(header) - len(header.translate(None, _CONTAINER_MARKERS)) > MAX_NESTING
-        and any(type(b) is not bytes for b in items[_EXEC_BINDINGS].values())
     ):
         try:
             check_nesting(items)

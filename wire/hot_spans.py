@@ -177,15 +177,14 @@ def execs_for_ranks(frames: Sequence[Any], ranks: Sequence[int]) -> list[list[by
         _tls.unpacker = None  # Unpacker, which may still hold part of it, is dropped)
         return None
     head, tail, join = header[:start], header[end:], b"".join
-    return [
-        [
-            MAGIC_FRAME,
-            join((head, _EMPTY_MAP, tail))
-            if (mine := entries.get(rank)) is None
-            else join((head, _ONE_ENTRY, mine, tail)),
-        ]
-        for rank in ranks
-    ]
+    out: list[list[bytes]] = []
+    for rank in ranks:  # a plain loop: a comprehension is one more call per job
+        mine = entries.get(rank)
+        if mine is None:
+            out.append([MAGIC_FRAME, join((head, _EMPTY_MAP, tail))])
+        else:
+            out.append([MAGIC_FRAME, join((head, _ONE_ENTRY, mine, tail))])
+    return out
 
 
 class DoneSpans:

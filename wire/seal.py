@@ -12,8 +12,9 @@ authenticated for its one recipient:
   random salt and the payload's context (cheaper than HKDF per message: a trivial job seals
   four times, and on a busy machine each crypto call pays cold caches).
 * **Binding.** The keys name the sender and the recipient, the context what it is for
-  (``exec|session|job|digest``, ``done|...``, ``fetch|...|ticket``): a payload replayed into
-  another job, request, slot or direction derives another key and fails to open.
+  (``exec|session|job|...``, ``done|...``, ``fetch|...|ticket``; ``mpl.wire.seal_contexts``):
+  a payload replayed into another job, request, slot or direction derives another key and
+  fails to open.
 * **Cipher.** ChaCha20-Poly1305 (the ``cryptography`` package, OpenSSL underneath): its
   ``encrypt_into``/``decrypt_into`` work on buffers, so large arrays are sealed straight
   from their memory in ``CHUNK`` pieces and opened straight into one new buffer, with no
@@ -288,8 +289,9 @@ class Sealer:
         sending = self._sending.get(to)
         if sending is None:
             return False
-        below = epoch_time(sending[0][-_SALT:]) <= floor
-        if not below and int(repr(sending[3])[len("count(") : -1]) < numbered:
+        # the numbers drawn so far, read by drawing one: the payload that would have taken it
+        # skips it (a gap the recipient's replay window takes as numbers not yet run)
+        if epoch_time(sending[0][-_SALT:]) > floor and next(sending[3]) < numbered:
             return False
         self._sending.pop(to, None)  # the next seal draws the new epoch
         return True

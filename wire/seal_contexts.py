@@ -3,8 +3,9 @@ into its key or its associated data, so that one replayed into another job, requ
 output slot, direction or worker process does not open.
 
 * ``program|digest``: a job's program.
-* ``exec|session|job|digest|ranks|inline|timeout|incarnation``: one rank's bindings of a
-  job, everything else in the ``Exec`` and the recipient worker's public incarnation.
+* ``exec|session|job|tail|incarnation``: one rank's bindings of a job, everything else in
+  the ``Exec`` and the recipient worker's public incarnation; ``tail`` stands for
+  ``digest|ranks|inline|timeout``, by a hash of it (:class:`ExecTails`).
 * ``done|session|job|index``: one inline output of a job.
 * ``fetch|session|rank|uri|ticket``: one fetch's reply.
 
@@ -14,6 +15,9 @@ them as this module does.
 """
 
 from __future__ import annotations
+
+import hashlib
+from base64 import urlsafe_b64encode
 
 __all__ = [
     "ExecKey",
@@ -64,16 +68,25 @@ class ExecTails(dict[ExecKey, str]):
     """The part of :func:`exec_context` after the job, by (digest, ranks, inline, timeout):
     the same for every job of one call site, so written once. A hot path writes
     ``f"exec|{session}|{job}{tails[key]}"`` itself, as exec_context does (one Python call
-    less per job). Bounded: keyed by what a broker sends."""
+    less per job). Bounded: keyed by what a broker sends.
+
+    The tail is ``|`` and a 24-byte BLAKE2b hash of ``|digest|ranks|inline|timeout``
+    (32 characters), not that text (about 90): it binds the same fields (finding another
+    tail of the same hash is a 192-bit second preimage, and only the driver chooses the
+    tails it seals under), and it keeps a sealed None's tag input (nonce and context) in
+    one BLAKE2b block instead of two, in the driver per rank and in every worker, per job."""
 
     def __missing__(self, key: ExecKey) -> str:
         digest, ranks, inline, timeout = key
         if len(self) >= _EXEC_TAILS_KEPT:
             self.clear()  # a bound, not a policy: they are cheap to write again
-        tail = self[key] = f"|{digest}|{list(ranks)}|{list(inline)}|{float(timeout)!r}"
+        fields = f"|{digest}|{list(ranks)}|{list(inline)}|{float(timeout)!r}".encode()
+        hashed = hashlib.blake2b(fields, digest_size=24, person=_TAIL_PERSON).digest()
+        tail = self[key] = "|" + urlsafe_b64encode(hashed).decode()
         return tail
 
 
+_TAIL_PERSON = b"mpl-exec-tail/1"  # keeps these hashes apart from any other BLAKE2b use
 _EXEC_TAILS = ExecTails()
 _EXEC_TAILS_KEPT = 256
 

@@ -21,7 +21,7 @@ from mpl.wire.data import Fetch
 from mpl.wire.errors import ProtocolError
 from mpl.wire.exec_repeat import RepeatExecs
 from mpl.wire.guard import Guard
-from mpl.wire.jobs import Abort, Exec
+from mpl.wire.jobs import Abort, Exec, Failed
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
 from mpl.wire.safe_values import BROKER, pickles_allowed
@@ -34,6 +34,8 @@ from mpl.worker.state_events import Action, CodeRefused, FetchArrived, ProgramUn
 from mpl.worker.store import ObjectStore
 
 __all__ = ["BrokerMessages"]
+
+_new = object.__new__
 
 log = logging.getLogger("mpl.worker")
 
@@ -58,6 +60,8 @@ class BrokerMessages:
     refusals: RefusalLog
     protocol_errors: int
     _execs: RepeatExecs
+    # the last sealed Exec read in full, and it with no bindings (_unbound)
+    _bare: tuple[Exec | None, Exec] = (None, object.__new__(Exec))
     _gathered: list[list[Any]] | None
     _send: Callable[[Record], None]
     _send_gathered: Callable[[], None]
@@ -72,9 +76,11 @@ class BrokerMessages:
         comparison with the last one read, and goes straight to its handling: in
         plaintext by its job id alone (``RepeatExecs.repeat_job``: the job shell runs it
         as the last ``Exec`` with that id, and a record of it is made only if it must be
-        handed on), in secure mode as a record through the seal first (``_on_broker``),
-        which opens its sealed inputs or refuses the job. Every message is handled under
-        one guard: a message's failure stays that message's failure."""
+        handed on), in secure mode by its job id and sealed box (``repeat_box``), which the
+        seal opens or refuses (``WorkerSeal.open_exec``) before a job without inputs runs
+        the same way (``--code kernels``: as a record through ``_on_broker``). Every
+        message is handled under one guard: a message's failure stays that message's
+        failure."""
         execs = self._execs
         repeat: Exec | None = None
         if self.seal is None:
@@ -89,6 +95,32 @@ class BrokerMessages:
                         self._perform(self.jobs.handle(record))
                 except Exception as exc:
                     record = execs.record(job)
+                    reply = self.guard.internal("the broker", record, exc, rank=self.rank)
+                    if reply is not None:
+                        self._send(reply)
+                return
+        elif self.code == "any":  # a sealed repeat: opened and run by its job id, no record
+            read = execs.repeat_box(frames)
+            if read is not None and (last := execs.last) is not None:  # (kept with it)
+                job, rank, box = read
+                try:  # _on_broker and _on_exec, written out (two calls and a record less)
+                    # inbound's bindings.get(rank): a box keyed for another rank is none
+                    mine = self.seal.open_exec(last, job, box if rank == self.rank else None)
+                    if type(mine) is Failed:
+                        self._send(mine)
+                        self.protocol_errors += 1
+                        log.warning(
+                            "rank %d: refused a %s that did not authenticate", self.rank, Exec.TAG
+                        )
+                    elif mine is not None or self.runtimes.refused_sessions:
+                        self._on_exec(_with_job(last, job, {} if mine is None else {rank: mine}))
+                    elif not self.jobs.run_now(  # _unbound(last), its common case written out
+                        bare[1] if (bare := self._bare)[0] is last else self._unbound(last), job
+                    ):
+                        self._send_gathered()  # Dones gathered go before a job thread's
+                        self._perform(self.jobs.handle(_with_job(last, job, {})))
+                except Exception as exc:
+                    record = _with_job(last, job, {})
                     reply = self.guard.internal("the broker", record, exc, rank=self.rank)
                     if reply is not None:
                         self._send(reply)
@@ -109,6 +141,14 @@ class BrokerMessages:
             reply = self.guard.internal("the broker", msg, exc, rank=self.rank)
             if reply is not None:
                 self._send(reply)
+
+    def _unbound(self, last: Exec) -> Exec:
+        """``last`` (a program's last sealed Exec read in full) with no bindings: what its
+        repeats that opened to no inputs run as, by their job ids (kept while it is last)."""
+        kept = self._bare
+        if kept[0] is not last:
+            kept = self._bare = (last, _with_job(last, last.job, {}))
+        return kept[1]
 
     def _on_batch(self, frames: list[Any]) -> None:
         """A batch of the broker's messages, one at a time (none of them a batch:
@@ -221,3 +261,12 @@ class BrokerMessages:
             log.warning("rank %d: cannot load program %s: %s", self.rank, event.digest, exc)
         self._perform(self.jobs.handle(event))
         return True
+
+
+def _with_job(msg: Exec, job: str, bindings: dict[int, Any]) -> Exec:
+    """``msg`` with job id ``job`` and ``bindings``, built as decode builds it."""
+    other: Exec = _new(Exec)
+    fields = other.__dict__
+    fields.update(msg.__dict__)
+    fields["job"], fields["bindings"] = job, bindings
+    return other

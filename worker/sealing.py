@@ -119,20 +119,34 @@ class WorkerSeal:
     def inbound(self, msg: Record) -> tuple[Record | None, Record | None]:
         """``(message to act on, or None; answer for the broker, or None)``.
 
-        An ``Exec`` (most messages) is opened here, in this method: its own method would
-        be one more Python call per job. One that opens comes back itself, its sealed
-        bindings replaced by what they held (the caller acts on it instead)."""
+        An ``Exec`` that opens (:meth:`open_exec`) comes back itself, its sealed bindings
+        replaced by what they held (the caller acts on it instead)."""
         if type(msg) is not Exec and not isinstance(msg, Exec):
             return self._inbound_other(msg)
-        job = (msg.session, msg.job)
+        mine = self.open_exec(msg, msg.job, msg.bindings.get(self.rank))
+        if type(mine) is Failed:
+            return None, mine
+        # the broker's Exec with the bindings that opened, in their place: it was decoded
+        # for this call alone (the daemon reads a new record per message and drops it for
+        # the one returned), and a field set so costs no record built (_EXEC_FIELDS)
+        msg.__dict__["bindings"] = {self.rank: mine} if mine is not None else {}
+        return msg, None
+
+    def open_exec(self, msg: Exec, job: str, sealed: Any) -> Any:
+        """This rank's bindings of job ``job``, ``sealed`` for it: ``msg`` but for its job id
+        and bindings (the job's own ``Exec``, or the program's last one: a repeat read by
+        comparison, ``RepeatExecs.repeat_box``, needs no record of its own). What they held
+        (a list, or None: no inputs) if they open, were sealed for this worker by a driver
+        of its spec for exactly this job, and never ran here; otherwise the ``Failed`` to
+        answer with, saying why (a record, never a list or None)."""
+        session = msg.session
         try:
             refused = self._refused.get(msg.digest) if self._refused else None
             if refused is not None:
                 raise AuthenticationError(f"program {msg.digest} was refused: {refused}")
             # exec_context(...) without its call
             tail = self._tails[(msg.digest, msg.ranks, msg.inline, msg.timeout_s)]
-            context = f"exec|{msg.session}|{msg.job}{tail}{self._bound}"
-            sealed = msg.bindings.get(self.rank)
+            context = f"exec|{session}|{job}{tail}{self._bound}"
             try:  # (no cost in Python 3.11 unless it raises)
                 if self._kernels_only:
                     driver, mine = self._open(sealed, context)
@@ -144,7 +158,7 @@ class WorkerSeal:
                 raise self._unopened(exc, sealed) from None
             replayed = self.replays.admit(driver, sealed)  # authenticated: counted as run
             if replayed:
-                raise _Replayed(f"job {msg.job} refused: {replayed}", replayed)
+                raise _Replayed(f"job {job} refused: {replayed}", replayed)
             if mine is not None and type(mine) is not list:
                 raise ProtocolError("a job's sealed bindings are not a list")
         except (AuthenticationError, ProtocolError) as exc:
@@ -158,20 +172,16 @@ class WorkerSeal:
                     message += refusal_facts(self.incarnation, self.replays.floor(driver))
             elif type(exc) is _Unopened:  # perhaps sealed for another incarnation of ours
                 kind, op = "AuthenticationError", UNKNOWN_STREAM
-            info = ErrorInfo(kind, message, rank=self.rank, op=op, job=msg.job)
-            return None, Failed(msg.session, msg.job, self.rank, info)
+            info = ErrorInfo(kind, message, rank=self.rank, op=op, job=job)
+            return Failed(session, job, self.rank, info)
         # the job is new here (its sealer numbers each job once, and a replay was refused
         # above), so it goes in last, as the newest; past the bound the oldest goes (the
         # first a dict iterates): no LRU to keep in order (an OrderedDict's set cost more)
         opened = self._opened
-        opened[job] = driver
+        opened[(session, job)] = driver
         if len(opened) > self._opened_limit:
             opened.pop(next(iter(opened)), None)
-        # the broker's Exec with the bindings that opened, in their place: it was decoded
-        # for this call alone (the daemon reads a new record per message and drops it for
-        # the one returned), and a field set so costs no record built (_EXEC_FIELDS)
-        msg.__dict__["bindings"] = {self.rank: mine} if mine is not None else {}
-        return msg, None
+        return mine
 
     def _unopened(self, exc: AuthenticationError, sealed: Any) -> AuthenticationError:
         """Why sealed bindings did not open, for the refusal: if they claim a stream this
