@@ -189,8 +189,8 @@ def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
     assert worker._execs.repeats - repeats == _JOBS  # none read in full
     assert calls["broker_messages.py:_read"] == 0 and calls["broker_messages.py:_on_exec"] == _JOBS
     assert calls["sealing.py:inbound"] == _JOBS  # every one opened by the seal
-    # its sealed value is short bytes: packed without a walk over it
-    assert calls["done_pack.py:own_done_frames"] == _JOBS and calls["done_pack.py:_plain"] == 0
+    # its sealed value is short bytes: packed from its fields without a walk over it
+    assert calls["done_pack.py:own_done_fields"] == _JOBS and calls["done_pack.py:_plain"] == 0
     # a next job whose box a hostile broker changed: read by comparison, refused by the seal
     done = int(worker.jobs.stats()["jobs_done"])
     previous = execs[-1]
@@ -216,3 +216,35 @@ def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
     # the genuine one alone ran (its end is booked just after its answer went out)
     wait_until(lambda: int(worker.jobs.stats()["jobs_done"]) > done, what="the job booked")
     assert int(worker.jobs.stats()["jobs_done"]) == done + 1
+
+
+# bac702e counted 17 per sealed repeat job here: its Done built as a record, then posted,
+# sealed by the seal's outbound and packed by own_done_frames, behind a stop check of its
+# own; 15 once its small scalar values were sealed for their driver in one call and its Done
+# packed from its fields and sent as frames, as in plaintext. Half a call of margin.
+_MAX_SEALED_CALLS_PER_JOB = 15.5
+
+
+def test_a_sealed_quick_jobs_done_is_packed_from_its_fields_as_in_plaintext(
+    secure: tuple[Broker, list[Worker], Any],
+) -> None:
+    """Secure mode: a repeat quick job's small scalar results are sealed for the job's
+    driver in one call and its Done packed from its fields and sent as frames, as in
+    plaintext: no Done record built, posted and sealed on its way out."""
+    _, workers, _ = secure
+    worker = workers[0]
+    worker.jobs.inline_s = _GENEROUS_S
+    job = mp.device("P0")(lambda: 1)
+    for _ in range(3):
+        assert mp.fetch(job()) == 1
+    with _exec_calls(worker) as (calls, _):
+        for _ in range(_JOBS):
+            assert mp.fetch(job()) == 1  # opened by the driver: sealed for it
+    per_job = sum(calls.values()) / _JOBS
+    assert per_job <= _MAX_SEALED_CALLS_PER_JOB, (
+        f"{per_job:.1f} worker calls per sealed job: {sorted(calls.items())}"
+    )
+    assert calls["sealing.py:sealed_scalars"] == _JOBS
+    assert calls["sealing.py:outbound"] == 0 and calls["result_channel.py:_post"] == 0
+    assert calls["result_channel.py:_post_done_frames"] == _JOBS
+    assert calls["inline_jobs.py:_not_stopped"] == 0  # the state's lookups written out
