@@ -173,7 +173,7 @@ class Jobs(InlineJobs):
         self.mailbox = mailbox
         self.peers = peers
         self.post = post  # thread-safe: send a message to the broker
-        # the I/O thread's sender of a plaintext Done's frames (None: Dones go to post)
+        # the I/O thread's sender of an inline Done's frames (None: Dones go to post)
         self.post_frames = post_frames
         # secure mode: seals an inline Done's values for post_frames (WorkerSeal.sealed_scalars)
         self.seal_scalars = seal_scalars
