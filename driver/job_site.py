@@ -52,8 +52,8 @@ _SMALL = 64 * 1024  # headers below pyzmq's copy threshold are sent here (copied
 _MORE = int(zmq.SNDMORE)
 _send = zmq.backend.Socket.send  # the compiled methods: pyzmq's Python layer costs more
 _recv = zmq.backend.Socket.recv
-# the sealed path fills its Execs and the JobResult it opens in directly, naming every
-# field (keywords): pinned here
+# the sealed path fills its Execs in directly, naming every field (keywords), and _fields
+# lists a JobResult's fields by hand: pinned here
 _EXEC_FIELDS = pinned_fields(
     Exec,
     ("session", "job", "digest", "ranks", "bindings", "inline", "timeout_s"),
@@ -215,13 +215,8 @@ class JobSite:
             if seal is not None:  # a worker that forgot our stream: a new one
                 seal.refused(error)
             raise from_info(error)
-        if seal is not None:
-            sealed = object.__new__(JobResult)  # as wire.result_read fills it in
-            sealed.__dict__.update(
-                job=job, values=values, error=None, missing_program=False, stats=stats, metas=metas
-            )
-            opened = seal.result(ctx.session, sealed)
-            values, metas = opened.values, opened.metas
+        if seal is not None:  # opened from the fields: no JobResult built for it
+            values = seal.opened(ctx.session, job, values)
         ctx.jobs.append(_record((job, graph.name, wall, _now() - start, stats)))
         return job, values, metas
 

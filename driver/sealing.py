@@ -201,21 +201,28 @@ class DriverSeal:
 
     def result(self, session: str, result: JobResult) -> JobResult:
         """``result`` (decoded for this call) itself, its values field replaced by the
-        values opened: each only if the node of its rank sealed it for this job and output."""
+        values opened (:meth:`opened`)."""
+        # the values opened in their place: the caller decoded ``result`` for this call and
+        # keeps what comes back instead (a field set so costs no record built: _RESULT_FIELDS)
+        result.__dict__["values"] = self.opened(session, result.job, result.values)
+        return result
+
+    def opened(
+        self, session: str, job: str, sealed: dict[int, dict[int, Any]]
+    ) -> dict[int, dict[int, Any]]:
+        """The values of job ``job``'s result (``{output: {rank: sealed value}}``, as read
+        from its JobResult) opened: each only if the node of its rank sealed it for this
+        job and output. A caller holding the fields alone (a call site's compiled job)
+        builds no record for it."""
         open_all, safe, nodes = (self.sealer or self._ready()).open_all, self.safe, self._nodes
         values: dict[int, dict[int, Any]] = {}
-        for index, per_rank in result.values.items():
+        for index, per_rank in sealed.items():
             try:  # every rank's value of this output in one call; done_context written out
-                values[index] = open_all(
-                    per_rank, nodes, f"done|{session}|{result.job}|{index}", safe
-                )
+                values[index] = open_all(per_rank, nodes, f"done|{session}|{job}|{index}", safe)
             except KeyError as exc:  # a rank of no node of this driver's spec
                 self._node(exc.args[0])  # says why
                 raise
-        # the values opened in their place: the caller decoded ``result`` for this call and
-        # keeps what comes back instead (a field set so costs no record built: _RESULT_FIELDS)
-        result.__dict__["values"] = values
-        return result
+        return values
 
     def refused(self, error: ErrorInfo) -> None:
         """A job failed with ``error``. If its rank's worker refused the job's stream as one

@@ -387,3 +387,45 @@ def test_renew_starts_a_new_epoch_once_the_current_has_numbered_enough(
     fresh = stamp(driver.seal(None, "node:n0", context))
     assert fresh[1] == 0 and fresh[0] != later[0]  # a new epoch
     assert not driver.renew("node:n1", 0)  # no epoch for it yet: nothing to renew
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{0: 1}, {0: None, 1: True, 2: -(1 << 63), 3: 0.5, 4: "text", 5: 127, 6: -32}],
+)
+def test_a_dones_scalars_sealed_in_one_call_are_bound_as_seal_binds_them(
+    parties: Parties, values: dict[int, Any]
+) -> None:
+    """Sealer.seal_scalars (an inline Done's small values, sealed in one call): each box
+    opens as seal()'s would, for the driver it was sealed for, from the node that sealed
+    it, for its own job and output only; moved by a hostile broker to another output, job,
+    rank or driver, it is refused."""
+    a, b, n0 = parties.a, parties.b, parties.n0
+    boxes = n0.seal_scalars(values, "driver:a", "done|s|j1|")
+    assert boxes is not None and boxes.keys() == values.keys()
+    assert all(type(box) is bytes and box.startswith(BOX_MAGIC) for box in boxes.values())
+    senders = {0: "node:n0", 1: "node:n1"}
+    for index, value in values.items():
+        opened = a.open(boxes[index], done_context("s", "j1", index), sender="node:n0")
+        assert opened == ("node:n0", value) and type(opened[1]) is type(value)
+    assert a.open_all({0: boxes[0]}, senders, done_context("s", "j1", 0), True) == {0: values[0]}
+    moved = [
+        (a, {0: boxes[0]}, done_context("s", "j1", 9)),  # to another output
+        (a, {0: boxes[0]}, done_context("s", "j2", 0)),  # into another job
+        (a, {1: boxes[0]}, done_context("s", "j1", 0)),  # passed off as rank 1's
+        (b, {0: boxes[0]}, done_context("s", "j1", 0)),  # to another driver
+    ]
+    for driver, sealed, context in moved:
+        with pytest.raises(AuthenticationError):
+            driver.open_all(sealed, senders, context, True)
+
+
+def test_a_done_with_values_other_than_small_scalars_is_left_to_seal(parties: Parties) -> None:
+    """A Done holding anything but small scalars is not sealed by seal_scalars (None: the
+    worker's seal takes the Done and seals each value as it needs, or says why not)."""
+    n0 = parties.n0
+    assert n0.seal_scalars({0: 1, 1: [1, 2]}, "driver:a", "done|s|j|") is None
+    assert n0.seal_scalars({0: b"x" * 10}, "driver:a", "done|s|j|") is None
+    assert n0.seal_scalars({0: "x" * 100}, "driver:a", "done|s|j|") is None
+    worker = WorkerSeal(n0, 0)
+    assert worker.sealed_scalars("s", "j", {0: 1}) is None  # no driver opened job j here

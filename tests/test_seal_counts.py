@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 import zmq
 
+import mpl.driver as mp
 from mpl.driver.sealing import DriverSeal
+from mpl.wire import ClusterSpec
 from mpl.wire.codec import MAGIC_FRAME, encode
 from mpl.wire.errors import AuthenticationError
 from mpl.wire.exec_pack import exec_frames, exec_parts, pack_bindings
@@ -189,16 +191,17 @@ def test_the_drivers_sealing_per_trivial_2p_job_bounded_python_calls() -> None:
             assert packed is not None
             job = msg.job.encode()  # a fixstr, as JobSite writes the job id
             header = b"".join((head, bytes([0xA0 | len(job)]), job, middle, packed, tail))
-            opened.append(driver.result("s", result))
+            # as a call site opens them: from the JobResult's fields (DriverSeal.result,
+            # for a record, hands its fields to this same call)
+            opened.append(driver.opened("s", result.job, result.values))
     # the sealed Exec packed as the codec packs it
     sealed = Exec("s", msg.job, "d", (0, 1), boxes, (0,), 5.0)
     assert [MAGIC_FRAME, header] == encode(sealed)
-    assert all(r.values == {0: {0: 7, 1: 8}} for r in opened)
+    assert all(values == {0: {0: 7, 1: 8}} for values in opened)
     assert count.cipher["ChaCha20Poly1305.decrypt"] == 2 * n  # the results alone
-    # no record built: the Exec and the JobResult come back with a field replaced (main
-    # f226f8d, built a new one of each per job)
+    # no record built: the Exec comes back with a field replaced, the JobResult's values
+    # are opened from its fields (main f226f8d built a new one of each per job)
     assert count.built == 0
-    assert all(out is r for out, r in zip(opened, results[5:], strict=True))
     per_job = count.calls / n
     print(f"{per_job} Python calls per 2p job in the driver's sealing")
     assert per_job <= _DRIVER_CALLS_2P
@@ -229,3 +232,24 @@ def test_a_rank_with_no_node_in_the_drivers_spec_is_refused_with_or_without_inpu
             driver.exec(msg)
     with pytest.raises(AuthenticationError, match="rank 2 is not a node"):  # nor opens from it
         driver.result("s", JobResult("j", {0: {2: b"mpl-box"}}))
+
+
+def test_a_call_sites_sealed_result_is_opened_from_its_fields_with_no_record_built() -> None:
+    """A compiled call site's secure job (real daemons): its answer is read as fields, and
+    its sealed values opened from them, with no JobResult built to hand to the seal, and
+    its sealed bindings packed into the header with no Exec record: the output's Value is
+    the one object built without __init__ per job (bac702e built the Exec and a JobResult
+    too: 3 per job)."""
+    spec = ClusterSpec.simple(2, enable_spu=False)
+    with mp.local_cluster(spec, secure=True, timeout=20) as ctx:
+        job = mp.function(lambda: mp.simp.pcall((0, 1), lambda: 1))
+        for _ in range(3):
+            assert mp.fetch(job()) == [1, 1]
+        n, results = 20, []
+        with _Count() as count:
+            for _ in range(n):
+                results.append(job())
+        assert [mp.fetch(r) for r in results] == [[1, 1]] * n
+        assert count.cipher["ChaCha20Poly1305.decrypt"] == 2 * n  # both ranks' results opened
+        assert count.built == n  # the output's Value: no Exec record, no JobResult
+        ctx.close()

@@ -165,8 +165,10 @@ def secure(tmp_path: Path) -> Iterator[tuple[Broker, list[Worker], Any]]:
 
 
 # bac702e made 17 calls per sealed repeat here (the repeat's record, then _on_broker, the
-# seal's inbound and _on_exec); read by job id and box and opened without a record: 15
-_MAX_SEALED_CALLS_PER_JOB = 15.5
+# seal's inbound and _on_exec; its Done built as a record, posted, sealed by outbound and
+# packed again); read by job id and box and opened without a record, its small results
+# sealed in one call and its Done packed from its fields: 13. Half a call of margin.
+_MAX_SEALED_CALLS_PER_JOB = 13.5
 
 
 def _tampered(frames: list[Any], job: str) -> list[bytes]:
@@ -205,11 +207,13 @@ def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
     assert calls["exec_repeat.py:repeat_box"] == _JOBS and calls["exec_repeat.py:repeat"] == 0
     assert calls["broker_messages.py:_on_broker"] == calls["broker_messages.py:_on_exec"] == 0
     assert calls["sealing.py:open_exec"] == _JOBS  # every one opened by the seal
-    assert calls[_BUILT] == _JOBS  # its Done alone (bac702e: the Exec's record too)
+    # no record built: its Done is packed from its fields (bac702e built the Exec's and the
+    # Done's)
+    assert calls[_BUILT] == 0
     per_job = sum(n for name, n in calls.items() if name != _BUILT) / _JOBS
     assert per_job <= _MAX_SEALED_CALLS_PER_JOB, f"{per_job:.2f} calls: {sorted(calls.items())}"
-    # its sealed value is short bytes: packed without a walk over it
-    assert calls["done_pack.py:own_done_frames"] == _JOBS and calls["done_pack.py:_plain"] == 0
+    # its sealed value is short bytes: packed from its fields without a walk over it
+    assert calls["done_pack.py:own_done_fields"] == _JOBS and calls["done_pack.py:_plain"] == 0
     # a next job whose box a hostile broker changed: read by comparison, refused by the seal
     wait_until(lambda: not worker.jobs.state.jobs, what="the last job booked")
     done = int(worker.jobs.stats()["jobs_done"])
@@ -339,3 +343,28 @@ def _without_bindings(frames: list[Any]) -> bytes:
     assert read is not None
     bare = Exec(read.session, read.job, read.digest, read.ranks, {}, read.inline, read.timeout_s)
     return bytes(memoryview(encode(bare)[1]))
+
+
+def test_a_sealed_quick_jobs_done_is_packed_from_its_fields_as_in_plaintext(
+    secure: tuple[Broker, list[Worker], Any],
+) -> None:
+    """Secure mode: a repeat quick job's small scalar results are sealed for the job's
+    driver in one call and its Done packed from its fields and sent as frames, as in
+    plaintext: no Done record built, posted and sealed on its way out."""
+    _, workers, _ = secure
+    worker = workers[0]
+    worker.jobs.inline_s = _GENEROUS_S
+    job = mp.device("P0")(lambda: 1)
+    for _ in range(3):
+        assert mp.fetch(job()) == 1
+    with _exec_calls(worker) as (calls, _):
+        for _ in range(_JOBS):
+            assert mp.fetch(job()) == 1  # opened by the driver: sealed for it
+    per_job = sum(calls.values()) / _JOBS
+    assert per_job <= _MAX_SEALED_CALLS_PER_JOB, (
+        f"{per_job:.1f} worker calls per sealed job: {sorted(calls.items())}"
+    )
+    assert calls["sealing.py:sealed_scalars"] == _JOBS
+    assert calls["sealing.py:outbound"] == 0 and calls["result_channel.py:_post"] == 0
+    assert calls["result_channel.py:_post_done_frames"] == _JOBS
+    assert calls["inline_jobs.py:_not_stopped"] == 0  # the state's lookups written out

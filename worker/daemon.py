@@ -234,8 +234,10 @@ class Worker(BrokerMessages, ResultChannel):
             self.mailbox,
             self.peers,
             self._post,
-            # plaintext: an inline run's Done goes out as frames it packed itself
-            post_frames=self._post_done_frames if curve is None else None,
+            # an inline run's Done goes out as frames it packed itself (secure mode: its
+            # values sealed first, when they are small scalars)
+            post_frames=self._post_done_frames,
+            seal_scalars=self.seal.sealed_scalars if self.seal is not None else None,
             extensions=services,
             job_timeout_s=job_timeout_s,
             spu=self.spu_links,

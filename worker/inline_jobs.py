@@ -6,8 +6,9 @@ plan compiled once (``inline_run.py``), its outputs stored, its ``Done`` posted,
 state's bookkeeping of its end; no events or actions in between. A plaintext job comes as
 a job id the I/O thread read by comparison with the program's last ``Exec``
 (``RepeatExecs.repeat_job``), and its ``Done`` leaves as frames packed from its fields:
-no record is made on the way. The rest of the job shell (events, the pool, tasks) is
-``jobs.py``'s.
+no record is made on the way. So does a secure job's whose outputs are small scalars,
+sealed for the job's driver first (``WorkerSeal.sealed_scalars``). The rest of the job
+shell (events, the pool, tasks) is ``jobs.py``'s.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class InlineJobs:
     job_timeout_s: float
     post: Callable[[Record], None]
     post_frames: Callable[[list[Any]], None] | None
+    seal_scalars: Callable[[str, str, dict[int, Any]], dict[int, bytes] | None] | None
     _lock: threading.Lock
     _compiled: dict[str, InlineRun | None]
     _last_timeout: tuple[float, float, float]
@@ -70,7 +72,7 @@ class InlineJobs:
         other core) reads the answer meanwhile. Nothing the broker sends next can overtake
         that bookkeeping: this thread reads it only afterwards. A program whose plan
         compiles (``inline_run.py``) runs compiled, its ``Done`` packed from its fields
-        (plaintext); any other the way a pooled job runs.
+        (plaintext, or small scalars sealed); any other the way a pooled job runs.
 
         ``job``: the job to run is ``msg`` but for this job id (a repeat the I/O thread
         read by its id alone, ``RepeatExecs.repeat_job``); a program that does not
@@ -91,7 +93,7 @@ class InlineJobs:
             end = self._run(_with_job(msg, job), graph, tracked=False)
         else:
             end = self._run_compiled(msg, job, compiled, t0)
-        if end is None:  # answered (plaintext), and its end booked
+        if end is None:  # answered as frames, and its end booked
             return True
         if type(end) is Done:
             sid, job = end.session, end.job
@@ -128,8 +130,9 @@ class InlineJobs:
         self, msg: Exec, job: str, compiled: InlineRun, t0: float
     ) -> RunEnd | Done | None:
         """:meth:`_run` for an inline run of a compiled program (``t0``: its start). In
-        plaintext its ``Done`` is packed from its fields and posted here, and the state
-        books its end (None); otherwise its ``Done``, or how it failed, as ``_run`` says.
+        plaintext, and in secure mode when its outputs are small scalars (sealed here for
+        the job's driver), its ``Done`` is packed from its fields and posted here, and the
+        state books its end (None); otherwise its ``Done``, or how it failed, as ``_run`` says.
         ``job``: the job's id (``msg`` may be an earlier job of the program)."""
         sid = msg.session
         try:
@@ -163,7 +166,15 @@ class InlineJobs:
             stats = pack_stats(t1 - t0, wall, spans)  # one blob, unread on the way
             post_frames = self.post_frames
             if post_frames is not None:
-                frames = own_done_fields(sid, job, self.rank, values, stats, metas)
+                # secure mode: small scalars sealed here for the job's driver (else, or
+                # without a driver, the Done goes to post, whose seal says why)
+                seal = self.seal_scalars
+                sealed = values if seal is None else seal(sid, job, values)
+                frames = (
+                    own_done_fields(sid, job, self.rank, sealed, stats, metas)
+                    if sealed is not None
+                    else None
+                )
                 state = self.state  # _not_stopped, written out (a call less per job)
                 if (
                     frames is not None

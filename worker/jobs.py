@@ -160,6 +160,7 @@ class Jobs(InlineJobs):
         post: Callable[[Record], None],
         *,
         post_frames: Callable[[list[Any]], None] | None = None,
+        seal_scalars: Callable[[str, str, dict[int, Any]], dict[int, bytes] | None] | None = None,
         extensions: dict[str, Callable[[], Any]] | None = None,
         job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
         spu: SpuLinks | None = None,
@@ -173,8 +174,10 @@ class Jobs(InlineJobs):
         self.mailbox = mailbox
         self.peers = peers
         self.post = post  # thread-safe: send a message to the broker
-        # the I/O thread's sender of a plaintext Done's frames (None: Dones go to post)
+        # the I/O thread's sender of an inline Done's frames (None: Dones go to post)
         self.post_frames = post_frames
+        # secure mode: seals an inline Done's values for post_frames (WorkerSeal.sealed_scalars)
+        self.seal_scalars = seal_scalars
         self.spu = spu
         self.job_timeout_s = job_timeout_s
         self._factories = dict(extensions or {})

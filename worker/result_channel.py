@@ -5,8 +5,8 @@ the job threads and the I/O thread answer (Dones, Faileds, replies, progress) on
 result channel: a second DEALER to the broker behind a lock, announced with ``Channel``,
 so that no answer waits for the I/O thread. While the I/O thread handles a batch of the
 broker's messages, the Dones of the jobs it runs inline gather and go out in batches
-(``mpl.wire.batch``). An inline run's ``Done``, packed by the job shell itself (plaintext),
-goes out as its two frames by the compiled send.
+(``mpl.wire.batch``). An inline run's ``Done``, packed by the job shell itself (plaintext,
+or its small scalars sealed), goes out as its two frames by the compiled send.
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ class ResultChannel:
 
     def _post_done_frames(self, frames: list[Any]) -> None:
         """:meth:`_post` for a Done the job shell packed itself (an inline run's, in
-        plaintext): gathered while a batch is handled (the I/O thread's), else sent."""
+        plaintext or with its small scalars sealed): gathered while a batch is handled (the
+        I/O thread's), else sent."""
         gathered = self._gathered
         if gathered is not None and threading.get_ident() == self._io_thread:
             if header_only(frames) is not None:

@@ -216,12 +216,15 @@ class WorkerSeal:
                 job=msg.job,
             )
             return Failed(msg.session, msg.job, self.rank, info)
-        seal, safe, session, job = self.sealer.seal, self.safe, msg.session, msg.job
-        values: dict[int, Any] = {}
+        session, job = msg.session, msg.job
+        # done_context without its call (checked on import), but for the output's index
+        prefix = f"done|{session}|{job}|"
+        values: dict[int, Any] | None = self.sealer.seal_scalars(msg.values, driver, prefix)
         try:
-            for index, value in msg.values.items():  # a loop: a comprehension is one more call
-                # done_context without its call (checked on import); safe by position
-                values[index] = seal(value, driver, f"done|{session}|{job}|{index}", safe)
+            if values is None:  # not small scalars alone: each value sealed as it needs
+                seal, safe, values = self.sealer.seal, self.safe, {}
+                for index, value in msg.values.items():  # a loop: a comprehension is a call
+                    values[index] = seal(value, driver, f"{prefix}{index}", safe)  # positional
         except Exception as exc:  # an unsafe value: the job fails with the reason
             info = to_info(exc, rank=self.rank, op="result", job=msg.job, with_traceback=False)
             return Failed(msg.session, msg.job, self.rank, info)
@@ -229,6 +232,19 @@ class WorkerSeal:
         # the caller sends what comes back instead (a field set so costs no record built)
         msg.__dict__["values"] = values
         return msg
+
+    def sealed_scalars(
+        self, session: str, job: str, values: dict[int, Any]
+    ) -> dict[int, bytes] | None:
+        """A job's Done values sealed for its driver, as :meth:`outbound` seals them, when
+        they are all small scalars (``Sealer.seal_scalars``): for a Done packed from its
+        fields (the inline path), with no record built. None when :meth:`outbound` must
+        take the Done: other values, or no authenticated driver to seal for (it answers
+        why)."""
+        driver = self._opened.get((session, job))
+        if not driver:
+            return None
+        return self.sealer.seal_scalars(values, driver, f"done|{session}|{job}|")
 
     def _outbound_other(self, msg: Record) -> Record:
         if isinstance(msg, Failed):
