@@ -39,7 +39,7 @@ from mpl.wire.codec import check_safe
 from mpl.wire.data import Delete, Fetch, Move
 from mpl.wire.errors import JobAbortedError, SessionError, UnsafeValueError
 from mpl.wire.graph import Graph
-from mpl.wire.jobs import Done, Exec, Lit, output_uri
+from mpl.wire.jobs import Done, Exec, Lit
 from mpl.wire.limits import MAX_JOB_THREADS, check_symbol_name, job_timeout
 from mpl.wire.progress import EVERY_S, FIRST_AFTER_S, Progress
 from mpl.wire.record import Record, pinned_fields
@@ -399,15 +399,14 @@ class Jobs(InlineJobs):
     def _store_outputs(
         self, sid: str, job: str, inline: tuple[int, ...], outputs: list[Any]
     ) -> tuple[dict[int, Any], dict[int, str]]:
-        """Store a finished run's outputs; the small ones the driver asked for inline (the
-        indices in ``inline``), and the description of each (Done's ``values`` and
-        ``metas``)."""
+        """Store a finished run's outputs (the list itself, under its job id: no entry per
+        output); the small ones the driver asked for inline (the indices in ``inline``),
+        and the description of each (Done's ``values`` and ``metas``)."""
         values: dict[int, Any] = {}
         metas: dict[int, str] = {}
         for i, value in enumerate(outputs):
             if value is ABSENT:
                 continue
-            self.store.put(sid, output_uri(job, i), value)
             scalar = SCALAR_NAMES.get(type(value))
             if scalar is not None:  # most outputs: described by name and small, no calls
                 metas[i] = scalar
@@ -417,6 +416,8 @@ class Jobs(InlineJobs):
             metas[i] = describe(value)
             if i in inline and is_small(value):
                 values[i] = value
+        if metas:  # a value held here
+            self.store.put_outputs(sid, job, outputs)
         return values, metas
 
     def _resolve(self, sid: str, binding: Any) -> Any:
