@@ -1,9 +1,11 @@
-"""The worker's store of job outputs: one entry per job.
+"""The worker's store of job outputs: one entry per job, freed at once by a driver's delete.
 
 A worker stores every output of every job until the driver lets it go (the driver batches
 its deletes, up to 256 values at a time), so what a stored output costs is paid per job:
 counted here in memory blocks held, not in time. Outputs are read back by URI as before
-(``<job>/<index>``, spelled as ``mpl.wire.jobs.output_uri`` spells it)."""
+(``<job>/<index>``, spelled as ``mpl.wire.jobs.output_uri`` spells it), and a delete of a
+session with nothing queued frees its values on the thread that read it, without a pool
+task that would keep the session's next jobs off the inline path until it ran."""
 
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ import sys
 import numpy as np
 
 from mpl.wire.control import Welcome, WorkerHello
+from mpl.wire.data import Delete
 from mpl.wire.jobs import output_uri
 from mpl.worker.interpreter import ABSENT
 from mpl.worker.jobs import Jobs
 from mpl.worker.keyed_mailbox import move_mailbox
-from mpl.worker.state import WorkerState
+from mpl.worker.state import DELETE_NOW_MAX, WorkerState
+from mpl.worker.state_events import DeleteNow, Submit
 from mpl.worker.store import ObjectStore
 
 RANK = 1
@@ -76,3 +80,20 @@ def test_an_aborted_or_closed_jobs_outputs_go() -> None:
     store.drop_job("s", "a")
     assert not store.has("s", "a/0") and not store.has("s", "a/7") and store.has("s", "b/0")
     assert store.session_ids() == ["s"] and store.close("s") == 1 and store.count() == 0
+
+
+def test_a_delete_frees_at_once_unless_work_of_its_session_is_queued() -> None:
+    jobs = _jobs()
+    jobs.store.put("s", "j/0", 1)
+    delete = Delete("s", {RANK: ["j/0"], 0: ["j/0"]})
+    actions = jobs.state.handle(delete, 1.0)
+    assert [type(a) for a in actions] == [DeleteNow]  # no pool task: no hand-off
+    assert not jobs.state.queued, "the session's next job could not run inline"
+    jobs.perform(actions)
+    assert not jobs.store.has("s", "j/0") and jobs.store.count() == 0
+    # behind a fetch or a pooled job of the session, or past the bound: on the pool, in turn
+    jobs.state.queued["s"] = 1
+    assert [type(a) for a in jobs.state.handle(delete, 1.0)] == [Submit]
+    assert jobs.state.queued["s"] == 2
+    many = [f"j{k}/0" for k in range(DELETE_NOW_MAX + 1)]
+    assert [type(a) for a in jobs.state.handle(Delete("t", {RANK: many}), 1.0)] == [Submit]

@@ -58,6 +58,7 @@ from mpl.worker.state import WorkerState
 from mpl.worker.state_events import (
     Action,
     CloseSession,
+    DeleteNow,
     DropLanes,
     EndJob,
     Expect,
@@ -268,6 +269,9 @@ class Jobs(InlineJobs):
             elif isinstance(action, Submit):
                 sid, task = action.session, action.msg
                 self._pool.submit(sid, functools.partial(self._task, sid, task))
+            elif isinstance(action, DeleteNow):
+                freed = action.msg
+                self.store.delete(freed.session, freed.uris.get(self.rank, []))
             elif isinstance(action, ReplyNow):
                 rest.append(Send(self._fetch_reply(action.msg)))
             elif isinstance(action, CloseSession):
