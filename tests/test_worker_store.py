@@ -9,6 +9,7 @@ task that would keep the session's next jobs off the inline path until it ran.""
 
 from __future__ import annotations
 
+import random
 import sys
 
 import numpy as np
@@ -97,3 +98,39 @@ def test_a_delete_frees_at_once_unless_work_of_its_session_is_queued() -> None:
     assert jobs.state.queued["s"] == 2
     many = [f"j{k}/0" for k in range(DELETE_NOW_MAX + 1)]
     assert [type(a) for a in jobs.state.handle(Delete("t", {RANK: many}), 1.0)] == [Submit]
+
+
+def test_the_count_of_values_held_stays_exact_without_a_walk() -> None:
+    # count() is read with every heartbeat: kept as the values come and go, checked here
+    # against a plain model of which URIs hold a value, over random puts, deletes, a job
+    # id used again, aborts and closes
+    rng = random.Random(12)
+    store = ObjectStore()
+    model: dict[tuple[str, str], bool] = {}
+    for _ in range(3000):
+        sid, job = rng.choice("st"), f"j{rng.randrange(40)}"
+        what = rng.random()
+        if what < 0.4:
+            n = rng.choice((1, 1, 2, 3))
+            outputs = [ABSENT if rng.random() < 0.3 else k for k in range(n)]
+            if all(v is ABSENT for v in outputs):
+                outputs[0] = 0
+            store.put_outputs(sid, job, outputs)
+            for uri in [u for (s, u) in model if s == sid and u.startswith(f"{job}/")]:
+                del model[(sid, uri)]
+            held = [k for k, v in enumerate(outputs) if v is not ABSENT]
+            model.update({(sid, f"{job}/{k}"): True for k in held})
+        elif what < 0.8:
+            uris = [f"{job}/{rng.randrange(3)}" for _ in range(rng.randrange(1, 4))]
+            store.delete(sid, uris)
+            for uri in uris:
+                model.pop((sid, uri), None)
+        elif what < 0.95:
+            store.drop_job(sid, job)
+            for uri in [u for (s, u) in model if s == sid and u.startswith(f"{job}/")]:
+                del model[(sid, uri)]
+        else:
+            assert store.close(sid) == sum(1 for s, _ in model if s == sid)
+            model = {key: True for key in model if key[0] != sid}
+        assert store.count() == len(model)
+    assert all(store.has(sid, uri) for sid, uri in model)

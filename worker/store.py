@@ -69,6 +69,7 @@ class ObjectStore:
         # per session, each job's outputs: the value of its one output, or _Several; a job
         # goes once it holds none
         self._outputs: dict[str, dict[str, Any]] = {}
+        self._outputs_held = 0  # the values in _outputs: count() without a walk over them
         self._lock = threading.Lock()
 
     def put(self, session: str, uri: str, value: Any) -> None:
@@ -78,14 +79,22 @@ class ObjectStore:
     def put_outputs(self, session: str, job: str, outputs: list[Any]) -> None:
         """Keep a finished run's ``outputs`` (ABSENT where not held; at least one held) as
         output ``<job>/<index>`` each. The list becomes the store's."""
-        held = outputs[0] if len(outputs) == 1 else _Several(outputs)
+        if len(outputs) == 1:
+            held, count = outputs[0], 1
+        else:
+            held = _Several(outputs)
+            count = _held_in(held)
         lock = self._lock  # not `with` (once per job): acquire and release cost less
         lock.acquire()
         try:
             jobs = self._outputs.get(session)
             if jobs is None:
                 jobs = self._outputs[session] = {}
+            replaced = jobs.get(job, ABSENT)  # a job id used again: its values go
+            if replaced is not ABSENT:
+                count -= _held_count({job: replaced})
             jobs[job] = held
+            self._outputs_held += count
         finally:
             lock.release()
 
@@ -127,11 +136,15 @@ class ObjectStore:
                 held = jobs.get(job, ABSENT)
                 if index == "0" and held is not ABSENT and type(held) is not _Several:
                     del jobs[job]  # most: a job's one output, without output_place's call
+                    self._outputs_held -= 1
                     continue
                 place = output_place(uri)  # the same job, if any
                 if place is None or type(held) is not _Several or place[1] >= len(held.outputs):
                     continue
+                if held.outputs[place[1]] is ABSENT:
+                    continue
                 held.outputs[place[1]] = ABSENT
+                self._outputs_held -= 1
                 if not _held_in(held):
                     del jobs[job]
 
@@ -139,7 +152,9 @@ class ObjectStore:
         """Forget the outputs of an aborted job."""
         prefix = f"{job}/"
         with self._lock:
-            self._outputs.get(session, {}).pop(job, None)
+            held = self._outputs.get(session, {}).pop(job, ABSENT)
+            if held is not ABSENT:
+                self._outputs_held -= _held_count({job: held})
             objects = self._sessions.get(session, {})
             for uri in [u for u in objects if u.startswith(prefix)]:
                 del objects[uri]
@@ -147,19 +162,20 @@ class ObjectStore:
     def close(self, session: str) -> int:
         """Forget a session's values; how many there were."""
         with self._lock:
-            jobs = self._outputs.pop(session, {})
-            return len(self._sessions.pop(session, {})) + _held_count(jobs)
+            held = _held_count(self._outputs.pop(session, {}))
+            self._outputs_held -= held
+            return len(self._sessions.pop(session, {})) + held
 
     def close_all(self) -> None:
         with self._lock:
             self._sessions.clear()
             self._outputs.clear()
+            self._outputs_held = 0
 
     def count(self) -> int:
         """How many values are held, over all sessions."""
         with self._lock:
-            named = sum(len(v) for v in self._sessions.values())
-            return named + sum(_held_count(jobs) for jobs in self._outputs.values())
+            return sum(len(v) for v in self._sessions.values()) + self._outputs_held
 
     def stats(self) -> dict[str, int]:
         return self.disk.stats() if self.disk is not None else {}
