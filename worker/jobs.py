@@ -8,7 +8,10 @@ control actions (sends, reconnects) go back to the ZeroMQ shell (``daemon.py``).
 Jobs run on a bounded pool of job threads (``SessionPool``). Within a session, work runs in
 arrival order (jobs, deletes, saves, late fetches), which is the order the broker
 forwarded it in; so a job sees the outputs of the jobs before it and a delete never
-overtakes the job that still reads the value. Sessions do not wait for each other while
+overtakes the job that still reads the value. A delete of a session with nothing queued
+(the driver's batch of values it let go, most deletes) is done at once on the I/O thread:
+it overtakes nothing, and a pool task would keep the session's next jobs off the inline
+path until it ran. Sessions do not wait for each other while
 the pool has a free thread (``job_threads``, MAX_JOB_THREADS by default).
 
 Quick jobs skip the hand-off: handing a job to a pool thread and back costs two thread

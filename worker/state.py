@@ -17,10 +17,10 @@ What it keeps:
   drivers' jobs name); bounded in entries and bytes. Programs that did not load here, or
   that the code policy refused, are remembered with the reason their jobs fail with.
 * **Jobs and sessions**: jobs handed out and not yet reported back; tasks queued on the
-  pool per session (a quick, purely local program runs inline only when its session has
-  nothing queued, so arrival order holds); aborted jobs and closed sessions (their runs
-  stop, their waits wake, their values are freed); per program, whether its last run here
-  was quick.
+  pool per session (a quick, purely local program runs inline, and a delete is done at
+  once, only when its session has nothing queued, so arrival order holds); aborted jobs
+  and closed sessions (their runs stop, their waits wake, their values are freed); per
+  program, whether its last run here was quick.
 * **SPU failures**: a failed or aborted job with SPU ops is counted once per session, and
   the session's lanes are dropped: every member does so at the same job, so lane ids stay
   in step (the count is part of the id).
