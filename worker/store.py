@@ -69,7 +69,9 @@ class ObjectStore:
         # per session, each job's outputs: the value of its one output, or _Several; a job
         # goes once it holds none
         self._outputs: dict[str, dict[str, Any]] = {}
-        self._outputs_held = 0  # the values in _outputs: count() without a walk over them
+        # values held in _outputs past one per job (a job of several's): count() is the
+        # entries plus this, without a walk over them
+        self._extra = 0
         self._lock = threading.Lock()
 
     def put(self, session: str, uri: str, value: Any) -> None:
@@ -79,22 +81,21 @@ class ObjectStore:
     def put_outputs(self, session: str, job: str, outputs: list[Any]) -> None:
         """Keep a finished run's ``outputs`` (ABSENT where not held; at least one held) as
         output ``<job>/<index>`` each. The list becomes the store's."""
-        if len(outputs) == 1:
-            held, count = outputs[0], 1
-        else:
-            held = _Several(outputs)
-            count = _held_in(held)
+        several = len(outputs) != 1
+        held = _Several(outputs) if several else outputs[0]
+        if several and not _held_in(held):
+            return  # none held here
         lock = self._lock  # not `with` (once per job): acquire and release cost less
         lock.acquire()
         try:
             jobs = self._outputs.get(session)
             if jobs is None:
                 jobs = self._outputs[session] = {}
-            replaced = jobs.get(job, ABSENT)  # a job id used again: its values go
-            if replaced is not ABSENT:
-                count -= _held_count({job: replaced})
+            if self._extra:  # a job of several held somewhere: this id may name one
+                self._extra -= _extra(jobs.get(job, ABSENT))
             jobs[job] = held
-            self._outputs_held += count
+            if several:
+                self._extra += _extra(held)
         finally:
             lock.release()
 
@@ -136,7 +137,6 @@ class ObjectStore:
                 held = jobs.get(job, ABSENT)
                 if index == "0" and held is not ABSENT and type(held) is not _Several:
                     del jobs[job]  # most: a job's one output, without output_place's call
-                    self._outputs_held -= 1
                     continue
                 place = output_place(uri)  # the same job, if any
                 if place is None or type(held) is not _Several or place[1] >= len(held.outputs):
@@ -144,17 +144,16 @@ class ObjectStore:
                 if held.outputs[place[1]] is ABSENT:
                     continue
                 held.outputs[place[1]] = ABSENT
-                self._outputs_held -= 1
-                if not _held_in(held):
+                if _held_in(held):
+                    self._extra -= 1
+                else:
                     del jobs[job]
 
     def drop_job(self, session: str, job: str) -> None:
         """Forget the outputs of an aborted job."""
         prefix = f"{job}/"
         with self._lock:
-            held = self._outputs.get(session, {}).pop(job, ABSENT)
-            if held is not ABSENT:
-                self._outputs_held -= _held_count({job: held})
+            self._extra -= _extra(self._outputs.get(session, {}).pop(job, ABSENT))
             objects = self._sessions.get(session, {})
             for uri in [u for u in objects if u.startswith(prefix)]:
                 del objects[uri]
@@ -162,20 +161,22 @@ class ObjectStore:
     def close(self, session: str) -> int:
         """Forget a session's values; how many there were."""
         with self._lock:
-            held = _held_count(self._outputs.pop(session, {}))
-            self._outputs_held -= held
-            return len(self._sessions.pop(session, {})) + held
+            jobs = self._outputs.pop(session, {})
+            extra = sum(map(_extra, jobs.values()))
+            self._extra -= extra
+            return len(self._sessions.pop(session, {})) + len(jobs) + extra
 
     def close_all(self) -> None:
         with self._lock:
             self._sessions.clear()
             self._outputs.clear()
-            self._outputs_held = 0
+            self._extra = 0
 
     def count(self) -> int:
         """How many values are held, over all sessions."""
         with self._lock:
-            return sum(len(v) for v in self._sessions.values()) + self._outputs_held
+            named = sum(map(len, self._sessions.values()))
+            return named + sum(map(len, self._outputs.values())) + self._extra
 
     def stats(self) -> dict[str, int]:
         return self.disk.stats() if self.disk is not None else {}
@@ -185,8 +186,9 @@ class ObjectStore:
             return list(dict.fromkeys([*self._sessions, *self._outputs]))
 
 
-def _held_count(jobs: dict[str, Any]) -> int:
-    return sum(_held_in(held) if type(held) is _Several else 1 for held in jobs.values())
+def _extra(held: Any) -> int:
+    """The values a job's entry holds past one (0 unless it holds several)."""
+    return _held_in(held) - 1 if type(held) is _Several else 0
 
 
 def _held_in(several: _Several) -> int:
