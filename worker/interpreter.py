@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from mpl.wire.errors import JobAbortedError
 from mpl.wire.graph import Graph, Op, fill
 from mpl.wire.kernels import KernelRef
+from mpl.worker.store import ABSENT  # the store keeps outputs with it in place
 
 if TYPE_CHECKING:
     from mpl.wire.sessions import SymbolInfo
@@ -26,16 +27,6 @@ if TYPE_CHECKING:
 __all__ = [
     "ABSENT", "KERNELS", "MAX_SPANS", "JobContext", "OpFailed", "Plan", "op_label", "run_graph",
 ]  # fmt: skip
-
-
-class _Absent:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "ABSENT"
-
-
-ABSENT: Any = _Absent()
 
 
 class JobContext(Protocol):

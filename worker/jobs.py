@@ -8,7 +8,10 @@ control actions (sends, reconnects) go back to the ZeroMQ shell (``daemon.py``).
 Jobs run on a bounded pool of job threads (``SessionPool``). Within a session, work runs in
 arrival order (jobs, deletes, saves, late fetches), which is the order the broker
 forwarded it in; so a job sees the outputs of the jobs before it and a delete never
-overtakes the job that still reads the value. Sessions do not wait for each other while
+overtakes the job that still reads the value. A delete of a session with nothing queued
+(the driver's batch of values it let go, most deletes) is done at once on the I/O thread:
+it overtakes nothing, and a pool task would keep the session's next jobs off the inline
+path until it ran. Sessions do not wait for each other while
 the pool has a free thread (``job_threads``, MAX_JOB_THREADS by default).
 
 Quick jobs skip the hand-off: handing a job to a pool thread and back costs two thread
@@ -39,7 +42,7 @@ from mpl.wire.codec import check_safe
 from mpl.wire.data import Delete, Fetch, Move
 from mpl.wire.errors import JobAbortedError, SessionError, UnsafeValueError
 from mpl.wire.graph import Graph
-from mpl.wire.jobs import Done, Exec, Lit, output_uri
+from mpl.wire.jobs import Done, Exec, Lit
 from mpl.wire.limits import MAX_JOB_THREADS, check_symbol_name, job_timeout
 from mpl.wire.progress import EVERY_S, FIRST_AFTER_S, Progress
 from mpl.wire.record import Record, pinned_fields
@@ -59,6 +62,7 @@ from mpl.worker.state import WorkerState
 from mpl.worker.state_events import (
     Action,
     CloseSession,
+    DeleteNow,
     DropLanes,
     EndJob,
     Expect,
@@ -272,6 +276,9 @@ class Jobs(InlineJobs):
             elif isinstance(action, Submit):
                 sid, task = action.session, action.msg
                 self._pool.submit(sid, functools.partial(self._task, sid, task))
+            elif isinstance(action, DeleteNow):
+                freed = action.msg
+                self.store.delete(freed.session, freed.uris.get(self.rank, []))
             elif isinstance(action, ReplyNow):
                 rest.append(Send(self._fetch_reply(action.msg)))
             elif isinstance(action, CloseSession):
@@ -403,15 +410,14 @@ class Jobs(InlineJobs):
     def _store_outputs(
         self, sid: str, job: str, inline: tuple[int, ...], outputs: list[Any]
     ) -> tuple[dict[int, Any], dict[int, str]]:
-        """Store a finished run's outputs; the small ones the driver asked for inline (the
-        indices in ``inline``), and the description of each (Done's ``values`` and
-        ``metas``)."""
+        """Store a finished run's outputs (the list itself, under its job id: no entry per
+        output); the small ones the driver asked for inline (the indices in ``inline``),
+        and the description of each (Done's ``values`` and ``metas``)."""
         values: dict[int, Any] = {}
         metas: dict[int, str] = {}
         for i, value in enumerate(outputs):
             if value is ABSENT:
                 continue
-            self.store.put(sid, output_uri(job, i), value)
             scalar = SCALAR_NAMES.get(type(value))
             if scalar is not None:  # most outputs: described by name and small, no calls
                 metas[i] = scalar
@@ -421,6 +427,8 @@ class Jobs(InlineJobs):
             metas[i] = describe(value)
             if i in inline and is_small(value):
                 values[i] = value
+        if metas:  # a value held here
+            self.store.put_outputs(sid, job, outputs)
         return values, metas
 
     def _resolve(self, sid: str, binding: Any) -> Any:

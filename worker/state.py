@@ -17,10 +17,10 @@ What it keeps:
   drivers' jobs name); bounded in entries and bytes. Programs that did not load here, or
   that the code policy refused, are remembered with the reason their jobs fail with.
 * **Jobs and sessions**: jobs handed out and not yet reported back; tasks queued on the
-  pool per session (a quick, purely local program runs inline only when its session has
-  nothing queued, so arrival order holds); aborted jobs and closed sessions (their runs
-  stop, their waits wake, their values are freed); per program, whether its last run here
-  was quick.
+  pool per session (a quick, purely local program runs inline, and a delete is done at
+  once, only when its session has nothing queued, so arrival order holds); aborted jobs
+  and closed sessions (their runs stop, their waits wake, their values are freed); per
+  program, whether its last run here was quick.
 * **SPU failures**: a failed or aborted job with SPU ops is counted once per session, and
   the session's lanes are dropped: every member does so at the same job, so lane ids stay
   in step (the count is part of the id).
@@ -56,6 +56,7 @@ from mpl.worker.state_events import (
     CloseAll,
     CloseSession,
     CodeRefused,
+    DeleteNow,
     DropLanes,
     EndJob,
     ExecUnloadable,
@@ -81,7 +82,14 @@ from mpl.worker.state_events import (
     Tick,
 )
 
-__all__ = ["INLINE_OPCODES", "INLINE_RUN_S", "PROGRAM_SLOTS", "WorkerState", "is_local"]
+__all__ = [
+    "DELETE_NOW_MAX",
+    "INLINE_OPCODES",
+    "INLINE_RUN_S",
+    "PROGRAM_SLOTS",
+    "WorkerState",
+    "is_local",
+]
 
 # At least the broker's mirror (its PROGRAM_SLOTS, and in bytes see mpl.wire.limits): an LRU
 # fed the same sequence with more room holds everything the smaller one does.
@@ -91,6 +99,8 @@ INLINE_RUN_S = 0.001  # a program whose last run took at most this may run witho
 INLINE_OPCODES = frozenset({"pcall", "constant", "getitem", "converge"})
 _HELLO_FIRST, _HELLO_MAX = 0.05, 2.0  # quick retries while a broker starts up
 _MEMORY = 1024  # closed sessions, aborted and SPU jobs, quick programs remembered
+# a delete naming at most this many values here is done at once (a driver batches 256)
+DELETE_NOW_MAX = 1024
 
 
 def is_local(graph: Graph) -> bool:
@@ -416,6 +426,15 @@ class WorkerState:
         self.last_heard = now
         return self._submit(msg.session, msg)
 
+    def _delete(self, msg: Delete, now: float) -> list[Action]:
+        """A delete (the driver's batch of values it let go) frees them at once when
+        nothing of its session is queued or running: a pool task would cost two thread
+        hand-offs and keep the session's next jobs off the inline path until it ran."""
+        self.last_heard = now
+        if self.queued.get(msg.session) or len(msg.uris.get(self.rank, ())) > DELETE_NOW_MAX:
+            return self._submit(msg.session, msg)
+        return [DeleteNow(msg)]
+
     def _submit(self, sid: str, msg: Record) -> list[Action]:
         self.queued[sid] = self.queued.get(sid, 0) + 1
         return [Submit(sid, msg)]
@@ -471,7 +490,7 @@ _HANDLERS: dict[type, Any] = {
     Abort: WorkerState._abort,
     MoveRefused: WorkerState._move_refused,
     FetchArrived: WorkerState._fetch,
-    Delete: WorkerState._task,
+    Delete: WorkerState._delete,
     SaveSymbol: WorkerState._task,
     DeleteSymbol: WorkerState._task,
     TaskDone: WorkerState._task_done,

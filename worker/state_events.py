@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpl.wire.data import Fetch
+from mpl.wire.data import Delete, Fetch
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Done, Exec
 from mpl.wire.record import Record
@@ -26,6 +26,7 @@ __all__ = [
     "CloseAll",
     "CloseSession",
     "CodeRefused",
+    "DeleteNow",
     "DropLanes",
     "EndJob",
     "ExecUnloadable",
@@ -203,6 +204,14 @@ class ReplyNow:
 
 
 @dataclass(slots=True)
+class DeleteNow:
+    """Free the values the delete names, on this thread (nothing of its session is queued
+    or running on the pool, so it overtakes nothing)."""
+
+    msg: Delete
+
+
+@dataclass(slots=True)
 class Expect:
     """Accept the job's moves (and hand over those held)."""
 
@@ -263,6 +272,7 @@ Action = (
     | Run
     | Submit
     | ReplyNow
+    | DeleteNow
     | Expect
     | StopWaits
     | EndJob

@@ -4,6 +4,13 @@ URIs: ``<job>/<output>`` for graph outputs, ``sym:<name>`` for a named value. A 
 looked up in the session first, then among the values persisted under the data root, which
 outlive sessions and restarts (``mpl.worker.symbol_disk``: a failed or interrupted save
 never loses the value it replaces).
+
+A finished run's outputs are kept under its job id (:meth:`ObjectStore.put_outputs`), not
+as one entry per output under a URI made for it: the value itself for a job of one output
+(most), else the run's list. A job's values then cost one entry keyed by the id it arrived
+with, and no string is formatted or hashed for them. An output URI is read back into its
+job and index when someone asks for it (a fetch, a binding, a delete), which is rare next
+to storing.
 """
 
 from __future__ import annotations
@@ -14,72 +21,177 @@ from typing import Any
 from mpl.wire.errors import SessionError
 from mpl.worker.symbol_disk import SymbolDisk
 
-__all__ = ["ObjectStore", "SymbolDisk", "symbol_uri"]
+__all__ = ["ABSENT", "ObjectStore", "SymbolDisk", "output_place", "symbol_uri"]
+
+
+class _Absent:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+# An output this rank does not hold (the interpreter's runs return it in place of a value).
+ABSENT: Any = _Absent()
 
 
 def symbol_uri(name: str) -> str:
     return f"sym:{name}"
 
 
+def output_place(uri: str) -> tuple[str, int] | None:
+    """The job and output index an output URI (``mpl.wire.jobs.output_uri``) names, or
+    None if ``uri`` is not one: the index is written as ``output_uri`` writes it (ASCII
+    digits, no leading zero), so no other spelling reaches the same value."""
+    job, slash, index = uri.rpartition("/")
+    if not slash or not index.isascii() or not index.isdigit():
+        return None
+    if len(index) > 1 and index[0] == "0":
+        return None
+    return job, int(index)
+
+
+class _Several:
+    """The outputs of a job of more than one (ABSENT where not held, or deleted)."""
+
+    __slots__ = ("outputs",)
+
+    def __init__(self, outputs: list[Any]) -> None:
+        self.outputs = outputs
+
+
 class ObjectStore:
-    """Per-session dictionaries of values. Thread-safe: jobs write, the I/O thread reads."""
+    """Per-session values. Thread-safe: jobs write, the I/O thread reads."""
 
     def __init__(self, disk: SymbolDisk | None = None) -> None:
         self.disk = disk
-        self._sessions: dict[str, dict[str, Any]] = {}
+        self._sessions: dict[str, dict[str, Any]] = {}  # values put by URI (names, ...)
+        # per session, each job's outputs: the value of its one output, or _Several; a job
+        # goes once it holds none
+        self._outputs: dict[str, dict[str, Any]] = {}
+        # values held in _outputs past one per job (a job of several's): count() is the
+        # entries plus this, without a walk over them
+        self._extra = 0
         self._lock = threading.Lock()
 
     def put(self, session: str, uri: str, value: Any) -> None:
-        lock = self._lock  # not `with` (once per output): acquire and release cost less
+        with self._lock:
+            self._sessions.setdefault(session, {})[uri] = value
+
+    def put_outputs(self, session: str, job: str, outputs: list[Any]) -> None:
+        """Keep a finished run's ``outputs`` (ABSENT where not held; at least one held) as
+        output ``<job>/<index>`` each. The list becomes the store's."""
+        several = len(outputs) != 1
+        held = _Several(outputs) if several else outputs[0]
+        if several and not _held_in(held):
+            return  # none held here
+        lock = self._lock  # not `with` (once per job): acquire and release cost less
         lock.acquire()
         try:
-            self._sessions.setdefault(session, {})[uri] = value
+            jobs = self._outputs.get(session)
+            if jobs is None:
+                jobs = self._outputs[session] = {}
+            if self._extra:  # a job of several held somewhere: this id may name one
+                self._extra -= _extra(jobs.get(job, ABSENT))
+            jobs[job] = held
+            if several:
+                self._extra += _extra(held)
         finally:
             lock.release()
 
     def get(self, session: str, uri: str) -> Any:
         with self._lock:
-            objects = self._sessions.get(session, {})
-            if uri in objects:
-                return objects[uri]
+            value = self._held(session, uri)
+        if value is not ABSENT:
+            return value
         if uri.startswith("sym:") and self.disk is not None:
             return self.disk.load(uri[4:])  # SymbolDisk checks the name: no path out
         raise SessionError(f"no value {uri!r} in session {session} on this worker")
 
     def has(self, session: str, uri: str) -> bool:
         with self._lock:
-            return uri in self._sessions.get(session, {})
+            return self._held(session, uri) is not ABSENT
+
+    def _held(self, session: str, uri: str) -> Any:
+        """The value under ``uri`` in ``session`` held here, or ABSENT (lock held)."""
+        objects = self._sessions.get(session)
+        if objects is not None and uri in objects:
+            return objects[uri]
+        place = output_place(uri)
+        if place is None:
+            return ABSENT
+        job, index = place
+        held = self._outputs.get(session, {}).get(job, ABSENT)
+        if type(held) is _Several:
+            return held.outputs[index] if index < len(held.outputs) else ABSENT
+        return held if index == 0 else ABSENT
 
     def delete(self, session: str, uris: list[str]) -> None:
         with self._lock:
-            objects = self._sessions.get(session)
-            if objects is not None:
-                for uri in uris:
-                    objects.pop(uri, None)
+            objects = self._sessions.get(session, {})
+            jobs = self._outputs.get(session, {})
+            for uri in uris:
+                if objects and objects.pop(uri, ABSENT) is not ABSENT:
+                    continue
+                job, _, index = uri.rpartition("/")
+                held = jobs.get(job, ABSENT)
+                if index == "0" and held is not ABSENT and type(held) is not _Several:
+                    del jobs[job]  # most: a job's one output, without output_place's call
+                    continue
+                place = output_place(uri)  # the same job, if any
+                if place is None or type(held) is not _Several or place[1] >= len(held.outputs):
+                    continue
+                if held.outputs[place[1]] is ABSENT:
+                    continue
+                held.outputs[place[1]] = ABSENT
+                if _held_in(held):
+                    self._extra -= 1
+                else:
+                    del jobs[job]
 
     def drop_job(self, session: str, job: str) -> None:
         """Forget the outputs of an aborted job."""
         prefix = f"{job}/"
         with self._lock:
+            self._extra -= _extra(self._outputs.get(session, {}).pop(job, ABSENT))
             objects = self._sessions.get(session, {})
             for uri in [u for u in objects if u.startswith(prefix)]:
                 del objects[uri]
 
     def close(self, session: str) -> int:
+        """Forget a session's values; how many there were."""
         with self._lock:
-            return len(self._sessions.pop(session, {}))
+            jobs = self._outputs.pop(session, {})
+            extra = sum(map(_extra, jobs.values()))
+            self._extra -= extra
+            return len(self._sessions.pop(session, {})) + len(jobs) + extra
 
     def close_all(self) -> None:
         with self._lock:
             self._sessions.clear()
+            self._outputs.clear()
+            self._extra = 0
 
     def count(self) -> int:
+        """How many values are held, over all sessions."""
         with self._lock:
-            return sum(len(v) for v in self._sessions.values())
+            named = sum(map(len, self._sessions.values()))
+            return named + sum(map(len, self._outputs.values())) + self._extra
 
     def stats(self) -> dict[str, int]:
         return self.disk.stats() if self.disk is not None else {}
 
     def session_ids(self) -> list[str]:
         with self._lock:
-            return list(self._sessions)
+            return list(dict.fromkeys([*self._sessions, *self._outputs]))
+
+
+def _extra(held: Any) -> int:
+    """The values a job's entry holds past one (0 unless it holds several)."""
+    return _held_in(held) - 1 if type(held) is _Several else 0
+
+
+def _held_in(several: _Several) -> int:
+    """How many of a job's outputs are held (by identity: ``count`` would compare values,
+    and an array's comparison is no truth value)."""
+    return sum(value is not ABSENT for value in several.outputs)
