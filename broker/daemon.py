@@ -96,6 +96,7 @@ _BATCHABLE = frozenset({Exec, JobResult})
 # What the broker sends that the ledger counts or the log shows; nothing else needs a look
 _OBSERVED = frozenset({Refused, JobResult})
 _first = itemgetter(0)
+_UNSEEN = object()  # no message's frames are this object
 
 
 class Broker:
@@ -414,15 +415,20 @@ class Broker:
         if not isinstance(router, zmq.backend.Socket):
             self._perform(actions)
             return
+        send = _raw_send
+        checked: Any = _UNSEEN  # the frames last checked (the ranks of a fan share them)
         for at, action in enumerate(actions):
             peer, msg, frames = action
-            if type(msg) is not Exec or frames is None or type(header := frames[1]) is not bytes:
-                self._perform(actions[at:])
-                return
+            if frames is not checked:
+                if type(msg) is not Exec or frames is None or type(frames[1]) is not bytes:
+                    self._perform(actions[at:])
+                    return
+                checked, (magic, header) = frames, frames
+                copy = len(header) < _COPY_BELOW
             try:
-                _raw_send(router, peer, _MORE)
-                _raw_send(router, frames[0], _MORE)
-                _raw_send(router, header, _NOBLOCK, len(header) < _COPY_BELOW)
+                send(router, peer, _MORE)
+                send(router, magic, _MORE)
+                send(router, header, _NOBLOCK, copy)
             except Exception as exc:
                 self._unsent(peer, ((action, frames),), exc)
 
