@@ -96,6 +96,7 @@ _BATCHABLE = frozenset({Exec, JobResult})
 # What the broker sends that the ledger counts or the log shows; nothing else needs a look
 _OBSERVED = frozenset({Refused, JobResult})
 _first = itemgetter(0)
+_UNSEEN = object()  # no message's frames are this object
 
 
 class Broker:
@@ -195,31 +196,64 @@ class Broker:
         declared silent (after the broker was descheduled for a while, say). The loop
         over wake-ups is here, not in the caller: a call and a look at the stop flag fewer
         per message (each rank's Done is one), and the stop flag is seen at every tick.
+        A message of two parts from a peer already known (each rank's Done, most) is
+        read and handed to the state here too, as :meth:`_route` would: no call and no
+        list of its frames per message.
         """
         router: Any = self.router  # a test may stand something else in
         jobs = self._jobs
         monotonic = time.monotonic
         # recv_frames written out for the compiled socket (a test's stand-in gets the call)
         recv = _raw_recv if isinstance(router, zmq.backend.Socket) else None
+        # what _route does with a message of two parts from a peer whose fd is mapped,
+        # written out below for the compiled socket: each rank's Done is one
+        mapped = None if self.monitor is None else self._peer_fd
+        secure, counters, done_read = self.secure, self.state.counters, self.state.done_read
         while True:
             try:
-                if recv is not None:
+                if recv is None:
+                    frames = recv_frames(router)
+                else:
                     # the routing id as bytes: no Frame for it (a ROUTER message always has
                     # a part after it; its source fd and User-Id ride on every part)
-                    frames = [recv(router, 0, True)]
-                    frame = recv(router, 0, False)
-                    frames.append(frame)
-                    while frame.more:  # the rest of a multipart message is there already
-                        frame = recv(router, 0, False)
-                        frames.append(frame)
-                else:
-                    frames = recv_frames(router)
+                    peer = recv(router, 0, True)
+                    magic = recv(router, 0, False)
+                    frames = None
+                    if magic.more:  # the rest of a multipart message is there already
+                        header = recv(router, 0, False)
+                        if header.more:
+                            frames = [peer, magic, header]
+                            frame = header
+                            while frame.more:
+                                frame = recv(router, 0, False)
+                                frames.append(frame)
+                    else:
+                        frames = [peer, magic]
             except zmq.Again:
                 break
             # one clock read per wake-up: its messages arrived together, and the timers
             # wait at most one wake-up longer
             now = monotonic()
-            self._route(frames, now)
+            if frames is not None or (mapped is not None and peer not in mapped):
+                self._route(frames or [peer, magic, header], now)
+            else:
+                # _route of a message of two parts (a hot Done, most), without the call,
+                # the list of its frames and the checks of what the receive made them
+                who = frame_identity(magic) if secure else None
+                try:  # one message's failure stays that message's failure
+                    # the frames' bytes (copied once, kept by the frame), counted from them
+                    head, data = magic.bytes, header.bytes
+                    counters["bytes_routed"] += len(head) + len(data)
+                    read = read_hot_header(head, data)
+                    if type(read) is DoneRead:
+                        actions = done_read(peer, read, now, who)
+                        if actions:  # most Dones leave their job waiting on other ranks
+                            self._perform(actions)
+                except Exception as exc:
+                    self._contain(peer, None, exc)
+                else:
+                    if type(read) is not DoneRead:
+                        self._handle(peer, [magic, header], now, who, batch_ok=True, read=read)
             # With one job or none in flight nothing queued could share a batch with what
             # this message asks to send: skip the receive that would find nothing (a
             # system call and a zmq.Again on the one-job-at-a-time path).
@@ -381,15 +415,20 @@ class Broker:
         if not isinstance(router, zmq.backend.Socket):
             self._perform(actions)
             return
+        send = _raw_send
+        checked: Any = _UNSEEN  # the frames last checked (the ranks of a fan share them)
         for at, action in enumerate(actions):
             peer, msg, frames = action
-            if type(msg) is not Exec or frames is None or type(header := frames[1]) is not bytes:
-                self._perform(actions[at:])
-                return
+            if frames is not checked:
+                if type(msg) is not Exec or frames is None or type(frames[1]) is not bytes:
+                    self._perform(actions[at:])
+                    return
+                checked, (magic, header) = frames, frames
+                copy = len(header) < _COPY_BELOW
             try:
-                _raw_send(router, peer, _MORE)
-                _raw_send(router, frames[0], _MORE)
-                _raw_send(router, header, _NOBLOCK, len(header) < _COPY_BELOW)
+                send(router, peer, _MORE)
+                send(router, magic, _MORE)
+                send(router, header, _NOBLOCK, copy)
             except Exception as exc:
                 self._unsent(peer, ((action, frames),), exc)
 
