@@ -136,39 +136,31 @@ class JobSite:
         job = next(ids.pool, None) or ids.refill()  # unguessable: see _JobIds
         job_bytes = job.encode()
         try:  # blocks at most SNDTIMEO, as _job_call's send
-            if seal is None:
-                head, middle, tail = parts  # type: ignore[misc]
+            if seal is not None:  # sealed bindings, packed into the same header (no record)
+                boxes = seal.sealed(
+                    ctx.session, job, graph.digest, graph.ranks, self.inline, limit, bindings
+                )
+                packed = pack_bindings(boxes)  # None: a sealed record among them
+            if packed is not None and parts is not None:  # (plaintext: checked above)
+                head, middle, tail = parts
                 header = b"".join((head, _ID_MARK, job_bytes, middle, packed, tail))
                 if len(header) < _SMALL:
                     _send(sock, MAGIC_FRAME, _MORE)
                     _send(sock, header, 0)
                 else:
                     send_frames(sock, [MAGIC_FRAME, header], 0)
-            else:  # sealed bindings, packed into the same header (no record of the Exec)
-                boxes = seal.sealed(
-                    ctx.session, job, graph.digest, graph.ranks, self.inline, limit, bindings
+            else:  # sealed bindings with large inputs among them: the encoder packs them
+                msg = object.__new__(Exec)
+                msg.__dict__.update(
+                    session=ctx.session,
+                    job=job,
+                    digest=graph.digest,
+                    ranks=graph.ranks,
+                    bindings=boxes,
+                    inline=self.inline,
+                    timeout_s=limit,
                 )
-                packed = pack_bindings(boxes)
-                if packed is not None and parts is not None:  # compact boxes (most jobs)
-                    head, middle, tail = parts
-                    header = b"".join((head, _ID_MARK, job_bytes, middle, packed, tail))
-                    if len(header) < _SMALL:
-                        _send(sock, MAGIC_FRAME, _MORE)
-                        _send(sock, header, 0)
-                    else:
-                        send_frames(sock, [MAGIC_FRAME, header], 0)
-                else:  # a sealed record among them (large inputs): the encoder packs it
-                    msg = object.__new__(Exec)
-                    msg.__dict__.update(
-                        session=ctx.session,
-                        job=job,
-                        digest=graph.digest,
-                        ranks=graph.ranks,
-                        bindings=boxes,
-                        inline=self.inline,
-                        timeout_s=limit,
-                    )
-                    send_frames(sock, exec_frames(msg), 0)
+                send_frames(sock, exec_frames(msg), 0)
         except zmq.Again:
             raise MplTimeoutError(
                 f"job {job}: the broker at {client.address} took no message for "
