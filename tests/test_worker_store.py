@@ -13,9 +13,11 @@ import random
 import sys
 
 import numpy as np
+import pytest
 
 from mpl.wire.control import Welcome, WorkerHello
 from mpl.wire.data import Delete
+from mpl.wire.errors import SessionError
 from mpl.wire.jobs import output_uri
 from mpl.worker.interpreter import ABSENT
 from mpl.worker.jobs import Jobs
@@ -134,3 +136,22 @@ def test_the_count_of_values_held_stays_exact_without_a_walk() -> None:
             model = {key: True for key in model if key[0] != sid}
         assert store.count() == len(model)
     assert all(store.has(sid, uri) for sid, uri in model)
+
+
+def test_a_uri_whose_index_no_output_can_have_names_nothing() -> None:
+    # a hostile driver or broker names "<job>/<5,000 digits>" in a Delete, Fetch or binding:
+    # int() refuses past 4,300 digits (ValueError), which would have failed the whole Delete
+    # on the I/O thread as an internal error; such an index names no output, as any other
+    # URI not held here
+    jobs = _jobs()
+    jobs.store.put_outputs("s", "j", [1])
+    jobs.store.put_outputs("s", "k", [1, 2])
+    huge = ["j/" + "1" * 5000, "k/" + "9" * 40, "k/" + "1" * 10]
+    for uri in huge:
+        assert not jobs.store.has("s", uri), uri
+        with pytest.raises(SessionError, match="no value"):
+            jobs.store.get("s", uri)
+    delete = Delete("s", {RANK: [*huge, "j/0", "k/1"]})
+    jobs.perform(jobs.state.handle(delete, 1.0))  # at once, on the I/O thread
+    assert not jobs.store.has("s", "j/0") and not jobs.store.has("s", "k/1")
+    assert jobs.store.get("s", "k/0") == 1 and jobs.store.count() == 1  # the rest as it was

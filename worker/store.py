@@ -39,6 +39,10 @@ def symbol_uri(name: str) -> str:
     return f"sym:{name}"
 
 
+# an output index has at most this many digits (a job of a billion outputs is none)
+_INDEX_DIGITS = 9
+
+
 def output_place(uri: str) -> tuple[str, int] | None:
     """The job and output index an output URI (``mpl.wire.jobs.output_uri``) names, or
     None if ``uri`` is not one: the index is written as ``output_uri`` writes it (ASCII
@@ -48,6 +52,8 @@ def output_place(uri: str) -> tuple[str, int] | None:
         return None
     if len(index) > 1 and index[0] == "0":
         return None
+    if len(index) > _INDEX_DIGITS:  # no job has that many outputs (and int() would refuse
+        return None  # past 4,300 digits: a hostile URI must name nothing, not raise)
     return job, int(index)
 
 
