@@ -163,7 +163,7 @@ def phase_fanout() -> None:
     """One job to all n ranks and n replies gathered, against a raw relay doing the same.
 
     The raw relay and the cluster are up at once and take turns (nine turns per size: the
-    median of a few turns' ratios moved by 0.3 between runs on a 2-core machine), so the
+    median of a few turns' ratios moved by 0.3-0.5 between runs on 2 cores), so the
     machine's drift within a sitting falls on both alike; each turn's ratio is recorded.
     """
     import mpl.driver as mp
