@@ -14,7 +14,9 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import stable_objects, stats, wait_until
 
+import mpl.driver as mp
 from mpl.wire.control import Welcome, WorkerHello
 from mpl.wire.data import Delete
 from mpl.wire.errors import SessionError
@@ -155,3 +157,31 @@ def test_a_uri_whose_index_no_output_can_have_names_nothing() -> None:
     jobs.perform(jobs.state.handle(delete, 1.0))  # at once, on the I/O thread
     assert not jobs.store.has("s", "j/0") and not jobs.store.has("s", "k/1")
     assert jobs.store.get("s", "k/0") == 1 and jobs.store.count() == 1  # the rest as it was
+
+
+WORLD_SIZE = 2  # the real cluster below (the procs fixture)
+
+
+def test_a_hostile_delete_through_real_daemons_frees_what_it_names_and_the_worker_serves(
+    procs: mp.Context,
+) -> None:
+    # what a hostile driver sends from its own socket, through a real mpl-broker to a real
+    # mpl-worker: a Delete whose first URI has a 5,000-digit index, then a real output's.
+    # The worker frees the real one (the merged code stopped at the first: ValueError on
+    # the I/O thread, answered as an internal error) and still serves.
+    ctx = procs
+    with ctx:
+        make = mp.device("P0")(lambda i: i)
+        kept = [make(i) for i in range(3)]
+        assert [mp.fetch(v) for v in kept] == [0, 1, 2]
+        ctx.flush()
+        before = stable_objects(ctx, 0)
+        target = kept[0]._uri
+        hostile = target.rpartition("/")[0] + "/" + "1" * 5000
+        ctx.client.delete(ctx.session, {0: [hostile, target]})
+        wait_until(
+            lambda: stats(ctx.client, 0)["objects"] == before - 1,
+            timeout=15,
+            what=f"rank 0 down to {before - 1} objects",
+        )
+        assert mp.fetch(make(7)) == 7 and mp.fetch(kept[1]) == 1
