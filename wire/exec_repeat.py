@@ -167,6 +167,7 @@ class RepeatExecs:
         box, and a job without inputs runs as :attr:`last` by its id)."""
         if not self._box_at or len(frames) != 2:
             return None
+        # repeat_job's frame reading, written out as it is there: a call fewer per job
         magic, raw = frames
         try:
             if type(magic) is Frame and type(raw) is Frame:  # received (most): no memoryview

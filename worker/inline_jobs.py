@@ -23,7 +23,7 @@ from mpl.wire.errors import JobAbortedError, SessionError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Done, Exec
 from mpl.wire.progress import FIRST_AFTER_S
-from mpl.wire.record import Record
+from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import to_info
 from mpl.wire.run_stats import pack_stats, run_seconds
 from mpl.worker.inline_run import InlineRun
@@ -31,7 +31,7 @@ from mpl.worker.interpreter import OpFailed, Plan
 from mpl.worker.state import WorkerState
 from mpl.worker.state_events import RunAborted, RunFailed, RunFinished
 
-__all__ = ["InlineJobs"]
+__all__ = ["InlineJobs", "done_record"]
 
 RunEnd = RunFinished | RunFailed | RunAborted
 
@@ -189,22 +189,44 @@ class InlineJobs:
                     finally:
                         lock.release()
                     return None
-            done: Done = object.__new__(Done)  # as _run builds it
-            done.__dict__.update(
-                {
-                    "session": sid,
-                    "job": job,
-                    "rank": self.rank,
-                    "values": values,
-                    "stats": stats,
-                    "metas": metas,
-                    "saved": [],
-                }
-            )
-            return done
+            return done_record(sid, job, self.rank, values, stats, metas, [])
         except BaseException as exc:  # the thread must report whatever happened
             error = to_info(exc, rank=self.rank, op="run", job=job)
             return RunFailed(sid, job, time.monotonic() - t0, error)
+
+
+# done_record fills a Done in from one dict naming every field
+_DONE_FIELDS = pinned_fields(
+    Done, ("session", "job", "rank", "values", "stats", "metas", "saved"), "mpl.worker.inline_jobs"
+)
+
+
+def done_record(
+    session: str,
+    job: str,
+    rank: int,
+    values: dict[int, Any],
+    stats: bytes,
+    metas: dict[int, str],
+    saved: list[Any],
+) -> Done:
+    """``Done(session, job, rank, values, stats, metas, saved)`` of a run this worker made,
+    filled in directly (as decode fills in the records it checked): ``__init__`` would set
+    each field through the records' immutability guard. Every field is named here, and
+    ``_DONE_FIELDS`` keeps them in step with the record."""
+    done: Done = object.__new__(Done)
+    done.__dict__.update(
+        {
+            "session": session,
+            "job": job,
+            "rank": rank,
+            "values": values,
+            "stats": stats,
+            "metas": metas,
+            "saved": saved,
+        }
+    )
+    return done
 
 
 def _with_job(msg: Exec, job: str) -> Exec:

@@ -45,12 +45,12 @@ from mpl.wire.graph import Graph
 from mpl.wire.jobs import Done, Exec, Lit
 from mpl.wire.limits import MAX_JOB_THREADS, check_symbol_name, job_timeout
 from mpl.wire.progress import EVERY_S, FIRST_AFTER_S, Progress
-from mpl.wire.record import Record, pinned_fields
+from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo, to_info
 from mpl.wire.run_stats import pack_stats, run_seconds
 from mpl.wire.safe_values import unsafe
 from mpl.wire.sessions import Ack, DeleteSymbol, Reply, SaveSymbol, SessionClosed, SymbolInfo
-from mpl.worker.inline_jobs import InlineJobs
+from mpl.worker.inline_jobs import InlineJobs, done_record
 from mpl.worker.inline_run import InlineRun
 from mpl.worker.interpreter import ABSENT, OpFailed, Plan, op_label, run_graph
 from mpl.worker.keyed_mailbox import KeyedMailbox, MoveKey
@@ -144,12 +144,6 @@ class _JobRun:
 
     def extension(self, name: str) -> Any:
         return self._jobs.extension(name)
-
-
-# Jobs._run fills a Done in from one dict naming every field
-_DONE_FIELDS = pinned_fields(
-    Done, ("session", "job", "rank", "values", "stats", "metas", "saved"), "mpl.worker.jobs"
-)
 
 
 class Jobs(InlineJobs):
@@ -360,22 +354,7 @@ class Jobs(InlineJobs):
             # job frees its outputs and says nothing), so no second look under the lock here.
             values, metas = self._store_outputs(sid, job, msg.inline, outputs)
             stats = pack_stats(time.monotonic() - t0, wall, run.spans)  # one blob, unread
-            # Done(...) filled in directly (as decode fills in the records it checked): its
-            # __init__ sets each field through the records' immutability guard. Every
-            # field is named here: the check below _DONE_FIELDS keeps them in step.
-            done: Done = object.__new__(Done)
-            done.__dict__.update(
-                {
-                    "session": sid,
-                    "job": job,
-                    "rank": self.rank,
-                    "values": values,
-                    "stats": stats,
-                    "metas": metas,
-                    "saved": run.saved,
-                }
-            )
-            return done
+            return done_record(sid, job, self.rank, values, stats, metas, run.saved)
         except BaseException as exc:  # the thread must report whatever happened
             error = to_info(exc, rank=self.rank, op="run", job=msg.job)
             return RunFailed(msg.session, msg.job, time.monotonic() - t0, error)
