@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 from mpl.wire.jobs import Exec
 from mpl.wire.record import Record, pinned_fields
 
-__all__ = ["Send", "fan", "own_execs"]
+__all__ = ["Send", "box_execs", "fan", "own_execs"]
 
 
 class Send(NamedTuple):
@@ -30,6 +30,18 @@ def fan(peers: Iterable[bytes], msg: Record, raw: Any = None) -> list[Send]:
     """``[Send(peer, msg, raw) for peer in peers]`` without a Python call per peer (the
     NamedTuple's ``__new__`` is one): an Exec that goes out the same to every rank."""
     return [_new(Send, (peer, msg, raw)) for peer in peers]
+
+
+def box_execs(peers: Sequence[bytes], msg: Exec, raw: Sequence[Any]) -> list[Send]:
+    """A sealed Exec (``mpl.wire.sealed_exec``: ``raw`` is its magic, its header, then one
+    box frame per rank, checked) to each rank of its job, ``peers`` in the order of
+    ``msg.ranks``: the magic and header as they came and that rank's box frame, untouched.
+    No header is cut or encoded per rank, and no Python call is made per rank."""
+    magic, header = raw[0], raw[1]
+    return [
+        _new(Send, (peer, msg, [magic, header, box]))
+        for peer, box in zip(peers, raw[2:], strict=True)
+    ]
 
 
 # own_execs fills each rank's Exec in directly (record.replaced without its calls)

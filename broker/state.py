@@ -32,7 +32,7 @@ from operator import attrgetter
 from typing import Any
 
 from mpl.broker.access import Access
-from mpl.broker.actions import Send, fan, own_execs
+from mpl.broker.actions import Send, box_execs, fan, own_execs
 from mpl.broker.admission import refuse_call
 from mpl.broker.calls import Call, CallTable, JobCall, RequestCall
 from mpl.broker.data import DataCalls
@@ -85,6 +85,7 @@ from mpl.wire.progress import EVERY_S, Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.run_stats import MAX_STATS_BYTES, stats_blob
+from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC
 from mpl.wire.sessions import (
     Ack,
     CloseNamed,
@@ -343,7 +344,8 @@ class BrokerState:
         # When no other rank's bindings are in the message, it goes out as it came: one
         # Send for every rank, the same frames. Otherwise each rank's Exec is the arrived
         # header with the other ranks' bindings cut out (mpl.wire.hot_spans), or, when the message
-        # has buffer frames, encoded anew.
+        # has buffer frames, encoded anew. A sealed Exec whose boxes come as frames
+        # (mpl.wire.sealed_exec) has none in its header: each rank gets it and its own frame.
         shared = set(bindings) <= {ranks[0]} if len(ranks) == 1 else not bindings
         out: list[Send] = []  # a rank's program goes before its Exec
         for entry in workers:
@@ -354,6 +356,9 @@ class BrokerState:
             ):
                 out.append(Send(entry.peer, program))
         peers = list(map(_peer_of, workers))
+        if raw is not None and raw[0] is SEALED_EXEC_MAGIC:  # (the shell's constant)
+            # one header and a box frame per rank: each rank its own box, nothing cut
+            return out + box_execs(peers, msg, raw)
         if shared:
             return out + fan(peers, msg, raw)
         # each rank's record and header made in one call each, not per rank

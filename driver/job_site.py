@@ -38,6 +38,7 @@ from mpl.wire.jobs import Cancel, Exec, JobResult
 from mpl.wire.record import pinned_fields
 from mpl.wire.remote import from_info
 from mpl.wire.result_read import RESULT_HEAD, result_fields
+from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC
 from mpl.wire.sockets import send_frames
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ __all__ = ["JobSite"]
 _ID_MARK = bytes([0xA0 | 2 * _JobIds._BYTES])  # msgpack's fixstr marker of a job id's length
 _ANSWER_HEAD = RESULT_HEAD + _ID_MARK  # a JobResult's header up to its job id's characters
 _EMPTY_MAP = b"\x80"  # msgpack's empty map: the bindings of a job without inputs
+_BYTES = {bytes}  # the types of a job's boxes when each is compact
 _SMALL = 64 * 1024  # headers below pyzmq's copy threshold are sent here (copied by libzmq)
 _MORE = int(zmq.SNDMORE)
 _send = zmq.backend.Socket.send  # the compiled methods: pyzmq's Python layer costs more
@@ -136,12 +138,8 @@ class JobSite:
         job = next(ids.pool, None) or ids.refill()  # unguessable: see _JobIds
         job_bytes = job.encode()
         try:  # blocks at most SNDTIMEO, as _job_call's send
-            if seal is not None:  # sealed bindings, packed into the same header (no record)
-                boxes = seal.sealed(
-                    ctx.session, job, graph.digest, graph.ranks, self.inline, limit, bindings
-                )
-                packed = pack_bindings(boxes)  # None: a sealed record among them
-            if packed is not None and parts is not None:  # (plaintext: checked above)
+            if seal is None:  # plain bindings, packed into the header
+                assert parts is not None  # (checked above)
                 head, middle, tail = parts
                 header = b"".join((head, _ID_MARK, job_bytes, middle, packed, tail))
                 if len(header) < _SMALL:
@@ -149,18 +147,35 @@ class JobSite:
                     _send(sock, header, 0)
                 else:
                     send_frames(sock, [MAGIC_FRAME, header], 0)
-            else:  # sealed bindings with large inputs among them: the encoder packs them
-                msg = object.__new__(Exec)
-                msg.__dict__.update(
-                    session=ctx.session,
-                    job=job,
-                    digest=graph.digest,
-                    ranks=graph.ranks,
-                    bindings=boxes,
-                    inline=self.inline,
-                    timeout_s=limit,
+            else:
+                boxes = seal.sealed(
+                    ctx.session, job, graph.digest, graph.ranks, self.inline, limit, bindings
                 )
-                send_frames(sock, exec_frames(msg), 0)
+                frames = list(boxes.values())  # in the order of graph.ranks, as sealed
+                if parts is not None and {*map(type, frames)} == _BYTES:
+                    # one header, its bindings empty, then each rank's compact box in a
+                    # frame of its own (mpl.wire.sealed_exec): the broker forwards each rank
+                    # the header and its frame, with nothing cut or packed per rank
+                    head, middle, tail = parts
+                    header = b"".join((head, _ID_MARK, job_bytes, middle, _EMPTY_MAP, tail))
+                    _send(sock, SEALED_EXEC_MAGIC, _MORE)
+                    _send(sock, header, _MORE)
+                    last = frames.pop()
+                    for box in frames:  # a plain loop: a comprehension is a call
+                        _send(sock, box, _MORE)
+                    _send(sock, last, 0)
+                else:  # a sealed record among them (large inputs): the codec's shape
+                    msg = object.__new__(Exec)
+                    msg.__dict__.update(
+                        session=ctx.session,
+                        job=job,
+                        digest=graph.digest,
+                        ranks=graph.ranks,
+                        bindings=boxes,
+                        inline=self.inline,
+                        timeout_s=limit,
+                    )
+                    send_frames(sock, exec_frames(msg), 0)
         except zmq.Again:
             raise MplTimeoutError(
                 f"job {job}: the broker at {client.address} took no message for "

@@ -21,7 +21,7 @@ from helpers import wait_until
 import mpl.driver as mp
 from mpl.broker.daemon import Broker
 from mpl.wire import ClusterSpec, decode, encode
-from mpl.wire.codec import Pickled
+from mpl.wire.codec import MAGIC_FRAME, Pickled
 from mpl.wire.curve import Curve
 from mpl.wire.decoder import Opaque, OpaqueRecord
 from mpl.wire.jobs import Exec, Lit, Program
@@ -29,6 +29,7 @@ from mpl.wire.keys import load_keypair, write_keypair
 from mpl.wire.record import Record, record_fields
 from mpl.wire.seal import Sealer, program_context
 from mpl.wire.sealed import BOX_MAGIC, Sealed, is_sealed
+from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC
 from mpl.wire.sessions import Reply
 from mpl.worker.daemon import Worker
 
@@ -46,28 +47,62 @@ class Tap:
         self._sock = sock
         self.seen: list[Frames] = []
         self.alter: Alter | None = None
+        self.rank_of: Callable[[bytes], int] = lambda peer: 0  # a worker's rank, by peer
+        # frame-level stand-ins: what the broker receives (its routing id first, the frames
+        # as received), and what it sends (routing id and frames in, what to send out)
+        self.take: Callable[[Frames], Frames] | None = None
+        self.rewrite: Callable[[bytes, Frames], list[tuple[bytes, Frames]]] | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
 
     def recv_multipart(self, *args: Any, **kw: Any) -> Frames:
         frames: Frames = self._sock.recv_multipart(*args, **kw)
+        if self.take is not None:
+            frames = self.take(list(frames))
         self.seen.append([memoryview(f).tobytes() for f in frames[1:]])
         return frames
 
     def send_multipart(self, frames: Frames, *args: Any, **kw: Any) -> Any:
         frames = list(frames)
+        if self.rewrite is not None:  # frames in, (routing id, frames) to send instead out
+            for peer, out in self.rewrite(bytes(frames[0]), frames[1:]):
+                self.seen.append([memoryview(f).tobytes() for f in out])
+                self._sock.send_multipart([peer, *out], *args, **kw)
+            return None
         if self.alter is not None:
-            msg = decode(frames[1:], unpickle=False)
+            if bytes(frames[1]) == SEALED_EXEC_MAGIC:  # an Exec, its rank's box a frame
+                msg: Record = as_record(frames[1:], self.rank_of(bytes(frames[0])))
+            else:
+                msg = decode(frames[1:], unpickle=False)
             changed = self.alter(msg)
             if isinstance(changed, list):  # sent before the last one, to the same peer
                 for extra in changed[:-1]:
-                    self._sock.send_multipart([frames[0], *encode(extra)], *args, **kw)
+                    self._sock.send_multipart([frames[0], *as_frames(extra)], *args, **kw)
                 changed = changed[-1]
             if changed is not None:
-                frames = [frames[0], *encode(changed)]
+                frames = [frames[0], *as_frames(changed)]
         self.seen.append([memoryview(f).tobytes() for f in frames[1:]])
         return self._sock.send_multipart(frames, *args, **kw)
+
+
+def as_record(frames: Frames, rank: int) -> Exec:
+    """A sealed Exec to ``rank`` (``mpl.wire.sealed_exec``: magic, header, its box frame)
+    as the record of the codec's shape: the box in the bindings, keyed by the rank."""
+    msg = decode([MAGIC_FRAME, frames[1]], unpickle=False)
+    assert isinstance(msg, Exec) and msg.bindings == {} and len(frames) == 3
+    return dataclasses.replace(msg, bindings={rank: bytes(frames[2])})
+
+
+def as_frames(msg: Record) -> Frames:
+    """What the broker sends for ``msg``: an Exec of one rank's compact box in the sealed
+    Exec's shape (the box a frame of its own), anything else encoded."""
+    if isinstance(msg, Exec) and len(msg.bindings) == 1:
+        (box,) = msg.bindings.values()
+        if type(box) is bytes:
+            header = encode(dataclasses.replace(msg, bindings={}))[1]
+            return [SEALED_EXEC_MAGIC, header, box]
+    return encode(msg)
 
 
 class Setup:
@@ -88,6 +123,8 @@ class Setup:
         self.spec = spec
         self.broker = Broker(spec, "tcp://127.0.0.1:0", curve=self.curves["broker"])
         self.tap = Tap(self.broker.router)
+        by_peer = self.broker.state.registry.by_peer
+        self.tap.rank_of = lambda peer: by_peer[peer].rank
         self.broker.router = self.tap  # type: ignore[assignment]  # a stand-in (see Tap)
         self.broker.start()
         self.workers = [

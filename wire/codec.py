@@ -91,8 +91,10 @@ __all__ = [
 
 MAGIC = b"MPL"
 # 2: a Done's and a JobResult's stats are one opaque blob per rank (mpl.wire.run_stats).
+# 3: a secure Exec's sealed boxes travel as frames of their own, after one common header
+# (mpl.wire.sealed_exec), not in its bindings.
 # Persisted files have a format version of their own (mpl.wire.persist).
-VERSION = 2
+VERSION = 3
 MAGIC_FRAME = MAGIC + bytes([VERSION])
 _BATCH = b"MPB"  # a batch's magic (mpl.wire.batch), the same version byte
 ZERO_COPY_BYTES = 64 * 1024  # pyzmq's copy threshold: below it copying beats tracking

@@ -22,6 +22,10 @@ what ``decode`` reads there. :meth:`RepeatExecs.repeat_box` says such a repeat b
 id, rank and box, with no record. Whether the box opens is the seal's to say (``worker/
 sealing.py``), for a job read either way.
 
+A secure Exec whose box comes in a frame of its own (``mpl.wire.sealed_exec``) has a plain
+header, its bindings empty: :meth:`RepeatExecs.repeat_header` says its repeat by the job id,
+as for plaintext; its caller checks the magic and takes the box frame.
+
 One reader per sender: the bytes it compares with came from that sender's connection and
 were accepted there. ``tests/test_exec_repeat.py`` compares it with ``decode`` on mutated
 messages. Not thread-safe: one thread reads one sender's messages.
@@ -40,7 +44,7 @@ from mpl.wire.hot import EXEC_PREFIX, read_exec
 from mpl.wire.jobs import Exec
 from mpl.wire.limits import MAX_CONTAINERS
 
-__all__ = ["RepeatExecs"]
+__all__ = ["RepeatExecs", "raw_bytes"]
 
 _FIXSTR, _FIXSTR_END = 0xA0, 0xBF
 _STR8, _STR16, _STR32 = 0xD9, 0xDA, 0xDB
@@ -224,6 +228,26 @@ class RepeatExecs:
         at, size = self._id_at, len(header)
         if size == self._size and header[at - 1] == self._id_byte:
             try:  # _utf8, without its call
+                job: str | None = header[at : size - len(tail)].decode()
+            except UnicodeDecodeError:
+                return None
+        else:
+            job = _job_id(header, len(head), size - len(tail))
+        if job is None or size >= MAX_CONTAINERS:  # as read_exec bounds it
+            return None
+        self.repeats += 1
+        return job
+
+    def repeat_header(self, header: bytes) -> str | None:
+        """:meth:`repeat_job` for a header alone (a sealed Exec's, whose magic and box
+        frame its caller checked, ``mpl.wire.sealed_exec``): its job id if it is
+        :attr:`last`'s header but for that id, else None, with nothing read or remembered."""
+        head, tail = self._head, self._tail
+        if not head or self._box_at or not (header.startswith(head) and header.endswith(tail)):
+            return None
+        at, size = self._id_at, len(header)
+        if size == self._size and header[at - 1] == self._id_byte:
+            try:  # as repeat_job reads it
                 job: str | None = header[at : size - len(tail)].decode()
             except UnicodeDecodeError:
                 return None

@@ -16,15 +16,16 @@ from collections.abc import Callable
 from typing import Any
 
 from mpl.wire.batch import is_batch, split_batch
-from mpl.wire.codec import decode
+from mpl.wire.codec import MAGIC_FRAME, decode
 from mpl.wire.data import Fetch
 from mpl.wire.errors import ProtocolError
-from mpl.wire.exec_repeat import RepeatExecs
+from mpl.wire.exec_repeat import RepeatExecs, raw_bytes
 from mpl.wire.guard import Guard
 from mpl.wire.jobs import Abort, Exec, Failed
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
 from mpl.wire.safe_values import BROKER, pickles_allowed
+from mpl.wire.sealed_exec import MAX_BOX_BYTES, is_sealed_exec
 from mpl.wire.sessions import SessionClosed, SessionRuntime
 from mpl.worker.code_policy import HoldsPickles, holds_pickle, refusal, screen, unloadable
 from mpl.worker.jobs import Jobs
@@ -99,6 +100,9 @@ class BrokerMessages:
                     if reply is not None:
                         self._send(reply)
                 return
+        elif len(frames) != 2 and is_sealed_exec(frames):  # its box in a frame of its own
+            self._on_sealed_exec(frames)
+            return
         elif self.code == "any":  # a sealed repeat: opened and run by its job id, no record
             read = execs.repeat_box(frames)
             if read is not None and (last := execs.last) is not None:  # (kept with it)
@@ -139,6 +143,59 @@ class BrokerMessages:
             self._on_broker(msg)
         except Exception as exc:
             reply = self.guard.internal("the broker", msg, exc, rank=self.rank)
+            if reply is not None:
+                self._send(reply)
+
+    def _on_sealed_exec(self, frames: list[Any]) -> None:
+        """A sealed Exec whose box comes in a frame of its own (``mpl.wire.sealed_exec``):
+        the magic, a header read as a plaintext Exec's (by comparison with the last one, or
+        in full: bindings empty) and exactly one box frame; anything else is refused and
+        counted. The box is opened (``WorkerSeal.open_exec``) before anything runs: one
+        sealed for another rank, job or header does not open here."""
+        execs, seal = self._execs, self.seal
+        assert seal is not None
+        try:
+            if len(frames) != 3:
+                raise ProtocolError(f"a sealed Exec of {len(frames) - 2} box frames, not one")
+            header, box = raw_bytes(frames[1]), raw_bytes(frames[2])
+            if not 0 < len(box) <= MAX_BOX_BYTES:  # no box (the broker bounds them too)
+                raise ProtocolError(f"a sealed Exec's box frame of {len(box)} bytes")
+            job = execs.repeat_header(header)
+            last = execs.last
+            if job is None or last is None:
+                read = execs.read_in_full([MAGIC_FRAME, header])
+                if read is None:  # decode accepts it or says why not
+                    decoded = decode([MAGIC_FRAME, header], safe=True, unpickle=False)
+                    if type(decoded) is not Exec:
+                        raise ProtocolError(f"a sealed Exec's header holds a {decoded.TAG!r}")
+                    read = decoded
+                if read.bindings:
+                    raise ProtocolError("a sealed Exec's header carries bindings")
+                job = read.job
+                last = execs.last if execs.last is not None and execs.last.job == job else read
+        except ProtocolError as exc:
+            self.protocol_errors += 1
+            self.refusals.refused("the broker", f"dropped a bad message: {exc}")
+            return
+        rank = self.rank
+        try:
+            if self.code != "any":  # the seal opens it in _on_broker, under the code policy
+                self._on_broker(_with_job(last, job, {rank: box}))
+                return
+            mine = seal.open_exec(last, job, box)  # _on_broker and _on_exec, written out
+            if type(mine) is Failed:
+                self._send(mine)
+                self.protocol_errors += 1
+                log.warning("rank %d: refused a %s that did not authenticate", rank, Exec.TAG)
+            elif mine is not None or self.runtimes.refused_sessions:
+                self._on_exec(_with_job(last, job, {} if mine is None else {rank: mine}))
+            elif not self.jobs.run_now(
+                bare[1] if (bare := self._bare)[0] is last else self._unbound(last), job
+            ):
+                self._send_gathered()  # Dones gathered go before a job thread's
+                self._perform(self.jobs.handle(_with_job(last, job, {})))
+        except Exception as exc:
+            reply = self.guard.internal("the broker", _with_job(last, job, {}), exc, rank=rank)
             if reply is not None:
                 self._send(reply)
 
