@@ -22,11 +22,11 @@ from helpers import wait_until
 import mpl.driver as mp
 from mpl.broker.daemon import Broker
 from mpl.wire import ClusterSpec
-from mpl.wire.codec import encode
+from mpl.wire.codec import MAGIC_FRAME
 from mpl.wire.curve import Curve
 from mpl.wire.hot import read_exec
-from mpl.wire.jobs import Exec
 from mpl.wire.keys import load_keypair, write_keypair
+from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC, is_sealed_exec
 from mpl.worker.daemon import Worker
 
 _JOBS = 40
@@ -80,7 +80,7 @@ def _exec_calls(worker: Worker) -> Iterator[tuple[Counter[str], list[list[Any]]]
             built[0] += 1
 
     def counted(frames: list[Any]) -> None:
-        if read_exec(frames) is None:  # a heartbeat, a directory: not the job's
+        if read_exec(frames) is None and not is_sealed_exec(frames):  # a heartbeat: not a job
             handle(frames)
             return
         execs.append(frames)
@@ -172,15 +172,13 @@ _MAX_SEALED_CALLS_PER_JOB = 13.5
 
 
 def _tampered(frames: list[Any], job: str) -> list[bytes]:
-    """The Exec ``frames`` for job ``job`` (an id as long as its own) with the last byte of
-    its sealed box flipped: what a hostile broker could send as a program's next job."""
-    header = bytes(memoryview(frames[1]))
-    read = read_exec(frames)
-    assert read is not None and len(job) == len(read.job)
-    box = next(iter(read.bindings.values()))
-    at = header.index(box) + len(box) - 1
-    header = header.replace(read.job.encode(), job.encode())
-    return [bytes(memoryview(frames[0])), header[:at] + bytes([header[at] ^ 1]) + header[at + 1 :]]
+    """The sealed Exec ``frames`` (``mpl.wire.sealed_exec``) for job ``job`` (an id as long
+    as its own) with the last byte of its box flipped: what a hostile broker could send as
+    a program's next job."""
+    header, box, job_id = _box_of(frames)
+    assert len(job) == len(job_id)
+    header = header.replace(job_id.encode(), job.encode())
+    return [SEALED_EXEC_MAGIC, header, box[:-1] + bytes([box[-1] ^ 1])]
 
 
 def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
@@ -202,9 +200,11 @@ def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
             assert mp.fetch(job()) == 1
     assert worker._execs.repeats - repeats == _JOBS  # none read in full
     assert calls["broker_messages.py:_read"] == 0
-    # by its job id and box (no record of the Exec, no general message path; bac702e made
-    # a record of every one and took it through _on_broker, inbound and _on_exec)
-    assert calls["exec_repeat.py:repeat_box"] == _JOBS and calls["exec_repeat.py:repeat"] == 0
+    # its header by its job id, its box a frame of its own (no record of the Exec, no
+    # general message path; bac702e made a record of every one and took it through
+    # _on_broker, inbound and _on_exec; 634fe27 compared the box inside the header)
+    assert calls["exec_repeat.py:repeat_header"] == _JOBS
+    assert calls["exec_repeat.py:repeat_box"] == calls["exec_repeat.py:repeat"] == 0
     assert calls["broker_messages.py:_on_broker"] == calls["broker_messages.py:_on_exec"] == 0
     assert calls["sealing.py:open_exec"] == _JOBS  # every one opened by the seal
     # no record built: its Done is packed from its fields (bac702e built the Exec's and the
@@ -218,14 +218,12 @@ def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
     wait_until(lambda: not worker.jobs.state.jobs, what="the last job booked")
     done = int(worker.jobs.stats()["jobs_done"])
     previous = execs[-1]
-    read = read_exec(previous)
-    assert read is not None
-    forged = _tampered(previous, "f" * len(read.job))
+    forged = _tampered(previous, "f" * len(_box_of(previous)[2]))
     sent: list[list[bytes]] = []
     handle = worker._on_frames
 
     def forged_first(frames: list[Any]) -> None:
-        if not sent and read_exec(frames) is not None:
+        if not sent and is_sealed_exec(frames):
             sent.append(forged)
             handle(forged)
         handle(frames)
@@ -243,10 +241,12 @@ def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
 
 
 def _box_of(frames: list[Any]) -> tuple[bytes, bytes, str]:
-    """An Exec's header, its one sealed box and its job id."""
-    read = read_exec(frames)
-    assert read is not None and len(read.bindings) == 1
-    return bytes(memoryview(frames[1])), next(iter(read.bindings.values())), read.job
+    """A sealed Exec's header, its one box (a frame of its own) and its job id."""
+    assert is_sealed_exec(frames) and len(frames) == 3
+    header = bytes(memoryview(frames[1]))
+    read = read_exec([MAGIC_FRAME, header])
+    assert read is not None and read.bindings == {}
+    return header, bytes(memoryview(frames[2])), read.job
 
 
 def test_a_hostile_brokers_sealed_exec_forgeries_are_refused_and_run_nothing(
@@ -270,7 +270,7 @@ def test_a_hostile_brokers_sealed_exec_forgeries_are_refused_and_run_nothing(
 
     def recorder(rank: int) -> Any:
         def record(frames: list[Any]) -> None:
-            if read_exec(frames) is not None:
+            if is_sealed_exec(frames):
                 seen[rank].append([bytes(memoryview(f)) for f in frames])
             handles[rank](frames)
 
@@ -288,29 +288,26 @@ def test_a_hostile_brokers_sealed_exec_forgeries_are_refused_and_run_nothing(
     header, box, job_id = _box_of(mine)
     _, other_box, _ = _box_of(other)
     _, earlier_box, _ = _box_of(seen[0][-2])
-    fresh = "f" * len(job_id)
+    fresh = header.replace(job_id.encode(), ("f" * len(job_id)).encode())
     magic = mine[0]
-    assert len(other_box) == len(box) == len(earlier_box)  # each fits where the other was
-    # first those shaped as the program's next Exec (read by comparison), then two that
-    # are not (another rank's key, no box: read in full)
+    # every one shaped as the program's next Exec (its header read by comparison); rank
+    # 1's own Exec is rank 1's box under the one header every rank gets
     shaped = {
-        "rank 1's box in rank 0's header": [magic, header.replace(box, other_box)],
-        "an earlier job's box under a new job id": [
-            magic,
-            header.replace(box, earlier_box).replace(job_id.encode(), fresh.encode()),
-        ],
-        "a new job id on this job's box": [magic, header.replace(job_id.encode(), fresh.encode())],
+        "rank 1's box in rank 0's header": [magic, header, other_box],
+        "an earlier job's box under a new job id": [magic, fresh, earlier_box],
+        "a new job id on this job's box": [magic, fresh, box],
         "an earlier Exec replayed whole": seen[0][-2],
         "this Exec replayed whole": mine,
+        "rank 1's own Exec": other,
     }
     forgeries = {
         **shaped,
-        "rank 1's own Exec": other,
-        "the box dropped": [magic, _without_bindings(mine)],
+        "the box dropped": [magic, header],  # no sealed Exec at all: refused unread
     }
     worker = workers[0]
     assert worker.seal is not None
     refused, repeats = worker.seal.refusals, worker._execs.repeats
+    errors = worker.protocol_errors
     # the last job's end is booked just after its answer went out: wait for it
     wait_until(lambda: not worker.jobs.state.jobs, what="the last job booked")
     done = int(worker.jobs.stats()["jobs_done"])
@@ -318,7 +315,7 @@ def test_a_hostile_brokers_sealed_exec_forgeries_are_refused_and_run_nothing(
     pending = list(forgeries.values())
 
     def forged_first(frames: list[Any]) -> None:
-        if pending and read_exec(frames) is not None:
+        if pending and is_sealed_exec(frames):
             for forged in pending:
                 handle(forged)
             pending.clear()
@@ -330,19 +327,12 @@ def test_a_hostile_brokers_sealed_exec_forgeries_are_refused_and_run_nothing(
     finally:
         worker._on_frames = handle  # type: ignore[method-assign]  # put back
     assert not pending
-    assert worker.seal.refusals == refused + len(forgeries)  # each one refused by the seal
-    # read by comparison, by job id and box, as a genuine repeat is
-    assert worker._execs.repeats - repeats == len(shaped)
+    assert worker.seal.refusals == refused + len(shaped)  # each one refused by the seal
+    assert worker.protocol_errors == errors + len(forgeries)  # and counted, the last unread
+    # read by comparison, by job id, as a genuine repeat is (and so is the genuine one)
+    assert worker._execs.repeats - repeats == len(shaped) + 1
     wait_until(lambda: int(worker.jobs.stats()["jobs_done"]) > done, what="the job booked")
     assert int(worker.jobs.stats()["jobs_done"]) == done + 1  # the genuine one alone ran
-
-
-def _without_bindings(frames: list[Any]) -> bytes:
-    """An Exec's header with no bindings (its box dropped)."""
-    read = read_exec(frames)
-    assert read is not None
-    bare = Exec(read.session, read.job, read.digest, read.ranks, {}, read.inline, read.timeout_s)
-    return bytes(memoryview(encode(bare)[1]))
 
 
 def test_a_sealed_quick_jobs_done_is_packed_from_its_fields_as_in_plaintext(

@@ -15,6 +15,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from zmq import Frame
+
 from mpl.wire.batch import is_batch, split_batch
 from mpl.wire.codec import MAGIC_FRAME, decode
 from mpl.wire.data import Fetch
@@ -25,7 +27,7 @@ from mpl.wire.jobs import Abort, Exec, Failed
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
 from mpl.wire.safe_values import BROKER, pickles_allowed
-from mpl.wire.sealed_exec import MAX_BOX_BYTES, is_sealed_exec
+from mpl.wire.sealed_exec import MAX_BOX_BYTES, SEALED_EXEC_MAGIC, is_sealed_exec
 from mpl.wire.sessions import SessionClosed, SessionRuntime
 from mpl.worker.code_policy import HoldsPickles, holds_pickle, refusal, screen, unloadable
 from mpl.worker.jobs import Jobs
@@ -100,11 +102,26 @@ class BrokerMessages:
                     if reply is not None:
                         self._send(reply)
                 return
-        elif len(frames) != 2 and is_sealed_exec(frames):  # its box in a frame of its own
-            self._on_sealed_exec(frames)
-            return
         elif self.code == "any":  # a sealed repeat: opened and run by its job id, no record
-            read = execs.repeat_box(frames)
+            if (
+                len(frames) == 3
+                and type(magic := frames[0]) is Frame
+                and magic.bytes == SEALED_EXEC_MAGIC
+            ):  # its box in a frame of its own (mpl.wire.sealed_exec), its header plain
+                header, box, job = frames[1], frames[2], None
+                if type(header) is Frame and type(box) is Frame:
+                    box = box.bytes
+                    if 0 < len(box) <= MAX_BOX_BYTES:  # (the broker bounds them too)
+                        job = execs.repeat_header(header.bytes)
+                if job is None:  # no repeat: read in full, or refused (counted)
+                    self._on_sealed_exec(frames)
+                    return
+                read: tuple[str, int, bytes] | None = (job, self.rank, box)
+            elif len(frames) != 2 and is_sealed_exec(frames):  # refused (counted)
+                self._on_sealed_exec(frames)
+                return
+            else:  # the codec's shape: the box inside the header (large inputs)
+                read = execs.repeat_box(frames)
             if read is not None and (last := execs.last) is not None:  # (kept with it)
                 job, rank, box = read
                 try:  # _on_broker and _on_exec, written out (two calls and a record less)
@@ -129,6 +146,9 @@ class BrokerMessages:
                     if reply is not None:
                         self._send(reply)
                 return
+        elif len(frames) != 2 and is_sealed_exec(frames):  # its box in a frame of its own
+            self._on_sealed_exec(frames)
+            return
         else:
             repeat = execs.repeat(frames)
         msg: Record | None = repeat
