@@ -33,15 +33,14 @@ def fan(peers: Iterable[bytes], msg: Record, raw: Any = None) -> list[Send]:
 
 
 def box_execs(peers: Sequence[bytes], msg: Exec, raw: Sequence[Any]) -> list[Send]:
-    """A sealed Exec (``mpl.wire.sealed_exec``: ``raw`` is its magic, its header, then one
-    box frame per rank, checked) to each rank of its job, ``peers`` in the order of
-    ``msg.ranks``: the magic and header as they came and that rank's box frame, untouched.
-    No header is cut or encoded per rank, and no Python call is made per rank."""
-    magic, header = raw[0], raw[1]
-    return [
-        _new(Send, (peer, msg, [magic, header, box]))
-        for peer, box in zip(peers, raw[2:], strict=True)
-    ]
+    """A sealed Exec (``mpl.wire.sealed_exec``: ``raw`` is its magic, then for each rank,
+    in the order of ``msg.ranks``, the header and that rank's box as they came, checked)
+    to each rank of its job, ``peers`` in that order. No header is cut or encoded per rank,
+    and no Python call is made per rank."""
+    magic, out = raw[0], []
+    for peer, own in zip(peers, raw[1:], strict=True):  # a loop: a comprehension is a call
+        out.append(_new(Send, (peer, msg, [magic, own])))
+    return out
 
 
 # own_execs fills each rank's Exec in directly (record.replaced without its calls)

@@ -55,7 +55,7 @@ from mpl.wire.identity import frame_identity
 from mpl.wire.jobs import Exec, JobResult
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
-from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC, is_sealed_exec, read_sealed_exec
+from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC, read_sealed_exec
 from mpl.wire.snapshot import SnapshotSlot
 from mpl.wire.sockets import (
     MAX_MESSAGE,
@@ -97,6 +97,7 @@ _BATCHABLE = frozenset({Exec, JobResult})
 # What the broker sends that the ledger counts or the log shows; nothing else needs a look
 _OBSERVED = frozenset({Refused, JobResult})
 _first = itemgetter(0)
+_SEALED_LEN = len(SEALED_EXEC_MAGIC)
 _UNSEEN = object()  # no message's frames are this object
 
 
@@ -378,16 +379,29 @@ class Broker:
                 if actions:  # most Dones leave their job waiting on other ranks
                     self._perform(actions)
                 return
-            boxes = read is None and len(body) > 2 and is_sealed_exec(body)
-            if boxes:  # a sealed Exec, its boxes in frames: its header read as an Exec's
+            if (  # a secure Exec, its boxes after its header (is_sealed_exec, written out)
+                read is None
+                and len(body) == 2
+                and len(magic := body[0]) == _SEALED_LEN
+                and bytes(magic) == SEALED_EXEC_MAGIC
+            ):
                 try:
                     if not self.secure:
                         raise ProtocolError("a sealed Exec, to a broker not in secure mode")
-                    read = read_sealed_exec(body)
+                    read, ranks = read_sealed_exec(body)  # header on the lean path, boxes
                 except ProtocolError as exc:
                     self.refusals.refused(peer.hex(), f"bad message: {exc}")
                     self._perform(self.state.protocol_error(peer, exc), logged=True)
                     return
+                msg = read
+                self._accounts.append((self.ledger.received, read, now))
+                # the magic, then what goes to each rank (the state gives each its own)
+                actions = self.state.exec_read(peer, read, now, [SEALED_EXEC_MAGIC, *ranks], who)
+                if len(self._jobs) == 1 and not self._outbox:
+                    self._fan_out(actions)  # nothing it could be batched with
+                else:
+                    self._perform(actions)
+                return
             if type(read) is Exec:  # an Exec: checked and built without the decoder
                 msg = read
                 self._accounts.append((self.ledger.received, read, now))
@@ -395,9 +409,6 @@ class Broker:
                 # a short frame costs less to send copied than as a zmq.Frame
                 header = body[1]
                 raw = [MAGIC_FRAME, header.bytes if hasattr(header, "bytes") else bytes(header)]
-                if boxes:  # each rank's box frame goes on as it came (the state picks it)
-                    raw[0] = SEALED_EXEC_MAGIC
-                    raw += body[2:]
                 actions = self.state.exec_read(peer, read, now, raw, who)
                 if len(self._jobs) == 1 and not self._outbox:
                     self._fan_out(actions)  # nothing it could be batched with
@@ -437,16 +448,12 @@ class Broker:
                 if type(msg) is not Exec or frames is None or type(frames[1]) is not bytes:
                     self._perform(actions[at:])
                     return
-                checked, magic, header = frames, frames[0], frames[1]
+                checked, (magic, header) = frames, frames
                 copy = len(header) < _COPY_BELOW
             try:
                 send(router, peer, _MORE)
                 send(router, magic, _MORE)
-                if len(frames) == 2:
-                    send(router, header, _NOBLOCK, copy)
-                else:  # a sealed Exec's: the header, then the rank's box frame as it came
-                    send(router, header, _MORE, copy)
-                    send(router, frames[2], _NOBLOCK, False)
+                send(router, header, _NOBLOCK, copy)
             except Exception as exc:
                 self._unsent(peer, ((action, frames),), exc)
 

@@ -344,8 +344,8 @@ class BrokerState:
         # When no other rank's bindings are in the message, it goes out as it came: one
         # Send for every rank, the same frames. Otherwise each rank's Exec is the arrived
         # header with the other ranks' bindings cut out (mpl.wire.hot_spans), or, when the message
-        # has buffer frames, encoded anew. A sealed Exec whose boxes come as frames
-        # (mpl.wire.sealed_exec) has none in its header: each rank gets it and its own frame.
+        # has buffer frames, encoded anew. A sealed Exec whose boxes follow its header
+        # (mpl.wire.sealed_exec) has none in it: each rank gets the header and its own box.
         shared = set(bindings) <= {ranks[0]} if len(ranks) == 1 else not bindings
         out: list[Send] = []  # a rank's program goes before its Exec
         for entry in workers:
@@ -357,7 +357,7 @@ class BrokerState:
                 out.append(Send(entry.peer, program))
         peers = list(map(_peer_of, workers))
         if raw is not None and raw[0] is SEALED_EXEC_MAGIC:  # (the shell's constant)
-            # one header and a box frame per rank: each rank its own box, nothing cut
+            # one header and a box per rank: each rank the header and its box, nothing cut
             return out + box_execs(peers, msg, raw)
         if shared:
             return out + fan(peers, msg, raw)

@@ -38,7 +38,7 @@ from mpl.wire.jobs import Cancel, Exec, JobResult
 from mpl.wire.record import pinned_fields
 from mpl.wire.remote import from_info
 from mpl.wire.result_read import RESULT_HEAD, result_fields
-from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC
+from mpl.wire.sealed_exec import BIN8_HEADS, SEALED_EXEC_MAGIC
 from mpl.wire.sockets import send_frames
 
 if TYPE_CHECKING:
@@ -148,22 +148,21 @@ class JobSite:
                 else:
                     send_frames(sock, [MAGIC_FRAME, header], 0)
             else:
+                bin8 = BIN8_HEADS
                 boxes = seal.sealed(
                     ctx.session, job, graph.digest, graph.ranks, self.inline, limit, bindings
                 )
-                frames = list(boxes.values())  # in the order of graph.ranks, as sealed
-                if parts is not None and {*map(type, frames)} == _BYTES:
-                    # one header, its bindings empty, then each rank's compact box in a
-                    # frame of its own (mpl.wire.sealed_exec): the broker forwards each rank
-                    # the header and its frame, with nothing cut or packed per rank
+                if parts is not None and {*map(type, boxes.values())} == _BYTES:
+                    # one header, its bindings empty, then each rank's compact box as a bin,
+                    # in the order of graph.ranks (as sealed) (mpl.wire.sealed_exec): the
+                    # broker forwards each rank the header and its box, nothing cut or packed
                     head, middle, tail = parts
-                    header = b"".join((head, _ID_MARK, job_bytes, middle, _EMPTY_MAP, tail))
+                    packed = [head, _ID_MARK, job_bytes, middle, _EMPTY_MAP, tail]
+                    for box in boxes.values():  # a plain loop: a comprehension is a call
+                        n = len(box)
+                        packed += (bin8[n] if n < 256 else b"\xc5" + n.to_bytes(2, "big"), box)
                     _send(sock, SEALED_EXEC_MAGIC, _MORE)
-                    _send(sock, header, _MORE)
-                    last = frames.pop()
-                    for box in frames:  # a plain loop: a comprehension is a call
-                        _send(sock, box, _MORE)
-                    _send(sock, last, 0)
+                    _send(sock, b"".join(packed), 0)
                 else:  # a sealed record among them (large inputs): the codec's shape
                     msg = object.__new__(Exec)
                     msg.__dict__.update(

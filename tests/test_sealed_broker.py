@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 from helpers import wait_until
@@ -29,7 +30,7 @@ from mpl.wire.keys import load_keypair, write_keypair
 from mpl.wire.record import Record, record_fields
 from mpl.wire.seal import Sealer, program_context
 from mpl.wire.sealed import BOX_MAGIC, Sealed, is_sealed
-from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC
+from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC, split_own
 from mpl.wire.sessions import Reply
 from mpl.worker.daemon import Worker
 
@@ -87,21 +88,23 @@ class Tap:
 
 
 def as_record(frames: Frames, rank: int) -> Exec:
-    """A sealed Exec to ``rank`` (``mpl.wire.sealed_exec``: magic, header, its box frame)
-    as the record of the codec's shape: the box in the bindings, keyed by the rank."""
-    msg = decode([MAGIC_FRAME, frames[1]], unpickle=False)
-    assert isinstance(msg, Exec) and msg.bindings == {} and len(frames) == 3
-    return dataclasses.replace(msg, bindings={rank: bytes(frames[2])})
+    """A sealed Exec to ``rank`` (``mpl.wire.sealed_exec``: the magic, then its header and
+    its box) as the record of the codec's shape: the box in the bindings, keyed by rank."""
+    assert len(frames) == 2
+    header, box = split_own(bytes(frames[1]))
+    msg = decode([MAGIC_FRAME, header], unpickle=False)
+    assert isinstance(msg, Exec) and msg.bindings == {}
+    return dataclasses.replace(msg, bindings={rank: box})
 
 
 def as_frames(msg: Record) -> Frames:
     """What the broker sends for ``msg``: an Exec of one rank's compact box in the sealed
-    Exec's shape (the box a frame of its own), anything else encoded."""
+    Exec's shape (the box after the header), anything else encoded."""
     if isinstance(msg, Exec) and len(msg.bindings) == 1:
         (box,) = msg.bindings.values()
         if type(box) is bytes:
             header = encode(dataclasses.replace(msg, bindings={}))[1]
-            return [SEALED_EXEC_MAGIC, header, box]
+            return [SEALED_EXEC_MAGIC, header + msgpack.packb(box)]
     return encode(msg)
 
 

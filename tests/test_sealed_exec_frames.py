@@ -1,13 +1,13 @@
-"""A secure Exec whose boxes are frames of their own (``mpl.wire.sealed_exec``), attacked.
+"""A secure Exec whose boxes follow one common header (``mpl.wire.sealed_exec``), attacked.
 
-The broker checks the driver's frames (one common header, bindings empty, then one box
-frame per rank, each 1 to ``MAX_BOX_BYTES`` bytes) and forwards each rank the header and its
-box frame. A hostile broker (the tap of ``test_sealed_broker``, rewriting what the broker
-sends) that swaps two ranks' boxes, splices a box onto another job's header, reorders,
-drops or adds frames, or sends an oversized box gets every such message refused and counted
-by the worker, with nothing run; a driver whose frames do not add up gets its job refused
-by the broker, counted, with nothing forwarded. Either way the next genuine job runs once
-and the cluster keeps serving.
+The broker checks the driver's frame (one header, bindings empty, then one box per rank,
+each a bin of 1 to ``MAX_BOX_BYTES`` bytes, and nothing else) and forwards each rank the
+header and its box. A hostile broker (the tap of ``test_sealed_broker``, rewriting what
+the broker sends) that swaps two ranks' boxes, splices a box onto another job's header,
+reorders, drops or adds boxes or frames, or sends an oversized or empty box gets every such
+message refused and counted by the worker, with nothing run; a driver whose boxes do not
+add up gets its job refused by the broker, counted, with nothing forwarded. Either way the
+next genuine job runs once and the cluster keeps serving.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ import mpl.driver as mp
 from mpl.wire.codec import MAGIC_FRAME, decode, encode
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Exec
-from mpl.wire.sealed_exec import MAX_BOX_BYTES, SEALED_EXEC_MAGIC, read_sealed_exec
+from mpl.wire.sealed_exec import MAX_BOX_BYTES, SEALED_EXEC_MAGIC, read_sealed_exec, split_own
 
 BOX = b"mpl-box\x01" + bytes(range(70))  # a compact box's length (never opened here)
+pack = msgpack.packb
 
 
 def _header(**fields: Any) -> bytes:
@@ -44,28 +45,37 @@ def _header(**fields: Any) -> bytes:
     return bytes(encode(Exec(**base))[1])
 
 
-def test_the_broker_reads_a_sealed_exec_of_one_box_frame_per_rank() -> None:
-    read = read_sealed_exec([SEALED_EXEC_MAGIC, _header(), BOX, BOX[::-1]])
+def test_the_broker_reads_a_sealed_exec_of_one_box_per_rank() -> None:
+    header = _header()
+    read, ranks = read_sealed_exec([SEALED_EXEC_MAGIC, header + pack(BOX) + pack(BOX[::-1])])
     assert read == Exec("s", "j", "d", (0, 1), {}, (0,), 5.0)
+    assert ranks == [header + pack(BOX), header + pack(BOX[::-1])]  # each rank's, as it came
+    assert split_own(ranks[1]) == (header, BOX[::-1])  # what a worker reads of its own
+
+
+_BIG = b"\xc6" + (MAX_BOX_BYTES + 1).to_bytes(4, "big") + b"x" * (MAX_BOX_BYTES + 1)
 
 
 @pytest.mark.parametrize(
     ("frames", "why"),
     [
-        ([SEALED_EXEC_MAGIC, _header()], "without boxes"),
-        ([SEALED_EXEC_MAGIC, _header(), BOX], "2 ranks carries 1 box"),
-        ([SEALED_EXEC_MAGIC, _header(), BOX, BOX, BOX], "2 ranks carries 3 box"),
-        ([SEALED_EXEC_MAGIC, _header(ranks=(0,)), BOX, BOX], "1 ranks carries 2 box"),
-        ([SEALED_EXEC_MAGIC, _header(), BOX, b""], "box frame of 0 bytes"),
-        ([SEALED_EXEC_MAGIC, _header(), BOX, b"x" * (MAX_BOX_BYTES + 1)], "box frame of"),
-        ([SEALED_EXEC_MAGIC, _header(), BOX, 7], "box frame is a int"),
-        ([SEALED_EXEC_MAGIC, _header(bindings={0: BOX}), BOX, BOX], "carries bindings"),
-        ([SEALED_EXEC_MAGIC, BOX, _header(), BOX], "not an mpl message|bad|header"),
-        ([SEALED_EXEC_MAGIC, msgpack.packb(["cancel", "s", "j", "r"]), BOX, BOX], "cancel"),
-        ([MAGIC_FRAME, _header(), BOX, BOX], "not a sealed Exec"),
+        ([SEALED_EXEC_MAGIC, _header()], "2 ranks carries 0 boxes"),
+        ([SEALED_EXEC_MAGIC, _header() + pack(BOX)], "2 ranks carries 1 boxes"),
+        ([SEALED_EXEC_MAGIC, _header() + pack(BOX) * 3], "2 ranks carries more"),
+        ([SEALED_EXEC_MAGIC, _header(ranks=(0,)) + pack(BOX) * 2], "1 ranks carries more"),
+        ([SEALED_EXEC_MAGIC, _header() + pack(BOX) + b"\xc4\x00"], "box of 2 bytes is no box"),
+        ([SEALED_EXEC_MAGIC, _header() + pack(BOX) + b"\xc4\x50" + BOX[:10]], "does not read"),
+        ([SEALED_EXEC_MAGIC, _header() + pack(BOX) + _BIG], "is no box"),
+        ([SEALED_EXEC_MAGIC, _header() + pack(BOX) + pack("a str")], "is no box"),
+        ([SEALED_EXEC_MAGIC, _header(bindings={0: BOX}) + pack(BOX) * 2], "carries bindings"),
+        ([SEALED_EXEC_MAGIC, pack(BOX) + _header() + pack(BOX)], "not a \\[tag"),
+        ([SEALED_EXEC_MAGIC, pack(["cancel", "s", "j", "r"]) + pack(BOX) * 2], "cancel"),
+        ([SEALED_EXEC_MAGIC, b"\xc1" + pack(BOX) * 2], "does not read"),
+        ([SEALED_EXEC_MAGIC, _header(), pack(BOX), pack(BOX)], "magic and one frame"),
+        ([MAGIC_FRAME, _header() + pack(BOX) * 2], "magic and one frame"),
     ],
 )
-def test_the_broker_refuses_sealed_exec_frames_that_do_not_add_up(
+def test_the_broker_refuses_a_sealed_exec_whose_boxes_do_not_add_up(
     frames: list[Any], why: str
 ) -> None:
     with pytest.raises(ProtocolError, match=why):
@@ -101,6 +111,11 @@ def _is_sealed_exec(frames: Frames) -> bool:
     return bytes(frames[0]) == SEALED_EXEC_MAGIC
 
 
+def _own(frames: Frames) -> tuple[bytes, bytes]:
+    """A rank's sealed Exec: its header and its box."""
+    return split_own(bytes(frames[1]))
+
+
 def _errors(setup: Setup) -> list[int]:
     return [w.protocol_errors for w in setup.workers]
 
@@ -111,36 +126,54 @@ def _rank_peers(setup: Setup) -> dict[int, bytes]:
 
 # what a hostile broker sends rank 0 instead of its sealed Exec (the genuine one follows):
 # each is refused without an answer, counted, and runs nothing
-def _drop(frames: Frames) -> Frames:
-    return frames[:2]
+def _box_dropped(frames: Frames) -> Frames:
+    return [frames[0], _own(frames)[0]]
 
 
-def _surplus(frames: Frames) -> Frames:
-    return [*frames, frames[2]]
+def _frame_dropped(frames: Frames) -> Frames:
+    return frames[:1]
 
 
-def _reorder(frames: Frames) -> Frames:
-    return [frames[0], frames[2], frames[1]]
+def _box_added(frames: Frames) -> Frames:
+    return [frames[0], bytes(frames[1]) + pack(_own(frames)[1])]
+
+
+def _frame_added(frames: Frames) -> Frames:
+    return [*frames, frames[1]]
+
+
+def _reordered(frames: Frames) -> Frames:
+    header, box = _own(frames)
+    return [frames[0], pack(box) + header]
 
 
 def _oversized(frames: Frames) -> Frames:
-    return [*frames[:2], b"x" * (MAX_BOX_BYTES + 1)]
+    return [frames[0], _own(frames)[0] + _BIG]
 
 
 def _empty(frames: Frames) -> Frames:
-    return [*frames[:2], b""]
+    return [frames[0], _own(frames)[0] + b"\xc4\x00"]
 
 
 def _bindings_too(frames: Frames) -> Frames:
-    msg = decode([MAGIC_FRAME, bytes(frames[1])], unpickle=False)
+    header, box = _own(frames)
+    msg = decode([MAGIC_FRAME, header], unpickle=False)
     assert isinstance(msg, Exec)
-    header = _header(**{**msg.__dict__, "bindings": {0: bytes(frames[2])}})
-    return [frames[0], header, frames[2]]
+    return [frames[0], _header(**{**msg.__dict__, "bindings": {0: box}}) + pack(box)]
 
 
 @pytest.mark.parametrize(
     "forge",
-    [_drop, _surplus, _reorder, _oversized, _empty, _bindings_too],
+    [
+        _box_dropped,
+        _frame_dropped,
+        _box_added,
+        _frame_added,
+        _reordered,
+        _oversized,
+        _empty,
+        _bindings_too,
+    ],
     ids=lambda f: f.__name__,
 )
 def test_a_worker_refuses_and_counts_a_malformed_sealed_exec_and_runs_the_genuine_once(
@@ -148,11 +181,13 @@ def test_a_worker_refuses_and_counts_a_malformed_sealed_exec_and_runs_the_genuin
 ) -> None:
     path = tmp_path / "marks"
     peers = _rank_peers(setup)
+    forged: list[Frames] = []
 
     def rewrite(peer: bytes, frames: Frames) -> list[tuple[bytes, Frames]]:
         if peer == peers[0] and _is_sealed_exec(frames):
             setup.tap.rewrite = None
-            return [(peer, forge(frames)), (peer, frames)]  # the forgery, then the genuine
+            forged.append(forge(frames))
+            return [(peer, forged[0]), (peer, frames)]  # the forgery, then the genuine
         return [(peer, frames)]
 
     with setup.ctx:
@@ -162,6 +197,7 @@ def test_a_worker_refuses_and_counts_a_malformed_sealed_exec_and_runs_the_genuin
         before = _errors(setup)
         setup.tap.rewrite = rewrite
         mp.fetch(job())
+        assert forged  # (it was a sealed Exec of this shape)
         assert _marks(path) == 4  # the genuine job ran once on each rank, the forgery never
         wait_until(lambda: _errors(setup)[0] > before[0], 5, "the forgery counted")
         assert _errors(setup) == [before[0] + 1, before[1]]
@@ -184,7 +220,13 @@ def test_a_worker_refuses_another_ranks_box_swapped_onto_its_exec(
             return []
         setup.tap.rewrite = None
         (mine,) = held
-        return [(peers[0], [*mine[:2], frames[2]]), (peer, [*frames[:2], mine[2]])]
+        header, box = _own(mine)
+        other_header, other_box = _own(frames)
+        assert header == other_header  # every rank gets the one header
+        return [
+            (peers[0], [mine[0], header + pack(other_box)]),
+            (peer, [frames[0], other_header + pack(box)]),
+        ]
 
     with setup.ctx:
         job = _job(path)
@@ -208,13 +250,14 @@ def test_a_worker_refuses_a_box_spliced_onto_another_jobs_header(
 
     def record(peer: bytes, frames: Frames) -> list[tuple[bytes, Frames]]:
         if peer == peers[0] and _is_sealed_exec(frames) and not kept:
-            kept.append(bytes(frames[2]))
+            kept.append(_own(frames)[1])
         return [(peer, frames)]
 
     def splice(peer: bytes, frames: Frames) -> list[tuple[bytes, Frames]]:
         if peer == peers[0] and _is_sealed_exec(frames):
             setup.tap.rewrite = None
-            return [(peer, [*frames[:2], kept[0]])]  # the last job's box, this job's header
+            # the last job's box after this job's header
+            return [(peer, [frames[0], _own(frames)[0] + pack(kept[0])])]
         return [(peer, frames)]
 
     with setup.ctx:
@@ -236,22 +279,33 @@ def test_a_worker_refuses_a_box_spliced_onto_another_jobs_header(
 
 # what a driver sends the broker instead of its sealed Exec (the magic frame kept: it
 # carries the connection's authenticated identity): refused by the broker, forwarded nowhere
+def _split(frames: Frames) -> tuple[bytes, list[bytes]]:
+    """A driver's sealed Exec (routing id first): its header, and its boxes as bins."""
+    _, ranks = read_sealed_exec([SEALED_EXEC_MAGIC, bytes(frames[2])])
+    header, _ = split_own(ranks[0])
+    return header, [own[len(header) :] for own in ranks]
+
+
 def _one_box_short(frames: Frames) -> Frames:
-    return frames[:-1]
+    head, bins = _split(frames)
+    return [*frames[:2], head + bins[0]]
 
 
 def _one_box_more(frames: Frames) -> Frames:
-    return [*frames, frames[-1]]
+    head, bins = _split(frames)
+    return [*frames[:2], head + b"".join(bins) + bins[0]]
 
 
 def _box_too_large(frames: Frames) -> Frames:
-    return [*frames[:-1], b"x" * (MAX_BOX_BYTES + 1)]
+    head, bins = _split(frames)
+    return [*frames[:2], head + bins[0] + _BIG]
 
 
 def _ranks_claimed(frames: Frames) -> Frames:
-    msg = decode([MAGIC_FRAME, bytes(frames[2])], unpickle=False)
+    head, bins = _split(frames)
+    msg = decode([MAGIC_FRAME, head], unpickle=False)
     assert isinstance(msg, Exec) and msg.ranks == (0, 1)
-    return [frames[0], frames[1], _header(**{**msg.__dict__, "ranks": (0,)}), *frames[3:]]
+    return [*frames[:2], _header(**{**msg.__dict__, "ranks": (0,)}) + b"".join(bins)]
 
 
 @pytest.mark.parametrize(
@@ -265,7 +319,7 @@ def test_the_broker_refuses_and_counts_sealed_exec_frames_that_do_not_add_up(
     path = tmp_path / "marks"
 
     def take(frames: Frames) -> Frames:  # routing id first
-        if len(frames) > 2 and bytes(frames[1]) == SEALED_EXEC_MAGIC:
+        if len(frames) == 3 and bytes(frames[1]) == SEALED_EXEC_MAGIC:
             setup.tap.take = None
             return forge(frames)
         return frames

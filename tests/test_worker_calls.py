@@ -16,6 +16,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import msgpack
 import pytest
 from helpers import wait_until
 
@@ -26,7 +27,7 @@ from mpl.wire.codec import MAGIC_FRAME
 from mpl.wire.curve import Curve
 from mpl.wire.hot import read_exec
 from mpl.wire.keys import load_keypair, write_keypair
-from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC, is_sealed_exec
+from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC, is_sealed_exec, split_own
 from mpl.worker.daemon import Worker
 
 _JOBS = 40
@@ -178,7 +179,7 @@ def _tampered(frames: list[Any], job: str) -> list[bytes]:
     header, box, job_id = _box_of(frames)
     assert len(job) == len(job_id)
     header = header.replace(job_id.encode(), job.encode())
-    return [SEALED_EXEC_MAGIC, header, box[:-1] + bytes([box[-1] ^ 1])]
+    return [SEALED_EXEC_MAGIC, header + msgpack.packb(box[:-1] + bytes([box[-1] ^ 1]))]
 
 
 def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
@@ -200,10 +201,10 @@ def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
             assert mp.fetch(job()) == 1
     assert worker._execs.repeats - repeats == _JOBS  # none read in full
     assert calls["broker_messages.py:_read"] == 0
-    # its header by its job id, its box a frame of its own (no record of the Exec, no
-    # general message path; bac702e made a record of every one and took it through
-    # _on_broker, inbound and _on_exec; 634fe27 compared the box inside the header)
-    assert calls["exec_repeat.py:repeat_header"] == _JOBS
+    # its header by its job id, its box where it follows the header (no record of the
+    # Exec, no general message path; bac702e made a record of every one and took it
+    # through _on_broker, inbound and _on_exec; 634fe27 compared the box inside bindings)
+    assert calls["exec_repeat.py:repeat_sealed"] == _JOBS
     assert calls["exec_repeat.py:repeat_box"] == calls["exec_repeat.py:repeat"] == 0
     assert calls["broker_messages.py:_on_broker"] == calls["broker_messages.py:_on_exec"] == 0
     assert calls["sealing.py:open_exec"] == _JOBS  # every one opened by the seal
@@ -241,12 +242,12 @@ def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
 
 
 def _box_of(frames: list[Any]) -> tuple[bytes, bytes, str]:
-    """A sealed Exec's header, its one box (a frame of its own) and its job id."""
-    assert is_sealed_exec(frames) and len(frames) == 3
-    header = bytes(memoryview(frames[1]))
+    """A sealed Exec's header, its one box (after the header) and its job id."""
+    assert is_sealed_exec(frames) and len(frames) == 2
+    header, box = split_own(bytes(memoryview(frames[1])))
     read = read_exec([MAGIC_FRAME, header])
     assert read is not None and read.bindings == {}
-    return header, bytes(memoryview(frames[2])), read.job
+    return header, box, read.job
 
 
 def test_a_hostile_brokers_sealed_exec_forgeries_are_refused_and_run_nothing(
@@ -292,17 +293,18 @@ def test_a_hostile_brokers_sealed_exec_forgeries_are_refused_and_run_nothing(
     magic = mine[0]
     # every one shaped as the program's next Exec (its header read by comparison); rank
     # 1's own Exec is rank 1's box under the one header every rank gets
+    pack = msgpack.packb
     shaped = {
-        "rank 1's box in rank 0's header": [magic, header, other_box],
-        "an earlier job's box under a new job id": [magic, fresh, earlier_box],
-        "a new job id on this job's box": [magic, fresh, box],
+        "rank 1's box in rank 0's header": [magic, header + pack(other_box)],
+        "an earlier job's box under a new job id": [magic, fresh + pack(earlier_box)],
+        "a new job id on this job's box": [magic, fresh + pack(box)],
         "an earlier Exec replayed whole": seen[0][-2],
         "this Exec replayed whole": mine,
         "rank 1's own Exec": other,
     }
     forgeries = {
         **shaped,
-        "the box dropped": [magic, header],  # no sealed Exec at all: refused unread
+        "the box dropped": [magic, header],  # no box after the header: refused unopened
     }
     worker = workers[0]
     assert worker.seal is not None

@@ -22,9 +22,10 @@ what ``decode`` reads there. :meth:`RepeatExecs.repeat_box` says such a repeat b
 id, rank and box, with no record. Whether the box opens is the seal's to say (``worker/
 sealing.py``), for a job read either way.
 
-A secure Exec whose box comes in a frame of its own (``mpl.wire.sealed_exec``) has a plain
-header, its bindings empty: :meth:`RepeatExecs.repeat_header` says its repeat by the job id,
-as for plaintext; its caller checks the magic and takes the box frame.
+A secure Exec of the header-and-boxes shape (``mpl.wire.sealed_exec``) has a plain
+header, its bindings empty, and its box follows the header in the same frame:
+:meth:`RepeatExecs.repeat_sealed` says its repeat by the job id, as for plaintext, and the
+box by where it lies (its caller checks the magic).
 
 One reader per sender: the bytes it compares with came from that sender's connection and
 were accepted there. ``tests/test_exec_repeat.py`` compares it with ``decode`` on mutated
@@ -238,25 +239,39 @@ class RepeatExecs:
         self.repeats += 1
         return job
 
-    def repeat_header(self, header: bytes) -> str | None:
-        """:meth:`repeat_job` for a header alone (a sealed Exec's, whose magic and box
-        frame its caller checked, ``mpl.wire.sealed_exec``): its job id if it is
-        :attr:`last`'s header but for that id, else None, with nothing read or remembered."""
-        head, tail = self._head, self._tail
-        if not head or self._box_at or not (header.startswith(head) and header.endswith(tail)):
+    def repeat_sealed(self, data: bytes) -> tuple[str, bytes] | None:
+        """:meth:`repeat_job` for a sealed Exec's frame (``mpl.wire.sealed_exec``: a header,
+        its bindings empty, then one box as a msgpack bin; its caller checked the magic):
+        ``(job id, box)`` if the header is :attr:`last`'s but for that id (as long as its
+        own) and the box fills the rest, else None, with nothing read or remembered."""
+        head, tail, size = self._head, self._tail, self._size
+        end = len(data)
+        if not head or self._box_at or end <= size + 2 or end >= MAX_CONTAINERS:
             return None
-        at, size = self._id_at, len(header)
-        if size == self._size and header[at - 1] == self._id_byte:
-            try:  # as repeat_job reads it
-                job: str | None = header[at : size - len(tail)].decode()
-            except UnicodeDecodeError:
-                return None
+        at = self._id_at
+        if not (
+            data.startswith(head)
+            and data.startswith(tail, size - len(tail))
+            and data[at - 1] == self._id_byte
+        ):
+            return None
+        mark = data[size]  # the box: a bin8 or bin16 that ends the frame
+        if mark == _BIN8:
+            start = size + 2
+            stop = start + data[size + 1]
+        elif mark == _BIN16:
+            start = size + 3
+            stop = start + int.from_bytes(data[size + 1 : start], "big")
         else:
-            job = _job_id(header, len(head), size - len(tail))
-        if job is None or size >= MAX_CONTAINERS:  # as read_exec bounds it
+            return None
+        if stop != end or start == end:
+            return None
+        try:  # as repeat_job reads it
+            job = data[at : size - len(tail)].decode()
+        except UnicodeDecodeError:
             return None
         self.repeats += 1
-        return job
+        return job, data[start:]
 
     def record(self, job: str) -> Exec:
         """The record :meth:`repeat` returns for the repeat :meth:`repeat_job` said

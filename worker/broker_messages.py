@@ -27,7 +27,7 @@ from mpl.wire.jobs import Abort, Exec, Failed
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
 from mpl.wire.safe_values import BROKER, pickles_allowed
-from mpl.wire.sealed_exec import MAX_BOX_BYTES, SEALED_EXEC_MAGIC, is_sealed_exec
+from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC, is_sealed_exec, split_own
 from mpl.wire.sessions import SessionClosed, SessionRuntime
 from mpl.worker.code_policy import HoldsPickles, holds_pickle, refusal, screen, unloadable
 from mpl.worker.jobs import Jobs
@@ -103,21 +103,19 @@ class BrokerMessages:
                         self._send(reply)
                 return
         elif self.code == "any":  # a sealed repeat: opened and run by its job id, no record
+            magic = frames[0]
             if (
-                len(frames) == 3
-                and type(magic := frames[0]) is Frame
-                and magic.bytes == SEALED_EXEC_MAGIC
-            ):  # its box in a frame of its own (mpl.wire.sealed_exec), its header plain
-                header, box, job = frames[1], frames[2], None
-                if type(header) is Frame and type(box) is Frame:
-                    box = box.bytes
-                    if 0 < len(box) <= MAX_BOX_BYTES:  # (the broker bounds them too)
-                        job = execs.repeat_header(header.bytes)
-                if job is None:  # no repeat: read in full, or refused (counted)
+                len(frames) == 2
+                and (magic.bytes if type(magic) is Frame else magic) == SEALED_EXEC_MAGIC
+            ):  # its box after its plain header, in one frame (mpl.wire.sealed_exec)
+                data = frames[1]
+                got = execs.repeat_sealed(data.bytes if type(data) is Frame else bytes(data))
+                if got is None:  # no repeat: read in full, or refused (counted)
                     self._on_sealed_exec(frames)
                     return
+                job, box = got
                 read: tuple[str, int, bytes] | None = (job, self.rank, box)
-            elif len(frames) != 2 and is_sealed_exec(frames):  # refused (counted)
+            elif is_sealed_exec(frames):  # refused (counted)
                 self._on_sealed_exec(frames)
                 return
             else:  # the codec's shape: the box inside the header (large inputs)
@@ -146,7 +144,7 @@ class BrokerMessages:
                     if reply is not None:
                         self._send(reply)
                 return
-        elif len(frames) != 2 and is_sealed_exec(frames):  # its box in a frame of its own
+        elif is_sealed_exec(frames):  # its box after its header (mpl.wire.sealed_exec)
             self._on_sealed_exec(frames)
             return
         else:
@@ -167,32 +165,27 @@ class BrokerMessages:
                 self._send(reply)
 
     def _on_sealed_exec(self, frames: list[Any]) -> None:
-        """A sealed Exec whose box comes in a frame of its own (``mpl.wire.sealed_exec``):
-        the magic, a header read as a plaintext Exec's (by comparison with the last one, or
-        in full: bindings empty) and exactly one box frame; anything else is refused and
+        """A sealed Exec whose box follows its header (``mpl.wire.sealed_exec``) that is no
+        repeat of the last one: the magic, then one frame holding a header read as a
+        plaintext Exec's (bindings empty) and exactly one box; anything else is refused and
         counted. The box is opened (``WorkerSeal.open_exec``) before anything runs: one
         sealed for another rank, job or header does not open here."""
         execs, seal = self._execs, self.seal
         assert seal is not None
         try:
-            if len(frames) != 3:
-                raise ProtocolError(f"a sealed Exec of {len(frames) - 2} box frames, not one")
-            header, box = raw_bytes(frames[1]), raw_bytes(frames[2])
-            if not 0 < len(box) <= MAX_BOX_BYTES:  # no box (the broker bounds them too)
-                raise ProtocolError(f"a sealed Exec's box frame of {len(box)} bytes")
-            job = execs.repeat_header(header)
-            last = execs.last
-            if job is None or last is None:
-                read = execs.read_in_full([MAGIC_FRAME, header])
-                if read is None:  # decode accepts it or says why not
-                    decoded = decode([MAGIC_FRAME, header], safe=True, unpickle=False)
-                    if type(decoded) is not Exec:
-                        raise ProtocolError(f"a sealed Exec's header holds a {decoded.TAG!r}")
-                    read = decoded
-                if read.bindings:
-                    raise ProtocolError("a sealed Exec's header carries bindings")
-                job = read.job
-                last = execs.last if execs.last is not None and execs.last.job == job else read
+            if len(frames) != 2:
+                raise ProtocolError(f"a sealed Exec of {len(frames)} frames, not 2")
+            header, box = split_own(raw_bytes(frames[1]))
+            read = execs.read_in_full([MAGIC_FRAME, header])
+            if read is None:  # decode accepts it or says why not
+                decoded = decode([MAGIC_FRAME, header], safe=True, unpickle=False)
+                if type(decoded) is not Exec:
+                    raise ProtocolError(f"a sealed Exec's header holds a {decoded.TAG!r}")
+                read = decoded
+            if read.bindings:
+                raise ProtocolError("a sealed Exec's header carries bindings")
+            job = read.job
+            last = execs.last or read  # the one kept to compare the next ones with, if kept
         except ProtocolError as exc:
             self.protocol_errors += 1
             self.refusals.refused("the broker", f"dropped a bad message: {exc}")
