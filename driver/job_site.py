@@ -11,8 +11,11 @@ with every check of the general path), book the job. No ``Exec`` record is built
 generic wait loop, callback or key is set up for the answer that nearly always comes first.
 
 In secure mode the job takes the same path: each rank's bindings are sealed
-(``DriverSeal.sealed``) and packed into the same header parts, and the answer's values are
-opened before they are booked. Whatever leaves that path goes on through the general
+(``DriverSeal.sealed``), and the same header parts, bindings empty, go out with each rank's
+compact box after them (``mpl.wire.sealed_exec``: the broker forwards each rank the header
+and its box, with no header cut per rank); the answer's values are opened before they are
+booked. A job with a large input among its boxes (a ``Sealed`` record) is encoded in the
+codec's shape instead. Whatever leaves that path goes on through the general
 calls, which behave as they always did: bindings the packer does not take, a program the
 broker does not hold yet, a broker the watch has a verdict on, and an answer that is not
 this job's or comes later than the first slice (then ``BrokerCalls._wait`` takes over,

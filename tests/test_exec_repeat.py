@@ -12,14 +12,17 @@ import dataclasses
 import random
 from typing import Any
 
+import msgpack
 import pytest
 from helpers import decoded_exec, mutated, sample_execs
 
 import mpl.wire.exec_repeat as exec_repeat
 from mpl.wire.codec import MAGIC_FRAME, encode
+from mpl.wire.errors import ProtocolError
 from mpl.wire.exec_repeat import RepeatExecs
 from mpl.wire.hot import read_exec
 from mpl.wire.jobs import Exec
+from mpl.wire.sealed_exec import split_own
 
 
 def _programs() -> list[Exec]:
@@ -227,3 +230,35 @@ def test_every_mutated_sealed_repeat_is_taken_exactly_when_decode_takes_it() -> 
             taken += outcome == "taken"
             refused += outcome == "refused"
     assert taken > 500 and refused > 100 and repeats > 500
+
+
+def _sealed(exe: Exec, box: bytes) -> bytes:
+    """A rank's sealed Exec frame (``mpl.wire.sealed_exec``): the header, then its box."""
+    packed: bytes = msgpack.packb(box)
+    return bytes(encode(exe)[1]) + packed
+
+
+def test_a_sealed_repeat_is_read_only_as_the_full_read_reads_it() -> None:
+    """A secure Exec's frame (its header, bindings empty, then one box) read by comparison
+    (``repeat_sealed``), next to the full read (``split_own``, then ``decode``) on mutated
+    frames: whatever the comparison takes, the full read takes too, as the same job and box
+    (and it takes the genuine next ones)."""
+    rng = random.Random(11)
+    first = Exec("s" * 16, "j" * 24, "d" * 64, (0, 1), {}, (0,), 5.0)
+    reader = RepeatExecs()
+    header, box = split_own(_sealed(first, b"b" * 70))
+    assert reader.read_in_full([MAGIC_FRAME, header]) is not None
+    for size in (70, 300):  # a bin8 box and a bin16 one
+        genuine = _sealed(dataclasses.replace(first, job="k" * 24), b"\x01" * size)
+        assert reader.repeat_sealed(genuine) == ("k" * 24, b"\x01" * size)
+        for _ in range(2000):
+            data = mutated(genuine, rng)
+            said = reader.repeat_sealed(data)
+            if said is None:
+                continue
+            try:
+                header, box = split_own(data)
+            except ProtocolError:
+                raise AssertionError(f"a repeat the full read refuses: {data!r}") from None
+            assert box == said[1]
+            assert decoded_exec([MAGIC_FRAME, header]) == dataclasses.replace(first, job=said[0])

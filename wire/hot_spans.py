@@ -4,7 +4,9 @@ The broker forwards what it only routes without encoding it again. Two messages 
 here by splicing the bytes that arrived:
 
 * a rank's own ``Exec``: the driver's header with the ``bindings`` map cut down to that
-  rank's entry (in secure mode every rank has bindings, each sealed for its rank);
+  rank's entry (a plaintext job's inputs, or a secure Exec in the codec's shape, every
+  rank's box in its bindings; the call site's secure Exec has them after its header
+  instead, ``mpl.wire.sealed_exec``, and is not cut);
 * the ``JobResult`` of a job some of whose ``Done`` messages were decoded (no buffer
   frames, but extension types): each rank's values and stats, copied byte for byte into
   the one answer, under a header packed here.
