@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from deployment import Deployment
 from helpers import wait_until
+from test_sealed_broker import as_frames, as_record
 
 import mpl.driver as mp
 from mpl.broker.daemon import Broker
@@ -31,6 +32,7 @@ from mpl.wire.incarnation import public_incarnation
 from mpl.wire.jobs import Done, Exec, Failed, Program
 from mpl.wire.keys import load_keypair
 from mpl.wire.record import Record
+from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC
 from mpl.wire.sessions import OpenSession, SessionOpened
 
 pytestmark = pytest.mark.daemons
@@ -46,6 +48,7 @@ class Tap:
         self._sock = sock
         self.received: list[Record] = []
         self.alter: Callable[[Record], list[Record] | None] | None = None
+        self.rank_of: Callable[[bytes], int] = lambda peer: 0  # a worker's rank, by peer
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
@@ -63,10 +66,14 @@ class Tap:
     def send_multipart(self, frames: Frames, *args: Any, **kw: Any) -> Any:
         frames = list(frames)
         if self.alter is not None:
-            out = self.alter(decode(frames[1:], unpickle=False))
+            if bytes(frames[1]) == SEALED_EXEC_MAGIC:  # an Exec, its rank's box after it
+                msg: Record = as_record(frames[1:], self.rank_of(bytes(frames[0])))
+            else:
+                msg = decode(frames[1:], unpickle=False)
+            out = self.alter(msg)
             if out is not None:
                 for msg in out:
-                    self._sock.send_multipart([frames[0], *encode(msg)], *args, **kw)
+                    self._sock.send_multipart([frames[0], *as_frames(msg)], *args, **kw)
                 return None
         return self._sock.send_multipart(frames, *args, **kw)
 
@@ -79,6 +86,8 @@ class Rig:
         curve = Curve(load_keypair(self.d.key("broker")), self.d.spec)
         self.broker = Broker(self.d.spec, "tcp://127.0.0.1:0", curve=curve)
         self.tap = Tap(self.broker.router)
+        by_peer = self.broker.state.registry.by_peer
+        self.tap.rank_of = lambda peer: by_peer[peer].rank
         self.broker.router = self.tap  # type: ignore[assignment]  # the tap in its place
         self.broker.start()
         self.d.address = self.broker.address
