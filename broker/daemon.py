@@ -469,7 +469,7 @@ class Broker:
             if not logged:
                 self.refusals.refused(action.peer.hex(), msg.error.message, kind=msg.error.kind)
             return
-        span = self.ledger.sent(msg)
+        span = self.ledger.sent(msg, action.raw)
         if span is not None and span.outcome != "ok":
             log.info(
                 "job %s ended: %s",
