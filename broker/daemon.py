@@ -208,7 +208,7 @@ class Broker:
         # what _route does with a message of two parts from a peer whose fd is mapped,
         # written out below for the compiled socket: each rank's Done is one
         mapped = None if self.monitor is None else self._peer_fd
-        secure, counters, done_read = self.secure, self.state.counters, self.state.done_read
+        secure, counters, done_read = self.secure, self.state.counters, self.state.dones.read
         while True:
             try:
                 if recv is None:
@@ -336,7 +336,7 @@ class Broker:
                 self.state.counters["bytes_routed"] += sum(map(len, body))
                 read = read_hot(body)
             if type(read) is DoneRead:
-                actions = self.state.done_read(peer, read, now, who)
+                actions = self.state.dones.read(peer, read, now, who)
                 if actions:
                     self._perform(actions)
                 return
@@ -373,7 +373,7 @@ class Broker:
         msg: Record | None = None
         try:  # one message's failure stays that message's failure
             if type(read) is DoneRead:  # a Done of the hot path: no record built
-                actions = self.state.done_read(peer, read, now, who)
+                actions = self.state.dones.read(peer, read, now, who)
                 if actions:  # most Dones leave their job waiting on other ranks
                     self._perform(actions)
                 return
