@@ -51,7 +51,7 @@ from mpl.wire.curve import BROKER_DOMAIN, Curve, broker_admits
 from mpl.wire.errors import ProtocolError
 from mpl.wire.guard import Guard
 from mpl.wire.hot import DoneRead, read_hot, read_hot_header
-from mpl.wire.identity import frame_identity
+from mpl.wire.identity import USER_ID
 from mpl.wire.jobs import Exec, JobResult
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
@@ -76,6 +76,7 @@ _raw_send: Any = zmq.backend.Socket.send
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE = _NOBLOCK | int(zmq.SNDMORE)
 _Frame = zmq.Frame
+_frame_get: Any = zmq.Frame.get  # a received frame's property: its User-Id (mpl.wire.identity)
 _COPY_BELOW = 64 * 1024  # pyzmq's copy threshold (mpl.wire.sockets.send_frames)
 
 log = logging.getLogger("mpl.broker")
@@ -210,7 +211,7 @@ class Broker:
         # what _route does with a message of two parts from a peer whose fd is mapped,
         # written out below for the compiled socket: each rank's Done is one
         mapped = None if self.monitor is None else self._peer_fd
-        secure, counters, done_read = self.secure, self.state.counters, self.state.done_read
+        secure, counters, done_read = self.secure, self.state.counters, self.state.dones.read
         while True:
             try:
                 if recv is None:
@@ -241,8 +242,10 @@ class Broker:
             else:
                 # _route of a message of two parts (a hot Done, most), without the call,
                 # the list of its frames and the checks of what the receive made them
-                who = frame_identity(magic) if secure else None
                 try:  # one message's failure stays that message's failure
+                    # the connection's authenticated identity, read per message (never
+                    # cached: a routing id may come back on another key's connection)
+                    who = _frame_get(magic, USER_ID) if secure else None
                     # the frames' bytes (copied once, kept by the frame), counted from them
                     head, data = magic.bytes, header.bytes
                     counters["bytes_routed"] += len(head) + len(data)
@@ -322,12 +325,12 @@ class Broker:
         if now is None:
             now = time.monotonic()
         body = frames[1:]
-        # every frame of a message carries its connection's User-Id
-        who = frame_identity(body[0]) if self.secure and body else None
         # the hot messages, header only, are read without the general decode (and, with
         # the codec's magic, are no batch); a Done of the hot path is taken here, with no
         # record built (most leave their job waiting on other ranks: nothing to send)
         try:  # one message's failure stays that message's failure
+            # every frame of a message carries its connection's User-Id
+            who = _frame_get(body[0], USER_ID) if self.secure and type(body[0]) is _Frame else None
             if len(body) == 2 and type(body[0]) is _Frame and type(body[1]) is _Frame:
                 # the frames' bytes (copied once, kept by the frame), counted from them
                 magic, header = body[0].bytes, body[1].bytes
@@ -338,7 +341,7 @@ class Broker:
                 self.state.counters["bytes_routed"] += sum(map(len, body))
                 read = read_hot(body)
             if type(read) is DoneRead:
-                actions = self.state.done_read(peer, read, now, who)
+                actions = self.state.dones.read(peer, read, now, who)
                 if actions:
                     self._perform(actions)
                 return
@@ -375,7 +378,7 @@ class Broker:
         msg: Record | None = None
         try:  # one message's failure stays that message's failure
             if type(read) is DoneRead:  # a Done of the hot path: no record built
-                actions = self.state.done_read(peer, read, now, who)
+                actions = self.state.dones.read(peer, read, now, who)
                 if actions:  # most Dones leave their job waiting on other ranks
                     self._perform(actions)
                 return
@@ -494,7 +497,7 @@ class Broker:
             if not logged:
                 self.refusals.refused(action.peer.hex(), msg.error.message, kind=msg.error.kind)
             return
-        span = self.ledger.sent(msg)
+        span = self.ledger.sent(msg, action.raw)
         if span is not None and span.outcome != "ok":
             log.info(
                 "job %s ended: %s",

@@ -11,13 +11,13 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Exec, JobResult
 from mpl.wire.record import Record
-from mpl.wire.run_stats import read_stats
+from mpl.wire.run_stats import TIMES_BYTES, read_times, stats_blob
 
 __all__ = ["BUCKETS", "OUTCOMES", "JobLedger", "JobSpan", "outcome_of"]
 
@@ -37,6 +37,9 @@ _KIND_OUTCOME = {
 }
 _STARTED_LIMIT = 65536  # jobs in flight remembered; beyond it the oldest start is forgotten
 _RATE_WINDOW_S = 10.0
+# what a span may keep of its stats blobs whole: the answer's header they came in, at most
+# (a trivial job's at 16 ranks is about 1 KiB); the last 200 jobs' then hold 1.6 MiB at most
+_WHOLE_BYTES = 8 * 1024
 
 
 def outcome_of(result: JobResult) -> str:
@@ -45,11 +48,19 @@ def outcome_of(result: JobResult) -> str:
     return _KIND_OUTCOME.get(result.error.kind, "failed")
 
 
+def _heads(stats: Mapping[int, Any]) -> dict[int, bytes]:
+    """Each rank's stats blob cut to its first TIMES_BYTES (an ``Opaque`` frame, from a
+    decoded Done, read as bytes first)."""
+    return {r: (stats_blob(blob) or b"")[:TIMES_BYTES] for r, blob in stats.items()}
+
+
 class JobSpan:
     """One finished job, as the timeline draws it.
 
     Its ranks' parts are worked out when first read (the page and the log read few of the
-    jobs the broker ends), from the result's stats blobs, which nothing changes once sent.
+    jobs the broker ends), from the first :data:`TIMES_BYTES` of each rank's stats blob:
+    all the timeline reads of it, and all the span keeps (a rank may send 256 KiB of
+    stats per job; the last 200 jobs' whole blobs were ~50 MiB per rank held).
     """
 
     __slots__ = ("_parts", "_stats", "job", "outcome", "seconds", "session", "started")
@@ -68,7 +79,8 @@ class JobSpan:
         self.started = started  # wall clock at the broker
         self.seconds = seconds
         self.outcome = outcome
-        # rank -> (wall start, seconds) of its part; or (ranks, stats) to work that out from
+        # rank -> (wall start, seconds) of its part; or (ranks, each rank's blob's first
+        # TIMES_BYTES) to work that out from
         self._parts = ranks if isinstance(ranks, dict) else None
         self._stats = None if isinstance(ranks, dict) else ranks
 
@@ -80,9 +92,8 @@ class JobSpan:
             ranks, stats = self._stats
             parts: dict[int, tuple[float, float]] = {}
             for rank in ranks:
-                try:  # the blob a rank sent, read now (it is checked on reading)
-                    own = read_stats(stats[rank])
-                    parts[rank] = (own.started, own.run_s)
+                try:  # the times a rank sent, read now (they are checked on reading)
+                    parts[rank] = read_times(stats[rank])
                 except (KeyError, ProtocolError):
                     # failed jobs carry no per-rank stats, and a rank's may be unreadable:
                     # draw the broker's view
@@ -126,9 +137,10 @@ class JobLedger:
                     del started[next(iter(started))]
                 started[msg.job] = (self.clock() if now is None else now, msg.session, msg.ranks)
 
-    def sent(self, msg: Record) -> JobSpan | None:
-        """Note a message the broker sends; the finished job if it answers one (once per
-        job: written in one method, outcome_of inline for a job that succeeded)."""
+    def sent(self, msg: Record, frames: Sequence[Any] | None = None) -> JobSpan | None:
+        """Note a message the broker sends (``frames``: as it went, if known); the finished
+        job if it answers one (once per job: written in one method, outcome_of inline for a
+        job that succeeded)."""
         if type(msg) is not JobResult or msg.missing_program:
             return None
         now = self.clock()
@@ -145,10 +157,14 @@ class JobLedger:
         bucket = bisect_left(BUCKETS, seconds)  # the first bound at or above it
         if bucket < len(BUCKETS):
             self.bucket_counts[bucket] += 1
+        stats = msg.stats
+        # An answer sent as one short header holds its blobs: the span keeps them as they
+        # are (at most _WHOLE_BYTES a span, no work per rank on a trivial job's way out).
+        # Any other is cut to each blob's first TIMES_BYTES, all the timeline reads.
+        if frames is None or len(frames) != 2 or len(frames[1]) > _WHOLE_BYTES:
+            stats = _heads(stats)
         # its wall start, read once per job (at its end)
-        span = JobSpan(
-            msg.job, session, time.time() - seconds, seconds, outcome, (ranks, msg.stats)
-        )
+        span = JobSpan(msg.job, session, time.time() - seconds, seconds, outcome, (ranks, stats))
         self.recent.append(span)
         return span
 

@@ -18,8 +18,9 @@ Every message is judged by who really sent it, never by a field the sender wrote
 Families of handlers live beside it, each a small class over this state: workers and
 heartbeats (``presence.py``), sessions opened and closed (``session_calls.py``), names
 (``names.py``), fetches and deletes (``data.py``), listings (``listing.py``), programs
-(``program_store.py``); the checks they share are ``access.py`` and ``admission.py``. What
-stays here is the dispatch and the jobs: started, answered, failed and cancelled.
+(``program_store.py``), each rank's Done gathered into its job's answer
+(``done_gathering.py``); the checks they share are ``access.py`` and ``admission.py``. What
+stays here is the dispatch and the jobs: started, failed and cancelled.
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ from mpl.broker.actions import Send, box_execs, fan, own_execs
 from mpl.broker.admission import refuse_call
 from mpl.broker.calls import Call, CallTable, JobCall, RequestCall
 from mpl.broker.data import DataCalls
+from mpl.broker.done_gathering import DoneGathering
 from mpl.broker.job_saves import JobSaves
 from mpl.broker.listing import Listing
 from mpl.broker.names import Names
 from mpl.broker.persisted import PersistedTable
 from mpl.broker.presence import Presence
 from mpl.broker.program_store import ProgramStore
-from mpl.broker.registry import Registry, WorkerEntry
+from mpl.broker.registry import Registry
 from mpl.broker.session_calls import SessionCalls
 from mpl.broker.session_runtime import SessionRuntimes
 from mpl.broker.sessions import SessionTable
@@ -58,12 +60,8 @@ from mpl.wire.control import (
     WorkerHello,
 )
 from mpl.wire.data import Delete, Fetch
-from mpl.wire.hot import DoneRead, packed_result, result_record
 from mpl.wire.hot_spans import (
-    DoneSpans,
-    done_spans,
     execs_for_ranks,
-    result_frames,
 )
 from mpl.wire.jobs import (
     Abort,
@@ -84,7 +82,6 @@ from mpl.wire.lru import LRU, SizedLRU
 from mpl.wire.progress import EVERY_S, Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
-from mpl.wire.run_stats import MAX_STATS_BYTES, stats_blob
 from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC
 from mpl.wire.sessions import (
     Ack,
@@ -157,6 +154,7 @@ class BrokerState:
         self.runtimes = SessionRuntimes(self)
         self.presence = Presence(self)
         self.session_calls = SessionCalls(self)
+        self.dones = DoneGathering(self)  # each rank's Done: the shell reads most itself
         self._next_beat = now
         self._handlers: dict[
             type[Record], Callable[[bytes, Any, float, str | None], list[Send]]
@@ -186,7 +184,7 @@ class BrokerState:
         # the message came in, to pass on as they are (mpl.wire.hot).
         self._forwarders: dict[
             type[Record], Callable[[bytes, Any, float, str | None, Any], list[Send]]
-        ] = {Exec: self._on_exec, Done: self._on_done}
+        ] = {Exec: self._on_exec, Done: self.dones.on_done}
 
     @property
     def jobs_in_flight(self) -> int:
@@ -370,145 +368,6 @@ class BrokerState:
         return _error(
             "WorkerLostError", f"rank {rank} has no live worker ({why})", rank=rank, job=job
         )
-
-    def _on_done(
-        self, peer: bytes, msg: Done, now: float, who: str | None = None, raw: Any = None
-    ) -> list[Send]:
-        """A Done the codec decoded (it had buffer frames or saved names)."""
-        return self._done(peer, msg, who, raw, None, self.registry.worker(peer))
-
-    def done_read(self, peer: bytes, read: DoneRead, now: float, who: str | None) -> list[Send]:
-        """A Done of the hot path, read by ``mpl.wire.hot.read_done`` instead of decoded:
-        the same checks as :meth:`handle` and :meth:`_done` make (a registered worker's
-        socket, then who speaks for the rank, then a job in flight that waits on that rank),
-        with no record built; its values and stats go straight into the job's answer."""
-        registry = self.registry  # registry.worker(peer), written out: a call per rank
-        worker = registry.by_peer.get(peer) or registry.channels.get(peer)
-        if worker is None:
-            self._note("dropped 'done' from a peer that is not a registered worker")
-            return []
-        worker.last_seen = now
-        rank = read.rank
-        # access.speaks_for, written out for the answer it gives a worker's own rank (it
-        # counts and notes anything else)
-        if not (
-            worker.rank == rank
-            and registry.by_rank.get(rank) is worker
-            and (who is None or self.access.node_rank.get(who) == rank)
-        ):
-            self.access.speaks_for(peer, who, rank, "done", worker)
-            return []
-        job = self.calls.jobs.get(read.job)
-        if job is None or rank not in job.pending or read.session != job.session:
-            return []  # the job already ended (aborted); late answers are dropped
-        job.pending.remove(rank)
-        # plain msgpack: the answer is packed from the values, unless a decoded Done of
-        # this job made it splice or encode (then it is encoded anew: no bytes of these)
-        job.raw_values = None
-        values = job.values
-        for index, value in read.values.items():
-            if index in values:
-                values[index][rank] = value
-            else:
-                values[index] = {rank: value}
-        job.stats[rank] = read.stats
-        if read.metas:
-            metas = job.metas
-            for index, meta in read.metas.items():
-                metas.setdefault(index, meta)
-        if job.pending:
-            return []
-        return self._job_done(job)
-
-    def _done(
-        self,
-        peer: bytes,
-        msg: Done,
-        who: str | None,
-        raw: Any,
-        spans: DoneSpans | None,
-        worker: WorkerEntry | None,
-    ) -> list[Send]:
-        """Take one rank's decoded Done (``worker``: the registered worker ``peer`` is, if
-        any): its values and stats go straight into the job's answer (a Done of the hot
-        path takes :meth:`done_read` instead)."""
-        rank = msg.rank
-        if not self.access.speaks_for(peer, who, rank, "done", worker):
-            return []
-        job = self.calls.jobs.get(msg.job)
-        if job is None or rank not in job.pending or msg.session != job.session:
-            if job is None and msg.saved:  # its files remain
-                self.job_saves.late(msg)
-            return []  # the job already ended (aborted); late answers are dropped
-        job.pending.discard(rank)
-        if msg.saved and (refused := self.job_saves.reported(job, msg)) is not None:
-            return self._fail_call(job, refused)
-        values, raw_values = job.values, job.raw_values
-        job.lean = False  # it may hold what only the codec encodes (tuples, buffers)
-        if raw_values is not None and spans is None and raw is not None:
-            spans = done_spans(raw)  # a decoded Done: its bytes cut from its frames
-            if spans is not None and spans.values.keys() != msg.values.keys():
-                spans = None
-        if raw_values is None or spans is None:
-            job.raw_values = None  # packed, or encoded anew, at the end
-            for index, value in msg.values.items():
-                if index in values:
-                    values[index][rank] = value
-                else:
-                    values[index] = {rank: value}
-        else:
-            # keep the bytes too, to forward them as they came; a value and its bytes
-            # have the same index (cut from the same map), and so far every rank's had both
-            value_bytes = spans.values
-            for index, value in msg.values.items():
-                if index in values:
-                    values[index][rank] = value
-                    raw_values[index][rank] = value_bytes[index]
-                else:
-                    values[index] = {rank: value}
-                    raw_values[index] = {rank: value_bytes[index]}
-            job.raw_stats[rank] = spans.stats
-        job.stats[rank] = msg.stats  # a blob (an Opaque frame when 1 KiB or more): checked
-        blob = stats_blob(msg.stats)
-        if blob is None or len(blob) > MAX_STATS_BYTES:
-            self._refuse_stats(job, rank, msg.stats, blob)
-        if msg.metas:
-            metas = job.metas
-            for index, meta in msg.metas.items():
-                metas.setdefault(index, meta)
-        if job.pending:
-            return []
-        return self._job_done(job)
-
-    def _refuse_stats(self, job: JobCall, rank: int, stats: Any, blob: bytes | None) -> None:
-        """A decoded Done whose stats are no blob, or one over MAX_STATS_BYTES (the lean
-        reader leaves both to decode): the job's answer carries an empty blob for the rank
-        instead (its reader says "stats unreadable"), and the result stands."""
-        what = f"{len(blob)} bytes" if blob is not None else f"a {type(stats).__name__}"
-        self.counters["stats_refused"] = self.counters.get("stats_refused", 0) + 1
-        self._note(f"rank {rank} sent stats of {what} for job {job.job}; dropped")
-        job.stats[rank] = b""
-        if rank in job.raw_stats:
-            job.raw_stats[rank] = _EMPTY_BIN
-
-    def _job_done(self, job: JobCall) -> list[Send]:
-        """Every rank of ``job`` answered: end it, and answer its driver."""
-        if job.saved and (refused := self.job_saves.complete(job)) is not None:
-            return self._fail_call(job, refused)
-        job_id = job.job
-        del self.calls.jobs[job_id]
-        session = self.sessions.by_id.get(job.session)  # _session_jobs_discard, written out
-        if session is not None:
-            session.jobs.discard(job_id)
-        self.counters["jobs_done"] += 1
-        # built, not checked again: the values, stats and metas were checked on reading
-        result = result_record(job_id, job.values, job.stats, job.metas)
-        frames = None
-        if job.lean:  # every rank's Done read by read_done
-            frames = packed_result(job_id, job.values, job.stats, job.metas)
-        elif job.raw_values is not None:
-            frames = result_frames(job_id, job.raw_values, job.raw_stats, job.metas)
-        return [Send(job.driver, result, frames)]
 
     def _on_failed(
         self, peer: bytes, msg: Failed, now: float, who: str | None = None

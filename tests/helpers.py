@@ -218,15 +218,19 @@ def run_side_by_side(*fns: Callable[[], None], timeout: float = 120.0) -> list[B
 
 
 def stable_objects(ctx: Any, rank: int) -> int:
-    """The object count once two heartbeats in a row report the same number."""
-    last: list[int] = []
+    """The object count once two heartbeats in a row report the same number (one
+    heartbeat read twice is one report: it may predate what the caller just did)."""
+    last: list[tuple[int, float]] = []  # (objects, when its heartbeat came, about)
 
     def settled() -> bool:
         row = stats(ctx.client, rank)
         if row.get("objects") is None or row["heartbeat_age_s"] > 0.3:
             return False
-        last.append(row["objects"])
-        return len(last) >= 2 and last[-1] == last[-2]
+        beat = time.monotonic() - row["heartbeat_age_s"]
+        if last and beat - last[-1][1] < 0.1:  # the same heartbeat (they are 1 s apart)
+            return False
+        last.append((row["objects"], beat))
+        return len(last) >= 2 and last[-1][0] == last[-2][0]
 
     wait_until(settled, timeout=10, what="a stable object count")
-    return last[-1]
+    return last[-1][0]

@@ -31,10 +31,22 @@ import msgpack
 from mpl.wire.decoder import BUFFER, Opaque
 from mpl.wire.errors import ProtocolError
 
-__all__ = ["MAX_STATS_BYTES", "RunStats", "pack_stats", "read_stats", "run_seconds", "stats_blob"]
+__all__ = [
+    "MAX_STATS_BYTES",
+    "TIMES_BYTES",
+    "RunStats",
+    "pack_stats",
+    "read_stats",
+    "read_times",
+    "run_seconds",
+    "stats_blob",
+]
 
 # per rank and job; 2,000 spans with short labels fit many times over (MAX_SPANS, worker)
 MAX_STATS_BYTES = 256 * 1024
+# the bytes a blob's run_s and started fit in: its array's header and two msgpack numbers
+# (9 bytes at most each); what a reader of the times alone keeps of a blob
+TIMES_BYTES = 1 + 9 + 9
 _HEAD = b"\x94\xcb"  # a fixarray of four, then run_s as a float64: how pack_stats begins
 _FLOAT = struct.Struct(">d")
 
@@ -147,6 +159,22 @@ def read_stats(blob: Any) -> RunStats:
             raise ProtocolError("stats unreadable: an op span is not [index, label, start, end]")
         spans.append((span[0], span[1], float(span[2]), float(span[3])))
     return RunStats(float(run_s), float(started), spans, dropped)
+
+
+def read_times(head: bytes) -> tuple[float, float]:
+    """``(started, run_s)`` from the first :data:`TIMES_BYTES` of a blob (or more): what a
+    reader that keeps no more of it (the broker's timeline) can know. Plain msgpack, no
+    hooks, within ``head``; :class:`ProtocolError` if they are not two numbers there."""
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=TIMES_BYTES)
+    unpacker.feed(head[:TIMES_BYTES])
+    try:
+        length = unpacker.read_array_header()
+        run_s, started = unpacker.unpack(), unpacker.unpack()
+    except Exception as exc:  # not an array, or cut short before its second item
+        raise ProtocolError(f"stats unreadable: {type(exc).__name__}") from None
+    if length < 4 or not (_number(run_s) and _number(started)):
+        raise ProtocolError("stats unreadable: not [run_s, started, ops, dropped]")
+    return float(started), float(run_s)
 
 
 def _number(value: Any) -> bool:

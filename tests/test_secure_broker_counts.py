@@ -1,0 +1,143 @@
+"""What secure mode adds to the broker's own loop per job, counted (never timed).
+
+A real ``Broker`` on 127.0.0.1 whose loop is turned by hand, fed by DEALER sockets standing
+in for a driver and two workers, once in plaintext and once over CurveZMQ with each
+party's key: the Python calls a trivial job costs at the broker, from the receive of its
+Exec to the send of its answer. Besides CURVE itself (libzmq's), what secure mode adds is
+reading each message's authenticated identity from its frame.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from mpl.broker.daemon import Broker
+from mpl.wire import GraphBuilder
+from mpl.wire.cluster import ClusterSpec
+from mpl.wire.codec import decode, encode
+from mpl.wire.control import WorkerHello
+from mpl.wire.curve import Curve
+from mpl.wire.jobs import Done, Exec, JobResult, Program
+from mpl.wire.keys import load_keypair, write_keypair
+from mpl.wire.run_stats import pack_stats
+from mpl.wire.sessions import OpenSession, SessionOpened
+
+_STATS = pack_stats(1.2e-05, 1.7645e9, [[0, "pcall", 1e-06, 1.1e-05]])
+_BOX = b"mpl-box\x01" + bytes(range(60))  # what a worker's sealed value looks like here
+
+
+class _Cluster:
+    """A broker of two ranks and its three peers; ``job`` runs one trivial job through it,
+    the broker's turns for it counted by a sys.setprofile function."""
+
+    def __init__(self, root: Path | None) -> None:
+        spec = ClusterSpec.simple(2, enable_spu=False)
+        curves: dict[str, Curve] = {}
+        if root is not None:
+            names = ("broker", "node0", "node1", "analyst")
+            made = {name: write_keypair(root / "keys", name) for name in names}
+            spec = spec.with_keys(
+                made["broker"][2],
+                [made["node0"][2], made["node1"][2]],
+                {"analyst": made["analyst"][2]},
+            )
+            curves = {name: Curve(load_keypair(made[name][1]), spec) for name in names}
+        self.secure = root is not None
+        self.ctx: zmq.Context[Any] = zmq.Context()
+        self.broker = Broker(
+            spec, "tcp://127.0.0.1:0", context=self.ctx, curve=curves.get("broker")
+        )
+        self.broker.router.setsockopt(zmq.RCVTIMEO, 5)  # a turn's wait once nothing is queued
+        self.socks: list[zmq.Socket[Any]] = []
+
+        def dealer(identity: bytes, name: str) -> zmq.Socket[Any]:
+            sock: zmq.Socket[Any] = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IDENTITY, identity)
+            if name in curves:
+                curves[name].dial(sock, spec.broker_key)
+            sock.connect(self.broker.address)
+            self.socks.append(sock)
+            return sock
+
+        self.workers = [dealer(b"\x00w%d" % r, f"node{r}") for r in range(2)]
+        self.driver = dealer(b"drv:secure-counts/0001", "analyst")
+        for rank, w in enumerate(self.workers):
+            w.send_multipart(encode(WorkerHello(rank, f"i{rank}", 1, "h", "tcp://x:1", "")))
+        self.driver.send_multipart(encode(OpenSession(1, "", 600.0, "counts")))
+        self.sid = self._next(self.driver, SessionOpened, None).session
+        builder = GraphBuilder(2)
+        self.graph = builder.build(builder.op("constant", [], ranks=(0, 1), value=1))
+        self.driver.send_multipart(encode(Program(self.graph.digest, self.graph)))
+        self.jobs = 0
+
+    def _next(self, sock: zmq.Socket[Any], kind: type[Any], count: Any) -> Any:
+        for _ in range(2000):  # each turn ends after RCVTIMEO with nothing queued
+            if sock.poll(0):
+                msg = decode(sock.recv_multipart(), unpickle=False)
+                if isinstance(msg, kind):
+                    return msg
+                continue
+            sys.setprofile(count)
+            try:
+                self.broker._turn(float("inf"))
+            finally:
+                sys.setprofile(None)
+        raise AssertionError(f"no {kind.__name__}")
+
+    def job(self, count: Any) -> None:
+        self.jobs += 1
+        name = f"j{self.jobs}"
+        # in secure mode a worker's value is a sealed box: bytes the broker forwards
+        value = _BOX if self.secure else 1
+        self.driver.send_multipart(
+            encode(Exec(self.sid, name, self.graph.digest, (0, 1), {}, (0,)))
+        )
+        for rank, w in enumerate(self.workers):
+            assert self._next(w, Exec, count).job == name
+            w.send_multipart(encode(Done(self.sid, name, rank, {0: value}, _STATS, {0: "b"})))
+        result = self._next(self.driver, JobResult, count)
+        assert result.job == name and result.error is None
+        assert result.values == {0: {0: value, 1: value}}
+
+    def close(self) -> None:
+        for sock in self.socks:
+            sock.close(linger=0)
+        self.broker.close()
+        self.ctx.term()
+
+
+def _calls(root: Path | None, jobs: int = 10) -> tuple[float, dict[str, int]]:
+    """Python calls per job at the broker, and how many of them each function made."""
+    cluster = _Cluster(root)
+    names: dict[str, int] = {}
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            name = frame.f_code.co_name
+            names[name] = names.get(name, 0) + 1
+
+    try:
+        for _ in range(3):  # warm: the ranks' program, first uses
+            cluster.job(None)
+        for _ in range(jobs):
+            cluster.job(count)
+    finally:
+        cluster.close()
+    return sum(names.values()) / jobs, names
+
+
+# 634fe27 made 49 calls per job in plaintext and 55 in secure mode: frame_identity and,
+# inside pyzmq's Frame.get, its version check, for each of the job's 3 messages (its Exec
+# and 2 Dones; ~4.5k instructions each, the call and its checks ~1.1k of it). The loop
+# reads the frame's User-Id itself: 52 (the version check is pyzmq's own).
+def test_secure_mode_adds_one_python_call_per_message_at_the_broker(tmp_path: Path) -> None:
+    plain, _ = _calls(None)
+    secure, names = _calls(tmp_path)
+    print(f"broker: {plain} Python calls per job in plaintext, {secure} in secure mode")
+    assert "frame_identity" not in names
+    assert secure - plain <= 3.0
