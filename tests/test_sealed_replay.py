@@ -426,5 +426,10 @@ def test_a_known_streams_next_none_opens_on_the_short_path_and_nothing_else_does
     for _ in range(2):  # two newer streams of the same driver push this one out
         assert runs(worker, sealed(cluster.client()))
     assert worker.replays.streams_of("driver:a") == 2
+    heads = len(worker._heads)
     ran, calls, why = taken(sealed(client))  # its head still known here, its stream not
     assert (ran, calls) == (False, 1) and why.startswith(f"{UNKNOWN_STREAM}:")
+    assert len(worker._heads) == heads - 1  # the head goes, and the window it kept alive
+    for _ in range(300):  # the heads kept stay bounded, however many streams ran
+        assert runs(worker, sealed(cluster.client()))
+    assert 0 < len(worker._heads) <= 256

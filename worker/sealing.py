@@ -60,6 +60,8 @@ from mpl.worker.code_policy import open_sealed
 __all__ = ["WorkerSeal"]
 
 _MEMORY = 4096  # jobs' recipients, fetches and refused programs remembered (bounded)
+_HEADS = 256  # streams whose next sealed None opens on open_exec's short path (each
+# keeps its replay window, 4 KiB, alive while it is here)
 _TAG = 16  # a sealed None's tag (mpl.wire.seal): its box's last bytes
 _NONE_TRAILER = 12 + _TAG  # a sealed None's nonce (its number) and tag, after its head
 _NONCE_AT, _TAG_AT = -_NONE_TRAILER, -_TAG  # where they start, from a sealed None's end
@@ -186,8 +188,8 @@ class WorkerSeal:
                 if compare_digest(sealed[_TAG_AT:], tagger.digest()):
                     try:
                         streams.move_to_end(epoch)  # still a stream the guard knows
-                    except KeyError:
-                        pass  # evicted since: the full path refuses it
+                    except KeyError:  # evicted since: the full path refuses it
+                        self._heads.pop(sealed[:_NONCE_AT], None)  # (and its window goes)
                     else:
                         window[0] = seq  # admitted, as admit() admits the next number
                         window[1][seq & slot] = 1
@@ -258,7 +260,7 @@ class WorkerSeal:
         if epoch_keys is None or epoch_keys[0] != driver:
             return  # (not a tag alone: a box of this head holds a ciphertext)
         streams, window = self.replays.stream(driver, epoch)
-        if len(self._heads) >= _MEMORY:
+        if len(self._heads) >= _HEADS:
             self._heads.clear()
         slot = len(window[1]) - 1  # a number's slot in the window's ring: its low bits
         self._heads[head] = (self.replays, driver, epoch_keys[2], streams, epoch, window, slot)
