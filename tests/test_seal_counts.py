@@ -18,7 +18,7 @@ from mpl.wire import ClusterSpec
 from mpl.wire.codec import MAGIC_FRAME, encode
 from mpl.wire.errors import AuthenticationError
 from mpl.wire.exec_pack import exec_frames, exec_parts, pack_bindings
-from mpl.wire.jobs import Done, Exec, JobResult
+from mpl.wire.jobs import Done, Exec, Failed, JobResult
 from mpl.wire.seal import Sealer, done_context, exec_context
 from mpl.worker.sealing import WorkerSeal
 
@@ -87,8 +87,10 @@ def test_a_rank_without_inputs_costs_neither_side_a_cipher_call() -> None:
 # open()'s dispatch to the box, inbound and outbound handing on to _exec and _done, and
 # LRU.__setitem__ for the job run); 6.05 before the replay window, whose admission is one
 # call per job (mpl.wire.replay), and 5.05 with it once exec_context's and done_context's
-# strings were written out in WorkerSeal
-_WORKER_CALLS = 5.5
+# strings were written out in WorkerSeal; 3.05 once a known stream's next sealed None was
+# opened and admitted in open_exec itself (634fe27 called Sealer.open_box and
+# ReplayGuard.admit for it)
+_WORKER_CALLS = 3.5
 
 
 def test_the_workers_sealing_per_trivial_job_one_cipher_call_and_bounded_python_calls() -> None:
@@ -120,6 +122,45 @@ def test_the_workers_sealing_per_trivial_job_one_cipher_call_and_bounded_python_
     per_job = count.calls / 20
     print(f"{per_job} Python calls per job in the worker's sealing")
     assert per_job <= _WORKER_CALLS
+
+
+def test_a_known_streams_next_sealed_none_opens_in_one_call_and_one_lookup() -> None:
+    """A job without inputs, of a stream whose Nones ran here before, numbered next (most
+    jobs): open_exec alone opens it (634fe27 also called Sealer.open_box and
+    ReplayGuard.admit: 3 calls), with one dict lookup (its head: the driver, tag key and
+    replay window; 634fe27 also looked up the sender's streams, the stream and the exec
+    tail), one tag hash and no bytes built but the tag's input and the slices it reads."""
+    driver, node = _pair()
+    worker = WorkerSeal(node, 0)
+    warm, jobs = _jobs(driver, 3), _jobs(driver, 20, first=3)
+    for exec_, _ in warm:
+        assert worker.open_exec(exec_, exec_.job, exec_.bindings[0]) is None
+    last = warm[-1][0]  # a repeat opens as the program's last Exec read in full
+    lookups: Counter[str] = Counter()
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            lookups[f"py {frame.f_code.co_name}"] += 1
+        elif event == "c_call":
+            lookups[getattr(arg, "__qualname__", "")] += 1
+
+    refusals = worker.refusals
+    sys.setprofile(count)
+    try:
+        opened = [worker.open_exec(last, e.job, e.bindings[0]) for e, _ in jobs]
+    finally:
+        sys.setprofile(None)
+    assert opened == [None] * 20 and worker.refusals == refusals
+    assert lookups["py open_exec"] == 20 and lookups["py <listcomp>"] == 1
+    python_calls = sum(n for name, n in lookups.items() if name.startswith("py "))
+    assert python_calls == 20 + 1, sorted(lookups.items())  # (the listcomp: the test's)
+    assert lookups["dict.get"] == 20  # the head alone
+    assert lookups["blake2b.copy"] == lookups["blake2b.digest"] == 20
+    assert worker._opened[("s", jobs[-1][0].job)] == "driver:a"  # its results' recipient
+    # each ran: a replay of any is refused (by the full path, which says why)
+    for exec_, _ in jobs[::7]:
+        refused = worker.open_exec(last, exec_.job, exec_.bindings[0])
+        assert type(refused) is Failed and "already ran here" in refused.error.message
 
 
 def _driver_and_nodes() -> tuple[DriverSeal, list[WorkerSeal]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import secrets
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -366,3 +367,69 @@ def test_a_broker_lying_about_incarnations_or_floors_causes_refusals_only() -> N
     refusals = worker.refusals
     assert not any(runs(worker, msg) for msg in every)
     assert worker.refusals == refusals + len(every)
+
+
+def _with_box(msg: Exec, box: bytes, job: str | None = None) -> Exec:
+    """``msg`` with rank 0's sealed bindings ``box`` (and job id ``job``): a broker's edit."""
+    fields = (msg.session, job or msg.job, msg.digest, msg.ranks, {0: box})
+    return Exec(*fields, msg.inline, msg.timeout_s)
+
+
+def test_a_known_streams_next_none_opens_on_the_short_path_and_nothing_else_does() -> None:
+    """``WorkerSeal.open_exec`` accepts a known stream's next sealed None itself (one head
+    lookup, its tag, its number as the next); everything else a hostile broker can make of
+    those Nones goes down the full path and is refused there, saying why: a replay, a
+    flipped tag bit with the next number, a None moved to another job, and a None of a
+    stream the guard forgot since its head was learnt. Numbers out of order run on the
+    full path, once each."""
+    cluster = Cluster()
+    worker = cluster.worker
+    worker.replays = ReplayGuard(window=64, streams=2)  # a bound, made small
+    client = cluster.client()
+    full = [0]
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_name == "_open_exec":
+            full[0] += 1
+
+    def taken(msg: Exec) -> tuple[bool, int, str]:
+        """(ran, full-path calls, why refused)."""
+        full[0] = 0
+        sys.setprofile(count)
+        try:
+            opened, answer = worker.inbound(_wire(msg))
+        finally:
+            sys.setprofile(None)
+        if answer is None:
+            return opened is not None, full[0], ""
+        assert type(answer) is Failed and answer.error.kind == "AuthenticationError", answer
+        return opened is not None, full[0], f"{answer.error.op}: {answer.error.message}"
+
+    assert taken(sealed(client))[:2] == (True, 1)  # the stream's first: the full path
+    genuine = sealed(client)
+    assert taken(genuine) == (True, 0, "")  # the next one: the short path
+    ran, calls, why = taken(genuine)  # replayed
+    assert (ran, calls) == (False, 1) and "already ran here" in why
+    nxt = sealed(client)
+    box = nxt.bindings[0]
+    flipped = _with_box(nxt, box[:-1] + bytes([box[-1] ^ 1]))
+    ran, calls, why = taken(flipped)
+    assert (ran, calls) == (False, 1) and "failed authentication" in why
+    moved = _with_box(nxt, box, job="elsewhere")
+    assert taken(moved)[:2] == (False, 1)
+    assert taken(nxt) == (True, 0, "")  # the genuine one still runs, once
+    early, late = sealed(client), sealed(client)
+    assert taken(late)[:2] == (True, 1)  # a number skipped: the full path
+    assert taken(early)[:2] == (True, 1)  # the skipped one, below the newest
+    assert [taken(m)[0] for m in (early, late)] == [False, False]
+    assert taken(sealed(client)) == (True, 0, "")  # next again: the short path
+    for _ in range(2):  # two newer streams of the same driver push this one out
+        assert runs(worker, sealed(cluster.client()))
+    assert worker.replays.streams_of("driver:a") == 2
+    heads = len(worker._heads)
+    ran, calls, why = taken(sealed(client))  # its head still known here, its stream not
+    assert (ran, calls) == (False, 1) and why.startswith(f"{UNKNOWN_STREAM}:")
+    assert len(worker._heads) == heads - 1  # the head goes, and the window it kept alive
+    for _ in range(300):  # the heads kept stay bounded, however many streams ran
+        assert runs(worker, sealed(cluster.client()))
+    assert 0 < len(worker._heads) <= 256

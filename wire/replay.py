@@ -240,6 +240,16 @@ class ReplayGuard:
                 self._floors[sender] = gone
         return ""
 
+    def stream(self, sender: str, epoch: bytes) -> tuple[OrderedDict[bytes, list[Any]], list[Any]]:
+        """``(sender's streams, the stream's window)`` of a stream known here (KeyError
+        otherwise): for a caller that admits a stream's next number itself, as :meth:`admit`
+        does (``window[0] = seq``, ``window[1][seq & (window_size - 1)] = 1``, the stream
+        moved to the end of the streams), when ``seq`` is exactly one above ``window[0]``
+        (no slot to clear), and only while ``epoch`` is still among the streams (a stream
+        evicted since is admitted by :meth:`admit` alone, which refuses it)."""
+        streams = self._senders[sender]
+        return streams, streams[epoch]
+
     def knows(self, sender: str, epoch: bytes) -> bool:
         """Whether a stream (``sender``, ``epoch``: its first 8 bytes) is remembered here."""
         return epoch in self._senders.get(sender, ())

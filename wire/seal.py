@@ -458,6 +458,12 @@ class Sealer:
             return who, value
         return who, _value(who, [MAGIC_FRAME, header], safe, unpickle)
 
+    def opened_epoch(self, head: bytes) -> tuple[str, ChaCha20Poly1305, hashlib.blake2b] | None:
+        """``(sender, cipher, None's tag hash)`` of a box head (magic, sender, epoch) whose
+        box has authenticated here (:meth:`open_box` keeps them), or None: for a hot path
+        that checks a sealed None's tag itself, as :meth:`open_box` does."""
+        return self._receiving.get(head)
+
     def open_all(
         self, sealed: dict[int, Any], senders: dict[int, str], context: str, safe: bool
     ) -> dict[int, Any]:

@@ -11,7 +11,10 @@ here, what it hands the broker for a driver is sealed here. No I/O.
   of those per stream (``mpl.wire.replay``) lets each run once, however many jobs ran since
   and whether or not its session is still open; they are sealed for this worker process
   (its public incarnation), so none recorded before a restart opens after it, and a
-  stream this worker forgot stays refused (its floor).
+  stream this worker forgot stays refused (its floor). Most jobs' bindings are a sealed
+  None numbered next in a stream that ran here: those are checked and admitted in
+  ``WorkerSeal.open_exec`` itself, by one lookup of their head (the same tag and window
+  checks; anything else takes the full path, which says why it refuses).
 * ``Done`` values and fetch ``Reply`` values are sealed for the driver that asked, bound to
   the job and output index, or to the fetch's ticket.
 
@@ -24,6 +27,7 @@ the seal hides them from the check it makes on the outer message.
 
 from __future__ import annotations
 
+from hmac import compare_digest
 from typing import Any
 
 from mpl.wire.data import Fetch
@@ -33,7 +37,13 @@ from mpl.wire.jobs import Done, Exec, Failed, Program
 from mpl.wire.lru import LRU
 from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import ErrorInfo, to_info
-from mpl.wire.replay import UNKNOWN_STREAM, ReplayGuard, claimed_stream, refusal_facts
+from mpl.wire.replay import (
+    UNKNOWN_STREAM,
+    ReplayGuard,
+    claimed_stream,
+    refusal_facts,
+    stamp,
+)
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
     ExecTails,
@@ -43,12 +53,19 @@ from mpl.wire.seal import (
     pin_contexts,
     program_context,
 )
+from mpl.wire.sealed import BOX_MAGIC
 from mpl.wire.sessions import Reply
 from mpl.worker.code_policy import open_sealed
 
 __all__ = ["WorkerSeal"]
 
 _MEMORY = 4096  # jobs' recipients, fetches and refused programs remembered (bounded)
+_HEADS = 256  # streams whose next sealed None opens on open_exec's short path (each
+# keeps its replay window, 4 KiB, alive while it is here)
+_TAG = 16  # a sealed None's tag (mpl.wire.seal): its box's last bytes
+_NONE_TRAILER = 12 + _TAG  # a sealed None's nonce (its number) and tag, after its head
+_NONCE_AT, _TAG_AT = -_NONE_TRAILER, -_TAG  # where they start, from a sealed None's end
+_BOX_HEAD = len(BOX_MAGIC) + 1 + 16  # a box's head but for its sender's name
 
 # WorkerSeal sets a field of these records in place, in their __dict__ (a record that only
 # stores its fields, direct): pinned here
@@ -115,6 +132,13 @@ class WorkerSeal:
         self._refused: LRU[str, str] = LRU(_MEMORY)  # program digest -> why it did not open
         self.refusals = 0
         self._tails = ExecTails()  # what exec_context writes after the job
+        # a sealed None's head (magic, driver, epoch) -> (the replay guard, the driver, its
+        # None's tag hash, its streams in the guard, the stream's epoch, its window, the
+        # slot mask): heads of streams whose Nones authenticated and ran here (open_exec's
+        # one lookup per job), each for the guard it was learnt with
+        self._heads: dict[bytes, tuple[ReplayGuard, str, Any, Any, bytes, list[Any], int]] = {}
+        # the last Exec a context was written for, and its bytes before and after the job
+        self._context: tuple[Exec | None, bytes, bytes] = (None, b"", b"")
 
     def inbound(self, msg: Record) -> tuple[Record | None, Record | None]:
         """``(message to act on, or None; answer for the broker, or None)``.
@@ -138,7 +162,46 @@ class WorkerSeal:
         comparison, ``RepeatExecs.repeat_box``, needs no record of its own). What they held
         (a list, or None: no inputs) if they open, were sealed for this worker by a driver
         of its spec for exactly this job, and never ran here; otherwise the ``Failed`` to
-        answer with, saying why (a record, never a list or None)."""
+        answer with, saying why (a record, never a list or None).
+
+        Most jobs' bindings are a sealed None (a tag alone) of a stream that ran here
+        before, numbered next: those are accepted here with one lookup (their head: the
+        stream's driver, tag key and replay window, kept once such a box of it opened on
+        the full path) and the tag checked as ``Sealer.open_box`` checks it, the number
+        admitted as ``ReplayGuard.admit`` admits the next one. Anything else, or anything
+        that does not pass, takes the full path (``_open_exec``), which refuses it saying
+        why."""
+        known = self._heads.get(sealed[:_NONCE_AT]) if type(sealed) is bytes else None
+        if known is not None and not self._refused and known[0] is self.replays:
+            _, driver, mark, streams, epoch, window, slot = known
+            nonce = sealed[_NONCE_AT:_TAG_AT]
+            seq = int.from_bytes(nonce)  # (big-endian, as admit reads a box's number)
+            if seq == window[0] + 1:
+                context = self._context
+                if msg is not context[0]:  # another program's, or an Exec read in full
+                    # exec_context's bytes before and after the job id, written once
+                    tail = self._tails[(msg.digest, msg.ranks, msg.inline, msg.timeout_s)]
+                    before, after = f"exec|{msg.session}|", f"{tail}{self._bound}"
+                    context = self._context = (msg, before.encode(), after.encode())
+                tagger = mark.copy()  # as open_box checks a None's tag: over nonce, context
+                tagger.update(b"".join((nonce, context[1], job.encode(), context[2])))
+                if compare_digest(sealed[_TAG_AT:], tagger.digest()):
+                    try:
+                        streams.move_to_end(epoch)  # still a stream the guard knows
+                    except KeyError:  # evicted since: the full path refuses it
+                        self._heads.pop(sealed[:_NONCE_AT], None)  # (and its window goes)
+                    else:
+                        window[0] = seq  # admitted, as admit() admits the next number
+                        window[1][seq & slot] = 1
+                        opened = self._opened
+                        opened[(msg.session, job)] = driver  # as _open_exec books it
+                        if len(opened) > self._opened_limit:
+                            opened.pop(next(iter(opened)), None)
+                        return None
+        return self._open_exec(msg, job, sealed)
+
+    def _open_exec(self, msg: Exec, job: str, sealed: Any) -> Any:
+        """:meth:`open_exec`'s full path: every payload, every check, every refusal."""
         session = msg.session
         try:
             refused = self._refused.get(msg.digest) if self._refused else None
@@ -181,7 +244,26 @@ class WorkerSeal:
         opened[(session, job)] = driver
         if len(opened) > self._opened_limit:
             opened.pop(next(iter(opened)), None)
+        if mine is None and not self._kernels_only and type(sealed) is bytes:
+            self._learn_head(driver, sealed)
         return mine
+
+    def _learn_head(self, driver: str, sealed: bytes) -> None:
+        """Keep the head of a sealed None that authenticated and was admitted here, for
+        :meth:`open_exec` to accept its stream's next ones with (bounded: cleared when
+        full; the full path learns them again)."""
+        head = sealed[:_NONCE_AT]
+        if head in self._heads or len(sealed) < _BOX_HEAD + _NONE_TRAILER:
+            return
+        epoch_keys = self.sealer.opened_epoch(head)
+        epoch = stamp(sealed)[0]
+        if epoch_keys is None or epoch_keys[0] != driver:
+            return  # (not a tag alone: a box of this head holds a ciphertext)
+        streams, window = self.replays.stream(driver, epoch)
+        if len(self._heads) >= _HEADS:
+            self._heads.clear()
+        slot = len(window[1]) - 1  # a number's slot in the window's ring: its low bits
+        self._heads[head] = (self.replays, driver, epoch_keys[2], streams, epoch, window, slot)
 
     def _unopened(self, exc: AuthenticationError, sealed: Any) -> AuthenticationError:
         """Why sealed bindings did not open, for the refusal: if they claim a stream this
