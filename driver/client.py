@@ -257,8 +257,13 @@ class Client(BrokerCalls):
         *,
         inline: tuple[int, ...] = (),
         timeout: float | None = None,
+        again: bool = True,
     ) -> JobResult:
         """Run ``graph`` as one job and wait for its result; raises the job's error.
+
+        Secure mode: a job a worker refused as sealed for another process of its node runs
+        once more, as a new job sealed for the process the refusal names, when it ran
+        nowhere (``DriverSeal.refused``; ``again``: not done yet for this call).
 
         Workers give up waiting for peer data after ``timeout`` seconds and report it; the
         driver waits a little longer (``_REPORT_GRACE_S``) so that report, which says which
@@ -282,8 +287,12 @@ class Client(BrokerCalls):
                 raise
             if not result.missing_program:
                 if result.error is not None:
-                    if seal is not None:  # a worker that forgot our stream: a new one
-                        seal.refused(result.error)
+                    # a worker that forgot our stream: a new one, and the job again (as a
+                    # new job) if it ran nowhere (DriverSeal.refused)
+                    if seal is not None and seal.refused(result.error, msg.bindings) and again:
+                        return self.submit(
+                            session, graph, bindings, inline=inline, timeout=timeout, again=False
+                        )
                     raise from_info(result.error)
                 return seal.result(session, result) if seal else result
         raise ProtocolError(f"the broker keeps losing program {graph.digest}")

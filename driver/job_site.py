@@ -99,9 +99,16 @@ class JobSite:
         # None when the general encoder must pack these fields
         self._parts: tuple[float, tuple[bytes, bytes, bytes] | None] | None = None
 
-    def run(self, bindings: dict[int, list[Any]]) -> tuple[str, Any, dict[int, str]]:
+    def run(
+        self, bindings: dict[int, list[Any]], again: bool = True
+    ) -> tuple[str, Any, dict[int, str]]:
         """Run the graph as one job with ``bindings`` and wait: the job's id, and its
-        JobResult's ``values`` and ``metas`` (``ctx.run``'s result, its record not built)."""
+        JobResult's ``values`` and ``metas`` (``ctx.run``'s result, its record not built).
+
+        A job a worker refused as sealed for another process of its node (it restarted, or
+        joined after the session opened) runs once more as a new job, sealed for the
+        process the refusal names, when it ran nowhere (``DriverSeal.refused``; ``again``:
+        not done yet for this call)."""
         ctx = self.ctx
         client = ctx.client
         graph = self.graph
@@ -135,6 +142,7 @@ class JobSite:
         ids = client._job_ids
         job = next(ids.pool, None) or ids.refill()  # unguessable: see _JobIds
         job_bytes = job.encode()
+        boxes: dict[int, Any] | None = None  # the sealed bindings (secure mode)
         try:  # blocks at most SNDTIMEO, as _job_call's send
             if seal is not None:  # sealed bindings, packed into the same header (no record)
                 boxes = seal.sealed(
@@ -204,8 +212,9 @@ class JobSite:
             client._programs.discard(graph.digest)
             return self._general(bindings)
         if error is not None:
-            if seal is not None:  # a worker that forgot our stream: a new one
-                seal.refused(error)
+            # a worker that forgot our stream: a new one, and the job again if it ran nowhere
+            if seal is not None and seal.refused(error, boxes) and again:
+                return self.run(bindings, False)
             raise from_info(error)
         if seal is not None:  # opened from the fields: no JobResult built for it
             values = seal.opened(ctx.session, job, values)

@@ -27,7 +27,7 @@ from mpl.wire.incarnation import PUBLIC_INCARNATION_CHARS
 from mpl.wire.jobs import Exec, JobResult, Program
 from mpl.wire.record import pinned_fields
 from mpl.wire.remote import ErrorInfo
-from mpl.wire.replay import FLOOR_MAX, UNKNOWN_STREAM, WINDOW, read_refusal
+from mpl.wire.replay import FLOOR_MAX, UNKNOWN_STREAM, WINDOW, claimed_stream, read_refusal
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
     ExecTails,
@@ -224,7 +224,7 @@ class DriverSeal:
                 raise
         return values
 
-    def refused(self, error: ErrorInfo) -> None:
+    def refused(self, error: ErrorInfo, sealed: dict[int, Any] | None = None) -> bool:
         """A job failed with ``error``. If its rank's worker refused the job's stream as one
         it does not know, seal for that node under a new epoch, and for the worker's
         incarnation the refusal names: the next job runs. A new epoch when the worker is
@@ -234,19 +234,38 @@ class DriverSeal:
         later), or when the epoch has numbered ``WINDOW`` Execs (an older worker's only
         refusal). The refusal comes through the broker: a forged one can only have this
         driver seal what the worker refuses, so its next job fails too, never what runs
-        twice."""
+        twice.
+
+        Whether the job itself may be sent once more, sealed anew (``sealed``: its Exec's
+        sealed bindings, every rank's): only when it ran nowhere. That holds when the job
+        has the refusing rank alone (the broker answers at the first failure, so another
+        rank may have run it), the refusal names an incarnation other than the one the job
+        was sealed for (its payload carries the epoch sealing for that rank now, so it was
+        sealed for the incarnation known before this refusal), and so the payload opens only
+        at a process of that other incarnation. An honest broker serves one live process
+        per rank and sent the Exec once, to the process that refused it: it ran nowhere.
+        A refusal naming the incarnation the job was sealed for (a stream below the
+        worker's floor, or past its first ``WINDOW`` numbers) is never sent again: that
+        process opened it, and a stream it forgot may have run it. What is left is a
+        hostile broker serving two live processes of one node key at once, the old one
+        running the job and the new one refusing it; an honest broker refuses the second
+        process while the first serves (``mpl.broker.registry``)."""
         if error.op != UNKNOWN_STREAM or error.kind != "AuthenticationError":
-            return
+            return False
         rank = error.rank
         who = self._nodes.get(rank) if rank is not None else None
         if who is None or rank is None or self.sealer is None:
-            return
+            return False
         incarnation, floor = read_refusal(error.message)
         floor = floor if floor < FLOOR_MAX else -1  # an epoch past it would not fit
-        if incarnation is not None and incarnation != self._incarnations.get(rank, ""):
-            self._learn(rank, incarnation, floor)
-        else:
+        if incarnation is None or incarnation == self._incarnations.get(rank, ""):
             self.sealer.renew(who, WINDOW, floor)
+            return False
+        mine = sealed.get(rank) if sealed is not None and sealed.keys() == {rank} else None
+        claimed = claimed_stream(mine) if mine is not None else None
+        again = claimed is not None and claimed[1] == self.sealer.stream(who)
+        self._learn(rank, incarnation, floor)
+        return again
 
     def fetch_ticket(self) -> tuple[str, str]:
         """``(reply_to, ticket)`` for a new fetch."""

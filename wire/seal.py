@@ -309,6 +309,13 @@ class Sealer:
         sending = self._sending[to] = (head, aead, mark, itertools.count())
         return sending
 
+    def stream(self, to: str) -> bytes | None:
+        """The stream this sealer seals for ``to`` under now (its epoch's first half, as
+        ``mpl.wire.replay.claimed_stream`` reads it from a payload); None before its first
+        payload for ``to`` or after :meth:`renew`."""
+        sending = self._sending.get(to)
+        return sending[0][-_SALT : -_SALT // 2] if sending is not None else None
+
     def renew(self, to: str, numbered: int, floor: int = -1) -> bool:
         """Seal for ``to`` under a new epoch from now on (its numbers start again at 0), if
         the current one has numbered at least ``numbered`` payloads, or its time is at or
