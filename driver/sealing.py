@@ -28,6 +28,7 @@ from mpl.wire.jobs import Exec, JobResult, Program
 from mpl.wire.record import pinned_fields
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.replay import FLOOR_MAX, UNKNOWN_STREAM, WINDOW, claimed_stream, read_refusal
+from mpl.wire.result_open import Opener, result_opener
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
     ExecTails,
@@ -55,6 +56,8 @@ _RESULT_FIELDS = pinned_fields(
     direct=True,
 )
 
+_OPENERS_KEPT = 16  # sessions whose result openers a client keeps (one each, made again)
+
 # exec and result write out the contexts exec_context and done_context write
 pin_contexts("mpl.driver.sealing")
 
@@ -77,6 +80,7 @@ class DriverSeal:
         self._incarnations: dict[int, str] = {}
         self._targets: dict[int, tuple[str, str]] = {}
         self._tails = ExecTails()  # what exec_context writes after the job
+        self.openers: dict[str, Opener] = {}  # session -> what opens its results
 
     def bind(self, layout: ClusterSpec, incarnations: dict[int, str] | None = None) -> None:
         """Learn which rank is which node from a session's layout (the broker's ranks), and
@@ -213,16 +217,20 @@ class DriverSeal:
         """The values of job ``job``'s result (``{output: {rank: sealed value}}``, as read
         from its JobResult) opened: each only if the node of its rank sealed it for this
         job and output. A caller holding the fields alone (a call site's compiled job)
-        builds no record for it."""
-        open_all, safe, nodes = (self.sealer or self._ready()).open_all, self.safe, self._nodes
-        values: dict[int, dict[int, Any]] = {}
-        for index, per_rank in sealed.items():
-            try:  # every rank's value of this output in one call; done_context written out
-                values[index] = open_all(per_rank, nodes, f"done|{session}|{job}|{index}", safe)
-            except KeyError as exc:  # a rank of no node of this driver's spec
-                self._node(exc.args[0])  # says why
-                raise
-        return values
+        builds no record for it; one that answers many jobs calls the session's opener
+        itself (``openers``, else :meth:`opener`): one Python call per answer."""
+        return (self.openers.get(session) or self.opener(session))(job, sealed)
+
+    def opener(self, session: str) -> Opener:
+        """What opens the values of ``session``'s results (``mpl.wire.result_open``), kept
+        in ``openers`` (the latest few sessions')."""
+        openers = self.openers
+        if len(openers) >= _OPENERS_KEPT:
+            openers.pop(next(iter(openers)), None)
+        made = openers[session] = result_opener(
+            self._ready(), self._nodes, session, self.safe, self._node
+        )
+        return made
 
     def refused(self, error: ErrorInfo, sealed: dict[int, Any] | None = None) -> bool:
         """A job failed with ``error``. If its rank's worker refused the job's stream as one
