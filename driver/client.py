@@ -316,14 +316,16 @@ class Client(BrokerCalls):
         or with ``MplError`` if the client closes first.
         """
         msg, limit, deadline = self._exec(session, graph, bindings, inline, timeout)
-        if self.seal is not None:
-            msg = self.seal.exec(msg)
-        future = JobFuture()  # RUNNING already: jobs are not taken back once handed over
+        pending = Pending(msg, graph, deadline, limit, JobFuture(), finish, keep)
+        if self.seal is not None:  # the bindings kept, to seal anew if a worker refuses them
+            pending.plain = msg.bindings
+            pending.msg = self.seal.exec(msg)
         self.progress.begin(msg.job)  # ended when its JobResult arrives
         pump = self._pump  # (not `or`: a JobPump's truth is its length)
         if pump is None:
             pump = self._job_pump()
-        pump.put(Pending(msg, graph, deadline, limit, future, finish, keep))
+        pump.put(pending)
+        future = pending.future  # RUNNING already: jobs are not taken back once handed over
         return future
 
     def abandon_jobs(self, reason: str) -> None:

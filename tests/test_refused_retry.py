@@ -91,7 +91,8 @@ def test_a_job_refused_by_a_restarted_worker_runs_once_more_and_once_only(
 ) -> None:
     """Worker 0 restarts between two jobs of one session: the second job's result arrives,
     with no error, after one refusal, and its code ran once (on rank 0, its only rank).
-    So through the general path (``ctx.run``: the client's own call) too."""
+    So through the general path (``ctx.run``: the client's own call) and for a job in flight
+    (``mp.submit``) too."""
     ran = tmp_path / "ran"
     path = str(ran)
     write = mp.device("P0")(lambda: open(path, "a").write("x\n"))  # noqa: SIM115
@@ -113,6 +114,10 @@ def test_a_job_refused_by_a_restarted_worker_runs_once_more_and_once_only(
         cluster.restart(0)
         assert ctx.run(graph, {}).error is None
         assert answers == [True, True] and _lines(ran) == 4
+
+        cluster.restart(0)  # a job in flight (mp.submit): the client's pump sends it again
+        assert mp.fetch(mp.submit(write).result(timeout=30)) == 2
+        assert answers == [True, True, True] and _lines(ran) == 5
 
 
 def test_a_refused_job_of_two_ranks_is_not_sent_again(cluster: Cluster, tmp_path: Path) -> None:
