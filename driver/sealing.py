@@ -15,6 +15,7 @@ sealed it, so a lie shows up as ``AuthenticationError``, never as a value in the
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 from typing import Any
 
@@ -226,7 +227,9 @@ class DriverSeal:
         in ``openers`` (the latest few sessions')."""
         openers = self.openers
         if len(openers) >= _OPENERS_KEPT:
-            openers.pop(next(iter(openers)), None)
+            # (another thread may change it just now: then it stays a little over)
+            with contextlib.suppress(StopIteration, RuntimeError):
+                openers.pop(next(iter(openers)), None)
         made = openers[session] = result_opener(
             self._ready(), self._nodes, session, self.safe, self._node
         )

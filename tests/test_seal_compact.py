@@ -379,6 +379,9 @@ def test_a_results_values_opened_in_one_call_as_open_opens_each(parties: Parties
     with pytest.raises(LookupError):  # a rank with no sender: the caller says why
         opened("j1", {0: {2: box}})
     assert opened("j1", {0: {0: box}}) == {0: {0: 8}}
+    senders[0] = "node:n1"  # rank 0 now another node's: the epoch it knew is not its
+    with pytest.raises(AuthenticationError, match="claims to be sealed by node:n0"):
+        opened("j1", {0: {0: box}})
 
 
 def test_renew_starts_a_new_epoch_once_the_current_has_numbered_enough(

@@ -67,7 +67,7 @@ def result_opener(
     open_any = sealer.open
     # rank -> (its length, head, cipher) of the epoch its node's last box opened under,
     # once authenticated: a box with that head is that epoch's (one per rank: bounded)
-    heads: dict[int, tuple[int, bytes, Any]] = {}
+    heads: dict[int, tuple[int, bytes, Any, str]] = {}
 
     def opened(job: str, sealed: dict[int, dict[int, Any]]) -> dict[int, dict[int, Any]]:
         values: dict[int, dict[int, Any]] = {}
@@ -76,8 +76,10 @@ def result_opener(
             aad = f"{prefix}{job}{tail}".encode()
             out: dict[int, Any] = {}
             for rank, box in per_rank.items():
-                try:  # the epoch its rank's node's last box opened under
-                    end, head, aead = heads[rank]
+                try:  # the epoch its rank's node's last box opened under, from that node
+                    end, head, aead, who = heads[rank]
+                    if who is not senders[rank]:
+                        end = 0
                 except KeyError:
                     end = 0
                 if (
@@ -105,7 +107,7 @@ def result_opener(
                     end = box[_LEN_AT] + _BOX_HEAD
                     known = receiving.get(box[:end])
                     if known is not None and known[0] == who:
-                        heads[rank] = (end, box[:end], known[1])
+                        heads[rank] = (end, box[:end], known[1], who)
             values[index] = out
         return values
 
