@@ -121,20 +121,20 @@ class JobSite:
         if seal is None:
             packed: Any = _EMPTY_MAP if not bindings else pack_bindings(bindings)
             if packed is None or parts is None:
-                return self._general(bindings)
+                return self._general(bindings, again)
         if (
             ctx.closed
             or graph.digest not in client._programs
             or (bindings and not bindings.keys() <= self._ranks)  # ranks beyond the graph's
         ):
-            return self._general(bindings)
+            return self._general(bindings, again)
         holder = getattr(client._local, "socket", None)
         if holder is None or client._closed:  # (a closing client closes every socket)
-            return self._general(bindings)  # which opens the socket
+            return self._general(bindings, again)  # which opens the socket
         sock = holder.sock
         compiled = isinstance(sock, zmq.backend.Socket)
         if not compiled:  # a look-alike (a test's): the usual way
-            return self._general(bindings)
+            return self._general(bindings, again)
         wall, start = _wall(), _now()
         released = ctx._released
         if released and (len(released) >= _DELETE_BATCH or start - ctx._flushed > _DELETE_EVERY_S):
@@ -210,7 +210,7 @@ class JobSite:
         if missing:  # a broker that lost the program: sent again, with a new job
             started.pop(job, None)
             client._programs.discard(graph.digest)
-            return self._general(bindings)
+            return self._general(bindings, again)
         if error is not None:
             # a worker that forgot our stream: a new one, and the job again if it ran nowhere
             if seal is not None and seal.refused(error, boxes) and again:
@@ -222,9 +222,11 @@ class JobSite:
         ctx.jobs.append(_record((job, graph.name, wall, _now() - start, stats)))
         return job, values, metas
 
-    def _general(self, bindings: dict[int, list[Any]]) -> tuple[str, Any, dict[int, str]]:
+    def _general(
+        self, bindings: dict[int, list[Any]], again: bool = True
+    ) -> tuple[str, Any, dict[int, str]]:
         """The job the general way (``ctx.run``), for what leaves the compiled path."""
-        result = self.ctx.run(self.graph, bindings, inline=self.inline)
+        result = self.ctx.run(self.graph, bindings, inline=self.inline, again=again)
         return result.job, result.values, result.metas
 
     def _wait(self, job: str, deadline: float, limit: float) -> JobResult:
