@@ -12,7 +12,9 @@ generic wait loop, callback or key is set up for the answer that nearly always c
 
 In secure mode the job takes the same path: each rank's bindings are sealed
 (``DriverSeal.sealed``) and packed into the same header parts, and the answer's values are
-opened before they are booked. Whatever leaves that path goes on through the general
+opened (by the session's opener, ``mpl.wire.result_open``) before they are booked. A job a
+worker refused as sealed for another process of its node runs once more, when it ran
+nowhere (``DriverSeal.refused``). Whatever leaves that path goes on through the general
 calls, which behave as they always did: bindings the packer does not take, a program the
 broker does not hold yet, a broker the watch has a verdict on, and an answer that is not
 this job's or comes later than the first slice (then ``BrokerCalls._wait`` takes over,

@@ -11,6 +11,10 @@ is learnt from the session's layout (:meth:`DriverSeal.bind`). The layout comes 
 broker, but a broker that swapped two ranks would gain nothing: what is sealed for a node
 opens only with that node's key, and a result from a rank opens only if that rank's node
 sealed it, so a lie shows up as ``AuthenticationError``, never as a value in the wrong hands.
+
+A worker that restarted, or joined after the session opened, refuses the first job sealed
+for the process before it; the refusal names its incarnation, and the job is sent once
+more, sealed for it, when it can have run nowhere (:meth:`DriverSeal.refused` says when).
 """
 
 from __future__ import annotations
