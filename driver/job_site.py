@@ -101,16 +101,14 @@ class JobSite:
         # None when the general encoder must pack these fields
         self._parts: tuple[float, tuple[bytes, bytes, bytes] | None] | None = None
 
-    def run(
-        self, bindings: dict[int, list[Any]], again: bool = True
-    ) -> tuple[str, Any, dict[int, str]]:
+    def run(self, bindings: dict[int, list[Any]]) -> tuple[str, Any, dict[int, str]]:
         """Run the graph as one job with ``bindings`` and wait: the job's id, and its
         JobResult's ``values`` and ``metas`` (``ctx.run``'s result, its record not built).
 
         A job a worker refused as sealed for another process of its node (it restarted, or
-        joined after the session opened) runs once more as a new job, sealed for the
-        process the refusal names, when it ran nowhere (``DriverSeal.refused``; ``again``:
-        not done yet for this call)."""
+        joined after the session opened) runs once more as a new job, the general way,
+        sealed for the process the refusal names, when it ran nowhere
+        (``DriverSeal.refused``)."""
         ctx = self.ctx
         client = ctx.client
         graph = self.graph
@@ -123,20 +121,20 @@ class JobSite:
         if seal is None:
             packed: Any = _EMPTY_MAP if not bindings else pack_bindings(bindings)
             if packed is None or parts is None:
-                return self._general(bindings, again)
+                return self._general(bindings)
         if (
             ctx.closed
             or graph.digest not in client._programs
             or (bindings and not bindings.keys() <= self._ranks)  # ranks beyond the graph's
         ):
-            return self._general(bindings, again)
+            return self._general(bindings)
         holder = getattr(client._local, "socket", None)
         if holder is None or client._closed:  # (a closing client closes every socket)
-            return self._general(bindings, again)  # which opens the socket
+            return self._general(bindings)  # which opens the socket
         sock = holder.sock
         compiled = isinstance(sock, zmq.backend.Socket)
         if not compiled:  # a look-alike (a test's): the usual way
-            return self._general(bindings, again)
+            return self._general(bindings)
         wall, start = _wall(), _now()
         released = ctx._released
         if released and (len(released) >= _DELETE_BATCH or start - ctx._flushed > _DELETE_EVERY_S):
@@ -212,11 +210,11 @@ class JobSite:
         if missing:  # a broker that lost the program: sent again, with a new job
             started.pop(job, None)
             client._programs.discard(graph.digest)
-            return self._general(bindings, again)
+            return self._general(bindings)
         if error is not None:
             # a worker that forgot our stream: a new one, and the job again if it ran nowhere
-            if seal is not None and seal.refused(error, boxes) and again:
-                return self.run(bindings, False)
+            if seal is not None and seal.refused(error, boxes):
+                return self._general(bindings, again=False)
             raise from_info(error)
         if seal is not None:  # opened from the fields: no JobResult built for it
             session = ctx.session  # DriverSeal.opened, written out: one Python call
