@@ -261,12 +261,12 @@ _OPEN_C_CALLS = 10
 
 def test_a_2p_answer_is_opened_in_one_python_call_finding_each_ranks_epoch_by_its_head() -> None:
     n = 20
-    driver, results = _answers(n + 5)
+    driver, results = _answers(2 * n + 5)
     for result in results[:5]:  # warm: epochs known, the session's opener made
         driver.result("s", result)
     opened = []
     with _Calls() as count:
-        for result in results[5:]:
+        for result in results[5 : n + 5]:
             opener = driver.openers.get("s") or driver.opener("s")  # JobSite.run's
             opened.append(opener(result.job, result.values))
     assert opened == [{0: {0: 7, 1: 8}}] * n
@@ -275,6 +275,10 @@ def test_a_2p_answer_is_opened_in_one_python_call_finding_each_ranks_epoch_by_it
     assert count.python / n == _OPEN_PYTHON_CALLS
     assert count.c.pop("list.append") == n  # the test's own
     assert sum(count.c.values()) / n == _OPEN_C_CALLS
+    with _Calls() as general:  # a record's (Client.submit's, the pump's): one call more
+        for result in results[n + 5 :]:
+            driver.result("s", result)
+    assert general.python / n == _OPEN_PYTHON_CALLS + 1  # 3 at 634fe27
 
 
 def test_the_workers_memory_of_run_jobs_stays_bounded_oldest_out_first() -> None:
