@@ -257,8 +257,13 @@ class Client(BrokerCalls):
         *,
         inline: tuple[int, ...] = (),
         timeout: float | None = None,
+        again: bool = True,
     ) -> JobResult:
         """Run ``graph`` as one job and wait for its result; raises the job's error.
+
+        Secure mode: a job a worker refused as sealed for another process of its node runs
+        once more, as a new job sealed for the process the refusal names, when it ran
+        nowhere (``DriverSeal.refused``; ``again``: not done yet for this call).
 
         Workers give up waiting for peer data after ``timeout`` seconds and report it; the
         driver waits a little longer (``_REPORT_GRACE_S``) so that report, which says which
@@ -282,8 +287,12 @@ class Client(BrokerCalls):
                 raise
             if not result.missing_program:
                 if result.error is not None:
-                    if seal is not None:  # a worker that forgot our stream: a new one
-                        seal.refused(result.error)
+                    # a worker that forgot our stream: a new one, and the job again (as a
+                    # new job) if it ran nowhere (DriverSeal.refused)
+                    if seal is not None and seal.refused(result.error, msg.bindings) and again:
+                        return self.submit(
+                            session, graph, bindings, inline=inline, timeout=timeout, again=False
+                        )
                     raise from_info(result.error)
                 return seal.result(session, result) if seal else result
         raise ProtocolError(f"the broker keeps losing program {graph.digest}")
@@ -307,14 +316,16 @@ class Client(BrokerCalls):
         or with ``MplError`` if the client closes first.
         """
         msg, limit, deadline = self._exec(session, graph, bindings, inline, timeout)
-        if self.seal is not None:
-            msg = self.seal.exec(msg)
-        future = JobFuture()  # RUNNING already: jobs are not taken back once handed over
+        pending = Pending(msg, graph, deadline, limit, JobFuture(), finish, keep)
+        if self.seal is not None:  # the bindings kept, to seal anew if a worker refuses them
+            pending.plain = msg.bindings
+            pending.msg = self.seal.exec(msg)
         self.progress.begin(msg.job)  # ended when its JobResult arrives
         pump = self._pump  # (not `or`: a JobPump's truth is its length)
         if pump is None:
             pump = self._job_pump()
-        pump.put(Pending(msg, graph, deadline, limit, future, finish, keep))
+        pump.put(pending)
+        future = pending.future  # RUNNING already: jobs are not taken back once handed over
         return future
 
     def abandon_jobs(self, reason: str) -> None:

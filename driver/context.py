@@ -191,15 +191,19 @@ class Context:
         *,
         inline: tuple[int, ...] = (),
         timeout: float | None = None,
+        again: bool = True,
     ) -> JobResult:
-        """Run ``graph`` as one job (after sending any deletes waiting in the batch)."""
+        """Run ``graph`` as one job (after sending any deletes waiting in the batch);
+        ``again``: as in ``Client.submit`` (False: this job was sent once more already)."""
         if self.closed:
             self._check_open()  # raises
         wall, start = time.time(), time.monotonic()
         released = self._released
         if released and (len(released) >= _DELETE_BATCH or start - self._flushed > _DELETE_EVERY_S):
             self.flush()  # _maybe_flush, written out: it runs before every job
-        result = self.client.submit(self.session, graph, bindings, inline=inline, timeout=timeout)
+        result = self.client.submit(
+            self.session, graph, bindings, inline=inline, timeout=timeout, again=again
+        )
         # JobRecord(...) without the NamedTuple's Python-level __new__: one per job
         self.jobs.append(
             _record((result.job, graph.name, wall, time.monotonic() - start, result.stats))

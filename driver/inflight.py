@@ -56,7 +56,17 @@ _POLLIN = int(zmq.POLLIN)
 class Pending:
     """One job handed to the pump: what to send, and the future to settle."""
 
-    __slots__ = ("attempts", "deadline", "finish", "future", "graph", "keep", "limit", "msg")
+    __slots__ = (
+        "attempts",
+        "deadline",
+        "finish",
+        "future",
+        "graph",
+        "keep",
+        "limit",
+        "msg",
+        "plain",
+    )
 
     def __init__(
         self,
@@ -76,6 +86,9 @@ class Pending:
         self.finish = finish
         self.keep = keep
         self.attempts = 0
+        # secure mode: the bindings before sealing, while the job may still be sealed anew
+        # for a worker that refused it (JobPump._take)
+        self.plain: dict[int, Any] | None = None
 
 
 class JobPump:
@@ -286,12 +299,17 @@ class JobPump:
                 return
             _fail(p, ProtocolError(f"the broker keeps losing program {p.graph.digest}"))
             return
-        self._client.progress.end(msg.job, msg.error is None)
         if msg.error is not None:
-            if self._client.seal is not None:  # a worker that forgot our stream: a new one
-                self._client.seal.refused(msg.error)
+            seal = self._client.seal
+            # a worker that forgot our stream: a new one, and the job sent once more, sealed
+            # anew under its own id, if it ran nowhere (DriverSeal.refused)
+            if seal is not None and seal.refused(msg.error, p.msg.bindings) and p.plain is not None:
+                self._again(sock, p, p.plain)
+                return
+            self._client.progress.end(msg.job, False)
             _fail(p, from_info(msg.error))
             return
+        self._client.progress.end(msg.job, True)
         try:
             seal = self._client.seal
             value = p.finish(seal.result(p.msg.session, msg) if seal else msg)
@@ -300,6 +318,24 @@ class JobPump:
             return
         p.keep = None  # the job has run: its inputs may go
         ready.append((p.future, value))
+
+    def _again(self, sock: zmq.Socket[Any], p: Pending, bindings: dict[int, Any]) -> None:
+        """Send ``p``'s job once more (never again: ``plain`` goes), its bindings sealed
+        anew from ``bindings``."""
+        seal = self._client.seal
+        assert seal is not None
+        m = p.msg
+        p.plain = None
+        try:
+            p.msg = seal.exec(
+                Exec(m.session, m.job, m.digest, m.ranks, bindings, m.inline, m.timeout_s)
+            )
+        except BaseException as exc:
+            self._client.progress.end(m.job, False)
+            _fail(p, exc)
+            return
+        self._inflight[m.job] = p
+        self._send(sock, p, with_program=False)
 
     def _control(self, msg: Record) -> None:
         """A message from the broker that is not a job's result."""

@@ -13,9 +13,11 @@ generic wait loop, callback or key is set up for the answer that nearly always c
 In secure mode the job takes the same path: each rank's bindings are sealed
 (``DriverSeal.sealed``), and the same header parts, bindings empty, go out with each rank's
 compact box after them (``mpl.wire.sealed_exec``: the broker forwards each rank the header
-and its box, with no header cut per rank); the answer's values are opened before they are
-booked. A job with a large input among its boxes (a ``Sealed`` record) is encoded in the
-codec's shape instead. Whatever leaves that path goes on through the general
+and its box, with no header cut per rank); the answer's values are opened (by the session's
+opener, ``mpl.wire.result_open``) before they are booked. A job with a large input among its
+boxes (a ``Sealed`` record) is encoded in the codec's shape instead. A job a worker refused
+as sealed for another process of its node runs once more, when it ran nowhere
+(``DriverSeal.refused``). Whatever leaves that path goes on through the general
 calls, which behave as they always did: bindings the packer does not take, a program the
 broker does not hold yet, a broker the watch has a verdict on, and an answer that is not
 this job's or comes later than the first slice (then ``BrokerCalls._wait`` takes over,
@@ -106,7 +108,12 @@ class JobSite:
 
     def run(self, bindings: dict[int, list[Any]]) -> tuple[str, Any, dict[int, str]]:
         """Run the graph as one job with ``bindings`` and wait: the job's id, and its
-        JobResult's ``values`` and ``metas`` (``ctx.run``'s result, its record not built)."""
+        JobResult's ``values`` and ``metas`` (``ctx.run``'s result, its record not built).
+
+        A job a worker refused as sealed for another process of its node (it restarted, or
+        joined after the session opened) runs once more as a new job, the general way,
+        sealed for the process the refusal names, when it ran nowhere
+        (``DriverSeal.refused``)."""
         ctx = self.ctx
         client = ctx.client
         graph = self.graph
@@ -140,6 +147,7 @@ class JobSite:
         ids = client._job_ids
         job = next(ids.pool, None) or ids.refill()  # unguessable: see _JobIds
         job_bytes = job.encode()
+        boxes: dict[int, Any] | None = None  # the sealed bindings (secure mode)
         try:  # blocks at most SNDTIMEO, as _job_call's send
             if seal is None:  # plain bindings, packed into the header
                 assert parts is not None  # (checked above)
@@ -221,17 +229,21 @@ class JobSite:
             client._programs.discard(graph.digest)
             return self._general(bindings)
         if error is not None:
-            if seal is not None:  # a worker that forgot our stream: a new one
-                seal.refused(error)
+            # a worker that forgot our stream: a new one, and the job again if it ran nowhere
+            if seal is not None and seal.refused(error, boxes):
+                return self._general(bindings, again=False)
             raise from_info(error)
         if seal is not None:  # opened from the fields: no JobResult built for it
-            values = seal.opened(ctx.session, job, values)
+            session = ctx.session  # DriverSeal.opened, written out: one Python call
+            values = (seal.openers.get(session) or seal.opener(session))(job, values)
         ctx.jobs.append(_record((job, graph.name, wall, _now() - start, stats)))
         return job, values, metas
 
-    def _general(self, bindings: dict[int, list[Any]]) -> tuple[str, Any, dict[int, str]]:
+    def _general(
+        self, bindings: dict[int, list[Any]], again: bool = True
+    ) -> tuple[str, Any, dict[int, str]]:
         """The job the general way (``ctx.run``), for what leaves the compiled path."""
-        result = self.ctx.run(self.graph, bindings, inline=self.inline)
+        result = self.ctx.run(self.graph, bindings, inline=self.inline, again=again)
         return result.job, result.values, result.metas
 
     def _wait(self, job: str, deadline: float, limit: float) -> JobResult:

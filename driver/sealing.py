@@ -11,10 +11,15 @@ is learnt from the session's layout (:meth:`DriverSeal.bind`). The layout comes 
 broker, but a broker that swapped two ranks would gain nothing: what is sealed for a node
 opens only with that node's key, and a result from a rank opens only if that rank's node
 sealed it, so a lie shows up as ``AuthenticationError``, never as a value in the wrong hands.
+
+A worker that restarted, or joined after the session opened, refuses the first job sealed
+for the process before it; the refusal names its incarnation, and the job is sent once
+more, sealed for it, when it can have run nowhere (:meth:`DriverSeal.refused` says when).
 """
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 from typing import Any
 
@@ -27,7 +32,8 @@ from mpl.wire.incarnation import PUBLIC_INCARNATION_CHARS
 from mpl.wire.jobs import Exec, JobResult, Program
 from mpl.wire.record import pinned_fields
 from mpl.wire.remote import ErrorInfo
-from mpl.wire.replay import FLOOR_MAX, UNKNOWN_STREAM, WINDOW, read_refusal
+from mpl.wire.replay import FLOOR_MAX, UNKNOWN_STREAM, WINDOW, claimed_stream, read_refusal
+from mpl.wire.result_open import Opener, result_opener
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.seal import (
     ExecTails,
@@ -55,6 +61,8 @@ _RESULT_FIELDS = pinned_fields(
     direct=True,
 )
 
+_OPENERS_KEPT = 16  # sessions whose result openers a client keeps (one each, made again)
+
 # exec and result write out the contexts exec_context and done_context write
 pin_contexts("mpl.driver.sealing")
 
@@ -77,6 +85,7 @@ class DriverSeal:
         self._incarnations: dict[int, str] = {}
         self._targets: dict[int, tuple[str, str]] = {}
         self._tails = ExecTails()  # what exec_context writes after the job
+        self.openers: dict[str, Opener] = {}  # session -> what opens its results
 
     def bind(self, layout: ClusterSpec, incarnations: dict[int, str] | None = None) -> None:
         """Learn which rank is which node from a session's layout (the broker's ranks), and
@@ -203,8 +212,10 @@ class DriverSeal:
         """``result`` (decoded for this call) itself, its values field replaced by the
         values opened (:meth:`opened`)."""
         # the values opened in their place: the caller decoded ``result`` for this call and
-        # keeps what comes back instead (a field set so costs no record built: _RESULT_FIELDS)
-        result.__dict__["values"] = self.opened(session, result.job, result.values)
+        # keeps what comes back instead (a field set so costs no record built: _RESULT_FIELDS),
+        # by the session's opener (opened, written out: a Python call less per job)
+        opener = self.openers.get(session) or self.opener(session)
+        result.__dict__["values"] = opener(result.job, result.values)
         return result
 
     def opened(
@@ -213,18 +224,24 @@ class DriverSeal:
         """The values of job ``job``'s result (``{output: {rank: sealed value}}``, as read
         from its JobResult) opened: each only if the node of its rank sealed it for this
         job and output. A caller holding the fields alone (a call site's compiled job)
-        builds no record for it."""
-        open_all, safe, nodes = (self.sealer or self._ready()).open_all, self.safe, self._nodes
-        values: dict[int, dict[int, Any]] = {}
-        for index, per_rank in sealed.items():
-            try:  # every rank's value of this output in one call; done_context written out
-                values[index] = open_all(per_rank, nodes, f"done|{session}|{job}|{index}", safe)
-            except KeyError as exc:  # a rank of no node of this driver's spec
-                self._node(exc.args[0])  # says why
-                raise
-        return values
+        builds no record for it; one that answers many jobs calls the session's opener
+        itself (``openers``, else :meth:`opener`): one Python call per answer."""
+        return (self.openers.get(session) or self.opener(session))(job, sealed)
 
-    def refused(self, error: ErrorInfo) -> None:
+    def opener(self, session: str) -> Opener:
+        """What opens the values of ``session``'s results (``mpl.wire.result_open``), kept
+        in ``openers`` (the latest few sessions')."""
+        openers = self.openers
+        if len(openers) >= _OPENERS_KEPT:
+            # (another thread may change it just now: then it stays a little over)
+            with contextlib.suppress(StopIteration, RuntimeError):
+                openers.pop(next(iter(openers)), None)
+        made = openers[session] = result_opener(
+            self._ready(), self._nodes, session, self.safe, self._node
+        )
+        return made
+
+    def refused(self, error: ErrorInfo, sealed: dict[int, Any] | None = None) -> bool:
         """A job failed with ``error``. If its rank's worker refused the job's stream as one
         it does not know, seal for that node under a new epoch, and for the worker's
         incarnation the refusal names: the next job runs. A new epoch when the worker is
@@ -234,19 +251,38 @@ class DriverSeal:
         later), or when the epoch has numbered ``WINDOW`` Execs (an older worker's only
         refusal). The refusal comes through the broker: a forged one can only have this
         driver seal what the worker refuses, so its next job fails too, never what runs
-        twice."""
+        twice.
+
+        Whether the job itself may be sent once more, sealed anew (``sealed``: its Exec's
+        sealed bindings, every rank's): only when it ran nowhere. That holds when the job
+        has the refusing rank alone (the broker answers at the first failure, so another
+        rank may have run it), the refusal names an incarnation other than the one the job
+        was sealed for (its payload carries the epoch sealing for that rank now, so it was
+        sealed for the incarnation known before this refusal), and so the payload opens only
+        at a process of that other incarnation. An honest broker serves one live process
+        per rank and sent the Exec once, to the process that refused it: it ran nowhere.
+        A refusal naming the incarnation the job was sealed for (a stream below the
+        worker's floor, or past its first ``WINDOW`` numbers) is never sent again: that
+        process opened it, and a stream it forgot may have run it. What is left is a
+        hostile broker serving two live processes of one node key at once, the old one
+        running the job and the new one refusing it; an honest broker refuses the second
+        process while the first serves (``mpl.broker.registry``)."""
         if error.op != UNKNOWN_STREAM or error.kind != "AuthenticationError":
-            return
+            return False
         rank = error.rank
         who = self._nodes.get(rank) if rank is not None else None
         if who is None or rank is None or self.sealer is None:
-            return
+            return False
         incarnation, floor = read_refusal(error.message)
         floor = floor if floor < FLOOR_MAX else -1  # an epoch past it would not fit
-        if incarnation is not None and incarnation != self._incarnations.get(rank, ""):
-            self._learn(rank, incarnation, floor)
-        else:
+        if incarnation is None or incarnation == self._incarnations.get(rank, ""):
             self.sealer.renew(who, WINDOW, floor)
+            return False
+        mine = sealed.get(rank) if sealed is not None and sealed.keys() == {rank} else None
+        claimed = claimed_stream(mine) if mine is not None else None
+        again = claimed is not None and claimed[1] == self.sealer.stream(who)
+        self._learn(rank, incarnation, floor)
+        return again
 
     def fetch_ticket(self) -> tuple[str, str]:
         """``(reply_to, ticket)`` for a new fetch."""

@@ -21,6 +21,7 @@ from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.exec_pack import _pack_bindings, exec_frames
 from mpl.wire.jobs import Done, Exec, Failed, JobResult
 from mpl.wire.replay import stamp
+from mpl.wire.result_open import result_opener
 from mpl.wire.seal import Sealer, done_context, exec_context
 from mpl.wire.sealed import BOX_MAGIC, is_sealed
 from mpl.wire.sessions import Reply
@@ -342,33 +343,45 @@ def test_the_driver_refuses_one_ranks_result_box_handed_on_as_anothers(parties: 
         driver.result("s", JobResult("job1", {0: {0: from_n0, 1: from_n0}}))
 
 
-def test_one_outputs_values_opened_in_one_call_as_open_opens_each(parties: Parties) -> None:
-    """Sealer.open_all (a result's inline values, every rank in one call): what opens is
-    what open() gives rank by rank, boxes of epochs known or not, records and Nones alike;
-    a box from another node than its rank's, for another output, or altered, is refused."""
+def test_a_results_values_opened_in_one_call_as_open_opens_each(parties: Parties) -> None:
+    """result_opener (a result's inline values, every output and rank in one call): what
+    opens is what open() gives value by value, boxes of epochs known or not, records and
+    Nones alike; a box from another node than its rank's, for another output or job, or
+    altered, is refused; a rank with no sender is the caller's to name."""
     a, n0, n1 = parties.a, parties.n0, parties.n1
-    context = done_context("s", "j1", 0)
     senders = {0: "node:n0", 1: "node:n1"}
+
+    def unknown(rank: int) -> str:
+        raise LookupError(rank)
+
+    opened = result_opener(a, senders, "s", True, unknown)
+    context = done_context("s", "j1", 0)
     first = {0: n0.seal(7, "driver:a", context), 1: n1.seal(None, "driver:a", context)}
-    assert a.open_all(first, senders, context, True) == {0: 7, 1: None}  # epochs learnt
+    assert opened("j1", {0: first}) == {0: {0: 7, 1: None}}  # epochs learnt
     values: dict[int, Any] = {0: "text", 1: b"x" * (1 << 17)}  # a short str; a record
     sealed = {r: s.seal(values[r], "driver:a", context) for r, s in ((0, n0), (1, n1))}
     assert type(sealed[0]) is bytes and type(sealed[1]) is not bytes
-    assert a.open_all(sealed, senders, context, True) == values
+    assert opened("j1", {0: sealed}) == {0: values}
+    two = {i: {0: n0.seal(i, "driver:a", done_context("s", "j2", i))} for i in (0, 1, 17)}
+    assert opened("j2", two) == {0: {0: 0}, 1: {0: 1}, 17: {0: 17}}
     box = n0.seal(8, "driver:a", context)
     assert isinstance(box, bytes)  # an int is sealed compact
-    for bad_senders, bad_context in (
-        ({0: "node:n1"}, context),  # rank 0 answered by node n1's name: the epoch is n0's
-        ({0: "node:n0"}, done_context("s", "j1", 1)),  # another output
-        ({0: "node:n0"}, done_context("s", "j2", 0)),  # another job
-    ):
+    mixed = {0: box, 1: box}  # rank 1 answered with node n0's box: the epoch is n0's
+    for job, sent in (("j1", {1: mixed}), ("j2", {0: {0: box}}), ("j1", {0: mixed})):
+        with pytest.raises(AuthenticationError):  # another output, job, or node
+            opened(job, sent)
+    for other in (result_opener(a, senders, "t", True, unknown),):  # another session
         with pytest.raises(AuthenticationError):
-            a.open_all({0: box}, bad_senders, bad_context, True)
+            other("j1", {0: {0: box}})
     altered = box[:-1] + bytes([box[-1] ^ 1])
     with pytest.raises(AuthenticationError, match="failed authentication"):
-        a.open_all({0: altered}, senders, context, True)
-    with pytest.raises(KeyError):  # a rank with no sender: the caller says why
-        a.open_all({2: box}, senders, context, True)
+        opened("j1", {0: {0: altered}})
+    with pytest.raises(LookupError):  # a rank with no sender: the caller says why
+        opened("j1", {0: {2: box}})
+    assert opened("j1", {0: {0: box}}) == {0: {0: 8}}
+    senders[0] = "node:n1"  # rank 0 now another node's: the epoch it knew is not its
+    with pytest.raises(AuthenticationError, match="claims to be sealed by node:n0"):
+        opened("j1", {0: {0: box}})
 
 
 def test_renew_starts_a_new_epoch_once_the_current_has_numbered_enough(
@@ -408,16 +421,17 @@ def test_a_dones_scalars_sealed_in_one_call_are_bound_as_seal_binds_them(
     for index, value in values.items():
         opened = a.open(boxes[index], done_context("s", "j1", index), sender="node:n0")
         assert opened == ("node:n0", value) and type(opened[1]) is type(value)
-    assert a.open_all({0: boxes[0]}, senders, done_context("s", "j1", 0), True) == {0: values[0]}
+    opened = result_opener(a, senders, "s", True, str)
+    assert opened("j1", {0: {0: boxes[0]}}) == {0: {0: values[0]}}
     moved = [
-        (a, {0: boxes[0]}, done_context("s", "j1", 9)),  # to another output
-        (a, {0: boxes[0]}, done_context("s", "j2", 0)),  # into another job
-        (a, {1: boxes[0]}, done_context("s", "j1", 0)),  # passed off as rank 1's
-        (b, {0: boxes[0]}, done_context("s", "j1", 0)),  # to another driver
+        (a, "j1", {9: {0: boxes[0]}}),  # to another output
+        (a, "j2", {0: {0: boxes[0]}}),  # into another job
+        (a, "j1", {0: {1: boxes[0]}}),  # passed off as rank 1's
+        (b, "j1", {0: {0: boxes[0]}}),  # to another driver
     ]
-    for driver, sealed, context in moved:
+    for driver, job, sealed in moved:
         with pytest.raises(AuthenticationError):
-            driver.open_all(sealed, senders, context, True)
+            result_opener(driver, senders, "s", True, str)(job, sealed)
 
 
 def test_a_done_with_values_other_than_small_scalars_is_left_to_seal(parties: Parties) -> None:

@@ -199,6 +199,38 @@ def test_a_client_whose_stream_a_restarted_worker_forgot_starts_a_new_one() -> N
     assert stamp(sealed(client).bindings[0])[0] == stream
 
 
+def test_a_refused_job_is_sent_again_only_when_it_ran_nowhere() -> None:
+    """``refused`` says a job may go once more only for a refusal naming an incarnation
+    other than the one the job was sealed for, of a job of that rank alone sealed under the
+    epoch now in use: the refused Exec runs nowhere, its new sealing runs once. Another
+    refusal kind, a job of two ranks (the other may have run it), one of an older epoch, a
+    refusal naming the incarnation known now (a stream the worker forgot may have run it):
+    not again."""
+    cluster = Cluster()
+    a, b, c = cluster.client(), cluster.client(), cluster.client()
+    assert runs(cluster.worker, sealed(a))
+    restarted = cluster.restart()
+    job = sealed(a)
+    _, refusal = restarted.inbound(_wire(job))
+    assert type(refusal) is Failed and refusal.error.op == UNKNOWN_STREAM
+    error = refusal.error
+    other = ErrorInfo("AuthenticationError", error.message, rank=0, op="inputs")
+    assert a.refused(other, job.bindings) is False  # another kind: nothing learnt
+    box = sealed(b).bindings[0]
+    assert b.refused(error, {0: box, 1: box}) is False
+    older = sealed(c)
+    assert c.sealer is not None and c.sealer.renew("node:n0", 0)  # a new epoch from now
+    assert c.refused(error, older.bindings) is False
+
+    assert a.refused(error, job.bindings) is True  # sealed for the old process
+    assert not runs(restarted, job)  # the refused Exec still opens nowhere here
+    again = a.exec(Exec("s", "again", "digest", (0,), {}, (0,), 5.0))
+    assert runs(restarted, again)  # its new sealing runs, once
+    assert not runs(restarted, again)
+    assert a.refused(error, job.bindings) is False  # names the incarnation known now
+    assert a.refused(error, again.bindings) is False
+
+
 def test_an_exec_held_back_past_the_window_is_refused() -> None:
     """The broker holds one Exec back while thousands of its client's later jobs run, then
     delivers it: too old to tell from a replay, so refused (honest reordering stays within

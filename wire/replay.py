@@ -26,7 +26,9 @@ What the guard forgot cannot be replayed either:
   ``SessionOpened``; an Exec that does not open, of a stream the worker does not know, is
   refused with ``op`` ``UNKNOWN_STREAM`` and the worker's own incarnation (and floor) at
   the end of the message (:func:`refusal_facts`): the driver then seals for that worker,
-  under a new epoch, and its next job runs.
+  under a new epoch, and its next job runs; the refused job itself is sent once more when
+  it ran nowhere (``DriverSeal.refused``: a job of that rank alone, sealed for another
+  incarnation than the one the refusal names).
 * **Eviction.** Bounded memory: ``STREAMS`` streams per driver (the drivers are the
   spec's), least recently used out first, so one driver's clients cannot push another
   driver's streams out. A stream's epoch starts with its start time, the sealing

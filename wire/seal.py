@@ -309,6 +309,13 @@ class Sealer:
         sending = self._sending[to] = (head, aead, mark, itertools.count())
         return sending
 
+    def stream(self, to: str) -> bytes | None:
+        """The stream this sealer seals for ``to`` under now (its epoch's first half, as
+        ``mpl.wire.replay.claimed_stream`` reads it from a payload); None before its first
+        payload for ``to`` or after :meth:`renew`."""
+        sending = self._sending.get(to)
+        return sending[0][-_SALT : -_SALT // 2] if sending is not None else None
+
     def renew(self, to: str, numbered: int, floor: int = -1) -> bool:
         """Seal for ``to`` under a new epoch from now on (its numbers start again at 0), if
         the current one has numbered at least ``numbered`` payloads, or its time is at or
@@ -463,38 +470,6 @@ class Sealer:
         box has authenticated here (:meth:`open_box` keeps them), or None: for a hot path
         that checks a sealed None's tag itself, as :meth:`open_box` does."""
         return self._receiving.get(head)
-
-    def open_all(
-        self, sealed: dict[int, Any], senders: dict[int, str], context: str, safe: bool
-    ) -> dict[int, Any]:
-        """``{rank: open(payload, context, sender=senders[rank], safe=safe)[1]}`` for every
-        rank's payload of one output, in one call (a result's inline values): the context
-        encoded once. KeyError (the rank) for a rank ``senders`` has no identity for.
-
-        A box of an epoch that has authenticated here before, from the sender that epoch
-        belongs to, holding a ciphertext (most results) is opened here, as :meth:`open_box`
-        opens it; anything else goes to :meth:`open_box` or :meth:`open`."""
-        aad, receiving, out = context.encode() + _COMPACT_AAD, self._receiving, {}
-        for rank, box in sealed.items():
-            who = senders[rank]
-            if type(box) is not bytes:
-                out[rank] = self.open(box, context, sender=who, safe=safe)[1]
-                continue
-            size = len(box)
-            end = box[_BOX_START - 1] + _BOX_HEAD if size >= _BOX_START else _BOX_HEAD
-            known = receiving.get(box[:end]) if size > end + _BOX_TRAILER else None
-            if known is None or known[0] != who:  # open_box says why, or learns the epoch
-                out[rank] = self.open_box(box, context, who, safe, True)[1]
-                continue
-            try:
-                header = known[1].decrypt(box[end : end + _NONCE], box[end + _NONCE :], aad)
-            except InvalidTag:
-                raise _failed(who, context) from None
-            value = ONE_BYTE_VALUES.get(header, NOT_ONE_BYTE)  # None, bools, small ints
-            if value is NOT_ONE_BYTE:
-                value = _value(who, [MAGIC_FRAME, header], safe, True)
-            out[rank] = value
-        return out
 
     def _check_sender(self, who: str, sender: str) -> None:
         if sender and who != sender:
