@@ -60,6 +60,8 @@ class ProcessCluster:
     """Start a broker and ``cluster.world_size`` workers; :meth:`close` stops them all.
 
     Logs and the cluster file go to ``run_dir`` (a temporary directory unless given).
+    ``run_under`` is a command each daemon runs under, its command line appended (a
+    profiler: ``("valgrind", "--tool=callgrind")``); its process is the daemon's pid.
     """
 
     def __init__(
@@ -74,8 +76,11 @@ class ProcessCluster:
         secure: bool = False,
         broker_args: Sequence[str] = (),
         worker_args: Sequence[str] | Mapping[int, Sequence[str]] = (),
+        run_under: Sequence[str] = (),
     ) -> None:
         self.broker_args = tuple(broker_args)  # extra options, e.g. ("--metrics-port", "0")
+        # a command every daemon runs under (a profiler, say: scripts/profile_jobs.py)
+        self.run_under = tuple(run_under)
         # extra mpl-worker options: the same for every rank, or per rank
         self.worker_args = worker_args
         self._tmp = None
@@ -155,6 +160,7 @@ class ProcessCluster:
         out = self.run_dir / "broker.out"
         out.write_text("")
         cmd = [
+            *self.run_under,
             *daemon_command("mpl-broker"),
             "--listen",
             listen or self.address or "tcp://127.0.0.1:0",
@@ -190,6 +196,7 @@ class ProcessCluster:
 
     def start_worker(self, rank: int) -> subprocess.Popen[bytes]:
         cmd = [
+            *self.run_under,
             *daemon_command("mpl-worker"),
             "--broker",
             self.address,
