@@ -1,0 +1,216 @@
+"""Where a trivial job's CPU goes: instructions per job in every process, by callgrind.
+
+Starts a local cluster (``--world`` workers, no SPU) whose broker and workers run under
+``valgrind --tool=callgrind`` with instrumentation off, as is this script's own driver
+process; warms up, turns instrumentation on in every process for ``--jobs`` trivial jobs
+(an ``@mp.function`` pcall on every rank returning 1, then a fetch), off again, and stops
+the cluster. Once per mode (``--modes plain,secure``: secure is CurveZMQ plus end-to-end
+sealing). Instruction counts repeat to within a few thousand per job on a busy machine,
+where wall-clock timings do not; the timer ticks a process takes while it waits still
+count, so compare runs of one sitting.
+
+Prints instructions per job per process for each mode and, with two modes, the
+difference; ``--top K`` adds the K functions whose cost per job changed most between the
+modes, per process (``callgrind_annotate``'s exclusive counts). Needs valgrind
+(``apt-get install valgrind``); each mode takes about a minute.
+
+  .venv/bin/python scripts/profile_jobs.py --jobs 300 --top 15 --json profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+_WARMUP_JOBS = 30
+_TOTALS = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.M)
+# an annotate row: "1,234,567 (12.34%)  file:function [object]"
+_ROW = re.compile(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+(\S.*?)(?: \[(.*)\])?$")
+_LEVEL = re.compile(r"'\d+$")
+
+
+def _callgrind(out: Path, name: str) -> list[str]:
+    return [
+        "valgrind",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        f"--callgrind-out-file={out}/{name}.%p",
+    ]
+
+
+def _instrument(pids: list[int], state: str) -> None:
+    for pid in pids:
+        done = subprocess.run(
+            ["callgrind_control", "-i", state, str(pid)], capture_output=True, timeout=60
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"callgrind_control -i {state} {pid} failed: {done.stderr!r}")
+
+
+def run_jobs(mode: str, world: int, jobs: int, out: Path) -> None:
+    """In the driver process under callgrind: the cluster, the jobs, and a roles file
+    naming each pid's process."""
+    import mpl.driver as mp
+
+    spec = mp.ClusterSpec.simple(world, enable_spu=False)
+    cluster = mp.local_cluster(
+        spec, timeout=300.0, secure=mode == "secure", run_under=_callgrind(out, "daemon")
+    )
+    try:
+        mp.set_context(cluster)
+        ranks = tuple(range(world))
+        job = mp.function(lambda: mp.simp.pcall(ranks, lambda: 1))
+        for _ in range(_WARMUP_JOBS):
+            mp.fetch(job())
+        procs = cluster.processes
+        assert procs.broker is not None
+        roles = {os.getpid(): "driver", procs.broker.pid: "broker"}
+        roles.update({p.pid: f"worker{r}" for r, p in procs.workers.items()})
+        _instrument(list(roles), "on")
+        for _ in range(jobs):
+            mp.fetch(job())
+        _instrument(list(roles), "off")
+        (out / "roles.json").write_text(json.dumps({str(k): v for k, v in roles.items()}))
+        mp.set_context(None)
+    finally:
+        cluster.close()
+
+
+def _profile(mode: str, world: int, jobs: int, out: Path) -> dict[str, Path]:
+    """Run one mode in a driver under callgrind; each role's callgrind file."""
+    out.mkdir(parents=True)
+    cmd = [
+        *_callgrind(out, "driver"),
+        sys.executable,
+        __file__,
+        "--child",
+        mode,
+        "--world",
+        str(world),
+        "--jobs",
+        str(jobs),
+        "--out",
+        str(out),
+    ]
+    print(f"{mode}: {jobs} jobs on {world} workers under callgrind ...", file=sys.stderr)
+    done = subprocess.run(cmd, capture_output=True, timeout=3600)
+    roles_file = out / "roles.json"
+    if done.returncode != 0 or not roles_file.exists():
+        raise SystemExit(f"{mode} run failed ({done.returncode}): {done.stderr[-2000:]!r}")
+    roles = json.loads(roles_file.read_text())
+    files = {}
+    for path in out.iterdir():
+        pid = path.name.rsplit(".", 1)[-1]
+        if pid in roles:
+            files[roles[pid]] = path
+    return files
+
+
+def instructions(path: Path) -> int:
+    """All instructions a callgrind file counted (every thread's part)."""
+    return sum(int(n) for n in _TOTALS.findall(path.read_bytes()))
+
+
+def functions(path: Path) -> Counter[str]:
+    """Exclusive instructions per function (``function [object]``) in a callgrind file."""
+    text = subprocess.run(
+        ["callgrind_annotate", "--threshold=100", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    costs: Counter[str] = Counter()
+    for line in text.splitlines():
+        row = _ROW.match(line)
+        if row is None or "PROGRAM TOTALS" in line:
+            continue
+        # a function's recursion levels ('2) as one; inlined code is listed without its object
+        name = _LEVEL.sub("", row.group(2).rsplit(":", 1)[-1])
+        obj = Path(row.group(3)).name if row.group(3) else "inlined"
+        costs[f"{name} [{obj}]"] += int(row.group(1).replace(",", ""))
+    return costs
+
+
+def by_object(costs: Counter[str]) -> Counter[str]:
+    """``functions``' counts summed per object (libsodium: CurveZMQ; libpython: Python)."""
+    out: Counter[str] = Counter()
+    for name, n in costs.items():
+        out[name.rsplit(" [", 1)[-1][:-1]] += n
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=300, help="jobs counted per mode (300)")
+    ap.add_argument("--world", type=int, default=2, help="workers, every one in the pcall (2)")
+    ap.add_argument("--modes", default="plain,secure", help="plain, secure or both (both)")
+    ap.add_argument("--top", type=int, default=0, help="functions that changed most, per process")
+    ap.add_argument("--json", default="", help="write the figures here as JSON")
+    ap.add_argument("--keep", default="", help="keep the callgrind files in this directory")
+    ap.add_argument("--child", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        run_jobs(args.child, args.world, args.jobs, Path(args.out))
+        return 0
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or not set(modes) <= {"plain", "secure"} or args.jobs < 1 or args.world < 1:
+        ap.error("--modes takes plain and/or secure; --jobs and --world at least 1")
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        ap.error("needs valgrind and callgrind_control on PATH (apt-get install valgrind)")
+    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="mpl-profile-"))
+    try:
+        files = {m: _profile(m, args.world, args.jobs, root / m) for m in modes}
+        per_job = {
+            m: {r: instructions(p) / args.jobs for r, p in f.items()} for m, f in files.items()
+        }
+        report: dict[str, Any] = {"jobs": args.jobs, "world": args.world, "per_job": per_job}
+        roles = sorted(per_job[modes[0]], key=lambda r: (r != "driver", r != "broker", r))
+        print(f"\ninstructions per trivial job ({args.jobs} jobs, world {args.world})")
+        print(
+            f"{'process':10s}"
+            + "".join(f"{m:>12s}" for m in modes)
+            + ("  difference" if len(modes) == 2 else "")
+        )
+        for role in roles:
+            row = [per_job[m].get(role, 0.0) for m in modes]
+            diff = f"  {row[1] - row[0]:+10.0f}" if len(row) == 2 else ""
+            print(f"{role:10s}" + "".join(f"{v:12.0f}" for v in row) + diff)
+        if args.top and len(modes) == 2:
+            report["changed"] = {}
+            for role in roles:
+                a, b = (functions(files[m][role]) for m in modes)
+                delta = {k: (b[k] - a[k]) / args.jobs for k in a.keys() | b.keys()}
+                top = sorted(delta.items(), key=lambda kv: -abs(kv[1]))[: args.top]
+                a_obj, b_obj = by_object(a), by_object(b)
+                objects = {
+                    k: (b_obj[k] - a_obj[k]) / args.jobs for k in a_obj.keys() | b_obj.keys()
+                }
+                report["changed"][role] = {"functions": dict(top), "objects": objects}
+                title = f"the {args.top} functions that changed most, per job"
+                print(f"\n{role}: {title} ({modes[1]} - {modes[0]})")
+                for name, value in top:
+                    print(f"  {value:+10.0f}  {name[:100]}")
+                print("  by object:")
+                for name, value in sorted(objects.items(), key=lambda kv: -abs(kv[1]))[: args.top]:
+                    print(f"  {value:+10.0f}  {name}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=1))
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
