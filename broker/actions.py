@@ -33,13 +33,15 @@ def fan(peers: Iterable[bytes], msg: Record, raw: Any = None) -> list[Send]:
 
 
 def box_execs(peers: Sequence[bytes], msg: Exec, raw: Sequence[Any]) -> list[Send]:
-    """A sealed Exec (``mpl.wire.sealed_exec``: ``raw`` is its magic, then for each rank,
-    in the order of ``msg.ranks``, the header and that rank's box as they came, checked)
-    to each rank of its job, ``peers`` in that order. No header is cut or encoded per rank,
-    and no Python call is made per rank."""
-    magic, out = raw[0], []
-    for peer, own in zip(peers, raw[1:], strict=True):  # a loop: a comprehension is a call
-        out.append(_new(Send, (peer, msg, [magic, own])))
+    """A sealed Exec (``mpl.wire.sealed_exec``: ``raw`` is its magic, its header, then each
+    rank's box as they came, checked, in the order of ``msg.ranks``) to each rank of its
+    job, ``peers`` in that order: the magic, then the header joined to that rank's box.
+    Joined only here, once the job's ranks were checked against the cluster (so a sender
+    cannot have the header copied for ranks that do not exist); no header is cut or
+    encoded per rank, and no Python call is made per rank."""
+    magic, head, out = raw[0], raw[1], []
+    for peer, box in zip(peers, raw[2:], strict=True):  # a loop: a comprehension is a call
+        out.append(_new(Send, (peer, msg, [magic, head + box])))
     return out
 
 

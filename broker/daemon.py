@@ -130,6 +130,7 @@ class Broker:
             self.gatekeeper.start()
             curve.serve(self.router, BROKER_DOMAIN)
         self.secure = curve is not None
+        self._world_size = cluster.world_size  # the most ranks a job can name
         self.router.bind(listen)
         self.address: str = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
         self.monitor: zmq.Socket[Any] | None = None
@@ -329,8 +330,11 @@ class Broker:
         # the codec's magic, are no batch); a Done of the hot path is taken here, with no
         # record built (most leave their job waiting on other ranks: nothing to send)
         try:  # one message's failure stays that message's failure
-            # every frame of a message carries its connection's User-Id
-            who = _frame_get(body[0], USER_ID) if self.secure and type(body[0]) is _Frame else None
+            # every frame of a message carries its connection's User-Id; in secure mode a
+            # message without one (not a received frame) speaks for nobody
+            who = None
+            if self.secure:
+                who = _frame_get(body[0], USER_ID) if type(body[0]) is _Frame else ""
             if len(body) == 2 and type(body[0]) is _Frame and type(body[1]) is _Frame:
                 # the frames' bytes (copied once, kept by the frame), counted from them
                 magic, header = body[0].bytes, body[1].bytes
@@ -391,15 +395,17 @@ class Broker:
                 try:
                     if not self.secure:
                         raise ProtocolError("a sealed Exec, to a broker not in secure mode")
-                    read, ranks = read_sealed_exec(body)  # header on the lean path, boxes
+                    # header on the lean path, then the boxes (at most one per cluster rank)
+                    read, head, boxes = read_sealed_exec(body, self._world_size)
                 except ProtocolError as exc:
                     self.refusals.refused(peer.hex(), f"bad message: {exc}")
                     self._perform(self.state.protocol_error(peer, exc), logged=True)
                     return
                 msg = read
                 self._accounts.append((self.ledger.received, read, now))
-                # the magic, then what goes to each rank (the state gives each its own)
-                actions = self.state.exec_read(peer, read, now, [SEALED_EXEC_MAGIC, *ranks], who)
+                # the magic, the header, each rank's box (the state gives each its own)
+                raw = [SEALED_EXEC_MAGIC, head, *boxes]
+                actions = self.state.exec_read(peer, read, now, raw, who)
                 if len(self._jobs) == 1 and not self._outbox:
                     self._fan_out(actions)  # nothing it could be batched with
                 else:

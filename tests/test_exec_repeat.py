@@ -262,3 +262,14 @@ def test_a_sealed_repeat_is_read_only_as_the_full_read_reads_it() -> None:
                 raise AssertionError(f"a repeat the full read refuses: {data!r}") from None
             assert box == said[1]
             assert decoded_exec([MAGIC_FRAME, header]) == dataclasses.replace(first, job=said[0])
+
+
+def test_a_sealed_repeat_is_not_read_after_a_plain_exec_with_bindings() -> None:
+    # a hostile broker sends a plain Exec with bindings (remembered as it is read in full),
+    # then the sealed shape with that header and a box: the full read refuses a sealed
+    # Exec whose header carries bindings, so the comparison read must not take it
+    execs = RepeatExecs()
+    first = bytes(encode(Exec("s", "job-0001", "d", (0,), {0: ["mpl://x"]}, (0,), 0.0))[1])
+    assert execs.read_in_full([MAGIC_FRAME, first]) is not None  # remembered
+    again = bytes(encode(Exec("s", "job-0002", "d", (0,), {0: ["mpl://x"]}, (0,), 0.0))[1])
+    assert execs.repeat_sealed(again + msgpack.packb(b"box" * 20)) is None

@@ -12,6 +12,7 @@ next genuine job runs once and the cluster keeps serving.
 
 from __future__ import annotations
 
+import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,20 @@ def _header(**fields: Any) -> bytes:
 
 def test_the_broker_reads_a_sealed_exec_of_one_box_per_rank() -> None:
     header = _header()
-    read, ranks = read_sealed_exec([SEALED_EXEC_MAGIC, header + pack(BOX) + pack(BOX[::-1])])
+    frames = [SEALED_EXEC_MAGIC, header + pack(BOX) + pack(BOX[::-1])]
+    read, head, boxes = read_sealed_exec(frames, 2)
     assert read == Exec("s", "j", "d", (0, 1), {}, (0,), 5.0)
-    assert ranks == [header + pack(BOX), header + pack(BOX[::-1])]  # each rank's, as it came
-    assert split_own(ranks[1]) == (header, BOX[::-1])  # what a worker reads of its own
+    assert head == header and boxes == [pack(BOX), pack(BOX[::-1])]  # each box as it came
+    assert split_own(head + boxes[1]) == (header, BOX[::-1])  # what a worker reads of its own
+
+
+def test_the_broker_refuses_a_sealed_exec_for_more_ranks_than_its_cluster_has() -> None:
+    # a header naming 3 ranks (and 3 boxes) to a broker of 2: refused before any box is
+    # read, so no sender can have the header copied once per rank it claims
+    frames = [SEALED_EXEC_MAGIC, _header(ranks=(0, 1, 2)) + pack(BOX) * 3]
+    with pytest.raises(ProtocolError, match="3 ranks, in a cluster of 2"):
+        read_sealed_exec(frames, 2)
+    assert read_sealed_exec(frames, 3)[2] == [pack(BOX)] * 3
 
 
 _BIG = b"\xc6" + (MAX_BOX_BYTES + 1).to_bytes(4, "big") + b"x" * (MAX_BOX_BYTES + 1)
@@ -79,7 +90,7 @@ def test_the_broker_refuses_a_sealed_exec_whose_boxes_do_not_add_up(
     frames: list[Any], why: str
 ) -> None:
     with pytest.raises(ProtocolError, match=why):
-        read_sealed_exec(frames)
+        read_sealed_exec(frames, 2)
 
 
 # -- through a real broker and workers ---------------------------------------------------
@@ -281,9 +292,8 @@ def test_a_worker_refuses_a_box_spliced_onto_another_jobs_header(
 # carries the connection's authenticated identity): refused by the broker, forwarded nowhere
 def _split(frames: Frames) -> tuple[bytes, list[bytes]]:
     """A driver's sealed Exec (routing id first): its header, and its boxes as bins."""
-    _, ranks = read_sealed_exec([SEALED_EXEC_MAGIC, bytes(frames[2])])
-    header, _ = split_own(ranks[0])
-    return header, [own[len(header) :] for own in ranks]
+    _, header, boxes = read_sealed_exec([SEALED_EXEC_MAGIC, bytes(frames[2])], 2)
+    return header, boxes
 
 
 def _one_box_short(frames: Frames) -> Frames:
@@ -332,6 +342,46 @@ def test_the_broker_refuses_and_counts_sealed_exec_frames_that_do_not_add_up(
         setup.tap.take = take
         with pytest.raises(mp.MplError, match="sealed Exec"):
             mp.fetch(job())
+        assert counters["protocol_errors"] == refused + 1
+        assert _marks(path) == 2 and _errors(setup) == before  # nothing reached a worker
+        mp.fetch(job())
+        assert _marks(path) == 4
+
+
+def test_a_sealed_exec_naming_more_ranks_than_the_cluster_costs_the_broker_only_its_size(
+    setup: Setup, tmp_path: Path
+) -> None:
+    # What a hostile driver (or any admitted key) sends: a header naming 8,000 ranks and a
+    # 1-byte box for each, a ~40 KB frame. The broker joined the header to every box
+    # before it checked the ranks (and the sender): ~190 MB built for one frame, and a
+    # longer header under the 256 KiB bound made it gigabytes. Now the ranks are checked
+    # against the cluster first, and a header is joined to a box only for a job it sends.
+    path, claimed = tmp_path / "marks", tuple(range(8000))
+
+    def take(frames: Frames) -> Frames:  # routing id first
+        if len(frames) == 3 and bytes(frames[1]) == SEALED_EXEC_MAGIC:
+            setup.tap.take = None
+            head, _ = _split(frames)
+            msg = decode([MAGIC_FRAME, head], unpickle=False)
+            assert isinstance(msg, Exec)
+            forged = _header(**{**msg.__dict__, "ranks": claimed}) + pack(b"x") * len(claimed)
+            return [*frames[:2], forged]
+        return frames
+
+    with setup.ctx:
+        job = _job(path)
+        mp.fetch(job())
+        counters = setup.broker.state.counters
+        refused, before = counters["protocol_errors"], _errors(setup)
+        setup.tap.take = take
+        tracemalloc.start()
+        try:
+            with pytest.raises(mp.MplError, match="sealed Exec for 8000 ranks, in a cluster of 2"):
+                mp.fetch(job())
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 16 * 1024 * 1024, f"{peak} bytes at the peak for a ~40 KB frame"
         assert counters["protocol_errors"] == refused + 1
         assert _marks(path) == 2 and _errors(setup) == before  # nothing reached a worker
         mp.fetch(job())

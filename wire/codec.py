@@ -91,8 +91,8 @@ __all__ = [
 
 MAGIC = b"MPL"
 # 2: a Done's and a JobResult's stats are one opaque blob per rank (mpl.wire.run_stats).
-# 3: a secure Exec's sealed boxes travel as frames of their own, after one common header
-# (mpl.wire.sealed_exec), not in its bindings.
+# 3: a secure Exec's sealed boxes follow one common header in its frame, one per rank
+# (mpl.wire.sealed_exec, magic MPS), not in its bindings.
 # Persisted files have a format version of their own (mpl.wire.persist).
 VERSION = 3
 MAGIC_FRAME = MAGIC + bytes([VERSION])

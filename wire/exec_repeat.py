@@ -243,10 +243,13 @@ class RepeatExecs:
         """:meth:`repeat_job` for a sealed Exec's frame (``mpl.wire.sealed_exec``: a header,
         its bindings empty, then one box as a msgpack bin; its caller checked the magic):
         ``(job id, box)`` if the header is :attr:`last`'s but for that id (as long as its
-        own) and the box fills the rest, else None, with nothing read or remembered."""
+        own), :attr:`last` had no bindings (as the full read requires of this shape) and the
+        box fills the rest, else None, with nothing read or remembered."""
         head, tail, size = self._head, self._tail, self._size
         end = len(data)
         if not head or self._box_at or end <= size + 2 or end >= MAX_CONTAINERS:
+            return None
+        if self._fields["bindings"]:  # a plain Exec with bindings: the full read refuses it
             return None
         at = self._id_at
         if not (

@@ -109,14 +109,18 @@ def _decoded(header: bytes) -> Exec:
     return msg
 
 
-def read_sealed_exec(frames: Sequence[Any]) -> tuple[Exec, list[bytes]]:
-    """A driver's sealed Exec (the broker's reading): its ``Exec`` (bindings empty), and for
-    each rank of its ``ranks``, in order, what goes to that rank after the magic (the
-    header, then that rank's box, as they came). ``ProtocolError`` unless exactly one box
-    follows the header per rank, each a bin of 1 to ``MAX_BOX_BYTES`` bytes.
+def read_sealed_exec(frames: Sequence[Any], max_ranks: int) -> tuple[Exec, bytes, list[bytes]]:
+    """A driver's sealed Exec (the broker's reading): its ``Exec`` (bindings empty), its
+    header's bytes, and each rank's box as it came (its msgpack bin head and all), in the
+    order of its ``ranks``. ``ProtocolError`` when the header names more than ``max_ranks``
+    ranks (the cluster's size), or unless exactly one box follows the header per rank, each
+    a bin of 1 to ``MAX_BOX_BYTES`` bytes.
 
-    One walk over the frame with this thread's Unpacker (the header skipped, then each box:
-    no Python call per rank), which it reads to its end or drops."""
+    Nothing here grows with the ranks a sender claims beyond the frame it sent: each box is
+    a slice of it, and the header is joined to a rank's box only when the job is sent
+    (``mpl.broker.actions.box_execs``, after the sender, its session and the ranks were
+    checked). One walk over the frame with this thread's Unpacker (the header skipped, then
+    each box: no Python call per rank), which it reads to its end or drops."""
     first = frames[0] if len(frames) == 2 else b""
     if len(first) != _MAGIC_LEN or bytes(first) != SEALED_EXEC_MAGIC:
         raise ProtocolError("a sealed Exec is its magic and one frame")
@@ -139,12 +143,16 @@ def read_sealed_exec(frames: Sequence[Any]) -> tuple[Exec, list[bytes]]:
         if type(read) is not Exec or read.bindings:
             read = _decoded(head)  # says why, or reads what the lean reader left
         ranks = read.ranks
-        out: list[bytes] = []
+        if len(ranks) > max_ranks:
+            raise ProtocolError(
+                f"a sealed Exec for {len(ranks)} ranks, in a cluster of {max_ranks}"
+            )
+        boxes: list[bytes] = []
         for _ in ranks:  # a plain loop: no Python call per rank
             at = tell() - base
             if at == size:
                 raise ProtocolError(
-                    f"a sealed Exec of {len(ranks)} ranks carries {len(out)} boxes (one per rank)"
+                    f"a sealed Exec of {len(ranks)} ranks carries {len(boxes)} boxes (one per rank)"
                 )
             skip()
             stop = tell() - base
@@ -153,7 +161,7 @@ def read_sealed_exec(frames: Sequence[Any]) -> tuple[Exec, list[bytes]]:
                 (mark == _BIN8 and stop > at + 2) or (mark == _BIN16 and stop > at + 3)
             ):  # a bin8 or bin16 (at most MAX_BOX_BYTES) holding at least a byte
                 raise ProtocolError(f"a sealed Exec's box of {stop - at} bytes is no box")
-            out.append(head + data[at:stop])
+            boxes.append(data[at:stop])
         if tell() - base != size:
             raise ProtocolError(
                 f"a sealed Exec of {len(ranks)} ranks carries more (one box per rank)"
@@ -164,7 +172,7 @@ def read_sealed_exec(frames: Sequence[Any]) -> tuple[Exec, list[bytes]]:
     except Exception as exc:
         _tls.unpacker = None
         raise ProtocolError(f"a sealed Exec does not read: {type(exc).__name__}") from None
-    return read, out
+    return read, head, boxes
 
 
 def split_own(data: bytes) -> tuple[bytes, bytes]:

@@ -177,6 +177,9 @@ class BrokerMessages:
                 raise ProtocolError(f"a sealed Exec of {len(frames)} frames, not 2")
             header, box = split_own(raw_bytes(frames[1]))
             read = execs.read_in_full([MAGIC_FRAME, header])
+            # the record the box is opened against: the one kept to compare the next ones
+            # with (read_in_full's, the same fields), or what decode read of this header
+            last = execs.last if read is not None else None
             if read is None:  # decode accepts it or says why not
                 decoded = decode([MAGIC_FRAME, header], safe=True, unpickle=False)
                 if type(decoded) is not Exec:
@@ -185,7 +188,7 @@ class BrokerMessages:
             if read.bindings:
                 raise ProtocolError("a sealed Exec's header carries bindings")
             job = read.job
-            last = execs.last or read  # the one kept to compare the next ones with, if kept
+            last = last or read
         except ProtocolError as exc:
             self.protocol_errors += 1
             self.refusals.refused("the broker", f"dropped a bad message: {exc}")
