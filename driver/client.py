@@ -261,9 +261,10 @@ class Client(BrokerCalls):
     ) -> JobResult:
         """Run ``graph`` as one job and wait for its result; raises the job's error.
 
-        Secure mode: a job a worker refused as sealed for another process of its node runs
-        once more, as a new job sealed for the process the refusal names, when it ran
-        nowhere (``DriverSeal.refused``; ``again``: not done yet for this call).
+        Secure mode: a job a worker refused as sealed for no process of its node (one that
+        joined after the session opened) runs once more, as a new job sealed for the
+        process the refusal names (``DriverSeal.refused``; ``again``: not done yet for this
+        call); one sealed for the process before a restart raises the refusal.
 
         Workers give up waiting for peer data after ``timeout`` seconds and report it; the
         driver waits a little longer (``_REPORT_GRACE_S``) so that report, which says which
@@ -288,7 +289,7 @@ class Client(BrokerCalls):
             if not result.missing_program:
                 if result.error is not None:
                     # a worker that forgot our stream: a new one, and the job again (as a
-                    # new job) if it ran nowhere (DriverSeal.refused)
+                    # new job) if it was sealed for no process (DriverSeal.refused)
                     if seal is not None and seal.refused(result.error, msg.bindings) and again:
                         return self.submit(
                             session, graph, bindings, inline=inline, timeout=timeout, again=False

@@ -302,7 +302,7 @@ class JobPump:
         if msg.error is not None:
             seal = self._client.seal
             # a worker that forgot our stream: a new one, and the job sent once more, sealed
-            # anew under its own id, if it ran nowhere (DriverSeal.refused)
+            # anew under its own id, if it was sealed for no process (DriverSeal.refused)
             if seal is not None and seal.refused(msg.error, p.msg.bindings) and p.plain is not None:
                 self._again(sock, p, p.plain)
                 return

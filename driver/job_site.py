@@ -16,9 +16,9 @@ compact box after them (``mpl.wire.sealed_exec``: the broker forwards each rank 
 and its box, with no header cut per rank); the answer's values are opened (by the session's
 opener, ``mpl.wire.result_open``) before they are booked. A job with a large input among its
 boxes (a ``Sealed`` record) is encoded in the codec's shape instead. A job a worker refused
-as sealed for another process of its node runs once more, when it ran nowhere
-(``DriverSeal.refused``). Whatever leaves that path goes on through the general
-calls, which behave as they always did: bindings the packer does not take, a program the
+as sealed for no process of its node (one that joined after the session opened) runs once
+more, sealed for it (``DriverSeal.refused``). Whatever leaves that path goes on through the
+general calls, which behave as they always did: bindings the packer does not take, a program the
 broker does not hold yet, a broker the watch has a verdict on, and an answer that is not
 this job's or comes later than the first slice (then ``BrokerCalls._wait`` takes over,
 with the same deadline). Safe to share between threads: each uses its own
@@ -110,10 +110,10 @@ class JobSite:
         """Run the graph as one job with ``bindings`` and wait: the job's id, and its
         JobResult's ``values`` and ``metas`` (``ctx.run``'s result, its record not built).
 
-        A job a worker refused as sealed for another process of its node (it restarted, or
-        joined after the session opened) runs once more as a new job, the general way,
-        sealed for the process the refusal names, when it ran nowhere
-        (``DriverSeal.refused``)."""
+        A job a worker refused as sealed for no process of its node (it joined after the
+        session opened) runs once more as a new job, the general way, sealed for the process
+        the refusal names (``DriverSeal.refused``); after a restart, the refusal is the
+        job's error."""
         ctx = self.ctx
         client = ctx.client
         graph = self.graph
@@ -229,7 +229,7 @@ class JobSite:
             client._programs.discard(graph.digest)
             return self._general(bindings)
         if error is not None:
-            # a worker that forgot our stream: a new one, and the job again if it ran nowhere
+            # a worker that forgot our stream: a new one, and the job again if sealed for none
             if seal is not None and seal.refused(error, boxes):
                 return self._general(bindings, again=False)
             raise from_info(error)

@@ -13,8 +13,10 @@ opens only with that node's key, and a result from a rank opens only if that ran
 sealed it, so a lie shows up as ``AuthenticationError``, never as a value in the wrong hands.
 
 A worker that restarted, or joined after the session opened, refuses the first job sealed
-for the process before it; the refusal names its incarnation, and the job is sent once
-more, sealed for it, when it can have run nowhere (:meth:`DriverSeal.refused` says when).
+for the process before it; the refusal names its incarnation, and the next job is sealed for
+it. The refused job itself is sent once more only when it was sealed for no incarnation (a
+worker that joined after the session opened), so it opened nowhere; after a restart its
+error reaches the caller (:meth:`DriverSeal.refused` says why).
 """
 
 from __future__ import annotations
@@ -254,19 +256,27 @@ class DriverSeal:
         twice.
 
         Whether the job itself may be sent once more, sealed anew (``sealed``: its Exec's
-        sealed bindings, every rank's): only when it ran nowhere. That holds when the job
-        has the refusing rank alone (the broker answers at the first failure, so another
-        rank may have run it), the refusal names an incarnation other than the one the job
-        was sealed for (its payload carries the epoch sealing for that rank now, so it was
-        sealed for the incarnation known before this refusal), and so the payload opens only
-        at a process of that other incarnation. An honest broker serves one live process
-        per rank and sent the Exec once, to the process that refused it: it ran nowhere.
-        A refusal naming the incarnation the job was sealed for (a stream below the
-        worker's floor, or past its first ``WINDOW`` numbers) is never sent again: that
-        process opened it, and a stream it forgot may have run it. What is left is a
-        hostile broker serving two live processes of one node key at once, the old one
-        running the job and the new one refusing it; an honest broker refuses the second
-        process while the first serves (``mpl.broker.registry``)."""
+        sealed bindings, every rank's): only when it can have run at no worker process. That
+        holds when the job has the refusing rank alone (the broker answers at the first
+        failure, so another rank may have run it), its payload carries the epoch sealing for
+        that rank now (so it was sealed for the incarnation known before this refusal), and
+        that incarnation was none (""): this driver knew no worker of that rank when it
+        sealed the job (one that joined after the session opened). The context of a rank's
+        bindings ends with the incarnation they were sealed for (``exec_context``), and a
+        worker opens only what ends with its own (``mpl.worker.sealing``), which is never
+        "": it is the public digest of a secret drawn at each process start
+        (``mpl.wire.incarnation``, 16 hex digits). So a box sealed for "" opened nowhere,
+        whatever the broker did with it; the one sent again is sealed for the incarnation
+        the refusal names and runs at most once, in that process.
+
+        A job sealed for a known incarnation is never sent again, though the refusal names
+        another: the refusal is not sealed, and a hostile broker can deliver the job to the
+        process it was sealed for, withhold the answer until that worker restarts (any
+        restart), and forge the new process's refusal; sealing the job again for it would
+        run it twice. Its error reaches the caller; the next job goes under the new epoch
+        and incarnation, and runs. Nor is a job the process it was sealed for refused (a
+        stream below the worker's floor, or past its first ``WINDOW`` numbers): that process
+        opened it, and a stream it forgot may have run it."""
         if error.op != UNKNOWN_STREAM or error.kind != "AuthenticationError":
             return False
         rank = error.rank
@@ -280,9 +290,11 @@ class DriverSeal:
             return False
         mine = sealed.get(rank) if sealed is not None and sealed.keys() == {rank} else None
         claimed = claimed_stream(mine) if mine is not None else None
-        again = claimed is not None and claimed[1] == self.sealer.stream(who)
+        # sealed under the current epoch, so for the incarnation known until now: none
+        nowhere = claimed is not None and claimed[1] == self.sealer.stream(who)
+        nowhere = nowhere and rank not in self._incarnations
         self._learn(rank, incarnation, floor)
-        return again
+        return nowhere and self._incarnations.get(rank) == incarnation
 
     def fetch_ticket(self) -> tuple[str, str]:
         """``(reply_to, ticket)`` for a new fetch."""

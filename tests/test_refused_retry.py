@@ -1,26 +1,39 @@
 """A worker that restarts (or joins) after a driver's session opened refuses that driver's
-first sealed job to it: it was sealed for the process the driver knew. The driver then runs
-the job once more, sealed for the process the refusal names, when it ran nowhere: the job
-had that rank alone. The user sees its result, never the refusal, and the job ran once.
+first sealed job to it: it was sealed for the process the driver knew, or for none. The
+refusal names the worker's incarnation, and the driver's next job is sealed for it and runs.
+The refused job itself runs once more only when it was sealed for no process (the worker
+joined after the session opened, so the driver knew none for its rank): that box opened
+nowhere. A job sealed for the process before a restart is not sent again, since the
+refusal is not sealed and a hostile broker can forge it for a job that process ran: the
+user sees the refusal, and the job ran at most once.
 
 Real ``mpl-broker`` and ``mpl-worker`` processes (a secure deployment from the command
-lines), stopped and started by pid. What a job ran is counted by the lines its code
+lines), stopped and started by pid; the forged refusal goes through an in-process broker
+with a frame tap (``test_sealed_broker``). What a job ran is counted by the lines its code
 appends to a file.
 """
 
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from deployment import Deployment
 from helpers import wait_until
+from test_sealed_broker import Setup
 
 import mpl.driver as mp
 from mpl.driver.client import Client
 from mpl.driver.sealing import DriverSeal
+from mpl.wire.codec import MAGIC_FRAME, decode, encode
+from mpl.wire.incarnation import public_incarnation
+from mpl.wire.jobs import JobResult
+from mpl.wire.remote import ErrorInfo
+from mpl.wire.replay import UNKNOWN_STREAM, refusal_facts
+from mpl.worker.daemon import Worker
 
 pytestmark = pytest.mark.daemons
 
@@ -46,14 +59,25 @@ class Cluster:
                 return str(row["incarnation"])
         return ""
 
-    def restart(self, rank: int) -> None:
+    def stop(self, rank: int) -> str:
+        """Stop ``rank``'s worker by its pid and wait until the broker has no worker up at
+        ``rank``: the incarnation it had."""
         before = wait_until(lambda: self.incarnation(rank), 30, f"rank {rank} up")
         proc = self.workers[rank]
         proc.send_signal(signal.SIGTERM)
         proc.wait(15)
-        wait_until(lambda: self.incarnation(rank) != before, 15, f"rank {rank} gone")
+        wait_until(lambda: not self.incarnation(rank), 15, f"rank {rank} gone")
+        return str(before)
+
+    def start(self, rank: int, before: str) -> None:
+        """Start ``rank``'s worker again and wait, by this watcher's status (another client
+        than the one under test, which would learn the incarnation from it), until it is up
+        as a new process."""
         self.workers[rank] = self.d.start_worker(rank, name=f"worker{rank}-again")
         wait_until(lambda: self.incarnation(rank) not in ("", before), 30, f"rank {rank} back")
+
+    def restart(self, rank: int) -> None:
+        self.start(rank, self.stop(rank))
 
     def close(self) -> None:
         self.watcher.close()
@@ -86,13 +110,45 @@ def _refusals(seal: DriverSeal) -> list[bool]:
     return answers
 
 
-def test_a_job_refused_by_a_restarted_worker_runs_once_more_and_once_only(
+def test_a_job_refused_by_a_worker_that_joined_after_the_session_opened_runs_once(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    """Worker 0 restarts between two jobs of one session: the second job's result arrives,
-    with no error, after one refusal, and its code ran once (on rank 0, its only rank).
-    So through the general path (``ctx.run``: the client's own call) and for a job in flight
-    (``mp.submit``) too."""
+    """Worker 0 is down when the session opens (its ``SessionOpened`` names no incarnation
+    for rank 0) and up by the first job: that job, sealed for no process, is refused, sent
+    once more sealed for the process the refusal names, and its result arrives with no
+    error; its code ran once. So for a call (``write()``), the general path (``ctx.run``: the
+    client's own call) and a job in flight (``mp.submit``: the client's pump)."""
+    ran = tmp_path / "ran"
+    path = str(ran)
+    write = mp.device("P0")(lambda: open(path, "a").write("x\n"))  # noqa: SIM115
+    for how in ("call", "run", "submit"):
+        before = cluster.stop(0)
+        with cluster.connect() as ctx:  # a new client: it knows no incarnation yet
+            client = ctx.client
+            assert isinstance(client, Client) and client.seal is not None
+            cluster.start(0, before)
+            answers = _refusals(client.seal)
+            lines = _lines(ran)
+            if how == "call":
+                assert mp.fetch(write()) == 2
+            elif how == "run":
+                graph = mp.function(write).compile(ctx.cluster).graph
+                assert ctx.run(graph, {}).error is None
+            else:
+                assert mp.fetch(mp.submit(write).result(timeout=30)) == 2
+            assert answers == [True], how
+            assert _lines(ran) == lines + 1, how  # ran once, at the new process
+            assert mp.fetch(write()) == 2  # and the next job runs, not refused
+            assert answers == [True] and _lines(ran) == lines + 2
+
+
+def test_a_job_refused_by_a_restarted_worker_fails_and_the_next_runs_once(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Worker 0 restarts between two jobs of one session: the second job was sealed for
+    the process before, so its refusal reaches the user (never sent again: the refusal
+    could be forged for a job that ran); it ran nowhere, and the next job runs once. So for
+    a call, the general path and a job in flight."""
     ran = tmp_path / "ran"
     path = str(ran)
     write = mp.device("P0")(lambda: open(path, "a").write("x\n"))  # noqa: SIM115
@@ -102,22 +158,22 @@ def test_a_job_refused_by_a_restarted_worker_runs_once_more_and_once_only(
         answers = _refusals(client.seal)
         assert mp.fetch(write()) == 2
         assert _lines(ran) == 1
-
-        cluster.restart(0)
-        assert mp.fetch(write()) == 2  # no error: the refused job ran again
-        assert answers == [True]
-        assert _lines(ran) == 2  # once for the first job, once for the second
-        assert mp.fetch(write()) == 2
-        assert answers == [True] and _lines(ran) == 3
-
         graph = mp.function(write).compile(ctx.cluster).graph
-        cluster.restart(0)
-        assert ctx.run(graph, {}).error is None
-        assert answers == [True, True] and _lines(ran) == 4
-
-        cluster.restart(0)  # a job in flight (mp.submit): the client's pump sends it again
-        assert mp.fetch(mp.submit(write).result(timeout=30)) == 2
-        assert answers == [True, True, True] and _lines(ran) == 5
+        jobs: dict[str, Callable[[], object]] = {
+            "call": lambda: mp.fetch(write()),
+            "run": lambda: ctx.run(graph, {}),
+            "submit": lambda: mp.fetch(mp.submit(write).result(timeout=30)),
+        }
+        for how, job in jobs.items():
+            cluster.restart(0)
+            lines = _lines(ran)
+            with pytest.raises(mp.AuthenticationError, match="does not know"):
+                job()
+            assert answers[-1] is False, how
+            assert _lines(ran) == lines, how  # an honest broker: it ran nowhere
+            assert mp.fetch(write()) == 2
+            assert _lines(ran) == lines + 1, how
+        assert answers == [False] * 3
 
 
 def test_a_refused_job_of_two_ranks_is_not_sent_again(cluster: Cluster, tmp_path: Path) -> None:
@@ -142,3 +198,77 @@ def test_a_refused_job_of_two_ranks_is_not_sent_again(cluster: Cluster, tmp_path
         assert before in (2, 3)  # rank 1 ran it, or was stopped before it could
         mp.fetch(both())
         assert _lines(ran) == before + 2
+
+
+def test_a_refusal_forged_after_a_restart_runs_no_job_twice(tmp_path: Path) -> None:
+    """A hostile broker delivers a job of rank 0 alone to the worker process it was sealed
+    for, which runs it; it withholds the answer until that worker has restarted (one
+    process after the other, never two at once), then forges the new process's refusal of
+    the job's stream. The refusal is not sealed, so the driver cannot tell it from a real
+    one: the job must not be sealed again for the new process. The user sees the refusal;
+    the job ran once, and the next one runs once."""
+    setup = Setup(tmp_path, True)
+    try:
+        ran = tmp_path / "ran"
+        path = str(ran)
+
+        def note() -> int:  # the worker runs in this process: the file closed at once
+            with open(path, "a") as f:
+                return f.write("x\n")
+
+        write = mp.device("P0")(note)
+        with setup.ctx:
+            assert mp.fetch(write()) == 2
+            assert _lines(ran) == 1
+            held: list[tuple[bytes, str]] = []  # (the driver's routing id, the job)
+
+            def hold(peer: bytes, frames: list[Any]) -> list[tuple[bytes, list[Any]]]:
+                """Withhold the first successful JobResult the broker sends."""
+                if not held and bytes(frames[0]) == MAGIC_FRAME:
+                    msg = decode(frames, unpickle=False)
+                    if type(msg) is JobResult and msg.error is None:
+                        held.append((peer, msg.job))
+                        return []
+                return [(peer, frames)]
+
+            setup.tap.rewrite = hold
+            future = mp.submit(write)
+            wait_until(lambda: held, 20, "the job's answer, withheld")
+            assert _lines(ran) == 2  # it ran, at the process it was sealed for
+
+            old = setup.workers[0]
+            old.stop()
+            old.join(5)
+            setup.workers[0] = Worker(
+                setup.broker.address, 0, curve=setup.curves["node0"], data_root=tmp_path / "w0"
+            ).start()
+            assert setup.workers[0].joined.wait(15), "worker did not join"
+            incarnation = public_incarnation(
+                setup.broker.state.registry.by_rank[0].hello.incarnation
+            )
+
+            driver, job = held[0]
+            message = f"job {job} refused: {UNKNOWN_STREAM}: the driver does not know" + (
+                refusal_facts(incarnation, -1)
+            )
+            error = ErrorInfo("AuthenticationError", message, rank=0, op=UNKNOWN_STREAM, job=job)
+            forged = encode(JobResult(job, error=error))
+            sent: list[bool] = []
+
+            def inject(peer: bytes, frames: list[Any]) -> list[tuple[bytes, list[Any]]]:
+                """Send the forged refusal along with the broker's next message."""
+                out = [(peer, frames)]
+                if not sent:
+                    sent.append(True)
+                    out.append((driver, forged))
+                return out
+
+            setup.tap.rewrite = inject
+            with pytest.raises(mp.AuthenticationError, match="does not know"):
+                mp.fetch(future.result(timeout=30))
+            assert sent == [True]
+            assert _lines(ran) == 2, f"the job ran {_lines(ran) - 1} times"
+            assert mp.fetch(write()) == 2  # the next job: sealed for the new process
+            assert _lines(ran) == 3
+    finally:
+        setup.close()

@@ -469,8 +469,8 @@ def test_a_worker_restarted_under_a_running_driver_serves_it_again(
 ) -> None:
     """A restarted worker knows none of the driver's sequence numbers: the first job on it
     is refused (sealed for the process before it), and the refusal makes the driver number
-    its jobs afresh for that node and send that job once more (it ran nowhere): it runs,
-    and so do the next ones."""
+    its jobs afresh for that node. That job's refusal is its error (it is not sent again:
+    ``DriverSeal.refused``); the next ones run."""
     setup = make(True)
     with setup.ctx:
         one = mp.device("P0")(lambda: 1)
@@ -486,17 +486,21 @@ def test_a_worker_restarted_under_a_running_driver_serves_it_again(
             data_root=tmp_path / "data0-restarted",
         ).start()
         assert setup.workers[0].joined.wait(15), "worker did not join"
-        wait_until(lambda: _refused_or_ran(one), 20, "a job on the restarted worker")
+        refusals: list[str] = []
+        wait_until(lambda: _ran(one, refusals), 20, "a job on the restarted worker")
+        assert len(refusals) == 1 and "does not know" in refusals[0]
         assert mp.fetch(one()) == 1
 
 
-def _refused_or_ran(fn: Callable[[], Any]) -> bool:
-    """Run ``fn`` once on a worker that may still be joining: True once it ran; its
-    AuthenticationError goes up; other failures (the rank not back yet) mean try again."""
+def _ran(fn: Callable[[], Any], refusals: list[str]) -> bool:
+    """Run ``fn`` once on a worker that may still be joining: True once it ran; an
+    AuthenticationError is noted in ``refusals``; other failures (the rank not back yet)
+    mean try again."""
     try:
         mp.fetch(fn())
-    except mp.AuthenticationError:
-        raise
+    except mp.AuthenticationError as exc:
+        refusals.append(str(exc))
+        return False
     except mp.MplError:
         return False
     return True

@@ -199,19 +199,19 @@ def test_a_client_whose_stream_a_restarted_worker_forgot_starts_a_new_one() -> N
     assert stamp(sealed(client).bindings[0])[0] == stream
 
 
-def test_a_refused_job_is_sent_again_only_when_it_ran_nowhere() -> None:
-    """``refused`` says a job may go once more only for a refusal naming an incarnation
-    other than the one the job was sealed for, of a job of that rank alone sealed under the
-    epoch now in use: the refused Exec runs nowhere, its new sealing runs once. Another
-    refusal kind, a job of two ranks (the other may have run it), one of an older epoch, a
-    refusal naming the incarnation known now (a stream the worker forgot may have run it):
-    not again."""
+def test_a_refused_job_is_sent_again_only_when_it_was_sealed_for_no_process() -> None:
+    """``refused`` says a job may go once more only when it was sealed for no incarnation
+    (the broker named none for its rank: a worker that joined after the session opened),
+    under the epoch now in use, for that rank alone, and the refusal names an incarnation:
+    that box opens at no worker process, and its new sealing runs once. Another refusal
+    kind, a job of two ranks (the other may have run it), one of an older epoch, and a job
+    sealed for a known process (a restart: a hostile broker can forge the new process's
+    refusal for a job the old one ran) are not sent again; that one's next job runs."""
     cluster = Cluster()
-    a, b, c = cluster.client(), cluster.client(), cluster.client()
-    assert runs(cluster.worker, sealed(a))
-    restarted = cluster.restart()
+    a, b, c = (cluster.client(incarnation="") for _ in range(3))  # no incarnation known
     job = sealed(a)
-    _, refusal = restarted.inbound(_wire(job))
+    assert not runs(cluster.worker, job)  # sealed for no process: opens nowhere
+    _, refusal = cluster.worker.inbound(_wire(job))
     assert type(refusal) is Failed and refusal.error.op == UNKNOWN_STREAM
     error = refusal.error
     other = ErrorInfo("AuthenticationError", error.message, rank=0, op="inputs")
@@ -222,13 +222,23 @@ def test_a_refused_job_is_sent_again_only_when_it_ran_nowhere() -> None:
     assert c.sealer is not None and c.sealer.renew("node:n0", 0)  # a new epoch from now
     assert c.refused(error, older.bindings) is False
 
-    assert a.refused(error, job.bindings) is True  # sealed for the old process
-    assert not runs(restarted, job)  # the refused Exec still opens nowhere here
+    assert a.refused(error, job.bindings) is True  # sealed for no process
+    assert not runs(cluster.worker, job)  # the refused Exec still opens nowhere
     again = a.exec(Exec("s", "again", "digest", (0,), {}, (0,), 5.0))
-    assert runs(restarted, again)  # its new sealing runs, once
-    assert not runs(restarted, again)
+    assert runs(cluster.worker, again)  # its new sealing runs, once
+    assert not runs(cluster.worker, again)
     assert a.refused(error, job.bindings) is False  # names the incarnation known now
     assert a.refused(error, again.bindings) is False
+
+    known = cluster.client()  # told the worker's incarnation
+    ran = sealed(known)
+    assert runs(cluster.worker, ran)  # the process it was sealed for ran it
+    restarted = cluster.restart()
+    _, refusal = restarted.inbound(_wire(ran))  # a refusal a broker could forge
+    assert type(refusal) is Failed and refusal.error.op == UNKNOWN_STREAM
+    assert known.refused(refusal.error, ran.bindings) is False  # it ran: not again
+    assert not runs(restarted, ran)
+    assert runs(restarted, sealed(known))  # the next job is sealed for the new process
 
 
 def test_an_exec_held_back_past_the_window_is_refused() -> None:

@@ -26,9 +26,11 @@ What the guard forgot cannot be replayed either:
   ``SessionOpened``; an Exec that does not open, of a stream the worker does not know, is
   refused with ``op`` ``UNKNOWN_STREAM`` and the worker's own incarnation (and floor) at
   the end of the message (:func:`refusal_facts`): the driver then seals for that worker,
-  under a new epoch, and its next job runs; the refused job itself is sent once more when
-  it ran nowhere (``DriverSeal.refused``: a job of that rank alone, sealed for another
-  incarnation than the one the refusal names).
+  under a new epoch, and its next job runs; the refused job itself is sent once more only
+  when it opened nowhere (``DriverSeal.refused``: a job of that rank alone, sealed for no
+  incarnation, as for a worker that joined after the session opened). After a restart the
+  refusal is the job's error: it is not sealed, so a broker could forge it for a job the
+  process before ran.
 * **Eviction.** Bounded memory: ``STREAMS`` streams per driver (the drivers are the
   spec's), least recently used out first, so one driver's clients cannot push another
   driver's streams out. A stream's epoch starts with its start time, the sealing
