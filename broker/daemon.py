@@ -401,23 +401,19 @@ class Broker:
                     self.refusals.refused(peer.hex(), f"bad message: {exc}")
                     self._perform(self.state.protocol_error(peer, exc), logged=True)
                     return
-                msg = read
-                self._accounts.append((self.ledger.received, read, now))
                 # the magic, the header, each rank's box (the state gives each its own)
                 raw = [SEALED_EXEC_MAGIC, head, *boxes]
-                actions = self.state.exec_read(peer, read, now, raw, who)
-                if len(self._jobs) == 1 and not self._outbox:
-                    self._fan_out(actions)  # nothing it could be batched with
-                else:
-                    self._perform(actions)
-                return
-            if type(read) is Exec:  # an Exec: checked and built without the decoder
-                msg = read
-                self._accounts.append((self.ledger.received, read, now))
+            elif type(read) is Exec:  # an Exec: checked and built without the decoder
                 # forwarded as bytes (the header's the read cached, the magic it checked):
                 # a short frame costs less to send copied than as a zmq.Frame
                 header = body[1]
                 raw = [MAGIC_FRAME, header.bytes if hasattr(header, "bytes") else bytes(header)]
+            else:
+                raw = None
+            if raw is not None:
+                assert type(read) is Exec
+                msg = read
+                self._accounts.append((self.ledger.received, read, now))
                 actions = self.state.exec_read(peer, read, now, raw, who)
                 if len(self._jobs) == 1 and not self._outbox:
                     self._fan_out(actions)  # nothing it could be batched with
