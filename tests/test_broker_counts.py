@@ -359,6 +359,25 @@ def test_exec_read_keeps_the_checks_handle_makes_on_an_exec() -> None:
     assert state.calls.jobs == {}
 
 
+def turned_until(
+    broker: Any, sock: zmq.Socket[Any], kind: type[Any], count: Any = None, turns: int = 1000
+) -> Any:
+    """The next message of ``kind`` to ``sock``, ``broker``'s loop turned by hand until it
+    comes (its turns counted by ``count``, a sys.setprofile function, if given)."""
+    for _ in range(turns):  # each turn ends after RCVTIMEO with nothing queued
+        if sock.poll(0):
+            msg = decode(sock.recv_multipart(), unpickle=False)
+            if isinstance(msg, kind):
+                return msg
+            continue
+        sys.setprofile(count)
+        try:
+            broker._turn(float("inf"))
+        finally:
+            sys.setprofile(None)
+    raise AssertionError(f"no {kind.__name__}")
+
+
 class _Shell:
     """A real ``Broker`` on inproc, its loop turned by hand (``_turn`` with no timers due),
     fed by DEALER sockets standing in for ``world`` workers and a driver: what the rig
@@ -391,20 +410,7 @@ class _Shell:
         return sock
 
     def _next(self, sock: zmq.Socket[Any], kind: type[Any], count: Any = None) -> Any:
-        """The next message of ``kind`` to ``sock``, the broker turned until it comes (its
-        turns counted by ``count``, a sys.setprofile function, if given)."""
-        for _ in range(1000):  # each turn ends after RCVTIMEO with nothing queued
-            if sock.poll(0):
-                msg = decode(sock.recv_multipart(), unpickle=False)
-                if isinstance(msg, kind):
-                    return msg
-                continue
-            sys.setprofile(count)
-            try:
-                self.broker._turn(float("inf"))
-            finally:
-                sys.setprofile(None)
-        raise AssertionError(f"no {kind.__name__}")
+        return turned_until(self.broker, sock, kind, count)
 
     def job(self, count: Any) -> None:
         """One trivial job on every rank, its answer checked; the broker's turns for it

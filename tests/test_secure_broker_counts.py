@@ -9,16 +9,16 @@ reading each message's authenticated identity from its frame.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import zmq
+from test_broker_counts import turned_until
 
 from mpl.broker.daemon import Broker
 from mpl.wire import GraphBuilder
 from mpl.wire.cluster import ClusterSpec
-from mpl.wire.codec import decode, encode
+from mpl.wire.codec import encode
 from mpl.wire.control import WorkerHello
 from mpl.wire.curve import Curve
 from mpl.wire.jobs import Done, Exec, JobResult, Program
@@ -76,18 +76,7 @@ class _Cluster:
         self.jobs = 0
 
     def _next(self, sock: zmq.Socket[Any], kind: type[Any], count: Any) -> Any:
-        for _ in range(2000):  # each turn ends after RCVTIMEO with nothing queued
-            if sock.poll(0):
-                msg = decode(sock.recv_multipart(), unpickle=False)
-                if isinstance(msg, kind):
-                    return msg
-                continue
-            sys.setprofile(count)
-            try:
-                self.broker._turn(float("inf"))
-            finally:
-                sys.setprofile(None)
-        raise AssertionError(f"no {kind.__name__}")
+        return turned_until(self.broker, sock, kind, count, turns=2000)
 
     def job(self, count: Any) -> None:
         self.jobs += 1
