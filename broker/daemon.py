@@ -45,7 +45,7 @@ from mpl.broker.ledger import JobLedger
 from mpl.broker.state import BrokerState, Send
 from mpl.wire.batch import coalesce, is_batch, split_batch
 from mpl.wire.cluster import ClusterSpec
-from mpl.wire.codec import MAGIC_FRAME, decode, encode
+from mpl.wire.codec import MAGIC_FRAME, SLICE_BELOW, decode, encode, from_wire, to_wire
 from mpl.wire.control import HEARTBEAT_S, Bye, Directory, Heartbeat, Refused
 from mpl.wire.curve import BROKER_DOMAIN, Curve, broker_admits
 from mpl.wire.errors import ProtocolError
@@ -200,7 +200,7 @@ class Broker:
         declared silent (after the broker was descheduled for a while, say). The loop
         over wake-ups is here, not in the caller: a call and a look at the stop flag fewer
         per message (each rank's Done is one), and the stop flag is seen at every tick.
-        A message of two parts from a peer already known (each rank's Done, most) is
+        A message of one part (wire v4) from a peer already known (each rank's Done, most) is
         read and handed to the state here too, as :meth:`_route` would: no call and no
         list of its frames per message.
         """
@@ -209,7 +209,7 @@ class Broker:
         monotonic = time.monotonic
         # recv_frames written out for the compiled socket (a test's stand-in gets the call)
         recv = _raw_recv if isinstance(router, zmq.backend.Socket) else None
-        # what _route does with a message of two parts from a peer whose fd is mapped,
+        # what _route does with a message of one part from a peer whose fd is mapped,
         # written out below for the compiled socket: each rank's Done is one
         mapped = None if self.monitor is None else self._peer_fd
         secure, counters, done_read = self.secure, self.state.counters, self.state.dones.read
@@ -221,35 +221,37 @@ class Broker:
                     # the routing id as bytes: no Frame for it (a ROUTER message always has
                     # a part after it; its source fd and User-Id ride on every part)
                     peer = recv(router, 0, True)
-                    magic = recv(router, 0, False)
+                    first = recv(router, 0, False)  # the magic and the header (wire v4)
                     frames = None
-                    if magic.more:  # the rest of a multipart message is there already
-                        header = recv(router, 0, False)
-                        if header.more:
-                            frames = [peer, magic, header]
-                            frame = header
-                            while frame.more:
-                                frame = recv(router, 0, False)
-                                frames.append(frame)
-                    else:
-                        frames = [peer, magic]
+                    if first.more:  # buffer frames: the rest is there already
+                        frames = [peer, first]
+                        frame = first
+                        while frame.more:
+                            frame = recv(router, 0, False)
+                            frames.append(frame)
             except zmq.Again:
                 break
             # one clock read per wake-up: its messages arrived together, and the timers
             # wait at most one wake-up longer
             now = monotonic()
-            if frames is not None or (mapped is not None and peer not in mapped):
-                self._route(frames or [peer, magic, header], now)
+            if (
+                frames is not None
+                or (mapped is not None and peer not in mapped)
+                or len(first) >= SLICE_BELOW  # a large header: viewed, not sliced (_route)
+            ):
+                self._route(frames or [peer, first], now)
             else:
-                # _route of a message of two parts (a hot Done, most), without the call,
+                # _route of a message of one part (a hot Done, most), without the call,
                 # the list of its frames and the checks of what the receive made them
                 try:  # one message's failure stays that message's failure
                     # the connection's authenticated identity, read per message (never
                     # cached: a routing id may come back on another key's connection)
-                    who = _frame_get(magic, USER_ID) if secure else None
-                    # the frames' bytes (copied once, kept by the frame), counted from them
-                    head, data = magic.bytes, header.bytes
-                    counters["bytes_routed"] += len(head) + len(data)
+                    who = _frame_get(first, USER_ID) if secure else None
+                    # the frame's bytes (copied once, kept by the frame), counted, then cut
+                    # into the magic and the header
+                    one = first.bytes
+                    counters["bytes_routed"] += len(one)
+                    head, data = one[:4], one[4:]
                     read = read_hot_header(head, data)
                     if type(read) is DoneRead:
                         actions = done_read(peer, read, now, who)
@@ -259,7 +261,7 @@ class Broker:
                     self._contain(peer, None, exc)
                 else:
                     if type(read) is not DoneRead:
-                        self._handle(peer, [magic, header], now, who, batch_ok=True, read=read)
+                        self._handle(peer, [head, data], now, who, batch_ok=True, read=read)
             # With one job or none in flight nothing queued could share a batch with what
             # this message asks to send: skip the receive that would find nothing (a
             # system call and a zmq.Again on the one-job-at-a-time path).
@@ -335,14 +337,17 @@ class Broker:
             who = None
             if self.secure:
                 who = _frame_get(body[0], USER_ID) if type(body[0]) is _Frame else ""
-            if len(body) == 2 and type(body[0]) is _Frame and type(body[1]) is _Frame:
-                # the frames' bytes (copied once, kept by the frame), counted from them
-                magic, header = body[0].bytes, body[1].bytes
-                self.state.counters["bytes_routed"] += len(magic) + len(header)
-                read = read_hot_header(magic, header)
+            if len(body) == 1 and type(one := body[0]) is _Frame and len(one) < SLICE_BELOW:
+                # the frame's bytes (copied once, kept by the frame), counted, then cut
+                # into the magic and the header
+                one = one.bytes
+                self.state.counters["bytes_routed"] += len(one)
+                body = [one[:4], one[4:]]
+                read = read_hot_header(*body)
             else:
-                # received frames: len() is their size in bytes
+                # received frames: len() is their size in bytes; a large header is viewed
                 self.state.counters["bytes_routed"] += sum(map(len, body))
+                body = from_wire(body)
                 read = read_hot(body)
             if type(read) is DoneRead:
                 actions = self.state.dones.read(peer, read, now, who)
@@ -453,12 +458,11 @@ class Broker:
                 if type(msg) is not Exec or frames is None or type(frames[1]) is not bytes:
                     self._perform(actions[at:])
                     return
-                checked, (magic, header) = frames, frames
-                copy = len(header) < _COPY_BELOW
+                checked, whole = frames, frames[0] + frames[1]  # one frame (wire v4)
+                copy = len(whole) < _COPY_BELOW
             try:
                 send(router, peer, _MORE)
-                send(router, magic, _MORE)
-                send(router, header, _NOBLOCK, copy)
+                send(router, whole, _NOBLOCK, copy)
             except Exception as exc:
                 self._unsent(peer, ((action, frames),), exc)
 
@@ -468,7 +472,7 @@ class Broker:
         if reply is not None and peer is not None:
             self._flush()  # after what was queued for the peer before it
             with contextlib.suppress(Exception):
-                self.router.send_multipart([peer, *encode(reply)], zmq.NOBLOCK, copy=False)
+                self.router.send_multipart([peer, *to_wire(encode(reply))], zmq.NOBLOCK, copy=False)
 
     def _drain_monitor(self) -> None:
         assert self.monitor is not None
@@ -547,10 +551,10 @@ class Broker:
                     if len(frames) != 2 or type(header := frames[1]) is not bytes:
                         self._send_to(action.peer, frames, (item,))
                         continue
+                    whole = frames[0] + header  # one frame (wire v4)
                     try:
                         _raw_send(router, action.peer, _MORE)
-                        _raw_send(router, frames[0], _MORE)
-                        _raw_send(router, header, _NOBLOCK, len(header) < _COPY_BELOW)
+                        _raw_send(router, whole, _NOBLOCK, len(whole) < _COPY_BELOW)
                     except Exception as exc:
                         self._unsent(action.peer, (item,), exc)
                 continue
@@ -589,11 +593,11 @@ class Broker:
                 and type(header := frames[1]) is bytes
                 and isinstance(router, zmq.backend.Socket)
             ):  # send_frames written out for a header-only message (a job's answer)
+                whole = frames[0] + header  # one frame (wire v4)
                 _raw_send(router, peer, _MORE)
-                _raw_send(router, frames[0], _MORE)
-                _raw_send(router, header, _NOBLOCK, len(header) < _COPY_BELOW)
+                _raw_send(router, whole, _NOBLOCK, len(whole) < _COPY_BELOW)
             else:
-                send_frames(router, [peer, *frames])
+                send_frames(router, [peer, *to_wire(frames)])
         except Exception as exc:
             self._unsent(peer, carried, exc)
 
@@ -624,4 +628,4 @@ class Broker:
         bye: Record = Bye("broker shutting down")
         for peer in list(self.state.registry.by_peer) + list(self.state.drivers):
             with contextlib.suppress(zmq.ZMQError):
-                self.router.send_multipart([peer, *encode(bye)], zmq.NOBLOCK)
+                self.router.send_multipart([peer, *to_wire(encode(bye))], zmq.NOBLOCK)

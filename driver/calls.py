@@ -25,7 +25,7 @@ import zmq
 from mpl.driver.job_progress import ProgressBoard
 from mpl.driver.watch import BrokerWatch
 from mpl.wire.batch import is_batch, split_batch
-from mpl.wire.codec import decode, encode, foreign_version
+from mpl.wire.codec import decode, encode, foreign_version, from_wire, to_wire
 from mpl.wire.control import Bye, Refused
 from mpl.wire.curve import Curve
 from mpl.wire.errors import MplError, MplTimeoutError, ProtocolError, SessionError
@@ -124,7 +124,7 @@ class BrokerCalls:
         broker stays full for ``timeout``: a delete or close is then left to the session's
         end or lease, a program is sent again when the broker asks for it."""
         try:
-            send_frames(self._socket(), encode(msg), 0)  # blocks at most SNDTIMEO
+            send_frames(self._socket(), to_wire(encode(msg)), 0)  # blocks at most SNDTIMEO
         except zmq.Again:
             log.warning("the broker at %s takes no messages: dropped a %s", self.address, msg.TAG)
 
@@ -142,7 +142,7 @@ class BrokerCalls:
         limit = self.timeout if timeout is None else max(0.0, timeout)
         sock = self._socket()
         try:
-            send_frames(sock, encode(msg), 0)  # blocks at most SNDTIMEO
+            send_frames(sock, to_wire(encode(msg)), 0)  # blocks at most SNDTIMEO
         except zmq.Again:
             raise MplTimeoutError(
                 f"{what}: the broker at {self.address} took no message for {self.timeout:g} s "
@@ -162,7 +162,7 @@ class BrokerCalls:
         sock = self._socket()
         job = msg.job
         try:
-            send_frames(sock, exec_frames(msg), 0)  # blocks at most SNDTIMEO
+            send_frames(sock, to_wire(exec_frames(msg)), 0)  # blocks at most SNDTIMEO
         except zmq.Again:
             raise MplTimeoutError(
                 f"job {job}: the broker at {self.address} took no message for "
@@ -212,7 +212,7 @@ class BrokerCalls:
                     if trouble is not None:
                         raise trouble
                 try:
-                    frames = recv_frames(sock)
+                    frames = from_wire(recv_frames(sock))
                 except zmq.Again:
                     if job is not None:  # its bar, once it runs long enough
                         self.progress.tick(job)

@@ -36,6 +36,7 @@ from mpl.driver.inflight import JobPump, Pending
 from mpl.driver.job_future import JobFuture
 from mpl.driver.job_progress import ProgressBoard
 from mpl.driver.watch import BrokerWatch
+from mpl.wire.codec import to_wire
 from mpl.wire.control import HEARTBEAT_S
 from mpl.wire.curve import Curve
 from mpl.wire.data import Fetch
@@ -395,7 +396,8 @@ class Client(BrokerCalls):
         if not any(uris.values()):
             return
         try:  # the frames of Delete(session, uris), packed without building the record
-            send_frames(self._socket(), delete_frames(session, uris), 0)  # at most SNDTIMEO
+            frames = to_wire(delete_frames(session, uris))
+            send_frames(self._socket(), frames, 0)  # blocks at most SNDTIMEO
         except zmq.Again:
             log.warning("the broker at %s takes no messages: dropped a delete", self.address)
 

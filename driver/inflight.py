@@ -29,7 +29,7 @@ import zmq
 
 from mpl.driver.job_future import JobFuture, settle
 from mpl.wire.batch import coalesce, is_batch, split_batch
-from mpl.wire.codec import encode
+from mpl.wire.codec import encode, from_wire, to_wire
 from mpl.wire.control import Bye, Refused
 from mpl.wire.errors import MplError, MplTimeoutError, ProtocolError, SessionError
 from mpl.wire.exec_pack import exec_frames
@@ -221,7 +221,7 @@ class JobPump:
         for frames, carried in plan:
             part = messages[at : at + carried]
             try:
-                send_frames(sock, frames)
+                send_frames(sock, to_wire(frames))
             except zmq.Again:  # the rest wait for room, in order
                 self._unsent += [job for _, _, job, _ in messages[at:] if job is not None]
                 return
@@ -239,9 +239,9 @@ class JobPump:
             if with_program:
                 seal = self._client.seal
                 program = seal.program(p.graph) if seal else Program(p.graph.digest, p.graph)
-                send_frames(sock, encode(program))
+                send_frames(sock, to_wire(encode(program)))
                 self._client._programs.add(p.graph.digest)
-            send_frames(sock, exec_frames(p.msg))
+            send_frames(sock, to_wire(exec_frames(p.msg)))
         except zmq.Again:
             self._unsent.append(p)
             return
@@ -257,7 +257,8 @@ class JobPump:
         # GIL with this loop for every result still to read (a futex wait and wake each time).
         ready: list[tuple[JobFuture, Any]] = []
         try:
-            for received in drain(sock, _DRAIN):
+            for wired in drain(sock, _DRAIN):
+                received = from_wire(wired)
                 if is_batch(received):  # several answers in one: each as if alone
                     try:
                         messages = split_batch(received)
@@ -368,7 +369,7 @@ class JobPump:
                 del self._inflight[job]
                 reason = f"the driver stopped waiting after {p.limit:g} s"
                 with contextlib.suppress(zmq.Again):  # best effort: the broker's own deadline
-                    send_frames(sock, encode(Cancel(p.msg.session, job, reason)))
+                    send_frames(sock, to_wire(encode(Cancel(p.msg.session, job, reason))))
                 _fail(
                     p,
                     MplTimeoutError(

@@ -35,7 +35,7 @@ import zmq
 from mpl.driver.client import _REPORT_GRACE_S, _JobIds
 from mpl.driver.context import _DELETE_BATCH, _DELETE_EVERY_S, _record
 from mpl.driver.job_progress import _REMEMBERED
-from mpl.wire.codec import MAGIC_FRAME
+from mpl.wire.codec import MAGIC_FRAME, SLICE_BELOW, from_wire, to_wire
 from mpl.wire.errors import MplError, MplTimeoutError
 from mpl.wire.exec_pack import exec_frames, exec_parts, pack_bindings
 from mpl.wire.graph import Graph
@@ -152,12 +152,12 @@ class JobSite:
             if seal is None:  # plain bindings, packed into the header
                 assert parts is not None  # (checked above)
                 head, middle, tail = parts
-                header = b"".join((head, _ID_MARK, job_bytes, middle, packed, tail))
-                if len(header) < _SMALL:
-                    _send(sock, MAGIC_FRAME, _MORE)
-                    _send(sock, header, 0)
+                # one frame (wire v4): the magic, then the header
+                one = b"".join((MAGIC_FRAME, head, _ID_MARK, job_bytes, middle, packed, tail))
+                if len(one) < _SMALL:
+                    _send(sock, one, 0)
                 else:
-                    send_frames(sock, [MAGIC_FRAME, header], 0)
+                    send_frames(sock, [one], 0)
             else:
                 bin8 = BIN8_HEADS
                 boxes = seal.sealed(
@@ -168,11 +168,19 @@ class JobSite:
                     # in the order of graph.ranks (as sealed) (mpl.wire.sealed_exec): the
                     # broker forwards each rank the header and its box, nothing cut or packed
                     head, middle, tail = parts
-                    packed = [head, _ID_MARK, job_bytes, middle, _EMPTY_MAP, tail]
+                    # (one frame, wire v4: the magic first)
+                    packed = [
+                        SEALED_EXEC_MAGIC,
+                        head,
+                        _ID_MARK,
+                        job_bytes,
+                        middle,
+                        _EMPTY_MAP,
+                        tail,
+                    ]
                     for box in boxes.values():  # a plain loop: a comprehension is a call
                         n = len(box)
                         packed += (bin8[n] if n < 256 else b"\xc5" + n.to_bytes(2, "big"), box)
-                    _send(sock, SEALED_EXEC_MAGIC, _MORE)
                     _send(sock, b"".join(packed), 0)
                 else:  # a sealed record among them (large inputs): the codec's shape
                     msg = object.__new__(Exec)
@@ -185,7 +193,7 @@ class JobSite:
                         inline=self.inline,
                         timeout_s=limit,
                     )
-                    send_frames(sock, exec_frames(msg), 0)
+                    send_frames(sock, to_wire(exec_frames(msg)), 0)
         except zmq.Again:
             raise MplTimeoutError(
                 f"job {job}: the broker at {client.address} took no message for "
@@ -208,10 +216,16 @@ class JobSite:
             except zmq.Again:
                 frame = None
             if frame is not None:
-                frames = [frame]
-                while frame.more:
-                    frame = _recv(sock, 0, False)
-                    frames.append(frame)
+                if not frame.more and len(frame) < SLICE_BELOW:
+                    # one frame (wire v4): copied once, cut into the magic and the header
+                    one = frame.bytes
+                    frames: list[Any] = [one[:4], one[4:]]
+                else:
+                    wired = [frame]
+                    while frame.more:
+                        frame = _recv(sock, 0, False)
+                        wired.append(frame)
+                    frames = from_wire(wired)
                 fields = result_fields(frames, _ANSWER_HEAD + job_bytes, safe=client.safe)
                 if fields is not None:  # this job's result (read_answer's read of it)
                     if not fields[4]:  # not missing_program: ProgressBoard.end, written out

@@ -26,7 +26,7 @@ from typing import Any
 
 import zmq
 
-from mpl.wire.codec import decode, encode
+from mpl.wire.codec import decode, encode, from_wire, to_wire
 from mpl.wire.control import HEARTBEAT_LIVENESS, Heartbeat, Reregister
 from mpl.wire.curve import Curve
 from mpl.wire.errors import (
@@ -129,7 +129,7 @@ class BrokerWatch:
                 now = time.monotonic()
                 if now >= next_beat:
                     next_beat = now + self._heartbeat_s
-                    beat = encode(Heartbeat(sessions=sorted(self._sessions)))
+                    beat = to_wire(encode(Heartbeat(sessions=sorted(self._sessions))))
                     with contextlib.suppress(zmq.Again):  # a full queue: this beat is moot
                         sock.send_multipart(beat, zmq.NOBLOCK)
                 ready = dict(poller.poll(int(max(0.0, next_beat - now) * 1000) + 1))
@@ -139,7 +139,7 @@ class BrokerWatch:
                     heard = time.monotonic()
                     self.silence = None
                     try:
-                        msg = decode(sock.recv_multipart(copy=False), safe=True)
+                        msg = decode(from_wire(sock.recv_multipart(copy=False)), safe=True)
                     except ProtocolError:
                         continue
                     if isinstance(msg, Reregister):

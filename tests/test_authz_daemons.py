@@ -17,7 +17,7 @@ import zmq
 from helpers import nap_then, stats, wait_until
 
 from mpl.wire import GraphBuilder
-from mpl.wire.codec import decode, encode
+from mpl.wire.codec import decode, encode, from_wire, to_wire
 from mpl.wire.control import Channel, Directory, Refused, Welcome, WorkerHello
 from mpl.wire.data import Fetch, Move
 from mpl.wire.errors import SessionAccessError
@@ -38,13 +38,13 @@ class Raw:
         self.sock.connect(address)
 
     def send(self, msg: Record) -> None:
-        self.sock.send_multipart(encode(msg))
+        self.sock.send_multipart(to_wire(encode(msg)))
 
     def wait_for(self, match: Any, timeout: float = 10.0) -> Record:
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             if self.sock.poll(int(left * 1000) + 1):
-                msg = decode(self.sock.recv_multipart(), unpickle=False)
+                msg = decode(from_wire(self.sock.recv_multipart()), unpickle=False)
                 if match(msg):
                     return msg
         raise AssertionError("no matching answer in time")
@@ -210,7 +210,9 @@ def test_moves_for_unknown_jobs_stay_within_the_bound(make_cluster: Any, zctx: A
     push.setsockopt(zmq.LINGER, 1000)
     push.connect(directory.peers[1].data_addr)
     for i in range(3000):
-        push.send_multipart(encode(Move("s", f"guess{i}", 0, 0, 0, 1, b"x" * 100)), copy=False)
+        push.send_multipart(
+            to_wire(encode(Move("s", f"guess{i}", 0, 0, 0, 1, b"x" * 100))), copy=False
+        )
     wait_until(
         lambda: stats(watcher, 1).get("moves_dropped", 0) >= 3000 - 1024,
         what="rank 1 to count the dropped moves",

@@ -32,7 +32,7 @@ from mpl.wire.batch import (
     split_batch,
 )
 from mpl.wire.cluster import ClusterSpec
-from mpl.wire.codec import MAGIC_FRAME, decode, encode
+from mpl.wire.codec import MAGIC_FRAME, decode, encode, from_wire, to_wire
 from mpl.wire.control import Heartbeat, Refused, Welcome, WorkerHello
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Done, Exec, JobResult, Lit, Program
@@ -53,6 +53,9 @@ def _header(msg: Record) -> bytes:
     return bytes(frames[1])
 
 
+_HB = _header(Heartbeat())
+
+
 def test_a_batch_splits_into_the_messages_as_they_would_arrive_alone() -> None:
     msgs = [Heartbeat(), Exec("s", "j1", "d", (0,), {}), Done("s", "j1", 0, {0: 7})]
     frames = batch_frames([_header(m) for m in msgs])
@@ -66,9 +69,13 @@ def test_a_batch_splits_into_the_messages_as_they_would_arrive_alone() -> None:
 @pytest.mark.parametrize(
     ("frames", "why"),
     [
-        ([BATCH_MAGIC], "empty"),
-        ([BATCH_MAGIC, *[b"\x90"] * (MAX_BATCH + 1)], "at most"),
-        ([BATCH_MAGIC, b"\x90", BATCH_MAGIC, b"\x90"], "inside a batch"),
+        ([BATCH_MAGIC, msgpack.packb([])], "empty"),
+        ([BATCH_MAGIC, msgpack.packb([b"\x90"] * (MAX_BATCH + 1))], "at most"),
+        ([BATCH_MAGIC, msgpack.packb([b"\x90", [b"\x90"]])], "other than headers"),
+        ([BATCH_MAGIC, msgpack.packb([b"\x90", "\x90"])], "does not read"),  # a str
+        ([BATCH_MAGIC, msgpack.packb([b"\x90"]) + b"\x90"], "does not read"),
+        ([BATCH_MAGIC, b""], "no array"),
+        ([BATCH_MAGIC, b"\x90", b"\x90"], "magic and one frame"),  # version 3's shape
     ],
 )
 def test_an_empty_oversized_or_nested_batch_is_refused(frames: list[bytes], why: str) -> None:
@@ -80,7 +87,7 @@ def test_a_sender_never_builds_an_empty_or_oversized_batch() -> None:
     for count in (0, MAX_BATCH + 1):
         with pytest.raises(ValueError, match="a batch holds"):
             batch_frames([b"\x90"] * count)
-    assert len(batch_frames([b"\x90"] * MAX_BATCH)) == MAX_BATCH + 1
+    assert len(to_wire(batch_frames([b"\x90"] * MAX_BATCH))) == 1  # one frame on the wire
 
 
 def test_coalesce_keeps_the_order_and_sends_a_large_message_alone_in_place() -> None:
@@ -90,9 +97,9 @@ def test_coalesce_keeps_the_order_and_sends_a_large_message_alone_in_place() -> 
     batchable = [True, True, True, True, False, True, True]
     plan = coalesce(zip([small[0], small[1], large, *small[2:]], batchable, strict=True))
     assert [carried for _, carried in plan] == [2, 1, 1, 1, 2]
-    assert plan[0][0] == [BATCH_MAGIC, small[0][1], small[1][1]]
+    assert plan[0][0] == batch_frames([small[0][1], small[1][1]])
     assert plan[1][0] is large and plan[2][0] is small[2] and plan[3][0] is small[3]
-    assert plan[4][0] == [BATCH_MAGIC, small[4][1], small[5][1]]
+    assert plan[4][0] == batch_frames([small[4][1], small[5][1]])
     many = coalesce([(small[0], True)] * (MAX_BATCH + 3))
     assert [carried for _, carried in many] == [MAX_BATCH, 3]
 
@@ -110,10 +117,10 @@ class Raw:
         self.got = 0
 
     def send(self, msg: Record) -> None:
-        self.sock.send_multipart(encode(msg))
+        self.sock.send_multipart(to_wire(encode(msg)))
 
     def send_batch(self, msgs: Sequence[Record]) -> None:
-        self.sock.send_multipart(batch_frames([_header(m) for m in msgs]))
+        self.sock.send_multipart(to_wire(batch_frames([_header(m) for m in msgs])))
 
     def messages(self, timeout: float) -> Iterator[tuple[list[bytes], Record]]:
         """What arrives within ``timeout`` (each batch's messages one by one), with the
@@ -122,7 +129,7 @@ class Raw:
         while (left := deadline - time.monotonic()) > 0:
             if not self.sock.poll(int(left * 1000) + 1):
                 return
-            frames = self.sock.recv_multipart()
+            frames = from_wire(self.sock.recv_multipart())
             self.got += 1
             for one in split_batch(frames) if is_batch(frames) else [frames]:
                 yield frames, decode(one, unpickle=False)
@@ -289,21 +296,22 @@ def test_a_driver_batch_of_execs_comes_back_as_one_batch_of_results(
 
 
 @pytest.mark.parametrize(
-    ("inner", "why"),
+    ("wire", "why"),
     [
-        ([], "an empty batch"),
-        ([_header(Heartbeat())] * (MAX_BATCH + 1), "a batch of 65"),
-        ([_header(Heartbeat()), BATCH_MAGIC, _header(Heartbeat())], "a batch inside"),
+        ([BATCH_MAGIC + msgpack.packb([])], "an empty batch"),
+        ([BATCH_MAGIC + msgpack.packb([_header(Heartbeat())] * 65)], "a batch of 65"),
+        ([BATCH_MAGIC + msgpack.packb([_HB, [_HB]])], "other than headers"),
+        ([BATCH_MAGIC, _HB, _HB], "its magic and one frame"),  # version 3's shape
     ],
 )
 def test_a_bad_batch_is_refused_as_one_bad_message_and_the_broker_still_serves(
-    rig: tuple[Broker, Any], inner: list[bytes], why: str
+    rig: tuple[Broker, Any], wire: list[bytes], why: str
 ) -> None:
     _, raw = rig
     workers = _joined(raw)
     driver, sid, digest = _session(raw)
     before = _status(driver, 2)
-    driver.sock.send_multipart([BATCH_MAGIC, *inner])
+    driver.sock.send_multipart(wire)
     refused, _ = driver.wait_for(Refused)
     assert isinstance(refused, Refused) and why in refused.error.message
     assert refused.error.kind == "ProtocolError"
@@ -322,7 +330,7 @@ def test_garbage_inner_headers_are_each_refused_as_alone_and_the_rest_handled(
     driver, sid, digest = _session(raw)
     before = _status(driver, 2)
     garbage = [b"\xc1", msgpack.packb(["exec", "not", "an", "exec"]), b"\x91\xa4done"]
-    driver.sock.send_multipart(batch_frames([*garbage, _header(StatusRequest(3))]))
+    driver.sock.send_multipart(to_wire(batch_frames([*garbage, _header(StatusRequest(3))])))
     refusals = 0
     for _, msg in driver.messages(10):
         if isinstance(msg, Refused):
@@ -403,7 +411,8 @@ class FakeBroker:
     def pump(self, timeout_ms: int) -> None:
         while self.router.poll(timeout_ms):
             timeout_ms = 0
-            who, *frames = self.router.recv_multipart()
+            who, *wired = self.router.recv_multipart()
+            frames = from_wire(wired)
             inner = split_batch(frames) if is_batch(frames) else [frames]
             msgs = [decode(one) for one in inner]
             if any(isinstance(m, WorkerHello) for m in msgs):
@@ -416,6 +425,11 @@ class FakeBroker:
             self.done_messages += bool(dones)
 
     def send(self, frames: list[Any]) -> None:
+        """Send a message in the codec's form."""
+        self.send_wire(to_wire(frames))
+
+    def send_wire(self, frames: list[Any]) -> None:
+        """Send frames as they are (a hostile broker's)."""
         assert self.peer is not None
         self.router.send_multipart([self.peer, *frames])
 
@@ -482,11 +496,13 @@ def test_a_worker_answers_a_batch_of_execs_with_batched_dones(
 @pytest.mark.parametrize(
     "frames",
     [
+        [BATCH_MAGIC + msgpack.packb([])],
+        [BATCH_MAGIC + msgpack.packb([_HB] * (MAX_BATCH + 1))],
+        [BATCH_MAGIC + msgpack.packb([_HB, [_HB]])],
+        [BATCH_MAGIC, _HB, _HB],
         [BATCH_MAGIC],
-        [BATCH_MAGIC, *[_header(Heartbeat())] * (MAX_BATCH + 1)],
-        [BATCH_MAGIC, BATCH_MAGIC, _header(Heartbeat())],
     ],
-    ids=["empty", "oversized", "nested"],
+    ids=["empty", "oversized", "nested", "version-3-shape", "magic-alone"],
 )
 def test_a_worker_drops_a_bad_batch_as_one_bad_message_and_still_serves(
     fake: tuple[FakeBroker, Worker], frames: list[bytes]
@@ -495,7 +511,7 @@ def test_a_worker_drops_a_bad_batch_as_one_bad_message_and_still_serves(
     before = worker.stats()["protocol_errors"]
     graph = _one_rank_program()
     broker.send(encode(Program(graph.digest, graph)))
-    broker.send(frames)
+    broker.send_wire(frames)
     broker.send(encode(Exec("s", "after", graph.digest, (0,), {}, (0,))))
     broker.wait_dones(1)
     assert broker.dones[0].job == "after" and broker.dones[0].values == {0: 5}
@@ -613,10 +629,10 @@ def test_a_sync_call_finds_its_answer_inside_a_batch() -> None:
         while True:  # the heartbeat socket says hello too: answer the one that sent the Exec
             assert time.monotonic() < deadline and router.poll(10_000), "no Exec arrived"
             who, *frames = router.recv_multipart()
-            if decode(frames, unpickle=False) == asked:
+            if decode(from_wire(frames), unpickle=False) == asked:
                 break
         answers = [JobResult("late", {0: {0: 1}}), JobResult("mine", {0: {0: 2}})]
-        router.send_multipart([who, *batch_frames([_header(a) for a in answers])])
+        router.send_multipart([who, *to_wire(batch_frames([_header(a) for a in answers]))])
         got = call.result(timeout=10)
         assert isinstance(got, JobResult) and got.job == "mine" and got.values == {0: {0: 2}}
     finally:
@@ -696,7 +712,7 @@ def test_only_execs_and_results_ride_in_batches_so_a_heartbeat_socket_never_gets
         kinds = []
         for frames in fake.sent:
             assert frames[0] == peer
-            body = frames[1:]
+            body = from_wire(frames[1:])
             inner = split_batch(body) if is_batch(body) else [body]
             kinds.append([decode(one, unpickle=False).TAG for one in inner])
         assert kinds == [["hb"], ["hb"], ["exec", "exec"], ["reply"], ["result", "result"]]
@@ -724,12 +740,14 @@ def test_bad_batches_against_real_daemons_are_refused_and_they_still_serve(
     attacker = Raw(ctx, cluster.address)
     try:
         bad = [
-            [BATCH_MAGIC],
-            [BATCH_MAGIC, *[_header(Heartbeat())] * (MAX_BATCH + 1)],
-            [BATCH_MAGIC, BATCH_MAGIC, _header(Heartbeat())],
-            batch_frames([b"\xc1", msgpack.packb(["exec", 1])]),
+            [BATCH_MAGIC + msgpack.packb([])],
+            [BATCH_MAGIC + msgpack.packb([_HB] * (MAX_BATCH + 1))],
+            [BATCH_MAGIC + msgpack.packb([_HB, [_HB]])],
+            to_wire(batch_frames([b"\xc1", msgpack.packb(["exec", 1])])),
             # a stranger's Execs into another driver's session
-            batch_frames([_header(Exec(sid, f"x{i}", g.digest, (1,), {})) for i in range(2)]),
+            to_wire(
+                batch_frames([_header(Exec(sid, f"x{i}", g.digest, (1,), {})) for i in range(2)])
+            ),
         ]
         for frames in bad:
             attacker.sock.send_multipart(frames)
@@ -769,12 +787,12 @@ def test_a_worker_process_drops_bad_batches_and_still_serves(tmp_path: Any) -> N
         broker.send(encode(Program(graph.digest, graph)))
         good = _header(Exec("s", "good", graph.digest, (0,), {}, (0,)))
         for frames in (
-            [BATCH_MAGIC],
-            [BATCH_MAGIC, *[_header(Heartbeat())] * (MAX_BATCH + 1)],
-            [BATCH_MAGIC, BATCH_MAGIC, good],
-            batch_frames([b"\xc1", good]),
+            [BATCH_MAGIC + msgpack.packb([])],
+            [BATCH_MAGIC + msgpack.packb([_HB] * (MAX_BATCH + 1))],
+            [BATCH_MAGIC + msgpack.packb([good, [good]])],
+            to_wire(batch_frames([b"\xc1", good])),
         ):
-            broker.send(frames)
+            broker.send_wire(frames)
         broker.wait_dones(1)
         assert [d.job for d in broker.dones] == ["good"] and broker.dones[0].values == {0: 5}
 

@@ -20,7 +20,7 @@ from mpl.broker.daemon import Broker
 from mpl.broker.state import BrokerState
 from mpl.wire import GraphBuilder, hot
 from mpl.wire.cluster import ClusterSpec
-from mpl.wire.codec import MAGIC_FRAME, decode, encode
+from mpl.wire.codec import MAGIC_FRAME, decode, encode, from_wire, to_wire
 from mpl.wire.control import Refused, WorkerHello
 from mpl.wire.jobs import Done, Exec, JobResult, Program
 from mpl.wire.limits import MAX_NESTING
@@ -163,7 +163,7 @@ class _Rig:
         for rank, peer in enumerate(self.workers):
             self._route(peer, encode(WorkerHello(rank, f"i{rank}", 1, "h", "tcp://x:1", "")))
         self._route(self.driver, encode(OpenSession(1, "", 600.0, "counts")))
-        opened = decode(self.sent()[-1][1:], unpickle=False)
+        opened = decode(from_wire(self.sent()[-1][1:]), unpickle=False)
         assert isinstance(opened, SessionOpened)
         self.sid = opened.session
         builder = GraphBuilder(world)
@@ -172,7 +172,7 @@ class _Rig:
         self.jobs = 0
 
     def _route(self, peer: bytes, frames: list[Any]) -> None:
-        self.feed([zmq.Frame(peer), *(zmq.Frame(bytes(f)) for f in frames)])
+        self.feed([zmq.Frame(peer), *(zmq.Frame(bytes(f)) for f in to_wire(frames))])
 
     def feed(self, msg: list[Any]) -> None:
         """One wake-up of the broker's loop for one message: route it, send what it asked
@@ -185,9 +185,10 @@ class _Rig:
         """The messages of the next job: its Exec from the driver, then every rank's Done."""
         self.jobs += 1
         job, ranks = f"j{self.jobs}", tuple(range(self.world))
-        out = [[self.driver, *encode(Exec(self.sid, job, self.graph.digest, ranks, {}, (0,), 9))]]
+        exec_msg = Exec(self.sid, job, self.graph.digest, ranks, {}, (0,), 9)
+        out = [[self.driver, *to_wire(encode(exec_msg))]]
         for rank, peer in enumerate(self.workers):
-            out.append([peer, *encode(Done(self.sid, job, rank, {0: 1}, STATS, {}))])
+            out.append([peer, *to_wire(encode(Done(self.sid, job, rank, {0: 1}, STATS, {})))])
         return [[zmq.Frame(bytes(f)) for f in msg] for msg in out]
 
     def sent(self) -> list[Any]:
@@ -217,7 +218,7 @@ def _python_calls(rig: _Rig, jobs: int) -> float:
                 rig.feed(msg)
     finally:
         sys.setprofile(None)
-    result = decode([bytes(f) for f in rig.sent()[-1][1:]], unpickle=False)
+    result = decode(from_wire([bytes(f) for f in rig.sent()[-1][1:]]), unpickle=False)
     assert isinstance(result, JobResult) and result.error is None
     assert len(result.values[0]) == rig.world
     return calls / jobs
@@ -293,7 +294,7 @@ class _LedgerWitness(_Recorder):
 
     def send_multipart(self, frames: list[Any], flags: int = 0, copy: bool = True) -> None:
         super().send_multipart(frames, flags, copy)
-        msg = decode([bytes(f) for f in frames[1:]], unpickle=False)
+        msg = decode(from_wire([bytes(f) for f in frames[1:]]), unpickle=False)
         if isinstance(msg, Program):  # a rank's first job: its program goes first
             return
         ledger = self.broker.ledger
@@ -319,7 +320,7 @@ def test_the_ledger_is_kept_after_the_sends_it_does_not_decide() -> None:
         assert rig.broker.ledger.count == 1 and rig.broker.ledger.outcomes["ok"] == 1
         # refused on arrival (no rank 9): its start is noted before its end
         bad = Exec(rig.sid, "bad", rig.graph.digest, (0, 9), {}, (0,), 9)
-        rig.feed([zmq.Frame(rig.driver), *(zmq.Frame(bytes(f)) for f in encode(bad))])
+        rig.feed([zmq.Frame(rig.driver), *(zmq.Frame(bytes(f)) for f in to_wire(encode(bad)))])
         assert witness.seen[-1][:2] == ("result", 1)
         assert rig.broker.ledger.count == 2 and rig.broker.ledger.outcomes["worker_lost"] == 1
     finally:
@@ -332,8 +333,8 @@ def test_a_hot_exec_from_a_worker_socket_is_refused_and_starts_nothing() -> None
     try:
         exec_frames, *_ = rig.frames()
         rig.feed([zmq.Frame(rig.workers[0]), *exec_frames[1:]])
-        assert hot.read_exec(exec_frames[1:]) is not None  # it was the lean path's to read
-        refused = decode([bytes(f) for f in rig.sent()[-1][1:]], unpickle=False)
+        assert hot.read_exec(from_wire(exec_frames[1:])) is not None  # the lean path's to read
+        refused = decode(from_wire([bytes(f) for f in rig.sent()[-1][1:]]), unpickle=False)
         assert isinstance(refused, Refused) and "may not send 'exec'" in refused.error.message
         assert rig.broker.state.calls.jobs == {}
     finally:
@@ -366,7 +367,7 @@ def turned_until(
     comes (its turns counted by ``count``, a sys.setprofile function, if given)."""
     for _ in range(turns):  # each turn ends after RCVTIMEO with nothing queued
         if sock.poll(0):
-            msg = decode(sock.recv_multipart(), unpickle=False)
+            msg = decode(from_wire(sock.recv_multipart()), unpickle=False)
             if isinstance(msg, kind):
                 return msg
             continue
@@ -392,13 +393,15 @@ class _Shell:
         self.workers = [self._dealer(b"\x00w%d" % r) for r in range(world)]
         self.driver = self._dealer(b"drv:shell/0001")
         for rank, w in enumerate(self.workers):
-            w.send_multipart(encode(WorkerHello(rank, f"i{rank}", 1, "h", "tcp://x:1", "")))
-        self.driver.send_multipart(encode(OpenSession(1, "", 600.0, "shell")))
+            w.send_multipart(
+                to_wire(encode(WorkerHello(rank, f"i{rank}", 1, "h", "tcp://x:1", "")))
+            )
+        self.driver.send_multipart(to_wire(encode(OpenSession(1, "", 600.0, "shell"))))
         opened = self._next(self.driver, SessionOpened)
         self.sid = opened.session
         builder = GraphBuilder(world)
         self.graph = builder.build(builder.op("constant", [], ranks=tuple(range(world)), value=1))
-        self.driver.send_multipart(encode(Program(self.graph.digest, self.graph)))
+        self.driver.send_multipart(to_wire(encode(Program(self.graph.digest, self.graph))))
         self.jobs = 0
 
     def _dealer(self, identity: bytes) -> zmq.Socket[Any]:
@@ -419,11 +422,13 @@ class _Shell:
         reads them."""
         self.jobs += 1
         name, ranks = f"j{self.jobs}", tuple(range(len(self.workers)))
-        self.driver.send_multipart(encode(Exec(self.sid, name, self.graph.digest, ranks, {}, (0,))))
+        self.driver.send_multipart(
+            to_wire(encode(Exec(self.sid, name, self.graph.digest, ranks, {}, (0,))))
+        )
         for rank, w in enumerate(self.workers):
             assert self._next(w, Exec, count).job == name
             done = Done(self.sid, name, rank, {0: 1}, STATS, {0: "int64[]"})
-            w.send_multipart(encode(done))
+            w.send_multipart(to_wire(encode(done)))
         result = self._next(self.driver, JobResult, count)
         assert result.job == name and result.error is None
         assert result.values == {0: dict.fromkeys(ranks, 1)}

@@ -14,6 +14,7 @@ from helpers import wait_until
 
 import mpl.wire.codec as codec
 from mpl.wire import GraphBuilder, Pickled, encode
+from mpl.wire.codec import to_wire
 from mpl.wire.data import Move
 from mpl.wire.decoder import Decoder
 from mpl.wire.errors import AuthenticationError, ProtocolError
@@ -116,8 +117,8 @@ def test_the_peer_thread_decodes_each_move_once_under_code_kernels(
         trapped = encode(Move("s", "j", 1, 0, 1, 0, Trap("peer")))
         before = decodes[0]
         for _ in range(10):
-            push.send_multipart(frames)
-        push.send_multipart(trapped)
+            push.send_multipart(to_wire(frames))
+        push.send_multipart(to_wire(trapped))
         wait_until(lambda: refused, 15, "the trapped move refused")
         assert mailbox.pending()[0] == 1  # the first copy of the move (the rest duplicates)
         assert decodes[0] - before == 10 + 2  # once per move; the refused one twice, opaque

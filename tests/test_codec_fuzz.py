@@ -9,9 +9,10 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
+from helpers import mutated
 
 from mpl.wire import ProtocolError, Record, decode, encode
-from mpl.wire.codec import MAGIC, MAGIC_FRAME, MAX_HEADER_BYTES
+from mpl.wire.codec import MAGIC, MAGIC_FRAME, MAX_HEADER_BYTES, from_wire, to_wire
 from mpl.wire.control import Heartbeat, WorkerHello
 from mpl.wire.jobs import Exec, Lit
 
@@ -84,6 +85,31 @@ SAMPLES = [
     encode(Exec("s", "j", "d", (0, 1), {0: ["u", Lit(np.ones((3, 3)))], 1: [None, Lit((1, "x"))]})),
     encode(Pair(5, ["x", "y"])),
 ]
+
+
+@pytest.mark.timeout(60)
+def test_fuzz_mutated_wire_frames_only_raise_protocol_error() -> None:
+    """The same on the wire's form (wire version 4: magic and header one frame), read as
+    every receiver reads it (``from_wire``, then ``decode``)."""
+    rng = random.Random(4321)
+    decoded = 0
+    for i in range(3000):
+        frames = [bytes(memoryview(f)) for f in to_wire(SAMPLES[i % len(SAMPLES)])]
+        kind = rng.randrange(3)
+        if kind == 0:  # a byte of the first frame changed, a bit flipped, cut, or inserted
+            frames[0] = mutated(frames[0], rng)
+        elif kind == 1 and len(frames) > 1:
+            del frames[rng.randrange(1, len(frames))]
+        elif kind == 1:
+            frames.append(rng.randbytes(rng.randrange(16)))
+        else:  # the first frame cut anywhere, to nothing or to part of the magic included
+            frames[0] = frames[0][: rng.randrange(len(frames[0]) + 1)]
+        try:
+            decode(from_wire(frames))
+            decoded += 1
+        except ProtocolError:
+            pass
+    assert decoded < 3000
 
 
 @pytest.mark.timeout(60)

@@ -20,7 +20,7 @@ import zmq
 from helpers import double, nap, stats, wait_until
 
 from mpl.wire import ClusterSpec, GraphBuilder, RemoteError, SessionError
-from mpl.wire.codec import MAGIC_FRAME, pickle_by_value
+from mpl.wire.codec import MAGIC_FRAME, pickle_by_value, to_wire
 
 pytestmark = pytest.mark.daemons
 pickle_by_value(sys.modules[__name__])  # the workers do not have this module
@@ -55,7 +55,7 @@ def _errors(status: dict[str, Any]) -> int:
 
 
 def _raw_call(sock: zmq.Socket[Any], frames: list[bytes]) -> bool:
-    sock.send_multipart(frames)
+    sock.send_multipart(to_wire(frames))
     if not sock.poll(10_000):  # a bound for a loaded machine: the answer comes at once
         return False
     sock.recv_multipart()
@@ -99,7 +99,7 @@ def test_hostile_records_leave_the_broker_serving(make_cluster: Any) -> None:
         }
         for what, frames in hostile.items():
             before = _errors(client.status())
-            raw.send_multipart(frames)
+            raw.send_multipart(to_wire(frames))
             assert raw.poll(10_000), f"{what}: the sender is told"
             raw.recv_multipart()
             after = client.status(timeout=5.0)  # still serving (a wedged one never answers)

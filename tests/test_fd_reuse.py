@@ -18,7 +18,7 @@ import zmq
 
 from mpl.broker.daemon import Broker
 from mpl.wire.cluster import ClusterSpec
-from mpl.wire.codec import encode
+from mpl.wire.codec import encode, to_wire
 from mpl.wire.control import WorkerHello
 from mpl.wire.sessions import StatusRequest
 from mpl.wire.sockets import recv_frames
@@ -55,7 +55,7 @@ def test_a_reused_fd_does_not_end_the_peer_that_reused_it() -> None:
         for attempt in range(20):  # Linux hands out the lowest free fd: reuse is the rule
             probe = _dealer(ctx, broker.address)
             socks.append(probe)
-            probe.send_multipart(encode(StatusRequest(attempt)))
+            probe.send_multipart(to_wire(encode(StatusRequest(attempt))))
             old_fd = _take_one(broker)
             broker._drain_monitor()  # the probe's ACCEPTED, read as a tick would
             probe.close(linger=0)
@@ -63,7 +63,7 @@ def test_a_reused_fd_does_not_end_the_peer_that_reused_it() -> None:
             worker = _dealer(ctx, broker.address)
             socks.append(worker)
             hello = WorkerHello(0, f"inc{attempt}", 100, "host", "tcp://127.0.0.1:9", "")
-            worker.send_multipart(encode(hello))
+            worker.send_multipart(to_wire(encode(hello)))
             new_fd = _take_one(broker)
             broker._drain_monitor()  # the tick: DISCONNECTED(old fd), ACCEPTED(new fd)
             broker._flush()

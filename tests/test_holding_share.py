@@ -13,6 +13,7 @@ from helpers import wait_until
 from test_worker_loop import FakeBroker
 
 from mpl.wire import ClusterSpec, GraphBuilder, encode
+from mpl.wire.codec import to_wire
 from mpl.wire.control import Welcome
 from mpl.wire.curve import Curve, peer_admits
 from mpl.wire.data import Move
@@ -184,7 +185,9 @@ def test_a_party_flooding_forged_moves_leaves_room_for_another_partys_early_move
         rank1, rank2 = socks
         flood = 1500  # more than the whole area (1,024) and the intake's second chances
         for i in range(flood):  # rank 2, speaking as itself, for jobs that will never exist
-            rank2.send_multipart(encode(Move("s", f"ghost{i}", 0, 0, 2, 0, np.arange(3.0))))
+            rank2.send_multipart(
+                to_wire(encode(Move("s", f"ghost{i}", 0, 0, 2, 0, np.arange(3.0))))
+            )
         wait_until(
             lambda: mailbox.held() + mailbox.held_dropped >= flood,
             timeout=30,
@@ -192,7 +195,7 @@ def test_a_party_flooding_forged_moves_leaves_room_for_another_partys_early_move
         )
         flooded = mailbox.held()  # rank 2 took the free room
         # rank 1's genuine move overtakes the Exec of its real job
-        rank1.send_multipart(encode(Move("s", "real", 0, 0, 1, 0, np.arange(4.0))))
+        rank1.send_multipart(to_wire(encode(Move("s", "real", 0, 0, 1, 0, np.arange(4.0)))))
         wait_until(lambda: mailbox.held() + mailbox.held_dropped > flood, 15, "the early move")
         mailbox.open(("s", "real"))  # the Exec arrives: the job takes its move and completes
         got = mailbox.take(("s", "real", 0, 0, 1), 0.0, "the early move was dropped")
@@ -231,7 +234,7 @@ def test_a_worker_runs_a_job_whose_early_move_came_amid_another_partys_flood(
             socks.append(sock)
         flood = 1500
         for i in range(flood):  # "rank 2": moves for jobs that will never exist
-            socks[1].send_multipart(encode(Move("s1", f"ghost{i}", 1, 0, 2, 0, b"x")))
+            socks[1].send_multipart(to_wire(encode(Move("s1", f"ghost{i}", 1, 0, 2, 0, b"x"))))
         box = worker.mailbox
         wait_until(lambda: box.held() + box.held_dropped >= flood, 30, "the flood taken")
         b = GraphBuilder(3)
@@ -239,7 +242,7 @@ def test_a_worker_runs_a_job_whose_early_move_came_amid_another_partys_flood(
         y = b.op("shuffle", [x], ranks=(1, 0), routing={0: 1})[0]
         graph = b.build([y])
         # rank 1's move for op 1 of job j1 overtakes the job's Exec
-        socks[0].send_multipart(encode(Move("s1", "j1", 1, 0, 1, 0, 7)))
+        socks[0].send_multipart(to_wire(encode(Move("s1", "j1", 1, 0, 1, 0, 7))))
         wait_until(lambda: box.held() + box.held_dropped > flood, 15, "the early move")
         broker.send(Program(graph.digest, graph))
         broker.send(Exec("s1", "j1", graph.digest, (0, 1), {}, (0,), 10.0))
@@ -279,10 +282,10 @@ def test_a_flood_leaves_room_in_the_peer_threads_second_chances(zmq_ctx: zmq.Con
         for sock in push:
             sock.connect(intake.address)
         for i in range(400):  # rank 2 floods: 6 held, the rest refused
-            push[1].send_multipart(encode(Move("s", f"ghost{i}", 0, 0, 2, 0, i)))
+            push[1].send_multipart(to_wire(encode(Move("s", f"ghost{i}", 0, 0, 2, 0, i))))
         wait_until(lambda: mailbox.held_dropped >= 394, 15, "the flood refused")
         for op in range(3):  # rank 1: two within its share, the third over it
-            push[0].send_multipart(encode(Move("s", "real", op, 0, 1, 0, op)))
+            push[0].send_multipart(to_wire(encode(Move("s", "real", op, 0, 1, 0, op))))
         wait_until(lambda: mailbox.held_dropped >= 394 + 3, 15, "rank 1's moves")
         mailbox.open(("s", "real"))  # the Exec was handled...
         intake.put_deferred()  # ...and the I/O thread gives the refused moves their chance

@@ -22,7 +22,7 @@ from helpers import decoded_as, raw_broker
 from mpl.broker.daemon import Broker
 from mpl.wire import Graph, GraphBuilder
 from mpl.wire.cluster import ClusterSpec
-from mpl.wire.codec import MAGIC_FRAME, decode, encode
+from mpl.wire.codec import MAGIC_FRAME, decode, encode, from_wire, to_wire
 from mpl.wire.control import Heartbeat, Welcome, WorkerHello
 from mpl.wire.hot_spans import done_spans, execs_for_ranks, result_frames
 from mpl.wire.jobs import Done, Exec, JobResult, Lit, Program
@@ -49,11 +49,11 @@ class Raw:
         self.sock.connect(address)
 
     def send(self, msg: Record) -> None:
-        self.sock.send_multipart(encode(msg))
+        self.sock.send_multipart(to_wire(encode(msg)))
 
     def next(self, timeout: float = 10.0) -> list[bytes] | None:
         if self.sock.poll(int(timeout * 1000)):
-            return self.sock.recv_multipart()
+            return from_wire(self.sock.recv_multipart())
         return None
 
     def wait_for(self, kind: type[Record], timeout: float = 10.0) -> tuple[Record, list[bytes]]:
@@ -116,7 +116,7 @@ def test_done_values_reach_the_driver_as_read_and_each_rank_gets_one_exec(
         exe, _ = w.wait_for(Exec)
         assert isinstance(exe, Exec)
         assert exe.bindings == ({rank: bindings[rank]} if rank in bindings else {})
-        w.sock.send_multipart(_done_by_hand(opened.session, "hot-job", rank))
+        w.sock.send_multipart(to_wire(_done_by_hand(opened.session, "hot-job", rank)))
     result, frames = driver.wait_for(JobResult)
     assert isinstance(result, JobResult) and result.error is None
     assert result.values == {0: {0: 1, 1: 1, 2: 1}}
@@ -194,7 +194,7 @@ def test_the_broker_handles_every_queued_message_before_its_timers() -> None:
         sock.connect(broker.address)
         beat = encode(Heartbeat())
         for _ in range(3):  # inproc: queued at the broker once send returns
-            sock.send_multipart(beat)
+            sock.send_multipart(to_wire(beat))
         routed_at_tick: list[int] = []
         tick = broker.state.tick
 
@@ -288,12 +288,12 @@ def test_an_exec_without_bindings_reaches_every_rank_as_the_drivers_bytes(
     single = msgpack.packb(1.5, use_single_float=True)  # 0xca + 4 bytes
     assert header.endswith(msgpack.packb(1.5))
     hand = header[: -len(msgpack.packb(1.5))] + single
-    driver.sock.send_multipart([MAGIC_FRAME, hand])
+    driver.sock.send_multipart(to_wire([MAGIC_FRAME, hand]))
     for rank, w in enumerate(workers):
         got, frames = w.wait_for(Exec)
         assert frames[1] == hand, f"rank {rank} got a re-encoded Exec"
         assert got == exe
-        w.sock.send_multipart(_done_by_hand(session, "fan-job", rank))
+        w.sock.send_multipart(to_wire(_done_by_hand(session, "fan-job", rank)))
     result, _ = driver.wait_for(JobResult)
     assert isinstance(result, JobResult) and result.values == {0: {0: 1, 1: 1, 2: 1}}
 
@@ -315,9 +315,9 @@ def test_a_done_from_another_ranks_socket_is_dropped_and_the_job_waits_for_the_r
     stranger = raw()
     stranger.send(forged)
     workers[0].send(forged)
-    workers[0].sock.send_multipart(_done_by_hand(session, "forged-job", 0))
+    workers[0].sock.send_multipart(to_wire(_done_by_hand(session, "forged-job", 0)))
     assert driver.drain(0.3) == []  # rank 1 has not answered: no result yet
-    workers[1].sock.send_multipart(_done_by_hand(session, "forged-job", 1))
+    workers[1].sock.send_multipart(to_wire(_done_by_hand(session, "forged-job", 1)))
     result, _ = driver.wait_for(JobResult)
     assert isinstance(result, JobResult) and result.error is None
     assert result.values == {0: {0: 1, 1: 1}}
@@ -397,7 +397,7 @@ def test_a_malformed_done_on_the_lean_path_is_refused_and_the_job_still_waits(
     driver.send(Exec(session, "lean-job", digest, (0, 1), {}, (0,)))
     for w in workers[:2]:
         w.wait_for(Exec)
-    workers[0].sock.send_multipart(_done_by_hand(session, "lean-job", 0))
+    workers[0].sock.send_multipart(to_wire(_done_by_hand(session, "lean-job", 0)))
     pack = msgpack.packb
     bad_rank = [MAGIC_FRAME, pack(["done", session, "lean-job", "1", {0: 1}, {}, {}, []])]
     bad_meta = [MAGIC_FRAME, pack(["done", session, "lean-job", 1, {0: 1}, {}, {0: 7}, []])]
@@ -405,12 +405,12 @@ def test_a_malformed_done_on_the_lean_path_is_refused_and_the_job_still_waits(
     trailing[1] += b"\xc0"
     for frames in (bad_rank, bad_meta, trailing):
         assert frames[1].startswith(b"\x98\xa4done")
-        workers[1].sock.send_multipart(frames)
+        workers[1].sock.send_multipart(to_wire(frames))
         refused, _ = workers[1].wait_for(Refused)
         assert isinstance(refused, Refused) and refused.error.kind == "ProtocolError"
-    workers[2].sock.send_multipart(_done_by_hand(session, "lean-job", 1))  # not rank 1's
+    workers[2].sock.send_multipart(to_wire(_done_by_hand(session, "lean-job", 1)))  # not rank 1's
     assert driver.drain(0.3) == []
-    workers[1].sock.send_multipart(_done_by_hand(session, "lean-job", 1))
+    workers[1].sock.send_multipart(to_wire(_done_by_hand(session, "lean-job", 1)))
     result, frames = driver.wait_for(JobResult)
     assert isinstance(result, JobResult) and result.error is None
     assert result.values == {0: {0: 1, 1: 1}}

@@ -18,7 +18,7 @@ import zmq
 from mpl.broker.daemon import Broker
 from mpl.wire import GraphBuilder
 from mpl.wire.cluster import ClusterSpec
-from mpl.wire.codec import MAGIC_FRAME, decode, encode
+from mpl.wire.codec import MAGIC_FRAME, decode, encode, from_wire, to_wire
 from mpl.wire.control import WorkerHello
 from mpl.wire.jobs import Done, Exec, Program
 from mpl.wire.run_stats import MAX_STATS_BYTES, TIMES_BYTES, pack_stats
@@ -63,14 +63,14 @@ def test_a_worker_sending_maximal_stats_blobs_leaves_the_ledger_bounded_in_bytes
     workers, driver = [b"\x00w0", b"\x00w1"], b"drv:ledger/0001"
 
     def route(peer: bytes, frames: list[Any]) -> None:
-        broker._route([zmq.Frame(peer), *(zmq.Frame(bytes(f)) for f in frames)])
+        broker._route([zmq.Frame(peer), *(zmq.Frame(bytes(f)) for f in to_wire(frames))])
         broker._flush()
 
     try:
         for rank, peer in enumerate(workers):
             route(peer, encode(WorkerHello(rank, f"i{rank}", 1, "h", "tcp://x:1", "")))
         route(driver, encode(OpenSession(1, "", 600.0, "ledger")))
-        opened = decode(recorder.sent[-1][1:], unpickle=False)
+        opened = decode(from_wire(recorder.sent[-1][1:]), unpickle=False)
         assert isinstance(opened, SessionOpened)
         builder = GraphBuilder(2)
         graph = builder.build(builder.op("constant", [], ranks=(0, 1), value=1))

@@ -224,7 +224,7 @@ def test_a_refusal_forged_after_a_restart_runs_no_job_twice(tmp_path: Path) -> N
 
             def hold(peer: bytes, frames: list[Any]) -> list[tuple[bytes, list[Any]]]:
                 """Withhold the first successful JobResult the broker sends."""
-                if not held and bytes(frames[0]) == MAGIC_FRAME:
+                if not held and bytes(frames[0]) == MAGIC_FRAME:  # (the codec's form)
                     msg = decode(frames, unpickle=False)
                     if type(msg) is JobResult and msg.error is None:
                         held.append((peer, msg.job))

@@ -25,7 +25,7 @@ import mpl.driver as mp
 from mpl.broker.daemon import Broker
 from mpl.broker.state import BrokerState
 from mpl.wire import ClusterSpec
-from mpl.wire.codec import decode, encode
+from mpl.wire.codec import decode, encode, from_wire, to_wire
 from mpl.wire.control import WorkerHello
 from mpl.wire.curve import Curve
 from mpl.wire.incarnation import public_incarnation
@@ -56,7 +56,7 @@ class Tap:
     def recv_multipart(self, *args: Any, **kw: Any) -> Frames:
         frames: Frames = self._sock.recv_multipart(*args, **kw)
         try:
-            msg = decode([memoryview(f).tobytes() for f in frames[1:]], unpickle=False)
+            msg = decode(from_wire([memoryview(f).tobytes() for f in frames[1:]]), unpickle=False)
         except Exception:  # the broker says why; the tap only records what it can read
             return frames
         if isinstance(msg, (Done, Failed)):
@@ -66,14 +66,15 @@ class Tap:
     def send_multipart(self, frames: Frames, *args: Any, **kw: Any) -> Any:
         frames = list(frames)
         if self.alter is not None:
-            if bytes(frames[1]) == SEALED_EXEC_MAGIC:  # an Exec, its rank's box after it
-                msg: Record = as_record(frames[1:], self.rank_of(bytes(frames[0])))
+            body = from_wire(frames[1:])  # the codec's form (mpl.wire.codec)
+            if bytes(body[0]) == SEALED_EXEC_MAGIC:  # an Exec, its rank's box after it
+                msg: Record = as_record(body, self.rank_of(bytes(frames[0])))
             else:
-                msg = decode(frames[1:], unpickle=False)
+                msg = decode(body, unpickle=False)
             out = self.alter(msg)
             if out is not None:
                 for msg in out:
-                    self._sock.send_multipart([frames[0], *as_frames(msg)], *args, **kw)
+                    self._sock.send_multipart([frames[0], *to_wire(as_frames(msg))], *args, **kw)
                 return None
         return self._sock.send_multipart(frames, *args, **kw)
 

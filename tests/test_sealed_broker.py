@@ -22,7 +22,7 @@ from helpers import wait_until
 import mpl.driver as mp
 from mpl.broker.daemon import Broker
 from mpl.wire import ClusterSpec, decode, encode
-from mpl.wire.codec import MAGIC_FRAME, Pickled
+from mpl.wire.codec import MAGIC_FRAME, Pickled, from_wire, to_wire
 from mpl.wire.curve import Curve
 from mpl.wire.decoder import Opaque, OpaqueRecord
 from mpl.wire.jobs import Exec, Lit, Program
@@ -49,8 +49,9 @@ class Tap:
         self.seen: list[Frames] = []
         self.alter: Alter | None = None
         self.rank_of: Callable[[bytes], int] = lambda peer: 0  # a worker's rank, by peer
-        # frame-level stand-ins: what the broker receives (its routing id first, the frames
-        # as received), and what it sends (routing id and frames in, what to send out)
+        # frame-level stand-ins, in the codec's form (mpl.wire.codec.from_wire; a Wire
+        # handed back goes as it is): what the broker receives (its routing id first), and
+        # what it sends (routing id and frames in, what to send out)
         self.take: Callable[[Frames], Frames] | None = None
         self.rewrite: Callable[[bytes, Frames], list[tuple[bytes, Frames]]] | None = None
 
@@ -59,32 +60,42 @@ class Tap:
 
     def recv_multipart(self, *args: Any, **kw: Any) -> Frames:
         frames: Frames = self._sock.recv_multipart(*args, **kw)
-        if self.take is not None:
-            frames = self.take(list(frames))
-        self.seen.append([memoryview(f).tobytes() for f in frames[1:]])
+        if self.take is not None:  # routing id first, then the codec's form (or Wire's)
+            frames = [frames[0], *_wired(self.take([frames[0], *from_wire(frames[1:])])[1:])]
+        self.seen.append([memoryview(f).tobytes() for f in from_wire(frames[1:])])
         return frames
 
     def send_multipart(self, frames: Frames, *args: Any, **kw: Any) -> Any:
-        frames = list(frames)
+        # the callbacks see the codec's form (mpl.wire.codec.from_wire), the socket the wire's
+        to, body = frames[0], from_wire(list(frames)[1:])
         if self.rewrite is not None:  # frames in, (routing id, frames) to send instead out
-            for peer, out in self.rewrite(bytes(frames[0]), frames[1:]):
+            for peer, out in self.rewrite(bytes(to), body):
                 self.seen.append([memoryview(f).tobytes() for f in out])
-                self._sock.send_multipart([peer, *out], *args, **kw)
+                self._sock.send_multipart([peer, *_wired(out)], *args, **kw)
             return None
         if self.alter is not None:
-            if bytes(frames[1]) == SEALED_EXEC_MAGIC:  # an Exec, its rank's box a frame
-                msg: Record = as_record(frames[1:], self.rank_of(bytes(frames[0])))
+            if bytes(body[0]) == SEALED_EXEC_MAGIC:  # an Exec, its rank's box after it
+                msg: Record = as_record(body, self.rank_of(bytes(to)))
             else:
-                msg = decode(frames[1:], unpickle=False)
+                msg = decode(body, unpickle=False)
             changed = self.alter(msg)
             if isinstance(changed, list):  # sent before the last one, to the same peer
                 for extra in changed[:-1]:
-                    self._sock.send_multipart([frames[0], *as_frames(extra)], *args, **kw)
+                    self._sock.send_multipart([to, *to_wire(as_frames(extra))], *args, **kw)
                 changed = changed[-1]
             if changed is not None:
-                frames = [frames[0], *as_frames(changed)]
-        self.seen.append([memoryview(f).tobytes() for f in frames[1:]])
-        return self._sock.send_multipart(frames, *args, **kw)
+                body = as_frames(changed)
+        self.seen.append([memoryview(f).tobytes() for f in body])
+        return self._sock.send_multipart([to, *to_wire(body)], *args, **kw)
+
+
+class Wire(list[Any]):
+    """Frames a tap's callback hands back as they go on the wire (not the codec's form):
+    what a peer of another wire version, or a hostile one, sends."""
+
+
+def _wired(frames: Frames) -> Frames:
+    return list(frames) if isinstance(frames, Wire) else to_wire(frames)
 
 
 def as_record(frames: Frames, rank: int) -> Exec:

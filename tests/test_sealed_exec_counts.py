@@ -16,7 +16,7 @@ import zmq
 from test_broker_counts import STATS, _python_calls, _Rig
 
 from mpl.broker import daemon
-from mpl.wire.codec import encode
+from mpl.wire.codec import encode, to_wire
 from mpl.wire.jobs import Done, Exec
 from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC, split_own
 
@@ -50,14 +50,14 @@ class _SealedRig(_Rig):
         job, ranks = f"j{self.jobs}", tuple(range(self.world))
         boxes = {r: BOX[:-1] + bytes([r]) for r in ranks}
         if self.boxed:
-            exec_ = encode(Exec(self.sid, job, self.graph.digest, ranks, boxes, (0,), 9))
+            exec_ = to_wire(encode(Exec(self.sid, job, self.graph.digest, ranks, boxes, (0,), 9)))
         else:
             header = encode(Exec(self.sid, job, self.graph.digest, ranks, {}, (0,), 9))[1]
             bins = b"".join(msgpack.packb(box) for box in boxes.values())
-            exec_ = [SEALED_EXEC_MAGIC, bytes(header) + bins]
+            exec_ = [SEALED_EXEC_MAGIC + bytes(header) + bins]  # one frame (wire v4)
         out = [[self.driver, *exec_]]
         for rank, peer in enumerate(self.workers):
-            out.append([peer, *encode(Done(self.sid, job, rank, {0: BOX}, STATS, {}))])
+            out.append([peer, *to_wire(encode(Done(self.sid, job, rank, {0: BOX}, STATS, {})))])
         return [[zmq.Frame(bytes(f)) for f in msg] for msg in out]
 
 
@@ -117,10 +117,11 @@ def test_no_rank_gets_a_header_cut_or_encoded_for_it() -> None:
     finally:
         rig.close()
     assert called["execs_for_ranks"] == called["own_execs"] == called["encode"] == 0
-    data = bytes(exec_[2])  # the header, then 4 bins of len(BOX) + 2 bytes each
+    data = bytes(exec_[1])[4:]  # the magic, the header, then 4 bins of len(BOX) + 2 bytes each
     header, _ = split_own(data[: len(data) - 3 * (len(BOX) + 2)])
     assert len(sent) == 4
     for rank, frames in enumerate(sent):
-        assert frames[0] == rig.workers[rank] and frames[1] == SEALED_EXEC_MAGIC
-        own_header, box = split_own(bytes(frames[2]))
+        assert len(frames) == 2 and frames[0] == rig.workers[rank]  # one frame (wire v4)
+        assert bytes(frames[1])[:4] == SEALED_EXEC_MAGIC
+        own_header, box = split_own(bytes(frames[1])[4:])
         assert own_header == header and box == BOX[:-1] + bytes([rank])

@@ -12,6 +12,7 @@ next genuine job runs once and the cluster keeps serving.
 
 from __future__ import annotations
 
+import random
 import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,14 +20,20 @@ from typing import Any
 
 import msgpack
 import pytest
-from helpers import wait_until
-from test_sealed_broker import Frames, Setup
+from helpers import mutated, wait_until
+from test_sealed_broker import Frames, Setup, Wire
 
 import mpl.driver as mp
-from mpl.wire.codec import MAGIC_FRAME, decode, encode
+from mpl.wire.codec import MAGIC_FRAME, MAX_HEADER_BYTES, decode, encode, from_wire, to_wire
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Exec
-from mpl.wire.sealed_exec import MAX_BOX_BYTES, SEALED_EXEC_MAGIC, read_sealed_exec, split_own
+from mpl.wire.sealed_exec import (
+    MAX_BOX_BYTES,
+    SEALED_EXEC_MAGIC,
+    is_sealed_exec,
+    read_sealed_exec,
+    split_own,
+)
 
 BOX = b"mpl-box\x01" + bytes(range(70))  # a compact box's length (never opened here)
 pack = msgpack.packb
@@ -53,6 +60,26 @@ def test_the_broker_reads_a_sealed_exec_of_one_box_per_rank() -> None:
     assert read == Exec("s", "j", "d", (0, 1), {}, (0,), 5.0)
     assert head == header and boxes == [pack(BOX), pack(BOX[::-1])]  # each box as it came
     assert split_own(head + boxes[1]) == (header, BOX[::-1])  # what a worker reads of its own
+
+
+def test_mutated_one_frame_sealed_execs_are_read_or_refused_with_a_protocol_error() -> None:
+    """The sealed Exec's whole frame on the wire (magic, header, boxes), mutated anywhere,
+    the magic included: the broker's reading takes it only with the magic intact, one box
+    per rank after a header ``decode`` reads, else raises ProtocolError and nothing else."""
+    rng = random.Random(4)
+    (genuine,) = to_wire([SEALED_EXEC_MAGIC, _header() + pack(BOX) + pack(BOX[::-1])])
+    taken = 0
+    for _ in range(3000):
+        frames = from_wire([mutated(genuine, rng)])
+        if not is_sealed_exec(frames):
+            continue  # a broker reads it as any other message: decode's to refuse
+        try:
+            read, head, boxes = read_sealed_exec(frames, 2)
+        except ProtocolError:
+            continue
+        taken += 1
+        assert len(boxes) == len(read.ranks) and decode([MAGIC_FRAME, head]) == read
+    assert 0 < taken < 3000
 
 
 def test_the_broker_refuses_a_sealed_exec_for_more_ranks_than_its_cluster_has() -> None:
@@ -141,16 +168,37 @@ def _box_dropped(frames: Frames) -> Frames:
     return [frames[0], _own(frames)[0]]
 
 
-def _frame_dropped(frames: Frames) -> Frames:
-    return frames[:1]
+def _frame_dropped(frames: Frames) -> Frames:  # on the wire: its magic alone
+    return [frames[0], b""]
 
 
 def _box_added(frames: Frames) -> Frames:
     return [frames[0], bytes(frames[1]) + pack(_own(frames)[1])]
 
 
-def _frame_added(frames: Frames) -> Frames:
+def _frame_added(frames: Frames) -> Frames:  # on the wire: a buffer frame after it
     return [*frames, frames[1]]
+
+
+# on the wire as they are (wire version 4 takes a message's magic and header in ONE frame)
+def _two_frames_v3(frames: Frames) -> Frames:  # wire version 3's shape and magic
+    return Wire([b"MPS\x03", frames[1]])
+
+
+def _two_frames(frames: Frames) -> Frames:  # this version's magic, in a frame of its own
+    return Wire(frames)
+
+
+def _empty_first_frame(frames: Frames) -> Frames:
+    return Wire([b""])
+
+
+def _short_first_frame(frames: Frames) -> Frames:
+    return Wire([SEALED_EXEC_MAGIC[:3]])
+
+
+def _header_too_large(frames: Frames) -> Frames:  # over MAX_HEADER_BYTES after the magic
+    return Wire([MAGIC_FRAME + b"\x90" * (MAX_HEADER_BYTES + 1)])
 
 
 def _reordered(frames: Frames) -> Frames:
@@ -184,6 +232,11 @@ def _bindings_too(frames: Frames) -> Frames:
         _oversized,
         _empty,
         _bindings_too,
+        _two_frames_v3,
+        _two_frames,
+        _empty_first_frame,
+        _short_first_frame,
+        _header_too_large,
     ],
     ids=lambda f: f.__name__,
 )

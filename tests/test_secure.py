@@ -22,6 +22,7 @@ import mpl.driver as mp
 from mpl.broker.query import StatusProbe
 from mpl.driver.launcher import daemon_command
 from mpl.wire import encode
+from mpl.wire.codec import to_wire
 from mpl.wire.curve import Curve
 from mpl.wire.data import Move
 from mpl.wire.keys import load_keypair
@@ -148,7 +149,7 @@ def test_a_plaintext_client_gets_nothing_from_a_secure_broker(deployment: Deploy
     sock = configure(ctx.socket(zmq.DEALER), linger_ms=0)
     try:
         sock.connect(deployment.address)
-        sock.send_multipart(encode(StatusRequest(1)))
+        sock.send_multipart(to_wire(encode(StatusRequest(1))))
         assert sock.poll(500) == 0  # no answer, no error, nothing
     finally:
         sock.close()
@@ -198,7 +199,7 @@ def test_forged_sources_on_a_workers_data_and_spu_ports_are_refused_and_counted(
                 sock.connect(f"tcp://127.0.0.1:{port}")
                 socks.append(sock)
             # rank 2 pretends to be rank 1, on both the data plane and the SPU link
-            socks[0].send_multipart(encode(Move("s", "j", 0, 0, 1, 0, np.arange(3.0))))
+            socks[0].send_multipart(to_wire(encode(Move("s", "j", 0, 0, 1, 0, np.arange(3.0)))))
             socks[1].send_multipart([SPU_MAGIC, b"s/SP0/x/0", b"1", b"k", b"forged"])
             wait_until(
                 lambda: rank_rows(d)[0].get("protocol_errors", 0) == 2,
@@ -208,7 +209,7 @@ def test_forged_sources_on_a_workers_data_and_spu_ports_are_refused_and_counted(
             # speaking as itself is not an error: the move passes the source check and is
             # held for a job that never comes (and dropped after HOLD_S); the same stats
             # row that shows it taken still counts only the two forgeries
-            socks[0].send_multipart(encode(Move("s", "j", 0, 0, 2, 0, np.arange(3.0))))
+            socks[0].send_multipart(to_wire(encode(Move("s", "j", 0, 0, 2, 0, np.arange(3.0)))))
             row = wait_until(
                 lambda: (r := rank_rows(d)[0])["moves_held"] + r["moves_dropped"] >= 1 and r,
                 timeout=20,

@@ -18,7 +18,7 @@ from test_broker_counts import turned_until
 from mpl.broker.daemon import Broker
 from mpl.wire import GraphBuilder
 from mpl.wire.cluster import ClusterSpec
-from mpl.wire.codec import encode
+from mpl.wire.codec import encode, to_wire
 from mpl.wire.control import WorkerHello
 from mpl.wire.curve import Curve
 from mpl.wire.jobs import Done, Exec, JobResult, Program
@@ -67,12 +67,14 @@ class _Cluster:
         self.workers = [dealer(b"\x00w%d" % r, f"node{r}") for r in range(2)]
         self.driver = dealer(b"drv:secure-counts/0001", "analyst")
         for rank, w in enumerate(self.workers):
-            w.send_multipart(encode(WorkerHello(rank, f"i{rank}", 1, "h", "tcp://x:1", "")))
-        self.driver.send_multipart(encode(OpenSession(1, "", 600.0, "counts")))
+            w.send_multipart(
+                to_wire(encode(WorkerHello(rank, f"i{rank}", 1, "h", "tcp://x:1", "")))
+            )
+        self.driver.send_multipart(to_wire(encode(OpenSession(1, "", 600.0, "counts"))))
         self.sid = self._next(self.driver, SessionOpened, None).session
         builder = GraphBuilder(2)
         self.graph = builder.build(builder.op("constant", [], ranks=(0, 1), value=1))
-        self.driver.send_multipart(encode(Program(self.graph.digest, self.graph)))
+        self.driver.send_multipart(to_wire(encode(Program(self.graph.digest, self.graph))))
         self.jobs = 0
 
     def _next(self, sock: zmq.Socket[Any], kind: type[Any], count: Any) -> Any:
@@ -84,11 +86,13 @@ class _Cluster:
         # in secure mode a worker's value is a sealed box: bytes the broker forwards
         value = _BOX if self.secure else 1
         self.driver.send_multipart(
-            encode(Exec(self.sid, name, self.graph.digest, (0, 1), {}, (0,)))
+            to_wire(encode(Exec(self.sid, name, self.graph.digest, (0, 1), {}, (0,))))
         )
         for rank, w in enumerate(self.workers):
             assert self._next(w, Exec, count).job == name
-            w.send_multipart(encode(Done(self.sid, name, rank, {0: value}, _STATS, {0: "b"})))
+            w.send_multipart(
+                to_wire(encode(Done(self.sid, name, rank, {0: value}, _STATS, {0: "b"})))
+            )
         result = self._next(self.driver, JobResult, count)
         assert result.job == name and result.error is None
         assert result.values == {0: {0: value, 1: value}}

@@ -26,7 +26,7 @@ from mpl.driver.launcher import daemon_command
 from mpl.driver.tracefile import write_trace
 from mpl.wire import GraphBuilder
 from mpl.wire.cluster import ClusterSpec
-from mpl.wire.codec import MAGIC_FRAME
+from mpl.wire.codec import MAGIC_FRAME, to_wire
 from mpl.wire.control import Heartbeat, Welcome, WorkerHello
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Exec, JobResult, Program
@@ -216,7 +216,7 @@ def test_a_hostile_blob_through_a_real_broker_leaves_the_result_and_the_broker_w
             bad = rank == 1 and n == 0
             values = TUPLE_VALUES if spliced else PLAIN_VALUES
             stats = FIELDS[name] if bad else good
-            w.sock.send_multipart(_done(opened.session, job, rank, values, stats))
+            w.sock.send_multipart(to_wire(_done(opened.session, job, rank, values, stats)))
         _, frames = driver.wait_for(JobResult)
         result = read_answer(frames, safe=True)  # the driver's own reader
         assert isinstance(result, JobResult) and result.job == job and result.error is None

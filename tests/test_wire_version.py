@@ -43,7 +43,7 @@ OLD_RECORD = (
     b"MPL\x01\x04\x00\x00\x00\x00\x00\x00\x00MPL\x01\x15\x00\x00\x00\x00\x00\x00\x00\x92\xa3"
     b"lit\x81\xa1a\x93\x01\xcb@\x04\x00\x00\x00\x00\x00\x00\xa1x"
 )
-OTHER = VERSION ^ 1  # another wire version (2, the one before, while this is 3)
+OTHER = VERSION - 1  # the version before (3: its magic a frame of its own, this one 4)
 
 
 def test_files_written_before_persisted_files_had_a_version_still_load() -> None:

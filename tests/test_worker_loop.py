@@ -18,7 +18,7 @@ import zmq
 from helpers import wait_until
 
 from mpl.wire import GraphBuilder
-from mpl.wire.codec import decode, encode
+from mpl.wire.codec import decode, encode, from_wire, to_wire
 from mpl.wire.control import Directory, Heartbeat, Welcome, WorkerHello
 from mpl.wire.data import Move
 from mpl.wire.jobs import Exec, Failed, Program
@@ -40,14 +40,14 @@ class FakeBroker:
         while self.router.poll(timeout_ms):
             timeout_ms = 0
             who, *frames = self.router.recv_multipart()
-            msg = decode(frames)
+            msg = decode(from_wire(frames))
             if isinstance(msg, WorkerHello):
                 self.peer = who
             self.heard.append(msg)
 
     def send(self, msg: Any) -> None:
         assert self.peer is not None
-        self.router.send_multipart([self.peer, *encode(msg)])
+        self.router.send_multipart([self.peer, *to_wire(encode(msg))])
 
     def welcome(self, heartbeat_s: float) -> None:
         deadline = time.monotonic() + 10
@@ -138,7 +138,7 @@ def test_a_move_reaches_the_mailbox_while_the_io_thread_is_busy(
         assert busy.wait(10), "the timers never ran"
         worker.mailbox.open(("s1", "j1"))
         push.connect(worker.data_addr)
-        push.send_multipart(encode(Move("s1", "j1", 3, 0, 1, 0, 41.5)))
+        push.send_multipart(to_wire(encode(Move("s1", "j1", 3, 0, 1, 0, 41.5))))
         got = worker.mailbox.take(("s1", "j1", 3, 0, 1), time.monotonic() + 10, "no move")
         assert got == 41.5
         assert busy.is_set() and not release.is_set()  # delivered while the I/O thread hung
@@ -155,7 +155,7 @@ def test_a_move_for_another_rank_is_counted_by_the_peer_thread(
     push = configure(ctx.socket(zmq.PUSH), linger_ms=0)
     try:
         push.connect(worker.data_addr)
-        push.send_multipart(encode(Move("s1", "j1", 3, 0, 1, 5, 1.0)))  # dst 5, not us
+        push.send_multipart(to_wire(encode(Move("s1", "j1", 3, 0, 1, 5, 1.0))))  # dst 5, not us
         push.send_multipart([b"not mpl"])
         wait_until(lambda: worker.stats()["protocol_errors"] == 2, what="both refusals counted")
     finally:
@@ -176,10 +176,10 @@ def test_a_move_that_overtook_its_exec_survives_a_full_holding_area(
         assert busy.wait(10), "the timers never ran"
         push.connect(worker.data_addr)
         for i in range(1074):  # more than the area takes (not past rank 1's second chances)
-            push.send_multipart(encode(Move("s1", f"forged{i}", 0, 0, 1, 0, b"x")))
+            push.send_multipart(to_wire(encode(Move("s1", f"forged{i}", 0, 0, 1, 0, b"x"))))
         wait_until(lambda: worker.mailbox.held_dropped >= 1074 - 1024, what="the area full")
         dropped = worker.mailbox.held_dropped
-        push.send_multipart(encode(Move("s1", "real", 3, 0, 1, 0, 7.5)))
+        push.send_multipart(to_wire(encode(Move("s1", "real", 3, 0, 1, 0, 7.5))))
         wait_until(lambda: worker.mailbox.held_dropped > dropped, what="the early move dropped")
         worker.mailbox.open(("s1", "real"))  # what handling the Exec does
         release.set()
@@ -206,9 +206,9 @@ def test_only_a_move_sent_by_a_peer_can_fail_work_under_code_kernels(
         b = GraphBuilder(1)
         graph = b.build([b.op("pcall", [], ranks=(0,), fn=b.fn(len), args=("x",))[0]])
         push.connect(worker.data_addr)
-        push.send_multipart(encode(Program("d-genuine", graph)))  # a pickled function
+        push.send_multipart(to_wire(encode(Program("d-genuine", graph))))  # a pickled function
         pickled_input = Exec("s1", "j1", "d-genuine", (0,), {0: [Fraction(1, 3)]}, (), 5.0)
-        push.send_multipart(encode(pickled_input))
+        push.send_multipart(to_wire(encode(pickled_input)))
         wait_until(lambda: worker.stats()["protocol_errors"] == 2, what="both refusals counted")
         assert "d-genuine" not in worker.state.refused_code
         broker.pump(200)

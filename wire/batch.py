@@ -6,19 +6,27 @@ worker's Dones). Each costs a libzmq send, a receive and, often, a thread wake-u
 other end. What is *already queued* for one peer goes out as one batch instead; nothing
 waits for a batch to fill, so no latency is added.
 
-The wire form::
+The codec's form (``mpl.wire.codec``), what :func:`batch_frames` builds and
+:func:`split_batch` reads, and its wire form (version 4: ``to_wire`` joins the two)::
 
-    frame 0       BATCH_MAGIC   b"MPB" + the codec's version byte (never a message's magic)
-    frame 1..n    one header each: the inner message is [MAGIC_FRAME, header]
+    [0]   BATCH_MAGIC   b"MPB" + the codec's version byte (never a message's magic)
+    [1]   a msgpack array of 1 to MAX_BATCH bins, one header each: the inner message is
+          [MAGIC_FRAME, header]
 
-Only header-only messages (no buffer frames) ride in a batch; a sender sends anything else
-alone, in its place (the messages after it to that peer go after it), so the order each
-peer sees never changes (:func:`coalesce`). A receiver splits a batch with :func:`split_batch` and
-handles each inner message exactly as if it had arrived alone from the same peer, with the
-same authenticated identity (the batch's frames carry the connection's CURVE User-Id) and
-every check it gets alone. Splitting runs no code and grows nothing: it checks the count
-(1 to :data:`MAX_BATCH` inner messages; a batch of one is legal, an empty or larger one is
-refused) and that no inner frame is itself a batch, then pairs each header with the magic.
+so a batch is ONE frame on the wire, however many messages it carries: under CurveZMQ
+every frame is a box to seal and open and a message part for libzmq. (Version 3 sent a
+frame per header.)
+
+Only header-only messages (no buffer frames) of less than ``BATCH_HEADER_BELOW`` bytes
+ride in a batch; a sender sends anything else alone, in its place (the messages after it to
+that peer go after it), so the order each peer sees never changes (:func:`coalesce`). A
+receiver splits a batch with :func:`split_batch` and handles each inner message exactly as
+if it had arrived alone from the same peer, with the same authenticated identity (the
+batch's frame carries the connection's CURVE User-Id) and every check it gets alone.
+Splitting runs no code and grows nothing beyond the frame: it checks the count (1 to
+:data:`MAX_BATCH` inner messages; a batch of one is legal, an empty or larger one is
+refused) before msgpack reads the array, under those bounds, and that each item is a bin;
+then it pairs each header with the codec's magic (so no inner message is a batch).
 """
 
 from __future__ import annotations
@@ -26,10 +34,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import msgpack
+
 from mpl.wire.codec import MAGIC_FRAME, VERSION
 from mpl.wire.errors import ProtocolError
+from mpl.wire.limits import MAX_HEADER_BYTES
 
 __all__ = [
+    "BATCH_HEADER_BELOW",
     "BATCH_MAGIC",
     "MAX_BATCH",
     "batch_frames",
@@ -43,7 +55,11 @@ BATCH_MAGIC = b"MPB" + bytes([VERSION])
 # Inner messages per batch: a sender never puts more in one, a receiver refuses more. It
 # bounds what one receive makes a receiver do before its timers and other peers get a turn.
 MAX_BATCH = 64
+# A header this long or longer goes alone (zero-copy when large), not copied into a batch:
+# a batch's frame stays under MAX_BATCH times this (4 MiB), well within MAX_HEADER_BYTES.
+BATCH_HEADER_BELOW = 64 * 1024
 _MAGIC_LEN = len(BATCH_MAGIC)
+_FIXARRAY, _ARRAY16, _ARRAY32 = 0x90, 0xDC, 0xDD
 
 
 def is_batch(frames: Sequence[Any]) -> bool:
@@ -56,20 +72,49 @@ def is_batch(frames: Sequence[Any]) -> bool:
 
 
 def split_batch(frames: Sequence[Any]) -> list[list[Any]]:
-    """The inner messages of batch ``frames``, each ``[MAGIC_FRAME, header]`` as it would
-    have arrived alone. Raises ProtocolError for an empty batch, one of more than
-    ``MAX_BATCH`` messages, or one holding a batch; the inner headers are not read here (the
+    """The inner messages of batch ``frames`` (the codec's form: the magic, then the array
+    of headers), each ``[MAGIC_FRAME, header]`` as it would have arrived alone. Raises
+    ProtocolError for anything but a magic and one frame holding a msgpack array of 1 to
+    ``MAX_BATCH`` bins (nothing after it); the inner headers are not read here (the
     receiver decodes each as it would decode the message alone)."""
-    count = len(frames) - 1
+    if len(frames) != 2:
+        raise ProtocolError(f"a batch is its magic and one frame, not {len(frames)} frames")
+    body = frames[1]
+    try:  # bytes as they are (from_wire's slice), else one copy (a large batch's view)
+        data = body if type(body) is bytes else memoryview(body).tobytes()
+    except TypeError:
+        raise ProtocolError("a batch's frame is no buffer") from None
+    size = len(data)
+    if size > MAX_HEADER_BYTES:
+        raise ProtocolError(f"a batch of {size} bytes exceeds {MAX_HEADER_BYTES}")
+    mark = data[0] if size else -1
+    if _FIXARRAY <= mark < _FIXARRAY + 16:  # the count, read before msgpack builds a thing
+        count = mark - _FIXARRAY
+    elif mark == _ARRAY16 and size >= 3:
+        count = int.from_bytes(data[1:3], "big")
+    elif mark == _ARRAY32 and size >= 5:
+        count = int.from_bytes(data[1:5], "big")
+    else:
+        raise ProtocolError("a batch's frame holds no array of headers")
     if count < 1:
         raise ProtocolError("an empty batch")
     if count > MAX_BATCH:
         raise ProtocolError(f"a batch of {count} messages (at most {MAX_BATCH})")
-    inner = frames[1:]
-    for frame in inner:
-        if len(frame) == _MAGIC_LEN and bytes(frame) == BATCH_MAGIC:
-            raise ProtocolError("a batch inside a batch")
-    return [[MAGIC_FRAME, frame] for frame in inner]
+    try:
+        inner = msgpack.unpackb(
+            data,
+            max_array_len=MAX_BATCH,
+            max_bin_len=MAX_HEADER_BYTES,
+            max_str_len=0,
+            max_map_len=0,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack's errors, bytes after the array included
+        raise ProtocolError(f"a batch does not read: {type(exc).__name__}") from None
+    for header in inner:
+        if type(header) is not bytes:
+            raise ProtocolError("a batch holds something other than headers")
+    return [[MAGIC_FRAME, header] for header in inner]
 
 
 def header_only(frames: Sequence[Any]) -> Any | None:
@@ -81,10 +126,11 @@ def header_only(frames: Sequence[Any]) -> Any | None:
 
 
 def batch_frames(headers: Sequence[Any]) -> list[Any]:
-    """The batch of ``headers`` (1 to MAX_BATCH of them)."""
+    """The batch of ``headers`` (1 to MAX_BATCH of them), in the codec's form."""
     if not 1 <= len(headers) <= MAX_BATCH:
         raise ValueError(f"a batch holds 1 to {MAX_BATCH} messages, not {len(headers)}")
-    return [BATCH_MAGIC, *headers]
+    packed: bytes = msgpack.packb([h if type(h) is bytes else bytes(h) for h in headers])
+    return [BATCH_MAGIC, packed]
 
 
 def coalesce(messages: Iterable[tuple[list[Any], bool]]) -> list[tuple[list[Any], int]]:
@@ -106,7 +152,7 @@ def coalesce(messages: Iterable[tuple[list[Any], bool]]) -> list[tuple[list[Any]
 
     for frames, batchable in messages:
         header = header_only(frames) if batchable else None
-        if header is None:
+        if header is None or len(header) >= BATCH_HEADER_BELOW:
             close_run()
             out.append((frames, 1))
         else:

@@ -161,6 +161,8 @@ def _lean_header(frames: Sequence[Any]) -> bytes | None:
         return None
     magic, header = frames
     try:
+        if len(header) >= MAX_CONTAINERS:  # (a large header is not copied to be refused)
+            return None
         # a zmq.Frame's bytes, a copy made once (about half the cost of a memoryview's)
         magic = magic.bytes if type(magic) is _Frame else bytes(magic)
         header = header.bytes if type(header) is _Frame else bytes(header)
@@ -211,6 +213,8 @@ def read_hot(frames: Sequence[Any]) -> DoneRead | Exec | None:
         return None
     magic, header = frames
     try:
+        if len(header) >= MAX_CONTAINERS:  # (a large header is not copied to be refused)
+            return None
         magic = magic.bytes if type(magic) is _Frame else bytes(magic)
         header = header.bytes if type(header) is _Frame else bytes(header)
     except TypeError:
@@ -219,8 +223,8 @@ def read_hot(frames: Sequence[Any]) -> DoneRead | Exec | None:
 
 
 def read_hot_header(magic: bytes, header: bytes) -> DoneRead | Exec | None:
-    """:func:`read_hot` of a message of two frames given as bytes (the broker takes them
-    from the frames it received, and counts their bytes, itself)."""
+    """:func:`read_hot` of a message's magic and header given as bytes (the broker cuts
+    them from the frame it received, and counts its bytes, itself)."""
     if magic != MAGIC_FRAME or len(header) >= MAX_CONTAINERS:
         return None
     if header.startswith(DONE_PREFIX):

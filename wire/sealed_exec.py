@@ -1,13 +1,14 @@
 """A secure ``Exec`` on the wire: one common header, then each rank's sealed box after it,
 so the broker forwards it without cutting a header per rank.
 
-From the driver to the broker, two frames::
+From the driver to the broker, one frame (wire version 4; in the codec's form,
+``mpl.wire.codec.from_wire``, the magic and the rest)::
 
-    frame 0   SEALED_EXEC_MAGIC   b"MPS" + the codec's version byte
-    frame 1   the Exec's header, packed as ``encode`` packs it, its bindings empty; then
+    frame 0   SEALED_EXEC_MAGIC   b"MPS" + the codec's version byte; then
+              the Exec's header, packed as ``encode`` packs it, its bindings empty; then
               the sealed box of ``ranks[0]``, ..., ``ranks[n-1]``, each a msgpack bin
 
-To each rank ``ranks[i]``, two frames: the magic, then the header as it came followed by
+To each rank ``ranks[i]``, one frame: the magic, then the header as it came followed by
 the ``i``-th box alone, its bytes as they came. Boxes ride in the header's frame, not in
 frames of their own: under CurveZMQ every frame is one more box to seal and open and one
 more message part for libzmq (measured: a frame per box cost the broker about 30k

@@ -15,7 +15,7 @@ from typing import Any
 
 import zmq
 
-from mpl.wire.codec import decode, encode, frames_nbytes
+from mpl.wire.codec import decode, encode, frames_nbytes, from_wire, to_wire
 from mpl.wire.record import Record
 
 __all__ = [
@@ -129,7 +129,8 @@ def poll_in(sock: zmq.Socket[Any], timeout_ms: int) -> bool:
 
 
 def recv_frames(sock: zmq.Socket[Any], flags: int = 0) -> list[zmq.Frame]:
-    """One multipart message as ``zmq.Frame`` objects (no copy): ``recv_multipart(flags,
+    """One multipart message as ``zmq.Frame`` objects (no copy; wire frames: a codec
+    message goes through ``from_wire`` after any envelope): ``recv_multipart(flags,
     copy=False)`` without its per-part overhead. Raises ``zmq.Again`` as it does."""
     if not isinstance(sock, _Backend):  # _compiled, without its call
         return list(sock.recv_multipart(flags, copy=False))
@@ -142,7 +143,8 @@ def recv_frames(sock: zmq.Socket[Any], flags: int = 0) -> list[zmq.Frame]:
 
 
 def send_frames(sock: zmq.Socket[Any], frames: Sequence[Any], flags: int = NOBLOCK) -> None:
-    """Send ``frames`` as one multipart message: ``send_multipart(frames, flags,
+    """Send ``frames`` (wire frames: a codec message goes through ``to_wire`` first) as
+    one multipart message: ``send_multipart(frames, flags,
     copy=False)`` without its per-part overhead. Small ``bytes`` frames are copied (cheaper
     than tracking them); everything else goes to libzmq as it is (zero-copy when large).
 
@@ -177,11 +179,11 @@ def send_message(
 ) -> int:
     """Encode and send ``msg`` behind ``envelope``; returns the bytes sent."""
     frames = encode(msg)
-    send_frames(sock, [*envelope, *frames], flags)
+    send_frames(sock, [*envelope, *to_wire(frames)], flags)
     return frames_nbytes(frames)
 
 
 def recv_message(sock: zmq.Socket[Any], *, unpickle: bool = True, safe: bool = True) -> Record:
     """Receive and decode one message without an envelope (DEALER, PULL, PAIR); in the safe
     value format unless ``safe=False`` (see ``mpl.wire.safe_values``)."""
-    return decode(recv_frames(sock), unpickle=unpickle, safe=safe)
+    return decode(from_wire(recv_frames(sock)), unpickle=unpickle, safe=safe)

@@ -41,7 +41,7 @@ from typing import Any
 
 import zmq
 
-from mpl.wire.codec import encode
+from mpl.wire.codec import SLICE_BELOW, encode, from_wire, to_wire
 from mpl.wire.control import HEARTBEAT_S, Bye, Heartbeat, WorkerHello
 from mpl.wire.curve import Curve, peer_admits
 from mpl.wire.exec_repeat import RepeatExecs
@@ -352,7 +352,12 @@ class Worker(BrokerMessages, ResultChannel):
                 frames = None
         if frames is not None:
             self._resting = False
-            self._on_frames(frames)
+            first = frames[0]  # the magic and the header (wire v4): cut in two
+            if len(frames) == 1 and type(first) is zmq.Frame and len(first) < SLICE_BELOW:
+                one = first.bytes  # copied once, then sliced (from_wire, written out)
+                self._on_frames([one[:4], one[4:]])
+            else:
+                self._on_frames(from_wire(frames))
         if self.intake.deferred:
             self.intake.put_deferred()
         now = self._clock = time.monotonic()
@@ -471,7 +476,7 @@ class Worker(BrokerMessages, ResultChannel):
         if frames is None:
             return
         try:
-            send_frames(self.dealer, frames)
+            send_frames(self.dealer, to_wire(frames))
         except zmq.Again:
             log.debug("rank %d: broker unreachable, dropped %s", self.rank, msg.TAG)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import zmq
 
-from mpl.wire.codec import frames_nbytes
+from mpl.wire.codec import frames_nbytes, from_wire
 from mpl.wire.curve import PEER_DOMAIN, Curve
 from mpl.wire.data import Move
 from mpl.wire.errors import ProtocolError
@@ -127,7 +127,9 @@ class PeerIntake:
 
     def _on_frames(self, frames: list[Any]) -> None:
         try:
-            msg = screen(frames, self.code, safe=not pickles_allowed(WORKER, trusted=self.trusted))
+            msg = screen(
+                from_wire(frames), self.code, safe=not pickles_allowed(WORKER, trusted=self.trusted)
+            )
         except ProtocolError as exc:
             self.errors += 1
             self._refusals.refused("a peer", f"dropped a bad message: {exc}")

@@ -11,7 +11,7 @@ from typing import Any
 
 import zmq
 
-from mpl.wire.codec import encode, frames_nbytes
+from mpl.wire.codec import encode, frames_nbytes, to_wire
 from mpl.wire.control import PeerInfo
 from mpl.wire.curve import Curve
 from mpl.wire.data import Move
@@ -47,7 +47,7 @@ class PeerLinks:
         if peer is None:
             raise WorkerLostError(f"rank {dst} is not in the broker's directory", rank=dst)
         link = self._pool.link(dst, peer.data_addr)
-        frames = encode(move, safe=self.safe)
+        frames = to_wire(encode(move, safe=self.safe))
         send_until(
             link,
             frames,

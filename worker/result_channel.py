@@ -6,7 +6,8 @@ result channel: a second DEALER to the broker behind a lock, announced with ``Ch
 so that no answer waits for the I/O thread. While the I/O thread handles a batch of the
 broker's messages, the Dones of the jobs it runs inline gather and go out in batches
 (``mpl.wire.batch``). An inline run's ``Done``, packed by the job shell itself (plaintext,
-or its small scalars sealed), goes out as its two frames by the compiled send.
+or its small scalars sealed), goes out as one frame (wire v4: the magic and the header)
+by the compiled send.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import zmq
 
 from mpl.wire.batch import coalesce, header_only
-from mpl.wire.codec import encode
+from mpl.wire.codec import encode, to_wire
 from mpl.wire.control import Channel
 from mpl.wire.done_pack import own_done_frames
 from mpl.wire.jobs import Done
@@ -34,7 +35,6 @@ log = logging.getLogger("mpl.worker")
 # IntFlag` builds an enum each time)
 _raw_send = zmq.backend.Socket.send
 _NOBLOCK = int(zmq.NOBLOCK)
-_NOBLOCK_MORE = _NOBLOCK | int(zmq.SNDMORE)
 
 
 class ResultChannel:
@@ -73,7 +73,7 @@ class ResultChannel:
         lock.acquire()  # not `with`: acquire and release are a third of its cost
         try:
             if not self._closed:
-                send_frames(self._results, frames)
+                send_frames(self._results, to_wire(frames))
         except zmq.Again:
             log.warning("rank %d: result queue full, dropped %s", self.rank, msg.TAG)
         finally:
@@ -94,9 +94,8 @@ class ResultChannel:
         lock.acquire()  # not `with`: acquire and release are a third of its cost
         try:
             if not self._closed:
-                _raw_send(self._results, magic, _NOBLOCK_MORE)
-                _raw_send(self._results, header, _NOBLOCK)
-        except zmq.Again:  # on the first part (a message goes whole or not at all)
+                _raw_send(self._results, magic + header, _NOBLOCK)  # one frame (wire v4)
+        except zmq.Again:
             log.warning("rank %d: result queue full, dropped Done", self.rank)
         finally:
             lock.release()
@@ -106,7 +105,7 @@ class ResultChannel:
             if self._closed:
                 return
             try:
-                send_frames(self._results, frames)
+                send_frames(self._results, to_wire(frames))
             except zmq.Again:
                 log.warning("rank %d: result queue full, dropped %s", self.rank, what)
 
@@ -127,7 +126,7 @@ class ResultChannel:
             if self._closed:
                 return
             try:
-                frames = encode(Channel(self.rank, self.incarnation))
+                frames = to_wire(encode(Channel(self.rank, self.incarnation)))
                 self._results.send_multipart(frames, zmq.NOBLOCK, copy=False)
                 self._channel_owed = False
             except zmq.Again:

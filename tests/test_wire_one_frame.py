@@ -1,0 +1,178 @@
+"""Wire version 4: a message's magic and header are ONE frame, and only that form is read.
+
+Every reader that faces another party gets what a peer of version 3 sends (the magic a
+frame of its own), this version's magic in a frame of its own, an empty first frame, a
+first frame of 1 to 4 bytes and a header over ``MAX_HEADER_BYTES``: each is refused as a
+bad message (counted, a ProtocolError), and the daemon keeps serving. The broker and a
+worker are real processes; the driver's reader is a ``Client`` against a fake broker.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+from helpers import wait_until
+from test_batch import FakeBroker, Raw, _one_rank_program
+
+from mpl.driver.client import Client
+from mpl.driver.launcher import daemon_command
+from mpl.wire import GraphBuilder
+from mpl.wire.codec import (
+    MAGIC_FRAME,
+    MAX_HEADER_BYTES,
+    VERSION,
+    decode,
+    encode,
+    from_wire,
+    to_wire,
+)
+from mpl.wire.control import Refused
+from mpl.wire.errors import ProtocolError
+from mpl.wire.jobs import Exec, Program, output_uri
+from mpl.wire.sessions import Reply, StatusRequest
+from mpl.wire.sockets import recv_frames, send_frames
+
+_OLD = VERSION - 1
+
+
+def _hostile(header: bytes) -> dict[str, list[bytes]]:
+    """What a peer may send in place of a message whose codec header is ``header``."""
+    return {
+        "version 3": [b"MPL" + bytes([_OLD]), header],
+        "version 3, sealed Exec": [b"MPS" + bytes([_OLD]), header],
+        "this magic, a frame of its own": [MAGIC_FRAME, header],
+        "empty first frame": [b""],
+        "1 byte": [b"M"],
+        "3 bytes": [b"MPL"],
+        "the magic alone": [MAGIC_FRAME],
+        "header too large": [MAGIC_FRAME + b"\x90" * (MAX_HEADER_BYTES + 1)],
+    }
+
+
+def test_the_codec_takes_one_frame_and_refuses_the_rest() -> None:
+    msg = StatusRequest(7)
+    wire = to_wire(encode(msg))
+    assert len(wire) == 1 and wire[0][:4] == MAGIC_FRAME
+    assert decode(from_wire(wire)) == msg
+    refused = {}
+    for what, frames in _hostile(encode(msg)[1]).items():
+        with pytest.raises(ProtocolError) as caught:
+            decode(from_wire(frames))
+        refused[what] = str(caught.value)
+    assert f"wire version {_OLD} is not supported" in refused["version 3"]
+    assert f"wire version {_OLD} is not supported" in refused["version 3, sealed Exec"]
+    assert "exceeds" in refused["header too large"]
+
+
+def test_the_broker_process_refuses_each_and_still_serves(make_cluster: Any) -> None:
+    cluster = make_cluster("tcp")
+    owner = cluster.client()
+    sid = owner.open_session("one-frame").session
+    before = owner.status()["protocol_errors"]
+    ctx: zmq.Context[Any] = zmq.Context()
+    attacker = Raw(ctx, cluster.address)
+    try:
+        hostile = _hostile(encode(StatusRequest(1))[1])
+        for frames in hostile.values():
+            attacker.sock.send_multipart(frames)
+        refusals = []
+        for _, msg in attacker.messages(20):
+            if isinstance(msg, Refused):
+                refusals.append(msg.error)
+            if len(refusals) == len(hostile):
+                break
+        assert [e.kind for e in refusals] == ["ProtocolError"] * len(hostile)
+        assert f"wire version {_OLD} is not supported" in refusals[0].message
+        assert owner.status()["protocol_errors"] == before + len(hostile)
+        attacker.send(StatusRequest(2))  # the same connection is still heard
+        reply, _ = attacker.wait_for(Reply)
+        assert isinstance(reply, Reply) and reply.req == 2
+        b = GraphBuilder(2)
+        g = b.build([b.op("constant", [], ranks=(1,), value=3)[0]])
+        job = owner.submit(sid, g, {}).job  # and jobs still run
+        assert owner.fetch(sid, 1, output_uri(job, 0)) == 3
+    finally:
+        attacker.sock.close(linger=0)
+        ctx.term()
+
+
+def test_the_worker_process_refuses_each_and_still_serves(tmp_path: Any) -> None:
+    ctx: zmq.Context[Any] = zmq.Context()
+    broker = FakeBroker(ctx)
+    cmd = [*daemon_command("mpl-worker"), "--broker", broker.address, "--rank", "0"]
+    cmd += ["--data-root", str(tmp_path / "data")]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stderr=subprocess.DEVNULL)
+    try:
+        broker.welcome(0.2, 20)
+        graph = _one_rank_program()
+        broker.send(encode(Program(graph.digest, graph)))
+        hostile = _hostile(encode(Exec("s", "bad", graph.digest, (0,), {}, (0,)))[1])
+        for frames in hostile.values():
+            broker.send_wire(frames)
+        broker.send(encode(Exec("s", "good", graph.digest, (0,), {}, (0,))))
+        broker.wait_dones(1)
+        assert [d.job for d in broker.dones] == ["good"] and broker.dones[0].values == {0: 5}
+
+        def counted() -> bool:
+            broker.pump(50)
+            return broker.stats.get("protocol_errors") == len(hostile)
+
+        wait_until(counted, 20, f"{len(hostile)} bad messages counted in a heartbeat")
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        broker.router.close(linger=0)
+        ctx.term()
+
+
+@pytest.mark.parametrize("what", list(_hostile(b"\x90")))
+def test_the_driver_drops_each_and_takes_the_answer_after_it(what: str) -> None:
+    """A fake broker answers the driver's call with a hostile message, then the answer:
+    the driver takes the answer (or, for another wire version, fails at once naming it)."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    stop = threading.Event()
+
+    def answer() -> None:
+        while not stop.is_set():
+            if router.poll(50):
+                peer, *wired = recv_frames(router)
+                asked = decode(from_wire(wired))
+                if not isinstance(asked, StatusRequest):
+                    continue  # the watch's heartbeats
+                reply = encode(Reply(asked.req, value={"ok": 1}))
+                router.send_multipart([peer, *_hostile(reply[1])[what]])
+                send_frames(router, [peer, *to_wire(reply)])
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    client = Client(f"tcp://127.0.0.1:{port}", timeout=20.0)
+    try:
+        if what.startswith("version 3"):
+            with pytest.raises(ProtocolError, match=f"wire version {_OLD} is not supported"):
+                client.status()
+        else:
+            assert client.status() == {"ok": 1}
+    finally:
+        client.close()
+        stop.set()
+        thread.join(5)
+        router.close(linger=0)
+        ctx.term()
+
+
+def test_a_batch_is_one_frame_on_the_wire() -> None:
+    from mpl.wire.batch import BATCH_MAGIC, batch_frames, split_batch
+
+    headers = [encode(StatusRequest(i))[1] for i in range(3)]
+    (frame,) = to_wire(batch_frames(headers))
+    assert frame[:4] == BATCH_MAGIC and msgpack.unpackb(frame[4:]) == headers
+    assert [one[1] for one in split_batch(from_wire([frame]))] == headers
