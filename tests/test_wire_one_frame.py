@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 from typing import Any
 
 import msgpack
@@ -32,10 +33,13 @@ from mpl.wire.codec import (
     to_wire,
 )
 from mpl.wire.control import Refused
+from mpl.wire.data import Move
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Exec, Program, output_uri
 from mpl.wire.sessions import Reply, StatusRequest
-from mpl.wire.sockets import recv_frames
+from mpl.wire.sockets import MAX_MESSAGE, configure, recv_frames
+from mpl.worker.keyed_mailbox import move_mailbox
+from mpl.worker.peer_intake import PeerIntake
 
 _OLD = VERSION - 1
 
@@ -176,3 +180,38 @@ def test_a_batch_is_one_frame_on_the_wire() -> None:
     (frame,) = to_wire(batch_frames(headers))
     assert frame[:4] == BATCH_MAGIC and msgpack.unpackb(frame[4:]) == headers
     assert [one[1] for one in split_batch(from_wire([frame]))] == headers
+
+
+def test_the_worker_peer_intake_refuses_each_and_takes_the_move_after_them(
+    zmq_ctx: zmq.Context[Any],
+) -> None:
+    """A peer's PUSH to a worker's intake (the moves of a shuffle): the same first frames
+    are dropped and counted, and the genuine move after them is taken."""
+    mailbox = move_mailbox()
+    intake = PeerIntake(
+        zmq_ctx,
+        "tcp://127.0.0.1:0",
+        0,
+        mailbox,
+        lambda event: None,
+        curve=None,
+        trusted=False,
+        code="any",
+        max_message=MAX_MESSAGE,
+    )
+    push = configure(zmq_ctx.socket(zmq.PUSH), linger_ms=1000)
+    try:
+        intake.start()
+        push.connect(intake.address)
+        mailbox.open(("s", "j"))
+        move = encode(Move("s", "j", 0, 0, 1, 0, 7))
+        hostile = _hostile(move[1])
+        for frames in hostile.values():
+            push.send_multipart(frames)
+        push.send_multipart([MAGIC_FRAME + move[1]])  # the one-frame form, literally
+        got = mailbox.take(("s", "j", 0, 0, 1), time.monotonic() + 15, "the move")
+        assert got == 7 and intake.errors == len(hostile)
+    finally:
+        push.close()
+        intake.stop(5)
+        intake.close()
