@@ -72,8 +72,10 @@ def test_a_batch_splits_into_the_messages_as_they_would_arrive_alone() -> None:
         ([BATCH_MAGIC, msgpack.packb([])], "empty"),
         ([BATCH_MAGIC, msgpack.packb([b"\x90"] * (MAX_BATCH + 1))], "at most"),
         ([BATCH_MAGIC, msgpack.packb([b"\x90", [b"\x90"]])], "other than headers"),
-        ([BATCH_MAGIC, msgpack.packb([b"\x90", "\x90"])], "does not read"),  # a str
-        ([BATCH_MAGIC, msgpack.packb([b"\x90"]) + b"\x90"], "does not read"),
+        ([BATCH_MAGIC, msgpack.packb([b"\x90", "\x90"])], "other than headers"),  # a str
+        ([BATCH_MAGIC, msgpack.packb([b"\x90"]) + b"\x90"], "bytes after"),
+        ([BATCH_MAGIC, msgpack.packb([b"\x90", b"abc"])[:-1]], "3 bytes, 2 there"),  # cut short
+        ([BATCH_MAGIC, b"\x91\xc5\x00"], "other than headers"),  # a bin16 head cut short
         ([BATCH_MAGIC, b""], "no array"),
         ([BATCH_MAGIC, b"\x90", b"\x90"], "magic and one frame"),  # version 3's shape
     ],

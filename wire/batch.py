@@ -25,8 +25,10 @@ if it had arrived alone from the same peer, with the same authenticated identity
 batch's frame carries the connection's CURVE User-Id) and every check it gets alone.
 Splitting runs no code and grows nothing beyond the frame: it checks the count (1 to
 :data:`MAX_BATCH` inner messages; a batch of one is legal, an empty or larger one is
-refused) before msgpack reads the array, under those bounds, and that each item is a bin;
-then it pairs each header with the codec's magic (so no inner message is a batch).
+refused), then walks the array's items by their bin heads, by hand (msgpack is not asked to
+read them: it would build whatever they are, arrays nested in arrays included, before a
+check could refuse them), and slices each header out; then it pairs each header with the
+codec's magic (so no inner message is a batch).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ MAX_BATCH = 64
 BATCH_HEADER_BELOW = 64 * 1024
 _MAGIC_LEN = len(BATCH_MAGIC)
 _FIXARRAY, _ARRAY16, _ARRAY32 = 0x90, 0xDC, 0xDD
+_BIN8, _BIN16, _BIN32 = 0xC4, 0xC5, 0xC6
 
 
 def is_batch(frames: Sequence[Any]) -> bool:
@@ -100,21 +103,30 @@ def split_batch(frames: Sequence[Any]) -> list[list[Any]]:
         raise ProtocolError("an empty batch")
     if count > MAX_BATCH:
         raise ProtocolError(f"a batch of {count} messages (at most {MAX_BATCH})")
-    try:
-        inner = msgpack.unpackb(
-            data,
-            max_array_len=MAX_BATCH,
-            max_bin_len=MAX_HEADER_BYTES,
-            max_str_len=0,
-            max_map_len=0,
-            max_ext_len=0,
-        )
-    except Exception as exc:  # msgpack's errors, bytes after the array included
-        raise ProtocolError(f"a batch does not read: {type(exc).__name__}") from None
-    for header in inner:
-        if type(header) is not bytes:
+    # Each item's bin head read by hand: msgpack would build whatever the items are
+    # (arrays nested in arrays: a list per byte) before they could be checked.
+    at = 1 if mark < _ARRAY16 else 3 if mark == _ARRAY16 else 5
+    inner: list[list[Any]] = []
+    for _ in range(count):
+        kind = data[at] if at < size else -1
+        if kind == _BIN8 and at + 2 <= size:
+            start = at + 2
+            stop = start + data[at + 1]
+        elif kind == _BIN16 and at + 3 <= size:
+            start = at + 3
+            stop = start + int.from_bytes(data[at + 1 : start], "big")
+        elif kind == _BIN32 and at + 5 <= size:
+            start = at + 5
+            stop = start + int.from_bytes(data[at + 1 : start], "big")
+        else:
             raise ProtocolError("a batch holds something other than headers")
-    return [[MAGIC_FRAME, header] for header in inner]
+        if stop > size:
+            raise ProtocolError(f"a batch's header of {stop - start} bytes, {size - start} there")
+        inner.append([MAGIC_FRAME, data[start:stop]])
+        at = stop
+    if at != size:
+        raise ProtocolError("a batch has bytes after its array of headers")
+    return inner
 
 
 def header_only(frames: Sequence[Any]) -> Any | None:
