@@ -472,7 +472,9 @@ def _shell_calls(world: int, jobs: int = 10) -> float:
 def test_python_calls_per_added_rank_in_the_brokers_loop() -> None:
     """A trivial job on every rank, through the broker's own receive loop and sends: the
     Python calls each rank adds to it (its Exec out, its Done in)."""
-    small, large = _shell_calls(2), _shell_calls(16)
+    # timers falling due among the counted jobs only add calls: the fewest of two counts
+    small = min(_shell_calls(2) for _ in range(2))
+    large = min(_shell_calls(16) for _ in range(2))
     per_rank = (large - small) / 14
     print(f"loop: {small} calls per job at world 2, {large} at 16: {per_rank} per rank")
     assert per_rank <= 3.5  # bac702e made 4
@@ -598,7 +600,9 @@ def _secure_exec_calls(world: int, jobs: int = 10) -> float:
 def test_a_secure_execs_ranks_cost_no_python_call_each() -> None:
     """In secure mode every rank's Exec is its own (its own sealed box): cutting them makes
     no Python call per rank."""
-    small, large = _secure_exec_calls(2), _secure_exec_calls(16)
+    # timers falling due among the counted jobs only add calls: the fewest of two counts
+    small = min(_secure_exec_calls(2) for _ in range(2))
+    large = min(_secure_exec_calls(16) for _ in range(2))
     per_rank = (large - small) / 14
     print(f"secure exec: {small} calls at world 2, {large} at 16: {per_rank} per rank")
     assert per_rank <= 0.5

@@ -129,10 +129,12 @@ def _calls(root: Path | None, jobs: int = 10) -> tuple[float, dict[str, int]]:
 # and 2 Dones; ~4.5k instructions each, the call and its checks ~1.1k of it). The loop
 # reads the frame's User-Id itself: 52 (the version check is pyzmq's own).
 def test_secure_mode_adds_one_python_call_per_message_at_the_broker(tmp_path: Path) -> None:
-    plain, _ = _calls(None, jobs=20)
-    secure, names = _calls(tmp_path, jobs=20)
+    # A turn whose timers fall due among the counted jobs adds calls (seen under load: 4.4
+    # more over 20 jobs) and never takes any away: the fewest of three counts is the jobs'.
+    plain = min(_calls(None, jobs=20)[0] for _ in range(3))
+    counted = [_calls(tmp_path / str(i), jobs=20) for i in range(3)]
+    secure = min(per_job for per_job, _ in counted)
     print(f"broker: {plain} Python calls per job in plaintext, {secure} in secure mode")
-    assert "frame_identity" not in names
-    # 3 messages, one call each; a turn whose timers fall due among the counted ones adds a
-    # few calls (seen: 52.2 over 10 jobs), hence the half call of slack
+    assert all("frame_identity" not in names for _, names in counted)
+    # 3 messages, one call each, and half a call of slack
     assert secure - plain <= 3.5
