@@ -100,13 +100,13 @@ def phase_floor() -> None:
     d.connect(front)
     time.sleep(0.5)  # let the echo register with the relay (a bench, not a test)
 
-    def rt() -> None:
-        d.send_multipart([b"MPL\x01", b"x" * 40])
+    def rt() -> None:  # one frame each way, as every mpl message is (wire v4)
+        d.send(b"r" + b"x" * 40)
         d.recv_multipart()
 
     xs = measure(rt, 2000, warmup=200)
     record("floor", "raw pyzmq driver->relay->worker round trip", xs, **percentiles(xs))
-    d.send_multipart([b"stop"])
+    d.send(b"stop")
     for p in procs:
         p.wait(10)
     record(

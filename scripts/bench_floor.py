@@ -43,6 +43,9 @@ def _curve(sock: zmq.Socket[Any]) -> zmq.Socket[Any]:
 
 
 def relay(front: str, back: str) -> None:
+    """The raw relay floor: a request (one frame, as mpl's messages are since wire v4) to the
+    one echo and its reply back; the relay keeps the driver's envelope, as a broker keeps
+    its job's, so the echo sees the request's frame alone."""
     ctx = zmq.Context()
     f, b = _curve(ctx.socket(zmq.ROUTER)), _curve(ctx.socket(zmq.ROUTER))
     f.bind(front)
@@ -50,25 +53,27 @@ def relay(front: str, back: str) -> None:
     poller = zmq.Poller()
     poller.register(f, zmq.POLLIN)
     poller.register(b, zmq.POLLIN)
-    worker = None
+    worker = driver = None
     while True:
         ready = dict(poller.poll())
         if b in ready:
-            m = b.recv_multipart()
+            m = b.recv_multipart()  # [echo, payload]
             if m[1] == b"hi":
                 worker = m[0]
             elif m[1] == b"bye":
                 return
-            else:
-                f.send_multipart(m[1:])
+            elif driver is not None:
+                f.send_multipart([driver, m[1]])
         if f in ready:
-            m = f.recv_multipart()
+            m = f.recv_multipart()  # [driver, payload]
+            driver = m[0]
             if worker is not None:  # before the echo says hi, requests are dropped
-                b.send_multipart([worker, *m])
+                b.send_multipart([worker, m[1]])
 
 
 def fanrelay(front: str, back: str, n: int) -> None:
-    """The raw fan-out floor: each request goes to all N echoes; the N replies make one answer."""
+    """The raw fan-out floor: each request (one frame) goes to all N echoes; the N replies
+    make one answer. A request's bytes are its id here (one round trip at a time)."""
     ctx = zmq.Context()
     f, b = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
     f.bind(front)
@@ -81,29 +86,29 @@ def fanrelay(front: str, back: str, n: int) -> None:
     poller = zmq.Poller()
     poller.register(f, zmq.POLLIN)
     poller.register(b, zmq.POLLIN)
-    owed: dict[bytes, list[Any]] = {}  # request id -> [replies still owed, driver envelope]
+    owed: dict[bytes, list[Any]] = {}  # request -> [replies still owed, driver envelope]
     byes = 0
     while True:
         ready = dict(poller.poll())
         if b in ready:
-            m = b.recv_multipart()
+            m = b.recv_multipart()  # [echo, payload]
             if m[1] == b"bye":
                 byes += 1
                 if byes == n:
                     return
                 continue
-            entry = owed.get(m[2])
-            if entry is None:  # a request id reused while it was still owed
+            entry = owed.get(m[1])
+            if entry is None:  # a request reused while it was still owed
                 continue
             entry[0] -= 1
             if entry[0] == 0:
-                del owed[m[2]]
-                f.send_multipart(m[1:])
+                del owed[m[1]]
+                f.send_multipart([entry[1], m[1]])
         if f in ready:
-            m = f.recv_multipart()  # [driver, request id, payload]
+            m = f.recv_multipart()  # [driver, payload]
             owed[m[1]] = [n, m[0]]
             for w in workers:
-                b.send_multipart([w, *m])
+                b.send_multipart([w, m[1]])
 
 
 def echo(back: str) -> None:
