@@ -224,8 +224,9 @@ class DriverSeal:
         self, session: str, job: str, sealed: dict[int, dict[int, Any]]
     ) -> dict[int, dict[int, Any]]:
         """The values of job ``job``'s result (``{output: {rank: sealed value}}``, as read
-        from its JobResult) opened: each only if the node of its rank sealed it for this
-        job and output. A caller holding the fields alone (a call site's compiled job)
+        from its JobResult) opened in place (``sealed`` itself comes back, each sealed value
+        replaced by its value): each only if the node of its rank sealed it for this job and
+        output. A caller holding the fields alone (a call site's compiled job)
         builds no record for it; one that answers many jobs calls the session's opener
         itself (``openers``, else :meth:`opener`): one Python call per answer."""
         return (self.openers.get(session) or self.opener(session))(job, sealed)

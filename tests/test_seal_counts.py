@@ -322,6 +322,21 @@ def test_a_2p_answer_is_opened_in_one_python_call_finding_each_ranks_epoch_by_it
     assert general.python / n == _OPEN_PYTHON_CALLS + 1  # 3 at 634fe27
 
 
+def test_an_answer_is_opened_in_the_dicts_it_was_decoded_into() -> None:
+    """The opener builds no dict per answer: each sealed value is replaced by its value in
+    the answer's own dicts (decoded for this call: nobody else holds them), which come back
+    (main at f9464a8 built a new dict per answer and per output)."""
+    driver, results = _answers(6)
+    for result in results[:5]:  # warm: epochs known, the session's opener made
+        driver.result("s", result)
+    opener = driver.openers["s"]
+    sealed = results[5].values
+    per_rank = sealed[0]
+    opened = opener(results[5].job, sealed)
+    assert opened is sealed and opened[0] is per_rank
+    assert opened == {0: {0: 7, 1: 8}}
+
+
 def test_the_workers_memory_of_run_jobs_stays_bounded_oldest_out_first() -> None:
     """The jobs a worker remembers (for refusing replays and sealing results) are keyed by
     network input: past the bound the oldest goes, whatever the fast path that adds them."""
