@@ -330,6 +330,14 @@ class DriverSeal:
         self._learn(rank, incarnation, floor)
         return nowhere and self._incarnations.get(rank) == incarnation
 
+    def may_send_again(self, ranks: tuple[int, ...]) -> bool:
+        """Whether a job of ``ranks``, sealed now, may be sent once more should a worker
+        refuse it (:meth:`refused`): only a job of one rank whose worker's incarnation this
+        driver does not know (incarnations are learnt, never forgotten, so a job sealed for
+        a known one is never sent again). A caller keeps the job's plaintext bindings only
+        then."""
+        return len(ranks) == 1 and ranks[0] not in self._incarnations
+
     def fetch_ticket(self) -> tuple[str, str]:
         """``(reply_to, ticket)`` for a new fetch."""
         return self._ready().identity, secrets.token_hex(12)
