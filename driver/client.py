@@ -319,8 +319,11 @@ class Client(BrokerCalls):
         """
         msg, limit, deadline = self._exec(session, graph, bindings, inline, timeout)
         pending = Pending(msg, graph, deadline, limit, JobFuture(), finish, keep)
-        if self.seal is not None:  # the bindings kept, to seal anew if a worker refuses them
-            pending.plain = msg.bindings
+        if self.seal is not None:
+            # the bindings kept, to seal anew if a worker refuses them, only when the job
+            # may be sent again then: otherwise they go once sealed
+            if self.seal.may_send_again(msg.ranks):
+                pending.plain = msg.bindings
             pending.msg = self.seal.exec(msg)
         self.progress.begin(msg.job)  # ended when its JobResult arrives
         pump = self._pump  # (not `or`: a JobPump's truth is its length)

@@ -87,7 +87,8 @@ class Pending:
         self.keep = keep
         self.attempts = 0
         # secure mode: the bindings before sealing, while the job may still be sealed anew
-        # for a worker that refused it (JobPump._take)
+        # for a worker that refused it (JobPump._take); None for a job that would not be
+        # (DriverSeal.may_send_again)
         self.plain: dict[int, Any] | None = None
 
 

@@ -48,6 +48,7 @@ from mpl.wire.sockets import send_frames
 
 if TYPE_CHECKING:
     from mpl.driver.context import Context
+    from mpl.driver.sealing import DriverSeal
 
 __all__ = ["JobSite"]
 
@@ -95,7 +96,7 @@ def _fields(answer: Any) -> list[Any] | None:
 class JobSite:
     """The synchronous jobs of one graph in one context, with one set of inline outputs."""
 
-    __slots__ = ("_parts", "_ranks", "ctx", "graph", "inline")
+    __slots__ = ("_around", "_parts", "_ranks", "ctx", "graph", "inline")
 
     def __init__(self, ctx: Context, graph: Graph, inline: tuple[int, ...]) -> None:
         self.ctx = ctx
@@ -105,6 +106,9 @@ class JobSite:
         # the client's job_timeout, and for it (head with the id's marker, middle, tail) or
         # None when the general encoder must pack these fields
         self._parts: tuple[float, tuple[bytes, bytes, bytes] | None] | None = None
+        # secure mode: the client's job_timeout, and for it what a sealed Exec's context
+        # holds before and after the job id (DriverSeal.exec_around)
+        self._around: tuple[float, str, str] | None = None
 
     def run(self, bindings: dict[int, list[Any]]) -> tuple[str, Any, dict[int, str]]:
         """Run the graph as one job with ``bindings`` and wait: the job's id, and its
@@ -160,10 +164,18 @@ class JobSite:
                     send_frames(sock, [one], 0)
             else:
                 bin8 = BIN8_HEADS
-                boxes = seal.sealed(
-                    ctx.session, job, graph.digest, graph.ranks, self.inline, limit, bindings
-                )
-                if parts is not None and {*map(type, boxes.values())} == _BYTES:
+                if bindings:  # each rank's sealed for it
+                    boxes = seal.sealed(
+                        ctx.session, job, graph.digest, graph.ranks, self.inline, limit, bindings
+                    )
+                    compact = {*map(type, boxes.values())} == _BYTES
+                else:  # a sealed None per rank (most jobs), its context written out here
+                    around = self._around
+                    if around is None or around[0] != limit:
+                        around = self._around_for(seal, limit)
+                    boxes = seal.nones(f"{around[1]}{job}{around[2]}".encode(), graph.ranks)
+                    compact = seal.compact  # every sealed None a compact box, or none
+                if parts is not None and compact:
                     # one header, its bindings empty, then each rank's compact box as a bin,
                     # in the order of graph.ranks (as sealed) (mpl.wire.sealed_exec): the
                     # broker forwards each rank the header and its box, nothing cut or packed
@@ -277,6 +289,14 @@ class JobSite:
             raise
         assert type(answer) is JobResult
         return answer
+
+    def _around_for(self, seal: DriverSeal, limit: float) -> tuple[float, str, str]:
+        graph = self.graph
+        before, after = seal.exec_around(
+            self.ctx.session, graph.digest, graph.ranks, self.inline, limit
+        )
+        around = self._around = (limit, before, after)
+        return around
 
     def _prepare(self, limit: float) -> tuple[float, tuple[bytes, bytes, bytes] | None]:
         graph = self.graph

@@ -77,6 +77,8 @@ def driver_seal(curve: Curve, trusted: bool) -> DriverSeal:
 class DriverSeal:
     def __init__(self, sealer: Sealer | None, curve: Curve, trusted: bool) -> None:
         self.sealer = sealer
+        # whether its sealed Nones are compact boxes (else records: Sealer.compact)
+        self.compact = sealer is not None and sealer.compact
         self.safe = not pickles_allowed(WORKER, trusted=trusted)  # results: other parties
         spec = curve.cluster
         self._own = {n.name for n in spec.nodes} if spec else set()  # the nodes we hold keys of
@@ -86,6 +88,7 @@ class DriverSeal:
         # that worker), for exec
         self._incarnations: dict[int, str] = {}
         self._targets: dict[int, tuple[str, str]] = {}
+        self._nones: dict[int, tuple[str, bytes]] = {}  # _targets, its ends encoded
         self._tails = ExecTails()  # what exec_context writes after the job
         self.openers: dict[str, Opener] = {}  # session -> what opens its results
 
@@ -106,7 +109,8 @@ class DriverSeal:
                     f"the broker puts {who} at rank {rank}, where an earlier session had "
                     f"{self._nodes[rank]}: a node's rank never changes on one broker"
                 )
-            self._targets.setdefault(rank, (who, incarnation_suffix("")))
+            if rank not in self._targets:
+                self._target_is(rank, who, "")
         for rank, incarnation in (incarnations or {}).items():
             self._learn(rank, incarnation, -1)
 
@@ -132,7 +136,13 @@ class DriverSeal:
         if self.sealer is not None:
             self.sealer.renew(who, 0, floor)  # a new worker knows no stream: start one
         self._incarnations[rank] = incarnation
-        self._targets[rank] = (who, incarnation_suffix(incarnation))
+        self._target_is(rank, who, incarnation)
+
+    def _target_is(self, rank: int, who: str, incarnation: str) -> None:
+        """Seal ``rank``'s bindings for ``who``'s worker process of public ``incarnation``."""
+        suffix = incarnation_suffix(incarnation)
+        self._targets[rank] = (who, suffix)
+        self._nones[rank] = (who, suffix.encode())
 
     def _ready(self) -> Sealer:
         if self.sealer is None:
@@ -195,20 +205,43 @@ class DriverSeal:
         # exec_context(...) without its call (checked on import): the job's, then per rank
         # its worker's incarnation
         context = f"exec|{session}|{job}{self._tails[(digest, ranks, inline, timeout_s)]}"
-        targets = self._targets
         sealed: dict[int, Any]
         if not plain:  # no rank has inputs (most jobs): every rank's None in one call
-            try:
-                return sealer.seal_nones(targets, ranks, context)
+            try:  # (nones, written out: a Python call less)
+                return sealer.seal_nones(self._nones, ranks, context.encode())
             except KeyError as exc:  # a rank of no node of this driver's spec
                 self._target(exc.args[0])  # says why
                 raise
-        seal, sealed = sealer.seal, {}
+        targets, seal, sealed = self._targets, sealer.seal, {}
         for rank in ranks:  # plain loops: a comprehension is one more call per job
             who, bound = targets.get(rank) or self._target(rank)
             # safe=False, passed by position: a keyword costs the call a name to match
             sealed[rank] = seal(plain.get(rank), who, context + bound, False)
         return sealed
+
+    def exec_around(
+        self,
+        session: str,
+        digest: str,
+        ranks: tuple[int, ...],
+        inline: tuple[int, ...],
+        timeout_s: float,
+    ) -> tuple[str, str]:
+        """What the context of an ``Exec`` of these fields holds before its job id, and after
+        it (up to each rank's own end): a call site writes them once, and each of its jobs'
+        context as ``f"{before}{job}{after}"`` (as :meth:`sealed` writes it) for
+        :meth:`nones`."""
+        return f"exec|{session}|", self._tails[(digest, ranks, inline, timeout_s)]
+
+    def nones(self, context: bytes, ranks: tuple[int, ...]) -> dict[int, bytes]:
+        """:meth:`sealed` for a job whose ranks have no inputs (a sealed None each), its
+        context written out by the caller (:meth:`exec_around`) and encoded."""
+        sealer = self.sealer or self._ready()
+        try:
+            return sealer.seal_nones(self._nones, ranks, context)
+        except KeyError as exc:  # a rank of no node of this driver's spec
+            self._target(exc.args[0])  # says why
+            raise
 
     def result(self, session: str, result: JobResult) -> JobResult:
         """``result`` (decoded for this call) itself, its values field replaced by the
@@ -224,8 +257,9 @@ class DriverSeal:
         self, session: str, job: str, sealed: dict[int, dict[int, Any]]
     ) -> dict[int, dict[int, Any]]:
         """The values of job ``job``'s result (``{output: {rank: sealed value}}``, as read
-        from its JobResult) opened: each only if the node of its rank sealed it for this
-        job and output. A caller holding the fields alone (a call site's compiled job)
+        from its JobResult) opened in place (``sealed`` itself comes back, each sealed value
+        replaced by its value): each only if the node of its rank sealed it for this job and
+        output. A caller holding the fields alone (a call site's compiled job)
         builds no record for it; one that answers many jobs calls the session's opener
         itself (``openers``, else :meth:`opener`): one Python call per answer."""
         return (self.openers.get(session) or self.opener(session))(job, sealed)
@@ -295,6 +329,14 @@ class DriverSeal:
         nowhere = nowhere and rank not in self._incarnations
         self._learn(rank, incarnation, floor)
         return nowhere and self._incarnations.get(rank) == incarnation
+
+    def may_send_again(self, ranks: tuple[int, ...]) -> bool:
+        """Whether a job of ``ranks``, sealed now, may be sent once more should a worker
+        refuse it (:meth:`refused`): only a job of one rank whose worker's incarnation this
+        driver does not know (incarnations are learnt, never forgotten, so a job sealed for
+        a known one is never sent again). A caller keeps the job's plaintext bindings only
+        then."""
+        return len(ranks) == 1 and ranks[0] not in self._incarnations
 
     def fetch_ticket(self) -> tuple[str, str]:
         """``(reply_to, ticket)`` for a new fetch."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -28,6 +29,7 @@ from test_sealed_broker import Setup
 import mpl.driver as mp
 from mpl.driver.client import Client
 from mpl.driver.sealing import DriverSeal
+from mpl.wire import ClusterSpec
 from mpl.wire.codec import MAGIC_FRAME, decode, encode
 from mpl.wire.incarnation import public_incarnation
 from mpl.wire.jobs import JobResult
@@ -272,3 +274,47 @@ def test_a_refusal_forged_after_a_restart_runs_no_job_twice(tmp_path: Path) -> N
             assert _lines(ran) == 3
     finally:
         setup.close()
+
+
+class _Catching:
+    """A stand-in for the client's job pump: keeps what is handed to it, sends nothing."""
+
+    def __init__(self) -> None:
+        self.taken: list[Any] = []
+
+    def put(self, pending: Any) -> None:
+        self.taken.append(pending)
+
+    def close(self, reason: str) -> None:
+        pass
+
+
+def test_a_submitted_job_keeps_its_plaintext_bindings_only_while_it_may_be_sent_again() -> None:
+    """``Pending.plain`` (a secure submit's bindings before sealing) is what the pump seals
+    anew for a refused job; only a job of one rank whose worker's incarnation the driver
+    does not know is ever sent again (``DriverSeal.refused``), so any other drops them once
+    sealed, rather than holding its inputs until its answer (main at f9464a8 kept every
+    job's)."""
+    spec = ClusterSpec.simple(2, enable_spu=False)
+    with mp.local_cluster(spec, secure=True, timeout=20) as ctx:
+        client = ctx.client
+        assert isinstance(client, Client) and client.seal is not None
+        mp.fetch(mp.device("P0")(lambda: 1)())  # the session's incarnations known
+        catching = _Catching()
+        client._pump = catching  # type: ignore[assignment]
+        try:
+            for ranks in ((0, 1), (0,)):
+                graph = mp.function(lambda r=ranks: mp.simp.pcall(r, lambda: 1))
+                compiled = graph.compile(ctx.cluster).graph
+                client.submit_async(ctx.session, compiled, {r: [] for r in ranks})
+                pending = catching.taken[-1]
+                assert pending.plain is None, ranks
+                assert set(pending.msg.bindings) == set(ranks)  # sealed, every rank's
+        finally:
+            client._pump = None
+        seal = client.seal
+        assert not seal.may_send_again((0,)) and not seal.may_send_again((0, 1))
+        fresh = DriverSeal(seal.sealer, SimpleNamespace(cluster=ctx.cluster), False)  # type: ignore[arg-type]
+        fresh.bind(ctx.cluster)  # the layout alone: no worker's incarnation known
+        assert fresh.may_send_again((0,)) and not fresh.may_send_again((0, 1))
+        ctx.close()

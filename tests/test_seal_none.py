@@ -150,7 +150,8 @@ def test_a_jobs_nones_sealed_in_one_call_are_each_bound_to_their_own_recipient(
     a, n0, n1 = parties.a, parties.n0, parties.n1
     before = a.seal(None, "node:n0", _CONTEXT, safe=False)
     assert isinstance(before, bytes)  # a sealed None is a compact box
-    boxes = a.seal_nones({0: ("node:n0", ""), 1: ("node:n1", "|i1")}, (0, 1), _CONTEXT)
+    targets = {0: ("node:n0", b""), 1: ("node:n1", b"|i1")}
+    boxes = a.seal_nones(targets, (0, 1), _CONTEXT.encode())
     assert list(boxes) == [0, 1]
     assert n0.open(boxes[0], _CONTEXT) == ("driver:a", None)
     assert n1.open(boxes[1], _CONTEXT + "|i1") == ("driver:a", None)  # its own context
@@ -166,7 +167,7 @@ def test_a_jobs_nones_sealed_in_one_call_are_each_bound_to_their_own_recipient(
     assert boxes[0][:end] == before[:end]
     assert int.from_bytes(boxes[0][end : end + 12]) == int.from_bytes(before[end : end + 12]) + 1
     with pytest.raises(KeyError):  # a rank with no identity: the caller says why
-        a.seal_nones({0: ("node:n0", "")}, (0, 2), _CONTEXT)
+        a.seal_nones({0: ("node:n0", b"")}, (0, 2), _CONTEXT.encode())
 
 
 def test_a_sealed_nones_tag_input_fits_one_blake2b_block() -> None:

@@ -11,8 +11,9 @@ first box of an epoch, a sealed None, a record with buffers, something malformed
 :meth:`Sealer.open`, which says why it does not open.
 
 One opener per session (:func:`result_opener`): the context's session part is written
-once, each answer's associated data once per output (one string, encoded once), and the
-answer costs one Python call.
+once, each answer's associated data once per output (one string, encoded once), each
+rank's box cut by slices made once per epoch, the values opened in place (in the dicts the
+answer was decoded into: no dict built per answer), and the answer costs one Python call.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from mpl.wire.codec import MAGIC_FRAME
 from mpl.wire.seal import (
     _BOX_HEAD,
     _BOX_START,
-    _BOX_TRAILER,
     _COMPACT_AAD,
     _NONCE,
+    _TAG,
     Sealer,
     _failed,
     _value,
@@ -57,58 +58,70 @@ def result_opener(
     safe: bool,
     unknown: Callable[[int], str],
 ) -> Opener:
-    """What opens the values of session ``session``'s results: each only if the node of
-    its rank (``senders``: rank -> identity, read at every answer) sealed it for this
-    sealer, for exactly that job and output; decoded as ``decode(..., safe=safe)``. For a
-    rank ``senders`` has no identity for, ``unknown(rank)`` raises (or names its sender).
-    Raises :class:`~mpl.wire.errors.AuthenticationError` as :meth:`Sealer.open` does."""
+    """What opens the values of session ``session``'s results, in place: each only if the
+    node of its rank (``senders``: rank -> identity, read at every answer) sealed it for
+    this sealer, for exactly that job and output; decoded as ``decode(..., safe=safe)``.
+    The opener replaces each sealed value by its value in the dicts it is given and returns
+    the outer one (what it is given is the caller's own: an answer decoded for this call).
+    For a rank ``senders`` has no identity for, ``unknown(rank)`` raises (or names its
+    sender). Raises :class:`~mpl.wire.errors.AuthenticationError` as :meth:`Sealer.open`
+    does (then the dicts may hold some values opened, some not)."""
     prefix = f"done|{session}|"
     receiving = sealer._receiving  # the ciphers of epochs that authenticated (open_box)
     open_any = sealer.open
-    # rank -> (its length, head, cipher) of the epoch its node's last box opened under,
-    # once authenticated: a box with that head is that epoch's (one per rank: bounded)
-    heads: dict[int, tuple[int, bytes, Any, str]] = {}
+    one_byte = ONE_BYTE_VALUES.get
+    # rank -> (where its head is, the head, cipher, sender, where its nonce is, where its
+    # ciphertext is, the least size of a box holding one) of the epoch its node's last box
+    # opened under, once authenticated: a box with that head is that epoch's (one per rank:
+    # bounded)
+    heads: dict[int, tuple[slice, bytes, Any, str, slice, slice, int]] = {}
 
     def opened(job: str, sealed: dict[int, dict[int, Any]]) -> dict[int, dict[int, Any]]:
-        values: dict[int, dict[int, Any]] = {}
         for index, per_rank in sealed.items():
             tail = _TAILS[index] if 0 <= index < 16 else f"|{index}{_AAD_TAIL}"
             aad = f"{prefix}{job}{tail}".encode()
-            out: dict[int, Any] = {}
             for rank, box in per_rank.items():
                 try:  # the epoch its rank's node's last box opened under, from that node
-                    end, head, aead, who = heads[rank]
-                    if who is not senders[rank]:
-                        end = 0
+                    cut, head, aead, who, nonce, ciphertext, least = heads[rank]
+                    known = (
+                        type(box) is bytes
+                        and len(box) >= least  # a ciphertext, not a None's tag alone
+                        and box[cut] == head
+                        and who is senders[rank]
+                    )
                 except KeyError:
-                    end = 0
-                if (
-                    end
-                    and type(box) is bytes
-                    and box[:end] == head
-                    and len(box) > end + _BOX_TRAILER  # a ciphertext, not a None's tag
-                ):
+                    known = False
+                if known:
                     try:
-                        header = aead.decrypt(box[end : end + _NONCE], box[end + _NONCE :], aad)
+                        header = aead.decrypt(box[nonce], box[ciphertext], aad)
                     except InvalidTag:
-                        raise _failed(senders[rank], f"{prefix}{job}|{index}") from None
-                    value = ONE_BYTE_VALUES.get(header, NOT_ONE_BYTE)  # None, bools, ints
+                        raise _failed(who, f"{prefix}{job}|{index}") from None
+                    value = one_byte(header, NOT_ONE_BYTE)  # None, bools, small ints
                     if value is NOT_ONE_BYTE:
-                        value = _value(senders[rank], [MAGIC_FRAME, header], safe, True)
-                    out[rank] = value
+                        value = _value(who, [MAGIC_FRAME, header], safe, True)
+                    per_rank[rank] = value
                     continue
                 try:
                     who = senders[rank]
                 except KeyError:
                     who = unknown(rank)
                 # open_box says why, or learns the epoch; a record: open
-                out[rank] = open_any(box, f"{prefix}{job}|{index}", sender=who, safe=safe)[1]
+                per_rank[rank] = open_any(box, f"{prefix}{job}|{index}", sender=who, safe=safe)[1]
                 if type(box) is bytes:  # opened: its epoch authenticated, from ``who``
-                    end = box[_LEN_AT] + _BOX_HEAD
-                    known = receiving.get(box[:end])
-                    if known is not None and known[0] == who:
-                        heads[rank] = (end, box[:end], known[1], who)
-            values[index] = out
-        return values
+                    end = box[_LEN_AT] + _BOX_HEAD  # the head's end: the nonce follows
+                    epoch = receiving.get(box[:end])
+                    if epoch is not None and epoch[0] == who:
+                        at = end + _NONCE  # the ciphertext's start
+                        nonce, ciphertext = slice(end, at), slice(at, None)
+                        heads[rank] = (
+                            slice(0, end),
+                            box[:end],
+                            epoch[1],
+                            who,
+                            nonce,
+                            ciphertext,
+                            at + _TAG + 1,
+                        )
+        return sealed
 
     return opened

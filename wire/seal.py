@@ -180,6 +180,7 @@ class Sealer:
         me = identity.encode()
         # what starts every compact box this process seals (None: a name too long for it)
         self._box_head = BOX_MAGIC + bytes([len(me)]) + me if len(me) < 256 else None
+        self.compact = self._box_head is not None  # whether it seals compact boxes at all
         # recipient -> (box head with this process's epoch for it, its cipher, its None's
         # keyed tag hash, box counter)
         self._sending: dict[str, _Epoch] = {}
@@ -281,23 +282,25 @@ class Sealer:
         return out
 
     def seal_nones(
-        self, targets: dict[int, tuple[str, str]], ranks: tuple[int, ...], context: str
+        self, targets: dict[int, tuple[str, bytes]], ranks: tuple[int, ...], context: bytes
     ) -> dict[int, Any]:
         """``{rank: seal(None, who, context + suffix)}``, ``(who, suffix) = targets[rank]``
-        (its recipient, and what ends its context: "" when all ranks' are one), for every
-        rank of ``ranks`` in one call (a job whose ranks have no inputs: most jobs), the
-        job's context encoded once: each tag still under the epoch of its own recipient,
-        numbered by that epoch's counter, over its own rank's context. KeyError (the rank)
-        for a rank ``targets`` has no entry for."""
+        (its recipient, and what ends its context, encoded: b"" when all ranks' are one),
+        for every rank of ``ranks`` in one call (a job whose ranks have no inputs: most
+        jobs), the job's context given encoded (UTF-8): each tag still under the epoch of
+        its own recipient, numbered by that epoch's counter, over its own rank's context.
+        KeyError (the rank) for a rank ``targets`` has no entry for."""
         if self._box_head is None:  # records only: seal() says how
-            return {r: self.seal(None, targets[r][0], context + targets[r][1]) for r in ranks}
-        data, sending, out = context.encode(), self._sending, {}
+            return {
+                r: self.seal(None, targets[r][0], (context + targets[r][1]).decode()) for r in ranks
+            }
+        sending, out = self._sending, {}
         for rank in ranks:
             who, suffix = targets[rank]
             head, _, mark, counter = sending.get(who) or self._new_epoch(who)
             nonce = _box_nonce(next(counter))
             tagger = mark.copy()  # as seal() makes a None's tag
-            tagger.update(nonce + data + suffix.encode() if suffix else nonce + data)
+            tagger.update(nonce + context + suffix)
             out[rank] = head + nonce + tagger.digest()
         return out
 
