@@ -404,7 +404,11 @@ def test_renew_starts_a_new_epoch_once_the_current_has_numbered_enough(
 
 @pytest.mark.parametrize(
     "values",
-    [{0: 1}, {0: None, 1: True, 2: -(1 << 63), 3: 0.5, 4: "text", 5: 127, 6: -32}],
+    [
+        {0: 1},
+        {0: None, 1: True, 2: -(1 << 63), 3: 0.5, 4: "text", 5: 127, 6: -32},
+        {0: 2, 15: 3, 16: 4, 40: None},  # past the outputs whose associated data is kept
+    ],
 )
 def test_a_dones_scalars_sealed_in_one_call_are_bound_as_seal_binds_them(
     parties: Parties, values: dict[int, Any]

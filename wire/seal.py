@@ -260,6 +260,7 @@ class Sealer:
         if self._box_head is None:  # records only
             return None
         head, aead, mark, counter = self._sending.get(to) or self._new_epoch(to)
+        start = prefix.encode()  # the contexts' common part, encoded once
         out: dict[int, bytes] = {}
         for index, value in values.items():
             if type(value) is int and -32 <= value < 128:  # the commonest result: no call
@@ -267,7 +268,7 @@ class Sealer:
             elif value is None:  # a tag alone, as seal() makes it
                 nonce = _box_nonce(next(counter))
                 tagger = mark.copy()
-                tagger.update(nonce + f"{prefix}{index}".encode())
+                tagger.update(b"".join((nonce, start, str(index).encode())))
                 out[index] = head + nonce + tagger.digest()
                 continue
             else:
@@ -276,7 +277,10 @@ class Sealer:
                     return None
                 plain = frames[1]
             nonce = _box_nonce(next(counter))
-            aad = f"{prefix}{index}".encode() + _COMPACT_AAD
+            # the context and what follows it (the commonest outputs' written once)
+            aad = start + (
+                _INDEX_AADS[index] if 0 <= index < _INDEXES else f"{index}".encode() + _COMPACT_AAD
+            )
             out[index] = b"".join((head, nonce, aead.encrypt(nonce, plain, aad)))
         return out
 
@@ -538,6 +542,9 @@ def _layout(total: int, sizes: list[int]) -> bytes:
 # A compact box holds a payload with no buffers: its header is piece 0 of a one-piece
 # layout, as in a ``Sealed`` with no buffers (after the context, in the associated data).
 _COMPACT_AAD = b"|0" + _layout(1, [])
+# the end of an answer's associated data after its prefix, by output index (the commonest)
+_INDEXES = 16
+_INDEX_AADS = tuple(f"{index}".encode() + _COMPACT_AAD for index in range(_INDEXES))
 
 
 def _failed(who: str, context: str) -> AuthenticationError:
