@@ -5,6 +5,7 @@ name is refused, and no (key, nonce) pair is ever used twice."""
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 import zmq
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from helpers import compact_box, decoded_as
 
 from mpl.driver.sealing import DriverSeal
@@ -23,6 +25,7 @@ from mpl.wire.jobs import Done, Exec, Failed, JobResult
 from mpl.wire.replay import stamp
 from mpl.wire.result_open import result_opener
 from mpl.wire.seal import Sealer, done_context, exec_context
+from mpl.wire.seal_payload import FIXINT_FRAMES
 from mpl.wire.sealed import BOX_MAGIC, is_sealed
 from mpl.wire.sessions import Reply
 from mpl.worker.sealing import WorkerSeal
@@ -404,7 +407,11 @@ def test_renew_starts_a_new_epoch_once_the_current_has_numbered_enough(
 
 @pytest.mark.parametrize(
     "values",
-    [{0: 1}, {0: None, 1: True, 2: -(1 << 63), 3: 0.5, 4: "text", 5: 127, 6: -32}],
+    [
+        {0: 1},
+        {0: None, 1: True, 2: -(1 << 63), 3: 0.5, 4: "text", 5: 127, 6: -32},
+        {0: 2, 15: 3, 16: 4, 40: None},  # past the outputs whose associated data is kept
+    ],
 )
 def test_a_dones_scalars_sealed_in_one_call_are_bound_as_seal_binds_them(
     parties: Parties, values: dict[int, Any]
@@ -443,3 +450,43 @@ def test_a_done_with_values_other_than_small_scalars_is_left_to_seal(parties: Pa
     assert n0.seal_scalars({0: "x" * 100}, "driver:a", "done|s|j|") is None
     worker = WorkerSeal(n0, 0)
     assert worker.sealed_scalars("s", "j", {0: 1}) is None  # no driver opened job j here
+
+
+def _chacha_box(sealer: Sealer, to: str, value: int, context: str) -> bytes:
+    """A compact box of ``value`` as ``sealer`` sealed them before they were AES-GCM: the
+    same head, epoch key, nonce and associated data, under ChaCha20-Poly1305."""
+    sealer.seal(0, to, context)  # its epoch for ``to`` drawn
+    head, _, _, counter = sealer._sending[to]
+    epoch = head[-16:]
+    pair = sealer._pair_key(to, sealer.identity, to)
+    key = hashlib.blake2b(epoch, key=pair, digest_size=32, person=b"mpl-box-epoch/1").digest()
+    nonce = next(counter).to_bytes(12, "big")
+    plain = FIXINT_FRAMES[value][1]
+    aad = context.encode() + b"|0/1|"  # the context, then a one-piece layout without buffers
+    return head + nonce + ChaCha20Poly1305(key).encrypt(nonce, plain, aad)
+
+
+def test_a_compact_box_is_aes_gcm_and_one_under_chacha20_poly1305_is_refused(
+    parties: Parties,
+) -> None:
+    """Compact boxes are AES-256-GCM under their epoch's key (cheaper per small box than
+    ChaCha20-Poly1305, which f9464a8 sealed them with): a box of the old form, everything
+    else as it was, does not open, whether its epoch is new to the recipient or known (a
+    worker's answer on the driver's short path, a driver's bindings at the worker)."""
+    a, n0 = parties.a, parties.n0
+    context = done_context("s", "j1", 0)
+    with pytest.raises(AuthenticationError):  # its epoch new to the driver
+        a.open(_chacha_box(n0, "driver:a", 7, context), context, sender="node:n0")
+    good = n0.seal(7, "driver:a", context)
+    assert type(good) is bytes and a.open(good, context, sender="node:n0") == ("node:n0", 7)
+    opener = result_opener(a, {0: "node:n0"}, "s", True, str)
+    assert opener("j1", {0: {0: good}}) == {0: {0: 7}}  # the epoch known: the short path
+    old = _chacha_box(n0, "driver:a", 7, done_context("s", "j2", 0))
+    with pytest.raises(AuthenticationError):
+        opener("j2", {0: {0: old}})
+    with pytest.raises(AuthenticationError):
+        a.open(old, done_context("s", "j2", 0), sender="node:n0")
+    bindings = exec_context("s", "j3", "d", (0,), (0,), 5.0)  # a driver's box, at the worker
+    with pytest.raises(AuthenticationError):
+        n0.open(_chacha_box(a, "node:n0", 3, bindings), bindings, sender="driver:a")
+    assert n0.open(a.seal(3, "node:n0", bindings), bindings) == ("driver:a", 3)

@@ -46,7 +46,7 @@ class _Count:
             if arg is object.__new__:
                 self.built += 1
             name = getattr(arg, "__qualname__", "")
-            if name.startswith("ChaCha20Poly1305."):
+            if name.startswith(("ChaCha20Poly1305.", "AESGCM.")):  # records', boxes'
                 self.cipher[name] += 1
 
     def __enter__(self) -> _Count:
@@ -113,8 +113,8 @@ def test_the_workers_sealing_per_trivial_job_one_cipher_call_and_bounded_python_
         assert type(out) is Done
         context = done_context("s", exec_.job, 0)
         assert driver.open(out.values[0], context, sender="node:n0") == ("node:n0", 1)
-    assert "ChaCha20Poly1305.decrypt" not in count.cipher  # main opened every None with it
-    assert count.cipher["ChaCha20Poly1305.encrypt"] <= 20
+    assert count.cipher.keys() <= {"AESGCM.encrypt"}  # main opened every None with a cipher
+    assert count.cipher["AESGCM.encrypt"] <= 20
     # no record built: the Exec that opened is the broker's and the Done the job's, each
     # with a field replaced (main, f226f8d, built a new one of each per job)
     assert count.built == 0
@@ -156,11 +156,95 @@ def test_a_known_streams_next_sealed_none_opens_in_one_call_and_one_lookup() -> 
     assert python_calls == 20 + 1, sorted(lookups.items())  # (the listcomp: the test's)
     assert lookups["dict.get"] == 20  # the head alone
     assert lookups["blake2b.copy"] == lookups["blake2b.digest"] == 20
-    assert worker._opened[("s", jobs[-1][0].job)] == "driver:a"  # its results' recipient
+    assert worker.recipient("s", jobs[-1][0].job) == "driver:a"  # its results' recipient
     # each ran: a replay of any is refused (by the full path, which says why)
     for exec_, _ in jobs[::7]:
         refused = worker.open_exec(last, exec_.job, exec_.bindings[0])
         assert type(refused) is Failed and "already ran here" in refused.error.message
+
+
+# f9464a8 made 18 C calls per job here: the same, plus the recipient booked by open_exec
+# (len) and read back by sealed_scalars (dict.get), and the answer's context written in
+# full for its associated data (str.encode of all of it, then a concatenation)
+_INLINE_C_CALLS = 16
+
+
+def test_an_answer_sealed_inline_leaves_no_recipient_booked_and_others_keep_theirs() -> None:
+    """A job run inline has its answer sealed (``sealed_scalars``) before the next job is
+    opened: its recipient is dropped once used, never booked in the worker's bounded
+    memory of jobs (f9464a8 booked every job: a dict entry and its key hashed per job, kept
+    until 4096 newer ones pushed it out). A job whose answer goes another way (a pooled
+    run's Done record) keeps its recipient past the next job's opening, and one forgotten
+    (failed, aborted) before it was booked is booked forgotten."""
+    driver, node = _pair()
+    worker = WorkerSeal(node, 0)
+    jobs = _jobs(driver, 27)
+    for exec_, _ in jobs[:3]:  # warm: the stream's head learnt, the epoch for the driver
+        assert worker.open_exec(exec_, exec_.job, exec_.bindings[0]) is None
+        assert worker.sealed_scalars("s", exec_.job, {0: 1}) is not None
+    booked = dict(worker._opened)
+    answers, last_read = [], jobs[2][0]  # a repeat opens as the program's last Exec read
+    with _Calls() as count:  # as the I/O thread opens a repeat and seals its inline answer
+        for exec_, _ in jobs[3:23]:
+            worker.open_exec(last_read, exec_.job, exec_.bindings[0])
+            answers.append(worker.sealed_scalars("s", exec_.job, {0: 1}))
+    for (exec_, _), sealed in zip(jobs[3:23], answers, strict=True):
+        assert sealed is not None
+        assert driver.open(sealed[0], done_context("s", exec_.job, 0)) == ("node:n0", 1)
+    assert worker._opened == booked  # none of the 20 booked
+    assert count.python / 20 == 3  # open_exec, sealed_scalars, Sealer.seal_scalars
+    assert count.c["AESGCM.encrypt"] == 20
+    assert count.c.pop("list.append") == 20  # the test's own
+    assert sum(count.c.values()) / 20 <= _INLINE_C_CALLS
+    # a pooled job's Done (a record, later): its recipient kept past the next opening
+    pooled, failed, last = jobs[23], jobs[24], jobs[25]
+    for exec_, _ in (pooled, failed):
+        assert worker.open_exec(exec_, exec_.job, exec_.bindings[0]) is None
+    worker.forget("s", failed[0].job)  # the job opened last fails before the next opens
+    assert worker.open_exec(last[0], last[0].job, last[0].bindings[0]) is None
+    done = worker.outbound(pooled[1])
+    assert type(done) is Done
+    assert driver.open(done.values[0], done_context("s", pooled[0].job, 0))[1] == 1
+    refused = worker.outbound(failed[1])  # forgotten: no recipient to seal its results for
+    assert type(refused) is Failed and "no authenticated driver" in refused.error.message
+    assert worker.sealed_scalars("s", failed[0].job, {0: 1}) is None
+    assert worker.recipient("s", last[0].job) == "driver:a"
+    worker.forget("s", last[0].job)  # the newest, forgotten before it is booked
+    assert worker.sealed_scalars("s", last[0].job, {0: 1}) is None
+    assert worker.open_exec(jobs[26][0], jobs[26][0].job, jobs[26][0].bindings[0]) is None
+    assert worker.recipient("s", last[0].job) == ""  # booked forgotten
+
+
+def test_a_job_forgotten_on_another_thread_while_it_is_booked_stays_forgotten() -> None:
+    """``forget`` (a job thread's Failed, the I/O thread's Abort) may run while the I/O
+    thread books the recipient of the job opened last, as the next one opens: whichever
+    goes first, the job ends with no recipient. Played here by forgetting it from inside
+    the booking's own write, once the driver is written (the other order is forget's
+    ordinary case, tested above)."""
+    driver, node = _pair()
+    worker = WorkerSeal(node, 0)
+    jobs = _jobs(driver, 7)
+    for exec_, _ in jobs[:2]:  # the stream's head learnt: the next ones take the short path
+        assert worker.open_exec(exec_, exec_.job, exec_.bindings[0]) is None
+
+    class Booked(dict[tuple[str, str], str]):
+        def __setitem__(self, key: tuple[str, str], driver: str) -> None:
+            super().__setitem__(key, driver)
+            if driver and key[1] in ("j2", "j3"):  # the other thread, just then
+                worker.forget(*key)
+
+    worker._opened = Booked(worker._opened)
+    last_read = jobs[1][0]
+    for exec_, _ in jobs[2:6]:  # j2 booked as j3 opens (short path), j3 as j4 does (full)
+        assert worker.open_exec(last_read, exec_.job, exec_.bindings[0]) is None
+        if exec_.job == "j3":
+            worker._heads.clear()  # j4 takes the full path (_open_exec: _book_fresh)
+    a = "driver:a"
+    assert [worker.recipient("s", f"j{i}") for i in range(6)] == [a, a, "", "", a, a]
+    worker.forget("s", "j5")  # the newest (short path), forgotten before it is booked
+    worker._heads.clear()
+    assert worker.open_exec(last_read, "j6", jobs[6][0].bindings[0]) is None  # (full path)
+    assert [worker.recipient("s", f"j{i}") for i in range(4, 7)] == [a, "", a]
 
 
 def _driver_and_nodes() -> tuple[DriverSeal, list[WorkerSeal]]:
@@ -241,7 +325,7 @@ def test_the_drivers_sealing_per_trivial_2p_job_bounded_python_calls() -> None:
     sealed = Exec("s", msg.job, "d", (0, 1), boxes, (0,), 5.0)
     assert [MAGIC_FRAME, header] == encode(sealed)
     assert all(values == {0: {0: 7, 1: 8}} for values in opened)
-    assert count.cipher["ChaCha20Poly1305.decrypt"] == 2 * n  # the results alone
+    assert count.cipher["AESGCM.decrypt"] == 2 * n  # the results alone
     # no record built: the Exec comes back with a field replaced, the JobResult's values
     # are opened from its fields (main f226f8d built a new one of each per job)
     assert count.built == 0
@@ -311,7 +395,7 @@ def test_a_2p_answer_is_opened_in_one_python_call_finding_each_ranks_epoch_by_it
             opener = driver.openers.get("s") or driver.opener("s")  # JobSite.run's
             opened.append(opener(result.job, result.values))
     assert opened == [{0: {0: 7, 1: 8}}] * n
-    assert count.c["ChaCha20Poly1305.decrypt"] == 2 * n
+    assert count.c["AESGCM.decrypt"] == 2 * n
     assert count.c["dict.get"] == 3 * n  # the opener's, and each rank's one-byte value's
     assert count.python / n == _OPEN_PYTHON_CALLS
     assert count.c.pop("list.append") == n  # the test's own
@@ -343,12 +427,21 @@ def test_the_workers_memory_of_run_jobs_stays_bounded_oldest_out_first() -> None
     driver, node = _pair()
     worker = WorkerSeal(node, 0)
     worker._opened_limit = 3  # the bound, made small (it is _MEMORY)
-    for exec_, done in _jobs(driver, 5):
+    jobs = _jobs(driver, 6)
+    for exec_, done in jobs[:5]:
         assert worker.inbound(exec_)[1] is None
-        worker.outbound(done)
-    assert list(worker._opened) == [("s", "j2"), ("s", "j3"), ("s", "j4")]
+        worker.outbound(done)  # a Done record (not sealed inline): its recipient kept
+    # the newest (j4) is kept apart until the next job is opened, the others booked
+    assert list(worker._opened) == [("s", "j1"), ("s", "j2"), ("s", "j3")]
+    a = "driver:a"
+    assert [worker.recipient("s", f"j{i}") for i in range(6)] == ["", a, a, a, a, ""]
     worker.forget("s", "j3")  # a failed job's recipient forgotten, in its place
-    assert worker._opened == {("s", "j2"): "driver:a", ("s", "j3"): "", ("s", "j4"): "driver:a"}
+    worker.forget("s", "j4")  # and the newest's, not booked yet
+    worker.forget("s", "j9")  # (one never opened here is not remembered)
+    assert [worker.recipient("s", f"j{i}") for i in range(6)] == ["", a, a, "", "", ""]
+    assert worker.inbound(jobs[5][0])[1] is None  # the next: j4 booked, still forgotten
+    assert list(worker._opened) == [("s", "j2"), ("s", "j3"), ("s", "j4")]
+    assert [worker.recipient("s", f"j{i}") for i in range(6)] == ["", "", a, "", "", a]
 
 
 def test_a_rank_with_no_node_in_the_drivers_spec_is_refused_with_or_without_inputs() -> None:
@@ -380,7 +473,7 @@ def test_a_call_sites_sealed_result_is_opened_from_its_fields_with_no_record_bui
             for _ in range(n):
                 results.append(job())
         assert [mp.fetch(r) for r in results] == [[1, 1]] * n
-        assert count.cipher["ChaCha20Poly1305.decrypt"] == 2 * n  # both ranks' results opened
+        assert count.cipher["AESGCM.decrypt"] == 2 * n  # both ranks' results opened
         assert count.built == n  # the output's Value: no Exec record, no JobResult
         ctx.close()
 

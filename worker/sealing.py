@@ -66,6 +66,7 @@ _TAG = 16  # a sealed None's tag (mpl.wire.seal): its box's last bytes
 _NONE_TRAILER = 12 + _TAG  # a sealed None's nonce (its number) and tag, after its head
 _NONCE_AT, _TAG_AT = -_NONE_TRAILER, -_TAG  # where they start, from a sealed None's end
 _BOX_HEAD = len(BOX_MAGIC) + 1 + 16  # a box's head but for its sender's name
+_NO_JOB = ("", "", "")  # WorkerSeal._fresh when its last job's recipient is booked or done with
 
 # WorkerSeal sets a field of these records in place, in their __dict__ (a record that only
 # stores its fields, direct): pinned here
@@ -127,6 +128,14 @@ class WorkerSeal:
         # first, at most _opened_limit (every job enters it once, as the newest)
         self._opened: dict[tuple[str, str], str] = {}
         self._opened_limit = _MEMORY
+        # (session, job, driver) of the job open_exec's short path opened last (the newest
+        # opened), booked into _opened only when the next one is opened, unless its results
+        # were sealed meanwhile: a job run inline has its Done sealed (sealed_scalars) before
+        # the next one is read, so most jobs never enter _opened. Written by the I/O thread
+        # alone (open_exec, sealed_scalars); any thread reads it before _opened (recipient).
+        self._fresh: tuple[str, str, str] = _NO_JOB
+        # the _fresh that forget cleared (by identity: each opened job has its own tuple)
+        self._dropped: tuple[str, str, str] = _NO_JOB
         self.replays = ReplayGuard()  # which sealed Execs ran: each runs once
         self._fetches: LRU[int, Fetch] = LRU(_MEMORY)
         self._refused: LRU[str, str] = LRU(_MEMORY)  # program digest -> why it did not open
@@ -193,10 +202,16 @@ class WorkerSeal:
                     else:
                         window[0] = seq  # admitted, as admit() admits the next number
                         window[1][seq & slot] = 1
-                        opened = self._opened
-                        opened[(msg.session, job)] = driver  # as _open_exec books it
-                        if len(opened) > self._opened_limit:
-                            opened.pop(next(iter(opened)), None)
+                        fresh = self._fresh
+                        if fresh[2]:  # its results not sealed yet: _book_fresh, written out
+                            opened = self._opened
+                            key = (fresh[0], fresh[1])
+                            opened[key] = fresh[2]
+                            if fresh is self._dropped:  # forgotten, before or meanwhile
+                                opened[key] = ""
+                            if len(opened) > self._opened_limit:
+                                opened.pop(next(iter(opened)), None)
+                        self._fresh = (msg.session, job, driver)
                         return None
         return self._open_exec(msg, job, sealed)
 
@@ -237,16 +252,42 @@ class WorkerSeal:
                 kind, op = "AuthenticationError", UNKNOWN_STREAM
             info = ErrorInfo(kind, message, rank=self.rank, op=op, job=job)
             return Failed(session, job, self.rank, info)
-        # the job is new here (its sealer numbers each job once, and a replay was refused
-        # above), so it goes in last, as the newest; past the bound the oldest goes (the
-        # first a dict iterates): no LRU to keep in order (an OrderedDict's set cost more)
-        opened = self._opened
-        opened[(session, job)] = driver
-        if len(opened) > self._opened_limit:
-            opened.pop(next(iter(opened)), None)
+        fresh = self._fresh
+        if fresh[2]:  # opened before this one: booked first
+            self._book_fresh(fresh)
+            self._fresh = _NO_JOB
+        self._book(session, job, driver)
         if mine is None and not self._kernels_only and type(sealed) is bytes:
             self._learn_head(driver, sealed)
         return mine
+
+    def _book(self, session: str, job: str, driver: str) -> None:
+        """Remember the recipient of a job opened here (the newest opened: its sealer numbers
+        each job once, and a replay is refused), so it goes in last; past the bound the
+        oldest goes (the first a dict iterates): no LRU to keep in order (an OrderedDict's set
+        cost more)."""
+        booked = self._opened
+        booked[(session, job)] = driver
+        if len(booked) > self._opened_limit:
+            booked.pop(next(iter(booked)), None)
+
+    def _book_fresh(self, fresh: tuple[str, str, str]) -> None:
+        """Book ``fresh`` (the job opened last, as another is opened), cleared if ``forget``
+        cleared it. ``forget`` may run on another thread meanwhile: it marks ``fresh``
+        dropped, then clears what is booked; the mark is read here after the driver is
+        booked, so a mark made too late to be seen here is followed by forget's clearing."""
+        self._book(fresh[0], fresh[1], fresh[2])
+        if fresh is self._dropped:
+            self._opened[(fresh[0], fresh[1])] = ""
+
+    def recipient(self, session: str, job: str) -> str:
+        """The driver that sealed job ``job`` of ``session`` for this worker, its results'
+        recipient; "" for a job not opened here (or forgotten), one that failed or was
+        aborted, or one whose results were sealed already (sealed_scalars). Any thread."""
+        fresh = self._fresh  # read first: it is booked before it is replaced
+        if fresh[1] == job and fresh[0] == session:  # the newest opened
+            return "" if fresh is self._dropped else fresh[2]
+        return self._opened.get((session, job), "")
 
     def _learn_head(self, driver: str, sealed: bytes) -> None:
         """Keep the head of a sealed None that authenticated and was admitted here, for
@@ -289,7 +330,12 @@ class WorkerSeal:
         comes back itself, its values replaced by their sealed boxes."""
         if not isinstance(msg, Done):
             return self._outbound_other(msg)
-        driver = self._opened.get((msg.session, msg.job))
+        session, job = msg.session, msg.job
+        fresh = self._fresh  # recipient(session, job), written out
+        if fresh[1] == job and fresh[0] == session:
+            driver = "" if fresh is self._dropped else fresh[2]
+        else:
+            driver = self._opened.get((session, job), "")
         if not driver:
             info = ErrorInfo(
                 "AuthenticationError",
@@ -298,7 +344,6 @@ class WorkerSeal:
                 job=msg.job,
             )
             return Failed(msg.session, msg.job, self.rank, info)
-        session, job = msg.session, msg.job
         # done_context without its call (checked on import), but for the output's index
         prefix = f"done|{session}|{job}|"
         values: dict[int, Any] | None = self.sealer.seal_scalars(msg.values, driver, prefix)
@@ -322,8 +367,18 @@ class WorkerSeal:
         they are all small scalars (``Sealer.seal_scalars``): for a Done packed from its
         fields (the inline path), with no record built. None when :meth:`outbound` must
         take the Done: other values, or no authenticated driver to seal for (it answers
-        why)."""
-        driver = self._opened.get((session, job))
+        why).
+
+        On the I/O thread (which opens jobs): the job opened last, sealed for here (most
+        jobs: run inline just after it opened), has its one answer sealed now, so its
+        recipient is dropped rather than booked (``_fresh``)."""
+        fresh = self._fresh
+        if fresh[1] == job and fresh[0] == session and fresh is not self._dropped:  # (most)
+            sealed = self.sealer.seal_scalars(values, fresh[2], f"done|{session}|{job}|")
+            if sealed is not None:  # its answer sealed: its recipient is not needed again
+                self._fresh = _NO_JOB
+            return sealed
+        driver = self.recipient(session, job)
         if not driver:
             return None
         return self.sealer.seal_scalars(values, driver, f"done|{session}|{job}|")
@@ -388,5 +443,9 @@ class WorkerSeal:
     def forget(self, session: str, job: str) -> None:
         """A job that ends without ``Done`` (failed, aborted) has no recipient any more (and
         stays remembered as run)."""
-        if (session, job) in self._opened:
+        fresh = self._fresh
+        if fresh[1] == job and fresh[0] == session:  # opened last, perhaps being booked now:
+            self._dropped = fresh  # booked cleared from now on,
+            self._opened[(session, job)] = ""  # and cleared if it was booked just before
+        elif (session, job) in self._opened:
             self._opened[(session, job)] = ""
