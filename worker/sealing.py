@@ -136,6 +136,10 @@ class WorkerSeal:
         self._fresh: tuple[str, str, str] = _NO_JOB
         # the _fresh that forget cleared (by identity: each opened job has its own tuple)
         self._dropped: tuple[str, str, str] = _NO_JOB
+        # the _fresh whose answer sealed_scalars sealed last: its Done is packed from its
+        # fields, unless they do not pack (a stats blob of 1 KiB or more): then outbound
+        # seals the Done record, and finds its recipient here
+        self._answered: tuple[str, str, str] = _NO_JOB
         self.replays = ReplayGuard()  # which sealed Execs ran: each runs once
         self._fetches: LRU[int, Fetch] = LRU(_MEMORY)
         self._refused: LRU[str, str] = LRU(_MEMORY)  # program digest -> why it did not open
@@ -336,6 +340,9 @@ class WorkerSeal:
             driver = "" if fresh is self._dropped else fresh[2]
         else:
             driver = self._opened.get((session, job), "")
+            answered = self._answered  # sealed inline, its Done not packed (rare)
+            if not driver and answered[1] == job and answered[0] == session:
+                driver = "" if answered is self._dropped else answered[2]
         if not driver:
             info = ErrorInfo(
                 "AuthenticationError",
@@ -375,7 +382,8 @@ class WorkerSeal:
         fresh = self._fresh
         if fresh[1] == job and fresh[0] == session and fresh is not self._dropped:  # (most)
             sealed = self.sealer.seal_scalars(values, fresh[2], f"done|{session}|{job}|")
-            if sealed is not None:  # its answer sealed: its recipient is not needed again
+            if sealed is not None:  # its answer sealed: its recipient is not booked
+                self._answered = fresh
                 self._fresh = _NO_JOB
             return sealed
         driver = self.recipient(session, job)
@@ -443,6 +451,9 @@ class WorkerSeal:
     def forget(self, session: str, job: str) -> None:
         """A job that ends without ``Done`` (failed, aborted) has no recipient any more (and
         stays remembered as run)."""
+        answered = self._answered  # sealed inline, its Done perhaps still to seal
+        if answered[1] == job and answered[0] == session:
+            self._dropped = answered
         fresh = self._fresh
         if fresh[1] == job and fresh[0] == session:  # opened last, perhaps being booked now:
             self._dropped = fresh  # booked cleared from now on,
