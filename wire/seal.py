@@ -493,14 +493,17 @@ class Sealer:
 
     @staticmethod
     def _sizes_match(sizes: list[int], parts: list[Any]) -> bool:
+        """Whether ``parts`` (as a peer sent them) are flat byte buffers of the sizes a
+        record of payloads ``sizes`` has: anything else (an array a safe decode built,
+        say) is refused here, before the cipher sees it."""
         try:
-            if memoryview(parts[0]).nbytes < _TAG:
+            if _flat_size(parts[0]) < _TAG:
                 return False
             index = 1
             for size in sizes:
                 for start in range(0, max(size, 1), CHUNK):
                     want = min(CHUNK, size - start) + _TAG
-                    if memoryview(parts[index]).nbytes != want:
+                    if _flat_size(parts[index]) != want:
                         return False
                     index += 1
         except TypeError:
@@ -577,6 +580,15 @@ def _value(who: str, frames: list[Any], safe: bool, unpickle: bool) -> Any:
     if not isinstance(payload, Payload):
         raise ProtocolError(f"a payload sealed by {who} holds a {payload.TAG!r} record")
     return payload.value
+
+
+def _flat_size(part: Any) -> int:
+    """The size of ``part``, a flat contiguous buffer of bytes (bytes, bytearray, a received
+    frame's view); -1 for any other buffer; TypeError for what is no buffer."""
+    view = memoryview(part)
+    if view.ndim != 1 or view.format != "B" or not view.c_contiguous:
+        return -1
+    return view.nbytes
 
 
 def _flat(buf: Any) -> memoryview:
