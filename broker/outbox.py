@@ -51,7 +51,7 @@ log = logging.getLogger("mpl.broker")
 class Outbox:
     """The broker's sends (a mixin: :class:`mpl.broker.daemon.Broker` sets these up)."""
 
-    router: Any
+    router: zmq.Socket[Any]
     state: BrokerState
     ledger: JobLedger
     refusals: RefusalLog
