@@ -518,8 +518,9 @@ class Sealer:
         pair = self._pair_key(peer, sender, recipient)
         key = hashlib.blake2b(epoch, key=pair, digest_size=32, person=_EPOCH_PERSON).digest()
         mark = hashlib.blake2b(epoch, key=pair, digest_size=32, person=_MARK_PERSON).digest()
-        # the tag's hash with its key block already taken in: each tag copies it (one
-        # compression less per sealed None)
+        # the tag's keyed hash, set up once per epoch: each tag copies it and feeds its own
+        # bytes (CPython's BLAKE2b buffers the key block until the digest, so a tag still
+        # takes two compressions: the copy saves the key's setup, not a compression)
         return AESGCM(key), hashlib.blake2b(key=mark, digest_size=_TAG)
 
     def _aead(
