@@ -171,10 +171,11 @@ def test_a_jobs_nones_sealed_in_one_call_are_each_bound_to_their_own_recipient(
 
 
 def test_a_sealed_nones_tag_input_fits_one_blake2b_block() -> None:
-    """A sealed None's tag is keyed BLAKE2b over its nonce and its context, from a state that
-    took its key block in already: with the Exec's fields after the job hashed into a short
-    tail (``ExecTails``), nonce and context fit one 128-byte block for a job as a driver
-    numbers it (bac702e wrote those fields out: about 150 bytes, two blocks)."""
+    """A sealed None's tag is keyed BLAKE2b over its nonce and its context: the key's block,
+    then the input's (CPython compresses the key block when the tag is taken, so each tag
+    takes both). With the Exec's fields after the job hashed into a short tail
+    (``ExecTails``), nonce and context fit one 128-byte block for a job as a driver numbers
+    it: two compressions, not three (bac702e wrote those fields out: about 150 bytes)."""
     context = exec_context(
         "s" + "5" * 16,  # a broker's session id
         "a" * 24,  # a driver's job id (_JobIds)
