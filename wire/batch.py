@@ -41,6 +41,7 @@ import msgpack
 from mpl.wire.codec import MAGIC_FRAME, VERSION
 from mpl.wire.errors import ProtocolError
 from mpl.wire.limits import MAX_HEADER_BYTES
+from mpl.wire.msgpack_bins import bin_bounds
 
 __all__ = [
     "BATCH_HEADER_BELOW",
@@ -62,7 +63,6 @@ MAX_BATCH = 64
 BATCH_HEADER_BELOW = 64 * 1024
 _MAGIC_LEN = len(BATCH_MAGIC)
 _FIXARRAY, _ARRAY16, _ARRAY32 = 0x90, 0xDC, 0xDD
-_BIN8, _BIN16, _BIN32 = 0xC4, 0xC5, 0xC6
 
 
 def is_batch(frames: Sequence[Any]) -> bool:
@@ -108,18 +108,10 @@ def split_batch(frames: Sequence[Any]) -> list[list[Any]]:
     at = 1 if mark < _ARRAY16 else 3 if mark == _ARRAY16 else 5
     inner: list[list[Any]] = []
     for _ in range(count):
-        kind = data[at] if at < size else -1
-        if kind == _BIN8 and at + 2 <= size:
-            start = at + 2
-            stop = start + data[at + 1]
-        elif kind == _BIN16 and at + 3 <= size:
-            start = at + 3
-            stop = start + int.from_bytes(data[at + 1 : start], "big")
-        elif kind == _BIN32 and at + 5 <= size:
-            start = at + 5
-            stop = start + int.from_bytes(data[at + 1 : start], "big")
-        else:
+        bounds = bin_bounds(data, at)
+        if bounds is None:
             raise ProtocolError("a batch holds something other than headers")
+        start, stop = bounds
         if stop > size:
             raise ProtocolError(f"a batch's header of {stop - start} bytes, {size - start} there")
         inner.append([MAGIC_FRAME, data[start:stop]])

@@ -44,13 +44,13 @@ from mpl.wire.codec import MAGIC_FRAME
 from mpl.wire.hot import EXEC_PREFIX, read_exec
 from mpl.wire.jobs import Exec
 from mpl.wire.limits import MAX_CONTAINERS
+from mpl.wire.msgpack_bins import BIN8, BIN16, BIN32
 
 __all__ = ["RepeatExecs", "raw_bytes"]
 
 _FIXSTR, _FIXSTR_END = 0xA0, 0xBF
 _STR8, _STR16, _STR32 = 0xD9, 0xDA, 0xDB
-_BIN8, _BIN16, _BIN32 = 0xC4, 0xC5, 0xC6
-_BIN_HEADER = {_BIN8: 2, _BIN16: 3, _BIN32: 5}  # a bin's marker -> its header's size
+_BIN_HEADER = {BIN8: 2, BIN16: 3, BIN32: 5}  # a bin's marker -> its header's size
 _new = object.__new__
 
 
@@ -258,11 +258,13 @@ class RepeatExecs:
             and data[at - 1] == self._id_byte
         ):
             return None
-        mark = data[size]  # the box: a bin8 or bin16 that ends the frame
-        if mark == _BIN8:
+        # the box: a bin8 or bin16 that ends the frame (msgpack_bins.bin_bounds written out:
+        # the worker's path for each secure job, a Python call less)
+        mark = data[size]
+        if mark == BIN8:
             start = size + 2
             stop = start + data[size + 1]
-        elif mark == _BIN16:
+        elif mark == BIN16:
             start = size + 3
             stop = start + int.from_bytes(data[size + 1 : start], "big")
         else:

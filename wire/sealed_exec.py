@@ -39,6 +39,7 @@ from mpl.wire.errors import ProtocolError
 from mpl.wire.hot import header_unpacker, read_hot_header
 from mpl.wire.jobs import Exec
 from mpl.wire.limits import MAX_CONTAINERS
+from mpl.wire.msgpack_bins import BIN8, BIN16, bin_bounds
 
 __all__ = [
     "BIN8_HEADS",
@@ -54,7 +55,6 @@ SEALED_EXEC_MAGIC = b"MPS" + bytes([VERSION])
 # over this is no box (nor is an empty one); every box fits a bin8 or a bin16
 MAX_BOX_BYTES = 0xFFFF
 BIN8_HEADS: tuple[bytes, ...] = tuple(bytes([0xC4, n]) for n in range(256))  # bin8 of n bytes
-_BIN8, _BIN16 = 0xC4, 0xC5
 _MAGIC_LEN = len(SEALED_EXEC_MAGIC)
 _tls = threading.local()
 
@@ -68,22 +68,18 @@ def is_sealed_exec(frames: Sequence[Any]) -> bool:
     return len(first) == _MAGIC_LEN and bytes(first) == SEALED_EXEC_MAGIC
 
 
-def _bin_end(data: bytes, at: int) -> int:
-    """Where the box that begins at ``data[at]`` (a msgpack bin8 or bin16 of 1 to
-    ``MAX_BOX_BYTES`` bytes) ends; ``ProtocolError`` for anything else there."""
-    size = len(data)
-    mark = data[at] if at < size else -1
-    if mark == _BIN8 and at + 2 <= size:
-        start = at + 2
-        stop = start + data[at + 1]
-    elif mark == _BIN16 and at + 3 <= size:
-        start = at + 3
-        stop = start + int.from_bytes(data[at + 1 : start], "big")
-    else:
+def _box_bounds(data: bytes, at: int) -> tuple[int, int]:
+    """Where the bytes of the box whose head is at ``data[at]`` (a msgpack bin8 or bin16 of
+    1 to ``MAX_BOX_BYTES`` bytes) begin and end; ``ProtocolError`` for anything else there."""
+    bounds = bin_bounds(data, at, widest=BIN16)
+    if bounds is None:
         raise ProtocolError("a sealed Exec's box is no msgpack bin of at most 64 KiB")
-    if stop == start or stop > size:
-        raise ProtocolError(f"a sealed Exec's box of {stop - start} bytes, {size - start} there")
-    return stop
+    start, stop = bounds
+    if stop == start or stop > len(data):
+        raise ProtocolError(
+            f"a sealed Exec's box of {stop - start} bytes, {len(data) - start} there"
+        )
+    return bounds
 
 
 def _header_end(data: bytes) -> int:
@@ -159,7 +155,7 @@ def read_sealed_exec(frames: Sequence[Any], max_ranks: int) -> tuple[Exec, bytes
             stop = tell() - base
             mark = data[at]
             if not (
-                (mark == _BIN8 and stop > at + 2) or (mark == _BIN16 and stop > at + 3)
+                (mark == BIN8 and stop > at + 2) or (mark == BIN16 and stop > at + 3)
             ):  # a bin8 or bin16 (at most MAX_BOX_BYTES) holding at least a byte
                 raise ProtocolError(f"a sealed Exec's box of {stop - at} bytes is no box")
             boxes.append(data[at:stop])
@@ -182,7 +178,7 @@ def split_own(data: bytes) -> tuple[bytes, bytes]:
     if len(data) >= MAX_CONTAINERS:
         raise ProtocolError(f"a sealed Exec of {len(data)} bytes")
     end = _header_end(data)
-    stop = _bin_end(data, end)
+    start, stop = _box_bounds(data, end)
     if stop != len(data):
         raise ProtocolError("a sealed Exec for one rank carries more than one box")
-    return data[:end], data[end + (2 if data[end] == _BIN8 else 3) : stop]
+    return data[:end], data[start:stop]
