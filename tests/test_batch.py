@@ -10,6 +10,7 @@ refused or dropped exactly as it would be alone.
 from __future__ import annotations
 
 import math
+import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ from helpers import nap_then, raw_broker, wait_until
 
 import mpl.driver as mp
 from mpl.broker.daemon import Broker
+from mpl.driver.launcher import daemon_command
 from mpl.wire import GraphBuilder
 from mpl.wire.batch import (
     BATCH_MAGIC,
@@ -426,6 +428,13 @@ class FakeBroker:
             self.dones += dones
             self.done_messages += bool(dones)
 
+    def start_worker(self, tmp_path: Any) -> subprocess.Popen[bytes]:
+        """A real ``mpl-worker`` process of rank 0 dialling this broker (the caller stops it
+        by its pid)."""
+        cmd = [*daemon_command("mpl-worker"), "--broker", self.address, "--rank", "0"]
+        cmd += ["--data-root", str(tmp_path / "data")]
+        return subprocess.Popen(cmd, cwd=tmp_path, stderr=subprocess.DEVNULL)
+
     def send(self, frames: list[Any]) -> None:
         """Send a message in the codec's form."""
         self.send_wire(to_wire(frames))
@@ -774,15 +783,9 @@ def test_bad_batches_against_real_daemons_are_refused_and_they_still_serve(
 
 
 def test_a_worker_process_drops_bad_batches_and_still_serves(tmp_path: Any) -> None:
-    import subprocess
-
-    from mpl.driver.launcher import daemon_command
-
     ctx: zmq.Context[Any] = zmq.Context()
     broker = FakeBroker(ctx)
-    cmd = [*daemon_command("mpl-worker"), "--broker", broker.address, "--rank", "0"]
-    cmd += ["--data-root", str(tmp_path / "data")]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stderr=subprocess.DEVNULL)
+    proc = broker.start_worker(tmp_path)
     try:
         broker.welcome(0.2, 20)
         graph = _one_rank_program()

@@ -130,9 +130,7 @@ def test_a_nested_batch_from_a_hostile_broker_does_not_make_a_worker_build_many_
 
     ctx: zmq.Context[Any] = zmq.Context()
     broker = FakeBroker(ctx)
-    cmd = [*daemon_command("mpl-worker"), "--broker", broker.address, "--rank", "0"]
-    cmd += ["--data-root", str(tmp_path / "data")]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stderr=subprocess.DEVNULL)
+    proc = broker.start_worker(tmp_path)
     try:
         broker.welcome(5.0, 20)  # heartbeats far apart: the worker's stall is no silence
         graph = _one_rank_program()

@@ -9,7 +9,6 @@ worker are real processes; the driver's reader is a ``Client`` against a fake br
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 from typing import Any
@@ -21,7 +20,6 @@ from helpers import wait_until
 from test_batch import FakeBroker, Raw, _one_rank_program
 
 from mpl.driver.client import Client
-from mpl.driver.launcher import daemon_command
 from mpl.wire import GraphBuilder
 from mpl.wire.codec import (
     MAGIC_FRAME,
@@ -108,9 +106,7 @@ def test_the_broker_process_refuses_each_and_still_serves(make_cluster: Any) -> 
 def test_the_worker_process_refuses_each_and_still_serves(tmp_path: Any) -> None:
     ctx: zmq.Context[Any] = zmq.Context()
     broker = FakeBroker(ctx)
-    cmd = [*daemon_command("mpl-worker"), "--broker", broker.address, "--rank", "0"]
-    cmd += ["--data-root", str(tmp_path / "data")]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stderr=subprocess.DEVNULL)
+    proc = broker.start_worker(tmp_path)
     try:
         broker.welcome(0.2, 20)
         graph = _one_rank_program()
