@@ -4,10 +4,14 @@ Starts a local cluster (``--world`` workers, no SPU) whose broker and workers ru
 ``valgrind --tool=callgrind`` with instrumentation off, as is this script's own driver
 process; warms up, turns instrumentation on in every process for ``--jobs`` trivial jobs
 (an ``@mp.function`` pcall on every rank returning 1, then a fetch), off again, and stops
-the cluster. Once per mode (``--modes plain,secure``: secure is CurveZMQ plus end-to-end
-sealing). Instruction counts repeat to within a few thousand per job on a busy machine,
-where wall-clock timings do not; the timer ticks a process takes while it waits still
-count, so compare runs of one sitting.
+the cluster. The workers run with their inline threshold pinned high (``mpl-worker
+--inline-ms``): a trivial job slowed down by valgrind would miss the default 1 ms and
+spill to the job threads, so their figures are those of the inline path a repeat quick job
+takes outside valgrind (it warns if the workers' stats say otherwise). Once per mode
+(``--modes plain,secure``: secure is CurveZMQ plus end-to-end sealing). Instruction counts
+repeat to within a few thousand per job on a busy machine, where wall-clock timings do
+not; the timer ticks a process takes while it waits still count, so compare runs of one
+sitting.
 
 Prints instructions per job per process for each mode and, with two modes, the
 difference; ``--top K`` adds the K functions whose cost per job changed most between the
@@ -27,11 +31,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 _WARMUP_JOBS = 30
+# the workers' inline threshold under valgrind (ms): far above a slowed trivial job's run
+_INLINE_MS = "1000"
 _TOTALS = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.M)
 # an annotate row: "1,234,567 (12.34%)  file:function [object]"
 _ROW = re.compile(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+(\S.*?)(?: \[(.*)\])?$")
@@ -63,7 +70,11 @@ def run_jobs(mode: str, world: int, jobs: int, out: Path) -> None:
 
     spec = mp.ClusterSpec.simple(world, enable_spu=False)
     cluster = mp.local_cluster(
-        spec, timeout=300.0, secure=mode == "secure", run_under=_callgrind(out, "daemon")
+        spec,
+        timeout=300.0,
+        secure=mode == "secure",
+        run_under=_callgrind(out, "daemon"),
+        worker_args=("--inline-ms", _INLINE_MS),
     )
     try:
         mp.set_context(cluster)
@@ -79,10 +90,23 @@ def run_jobs(mode: str, world: int, jobs: int, out: Path) -> None:
         for _ in range(jobs):
             mp.fetch(job())
         _instrument(list(roles), "off")
+        pooled = _pooled(cluster, world, _WARMUP_JOBS + jobs)
+        (out / "pooled.json").write_text(json.dumps(pooled))
         (out / "roles.json").write_text(json.dumps({str(k): v for k, v in roles.items()}))
         mp.set_context(None)
     finally:
         cluster.close()
+
+
+def _pooled(cluster: Any, world: int, total: int) -> list[int]:
+    """Each worker's jobs that ran on its pool rather than inline (its first run of a
+    program always does), from its stats once its heartbeat reports all ``total`` done."""
+    deadline = time.monotonic() + 300
+    while True:
+        ranks = cluster.status()["ranks"]
+        if all(int(r["jobs_done"]) >= total for r in ranks) or time.monotonic() > deadline:
+            return [int(r["jobs_done"]) - int(r["jobs_inline"]) for r in ranks[:world]]
+        time.sleep(0.5)
 
 
 def _profile(mode: str, world: int, jobs: int, out: Path) -> dict[str, Path]:
@@ -107,6 +131,9 @@ def _profile(mode: str, world: int, jobs: int, out: Path) -> dict[str, Path]:
     if done.returncode != 0 or not roles_file.exists():
         raise SystemExit(f"{mode} run failed ({done.returncode}): {done.stderr[-2000:]!r}")
     roles = json.loads(roles_file.read_text())
+    pooled = json.loads((out / "pooled.json").read_text())
+    if any(n > 1 for n in pooled):  # the workers' figures would be partly the pool's
+        print(f"{mode}: jobs run on the pool, per rank: {pooled} (1 expected)", file=sys.stderr)
     files = {}
     for path in out.iterdir():
         pid = path.name.rsplit(".", 1)[-1]

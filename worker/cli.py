@@ -89,6 +89,14 @@ def _port_option(flag: str, carries: str) -> Callable[[F], F]:
     "public functions as 'MODULE:name'); repeatable. Installed packages add theirs through "
     "the 'mpl.kernels' entry points.",
 )
+@click.option(
+    "--inline-ms",
+    type=click.FloatRange(min=0.0),
+    default=None,
+    hidden=True,
+    help="A program whose last run took at most this many ms runs on the I/O thread "
+    "(default 1; 0: never). For profilers, whose slowed runs would miss the default.",
+)
 @cli.verbose_option
 @cli.metrics_options
 def main(
@@ -107,6 +115,7 @@ def main(
     trusted: bool,
     code: str,
     kernel_modules: tuple[str, ...],
+    inline_ms: float | None,
     verbose: int,
     log_format: str,
     metrics_port: int | None,
@@ -169,6 +178,8 @@ def main(
     except Exception as exc:  # a bad endpoint, an unusable data root
         raise click.ClickException(f"cannot start: {exc}") from exc
 
+    if inline_ms is not None:
+        worker.jobs.inline_s = inline_ms / 1000
     gc.freeze()  # start-up objects never die: keep the collector from walking them
     cli.stop_on_signals(worker.stop)
     if metrics_port is not None:
