@@ -214,7 +214,9 @@ class RepeatExecs:
         # the same frame reading as repeat's, written out: a call fewer per job
         magic, raw = frames
         try:
-            if type(magic) is Frame and type(raw) is Frame:  # received (most): no memoryview
+            if type(raw) is bytes and type(magic) is bytes:  # one frame the worker cut (most)
+                header, magic_ok = raw, magic == MAGIC_FRAME
+            elif type(magic) is Frame and type(raw) is Frame:  # received: no memoryview
                 header, magic_ok = raw.bytes, magic.bytes == MAGIC_FRAME
             else:
                 header = raw.bytes if type(raw) is Frame else bytes(raw)
