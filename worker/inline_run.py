@@ -119,4 +119,7 @@ class InlineRun:
                 start = end
             for v in frees:
                 env.pop(v, None)
-        return list(map(env.get, self.outputs, repeat(ABSENT))), spans, start
+        outputs = self.outputs
+        if len(outputs) == 1:  # most programs: no map over them
+            return [env.get(outputs[0], ABSENT)], spans, start
+        return list(map(env.get, outputs, repeat(ABSENT))), spans, start
