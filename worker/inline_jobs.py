@@ -27,9 +27,11 @@ from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import to_info
 from mpl.wire.run_stats import pack_stats, run_seconds
 from mpl.worker.inline_run import InlineRun
-from mpl.worker.interpreter import OpFailed, Plan
+from mpl.worker.interpreter import ABSENT, OpFailed, Plan
+from mpl.worker.outputs import SCALAR_NAMES
 from mpl.worker.state import WorkerState
 from mpl.worker.state_events import RunAborted, RunFailed, RunFinished
+from mpl.worker.store import ObjectStore
 
 __all__ = ["InlineJobs", "done_record"]
 
@@ -57,6 +59,7 @@ class InlineJobs:
     _timeout: Callable[[Exec], float | RunFailed]
     _resolve: Callable[[str, Any], Any]
     _op_failed: Callable[[str, str, OpFailed, float], RunFailed]
+    store: ObjectStore
     _store_outputs: Callable[
         [str, str, tuple[int, ...], list[Any]], tuple[dict[int, Any], dict[int, str]]
     ]
@@ -162,7 +165,14 @@ class InlineJobs:
             info = to_info(exc, rank=self.rank, op="inputs", job=job)
             return RunFailed(sid, job, time.monotonic() - t0, info)
         try:
-            values, metas = self._store_outputs(sid, job, msg.inline, outputs)
+            first = outputs[0] if len(outputs) == 1 else ABSENT
+            scalar = SCALAR_NAMES.get(type(first))
+            if scalar is not None:  # one scalar output (most): _store_outputs, written out
+                metas: dict[int, str] = {0: scalar}
+                values: dict[int, Any] = {0: first} if 0 in msg.inline else {}
+                self.store.put_outputs(sid, job, outputs)
+            else:
+                values, metas = self._store_outputs(sid, job, msg.inline, outputs)
             stats = pack_stats(t1 - t0, wall, spans)  # one blob, unread on the way
             post_frames = self.post_frames
             if post_frames is not None:
