@@ -165,7 +165,7 @@ class InlineJobs:
             info = to_info(exc, rank=self.rank, op="inputs", job=job)
             return RunFailed(sid, job, time.monotonic() - t0, info)
         try:
-            first = outputs[0] if len(outputs) == 1 else ABSENT
+            first = outputs[0] if compiled.single else ABSENT
             scalar = SCALAR_NAMES.get(type(first))
             if scalar is not None:  # one scalar output (most): _store_outputs, written out
                 metas: dict[int, str] = {0: scalar}

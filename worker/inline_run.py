@@ -42,11 +42,12 @@ Report = Callable[[int, int, float], float]
 class InlineRun:
     """A plan compiled for inline runs: :meth:`compile` it, then :meth:`run` it."""
 
-    __slots__ = ("outputs", "plan", "steps")
+    __slots__ = ("outputs", "plan", "single", "steps")
 
     def __init__(self, plan: Plan, steps: tuple[tuple[Any, ...], ...]) -> None:
         self.plan = plan
         self.outputs = plan.graph.outputs
+        self.single = len(self.outputs) == 1  # one output (most): no map over them
         # per op: (index, whether this rank takes part, how, function or value, inputs,
         # first output's id, outputs, values to drop after it, label)
         self.steps = steps
@@ -119,7 +120,6 @@ class InlineRun:
                 start = end
             for v in frees:
                 env.pop(v, None)
-        outputs = self.outputs
-        if len(outputs) == 1:  # most programs: no map over them
-            return [env.get(outputs[0], ABSENT)], spans, start
-        return list(map(env.get, outputs, repeat(ABSENT))), spans, start
+        if self.single:
+            return [env.get(self.outputs[0], ABSENT)], spans, start
+        return list(map(env.get, self.outputs, repeat(ABSENT))), spans, start
