@@ -1,0 +1,103 @@
+"""What a worker's I/O thread runs per repeat trivial job, whole: counted, not timed.
+
+With many workers on 2 cores, a fan-out job costs about the sum of every worker's CPU per
+job, and a worker's is mostly the Python its I/O thread runs for the job, on cold caches.
+``test_worker_calls.py`` counts the worker's own functions inside the handling of an
+``Exec``; this counts everything the I/O thread calls while it takes one turn of its loop
+for a job (``Worker._turn``: the receive, the handling, the Done sent, the clock read),
+Python functions and builtins alike (``sys.setprofile``'s ``call`` and ``c_call``), so a
+cut anywhere on that path, or a call added to it, shows up here whatever the machine's
+speed. The job is the trivial one of the fan-out benchmark: an ``@mp.function`` pcall on
+every rank returning 1, then a fetch, in plaintext, on its inline path.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+import pytest
+
+import mpl.driver as mp
+from mpl.worker.daemon import Worker
+
+_JOBS = 60
+_GENEROUS_S = 10.0  # the inline threshold: no run on a busy machine may count as slow
+# 209cfaa: 15 Python calls and 39 builtin calls per job's turn (the user's function among
+# them; a turn in 30 resets the receive timeout, through an enum: 15.07). A compiled run's
+# one scalar output stored without _store_outputs' call: 14 (and 39 builtins: a
+# memoryview's tobytes less, an env.get its map made unseen more). Half a call of margin,
+# so that a stray call does not fail it; 209cfaa fails the first.
+_MAX_PYTHON_CALLS = 14.5
+_MAX_BUILTIN_CALLS = 39.5
+
+
+@pytest.fixture
+def sim() -> Iterator[mp.Simulator]:
+    ctx = mp.Simulator.simple(2)
+    with ctx:
+        yield ctx
+    ctx.close()
+
+
+def _job_turns(worker: Worker, run: Any, jobs: int) -> list[Counter[str]]:
+    """Run ``run()`` ``jobs`` times; the calls ``worker``'s I/O thread made in each turn of
+    its loop that handled a message from the broker and did not run the timers (those run
+    every 100 ms at most, at whatever job they fall on), by ``kind name``."""
+    turns: list[Counter[str]] = []
+    real = worker._turn
+
+    def turn(next_timers: float) -> float:
+        calls: Counter[str] = Counter()
+
+        def count(frame: FrameType, event: str, arg: Any) -> None:
+            if event == "call":
+                code = frame.f_code
+                calls[f"py {code.co_filename.rsplit('/', 1)[-1]}:{code.co_name}"] += 1
+            elif event == "c_call":
+                calls[f"c {getattr(arg, '__qualname__', '?')}"] += 1
+
+        sys.setprofile(count)
+        try:
+            return real(next_timers)
+        finally:
+            sys.setprofile(None)
+            calls["c setprofile"] -= 1  # the counter's own way out
+            turns.append(calls)
+
+    worker._turn = turn  # type: ignore[method-assign]  # the I/O thread's next turn, counted
+    try:
+        for _ in range(jobs):
+            run()
+    finally:
+        worker._turn = real  # type: ignore[method-assign]  # put back
+    return [
+        t
+        for t in turns
+        if t["py broker_messages.py:_on_frames"] and not t["py jobs.py:report_progress"]
+    ]
+
+
+def _per_job(turns: list[Counter[str]], kind: str) -> float:
+    return sum(n for t in turns for name, n in t.items() if name.startswith(kind)) / len(turns)
+
+
+def test_a_repeat_trivial_job_costs_the_io_thread_few_calls(sim: mp.Simulator) -> None:
+    worker = sim.runtime.workers[1]
+    worker.jobs.inline_s = _GENEROUS_S
+    job = mp.function(lambda: mp.simp.pcall((0, 1), lambda: 1))
+    for _ in range(3):  # the first run is on the pool, measured; then it is quick
+        assert mp.fetch(job()) == [1, 1]
+    inline = int(worker.jobs.stats()["jobs_inline"])
+    turns = _job_turns(worker, lambda: mp.fetch(job()), _JOBS)
+    assert int(worker.jobs.stats()["jobs_inline"]) - inline == _JOBS  # all on the inline path
+    # one turn per job (its Exec), but for the few that also ran the timers
+    assert _JOBS - 5 <= len(turns) <= _JOBS
+    assert all(t["py inline_run.py:run"] == 1 for t in turns)
+    python, builtin = _per_job(turns, "py "), _per_job(turns, "c ")
+    every = sorted(sum(turns, Counter()).items())
+    assert python <= _MAX_PYTHON_CALLS, f"{python:.2f} Python calls per job: {every}"
+    assert builtin <= _MAX_BUILTIN_CALLS, f"{builtin:.2f} builtin calls per job: {every}"
