@@ -12,7 +12,7 @@ import pytest
 from mpl.wire.graph import Arg, Graph, GraphBuilder
 from mpl.wire.kernels import KernelRef
 from mpl.worker.inline_run import InlineRun
-from mpl.worker.interpreter import ABSENT, OpFailed, Plan, run_graph
+from mpl.worker.interpreter import ABSENT, MAX_SPANS, OpFailed, Plan, run_graph
 
 RANK = 1
 
@@ -60,6 +60,22 @@ def _graphs() -> dict[str, tuple[Graph, list[Any]]]:
         [2, 3],
     )
     return made
+
+
+def test_a_compiled_run_keeps_as_many_spans_as_the_interpreter() -> None:
+    """Past MAX_SPANS ops, the spans of the first MAX_SPANS alone (the compiled run counts
+    the ops it ran rather than the spans it kept)."""
+    b = GraphBuilder(2)
+    outs = [b.op("constant", [], ranks=(0, 1), value=i)[0] for i in range(MAX_SPANS + 2)]
+    plan = Plan.build(b.build(outs), RANK)
+    compiled = InlineRun.compile(plan)
+    assert compiled is not None
+    ctx = _Context()
+    expected = run_graph(plan, [], ctx)  # type: ignore[arg-type]
+    outputs, spans, _ = compiled.run([], 5.0, math.inf, _no_report)
+    assert outputs == expected
+    assert len(spans) == len(ctx.spans) == MAX_SPANS
+    assert [s[:2] for s in spans] == [s[:2] for s in ctx.spans]
 
 
 @pytest.mark.parametrize("name", list(_graphs()))

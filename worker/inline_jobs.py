@@ -82,7 +82,6 @@ class InlineJobs:
         compile then runs from a record of it."""
         if job is None:
             job = msg.job
-        lock = self._lock
         t0 = time.monotonic()  # the state's clock, and the run's start
         graph = self.state.begin_inline(msg, t0, job)  # without the lock: see its docstring
         if graph is None:
@@ -102,6 +101,7 @@ class InlineJobs:
             sid, job = end.session, end.job
             if self._not_stopped(sid, job):
                 self.post(end)
+                lock = self._lock
                 lock.acquire()  # not `with`: acquire and release are a third of its cost
                 try:
                     self.state.end_inline(sid, job, run_seconds(end.stats))

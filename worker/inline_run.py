@@ -115,7 +115,7 @@ class InlineRun:
                 except BaseException as exc:  # user code: SystemExit and KeyboardInterrupt too
                     raise OpFailed(label, exc) from exc
                 end = time.monotonic()
-                if len(spans) < MAX_SPANS:
+                if done <= MAX_SPANS:  # a span per op run so far: len(spans) < MAX_SPANS
                     spans.append([k, label, start - started, end - started])
                 start = end
             for v in frees:
