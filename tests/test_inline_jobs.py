@@ -5,11 +5,13 @@ order within a session holds."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from helpers import nap_then_thread, thread_name, wait_until
 
 import mpl.driver as mp
+from mpl.driver.launcher import ProcessCluster
 
 _GENEROUS_S = 10.0  # the tests decide by behaviour, not by how fast this machine is today
 
@@ -79,3 +81,23 @@ def test_a_job_behind_queued_work_of_its_session_waits_its_turn(sim: mp.Simulato
     assert first.done()
     assert mp.fetch(first.result()).startswith("mpl-job")
     assert _inline(sim, 0) == inline
+
+
+def test_the_inline_threshold_can_be_pinned_on_the_command_line(tmp_path: Path) -> None:
+    """``mpl-worker --inline-ms`` (hidden: a profiler pins it, so that the jobs valgrind
+    slows down stay on the inline path): 0 sends every job to the pool, a high one keeps
+    a quick program inline after its first run."""
+    spec = mp.ClusterSpec.simple(2, enable_spu=False)
+    pins = {0: ["--inline-ms", "0"], 1: ["--inline-ms", "10000"]}
+    procs = ProcessCluster(spec, run_dir=tmp_path / "run", worker_args=pins)
+    try:
+        with mp.connect(procs.address) as ctx:
+            names = {
+                p: [mp.fetch(mp.device(p)(thread_name)()) for _ in range(4)] for p in ("P0", "P1")
+            }
+            ctx.close()
+    finally:
+        procs.close()
+    assert all(name.startswith("mpl-job") for name in names["P0"])
+    assert names["P1"][0].startswith("mpl-job")  # first run: on the pool, measured
+    assert names["P1"][1:] == ["MainThread"] * 3  # mpl-worker's I/O thread
