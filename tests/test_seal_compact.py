@@ -231,29 +231,30 @@ def test_small_scalars_come_back_with_their_type(parties: Parties, value: object
     assert opened == value and type(opened) is type(value)
 
 
+@pytest.mark.parametrize("form", ["raw", "codec"])
 @pytest.mark.parametrize(
     "plaintext",
     [b"\xa2\xff\xfe", b"\x01\x02", b"\xcd\x01", b"\x91\x01"],
     ids=["bad-utf8", "extra-bytes", "truncated", "a-list"],
 )
 def test_odd_plaintext_from_a_listed_party_goes_through_the_codecs_checks(
-    parties: Parties, plaintext: bytes, monkeypatch: pytest.MonkeyPatch
+    parties: Parties, plaintext: bytes, form: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A listed (but hostile) party may seal any plaintext: the scalar shortcut reads only
-    what the codec would read the same way, and leaves the rest to the codec's checks."""
+    """A listed (but hostile) party may seal any plaintext: a raw scalar (a compact box's
+    small scalar, its msgpack bytes alone) reads only as exactly one scalar, and inside the
+    codec's record the scalar shortcut reads only what the codec would read the same way,
+    leaving the rest to the codec's checks."""
     from mpl.wire import seal as seal_module
     from mpl.wire import seal_payload
-    from mpl.wire.codec import MAGIC_FRAME
 
-    head = seal_payload._PAYLOAD_HEAD
-    crafted = [MAGIC_FRAME, head + plaintext]
-    monkeypatch.setattr(seal_module, "scalar_frames", lambda value: crafted)
-    box = parties.n0.seal(1000, "driver:a", "ctx")  # no fixint: sealed via scalar_frames
+    crafted = plaintext if form == "raw" else seal_payload._PAYLOAD_HEAD + plaintext
+    monkeypatch.setattr(seal_module, "raw_scalar", lambda value: crafted)
+    box = parties.n0.seal(1000, "driver:a", "ctx")  # no fixint: sealed via raw_scalar
     monkeypatch.undo()
-    if plaintext == b"\x91\x01":
+    if plaintext == b"\x91\x01" and form == "codec":
         assert parties.a.open(box, "ctx")[1] == [1]  # not a scalar: the codec decodes it
         return
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError):  # a raw list: no raw scalar, and no codec header
         parties.a.open(box, "ctx")
 
 
@@ -302,10 +303,11 @@ import os, sys, warnings
 warnings.simplefilter("ignore")  # JAX, if loaded, warns that fork and threads do not mix
 import zmq
 from mpl.wire.seal import Sealer
+from mpl.wire.sealed import BOX_MAGIC
 keys = {n: zmq.curve_keypair() for n in ("driver:a", "node:n0")}
 public = {n: k[0].decode() for n, k in keys.items()}
 driver = Sealer(keys["driver:a"][1].decode(), "driver:a", {"node:n0": public["node:n0"]})
-start = len(b"mpl-box\\x01") + 1 + len("driver:a")
+start = len(BOX_MAGIC) + 1 + len("driver:a")
 driver.seal(1, "node:n0", "ctx")  # the parent has an epoch and a counter for node:n0
 read, write = os.pipe()
 pid = os.fork()

@@ -281,7 +281,7 @@ def test_the_window_admits_exactly_what_a_set_of_every_number_run_would() -> Non
     of order, repeated, and in jumps past the window (its ring wraps round many times)."""
     rng = random.Random(11)
     guard = ReplayGuard(window=16, streams=4)
-    box_head = b"mpl-box\x01" + bytes([8]) + b"driver:a" + bytes(range(16))
+    box_head = BOX_MAGIC + bytes([8]) + b"driver:a" + bytes(range(16))
     ran: set[int] = set()
     for _ in range(20_000):
         top = max(ran, default=-1)

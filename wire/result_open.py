@@ -23,7 +23,6 @@ from typing import Any
 
 from cryptography.exceptions import InvalidTag
 
-from mpl.wire.codec import MAGIC_FRAME
 from mpl.wire.seal import (
     _BOX_HEAD,
     _BOX_START,
@@ -31,11 +30,11 @@ from mpl.wire.seal import (
     _NONCE,
     _TAG,
     Sealer,
+    _box_value,
     _failed,
-    _value,
 )
 from mpl.wire.seal_contexts import done_context
-from mpl.wire.seal_payload import NOT_ONE_BYTE, ONE_BYTE_VALUES
+from mpl.wire.seal_payload import NOT_ONE_BYTE, RAW_ONE_BYTE
 
 __all__ = ["Opener", "result_opener"]
 
@@ -69,7 +68,7 @@ def result_opener(
     prefix = f"done|{session}|"
     receiving = sealer._receiving  # the ciphers of epochs that authenticated (open_box)
     open_any = sealer.open
-    one_byte = ONE_BYTE_VALUES.get
+    one_byte = RAW_ONE_BYTE.get
     # rank -> (where its head is, the head, cipher, sender, where its nonce is, where its
     # ciphertext is, the least size of a box holding one) of the epoch its node's last box
     # opened under, once authenticated: a box with that head is that epoch's (one per rank:
@@ -98,7 +97,7 @@ def result_opener(
                         raise _failed(who, f"{prefix}{job}|{index}") from None
                     value = one_byte(header, NOT_ONE_BYTE)  # None, bools, small ints
                     if value is NOT_ONE_BYTE:
-                        value = _value(who, [MAGIC_FRAME, header], safe, True)
+                        value = _box_value(who, header, safe, True)
                     per_rank[rank] = value
                     continue
                 try:

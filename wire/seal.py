@@ -38,6 +38,16 @@ authenticated for its one recipient:
   small box it costs about 1.5k instructions less per call than ChaCha20-Poly1305 (the
   cipher work itself: the call's set-up is the same), on the sealing and the opening side
   (a counter nonce under a key per epoch never repeats, which GCM needs as much).
+* **Few bytes.** A box is three bytes of magic (its format's version last), the sender's
+  name, the epoch, the nonce and the ciphertext; a small scalar's plaintext is its msgpack
+  bytes alone (``mpl.wire.seal_payload.raw_scalar``: one byte for a small int), anything
+  else the codec's header (a msgpack array, never read as a raw scalar). Every byte is
+  encrypted and authenticated again by CurveZMQ at both ends of every hop (the broker
+  relays each): the first format's eight-byte magic and 14-byte record around a scalar
+  put 96 bytes more on the wire per 2-rank job (its Exec in and out of the broker, its
+  Dones, its result), each byte boxed and opened once more. Nothing that binds a box is
+  shorter: its tag, nonce, epoch and associated data are as they were, and the plaintext
+  is authenticated before either form is read. A box of the first format is refused.
 * **Numbered.** A payload :meth:`Sealer.seal` makes carries its epoch's next number, bound
   like the rest: a box's nonce, or a record's salt (the epoch's first half, then the
   number). An epoch's first half is its start time (the sealer's clock, above the floor its
@@ -52,7 +62,7 @@ authenticated for its one recipient:
   its nonce and context, under a second key of the same epoch (personalised apart from the
   cipher's). One hash call instead of a cipher set-up, encode and decode on either side; it
   is bound exactly as a box is (a box's ciphertext is never empty: its plaintext holds at
-  least the payload's head, so the two cannot be taken for one another). A job whose ranks
+  least one byte, so the two cannot be taken for one another). A job whose ranks
   have no inputs gets all its Nones from one call (:meth:`Sealer.seal_nones`), each still
   tagged under its own recipient's epoch.
 
@@ -93,10 +103,13 @@ from mpl.wire.seal_contexts import (
     program_context,
 )
 from mpl.wire.seal_payload import (
-    FIXINT_FRAMES,
     NOT_ONE_BYTE,
     ONE_BYTE_VALUES,
+    RAW_FIXINT,
+    RAW_ONE_BYTE,
     Payload,
+    raw_scalar,
+    read_raw,
     read_scalar,
     scalar_frames,
 )
@@ -236,19 +249,23 @@ class Sealer:
             tagger = mark.copy()
             tagger.update(nonce + context.encode())
             return head + nonce + tagger.digest()
-        if type(value) is int and -32 <= value < 128:  # the commonest result: no call
-            frames = FIXINT_FRAMES[value]
-            compact = self._box_head is not None  # its one header byte and no buffer
+        if self._box_head is not None:
+            # a small scalar's plaintext is its msgpack bytes alone (seal_payload.raw_scalar)
+            if type(value) is int and -32 <= value < 128:  # the commonest result: no call
+                plain: bytes | None = RAW_FIXINT[value]
+            else:
+                plain = raw_scalar(value)
+            if plain is None:
+                frames = encode(Payload(value), safe=safe)
+                if len(frames) == 2 and len(frames[1]) < COMPACT_MAX:
+                    plain = frames[1]
+            if plain is not None:
+                head, aead, _, counter = self._sending.get(to) or self._new_epoch(to)
+                nonce = _box_nonce(next(counter))
+                aad = context.encode() + _COMPACT_AAD
+                return b"".join((head, nonce, aead.encrypt(nonce, plain, aad)))
         else:
             frames = scalar_frames(value) or encode(Payload(value), safe=safe)
-            compact = (
-                self._box_head is not None and len(frames) == 2 and len(frames[1]) < COMPACT_MAX
-            )
-        if compact:
-            head, aead, _, counter = self._sending.get(to) or self._new_epoch(to)
-            nonce = _box_nonce(next(counter))
-            aad = context.encode() + _COMPACT_AAD
-            return b"".join((head, nonce, aead.encrypt(nonce, frames[1], aad)))
         # numbered as boxes are (a worker refuses an Exec's bindings run before by number):
         # the epoch's first half, then the epoch's next number
         head, _, _, counter = self._sending.get(to) or self._new_epoch(to)
@@ -269,7 +286,7 @@ class Sealer:
         out: dict[int, bytes] = {}
         for index, value in values.items():
             if type(value) is int and -32 <= value < 128:  # the commonest result: no call
-                plain = FIXINT_FRAMES[value][1]
+                plain = RAW_FIXINT[value]
             elif value is None:  # a tag alone, as seal() makes it
                 nonce = _box_nonce(next(counter))
                 tagger = mark.copy()
@@ -277,10 +294,10 @@ class Sealer:
                 out[index] = head + nonce + tagger.digest()
                 continue
             else:
-                frames = scalar_frames(value)
-                if frames is None:
+                raw = raw_scalar(value)
+                if raw is None:
                     return None
-                plain = frames[1]
+                plain = raw
             nonce = _box_nonce(next(counter))
             # the context and what follows it (the commonest outputs' written once)
             aad = start + (
@@ -471,10 +488,10 @@ class Sealer:
             self._receiving[head] = (who, aead, mark)
         if header is None:
             return who, None
-        value = ONE_BYTE_VALUES.get(header, NOT_ONE_BYTE)  # None, bools, small ints
+        value = RAW_ONE_BYTE.get(header, NOT_ONE_BYTE)  # None, bools, small ints
         if value is not NOT_ONE_BYTE:
             return who, value
-        return who, _value(who, [MAGIC_FRAME, header], safe, unpickle)
+        return who, _box_value(who, header, safe, unpickle)
 
     def opened_epoch(self, head: bytes) -> tuple[str, AESGCM, hashlib.blake2b] | None:
         """``(sender, cipher, None's tag hash)`` of a box head (magic, sender, epoch) whose
@@ -581,6 +598,18 @@ def _value(who: str, frames: list[Any], safe: bool, unpickle: bool) -> Any:
     if not isinstance(payload, Payload):
         raise ProtocolError(f"a payload sealed by {who} holds a {payload.TAG!r} record")
     return payload.value
+
+
+def _box_value(who: str, plain: bytes, safe: bool, unpickle: bool) -> Any:
+    """The value in an authenticated compact box's plaintext: a raw scalar
+    (``seal_payload.raw_scalar``) or the codec's header."""
+    try:
+        done, value = read_raw(plain)
+    except ProtocolError as exc:
+        raise ProtocolError(f"a payload sealed by {who}: {exc}") from None
+    if done:
+        return value
+    return _value(who, [MAGIC_FRAME, plain], safe, unpickle)
 
 
 def _flat_size(part: Any) -> int:

@@ -3,8 +3,14 @@ holding the value, encoded by the codec; and its fast paths.
 
 The smallest payloads (None, sealed on every job for each rank without inputs; a bool, a
 64-bit int, a float or a short str: most inline results) skip the codec's walk on both
-sides. Their plaintext is byte for byte what the codec writes (checked at import), so
-either side may take either path.
+sides. In a ``Sealed`` record their plaintext is byte for byte what the codec writes
+(checked at import), so either side may take either path.
+
+In a compact box such a scalar's plaintext is its msgpack bytes alone (:func:`raw_scalar`:
+one byte for a small int, not the record's 15): every byte a box carries is one more byte
+for CurveZMQ to encrypt and authenticate at both ends of every hop. The two forms cannot be
+taken for one another: the codec's header is a msgpack array (its lead byte 0x90-0x9f or
+0xdc-0xdd), and a raw scalar's lead byte is never one (:func:`read_raw` reads only those).
 """
 
 from __future__ import annotations
@@ -15,13 +21,18 @@ from typing import Any
 import msgpack
 
 from mpl.wire.codec import MAGIC_FRAME, encode
+from mpl.wire.errors import ProtocolError
 from mpl.wire.record import Record
 
 __all__ = [
     "FIXINT_FRAMES",
     "NOT_ONE_BYTE",
     "ONE_BYTE_VALUES",
+    "RAW_FIXINT",
+    "RAW_ONE_BYTE",
     "Payload",
+    "raw_scalar",
+    "read_raw",
     "read_scalar",
     "scalar_frames",
 ]
@@ -77,6 +88,39 @@ def read_scalar(header: bytes) -> tuple[bool, Any]:
     return type(value) in (int, float, bool, str, type(None)), value
 
 
+def raw_scalar(value: Any) -> bytes | None:
+    """A compact box's plaintext for a small scalar (the types :func:`scalar_frames` takes):
+    its msgpack bytes alone; None for anything else (sealed in the codec's form)."""
+    t = type(value)
+    if t is int and -32 <= value < 128:  # the commonest results: no call
+        return RAW_FIXINT[value]
+    if (
+        value is None
+        or t is bool
+        or (t is int and _INT_MIN <= value <= _INT_MAX)
+        or t is float
+        or (t is str and len(value) < _SHORT_STR // 4)
+    ):
+        packed: bytes = msgpack.packb(value)
+        return packed
+    return None
+
+
+def read_raw(plain: bytes) -> tuple[bool, Any]:
+    """``(True, value)`` when an authenticated compact box's plaintext is a raw scalar
+    (:func:`raw_scalar`), ``(False, None)`` when it is the codec's header (a msgpack
+    array); ``ProtocolError`` for a raw scalar that does not read as exactly one."""
+    if not plain or plain[0] not in _SCALAR_LEADS:
+        return False, None
+    try:
+        value = msgpack.unpackb(plain)
+    except (ValueError, msgpack.UnpackException):  # extra bytes, bad UTF-8, cut short
+        raise ProtocolError("a sealed scalar does not read as one msgpack value") from None
+    if type(value) not in (int, float, bool, str, type(None)):  # (the leads allow no other)
+        raise ProtocolError(f"a sealed scalar reads as a {type(value).__name__}")
+    return True, value
+
+
 def _one_byte_frames(value: Any) -> list[Any]:
     return [MAGIC_FRAME, _PAYLOAD_HEAD + msgpack.packb(value)]
 
@@ -96,8 +140,22 @@ ONE_BYTE_VALUES: dict[bytes, Any] = {
     ]
 }
 NOT_ONE_BYTE = object()
+# a compact box's one-byte plaintexts (raw_scalar's) -> their values, read by a lookup
+RAW_FIXINT: dict[int, bytes] = {v: msgpack.packb(v) for v in range(-32, 128)}
+RAW_ONE_BYTE: dict[bytes, Any] = {
+    msgpack.packb(value): value for value in (None, True, False, *range(-32, 128))
+}
 
 for _sample in (None, True, False, -32, -1, 0, 127, 128, 1 << 63, -(1 << 63), 0.5, "text"):
+    # a raw scalar reads back as itself, by the table or read_raw, and never as the codec's
+    _raw = raw_scalar(_sample)
+    _back = RAW_ONE_BYTE.get(_raw, NOT_ONE_BYTE) if _raw is not None else NOT_ONE_BYTE
+    if _back is NOT_ONE_BYTE and _raw is not None:
+        _back = read_raw(_raw)[1]
+    if _raw is None or (_back, type(_back)) != (_sample, type(_sample)):
+        raise ImportError(f"mpl.wire.seal_payload: the raw scalar path misreads {_sample!r}")
+    if read_raw(encode(Payload(_sample))[1])[0]:
+        raise ImportError("mpl.wire.seal_payload: a codec header reads as a raw scalar")
     # the two paths agree (at the table's ends and both sides of them too)
     if scalar_frames(_sample) != encode(Payload(_sample)):
         raise ImportError(

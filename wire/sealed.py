@@ -16,9 +16,12 @@ from mpl.wire.record import Record
 __all__ = ["BOX_MAGIC", "Sealed", "is_sealed"]
 
 # A compact box: BOX_MAGIC, the sender identity's length (one byte) and UTF-8 bytes, the
-# sender's 16-byte epoch, the 12-byte nonce (the epoch's counter), then the ciphertext of the
-# codec header with its 16-byte tag (or, for a sealed None, a 16-byte tag alone).
-BOX_MAGIC = b"mpl-box\x01"
+# sender's 16-byte epoch, the 12-byte nonce (the epoch's counter), then the ciphertext of its
+# plaintext (a small scalar's msgpack bytes, or the codec header) with its 16-byte tag (or,
+# for a sealed None, a 16-byte tag alone). Three bytes of magic, the last the box format's
+# version: every byte of a box is paid for again by CurveZMQ at both ends of every hop. The
+# first format (magic b"mpl-box\x01", a scalar inside the codec's record) is refused.
+BOX_MAGIC = b"MB\x02"
 
 
 @dataclass(eq=False, repr=False)
