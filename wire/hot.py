@@ -36,6 +36,7 @@ from mpl.wire.record import pinned_fields
 from mpl.wire.run_stats import MAX_STATS_BYTES
 
 __all__ = [
+    "DONE_FRAME_PREFIX",
     "DONE_PREFIX",
     "EXEC_PREFIX",
     "DoneRead",
@@ -43,6 +44,7 @@ __all__ = [
     "header_unpacker",
     "packed_result",
     "read_done",
+    "read_done_header",
     "read_exec",
     "read_hot",
     "read_hot_header",
@@ -77,6 +79,8 @@ _CONTAINER_MARKERS = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
 # How every Done header begins: its array header, then its tag. The broker's shell sends
 # headers that begin so to read_done (anything else, or a surprise there, to decode).
 DONE_PREFIX = bytes([0x90 | _DONE_ITEMS]) + msgpack.packb(Done.TAG)
+# how a Done of one frame (wire v4: the magic, then its header) begins
+DONE_FRAME_PREFIX = MAGIC_FRAME + DONE_PREFIX
 EXEC_PREFIX = bytes([0x90 | _EXEC_ITEMS]) + msgpack.packb(Exec.TAG)
 _tls = threading.local()
 _Frame = zmq.Frame
@@ -199,7 +203,7 @@ def read_done(frames: Sequence[Any]) -> DoneRead | None:
     header = _lean_header(frames)
     if header is None or not header.startswith(DONE_PREFIX):
         return None
-    return _read_done(header)
+    return read_done_header(header)
 
 
 def read_hot(frames: Sequence[Any]) -> DoneRead | Exec | None:
@@ -228,15 +232,16 @@ def read_hot_header(magic: bytes, header: bytes) -> DoneRead | Exec | None:
     if magic != MAGIC_FRAME or len(header) >= MAX_CONTAINERS:
         return None
     if header.startswith(DONE_PREFIX):
-        return _read_done(header)
+        return read_done_header(header)
     if header.startswith(EXEC_PREFIX):
         return _read_exec(header)
     return None
 
 
-def _read_done(header: bytes) -> DoneRead | None:
-    """:func:`read_done` of a header :func:`_lean_header` took that begins with
-    ``DONE_PREFIX`` (so it reads, if at all, as a list of the Done's items, tag first)."""
+def read_done_header(header: bytes) -> DoneRead | None:
+    """:func:`read_done` of a header shorter than ``MAX_CONTAINERS`` bytes that begins
+    with ``DONE_PREFIX`` (so it reads, if at all, as a list of the Done's items, tag first;
+    the broker's loop, which checks both, calls it directly for a Done of one frame)."""
     # this thread's Unpacker for Done headers (_unpacker, written out: a call fewer), the
     # whole header in one call: walking it field by field to cut each value's bytes cost
     # twice that, and the answer is packed from what is read here (packed_result)
