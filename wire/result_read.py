@@ -19,10 +19,11 @@ both paths accept and build exactly the same. What msgpack alone read is checked
 range checks (its ints are all 64-bit) and with exact types (it builds exact dicts and strs).
 
 A caller that knows which job's answer it waits for (a driver's call site,
-:mod:`mpl.driver.job_site`) reads it with :func:`result_fields`: the header must start with
-that job's bytes (one comparison instead of a field check), and the fields come back as the
-list msgpack built, without the record (:func:`read_result` builds it, for tests and other
-callers). Anything else it leaves to the caller's general reading. It bounds nesting by the
+:mod:`mpl.driver.job_site`) reads it with :func:`answer_fields` (the one frame it receives)
+or :func:`result_fields` (frames): the header must start with that job's bytes (one
+comparison instead of a field check), and the fields come back as the list msgpack built,
+without the record (:func:`read_result` builds it, for tests and other callers). Anything
+else it leaves to the caller's general reading. It bounds nesting by the
 fields it read rather than by a count of the header's bytes: in a result that fits, only
 the values themselves can nest (stats are blobs, metas strs), so one with no list or dict
 among them needs no count.
