@@ -321,13 +321,17 @@ def fetch_one(value: Any, timeout: float | None) -> Any:
     )
     if device and device.kind == "SPU":
         return _spu.fetch(ctx, value, timeout)
-    got = {}
     cache = value._cache  # what came back with the job (value.cached, read directly)
-    for rank in value.parties:
-        cached = cache.get(rank, NOT_CACHED)
-        got[rank] = (
-            cached if cached is not NOT_CACHED else ctx.fetch_raw(rank, value._uri, timeout=timeout)
+    parties = value.parties
+    if len(parties) == 1:  # a device's value: as it is
+        rank = parties[0]
+        got = cache.get(rank, NOT_CACHED)
+        return got if got is not NOT_CACHED else ctx.fetch_raw(rank, value._uri, timeout=timeout)
+    # a list by rank (cluster.world_size of them), filled in place: no dict by rank between
+    by_rank: list[Any] = [None] * len(ctx.cluster.nodes)
+    for rank in parties:
+        got = cache.get(rank, NOT_CACHED)
+        by_rank[rank] = (
+            got if got is not NOT_CACHED else ctx.fetch_raw(rank, value._uri, timeout=timeout)
         )
-    if len(value.parties) == 1:
-        return got[value.parties[0]]
-    return list(map(got.get, range(len(ctx.cluster.nodes))))  # cluster.world_size
+    return by_rank

@@ -6,7 +6,7 @@ the same ranks, with the same inline outputs and time limit, on every call: only
 and the bindings change. A :class:`JobSite` packs the rest of the ``Exec`` header once
 (:func:`mpl.wire.exec_pack.exec_parts`, byte for byte what ``encode`` writes) and runs each
 job as: draw an id, join the header, send it on the calling thread's socket, take the first
-answer within the wait's first slice, read it (:func:`mpl.wire.result_read.read_answer`,
+answer within the wait's first slice, read it (:func:`mpl.wire.result_read.answer_fields`,
 with every check of the general path), book the job. No ``Exec`` record is built and no
 generic wait loop, callback or key is set up for the answer that nearly always comes first.
 
@@ -42,7 +42,7 @@ from mpl.wire.graph import Graph
 from mpl.wire.jobs import Cancel, Exec, JobResult
 from mpl.wire.record import pinned_fields
 from mpl.wire.remote import from_info
-from mpl.wire.result_read import RESULT_HEAD, result_fields
+from mpl.wire.result_read import RESULT_HEAD, answer_fields, result_fields
 from mpl.wire.sealed_exec import BIN8_HEADS, SEALED_EXEC_MAGIC
 from mpl.wire.sockets import send_frames
 
@@ -228,23 +228,27 @@ class JobSite:
             except zmq.Again:
                 frame = None
             if frame is not None:
+                frames: list[Any] | None = None
                 if not frame.more and len(frame) < SLICE_BELOW:
-                    # one frame (wire v4): copied once, cut into the magic and the header
+                    # one frame (wire v4): copied once, the header cut from it once it is
+                    # known to be this job's answer
                     one = frame.bytes
-                    frames: list[Any] = [one[:4], one[4:]]
+                    fields = answer_fields(one, _ANSWER_HEAD + job_bytes, safe=client.safe)
                 else:
                     wired = [frame]
                     while frame.more:
                         frame = _recv(sock, 0, False)
                         wired.append(frame)
                     frames = from_wire(wired)
-                fields = result_fields(frames, _ANSWER_HEAD + job_bytes, safe=client.safe)
+                    fields = result_fields(frames, _ANSWER_HEAD + job_bytes, safe=client.safe)
                 if fields is not None:  # this job's result (read_answer's read of it)
                     if not fields[4]:  # not missing_program: ProgressBoard.end, written out
                         started.pop(job, None)
                         if progress._jobs or progress._watchers or progress._bars:
                             progress.end(job, fields[3] is None)
                 else:  # a report, a late answer, a batch: as the general wait reads them
+                    if frames is None:  # (cut into the magic and the header, as received)
+                        frames = [one[:4], one[4:]]
                     fields = _fields(client._mine(frames, job))
         if fields is None:
             fields = _fields(self._wait(job, start + limit + _REPORT_GRACE_S, limit))

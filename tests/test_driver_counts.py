@@ -86,6 +86,58 @@ def test_python_calls_per_sync_trivial_job_at_the_driver(counted_ctx: Any) -> No
     assert per_job <= PER_JOB
 
 
+# From the answer's frame received to mp.fetch's return (the JobResult read and checked, the
+# job booked, the Value built, fetched from what came back inline, dropped): what the
+# driver does on the critical path after the last hand-off, counted as Python calls and
+# calls of builtins (each a few hundred instructions or more). 25 at 209cfaa (6 Python
+# calls: result_fields, _fits_plain, output_value, fetch, fetch_one, Value.__del__; 19
+# builtins, two of them dict.values for a second pass over the values), now 22.
+PER_ANSWER = 22
+
+
+def test_calls_per_sync_trivial_job_from_its_answer_received_to_its_fetch(
+    counted_ctx: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mpl.driver.job_site as job_site
+
+    job = mp.function(lambda: mp.simp.pcall((0, 1), lambda: 1))
+    for _ in range(20):  # traced, program sent, caches warm
+        assert mp.fetch(job()) == [1, 1]
+    received = job_site._recv
+    answering = [False]  # from the frame's receipt on the job site to mp.fetch's return
+
+    def recv(*args: Any) -> Any:
+        frame = received(*args)
+        answering[0] = True
+        return frame
+
+    monkeypatch.setattr(job_site, "_recv", recv)
+    calls: Counter[str] = Counter()
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        if answering[0]:
+            if event == "call":
+                calls[frame.f_code.co_name] += 1
+            elif event == "c_call":
+                calls[f"C {arg.__qualname__}"] += 1
+
+    n = 50
+    results = []
+    sys.setprofile(count)
+    try:
+        for _ in range(n):
+            got = mp.fetch(job())
+            answering[0] = False
+            results.append(got)
+    finally:
+        sys.setprofile(None)
+    assert results == [[1, 1]] * n
+    per_job = sum(calls.values()) / n
+    print(f"{per_job} calls per job after its answer: {calls.most_common(16)}")
+    assert calls["recv"] == 0  # every answer came on the job site's first receive
+    assert per_job <= PER_ANSWER
+
+
 def test_python_calls_per_sync_eager_call_without_arguments(counted_ctx: Any) -> None:
     one = mp.device("P0")(lambda: 1)
     for _ in range(20):  # recorded, program sent, caches warm

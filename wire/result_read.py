@@ -19,10 +19,11 @@ both paths accept and build exactly the same. What msgpack alone read is checked
 range checks (its ints are all 64-bit) and with exact types (it builds exact dicts and strs).
 
 A caller that knows which job's answer it waits for (a driver's call site,
-:mod:`mpl.driver.job_site`) reads it with :func:`result_fields`: the header must start with
-that job's bytes (one comparison instead of a field check), and the fields come back as the
-list msgpack built, without the record (:func:`read_result` builds it, for tests and other
-callers). Anything else it leaves to the caller's general reading. It bounds nesting by the
+:mod:`mpl.driver.job_site`) reads it with :func:`answer_fields` (the one frame it receives)
+or :func:`result_fields` (frames): the header must start with that job's bytes (one
+comparison instead of a field check), and the fields come back as the list msgpack built,
+without the record (:func:`read_result` builds it, for tests and other callers). Anything
+else it leaves to the caller's general reading. It bounds nesting by the
 fields it read rather than by a count of the header's bytes: in a result that fits, only
 the values themselves can nest (stats are blobs, metas strs), so one with no list or dict
 among them needs no count.
@@ -51,7 +52,7 @@ from mpl.wire.limits import (
 from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import ErrorInfo
 
-__all__ = ["RESULT_HEAD", "read_answer", "read_result", "result_fields"]
+__all__ = ["RESULT_HEAD", "answer_fields", "read_answer", "read_result", "result_fields"]
 
 # Written out by hand in read_answer and _fits: a changed JobResult would otherwise be read
 # wrong, or fall back to decode on every answer, silently. Filled in directly (direct).
@@ -65,6 +66,7 @@ _FIELDS = pinned_fields(
 _CONTAINER_MARKERS = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
 _COUNT_BELOW = 8192  # longer headers are counted by the Decoder's hooks, as decode does
 _NESTS = (list, dict)  # what msgpack builds that nests (its tuples here: of small ints)
+_MISMATCH = f"record {JobResult.TAG!r}: a field does not match its annotation"
 # a fixarray of the tag and six fields, then the tag as a fixstr
 _PREFIX = b"\x97" + bytes([0xA0 | len(JobResult.TAG)]) + JobResult.TAG.encode()
 RESULT_HEAD = _PREFIX  # what every JobResult's header starts with: its job id follows
@@ -118,7 +120,7 @@ def read_answer(frames: Sequence[Any], *, safe: bool) -> Record:
     else:
         fits = _fits(items)
     if not fits:
-        raise ProtocolError(f"record {JobResult.TAG!r}: a field does not match its annotation")
+        raise ProtocolError(_MISMATCH)
     if unused:
         raise ProtocolError(f"{unused} buffer frame(s) not referenced by the header")
     # filled in with keywords, as _FIELDS pins them: no slice or zip, and (unlike a dict
@@ -168,13 +170,25 @@ def result_fields(frames: Sequence[Any], head: bytes, *, safe: bool) -> list[Any
         data = header
     else:
         return None
+    if magic == MAGIC_FRAME:  # as one frame: read as the driver reads what it receives
+        return answer_fields(MAGIC_FRAME + data, head, safe=safe)
     if not data.startswith(head):
+        return None
+    return _fields_of(read_answer(frames, safe=safe))  # which refuses its magic
+
+
+def answer_fields(one: bytes, head: bytes, *, safe: bool) -> list[Any] | None:
+    """:func:`result_fields` of a message as it arrives in one frame (wire v4: the magic,
+    then the header, no buffer frames), as the driver receives a job's answer: the header
+    is cut from it once, and only once it starts with ``head`` (this job's)."""
+    if not one.startswith(head, 4):
         return None
     # a short header is read by msgpack alone (bounded: fewer than _COUNT_BELOW bytes build
     # fewer containers than that, nested at most as deep as msgpack's own stack); whether it
     # nests too deep is judged below, once its fields are known
-    if magic != MAGIC_FRAME or len(data) >= _COUNT_BELOW:
-        return _fields_of(read_answer(frames, safe=safe))
+    if not one.startswith(MAGIC_FRAME) or len(one) - 4 >= _COUNT_BELOW:
+        return _fields_of(read_answer([one[:4], one[4:]], safe=safe))
+    data = one[4:]
     try:
         items: list[Any] = msgpack.unpackb(
             data,
@@ -185,25 +199,45 @@ def result_fields(frames: Sequence[Any], head: bytes, *, safe: bool) -> list[Any
             max_map_len=MAX_HEADER_ITEMS,
         )
     except _NeedsDecoder:  # an extension only the Decoder reads
-        return _fields_of(read_answer(frames, safe=safe))
+        return _fields_of(read_answer([one[:4], data], safe=safe))
     except Exception as exc:  # msgpack's errors mean "malformed", as in decode
         raise ProtocolError(f"malformed header: {type(exc).__name__}: {exc}") from exc
     # a fixarray of seven (the prefix), its job id a str (the prefix too), no ErrorInfo (an
-    # extension: the Decoder's), every int 64-bit (msgpack's own range), dicts exact
+    # extension: the Decoder's), every int 64-bit (msgpack's own range), dicts exact:
+    # _fits_plain's checks, written out here with the pass over the values that looks for
+    # nesting (one call and one walk of the values fewer on every job's answer)
     _, _, values, error, missing, stats, metas = items
-    if error is not None or not _fits_plain(values, missing, stats, metas):
-        raise ProtocolError(f"record {JobResult.TAG!r}: a field does not match its annotation")
+    if (
+        error is not None
+        or type(values) is not dict
+        or type(stats) is not dict
+        or type(metas) is not dict
+        or type(missing) is not bool
+    ):
+        raise ProtocolError(_MISMATCH)
+    nests = False  # a list or dict among the values themselves
+    for index in values:  # dict[int, dict[int, Any]]
+        by_rank = values[index]
+        if type(index) is not int or type(by_rank) is not dict:
+            raise ProtocolError(_MISMATCH)
+        for rank in by_rank:
+            if type(rank) is not int:
+                raise ProtocolError(_MISMATCH)
+            if type(by_rank[rank]) in _NESTS:
+                nests = True
+    for rank in stats:  # dict[int, bytes]: each rank's blob, read on demand (run_stats)
+        if type(rank) is not int or type(stats[rank]) is not bytes:
+            raise ProtocolError(_MISMATCH)
+    for index in metas:  # dict[int, str]
+        if type(index) is not int or type(metas[index]) is not str:
+            raise ProtocolError(_MISMATCH)
     # Fields that fit nest three deep (the header, values, a rank's map) but for the values
     # themselves (stats are blobs, metas strs): with no list or dict among those, the header
     # is within MAX_NESTING, and its markers need no count (a pass over every byte: more
     # than the rest of the read for a trivial job's answer, per rank). Otherwise the count
     # of _counted_length decides, and a header it does not clear goes to the Decoder.
-    for by_rank in values.values():
-        for value in by_rank.values():
-            if type(value) in _NESTS:
-                if len(data) - len(data.translate(None, _CONTAINER_MARKERS)) >= MAX_NESTING:
-                    return _fields_of(read_answer(frames, safe=safe))
-                return items
+    if nests and len(data) - len(data.translate(None, _CONTAINER_MARKERS)) >= MAX_NESTING:
+        return _fields_of(read_answer([one[:4], data], safe=safe))
     return items
 
 
