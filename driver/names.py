@@ -14,7 +14,7 @@ from mpl.driver.context import current
 from mpl.driver.recorder import Recorder, active
 from mpl.driver.values import Value
 from mpl.wire.cluster import ClusterSpec
-from mpl.wire.errors import MplError
+from mpl.wire.errors import MplError, ProtocolError
 from mpl.wire.sessions import SymbolInfo
 
 __all__ = ["delete", "load", "save"]
@@ -67,12 +67,12 @@ def load(name: str, parties: int | str | Sequence[int | str] | None = None) -> V
     ctx = current()
     ranks = _ranks(ctx.cluster, parties)
     info = ctx.client.load_symbol(ctx.session, name, parties=ranks)
-    device = info.device or None
-    if device is None and len(info.ranks) == 1:
-        device = ctx.cluster.ppu_of(info.ranks[0])
+    held, device = _holders(ctx.cluster, info)
+    if device is None and len(held) == 1:
+        device = ctx.cluster.ppu_of(held[0])
     return Value(
         device,
-        tuple(info.ranks),
+        held,
         ctx=ctx,
         uri=f"sym:{name}",
         owned=False,
@@ -95,10 +95,31 @@ def _traced_load(
     else:  # several parties or none said: the broker's table knows who holds the name
         ctx = current()
         info = ctx.client.load_symbol(ctx.session, name, parties=ranks)
-        held, device = tuple(info.ranks), info.device or None
+        held, device = _holders(rec.cluster, info)
         if device is None and len(held) == 1:
             device = rec.cluster.ppu_of(held[0])
     return rec.traced_value(rec.load(name, tuple(sorted(held)), device), device)
+
+
+def _holders(cluster: ClusterSpec, info: SymbolInfo) -> tuple[tuple[int, ...], str | None]:
+    """The ranks and device the broker says hold a name, checked against the cluster: a
+    broker is not trusted to name only ranks and devices there are (a rank outside the
+    world would be taken for another's slot, or fail with an IndexError when fetched)."""
+    ranks = info.ranks
+    world = cluster.world_size
+    if (
+        not ranks
+        or len(set(ranks)) != len(ranks)
+        or not all(type(r) is int and 0 <= r < world for r in ranks)
+    ):
+        raise ProtocolError(
+            f"the broker says {info.name!r} is held by ranks {list(ranks)!r}, "
+            f"not distinct ranks of this cluster's {world}"
+        )
+    device = info.device or None
+    if device is not None and device not in cluster.devices:
+        raise ProtocolError(f"the broker says {info.name!r} is on {device!r}, no device here")
+    return tuple(ranks), device
 
 
 def _one_device(

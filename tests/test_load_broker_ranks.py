@@ -1,4 +1,4 @@
-"""Review (w26): ``mp.fetch`` of a loaded value whose ranks the broker named.
+"""``mp.load`` checks the ranks the broker names for a value (found in review, w26).
 
 ``mp.load`` outside a function builds its Value from the broker's ``SymbolInfo``: the ranks
 that hold the name are whatever the broker answered, unchecked against the driver's spec.
@@ -6,9 +6,9 @@ that hold the name are whatever the broker answered, unchecked against the drive
 outside ``0 .. world - 1`` from a broker that lies (plaintext: nothing seals the answer)
 either writes the value fetched "from rank -1" into the last rank's slot (a negative index)
 or escapes as an ``IndexError``. Before (209cfaa) the values were gathered by rank in a dict
-and read back for ``range(world)``: such a rank never reached a slot. The fake below plays
-the broker: it answers the load with the ranks it likes, and each fetch with a value that
-says which rank was asked.
+and read back for ``range(world)``: such a rank never reached a slot. Now the driver checks
+the ranks when the broker names them. The fake below plays the broker: it answers the load
+with the ranks it likes, and each fetch with a value that says which rank was asked.
 """
 
 from __future__ import annotations
@@ -49,23 +49,28 @@ class _Context:
         return f"what the broker said rank {rank} holds"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w26 (low): fetch_one indexes a list by a rank the broker named; "
-    "a rank outside the world aliases another rank's slot or raises IndexError",
+@pytest.mark.parametrize(
+    "lied", [(0, -1), (0, 2), (1, 1), ()], ids=["negative", "past-the-world", "twice", "none"]
 )
-@pytest.mark.parametrize("lied", [(0, -1), (0, 2)], ids=["negative", "past-the-world"])
-def test_a_loaded_value_on_ranks_outside_the_world_never_fills_another_ranks_slot(
+def test_a_load_whose_ranks_are_not_this_clusters_is_refused(
     monkeypatch: pytest.MonkeyPatch, lied: tuple[int, ...]
 ) -> None:
+    """The driver checks the ranks the broker names for a loaded value when it gets them:
+    nothing is fetched from a rank outside the world, and no slot of the fetch is filled
+    from one."""
     broker = _HostileBroker(lied)
     ctx = _Context(broker)
     monkeypatch.setattr(names, "current", lambda: ctx)
-    value = mp.load("x")
-    assert value.parties == lied  # as the broker said: nothing checks it on the way
-    try:
-        got = mp.fetch(value)
-    except ProtocolError:
-        return  # refusing the broker's ranks is a fine answer too
-    # rank 1 holds nothing the driver asked for: its slot stays empty
-    assert got == ["what the broker said rank 0 holds", None]
+    with pytest.raises(ProtocolError, match="held by ranks"):
+        mp.load("x")
+    assert broker.asked == []
+
+
+def test_a_load_on_the_clusters_ranks_is_fetched_by_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    broker = _HostileBroker((1, 0))
+    ctx = _Context(broker)
+    monkeypatch.setattr(names, "current", lambda: ctx)
+    assert mp.fetch(mp.load("x")) == [
+        "what the broker said rank 0 holds",
+        "what the broker said rank 1 holds",
+    ]
