@@ -353,8 +353,8 @@ class WorkerSeal:
             return Failed(msg.session, msg.job, self.rank, info)
         # done_context without its call (checked on import), but for the output's index
         prefix = f"done|{session}|{job}|"
-        values: dict[int, Any] | None = self.sealer.seal_scalars(msg.values, driver, prefix)
-        try:
+        try:  # seal_scalars too: a str UTF-8 cannot encode fails there, as an unsafe value
+            values: dict[int, Any] | None = self.sealer.seal_scalars(msg.values, driver, prefix)
             if values is None:  # not small scalars alone: each value sealed as it needs
                 seal, safe, values = self.sealer.seal, self.safe, {}
                 for index, value in msg.values.items():  # a loop: a comprehension is a call

@@ -1,0 +1,34 @@
+"""A secure Done whose value is a short str UTF-8 cannot encode (a lone surrogate, as
+``bytes.decode("utf-8", "surrogateescape")`` makes) fails its job with the reason, as
+``WorkerSeal.outbound`` fails any other value it cannot seal. Found in review (w26, older
+than that round): ``Sealer.seal_scalars`` ran before outbound's ``try``, so msgpack's
+``UnicodeEncodeError`` escaped it, the thread posting the answer (a pool thread, or the I/O
+thread for an inline run that is not compiled) got the exception, and the job's driver got
+no answer (it waited out its timeout)."""
+
+from __future__ import annotations
+
+import pytest
+import zmq
+
+from mpl.wire.jobs import Done, Exec, Failed
+from mpl.wire.seal import Sealer, exec_context
+from mpl.worker.sealing import WorkerSeal
+
+
+def _pair() -> tuple[Sealer, Sealer]:
+    keys = {n: zmq.curve_keypair() for n in ("driver:a", "node:n0")}
+    public = {n: k[0].decode() for n, k in keys.items()}
+    driver = Sealer(keys["driver:a"][1].decode(), "driver:a", {"node:n0": public["node:n0"]})
+    node = Sealer(keys["node:n0"][1].decode(), "node:n0", {"driver:a": public["driver:a"]})
+    return driver, node
+
+
+def test_an_answer_utf8_cannot_encode_fails_its_job_with_the_reason() -> None:
+    driver, node = _pair()
+    worker = WorkerSeal(node, 0)
+    context = exec_context("s", "j", "d", (0,), (0,), 5.0)
+    exec_ = Exec("s", "j", "d", (0,), {0: driver.seal(None, "node:n0", context)}, (0,), 5.0)
+    assert worker.open_exec(exec_, "j", exec_.bindings[0]) is None
+    answer = worker.outbound(Done("s", "j", 0, {0: b"\xff".decode("utf-8", "surrogateescape")}))
+    assert type(answer) is Failed and answer.job == "j"
