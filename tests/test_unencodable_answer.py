@@ -8,7 +8,6 @@ no answer (it waited out its timeout)."""
 
 from __future__ import annotations
 
-import pytest
 import zmq
 
 from mpl.wire.jobs import Done, Exec, Failed
