@@ -10,15 +10,26 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
+import zmq
 
 from mpl.wire import GraphBuilder
 from mpl.wire.codec import decode
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Exec, Lit
 from mpl.wire.record import Record
+from mpl.wire.seal import Sealer
 from mpl.wire.sealed import Sealed
 
 R = TypeVar("R", bound=Record)
+
+
+def sealer_pair(driver: str = "driver:a", node: str = "node:n0") -> tuple[Sealer, Sealer]:
+    """A driver's and a node's ``Sealer``, each knowing the other's fresh CURVE key."""
+    d, n = zmq.curve_keypair(), zmq.curve_keypair()
+    return (
+        Sealer(d[1].decode(), driver, {node: n[0].decode()}),
+        Sealer(n[1].decode(), node, {driver: d[0].decode()}),
+    )
 
 
 def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zmq
-from helpers import wait_until
+from helpers import sealer_pair, wait_until
 
 import mpl.wire.codec as codec
 from mpl.wire import GraphBuilder, Pickled, encode
@@ -19,7 +19,6 @@ from mpl.wire.data import Move
 from mpl.wire.decoder import Decoder
 from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.jobs import Exec, Program
-from mpl.wire.seal import Sealer
 from mpl.wire.sockets import MAX_MESSAGE, configure
 from mpl.worker.code_policy import HoldsPickles, open_sealed, screen
 from mpl.worker.keyed_mailbox import move_mailbox
@@ -132,17 +131,10 @@ def test_the_peer_thread_decodes_each_move_once_under_code_kernels(
         intake.close()
 
 
-def _sealers() -> tuple[Sealer, Sealer]:
-    drv, node = zmq.curve_keypair(), zmq.curve_keypair()
-    driver = Sealer(drv[1].decode(), "driver:analyst", {"node:node0": node[0].decode()})
-    worker = Sealer(node[1].decode(), "node:node0", {"driver:analyst": drv[0].decode()})
-    return driver, worker
-
-
 def test_what_a_driver_sealed_is_decoded_once_and_its_pickles_never_loaded(
     decodes: list[int],
 ) -> None:
-    driver, worker = _sealers()
+    driver, worker = sealer_pair("driver:analyst", "node:node0")
     plain = driver.seal([np.arange(3), "x"], "node:node0", "ctx", safe=False)
     before = decodes[0]
     who, value = open_sealed(worker, plain, "ctx")

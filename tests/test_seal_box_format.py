@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-import zmq
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from helpers import sealer_pair
 
 from mpl.wire.errors import AuthenticationError
 from mpl.wire.result_open import result_opener
@@ -19,14 +19,6 @@ from mpl.wire.seal_payload import FIXINT_FRAMES
 from mpl.wire.sealed import BOX_MAGIC
 
 _FIRST_MAGIC = b"mpl-box\x01"  # the first format's
-
-
-def _sealers() -> tuple[Sealer, Sealer]:
-    keys = {n: zmq.curve_keypair() for n in ("driver:a", "node:n0")}
-    public = {n: k[0].decode() for n, k in keys.items()}
-    driver = Sealer(keys["driver:a"][1].decode(), "driver:a", {"node:n0": public["node:n0"]})
-    node = Sealer(keys["node:n0"][1].decode(), "node:n0", {"driver:a": public["driver:a"]})
-    return driver, node
 
 
 def _epoch_cipher(sealer: Sealer, to: str) -> tuple[bytes, AESGCM]:
@@ -40,7 +32,7 @@ def _epoch_cipher(sealer: Sealer, to: str) -> tuple[bytes, AESGCM]:
 
 
 def test_a_small_scalar_is_sealed_as_its_msgpack_bytes_behind_three_bytes_of_magic() -> None:
-    driver, node = _sealers()
+    driver, node = sealer_pair()
     context = done_context("s", "j", 0)
     box = node.seal(7, "driver:a", context)
     assert type(box) is bytes and box.startswith(BOX_MAGIC) and len(BOX_MAGIC) == 3
@@ -70,7 +62,7 @@ def _first_format(node: Sealer, value: int, context: str, magic: bytes) -> bytes
 
 
 def test_a_box_of_the_first_format_is_refused() -> None:
-    driver, node = _sealers()
+    driver, node = sealer_pair()
     first = done_context("s", "j1", 0)
     with pytest.raises(AuthenticationError, match="malformed"):  # its epoch new here
         driver.open(_first_format(node, 7, first, _FIRST_MAGIC), first, sender="node:n0")

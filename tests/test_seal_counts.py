@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import zmq
+from helpers import sealer_pair
 
 import mpl.driver as mp
 from mpl.driver.sealing import DriverSeal
@@ -21,14 +22,6 @@ from mpl.wire.exec_pack import exec_frames, exec_parts, pack_bindings
 from mpl.wire.jobs import Done, Exec, Failed, JobResult
 from mpl.wire.seal import Sealer, done_context, exec_context
 from mpl.worker.sealing import WorkerSeal
-
-
-def _pair() -> tuple[Sealer, Sealer]:
-    keys = {n: zmq.curve_keypair() for n in ("driver:a", "node:n0")}
-    public = {n: k[0].decode() for n, k in keys.items()}
-    driver = Sealer(keys["driver:a"][1].decode(), "driver:a", {"node:n0": public["node:n0"]})
-    node = Sealer(keys["node:n0"][1].decode(), "node:n0", {"driver:a": public["driver:a"]})
-    return driver, node
 
 
 class _Count:
@@ -70,7 +63,7 @@ def _jobs(driver: Sealer, n: int, first: int = 0) -> list[tuple[Exec, Done]]:
 
 
 def test_a_rank_without_inputs_costs_neither_side_a_cipher_call() -> None:
-    driver, node = _pair()
+    driver, node = sealer_pair()
     context = exec_context("s", "j", "d", (0,), (0,), 5.0)
     with _Count() as sealing:
         sealed = driver.seal(None, "node:n0", context, safe=False)
@@ -96,7 +89,7 @@ _WORKER_CALLS = 3.5
 def test_the_workers_sealing_per_trivial_job_one_cipher_call_and_bounded_python_calls() -> None:
     """Opening the job's sealed None and sealing its one result: the result's encryption is
     the only cipher call, and the Python calls stay within their bound."""
-    driver, node = _pair()
+    driver, node = sealer_pair()
     worker = WorkerSeal(node, 0)
     warm, jobs = _jobs(driver, 5), _jobs(driver, 20, first=5)  # no replays among them
     for exec_, done in warm:
@@ -130,7 +123,7 @@ def test_a_known_streams_next_sealed_none_opens_in_one_call_and_one_lookup() -> 
     ReplayGuard.admit: 3 calls), with one dict lookup (its head: the driver, tag key and
     replay window; 634fe27 also looked up the sender's streams, the stream and the exec
     tail), one tag hash and no bytes built but the tag's input and the slices it reads."""
-    driver, node = _pair()
+    driver, node = sealer_pair()
     worker = WorkerSeal(node, 0)
     warm, jobs = _jobs(driver, 3), _jobs(driver, 20, first=3)
     for exec_, _ in warm:
@@ -176,7 +169,7 @@ def test_an_answer_sealed_inline_leaves_no_recipient_booked_and_others_keep_thei
     until 4096 newer ones pushed it out). A job whose answer goes another way (a pooled
     run's Done record) keeps its recipient past the next job's opening, and one forgotten
     (failed, aborted) before it was booked is booked forgotten."""
-    driver, node = _pair()
+    driver, node = sealer_pair()
     worker = WorkerSeal(node, 0)
     jobs = _jobs(driver, 27)
     for exec_, _ in jobs[:3]:  # warm: the stream's head learnt, the epoch for the driver
@@ -221,7 +214,7 @@ def test_a_job_forgotten_on_another_thread_while_it_is_booked_stays_forgotten() 
     goes first, the job ends with no recipient. Played here by forgetting it from inside
     the booking's own write, once the driver is written (the other order is forget's
     ordinary case, tested above)."""
-    driver, node = _pair()
+    driver, node = sealer_pair()
     worker = WorkerSeal(node, 0)
     jobs = _jobs(driver, 7)
     for exec_, _ in jobs[:2]:  # the stream's head learnt: the next ones take the short path
@@ -424,7 +417,7 @@ def test_an_answer_is_opened_in_the_dicts_it_was_decoded_into() -> None:
 def test_the_workers_memory_of_run_jobs_stays_bounded_oldest_out_first() -> None:
     """The jobs a worker remembers (for refusing replays and sealing results) are keyed by
     network input: past the bound the oldest goes, whatever the fast path that adds them."""
-    driver, node = _pair()
+    driver, node = sealer_pair()
     worker = WorkerSeal(node, 0)
     worker._opened_limit = 3  # the bound, made small (it is _MEMORY)
     jobs = _jobs(driver, 6)

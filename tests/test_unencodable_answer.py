@@ -8,23 +8,15 @@ no answer (it waited out its timeout)."""
 
 from __future__ import annotations
 
-import zmq
+from helpers import sealer_pair
 
 from mpl.wire.jobs import Done, Exec, Failed
-from mpl.wire.seal import Sealer, exec_context
+from mpl.wire.seal import exec_context
 from mpl.worker.sealing import WorkerSeal
 
 
-def _pair() -> tuple[Sealer, Sealer]:
-    keys = {n: zmq.curve_keypair() for n in ("driver:a", "node:n0")}
-    public = {n: k[0].decode() for n, k in keys.items()}
-    driver = Sealer(keys["driver:a"][1].decode(), "driver:a", {"node:n0": public["node:n0"]})
-    node = Sealer(keys["node:n0"][1].decode(), "node:n0", {"driver:a": public["driver:a"]})
-    return driver, node
-
-
 def test_an_answer_utf8_cannot_encode_fails_its_job_with_the_reason() -> None:
-    driver, node = _pair()
+    driver, node = sealer_pair()
     worker = WorkerSeal(node, 0)
     context = exec_context("s", "j", "d", (0,), (0,), 5.0)
     exec_ = Exec("s", "j", "d", (0,), {0: driver.seal(None, "node:n0", context)}, (0,), 5.0)
