@@ -276,10 +276,24 @@ class Context:
         if not batch or self.closed:
             return
         for start in range(0, len(batch), _DELETE_BATCH):
-            uris: dict[int, list[str]] = {}
+            # grouped by parties first (every output of a fan-out has the same ones): work
+            # per value, not per value and rank; one group's list then serves its every rank
+            groups: dict[tuple[int, ...], list[str]] = {}
             for parties, uri in batch[start : start + _DELETE_BATCH]:
-                for rank in parties:
-                    uris.setdefault(rank, []).append(uri)
+                row = groups.get(parties)
+                if row is None:
+                    groups[parties] = [uri]
+                else:
+                    row.append(uri)
+            uris: dict[int, list[str]]
+            if len(groups) == 1:
+                [(parties, row)] = groups.items()
+                uris = dict.fromkeys(parties, row)  # one list for all (packed once)
+            else:
+                uris = {}
+                for parties, row in groups.items():
+                    for rank in parties:
+                        uris.setdefault(rank, []).extend(row)
             self.client.delete(self.session, uris)
 
     def status(self, *, timeout: float | None = None) -> Status:

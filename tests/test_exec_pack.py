@@ -86,6 +86,30 @@ def test_deletes_pack_to_the_encoders_bytes(session: str, uris: dict[int, list[s
         assert decode(fast) == Delete(session, uris)
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    ranks=st.lists(st.integers(min_value=0, max_value=1 << 20), min_size=1, max_size=40),
+    row=st.lists(st.text(max_size=20), max_size=8),
+    other=st.lists(st.text(max_size=20), max_size=3),
+)
+def test_a_delete_whose_ranks_share_one_list_packs_to_the_encoders_bytes(
+    ranks: list[int], row: list[str], other: list[str]
+) -> None:
+    """Context.flush gives every rank of a group of values one list: packed once, the map
+    written out (a fixmap, or a map 16 past 15 ranks), the bytes still encode's."""
+    shared = dict.fromkeys(ranks, row)
+    mixed = {**shared, -1: other, -2: row}  # not one list for all: packed as a whole
+    for uris in (shared, mixed):
+        fast, slow = delete_frames("s", uris), encode(Delete("s", uris))
+        assert [bytes(f) for f in fast] == [bytes(f) for f in slow]
+        assert decode(fast) == Delete("s", uris)
+    with_bytes: Any = [*row, b"x"]  # bytes among the URIs: the encoder's way
+    odd = dict.fromkeys(ranks, with_bytes)
+    assert [bytes(f) for f in delete_frames("s", odd)] == [
+        bytes(f) for f in encode(Delete("s", odd))
+    ]
+
+
 def test_a_delete_that_is_not_plain_takes_the_general_encoder() -> None:
     odd: Any = {0: ("a", "b")}  # a tuple, not a list: encode packs it as an extension
     assert [bytes(f) for f in delete_frames("s", odd)] == [

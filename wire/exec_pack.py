@@ -166,14 +166,37 @@ def _lit(value: Any) -> msgpack.ExtType | None:
 def delete_frames(session: str, uris: dict[int, list[str]]) -> list[Any]:
     """``encode(Delete(session, uris))`` when the URIs are plain (int ranks, lists of str):
     one msgpack call instead of building the record and the general encoder's walk over
-    every URI."""
+    every URI. A list that serves several ranks (``Context.flush`` gives every rank of a
+    value one list) is checked once, and when one list serves them all it is packed once:
+    the work is per URI, not per URI and rank."""
     if type(session) is not str or type(uris) is not dict or not _plain_ints(tuple(uris)):
         return encode(Delete(session, uris))
+    checked: list[str] | None = None  # the last list checked
+    lists = 0  # distinct lists in a row
     for row in uris.values():
+        if row is checked:
+            continue
         if type(row) is not list or not set(map(type, row)) <= _STR:  # no Python call per URI
             return encode(Delete(session, uris))
+        checked = row
+        lists += 1
     pack = _tls.packer.pack
-    header = b"\x93" + pack(Delete.TAG) + pack(session) + pack(uris)  # tag and 2 fields
+    if lists == 1 and checked is not None and len(uris) > 1:
+        # the map written out: each rank packed, then the one list's bytes after each
+        row = pack(checked)
+        body = _map_head(len(uris)) + row.join(map(pack, uris)) + row
+    else:
+        body = pack(uris)
+    header = b"\x93" + pack(Delete.TAG) + pack(session) + body  # tag and 2 fields
     if len(header) > MAX_HEADER_BYTES:
         return encode(Delete(session, uris))  # which raises, saying why
     return [MAGIC_FRAME, header]
+
+
+def _map_head(n: int) -> bytes:
+    """msgpack's header of a map of ``n`` entries (fixmap, map 16, map 32)."""
+    if n < 16:
+        return bytes((0x80 | n,))
+    if n < 1 << 16:
+        return b"\xde" + n.to_bytes(2, "big")
+    return b"\xdf" + n.to_bytes(4, "big")

@@ -65,7 +65,6 @@ _FIELDS = pinned_fields(
 # msgpack's list and map markers: fixmap, fixarray, array 16/32, map 16/32
 _CONTAINER_MARKERS = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
 _COUNT_BELOW = 8192  # longer headers are counted by the Decoder's hooks, as decode does
-_NESTS = (list, dict)  # what msgpack builds that nests (its tuples here: of small ints)
 _MISMATCH = f"record {JobResult.TAG!r}: a field does not match its annotation"
 # a fixarray of the tag and six fields, then the tag as a fixstr
 _PREFIX = b"\x97" + bytes([0xA0 | len(JobResult.TAG)]) + JobResult.TAG.encode()
@@ -223,7 +222,10 @@ def answer_fields(one: bytes, head: bytes, *, safe: bool) -> list[Any] | None:
         for rank in by_rank:
             if type(rank) is not int:
                 raise ProtocolError(_MISMATCH)
-            if type(by_rank[rank]) in _NESTS:
+            kind = type(by_rank[rank])
+            # what msgpack builds that nests (its tuples here: of small ints), by identity:
+            # `in (list, dict)` compares the types with ==, about a fifth of a rank's checks
+            if kind is list or kind is dict:
                 nests = True
     for rank in stats:  # dict[int, bytes]: each rank's blob, read on demand (run_stats)
         if type(rank) is not int or type(stats[rank]) is not bytes:
