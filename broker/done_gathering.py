@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["DoneGathering"]
 
 _EMPTY_BIN = b"\xc4\x00"  # msgpack's empty bin: a refused stats blob in a spliced answer
+_new_tuple = tuple.__new__  # a job's answer's Send without the NamedTuple's __new__ call
 
 
 class DoneGathering:
@@ -183,4 +184,4 @@ class DoneGathering:
             frames = packed_result(job_id, job.values, job.stats, job.metas)
         elif job.raw_values is not None:
             frames = result_frames(job_id, job.raw_values, job.raw_stats, job.metas)
-        return [Send(job.driver, result, frames)]
+        return [_new_tuple(Send, (job.driver, result, frames))]

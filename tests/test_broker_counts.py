@@ -72,23 +72,6 @@ def test_a_done_whose_value_could_nest_deep_is_still_walked_and_refused(
     assert len(nesting_walks) == 2
 
 
-class _CountingUnpacker:
-    """Stands in for the lean reader's Unpacker: counts the calls made on it."""
-
-    def __init__(self, real: Any) -> None:
-        self.real = real
-        self.calls: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self.real, name)
-
-        def counted(*args: Any) -> Any:
-            self.calls.append(name)
-            return method(*args)
-
-        return counted
-
-
 def test_a_hot_done_of_flat_values_is_read_without_a_pass_over_its_bytes() -> None:
     """A Done whose values are no lists or dicts (a trivial job's, or sealed boxes) nests
     nothing: no count of its container markers (bac702e made one, a bytes.translate over
@@ -109,19 +92,46 @@ def test_a_hot_done_of_flat_values_is_read_without_a_pass_over_its_bytes() -> No
     assert read is not None and "translate" not in called
 
 
-def test_a_hot_done_is_read_in_one_unpack() -> None:
+def test_a_hot_done_is_checked_without_a_map_over_its_fields(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each field's type, and each key and item of its maps, is checked one by one: a
+    Done holds a value or two, and a map() with a set or tuple built from it per check
+    (371bb90 made five a Done) cost about 7k instructions more per Done, per rank."""
+    maps: list[int] = []
+
+    def counted(*args: Any) -> Any:
+        maps.append(1)
+        return map(*args)
+
+    monkeypatch.setattr(hot, "map", counted, raising=False)  # shadows the builtin in hot
+    frames = encode(Done("s" * 16, "j" * 24, 1, {0: 1, 1: 2.5}, STATS, {0: "int64[]"}))
+    read = hot.read_done(frames)
+    assert read is not None and read.values == {0: 1, 1: 2.5}
+    assert maps == []
+    # and what they check is still checked: a key that is no int is left to decode
+    frames = encode(Done("s" * 16, "j" * 24, 1, {0: 1}, STATS, {0: "int64[]"}))
+    header = bytes(frames[1]).replace(b"\x81\x00\x01", b"\x81\xc3\x01", 1)  # key True
+    assert hot.read_done([frames[0], header]) is None
+
+
+def test_a_hot_done_is_read_in_one_unpack(monkeypatch: pytest.MonkeyPatch) -> None:
     """read_done reads the header whole, in one call (a walk field by field, to keep each
-    value's bytes, took 15 calls for a one-value Done and about twice the instructions)."""
+    value's bytes, took 15 calls for a one-value Done and about twice the instructions;
+    371bb90 fed a kept Unpacker and asked it for its position twice around the unpack,
+    ~1.9k instructions more per Done than one unpackb)."""
     frames = encode(Done("s" * 16, "j" * 24, 1, {0: 1, 1: [1.5, "x"]}, STATS, {0: "int64[]"}))
-    assert hot.read_done(frames) is not None  # this thread's lean Unpacker made
-    counting = _CountingUnpacker(hot._tls.lean)
-    hot._tls.lean = counting
-    try:
-        assert hot.read_done(frames) is not None
-    finally:
-        hot._tls.lean = counting.real
-    assert counting.calls.count("unpack") == 1
-    assert len(counting.calls) <= 4  # tell, feed, unpack, tell
+    calls: list[str] = []
+    real = msgpack.unpackb
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        calls.append("unpackb")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(hot, "_unpackb", counted, raising=False)
+    read = hot.read_done(frames)
+    assert read is not None and read.values == {0: 1, 1: [1.5, "x"]}
+    assert calls == ["unpackb"]
 
 
 def test_an_exec_without_bindings_is_not_walked_for_nesting(nesting_walks: list[int]) -> None:
@@ -242,8 +252,10 @@ def _python_calls(rig: _Rig, jobs: int) -> float:
 # LRU look-up for a worker's last program, JobCall's __init__ written out (63 -> 58,
 # 232 -> 184). w26broker: the Exec's checks of its sender (not a worker's socket) and of
 # its session written out in exec_read and _exec for the answer they give on every job
-# (57 -> 53, 183 -> 179; about 2.3k instructions a job).
-_BOUND = {2: 55, 16: 182}
+# (57 -> 53, 183 -> 179; about 2.3k instructions a job). w27broker: the answer's Send made
+# without the NamedTuple's __new__, packed_result's Packer taken inline (53 -> 51,
+# 179 -> 177; about 1.4k instructions a job).
+_BOUND = {2: 52, 16: 178}
 
 
 @pytest.mark.parametrize("world", [2, 16])
@@ -460,6 +472,7 @@ def _shell_calls(world: int, jobs: int = 10) -> float:
     return calls / jobs
 
 
+# w27broker: the answer's Send and Packer without a call each (43 -> 41 per job).
 # w26broker: the Exec's sender and session checked inline (49 -> 45 per job).
 # w26broker: a Done of one frame read in the loop without read_hot_header's call (3 -> 2
 # per added rank, 45 -> 43 per job; about 0.85k instructions per rank).
@@ -483,7 +496,8 @@ def test_python_calls_per_added_rank_in_the_brokers_loop() -> None:
     per_rank = (large - small) / 14
     print(f"loop: {small} calls per job at world 2, {large} at 16: {per_rank} per rank")
     assert per_rank <= 2.5  # bac702e made 4, 209cfaa 3
-    assert small <= 44  # main (e7b802d) made 76; f226f8d 52, bac702e 52, 209cfaa 49
+    # main (e7b802d) made 76; f226f8d 52, bac702e 52, 209cfaa 49, 371bb90 43
+    assert small <= 42
 
 
 def _clock_reads(world: int, monkeypatch: pytest.MonkeyPatch, jobs: int = 5) -> float:

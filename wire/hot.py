@@ -83,6 +83,7 @@ DONE_PREFIX = bytes([0x90 | _DONE_ITEMS]) + msgpack.packb(Done.TAG)
 DONE_FRAME_PREFIX = MAGIC_FRAME + DONE_PREFIX
 EXEC_PREFIX = bytes([0x90 | _EXEC_ITEMS]) + msgpack.packb(Exec.TAG)
 _tls = threading.local()
+_unpackb = msgpack.unpackb
 _Frame = zmq.Frame
 
 
@@ -179,8 +180,6 @@ def _lean_header(frames: Sequence[Any]) -> bytes | None:
 
 _INT_ONLY, _STR_ONLY, _BYTES_ONLY = {int}, {str}, {bytes}
 _new = object.__new__
-# A Done's header items by type, tag first: one C comparison checks them all
-_DONE_TYPES = (str, str, str, int, dict, bytes, dict, list)
 # msgpack's int formats are int64 and uint64: an int it decodes always fits the codec's
 # 64-bit range (limits.int_fits), so the lean readers need no range check on one
 if (INT_MIN, INT_MAX) != (-(1 << 63), (1 << 64) - 1):
@@ -242,41 +241,48 @@ def read_done_header(header: bytes) -> DoneRead | None:
     """:func:`read_done` of a header shorter than ``MAX_CONTAINERS`` bytes that begins
     with ``DONE_PREFIX`` (so it reads, if at all, as a list of the Done's items, tag first;
     the broker's loop, which checks both, calls it directly for a Done of one frame)."""
-    # this thread's Unpacker for Done headers (_unpacker, written out: a call fewer), the
-    # whole header in one call: walking it field by field to cut each value's bytes cost
-    # twice that, and the answer is packed from what is read here (packed_result)
-    unpacker = getattr(_tls, "lean", None)
-    if unpacker is None:
-        unpacker = _new_unpacker("lean", _no_ext)  # extensions: decode checks them
-    base = unpacker.tell()
-    unpacker.feed(header)
+    # the whole header in one call: walking it field by field to cut each value's bytes
+    # cost twice that, and the answer is packed from what is read here (packed_result).
+    # unpackb, not a kept Unpacker's feed, unpack and two tells (~1.9k instructions more
+    # per Done): its default limits are the header's length, which a header shorter than
+    # MAX_CONTAINERS reaches before the codec's, and it refuses bytes after the header
     try:
-        items = unpacker.unpack()
-        if unpacker.tell() - base != len(header):
-            raise ValueError("bytes after the header")
+        items = _unpackb(header, raw=False, strict_map_key=False, ext_hook=_no_ext)
     except Exception:  # anything unexpected: decode reads it, or says why not
-        _tls.lean = None  # it may still hold part of this header
         return None
-    # the prefix made it a list of _DONE_ITEMS, tag first; each field's type in one
-    # comparison, then the keys and items of its maps (set displays: no call to set)
+    # the prefix made it a list of _DONE_ITEMS, tag first; each field's type checked by
+    # identity, then each key and item of its maps in a loop (a Done has a value or two:
+    # a map() and a set display per check cost ~10k instructions more per Done)
     _, session, job, rank, values, stats, metas, saved = items
-    if (
-        tuple(map(type, items)) != _DONE_TYPES
-        or saved  # saved names are records: decode checks them
-        or len(stats) > MAX_STATS_BYTES  # the broker's state refuses it
-        or not {*map(type, values), *map(type, metas)} <= _INT_ONLY
-        or not {*map(type, metas.values())} <= _STR_ONLY
+    if not (
+        type(session) is str
+        and type(job) is str
+        and type(rank) is int
+        and type(values) is dict
+        and type(stats) is bytes
+        and type(metas) is dict
+        and type(saved) is list
+        and not saved  # saved names are records: decode checks them
+        and len(stats) <= MAX_STATS_BYTES  # the broker's state refuses it
     ):
         return None
+    nests = False  # whether a value is a list or a dict (tuples are extensions: refused)
+    for index, value in values.items():
+        if type(index) is not int:
+            return None
+        if type(value) is list or type(value) is dict:
+            nests = True
+    for index, meta in metas.items():
+        if type(index) is not int or type(meta) is not str:
+            return None
     # Too short to nest that deep, too few list and map markers to (every container in
     # it, the header array included, starts with one such byte, so no container sits
     # deeper than their count: one C call counts them), or nothing in it that could:
     # metas hold strs, saved is empty, stats are a blob, and values that are no
     # containers (sealed boxes, in secure mode) nest nothing.
-    # (values first: a pass over one or two of them costs less than one over every byte)
     if (
-        len(header) > MAX_NESTING
-        and not _NESTING.isdisjoint(map(type, values.values()))
+        nests
+        and len(header) > MAX_NESTING
         and len(header) - len(header.translate(None, _CONTAINER_MARKERS)) > MAX_NESTING
     ):
         try:
@@ -301,7 +307,9 @@ def packed_result(
     extension types, so they pack back to what they were read from, up to the width of a
     number); None when the header would exceed ``MAX_HEADER_BYTES`` (the codec then says
     why)."""
-    header: bytes = header_packer().pack([JobResult.TAG, job, values, None, False, stats, metas])
+    # this thread's Packer (header_packer, written out: a call fewer per job)
+    packer = getattr(_tls, "packer", None) or header_packer()
+    header: bytes = packer.pack([JobResult.TAG, job, values, None, False, stats, metas])
     if len(header) > MAX_HEADER_BYTES:
         return None
     return [MAGIC_FRAME, header]
