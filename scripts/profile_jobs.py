@@ -155,6 +155,26 @@ def instructions(path: Path) -> int:
     return sum(int(n) for n in _TOTALS.findall(path.read_bytes()))
 
 
+# libzmq calls counted per job on a daemon's main thread: its loop's turns (a receive per
+# turn, a message or a timeout), the receive timeout's resets, the idle waits (polls)
+_ZMQ_CALLS = ("zmq_msg_recv", "zmq_setsockopt", "zmq_poll")
+_NAMED = re.compile(rb"^c?fn=\((\d+)\) (\S+)", re.M)
+_CALLED = re.compile(rb"^cfn=\((\d+)\).*\ncalls=(\d+)", re.M)
+
+
+def zmq_calls(path: Path) -> Counter[str]:
+    """How often a callgrind file's thread called each of ``_ZMQ_CALLS`` (callgrind names a
+    function in full once, then by its number)."""
+    text = path.read_bytes()
+    names = {number: name.decode(errors="replace") for number, name in _NAMED.findall(text)}
+    counts: Counter[str] = Counter()
+    for number, calls in _CALLED.findall(text):
+        called = names.get(number, "")
+        if called in _ZMQ_CALLS:
+            counts[called] += int(calls)
+    return counts
+
+
 def functions(path: Path) -> Counter[str]:
     """Exclusive instructions per function (``function [object]``) in a callgrind file."""
     text = subprocess.run(
@@ -243,6 +263,17 @@ def main() -> int:
             diff = f"  {row[1] - row[0]:+10.0f}" if len(row) == 2 else ""
             cells = "".join(f"{v:12.0f}{w:10.0f}" for v, w in zip(row, main, strict=True))
             print(f"{role:10s}{cells}{diff}")
+        # turns with no job (timeouts, the broker's heartbeats) and heartbeats of its own
+        # take a worker's I/O thread as often as the clock says: under valgrind, where a
+        # job takes ten times as long, ten times as many of them fall to each job
+        print("\nlibzmq calls per job on the main thread (receives: turns of the loop)")
+        for m in modes:
+            for role in roles:
+                if role.startswith("worker") and 1 in files[m][role]:
+                    calls = zmq_calls(files[m][role][1])
+                    row = "".join(f"  {c[4:]} {calls[c] / args.jobs:.2f}" for c in _ZMQ_CALLS)
+                    report.setdefault("zmq_calls", {}).setdefault(m, {})[role] = dict(calls)
+                    print(f"{m:7s}{role:10s}{row}")
         if args.top and len(modes) == 2:
             report["changed"] = {}
             for role in roles:
