@@ -118,11 +118,10 @@ class InlineJobs:
     def _not_stopped(self, sid: str, job: str) -> bool:
         """Whether a job the state began inline is still to be answered: neither aborted
         nor its session closed while it ran (then ``RunFinished`` tells the state, which
-        frees its outputs and says nothing). Read without the lock, two lookups, each
-        atomic; a stop that comes just after is one that came after the answer, as it may
-        for any job."""
-        state = self.state
-        return (sid, job) not in state.aborted and sid not in state.closed
+        frees its outputs and says nothing). Read without the lock
+        (``WorkerState.stopped_inline``); a stop that comes just after is one that came
+        after the answer, as it may for any job."""
+        return not self.state.stopped_inline(sid, job)
 
     def _compile(self, digest: str, graph: Graph) -> InlineRun | None:
         """The compiled run of program ``digest`` on this rank (None: not compilable)."""
@@ -183,7 +182,7 @@ class InlineJobs:
                 if frame is not None:
                     self.store.put_outputs(sid, job, outputs)
                     state = self.state  # _not_stopped, written out
-                    if (sid, job) not in state.aborted and sid not in state.closed:
+                    if state.clean[2] == state.stops or not state.stopped_inline(sid, job):
                         self.post_frame(frame)
                         lock = self._lock
                         lock.acquire()
@@ -215,10 +214,8 @@ class InlineJobs:
                     else None
                 )
                 state = self.state  # _not_stopped, written out (a call less per job)
-                if (
-                    frames is not None
-                    and (sid, job) not in state.aborted
-                    and sid not in state.closed
+                if frames is not None and (
+                    state.clean[2] == state.stops or not state.stopped_inline(sid, job)
                 ):
                     post_frames(frames)
                     lock = self._lock
