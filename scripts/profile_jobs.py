@@ -37,6 +37,10 @@ from pathlib import Path
 from typing import Any
 
 _WARMUP_JOBS = 30
+# and at least this long: each kind of message a process reads is prepared on its first
+# read (a record's field types, compiled once), and some come only with the heartbeats
+# (1 s apart in the cluster it starts); counted, the first ones cost ~1k a job of 300
+_WARMUP_S = 2.5
 # the workers' inline threshold under valgrind (ms): far above a slowed trivial job's run
 _INLINE_MS = "1000"
 _TOTALS = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.M)
@@ -82,8 +86,11 @@ def run_jobs(mode: str, world: int, jobs: int, out: Path) -> None:
         mp.set_context(cluster)
         ranks = tuple(range(world))
         job = mp.function(lambda: mp.simp.pcall(ranks, lambda: 1))
-        for _ in range(_WARMUP_JOBS):
+        warm_until = time.monotonic() + _WARMUP_S
+        warmed = 0
+        while warmed < _WARMUP_JOBS or time.monotonic() < warm_until:
             mp.fetch(job())
+            warmed += 1
         procs = cluster.processes
         assert procs.broker is not None
         roles = {os.getpid(): "driver", procs.broker.pid: "broker"}
@@ -94,7 +101,7 @@ def run_jobs(mode: str, world: int, jobs: int, out: Path) -> None:
             mp.fetch(job())
         wall = time.monotonic() - started
         _instrument(list(roles), "off")
-        pooled = _pooled(cluster, world, _WARMUP_JOBS + jobs)
+        pooled = _pooled(cluster, world, warmed + jobs)
         (out / "pooled.json").write_text(json.dumps(pooled))
         (out / "wall.json").write_text(json.dumps(wall))
         (out / "roles.json").write_text(json.dumps({str(k): v for k, v in roles.items()}))
