@@ -278,9 +278,9 @@ def main() -> int:
             for role in roles:
                 if role.startswith("worker") and 1 in files[m][role]:
                     calls = zmq_calls(files[m][role][1])
-                    row = "".join(f"  {c[4:]} {calls[c] / args.jobs:.2f}" for c in _ZMQ_CALLS)
+                    per = "".join(f"  {c[4:]} {calls[c] / args.jobs:.2f}" for c in _ZMQ_CALLS)
                     report.setdefault("zmq_calls", {}).setdefault(m, {})[role] = dict(calls)
-                    print(f"{m:7s}{role:10s}{row}")
+                    print(f"{m:7s}{role:10s}{per}")
         if args.top and len(modes) == 2:
             report["changed"] = {}
             for role in roles:
