@@ -37,6 +37,10 @@ from pathlib import Path
 from typing import Any
 
 _WARMUP_JOBS = 30
+# and at least this long: each kind of message a process reads is prepared on its first
+# read (a record's field types, compiled once), and some come only with the heartbeats
+# (1 s apart in the cluster it starts); counted, the first ones cost ~1k a job of 300
+_WARMUP_S = 2.5
 # the workers' inline threshold under valgrind (ms): far above a slowed trivial job's run
 _INLINE_MS = "1000"
 _TOTALS = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.M)
@@ -50,6 +54,7 @@ def _callgrind(out: Path, name: str) -> list[str]:
         "valgrind",
         "--tool=callgrind",
         "--instr-atstart=no",
+        "--separate-threads=yes",  # a file per thread: <name>.<pid>-<thread>
         f"--callgrind-out-file={out}/{name}.%p",
     ]
 
@@ -72,6 +77,7 @@ def run_jobs(mode: str, world: int, jobs: int, out: Path) -> None:
     cluster = mp.local_cluster(
         spec,
         timeout=300.0,
+        ready_timeout=300.0,  # processes under valgrind on a busy machine start slowly
         secure=mode == "secure",
         run_under=_callgrind(out, "daemon"),
         worker_args=("--inline-ms", _INLINE_MS),
@@ -80,18 +86,24 @@ def run_jobs(mode: str, world: int, jobs: int, out: Path) -> None:
         mp.set_context(cluster)
         ranks = tuple(range(world))
         job = mp.function(lambda: mp.simp.pcall(ranks, lambda: 1))
-        for _ in range(_WARMUP_JOBS):
+        warm_until = time.monotonic() + _WARMUP_S
+        warmed = 0
+        while warmed < _WARMUP_JOBS or time.monotonic() < warm_until:
             mp.fetch(job())
+            warmed += 1
         procs = cluster.processes
         assert procs.broker is not None
         roles = {os.getpid(): "driver", procs.broker.pid: "broker"}
         roles.update({p.pid: f"worker{r}" for r, p in procs.workers.items()})
         _instrument(list(roles), "on")
+        started = time.monotonic()
         for _ in range(jobs):
             mp.fetch(job())
+        wall = time.monotonic() - started
         _instrument(list(roles), "off")
-        pooled = _pooled(cluster, world, _WARMUP_JOBS + jobs)
+        pooled = _pooled(cluster, world, warmed + jobs)
         (out / "pooled.json").write_text(json.dumps(pooled))
+        (out / "wall.json").write_text(json.dumps(wall))
         (out / "roles.json").write_text(json.dumps({str(k): v for k, v in roles.items()}))
         mp.set_context(None)
     finally:
@@ -109,8 +121,9 @@ def _pooled(cluster: Any, world: int, total: int) -> list[int]:
         time.sleep(0.5)
 
 
-def _profile(mode: str, world: int, jobs: int, out: Path) -> dict[str, Path]:
-    """Run one mode in a driver under callgrind; each role's callgrind file."""
+def _profile(mode: str, world: int, jobs: int, out: Path) -> dict[str, dict[int, Path]]:
+    """Run one mode in a driver under callgrind; each role's callgrind file per thread
+    (1: the main thread, which is a daemon's I/O thread)."""
     out.mkdir(parents=True)
     cmd = [
         *_callgrind(out, "driver"),
@@ -134,17 +147,39 @@ def _profile(mode: str, world: int, jobs: int, out: Path) -> dict[str, Path]:
     pooled = json.loads((out / "pooled.json").read_text())
     if any(n > 1 for n in pooled):  # the workers' figures would be partly the pool's
         print(f"{mode}: jobs run on the pool, per rank: {pooled} (1 expected)", file=sys.stderr)
-    files = {}
+    wall = json.loads((out / "wall.json").read_text())
+    print(f"{mode}: {wall / jobs * 1e3:.1f} ms a job under callgrind", file=sys.stderr)
+    files: dict[str, dict[int, Path]] = {}
     for path in out.iterdir():
-        pid = path.name.rsplit(".", 1)[-1]
-        if pid in roles:
-            files[roles[pid]] = path
+        pid, _, thread = path.name.rsplit(".", 1)[-1].partition("-")
+        if pid in roles and thread.isdigit():
+            files.setdefault(roles[pid], {})[int(thread)] = path
     return files
 
 
 def instructions(path: Path) -> int:
     """All instructions a callgrind file counted (every thread's part)."""
     return sum(int(n) for n in _TOTALS.findall(path.read_bytes()))
+
+
+# libzmq calls counted per job on a daemon's main thread: its loop's turns (a receive per
+# turn, a message or a timeout), the receive timeout's resets, the idle waits (polls)
+_ZMQ_CALLS = ("zmq_msg_recv", "zmq_setsockopt", "zmq_poll")
+_NAMED = re.compile(rb"^c?fn=\((\d+)\) (\S+)", re.M)
+_CALLED = re.compile(rb"^cfn=\((\d+)\).*\ncalls=(\d+)", re.M)
+
+
+def zmq_calls(path: Path) -> Counter[str]:
+    """How often a callgrind file's thread called each of ``_ZMQ_CALLS`` (callgrind names a
+    function in full once, then by its number)."""
+    text = path.read_bytes()
+    names = {number: name.decode(errors="replace") for number, name in _NAMED.findall(text)}
+    counts: Counter[str] = Counter()
+    for number, calls in _CALLED.findall(text):
+        called = names.get(number, "")
+        if called in _ZMQ_CALLS:
+            counts[called] += int(calls)
+    return counts
 
 
 def functions(path: Path) -> Counter[str]:
@@ -165,6 +200,14 @@ def functions(path: Path) -> Counter[str]:
         name = _LEVEL.sub("", row.group(2).rsplit(":", 1)[-1])
         obj = Path(row.group(3)).name if row.group(3) else "inlined"
         costs[f"{name} [{obj}]"] += int(row.group(1).replace(",", ""))
+    return costs
+
+
+def _all_functions(threads: dict[int, Path]) -> Counter[str]:
+    """:func:`functions` over every thread of a process."""
+    costs: Counter[str] = Counter()
+    for path in threads.values():
+        costs.update(functions(path))
     return costs
 
 
@@ -198,25 +241,50 @@ def main() -> int:
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="mpl-profile-"))
     try:
         files = {m: _profile(m, args.world, args.jobs, root / m) for m in modes}
+        # every thread's, and the main thread's alone (a daemon's I/O thread, the driver's
+        # caller: the Python of the job; the others are ZeroMQ's I/O threads and helpers)
         per_job = {
-            m: {r: instructions(p) / args.jobs for r, p in f.items()} for m, f in files.items()
+            m: {r: sum(map(instructions, t.values())) / args.jobs for r, t in f.items()}
+            for m, f in files.items()
         }
-        report: dict[str, Any] = {"jobs": args.jobs, "world": args.world, "per_job": per_job}
+        main_thread = {
+            m: {r: instructions(t[1]) / args.jobs for r, t in f.items() if 1 in t}
+            for m, f in files.items()
+        }
+        report: dict[str, Any] = {
+            "jobs": args.jobs,
+            "world": args.world,
+            "per_job": per_job,
+            "main_thread": main_thread,
+        }
         roles = sorted(per_job[modes[0]], key=lambda r: (r != "driver", r != "broker", r))
         print(f"\ninstructions per trivial job ({args.jobs} jobs, world {args.world})")
         print(
             f"{'process':10s}"
-            + "".join(f"{m:>12s}" for m in modes)
+            + "".join(f"{m:>12s}{'(main)':>10s}" for m in modes)
             + ("  difference" if len(modes) == 2 else "")
         )
         for role in roles:
             row = [per_job[m].get(role, 0.0) for m in modes]
+            main = [main_thread[m].get(role, 0.0) for m in modes]
             diff = f"  {row[1] - row[0]:+10.0f}" if len(row) == 2 else ""
-            print(f"{role:10s}" + "".join(f"{v:12.0f}" for v in row) + diff)
+            cells = "".join(f"{v:12.0f}{w:10.0f}" for v, w in zip(row, main, strict=True))
+            print(f"{role:10s}{cells}{diff}")
+        # turns with no job (timeouts, the broker's heartbeats) and heartbeats of its own
+        # take a worker's I/O thread as often as the clock says: under valgrind, where a
+        # job takes ten times as long, ten times as many of them fall to each job
+        print("\nlibzmq calls per job on the main thread (receives: turns of the loop)")
+        for m in modes:
+            for role in roles:
+                if role.startswith("worker") and 1 in files[m][role]:
+                    calls = zmq_calls(files[m][role][1])
+                    per = "".join(f"  {c[4:]} {calls[c] / args.jobs:.2f}" for c in _ZMQ_CALLS)
+                    report.setdefault("zmq_calls", {}).setdefault(m, {})[role] = dict(calls)
+                    print(f"{m:7s}{role:10s}{per}")
         if args.top and len(modes) == 2:
             report["changed"] = {}
             for role in roles:
-                a, b = (functions(files[m][role]) for m in modes)
+                a, b = (_all_functions(files[m][role]) for m in modes)
                 delta = {k: (b[k] - a[k]) / args.jobs for k in a.keys() | b.keys()}
                 top = sorted(delta.items(), key=lambda kv: -abs(kv[1]))[: args.top]
                 a_obj, b_obj = by_object(a), by_object(b)

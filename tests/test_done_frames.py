@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpl.wire.codec import decode, encode
-from mpl.wire.done_pack import done_frames, own_done_frames
+from mpl.wire.done_pack import OneSpanDone, done_frames, own_done_frames
 from mpl.wire.jobs import Done
 from mpl.wire.limits import MAX_HEADER_BYTES
 from mpl.wire.run_stats import pack_stats
@@ -117,3 +117,61 @@ def test_what_is_not_plain_takes_the_general_encoder() -> None:
     assert done_frames(Done("s", "j", 0, {0: 1})) is not None  # the packer is fine after it
     huge = "x" * (MAX_HEADER_BYTES + 1)  # past the header cap: encode says why
     assert done_frames(Done("s", "j", 0, {0: huge})) is None
+
+
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.floats(allow_nan=False),
+    st.integers(min_value=-(1 << 70), max_value=1 << 70),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    session=st.text(max_size=40),
+    job=st.text(max_size=40),
+    rank=st.integers(min_value=0, max_value=100_000),
+    op=st.integers(min_value=0, max_value=100_000),
+    label=st.text(max_size=300),
+    value=_scalars,
+    held=st.booleans(),
+    meta=st.sampled_from(["int", "float", "bool", "NoneType", "x" * 31, "y" * 32]),
+    floats=st.lists(st.floats(allow_nan=False), min_size=4, max_size=4),
+)
+def test_a_one_span_done_is_the_encoders_bytes_or_none(
+    session: str,
+    job: str,
+    rank: int,
+    op: int,
+    label: str,
+    value: Any,
+    held: bool,
+    meta: str,
+    floats: list[float],
+) -> None:
+    try:
+        template = OneSpanDone(session, rank, op, label)
+    except Exception:  # a session or label msgpack cannot pack: the fields' path
+        return
+    run_s, started, start, end = floats
+    frame = template.frame(job, value, held, meta, run_s, started, start, end)
+    if frame is None:
+        return
+    stats = pack_stats(run_s, started, [[op, label, start, end]])
+    msg = Done(session, job, rank, {0: value} if held else {}, stats, {0: meta})
+    assert [frame[:4], frame[4:]] == _slow(msg)
+    assert decode([frame[:4], frame[4:]], safe=True) == msg
+
+
+def test_a_trivial_jobs_one_span_done_is_packed_from_its_template() -> None:
+    template = OneSpanDone("s" * 32, 1, 0, "0 (pcall <lambda>)")
+    for value, meta in ((1, "int"), (0.5, "float"), (True, "bool"), (None, "NoneType")):
+        frame = template.frame("j" * 24, value, True, meta, 3e-5, 1.7e9, 1.5e-6, 4.1e-6)
+        assert frame is not None, value
+        stats = pack_stats(3e-5, 1.7e9, [[0, "0 (pcall <lambda>)", 1.5e-6, 4.1e-6]])
+        msg = Done("s" * 32, "j" * 24, 1, {0: value}, stats, {0: meta})
+        assert [frame[:4], frame[4:]] == _slow(msg)
+    assert template.frame("j" * 32, 1, True, "int", 0.0, 0.0, 0.0, 0.0) is None  # too long
+    assert template.frame("\ud800", 1, True, "int", 0.0, 0.0, 0.0, 0.0) is None  # not UTF-8
+    assert template.frame("j", 1 << 40, True, "int", 0.0, 0.0, 0.0, 0.0) is None  # an int

@@ -49,9 +49,14 @@ _GENEROUS_S = 10.0
 # (written out, -1): 10. Then the repeat reader's calls were counted too (+1, the
 # comparison), and a plaintext repeat was run by its job id with no record made: 11 (the
 # code before counts 13 so). Then a compiled run's one scalar output was stored without
-# _store_outputs' call: 10 (209cfaa counts 11). Half a call of margin, so that a stray call
-# does not fail it; the code before does.
+# _store_outputs' call: 10 (209cfaa counts 11). Then the run's stats blob was counted too
+# (mpl.wire.run_stats: +1), and a plaintext one-op run's Done, stats and all, was joined
+# from a template (done_pack.OneSpanDone.frame for own_done_fields and pack_stats): 10
+# (371bb90 counts 11 so). Half a call of margin, so that a stray call does not fail it;
+# the code before does.
 _MAX_CALLS_PER_JOB = 10.5
+# the wire modules on the worker's side of the path, counted with mpl.worker's
+_WIRE_COUNTED = ("/done_pack.py", "/exec_repeat.py", "/run_stats.py")
 _BUILT = "records built"  # the key under which _exec_calls counts records made (no __init__)
 
 
@@ -65,9 +70,9 @@ def sim() -> Iterator[mp.Simulator]:
 
 @contextlib.contextmanager
 def _exec_calls(worker: Worker) -> Iterator[tuple[Counter[str], list[list[Any]]]]:
-    """While inside: the worker-side Python calls (``mpl.worker``, the Done packing and the
-    repeat reader, by ``file:function``) made while ``worker``'s I/O thread handled each
-    Exec, and the frames of the Execs it handled."""
+    """While inside: the worker-side Python calls (``mpl.worker``, the Done packing, the
+    repeat reader and the stats blob, by ``file:function``) made while ``worker``'s I/O
+    thread handled each Exec, and the frames of the Execs it handled."""
     calls: Counter[str] = Counter()
     execs: list[list[Any]] = []
     handle = worker._on_frames
@@ -76,7 +81,7 @@ def _exec_calls(worker: Worker) -> Iterator[tuple[Counter[str], list[list[Any]]]
     def count(frame: FrameType, event: str, arg: Any) -> None:
         if event == "call":
             path = frame.f_code.co_filename.replace("\\", "/")
-            if "/mpl/worker/" in path or path.endswith(("/done_pack.py", "/exec_repeat.py")):
+            if "/mpl/worker/" in path or path.endswith(_WIRE_COUNTED):
                 calls[f"{path.rsplit('/', 1)[-1]}:{frame.f_code.co_name}"] += 1
         elif event == "c_call" and arg is object.__new__:  # a record built (no __init__)
             built[0] += 1
@@ -135,6 +140,9 @@ def test_a_repeat_quick_job_costs_the_worker_few_python_calls(sim: mp.Simulator)
     # compiled and answered by frames: no job context, no interpreter, no record to post
     assert calls["inline_run.py:run"] == _JOBS and calls["interpreter.py:run_graph"] == 0
     assert calls["jobs.py:__init__"] == 0 and calls["daemon.py:_post"] == 0
+    # its Done joined from the program's template: no stats blob nor header packed apart
+    assert calls["done_pack.py:frame"] == _JOBS and calls["done_pack.py:own_done_fields"] == 0
+    assert calls["run_stats.py:pack_stats"] == 0
     # the state decided under its lock that the job may run: no second stop check
     assert calls["jobs.py:stopped"] == 0 and calls["state.py:stopped"] == 0
 

@@ -26,6 +26,7 @@ from mpl.worker.state_events import (
     Beat,
     CloseAll,
     CloseSession,
+    CodeRefused,
     DropLanes,
     EndJob,
     Expect,
@@ -288,6 +289,37 @@ def test_the_hot_path_leaves_every_other_job_to_handle_untouched() -> None:
     s.handle(_abort("s", "3"), 2.1)  # stopped while it ran: handle frees it, says nothing
     assert s.done == 1 and ("s", "3") in s.jobs
     assert FreeJob(("s", "3")) in s.handle(_done("s", "3"), 2.2)
+
+
+def test_the_hot_path_sees_every_stop_made_after_it_last_found_a_session_clear() -> None:
+    # begin_inline looks at the closed sessions and refused programs again only once an
+    # entry was made in them (state.stops): each kind of stop, made between two repeats
+    s = _state()
+    s.inline_s = 0.05
+    s.handle(_exec("s", "1", LOCAL), 1.0)
+    s.handle(_done("s", "1"), 1.1)
+    assert s.begin_inline(_exec("s", "2", LOCAL), 1.2) is LOCAL  # found clear, remembered
+    assert not s.stopped_inline("s", "2")
+    s.handle(_abort("s", "3"), 1.3)  # before its Exec came
+    assert not s.stopped_inline("s", "2")  # another job's stop
+    s.end_inline("s", "2", 0.01)
+    assert s.begin_inline(_exec("s", "3", LOCAL), 1.4) is None
+    assert s.begin_inline(_exec("s", "4", LOCAL), 1.5) is LOCAL
+    s.handle(_abort("s", "4"), 1.6)  # while it ran
+    assert s.stopped_inline("s", "4")
+    s.handle(RunFinished("s", "4", 0.01, Done("s", "4", RANK)), 1.7)
+    assert s.begin_inline(_exec("s", "5", LOCAL), 1.8) is LOCAL
+    s.end_inline("s", "5", 0.01)
+    s.handle(CodeRefused(LOCAL.digest, "no pickles here"), 1.9)
+    assert s.begin_inline(_exec("s", "6", LOCAL), 2.0) is None
+    t = _state()
+    t.inline_s = 0.05
+    t.handle(_exec("s", "1", LOCAL), 1.0)
+    t.handle(_done("s", "1"), 1.1)
+    assert t.begin_inline(_exec("s", "2", LOCAL), 1.2) is LOCAL
+    t.handle(SessionClosed("s", "bye"), 1.3)  # while it ran
+    assert t.stopped_inline("s", "2")
+    assert t.begin_inline(_exec("s", "3", LOCAL), 1.4) is None
 
 
 _STOPS: list[Any] = []  # what the functions below call as they run (pickled by name)

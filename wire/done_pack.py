@@ -17,6 +17,7 @@ past a few levels, a string msgpack cannot encode) returns None: the caller then
 
 from __future__ import annotations
 
+import struct
 import threading
 from typing import Any
 
@@ -26,7 +27,7 @@ from mpl.wire.codec import _INLINE_BYTES, MAGIC_FRAME, MAX_HEADER_BYTES
 from mpl.wire.jobs import Done
 from mpl.wire.record import pinned_fields
 
-__all__ = ["done_frames", "own_done_fields", "own_done_frames"]
+__all__ = ["OneSpanDone", "done_frames", "own_done_fields", "own_done_frames"]
 
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
 _ATOMS = frozenset({str, float, bool, type(None)})
@@ -109,6 +110,100 @@ def own_done_fields(
     if len(header) > MAX_HEADER_BYTES:
         return None
     return [MAGIC_FRAME, header]
+
+
+# msgpack's float64 mark (0xcb, then 8 bytes)
+_F64 = 0xCB
+_FIXINTS = tuple(bytes([n]) for n in range(128))  # 0..127: msgpack's positive fixint
+_FIXSTRS = tuple(bytes([0xA0 | n]) for n in range(32))  # a str of 0..31 bytes' head
+_FLOAT = struct.Struct(">Bd").pack
+_ONE_VALUE = b"\x81\x00"  # values: a map of one, output 0
+
+
+class OneSpanDone:
+    """The ``Done`` frame of a plaintext inline run of one op on this rank whose one output
+    is a scalar (``int``, ``float``, ``bool`` or None): the bytes ``encode`` writes for
+    ``Done(session, job, rank, values, stats, {0: meta}, [])`` with the stats blob
+    ``pack_stats(run_s, started, [[op, label, start, end]])`` (``mpl.wire.run_stats``),
+    joined from parts packed once per (session, rank, op, label) and a few per job, with
+    no msgpack call for most jobs. :meth:`frame` says None for anything it does not pack
+    (the caller then packs the fields): ``tests/test_done_frames.py`` compares the bytes.
+
+    Raises ``ValueError`` (or msgpack's error) for a session or label that does not pack
+    here (then the fields are packed each time)."""
+
+    __slots__ = ("_floats", "_head", "_rank", "_span", "_stats", "_tails")
+
+    def __init__(self, session: str, rank: int, op: int, label: str) -> None:
+        pack = _packer()
+        self._head = MAGIC_FRAME + b"\x98" + pack(_TAG) + pack(session)
+        self._rank = pack(rank)
+        span = pack(op) + pack(label)
+        # the stats blob: [run_s, started, [[op, label, start, end]], 0], its floats float64
+        size = 1 + 9 + 9 + 2 + len(span) + 9 + 9 + 1
+        # the longest header it makes: a 31-byte job id, a float value, a meta of 31 bytes
+        longest = len(self._head) + 32 + len(self._rank) + 11 + 3 + size + 40
+        if size >= _INLINE_BYTES or longest > MAX_HEADER_BYTES:
+            raise ValueError("a Done too long to pack from a template")
+        bin_head = b"\xc4" + bytes([size]) if size < 256 else b"\xc5" + size.to_bytes(2, "big")
+        self._stats = bin_head + b"\x94\xcb"
+        # run_s, 0xcb, started, the span's head (op and label), start, 0xcb, end
+        middle = b"\x91\x94" + span + b"\xcb"
+        self._span = middle
+        self._floats = struct.Struct(f">dBd{len(middle)}sdBd").pack
+        self._tails: dict[str, bytes] = {}  # by meta: the blob's end, the metas, saved
+
+    def frame(
+        self,
+        job: str,
+        value: Any,
+        held: bool,
+        meta: str,
+        run_s: float,
+        started: float,
+        start: float,
+        end: float,
+    ) -> bytes | None:
+        """The Done's one frame (wire v4: the magic and the header) for ``job``, whose output
+        ``value`` (described as ``meta``) is in its values if ``held``; the run's seconds,
+        its start on the wall clock and its op's span. None if a part does not pack here."""
+        try:
+            raw = job.encode()
+        except UnicodeEncodeError:  # not UTF-8: encode says why
+            return None
+        if len(raw) >= 32:  # a long id: the fields' path
+            return None
+        if not held:
+            packed = b"\x80"
+        else:
+            t = type(value)
+            if t is int and 0 <= value < 128:
+                packed = _ONE_VALUE + _FIXINTS[value]
+            elif t is float:
+                packed = _ONE_VALUE + _FLOAT(_F64, value)
+            elif value is None:
+                packed = b"\x81\x00\xc0"
+            elif t is bool:
+                packed = b"\x81\x00\xc3" if value else b"\x81\x00\xc2"
+            else:  # any other int: the fields' path
+                return None
+        tail = self._tails.get(meta)
+        if tail is None:
+            if len(meta) > 31 or len(self._tails) > 8:
+                return None
+            tail = self._tails[meta] = b"\x00" + _packer()({0: meta}) + b"\x90"
+        return b"".join(
+            (
+                self._head,
+                _FIXSTRS[len(raw)],
+                raw,
+                self._rank,
+                packed,
+                self._stats,
+                self._floats(run_s, _F64, started, self._span, start, _F64, end),
+                tail,
+            )
+        )
 
 
 def _plain(obj: Any, depth: int) -> bool:

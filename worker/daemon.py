@@ -89,7 +89,13 @@ __all__ = ["Worker"]
 
 log = logging.getLogger("mpl.worker")
 _POLL_MS = 100  # the timers run at least this often while there is work about
-_SLACK_MS = 5  # how late the timers may run while messages stream in
+# How late the timers may run while messages stream in (their shortest period is the
+# progress report's 250 ms, then heartbeats of 1 s): each reset of the receive timeout costs
+# about 8k instructions (pyzmq works the option's type out through its enum each time), and
+# a stream resets it once per slack, so 25 ms makes that a fifth of what 5 ms made it.
+_SLACK_MS = 25
+_raw_set = zmq.backend.Socket.set  # the compiled option setter, as setsockopt is
+_RCVTIMEO = int(zmq.RCVTIMEO)  # a plain int: no enum looked up per reset
 _JOIN_S = 2.0
 _raw_recv = zmq.backend.Socket.recv  # the compiled receive, as mpl.wire.sockets calls it
 
@@ -237,6 +243,7 @@ class Worker(BrokerMessages, ResultChannel):
             # an inline run's Done goes out as frames it packed itself (secure mode: its
             # values sealed first, when they are small scalars)
             post_frames=self._post_done_frames,
+            post_frame=self._post_done_frame if self.seal is None else None,
             seal_scalars=self.seal.sealed_scalars if self.seal is not None else None,
             extensions=services,
             job_timeout_s=job_timeout_s,
@@ -340,7 +347,7 @@ class Worker(BrokerMessages, ResultChannel):
             # late.
             set_ms = self._rcvtimeo_ms if self._rcvtimeo_on is dealer else -1
             if not wait_ms <= set_ms <= wait_ms + _SLACK_MS:
-                dealer.setsockopt(zmq.RCVTIMEO, wait_ms)
+                _raw_set(dealer, _RCVTIMEO, wait_ms)
                 self._rcvtimeo_on, self._rcvtimeo_ms = dealer, wait_ms  # a new dealer: unset
             try:  # recv_frames, without its call (the dealer is a socket of ours)
                 frame = _raw_recv(dealer, 0, False)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mpl.wire.done_pack import own_done_fields
+from mpl.wire.done_pack import OneSpanDone, own_done_fields
 from mpl.wire.errors import JobAbortedError, SessionError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Done, Exec
@@ -47,6 +47,8 @@ class InlineJobs:
     job_timeout_s: float
     post: Callable[[Record], None]
     post_frames: Callable[[list[Any]], None] | None
+    post_frame: Callable[[bytes], None] | None
+    _one_span: tuple[str, InlineRun | None, OneSpanDone | None]
     seal_scalars: Callable[[str, str, dict[int, Any]], dict[int, bytes] | None] | None
     _lock: threading.Lock
     _compiled: dict[str, InlineRun | None]
@@ -116,11 +118,10 @@ class InlineJobs:
     def _not_stopped(self, sid: str, job: str) -> bool:
         """Whether a job the state began inline is still to be answered: neither aborted
         nor its session closed while it ran (then ``RunFinished`` tells the state, which
-        frees its outputs and says nothing). Read without the lock, two lookups, each
-        atomic; a stop that comes just after is one that came after the answer, as it may
-        for any job."""
-        state = self.state
-        return (sid, job) not in state.aborted and sid not in state.closed
+        frees its outputs and says nothing). Read without the lock
+        (``WorkerState.stopped_inline``); a stop that comes just after is one that came
+        after the answer, as it may for any job."""
+        return not self.state.stopped_inline(sid, job)
 
     def _compile(self, digest: str, graph: Graph) -> InlineRun | None:
         """The compiled run of program ``digest`` on this rank (None: not compilable)."""
@@ -167,9 +168,36 @@ class InlineJobs:
         try:
             first = outputs[0] if compiled.single else ABSENT
             scalar = SCALAR_NAMES.get(type(first))
+            if scalar is not None and self.post_frame is not None and compiled.only:
+                # plaintext, one op, one scalar output (most): the Done joined from parts
+                shape = self._one_span
+                if shape[1] is not compiled or shape[0] != sid:
+                    shape = self._one_span_done(sid, compiled)
+                span = spans[0]
+                frame = (
+                    shape[2].frame(job, first, 0 in msg.inline, scalar, t1 - t0, wall, *span[2:])
+                    if shape[2] is not None
+                    else None
+                )
+                if frame is not None:
+                    self.store.put_outputs(sid, job, outputs)
+                    state = self.state  # _not_stopped, written out
+                    if state.clean[2] == state.stops or not state.stopped_inline(sid, job):
+                        self.post_frame(frame)
+                        lock = self._lock
+                        lock.acquire()
+                        try:
+                            state.end_inline(sid, job, t1 - t0)
+                        finally:
+                            lock.release()
+                        return None
+                    metas: dict[int, str] = {0: scalar}
+                    values: dict[int, Any] = {0: first} if 0 in msg.inline else {}
+                    stats = pack_stats(t1 - t0, wall, spans)
+                    return done_record(sid, job, self.rank, values, stats, metas, [])
             if scalar is not None:  # one scalar output (most): _store_outputs, written out
-                metas: dict[int, str] = {0: scalar}
-                values: dict[int, Any] = {0: first} if 0 in msg.inline else {}
+                metas = {0: scalar}
+                values = {0: first} if 0 in msg.inline else {}
                 self.store.put_outputs(sid, job, outputs)
             else:
                 values, metas = self._store_outputs(sid, job, msg.inline, outputs)
@@ -186,10 +214,8 @@ class InlineJobs:
                     else None
                 )
                 state = self.state  # _not_stopped, written out (a call less per job)
-                if (
-                    frames is not None
-                    and (sid, job) not in state.aborted
-                    and sid not in state.closed
+                if frames is not None and (
+                    state.clean[2] == state.stops or not state.stopped_inline(sid, job)
                 ):
                     post_frames(frames)
                     lock = self._lock
@@ -203,6 +229,19 @@ class InlineJobs:
         except BaseException as exc:  # the thread must report whatever happened
             error = to_info(exc, rank=self.rank, op="run", job=job)
             return RunFailed(sid, job, time.monotonic() - t0, error)
+
+    def _one_span_done(
+        self, sid: str, compiled: InlineRun
+    ) -> tuple[str, InlineRun | None, OneSpanDone | None]:
+        """The Done template of ``compiled``'s runs in session ``sid`` (None: its session or
+        label does not pack into one), kept for the next job of the same."""
+        assert compiled.only is not None
+        try:
+            template: OneSpanDone | None = OneSpanDone(sid, self.rank, *compiled.only)
+        except Exception:  # packed from the fields each time instead
+            template = None
+        shape = self._one_span = (sid, compiled, template)
+        return shape
 
 
 # done_record fills a Done in from one dict naming every field

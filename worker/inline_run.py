@@ -42,7 +42,7 @@ Report = Callable[[int, int, float], float]
 class InlineRun:
     """A plan compiled for inline runs: :meth:`compile` it, then :meth:`run` it."""
 
-    __slots__ = ("outputs", "plan", "single", "steps")
+    __slots__ = ("only", "outputs", "plan", "single", "steps")
 
     def __init__(self, plan: Plan, steps: tuple[tuple[Any, ...], ...]) -> None:
         self.plan = plan
@@ -51,6 +51,10 @@ class InlineRun:
         # per op: (index, whether this rank takes part, how, function or value, inputs,
         # first output's id, outputs, values to drop after it, label)
         self.steps = steps
+        # the op index and label of the one op this rank takes part in (most programs: one
+        # pcall), whose span is then a run's only one; None for any other number of ops
+        here = [(step[0], step[8]) for step in steps if step[1]]
+        self.only: tuple[int, str] | None = here[0] if len(here) == 1 else None
 
     @classmethod
     def compile(cls, plan: Plan) -> InlineRun | None:

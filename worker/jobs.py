@@ -40,6 +40,7 @@ from typing import Any
 
 from mpl.wire.codec import check_safe
 from mpl.wire.data import Delete, Fetch, Move
+from mpl.wire.done_pack import OneSpanDone
 from mpl.wire.errors import JobAbortedError, SessionError, UnsafeValueError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Done, Exec, Lit
@@ -158,6 +159,7 @@ class Jobs(InlineJobs):
         post: Callable[[Record], None],
         *,
         post_frames: Callable[[list[Any]], None] | None = None,
+        post_frame: Callable[[bytes], None] | None = None,
         seal_scalars: Callable[[str, str, dict[int, Any]], dict[int, bytes] | None] | None = None,
         extensions: dict[str, Callable[[], Any]] | None = None,
         job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
@@ -174,6 +176,10 @@ class Jobs(InlineJobs):
         self.post = post  # thread-safe: send a message to the broker
         # the I/O thread's sender of an inline Done's frames (None: Dones go to post)
         self.post_frames = post_frames
+        # plaintext: the I/O thread's sender of an inline Done's one frame (wire v4), packed
+        # from a template (mpl.wire.done_pack.OneSpanDone), kept per program and session
+        self.post_frame = post_frame
+        self._one_span: tuple[str, InlineRun | None, OneSpanDone | None] = ("", None, None)
         # secure mode: seals an inline Done's values for post_frames (WorkerSeal.sealed_scalars)
         self.seal_scalars = seal_scalars
         self.spu = spu

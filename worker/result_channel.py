@@ -100,6 +100,23 @@ class ResultChannel:
         finally:
             lock.release()
 
+    def _post_done_frame(self, frame: bytes) -> None:
+        """:meth:`_post_done_frames` for a Done packed as its one frame (wire v4: the magic
+        and the header; a plaintext inline run's, ``mpl.wire.done_pack.OneSpanDone``)."""
+        gathered = self._gathered
+        if gathered is not None and threading.get_ident() == self._io_thread:
+            gathered.append([frame[:4], frame[4:]])  # a batch takes headers
+            return
+        lock = self._results_lock
+        lock.acquire()  # not `with`: acquire and release are a third of its cost
+        try:
+            if not self._closed:
+                _raw_send(self._results, frame, _NOBLOCK)
+        except zmq.Again:
+            log.warning("rank %d: result queue full, dropped Done", self.rank)
+        finally:
+            lock.release()
+
     def _post_frames(self, frames: list[Any], what: str) -> None:
         with self._results_lock:
             if self._closed:

@@ -152,6 +152,12 @@ class WorkerState:
         self.spu_jobs: LRU[JobKey, bool] = LRU(_MEMORY)
         self.spu_counted: LRU[JobKey, bool] = LRU(_MEMORY)
         self.spu_failures: dict[str, int] = {}
+        # bumped before every entry made in closed, aborted or refused_code (by any thread):
+        # while it stays, what begin_inline last found of a session and program (neither
+        # closed nor refused) still holds, and no job begun since was stopped
+        self.stops = 0
+        # (session, digest, stops) as begin_inline last found them clear
+        self.clean: tuple[str, str, int] = ("", "", -1)
         self.done = 0
         self.failed = 0
         self.inline = 0  # jobs run without a hand-off to the pool
@@ -264,6 +270,7 @@ class WorkerState:
         return []
 
     def _code_refused(self, event: CodeRefused, now: float) -> list[Action]:
+        self.stops += 1
         self.refused_code[event.digest] = event.why
         return []
 
@@ -327,12 +334,18 @@ class WorkerState:
         if (
             not self.quick.get(digest)
             or self.queued.get(sid)
-            or sid in self.closed
-            or key in self.aborted
+            or (self.aborted and key in self.aborted)
             or key in self.jobs
-            or digest in self.refused_code
         ):
             return None
+        # closed and refused_code (LRUs: each lookup a Python-level slot call) are looked at
+        # again only once an entry was made in them since they were last found clear
+        stops = self.stops
+        clean = self.clean
+        if not (clean[2] == stops and clean[0] == sid and clean[1] == digest):
+            if sid in self.closed or digest in self.refused_code:
+                return None
+            self.clean = (sid, digest, stops)
         program = self.programs.get(digest)
         graph = program.graph if program is not None else None
         if graph is None:
@@ -341,6 +354,14 @@ class WorkerState:
         self.jobs[key] = (digest, True, False)
         self.inline += 1
         return graph
+
+    def stopped_inline(self, sid: str, job: str) -> bool:
+        """Whether a job :meth:`begin_inline` began was stopped (aborted, or its session
+        closed) since: nothing was, while no entry was made in those tables (each lookup
+        atomic, read without the lock as ``begin_inline`` reads them)."""
+        if self.clean[2] == self.stops:
+            return False
+        return (sid, job) in self.aborted or sid in self.closed
 
     def end_inline(self, sid: str, job: str, seconds: float) -> None:
         """``handle(RunFinished)`` for a job :meth:`begin_inline` began, whose ``Done`` was
@@ -397,6 +418,7 @@ class WorkerState:
         self.last_heard = now
         key = (msg.session, msg.job)
         reason = f"job {msg.job} aborted: {msg.error.message}"
+        self.stops += 1
         self.aborted[key] = reason  # also before its Exec: then its run stops at once
         return [StopWaits(key, reason), FreeJob(key), *self._spu_failed(key)]
 
@@ -451,6 +473,7 @@ class WorkerState:
     def _session_closed(self, msg: SessionClosed, now: float) -> list[Action]:
         self.last_heard = now
         sid, reason = msg.session, msg.reason
+        self.stops += 1  # once: the aborts below come in the same handling
         self.closed[sid] = reason
         actions: list[Action] = []
         for key in [k for k in self.jobs if k[0] == sid]:
