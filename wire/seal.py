@@ -128,6 +128,7 @@ from mpl.wire.sealed import BOX_MAGIC, Sealed
 __all__ = [
     "CHUNK",
     "COMPACT_MAX",
+    "BoxKeys",
     "ExecTails",
     "Sealed",
     "Sealer",
