@@ -1,7 +1,7 @@
 """What secure mode adds per trivial job, counted (never timed): cipher calls and Python calls
 in the driver's and the worker's sealing. A job's rank without inputs gets a sealed None
 (a tag, no cipher); its one result is the only payload either side runs the cipher on (a
-compact box of at most 64 bytes: keyed BLAKE2b, ``mpl.wire.seal._box_seal``/``_box_open``,
+compact box of at most 64 bytes: keyed BLAKE2b, ``mpl.wire.seal_box.box_seal``/``box_open``,
 one Python call each; never OpenSSL's AEAD)."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class _Count:
         sys.setprofile(None)
 
 
-_BOX_CIPHER = ("_box_seal", "_box_open")
+_BOX_CIPHER = ("box_seal", "box_open")
 
 
 def _jobs(driver: Sealer, n: int, first: int = 0) -> list[tuple[Exec, Done]]:
@@ -90,7 +90,7 @@ def test_a_rank_without_inputs_costs_neither_side_a_cipher_call() -> None:
 # strings were written out in WorkerSeal; 3.05 once a known stream's next sealed None was
 # opened and admitted in open_exec itself (634fe27 called Sealer.open_box and
 # ReplayGuard.admit for it); 4.05 once the answer's box was sealed by keyed BLAKE2b
-# (_box_seal, a Python function, where AES-GCM's encrypt was a C call)
+# (box_seal, a Python function, where AES-GCM's encrypt was a C call)
 _WORKER_CALLS = 4.5
 
 
@@ -114,8 +114,8 @@ def test_the_workers_sealing_per_trivial_job_one_cipher_call_and_bounded_python_
         assert type(out) is Done
         context = done_context("s", exec_.job, 0)
         assert driver.open(out.values[0], context, sender="node:n0") == ("node:n0", 1)
-    assert count.cipher.keys() <= {"_box_seal"}  # main opened every None with a cipher
-    assert count.cipher["_box_seal"] <= 20
+    assert count.cipher.keys() <= {"box_seal"}  # main opened every None with a cipher
+    assert count.cipher["box_seal"] <= 20
     # no record built: the Exec that opened is the broker's and the Done the job's, each
     # with a field replaced (main, f226f8d, built a new one of each per job)
     assert count.built == 0
@@ -168,7 +168,7 @@ def test_a_known_streams_next_sealed_none_opens_in_one_call_and_one_lookup() -> 
 # (len) and read back by sealed_scalars (dict.get), and the answer's context written in
 # full for its associated data (str.encode of all of it, then a concatenation); 16 under
 # AES-GCM (one encrypt call), 23 with the answer's box sealed by keyed BLAKE2b (in
-# _box_seal: the pad's and the tag's copy, update and digest, the tag input's join, len)
+# box_seal: the pad's and the tag's copy, update and digest, the tag input's join, len)
 _INLINE_C_CALLS = 23
 
 
@@ -195,7 +195,7 @@ def test_an_answer_sealed_inline_leaves_no_recipient_booked_and_others_keep_thei
         assert sealed is not None
         assert driver.open(sealed[0], done_context("s", exec_.job, 0)) == ("node:n0", 1)
     assert worker._opened == booked  # none of the 20 booked
-    # open_exec, sealed_scalars, Sealer.seal_scalars, _box_seal
+    # open_exec, sealed_scalars, Sealer.seal_scalars, box_seal
     assert count.python / 20 == 4
     assert "AESGCM.encrypt" not in count.c
     assert count.c.pop("list.append") == 20  # the test's own
@@ -282,7 +282,7 @@ def _driver_and_nodes() -> tuple[DriverSeal, list[WorkerSeal]]:
 # sealed bindings packed into the call site's header parts as plaintext's are (no Exec
 # record to seal in and encode: DriverSeal.sealed and pack_bindings, as JobSite does); 4.05
 # with the answer opened by its session's opener (mpl.wire.result_open) in one call; 6.05
-# with each rank's box opened by keyed BLAKE2b (_box_open, a Python function, where
+# with each rank's box opened by keyed BLAKE2b (box_open, a Python function, where
 # AES-GCM's decrypt was a C call)
 _DRIVER_CALLS_2P = 6.5
 
@@ -331,7 +331,7 @@ def test_the_drivers_sealing_per_trivial_2p_job_bounded_python_calls() -> None:
     sealed = Exec("s", msg.job, "d", (0, 1), boxes, (0,), 5.0)
     assert [MAGIC_FRAME, header] == encode(sealed)
     assert all(values == {0: {0: 7, 1: 8}} for values in opened)
-    assert count.cipher == {"_box_open": 2 * n}  # the results alone
+    assert count.cipher == {"box_open": 2 * n}  # the results alone
     # no record built: the Exec comes back with a field replaced, the JobResult's values
     # are opened from its fields (main f226f8d built a new one of each per job)
     assert count.built == 0
@@ -386,7 +386,7 @@ class _Calls:
 # encoded, 2 dict.items, per rank len, the epoch's dict.get, decrypt, the one-byte value's
 # dict.get); now 1 (its session's opener, found by the caller) and 10 (the epoch is known
 # per rank by its head: no bytes key hashed, no dict.get); then 3 and 26 with each rank's
-# box opened by keyed BLAKE2b (_box_open per rank, a Python function, where AES-GCM's
+# box opened by keyed BLAKE2b (box_open per rank, a Python function, where AES-GCM's
 # decrypt was one C call: in it len, the tag's copy, join, update, digest and
 # compare_digest, the pad's copy, update and digest)
 _OPEN_PYTHON_CALLS = 3
@@ -482,7 +482,7 @@ def test_a_call_sites_sealed_result_is_opened_from_its_fields_with_no_record_bui
             for _ in range(n):
                 results.append(job())
         assert [mp.fetch(r) for r in results] == [[1, 1]] * n
-        assert count.cipher == {"_box_open": 2 * n}  # both ranks' results opened
+        assert count.cipher == {"box_open": 2 * n}  # both ranks' results opened
         assert count.built == n  # the output's Value: no Exec record, no JobResult
         ctx.close()
 

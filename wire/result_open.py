@@ -30,10 +30,10 @@ from mpl.wire.seal import (
     _NONCE,
     _TAG,
     Sealer,
-    _box_open,
     _box_value,
     _failed,
 )
+from mpl.wire.seal_box import box_open
 from mpl.wire.seal_contexts import done_context
 from mpl.wire.seal_payload import NOT_ONE_BYTE, RAW_ONE_BYTE
 
@@ -93,7 +93,7 @@ def result_opener(
                     known = False
                 if known:
                     try:
-                        header = _box_open(keys, box[nonce], box[ciphertext], aad)
+                        header = box_open(keys, box[nonce], box[ciphertext], aad)
                     except InvalidTag:
                         raise _failed(who, f"{prefix}{job}|{index}") from None
                     value = one_byte(header, NOT_ONE_BYTE)  # None, bools, small ints

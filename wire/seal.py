@@ -35,7 +35,7 @@ authenticated for its one recipient:
   direction's key. A recipient keeps the ciphers of the epochs that opened for it (bounded;
   an epoch enters only once a box of it has authenticated). Larger payloads, and programs,
   stay ``Sealed`` records. A box of at most 64 bytes of plaintext (every trivial job's
-  answer) is sealed by keyed BLAKE2b, encrypt-then-MAC (:func:`_box_seal` gives the
+  answer) is sealed by keyed BLAKE2b, encrypt-then-MAC (``mpl.wire.seal_box`` gives the
   construction and why it is sound), a larger one by AES-256-GCM (``cryptography``'s
   ``AESGCM``), each under its own keys of the epoch; the plaintext's length (authenticated
   either way) says which. BLAKE2b costs more instructions per box than AES-GCM (about 16k
@@ -93,7 +93,7 @@ from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from zmq.utils import z85
@@ -103,6 +103,7 @@ from mpl.wire.curve import Curve
 from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.identity import driver_identity, node_identity
 from mpl.wire.replay import epoch_start, epoch_time
+from mpl.wire.seal_box import BoxKeys, box_open, box_seal, epoch_keys
 from mpl.wire.seal_contexts import (
     ExecTails,
     done_context,
@@ -128,7 +129,6 @@ from mpl.wire.sealed import BOX_MAGIC, Sealed
 __all__ = [
     "CHUNK",
     "COMPACT_MAX",
-    "BoxKeys",
     "ExecTails",
     "Sealed",
     "Sealer",
@@ -148,19 +148,7 @@ _INFO = b"mpl-seal/1"
 # message header as bytes (never as a buffer frame, which would arrive as another type).
 COMPACT_MAX = ZERO_COPY_BYTES // 2
 _NONCE = 12
-# Each epoch's keys, apart from per-payload keys and from each other; the "/3" is the box
-# format's version (BOX_MAGIC's last byte): a box of another format meets other keys
-_EPOCH_PERSON = b"mpl-box-epoch/3"  # AES-256-GCM, for a box of more than _ETM_MAX bytes
-_PAD_PERSON = b"mpl-box-pad/3"  # the keystream of a box of at most _ETM_MAX bytes
-_MAC_PERSON = b"mpl-box-mac/3"  # that box's tag
-_MARK_PERSON = b"mpl-box-mark/3"  # a sealed None's tag
 _EPOCHS_KEPT = 1024  # ciphers of other processes' epochs a recipient keeps
-# a box of at most this many plaintext bytes (one keyed BLAKE2b output: a small scalar, a
-# short codec header) is sealed by keyed BLAKE2b, encrypt-then-MAC (_box_seal), any larger
-# by AES-256-GCM
-_ETM_MAX = 64
-_ONE_BYTE = tuple(bytes([n]) for n in range(256))
-_LENGTHS = _ONE_BYTE[: _ETM_MAX + 1]  # a plaintext's length, as its tag's input holds it
 _BOX_START = len(BOX_MAGIC) + 1  # where a box's sender identity starts
 _BOX_HEAD = _BOX_START + _SALT  # a box's head (magic, sender, epoch) but for the identity
 _BOX_TRAILER = _NONCE + _TAG  # the least a box holds after its head
@@ -179,9 +167,6 @@ def _forget_epochs_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_epochs_in_child)
 
 
-# an epoch's box ciphers (_box_seal): keystream and tag hashes (keyed BLAKE2b, set up
-# once: each use copies one), and AES-256-GCM for larger boxes
-BoxKeys = tuple[hashlib.blake2b, hashlib.blake2b, AESGCM]
 # an epoch a process seals under: box head, box ciphers, None's keyed tag hash, box counter
 _Epoch = tuple[bytes, BoxKeys, hashlib.blake2b, "itertools.count[int]"]
 
@@ -287,7 +272,7 @@ class Sealer:
                 head, keys, _, counter = self._sending.get(to) or self._new_epoch(to)
                 nonce = _box_nonce(next(counter))
                 aad = context.encode() + _COMPACT_AAD
-                return b"".join((head, nonce, _box_seal(keys, nonce, plain, aad)))
+                return b"".join((head, nonce, box_seal(keys, nonce, plain, aad)))
         else:
             frames = scalar_frames(value) or encode(Payload(value), safe=safe)
         # numbered as boxes are (a worker refuses an Exec's bindings run before by number):
@@ -327,7 +312,7 @@ class Sealer:
             aad = start + (
                 _INDEX_AADS[index] if 0 <= index < _INDEXES else f"{index}".encode() + _COMPACT_AAD
             )
-            out[index] = b"".join((head, nonce, _box_seal(keys, nonce, plain, aad)))
+            out[index] = b"".join((head, nonce, box_seal(keys, nonce, plain, aad)))
         return out
 
     def seal_nones(
@@ -498,9 +483,7 @@ class Sealer:
             header = None
         else:
             try:
-                header = _box_open(
-                    keys, nonce, box[end + _NONCE :], context.encode() + _COMPACT_AAD
-                )
+                header = box_open(keys, nonce, box[end + _NONCE :], context.encode() + _COMPACT_AAD)
             except InvalidTag:
                 raise _failed(who, context) from None
         if known is None:  # kept only once authenticated: forged epochs cannot flush it
@@ -557,23 +540,8 @@ class Sealer:
         self, peer: str, epoch: bytes, sender: str, recipient: str
     ) -> tuple[BoxKeys, hashlib.blake2b]:
         """The ciphers of one sealing process's epoch for one direction (its compact
-        boxes', :func:`_box_seal`), and the keyed hash of its sealed Nones' tags: four
-        keys, each keyed BLAKE2b (a PRF) of the epoch under the direction's key, told apart
-        by their personalisation."""
-        pair = self._pair_key(peer, sender, recipient)
-
-        def key(person: bytes) -> bytes:
-            return hashlib.blake2b(epoch, key=pair, digest_size=32, person=person).digest()
-
-        # the keyed hashes set up once per epoch: each use copies one and feeds its own
-        # bytes (CPython's BLAKE2b buffers the key block until the digest, so a tag still
-        # takes two compressions: the copy saves the key's setup, not a compression)
-        keys = (
-            hashlib.blake2b(key=key(_PAD_PERSON), digest_size=_ETM_MAX),
-            hashlib.blake2b(key=key(_MAC_PERSON), digest_size=_TAG),
-            AESGCM(key(_EPOCH_PERSON)),
-        )
-        return keys, hashlib.blake2b(key=key(_MARK_PERSON), digest_size=_TAG)
+        boxes', ``mpl.wire.seal_box``), and the keyed hash of its sealed Nones' tags."""
+        return epoch_keys(self._pair_key(peer, sender, recipient), epoch)
 
     def _aead(
         self, peer: str, salt: bytes, sender: str, recipient: str, context: str
@@ -609,66 +577,6 @@ _COMPACT_AAD = b"|0" + _layout(1, []) + BOX_MAGIC
 # the end of an answer's associated data after its prefix, by output index (the commonest)
 _INDEXES = 16
 _INDEX_AADS = tuple(f"{index}".encode() + _COMPACT_AAD for index in range(_INDEXES))
-
-
-def _box_seal(keys: BoxKeys, nonce: bytes, plain: bytes, aad: bytes) -> bytes:
-    """A compact box's ciphertext and tag: of ``plain`` (1 to COMPACT_MAX bytes) under an
-    epoch's ``keys``, with ``nonce`` (the epoch's counter: never twice under one epoch) and
-    associated data ``aad`` (the context, then ``_COMPACT_AAD``, which ends with the box
-    format's magic).
-
-    A plaintext of at most ``_ETM_MAX`` bytes (a trivial job's answer: one byte) is sealed
-    by keyed BLAKE2b, encrypt-then-MAC, in CPython's own hashlib: the ciphertext is the
-    plaintext XOR the first bytes of a pad, keyed BLAKE2b-512 of the nonce under the
-    epoch's pad key (a PRF used once per nonce: a one-time pad, as a stream cipher's
-    counter mode); the tag is keyed BLAKE2b-128, under the epoch's separate MAC key, of the
-    nonce, the ciphertext's length (one byte, so the split between ciphertext and
-    associated data is fixed), the ciphertext and the associated data. Encrypt-then-MAC
-    with a PRF keystream and a PRF tag under independent keys is an authenticated
-    encryption as strong as its PRF; the recipient checks the tag (in constant time) before
-    it makes the pad. Why not AES-GCM for these: on a busy machine each call runs on
-    caches other processes evicted, and OpenSSL's AEAD path touches much more code than
-    BLAKE2b, which every job runs anyway (a sealed None's tag): measured with caches
-    disturbed between calls, a small box's seal and open cost about half the time under
-    BLAKE2b. A larger plaintext is sealed by AES-256-GCM under the epoch's third key (its
-    many blocks cost less there); the length of the ciphertext, authenticated by either,
-    says which."""
-    size = len(plain)
-    if size > _ETM_MAX:
-        return keys[2].encrypt(nonce, plain, aad)
-    pad = keys[0].copy()
-    pad.update(nonce)
-    stream = pad.digest()
-    if size == 1:  # the commonest (a small int, a bool): a table, no int built
-        hidden = _ONE_BYTE[plain[0] ^ stream[0]]
-    else:
-        hidden = (int.from_bytes(plain) ^ int.from_bytes(stream[:size])).to_bytes(size)
-    tag = keys[1].copy()
-    tag.update(b"".join((nonce, _LENGTHS[size], hidden, aad)))
-    return hidden + tag.digest()
-
-
-def _box_open(keys: BoxKeys, nonce: bytes, sealed: bytes, aad: bytes) -> bytes:
-    """The plaintext of a compact box's ciphertext and tag (``sealed``, as
-    :func:`_box_seal` makes them, of at least one byte of plaintext); ``InvalidTag`` unless
-    it authenticates, before any pad is made."""
-    size = len(sealed) - _TAG
-    if size > _ETM_MAX:
-        opened: bytes = keys[2].decrypt(nonce, sealed, aad)
-        return opened
-    if size < 1:
-        raise InvalidTag
-    hidden = sealed[:size]
-    tag = keys[1].copy()
-    tag.update(b"".join((nonce, _LENGTHS[size], hidden, aad)))
-    if not hmac.compare_digest(sealed[size:], tag.digest()):
-        raise InvalidTag
-    pad = keys[0].copy()
-    pad.update(nonce)
-    stream = pad.digest()
-    if size == 1:
-        return _ONE_BYTE[hidden[0] ^ stream[0]]
-    return (int.from_bytes(hidden) ^ int.from_bytes(stream[:size])).to_bytes(size)
 
 
 def _failed(who: str, context: str) -> AuthenticationError:
