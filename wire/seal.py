@@ -41,9 +41,9 @@ authenticated for its one recipient:
   either way) says which. BLAKE2b costs more instructions per box than AES-GCM (about 16k
   against 7k per seal or open), but on a busy machine each call runs on caches other
   processes evicted, and OpenSSL's AEAD path touches far more code than the BLAKE2b every
-  job runs anyway (a sealed None's tag): secure trivial jobs ran about 11 % (one pcall on
-  P0) and 5 % (a pcall on both ranks) faster by p50, A/B against AES-GCM boxes. A counter
-  nonce under keys per epoch never repeats, which both need.
+  job runs anyway (a sealed None's tag): by p50, A/B against AES-GCM boxes, secure trivial
+  jobs took 0.79-0.96 x (one pcall on P0) and 0.84-1.06 x (a pcall on both ranks). A
+  counter nonce under keys per epoch never repeats, which both need.
 * **Versioned.** A box's format (the last byte of its magic) is authenticated: the magic
   ends every box's associated data, and every key of an epoch is derived under a
   personalisation naming the format, so a box of an earlier format (or one whose magic was
