@@ -42,7 +42,7 @@ authenticated for its one recipient:
   against 7k per seal or open), but on a busy machine each call runs on caches other
   processes evicted, and OpenSSL's AEAD path touches far more code than the BLAKE2b every
   job runs anyway (a sealed None's tag): by p50, A/B against AES-GCM boxes, secure trivial
-  jobs took 0.79-0.96 x (one pcall on P0) and 0.84-1.06 x (a pcall on both ranks). A
+  jobs took 0.79-1.0 x (one pcall on P0) and 0.84-1.06 x (a pcall on both ranks). A
   counter nonce under keys per epoch never repeats, which both need.
 * **Versioned.** A box's format (the last byte of its magic) is authenticated: the magic
   ends every box's associated data, and every key of an epoch is derived under a
