@@ -33,6 +33,7 @@ from mpl.wire.seal import (
     _box_value,
     _failed,
 )
+from mpl.wire.seal_box import box_open
 from mpl.wire.seal_contexts import done_context
 from mpl.wire.seal_payload import NOT_ONE_BYTE, RAW_ONE_BYTE
 
@@ -69,7 +70,7 @@ def result_opener(
     receiving = sealer._receiving  # the ciphers of epochs that authenticated (open_box)
     open_any = sealer.open
     one_byte = RAW_ONE_BYTE.get
-    # rank -> (where its head is, the head, cipher, sender, where its nonce is, where its
+    # rank -> (where its head is, the head, box ciphers, sender, where its nonce is, where its
     # ciphertext is, the least size of a box holding one) of the epoch its node's last box
     # opened under, once authenticated: a box with that head is that epoch's (one per rank:
     # bounded)
@@ -81,7 +82,7 @@ def result_opener(
             aad = f"{prefix}{job}{tail}".encode()
             for rank, box in per_rank.items():
                 try:  # the epoch its rank's node's last box opened under, from that node
-                    cut, head, aead, who, nonce, ciphertext, least = heads[rank]
+                    cut, head, keys, who, nonce, ciphertext, least = heads[rank]
                     known = (
                         type(box) is bytes
                         and len(box) >= least  # a ciphertext, not a None's tag alone
@@ -92,7 +93,7 @@ def result_opener(
                     known = False
                 if known:
                     try:
-                        header = aead.decrypt(box[nonce], box[ciphertext], aad)
+                        header = box_open(keys, box[nonce], box[ciphertext], aad)
                     except InvalidTag:
                         raise _failed(who, f"{prefix}{job}|{index}") from None
                     value = one_byte(header, NOT_ONE_BYTE)  # None, bools, small ints

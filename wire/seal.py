@@ -34,10 +34,20 @@ authenticated for its one recipient:
   the same, and one claiming another sender or meant for another recipient meets another
   direction's key. A recipient keeps the ciphers of the epochs that opened for it (bounded;
   an epoch enters only once a box of it has authenticated). Larger payloads, and programs,
-  stay ``Sealed`` records. The cipher is AES-256-GCM (``cryptography``'s ``AESGCM``): for a
-  small box it costs about 1.5k instructions less per call than ChaCha20-Poly1305 (the
-  cipher work itself: the call's set-up is the same), on the sealing and the opening side
-  (a counter nonce under a key per epoch never repeats, which GCM needs as much).
+  stay ``Sealed`` records. A box of at most 64 bytes of plaintext (every trivial job's
+  answer) is sealed by keyed BLAKE2b, encrypt-then-MAC (``mpl.wire.seal_box`` gives the
+  construction and why it is sound), a larger one by AES-256-GCM (``cryptography``'s
+  ``AESGCM``), each under its own keys of the epoch; the plaintext's length (authenticated
+  either way) says which. BLAKE2b costs more instructions per box than AES-GCM (about 16k
+  against 7k per seal or open), but on a busy machine each call runs on caches other
+  processes evicted, and OpenSSL's AEAD path touches far more code than the BLAKE2b every
+  job runs anyway (a sealed None's tag): by p50, A/B against AES-GCM boxes, secure trivial
+  jobs took 0.79-1.0 x (one pcall on P0) and 0.84-1.06 x (a pcall on both ranks). A
+  counter nonce under keys per epoch never repeats, which both need.
+* **Versioned.** A box's format (the last byte of its magic) is authenticated: the magic
+  ends every box's associated data, and every key of an epoch is derived under a
+  personalisation naming the format, so a box of an earlier format (or one whose magic was
+  rewritten) meets other keys and fails its tag.
 * **Few bytes.** A box is three bytes of magic (its format's version last), the sender's
   name, the epoch, the nonce and the ciphertext; a small scalar's plaintext is its msgpack
   bytes alone (``mpl.wire.seal_payload.raw_scalar``: one byte for a small int), anything
@@ -83,7 +93,7 @@ from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from zmq.utils import z85
@@ -93,6 +103,7 @@ from mpl.wire.curve import Curve
 from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.identity import driver_identity, node_identity
 from mpl.wire.replay import epoch_start, epoch_time
+from mpl.wire.seal_box import BoxKeys, box_open, box_seal, epoch_keys
 from mpl.wire.seal_contexts import (
     ExecTails,
     done_context,
@@ -137,9 +148,7 @@ _INFO = b"mpl-seal/1"
 # message header as bytes (never as a buffer frame, which would arrive as another type).
 COMPACT_MAX = ZERO_COPY_BYTES // 2
 _NONCE = 12
-_EPOCH_PERSON = b"mpl-box-epoch/1"  # keeps epoch keys apart from per-payload keys
 _EPOCHS_KEPT = 1024  # ciphers of other processes' epochs a recipient keeps
-_MARK_PERSON = b"mpl-box-mark/1"  # keeps a None's tag key apart from the epoch's cipher key
 _BOX_START = len(BOX_MAGIC) + 1  # where a box's sender identity starts
 _BOX_HEAD = _BOX_START + _SALT  # a box's head (magic, sender, epoch) but for the identity
 _BOX_TRAILER = _NONCE + _TAG  # the least a box holds after its head
@@ -158,8 +167,8 @@ def _forget_epochs_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_epochs_in_child)
 
 
-# an epoch a process seals under: box head, cipher, None's keyed tag hash, box counter
-_Epoch = tuple[bytes, AESGCM, hashlib.blake2b, "itertools.count[int]"]
+# an epoch a process seals under: box head, box ciphers, None's keyed tag hash, box counter
+_Epoch = tuple[bytes, BoxKeys, hashlib.blake2b, "itertools.count[int]"]
 
 
 def _pieces(size: int) -> int:
@@ -207,7 +216,7 @@ class Sealer:
         # a box's head (magic, sender, epoch) -> (sender, cipher, tag hash), oldest
         # first; a plain dict: a driver opens on its pump thread and its caller's thread at
         # once, and each dict operation is atomic
-        self._receiving: dict[bytes, tuple[str, AESGCM, hashlib.blake2b]] = {}
+        self._receiving: dict[bytes, tuple[str, BoxKeys, hashlib.blake2b]] = {}
         _SEALERS.add(self)
 
     @classmethod
@@ -260,10 +269,10 @@ class Sealer:
                 if len(frames) == 2 and len(frames[1]) < COMPACT_MAX:
                     plain = frames[1]
             if plain is not None:
-                head, aead, _, counter = self._sending.get(to) or self._new_epoch(to)
+                head, keys, _, counter = self._sending.get(to) or self._new_epoch(to)
                 nonce = _box_nonce(next(counter))
                 aad = context.encode() + _COMPACT_AAD
-                return b"".join((head, nonce, aead.encrypt(nonce, plain, aad)))
+                return b"".join((head, nonce, box_seal(keys, nonce, plain, aad)))
         else:
             frames = scalar_frames(value) or encode(Payload(value), safe=safe)
         # numbered as boxes are (a worker refuses an Exec's bindings run before by number):
@@ -281,7 +290,7 @@ class Sealer:
         may have been made and dropped, their numbers never reused)."""
         if self._box_head is None:  # records only
             return None
-        head, aead, mark, counter = self._sending.get(to) or self._new_epoch(to)
+        head, keys, mark, counter = self._sending.get(to) or self._new_epoch(to)
         start = prefix.encode()  # the contexts' common part, encoded once
         out: dict[int, bytes] = {}
         for index, value in values.items():
@@ -303,7 +312,7 @@ class Sealer:
             aad = start + (
                 _INDEX_AADS[index] if 0 <= index < _INDEXES else f"{index}".encode() + _COMPACT_AAD
             )
-            out[index] = b"".join((head, nonce, aead.encrypt(nonce, plain, aad)))
+            out[index] = b"".join((head, nonce, box_seal(keys, nonce, plain, aad)))
         return out
 
     def seal_nones(
@@ -332,9 +341,9 @@ class Sealer:
     def _new_epoch(self, to: str) -> _Epoch:
         # its first half the clock, above the recipient's floor (mpl.wire.replay)
         epoch = epoch_start(self.floors.get(to, -1)) + os.urandom(_SALT // 2)
-        aead, mark = self._epoch_keys(to, epoch, self.identity, to)
+        keys, mark = self._epoch_keys(to, epoch, self.identity, to)
         head = (self._box_head or b"") + epoch  # no boxes without a box head: records only
-        sending = self._sending[to] = (head, aead, mark, itertools.count())
+        sending = self._sending[to] = (head, keys, mark, itertools.count())
         return sending
 
     def stream(self, to: str) -> bytes | None:
@@ -453,7 +462,7 @@ class Sealer:
         head = box[:end]
         known = self._receiving.get(head)
         if known is not None:
-            who, aead, mark = known
+            who, keys, mark = known
             if sender and who != sender:
                 raise AuthenticationError(f"a payload from {sender} claims to be sealed by {who}")
         else:
@@ -464,7 +473,7 @@ class Sealer:
             except UnicodeDecodeError:
                 raise AuthenticationError("malformed sealed payload") from None
             self._check_sender(who, sender)
-            aead, mark = self._epoch_keys(who, head[end - _SALT :], who, self.identity)
+            keys, mark = self._epoch_keys(who, head[end - _SALT :], who, self.identity)
         nonce = box[end : end + _NONCE]
         if size == end + _BOX_TRAILER:  # no ciphertext: a sealed None's tag alone
             tagger = mark.copy()  # as seal() makes it: keyed BLAKE2b over nonce and context
@@ -474,7 +483,7 @@ class Sealer:
             header = None
         else:
             try:
-                header = aead.decrypt(nonce, box[end + _NONCE :], context.encode() + _COMPACT_AAD)
+                header = box_open(keys, nonce, box[end + _NONCE :], context.encode() + _COMPACT_AAD)
             except InvalidTag:
                 raise _failed(who, context) from None
         if known is None:  # kept only once authenticated: forged epochs cannot flush it
@@ -485,7 +494,7 @@ class Sealer:
                     oldest = None
                 if oldest is not None:
                     self._receiving.pop(oldest, None)
-            self._receiving[head] = (who, aead, mark)
+            self._receiving[head] = (who, keys, mark)
         if header is None:
             return who, None
         value = RAW_ONE_BYTE.get(header, NOT_ONE_BYTE)  # None, bools, small ints
@@ -493,8 +502,8 @@ class Sealer:
             return who, value
         return who, _box_value(who, header, safe, unpickle)
 
-    def opened_epoch(self, head: bytes) -> tuple[str, AESGCM, hashlib.blake2b] | None:
-        """``(sender, cipher, None's tag hash)`` of a box head (magic, sender, epoch) whose
+    def opened_epoch(self, head: bytes) -> tuple[str, BoxKeys, hashlib.blake2b] | None:
+        """``(sender, box ciphers, None's tag hash)`` of a box head (magic, sender, epoch) whose
         box has authenticated here (:meth:`open_box` keeps them), or None: for a hot path
         that checks a sealed None's tag itself, as :meth:`open_box` does."""
         return self._receiving.get(head)
@@ -529,16 +538,10 @@ class Sealer:
 
     def _epoch_keys(
         self, peer: str, epoch: bytes, sender: str, recipient: str
-    ) -> tuple[AESGCM, hashlib.blake2b]:
-        """The cipher of one sealing process's epoch for one direction (its compact boxes'),
-        and the keyed hash of its sealed Nones' tags."""
-        pair = self._pair_key(peer, sender, recipient)
-        key = hashlib.blake2b(epoch, key=pair, digest_size=32, person=_EPOCH_PERSON).digest()
-        mark = hashlib.blake2b(epoch, key=pair, digest_size=32, person=_MARK_PERSON).digest()
-        # the tag's keyed hash, set up once per epoch: each tag copies it and feeds its own
-        # bytes (CPython's BLAKE2b buffers the key block until the digest, so a tag still
-        # takes two compressions: the copy saves the key's setup, not a compression)
-        return AESGCM(key), hashlib.blake2b(key=mark, digest_size=_TAG)
+    ) -> tuple[BoxKeys, hashlib.blake2b]:
+        """The ciphers of one sealing process's epoch for one direction (its compact
+        boxes', ``mpl.wire.seal_box``), and the keyed hash of its sealed Nones' tags."""
+        return epoch_keys(self._pair_key(peer, sender, recipient), epoch)
 
     def _aead(
         self, peer: str, salt: bytes, sender: str, recipient: str, context: str
@@ -569,7 +572,8 @@ def _layout(total: int, sizes: list[int]) -> bytes:
 
 # A compact box holds a payload with no buffers: its header is piece 0 of a one-piece
 # layout, as in a ``Sealed`` with no buffers (after the context, in the associated data).
-_COMPACT_AAD = b"|0" + _layout(1, [])
+# Its format's magic ends it: a box is authenticated as of its format.
+_COMPACT_AAD = b"|0" + _layout(1, []) + BOX_MAGIC
 # the end of an answer's associated data after its prefix, by output index (the commonest)
 _INDEXES = 16
 _INDEX_AADS = tuple(f"{index}".encode() + _COMPACT_AAD for index in range(_INDEXES))

@@ -20,8 +20,11 @@ __all__ = ["BOX_MAGIC", "Sealed", "is_sealed"]
 # plaintext (a small scalar's msgpack bytes, or the codec header) with its 16-byte tag (or,
 # for a sealed None, a 16-byte tag alone). Three bytes of magic, the last the box format's
 # version: every byte of a box is paid for again by CurveZMQ at both ends of every hop. The
-# first format (magic b"mpl-box\x01", a scalar inside the codec's record) is refused.
-BOX_MAGIC = b"MB\x02"
+# version is authenticated (in every box's associated data and every key's derivation), and
+# earlier formats are refused: the first (magic b"mpl-box\x01", a scalar inside the codec's
+# record) and the second (b"MB\x02", every box under AES-256-GCM, its magic not
+# authenticated; the third seals a box of at most 64 bytes by keyed BLAKE2b: mpl.wire.seal).
+BOX_MAGIC = b"MB\x03"
 
 
 @dataclass(eq=False, repr=False)
