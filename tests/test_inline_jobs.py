@@ -7,11 +7,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import pytest
 from helpers import nap_then_thread, thread_name, wait_until
 
 import mpl.driver as mp
 from mpl.driver.launcher import ProcessCluster
+from mpl.worker.cli import main as worker_main
 
 _GENEROUS_S = 10.0  # the tests decide by behaviour, not by how fast this machine is today
 
@@ -101,3 +103,15 @@ def test_the_inline_threshold_can_be_pinned_on_the_command_line(tmp_path: Path) 
     assert all(name.startswith("mpl-job") for name in names["P0"])
     assert names["P1"][0].startswith("mpl-job")  # first run: on the pool, measured
     assert names["P1"][1:] == ["MainThread"] * 3  # mpl-worker's I/O thread
+
+
+@pytest.mark.parametrize("pin", ["nan", "inf", "-1", "3600001"])
+def test_an_inline_threshold_that_is_no_duration_is_refused(pin: str) -> None:
+    """``--inline-ms`` must be a duration: NaN compares false with every run's time (no
+    run would ever go inline, silently), infinity would keep a program inline however long
+    it ran; both are refused when the command line is read, as are a negative one and one
+    above an hour. Only parsed here (no worker starts, whatever the outcome)."""
+    args = ["--broker", "tcp://127.0.0.1:1", "--rank", "0", "--inline-ms", pin]
+    with pytest.raises(click.BadParameter) as refused:
+        worker_main.make_context("mpl-worker", args)
+    assert "--inline-ms" in refused.value.format_message() + str(refused.value.param_hint)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,16 @@ def _port_option(flag: str, carries: str) -> Callable[[F], F]:
         type=click.IntRange(0, 65535),
         help=f"TCP port for {carries} (0: any free port). Open it to the other workers.",
     )
+
+
+_HOUR_MS = 3_600_000.0
+
+
+def _a_number(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """NaN passes a range check (it compares false with both ends): refuse it here."""
+    if value is not None and math.isnan(value):
+        raise click.BadParameter("must be a number of milliseconds, not nan", ctx, param)
+    return value
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -91,7 +102,8 @@ def _port_option(flag: str, carries: str) -> Callable[[F], F]:
 )
 @click.option(
     "--inline-ms",
-    type=click.FloatRange(min=0.0),
+    type=click.FloatRange(min=0.0, max=_HOUR_MS),
+    callback=_a_number,
     default=None,
     hidden=True,
     help="A program whose last run took at most this many ms runs on the I/O thread "
