@@ -1,9 +1,15 @@
-"""Review (round 16, pre-existing): a worker seals a fetch's value for whatever driver the
-Fetch's ``reply_to`` names, a field the broker forwards as written. A hostile broker whose
-operator also holds a driver key the worker's spec lists (the broker "may be run by one
-of" the parties) forges a Fetch of another driver's session naming its own driver, with a
-ticket of its choosing, and opens the reply: that session's value, sealed end to end for
-the wrong party. The worker knows which driver sealed the session's jobs; it asks nothing."""
+"""Known gap (found in review, round 16; it predates that round): a worker seals a fetch's
+value for whatever driver the Fetch's ``reply_to`` names, a field the broker forwards as
+written, and opens an Exec sealed by any driver its spec lists for any session id. Which
+drivers a session admits (its owner and those it shares it with, ``share_with``) only the
+broker knows. So a hostile broker whose operator also holds a listed driver key (the
+broker "may be run by one of" the parties) can forge a Fetch of another driver's value
+naming its own driver, or run its own sealed jobs in that session, and read the value.
+
+Binding a session to the first driver whose job opened on the worker would break shared
+sessions; the fix needs the owner's authenticated word on who shares the session (its
+sealed Execs naming them), a protocol change left for a later round. This test states the
+property, strict xfail until then."""
 
 from __future__ import annotations
 
@@ -30,8 +36,8 @@ def _sealers() -> tuple[Sealer, Sealer, Sealer]:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="review27: a fetch's reply is sealed for the reply_to the broker wrote, not for a "
-    "driver whose sealed jobs the session ran",
+    reason="known gap: a fetch's reply is sealed for the reply_to the broker wrote; the "
+    "worker does not know which drivers a session admits",
 )
 def test_a_forged_fetch_cannot_have_another_drivers_session_value_sealed_for_its_driver() -> None:
     a, b, node = _sealers()
