@@ -30,12 +30,11 @@ from mpl.wire.seal import (
     _NONCE,
     _TAG,
     Sealer,
-    _box_value,
     _failed,
 )
 from mpl.wire.seal_box import box_open
 from mpl.wire.seal_contexts import done_context
-from mpl.wire.seal_payload import NOT_ONE_BYTE, RAW_ONE_BYTE
+from mpl.wire.seal_payload import NOT_ONE_BYTE, RAW_ONE_BYTE, box_value
 
 __all__ = ["Opener", "result_opener"]
 
@@ -98,7 +97,7 @@ def result_opener(
                         raise _failed(who, f"{prefix}{job}|{index}") from None
                     value = one_byte(header, NOT_ONE_BYTE)  # None, bools, small ints
                     if value is NOT_ONE_BYTE:
-                        value = _box_value(who, header, safe, True)
+                        value = box_value(who, header, safe, True)
                     per_rank[rank] = value
                     continue
                 try:

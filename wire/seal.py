@@ -98,9 +98,9 @@ from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from zmq.utils import z85
 
-from mpl.wire.codec import MAGIC_FRAME, ZERO_COPY_BYTES, decode, encode
+from mpl.wire.codec import MAGIC_FRAME, ZERO_COPY_BYTES, encode
 from mpl.wire.curve import Curve
-from mpl.wire.errors import AuthenticationError, ProtocolError
+from mpl.wire.errors import AuthenticationError
 from mpl.wire.identity import driver_identity, node_identity
 from mpl.wire.replay import epoch_start, epoch_time
 from mpl.wire.seal_box import BoxKeys, box_open, box_seal, epoch_keys
@@ -115,13 +115,14 @@ from mpl.wire.seal_contexts import (
 )
 from mpl.wire.seal_payload import (
     NOT_ONE_BYTE,
-    ONE_BYTE_VALUES,
     RAW_FIXINT,
     RAW_ONE_BYTE,
     Payload,
+    box_value,
+    flat_size,
+    flat_view,
+    payload_value,
     raw_scalar,
-    read_raw,
-    read_scalar,
     scalar_frames,
 )
 from mpl.wire.sealed import BOX_MAGIC, Sealed
@@ -375,7 +376,7 @@ class Sealer:
         return self._record(encode(Payload(value), safe=safe), os.urandom(_SALT), to, context)
 
     def _record(self, frames: list[Any], salt: bytes, to: str, context: str) -> Sealed:
-        views = [_flat(b) for b in frames[2:]]
+        views = [flat_view(b) for b in frames[2:]]
         sizes = [v.nbytes for v in views]
         aead = self._aead(to, salt, self.identity, to, context)
         total = 1 + sum(_pieces(s) for s in sizes)
@@ -444,7 +445,7 @@ class Sealer:
                 bufs.append(out)
         except InvalidTag:
             raise _failed(who, context) from None
-        return who, _value(who, [MAGIC_FRAME, header, *bufs], safe, unpickle)
+        return who, payload_value(who, [MAGIC_FRAME, header, *bufs], safe, unpickle)
 
     def open_box(self, box: bytes, context: str, sender: str, safe: bool, unpickle: bool) -> Any:
         """:meth:`open` for a compact box: the same checks, in the same order. A hot path
@@ -500,7 +501,7 @@ class Sealer:
         value = RAW_ONE_BYTE.get(header, NOT_ONE_BYTE)  # None, bools, small ints
         if value is not NOT_ONE_BYTE:
             return who, value
-        return who, _box_value(who, header, safe, unpickle)
+        return who, box_value(who, header, safe, unpickle)
 
     def opened_epoch(self, head: bytes) -> tuple[str, BoxKeys, hashlib.blake2b] | None:
         """``(sender, box ciphers, None's tag hash)`` of a box head (magic, sender, epoch) whose
@@ -523,13 +524,13 @@ class Sealer:
         record of payloads ``sizes`` has: anything else (an array a safe decode built,
         say) is refused here, before the cipher sees it."""
         try:
-            if _flat_size(parts[0]) < _TAG:
+            if flat_size(parts[0]) < _TAG:
                 return False
             index = 1
             for size in sizes:
                 for start in range(0, max(size, 1), CHUNK):
                     want = min(CHUNK, size - start) + _TAG
-                    if _flat_size(parts[index]) != want:
+                    if flat_size(parts[index]) != want:
                         return False
                     index += 1
         except TypeError:
@@ -584,49 +585,3 @@ def _failed(who: str, context: str) -> AuthenticationError:
         f"a payload sealed by {who} failed authentication ({context.split('|')[0]}): "
         "it was altered, or replayed from another job, request or party"
     )
-
-
-def _value(who: str, frames: list[Any], safe: bool, unpickle: bool) -> Any:
-    """The value inside an authenticated payload's plaintext frames."""
-    if len(frames) == 2:
-        value = ONE_BYTE_VALUES.get(frames[1], NOT_ONE_BYTE)
-        if value is not NOT_ONE_BYTE:
-            return value
-        done, value = read_scalar(frames[1])
-        if done:
-            return value
-    try:
-        payload = decode(frames, safe=safe, unpickle=unpickle)
-    except ProtocolError as exc:
-        raise ProtocolError(f"a payload sealed by {who}: {exc}") from None
-    if not isinstance(payload, Payload):
-        raise ProtocolError(f"a payload sealed by {who} holds a {payload.TAG!r} record")
-    return payload.value
-
-
-def _box_value(who: str, plain: bytes, safe: bool, unpickle: bool) -> Any:
-    """The value in an authenticated compact box's plaintext: a raw scalar
-    (``seal_payload.raw_scalar``) or the codec's header."""
-    try:
-        done, value = read_raw(plain)
-    except ProtocolError as exc:
-        raise ProtocolError(f"a payload sealed by {who}: {exc}") from None
-    if done:
-        return value
-    return _value(who, [MAGIC_FRAME, plain], safe, unpickle)
-
-
-def _flat_size(part: Any) -> int:
-    """The size of ``part``, a flat contiguous buffer of bytes (bytes, bytearray, a received
-    frame's view); -1 for any other buffer; TypeError for what is no buffer."""
-    view = memoryview(part)
-    if view.ndim != 1 or view.format != "B" or not view.c_contiguous:
-        return -1
-    return view.nbytes
-
-
-def _flat(buf: Any) -> memoryview:
-    view = memoryview(buf)
-    if view.ndim != 1 or view.format != "B":
-        view = view.cast("B") if view.c_contiguous else memoryview(view.tobytes())
-    return view

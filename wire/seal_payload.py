@@ -11,6 +11,10 @@ one byte for a small int, not the record's 15): every byte a box carries is one 
 for CurveZMQ to encrypt and authenticate at both ends of every hop. The two forms cannot be
 taken for one another: the codec's header is a msgpack array (its lead byte 0x90-0x9f or
 0xdc-0xdd), and a raw scalar's lead byte is never one (:func:`read_raw` reads only those).
+
+Reading an authenticated plaintext back into its value (:func:`payload_value`,
+:func:`box_value`) and checking a payload's buffers (:func:`flat_size`, :func:`flat_view`)
+are here too, for ``mpl.wire.seal`` and the driver's result opener alike.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 
 import msgpack
 
-from mpl.wire.codec import MAGIC_FRAME, encode
+from mpl.wire.codec import MAGIC_FRAME, decode, encode
 from mpl.wire.errors import ProtocolError
 from mpl.wire.record import Record
 
@@ -31,6 +35,10 @@ __all__ = [
     "RAW_FIXINT",
     "RAW_ONE_BYTE",
     "Payload",
+    "box_value",
+    "flat_size",
+    "flat_view",
+    "payload_value",
     "raw_scalar",
     "read_raw",
     "read_scalar",
@@ -165,3 +173,52 @@ for _sample in (None, True, False, -32, -1, 0, 127, 128, 1 << 63, -(1 << 63), 0.
     _in_table = _sample in (None, True, False, -32, -1, 0, 127) and type(_sample) is not float
     if (_read, type(_read)) != ((_sample, type(_sample)) if _in_table else (NOT_ONE_BYTE, object)):
         raise ImportError(f"mpl.wire.seal_payload: the one-byte table misreads {_sample!r}")
+
+
+def payload_value(who: str, frames: list[Any], safe: bool, unpickle: bool) -> Any:
+    """The value inside an authenticated payload's plaintext frames (a one-byte or short
+    scalar by table, anything else through the codec, which must hold a :class:`Payload`);
+    ``who`` sealed it, for the errors."""
+    if len(frames) == 2:
+        value = ONE_BYTE_VALUES.get(frames[1], NOT_ONE_BYTE)
+        if value is not NOT_ONE_BYTE:
+            return value
+        done, value = read_scalar(frames[1])
+        if done:
+            return value
+    try:
+        payload = decode(frames, safe=safe, unpickle=unpickle)
+    except ProtocolError as exc:
+        raise ProtocolError(f"a payload sealed by {who}: {exc}") from None
+    if not isinstance(payload, Payload):
+        raise ProtocolError(f"a payload sealed by {who} holds a {payload.TAG!r} record")
+    return payload.value
+
+
+def box_value(who: str, plain: bytes, safe: bool, unpickle: bool) -> Any:
+    """The value in an authenticated compact box's plaintext: a raw scalar
+    (:func:`raw_scalar`) or the codec's header."""
+    try:
+        done, value = read_raw(plain)
+    except ProtocolError as exc:
+        raise ProtocolError(f"a payload sealed by {who}: {exc}") from None
+    if done:
+        return value
+    return payload_value(who, [MAGIC_FRAME, plain], safe, unpickle)
+
+
+def flat_size(part: Any) -> int:
+    """The size of ``part``, a flat contiguous buffer of bytes (bytes, bytearray, a received
+    frame's view); -1 for any other buffer; TypeError for what is no buffer."""
+    view = memoryview(part)
+    if view.ndim != 1 or view.format != "B" or not view.c_contiguous:
+        return -1
+    return view.nbytes
+
+
+def flat_view(buf: Any) -> memoryview:
+    """``buf`` as a flat view of bytes (a copy only for a buffer that is not contiguous)."""
+    view = memoryview(buf)
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B") if view.c_contiguous else memoryview(view.tobytes())
+    return view
