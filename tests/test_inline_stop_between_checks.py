@@ -5,8 +5,10 @@
 lock. Whatever abort is recorded before the job's run ends must be seen by the look after
 the run (``Jobs.run_now``): then the job posts no ``Done`` and its outputs are freed, as
 its ``FreeJob`` ran before they were stored. 371bb90 looks at ``aborted`` again after the
-run. w27-worker looks only if ``stops`` moved since ``begin_inline`` read it, and reads it
-after its own look at ``aborted``: an abort recorded between the two is seen by neither.
+run. This code looks again only if ``stops`` moved since ``begin_inline`` read it; it read
+it after its own look at ``aborted`` (found in review, round 16), so an abort recorded
+between the two was seen by neither: now it is read before the look, and bumped after the
+entry, so an abort recorded at any moment is seen by one of them.
 
 The peer thread's report is delivered right after ``begin_inline``'s lookup, by the
 table itself: the scheduling a GIL switch may give there, made deterministic.
@@ -30,8 +32,6 @@ from mpl.worker.state_events import MoveRefused, RunFinished
 from mpl.worker.store import ObjectStore
 
 RANK = 0
-# w27-worker's begin_inline caches its look at closed sessions behind a stop counter
-_STOP_COUNTER = hasattr(WorkerState, "stopped_inline")
 
 
 def _seven() -> int:
@@ -72,12 +72,6 @@ class _AbortedWithPeer(LRU[tuple[str, str], str]):
         return found
 
 
-@pytest.mark.xfail(
-    _STOP_COUNTER,
-    strict=True,
-    reason="w27-worker: begin_inline reads state.stops after its look at aborted; an abort "
-    "recorded between them is missed by stopped_inline: a Done posted, outputs kept",
-)
 @pytest.mark.parametrize("compiled", [True, False])
 def test_an_abort_recorded_while_a_job_begins_inline_is_seen_after_its_run(
     compiled: bool,

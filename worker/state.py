@@ -152,9 +152,11 @@ class WorkerState:
         self.spu_jobs: LRU[JobKey, bool] = LRU(_MEMORY)
         self.spu_counted: LRU[JobKey, bool] = LRU(_MEMORY)
         self.spu_failures: dict[str, int] = {}
-        # bumped before every entry made in closed, aborted or refused_code (by any thread):
-        # while it stays, what begin_inline last found of a session and program (neither
-        # closed nor refused) still holds, and no job begun since was stopped
+        # bumped after every entry made in closed, aborted or refused_code (by any thread),
+        # and read by begin_inline before it looks at them: while it stays, what
+        # begin_inline last found of a session and program (neither closed nor refused)
+        # still holds, and no job begun since was stopped (an entry made after a job's look
+        # moves it before the check after its run, which then looks again)
         self.stops = 0
         # (session, digest, stops) as begin_inline last found them clear
         self.clean: tuple[str, str, int] = ("", "", -1)
@@ -270,8 +272,8 @@ class WorkerState:
         return []
 
     def _code_refused(self, event: CodeRefused, now: float) -> list[Action]:
-        self.stops += 1
         self.refused_code[event.digest] = event.why
+        self.stops += 1  # after the entry (see __init__)
         return []
 
     # -- jobs ---------------------------------------------------------------------------
@@ -331,6 +333,7 @@ class WorkerState:
         moment later."""
         sid, digest = msg.session, msg.digest
         key = (sid, msg.job if job is None else job)
+        stops = self.stops  # first: an entry made after this moves it (stopped_inline)
         if (
             not self.quick.get(digest)
             or self.queued.get(sid)
@@ -340,7 +343,6 @@ class WorkerState:
             return None
         # closed and refused_code (LRUs: each lookup a Python-level slot call) are looked at
         # again only once an entry was made in them since they were last found clear
-        stops = self.stops
         clean = self.clean
         if not (clean[2] == stops and clean[0] == sid and clean[1] == digest):
             if sid in self.closed or digest in self.refused_code:
@@ -418,8 +420,8 @@ class WorkerState:
         self.last_heard = now
         key = (msg.session, msg.job)
         reason = f"job {msg.job} aborted: {msg.error.message}"
-        self.stops += 1
         self.aborted[key] = reason  # also before its Exec: then its run stops at once
+        self.stops += 1  # after the entry: begin_inline reads it before its look
         return [StopWaits(key, reason), FreeJob(key), *self._spu_failed(key)]
 
     def _move_refused(self, event: MoveRefused, now: float) -> list[Action]:
@@ -473,13 +475,13 @@ class WorkerState:
     def _session_closed(self, msg: SessionClosed, now: float) -> list[Action]:
         self.last_heard = now
         sid, reason = msg.session, msg.reason
-        self.stops += 1  # once: the aborts below come in the same handling
         self.closed[sid] = reason
         actions: list[Action] = []
         for key in [k for k in self.jobs if k[0] == sid]:
             why = f"job {key[1]} aborted: {reason}"
             self.aborted[key] = why
             actions.append(StopWaits(key, why))
+        self.stops += 1  # once, after the entries (see __init__)
         self.spu_failures.pop(sid, None)
         actions.append(CloseSession(sid, reason))
         if self.queued.get(sid):  # whatever is still queued may recreate values: free again
