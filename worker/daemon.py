@@ -89,11 +89,11 @@ __all__ = ["Worker"]
 
 log = logging.getLogger("mpl.worker")
 _POLL_MS = 100  # the timers run at least this often while there is work about
-# How late the timers may run while messages stream in (their shortest period is the
-# progress report's 250 ms, then heartbeats of 1 s): each reset of the receive timeout costs
-# about 8k instructions (pyzmq works the option's type out through its enum each time), and
-# a stream resets it once per slack, so 25 ms makes that a fifth of what 5 ms made it.
-_SLACK_MS = 25
+# How late the timers may run while messages stream in. Each reset of the receive timeout
+# costs about 8k instructions and a stream resets it once per slack; 25 ms (a fifth of the
+# resets) made the 2p SPU matmul slower in two interleaved pairs (40-44 against 46-52 ms,
+# floors 42-45), so the slack stays 5 ms.
+_SLACK_MS = 5
 _raw_set = zmq.backend.Socket.set  # the compiled option setter, as setsockopt is
 _RCVTIMEO = int(zmq.RCVTIMEO)  # a plain int: no enum looked up per reset
 _JOIN_S = 2.0
