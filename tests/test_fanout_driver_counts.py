@@ -13,7 +13,7 @@ import contextlib
 import gc
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -51,6 +51,19 @@ def _closing(sim: Any) -> Iterator[None]:
         sim.close()
 
 
+def _counter(calls: Counter[str]) -> Callable[[Any, str, Any], None]:
+    """A ``sys.setprofile`` function counting into ``calls`` each Python function called (by
+    name) and each C function (``C qualname``)."""
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            calls[frame.f_code.co_name] += 1
+        elif event == "c_call":
+            calls[f"C {arg.__qualname__}"] += 1
+
+    return count
+
+
 def _calls_per_job(world: int, n: int = 40) -> tuple[float, Counter[str]]:
     sim = mp.Simulator.simple(world)
     with _closing(sim):
@@ -60,12 +73,7 @@ def _calls_per_job(world: int, n: int = 40) -> tuple[float, Counter[str]]:
             assert mp.fetch(job()) == [1] * world
         sim.flush()
         calls: Counter[str] = Counter()
-
-        def count(frame: Any, event: str, arg: Any) -> None:
-            if event == "call":
-                calls[frame.f_code.co_name] += 1
-            elif event == "c_call":
-                calls[f"C {arg.__qualname__}"] += 1
+        count = _counter(calls)
 
         results = []
         sys.setprofile(count)
@@ -106,12 +114,7 @@ def test_a_batch_of_deletes_costs_calls_per_dropped_value_not_per_rank(
         gc.collect()
         assert len(sim._released) == n
         calls: Counter[str] = Counter()
-
-        def count(frame: Any, event: str, arg: Any) -> None:
-            if event == "call":
-                calls[frame.f_code.co_name] += 1
-            elif event == "c_call":
-                calls[f"C {arg.__qualname__}"] += 1
+        count = _counter(calls)
 
         sys.setprofile(count)
         try:
