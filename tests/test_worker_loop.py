@@ -252,11 +252,12 @@ def test_an_idle_worker_sleeps_until_its_heartbeat(
         # counts per interval that actually went by (a loaded machine may sleep longer):
         # a heartbeat a second, a turn or two each, where a 100 ms timer made ten a second;
         # the SPU thread's idle poll a second, where its 10 ms poll made a hundred wake-ups.
-        # A wake-up may count twice there: once from its poll, once more waiting for the GIL
-        # that another thread holds (the I/O thread's heartbeat, on a busy machine)
+        # A wake-up may count twice or three times there: once from its poll, once more for
+        # each wait for the GIL that another thread holds (the I/O thread's heartbeat and its
+        # stats, on a busy machine: 7 was seen in 2 s); a 10 ms poll still makes ~200
         intervals = (time.monotonic() - before[2]) / 1.0
         assert io_turns <= 2 * (intervals + 1), (io_turns, intervals)
-        assert spu_wakes <= 2 * (intervals + 1), (spu_wakes, intervals)
+        assert spu_wakes <= 3 * (intervals + 1), (spu_wakes, intervals)
     finally:
         _stop(worker)
 
