@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import random
+import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -30,6 +32,33 @@ def sealer_pair(driver: str = "driver:a", node: str = "node:n0") -> tuple[Sealer
         Sealer(d[1].decode(), driver, {node: n[0].decode()}),
         Sealer(n[1].decode(), node, {driver: d[0].decode()}),
     )
+
+
+def call_counter(calls: Counter[str], c_calls: bool = True) -> Callable[[Any, str, Any], None]:
+    """A ``sys.setprofile`` function that counts into ``calls`` each Python function called
+    (by name) and, with ``c_calls``, each C function (as ``C qualname``)."""
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            calls[frame.f_code.co_name] += 1
+        elif c_calls and event == "c_call":
+            calls[f"C {arg.__qualname__}"] += 1
+
+    return count
+
+
+def run_profiled(
+    profile: Callable[[Any, str, Any], None], fn: Callable[[], Any], n: int
+) -> list[Any]:
+    """``fn()`` ``n`` times with ``profile`` as ``sys.setprofile``'s function: the results."""
+    results = []
+    sys.setprofile(profile)
+    try:
+        for _ in range(n):
+            results.append(fn())
+    finally:
+        sys.setprofile(None)
+    return results
 
 
 def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:

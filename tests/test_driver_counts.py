@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from helpers import call_counter, run_profiled
 
 import mpl.driver as mp
 from mpl.driver.values import NOT_CACHED
@@ -67,19 +68,8 @@ def test_python_calls_per_sync_trivial_job_at_the_driver(counted_ctx: Any) -> No
     for _ in range(20):  # traced, program sent, caches warm
         assert mp.fetch(job()) == [1, 1]
     calls: Counter[str] = Counter()
-
-    def count(frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            calls[frame.f_code.co_name] += 1
-
     n = 50
-    results = []
-    sys.setprofile(count)
-    try:
-        for _ in range(n):
-            results.append(mp.fetch(job()))
-    finally:
-        sys.setprofile(None)
+    results = run_profiled(call_counter(calls, c_calls=False), lambda: mp.fetch(job()), n)
     assert results == [[1, 1]] * n
     per_job = sum(calls.values()) / n
     print(f"{per_job} Python calls per job: {calls.most_common(12)}")
@@ -143,10 +133,7 @@ def test_python_calls_per_sync_eager_call_without_arguments(counted_ctx: Any) ->
     for _ in range(20):  # recorded, program sent, caches warm
         assert mp.fetch(one()) == 1
     calls: Counter[str] = Counter()
-
-    def count(frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            calls[frame.f_code.co_name] += 1
+    count = call_counter(calls, c_calls=False)
 
     n = 50
     sys.setprofile(count)
@@ -164,10 +151,7 @@ def test_an_exec_without_bindings_is_packed_without_walking_them() -> None:
     """Same bytes as encode, and no walk over the (empty) bindings."""
     msg = Exec("s" * 16, "j" * 24, "d" * 64, (0, 1), {}, (0,), 600.0)
     calls: Counter[str] = Counter()
-
-    def count(frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            calls[frame.f_code.co_name] += 1
+    count = call_counter(calls, c_calls=False)
 
     sys.setprofile(count)
     try:

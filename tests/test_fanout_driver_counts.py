@@ -13,11 +13,11 @@ import contextlib
 import gc
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import wait_until
+from helpers import call_counter, run_profiled, wait_until
 
 import mpl.driver as mp
 import mpl.driver.context as context_module
@@ -51,19 +51,6 @@ def _closing(sim: Any) -> Iterator[None]:
         sim.close()
 
 
-def _counter(calls: Counter[str]) -> Callable[[Any, str, Any], None]:
-    """A ``sys.setprofile`` function counting into ``calls`` each Python function called (by
-    name) and each C function (``C qualname``)."""
-
-    def count(frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            calls[frame.f_code.co_name] += 1
-        elif event == "c_call":
-            calls[f"C {arg.__qualname__}"] += 1
-
-    return count
-
-
 def _calls_per_job(world: int, n: int = 40) -> tuple[float, Counter[str]]:
     sim = mp.Simulator.simple(world)
     with _closing(sim):
@@ -73,15 +60,7 @@ def _calls_per_job(world: int, n: int = 40) -> tuple[float, Counter[str]]:
             assert mp.fetch(job()) == [1] * world
         sim.flush()
         calls: Counter[str] = Counter()
-        count = _counter(calls)
-
-        results = []
-        sys.setprofile(count)
-        try:
-            for _ in range(n):
-                results.append(mp.fetch(job()))
-        finally:
-            sys.setprofile(None)
+        results = run_profiled(call_counter(calls), lambda: mp.fetch(job()), n)
         assert results == [[1] * world] * n
         del calls["C setprofile"]
         return sum(calls.values()) / n, calls
@@ -114,7 +93,7 @@ def test_a_batch_of_deletes_costs_calls_per_dropped_value_not_per_rank(
         gc.collect()
         assert len(sim._released) == n
         calls: Counter[str] = Counter()
-        count = _counter(calls)
+        count = call_counter(calls)
 
         sys.setprofile(count)
         try:
