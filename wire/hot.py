@@ -72,8 +72,6 @@ _RESULT_FIELDS = pinned_fields(
 _EXEC_ITEMS = 1 + len(_EXEC_FIELDS)  # the tag, then the fields
 _DONE_ITEMS = 1 + len(_DONE_FIELDS)
 _EXEC_BINDINGS = 1 + _EXEC_FIELDS.index("bindings")  # where bindings sit (the tag is item 0)
-# what a decoded value nests in (tuples are extensions, bounded apart)
-_NESTING = frozenset({list, dict})
 # msgpack's list and map markers: fixmap, fixarray, array 16/32, map 16/32
 _CONTAINER_MARKERS = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
 # How every Done header begins: its array header, then its tag. The broker's shell sends
@@ -178,7 +176,7 @@ def _lean_header(frames: Sequence[Any]) -> bytes | None:
     return header
 
 
-_INT_ONLY, _STR_ONLY, _BYTES_ONLY = {int}, {str}, {bytes}
+_INT_ONLY, _BYTES_ONLY = {int}, {bytes}
 _new = object.__new__
 # msgpack's int formats are int64 and uint64: an int it decodes always fits the codec's
 # 64-bit range (limits.int_fits), so the lean readers need no range check on one
