@@ -124,6 +124,7 @@ _scalars = st.one_of(
     st.booleans(),
     st.floats(allow_nan=False),
     st.integers(min_value=-(1 << 70), max_value=1 << 70),
+    st.binary(max_size=300),  # a sealed scalar (secure mode): a box, some past a bin8
 )
 
 
@@ -175,3 +176,20 @@ def test_a_trivial_jobs_one_span_done_is_packed_from_its_template() -> None:
     assert template.frame("j" * 32, 1, True, "int", 0.0, 0.0, 0.0, 0.0) is None  # too long
     assert template.frame("\ud800", 1, True, "int", 0.0, 0.0, 0.0, 0.0) is None  # not UTF-8
     assert template.frame("j", 1 << 40, True, "int", 0.0, 0.0, 0.0, 0.0) is None  # an int
+
+
+def test_a_sealed_jobs_one_span_done_is_packed_from_its_template() -> None:
+    """Secure mode: the value is the scalar's compact box (bytes, about 60): joined as a
+    msgpack bin8, the encoder's bytes, up to 255 bytes; a longer one takes the fields'
+    path (2357d5f joined no bytes value: every sealed Done was packed from its fields)."""
+    template = OneSpanDone("s" * 32, 1, 0, "0 (pcall <lambda>)")
+    stats = pack_stats(3e-5, 1.7e9, [[0, "0 (pcall <lambda>)", 1.5e-6, 4.1e-6]])
+    for size in (1, 60, 255):
+        box = bytes(range(256))[:size]
+        frame = template.frame("j" * 24, box, True, "int", 3e-5, 1.7e9, 1.5e-6, 4.1e-6)
+        assert frame is not None, size
+        msg = Done("s" * 32, "j" * 24, 1, {0: box}, stats, {0: "int"})
+        assert [frame[:4], frame[4:]] == _slow(msg)
+        assert decode([frame[:4], frame[4:]], safe=True) == msg
+    assert template.frame("j", bytes(256), True, "int", 0.0, 0.0, 0.0, 0.0) is None
+    assert template.frame("j", bytearray(8), True, "int", 0.0, 0.0, 0.0, 0.0) is None

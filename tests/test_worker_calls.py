@@ -25,6 +25,7 @@ from mpl.broker.daemon import Broker
 from mpl.wire import ClusterSpec
 from mpl.wire.codec import MAGIC_FRAME
 from mpl.wire.curve import Curve
+from mpl.wire.done_pack import OneSpanDone
 from mpl.wire.hot import read_exec
 from mpl.wire.keys import load_keypair, write_keypair
 from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC, is_sealed_exec, split_own
@@ -222,8 +223,10 @@ def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
     assert calls[_BUILT] == 0
     per_job = sum(n for name, n in calls.items() if name != _BUILT) / _JOBS
     assert per_job <= _MAX_SEALED_CALLS_PER_JOB, f"{per_job:.2f} calls: {sorted(calls.items())}"
-    # its sealed value is short bytes: packed from its fields without a walk over it
-    assert calls["done_pack.py:own_done_fields"] == _JOBS and calls["done_pack.py:_plain"] == 0
+    # its sealed value is short bytes: its Done joined from the program's template, as in
+    # plaintext (2357d5f packed it from its fields: a stats blob and a header packed apart)
+    assert calls["done_pack.py:frame"] == _JOBS and calls["done_pack.py:own_done_fields"] == 0
+    assert calls["run_stats.py:pack_stats"] == 0 and calls["done_pack.py:_plain"] == 0
     # a next job whose box a hostile broker changed: read by comparison, refused by the seal
     wait_until(lambda: not worker.jobs.state.jobs, what="the last job booked")
     done = int(worker.jobs.stats()["jobs_done"])
@@ -346,12 +349,13 @@ def test_a_hostile_brokers_sealed_exec_forgeries_are_refused_and_run_nothing(
     assert int(worker.jobs.stats()["jobs_done"]) == done + 1  # the genuine one alone ran
 
 
-def test_a_sealed_quick_jobs_done_is_packed_from_its_fields_as_in_plaintext(
+def test_a_sealed_quick_jobs_done_is_joined_from_its_template_as_in_plaintext(
     secure: tuple[Broker, list[Worker], Any],
 ) -> None:
-    """Secure mode: a repeat quick job's small scalar results are sealed for the job's
-    driver in one call and its Done packed from its fields and sent as frames, as in
-    plaintext: no Done record built, posted and sealed on its way out."""
+    """Secure mode: a repeat quick job's small scalar result is sealed for the job's driver
+    in one call and its Done joined from the program's template with the box as its value
+    and sent as one frame, as in plaintext: no Done record built, posted and sealed on its
+    way out, and no stats blob nor header packed apart (2357d5f packed its fields)."""
     _, workers, _ = secure
     worker = workers[0]
     worker.jobs.inline_s = _GENEROUS_S
@@ -367,5 +371,36 @@ def test_a_sealed_quick_jobs_done_is_packed_from_its_fields_as_in_plaintext(
     )
     assert calls["sealing.py:sealed_scalars"] == _JOBS
     assert calls["sealing.py:outbound"] == 0 and calls["result_channel.py:_post"] == 0
-    assert calls["result_channel.py:_post_done_frames"] == _JOBS
+    assert calls["result_channel.py:_post_done_frame"] == _JOBS
+    assert calls["result_channel.py:_post_done_frames"] == 0
+    assert calls["done_pack.py:frame"] == _JOBS and calls["run_stats.py:pack_stats"] == 0
     assert calls["inline_jobs.py:_not_stopped"] == 0  # the state's lookups written out
+
+
+class _NoFrame(OneSpanDone):
+    """A program's Done template that joins no frame (as for a job id of 32 bytes or more):
+    what a sealed answer meets when its Done does not fit the template."""
+
+    def frame(self, *args: Any) -> bytes | None:
+        return None
+
+
+def test_a_sealed_answer_the_template_does_not_frame_goes_as_a_record_sealed_again(
+    secure: tuple[Broker, list[Worker], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Secure mode: a result sealed for the template (``sealed_scalars``) whose Done the
+    template does not join is answered by the Done record, sealed by the seal's outbound
+    for the driver it answered: every job's value still opens at the driver, none lost."""
+    _, workers, _ = secure
+    worker = workers[0]
+    worker.jobs.inline_s = _GENEROUS_S
+    monkeypatch.setattr("mpl.worker.inline_jobs.OneSpanDone", _NoFrame)
+    job = mp.device("P0")(lambda: 7)
+    for _ in range(3):
+        assert mp.fetch(job()) == 7
+    with _exec_calls(worker) as (calls, _):
+        for _ in range(_JOBS):
+            assert mp.fetch(job()) == 7
+    assert calls["sealing.py:sealed_scalars"] == _JOBS  # sealed for the template first
+    assert calls["sealing.py:outbound"] == _JOBS  # the record, sealed again
+    assert calls["result_channel.py:_post_done_frame"] == 0

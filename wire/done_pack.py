@@ -118,11 +118,16 @@ _FIXINTS = tuple(bytes([n]) for n in range(128))  # 0..127: msgpack's positive f
 _FIXSTRS = tuple(bytes([0xA0 | n]) for n in range(32))  # a str of 0..31 bytes' head
 _FLOAT = struct.Struct(">Bd").pack
 _ONE_VALUE = b"\x81\x00"  # values: a map of one, output 0
+# a bytes value of at most this many bytes (a secure job's sealed scalar: a compact box of
+# about 60) rides as a msgpack bin8, its head by table; under the codec's _INLINE_BYTES
+_BIN8_MAX = 255
+_BIN8_HEADS = tuple(bytes([0xC4, n]) for n in range(_BIN8_MAX + 1))
 
 
 class OneSpanDone:
-    """The ``Done`` frame of a plaintext inline run of one op on this rank whose one output
-    is a scalar (``int``, ``float``, ``bool`` or None): the bytes ``encode`` writes for
+    """The ``Done`` frame of an inline run of one op on this rank whose one output is a
+    scalar (``int``, ``float``, ``bool`` or None; in secure mode that scalar's compact box,
+    ``bytes`` of at most 255, as the value): the bytes ``encode`` writes for
     ``Done(session, job, rank, values, stats, {0: meta}, [])`` with the stats blob
     ``pack_stats(run_s, started, [[op, label, start, end]])`` (``mpl.wire.run_stats``),
     joined from parts packed once per (session, rank, op, label) and a few per job, with
@@ -141,8 +146,8 @@ class OneSpanDone:
         span = pack(op) + pack(label)
         # the stats blob: [run_s, started, [[op, label, start, end]], 0], its floats float64
         size = 1 + 9 + 9 + 2 + len(span) + 9 + 9 + 1
-        # the longest header it makes: a 31-byte job id, a float value, a meta of 31 bytes
-        longest = len(self._head) + 32 + len(self._rank) + 11 + 3 + size + 40
+        # the longest header it makes: a 31-byte job id, a bin8 value, a meta of 31 bytes
+        longest = len(self._head) + 32 + len(self._rank) + 4 + _BIN8_MAX + size + 40
         if size >= _INLINE_BYTES or longest > MAX_HEADER_BYTES:
             raise ValueError("a Done too long to pack from a template")
         bin_head = b"\xc4" + bytes([size]) if size < 256 else b"\xc5" + size.to_bytes(2, "big")
@@ -185,7 +190,9 @@ class OneSpanDone:
                 packed = b"\x81\x00\xc0"
             elif t is bool:
                 packed = b"\x81\x00\xc3" if value else b"\x81\x00\xc2"
-            else:  # any other int: the fields' path
+            elif t is bytes and len(value) <= _BIN8_MAX:  # a sealed value (secure mode)
+                packed = b"".join((_ONE_VALUE, _BIN8_HEADS[len(value)], value))
+            else:  # any other int, longer bytes: the fields' path
                 return None
         tail = self._tails.get(meta)
         if tail is None:

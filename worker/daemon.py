@@ -243,7 +243,7 @@ class Worker(BrokerMessages, ResultChannel):
             # an inline run's Done goes out as frames it packed itself (secure mode: its
             # values sealed first, when they are small scalars)
             post_frames=self._post_done_frames,
-            post_frame=self._post_done_frame if self.seal is None else None,
+            post_frame=self._post_done_frame,
             seal_scalars=self.seal.sealed_scalars if self.seal is not None else None,
             extensions=services,
             job_timeout_s=job_timeout_s,

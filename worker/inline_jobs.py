@@ -169,20 +169,34 @@ class InlineJobs:
             first = outputs[0] if compiled.single else ABSENT
             scalar = SCALAR_NAMES.get(type(first))
             if scalar is not None and self.post_frame is not None and compiled.only:
-                # plaintext, one op, one scalar output (most): the Done joined from parts
+                # one op, one scalar output (most): the Done joined from parts (in secure
+                # mode with the value sealed for the job's driver first: its box, bytes)
                 shape = self._one_span
                 if shape[1] is not compiled or shape[0] != sid:
                     shape = self._one_span_done(sid, compiled)
                 span = spans[0]
-                frame = (
-                    shape[2].frame(job, first, 0 in msg.inline, scalar, t1 - t0, wall, *span[2:])
-                    if shape[2] is not None
-                    else None
-                )
+                held, template, seal = 0 in msg.inline, shape[2], self.seal_scalars
+                if template is None:
+                    frame = None
+                elif seal is None:
+                    frame = template.frame(job, first, held, scalar, t1 - t0, wall, *span[2:])
+                else:  # secure mode: the value sealed for the job's driver first (a box)
+                    sealed = seal(sid, job, {0: first} if held else {})
+                    frame = (
+                        None  # not sealed: the general path below says why
+                        if sealed is None
+                        # b"": sealed, yet no frame (a long job id, say): the record below
+                        else template.frame(
+                            job, sealed.get(0), held, scalar, t1 - t0, wall, *span[2:]
+                        )
+                        or b""
+                    )
                 if frame is not None:
                     self.store.put_outputs(sid, job, outputs)
                     state = self.state  # _not_stopped, written out
-                    if state.clean[2] == state.stops or not state.stopped_inline(sid, job):
+                    if frame and (
+                        state.clean[2] == state.stops or not state.stopped_inline(sid, job)
+                    ):
                         self.post_frame(frame)
                         lock = self._lock
                         lock.acquire()
@@ -191,8 +205,10 @@ class InlineJobs:
                         finally:
                             lock.release()
                         return None
+                    # stopped meanwhile (or sealed without a frame): a record, which the
+                    # seal's outbound seals for the driver it answered (WorkerSeal)
                     metas: dict[int, str] = {0: scalar}
-                    values: dict[int, Any] = {0: first} if 0 in msg.inline else {}
+                    values: dict[int, Any] = {0: first} if held else {}
                     stats = pack_stats(t1 - t0, wall, spans)
                     return done_record(sid, job, self.rank, values, stats, metas, [])
             if scalar is not None:  # one scalar output (most): _store_outputs, written out
