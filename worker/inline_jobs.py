@@ -6,9 +6,11 @@ plan compiled once (``inline_run.py``), its outputs stored, its ``Done`` posted,
 state's bookkeeping of its end; no events or actions in between. A plaintext job comes as
 a job id the I/O thread read by comparison with the program's last ``Exec``
 (``RepeatExecs.repeat_job``), and its ``Done`` leaves as frames packed from its fields:
-no record is made on the way. So does a secure job's whose outputs are small scalars,
-sealed for the job's driver first (``WorkerSeal.sealed_scalars``). The rest of the job
-shell (events, the pool, tasks) is ``jobs.py``'s.
+no record is made on the way (a one-op run's one scalar: joined from the program's
+template, ``OneSpanDone``). So does a secure job's whose outputs are small scalars, sealed
+for the job's driver first (``WorkerSeal.sealed_scalars``; one scalar's box joined from the
+template as its value). The rest of the job shell (events, the pool, tasks) is
+``jobs.py``'s.
 """
 
 from __future__ import annotations
