@@ -132,6 +132,10 @@ class Context:
                 self.cluster = session_cluster(self.cluster, cluster)
             if client.seal is not None:  # secure mode: which rank is which node, for keys
                 client.seal.bind(self.cluster, opened.incarnations)
+                # and what its jobs tell the workers of who the session admits: the broker
+                # lets only the owner open it or set share_with
+                owns = not opened.attached or share_with is not None
+                client.seal.speak_for(self.session, owns, share_with)
         except BaseException:
             client.close_session(self.session)
             raise

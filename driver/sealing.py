@@ -29,7 +29,7 @@ from mpl.wire.cluster import ClusterSpec
 from mpl.wire.curve import Curve
 from mpl.wire.errors import AuthenticationError
 from mpl.wire.graph import Graph
-from mpl.wire.identity import node_identity
+from mpl.wire.identity import driver_identity, node_identity
 from mpl.wire.incarnation import PUBLIC_INCARNATION_CHARS
 from mpl.wire.jobs import Exec, JobResult, Program
 from mpl.wire.record import pinned_fields
@@ -45,6 +45,7 @@ from mpl.wire.seal import (
     pin_contexts,
     program_context,
 )
+from mpl.wire.session_word import worded
 
 __all__ = ["DriverSeal", "driver_seal"]
 
@@ -91,6 +92,28 @@ class DriverSeal:
         self._nones: dict[int, tuple[str, bytes]] = {}  # _targets, its ends encoded
         self._tails = ExecTails()  # what exec_context writes after the job
         self.openers: dict[str, Opener] = {}  # session -> what opens its results
+        # session -> this driver's word on who it admits, sealed into every rank's bindings
+        # of its jobs (mpl.wire.session_word): the sorted drivers admitted, where this driver
+        # owns it and shares it; None where it acts in it as another's. No entry: it owns
+        # the session and shares it with no one (no word: its jobs' sealed Nones stay so)
+        self.words: dict[str, list[str] | None] = {}
+
+    def speak_for(self, session: str, owns: bool, share_with: list[str] | None) -> None:
+        """What this driver's jobs in ``session`` say to the workers on who it admits
+        (``words``): ``owns``, when it opened the session or set its ``share_with`` (the
+        broker lets only the owner do either), with the drivers named in ``share_with``;
+        otherwise nothing but that it acts in it, where its owner's word admits it."""
+        if self.sealer is None:  # it seals no job (exec says why)
+            return
+        if not owns:
+            self.words[session] = None
+            return
+        me = self.sealer.identity
+        admits = sorted({me, *(driver_identity(name) for name in share_with or ())})
+        if admits == [me]:
+            self.words.pop(session, None)
+        else:
+            self.words[session] = admits
 
     def bind(self, layout: ClusterSpec, incarnations: dict[int, str] | None = None) -> None:
         """Learn which rank is which node from a session's layout (the broker's ranks), and
@@ -206,7 +229,11 @@ class DriverSeal:
         # its worker's incarnation
         context = f"exec|{session}|{job}{self._tails[(digest, ranks, inline, timeout_s)]}"
         sealed: dict[int, Any]
-        if not plain:  # no rank has inputs (most jobs): every rank's None in one call
+        words = self.words
+        if words and session in words:  # a shared session's: each rank's carries the word
+            admits = words[session]
+            plain = {rank: worded(plain.get(rank), admits) for rank in ranks}
+        elif not plain:  # no rank has inputs (most jobs): every rank's None in one call
             try:  # (nones, written out: a Python call less)
                 return sealer.seal_nones(self._nones, ranks, context.encode())
             except KeyError as exc:  # a rank of no node of this driver's spec
@@ -235,7 +262,8 @@ class DriverSeal:
 
     def nones(self, context: bytes, ranks: tuple[int, ...]) -> dict[int, bytes]:
         """:meth:`sealed` for a job whose ranks have no inputs (a sealed None each), its
-        context written out by the caller (:meth:`exec_around`) and encoded."""
+        context written out by the caller (:meth:`exec_around`) and encoded: only in a
+        session whose jobs carry no word (not in ``words``), so while ``words`` is empty."""
         sealer = self.sealer or self._ready()
         try:
             return sealer.seal_nones(self._nones, ranks, context)
