@@ -136,6 +136,9 @@ class Context:
                 # lets only the owner open it or set share_with
                 owns = not opened.attached or share_with is not None
                 client.seal.speak_for(self.session, owns, share_with)
+                told = client.seal.word_job(self.session, self.cluster.world_size)
+                if told is not None:  # shared: its word reaches every rank before a sharee
+                    client.submit(self.session, told, {})
         except BaseException:
             client.close_session(self.session)
             raise

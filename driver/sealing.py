@@ -28,7 +28,7 @@ from typing import Any
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.curve import Curve
 from mpl.wire.errors import AuthenticationError
-from mpl.wire.graph import Graph
+from mpl.wire.graph import Graph, GraphBuilder
 from mpl.wire.identity import driver_identity, node_identity
 from mpl.wire.incarnation import PUBLIC_INCARNATION_CHARS
 from mpl.wire.jobs import Exec, JobResult, Program
@@ -166,6 +166,18 @@ class DriverSeal:
         suffix = incarnation_suffix(incarnation)
         self._targets[rank] = (who, suffix)
         self._nones[rank] = (who, suffix.encode())
+
+    def word_job(self, session: str, world_size: int) -> Graph | None:
+        """For the owner of a shared ``session``: a job that does nothing on every rank of
+        a node of this driver's spec, to run once when it opens the session, so its word
+        on who the session admits reaches every worker before a sharee's jobs do (those
+        are refused on a worker it has not reached). None: no such word to tell."""
+        if not self.words.get(session):
+            return None
+        builder = GraphBuilder(world_size, "session word")
+        for rank in sorted(self._nodes):
+            builder.op("constant", [], ranks=(rank,), value=None)
+        return builder.build([])
 
     def _ready(self) -> Sealer:
         if self.sealer is None:

@@ -14,13 +14,23 @@ The seals are pure classes: sealed Execs go straight from a driver's ``Sealer`` 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 import zmq
+from helpers import wait_until
+from test_replay_restart import Rig
 
+import mpl.driver as mp
+from mpl.wire import GraphBuilder
+from mpl.wire.codec import decode, from_wire
 from mpl.wire.data import Fetch
-from mpl.wire.jobs import Exec, Failed
+from mpl.wire.errors import AuthenticationError, SessionAccessError
+from mpl.wire.jobs import Exec, Failed, output_uri
 from mpl.wire.seal import Sealer, exec_context, fetch_context
 from mpl.wire.sessions import Reply, SessionClosed
 from mpl.worker.sealing import WorkerSeal
@@ -155,3 +165,106 @@ def test_a_sharee_runs_only_where_the_owners_sealed_word_admits_it(first: str) -
     assert _runs(worker, _job(a, "sa")) is None  # a's word now: it alone
     assert type(_runs(worker, _job(b, "sa", worded(None, None)))) is Failed
     assert _fetched_by(worker, b, "sa", "v") is None
+
+
+# -- against real mpl-worker processes (CURVE), the broker tapped ----------------------------
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    """A secure cluster of two nodes whose spec lists drivers analyst, auditor and mallory
+    (whose key the broker's operator holds)."""
+    made = Rig(tmp_path, drivers=("analyst", "auditor", "mallory"))
+    try:
+        made.start_worker(0)
+        made.start_worker(1)
+        yield made
+    finally:
+        made.close()
+
+
+def _value_on(ctx: mp.Context, rank: int, value: Any) -> str:
+    """The uri of ``value``, made on ``rank`` by a job of ``ctx``'s driver in its session."""
+    b = GraphBuilder(2)
+    g = b.build([b.op("constant", [], ranks=(rank,), value=value)[0]])
+    return output_uri(ctx.client.submit(ctx.session, g, {}).job, 0)
+
+
+def test_a_hostile_broker_cannot_fetch_an_owners_value_for_its_own_driver(rig: Rig) -> None:
+    """mallory fetches a value of its own session; the broker sends the worker a Fetch of
+    the analyst's value instead, for mallory's reply_to and ticket. The worker refuses it
+    (on 2357d5f it sealed the analyst's value for mallory, who opened it)."""
+    replies: list[Reply] = []
+    receive = rig.tap.recv_multipart
+
+    def recording(*args: Any, **kw: Any) -> Any:  # the workers' fetch replies, recorded
+        frames = receive(*args, **kw)
+        with contextlib.suppress(Exception):
+            msg = decode(from_wire([bytes(f) for f in frames[1:]]), unpickle=False)
+            if isinstance(msg, Reply):
+                replies.append(msg)
+        return frames
+
+    rig.tap.recv_multipart = recording  # type: ignore[method-assign]
+    with rig.connect() as owner, rig.connect("mallory") as mallory:
+        secret = _value_on(owner, 0, "the analyst's secret")
+        decoy = _value_on(mallory, 0, "mallory's own")
+        forged: list[Fetch] = []
+
+        def forge(msg: Any) -> list[Any] | None:
+            if isinstance(msg, Fetch) and msg.uri == decoy:
+                forged.append(replace(msg, session=owner.session, uri=secret))
+                return forged
+            return None
+
+        rig.tap.alter = forge
+        with pytest.raises((SessionAccessError, AuthenticationError)):
+            mallory.client.fetch(mallory.session, 0, decoy)
+        rig.tap.alter = None
+        (fetch,) = forged
+        (reply,) = [r for r in replies if r.req == fetch.req]
+        read = None
+        if reply.error is None:
+            read = mallory.client.seal.fetched(owner.session, 0, secret, fetch.ticket, reply.value)  # type: ignore[union-attr]
+        assert read is None, f"mallory read {read!r}"
+        assert reply.error is not None and reply.error.kind == "SessionAccessError"
+        assert owner.client.fetch(owner.session, 0, secret) == "the analyst's secret"
+
+
+def test_a_shared_session_serves_its_sharee_on_every_rank_and_no_one_else(rig: Rig) -> None:
+    """The analyst opens a session shared with the auditor and runs a job on rank 0 alone:
+    its word reached rank 1 too (the open told every rank), so the auditor's jobs run on
+    both; mallory, whom the broker lets in, is refused by the workers."""
+    with rig.connect(session="shared", share_with=["auditor"]) as owner:
+        secret = _value_on(owner, 0, [4, 2])
+        with rig.connect("auditor", session="shared") as auditor:
+            assert auditor.client.fetch(auditor.session, 0, secret) == [4, 2]
+            assert _value_on(auditor, 1, "audited") and _value_on(auditor, 0, "both")
+        # the broker's operator lets mallory attach (the broker refuses it: the tap lies)
+        b = GraphBuilder(2)
+        x = b.input((0,))
+        g = b.build([b.op("pcall", [x], ranks=(0,), fn=b.fn(len))[0]])
+        with rig.connect("mallory") as mallory:
+            seal = mallory.client.seal
+            assert seal is not None
+            mine = _value_on(mallory, 0, [1])
+            mallory.client.submit(mallory.session, g, {0: [mine]})  # its program cached on P0
+            stolen = seal.exec(
+                Exec(owner.session, "stolen", g.digest, (0,), {0: [secret]}, (0,), 30.0)
+            )
+
+            def add(msg: Any) -> list[Any] | None:  # mallory's next Exec, the stolen one first
+                if isinstance(msg, Exec) and msg.session == mallory.session:
+                    rig.tap.alter = None
+                    return [stolen, msg]
+                return None
+
+            rig.tap.alter = add
+            mallory.client.submit(mallory.session, g, {0: [mine]})
+            got = wait_until(
+                lambda: [m for m in rig.tap.received if getattr(m, "job", "") == "stolen"],
+                20,
+                "the worker's answer to the stolen job",
+            )
+            assert [type(m) for m in got] == [Failed], got
+            assert got[0].error.kind == "SessionAccessError"
