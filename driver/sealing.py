@@ -12,6 +12,11 @@ broker, but a broker that swapped two ranks would gain nothing: what is sealed f
 opens only with that node's key, and a result from a rank opens only if that rank's node
 sealed it, so a lie shows up as ``AuthenticationError``, never as a value in the wrong hands.
 
+Who a session admits is the owner's word (``mpl.wire.session_word``): the owner of a shared
+session seals the drivers it admits into every rank's bindings, other drivers say they
+claim no say, and the owner binds the session to it on every live worker as it opens it
+(:meth:`DriverSeal.word_job`). Workers check it (``mpl.worker.admission``).
+
 A worker that restarted, or joined after the session opened, refuses the first job sealed
 for the process before it; the refusal names its incarnation, and the next job is sealed for
 it. The refused job itself is sent once more only when it was sealed for no incarnation (a
@@ -167,17 +172,38 @@ class DriverSeal:
         self._targets[rank] = (who, suffix)
         self._nones[rank] = (who, suffix.encode())
 
-    def word_job(self, session: str, world_size: int) -> Graph | None:
-        """For the owner of a shared ``session``: a job that does nothing on every rank of
-        a node of this driver's spec, to run once when it opens the session, so its word
-        on who the session admits reaches every worker before a sharee's jobs do (those
-        are refused on a worker it has not reached). None: no such word to tell."""
-        if not self.words.get(session):
+    def word_job(
+        self, session: str, world_size: int, owns: bool
+    ) -> tuple[Graph, tuple[int, ...]] | None:
+        """For the owner of ``session`` (``owns``), as it opens it: a job (graph, inline
+        outputs) that binds the session to it on every live worker of a node of this
+        driver's spec (one whose incarnation the session's opening named), with its word on
+        who the session admits: a None made on each rank, answered inline, so each worker's
+        sealed answer proves it admitted the job (``word_heard``). Then no other driver's
+        job can claim the session on those workers first (before the owner's values reach
+        one by a move, say), and a sharee's jobs run there (they are refused on a worker the
+        owner's word has not reached). None: nothing to tell (not the owner, nothing
+        sealed, no live worker)."""
+        ranks = self._word_ranks()
+        if not owns or self.sealer is None or not ranks:
             return None
         builder = GraphBuilder(world_size, "session word")
-        for rank in sorted(self._nodes):
-            builder.op("constant", [], ranks=(rank,), value=None)
-        return builder.build([])
+        made = [builder.op("constant", [], ranks=(r,), value=None)[0] for r in ranks]
+        return builder.build(made), tuple(range(len(made)))
+
+    def _word_ranks(self) -> list[int]:
+        return sorted(r for r in self._nodes if self._incarnations.get(r))
+
+    def word_heard(self, session: str, graph: Graph, values: dict[int, dict[int, Any]]) -> None:
+        """Raise ``AuthenticationError`` unless every rank of ``session``'s :meth:`word_job`
+        ``graph`` answered it (``values``: its opened inline results): each answer opened, so its
+        worker admitted the job; one missing means the broker kept it from that worker."""
+        for index, rank in enumerate(graph.ranks):  # (sorted, as word_job made them)
+            if rank not in values.get(index, {}):
+                raise AuthenticationError(
+                    f"rank {rank} did not answer the job binding session {session} to this "
+                    "driver: the broker kept it from that worker"
+                )
 
     def _ready(self) -> Sealer:
         if self.sealer is None:

@@ -268,3 +268,20 @@ def test_a_shared_session_serves_its_sharee_on_every_rank_and_no_one_else(rig: R
             )
             assert [type(m) for m in got] == [Failed], got
             assert got[0].error.kind == "SessionAccessError"
+
+
+def test_the_owners_binding_job_counts_only_if_every_live_worker_answered_it() -> None:
+    """The job an owner runs as it opens a session (DriverSeal.word_job): a None on each
+    rank whose worker the opening named, answered inline; an answer the broker withheld
+    fails the open. A driver that attached to another's session runs none."""
+    from test_sealed_replay import Cluster
+
+    client = Cluster().client("a")
+    told = client.word_job("s", 1, True)
+    assert told is not None
+    graph, inline = told
+    assert graph.ranks == (0,) and inline == (0,)
+    client.word_heard("s", graph, {0: {0: None}})
+    with pytest.raises(AuthenticationError, match="rank 0 did not answer"):
+        client.word_heard("s", graph, {0: {}})
+    assert client.word_job("s", 1, False) is None

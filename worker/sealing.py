@@ -17,6 +17,12 @@ here, what it hands the broker for a driver is sealed here. No I/O.
   checks; anything else takes the full path, which says why it refuses).
 * ``Done`` values and fetch ``Reply`` values are sealed for the driver that asked, bound to
   the job and output index, or to the fetch's ticket.
+* Who a session admits is its owner's sealed word, never the broker's
+  (``mpl.worker.admission``): an Exec that opened runs only if the session is bound here to
+  its sealer, or to an owner whose word admits it (the first job of a session binds it); a
+  fetch's value is sealed only for a driver the session admits. A sealed None on the short
+  path is its owner's word that the session admits it alone: it runs there only in a
+  session bound so (one lookup per new Exec record; a repeat, an identity comparison).
 
 Everything a hostile broker could send here is refused before any pickle in it is loaded:
 the daemon decodes broker traffic with the safe format, and sealed plaintext is decoded
