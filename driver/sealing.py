@@ -75,6 +75,18 @@ _OPENERS_KEPT = 16  # sessions whose result openers a client keeps (one each, ma
 pin_contexts("mpl.driver.sealing")
 
 
+def _with_word(
+    admits: list[str] | None, plain: dict[int, Any], ranks: tuple[int, ...]
+) -> dict[int, Any]:
+    """Every rank's bindings in ``plain`` with a session's word (``mpl.wire.session_word``).
+    Not written in DriverSeal.sealed: a comprehension there would make its variables cells,
+    ~530 instructions more on every job (measured by callgrind)."""
+    out = {}
+    for rank in ranks:
+        out[rank] = worded(plain.get(rank), admits)
+    return out
+
+
 def driver_seal(curve: Curve, trusted: bool) -> DriverSeal:
     sealer = Sealer.for_driver(curve)
     return DriverSeal(sealer, curve, trusted)
@@ -269,8 +281,7 @@ class DriverSeal:
         sealed: dict[int, Any]
         words = self.words
         if words and session in words:  # a shared session's: each rank's carries the word
-            admits = words[session]
-            plain = {rank: worded(plain.get(rank), admits) for rank in ranks}
+            plain = _with_word(words[session], plain, ranks)
         elif not plain:  # no rank has inputs (most jobs): every rank's None in one call
             try:  # (nones, written out: a Python call less)
                 return sealer.seal_nones(self._nones, ranks, context.encode())
