@@ -247,6 +247,8 @@ class Client(BrokerCalls):
 
     def close_session(self, session: str) -> None:
         self.sessions.discard(session)
+        if self.seal is not None:
+            self.seal.words.pop(session, None)
         self._send(CloseSession(session, self.client_id))
 
     # -- jobs -----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from mpl.driver.client import Client
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.curve import Curve
-from mpl.wire.errors import MplError, ProtocolError
+from mpl.wire.errors import AuthenticationError, MplError, ProtocolError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import JobResult
 from mpl.wire.keys import is_z85_key, load_keypair
@@ -132,6 +132,14 @@ class Context:
                 self.cluster = session_cluster(self.cluster, cluster)
             if client.seal is not None:  # secure mode: which rank is which node, for keys
                 client.seal.bind(self.cluster, opened.incarnations)
+                # and what its jobs tell the workers of who the session admits: the broker
+                # lets only the owner open it or set share_with
+                owns = not opened.attached or share_with is not None
+                client.seal.speak_for(self.session, owns, share_with)
+                # the owner binds the session to it on every worker before any value exists
+                told = client.seal.word_job(self.session, self.cluster.world_size, owns)
+                if told is not None:
+                    self._bind_on_workers(*told)
         except BaseException:
             client.close_session(self.session)
             raise
@@ -142,6 +150,22 @@ class Context:
         self._flushed = time.monotonic()
         self.jobs: deque[JobRecord] = deque(maxlen=_JOB_MEMORY)
         self.closed = False
+
+    def _bind_on_workers(self, graph: Graph, inline: tuple[int, ...]) -> None:
+        """Secure mode, the session's owner: run the job binding the session to it on every
+        live worker (``DriverSeal.word_job``), once more if a worker refused it as sealed for
+        another process of its node (the refusal names the right one)."""
+        seal = self.client.seal
+        assert seal is not None
+        for again in (True, False):
+            try:
+                result = self.client.submit(self.session, graph, {}, inline=inline)
+            except AuthenticationError:
+                if again:
+                    continue
+                raise
+            seal.word_heard(self.session, graph, result.values)
+            return
 
     @property
     def address(self) -> str:

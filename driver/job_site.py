@@ -164,7 +164,7 @@ class JobSite:
                     send_frames(sock, [one], 0)
             else:
                 bin8 = BIN8_HEADS
-                if bindings:  # each rank's sealed for it
+                if bindings or seal.words:  # each rank's sealed for it (or with a word)
                     boxes = seal.sealed(
                         ctx.session, job, graph.digest, graph.ranks, self.inline, limit, bindings
                     )

@@ -12,6 +12,11 @@ broker, but a broker that swapped two ranks would gain nothing: what is sealed f
 opens only with that node's key, and a result from a rank opens only if that rank's node
 sealed it, so a lie shows up as ``AuthenticationError``, never as a value in the wrong hands.
 
+Who a session admits is the owner's word (``mpl.wire.session_word``): the owner of a shared
+session seals the drivers it admits into every rank's bindings, other drivers say they
+claim no say, and the owner binds the session to it on every live worker as it opens it
+(:meth:`DriverSeal.word_job`). Workers check it (``mpl.worker.admission``).
+
 A worker that restarted, or joined after the session opened, refuses the first job sealed
 for the process before it; the refusal names its incarnation, and the next job is sealed for
 it. The refused job itself is sent once more only when it was sealed for no incarnation (a
@@ -28,8 +33,8 @@ from typing import Any
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.curve import Curve
 from mpl.wire.errors import AuthenticationError
-from mpl.wire.graph import Graph
-from mpl.wire.identity import node_identity
+from mpl.wire.graph import Graph, GraphBuilder
+from mpl.wire.identity import driver_identity, node_identity
 from mpl.wire.incarnation import PUBLIC_INCARNATION_CHARS
 from mpl.wire.jobs import Exec, JobResult, Program
 from mpl.wire.record import pinned_fields
@@ -45,6 +50,7 @@ from mpl.wire.seal import (
     pin_contexts,
     program_context,
 )
+from mpl.wire.session_word import worded
 
 __all__ = ["DriverSeal", "driver_seal"]
 
@@ -69,6 +75,18 @@ _OPENERS_KEPT = 16  # sessions whose result openers a client keeps (one each, ma
 pin_contexts("mpl.driver.sealing")
 
 
+def _with_word(
+    admits: list[str] | None, plain: dict[int, Any], ranks: tuple[int, ...]
+) -> dict[int, Any]:
+    """Every rank's bindings in ``plain`` with a session's word (``mpl.wire.session_word``).
+    Not written in DriverSeal.sealed: a comprehension there would make its variables cells,
+    ~530 instructions more on every job (measured by callgrind)."""
+    out = {}
+    for rank in ranks:
+        out[rank] = worded(plain.get(rank), admits)
+    return out
+
+
 def driver_seal(curve: Curve, trusted: bool) -> DriverSeal:
     sealer = Sealer.for_driver(curve)
     return DriverSeal(sealer, curve, trusted)
@@ -91,6 +109,28 @@ class DriverSeal:
         self._nones: dict[int, tuple[str, bytes]] = {}  # _targets, its ends encoded
         self._tails = ExecTails()  # what exec_context writes after the job
         self.openers: dict[str, Opener] = {}  # session -> what opens its results
+        # session -> this driver's word on who it admits, sealed into every rank's bindings
+        # of its jobs (mpl.wire.session_word): the sorted drivers admitted, where this driver
+        # owns it and shares it; None where it acts in it as another's. No entry: it owns
+        # the session and shares it with no one (no word: its jobs' sealed Nones stay so)
+        self.words: dict[str, list[str] | None] = {}
+
+    def speak_for(self, session: str, owns: bool, share_with: list[str] | None) -> None:
+        """What this driver's jobs in ``session`` say to the workers on who it admits
+        (``words``): ``owns``, when it opened the session or set its ``share_with`` (the
+        broker lets only the owner do either), with the drivers named in ``share_with``;
+        otherwise nothing but that it acts in it, where its owner's word admits it."""
+        if self.sealer is None:  # it seals no job (exec says why)
+            return
+        if not owns:
+            self.words[session] = None
+            return
+        me = self.sealer.identity
+        admits = sorted({me, *(driver_identity(name) for name in share_with or ())})
+        if admits == [me]:
+            self.words.pop(session, None)
+        else:
+            self.words[session] = admits
 
     def bind(self, layout: ClusterSpec, incarnations: dict[int, str] | None = None) -> None:
         """Learn which rank is which node from a session's layout (the broker's ranks), and
@@ -143,6 +183,39 @@ class DriverSeal:
         suffix = incarnation_suffix(incarnation)
         self._targets[rank] = (who, suffix)
         self._nones[rank] = (who, suffix.encode())
+
+    def word_job(
+        self, session: str, world_size: int, owns: bool
+    ) -> tuple[Graph, tuple[int, ...]] | None:
+        """For the owner of ``session`` (``owns``), as it opens it: a job (graph, inline
+        outputs) that binds the session to it on every live worker of a node of this
+        driver's spec (one whose incarnation the session's opening named), with its word on
+        who the session admits: a None made on each rank, answered inline, so each worker's
+        sealed answer proves it admitted the job (``word_heard``). Then no other driver's
+        job can claim the session on those workers first (before the owner's values reach
+        one by a move, say), and a sharee's jobs run there (they are refused on a worker the
+        owner's word has not reached). None: nothing to tell (not the owner, nothing
+        sealed, no live worker)."""
+        ranks = self._word_ranks()
+        if not owns or self.sealer is None or not ranks:
+            return None
+        builder = GraphBuilder(world_size, "session word")
+        made = [builder.op("constant", [], ranks=(r,), value=None)[0] for r in ranks]
+        return builder.build(made), tuple(range(len(made)))
+
+    def _word_ranks(self) -> list[int]:
+        return sorted(r for r in self._nodes if self._incarnations.get(r))
+
+    def word_heard(self, session: str, graph: Graph, values: dict[int, dict[int, Any]]) -> None:
+        """Raise ``AuthenticationError`` unless every rank of ``session``'s :meth:`word_job`
+        ``graph`` answered it (``values``: its opened inline results): each answer opened, so its
+        worker admitted the job; one missing means the broker kept it from that worker."""
+        for index, rank in enumerate(graph.ranks):  # (sorted, as word_job made them)
+            if rank not in values.get(index, {}):
+                raise AuthenticationError(
+                    f"rank {rank} did not answer the job binding session {session} to this "
+                    "driver: the broker kept it from that worker"
+                )
 
     def _ready(self) -> Sealer:
         if self.sealer is None:
@@ -206,7 +279,10 @@ class DriverSeal:
         # its worker's incarnation
         context = f"exec|{session}|{job}{self._tails[(digest, ranks, inline, timeout_s)]}"
         sealed: dict[int, Any]
-        if not plain:  # no rank has inputs (most jobs): every rank's None in one call
+        words = self.words
+        if words and session in words:  # a shared session's: each rank's carries the word
+            plain = _with_word(words[session], plain, ranks)
+        elif not plain:  # no rank has inputs (most jobs): every rank's None in one call
             try:  # (nones, written out: a Python call less)
                 return sealer.seal_nones(self._nones, ranks, context.encode())
             except KeyError as exc:  # a rank of no node of this driver's spec
@@ -235,7 +311,8 @@ class DriverSeal:
 
     def nones(self, context: bytes, ranks: tuple[int, ...]) -> dict[int, bytes]:
         """:meth:`sealed` for a job whose ranks have no inputs (a sealed None each), its
-        context written out by the caller (:meth:`exec_around`) and encoded."""
+        context written out by the caller (:meth:`exec_around`) and encoded: only in a
+        session whose jobs carry no word (not in ``words``), so while ``words`` is empty."""
         sealer = self.sealer or self._ready()
         try:
             return sealer.seal_nones(self._nones, ranks, context)

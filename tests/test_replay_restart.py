@@ -82,8 +82,8 @@ class Tap:
 class Rig:
     """A secure cluster of two nodes: the broker here (tapped), the workers as processes."""
 
-    def __init__(self, root: Path) -> None:
-        self.d = Deployment(root)
+    def __init__(self, root: Path, drivers: tuple[str, ...] = ("analyst",)) -> None:
+        self.d = Deployment(root, drivers=drivers)
         curve = Curve(load_keypair(self.d.key("broker")), self.d.spec)
         self.broker = Broker(self.d.spec, "tcp://127.0.0.1:0", curve=curve)
         self.tap = Tap(self.broker.router)
@@ -110,9 +110,9 @@ class Rig:
         proc.wait(15)
         wait_until(lambda: self.serving(rank) != proc.pid, 15, f"worker {rank} to be gone")
 
-    def connect(self) -> mp.Context:
+    def connect(self, driver: str = "analyst", **kw: Any) -> mp.Context:
         return mp.connect(
-            self.broker.address, key=self.d.key("analyst"), cluster=self.d.spec, timeout=30
+            self.broker.address, key=self.d.key(driver), cluster=self.d.spec, timeout=30, **kw
         )
 
     def close(self) -> None:

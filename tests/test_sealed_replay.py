@@ -151,9 +151,14 @@ def test_execs_a_little_out_of_order_all_run_and_none_twice() -> None:
 
 def test_drivers_sharing_a_session_and_clients_of_one_driver_never_collide() -> None:
     """Two drivers in one session, and two clients of the same driver (one process may hold
-    several): their jobs interleave and all run; each one's replay is refused later."""
+    several): their jobs interleave and all run; each one's replay is refused later. The
+    owner's client (the first) opened the session sharing it with b; the others attached
+    (mpl.wire.session_word)."""
     cluster = Cluster(drivers=("a", "b"))
     clients = [cluster.client("a"), cluster.client("a"), cluster.client("b")]
+    clients[0].speak_for("shared", True, ["b"])
+    clients[1].speak_for("shared", False, None)
+    clients[2].speak_for("shared", False, None)
     first = [sealed(c, "shared") for c in clients]
     msgs = first + [sealed(clients[i % 3], "shared") for i in range(MANY)]
     assert all(runs(cluster.worker, msg) for msg in msgs)
@@ -254,26 +259,27 @@ def test_an_exec_held_back_past_the_window_is_refused() -> None:
 
 def test_streams_stay_bounded_per_driver_and_one_drivers_cannot_push_out_anothers() -> None:
     """Each client is a stream; a driver's streams past the bound go, oldest first, and only
-    that driver's: a forgotten stream's Execs past its first ``window`` stay refused."""
+    that driver's: a forgotten stream's Execs past its first ``window`` stay refused. (Each
+    driver in a session of its own: a session admits its owner alone.)"""
     cluster = Cluster(drivers=("a", "b"))
     worker = cluster.worker
     worker.replays = ReplayGuard(window=64, streams=8)  # the bounds, made small
-    other = [sealed(cluster.client("b")) for _ in range(1)]
+    other = [sealed(cluster.client("b"), "sb") for _ in range(1)]
     kept = cluster.client("b")
-    kept_msgs = [sealed(kept) for _ in range(100)]
+    kept_msgs = [sealed(kept, "sb") for _ in range(100)]
     gone = cluster.client("a")
-    gone_msgs = [sealed(gone) for _ in range(100)]
+    gone_msgs = [sealed(gone, "sa") for _ in range(100)]
     assert all(runs(worker, msg) for msg in other + kept_msgs + gone_msgs)
     for _ in range(20):  # driver a's new clients push out a's old stream, never b's
-        assert runs(worker, sealed(cluster.client("a")))
+        assert runs(worker, sealed(cluster.client("a"), "sa"))
     assert worker.replays.streams_of("driver:a") == 8
     assert worker.replays.streams_of("driver:b") == 2
     assert not any(runs(worker, msg) for msg in kept_msgs)
     assert not any(runs(worker, msg) for msg in gone_msgs)  # its first ones too: the floor
-    _, refusal = worker.inbound(_wire(sealed(gone)))  # the forgotten client is refused once
+    _, refusal = worker.inbound(_wire(sealed(gone, "sa")))  # the forgotten client is refused once
     assert type(refusal) is Failed and refusal.error.op == UNKNOWN_STREAM
     gone.refused(refusal.error)
-    assert runs(worker, sealed(gone))  # then it runs again, in a stream above the floor
+    assert runs(worker, sealed(gone, "sa"))  # then it runs again, in a stream above the floor
 
 
 def test_the_window_admits_exactly_what_a_set_of_every_number_run_would() -> None:

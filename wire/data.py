@@ -21,8 +21,9 @@ class Fetch(Record, tag="fetch"):
     """Bring the value stored as ``uri`` on ``rank`` back to the driver.
 
     Secure mode: the worker seals the value for ``reply_to`` (a driver identity its own spec
-    lists), bound to ``ticket``, a fresh random string per request, so an old reply replayed
-    by the broker does not open.
+    lists, and that the session's owner's sealed word admits: ``mpl.worker.admission``; the
+    broker writes this field), bound to ``ticket``, a fresh random string per request, so an
+    old reply replayed by the broker does not open.
     """
 
     session: str

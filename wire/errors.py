@@ -132,6 +132,15 @@ class SessionAccessError(SessionError, PermissionError):
     persisted value without loading it into its own session, or otherwise acted for another
     driver. The message names the session and the identity the broker saw.
 
+    In secure mode a worker refuses so too (op ``session`` for a job, ``fetch`` for a
+    fetch), by the owner's own sealed word (``mpl.worker.admission``): a job or fetch of a
+    driver the session's owner does not admit; a sharee's job on a worker the owner's word
+    has not reached yet (the owner tells every live worker when it opens the session: one
+    that joined later hears it with the owner's first job there); a job in a session bound
+    on that worker to another driver (if that is not you, the broker let another driver's
+    job claim it first: open a new session); or a new session on a worker holding its
+    maximum of sessions' bindings, none closed.
+
     Sessions belong to the driver that opened them: ask the owner to share it
     (``mp.connect(url, session="s", share_with=["you"])``), or open your own session.
     """

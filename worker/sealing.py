@@ -17,6 +17,12 @@ here, what it hands the broker for a driver is sealed here. No I/O.
   checks; anything else takes the full path, which says why it refuses).
 * ``Done`` values and fetch ``Reply`` values are sealed for the driver that asked, bound to
   the job and output index, or to the fetch's ticket.
+* Who a session admits is its owner's sealed word, never the broker's
+  (``mpl.worker.admission``): an Exec that opened runs only if the session is bound here to
+  its sealer, or to an owner whose word admits it (the first job of a session binds it); a
+  fetch's value is sealed only for a driver the session admits. A sealed None on the short
+  path is its owner's word that the session admits it alone: it runs there only in a
+  session bound so (one lookup per new Exec record; a repeat, an identity comparison).
 
 Everything a hostile broker could send here is refused before any pickle in it is loaded:
 the daemon decodes broker traffic with the safe format, and sealed plaintext is decoded
@@ -31,7 +37,7 @@ from hmac import compare_digest
 from typing import Any
 
 from mpl.wire.data import Fetch
-from mpl.wire.errors import AuthenticationError, ProtocolError
+from mpl.wire.errors import AuthenticationError, ProtocolError, SessionAccessError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Done, Exec, Failed, Program
 from mpl.wire.lru import LRU
@@ -54,7 +60,9 @@ from mpl.wire.seal import (
     program_context,
 )
 from mpl.wire.sealed import BOX_MAGIC
-from mpl.wire.sessions import Reply
+from mpl.wire.session_word import read_word
+from mpl.wire.sessions import Reply, SessionClosed
+from mpl.worker.admission import SessionAdmission
 from mpl.worker.code_policy import open_sealed
 
 __all__ = ["WorkerSeal"]
@@ -66,6 +74,7 @@ _TAG = 16  # a sealed None's tag (mpl.wire.seal): its box's last bytes
 _NONE_TRAILER = 12 + _TAG  # a sealed None's nonce (its number) and tag, after its head
 _NONCE_AT, _TAG_AT = -_NONE_TRAILER, -_TAG  # where they start, from a sealed None's end
 _BOX_HEAD = len(BOX_MAGIC) + 1 + 16  # a box's head but for its sender's name
+_NO_CONTEXT: tuple[Exec | None, bytes, bytes, str] = (None, b"", b"", "")
 _NO_JOB = ("", "", "")  # WorkerSeal._fresh when its last job's recipient is booked or done with
 
 # WorkerSeal sets a field of these records in place, in their __dict__ (a record that only
@@ -141,6 +150,10 @@ class WorkerSeal:
         # seals the Done record, and finds its recipient here
         self._answered: tuple[str, str, str] = _NO_JOB
         self.replays = ReplayGuard()  # which sealed Execs ran: each runs once
+        # which drivers each session admits here, by its owner's sealed word; and its
+        # sessions admitting their owner alone (open_exec's short path: one lookup)
+        self.admission = SessionAdmission()
+        self._solo = self.admission.solo
         self._fetches: LRU[int, Fetch] = LRU(_MEMORY)
         self._refused: LRU[str, str] = LRU(_MEMORY)  # program digest -> why it did not open
         self.refusals = 0
@@ -150,8 +163,10 @@ class WorkerSeal:
         # slot mask): heads of streams whose Nones authenticated and ran here (open_exec's
         # one lookup per job), each for the guard it was learnt with
         self._heads: dict[bytes, tuple[ReplayGuard, str, Any, Any, bytes, list[Any], int]] = {}
-        # the last Exec a context was written for, and its bytes before and after the job
-        self._context: tuple[Exec | None, bytes, bytes] = (None, b"", b"")
+        # the last Exec a context was written for, its bytes before and after the job, and
+        # the driver whose sealed None opened for it, its session bound here to it alone
+        # (unset whenever a binding may change: _open_exec)
+        self._context: tuple[Exec | None, bytes, bytes, str] = _NO_CONTEXT
 
     def inbound(self, msg: Record) -> tuple[Record | None, Record | None]:
         """``(message to act on, or None; answer for the broker, or None)``.
@@ -191,11 +206,17 @@ class WorkerSeal:
             seq = int.from_bytes(nonce)  # (big-endian, as admit reads a box's number)
             if seq == window[0] + 1:
                 context = self._context
-                if msg is not context[0]:  # another program's, or an Exec read in full
+                # another program's, an Exec read in full, or another driver's sealed None
+                if msg is not context[0] or driver is not context[3]:
+                    # a sealed None is its sealer's word that the session admits it alone:
+                    # on this path only in a session bound here so (SessionAdmission)
+                    if self._solo.get(msg.session) != driver:
+                        return self._open_exec(msg, job, sealed)
                     # exec_context's bytes before and after the job id, written once
                     tail = self._tails[(msg.digest, msg.ranks, msg.inline, msg.timeout_s)]
                     before, after = f"exec|{msg.session}|", f"{tail}{self._bound}"
-                    context = self._context = (msg, before.encode(), after.encode())
+                    context = (msg, before.encode(), after.encode(), driver)
+                    self._context = context
                 tagger = mark.copy()  # as open_box checks a None's tag: over nonce, context
                 tagger.update(b"".join((nonce, context[1], job.encode(), context[2])))
                 if compare_digest(sealed[_TAG_AT:], tagger.digest()):
@@ -241,13 +262,24 @@ class WorkerSeal:
             replayed = self.replays.admit(driver, sealed)  # authenticated: counted as run
             if replayed:
                 raise _Replayed(f"job {job} refused: {replayed}", replayed)
+            word, said = None, type(mine) is dict  # its sealer's word on who S admits
+            if said:
+                word, mine = read_word(mine)
             if mine is not None and type(mine) is not list:
                 raise ProtocolError("a job's sealed bindings are not a list")
-        except (AuthenticationError, ProtocolError) as exc:
+            # after admit: a job refused here stays run, and never opens in a session
+            # bound here later
+            refused_by = self.admission.admit(session, driver, word, said)
+            self._context = _NO_CONTEXT  # a binding may have changed: the short path checks
+            if refused_by:
+                raise SessionAccessError(f"job {job} refused: {refused_by}")
+        except (AuthenticationError, ProtocolError, SessionAccessError) as exc:
             self.refusals += 1
             kind, op = type(exc).__name__, "inputs"
             message = str(exc)
-            if type(exc) is _Replayed:
+            if type(exc) is SessionAccessError:  # its owner's word does not admit it here
+                op = "session"
+            elif type(exc) is _Replayed:
                 kind = "AuthenticationError"
                 if exc.reason.startswith(UNKNOWN_STREAM):  # the driver starts a new stream
                     op = UNKNOWN_STREAM
@@ -325,6 +357,8 @@ class WorkerSeal:
             return self._program(msg), None
         if isinstance(msg, Fetch):
             self._fetches[msg.req] = msg
+        elif isinstance(msg, SessionClosed):
+            self.admission.closed(msg.session)
         return msg, None
 
     def outbound(self, msg: Record) -> Record:
@@ -427,6 +461,11 @@ class WorkerSeal:
     def _reply(self, msg: Reply, fetch: Fetch) -> Reply:
         if msg.error is not None:
             return msg
+        refused_by = self.admission.may_read(fetch.session, fetch.reply_to)
+        if refused_by:  # (the broker wrote reply_to: only the session's owner's word counts)
+            why = f"a fetch of {fetch.uri} refused: {refused_by}"
+            info = ErrorInfo("SessionAccessError", why, rank=self.rank, op="fetch")
+            return Reply(msg.req, error=info)
         if not self.sealer.knows(fetch.reply_to) or not fetch.ticket:
             return Reply(
                 msg.req,

@@ -1,0 +1,107 @@
+"""Which drivers each session admits on this worker (secure mode), bound to its owner's
+sealed word (``mpl.wire.session_word``), never to the broker's. No I/O.
+
+* A job whose sealer states it owns the session (no word: it alone; or the list it admits)
+  binds the session to that driver when the session is not bound here yet, and updates
+  the list when it is bound to that driver; a session bound to another driver refuses it.
+* A job that claims no say (a sharee's) runs only in a session bound here that admits its
+  sealer; in a session not bound yet it is refused, saying the owner's word has not reached
+  this worker.
+* A fetch's reply is sealed only for a driver the session admits here.
+
+So a hostile broker holding a listed driver key can no longer run that driver's jobs in
+another's session, or have its values sealed for that driver. What it can still do is bind
+a session id to its own driver on a worker before the owner's first job reaches it: the
+owner's jobs there are then refused (a denial of service, which it can always cause), and
+no value of the owner's is ever in that session there.
+
+Bounded, failing closed: a binding is never dropped while its session may hold values
+here (dropping it would let the next job bind the session anew): a closed session's
+binding stays, evicted oldest first only to make room, after every later one; with no
+closed one to evict, a new session is refused.
+"""
+
+from __future__ import annotations
+
+from mpl.wire.limits import MAX_SESSIONS
+
+__all__ = ["SESSIONS_BOUND", "SessionAdmission"]
+
+SESSIONS_BOUND = 2 * MAX_SESSIONS  # bindings kept, open sessions and closed ones
+
+
+class SessionAdmission:
+    """Sessions bound here: each to its owner and the drivers its owner's word admits."""
+
+    def __init__(self, limit: int = SESSIONS_BOUND) -> None:
+        self._limit = limit
+        self._bound: dict[str, tuple[str, frozenset[str]]] = {}  # session -> owner, admitted
+        # session -> owner, for every session bound to its owner alone: a sealed None (no
+        # word) of that owner is admitted by one lookup here (WorkerSeal.open_exec)
+        self.solo: dict[str, str] = {}
+        self._closed: dict[str, None] = {}  # closed sessions still bound, oldest first
+
+    def __len__(self) -> int:
+        return len(self._bound)
+
+    def admit(self, session: str, driver: str, word: frozenset[str] | None, word_said: bool) -> str:
+        """Why a job of ``session`` that ``driver`` sealed may not run here ("" if it may).
+        ``word_said``: its bindings carried a word, ``word`` (the drivers admitted, or
+        None: a member's, claiming no say); without one it is the owner's word that the
+        session admits it alone."""
+        bound = self._bound.get(session)
+        if word_said and word is None:  # a member: only where the owner's word admits it
+            if bound is None:
+                return (
+                    f"{driver} acts in session {session} as a driver its owner shares it "
+                    "with, but the owner's word on who the session admits has not reached "
+                    "this worker: the owner runs a job on every rank when it opens a shared "
+                    "session (an owner attaching without share_with passes it again)"
+                )
+            if driver not in bound[1]:
+                return f"session {session} does not admit {driver} here (its owner's word)"
+            return ""
+        if bound is not None and bound[0] != driver:
+            return f"session {session} belongs to another driver here, not to {driver}"
+        if bound is None and session not in self._closed and not self._room():
+            return (
+                f"session {session} refused: this worker holds {len(self._bound)} sessions' "
+                "bindings, none closed (close sessions no longer used)"
+            )
+        admitted = frozenset((driver,)) if word is None else word | {driver}
+        self._bound[session] = (driver, admitted)
+        self._closed.pop(session, None)  # its owner acts in it: not evicted while it may
+        if len(admitted) == 1:
+            self.solo[session] = driver
+        else:
+            self.solo.pop(session, None)
+        return ""
+
+    def may_read(self, session: str, driver: str) -> str:
+        """Why a fetch of ``session``'s value may not be sealed for ``driver`` ("" if it
+        may): only for a driver the session's owner admits, in a session bound here."""
+        bound = self._bound.get(session)
+        if bound is None:
+            return f"session {session} ran no job here: its value is sealed for no driver"
+        if driver not in bound[1]:
+            return f"session {session} does not admit {driver} here (its owner's word)"
+        return ""
+
+    def closed(self, session: str) -> None:
+        """``session`` closed (the broker's word): its binding stays until room is needed,
+        after every session closed before it."""
+        if session in self._bound:
+            self._closed.pop(session, None)
+            self._closed[session] = None
+
+    def _room(self) -> bool:
+        """Whether one more session can be bound, evicting the oldest closed one if full."""
+        if len(self._bound) < self._limit:
+            return True
+        if not self._closed:
+            return False
+        oldest = next(iter(self._closed))
+        del self._closed[oldest]
+        self._bound.pop(oldest, None)
+        self.solo.pop(oldest, None)
+        return True
