@@ -44,7 +44,7 @@ import zmq
 from mpl.broker.ledger import JobLedger
 from mpl.broker.outbox import Outbox
 from mpl.broker.state import BrokerState, Send
-from mpl.wire.batch import is_batch, split_batch
+from mpl.wire.batch import batch_headers, is_batch
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import MAGIC_FRAME, SLICE_BELOW, decode, encode, from_wire, to_wire
 from mpl.wire.control import HEARTBEAT_S, Bye
@@ -53,6 +53,7 @@ from mpl.wire.errors import ProtocolError
 from mpl.wire.guard import Guard
 from mpl.wire.hot import (
     DONE_FRAME_PREFIX,
+    DONE_PREFIX,
     DoneRead,
     read_done_header,
     read_hot,
@@ -362,17 +363,35 @@ class Broker(Outbox):
         self._handle(peer, body, now, who, batch_ok=True, read=read)
 
     def _batch(self, peer: bytes, body: list[Any], now: float, who: str | None) -> None:
-        """Handle each message of a batch as if it had arrived alone."""
+        """Handle each message of a batch as if it had arrived alone: a Done of the hot
+        path read and handed to the state here (as the loop does with one that came
+        alone), anything else through :meth:`_handle`, with what ``read_hot`` makes of it."""
         try:
-            inner = split_batch(body)
+            headers = batch_headers(body)
         except ProtocolError as exc:  # answered and counted as one bad message
             self.state.counters["batches_refused"] += 1
             self.refusals.refused(peer.hex(), f"bad message: {exc}")
             self._perform(self.state.protocol_error(peer, exc), logged=True)
             return
         self.state.counters["batches_received"] += 1
-        for one in inner:
-            self._handle(peer, one, now, who, read=read_hot(one))
+        done_read = self.state.dones.read
+        for header in headers:
+            # read_hot's checks of a message of the codec's magic and this header, written
+            # out: a Done's header read by read_done_header, as read_hot_header would
+            read: DoneRead | Exec | None
+            if header.startswith(DONE_PREFIX) and len(header) < MAX_CONTAINERS:
+                read = done = read_done_header(header)
+                if done is not None:
+                    try:  # one message's failure stays that message's failure
+                        actions = done_read(peer, done, now, who)
+                        if actions:  # most Dones leave their job waiting on other ranks
+                            self._perform(actions)
+                    except Exception as exc:
+                        self._contain(peer, None, exc)
+                    continue
+            else:
+                read = read_hot_header(MAGIC_FRAME, header)
+            self._handle(peer, [MAGIC_FRAME, header], now, who, read=read)
 
     def _handle(
         self,

@@ -157,7 +157,7 @@ class Outbox:
                 if len(items) == 1:
                     self._send_to(peer, items[0][1], items)
                     continue
-                plan = coalesce((frames, type(a.msg) in _BATCHABLE) for a, frames in items)
+                plan = coalesce([(frames, type(a.msg) in _BATCHABLE) for a, frames in items])
                 at = 0
                 for frames, carried in plan:
                     if carried > 1:
