@@ -50,10 +50,12 @@ from mpl.wire.codec import MAGIC_FRAME, SLICE_BELOW, decode, encode, from_wire, 
 from mpl.wire.control import HEARTBEAT_S, Bye
 from mpl.wire.curve import BROKER_DOMAIN, Curve, broker_admits
 from mpl.wire.errors import ProtocolError
+from mpl.wire.exec_repeat import RepeatExecs
 from mpl.wire.guard import Guard
 from mpl.wire.hot import (
     DONE_FRAME_PREFIX,
     DONE_PREFIX,
+    EXEC_PREFIX,
     DoneRead,
     read_done_header,
     read_hot,
@@ -96,6 +98,10 @@ _BATCH = 256  # queued messages handled before the timers, at most
 # at 16; 12 and 20 were no better than 16)
 _WAKE = 16
 _SEALED_LEN = len(SEALED_EXEC_MAGIC)
+_EXEC_FRAME_PREFIX = MAGIC_FRAME + EXEC_PREFIX
+# senders whose last Exec is kept to read the next by comparison (mpl.wire.exec_repeat), at
+# most; the oldest goes first. Each keeps one header shorter than SLICE_BELOW (8 KiB).
+_EXEC_READERS = 256
 # the loop reads a Done of one frame shorter than SLICE_BELOW with no check of its length
 assert SLICE_BELOW <= MAX_CONTAINERS
 
@@ -154,6 +160,8 @@ class Broker(Outbox):
         for counter in ("batches_received", "batches_refused", "batches_sent"):
             self.state.counters.setdefault(counter, 0)
         self._peer_fd: dict[bytes, int] = {}
+        # each sender's last Exec read in full, to read its next by comparison (_exec_of)
+        self._exec_readers: dict[bytes, RepeatExecs] = {}
         self._jobs = self.state.calls.jobs  # the jobs in flight (the state never replaces it)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -253,6 +261,8 @@ class Broker(Outbox):
                     data = one[4:]
                     if one.startswith(DONE_FRAME_PREFIX):
                         read: DoneRead | Exec | None = read_done_header(data)
+                    elif one.startswith(_EXEC_FRAME_PREFIX):
+                        read = self._exec_of(peer, data)
                     else:
                         read = read_hot_header(one[:4], data)
                     if type(read) is DoneRead:
@@ -389,9 +399,27 @@ class Broker(Outbox):
                     except Exception as exc:
                         self._contain(peer, None, exc)
                     continue
+            elif header.startswith(EXEC_PREFIX) and len(header) < SLICE_BELOW:
+                read = self._exec_of(peer, header)
             else:
                 read = read_hot_header(MAGIC_FRAME, header)
             self._handle(peer, [MAGIC_FRAME, header], now, who, read=read)
+
+    def _exec_of(self, peer: bytes, header: bytes) -> Exec | None:
+        """``read_hot_header`` of an Exec's ``header`` (shorter than SLICE_BELOW) from
+        ``peer``: a repeat of that sender's last Exec read in full (the same program again:
+        most jobs) read by comparing it with that one outside its job id, anything else in
+        full and kept for the next (``mpl.wire.exec_repeat``, which reads exactly what
+        ``read_exec`` reads). What the comparison gives depends on the bytes alone; who may
+        send them is checked per message, after (``BrokerState.exec_read``)."""
+        readers = self._exec_readers
+        reader = readers.get(peer)
+        if reader is None:
+            if len(readers) >= _EXEC_READERS:  # bounded: the oldest sender's goes
+                del readers[next(iter(readers))]
+            reader = readers[peer] = RepeatExecs()
+        frames = [MAGIC_FRAME, header]
+        return reader.repeat(frames) or reader.read_in_full(frames)
 
     def _handle(
         self,

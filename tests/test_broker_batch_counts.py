@@ -155,3 +155,29 @@ def test_python_calls_per_job_when_execs_and_dones_come_in_batches(
     per_job = _calls_per_job(shell)
     print(f"{per_job} Python calls per job in batches of {_IN_A_BATCH}")
     assert per_job <= _BOUND
+
+
+def test_a_repeat_exec_is_read_by_comparison_and_a_changed_one_in_full(
+    shell: _BatchedShell,
+) -> None:
+    """A driver's Execs of one program differ in their job ids alone: after the first, the
+    broker reads each by comparing it with its sender's last (``mpl.wire.exec_repeat``), not
+    with msgpack; one that differs elsewhere is read in full, and answered as it would be
+    alone."""
+    full_reads = 0
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        nonlocal full_reads
+        full_reads += event == "call" and frame.f_code.co_name == "_read_exec"
+
+    shell.batch(None)
+    for _ in range(4):
+        shell.batch(count)
+    assert full_reads == 0  # 2357d5f: one per Exec (64)
+    # the same header but for its ranks: (0, 0) names a rank twice
+    bad = Exec(shell.sid, "j" + "x" * 22, shell.graph.digest, (0, 0), {}, (0,), 600)
+    shell.driver.send_multipart(to_wire(encode(bad)))
+    answer = decode(from_wire(shell._next(shell.driver, count)), unpickle=False)
+    assert isinstance(answer, JobResult) and answer.job == bad.job
+    assert answer.error is not None and "names a rank twice" in answer.error.message
+    assert full_reads == 1

@@ -437,7 +437,7 @@ class _Shell:
         before the first Done is sent, and every Done is queued before the turn that
         reads them."""
         self.jobs += 1
-        name, ranks = f"j{self.jobs}", tuple(range(len(self.workers)))
+        name, ranks = f"j{self.jobs:05d}", tuple(range(len(self.workers)))
         self.driver.send_multipart(
             to_wire(encode(Exec(self.sid, name, self.graph.digest, ranks, {}, (0,))))
         )
