@@ -181,3 +181,24 @@ def test_a_repeat_exec_is_read_by_comparison_and_a_changed_one_in_full(
     assert isinstance(answer, JobResult) and answer.job == bad.job
     assert answer.error is not None and "names a rank twice" in answer.error.message
     assert full_reads == 1
+
+
+def test_the_answers_of_a_batch_read_the_clocks_once_for_the_ledger(
+    shell: _BatchedShell,
+) -> None:
+    """The ledger ends the jobs answered in one batch at one reading of its clock and the
+    wall clock (they went out together), not two readings per job."""
+    clocks = 0
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        nonlocal clocks
+        clocks += event == "c_call" and arg.__name__ in ("monotonic", "time")
+
+    shell.batch(None)
+    for _ in range(4):
+        shell.batch(count)
+    assert shell.broker.ledger.count >= 5 * _IN_A_BATCH
+    # the loop's one reading per wake-up, the ledger's two per batch answered; 2357d5f
+    # read both per job (2 a job and more)
+    print(f"{clocks} clock readings for {4 * _IN_A_BATCH} jobs")
+    assert clocks / (4 * _IN_A_BATCH) <= 0.5
