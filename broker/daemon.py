@@ -373,9 +373,10 @@ class Broker(Outbox):
         self._handle(peer, body, now, who, batch_ok=True, read=read)
 
     def _batch(self, peer: bytes, body: list[Any], now: float, who: str | None) -> None:
-        """Handle each message of a batch as if it had arrived alone: a Done of the hot
-        path read and handed to the state here (as the loop does with one that came
-        alone), anything else through :meth:`_handle`, with what ``read_hot`` makes of it."""
+        """Handle each message of a batch as if it had arrived alone: a Done or an Exec of
+        the hot path read and handed to the state here (as the loop and :meth:`_handle` do
+        with one that came alone), anything else through :meth:`_handle`, with what
+        ``read_hot`` makes of it."""
         try:
             headers = batch_headers(body)
         except ProtocolError as exc:  # answered and counted as one bad message
@@ -384,7 +385,8 @@ class Broker(Outbox):
             self._perform(self.state.protocol_error(peer, exc), logged=True)
             return
         self.state.counters["batches_received"] += 1
-        done_read = self.state.dones.read
+        done_read, exec_read = self.state.dones.read, self.state.exec_read
+        received = self.ledger.received
         for header in headers:
             # read_hot's checks of a message of the codec's magic and this header, written
             # out: a Done's header read by read_done_header, as read_hot_header would
@@ -400,7 +402,19 @@ class Broker(Outbox):
                         self._contain(peer, None, exc)
                     continue
             elif header.startswith(EXEC_PREFIX) and len(header) < SLICE_BELOW:
-                read = self._exec_of(peer, header)
+                read = exec_ = self._exec_of(peer, header)
+                if exec_ is not None:  # _handle's Exec case, without its call and tests
+                    try:  # one message's failure stays that message's failure
+                        self._accounts.append((received, exec_, now))
+                        raw = [MAGIC_FRAME, header]
+                        actions = exec_read(peer, exec_, now, raw, who)
+                        if len(self._jobs) == 1 and not self._outbox:
+                            self._fan_out(actions)  # nothing it could be batched with
+                        else:
+                            self._perform(actions)
+                    except Exception as exc:
+                        self._contain(peer, exec_, exc)
+                    continue
             else:
                 read = read_hot_header(MAGIC_FRAME, header)
             self._handle(peer, [MAGIC_FRAME, header], now, who, read=read)

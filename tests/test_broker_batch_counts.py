@@ -143,8 +143,9 @@ def _calls_per_job(shell: _BatchedShell, batches: int = 8) -> float:
 # with a bin_bounds call per header, coalesced with a header_only call per message);
 # w28flight: a batch's Dones read and handed to the state in _batch itself, its bin8 heads
 # read inline, coalesce's header check written out (39 -> 29); _exec's answer a method, not
-# a closure made per job, its ranks checked inline (29 -> 28).
-_BOUND = 29  # a call over: another file's cache may add a fraction
+# a closure made per job, its ranks checked inline (29 -> 28); the ledger's spans filled in
+# without __init__, a batch's Execs handed to the state in _batch itself (-> 26).
+_BOUND = 27  # a call over: another file's cache may add a fraction
 
 
 def test_python_calls_per_job_when_execs_and_dones_come_in_batches(
