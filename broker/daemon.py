@@ -16,9 +16,12 @@ ends and spans, the log lines for refusals and failed jobs): the workers and the
 on while it finishes, and every count is in place before the next wake-up reads a message.
 With jobs in flight, a run of Execs to one worker or of JobResults to one driver goes as
 one batch (``mpl.wire.batch``), and a batch that arrives is split and each message in it
-handled as if it had come alone. The Exec of a job alone in flight, with nothing queued
+handled as if it had come alone (a Done or an Exec of the hot path read and handed to the
+state in the batch's own loop). The Exec of a job alone in flight, with nothing queued
 before it, goes to its ranks at once, skipping the queue (nothing could share a batch with
-it). The clock is read once per wake-up, for its messages and the timers alike.
+it). The clock is read once per wake-up, for its messages and the timers alike. A sender's
+Execs of one program differ in their job ids alone: each is read by comparing it with that
+sender's last one read in full (``mpl.wire.exec_repeat``, a reader per sender, bounded).
 
 A socket monitor reports closed TCP connections; a message's source fd (on every part) maps them
 back to a peer, so a killed worker is noticed in milliseconds rather than after 3 missed

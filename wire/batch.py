@@ -20,9 +20,10 @@ frame per header.)
 Only header-only messages (no buffer frames) of less than ``BATCH_HEADER_BELOW`` bytes
 ride in a batch; a sender sends anything else alone, in its place (the messages after it to
 that peer go after it), so the order each peer sees never changes (:func:`coalesce`). A
-receiver splits a batch with :func:`split_batch` and handles each inner message exactly as
-if it had arrived alone from the same peer, with the same authenticated identity (the
-batch's frame carries the connection's CURVE User-Id) and every check it gets alone.
+receiver splits a batch with :func:`split_batch` (or takes its headers, as bytes, with
+:func:`batch_headers`) and handles each inner message exactly as if it had arrived alone
+from the same peer, with the same authenticated identity (the batch's frame carries the
+connection's CURVE User-Id) and every check it gets alone.
 Splitting runs no code and grows nothing beyond the frame: it checks the count (1 to
 :data:`MAX_BATCH` inner messages; a batch of one is legal, an empty or larger one is
 refused), then walks the array's items by their bin heads, by hand (msgpack is not asked to
