@@ -405,7 +405,11 @@ class Broker(Outbox):
                         self._contain(peer, None, exc)
                     continue
             elif header.startswith(EXEC_PREFIX) and len(header) < SLICE_BELOW:
-                read = exec_ = self._exec_of(peer, header)
+                try:
+                    read = exec_ = self._exec_of(peer, header)
+                except Exception as exc:  # (it raises nothing: one message's failure)
+                    self._contain(peer, None, exc)
+                    continue
                 if exec_ is not None:  # _handle's Exec case, without its call and tests
                     try:  # one message's failure stays that message's failure
                         self._accounts.append((received, exec_, now))

@@ -18,7 +18,7 @@ from mpl.broker.daemon import Broker
 from mpl.wire import GraphBuilder
 from mpl.wire.batch import batch_frames, is_batch, split_batch
 from mpl.wire.cluster import ClusterSpec
-from mpl.wire.codec import decode, encode, from_wire, to_wire
+from mpl.wire.codec import MAGIC_FRAME, decode, encode, from_wire, to_wire
 from mpl.wire.control import WorkerHello
 from mpl.wire.jobs import Done, Exec, JobResult, Program
 from mpl.wire.run_stats import pack_stats
@@ -203,3 +203,22 @@ def test_the_answers_of_a_batch_read_the_clocks_once_for_the_ledger(
     # read both per job (2 a job and more)
     print(f"{clocks} clock readings for {4 * _IN_A_BATCH} jobs")
     assert clocks / (4 * _IN_A_BATCH) <= 0.5
+
+
+def test_the_exec_readers_kept_per_sender_are_bounded(
+    shell: _BatchedShell, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader per sender of Execs (to read its next one by comparison): a peer with many
+    connections (routing ids) cannot grow the table past its bound, and every reader reads
+    what the full reader reads."""
+    from mpl.broker import daemon
+    from mpl.wire.hot import read_hot
+
+    monkeypatch.setattr(daemon, "_EXEC_READERS", 3)
+    broker = shell.broker
+    for n in range(8):
+        header = encode(Exec(shell.sid, f"j{n:04d}", shell.graph.digest, (0,), {}, (0,), 9))[1]
+        for peer in (b"drv:a/%d" % n, b"drv:b/%d" % n):
+            got = broker._exec_of(peer, header)
+            assert got is not None and got.__dict__ == read_hot([MAGIC_FRAME, header]).__dict__
+        assert len(broker._exec_readers) <= 3
