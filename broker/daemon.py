@@ -16,9 +16,12 @@ ends and spans, the log lines for refusals and failed jobs): the workers and the
 on while it finishes, and every count is in place before the next wake-up reads a message.
 With jobs in flight, a run of Execs to one worker or of JobResults to one driver goes as
 one batch (``mpl.wire.batch``), and a batch that arrives is split and each message in it
-handled as if it had come alone. The Exec of a job alone in flight, with nothing queued
+handled as if it had come alone (a Done or an Exec of the hot path read and handed to the
+state in the batch's own loop). The Exec of a job alone in flight, with nothing queued
 before it, goes to its ranks at once, skipping the queue (nothing could share a batch with
-it). The clock is read once per wake-up, for its messages and the timers alike.
+it). The clock is read once per wake-up, for its messages and the timers alike. A sender's
+Execs of one program differ in their job ids alone: each is read by comparing it with that
+sender's last one read in full (``mpl.wire.exec_repeat``, a reader per sender, bounded).
 
 A socket monitor reports closed TCP connections; a message's source fd (on every part) maps them
 back to a peer, so a killed worker is noticed in milliseconds rather than after 3 missed
@@ -44,15 +47,18 @@ import zmq
 from mpl.broker.ledger import JobLedger
 from mpl.broker.outbox import Outbox
 from mpl.broker.state import BrokerState, Send
-from mpl.wire.batch import is_batch, split_batch
+from mpl.wire.batch import batch_headers, is_batch
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import MAGIC_FRAME, SLICE_BELOW, decode, encode, from_wire, to_wire
 from mpl.wire.control import HEARTBEAT_S, Bye
 from mpl.wire.curve import BROKER_DOMAIN, Curve, broker_admits
 from mpl.wire.errors import ProtocolError
+from mpl.wire.exec_repeat import RepeatExecs
 from mpl.wire.guard import Guard
 from mpl.wire.hot import (
     DONE_FRAME_PREFIX,
+    DONE_PREFIX,
+    EXEC_PREFIX,
     DoneRead,
     read_done_header,
     read_hot,
@@ -95,6 +101,10 @@ _BATCH = 256  # queued messages handled before the timers, at most
 # at 16; 12 and 20 were no better than 16)
 _WAKE = 16
 _SEALED_LEN = len(SEALED_EXEC_MAGIC)
+_EXEC_FRAME_PREFIX = MAGIC_FRAME + EXEC_PREFIX
+# senders whose last Exec is kept to read the next by comparison (mpl.wire.exec_repeat), at
+# most; the oldest goes first. Each keeps one header shorter than SLICE_BELOW (8 KiB).
+_EXEC_READERS = 256
 # the loop reads a Done of one frame shorter than SLICE_BELOW with no check of its length
 assert SLICE_BELOW <= MAX_CONTAINERS
 
@@ -153,6 +163,8 @@ class Broker(Outbox):
         for counter in ("batches_received", "batches_refused", "batches_sent"):
             self.state.counters.setdefault(counter, 0)
         self._peer_fd: dict[bytes, int] = {}
+        # each sender's last Exec read in full, to read its next by comparison (_exec_of)
+        self._exec_readers: dict[bytes, RepeatExecs] = {}
         self._jobs = self.state.calls.jobs  # the jobs in flight (the state never replaces it)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -252,6 +264,8 @@ class Broker(Outbox):
                     data = one[4:]
                     if one.startswith(DONE_FRAME_PREFIX):
                         read: DoneRead | Exec | None = read_done_header(data)
+                    elif one.startswith(_EXEC_FRAME_PREFIX):
+                        read = self._exec_of(peer, data)
                     else:
                         read = read_hot_header(one[:4], data)
                     if type(read) is DoneRead:
@@ -362,17 +376,71 @@ class Broker(Outbox):
         self._handle(peer, body, now, who, batch_ok=True, read=read)
 
     def _batch(self, peer: bytes, body: list[Any], now: float, who: str | None) -> None:
-        """Handle each message of a batch as if it had arrived alone."""
+        """Handle each message of a batch as if it had arrived alone: a Done or an Exec of
+        the hot path read and handed to the state here (as the loop and :meth:`_handle` do
+        with one that came alone), anything else through :meth:`_handle`, with what
+        ``read_hot`` makes of it."""
         try:
-            inner = split_batch(body)
+            headers = batch_headers(body)
         except ProtocolError as exc:  # answered and counted as one bad message
             self.state.counters["batches_refused"] += 1
             self.refusals.refused(peer.hex(), f"bad message: {exc}")
             self._perform(self.state.protocol_error(peer, exc), logged=True)
             return
         self.state.counters["batches_received"] += 1
-        for one in inner:
-            self._handle(peer, one, now, who, read=read_hot(one))
+        done_read, exec_read = self.state.dones.read, self.state.exec_read
+        received = self.ledger.received
+        for header in headers:
+            # read_hot's checks of a message of the codec's magic and this header, written
+            # out: a Done's header read by read_done_header, as read_hot_header would
+            read: DoneRead | Exec | None
+            if header.startswith(DONE_PREFIX) and len(header) < MAX_CONTAINERS:
+                read = done = read_done_header(header)
+                if done is not None:
+                    try:  # one message's failure stays that message's failure
+                        actions = done_read(peer, done, now, who)
+                        if actions:  # most Dones leave their job waiting on other ranks
+                            self._perform(actions)
+                    except Exception as exc:
+                        self._contain(peer, None, exc)
+                    continue
+            elif header.startswith(EXEC_PREFIX) and len(header) < SLICE_BELOW:
+                try:
+                    read = exec_ = self._exec_of(peer, header)
+                except Exception as exc:  # (it raises nothing: one message's failure)
+                    self._contain(peer, None, exc)
+                    continue
+                if exec_ is not None:  # _handle's Exec case, without its call and tests
+                    try:  # one message's failure stays that message's failure
+                        self._accounts.append((received, exec_, now))
+                        raw = [MAGIC_FRAME, header]
+                        actions = exec_read(peer, exec_, now, raw, who)
+                        if len(self._jobs) == 1 and not self._outbox:
+                            self._fan_out(actions)  # nothing it could be batched with
+                        else:
+                            self._perform(actions)
+                    except Exception as exc:
+                        self._contain(peer, exec_, exc)
+                    continue
+            else:
+                read = read_hot_header(MAGIC_FRAME, header)
+            self._handle(peer, [MAGIC_FRAME, header], now, who, read=read)
+
+    def _exec_of(self, peer: bytes, header: bytes) -> Exec | None:
+        """``read_hot_header`` of an Exec's ``header`` (shorter than SLICE_BELOW) from
+        ``peer``: a repeat of that sender's last Exec read in full (the same program again:
+        most jobs) read by comparing it with that one outside its job id, anything else in
+        full and kept for the next (``mpl.wire.exec_repeat``, which reads exactly what
+        ``read_exec`` reads). What the comparison gives depends on the bytes alone; who may
+        send them is checked per message, after (``BrokerState.exec_read``)."""
+        readers = self._exec_readers
+        reader = readers.get(peer)
+        if reader is None:
+            if len(readers) >= _EXEC_READERS:  # bounded: the oldest sender's goes
+                del readers[next(iter(readers))]
+            reader = readers[peer] = RepeatExecs()
+        frames = [MAGIC_FRAME, header]
+        return reader.repeat(frames) or reader.read_in_full(frames)
 
     def _handle(
         self,

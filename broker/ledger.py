@@ -37,6 +37,7 @@ _KIND_OUTCOME = {
 }
 _STARTED_LIMIT = 65536  # jobs in flight remembered; beyond it the oldest start is forgotten
 _RATE_WINDOW_S = 10.0
+_new = object.__new__
 # what a span may keep of its stats blobs whole: the answer's header they came in, at most
 # (a trivial job's at 16 ranks is about 1 KiB); the last 200 jobs' then hold 1.6 MiB at most
 _WHOLE_BYTES = 8 * 1024
@@ -137,13 +138,22 @@ class JobLedger:
                     del started[next(iter(started))]
                 started[msg.job] = (self.clock() if now is None else now, msg.session, msg.ranks)
 
-    def sent(self, msg: Record, frames: Sequence[Any] | None = None) -> JobSpan | None:
+    def sent(
+        self,
+        msg: Record,
+        frames: Sequence[Any] | None = None,
+        clocks: tuple[float, float] | None = None,
+    ) -> JobSpan | None:
         """Note a message the broker sends (``frames``: as it went, if known); the finished
         job if it answers one (once per job: written in one method, outcome_of inline for a
-        job that succeeded)."""
+        job that succeeded). ``clocks``: :attr:`clock` and the wall clock as the caller read
+        them when it sent this (once for all it sent together), else read here."""
         if type(msg) is not JobResult or msg.missing_program:
             return None
-        now = self.clock()
+        if clocks is None:
+            now, wall = self.clock(), time.time()
+        else:
+            now, wall = clocks
         start = self._started.pop(msg.job, None)
         outcome = "ok" if msg.error is None else outcome_of(msg)
         self.outcomes[outcome] += 1
@@ -163,8 +173,12 @@ class JobLedger:
         # Any other is cut to each blob's first TIMES_BYTES, all the timeline reads.
         if frames is None or len(frames) != 2 or len(frames[1]) > _WHOLE_BYTES:
             stats = _heads(stats)
-        # its wall start, read once per job (at its end)
-        span = JobSpan(msg.job, session, time.time() - seconds, seconds, outcome, (ranks, stats))
+        # JobSpan(msg.job, session, wall - seconds, seconds, outcome, (ranks, stats)), its
+        # slots filled without __init__ (one span per job): its parts worked out when read
+        span = _new(JobSpan)
+        span.job, span.session, span.started = msg.job, session, wall - seconds
+        span.seconds, span.outcome = seconds, outcome
+        span._parts, span._stats = None, (ranks, stats)
         self.recent.append(span)
         return span
 

@@ -60,6 +60,8 @@ class Outbox:
     _outbox: list[tuple[Send, list[Any]]]
     # the accounting the sends do not wait for: (what does it, its action, its argument)
     _accounts: list[tuple[Callable[[Any, Any], Any], Any, Any]]
+    # the ledger's clock and the wall clock as the answers being accounted for went out
+    _clocks: tuple[float, float] | None = None
 
     def _fan_out(self, actions: list[Send]) -> None:
         """Send a job's Exec to its ranks at once, as the state asked, when nothing else is
@@ -95,7 +97,10 @@ class Outbox:
             if not logged:
                 self.refusals.refused(action.peer.hex(), msg.error.message, kind=msg.error.kind)
             return
-        span = self.ledger.sent(msg, action.raw)
+        clocks = self._clocks
+        if clocks is None:  # the answers a flush sent went out together: one reading
+            clocks = self._clocks = (self.ledger.clock(), time.time())
+        span = self.ledger.sent(msg, action.raw, clocks)
         if span is not None and span.outcome != "ok":
             log.info(
                 "job %s ended: %s",
@@ -157,7 +162,7 @@ class Outbox:
                 if len(items) == 1:
                     self._send_to(peer, items[0][1], items)
                     continue
-                plan = coalesce((frames, type(a.msg) in _BATCHABLE) for a, frames in items)
+                plan = coalesce([(frames, type(a.msg) in _BATCHABLE) for a, frames in items])
                 at = 0
                 for frames, carried in plan:
                     if carried > 1:
@@ -169,6 +174,7 @@ class Outbox:
         # stops the loop nor skips the rest.
         if self._accounts:
             accounts, self._accounts = self._accounts, []
+            self._clocks = None  # read by the first answer accounted for (_observe)
             for account, item, arg in accounts:
                 try:
                     account(item, arg)

@@ -307,16 +307,15 @@ class BrokerState:
     ) -> list[Send]:
         """Start job ``msg`` from the driver ``identity`` (``access.driver(peer, who)``)."""
         job_id, ranks, digest, bindings = msg.job, msg.ranks, msg.digest, msg.bindings
-
-        def answer(error: ErrorInfo | None = None, missing: bool = False) -> list[Send]:
-            self.counters["jobs_failed"] += error is not None
-            return [Send(peer, JobResult(job_id, error=error, missing_program=missing))]
-
-        # check_ranks says why with the job's name, built only when it refuses
-        if refusal := check_ranks(ranks, "") and check_ranks(ranks, f"job {job_id}"):
-            return answer(_error("ProtocolError", refusal, job=job_id))
-        if refusal := refuse_call(self.calls):
-            return answer(_error("ProtocolError", refusal, job=job_id))
+        # check_ranks, written out for the answer it gives on every job (it says why, with
+        # the job's name, when it refuses)
+        calls, pending = self.calls, set(ranks)  # the ranks whose Done the job waits for
+        if not ranks or len(pending) != len(ranks):
+            refusal = check_ranks(ranks, f"job {job_id}")
+            assert refusal is not None  # its checks, made above
+            return self._answer(peer, job_id, _error("ProtocolError", refusal, job=job_id))
+        if refusal := refuse_call(calls):
+            return self._answer(peer, job_id, _error("ProtocolError", refusal, job=job_id))
         # access.session_of, written out for a session the sender may act in (three calls
         # on every job); anything else it answers, and says why
         found = self.sessions.by_id.get(msg.session)
@@ -330,26 +329,27 @@ class BrokerState:
         else:
             checked = self.access.session_of(identity, who, msg.session, now)
             if isinstance(checked, ErrorInfo):
-                return answer(checked)
+                return self._answer(peer, job_id, checked)
             session = checked
         assert identity is not None  # session_of refuses a sender that is no driver
         if bindings:
             unreadable = self.access.unreadable_binding(session, bindings)
             if unreadable is not None:
-                return answer(self.access.unloaded(session, unreadable))
+                return self._answer(peer, job_id, self.access.unloaded(session, unreadable))
         key = (identity, digest)
         program = self.programs.get(key)
         if program is None:
-            return answer(missing=True)
+            return self._answer(peer, job_id, None, missing=True)
         self.program_used[key] = now
-        if job_id in self.calls.jobs:
-            return answer(_error("ProtocolError", f"job id {job_id!r} is already running"))
+        if job_id in calls.jobs:
+            error = _error("ProtocolError", f"job id {job_id!r} is already running")
+            return self._answer(peer, job_id, error)
         by_rank = self.registry.by_rank
         workers = list(map(by_rank.get, ranks))
         if not all(workers):  # a WorkerEntry is always true
             absent = next(r for r, e in zip(ranks, workers, strict=True) if e is None)
-            return answer(self._absent(absent, job_id))
-        self.calls.jobs[job_id] = JobCall(peer, msg.session, ranks, set(ranks), job_id)
+            return self._answer(peer, job_id, self._absent(absent, job_id))
+        calls.jobs[job_id] = JobCall(peer, msg.session, ranks, pending, job_id)
         session.jobs.add(job_id)
         # A rank must see only its own bindings (host values are private to their party).
         # When no other rank's bindings are in the message, it goes out as it came: one
@@ -374,6 +374,14 @@ class BrokerState:
             return out + fan(peers, msg, raw)
         # each rank's record and header made in one call each, not per rank
         return out + own_execs(peers, msg, None if raw is None else execs_for_ranks(raw, ranks))
+
+    def _answer(
+        self, peer: bytes, job: str, error: ErrorInfo | None, missing: bool = False
+    ) -> list[Send]:
+        """The answer to a job :meth:`_exec` does not start: its error, or that the broker
+        lacks its program."""
+        self.counters["jobs_failed"] += error is not None
+        return [Send(peer, JobResult(job, error=error, missing_program=missing))]
 
     def _absent(self, rank: int, job: str = "") -> ErrorInfo:
         lost = self.registry.lost.get(rank)

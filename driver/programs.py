@@ -109,10 +109,12 @@ class Program:
     ) -> Future[Any]:
         """Start as one job in ``ctx`` without waiting: a future of what ``run`` returns."""
         bindings = self._bind(ctx, args, kwargs, leaves) if self._inputs else {}
+        # one Value: built straight from the answer on the pump (_built's first case)
+        outputs = self._outputs if self._single is None else self._single_output
         return ctx.submit(
             self.graph,
             bindings,
-            functools.partial(self._outputs, ctx),
+            functools.partial(outputs, ctx),
             # the input Values outlive the job: no delete overtakes it
             keep=(args, kwargs) if args or kwargs else None,
             inline=self._inline,
@@ -141,6 +143,20 @@ class Program:
 
     def _outputs(self, ctx: Context, result: JobResult) -> Any:
         return self._built(ctx, result.job, result.values, result.metas)
+
+    def _single_output(self, ctx: Context, result: JobResult) -> Value:
+        """:meth:`_outputs` of a function that returns one Value (``_single``), without
+        :meth:`_built`'s call."""
+        assert self._single is not None
+        device, ranks = self._single
+        return output_value(
+            device,
+            ranks,
+            ctx,
+            result.job + _FIRST_OUTPUT,
+            result.values.get(0),
+            result.metas.get(0, ""),
+        )
 
     def _built(
         self, ctx: Context, job: str, got: dict[int, dict[int, Any]], metas: dict[int, str]

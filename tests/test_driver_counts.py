@@ -40,9 +40,12 @@ PER_EAGER_JOB = 11
 # mp.submit with 64 in flight, per job: the calling thread (submit, result, fetch) made 40
 # calls at 68feee1, 21 at f226f8d, now 17 (a job id without a call; the margin is for the
 # deletes); the pump thread (send, read, settle) 19 per job besides its per-wake-up loop at
-# 68feee1, 13 at e7b802d, now 11 (the JobResult read without a Decoder).
+# 68feee1, 13 at e7b802d, 11 (the JobResult read without a Decoder), 10.2 at 2357d5f, now
+# 8.2 (the answer's bytes read without a view or a call to count their containers; a
+# program returning one Value built from the answer without two calls), now 7.2 (a
+# plaintext job's value taken in the receive loop, without _take's call).
 PER_SUBMIT_CALLER = 19
-PER_SUBMIT_PUMP = 13
+PER_SUBMIT_PUMP = 8
 # The pump's loop, run once per wake-up or per message (a batch carries many jobs): how the
 # jobs fall into wake-ups and batches depends on timing, so these are not counted per job.
 PER_WAKE_UP = frozenset(

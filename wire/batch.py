@@ -20,9 +20,10 @@ frame per header.)
 Only header-only messages (no buffer frames) of less than ``BATCH_HEADER_BELOW`` bytes
 ride in a batch; a sender sends anything else alone, in its place (the messages after it to
 that peer go after it), so the order each peer sees never changes (:func:`coalesce`). A
-receiver splits a batch with :func:`split_batch` and handles each inner message exactly as
-if it had arrived alone from the same peer, with the same authenticated identity (the
-batch's frame carries the connection's CURVE User-Id) and every check it gets alone.
+receiver splits a batch with :func:`split_batch` (or takes its headers, as bytes, with
+:func:`batch_headers`) and handles each inner message exactly as if it had arrived alone
+from the same peer, with the same authenticated identity (the batch's frame carries the
+connection's CURVE User-Id) and every check it gets alone.
 Splitting runs no code and grows nothing beyond the frame: it checks the count (1 to
 :data:`MAX_BATCH` inner messages; a batch of one is legal, an empty or larger one is
 refused), then walks the array's items by their bin heads, by hand (msgpack is not asked to
@@ -41,13 +42,14 @@ import msgpack
 from mpl.wire.codec import MAGIC_FRAME, VERSION
 from mpl.wire.errors import ProtocolError
 from mpl.wire.limits import MAX_HEADER_BYTES
-from mpl.wire.msgpack_bins import bin_bounds
+from mpl.wire.msgpack_bins import BIN8, bin_bounds
 
 __all__ = [
     "BATCH_HEADER_BELOW",
     "BATCH_MAGIC",
     "MAX_BATCH",
     "batch_frames",
+    "batch_headers",
     "coalesce",
     "header_only",
     "is_batch",
@@ -77,9 +79,17 @@ def is_batch(frames: Sequence[Any]) -> bool:
 def split_batch(frames: Sequence[Any]) -> list[list[Any]]:
     """The inner messages of batch ``frames`` (the codec's form: the magic, then the array
     of headers), each ``[MAGIC_FRAME, header]`` as it would have arrived alone. Raises
-    ProtocolError for anything but a magic and one frame holding a msgpack array of 1 to
-    ``MAX_BATCH`` bins (nothing after it); the inner headers are not read here (the
+    ProtocolError as :func:`batch_headers` does; the inner headers are not read here (the
     receiver decodes each as it would decode the message alone)."""
+    return [[MAGIC_FRAME, header] for header in batch_headers(frames)]
+
+
+def batch_headers(frames: Sequence[Any]) -> list[bytes]:
+    """The inner headers of batch ``frames`` (the codec's form: the magic, then the array
+    of headers), as bytes, each to be read as the header of a message of the codec's magic
+    (:func:`split_batch` pairs them with it). Raises ProtocolError for anything but a
+    magic and one frame holding a msgpack array of 1 to ``MAX_BATCH`` bins (nothing after
+    it)."""
     if len(frames) != 2:
         raise ProtocolError(f"a batch is its magic and one frame, not {len(frames)} frames")
     body = frames[1]
@@ -104,17 +114,23 @@ def split_batch(frames: Sequence[Any]) -> list[list[Any]]:
     if count > MAX_BATCH:
         raise ProtocolError(f"a batch of {count} messages (at most {MAX_BATCH})")
     # Each item's bin head read by hand: msgpack would build whatever the items are
-    # (arrays nested in arrays: a list per byte) before they could be checked.
+    # (arrays nested in arrays: a list per byte) before they could be checked. A bin8's
+    # head (every header under 256 bytes: a trivial job's) is read here, without
+    # bin_bounds's call; any other head is bin_bounds's to read or refuse.
     at = 1 if mark < _ARRAY16 else 3 if mark == _ARRAY16 else 5
-    inner: list[list[Any]] = []
+    inner: list[bytes] = []
     for _ in range(count):
-        bounds = bin_bounds(data, at)
-        if bounds is None:
-            raise ProtocolError("a batch holds something other than headers")
-        start, stop = bounds
+        if at + 2 <= size and data[at] == BIN8:
+            start = at + 2
+            stop = start + data[at + 1]
+        else:
+            bounds = bin_bounds(data, at)
+            if bounds is None:
+                raise ProtocolError("a batch holds something other than headers")
+            start, stop = bounds
         if stop > size:
             raise ProtocolError(f"a batch's header of {stop - start} bytes, {size - start} there")
-        inner.append([MAGIC_FRAME, data[start:stop]])
+        inner.append(data[start:stop])
         at = stop
     if at != size:
         raise ProtocolError("a batch has bytes after its array of headers")
@@ -143,23 +159,31 @@ def coalesce(messages: Iterable[tuple[list[Any], bool]]) -> list[tuple[list[Any]
     becomes batches of at most MAX_BATCH; anything else goes alone, in place. Returns each
     message to send with how many of ``messages`` it carries, in order."""
     out: list[tuple[list[Any], int]] = []
-    run: list[tuple[list[Any], Any]] = []
-
-    def close_run() -> None:
-        for start in range(0, len(run), MAX_BATCH):
-            part = run[start : start + MAX_BATCH]
-            if len(part) == 1:
-                out.append((part[0][0], 1))
-            else:
-                out.append((batch_frames([header for _, header in part]), len(part)))
-        run.clear()
-
+    run: list[tuple[list[Any], Any]] = []  # (frames, header) of batchable messages in a row
     for frames, batchable in messages:
-        header = header_only(frames) if batchable else None
-        if header is None or len(header) >= BATCH_HEADER_BELOW:
-            close_run()
-            out.append((frames, 1))
-        else:
-            run.append((frames, header))
-    close_run()
+        # header_only, written out (a call per message): its header, if it has one alone
+        if batchable and len(frames) == 2:
+            magic, header = frames
+            if (magic is MAGIC_FRAME or bytes(magic) == MAGIC_FRAME) and len(
+                header
+            ) < BATCH_HEADER_BELOW:
+                run.append((frames, header))
+                continue
+        if run:
+            _close_run(run, out)
+            run = []
+        out.append((frames, 1))
+    if run:
+        _close_run(run, out)
     return out
+
+
+def _close_run(run: list[tuple[list[Any], Any]], out: list[tuple[list[Any], int]]) -> None:
+    """:func:`coalesce`'s run of batchable messages, as batches of at most MAX_BATCH (a
+    part of one goes as it is), onto ``out``."""
+    for start in range(0, len(run), MAX_BATCH):
+        part = run[start : start + MAX_BATCH]
+        if len(part) == 1:
+            out.append((part[0][0], 1))
+        else:
+            out.append((batch_frames([header for _, header in part]), len(part)))

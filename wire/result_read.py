@@ -74,21 +74,32 @@ RESULT_HEAD = _PREFIX  # what every JobResult's header starts with: its job id f
 def read_answer(frames: Sequence[Any], *, safe: bool) -> Record:
     """``decode(frames, safe=safe)``, faster for a ``JobResult``; raises ProtocolError for
     anything malformed, as ``decode`` does."""
-    if len(frames) < 2 or len(frames) - 2 > MAX_FRAMES:
-        return decode(frames, safe=safe)
-    try:
-        header = frames[1]
-        view = memoryview(header)
-        magic = memoryview(frames[0]).tobytes()
-    except TypeError:
-        return decode(frames, safe=safe)
-    if (
-        magic != MAGIC_FRAME
-        or view.nbytes > MAX_HEADER_BYTES
-        or view[: len(_PREFIX)].tobytes() != _PREFIX
-    ):
-        return decode(frames, safe=safe)
-    counted = _counted_length(view)
+    if len(frames) == 2 and type(frames[0]) is bytes and type(header := frames[1]) is bytes:
+        # a header cut from its frame, or split from a batch (most answers): the checks
+        # below and _counted_length's count on the bytes themselves, without a view or copy
+        size = len(header)
+        if frames[0] != MAGIC_FRAME or size > MAX_HEADER_BYTES or not header.startswith(_PREFIX):
+            return decode(frames, safe=safe)
+        few = size < _COUNT_BELOW and (
+            size - len(header.translate(None, _CONTAINER_MARKERS)) < MAX_NESTING
+        )
+        counted = 0 if few else size
+    else:
+        if len(frames) < 2 or len(frames) - 2 > MAX_FRAMES:
+            return decode(frames, safe=safe)
+        try:
+            header = frames[1]
+            view = memoryview(header)
+            magic = memoryview(frames[0]).tobytes()
+        except TypeError:
+            return decode(frames, safe=safe)
+        if (
+            magic != MAGIC_FRAME
+            or view.nbytes > MAX_HEADER_BYTES
+            or view[: len(_PREFIX)].tobytes() != _PREFIX
+        ):
+            return decode(frames, safe=safe)
+        counted = _counted_length(view)
     items: Any = _NOT_READ
     unused = 0  # buffer frames the header does not reference
     try:
