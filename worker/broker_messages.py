@@ -89,18 +89,7 @@ class BrokerMessages:
         if self.seal is None:
             job = execs.repeat_job(frames)
             if job is not None:
-                try:  # _on_exec, written out for a job id (a call and a record less)
-                    if self.runtimes.refused_sessions:
-                        self._on_exec(execs.record(job))
-                    elif not self.jobs.run_now(execs.last, job):  # type: ignore[arg-type]
-                        record = execs.record(job)
-                        self._send_gathered()  # Dones gathered go before a job thread's
-                        self._perform(self.jobs.handle(record))
-                except Exception as exc:
-                    record = execs.record(job)
-                    reply = self.guard.internal("the broker", record, exc, rank=self.rank)
-                    if reply is not None:
-                        self._send(reply)
+                self._on_repeat(job)
                 return
         elif self.code == "any":  # a sealed repeat: opened and run by its job id, no record
             magic = frames[0]
@@ -161,6 +150,24 @@ class BrokerMessages:
             self._on_broker(msg)
         except Exception as exc:
             reply = self.guard.internal("the broker", msg, exc, rank=self.rank)
+            if reply is not None:
+                self._send(reply)
+
+    def _on_repeat(self, job: str) -> None:
+        """A plaintext program's next ``Exec``, said by its job id alone (the last one read
+        but for that id: ``RepeatExecs.repeat_job`` or ``repeat_frame``): run inline, or
+        handed on as a record of it. Its failure stays its own (guarded)."""
+        execs = self._execs
+        try:  # _on_exec, written out for a job id (a call and a record less)
+            if self.runtimes.refused_sessions:
+                self._on_exec(execs.record(job))
+            elif not self.jobs.run_now(execs.last, job):  # type: ignore[arg-type]
+                record = execs.record(job)
+                self._send_gathered()  # Dones gathered go before a job thread's
+                self._perform(self.jobs.handle(record))
+        except Exception as exc:
+            record = execs.record(job)
+            reply = self.guard.internal("the broker", record, exc, rank=self.rank)
             if reply is not None:
                 self._send(reply)
 
@@ -233,9 +240,15 @@ class BrokerMessages:
             self.refusals.refused("the broker", f"dropped a bad message: {exc}")
             return
         self._gathered = []
+        execs = self._execs if self.seal is None else None
         try:
             for one in inner:
-                self._on_frames(one)
+                # a plaintext program's next Exec (most): _on_frames' first step, written out
+                job = execs.repeat_job(one) if execs is not None else None
+                if job is not None:
+                    self._on_repeat(job)
+                else:
+                    self._on_frames(one)
                 if len(self._gathered) >= _DONES_AT_ONCE:
                     self._send_gathered()
         finally:
