@@ -77,7 +77,8 @@ class BrokerMessages:
 
         A program's next ``Exec`` (most messages of a busy worker) is recognised first, by
         comparison with the last one read, and goes straight to its handling: in
-        plaintext by its job id alone (``RepeatExecs.repeat_job``: the job shell runs it
+        plaintext by its job id alone (``RepeatExecs.repeat_job``, or ``repeat_frame`` in
+        the I/O thread's turn for a message of one frame, before this; the job shell runs it
         as the last ``Exec`` with that id, and a record of it is made only if it must be
         handed on), in secure mode by its job id and sealed box (``repeat_box``), which the
         seal opens or refuses (``WorkerSeal.open_exec``) before a job without inputs runs

@@ -3,9 +3,10 @@
 :class:`InlineJobs` is the half of :class:`~mpl.worker.jobs.Jobs` that runs a job the
 state lets run inline with nothing else to decide (``WorkerState.begin_inline``): its
 plan compiled once (``inline_run.py``), its outputs stored, its ``Done`` posted, then the
-state's bookkeeping of its end; no events or actions in between. A plaintext job comes as
-a job id the I/O thread read by comparison with the program's last ``Exec``
-(``RepeatExecs.repeat_job``), and its ``Done`` leaves as frames packed from its fields:
+state's bookkeeping of its end; no events or actions in between. A program of one call
+without arguments (``InlineRun.call``, most) is that call, made here. A plaintext job comes
+as a job id the I/O thread read by comparison with the program's last ``Exec``
+(``RepeatExecs.repeat_frame``), and its ``Done`` leaves as frames packed from its fields:
 no record is made on the way. So does a secure job's whose outputs are small scalars,
 sealed for the job's driver first (``WorkerSeal.sealed_scalars``). The rest of the job
 shell (events, the pool, tasks) is ``jobs.py``'s.
