@@ -142,7 +142,8 @@ def _worker_calls(sim: mp.Simulator, rank: int, job: Any) -> tuple[float, Counte
     # a run per turn (the first job's may fall to the turn that was waiting already, and
     # the last one's may end after its answer came back: neither counted)
     assert _JOBS - 2 <= len(ran) == sum(t["inline_jobs.py:run_now"] for t in ran) <= _JOBS
-    quiet = [t for t in ran if not t["jobs.py:report_progress"]]  # the timers did not run
+    # the timers did not run, nor had the worker gone to rest (a slow machine's stall)
+    quiet = [t for t in ran if not t["jobs.py:report_progress"] and not t["daemon.py:_rest"]]
     assert len(quiet) >= _JOBS // 2
     total = sum(quiet, Counter())
     return sum(total.values()) / len(quiet), total

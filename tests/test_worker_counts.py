@@ -56,8 +56,8 @@ def sim() -> Iterator[mp.Simulator]:
 def _job_turns(worker: Worker, run: Any, jobs: int) -> list[Counter[str]]:
     """Run ``run()`` ``jobs`` times; the calls ``worker``'s I/O thread made in each turn of
     its loop that ran a job inline and did not run the timers (those run every 100 ms at
-    most, at whatever job they fall on; the broker's heartbeats take turns of their own),
-    by ``kind name``."""
+    most, at whatever job they fall on; the broker's heartbeats take turns of their own)
+    nor wake from a rest, by ``kind name``."""
     turns: list[Counter[str]] = []
     real = worker._turn
 
@@ -88,7 +88,8 @@ def _job_turns(worker: Worker, run: Any, jobs: int) -> list[Counter[str]]:
     finally:
         worker._turn = real  # type: ignore[method-assign]  # put back
     ran = [t for t in turns if t["py inline_jobs.py:run_now"]]
-    return [t for t in ran if not t["py jobs.py:report_progress"]]
+    # nor the turns of a worker that had gone to rest (a wait timed out: a slow machine)
+    return [t for t in ran if not t["py jobs.py:report_progress"] and not t["py daemon.py:_rest"]]
 
 
 def _per_job(turns: list[Counter[str]], kind: str) -> float:
