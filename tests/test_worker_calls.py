@@ -113,7 +113,7 @@ def _worker_calls(sim: mp.Simulator, rank: int, job: Any) -> tuple[float, Counte
     I/O thread took the turns of its loop that ran a job (a plaintext repeat is recognised
     in the frame as received, in the turn itself: ``Worker._turn``), and which functions,
     over the turns that did not also run the timers (every 100 ms at most)."""
-    worker = sim.runtime.workers[rank]
+    worker: Worker = sim.runtime.workers[rank]
     turns: list[Counter[str]] = []
     real = worker._turn
 
