@@ -131,6 +131,30 @@ def test_a_repeat_said_by_its_job_id_is_the_repeat_read_as_a_record() -> None:
     assert reader.repeat_job(nxt) is None and reader.repeat(nxt) is not None
 
 
+def test_a_repeat_in_the_frame_as_received_is_the_repeat_said_by_its_job_id() -> None:
+    """``repeat_frame`` (the worker's plaintext path for a message of one frame, wire v4)
+    takes exactly the messages ``repeat_job`` takes, saying the same job id: mutated
+    anywhere, the magic too, and with job ids of other lengths. Never a sealed repeat."""
+    rng = random.Random(717)
+    taken = 0
+    for first in _programs():
+        for job in ("job-9", "ab", "q" * 33, "é" * 3):
+            whole = b"".join(_frames(dataclasses.replace(first, job=job)))
+            for n in range(200):
+                by_frames, by_frame = _reader_after(first), _reader_after(first)
+                data = whole if n == 0 else mutated(whole, rng)
+                want = by_frames.repeat_job([data[:4], data[4:]])
+                assert by_frame.repeat_frame(data) == want, data
+                assert by_frame.repeats == by_frames.repeats
+                taken += want is not None
+    assert taken > 100
+    sealed = Exec("s", "j1", "dig", (0, 1), {1: b"box-1" * 20}, (0,))
+    reader = _reader_after(sealed)
+    nxt = b"".join(_frames(dataclasses.replace(sealed, job="j2")))
+    assert reader.repeat_frame(nxt) is None and reader.repeat([nxt[:4], nxt[4:]]) is not None
+    assert RepeatExecs().repeat_frame(nxt) is None  # nothing remembered: nothing taken
+
+
 def test_a_refused_message_leaves_the_last_accepted_header_to_compare_with() -> None:
     first = _programs()[0]
     reader = _reader_after(first)

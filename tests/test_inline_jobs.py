@@ -115,3 +115,25 @@ def test_an_inline_threshold_that_is_no_duration_is_refused(pin: str) -> None:
     with pytest.raises(click.BadParameter) as refused:
         worker_main.make_context("mpl-worker", args)
     assert "--inline-ms" in refused.value.format_message() + str(refused.value.param_hint)
+
+
+def _boom() -> None:
+    raise ValueError("boom")
+
+
+def test_a_one_call_program_fails_inline_as_it_fails_on_the_pool(sim: mp.Simulator) -> None:
+    """A program of one call made by the job shell itself (``InlineRun.call``) fails as its
+    run on the pool does: the same error kind, op, rank, type and message."""
+    job = mp.function(lambda: mp.simp.pcall((1,), _boom))
+    seen = []
+    for _ in range(3):  # the first run on the pool, the next ones inline
+        with pytest.raises(mp.RemoteError) as failed:
+            mp.fetch(job())
+        err = failed.value
+        seen.append((type(err), err.op, err.rank, err.remote_type, err.remote_message))
+    assert _inline(sim, 1) == 2
+    # inline, a call the job shell made itself
+    compiled = [c for c in sim.runtime.workers[1].jobs._compiled.values() if c is not None]
+    assert len(compiled) == 1 and getattr(compiled[0].call, "__name__", "") == "_boom"
+    assert seen[0] == seen[1] == seen[2]
+    assert seen[0][2:4] == (1, "ValueError") and "boom" in seen[0][4]

@@ -152,3 +152,37 @@ def test_ops_it_does_not_compile_are_left_to_the_interpreter() -> None:
     compiled = InlineRun.compile(Plan.build(b.build([x, y]), RANK))
     assert compiled is not None
     assert compiled.run([ABSENT], 0.0, math.inf, _no_report)[0] == [ABSENT, 3]
+
+
+def test_a_program_of_one_call_without_arguments_is_that_call() -> None:
+    """``InlineRun.call``: the function of a program whose one op here is a call without
+    arguments and whose one output is its value (the job shell then makes the call
+    itself); None for any other program."""
+
+    def one() -> int:
+        return 1
+
+    b = GraphBuilder(2)
+    (out,) = b.op("pcall", [], ranks=(0, 1), fn=b.fn(one), args=(), kwargs={})
+    compiled = InlineRun.compile(Plan.build(b.build([out]), RANK))
+    assert compiled is not None and compiled.call is one and compiled.only is not None
+    others: list[Graph] = []
+    b = GraphBuilder(2)
+    x = b.input((0, 1))
+    others.append(b.build([b.op("pcall", [x], ranks=(0, 1), fn=b.fn(abs))[0]]))  # an input
+    b = GraphBuilder(2)
+    pair = b.op("pcall", [], ranks=(0, 1), nout=2, fn=b.fn(lambda: (1, 2)))
+    others.append(b.build([pair[0]]))  # two values
+    b = GraphBuilder(2)
+    (a,) = b.op("pcall", [], ranks=(0, 1), fn=b.fn(one))
+    (c,) = b.op("constant", [], ranks=(0, 1), value=3)
+    others.append(b.build([a, c]))  # two ops here
+    b = GraphBuilder(2)
+    (c,) = b.op("constant", [], ranks=(0, 1), value=3)
+    others.append(b.build([c]))  # no call
+    b = GraphBuilder(2)
+    (a,) = b.op("pcall", [], ranks=(0, 1), fn=b.fn(one))
+    others.append(b.build([a, a]))  # two outputs
+    for graph in others:
+        compiled = InlineRun.compile(Plan.build(graph, RANK))
+        assert compiled is not None and compiled.call is None

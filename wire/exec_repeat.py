@@ -100,6 +100,8 @@ class RepeatExecs:
         "_box_at",
         "_box_rank",
         "_fields",
+        "_frame_at",
+        "_frame_head",
         "_head",
         "_id_at",
         "_id_byte",
@@ -118,6 +120,10 @@ class RepeatExecs:
         self._size = 0  # the last header's size,
         self._id_at = 0  # where its job id's bytes begin,
         self._id_byte = -1  # and the byte before them (a fixstr's, or -1)
+        # the same as received in one frame (wire v4): the magic, then the header up to
+        # its job id; where the job id's bytes begin in that frame (plaintext only)
+        self._frame_head = b""
+        self._frame_at = 0
         self._fields: dict[str, Any] = {}  # the last record's fields, as read
         # a record of them, what repeat_job compares with (its callers run it by job id)
         self.last: Exec | None = None
@@ -241,6 +247,30 @@ class RepeatExecs:
         self.repeats += 1
         return job
 
+    def repeat_frame(self, data: bytes) -> str | None:
+        """:meth:`repeat_job` for a message as it is received (wire v4): the magic and the
+        header in one frame, ``data``. The same comparison, with the magic among the bytes
+        compared; the frame is not cut in two first."""
+        head = self._frame_head
+        if not head:  # none remembered, or a sealed one (never kept here)
+            return None
+        tail = self._tail
+        if not (data.startswith(head) and data.endswith(tail)):
+            return None
+        size = len(data)
+        at = self._frame_at  # as repeat_job reads it, four bytes on
+        if size == self._size + 4 and data[at - 1] == self._id_byte:
+            try:
+                job: str | None = data[at : size - len(tail)].decode()
+            except UnicodeDecodeError:
+                return None
+        else:
+            job = _job_id(data, len(head), size - len(tail))
+        if job is None or size - 4 >= MAX_CONTAINERS:  # as read_exec bounds the header
+            return None
+        self.repeats += 1
+        return job
+
     def repeat_sealed(self, data: bytes) -> tuple[str, bytes] | None:
         """:meth:`repeat_job` for a sealed Exec's frame (``mpl.wire.sealed_exec``: a header,
         its bindings empty, then one box as a msgpack bin; its caller checked the magic):
@@ -296,7 +326,7 @@ class RepeatExecs:
         msgpack packs it (a longer form of an array, tag, session or job id) is not kept,
         nor one whose bindings are sealed any other way than one box for one rank."""
         self._head, self._tail, self._size, self._fields = b"", b"", 0, {}
-        self._box_at, self.last = 0, None
+        self._box_at, self.last, self._frame_head = 0, None, b""
         bindings = msg.bindings
         boxed = bool(bindings) and any(type(b) is bytes for b in bindings.values())
         head = EXEC_PREFIX + msgpack.packb(msg.session)
@@ -317,10 +347,12 @@ class RepeatExecs:
             self._head, self._tail = head, header[box_end:]
         else:
             self._head, self._tail = head, header[len(head) + len(job) :]
+            self._frame_head = MAGIC_FRAME + head
         self._size, self._fields = len(header), dict(msg.__dict__)
         self.last = self.record(msg.job)
         self._id_at = len(head) + 1 if fixstr else -1
         self._id_byte = job[0] if fixstr else -1
+        self._frame_at = self._id_at + len(MAGIC_FRAME) if fixstr else -1
 
 
 def _box_span(header: bytes, at: int, bindings: dict[int, Any]) -> tuple[int, int] | None:

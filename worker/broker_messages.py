@@ -77,7 +77,8 @@ class BrokerMessages:
 
         A program's next ``Exec`` (most messages of a busy worker) is recognised first, by
         comparison with the last one read, and goes straight to its handling: in
-        plaintext by its job id alone (``RepeatExecs.repeat_job``: the job shell runs it
+        plaintext by its job id alone (``RepeatExecs.repeat_job``, or ``repeat_frame`` in
+        the I/O thread's turn for a message of one frame, before this; the job shell runs it
         as the last ``Exec`` with that id, and a record of it is made only if it must be
         handed on), in secure mode by its job id and sealed box (``repeat_box``), which the
         seal opens or refuses (``WorkerSeal.open_exec``) before a job without inputs runs
@@ -89,18 +90,7 @@ class BrokerMessages:
         if self.seal is None:
             job = execs.repeat_job(frames)
             if job is not None:
-                try:  # _on_exec, written out for a job id (a call and a record less)
-                    if self.runtimes.refused_sessions:
-                        self._on_exec(execs.record(job))
-                    elif not self.jobs.run_now(execs.last, job):  # type: ignore[arg-type]
-                        record = execs.record(job)
-                        self._send_gathered()  # Dones gathered go before a job thread's
-                        self._perform(self.jobs.handle(record))
-                except Exception as exc:
-                    record = execs.record(job)
-                    reply = self.guard.internal("the broker", record, exc, rank=self.rank)
-                    if reply is not None:
-                        self._send(reply)
+                self._on_repeat(job)
                 return
         elif self.code == "any":  # a sealed repeat: opened and run by its job id, no record
             magic = frames[0]
@@ -161,6 +151,24 @@ class BrokerMessages:
             self._on_broker(msg)
         except Exception as exc:
             reply = self.guard.internal("the broker", msg, exc, rank=self.rank)
+            if reply is not None:
+                self._send(reply)
+
+    def _on_repeat(self, job: str) -> None:
+        """A plaintext program's next ``Exec``, said by its job id alone (the last one read
+        but for that id: ``RepeatExecs.repeat_job`` or ``repeat_frame``): run inline, or
+        handed on as a record of it. Its failure stays its own (guarded)."""
+        execs = self._execs
+        try:  # _on_exec, written out for a job id (a call and a record less)
+            if self.runtimes.refused_sessions:
+                self._on_exec(execs.record(job))
+            elif not self.jobs.run_now(execs.last, job):  # type: ignore[arg-type]
+                record = execs.record(job)
+                self._send_gathered()  # Dones gathered go before a job thread's
+                self._perform(self.jobs.handle(record))
+        except Exception as exc:
+            record = execs.record(job)
+            reply = self.guard.internal("the broker", record, exc, rank=self.rank)
             if reply is not None:
                 self._send(reply)
 
@@ -233,9 +241,15 @@ class BrokerMessages:
             self.refusals.refused("the broker", f"dropped a bad message: {exc}")
             return
         self._gathered = []
+        execs = self._execs if self.seal is None else None
         try:
             for one in inner:
-                self._on_frames(one)
+                # a plaintext program's next Exec (most): _on_frames' first step, written out
+                job = execs.repeat_job(one) if execs is not None else None
+                if job is not None:
+                    self._on_repeat(job)
+                else:
+                    self._on_frames(one)
                 if len(self._gathered) >= _DONES_AT_ONCE:
                     self._send_gathered()
         finally:

@@ -98,6 +98,11 @@ _raw_set = zmq.backend.Socket.set  # the compiled option setter, as setsockopt i
 _RCVTIMEO = int(zmq.RCVTIMEO)  # a plain int: no enum looked up per reset
 _JOIN_S = 2.0
 _raw_recv = zmq.backend.Socket.recv  # the compiled receive, as mpl.wire.sockets calls it
+# A received frame's fields read by the compiled class's own descriptors: zmq.Frame's
+# Python half defines __getattr__, which sends every attribute read through a slower hook.
+_FrameBase: Any = zmq.backend.Frame
+_frame_more = _FrameBase.more.__get__
+_frame_bytes = _FrameBase.bytes.__get__
 
 
 class Worker(BrokerMessages, ResultChannel):
@@ -332,6 +337,7 @@ class Worker(BrokerMessages, ResultChannel):
         """
         dealer = self.dealer
         frames: list[Any] | None = None
+        one: bytes | None = None  # a message of one small frame (most): its bytes
         if self._resting:
             frames = self._rest(dealer, next_timers)
         else:
@@ -351,13 +357,26 @@ class Worker(BrokerMessages, ResultChannel):
                 self._rcvtimeo_on, self._rcvtimeo_ms = dealer, wait_ms  # a new dealer: unset
             try:  # recv_frames, without its call (the dealer is a socket of ours)
                 frame = _raw_recv(dealer, 0, False)
-                frames = [frame]
-                while frame.more:  # the rest of the message is there: never blocks
-                    frame = _raw_recv(dealer, 0, False)
-                    frames.append(frame)
+                if _frame_more(frame):
+                    frames = [frame]
+                    while _frame_more(frame):  # the rest of the message is there: never blocks
+                        frame = _raw_recv(dealer, 0, False)
+                        frames.append(frame)
+                elif len(frame) < SLICE_BELOW:
+                    one = _frame_bytes(frame)  # copied once (from_wire, written out)
+                else:
+                    frames = [frame]
             except zmq.Again:
-                frames = None
-        if frames is not None:
+                pass
+        if one is not None:
+            self._resting = False
+            # a program's next Exec (plaintext) is recognised in the frame as received
+            job = self._execs.repeat_frame(one) if self.seal is None else None
+            if job is not None:
+                self._on_repeat(job)
+            else:
+                self._on_frames([one[:4], one[4:]])  # the magic and the header, cut in two
+        elif frames is not None:
             self._resting = False
             first = frames[0]  # the magic and the header (wire v4): cut in two
             if len(frames) == 1 and type(first) is zmq.Frame and len(first) < SLICE_BELOW:
@@ -369,8 +388,8 @@ class Worker(BrokerMessages, ResultChannel):
             self.intake.put_deferred()
         now = self._clock = time.monotonic()
         if now < next_timers:
-            if frames is None:  # a wait timed out: rest from the next turn if all is quiet
-                self._resting = self._quiet()
+            if frames is None and one is None:  # a wait timed out: rest from the next turn
+                self._resting = self._quiet()  # if all is quiet
             return next_timers
         try:  # timers are guarded like messages: a failing stats() must not stop us
             if self._handshakes is not None:
@@ -385,7 +404,7 @@ class Worker(BrokerMessages, ResultChannel):
             self.guard.internal("the timers", None, exc)
         # Rest (sleep until the timers are next due) once a wait for the broker timed out
         # with nothing else about; until then the timers run every _POLL_MS.
-        if frames is None:
+        if frames is None and one is None:
             self._resting = self._quiet()
         now = self._clock = time.monotonic()
         cap = self.state.heartbeat_s if self._resting else _POLL_MS / 1000

@@ -3,9 +3,10 @@
 :class:`InlineJobs` is the half of :class:`~mpl.worker.jobs.Jobs` that runs a job the
 state lets run inline with nothing else to decide (``WorkerState.begin_inline``): its
 plan compiled once (``inline_run.py``), its outputs stored, its ``Done`` posted, then the
-state's bookkeeping of its end; no events or actions in between. A plaintext job comes as
-a job id the I/O thread read by comparison with the program's last ``Exec``
-(``RepeatExecs.repeat_job``), and its ``Done`` leaves as frames packed from its fields:
+state's bookkeeping of its end; no events or actions in between. A program of one call
+without arguments (``InlineRun.call``, most) is that call, made here. A plaintext job comes
+as a job id the I/O thread read by comparison with the program's last ``Exec``
+(``RepeatExecs.repeat_frame``), and its ``Done`` leaves as frames packed from its fields:
 no record is made on the way (a one-op run's one scalar: joined from the program's
 template, ``OneSpanDone``). So does a secure job's whose outputs are small scalars, sealed
 for the job's driver first (``WorkerSeal.sealed_scalars``; one scalar's box joined from the
@@ -149,17 +150,30 @@ class InlineJobs:
                     return worked_out
                 timeout = worked_out
             mine = msg.bindings.get(self.rank)
-            inputs: list[Any] | tuple[()] = ()
-            if mine:
-                inputs = [self._resolve(sid, b) for b in mine]
-                if len(inputs) != len(compiled.plan.graph.inputs):
-                    raise SessionError(
-                        f"job binds {len(inputs)} inputs on rank {self.rank}, "
-                        f"the graph has {len(compiled.plan.graph.inputs)}"
-                    )
-            self._inline = (sid, job, compiled, t0, timeout)  # for _report_inline
-            wall = time.time()
-            outputs, spans, t1 = compiled.run(inputs, t0, t0 + FIRST_AFTER_S, self._reports)
+            call = compiled.call
+            spans: list[list[Any]] | None = None  # the one call's: (op, label, 0.0, t1 - t0)
+            if call is not None and not mine:  # one call, no inputs (most): made here
+                wall = time.time()
+                try:  # compiled.run's one step, written out (a call and its lists less)
+                    first = call()
+                except (JobAbortedError, OpFailed):
+                    raise
+                except BaseException as exc:  # user code: SystemExit and KeyboardInterrupt too
+                    raise OpFailed(compiled.only[1], exc) from exc  # type: ignore[index]
+                t1 = time.monotonic()
+            else:
+                inputs: list[Any] | tuple[()] = ()
+                if mine:
+                    inputs = [self._resolve(sid, b) for b in mine]
+                    if len(inputs) != len(compiled.plan.graph.inputs):
+                        raise SessionError(
+                            f"job binds {len(inputs)} inputs on rank {self.rank}, "
+                            f"the graph has {len(compiled.plan.graph.inputs)}"
+                        )
+                self._inline = (sid, job, compiled, t0, timeout)  # for _report_inline
+                wall = time.time()
+                outputs, spans, t1 = compiled.run(inputs, t0, t0 + FIRST_AFTER_S, self._reports)
+                first = outputs[0] if compiled.single else ABSENT
         except OpFailed as exc:
             return self._op_failed(sid, job, exc, t0)
         except JobAbortedError:
@@ -168,7 +182,6 @@ class InlineJobs:
             info = to_info(exc, rank=self.rank, op="inputs", job=job)
             return RunFailed(sid, job, time.monotonic() - t0, info)
         try:
-            first = outputs[0] if compiled.single else ABSENT
             scalar = SCALAR_NAMES.get(type(first))
             if scalar is not None and self.post_frame is not None and compiled.only:
                 # one op, one scalar output (most): the Done joined from parts (in secure
@@ -176,12 +189,12 @@ class InlineJobs:
                 shape = self._one_span
                 if shape[1] is not compiled or shape[0] != sid:
                     shape = self._one_span_done(sid, compiled)
-                span = spans[0]
+                start, end = (0.0, t1 - t0) if spans is None else spans[0][2:]
                 held, template, seal = 0 in msg.inline, shape[2], self.seal_scalars
                 if template is None:
                     frame = None
                 elif seal is None:
-                    frame = template.frame(job, first, held, scalar, t1 - t0, wall, *span[2:])
+                    frame = template.frame(job, first, held, scalar, t1 - t0, wall, start, end)
                 else:  # secure mode: the value sealed for the job's driver first (a box)
                     sealed = seal(sid, job, {0: first} if held else {})
                     frame = (
@@ -189,12 +202,12 @@ class InlineJobs:
                         if sealed is None
                         # b"": sealed, yet no frame (a long job id, say): the record below
                         else template.frame(
-                            job, sealed.get(0), held, scalar, t1 - t0, wall, *span[2:]
+                            job, sealed.get(0), held, scalar, t1 - t0, wall, start, end
                         )
                         or b""
                     )
                 if frame is not None:
-                    self.store.put_outputs(sid, job, outputs)
+                    self.store.put_output(sid, job, first)
                     state = self.state  # _not_stopped, written out
                     if frame and (
                         state.clean[2] == state.stops or not state.stopped_inline(sid, job)
@@ -211,8 +224,11 @@ class InlineJobs:
                     # seal's outbound seals for the driver it answered (WorkerSeal)
                     metas: dict[int, str] = {0: scalar}
                     values: dict[int, Any] = {0: first} if held else {}
-                    stats = pack_stats(t1 - t0, wall, spans)
+                    stats = pack_stats(t1 - t0, wall, [[*compiled.only, start, end]])
                     return done_record(sid, job, self.rank, values, stats, metas, [])
+            if spans is None:  # the one call's run, in full
+                spans = [[*compiled.only, 0.0, t1 - t0]]  # type: ignore[misc]
+                outputs = [first]
             if scalar is not None:  # one scalar output (most): _store_outputs, written out
                 metas = {0: scalar}
                 values = {0: first} if 0 in msg.inline else {}

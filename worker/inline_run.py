@@ -42,7 +42,7 @@ Report = Callable[[int, int, float], float]
 class InlineRun:
     """A plan compiled for inline runs: :meth:`compile` it, then :meth:`run` it."""
 
-    __slots__ = ("only", "outputs", "plan", "single", "steps")
+    __slots__ = ("call", "only", "outputs", "plan", "single", "steps")
 
     def __init__(self, plan: Plan, steps: tuple[tuple[Any, ...], ...]) -> None:
         self.plan = plan
@@ -55,6 +55,16 @@ class InlineRun:
         # pcall), whose span is then a run's only one; None for any other number of ops
         here = [(step[0], step[8]) for step in steps if step[1]]
         self.only: tuple[int, str] | None = here[0] if len(here) == 1 else None
+        # that one op's function when it takes no arguments and its one value is the
+        # program's one output (most: a pcall of a function returning one value); else
+        # None. The job shell then makes the call itself: the run is that call, its span
+        # (op, label, 0.0, its seconds) and its output that value (ABSENT stays ABSENT),
+        # and a failure of it is OpFailed(label, exc) as run raises it
+        self.call: Callable[[], Any] | None = None
+        if self.only is not None and self.single:
+            _, _, how, what, _, vid, nout, frees, _ = next(step for step in steps if step[1])
+            if how == _NO_ARGS and nout == 1 and self.outputs[0] == vid and vid not in frees:
+                self.call = what
 
     @classmethod
     def compile(cls, plan: Plan) -> InlineRun | None:

@@ -105,6 +105,20 @@ class ObjectStore:
         finally:
             lock.release()
 
+    def put_output(self, session: str, job: str, value: Any) -> None:
+        """:meth:`put_outputs` of a run of one output (``value``): no list made for it."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            jobs = self._outputs.get(session)
+            if jobs is None:
+                jobs = self._outputs[session] = {}
+            if self._extra:  # a job of several held somewhere: this id may name one
+                self._extra -= _extra(jobs.get(job, ABSENT))
+            jobs[job] = value
+        finally:
+            lock.release()
+
     def get(self, session: str, uri: str) -> Any:
         with self._lock:
             value = self._held(session, uri)
