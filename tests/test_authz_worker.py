@@ -30,42 +30,42 @@ class Clock:
 def test_moves_for_unknown_jobs_are_held_within_bounds_and_counted() -> None:
     box = move_mailbox(Holding(max_entries=4, max_bytes=1 << 20))
     for i in range(10):  # forged: jobs that will never run here
-        box.put(("s", f"guess{i}", 0, 0, 1), np.zeros(8))
+        box.put(("s", f"guess{i}", 0, 0, 1, ""), np.zeros(8))
     assert box.held() == 4 and box.held_dropped == 6 and box.pending() == (0, 0)
     big = np.zeros(1 << 18)  # 2 MiB: over the byte bound alone
     box2 = move_mailbox(Holding(max_entries=100, max_bytes=1 << 20))
-    assert not box2.put(("s", "j", 0, 0, 1), big) and box2.held_dropped == 1
+    assert not box2.put(("s", "j", 0, 0, 1, ""), big) and box2.held_dropped == 1
 
 
 def test_genuine_moves_are_never_refused_for_lack_of_room() -> None:
     box = move_mailbox(Holding(max_entries=2, max_bytes=1 << 20))
     for i in range(5):
-        box.put(("s", f"forged{i}", 0, 0, 1), b"x")
+        box.put(("s", f"forged{i}", 0, 0, 1, ""), b"x")
     box.open(("s", "real"))
     for op in range(50):
-        assert box.put(("s", "real", op, 0, 1), np.ones(4))
-    assert box.take(("s", "real", 49, 0, 1), time.monotonic() + 1, "").tolist() == [1.0] * 4
+        assert box.put(("s", "real", op, 0, 1, ""), np.ones(4))
+    assert box.take(("s", "real", 49, 0, 1, ""), time.monotonic() + 1, "").tolist() == [1.0] * 4
     assert box.held() == 2
 
 
 def test_a_move_that_overtook_its_exec_is_handed_over() -> None:
     box = move_mailbox(Holding(max_entries=8))
-    assert box.put(("s", "j", 3, 0, 1), "early")
-    assert not box.put(("s", "j", 3, 0, 1), "dup")
+    assert box.put(("s", "j", 3, 0, 1, ""), "early")
+    assert not box.put(("s", "j", 3, 0, 1, ""), "dup")
     assert box.pending()[0] == 0 and box.held() == 1
     box.open(("s", "j"))
     assert box.pending()[0] == 1 and box.held() == 0
-    assert box.take(("s", "j", 3, 0, 1), time.monotonic() + 1, "") == "early"
-    box.put(("s", "k", 1, 0, 1), "also early")  # a waiting job thread also adopts
-    assert box.take(("s", "k", 1, 0, 1), time.monotonic() + 1, "") == "also early"
+    assert box.take(("s", "j", 3, 0, 1, ""), time.monotonic() + 1, "") == "early"
+    box.put(("s", "k", 1, 0, 1, ""), "also early")  # a waiting job thread also adopts
+    assert box.take(("s", "k", 1, 0, 1, ""), time.monotonic() + 1, "") == "also early"
 
 
 def test_held_moves_expire_and_closed_sessions_drop_theirs() -> None:
     clock = Clock()
     box = move_mailbox(Holding(max_entries=8, hold_s=5.0, clock=clock))
-    box.put(("s", "old", 0, 0, 1), "a")
+    box.put(("s", "old", 0, 0, 1, ""), "a")
     clock.now = 6.0
-    box.put(("s", "new", 0, 0, 1), "b")  # arriving traffic sweeps out the old
+    box.put(("s", "new", 0, 0, 1, ""), "b")  # arriving traffic sweeps out the old
     assert box.held() == 1 and box.held_dropped == 1
     box.close_where(lambda job: job[0] == "s", "closed")
     assert box.held() == 0

@@ -123,7 +123,7 @@ def test_the_peer_thread_decodes_each_move_once_under_code_kernels(
         assert decodes[0] - before == 10 + 2  # once per move; the refused one twice, opaque
         assert isinstance(refused[0], MoveRefused) and refused[0].job == "j"
         assert LOADED == []
-        got = mailbox.take(("s", "j", 0, 0, 1), 0.0, "lost")
+        got = mailbox.take(("s", "j", 0, 0, 1, ""), 0.0, "lost")
         assert np.array_equal(got, np.arange(5))
     finally:
         push.close()

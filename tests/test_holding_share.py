@@ -121,10 +121,10 @@ def test_until_the_ranks_are_known_only_the_totals_apply() -> None:
 def test_moves_and_spu_messages_are_charged_to_their_source() -> None:
     moves = move_mailbox(held_moves(None, _three))
     for i in range(2000):
-        moves.put(("s", f"ghost{i}", 0, 0, 2), i)  # rank 2 floods jobs that never come
-    assert moves.put(("s", "real", 0, 0, 1), "early")  # rank 1's move still finds room
+        moves.put(("s", f"ghost{i}", 0, 0, 2, ""), i)  # rank 2 floods jobs that never come
+    assert moves.put(("s", "real", 0, 0, 1, ""), "early")  # rank 1's move still finds room
     moves.open(("s", "real"))
-    assert moves.take(("s", "real", 0, 0, 1), 0.0, "late") == "early"
+    assert moves.take(("s", "real", 0, 0, 1, ""), 0.0, "late") == "early"
     spu = spu_mailbox(held_spu(None, _three))
     for i in range(2000):
         spu.put((f"ghost/{i}", 2, "k"), b"x")
@@ -198,7 +198,7 @@ def test_a_party_flooding_forged_moves_leaves_room_for_another_partys_early_move
         rank1.send_multipart(to_wire(encode(Move("s", "real", 0, 0, 1, 0, np.arange(4.0)))))
         wait_until(lambda: mailbox.held() + mailbox.held_dropped > flood, 15, "the early move")
         mailbox.open(("s", "real"))  # the Exec arrives: the job takes its move and completes
-        got = mailbox.take(("s", "real", 0, 0, 1), 0.0, "the early move was dropped")
+        got = mailbox.take(("s", "real", 0, 0, 1, ""), 0.0, "the early move was dropped")
         assert np.array_equal(got, np.arange(4.0))
         assert flooded == 1024 and mailbox.held() == 1023  # rank 2 gave back what was needed
         dropped = [r.getMessage() for r in caplog.records if "holding area" in r.getMessage()]
@@ -289,7 +289,7 @@ def test_a_flood_leaves_room_in_the_peer_threads_second_chances(zmq_ctx: zmq.Con
         wait_until(lambda: mailbox.held_dropped >= 394 + 3, 15, "rank 1's moves")
         mailbox.open(("s", "real"))  # the Exec was handled...
         intake.put_deferred()  # ...and the I/O thread gives the refused moves their chance
-        got = [mailbox.take(("s", "real", op, 0, 1), 0.0, f"op {op} lost") for op in range(3)]
+        got = [mailbox.take(("s", "real", op, 0, 1, ""), 0.0, f"op {op} lost") for op in range(3)]
         assert got == [0, 1, 2]
     finally:
         for sock in push:

@@ -199,7 +199,7 @@ def test_moves_for_jobs_that_never_come_are_bounded_and_counted(
     monkeypatch.setattr(limits, "MAX_MOVES_PENDING", 100)
     box = move_mailbox()
     box.open(("s", "j"))  # a real job: its moves skip the holding area (worker/holding.py)
-    kept = [box.put(("s", "j", i, 0, 0), i) for i in range(150)]
+    kept = [box.put(("s", "j", i, 0, 0, ""), i) for i in range(150)]
     assert kept.count(True) == 100 and box.overflow == 50 and box.pending()[0] == 100
 
 

@@ -205,7 +205,7 @@ def test_the_worker_peer_intake_refuses_each_and_takes_the_move_after_them(
         for frames in hostile.values():
             push.send_multipart(frames)
         push.send_multipart([MAGIC_FRAME + move[1]])  # the one-frame form, literally
-        got = mailbox.take(("s", "j", 0, 0, 1), time.monotonic() + 15, "the move")
+        got = mailbox.take(("s", "j", 0, 0, 1, ""), time.monotonic() + 15, "the move")
         assert got == 7 and intake.errors == len(hostile)
     finally:
         push.close()

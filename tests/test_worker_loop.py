@@ -139,7 +139,7 @@ def test_a_move_reaches_the_mailbox_while_the_io_thread_is_busy(
         worker.mailbox.open(("s1", "j1"))
         push.connect(worker.data_addr)
         push.send_multipart(to_wire(encode(Move("s1", "j1", 3, 0, 1, 0, 41.5))))
-        got = worker.mailbox.take(("s1", "j1", 3, 0, 1), time.monotonic() + 10, "no move")
+        got = worker.mailbox.take(("s1", "j1", 3, 0, 1, ""), time.monotonic() + 10, "no move")
         assert got == 41.5
         assert busy.is_set() and not release.is_set()  # delivered while the I/O thread hung
     finally:
@@ -183,7 +183,7 @@ def test_a_move_that_overtook_its_exec_survives_a_full_holding_area(
         wait_until(lambda: worker.mailbox.held_dropped > dropped, what="the early move dropped")
         worker.mailbox.open(("s1", "real"))  # what handling the Exec does
         release.set()
-        got = worker.mailbox.take(("s1", "real", 3, 0, 1), time.monotonic() + 10, "lost")
+        got = worker.mailbox.take(("s1", "real", 3, 0, 1, ""), time.monotonic() + 10, "lost")
         assert got == 7.5
     finally:
         release.set()

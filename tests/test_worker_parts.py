@@ -85,7 +85,7 @@ def test_directory_and_program_cache_lru() -> None:
     assert c.program(graphs[0].digest) is None and c.program(graphs[-1].digest) is not None
 
 
-KEY = ("s", "j", 3, 0, 0)
+KEY = ("s", "j", 3, 0, 0, "")
 
 
 def test_mailbox_delivers_once_in_any_order() -> None:
@@ -96,14 +96,14 @@ def test_mailbox_delivers_once_in_any_order() -> None:
     assert box.take(KEY, time.monotonic() + 1, "late") == "early"
     assert not box.put(KEY, "after take")
     got: list[Any] = []
-    late = ("s", "j", 4, 0, 1)
+    late = ("s", "j", 4, 0, 1, "")
     t = threading.Thread(target=lambda: got.append(box.take(late, time.monotonic() + 5, "")))
     t.start()
     box.put(late, "late")
     t.join(5)
     assert got == ["late"] and box.duplicates == 2
     box.end(("s", "j"))
-    assert not box.put(("s", "j", 9, 0, 0), "for an ended job") and box.late == 1
+    assert not box.put(("s", "j", 9, 0, 0, ""), "for an ended job") and box.late == 1
 
 
 def test_mailbox_abort_wakes_waiters_and_deadline_is_bounded() -> None:
@@ -125,7 +125,7 @@ def test_mailbox_abort_wakes_waiters_and_deadline_is_bounded() -> None:
     assert time.monotonic() - start < 0.5
     assert isinstance(errors[0], JobAbortedError) and "rank 0 failed" in str(errors[0])
     with pytest.raises(MplTimeoutError, match="did not arrive in time"):
-        box.take(("s", "k", 1, 0, 1), time.monotonic() + 0.05, "did not arrive in time")
+        box.take(("s", "k", 1, 0, 1, ""), time.monotonic() + 0.05, "did not arrive in time")
 
 
 class FakeJob:

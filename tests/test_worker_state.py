@@ -450,7 +450,7 @@ def test_a_session_close_wakes_waiters_frees_values_and_drops_late_moves(jobs: J
 
     def wait() -> None:
         try:
-            jobs.mailbox.take(("s", "j", 1, 0, 1), time.monotonic() + 30, "never", job="j")
+            jobs.mailbox.take(("s", "j", 1, 0, 1, ""), time.monotonic() + 30, "never", job="j")
         except BaseException as exc:
             errors.append(exc)
 
@@ -461,7 +461,7 @@ def test_a_session_close_wakes_waiters_frees_values_and_drops_late_moves(jobs: J
     waiter.join(5)
     assert isinstance(errors[0], JobAbortedError) and "the driver left" in str(errors[0])
     assert not jobs.store.has("s", "job:old/0")
-    assert not jobs.mailbox.put(("s", "j", 2, 0, 1), "late") and jobs.mailbox.late == 1
+    assert not jobs.mailbox.put(("s", "j", 2, 0, 1, ""), "late") and jobs.mailbox.late == 1
 
 
 def test_an_abort_releases_a_job_waiting_for_a_move(jobs: Jobs) -> None:
@@ -471,7 +471,7 @@ def test_an_abort_releases_a_job_waiting_for_a_move(jobs: Jobs) -> None:
 
     def wait() -> None:
         try:
-            jobs.mailbox.take(("s", "k", 0, 0, 1), time.monotonic() + 30, "never", job="k")
+            jobs.mailbox.take(("s", "k", 0, 0, 1, ""), time.monotonic() + 30, "never", job="k")
         except BaseException as exc:
             got.append(exc)
 

@@ -2,8 +2,8 @@
 
 ``Fetch`` and ``Delete`` go driver -> broker -> worker; the fetch answer comes back as a
 ``Reply``. ``Move`` goes straight from one worker's PUSH to another's PULL: it never touches
-the broker. A move is keyed by (session, job, op, seq, src); the receiver keeps the first
-copy and discards duplicates, so delivery is exactly once in any arrival order.
+the broker. A move is keyed by (session, job, op, seq, src, sealer); the receiver keeps the
+first copy and discards duplicates, so delivery is exactly once in any arrival order.
 """
 
 from __future__ import annotations
@@ -47,6 +47,13 @@ class Move(Record, tag="move"):
     """One value from rank ``src`` to rank ``dst`` for op ``op`` of ``job``.
 
     ``seq`` tells apart the moves of one op (several sources, or an op that repeats).
+
+    ``sealer`` (secure mode) is the driver that sealed the sending rank's job, as that
+    worker opened it ("" in plaintext): the receiver hands the value only to a job of the
+    same session and job id sealed by the same driver. A broker can make another driver's
+    job of that id run on the receiving rank (a session not bound there yet); the value of
+    the sealer's job never reaches it. The sender's connection proves its rank, and a
+    hostile sender holds the value it sends anyway, so its word on the sealer is enough.
     """
 
     session: str
@@ -56,3 +63,4 @@ class Move(Record, tag="move"):
     src: int
     dst: int
     value: Any
+    sealer: str = ""

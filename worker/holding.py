@@ -257,7 +257,7 @@ def _ranks(curve: Curve | None, world: Callable[[], int]) -> Callable[[], int]:
 
 
 def _move_src(held: Any) -> Hashable:
-    src: Hashable = held[0][4]  # held as ((session, job, op, seq, src),)
+    src: Hashable = held[0][4]  # held as ((session, job, op, seq, src, sealer),)
     return src
 
 

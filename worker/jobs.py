@@ -93,7 +93,7 @@ class _JobRun:
 
     __slots__ = (
         "_jobs", "_reported", "deadline", "job", "next_report", "position", "rank", "saved",
-        "session", "spans", "started", "store",
+        "sealer", "session", "spans", "started", "store",
     )  # fmt: skip
 
     def __init__(self, jobs: Jobs, session: str, job: str, deadline: float, started: float) -> None:
@@ -109,6 +109,10 @@ class _JobRun:
         self.next_report = started + FIRST_AFTER_S  # short jobs report nothing
         self.position: tuple[int, int, Graph, int] | None = None
         self._reported: tuple[int, int] | None = None
+        # the driver that sealed this job here ("" in plaintext): its moves carry it and
+        # only moves carrying it are taken (wire.data.Move)
+        sealer_of = jobs.sealer_of
+        self.sealer = sealer_of(session, job) if sealer_of is not None else ""
 
     def report(self, now: float) -> None:
         """Send where the job is if a report is due and says something new. Called by the
@@ -126,7 +130,7 @@ class _JobRun:
         self._jobs.post(Progress(self.session, self.job, self.rank, done, total, label))
 
     def send(self, dst: int, op: int, seq: int, value: Any) -> None:
-        move = Move(self.session, self.job, op, seq, self.rank, dst, value)
+        move = Move(self.session, self.job, op, seq, self.rank, dst, value, self.sealer)
         try:
             self._jobs.peers.send(
                 move, self.deadline, lambda: self._jobs.stopped((self.session, self.job))
@@ -136,7 +140,7 @@ class _JobRun:
             raise unsafe(exc.type_name or "value", where) from None
 
     def recv(self, src: int, op: int, seq: int) -> Any:
-        key = (self.session, self.job, op, seq, src)
+        key = (self.session, self.job, op, seq, src, self.sealer)
         late = (
             f"the move from rank {src} for op {op} did not arrive in time; the sender may be "
             "slow or dead, or the move was lost"
@@ -161,6 +165,7 @@ class Jobs(InlineJobs):
         post_frames: Callable[[list[Any]], None] | None = None,
         post_frame: Callable[[bytes], None] | None = None,
         seal_scalars: Callable[[str, str, dict[int, Any]], dict[int, bytes] | None] | None = None,
+        sealer_of: Callable[[str, str], str] | None = None,
         extensions: dict[str, Callable[[], Any]] | None = None,
         job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
         spu: SpuLinks | None = None,
@@ -182,6 +187,9 @@ class Jobs(InlineJobs):
         self._one_span: tuple[str, InlineRun | None, OneSpanDone | None] = ("", None, None)
         # secure mode: seals an inline Done's values for post_frames (WorkerSeal.sealed_scalars)
         self.seal_scalars = seal_scalars
+        # secure mode: the driver that sealed a job opened here (WorkerSeal.recipient), which
+        # its moves carry and must carry to reach it
+        self.sealer_of = sealer_of
         self.spu = spu
         self.job_timeout_s = job_timeout_s
         self._factories = dict(extensions or {})

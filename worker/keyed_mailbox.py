@@ -1,8 +1,10 @@
 """Where traffic from peers waits for the thread that needs it: one generic keyed mailbox.
 
-A worker has two such places: peer moves, keyed ``(session, job, op, seq, src)`` and grouped
-by job, and libspu's messages, keyed ``(lane, src, key)`` and grouped by SPU lane. Both
-need the same things, so both are a :class:`KeyedMailbox`:
+A worker has two such places: peer moves, keyed ``(session, job, op, seq, src, sealer)``
+and grouped by job (a move of one driver's job is never taken by another driver's job of
+that id: it waits unclaimed and goes with the job's group), and libspu's messages, keyed
+``(lane, src, key)`` and grouped by SPU lane. Both need the same things, so both are a
+:class:`KeyedMailbox`:
 
 * **Groups open before their traffic is accepted.** A group is opened when the worker
   learns of its work (the broker's ``Exec``, a lane made by the local runtime, or a thread
@@ -44,7 +46,7 @@ __all__ = ["KeyedMailbox", "MoveKey", "SpuKey", "move_mailbox", "spu_mailbox"]
 
 K = TypeVar("K", bound=Hashable)
 G = TypeVar("G", bound=Hashable)
-MoveKey = tuple[str, str, int, int, int]  # session, job, op, seq, src
+MoveKey = tuple[str, str, int, int, int, str]  # session, job, op, seq, src, sealer
 SpuKey = tuple[str, int, str]  # lane, src, libspu key
 _MEMORY = 4096  # closed or ended groups remembered, to drop their late traffic
 

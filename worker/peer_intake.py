@@ -181,7 +181,7 @@ class PeerIntake:
             self.errors += 1
             self._refusals.refused("a peer", f"unexpected {msg.TAG} on the peer socket")
             return
-        key = (msg.session, msg.job, msg.op, msg.seq, msg.src)
+        key = (msg.session, msg.job, msg.op, msg.seq, msg.src, msg.sealer)
         dropped = self.mailbox.held_dropped
         if self.mailbox.put(key, msg.value) or self.mailbox.held_dropped == dropped:
             return
