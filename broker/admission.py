@@ -9,13 +9,20 @@ from mpl.broker.calls import CallTable
 from mpl.wire.limits import MAX_CALLS, MAX_SESSION_SYMBOLS, MAX_SESSIONS, check_lease, check_ranks
 from mpl.wire.sessions import SymbolInfo
 
-__all__ = ["refuse_call", "refuse_open", "refuse_save"]
+__all__ = ["MAX_SESSION_NAME", "refuse_call", "refuse_open", "refuse_save"]
+
+# A named session's id is its name (its driver checks the broker's answer against it), sent
+# in every job to every worker and kept in their bindings: so bounded.
+MAX_SESSION_NAME = 128
 
 
-def refuse_open(lease_s: float, open_sessions: int) -> str | None:
-    """A session with a lease outside (0, 1 day], or one more than ``MAX_SESSIONS``."""
+def refuse_open(lease_s: float, open_sessions: int, name: Any = "") -> str | None:
+    """A session with a lease outside (0, 1 day], a name that is not a string of at most
+    ``MAX_SESSION_NAME`` characters, or one session more than ``MAX_SESSIONS``."""
     if (why := check_lease(lease_s)) is not None:
         return why
+    if type(name) is not str or len(name) > MAX_SESSION_NAME:
+        return f"a session's name is a string of at most {MAX_SESSION_NAME} characters"
     if open_sessions >= MAX_SESSIONS:
         return f"the broker holds {MAX_SESSIONS} sessions already: close some first"
     return None

@@ -37,7 +37,7 @@ class SessionCalls:
         identity = state.access.driver(peer, who)
         if peer in state.registry.by_peer or identity is None:
             return [state._refuse(peer, "ProtocolError", "a worker cannot open a session")]
-        if (refusal := refuse_open(msg.lease_s, len(state.sessions.by_id))) is not None:
+        if (refusal := refuse_open(msg.lease_s, len(state.sessions.by_id), msg.name)) is not None:
             return [Send(peer, state._req_error(msg.req, "SessionError", refusal))]
         shared, error = state.access.opening(identity, msg)
         if error is not None:

@@ -19,6 +19,7 @@ from mpl.wire.cluster import ClusterSpec
 from mpl.wire.errors import ClusterSpecError
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.session_cluster import session_cluster
+from mpl.wire.session_word import session_id
 from mpl.wire.sessions import SymbolInfo
 
 __all__ = ["SessionEntry", "SessionTable", "session_spec"]
@@ -67,15 +68,22 @@ class SessionTable:
         self, owner: str, client: str, name: str, lease_s: float, now: float
     ) -> tuple[SessionEntry, bool]:
         """Create a session owned by ``owner``, or attach ``client`` to the named one (the
-        caller checks first that ``owner`` may). Returns (entry, attached)."""
-        sid = self.by_name.get(name) if name else None
-        attached = sid is not None
-        if sid is None:
-            sid = f"s{secrets.token_hex(8)}"
-            self.by_id[sid] = SessionEntry(sid, name, lease_s, now, owner=owner)
+        caller checks first that ``owner`` may). Returns (entry, attached).
+
+        A new named session's id is ``<name>~<16 random hex digits>``: the driver, which
+        chooses the name (a fresh random one for a session of its own), checks that the id
+        it is answered with is one of that name's (``mpl.driver.client``); the random part
+        keeps each opening's id new, as workers remember closed sessions by id. An unnamed
+        open (an older driver) gets ``s<16 random hex digits>``."""
+        entry = self.named(name)
+        attached = entry is not None
+        if entry is None:
+            sid = ""
+            while not sid or sid in self.by_id:
+                sid = session_id(name) if name else f"s{secrets.token_hex(8)}"
+            entry = self.by_id[sid] = SessionEntry(sid, name, lease_s, now, owner=owner)
             if name:
                 self.by_name[name] = sid
-        entry = self.by_id[sid]
         entry.clients.add(client)
         entry.last_seen = now
         if attached:

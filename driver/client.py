@@ -40,7 +40,7 @@ from mpl.wire.codec import to_wire
 from mpl.wire.control import HEARTBEAT_S
 from mpl.wire.curve import Curve
 from mpl.wire.data import Fetch
-from mpl.wire.errors import MplError, MplTimeoutError, ProtocolError
+from mpl.wire.errors import AuthenticationError, MplError, MplTimeoutError, ProtocolError
 from mpl.wire.exec_pack import delete_frames
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Cancel, Exec, JobResult, Program
@@ -48,6 +48,7 @@ from mpl.wire.record import pinned_fields
 from mpl.wire.remote import from_info
 from mpl.wire.routing import check_driver_name
 from mpl.wire.safe_values import WORKER, pickles_allowed
+from mpl.wire.session_word import id_of_session_named
 from mpl.wire.sessions import (
     CloseNamed,
     CloseSession,
@@ -223,7 +224,17 @@ class Client(BrokerCalls):
         Raises ``SessionAccessError`` when the named session belongs to another driver.
         ``cluster`` (a spec's dict form) gives the session its own devices over named nodes
         of the broker's cluster; the broker refuses it with ``ClusterSpecError``.
+
+        A session's id is its name and a random tail (``<name>~<16 hex digits>``); this
+        driver names a session opened without one itself (``s`` and 16 random hex digits).
+        Raises ``AuthenticationError`` when the broker answers with an id of another name,
+        or says a freshly named session already existed: a broker putting this driver's
+        values in a session it did not ask for. Nothing was done in that session; check
+        which broker you reach (its operator may be hostile).
         """
+        fresh = not name
+        if fresh:  # the id is chosen here, not by the broker: see the check below
+            name = f"s{secrets.token_hex(8)}"
         req = next(self._reqs)
         share = None if share_with is None else [check_driver_name(n) for n in share_with]
         opened = self._call(
@@ -239,6 +250,13 @@ class Client(BrokerCalls):
                 else ProtocolError("the broker answered an open with something else")
             )
         assert isinstance(opened, SessionOpened)
+        if not id_of_session_named(opened.session, name) or (fresh and opened.attached):
+            self._send(CloseSession(name, self.client_id))  # what an honest broker opened
+            raise AuthenticationError(
+                f"the broker answered the open of session {name!r} with session "
+                f"{opened.session!r}{' (attached)' if opened.attached else ''}: not the one "
+                "asked for, so this driver will not act in it"
+            )
         if opened.broker_id != self.broker_id:
             self.broker_id = opened.broker_id
             self._programs.clear()

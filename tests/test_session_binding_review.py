@@ -13,7 +13,6 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -56,30 +55,30 @@ def _fetched(ctx: mp.Context, rank: int, uri: str) -> Any:
         return None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w28-a finding 1: a session's word binds to the broker's session id, so "
-    "a hostile broker gives a new shared session the id of the owner's private one",
-)
 def test_a_new_shared_session_given_a_private_sessions_id_does_not_admit_its_sharee_there(
-    rig: Rig, monkeypatch: pytest.MonkeyPatch
+    rig: Rig,
 ) -> None:
     """The analyst holds a value in a private session, then opens another session shared
-    with mallory (an auditor of that one, say). The broker chooses session ids: it gives
-    the new one the id of the private one. The analyst's driver takes it, and its open
-    tells every worker that the session of that id admits mallory; mallory then fetches
-    the private session's value, sealed for it by the worker."""
-    import mpl.broker.sessions as broker_sessions
-
+    with mallory (an auditor of that one, say). The broker answers the open with the id of
+    the private one: had the driver taken it, its open would tell every worker that the
+    session of that id admits mallory, and mallory would fetch the private session's value.
+    The driver chose the private session's id and asked for "collab": it refuses the answer
+    (review w28-a finding 1 (a)), and mallory reads nothing."""
     with rig.connect() as private:
         secret = _value_on(private, 0, "the analyst's private value")
-        reused = SimpleNamespace(token_hex=lambda n: private.session[1:])  # "s" + hex
-        monkeypatch.setattr(broker_sessions, "secrets", reused)
-        with rig.connect(session="collab", share_with=["mallory"]) as shared:
-            monkeypatch.undo()
-            assert shared.session == private.session  # the driver cannot tell
-            with rig.connect("mallory", session="collab") as mallory:
-                read = _fetched(mallory, 0, secret)
+
+        def reuse(msg: Any) -> list[Any] | None:  # the shared open: the private session's id
+            if isinstance(msg, SessionOpened):
+                rig.tap.alter = None
+                return [replace(msg, session=private.session)]
+            return None
+
+        rig.tap.alter = reuse
+        with pytest.raises(AuthenticationError, match="not the one asked for"):
+            rig.connect(session="collab", share_with=["mallory"])
+        with rig.connect("mallory", session="collab") as mallory:
+            read = _fetched(mallory, 0, secret)
+        assert _fetched(private, 0, secret) == "the analyst's private value"
     assert read is None, f"mallory read the private session's value: {read!r}"
 
 
@@ -502,11 +501,6 @@ def test_an_owners_other_client_does_not_share_again_what_the_owner_took_back(
             assert read is None, f"mallory read {read!r}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w28-a finding 1 (b): a driver attaching without share_with acts in "
-    "whatever session id the broker names: mallory's session, shared with it as a trap",
-)
 def test_a_driver_reattaching_its_own_session_is_not_put_in_another_drivers_session(
     rig: Rig,
 ) -> None:
@@ -515,7 +509,9 @@ def test_a_driver_reattaching_its_own_session_is_not_put_in_another_drivers_sess
     second client (no ``share_with``: it acts as a member, as the README says); the broker
     answers with the id of mallory's session. The analyst's jobs run there (mallory's word
     admits it) and their values are mallory's: mallory fetches them, through the honest
-    broker's own checks, with no forged message but the one ``SessionOpened``."""
+    broker's own checks, with no forged message but the one ``SessionOpened``. A named
+    session's id is its name: the driver refuses an answer naming another (review w28-a
+    finding 1 (b)), and acts in "p" once the broker answers honestly."""
     with (
         rig.connect("mallory", session="trap", share_with=["analyst"]) as mallory,
         rig.connect(session="p"),
@@ -528,31 +524,36 @@ def test_a_driver_reattaching_its_own_session_is_not_put_in_another_drivers_sess
             return None
 
         rig.tap.alter = redirect
+        with pytest.raises(AuthenticationError, match="not the one asked for"):
+            rig.connect(session="p")
+        assert rig.tap.alter is None  # the broker did lie
         with rig.connect(session="p") as again:
-            made = _value_on(again, 0, "the analyst's input, in its own session it thinks")
+            assert again.session.startswith("p~")
+            made = _value_on(again, 0, "the analyst's input, in its own session")
             read = _fetched(mallory, 0, made)
     assert read is None, f"mallory read {read!r}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w28-a finding 1 (c): a fresh unnamed open the broker answers as "
-    "'attached' to mallory's trap session runs the driver's jobs in mallory's session",
-)
 def test_a_fresh_private_session_is_not_put_in_another_drivers_session(rig: Rig) -> None:
     """Finding 1 (b) for the default ``mp.connect`` (no name, no ``share_with``): the broker
     answers the open with ``attached`` and the id of mallory's session shared with the
     analyst. The driver takes it for another's session it may act in (``owns`` False: no
-    binding job, no word but "a member"), and its values are mallory's."""
+    binding job, no word but "a member"), and its values are mallory's. The driver names
+    its fresh session itself: it refuses an answer naming another, or saying its fresh one
+    already existed (review w28-a finding 1 (c))."""
     with rig.connect("mallory", session="trap", share_with=["analyst"]) as mallory:
+        for lie in ({"session": mallory.session}, {}):  # mallory's session; its own, attached
 
-        def redirect(msg: Any) -> list[Any] | None:
-            if isinstance(msg, SessionOpened):
-                rig.tap.alter = None
-                return [replace(msg, session=mallory.session, attached=True)]
-            return None
+            def redirect(msg: Any, lie: dict[str, Any] = lie) -> list[Any] | None:
+                if isinstance(msg, SessionOpened):
+                    rig.tap.alter = None
+                    return [replace(msg, attached=True, **lie)]
+                return None
 
-        rig.tap.alter = redirect
+            rig.tap.alter = redirect
+            with pytest.raises(AuthenticationError, match="not the one asked for"):
+                rig.connect()
+            assert rig.tap.alter is None  # the broker did lie
         with rig.connect() as private:
             made = _value_on(private, 0, "the analyst's private input")
             read = _fetched(mallory, 0, made)

@@ -101,9 +101,12 @@ class RegistrationError(MplError):
 
 
 class AuthenticationError(MplError):
-    """A peer's key is not allowed, or it tried to take a rank pinned to another key.
+    """A peer's key is not allowed, or it tried to take a rank pinned to another key; or,
+    raised by a driver, the broker answered an open with a session other than the one asked
+    for (``mpl.driver.client.Client.open_session``).
 
-    Check the CURVE keys the daemons were started with and the keys pinned in the cluster.
+    Check the CURVE keys the daemons were started with and the keys pinned in the cluster
+    (and, for a session answered wrongly, which broker you reach: its operator may lie).
     """
 
 

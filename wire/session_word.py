@@ -17,14 +17,28 @@ for it (authenticated by its key, bound to the session and job by the Exec conte
 
 from __future__ import annotations
 
+import re
+import secrets
 from typing import Any
 
 from mpl.wire.errors import ProtocolError
 
-__all__ = ["MAX_ADMITTED", "read_word", "worded"]
+__all__ = ["MAX_ADMITTED", "id_of_session_named", "read_word", "session_id", "worded"]
 
 MAX_ADMITTED = 1024  # drivers one session may admit (a bound: the word is network input)
 _ADMITS, _INPUTS = "admits", "inputs"
+_ID_TAIL = re.compile(r"~[0-9a-f]{16}")
+
+
+def session_id(name: str) -> str:
+    """A new id for the session called ``name`` (the broker's choice of its random part):
+    the word binds to the id, so a driver checks it names the session it asked for."""
+    return f"{name}~{secrets.token_hex(8)}"
+
+
+def id_of_session_named(sid: str, name: str) -> bool:
+    """Whether ``sid`` is an id :func:`session_id` gives the session called ``name``."""
+    return sid.startswith(name) and _ID_TAIL.fullmatch(sid, len(name)) is not None
 
 
 def worded(inputs: Any, admits: list[str] | None) -> dict[str, Any]:

@@ -56,7 +56,10 @@ class OpenSession(Record, tag="open"):
     """
 
     req: int
-    name: str  # "" for a fresh anonymous session
+    # the session's name (at most 128 characters); its id is ``<name>~<16 hex>``
+    # (``mpl.wire.session_word.session_id``); "": the broker picks an id (older drivers:
+    # a driver names even its own fresh session, to check the id it is answered with)
+    name: str
     lease_s: float
     client: str  # the driver client's id: attachments are counted per client
     share_with: list[str] | None = None  # driver names (not identities) let in besides
