@@ -47,7 +47,8 @@ def test_listing_shows_what_was_made_and_closing_by_name_frees_it(make_cluster: 
 
         mine = mp.sessions(work)
         rows = {r["name"]: r for r in mine["sessions"]}
-        assert set(rows) == {"work", ""}  # `again` opened an anonymous session of alice's
+        # `again` opened an anonymous session of alice's: its driver named it (s + 16 hex)
+        assert set(rows) == {"work", again.session.split("~")[0]}
         assert rows["work"]["mine"] and rows["work"]["symbols"] == 1
         assert rows["work"]["owner"] == "driver:alice" and mine["others"] == 2
         seen_by_bob = mp.sessions(bob)
