@@ -331,11 +331,6 @@ def test_a_forged_save_cannot_carry_another_drivers_value_out_of_its_session(rig
         assert read is None, f"mallory read {read!r}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w28-a finding 5: sessions a worker closes itself (the broker restarted) "
-    "stay bound as open: never evicted, they fill the bindings and new sessions are refused",
-)
 def test_sessions_closed_by_a_broker_restart_do_not_fill_a_workers_bindings(
     tmp_path: Path,
 ) -> None:
