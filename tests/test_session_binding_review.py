@@ -179,22 +179,17 @@ def test_an_owners_withheld_older_job_does_not_share_the_session_again_on_a_work
             assert read is None, f"mallory read {read!r}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w28-a finding 3: the owner binds its session only on the workers the "
-    "broker's SessionOpened names; a live worker left out takes mallory's job first and "
-    "gets the owner's moved value for it",
-)
 def test_a_live_worker_the_broker_leaves_out_of_the_open_does_not_serve_the_owners_moves(
     rig: Rig,
 ) -> None:
-    """The README limits the move theft to a worker that joined or restarted after the open.
-    But the driver binds its session on the workers the broker's ``SessionOpened`` lists:
+    """Review finding 3 (closed by a move carrying its job's sealer, ``Move.sealer``): the
+    driver binds its session on the workers the broker's ``SessionOpened`` lists:
     the broker leaves rank 1 out (live all along), so the analyst's open binds the session
     on rank 0 alone. The analyst's next job moves a value from rank 0 to rank 1; the broker
     hands rank 1 mallory's sealed Exec of the same session, job and program instead of the
-    analyst's: it binds the session there to mallory, the worker takes the move for it and
-    holds the analyst's value in the session, then seals it for mallory's fetch."""
+    analyst's: it binds the session there to mallory. The move of the analyst's job must not
+    reach mallory's job (it did before moves named their sealer: the worker then sealed the
+    analyst's value for mallory's fetch); mallory's job fails at its deadline instead."""
     replies: list[Reply] = []
     receive = rig.tap.recv_multipart
 
@@ -226,11 +221,10 @@ def test_a_live_worker_the_broker_leaves_out_of_the_open_does_not_serve_the_owne
             def swap(msg: Any) -> list[Any] | None:  # the analyst's job on rank 1: mallory's
                 if isinstance(msg, Exec) and msg.session == owner.session and 1 in msg.bindings:
                     rig.tap.alter = None
-                    plain = Exec(
-                        msg.session, msg.job, msg.digest, msg.ranks, {}, msg.inline, msg.timeout_s
-                    )
+                    # (a short deadline: a job that never gets its move fails soon)
+                    plain = Exec(msg.session, msg.job, msg.digest, msg.ranks, {}, msg.inline, 2.0)
                     boxes = seal.exec(plain).bindings
-                    stolen.append(replace(msg, bindings={1: boxes[1]}))
+                    stolen.append(replace(msg, bindings={1: boxes[1]}, timeout_s=2.0))
                     return stolen
                 return None
 
