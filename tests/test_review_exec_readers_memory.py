@@ -1,4 +1,5 @@
-"""Review finding: the broker's per-sender repeat-Exec readers keep what hostile Execs built.
+"""Review finding (fixed: only headers under 1 KiB are kept, for at most 64 senders): the
+broker's per-sender repeat-Exec readers kept what hostile Execs built.
 
 Since the broker reads a sender's Execs by comparison with that sender's last one
 (``Broker._exec_of``, ``mpl.wire.exec_repeat.RepeatExecs``), it keeps, for each of up to
@@ -16,7 +17,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
 import zmq
 from helpers import wait_until
 
@@ -24,7 +24,7 @@ from mpl.wire.batch import is_batch, split_batch
 from mpl.wire.codec import SLICE_BELOW, encode, from_wire
 from mpl.wire.jobs import Exec
 
-_SENDERS = 256  # Broker._EXEC_READERS: every reader the broker keeps
+_SENDERS = 256  # more than Broker._EXEC_READERS (64): every reader the broker keeps
 
 
 def _rss_bytes(pid: int) -> int:
@@ -53,11 +53,6 @@ def _most_dicts() -> int:
     return n
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w28: the broker keeps each of 256 senders' last Exec as objects (~600 KB "
-    "per 8 KiB header), filled before any check of the sender",
-)
 def test_hostile_execs_leave_no_objects_behind_in_the_broker(make_cluster: Any) -> None:
     n = _most_dicts()
     cluster = make_cluster("tcp", world_size=1)
