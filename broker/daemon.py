@@ -61,6 +61,7 @@ from mpl.wire.hot import (
     EXEC_PREFIX,
     DoneRead,
     read_done_header,
+    read_exec,
     read_hot,
     read_hot_header,
 )
@@ -103,8 +104,12 @@ _WAKE = 16
 _SEALED_LEN = len(SEALED_EXEC_MAGIC)
 _EXEC_FRAME_PREFIX = MAGIC_FRAME + EXEC_PREFIX
 # senders whose last Exec is kept to read the next by comparison (mpl.wire.exec_repeat), at
-# most; the oldest goes first. Each keeps one header shorter than SLICE_BELOW (8 KiB).
-_EXEC_READERS = 256
+# most; the oldest goes first. Each keeps one header shorter than _KEPT_BELOW, as the objects
+# it was read into: a hostile header of empty containers builds ~75 bytes of objects per
+# byte, so 64 x 1 KiB keep under 5 MB whoever sends them (a 2p job's header: 130-260 bytes;
+# a longer one is read in full each time, as before the readers)
+_EXEC_READERS = 64
+_KEPT_BELOW = 1024
 # the loop reads a Done of one frame shorter than SLICE_BELOW with no check of its length
 assert SLICE_BELOW <= MAX_CONTAINERS
 
@@ -433,6 +438,8 @@ class Broker(Outbox):
         full and kept for the next (``mpl.wire.exec_repeat``, which reads exactly what
         ``read_exec`` reads). What the comparison gives depends on the bytes alone; who may
         send them is checked per message, after (``BrokerState.exec_read``)."""
+        if len(header) >= _KEPT_BELOW:
+            return read_exec([MAGIC_FRAME, header])
         readers = self._exec_readers
         reader = readers.get(peer)
         if reader is None:

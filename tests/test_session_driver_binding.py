@@ -105,6 +105,30 @@ def test_another_listed_drivers_job_cannot_run_in_a_session_it_is_not_admitted_t
     assert _runs(worker, _job(b, "sb")) is None  # and b's in its own session
 
 
+def test_a_reply_is_sealed_for_its_own_fetch_or_not_sent_at_all() -> None:
+    """The worker keeps each Fetch by the broker's ``req`` to seal its reply for. A second
+    Fetch of a pending ``req`` (its reply would be sealed for the second's driver and
+    context) is dropped; a reply whose Fetch is no longer known (4,096 others since) goes
+    as an error, never as the plain value."""
+    a, b, node = _sealers()
+    worker = WorkerSeal(node, 0)
+    assert _runs(worker, _job(a, "sa", [1])) == [1]
+    assert _runs(worker, _job(b, "sb", [1])) == [1]
+    first = Fetch("sa", 7, 0, "v", "driver:a", "t")
+    assert worker.inbound(first) == (first, None)
+    assert worker.inbound(Fetch("sb", 7, 0, "w", "driver:b", "t")) == (None, None)
+    reply = worker.outbound(Reply(7, "a's secret"))
+    assert type(reply) is Reply and reply.error is None
+    assert a.open(reply.value, fetch_context("sa", 0, "v", "t"), sender="node:n0")[1] == (
+        "a's secret"
+    )
+    lost = worker.outbound(Reply(8, "a's secret"))  # no Fetch 8 known here
+    assert type(lost) is Reply
+    assert lost.value is None and lost.error is not None
+    assert lost.error.kind == "AuthenticationError" and lost.error.op == "fetch"
+    assert worker.outbound(Reply(9, error=lost.error)) == Reply(9, error=lost.error)
+
+
 def test_a_closed_sessions_binding_stays_a_replayed_job_stays_refused() -> None:
     """After the broker says a's session closed (its values are freed meanwhile), b's job
     cannot claim the session, nor can a's recorded job run again."""

@@ -94,6 +94,13 @@ class SessionAdmission:
             self._closed.pop(session, None)
             self._closed[session] = None
 
+    def all_closed(self) -> None:
+        """Every session closed at once (a new broker welcomed this worker, which closed
+        them all here): each binding evictable, as if its close had come."""
+        for session in self._bound:
+            self._closed.pop(session, None)
+            self._closed[session] = None
+
     def _room(self) -> bool:
         """Whether one more session can be bound, evicting the oldest closed one if full."""
         if len(self._bound) < self._limit:

@@ -356,6 +356,8 @@ class WorkerSeal:
         if isinstance(msg, Program):
             return self._program(msg), None
         if isinstance(msg, Fetch):
+            if msg.req in self._fetches:  # (an honest broker numbers each request anew)
+                return None, None  # kept: the first one's reply is sealed for it alone
             self._fetches[msg.req] = msg
         elif isinstance(msg, SessionClosed):
             self.admission.closed(msg.session)
@@ -432,6 +434,10 @@ class WorkerSeal:
             fetch = self._fetches.pop(msg.req, None)
             if fetch is not None:
                 return self._reply(msg, fetch)
+            if msg.error is None:  # its Fetch forgotten (4,096 since): sealed for no one,
+                why = f"fetch {msg.req}'s request is no longer known here: its value not sent"
+                info = ErrorInfo("AuthenticationError", why, rank=self.rank, op="fetch")
+                return Reply(msg.req, error=info)  # so never sent as it is
         return msg
 
     # -- inbound --------------------------------------------------------------------------
