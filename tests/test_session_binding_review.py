@@ -500,7 +500,7 @@ def test_a_driver_reattaching_its_own_session_is_not_put_in_another_drivers_sess
     answers with the id of mallory's session. The analyst's jobs run there (mallory's word
     admits it) and their values are mallory's: mallory fetches them, through the honest
     broker's own checks, with no forged message but the one ``SessionOpened``. A named
-    session's id is its name: the driver refuses an answer naming another (review w28-a
+    session's id carries its name: the driver refuses an answer naming another (review w28-a
     finding 1 (b)), and acts in "p" once the broker answers honestly."""
     with (
         rig.connect("mallory", session="trap", share_with=["analyst"]) as mallory,
@@ -516,7 +516,8 @@ def test_a_driver_reattaching_its_own_session_is_not_put_in_another_drivers_sess
         rig.tap.alter = redirect
         with pytest.raises(AuthenticationError, match="not the one asked for"):
             rig.connect(session="p")
-        assert rig.tap.alter is None  # the broker did lie
+        lied: Any = rig.tap.alter  # (None once the broker did lie)
+        assert lied is None
         with rig.connect(session="p") as again:
             assert again.session.startswith("p~")
             made = _value_on(again, 0, "the analyst's input, in its own session")
