@@ -19,11 +19,17 @@ from typing import Any
 import pytest
 from helpers import wait_until
 from test_replay_restart import Rig
-from test_session_driver_binding import _fetched_by, _job, _runs, _sealers, _value_on
+from test_session_driver_binding import (
+    _fetched_by,
+    _job,
+    _runs,
+    _sealers,
+    _value_on,
+    recorded_replies,
+)
 
 import mpl.driver as mp
 from mpl.wire import GraphBuilder
-from mpl.wire.codec import decode, from_wire
 from mpl.wire.data import Fetch
 from mpl.wire.errors import AuthenticationError, SessionAccessError
 from mpl.wire.jobs import Exec, Failed, output_uri
@@ -122,18 +128,7 @@ def test_an_owners_withheld_older_job_does_not_share_the_session_again_on_a_work
     ``share_with=[]`` and makes a value on rank 0. The broker hands the kept job to the
     worker, then mallory's fetch of its own decoy rewritten into that value: the worker
     seals it for mallory."""
-    replies: list[Reply] = []
-    receive = rig.tap.recv_multipart
-
-    def recording(*args: Any, **kw: Any) -> Any:  # the workers' fetch replies, recorded
-        frames = receive(*args, **kw)
-        with contextlib.suppress(Exception):
-            msg = decode(from_wire([bytes(f) for f in frames[1:]]), unpickle=False)
-            if isinstance(msg, Reply):
-                replies.append(msg)
-        return frames
-
-    rig.tap.recv_multipart = recording  # type: ignore[method-assign]
+    replies: list[Reply] = recorded_replies(rig)
     with (
         rig.connect(session="collab", share_with=["mallory"]) as owner,
         rig.connect("mallory") as mallory,
@@ -190,18 +185,7 @@ def test_a_live_worker_the_broker_leaves_out_of_the_open_does_not_serve_the_owne
     analyst's: it binds the session there to mallory. The move of the analyst's job must not
     reach mallory's job (it did before moves named their sealer: the worker then sealed the
     analyst's value for mallory's fetch); mallory's job fails at its deadline instead."""
-    replies: list[Reply] = []
-    receive = rig.tap.recv_multipart
-
-    def recording(*args: Any, **kw: Any) -> Any:  # the workers' fetch replies, recorded
-        frames = receive(*args, **kw)
-        with contextlib.suppress(Exception):
-            msg = decode(from_wire([bytes(f) for f in frames[1:]]), unpickle=False)
-            if isinstance(msg, Reply):
-                replies.append(msg)
-        return frames
-
-    rig.tap.recv_multipart = recording  # type: ignore[method-assign]
+    replies: list[Reply] = recorded_replies(rig)
     with rig.connect("mallory") as mallory:
         decoy = _value_on(mallory, 1, "mallory's own")
         seal = mallory.client.seal
@@ -270,18 +254,7 @@ def test_a_forged_save_cannot_carry_another_drivers_value_out_of_its_session(rig
     sends one for the analyst's value, then turns mallory's fetch in mallory's own session
     into a fetch of ``sym:<that name>``. The worker seals the analyst's value for mallory
     (a driver of the session it was fetched in)."""
-    got: list[Record] = []
-    receive = rig.tap.recv_multipart
-
-    def recording(*args: Any, **kw: Any) -> Any:  # the workers' replies and acks, recorded
-        frames = receive(*args, **kw)
-        with contextlib.suppress(Exception):
-            msg = decode(from_wire([bytes(f) for f in frames[1:]]), unpickle=False)
-            if isinstance(msg, Reply | Ack):
-                got.append(msg)
-        return frames
-
-    rig.tap.recv_multipart = recording  # type: ignore[method-assign]
+    got: list[Record] = recorded_replies(rig, Reply, Ack)
     with rig.connect() as owner, rig.connect("mallory") as mallory:
         secret = _value_on(owner, 0, "the analyst's secret")
         decoy = _value_on(mallory, 0, "mallory's own")
@@ -379,18 +352,7 @@ def test_a_fetch_reply_whose_record_the_broker_displaced_is_never_sent_unsealed(
     the same ``req`` of a value already held (answered at once: it takes the record).
     When the job ends, the first reply goes to the broker in plaintext. No driver key is
     needed; 4,096 other fetches in between would do the same (the records' LRU)."""
-    replies: list[Reply] = []
-    receive = rig.tap.recv_multipart
-
-    def recording(*args: Any, **kw: Any) -> Any:  # the workers' fetch replies, recorded
-        frames = receive(*args, **kw)
-        with contextlib.suppress(Exception):
-            msg = decode(from_wire([bytes(f) for f in frames[1:]]), unpickle=False)
-            if isinstance(msg, Reply):
-                replies.append(msg)
-        return frames
-
-    rig.tap.recv_multipart = recording  # type: ignore[method-assign]
+    replies: list[Reply] = recorded_replies(rig)
     flag = str(tmp_path / "go")
 
     def slow() -> str:  # the analyst's job: it ends once the test says so
@@ -447,18 +409,7 @@ def test_an_owners_other_client_does_not_share_again_what_the_owner_took_back(
     client (``share_with=[]``), which the broker honours. The first client's next job, in
     good faith, carries its old word: every worker it runs on admits mallory again, and the
     broker's operator fetches the second client's value for mallory."""
-    replies: list[Reply] = []
-    receive = rig.tap.recv_multipart
-
-    def recording(*args: Any, **kw: Any) -> Any:  # the workers' fetch replies, recorded
-        frames = receive(*args, **kw)
-        with contextlib.suppress(Exception):
-            msg = decode(from_wire([bytes(f) for f in frames[1:]]), unpickle=False)
-            if isinstance(msg, Reply):
-                replies.append(msg)
-        return frames
-
-    rig.tap.recv_multipart = recording  # type: ignore[method-assign]
+    replies: list[Reply] = recorded_replies(rig)
     with (
         rig.connect(session="collab", share_with=["mallory"]) as first,
         rig.connect("mallory") as mallory,

@@ -31,6 +31,7 @@ from mpl.wire.codec import decode, from_wire
 from mpl.wire.data import Fetch
 from mpl.wire.errors import AuthenticationError, SessionAccessError
 from mpl.wire.jobs import Exec, Failed, output_uri
+from mpl.wire.record import Record
 from mpl.wire.seal import Sealer, exec_context, fetch_context
 from mpl.wire.sessions import Reply, SessionClosed
 from mpl.worker.sealing import WorkerSeal
@@ -207,6 +208,25 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
         made.close()
 
 
+def recorded_replies(rig: Rig, *kinds: type[Record]) -> list[Any]:
+    """The workers' messages of ``kinds`` (``Reply`` if none given) that reach the tapped
+    broker, appended to the list returned as they come."""
+    wanted = kinds or (Reply,)
+    got: list[Any] = []
+    receive = rig.tap.recv_multipart
+
+    def recording(*args: Any, **kw: Any) -> Any:
+        frames = receive(*args, **kw)
+        with contextlib.suppress(Exception):
+            msg = decode(from_wire([bytes(f) for f in frames[1:]]), unpickle=False)
+            if isinstance(msg, wanted):
+                got.append(msg)
+        return frames
+
+    rig.tap.recv_multipart = recording  # type: ignore[method-assign]
+    return got
+
+
 def _value_on(ctx: mp.Context, rank: int, value: Any) -> str:
     """The uri of ``value``, made on ``rank`` by a job of ``ctx``'s driver in its session."""
     b = GraphBuilder(2)
@@ -218,18 +238,7 @@ def test_a_hostile_broker_cannot_fetch_an_owners_value_for_its_own_driver(rig: R
     """mallory fetches a value of its own session; the broker sends the worker a Fetch of
     the analyst's value instead, for mallory's reply_to and ticket. The worker refuses it
     (on 2357d5f it sealed the analyst's value for mallory, who opened it)."""
-    replies: list[Reply] = []
-    receive = rig.tap.recv_multipart
-
-    def recording(*args: Any, **kw: Any) -> Any:  # the workers' fetch replies, recorded
-        frames = receive(*args, **kw)
-        with contextlib.suppress(Exception):
-            msg = decode(from_wire([bytes(f) for f in frames[1:]]), unpickle=False)
-            if isinstance(msg, Reply):
-                replies.append(msg)
-        return frames
-
-    rig.tap.recv_multipart = recording  # type: ignore[method-assign]
+    replies: list[Reply] = recorded_replies(rig)
     with rig.connect() as owner, rig.connect("mallory") as mallory:
         secret = _value_on(owner, 0, "the analyst's secret")
         decoy = _value_on(mallory, 0, "mallory's own")
