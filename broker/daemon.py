@@ -40,7 +40,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -79,7 +79,9 @@ from mpl.wire.sockets import (
     recv_frames,
     recv_queued,
 )
-from mpl.wire.zap import Gatekeeper
+
+if TYPE_CHECKING:  # imported where a secure broker starts one: asyncio comes with it
+    from mpl.wire.zap import Gatekeeper
 
 __all__ = ["Broker"]
 
@@ -138,6 +140,8 @@ class Broker(Outbox):
         if curve is not None:
             # the ZAP handler runs before the socket binds: a CURVE server without one
             # would let in any client that knows the broker's public key
+            from mpl.wire.zap import Gatekeeper
+
             self.gatekeeper = Gatekeeper(self.ctx, broker_admits(cluster))
             self.gatekeeper.start()
             curve.serve(self.router, BROKER_DOMAIN)

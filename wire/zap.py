@@ -1,7 +1,8 @@
 """The ZAP handler each secure process runs: which keys may connect, and who they are.
 
 Kept apart from ``curve.py`` because it starts a thread (pyzmq's asyncio-based
-``ThreadAuthenticator``): only the daemons, which serve CURVE sockets, import it.
+``ThreadAuthenticator``, and asyncio with it): only a secure daemon imports it, as it
+starts (a plain start loads none of it).
 """
 
 from __future__ import annotations

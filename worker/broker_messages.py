@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zmq import Frame
 
@@ -31,10 +31,12 @@ from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC, is_sealed_exec, split_own
 from mpl.wire.sessions import SessionClosed, SessionRuntime
 from mpl.worker.code_policy import HoldsPickles, holds_pickle, refusal, screen, unloadable
 from mpl.worker.jobs import Jobs
-from mpl.worker.sealing import WorkerSeal
 from mpl.worker.session_runtime import SessionRuntimes
 from mpl.worker.state_events import Action, CodeRefused, FetchArrived, ProgramUnloadable
 from mpl.worker.store import ObjectStore
+
+if TYPE_CHECKING:  # secure mode's: not imported on a plain start
+    from mpl.worker.sealing import WorkerSeal
 
 __all__ = ["BrokerMessages"]
 

@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -52,10 +52,8 @@ from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.runtime_info import node_runtime_info
 from mpl.wire.safe_values import WORKER, pickles_allowed
-from mpl.wire.seal import Sealer
 from mpl.wire.snapshot import SnapshotSlot
 from mpl.wire.sockets import MAX_MESSAGE, configure, drain, recv_frames, send_frames
-from mpl.wire.zap import Gatekeeper
 from mpl.worker.broker_messages import BrokerMessages
 from mpl.worker.code_policy import (
     CODE_POLICIES,
@@ -68,7 +66,6 @@ from mpl.worker.metrics import rss_bytes
 from mpl.worker.peer_intake import PeerIntake
 from mpl.worker.peers import PeerLinks
 from mpl.worker.result_channel import ResultChannel
-from mpl.worker.sealing import WorkerSeal
 from mpl.worker.session_runtime import SessionRuntimes
 from mpl.worker.spu_kernels import SpuService
 from mpl.worker.spu_link import SpuLinks
@@ -84,6 +81,10 @@ from mpl.worker.state_events import (
     Tick,
 )
 from mpl.worker.store import ObjectStore, SymbolDisk
+
+if TYPE_CHECKING:  # secure mode's: imported where a secure worker builds them
+    from mpl.wire.zap import Gatekeeper
+    from mpl.worker.sealing import WorkerSeal
 
 __all__ = ["Worker"]
 
@@ -148,22 +149,25 @@ class Worker(BrokerMessages, ResultChannel):
                 raise ValueError("a secure worker needs its own cluster spec with keys")
             # running before the servers bind: a CURVE server without a ZAP handler would
             # let in anyone who knows this worker's public key
+            from mpl.wire.zap import Gatekeeper
+
             self.gatekeeper = Gatekeeper(self.ctx, peer_admits(curve.cluster))
             self.gatekeeper.start()
         self.incarnation = secrets.token_hex(8)
         # secure mode: payloads to and from drivers are sealed end to end (worker/sealing.py),
         # Execs for this process start only (its public incarnation)
-        self.seal = (
-            WorkerSeal(
+        self.seal: WorkerSeal | None = None
+        if curve is not None:
+            from mpl.wire.seal import Sealer
+            from mpl.worker.sealing import WorkerSeal
+
+            self.seal = WorkerSeal(
                 Sealer.for_node(curve, rank),
                 rank,
                 trusted=trusted,
                 code=code,
                 incarnation=public_incarnation(self.incarnation),
             )
-            if curve is not None
-            else None
-        )
         self.mailbox = move_mailbox(held_moves(curve, lambda: self.state.world_size))
         self.intake = PeerIntake(
             self.ctx,

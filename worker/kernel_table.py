@@ -32,7 +32,6 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +167,8 @@ class KernelTable:
     def _installed(self) -> dict[str, Any]:
         # Scanning the installed packages costs milliseconds: not at start-up, only when asked.
         if self._entry_points is None:
+            from importlib.metadata import entry_points  # ~30 modules: not on a plain start
+
             self._entry_points = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
         return self._entry_points
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -26,7 +26,9 @@ from mpl.wire.done_pack import own_done_frames
 from mpl.wire.jobs import Done
 from mpl.wire.record import Record
 from mpl.wire.sockets import send_frames
-from mpl.worker.sealing import WorkerSeal
+
+if TYPE_CHECKING:  # secure mode's: not imported on a plain start
+    from mpl.worker.sealing import WorkerSeal
 
 __all__ = ["ResultChannel"]
 
