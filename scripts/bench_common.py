@@ -29,9 +29,10 @@ def summarize(xs: list[float]) -> dict[str, Any]:
 def record(phase: str, metric: str, xs: list[float], unit: str = "s", **extra: Any) -> None:
     row = {"phase": phase, "metric": metric, "unit": unit, **summarize(xs), **extra}
     ROWS.append(row)
+    tail = "".join(f"{k} {fmt(row[k], unit)}, " for k in ("p90", "p99") if k in row)
     print(
         f"[{phase}] {metric}: {fmt(row['median'], unit)} (min {fmt(row['min'], unit)}, "
-        f"max {fmt(row['max'], unit)}, n={row['n']})",
+        f"{tail}max {fmt(row['max'], unit)}, n={row['n']})",
         flush=True,
     )
 
@@ -85,12 +86,17 @@ class Percentiles(TypedDict):
     """Extra columns of a row (its keys are known, so ``**`` cannot fill ``unit``)."""
 
     p50: float
+    p90: float
     p99: float
 
 
 def percentiles(xs: list[float]) -> Percentiles:
     ys = sorted(xs)
-    return {"p50": ys[len(ys) // 2], "p99": ys[min(len(ys) - 1, int(len(ys) * 0.99))]}
+
+    def at(q: float) -> float:
+        return ys[min(len(ys) - 1, int(len(ys) * q))]
+
+    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99)}
 
 
 def start_cluster(world: int, protocol: str = "SEMI2K", field: str = "FM128") -> LocalCluster:
