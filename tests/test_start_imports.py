@@ -49,6 +49,16 @@ def test_a_worker_imports_no_secure_only_module_nor_the_kernel_scan(module: str)
     assert _loaded(f"import {module}", _SECURE_ONLY + _SEALING + _KERNEL_SCAN) == []
 
 
+def test_a_plain_worker_built_has_not_asked_its_package_metadata() -> None:
+    """Its own version (importlib.metadata's search of every installed distribution) is
+    looked up when a session first brings runtime_info to check, not as a worker starts."""
+    code = (
+        "from mpl.worker.daemon import Worker; "
+        "w = Worker('tcp://127.0.0.1:9', 0); w.close()"  # nothing listens there: no join
+    )
+    assert _loaded(code, _KERNEL_SCAN) == []
+
+
 def _libraries(pid: int) -> set[str]:
     """The paths of the shared objects mapped into process ``pid``."""
     maps = Path(f"/proc/{pid}/maps").read_text()

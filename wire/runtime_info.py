@@ -42,7 +42,8 @@ _CHECKED = ("version", "platform")
 
 def own_runtime() -> dict[str, str]:
     """What this process runs: ``{"version": mpl's version, "platform": "<os>-<machine>"}``."""
-    # importlib.metadata costs ~20 ms to import: only workers ask, once, at start
+    # importlib.metadata costs ~20 ms to import: only workers ask, once, when a session
+    # first brings runtime_info to check
     from importlib.metadata import PackageNotFoundError, version
 
     try:

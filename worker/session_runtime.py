@@ -35,7 +35,9 @@ class SessionRuntimes:
     def __init__(self, rank: int, declared: Callable[[], Mapping[str, Any]]) -> None:
         self.rank = rank
         self._declared = declared
-        self._own = own_runtime()
+        # what this process runs: asked of its package metadata (a search of every installed
+        # distribution) when a session first brings runtime_info to check, not at start
+        self._own: dict[str, str] | None = None
         # one entry per open session; the broker holds at most MAX_SESSIONS open, and an
         # entry of a session whose close never came is the first to go
         self._sessions: LRU[str, dict[str, Any]] = LRU(MAX_SESSIONS)
@@ -66,7 +68,10 @@ class SessionRuntimes:
         too_big = oversize(info)
         if too_big is not None:
             return f"runtime_info: {too_big}"
-        why = incompatibility(info, self._own, self._declared())
+        own = self._own
+        if own is None:
+            own = self._own = own_runtime()
+        why = incompatibility(info, own, self._declared())
         return None if why is None else f"rank {self.rank}: {why}"
 
     def failed(self, msg: Exec) -> Failed | None:
