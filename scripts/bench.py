@@ -14,8 +14,8 @@ measured, so both JSON files line up. Phases:
   spu-floor  raw libspu over brpc between processes: millionaire, 100x100 matmul (+ reveal)
   dist       real daemons: trivial job + fetch (2p, 3p), P0->P1 64 MiB move
   spu        real daemons: millionaire and matmul, sealed, run and revealed in one job
-  import     `import mpl.driver` in a fresh process
-  startup    broker + 2 workers until ready; idle worker RSS
+  import     `import mpl.driver` in a fresh process (bytecode cached, and with none)
+  startup    broker + 2 workers until ready (bytecode cached, and with none); idle worker RSS
   secure     (--secure) plaintext vs secure (CurveZMQ + end-to-end sealing) daemons in one
              sitting: trivial job + fetch, 64 MiB P0->P1 move, 64 MiB fetch to the driver,
              raw CURVE PUSH/PULL floor, secure connect-to-first-job, sealing alone, the
@@ -253,29 +253,51 @@ def phase_spu() -> None:
             del ctx
 
 
+def _bytecode_envs(tmp: str) -> dict[str, dict[str, str]]:
+    """Environment overrides for the processes a start or import phase runs: with compiled
+    modules cached (as an installed package has them; here in a directory of the run's own,
+    not beside the sources), and with none (every module compiled from source, as under
+    PYTHONDONTWRITEBYTECODE with no cache about: about twice the instructions)."""
+    return {
+        "": {"PYTHONPYCACHEPREFIX": os.path.join(tmp, "cached"), "PYTHONDONTWRITEBYTECODE": ""},
+        ", no bytecode cache": {
+            "PYTHONPYCACHEPREFIX": os.path.join(tmp, "empty"),
+            "PYTHONDONTWRITEBYTECODE": "1",
+        },
+    }
+
+
 def phase_import() -> None:
-    times = []
-    for _ in range(6):
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import mpl.driver"], check=True)
-        times.append(time.perf_counter() - t0)
-    record("import", "(c) fresh `python -c 'import mpl.driver'` wall", times[1:])
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, env in _bytecode_envs(tmp).items():
+            times = []
+            for _ in range(6):  # the first (which fills the cache) is not counted
+                t0 = time.perf_counter()
+                cmd = [sys.executable, "-c", "import mpl.driver"]
+                subprocess.run(cmd, check=True, env={**os.environ, **env})
+                times.append(time.perf_counter() - t0)
+            record("import", f"(c) fresh `python -c 'import mpl.driver'` wall{label}", times[1:])
 
 
 def phase_startup() -> None:
     from mpl.driver.launcher import ProcessCluster
     from mpl.wire import ClusterSpec
 
-    times, rss = [], []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        cluster = ProcessCluster(ClusterSpec.simple(2))
-        times.append(time.perf_counter() - t0)
-        time.sleep(1.0)  # idle a moment before reading memory
-        rss += [_rss_mib(p.pid) for p in cluster.workers.values()]
-        cluster.close()
-    record("startup", "(c) start broker + 2 workers -> all ready", times)
-    record("startup", "(c) worker RSS idle", rss, unit="MiB")
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, env in _bytecode_envs(tmp).items():
+            ProcessCluster(ClusterSpec.simple(2), env=env).close()  # fills the cache
+            times, rss = [], []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                cluster = ProcessCluster(ClusterSpec.simple(2), env=env)
+                times.append(time.perf_counter() - t0)
+                if not label:
+                    time.sleep(1.0)  # idle a moment before reading memory
+                    rss += [_rss_mib(p.pid) for p in cluster.workers.values()]
+                cluster.close()
+            record("startup", f"(c) start broker + 2 workers -> all ready{label}", times)
+            if rss:
+                record("startup", "(c) worker RSS idle", rss, unit="MiB")
 
 
 def _rss_mib(pid: int) -> float:
