@@ -4,17 +4,24 @@ A name lives in the session (any driver attached to it can load it) or, with
 ``persist=True``, on the disks of the workers holding the value, where it outlives the
 session and restarts and any later session can load it. Each party persists under its
 own namespace: two parties saving ``model`` keep two values, chosen with ``parties=``.
+
+In secure mode a save outside a function is a job of its own, sealed like every job (a
+``save`` op on the value's holders), never a ``SaveSymbol``: the workers persist a value,
+and record this driver as its owner, only on its sealed word. A persisted name is deleted
+the same way (an ``unsave`` op on its holders, then the ``DeleteSymbol`` that settles the
+broker's table). See ``mpl.worker.symbol_owner`` for who reads a persisted value.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mpl.driver.context import current
+from mpl.driver.context import Context, current
 from mpl.driver.recorder import Recorder, active
 from mpl.driver.values import Value
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.errors import MplError, ProtocolError
+from mpl.wire.graph import GraphBuilder
 from mpl.wire.sessions import SymbolInfo
 
 __all__ = ["delete", "load", "save"]
@@ -39,6 +46,13 @@ def save(value: Value, name: str, *, persist: bool = False) -> None:
         raise MplError("a traced value is saved inside its own @mp.function trace only")
     ctx = value._ctx or current()
     ctx.flush()
+    if ctx.client.seal is not None:  # secure: the workers save on this driver's sealed word
+        b = GraphBuilder(ctx.cluster.world_size, name="save")
+        held = b.input(value.parties)
+        b.op("save", [held], ranks=value.parties, nout=0, symbol=name, persist=persist,
+             device=value.device or "")  # fmt: skip
+        ctx.run(b.build([]), {rank: [value._uri] for rank in value.parties})
+        return
     info = SymbolInfo(name, value.device or "", value.parties, persist, {"meta": value._meta})
     ctx.client.save_symbol(ctx.session, value._uri, info)
 
@@ -167,5 +181,21 @@ def delete(*items: str | Value, parties: int | str | Sequence[int | str] | None 
                 item._owned = False
                 item._ctx.release(item.parties, item._uri)
         else:
+            if ctx.client.seal is not None:
+                _unsave_sealed(ctx, item, ranks)
             ctx.client.delete_symbol(ctx.session, item, parties=ranks)
     ctx.flush()
+
+
+def _unsave_sealed(ctx: Context, name: str, ranks: tuple[int, ...]) -> None:
+    """Secure mode: if ``name`` is persisted, its holders (among ``ranks``, if given) delete
+    their files by a sealed job first: a worker deletes a file only on its owner's word."""
+    info = ctx.client.load_symbol(ctx.session, name, parties=ranks)
+    if not info.persist:
+        return
+    held, _ = _holders(ctx.cluster, info)
+    held = tuple(sorted(r for r in held if not ranks or r in ranks))
+    if held:
+        b = GraphBuilder(ctx.cluster.world_size, name="delete")
+        b.op("unsave", [], ranks=held, nout=0, symbol=name)
+        ctx.run(b.build([]), {})

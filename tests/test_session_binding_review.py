@@ -1,6 +1,6 @@
 """Review of w28-bind (sessions bound to their owner's sealed word): attacks a reviewer
-found. Findings 1, 3, 5 and 6 are closed and their tests pass; findings 2 and 4 are open
-(README "Limitations") and their tests are strict xfails until they are fixed.
+found. Findings 1, 3, 4, 5 and 6 are closed and their tests pass; finding 2 is open
+(README "Limitations") and its tests are strict xfails until it is fixed.
 
 The attacker is the one the round's fix is for: a hostile broker whose operator also holds
 a listed driver key (mallory). Real ``mpl-worker`` processes (CURVE) where a daemon is
@@ -242,18 +242,14 @@ def test_a_live_worker_the_broker_leaves_out_of_the_open_does_not_serve_the_owne
             assert read is None, f"mallory read {read!r}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w28-a finding 4: a SaveSymbol is the broker's word: it persists another "
-    "driver's session value, which any session then fetches as sym:<name>",
-)
 def test_a_forged_save_cannot_carry_another_drivers_value_out_of_its_session(rig: Rig) -> None:
     """The round's checks guard a session's values by who the session admits. But a
-    ``SaveSymbol`` (unsealed, the broker's word) makes the worker persist a value of the
-    analyst's session on its disk, and a persisted name reads from any session: the broker
+    ``SaveSymbol`` (unsealed, the broker's word) made the worker persist a value of the
+    analyst's session on its disk, and a persisted name read from any session: the broker
     sends one for the analyst's value, then turns mallory's fetch in mallory's own session
-    into a fetch of ``sym:<that name>``. The worker seals the analyst's value for mallory
-    (a driver of the session it was fetched in)."""
+    into a fetch of ``sym:<that name>``. On 0f5e5cc the worker sealed the analyst's value
+    for mallory; now it refuses the save (a secure worker saves only by a sealed job), and
+    would refuse the fetch anyway (a persisted value reads only in its owner's sessions)."""
     got: list[Record] = recorded_replies(rig, Reply, Ack)
     with rig.connect() as owner, rig.connect("mallory") as mallory:
         secret = _value_on(owner, 0, "the analyst's secret")
@@ -273,7 +269,11 @@ def test_a_forged_save_cannot_carry_another_drivers_value_out_of_its_session(rig
         (ack,) = wait_until(
             lambda: [m for m in got if isinstance(m, Ack) and m.req == save.req], 20, "the ack"
         )
-        assert ack.error is None, ack.error
+        assert ack.error is not None and (ack.error.kind, ack.error.rank, ack.error.op) == (
+            "AuthenticationError",
+            0,
+            "save",
+        ), ack.error
         forged: list[Fetch] = []
 
         def forge(msg: Any) -> list[Any] | None:  # then: mallory's fetch of that name

@@ -286,6 +286,12 @@ def _rule_load(op: Op, ins: list[Ranks], graph: Graph | None) -> list[Ranks]:
     return [op.ranks]
 
 
+def _rule_unsave(op: Op, ins: list[Ranks], graph: Graph | None) -> list[Ranks]:
+    _arity(op, 0, 0)  # each rank deletes its own persisted file (a secure mp.delete)
+    _symbol_attrs(op)
+    return []
+
+
 _RULES: dict[str, _Rule] = {
     "pcall": _rule_pcall,
     "shuffle": _rule_shuffle,
@@ -297,6 +303,7 @@ _RULES: dict[str, _Rule] = {
     "spu.reveal": _rule_spu_reveal,
     "save": _rule_save,
     "load": _rule_load,
+    "unsave": _rule_unsave,
 }
 OPCODES: tuple[str, ...] = tuple(_RULES)
 

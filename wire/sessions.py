@@ -126,7 +126,11 @@ class SymbolInfo(Record, tag="symbol"):
 
 @dataclass(eq=False, repr=False)
 class SaveSymbol(Record, tag="save"):
-    """Name the value at ``uri`` (held by ``info.ranks``) in the session, or on disk."""
+    """Name the value at ``uri`` (held by ``info.ranks``) in the session, or on disk.
+
+    Plaintext only: it is the broker's word, so a secure worker refuses it
+    (``AuthenticationError``, op ``save``); a secure driver saves by a sealed job instead
+    (``mpl.driver.names``), which records it as the value's owner."""
 
     session: str
     req: int
@@ -148,7 +152,9 @@ class LoadSymbol(Record, tag="load"):
 @dataclass(eq=False, repr=False)
 class DeleteSymbol(Record, tag="unsave"):
     """Forget ``name``. From a driver, ``ranks`` says whose persisted value (``()``: the
-    one value the name resolves to); to a worker, the ranks that delete."""
+    one value the name resolves to); to a worker, the ranks that delete. A secure worker
+    deletes no file on it (refused while one is there): the owner's sealed job (an
+    ``unsave`` op) deletes it first, and this settles the broker's table."""
 
     session: str
     req: int

@@ -87,6 +87,12 @@ class SessionAdmission:
             return f"session {session} does not admit {driver} here (its owner's word)"
         return ""
 
+    def owner(self, session: str) -> str:
+        """The driver ``session`` is bound to here ("": none), whose persisted values alone
+        it reads (``mpl.worker.symbol_owner``)."""
+        bound = self._bound.get(session)
+        return bound[0] if bound is not None else ""
+
     def closed(self, session: str) -> None:
         """``session`` closed (the broker's word): its binding stays until room is needed,
         after every session closed before it."""

@@ -195,7 +195,8 @@ class Worker(BrokerMessages, ResultChannel):
         self._channel_owed = False  # joined, but the Channel could not be queued yet
         self.dealer: zmq.Socket[Any] = self._new_dealer()
         disk = SymbolDisk(data_root) if data_root is not None else None
-        self.store = ObjectStore(disk)
+        # secure mode: a session reads the persisted values of the driver it is bound to
+        self.store = ObjectStore(disk, self.seal.admission.owner if self.seal else None)
         self.spu_links = SpuLinks(
             self.ctx,
             spu_bind or f"tcp://{host}:0",

@@ -41,7 +41,12 @@ from typing import Any
 from mpl.wire.codec import check_safe
 from mpl.wire.data import Delete, Fetch, Move
 from mpl.wire.done_pack import OneSpanDone
-from mpl.wire.errors import JobAbortedError, SessionError, UnsafeValueError
+from mpl.wire.errors import (
+    AuthenticationError,
+    JobAbortedError,
+    SessionError,
+    UnsafeValueError,
+)
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Done, Exec, Lit
 from mpl.wire.limits import MAX_JOB_THREADS, check_symbol_name, job_timeout
@@ -472,6 +477,11 @@ class Jobs(InlineJobs):
 
     def _save(self, msg: SaveSymbol) -> None:
         try:
+            if self.sealer_of is not None:  # secure: saves come in a driver's sealed job
+                raise AuthenticationError(
+                    "a SaveSymbol is the broker's word, not a driver's: a secure worker saves "
+                    "a value only by a driver's sealed job (mp.save runs one)"
+                )
             value = self.store.get(msg.session, msg.uri)
             if msg.info.persist:
                 if self.store.disk is None:
@@ -488,7 +498,10 @@ class Jobs(InlineJobs):
             check_symbol_name(msg.name)  # whoever relays it, no file outside the data root
             self.store.delete(msg.session, [symbol_uri(msg.name)])
             if msg.persist and self.store.disk is not None:
-                self.store.disk.delete(msg.name)
+                # secure: the broker's word deletes no file (its owner's sealed job does,
+                # then this only settles the broker's table); plaintext: no rule
+                by = "" if self.sealer_of is not None else None
+                self.store.disk.delete(msg.name, by)
             self.post(Ack(msg.req, self.rank))
         except Exception as exc:  # a bad name, a disk error: the driver hears of it
             self.post(Ack(msg.req, self.rank, to_info(exc, rank=self.rank, op="delete")))

@@ -8,7 +8,10 @@ the same rules as ``SaveSymbol`` and ``sym:`` reads outside a program:
 * a session name goes into this rank's store for the job's session; a persisted one is
   written by :class:`~mpl.worker.symbol_disk.SymbolDisk` under this party's own
   namespace (this worker's data root), never anyone else's;
-* a load reads the session's own value first, else this rank's persisted file.
+* a load reads the session's own value first, else this rank's persisted file;
+* on a secure worker a persisted value is owned by the driver that sealed the job saving
+  it, read only in sessions bound here to that driver, and replaced or deleted (the
+  ``unsave`` op, ``mp.delete``'s sealed half) only by its jobs (``mpl.worker.symbol_owner``).
 
 Each save is recorded on the job (``ctx.saved``) and listed in this rank's ``Done``: that
 is how the broker learns the names a job saved, from the workers that wrote them rather
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpl.wire.errors import SessionError
+from mpl.wire.errors import SessionAccessError, SessionError
 from mpl.wire.graph import Graph, Op
 from mpl.wire.limits import MAX_JOB_SAVES, check_symbol_name
 from mpl.wire.sessions import SymbolInfo
@@ -27,7 +30,16 @@ from mpl.worker.interpreter import ABSENT, JobContext, kernel
 from mpl.worker.outputs import describe
 from mpl.worker.store import symbol_uri
 
-__all__ = ["load_op", "save_op"]
+__all__ = ["load_op", "save_op", "unsave_op"]
+
+
+def _writer(ctx: JobContext) -> str | None:
+    """Who writes for ``ctx``'s job: on a secure worker (one whose store reads persisted
+    values by their owner) the driver that sealed the job; None on a plaintext one."""
+    if ctx.store.owner_of is None:
+        return None
+    sealer: str = getattr(ctx, "sealer", "")
+    return sealer
 
 
 @kernel("save")
@@ -44,7 +56,8 @@ def save_op(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> l
     if persist:
         if ctx.store.disk is None:
             raise SessionError("this worker has no data root to persist values in")
-        ctx.store.disk.save(info, value)  # the old value stays whole if the write fails
+        # the old value stays whole if the write fails, or is another driver's
+        ctx.store.disk.save(info, value, _writer(ctx))
     else:
         ctx.store.put(ctx.session, symbol_uri(name), value)
     ctx.saved.append(info)
@@ -56,8 +69,20 @@ def load_op(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> l
     name = check_symbol_name(op.attrs["symbol"])
     try:
         return [ctx.store.get(ctx.session, symbol_uri(name))]
+    except SessionAccessError:  # there, but another driver's: say so
+        raise
     except SessionError:  # a damaged file is a ProtocolError, and says so itself
         raise SessionError(
             f"no value named {name!r} in this session or persisted by rank {ctx.rank}'s "
             "party; save it first (or say whose with parties=)"
         ) from None
+
+
+@kernel("unsave")
+def unsave_op(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> list[Any]:
+    """Delete this rank's persisted ``symbol``: on a secure worker, only its owner's job."""
+    name = check_symbol_name(op.attrs["symbol"])
+    if ctx.store.disk is None:
+        raise SessionError("this worker has no data root to delete persisted values from")
+    ctx.store.disk.delete(name, _writer(ctx))
+    return []

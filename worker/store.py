@@ -11,11 +11,16 @@ as one entry per output under a URI made for it: the value itself for a job of o
 with, and no string is formatted or hashed for them. An output URI is read back into its
 job and index when someone asks for it (a fetch, a binding, a delete), which is rare next
 to storing.
+
+A secure worker reads a persisted value only in a session bound here to the value's owner
+(``owner_of``: the session's owner by ``mpl.worker.admission``; ``mpl.worker.symbol_owner``
+says why), whatever reads it: a fetch, a job's input binding, a ``load`` op.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from mpl.wire.errors import SessionError
@@ -69,8 +74,13 @@ class _Several:
 class ObjectStore:
     """Per-session values. Thread-safe: jobs write, the I/O thread reads."""
 
-    def __init__(self, disk: SymbolDisk | None = None) -> None:
+    def __init__(
+        self, disk: SymbolDisk | None = None, owner_of: Callable[[str], str] | None = None
+    ) -> None:
         self.disk = disk
+        # secure mode: the driver a session is bound to here ("": none), whose persisted
+        # values alone the session reads; None (plaintext): any session reads any
+        self.owner_of = owner_of
         self._sessions: dict[str, dict[str, Any]] = {}  # values put by URI (names, ...)
         # per session, each job's outputs: the value of its one output, or _Several; a job
         # goes once it holds none
@@ -125,7 +135,9 @@ class ObjectStore:
         if value is not ABSENT:
             return value
         if uri.startswith("sym:") and self.disk is not None:
-            return self.disk.load(uri[4:])  # SymbolDisk checks the name: no path out
+            owner_of = self.owner_of
+            reader = owner_of(session) if owner_of is not None else None
+            return self.disk.load(uri[4:], reader)  # SymbolDisk checks the name: no path out
         raise SessionError(f"no value {uri!r} in session {session} on this worker")
 
     def has(self, session: str, uri: str) -> bool:

@@ -14,6 +14,11 @@ read (truncated, damaged, a pickle from an older mpl) is reported: logged, count
 worker's status (``corrupt_files``) and named in the error of the load that found it. It
 is never silently skipped. Files ``<name>.info`` + ``<name>.value`` written by earlier
 mpl releases are still read (and replaced by the next save of that name).
+
+A secure worker writes each file with its owner, the driver whose sealed job saved it,
+and reads, replaces or deletes it only as ``mpl.worker.symbol_owner`` says: the owner is
+kept with the value, in its file (read again after a restart) and in this process's index
+and cache, never taken from anything the broker relays.
 """
 
 from __future__ import annotations
@@ -26,13 +31,14 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from mpl.wire.errors import ProtocolError, SessionError, UnsafeValueError
+from mpl.wire.errors import ProtocolError, SessionAccessError, SessionError, UnsafeValueError
 from mpl.wire.jobs import Lit
 from mpl.wire.limits import check_symbol_name as check_name
 from mpl.wire.lru import LRU, SizedLRU
-from mpl.wire.persist import loads, read_symbol_head, split_symbol, symbol_chunks
+from mpl.wire.persist import loads, read_owned_head, split_owned_symbol, symbol_chunks
 from mpl.wire.safe_values import unsafe
 from mpl.wire.sessions import SymbolInfo
+from mpl.worker.symbol_owner import refuse_read, refuse_write
 
 __all__ = ["CACHE_BYTES", "SymbolDisk", "check_name"]
 
@@ -53,46 +59,62 @@ class SymbolDisk:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._locks = [threading.Lock() for _ in range(_LOCKS)]
         self._cache_lock = threading.Lock()
-        self._cache: SizedLRU[str, Any] = SizedLRU(_CACHE_ENTRIES, cache_bytes)
+        # name -> (value, its owner or ""), as loaded or saved
+        self._cache: SizedLRU[str, tuple[Any, str]] = SizedLRU(_CACHE_ENTRIES, cache_bytes)
         self.corrupt: LRU[str, str] = LRU(_CORRUPT_MEMORY)  # file name -> why it is unreadable
         self._index_lock = threading.Lock()
-        self._index: dict[str, SymbolInfo] = {}  # what is on disk now: one entry per file
+        # what is on disk now, one entry per file: its description and owner ("": none)
+        self._index: dict[str, tuple[SymbolInfo, str]] = {}
         self._sweep_temporaries()
         self.scan()
 
     # -- the three operations -------------------------------------------------------------
-    def save(self, info: SymbolInfo, value: Any) -> None:
-        """Write ``value`` under ``info.name``; the old value stays whole if this fails."""
+    def save(self, info: SymbolInfo, value: Any, owner: str | None = None) -> None:
+        """Write ``value`` under ``info.name``, owned by ``owner`` (a secure worker's sealed
+        job's driver; None: a plaintext worker's, no owner); the old value stays whole if
+        this fails, or if ``owner`` may not replace it (``SessionAccessError``)."""
         name = check_name(info.name)
-        chunks = symbol_chunks(info, Lit(value))
+        if owner == "":
+            raise SessionAccessError(f"persisting {name!r}: no driver sealed the save")
+        chunks = symbol_chunks(info, Lit(value), owner or "")
         try:
             first = next(chunks)  # encodes everything: refusals come before any write
         except UnsafeValueError as exc:
             where = f"to disk (mp.save of {name!r} with persist=True)"
             raise unsafe(exc.type_name or "value", where) from None
         with self._lock(name):
+            self._may_write(name, owner)
             size = self._publish(name, [first, *chunks])
             self._drop_legacy(name)
             with self._cache_lock:
-                self._cache.put(name, value, size)
+                self._cache.put(name, (value, owner or ""), size)
             with self._index_lock:
-                self._index[name] = info
+                self._index[name] = (info, owner or "")
             self.corrupt.pop(name + _SUFFIX, None)
 
-    def load(self, name: str) -> Any:
+    def load(self, name: str, reader: str | None = None) -> Any:
+        """The value persisted as ``name``, read in a session bound here to ``reader`` (a
+        secure worker's: "" for none; None: a plaintext worker's, no rule)."""
         check_name(name)
         with self._cache_lock:
-            if name in self._cache:
-                return self._cache.get(name)
-        with self._lock(name):  # not interleaved with a save: the cache never goes stale
-            value, size = self._read(name)
-            with self._cache_lock:
-                self._cache.put(name, value, size)
-        return value
+            held = self._cache.get(name)
+        if held is None:
+            with self._lock(name):  # not interleaved with a save: the cache never goes stale
+                value, owner, size = self._read(name)
+                held = (value, owner)
+                with self._cache_lock:
+                    self._cache.put(name, held, size)
+        refused = refuse_read(name, held[1], reader)
+        if refused:
+            raise SessionAccessError(refused)
+        return held[0]
 
-    def delete(self, name: str) -> None:
+    def delete(self, name: str, by: str | None = None) -> None:
+        """Delete what is persisted as ``name``, by ``by`` (a secure worker's sealed job's
+        driver, or "": the broker's word; None: a plaintext worker's, no rule)."""
         check_name(name)
         with self._lock(name):
+            self._may_write(name, by)
             with self._cache_lock:
                 self._cache.pop(name)
             for path in (self._path(name), *self._legacy(name)):
@@ -105,23 +127,23 @@ class SymbolDisk:
         """Descriptions of every value persisted here now (what a worker's hello lists, on
         every registration, so a restarted broker learns exactly the current names)."""
         with self._index_lock:
-            return list(self._index.values())
+            return [info for info, _ in self._index.values()]
 
     def scan(self) -> list[SymbolInfo]:
         """Read every description from disk afresh; unreadable files are reported (logged
         and counted), never hidden."""
-        out: dict[str, SymbolInfo] = {}
-        for path in sorted(self.dir.glob("*.info")):  # earlier releases' layout
-            info = self._info(path, lambda p: loads(p.read_bytes()))
-            if info is not None:
-                out[info.name] = info
+        out: dict[str, tuple[SymbolInfo, str]] = {}
+        for path in sorted(self.dir.glob("*.info")):  # earlier releases' layout: no owner
+            read = self._info(path, lambda p: (loads(p.read_bytes()), ""))
+            if read is not None:
+                out[read[0].name] = read
         for path in sorted(self.dir.glob("*" + _SUFFIX)):
-            info = self._info(path, _read_head)
-            if info is not None:
-                out[info.name] = info
+            read = self._info(path, _read_head)
+            if read is not None:
+                out[read[0].name] = read
         with self._index_lock:
             self._index = out
-        return list(out.values())
+        return [info for info, _ in out.values()]
 
     def stats(self) -> dict[str, int]:
         return {"corrupt_files": len(self.corrupt), "symbol_cache_drops": self._cache.dropped}
@@ -132,6 +154,15 @@ class SymbolDisk:
 
     def _legacy(self, name: str) -> tuple[Path, Path]:
         return self.dir / f"{name}.info", self.dir / f"{name}.value"
+
+    def _may_write(self, name: str, writer: str | None) -> None:
+        """Refuse (``SessionAccessError``) ``writer`` replacing or deleting ``name`` (its
+        lock held): the index says whose file is there."""
+        with self._index_lock:
+            held = self._index.get(name)
+        refused = refuse_write(name, held[1] if held is not None else None, writer)
+        if refused:
+            raise SessionAccessError(refused)
 
     def _lock(self, name: str) -> threading.Lock:
         return self._locks[zlib.crc32(name.encode()) % _LOCKS]
@@ -171,19 +202,21 @@ class SymbolDisk:
         if stale:
             self._sync_dir()
 
-    def _read(self, name: str) -> tuple[Any, int]:
+    def _read(self, name: str) -> tuple[Any, str, int]:
+        """The value persisted as ``name``, its owner ("": none) and its file's size."""
         path = self._path(name)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            return self._read_legacy(name)
+            value, size = self._read_legacy(name)
+            return value, "", size
         try:
-            info, record = split_symbol(data)
+            info, record, owner = split_owned_symbol(data)
             if not isinstance(info, SymbolInfo) or not isinstance(record, Lit):
                 raise ProtocolError("the file does not hold a description and a value")
         except ProtocolError as exc:
             raise self._damaged(path, exc) from None
-        return record.value, len(data)
+        return record.value, owner, len(data)
 
     def _read_legacy(self, name: str) -> tuple[Any, int]:
         info_path, path = self._legacy(name)
@@ -206,9 +239,9 @@ class SymbolDisk:
             "loaded): re-create the value and save it again, or delete the file"
         )
 
-    def _info(self, path: Path, read: Any) -> SymbolInfo | None:
+    def _info(self, path: Path, read: Any) -> tuple[SymbolInfo, str] | None:
         try:
-            info = read(path)
+            info, owner = read(path)
             if not isinstance(info, SymbolInfo):
                 raise ProtocolError("the file does not start with a description")
             check_name(info.name)
@@ -217,7 +250,7 @@ class SymbolDisk:
         except (OSError, ProtocolError, ValueError) as exc:
             self._report(path, str(exc))
             return None
-        return info
+        return info, owner
 
     def _report(self, path: Path, why: str) -> None:
         if self.corrupt.get(path.name) != why:
@@ -229,6 +262,6 @@ class SymbolDisk:
             tmp.unlink(missing_ok=True)
 
 
-def _read_head(path: Path) -> Any:
+def _read_head(path: Path) -> tuple[Any, str]:
     with open(path, "rb") as f:
-        return read_symbol_head(f)
+        return read_owned_head(f)
