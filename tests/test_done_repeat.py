@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from helpers import mutated
+from test_broker_batch_counts import _BatchedShell
 from test_broker_counts import STATS, _Shell
 
 from mpl.wire import hot
@@ -165,6 +166,31 @@ def _counted_reads(world: int, monkeypatch: pytest.MonkeyPatch, jobs: int = 6) -
 def test_the_loop_reads_a_repeat_done_without_msgpack(monkeypatch: pytest.MonkeyPatch) -> None:
     # before mpl.wire.done_repeat: one read per rank and job (24 here)
     assert _counted_reads(4, monkeypatch) == 0
+
+
+def test_a_batch_of_repeat_dones_is_read_without_msgpack(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Jobs in flight: a worker's Dones come in batches (mpl.wire.batch), each read as if
+    it had come alone, by comparison too."""
+    shell = _BatchedShell()
+    reads = 0
+    real = hot._unpackb
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return real(*args, **kwargs)
+
+    try:
+        shell.hold()
+        for _ in range(2):
+            shell.batch(None)
+        monkeypatch.setattr(hot, "_unpackb", counted)
+        for _ in range(3):
+            shell.batch(None)  # (it checks every answer)
+    finally:
+        monkeypatch.setattr(hot, "_unpackb", real)
+        shell.close()
+    assert reads == 0  # before: one per Done (48 here)
 
 
 def test_a_done_for_another_rank_takes_the_full_read_and_is_refused() -> None:
