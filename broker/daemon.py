@@ -52,6 +52,7 @@ from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import MAGIC_FRAME, SLICE_BELOW, decode, encode, from_wire, to_wire
 from mpl.wire.control import HEARTBEAT_S, Bye
 from mpl.wire.curve import BROKER_DOMAIN, Curve, broker_admits
+from mpl.wire.done_repeat import RepeatDones
 from mpl.wire.errors import ProtocolError
 from mpl.wire.exec_repeat import RepeatExecs
 from mpl.wire.guard import Guard
@@ -112,6 +113,10 @@ _EXEC_FRAME_PREFIX = MAGIC_FRAME + EXEC_PREFIX
 # a longer one is read in full each time, as before the readers)
 _EXEC_READERS = 64
 _KEPT_BELOW = 1024
+# senders whose last Done is kept to read the next by comparison (mpl.wire.done_repeat), at
+# most (a rank's worker each; the oldest goes first): each keeps under 20 KB of objects
+# (RepeatDones.keep), so 256 keep under 6 MB whoever sends them
+_DONE_READERS = 256
 # the loop reads a Done of one frame shorter than SLICE_BELOW with no check of its length
 assert SLICE_BELOW <= MAX_CONTAINERS
 
@@ -174,6 +179,8 @@ class Broker(Outbox):
         self._peer_fd: dict[bytes, int] = {}
         # each sender's last Exec read in full, to read its next by comparison (_exec_of)
         self._exec_readers: dict[bytes, RepeatExecs] = {}
+        # each sender's last Done read in full, to read its next by comparison (_turn)
+        self._done_readers: dict[bytes, RepeatDones] = {}
         self._jobs = self.state.calls.jobs  # the jobs in flight (the state never replaces it)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -231,6 +238,7 @@ class Broker(Outbox):
         # written out below for the compiled socket: each rank's Done is one
         mapped = None if self.monitor is None else self._peer_fd
         secure, counters, done_read = self.secure, self.state.counters, self.state.dones.read
+        done_readers = self._done_readers
         while True:
             try:
                 if recv is None:
@@ -270,12 +278,28 @@ class Broker(Outbox):
                     # magic's cut (shorter than SLICE_BELOW: short enough for the reader)
                     one = first.bytes
                     counters["bytes_routed"] += len(one)
-                    data = one[4:]
                     if one.startswith(DONE_FRAME_PREFIX):
-                        read: DoneRead | Exec | None = read_done_header(data)
+                        read: DoneRead | Exec | None
+                        if secure:  # its values are boxes, sealed anew for every job
+                            data = one[4:]
+                            read = read_done_header(data)
+                        else:
+                            # a repeat of this sender's last Done (most) by comparison, else
+                            # read in full and perhaps kept to compare the next ones with
+                            dones = done_readers.get(peer) or self._done_reader(peer)
+                            read = dones.repeat(one)
+                            if read is None:
+                                data = one[4:]
+                                read = read_done_header(data)
+                                if read is not None:
+                                    dones.keep(one, read)
+                            else:
+                                data = b""  # (a Done read: its header goes nowhere else)
                     elif one.startswith(_EXEC_FRAME_PREFIX):
+                        data = one[4:]
                         read = self._exec_of(peer, data)
                     else:
+                        data = one[4:]
                         read = read_hot_header(one[:4], data)
                     if type(read) is DoneRead:
                         actions = done_read(peer, read, now, who)
@@ -399,12 +423,23 @@ class Broker(Outbox):
         self.state.counters["batches_received"] += 1
         done_read, exec_read = self.state.dones.read, self.state.exec_read
         received = self.ledger.received
+        # the sender's repeat Dones read by comparison, as in _turn (plaintext only)
+        dones = None if self.secure else self._done_readers.get(peer)
         for header in headers:
             # read_hot's checks of a message of the codec's magic and this header, written
             # out: a Done's header read by read_done_header, as read_hot_header would
             read: DoneRead | Exec | None
             if header.startswith(DONE_PREFIX) and len(header) < MAX_CONTAINERS:
-                read = done = read_done_header(header)
+                done = None
+                if not self.secure:
+                    one = MAGIC_FRAME + header  # as the Done would have come alone
+                    dones = dones or self._done_reader(peer)
+                    done = dones.repeat(one)
+                if done is None:
+                    done = read_done_header(header)
+                    if done is not None and dones is not None:
+                        dones.keep(one, done)
+                read = done
                 if done is not None:
                     try:  # one message's failure stays that message's failure
                         actions = done_read(peer, done, now, who)
@@ -434,6 +469,15 @@ class Broker(Outbox):
             else:
                 read = read_hot_header(MAGIC_FRAME, header)
             self._handle(peer, [MAGIC_FRAME, header], now, who, read=read)
+
+    def _done_reader(self, peer: bytes) -> RepeatDones:
+        """A new reader of ``peer``'s repeat Dones (``mpl.wire.done_repeat``), kept for at
+        most _DONE_READERS senders: the oldest sender's goes first."""
+        readers = self._done_readers
+        if len(readers) >= _DONE_READERS:
+            del readers[next(iter(readers))]
+        reader = readers[peer] = RepeatDones()
+        return reader
 
     def _exec_of(self, peer: bytes, header: bytes) -> Exec | None:
         """``read_hot_header`` of an Exec's ``header`` (shorter than SLICE_BELOW) from

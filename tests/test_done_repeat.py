@@ -1,0 +1,219 @@
+"""The broker's read of a worker's repeat Done by comparison (``mpl.wire.done_repeat``)
+against its full read (``mpl.wire.hot.read_done_header``).
+
+A repeat is read from the bytes outside its job id and stats blob being the kept Done's, so
+it must read exactly what the full read reads and accept nothing the full read refuses:
+compared here on repeats and on thousands of mutated ones. Then the broker's loop: a
+trivial job's Dones are read by comparison (no msgpack read per rank), and a Done that
+differs from its sender's last one anywhere but its two spans (another rank, say) takes the
+full read and the checks it always had.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from helpers import mutated
+from test_broker_batch_counts import _BatchedShell
+from test_broker_counts import STATS, _Shell
+
+from mpl.wire import hot
+from mpl.wire.codec import MAGIC_FRAME, encode, to_wire
+from mpl.wire.done_repeat import RepeatDones
+from mpl.wire.hot import DoneRead, read_done_header
+from mpl.wire.jobs import Done, Exec, JobResult
+from mpl.wire.run_stats import pack_stats
+
+_FIELDS = ("session", "job", "rank", "values", "stats", "metas", "saved")
+
+
+def _one(done: Done) -> bytes:
+    """A Done as the broker receives it from a worker: one frame, the magic and the header."""
+    magic, header = encode(done)
+    assert bytes(magic) == MAGIC_FRAME
+    return bytes(magic) + bytes(header)
+
+
+def _fields(read: DoneRead | None) -> tuple[Any, ...] | None:
+    return None if read is None else tuple(getattr(read, f) for f in _FIELDS)
+
+
+def _full(one: bytes) -> tuple[Any, ...] | None:
+    if not one.startswith(MAGIC_FRAME):
+        return None
+    return _fields(read_done_header(one[4:]))
+
+
+def _stats(i: int) -> bytes:
+    return pack_stats(1e-5 * (i + 1), 1.7e9 + i, [[0, "pcall", 1e-6 * i, 1.1e-5 + i]])
+
+
+_SHAPES: list[tuple[str, int, dict[int, Any], dict[int, str]]] = [
+    ("s23ae17d5e1c8bff8", 0, {0: 1}, {0: "int64[]"}),  # a trivial job's
+    ("sess", 5, {}, {}),
+    ("sess", 3, {0: 2.5, 2: "text", 4: b"\x00\x01", 5: None, 6: True}, {0: "float64[]"}),
+    ("sess", 1, {0: -(1 << 40)}, {0: "int64[]", 1: "x"}),
+]
+
+
+@pytest.mark.parametrize("shape", _SHAPES)
+def test_a_repeat_reads_as_the_full_read(shape: tuple[Any, ...]) -> None:
+    session, rank, values, metas = shape
+    reader = RepeatDones()
+    first = _one(Done(session, "j0000000000000000", rank, values, _stats(0), metas))
+    read = read_done_header(first[4:])
+    assert read is not None
+    reader.keep(first, read)
+    for i in range(1, 20):
+        one = _one(Done(session, f"j{i:016d}", rank, values, _stats(i), metas))
+        full = _full(one)
+        got = _fields(reader.repeat(one))
+        assert got is not None and got == full
+    assert reader.repeats == 19
+
+
+def test_a_mutated_repeat_is_read_as_the_full_read_reads_it_or_left_to_it() -> None:
+    rng = random.Random(29)
+    checked = 0
+    for session, rank, values, metas in _SHAPES:
+        first = _one(Done(session, "jfirst0000000000", rank, values, _stats(0), metas))
+        base = _one(Done(session, "jnext00000000000", rank, values, _stats(1), metas))
+        for _ in range(1500):
+            reader = RepeatDones()
+            kept = read_done_header(first[4:])
+            assert kept is not None
+            reader.keep(first, kept)
+            one = mutated(base, rng)
+            full = _full(one)
+            got = _fields(reader.repeat(one))
+            if got is not None:  # read by comparison: exactly what the full read reads
+                checked += 1
+                assert got == full, one
+    assert checked > 500  # the job id's and the stats' bytes: mutations a repeat reads
+
+
+def test_a_job_id_that_is_not_utf8_is_no_repeat() -> None:
+    reader = RepeatDones()
+    first = _one(Done("sess", "jaaaa", 0, {0: 1}, STATS, {0: "int64[]"}))
+    kept = read_done_header(first[4:])
+    assert kept is not None
+    reader.keep(first, kept)
+    good = _one(Done("sess", "jbbbb", 0, {0: 1}, STATS, {0: "int64[]"}))
+    at = good.index(b"jbbbb")
+    bad = good[:at] + b"j\xff\xfebb" + good[at + 5 :]
+    assert _full(bad) is None
+    assert reader.repeat(bad) is None
+    assert _fields(reader.repeat(good)) == _full(good)
+
+
+def test_no_layout_is_kept_for_values_that_nest_or_a_header_not_packed_as_msgpack_does() -> None:
+    nested = _one(Done("sess", "j1", 0, {0: [1, 2]}, STATS, {}))
+    # the same Done with its session as a str8 (msgpack packs it as a fixstr): read in full
+    # alike, but its bytes are not where the packing of what was read puts them
+    plain = _one(Done("sess", "j1", 0, {0: 1}, STATS, {}))
+    at = plain.index(b"\xa4sess")
+    str8 = plain[:at] + b"\xd9\x04sess" + plain[at + 5 :]
+    for one in (nested, str8):
+        read = read_done_header(one[4:])
+        assert read is not None
+        reader = RepeatDones()
+        reader.keep(one, read)
+        assert reader.repeat(one) is None  # not even the same bytes: nothing kept
+
+
+def test_a_sender_whose_every_done_differs_backs_off() -> None:
+    """Values that change every job: no repeat to find. Layouts are made a few times per
+    hundred Dones, not once per Done."""
+    reader = RepeatDones()
+    made = 0
+    for i in range(400):
+        one = _one(Done("sess", f"j{i:04d}", 0, {0: 1000 + i}, STATS, {0: "int64[]"}))
+        assert reader.repeat(one) is None
+        read = read_done_header(one[4:])
+        assert read is not None
+        before = reader._shape
+        reader.keep(one, read)
+        made += reader._shape is not before and reader._shape is not None
+    assert made <= 8
+
+
+def _counted_reads(world: int, monkeypatch: pytest.MonkeyPatch, jobs: int = 6) -> int:
+    """msgpack reads of a Done header (read_done_header's) in ``jobs`` trivial jobs on
+    ``world`` ranks through the broker's own loop, after two jobs of warm-up."""
+    shell = _Shell(world)
+    reads = 0
+    real = hot._unpackb
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return real(*args, **kwargs)
+
+    try:
+        for _ in range(2):
+            shell.job(lambda *_: None)
+        monkeypatch.setattr(hot, "_unpackb", counted)
+        for _ in range(jobs):
+            shell.job(lambda *_: None)
+    finally:
+        monkeypatch.setattr(hot, "_unpackb", real)
+        shell.close()
+    return reads
+
+
+def test_the_loop_reads_a_repeat_done_without_msgpack(monkeypatch: pytest.MonkeyPatch) -> None:
+    # before mpl.wire.done_repeat: one read per rank and job (24 here)
+    assert _counted_reads(4, monkeypatch) == 0
+
+
+def test_a_batch_of_repeat_dones_is_read_without_msgpack(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Jobs in flight: a worker's Dones come in batches (mpl.wire.batch), each read as if
+    it had come alone, by comparison too."""
+    shell = _BatchedShell()
+    reads = 0
+    real = hot._unpackb
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return real(*args, **kwargs)
+
+    try:
+        shell.hold()
+        for _ in range(2):
+            shell.batch(None)
+        monkeypatch.setattr(hot, "_unpackb", counted)
+        for _ in range(3):
+            shell.batch(None)  # (it checks every answer)
+    finally:
+        monkeypatch.setattr(hot, "_unpackb", real)
+        shell.close()
+    assert reads == 0  # before: one per Done (48 here)
+
+
+def test_a_done_for_another_rank_takes_the_full_read_and_is_refused() -> None:
+    """Worker 0, its Dones kept for comparison, sends one naming rank 1 for the next job:
+    read in full (the rank is among the bytes compared) and dropped (the rank is not its
+    own); the job ends only with rank 1's own Done, with rank 1's value."""
+    shell = _Shell(2)
+    try:
+        for _ in range(3):
+            shell.job(lambda *_: None)
+        shell.jobs += 1
+        name = f"j{shell.jobs:05d}"
+        ranks = (0, 1)
+        exec_msg = Exec(shell.sid, name, shell.graph.digest, ranks, {}, (0,))
+        shell.driver.send_multipart(to_wire(encode(exec_msg)))
+        w0, w1 = shell.workers
+        assert shell._next(w0, Exec).job == name
+        assert shell._next(w1, Exec).job == name
+        forged = Done(shell.sid, name, 1, {0: 666}, STATS, {0: "int64[]"})
+        w0.send_multipart([_one(forged)])
+        w0.send_multipart([_one(Done(shell.sid, name, 0, {0: 1}, STATS, {0: "int64[]"}))])
+        w1.send_multipart([_one(Done(shell.sid, name, 1, {0: 1}, STATS, {0: "int64[]"}))])
+        result = shell._next(shell.driver, JobResult)
+        assert result.job == name and result.values == {0: {0: 1, 1: 1}}
+    finally:
+        shell.close()
