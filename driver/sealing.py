@@ -199,13 +199,13 @@ class DriverSeal:
         """For the owner of ``session`` (``owns``), as it opens it or re-attaches it with
         ``share_with``: a job (graph, inline outputs) that binds the session to it on every
         live worker of a node of this driver's spec (one whose incarnation the session's
-        opening named), with its word on who the session admits (a new grant reaches them
-        before ``mp.connect`` returns): a None made on each rank, answered inline, so each worker's
-        sealed answer proves it admitted the job (``word_heard``). Then no other driver's
-        job can claim the session on those workers first (before the owner's values reach
-        one by a move, say), and a sharee's jobs run there (they are refused on a worker the
-        owner's word has not reached). None: nothing to tell (not the owner, nothing
-        sealed, no live worker)."""
+        opening named), with its word on who the session admits (so a new grant reaches
+        them before ``mp.connect`` returns): a None made on each rank, answered inline, so
+        each worker's sealed answer proves it admitted the job (``word_heard``). Then no
+        other driver's job can claim the session on those workers first (before the
+        owner's values reach one by a move, say), and a sharee's jobs run there (they are
+        refused on a worker the owner's word has not reached). None: nothing to tell (not
+        the owner, nothing sealed, no live worker)."""
         ranks = self._word_ranks()
         if not owns or self.sealer is None or not ranks:
             return None

@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 MAX_ADMITTED = 1024  # drivers one session may admit (a bound: the word is network input)
-MAX_STAMP = (1 << 63) - 1  # a grant's stamp is a positive int below this (nanoseconds)
+MAX_STAMP = (1 << 63) - 1  # a grant's stamp: a positive int up to this (nanoseconds)
 _ADMITS, _GRANTED, _INPUTS = "admits", "granted", "inputs"
 _MEMBER_KEYS = frozenset((_ADMITS, _INPUTS))
 _GRANT_KEYS = frozenset((_ADMITS, _GRANTED, _INPUTS))
