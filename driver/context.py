@@ -363,7 +363,10 @@ def connect(
     A session belongs to the driver that opened it. ``share_with=["auditor"]`` lets the
     named drivers attach to it too (``mp.connect(url, session="s")`` as ``auditor``) and
     run, fetch, save, load, delete and close in it; only the owner may set it, when opening
-    or re-attaching (a list replaces the previous one). Another driver attaching raises
+    or re-attaching (a list replaces the previous one; ``[]`` takes the sharing back). In
+    secure mode each such call is a grant the workers order by the time it was made (this
+    client's clock): they keep the newest, whichever of the owner's clients made it, and a
+    re-attach without ``share_with`` leaves it standing. Another driver attaching raises
     ``SessionAccessError``. A driver's name is the one its key is pinned to in secure mode;
     in plaintext mode it is ``driver`` (default: a random name, so each connection is a
     driver of its own).

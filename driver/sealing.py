@@ -12,10 +12,12 @@ broker, but a broker that swapped two ranks would gain nothing: what is sealed f
 opens only with that node's key, and a result from a rank opens only if that rank's node
 sealed it, so a lie shows up as ``AuthenticationError``, never as a value in the wrong hands.
 
-Who a session admits is the owner's word (``mpl.wire.session_word``): the owner of a shared
-session seals the drivers it admits into every rank's bindings, other drivers say they
-claim no say, and the owner binds the session to it on every live worker as it opens it
-(:meth:`DriverSeal.word_job`). Workers check it (``mpl.worker.admission``).
+Who a session admits is the owner's word (``mpl.wire.session_word``): a client of the owner
+that passed ``share_with`` seals its grant (the drivers it admits, stamped when it was
+made) into every rank's bindings, other drivers say they claim no say, and the owner binds
+the session to it on every live worker as it opens or re-attaches it
+(:meth:`DriverSeal.word_job`). Workers check it and keep the newest grant
+(``mpl.worker.admission``).
 
 A worker that restarted, or joined after the session opened, refuses the first job sealed
 for the process before it; the refusal names its incarnation, and the next job is sealed for
@@ -50,7 +52,7 @@ from mpl.wire.seal import (
     pin_contexts,
     program_context,
 )
-from mpl.wire.session_word import worded
+from mpl.wire.session_word import grant_stamp, worded
 
 __all__ = ["DriverSeal", "driver_seal"]
 
@@ -76,14 +78,16 @@ pin_contexts("mpl.driver.sealing")
 
 
 def _with_word(
-    admits: list[str] | None, plain: dict[int, Any], ranks: tuple[int, ...]
+    word: tuple[list[str], int] | None, plain: dict[int, Any], ranks: tuple[int, ...]
 ) -> dict[int, Any]:
-    """Every rank's bindings in ``plain`` with a session's word (``mpl.wire.session_word``).
-    Not written in DriverSeal.sealed: a comprehension there would make its variables cells,
-    ~530 instructions more on every job (measured by callgrind)."""
+    """Every rank's bindings in ``plain`` with a session's word (``mpl.wire.session_word``):
+    ``word``, a grant (admitted, stamp) or None (a member's). Not written in
+    DriverSeal.sealed: a comprehension there would make its variables cells, ~530
+    instructions more on every job (measured by callgrind)."""
+    admits, granted = word if word is not None else (None, 0)
     out = {}
     for rank in ranks:
-        out[rank] = worded(plain.get(rank), admits)
+        out[rank] = worded(plain.get(rank), admits, granted)
     return out
 
 
@@ -110,27 +114,32 @@ class DriverSeal:
         self._tails = ExecTails()  # what exec_context writes after the job
         self.openers: dict[str, Opener] = {}  # session -> what opens its results
         # session -> this driver's word on who it admits, sealed into every rank's bindings
-        # of its jobs (mpl.wire.session_word): the sorted drivers admitted, where this driver
-        # owns it and shares it; None where it acts in it as another's. No entry: it owns
-        # the session and shares it with no one (no word: its jobs' sealed Nones stay so)
-        self.words: dict[str, list[str] | None] = {}
+        # of its jobs (mpl.wire.session_word): its grant (the sorted drivers admitted, the
+        # stamp of when it was made), where this client owns the session and passed
+        # share_with (even []: a grant taking a sharing back); None where it acts in it as
+        # another's. No entry: it opened the session without share_with (no word: its
+        # jobs' sealed Nones stay so)
+        self.words: dict[str, tuple[list[str], int] | None] = {}
 
     def speak_for(self, session: str, owns: bool, share_with: list[str] | None) -> None:
         """What this driver's jobs in ``session`` say to the workers on who it admits
         (``words``): ``owns``, when it opened the session or set its ``share_with`` (the
-        broker lets only the owner do either), with the drivers named in ``share_with``;
-        otherwise nothing but that it acts in it, where its owner's word admits it."""
+        broker lets only the owner do either). With ``share_with`` (``[]`` too: taking a
+        sharing back) a grant made now, stamped (``grant_stamp``), admitting the drivers
+        named: every job restates it, so a worker the grant's own job missed learns it
+        from the next, and a worker keeps the newest grant. Without, as it opened the
+        session, no word (it admits this driver alone until a grant says otherwise).
+        Otherwise nothing but that it acts in it, where its owner's word admits it."""
         if self.sealer is None:  # it seals no job (exec says why)
             return
         if not owns:
             self.words[session] = None
-            return
-        me = self.sealer.identity
-        admits = sorted({me, *(driver_identity(name) for name in share_with or ())})
-        if admits == [me]:
-            self.words.pop(session, None)
+        elif share_with is None:  # it opened the session (the broker's word: its lie
+            self.words.pop(session, None)  # gains nothing, no word overrides a grant)
         else:
-            self.words[session] = admits
+            me = self.sealer.identity
+            admits = sorted({me, *(driver_identity(name) for name in share_with)})
+            self.words[session] = (admits, grant_stamp())
 
     def bind(self, layout: ClusterSpec, incarnations: dict[int, str] | None = None) -> None:
         """Learn which rank is which node from a session's layout (the broker's ranks), and
@@ -187,15 +196,16 @@ class DriverSeal:
     def word_job(
         self, session: str, world_size: int, owns: bool
     ) -> tuple[Graph, tuple[int, ...]] | None:
-        """For the owner of ``session`` (``owns``), as it opens it: a job (graph, inline
-        outputs) that binds the session to it on every live worker of a node of this
-        driver's spec (one whose incarnation the session's opening named), with its word on
-        who the session admits: a None made on each rank, answered inline, so each worker's
-        sealed answer proves it admitted the job (``word_heard``). Then no other driver's
-        job can claim the session on those workers first (before the owner's values reach
-        one by a move, say), and a sharee's jobs run there (they are refused on a worker the
-        owner's word has not reached). None: nothing to tell (not the owner, nothing
-        sealed, no live worker)."""
+        """For the owner of ``session`` (``owns``), as it opens it or re-attaches it with
+        ``share_with``: a job (graph, inline outputs) that binds the session to it on every
+        live worker of a node of this driver's spec (one whose incarnation the session's
+        opening named), with its word on who the session admits (so a new grant reaches
+        them before ``mp.connect`` returns): a None made on each rank, answered inline, so
+        each worker's sealed answer proves it admitted the job (``word_heard``). Then no
+        other driver's job can claim the session on those workers first (before the
+        owner's values reach one by a move, say), and a sharee's jobs run there (they are
+        refused on a worker the owner's word has not reached). None: nothing to tell (not
+        the owner, nothing sealed, no live worker)."""
         ranks = self._word_ranks()
         if not owns or self.sealer is None or not ranks:
             return None

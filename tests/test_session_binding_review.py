@@ -1,6 +1,5 @@
 """Review of w28-bind (sessions bound to their owner's sealed word): attacks a reviewer
-found. Findings 1, 3, 4, 5 and 6 are closed and their tests pass; finding 2 is open
-(README "Limitations") and its tests are strict xfails until it is fixed.
+found. Findings 1 to 6 are closed and their tests pass.
 
 The attacker is the one the round's fix is for: a hostile broker whose operator also holds
 a listed driver key (mallory). Real ``mpl-worker`` processes (CURVE) where a daemon is
@@ -89,24 +88,20 @@ def test_a_new_shared_session_given_a_private_sessions_id_does_not_admit_its_sha
     assert read is None, f"mallory read the private session's value: {read!r}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w28-a finding 2: an owner's older Exec, withheld by the broker and handed "
-    "on after the owner took its sharing back, gives the sharee the session again",
-)
 def test_an_owners_withheld_older_word_does_not_undo_its_later_one() -> None:
     """a shares "sa" with b, then takes the sharing back (it re-attaches with
-    ``share_with=[]``: its jobs then carry no word, "a alone"). The broker kept back one of
-    a's jobs sealed while b was admitted (that job failed for a: a timeout, a glitch) and
-    hands it to the worker now: the replay window lets a number behind the newest run once
-    (reordering), and the admission takes its word as a's latest. b's jobs and fetches in
-    "sa" are admitted again, reading what a computed after it took the sharing back."""
+    ``share_with=[]``: its jobs then carry its new grant, "a alone", stamped later). The
+    broker kept back one of a's jobs sealed while b was admitted (that job failed for a: a
+    timeout, a glitch) and hands it to the worker now: the replay window lets a number
+    behind the newest run once (reordering). Had the admission taken its word as a's
+    latest, b's jobs and fetches in "sa" would be admitted again, reading what a computed
+    after it took the sharing back (review w28-a finding 2): the older grant loses."""
     a, b, node = _sealers()
     worker = WorkerSeal(node, 0)
     shared = ["driver:a", "driver:b"]
-    assert _runs(worker, _job(a, "sa", worded([1], shared))) == [1]
-    withheld = _job(a, "sa", worded(None, shared))  # sealed, then kept back by the broker
-    assert _runs(worker, _job(a, "sa")) is None  # a's word now: it alone
+    assert _runs(worker, _job(a, "sa", worded([1], shared, 1))) == [1]
+    withheld = _job(a, "sa", worded(None, shared, 1))  # sealed, then kept back by the broker
+    assert _runs(worker, _job(a, "sa", worded(None, ["driver:a"], 2))) is None  # a alone now
     refused = _runs(worker, _job(b, "sa", worded(None, None)))
     assert type(refused) is Failed and refused.error.kind == "SessionAccessError"
     assert _fetched_by(worker, b, "sa", "v") is None
@@ -115,11 +110,6 @@ def test_an_owners_withheld_older_word_does_not_undo_its_later_one() -> None:
     assert type(_runs(worker, _job(b, "sa", worded(["v"], None)))) is Failed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w28-a finding 2: an owner's older Exec, withheld by the broker and handed "
-    "on after the owner took its sharing back, gives the sharee the session again",
-)
 def test_an_owners_withheld_older_job_does_not_share_the_session_again_on_a_worker(
     rig: Rig,
 ) -> None:
@@ -396,11 +386,6 @@ def test_a_fetch_reply_whose_record_the_broker_displaced_is_never_sent_unsealed(
         assert not plain, "the worker sent the analyst's value to the broker unsealed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w28-a finding 2: the owner's other client, opened with share_with, shares "
-    "the session again with each job after the owner took the sharing back",
-)
 def test_an_owners_other_client_does_not_share_again_what_the_owner_took_back(
     rig: Rig,
 ) -> None:

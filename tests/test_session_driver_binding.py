@@ -169,10 +169,10 @@ def test_the_bindings_are_bounded_and_a_session_not_closed_is_never_pushed_out()
 
 @pytest.mark.parametrize("first", ["owner", "sharee"])
 def test_a_sharee_runs_only_where_the_owners_sealed_word_admits_it(first: str) -> None:
-    """a shares "sa" with b (a word in each job's bindings); b's jobs say they claim no say
+    """a shares "sa" with b (a grant in each job's bindings); b's jobs say they claim no say
     over who it admits. b's first job before a's word reached the worker is refused, saying
-    so; after it, b runs and a value may be fetched for b; once a takes the sharing back,
-    b is refused again."""
+    so; after it, b runs and a value may be fetched for b; a's jobs without a word change
+    no grant; once a takes the sharing back (a later grant), b is refused again."""
     from mpl.wire.session_word import worded
 
     a, b, node = _sealers()
@@ -182,12 +182,14 @@ def test_a_sharee_runs_only_where_the_owners_sealed_word_admits_it(first: str) -
         early = _runs(worker, _job(b, "sa", worded(None, None)))
         assert type(early) is Failed and early.error.kind == "SessionAccessError"
         assert "has not reached this worker" in early.error.message
-    assert _runs(worker, _job(a, "sa", worded([1], shared))) == [1]
+    assert _runs(worker, _job(a, "sa", worded([1], shared, 1))) == [1]
     assert _runs(worker, _job(b, "sa", worded(["v"], None))) == ["v"]
     assert _fetched_by(worker, b, "sa", "v") == "a's secret"
-    claim = _runs(worker, _job(b, "sa", worded(None, ["driver:b"])))  # b claims the session
+    claim = _runs(worker, _job(b, "sa", worded(None, ["driver:b"], 9)))  # b claims the session
     assert type(claim) is Failed and "belongs to another driver" in claim.error.message
-    assert _runs(worker, _job(a, "sa")) is None  # a's word now: it alone
+    assert _runs(worker, _job(a, "sa")) is None  # no word: a runs, its grant stands
+    assert _fetched_by(worker, b, "sa", "v") == "a's secret"
+    assert _runs(worker, _job(a, "sa", worded(None, ["driver:a"], 2))) is None  # taken back
     assert type(_runs(worker, _job(b, "sa", worded(None, None)))) is Failed
     assert _fetched_by(worker, b, "sa", "v") is None
 

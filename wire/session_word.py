@@ -2,31 +2,59 @@
 
 Only the broker learns ``share_with`` when a session opens, and the broker may be hostile.
 So the driver that owns a session tells each worker itself, inside the bindings it seals
-for it (authenticated by its key, bound to the session and job by the Exec context):
+for it (authenticated by its key, bound to the session and job by the Exec context). The
+owner's word is a *grant*: who the session admits, stamped with when the owner made it
+(:func:`grant_stamp`, wall-clock nanoseconds, taken once per ``mp.connect`` that passes
+``share_with``); a worker keeps the grant with the highest stamp it has seen, never going
+back to an older one (``mpl.worker.admission``). The stamp is sealed with the list, so the
+broker can neither change it nor make an old grant new; it can only hold a job back, and
+a job held back carries the older grant, which loses.
 
-* a job of the owner of a session that admits no one else carries no word: its bindings
-  are a list or None, as always (and a sealed None keeps the worker's short path). That is
-  the owner's word "this session admits me alone";
-* a job of the owner of a shared session carries ``{"admits": [...], "inputs": ...}``: the
-  driver identities the session admits, sorted, the owner among them;
+* a job of the owner of a session it opened without ``share_with`` (never shared) carries
+  no word: its bindings are a list or None, as always (and a sealed None keeps the
+  worker's short path). That is the owner's word "this session admits me alone" as it
+  opened it: the oldest grant there is (stamp 0), which any stamped grant overrides;
+* a job of a client of the owner that passed ``share_with`` (opening, or re-attaching:
+  ``[]`` takes the sharing back) carries ``{"admits": [...], "granted": stamp,
+  "inputs": ...}``: the driver identities admitted, sorted, the owner among them, and the
+  grant's stamp (every job of that client restates the same grant);
 * a job of any other driver in the session (a sharee, or a client of the owner that
   attached without ``share_with`` and so cannot tell it is the owner) carries
   ``{"admits": None, "inputs": ...}``: it claims no say over who the session admits, and
-  runs only where the owner's word already admits it (``mpl.worker.admission``).
+  runs only where the owner's grant admits it.
+
+A worker older than the stamp refuses a grant (three keys) as malformed; a worker of this
+kind refuses an older driver's unstamped list the same way (``ProtocolError``). Jobs
+without a word, and members' words, read the same on both.
 """
 
 from __future__ import annotations
 
 import re
 import secrets
+import threading
+import time
 from typing import Any
 
 from mpl.wire.errors import ProtocolError
 
-__all__ = ["MAX_ADMITTED", "id_of_session_named", "read_word", "session_id", "worded"]
+__all__ = [
+    "MAX_ADMITTED",
+    "MAX_STAMP",
+    "grant_stamp",
+    "id_of_session_named",
+    "read_word",
+    "session_id",
+    "worded",
+]
 
 MAX_ADMITTED = 1024  # drivers one session may admit (a bound: the word is network input)
-_ADMITS, _INPUTS = "admits", "inputs"
+MAX_STAMP = (1 << 63) - 1  # a grant's stamp: a positive int up to this (nanoseconds)
+_ADMITS, _GRANTED, _INPUTS = "admits", "granted", "inputs"
+_MEMBER_KEYS = frozenset((_ADMITS, _INPUTS))
+_GRANT_KEYS = frozenset((_ADMITS, _GRANTED, _INPUTS))
+_stamped = [0]  # the last stamp this process gave (grant_stamp)
+_stamping = threading.Lock()
 _ID_TAIL = re.compile(r"~[0-9a-f]{16}")
 
 
@@ -41,24 +69,46 @@ def id_of_session_named(sid: str, name: str) -> bool:
     return sid.startswith(name) and _ID_TAIL.fullmatch(sid, len(name)) is not None
 
 
-def worded(inputs: Any, admits: list[str] | None) -> dict[str, Any]:
-    """A rank's bindings ``inputs`` (a list or None) with the word ``admits`` (the sorted
-    identities a session's owner admits, or None: a member's, claiming none)."""
-    return {_ADMITS: admits, _INPUTS: inputs}
+def grant_stamp() -> int:
+    """A stamp for a grant made now: wall-clock nanoseconds, so grants the owner makes
+    from different clients (processes, machines) order as they were made, as far as their
+    clocks agree; above every stamp this process gave before, so its own grants always
+    order, even if its clock steps back."""
+    with _stamping:
+        stamp = _stamped[0] = max(time.time_ns(), _stamped[0] + 1)
+    return stamp
 
 
-def read_word(plain: dict[Any, Any]) -> tuple[frozenset[str] | None, Any]:
-    """``(admitted identities or None, inputs)`` from bindings that carry a word; raises
-    ``ProtocolError`` for anything else (only a listed driver can seal it: still checked)."""
-    if plain.keys() != {_ADMITS, _INPUTS}:
-        raise ProtocolError("a job's sealed bindings are neither a list nor a session's word")
-    admits = plain[_ADMITS]
+def worded(inputs: Any, admits: list[str] | None, granted: int = 0) -> dict[str, Any]:
+    """A rank's bindings ``inputs`` (a list or None) with a word: the owner's grant
+    (``admits``, the sorted identities admitted, stamped ``granted``), or, for
+    ``admits=None``, a member's, claiming no say."""
     if admits is None:
-        return None, plain[_INPUTS]
+        return {_ADMITS: None, _INPUTS: inputs}
+    return {_ADMITS: admits, _GRANTED: granted, _INPUTS: inputs}
+
+
+def read_word(plain: dict[Any, Any]) -> tuple[frozenset[str] | None, int, Any]:
+    """``(admitted identities or None, the grant's stamp, inputs)`` from bindings that carry
+    a word (a member's: None and 0); raises ``ProtocolError`` for anything else (only a
+    listed driver can seal it: still checked)."""
+    keys = plain.keys()
+    if keys == _MEMBER_KEYS:
+        if plain[_ADMITS] is not None:
+            raise ProtocolError(
+                "a session's word names its drivers without the stamp of the grant (sealed "
+                "by a driver older than this worker?)"
+            )
+        return None, 0, plain[_INPUTS]
+    if keys != _GRANT_KEYS:
+        raise ProtocolError("a job's sealed bindings are neither a list nor a session's word")
+    admits, stamp = plain[_ADMITS], plain[_GRANTED]
+    if type(stamp) is not int or not 0 < stamp <= MAX_STAMP:
+        raise ProtocolError("a session's grant is stamped other than by a positive int64")
     if (
         type(admits) is not list
         or len(admits) > MAX_ADMITTED
         or not all(type(who) is str for who in admits)
     ):
         raise ProtocolError("a session's word names its drivers other than as a list of names")
-    return frozenset(admits), plain[_INPUTS]
+    return frozenset(admits), stamp, plain[_INPUTS]

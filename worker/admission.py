@@ -1,9 +1,13 @@
 """Which drivers each session admits on this worker (secure mode), bound to its owner's
 sealed word (``mpl.wire.session_word``), never to the broker's. No I/O.
 
-* A job whose sealer states it owns the session (no word: it alone; or the list it admits)
-  binds the session to that driver when the session is not bound here yet, and updates
-  the list when it is bound to that driver; a session bound to another driver refuses it.
+* A job whose sealer states it owns the session (no word: it alone, as it opened it,
+  stamp 0; or a stamped grant) binds the session to that driver when the session is not
+  bound here yet; in a session bound to that driver it runs, and its grant replaces the
+  session's only if its stamp is higher than the one kept (a job the broker held back
+  carries an older grant: it runs, and the newer grant stands); a session bound to
+  another driver refuses it. One grant is kept per session (its stamp, its list), never a
+  history.
 * A job that claims no say (a sharee's) runs only in a session bound here that admits its
   sealer; in a session not bound yet it is refused, saying the owner's word has not reached
   this worker.
@@ -35,7 +39,9 @@ class SessionAdmission:
 
     def __init__(self, limit: int = SESSIONS_BOUND) -> None:
         self._limit = limit
-        self._bound: dict[str, tuple[str, frozenset[str]]] = {}  # session -> owner, admitted
+        # session -> owner, admitted, the stamp of the grant admitting them (0: no grant
+        # stamped yet, the owner alone as it opened the session)
+        self._bound: dict[str, tuple[str, frozenset[str], int]] = {}
         # session -> owner, for every session bound to its owner alone: a sealed None (no
         # word) of that owner is admitted by one lookup here (WorkerSeal.open_exec)
         self.solo: dict[str, str] = {}
@@ -44,11 +50,18 @@ class SessionAdmission:
     def __len__(self) -> int:
         return len(self._bound)
 
-    def admit(self, session: str, driver: str, word: frozenset[str] | None, word_said: bool) -> str:
+    def admit(
+        self,
+        session: str,
+        driver: str,
+        word: frozenset[str] | None,
+        word_said: bool,
+        stamp: int = 0,
+    ) -> str:
         """Why a job of ``session`` that ``driver`` sealed may not run here ("" if it may).
-        ``word_said``: its bindings carried a word, ``word`` (the drivers admitted, or
-        None: a member's, claiming no say); without one it is the owner's word that the
-        session admits it alone."""
+        ``word_said``: its bindings carried a word, ``word`` (the drivers a grant stamped
+        ``stamp`` admits, or None: a member's, claiming no say); without one it is the
+        owner's word that the session admits it alone, as it opened it (stamp 0)."""
         bound = self._bound.get(session)
         if word_said and word is None:  # a member: only where the owner's word admits it
             if bound is None:
@@ -68,9 +81,11 @@ class SessionAdmission:
                 f"session {session} refused: this worker holds {len(self._bound)} sessions' "
                 "bindings, none closed (close sessions no longer used)"
             )
-        admitted = frozenset((driver,)) if word is None else word | {driver}
-        self._bound[session] = (driver, admitted)
         self._closed.pop(session, None)  # its owner acts in it: not evicted while it may
+        if bound is not None and stamp <= bound[2]:  # no newer grant: the kept one stands
+            return ""
+        admitted = frozenset((driver,)) if word is None else word | {driver}
+        self._bound[session] = (driver, admitted, stamp)
         if len(admitted) == 1:
             self.solo[session] = driver
         else:

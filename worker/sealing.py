@@ -20,9 +20,10 @@ here, what it hands the broker for a driver is sealed here. No I/O.
 * Who a session admits is its owner's sealed word, never the broker's
   (``mpl.worker.admission``): an Exec that opened runs only if the session is bound here to
   its sealer, or to an owner whose word admits it (the first job of a session binds it); a
-  fetch's value is sealed only for a driver the session admits. A sealed None on the short
-  path is its owner's word that the session admits it alone: it runs there only in a
-  session bound so (one lookup per new Exec record; a repeat, an identity comparison).
+  fetch's value is sealed only for a driver the session admits, by the newest grant of its
+  owner seen here. A sealed None on the short path is its owner's job without a word
+  (which changes no grant): it runs there only in a session bound to its sealer alone (one
+  lookup per new Exec record; a repeat, an identity comparison).
 
 Everything a hostile broker could send here is refused before any pickle in it is loaded:
 the daemon decodes broker traffic with the safe format, and sealed plaintext is decoded
@@ -208,8 +209,8 @@ class WorkerSeal:
                 context = self._context
                 # another program's, an Exec read in full, or another driver's sealed None
                 if msg is not context[0] or driver is not context[3]:
-                    # a sealed None is its sealer's word that the session admits it alone:
-                    # on this path only in a session bound here so (SessionAdmission)
+                    # a sealed None (no word: it changes no grant) runs on this path
+                    # only in a session bound here to its sealer alone (SessionAdmission)
                     if self._solo.get(msg.session) != driver:
                         return self._open_exec(msg, job, sealed)
                     # exec_context's bytes before and after the job id, written once
@@ -262,14 +263,14 @@ class WorkerSeal:
             replayed = self.replays.admit(driver, sealed)  # authenticated: counted as run
             if replayed:
                 raise _Replayed(f"job {job} refused: {replayed}", replayed)
-            word, said = None, type(mine) is dict  # its sealer's word on who S admits
+            word, stamp, said = None, 0, type(mine) is dict  # its sealer's word on who S admits
             if said:
-                word, mine = read_word(mine)
+                word, stamp, mine = read_word(mine)
             if mine is not None and type(mine) is not list:
                 raise ProtocolError("a job's sealed bindings are not a list")
             # after admit: a job refused here stays run, and never opens in a session
             # bound here later
-            refused_by = self.admission.admit(session, driver, word, said)
+            refused_by = self.admission.admit(session, driver, word, said, stamp)
             self._context = _NO_CONTEXT  # a binding may have changed: the short path checks
             if refused_by:
                 raise SessionAccessError(f"job {job} refused: {refused_by}")
