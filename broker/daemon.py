@@ -71,7 +71,7 @@ from mpl.wire.jobs import Exec
 from mpl.wire.limits import MAX_CONTAINERS
 from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
-from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC, read_sealed_exec
+from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC, SealedExecReaders
 from mpl.wire.snapshot import SnapshotSlot
 from mpl.wire.sockets import (
     MAX_MESSAGE,
@@ -181,6 +181,7 @@ class Broker(Outbox):
         self._exec_readers: dict[bytes, RepeatExecs] = {}
         # each sender's last Done read in full, to read its next by comparison (_turn)
         self._done_readers: dict[bytes, RepeatDones] = {}
+        self._sealed_execs = SealedExecReaders()  # and its last sealed Exec, likewise
         self._jobs = self.state.calls.jobs  # the jobs in flight (the state never replaces it)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -525,8 +526,9 @@ class Broker(Outbox):
                 try:
                     if not self.secure:
                         raise ProtocolError("a sealed Exec, to a broker not in secure mode")
-                    # header on the lean path, then the boxes (at most one per cluster rank)
-                    read, head, boxes = read_sealed_exec(body, self._world_size)
+                    # header on the lean path (a repeat by comparison), then the boxes (at
+                    # most one per cluster rank)
+                    read, head, boxes = self._sealed_execs.read(peer, body, self._world_size)
                 except ProtocolError as exc:
                     self.refusals.refused(peer.hex(), f"bad message: {exc}")
                     self._perform(self.state.protocol_error(peer, exc), logged=True)

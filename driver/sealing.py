@@ -287,7 +287,7 @@ class DriverSeal:
         sealer = self.sealer or self._ready()
         # exec_context(...) without its call (checked on import): the job's, then per rank
         # its worker's incarnation
-        context = f"exec|{session}|{job}{self._tails[(digest, ranks, inline, timeout_s)]}"
+        context = f"exec|{job}{self._tails[(session, digest, ranks, inline, timeout_s)]}"
         sealed: dict[int, Any]
         words = self.words
         if words and session in words:  # a shared session's: each rank's carries the word
@@ -317,7 +317,7 @@ class DriverSeal:
         it (up to each rank's own end): a call site writes them once, and each of its jobs'
         context as ``f"{before}{job}{after}"`` (as :meth:`sealed` writes it) for
         :meth:`nones`."""
-        return f"exec|{session}|", self._tails[(digest, ranks, inline, timeout_s)]
+        return "exec|", self._tails[(session, digest, ranks, inline, timeout_s)]
 
     def nones(self, context: bytes, ranks: tuple[int, ...]) -> dict[int, bytes]:
         """:meth:`sealed` for a job whose ranks have no inputs (a sealed None each), its

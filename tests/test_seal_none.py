@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import zmq
-from helpers import compact_box
+from helpers import compact_box, sealer_pair
 
 from mpl.wire.errors import AuthenticationError
 from mpl.wire.jobs import Exec, Failed
@@ -171,13 +171,15 @@ def test_a_jobs_nones_sealed_in_one_call_are_each_bound_to_their_own_recipient(
 
 
 def test_a_sealed_nones_tag_input_fits_one_blake2b_block() -> None:
-    """A sealed None's tag is keyed BLAKE2b over its nonce and its context: the key's block,
-    then the input's (CPython compresses the key block when the tag is taken, so each tag
-    takes both). With the Exec's fields after the job hashed into a short tail
-    (``ExecTails``), nonce and context fit one 128-byte block for a job as a driver numbers
-    it: two compressions, not three (bac702e wrote those fields out: about 150 bytes)."""
+    """A sealed None's tag is BLAKE2b over its 32-byte key, its nonce and its context
+    (prefix-keyed, ``mpl.wire.seal_box``): one compression while the three fit one 128-byte
+    block. With the session and the Exec's fields after the job hashed into a short tail
+    (``ExecTails``), they fit for a job as a driver numbers it in a session as a broker
+    names it (``<name>~<16 hex>``, the name a driver's own ``s<16 hex>``): written out, the
+    session alone (34 bytes) would push them to two."""
+    session = "s" + "5" * 16 + "~" + "6" * 16  # a broker's id for a session a driver named
     context = exec_context(
-        "s" + "5" * 16,  # a broker's session id
+        session,
         "a" * 24,  # a driver's job id (_JobIds)
         "d" * 64,  # a program's sha256 digest
         (0, 1, 2, 3),
@@ -185,15 +187,46 @@ def test_a_sealed_nones_tag_input_fits_one_blake2b_block() -> None:
         3600.0,
         "c" * 16,  # a worker's public incarnation
     )
-    assert 12 + len(context.encode()) <= 128  # the nonce, then the context
+    assert 32 + 12 + len(context.encode()) <= 128  # the key, the nonce, then the context
     # still bound to every field the tail stands for
     others = [
-        exec_context("s" + "5" * 16, "a" * 24, digest, ranks, inline, timeout, "c" * 16)
-        for digest, ranks, inline, timeout in (
-            ("e" * 64, (0, 1, 2, 3), (0, 1), 3600.0),
-            ("d" * 64, (0, 1, 2), (0, 1), 3600.0),
-            ("d" * 64, (0, 1, 2, 3), (0,), 3600.0),
-            ("d" * 64, (0, 1, 2, 3), (0, 1), 3601.0),
+        exec_context(sid, "a" * 24, digest, ranks, inline, timeout, "c" * 16)
+        for sid, digest, ranks, inline, timeout in (
+            (session, "e" * 64, (0, 1, 2, 3), (0, 1), 3600.0),
+            (session, "d" * 64, (0, 1, 2), (0, 1), 3600.0),
+            (session, "d" * 64, (0, 1, 2, 3), (0,), 3600.0),
+            (session, "d" * 64, (0, 1, 2, 3), (0, 1), 3601.0),
+            (session[:-1] + "7", "d" * 64, (0, 1, 2, 3), (0, 1), 3600.0),
+            # the same text split otherwise between session and digest
+            (session + "|64:" + "d" * 64, "", (0, 1, 2, 3), (0, 1), 3600.0),
         )
     ]
-    assert len({context, *others}) == 5
+    assert len({context, *others}) == 7
+
+
+def test_a_sealed_none_or_box_of_one_session_does_not_open_in_another() -> None:
+    """The session is bound through the Exec context's hashed tail, not written out: a
+    sealed None or bindings box of a job in one session, replayed as the same job id of
+    another session (or for another incarnation), fails its tag at the worker, by its full
+    path and by its short path (the stream's Nones known)."""
+    driver, node = sealer_pair()
+    worker = WorkerSeal(node, 0, incarnation="c" * 16)
+
+    def context(session: str, job: str, incarnation: str = "c" * 16) -> str:
+        return exec_context(session, job, "d", (0,), (0,), 5.0, incarnation)
+
+    def exec_of(session: str, job: str) -> Exec:
+        return Exec(session, job, "d", (0,), {}, (0,), 5.0)
+
+    mine, theirs = "s1~" + "0" * 16, "s2~" + "0" * 16
+    # each round: a box and a None sealed for another session's job or another process,
+    # refused; then a None that runs (from the second round on, the worker's short path
+    # knows the stream: the refused ones meet it there)
+    for round_ in range(3):
+        job = f"j{round_}"
+        for value in ([1], None):
+            for other in (context(theirs, job), context(mine, job, "e" * 16)):
+                box = driver.seal(value, "node:n0", other, safe=False)
+                assert type(worker.open_exec(exec_of(mine, job), job, box)) is Failed
+        ok = driver.seal(None, "node:n0", context(mine, job))
+        assert worker.open_exec(exec_of(mine, job), job, ok) is None

@@ -310,6 +310,30 @@ class RepeatExecs:
         self.repeats += 1
         return job, data[start:]
 
+    def repeat_header(self, data: bytes) -> tuple[str, int] | None:
+        """``(job id, where the header ends)`` if ``data`` begins with :attr:`last`'s
+        header but for that id (as long as its own), :attr:`last` had no bindings, and more
+        bytes follow the header: the broker's reading of a sealed Exec from the driver
+        (``mpl.wire.sealed_exec``: each rank's box after the header; its caller reads
+        them and checks the magic). None for anything else, with nothing read or
+        remembered."""
+        head, tail, size = self._head, self._tail, self._size
+        if not head or self._box_at or len(data) <= size or self._fields["bindings"]:
+            return None
+        at = self._id_at
+        if not (
+            data.startswith(head)
+            and data.startswith(tail, size - len(tail))
+            and data[at - 1] == self._id_byte
+        ):
+            return None
+        try:  # as repeat_job reads it
+            job = data[at : size - len(tail)].decode()
+        except UnicodeDecodeError:
+            return None
+        self.repeats += 1
+        return job, size
+
     def record(self, job: str) -> Exec:
         """The record :meth:`repeat` returns for the repeat :meth:`repeat_job` said
         ``job`` of (:attr:`last` with that job id)."""

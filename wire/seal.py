@@ -12,7 +12,7 @@ authenticated for its one recipient:
   random salt and the payload's context (cheaper than HKDF per message: a trivial job seals
   four times, and on a busy machine each crypto call pays cold caches).
 * **Binding.** The keys name the sender and the recipient, the context what it is for
-  (``exec|session|job|...``, ``done|...``, ``fetch|...|ticket``; ``mpl.wire.seal_contexts``):
+  (``exec|job|...``, ``done|...``, ``fetch|...|ticket``; ``mpl.wire.seal_contexts``):
   a payload replayed into another job, request, slot or direction derives another key and
   fails to open.
 * **Cipher.** ChaCha20-Poly1305 for a ``Sealed`` record (the ``cryptography`` package,
@@ -35,7 +35,7 @@ authenticated for its one recipient:
   direction's key. A recipient keeps the ciphers of the epochs that opened for it (bounded;
   an epoch enters only once a box of it has authenticated). Larger payloads, and programs,
   stay ``Sealed`` records. A box of at most 64 bytes of plaintext (every trivial job's
-  answer) is sealed by keyed BLAKE2b, encrypt-then-MAC (``mpl.wire.seal_box`` gives the
+  answer) is sealed by prefix-keyed BLAKE2b, encrypt-then-MAC (``mpl.wire.seal_box`` gives the
   construction and why it is sound), a larger one by AES-256-GCM (``cryptography``'s
   ``AESGCM``), each under its own keys of the epoch; the plaintext's length (authenticated
   either way) says which. BLAKE2b costs more instructions per box than AES-GCM (about 16k
@@ -68,7 +68,7 @@ authenticated for its one recipient:
   it waits, nor after the worker restarted.
 * **None as a tag alone.** A sealed None (the bindings of every rank a job gives no inputs,
   sealed on every such job) has nothing to hide, only a sender, a recipient and a context
-  to prove: it is a box whose ciphertext is replaced by a 16-byte keyed-BLAKE2b tag over
+  to prove: it is a box whose ciphertext is replaced by a 16-byte prefix-keyed BLAKE2b tag over
   its nonce and context, under a second key of the same epoch (personalised apart from the
   cipher's). One hash call instead of a cipher set-up, encode and decode on either side; it
   is bound exactly as a box is (a box's ciphertext is never empty: its plaintext holds at
@@ -255,7 +255,7 @@ class Sealer:
         if value is None and self._box_head is not None:
             head, _, mark, counter = self._sending.get(to) or self._new_epoch(to)
             nonce = _box_nonce(next(counter))
-            # the tag: keyed BLAKE2b over nonce and context, from the epoch's keyed state
+            # the tag: prefix-keyed BLAKE2b over nonce and context, from the epoch's state
             tagger = mark.copy()
             tagger.update(nonce + context.encode())
             return head + nonce + tagger.digest()
@@ -477,7 +477,7 @@ class Sealer:
             keys, mark = self._epoch_keys(who, head[end - _SALT :], who, self.identity)
         nonce = box[end : end + _NONCE]
         if size == end + _BOX_TRAILER:  # no ciphertext: a sealed None's tag alone
-            tagger = mark.copy()  # as seal() makes it: keyed BLAKE2b over nonce and context
+            tagger = mark.copy()  # as seal() makes it: over its key, nonce and context
             tagger.update(nonce + context.encode())
             if not hmac.compare_digest(box[end + _NONCE :], tagger.digest()):
                 raise _failed(who, context)

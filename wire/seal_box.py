@@ -1,4 +1,4 @@
-"""The cipher of a compact box (``mpl.wire.seal``): keyed BLAKE2b, encrypt-then-MAC, for a
+"""The cipher of a compact box (``mpl.wire.seal``): prefix-keyed BLAKE2b, encrypt-then-MAC, for a
 plaintext of at most :data:`ETM_MAX` bytes (every trivial job's answer: one byte; a short
 codec header), AES-256-GCM (``cryptography``) for a larger one, each under its own key of
 the sealing process's epoch. No I/O, no state but the keyed hashes set up once per epoch.
@@ -7,14 +7,25 @@ the sealing process's epoch. No I/O, no state but the keyed hashes set up once p
   X25519 secret, ``mpl.wire.seal``), four keys per epoch, each keyed BLAKE2b-256 (a PRF)
   of the epoch's 16 bytes under it, told apart by their personalisation: the pad's, the
   tag's, AES-GCM's, and a sealed None's tag key. Each personalisation ends with the box
-  format's version ("/3", ``BOX_MAGIC``'s last byte): a box of another format meets other
+  format's version ("/4", ``BOX_MAGIC``'s last byte): a box of another format meets other
   keys.
-* **Encrypt.** The ciphertext is the plaintext XOR the first bytes of the pad, keyed
-  BLAKE2b-512 of the 12-byte nonce under the pad key: a PRF evaluated once per nonce, and
+* **Prefix-keyed BLAKE2b (format 4).** The pad, the tag and a sealed None's tag are each
+  BLAKE2b, without BLAKE2's key parameter, of the 32-byte key then the bytes it
+  authenticates (under the key's personalisation; the parameter block differs from the
+  derivation's in its key length, so the two never meet): ``PRF(K, m) = BLAKE2b(K || m)``.
+  BLAKE2b has no length extension (its last block is compressed under a finalisation
+  flag) and the key is a fixed-length prefix, so every input parses one way: a PRF and
+  MAC as keyed BLAKE2b is, by the same argument as for a keyed hash whose key is the
+  first block. It costs one compression for up to 96 bytes after the key, where
+  CPython's keyed BLAKE2b takes two at least (its key padded to a whole block, compressed
+  at every use): a trivial job's box tag (about 90 bytes), pad (12) and sealed None
+  (about 80) take one each. Format 3 (keyed BLAKE2b) boxes are refused.
+* **Encrypt.** The ciphertext is the plaintext XOR the first bytes of the pad, BLAKE2b-512
+  of the 12-byte nonce prefix-keyed by the pad key: a PRF evaluated once per nonce, and
   the nonce (the epoch's counter) never repeats under one epoch's keys (a forked process
   draws new epochs), so each pad is used once, as a stream cipher's counter mode uses its
   keystream.
-* **MAC.** The tag is keyed BLAKE2b-128, under the separate tag key, of the nonce, the
+* **MAC.** The tag is BLAKE2b-128, prefix-keyed by the separate tag key, of the nonce, the
   plaintext's length (one byte: the split between ciphertext and associated data is fixed,
   so no box reads as another with bytes moved between the two), the ciphertext and the
   associated data (the payload's context, its layout, then the box format's magic, so the
@@ -22,15 +33,18 @@ the sealing process's epoch. No I/O, no state but the keyed hashes set up once p
   constant time) before it makes the pad: nothing unauthenticated is decrypted.
 * **Why it is sound.** Encrypt-then-MAC of an IND-CPA cipher (a PRF keystream under unique
   nonces) with a strongly unforgeable MAC (a PRF tag) under independent keys is an
-  authenticated encryption (Bellare and Namprempre); keyed BLAKE2b is designed as a PRF and
-  MAC (RFC 7693), and the keys are independent PRF outputs. A 128-bit tag, as AES-GCM's.
+  authenticated encryption (Bellare and Namprempre); BLAKE2b keyed by a secret prefix is a
+  PRF and MAC (no length extension, a fixed-length key: RFC 7693 designs keyed BLAKE2b the
+  same way, its key as the first block), and the keys are independent PRF outputs. A
+  128-bit tag, as AES-GCM's.
 * **Which cipher.** The ciphertext's length (authenticated by either) says which: at most
   :data:`ETM_MAX` bytes of plaintext, BLAKE2b; more, AES-256-GCM with the same nonce and
   associated data under its own key. A large plaintext would take one BLAKE2b call per 64
   bytes of pad, where AES-GCM is cheaper per byte.
-* **Why BLAKE2b for small boxes.** Not for instructions: per seal or open it takes about
-  16k where AES-GCM takes 7k (CPython's BLAKE2b compresses the key block at every use, two
-  compressions per hash). But a trivial job's cipher calls run between other processes'
+* **Why BLAKE2b for small boxes.** Not for instructions alone: per seal or open it took
+  about 16k where AES-GCM takes 7k while it was keyed BLAKE2b (format 3: CPython's BLAKE2b
+  compresses the key block at every use, two compressions per hash; prefix-keyed, one,
+  about 1.7k less per hash). But a trivial job's cipher calls run between other processes'
   work, on caches those evicted, and OpenSSL's AEAD path is far more code to bring back
   than CPython's BLAKE2b, which the job runs anyway for its sealed Nones' tags. Measured
   with 8 MiB touched between calls, a small box's seal and open took 23 µs under AES-GCM
@@ -48,44 +62,49 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 __all__ = ["ETM_MAX", "BoxKeys", "box_open", "box_seal", "epoch_keys"]
 
-ETM_MAX = 64  # the largest plaintext sealed by BLAKE2b: one keyed BLAKE2b-512 output of pad
+ETM_MAX = 64  # the largest plaintext sealed by BLAKE2b: one BLAKE2b-512 output of pad
 _TAG = 16
-# each epoch key's personalisation; "/3": the box format's version
-_EPOCH_PERSON = b"mpl-box-epoch/3"  # AES-256-GCM, for a box of more than ETM_MAX bytes
-_PAD_PERSON = b"mpl-box-pad/3"  # the pad of a box of at most ETM_MAX bytes
-_MAC_PERSON = b"mpl-box-mac/3"  # that box's tag
-_MARK_PERSON = b"mpl-box-mark/3"  # a sealed None's tag (mpl.wire.seal)
+# each epoch key's personalisation; "/4": the box format's version
+_EPOCH_PERSON = b"mpl-box-epoch/4"  # AES-256-GCM, for a box of more than ETM_MAX bytes
+_PAD_PERSON = b"mpl-box-pad/4"  # the pad of a box of at most ETM_MAX bytes
+_MAC_PERSON = b"mpl-box-mac/4"  # that box's tag
+_MARK_PERSON = b"mpl-box-mark/4"  # a sealed None's tag (mpl.wire.seal)
+_KEY = 32  # each epoch key's bytes: the prefix of every input it keys
 _ONE_BYTE = tuple(bytes([n]) for n in range(256))
 _LENGTHS = _ONE_BYTE[: ETM_MAX + 1]  # a plaintext's length, as its tag's input holds it
 
-# an epoch's box ciphers: the pad's and the tag's keyed BLAKE2b (set up once: each use
-# copies one), and AES-256-GCM for larger boxes
+# an epoch's box ciphers: the pad's and the tag's prefix-keyed BLAKE2b (each a hash that
+# has taken its key, set up once: each use copies one), and AES-256-GCM for larger boxes
 BoxKeys = tuple[hashlib.blake2b, hashlib.blake2b, AESGCM]
 
 
 def epoch_keys(pair: bytes, epoch: bytes) -> tuple[BoxKeys, hashlib.blake2b]:
-    """The box ciphers of ``epoch`` under a direction's key ``pair``, and the keyed hash of
-    its sealed Nones' tags (16 bytes each)."""
+    """The box ciphers of ``epoch`` under a direction's key ``pair``, and the prefix-keyed
+    hash of its sealed Nones' tags (16 bytes each)."""
 
     def key(person: bytes) -> bytes:
-        return hashlib.blake2b(epoch, key=pair, digest_size=32, person=person).digest()
+        return hashlib.blake2b(epoch, key=pair, digest_size=_KEY, person=person).digest()
 
-    # the keyed hashes set up once per epoch: each use copies one and feeds its own bytes
-    # (CPython's BLAKE2b buffers the key block until the digest, so each use still takes
-    # two compressions: the copy saves the key's setup, not a compression)
+    def keyed(person: bytes, size: int) -> hashlib.blake2b:
+        # prefix-keyed: the key buffered, not compressed, so each use (a copy fed its own
+        # bytes) compresses key and bytes in one block while they fit 128 bytes
+        made = hashlib.blake2b(digest_size=size, person=person)
+        made.update(key(person))
+        return made
+
     keys = (
-        hashlib.blake2b(key=key(_PAD_PERSON), digest_size=ETM_MAX),
-        hashlib.blake2b(key=key(_MAC_PERSON), digest_size=_TAG),
+        keyed(_PAD_PERSON, ETM_MAX),
+        keyed(_MAC_PERSON, _TAG),
         AESGCM(key(_EPOCH_PERSON)),
     )
-    return keys, hashlib.blake2b(key=key(_MARK_PERSON), digest_size=_TAG)
+    return keys, keyed(_MARK_PERSON, _TAG)
 
 
 def box_seal(keys: BoxKeys, nonce: bytes, plain: bytes, aad: bytes) -> bytes:
     """A compact box's ciphertext and tag: of ``plain`` (1 to ``COMPACT_MAX`` bytes) under
     an epoch's ``keys``, with ``nonce`` (the epoch's counter: never twice under one epoch)
     and associated data ``aad`` (the context, then the layout and the box format's magic).
-    Keyed BLAKE2b, encrypt-then-MAC, up to ``ETM_MAX`` bytes; AES-256-GCM above."""
+    Prefix-keyed BLAKE2b, encrypt-then-MAC, up to ``ETM_MAX`` bytes; AES-256-GCM above."""
     size = len(plain)
     if size > ETM_MAX:
         return keys[2].encrypt(nonce, plain, aad)

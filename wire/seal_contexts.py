@@ -3,9 +3,9 @@ into its key or its associated data, so that one replayed into another job, requ
 output slot, direction or worker process does not open.
 
 * ``program|digest``: a job's program.
-* ``exec|session|job|tail|incarnation``: one rank's bindings of a job, everything else in
-  the ``Exec`` and the recipient worker's public incarnation; ``tail`` stands for
-  ``digest|ranks|inline|timeout``, by a hash of it (:class:`ExecTails`).
+* ``exec|job|tail|incarnation``: one rank's bindings of a job, everything else in the
+  ``Exec`` and the recipient worker's public incarnation; ``tail`` stands for
+  ``session|digest|ranks|inline|timeout``, by a hash of it (:class:`ExecTails`).
 * ``done|session|job|index``: one inline output of a job.
 * ``fetch|session|rank|uri|ticket``: one fetch's reply.
 
@@ -51,8 +51,8 @@ def exec_context(
     that restarted, and so remembers none of the Execs it ran, cannot be made to run a
     recorded one again. Each rank's bindings are sealed under its own worker's."""
     # one string built, not three (the hot paths write this line out, with ExecTails)
-    tail = _EXEC_TAILS[(digest, ranks, inline, timeout)]
-    return f"exec|{session}|{job}{tail}{incarnation_suffix(incarnation)}"
+    tail = _EXEC_TAILS[(session, digest, ranks, inline, timeout)]
+    return f"exec|{job}{tail}{incarnation_suffix(incarnation)}"
 
 
 def incarnation_suffix(incarnation: str) -> str:
@@ -61,32 +61,39 @@ def incarnation_suffix(incarnation: str) -> str:
     return f"|{incarnation}"
 
 
-ExecKey = tuple[str, tuple[int, ...], tuple[int, ...], float]  # digest, ranks, inline, timeout
+# session, digest, ranks, inline, timeout
+ExecKey = tuple[str, str, tuple[int, ...], tuple[int, ...], float]
 
 
 class ExecTails(dict[ExecKey, str]):
-    """The part of :func:`exec_context` after the job, by (digest, ranks, inline, timeout):
-    the same for every job of one call site, so written once. A hot path writes
-    ``f"exec|{session}|{job}{tails[key]}"`` itself, as exec_context does (one Python call
-    less per job). Bounded: keyed by what a broker sends.
+    """The part of :func:`exec_context` after the job, by (session, digest, ranks, inline,
+    timeout): the same for every job of one call site in one session, so written once. A
+    hot path writes ``f"exec|{job}{tails[key]}"`` itself, as exec_context does (one Python
+    call less per job). Bounded: keyed by what a broker sends.
 
-    The tail is ``|`` and a 24-byte BLAKE2b hash of ``|digest|ranks|inline|timeout``
-    (32 characters), not that text (about 90): it binds the same fields (finding another
-    tail of the same hash is a 192-bit second preimage, and only the driver chooses the
-    tails it seals under), and it keeps a sealed None's tag input (nonce and context) in
-    one BLAKE2b block instead of two, in the driver per rank and in every worker, per job."""
+    The tail is ``|`` and a 24-byte BLAKE2b hash of the session and digest (each after its
+    length, so no two splits read alike), ranks, inline outputs and timeout (32 characters),
+    not that text (about 130): it binds the same fields (finding another tail of the same
+    hash is a 192-bit second preimage, and only the driver chooses the tails it seals
+    under), and it keeps a sealed None's tag input (its 32-byte key, nonce and context) in
+    one BLAKE2b block (``mpl.wire.seal_box``) instead of two, in the driver per rank and in
+    every worker, per job. The session went into the hash when its id grew to
+    ``<name>~<16 hex digits>``: written out, it pushed that input past one block."""
 
     def __missing__(self, key: ExecKey) -> str:
-        digest, ranks, inline, timeout = key
+        session, digest, ranks, inline, timeout = key
         if len(self) >= _EXEC_TAILS_KEPT:
             self.clear()  # a bound, not a policy: they are cheap to write again
-        fields = f"|{digest}|{list(ranks)}|{list(inline)}|{float(timeout)!r}".encode()
+        fields = (
+            f"|{len(session)}:{session}|{len(digest)}:{digest}"
+            f"|{list(ranks)}|{list(inline)}|{float(timeout)!r}"
+        ).encode()
         hashed = hashlib.blake2b(fields, digest_size=24, person=_TAIL_PERSON).digest()
         tail = self[key] = "|" + urlsafe_b64encode(hashed).decode()
         return tail
 
 
-_TAIL_PERSON = b"mpl-exec-tail/1"  # keeps these hashes apart from any other BLAKE2b use
+_TAIL_PERSON = b"mpl-exec-tail/2"  # keeps these hashes apart from any other BLAKE2b use
 _EXEC_TAILS = ExecTails()
 _EXEC_TAILS_KEPT = 256
 
@@ -97,12 +104,12 @@ def done_context(session: str, job: str, index: int) -> str:
 
 def pin_contexts(user: str) -> None:
     """For a hot path that writes Exec and Done contexts out itself, as
-    ``f"exec|{session}|{job}{tails[key]}{suffix}"`` (``suffix``: the recipient's
+    ``f"exec|{job}{tails[key]}{suffix}"`` (``suffix``: the recipient's
     :func:`incarnation_suffix`, written once per worker) and ``f"done|{session}|{job}|{index}"``
     (a Python call less per job): raise ImportError, naming ``user``, if :func:`exec_context`
     or :func:`done_context` no longer write them so. Called once, at ``user``'s import."""
-    tail = ExecTails()[("d1", (0, 1), (1,), 2.5)]
-    written = "exec|s1|j1" + tail + incarnation_suffix("i1")
+    tail = ExecTails()[("s1", "d1", (0, 1), (1,), 2.5)]
+    written = "exec|j1" + tail + incarnation_suffix("i1")
     if exec_context("s1", "j1", "d1", (0, 1), (1,), 2.5, "i1") != written:
         raise ImportError(f"{user} writes Exec contexts unlike mpl.wire.seal")
     if done_context("s1", "j1", 3) != "done|s1|j1|3":

@@ -23,8 +23,10 @@ __all__ = ["BOX_MAGIC", "Sealed", "is_sealed"]
 # version is authenticated (in every box's associated data and every key's derivation), and
 # earlier formats are refused: the first (magic b"mpl-box\x01", a scalar inside the codec's
 # record) and the second (b"MB\x02", every box under AES-256-GCM, its magic not
-# authenticated; the third seals a box of at most 64 bytes by keyed BLAKE2b: mpl.wire.seal).
-BOX_MAGIC = b"MB\x03"
+# authenticated; the third (b"MB\x03") sealed a box of at most 64 bytes by keyed BLAKE2b, the
+# fourth by BLAKE2b keyed by a prefix, one compression where keyed BLAKE2b takes two:
+# mpl.wire.seal_box).
+BOX_MAGIC = b"MB\x04"
 
 
 @dataclass(eq=False, repr=False)

@@ -214,9 +214,9 @@ class WorkerSeal:
                     if self._solo.get(msg.session) != driver:
                         return self._open_exec(msg, job, sealed)
                     # exec_context's bytes before and after the job id, written once
-                    tail = self._tails[(msg.digest, msg.ranks, msg.inline, msg.timeout_s)]
-                    before, after = f"exec|{msg.session}|", f"{tail}{self._bound}"
-                    context = (msg, before.encode(), after.encode(), driver)
+                    fields = (msg.session, msg.digest, msg.ranks, msg.inline, msg.timeout_s)
+                    after = f"{self._tails[fields]}{self._bound}"
+                    context = (msg, b"exec|", after.encode(), driver)
                     self._context = context
                 tagger = mark.copy()  # as open_box checks a None's tag: over nonce, context
                 tagger.update(b"".join((nonce, context[1], job.encode(), context[2])))
@@ -249,8 +249,8 @@ class WorkerSeal:
             if refused is not None:
                 raise AuthenticationError(f"program {msg.digest} was refused: {refused}")
             # exec_context(...) without its call
-            tail = self._tails[(msg.digest, msg.ranks, msg.inline, msg.timeout_s)]
-            context = f"exec|{session}|{job}{tail}{self._bound}"
+            tail = self._tails[(session, msg.digest, msg.ranks, msg.inline, msg.timeout_s)]
+            context = f"exec|{job}{tail}{self._bound}"
             try:  # (no cost in Python 3.11 unless it raises)
                 if self._kernels_only:
                     driver, mine = self._open(sealed, context)
