@@ -181,7 +181,7 @@ class Broker(Outbox):
         self._exec_readers: dict[bytes, RepeatExecs] = {}
         # each sender's last Done read in full, to read its next by comparison (_turn)
         self._done_readers: dict[bytes, RepeatDones] = {}
-        self._sealed_execs = SealedExecReaders()  # and its last sealed Exec, likewise
+        self._sealed_execs = SealedExecReaders()  # each sender's last sealed Exec, likewise
         self._jobs = self.state.calls.jobs  # the jobs in flight (the state never replaces it)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
