@@ -16,11 +16,13 @@ import zmq
 
 from mpl.wire import GraphBuilder
 from mpl.wire.codec import decode
+from mpl.wire.control import Welcome, WorkerHello
 from mpl.wire.errors import ProtocolError
-from mpl.wire.jobs import Exec, Lit
+from mpl.wire.jobs import Exec, Lit, Program
 from mpl.wire.record import Record
 from mpl.wire.seal import Sealer
 from mpl.wire.sealed import Sealed
+from mpl.wire.sessions import OpenSession, SessionOpened
 
 R = TypeVar("R", bound=Record)
 
@@ -160,6 +162,34 @@ def raw_broker(world: int, make: Callable[[Any, str], Any]) -> Iterator[tuple[An
         ctx.term()
         broker.stop()
         broker.join(5)
+
+
+def joined_workers(raw: Callable[[], Any], world: int) -> list[Any]:
+    """``world`` raw sockets made by ``raw``, each said hello as rank 0, 1, ... and
+    welcomed by the broker."""
+    workers = [raw() for _ in range(world)]
+    for rank, w in enumerate(workers):
+        w.send(
+            WorkerHello(rank, f"inc{rank}", 100 + rank, "host", f"tcp://127.0.0.1:{rank + 9}", "")
+        )
+        w.wait_for(Welcome)
+    return workers
+
+
+def session_with_program(
+    raw: Callable[[], Any], name: str, world: int, ranks: tuple[int, ...]
+) -> tuple[Any, str, str]:
+    """A driver's raw socket with session ``name`` open and a program sent: one constant
+    (1) on ``ranks`` of a ``world``-rank graph. Returns the socket, the session, the
+    digest."""
+    driver = raw()
+    driver.send(OpenSession(1, "", 60.0, name))
+    opened, _ = driver.wait_for(SessionOpened)
+    assert isinstance(opened, SessionOpened)
+    b = GraphBuilder(world)
+    graph = b.build(b.op("constant", [], ranks=ranks, value=1))
+    driver.send(Program(graph.digest, graph))
+    return driver, opened.session, graph.digest
 
 
 def double(x: Any) -> Any:

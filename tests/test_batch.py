@@ -9,6 +9,7 @@ refused or dropped exactly as it would be alone.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import subprocess
 import time
@@ -19,7 +20,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from helpers import nap_then, raw_broker, wait_until
+from helpers import joined_workers, nap_then, raw_broker, session_with_program, wait_until
 
 import mpl.driver as mp
 from mpl.broker.daemon import Broker
@@ -224,25 +225,6 @@ def rig() -> Iterator[tuple[Broker, Any]]:
         yield pair
 
 
-def _joined(raw: Any) -> list[Raw]:
-    workers = [raw(), raw()]
-    for rank, w in enumerate(workers):
-        w.send(WorkerHello(rank, f"inc{rank}", 100 + rank, "h", f"tcp://127.0.0.1:{rank + 9}", ""))
-        w.wait_for(Welcome)
-    return workers
-
-
-def _session(raw: Any) -> tuple[Raw, str, str]:
-    driver = raw()
-    driver.send(OpenSession(1, "", 60.0, "batch"))
-    opened, _ = driver.wait_for(SessionOpened)
-    assert isinstance(opened, SessionOpened)
-    b = GraphBuilder(2)
-    graph = b.build(b.op("constant", [], ranks=(0, 1), value=1))
-    driver.send(Program(graph.digest, graph))
-    return driver, opened.session, graph.digest
-
-
 def _status(driver: Raw, req: int) -> dict[str, Any]:
     driver.send(StatusRequest(req))
     for _, msg in driver.messages(10):
@@ -269,8 +251,8 @@ def test_a_driver_batch_of_execs_comes_back_as_one_batch_of_results(
     """Five Execs in one message reach each worker as one message; each worker's five
     Dones in one message come back to the driver as batched JobResults, each job's own."""
     _, raw = rig
-    workers = _joined(raw)
-    driver, sid, digest = _session(raw)
+    workers = joined_workers(raw, 2)
+    driver, sid, digest = session_with_program(raw, "batch", 2, (0, 1))
     names = [f"job{i}" for i in range(5)]
     driver.send_batch([Exec(sid, n, digest, (0, 1), {}, (0,)) for n in names])
     for rank, w in enumerate(workers):
@@ -312,8 +294,8 @@ def test_a_bad_batch_is_refused_as_one_bad_message_and_the_broker_still_serves(
     rig: tuple[Broker, Any], wire: list[bytes], why: str
 ) -> None:
     _, raw = rig
-    workers = _joined(raw)
-    driver, sid, digest = _session(raw)
+    workers = joined_workers(raw, 2)
+    driver, sid, digest = session_with_program(raw, "batch", 2, (0, 1))
     before = _status(driver, 2)
     driver.sock.send_multipart(wire)
     refused, _ = driver.wait_for(Refused)
@@ -330,8 +312,8 @@ def test_garbage_inner_headers_are_each_refused_as_alone_and_the_rest_handled(
     rig: tuple[Broker, Any],
 ) -> None:
     _, raw = rig
-    workers = _joined(raw)
-    driver, sid, digest = _session(raw)
+    workers = joined_workers(raw, 2)
+    driver, sid, digest = session_with_program(raw, "batch", 2, (0, 1))
     before = _status(driver, 2)
     garbage = [b"\xc1", msgpack.packb(["exec", "not", "an", "exec"]), b"\x91\xa4done"]
     driver.sock.send_multipart(to_wire(batch_frames([*garbage, _header(StatusRequest(3))])))
@@ -353,8 +335,8 @@ def test_a_batched_done_for_another_rank_is_dropped_as_alone(rig: tuple[Broker, 
     """Rank 0's socket batches a forged Done for rank 1 with its own: the forgery is counted
     and dropped, rank 0's own counts, and the job waits for rank 1's genuine answer."""
     _, raw = rig
-    workers = _joined(raw)
-    driver, sid, digest = _session(raw)
+    workers = joined_workers(raw, 2)
+    driver, sid, digest = session_with_program(raw, "batch", 2, (0, 1))
     driver.send(Exec(sid, "victim", digest, (0, 1), {}, (0,)))
     for w in workers:
         w.wait_for(Exec)
@@ -376,8 +358,8 @@ def test_a_worker_batching_execs_gets_what_each_exec_alone_gets(rig: tuple[Broke
     """A worker may not run jobs: a batch of Execs from its socket is answered exactly as
     the same Execs sent one by one, and no rank gets an Exec from it."""
     _, raw = rig
-    workers = _joined(raw)
-    driver, sid, digest = _session(raw)
+    workers = joined_workers(raw, 2)
+    driver, sid, digest = session_with_program(raw, "batch", 2, (0, 1))
 
     def answers(send: Any) -> list[tuple[str, str]]:
         send()
@@ -478,6 +460,36 @@ def fake() -> Iterator[tuple[FakeBroker, Worker]]:
 def _one_rank_program() -> Any:
     b = GraphBuilder(1)
     return b.build(b.op("constant", [], ranks=(0,), value=5))
+
+
+@contextlib.contextmanager
+def worker_process(tmp_path: Any) -> Iterator[tuple[FakeBroker, subprocess.Popen[bytes], Any]]:
+    """A real ``mpl-worker`` process welcomed by a :class:`FakeBroker` (heartbeats every
+    0.2 s) and sent :func:`_one_rank_program`: the broker, the process and the program,
+    the process stopped by its pid at the end."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    broker = FakeBroker(ctx)
+    proc = broker.start_worker(tmp_path)
+    try:
+        broker.welcome(0.2, 20)
+        graph = _one_rank_program()
+        broker.send(encode(Program(graph.digest, graph)))
+        yield broker, proc, graph
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        broker.router.close(linger=0)
+        ctx.term()
+
+
+def wait_protocol_errors(broker: FakeBroker, count: int, what: str) -> None:
+    """Wait until the worker's heartbeat counts ``count`` bad messages."""
+
+    def counted() -> bool:
+        broker.pump(50)
+        return broker.stats.get("protocol_errors") == count
+
+    wait_until(counted, 20, f"{what} counted in a heartbeat")
 
 
 def test_a_worker_answers_a_batch_of_execs_with_batched_dones(
@@ -783,13 +795,7 @@ def test_bad_batches_against_real_daemons_are_refused_and_they_still_serve(
 
 
 def test_a_worker_process_drops_bad_batches_and_still_serves(tmp_path: Any) -> None:
-    ctx: zmq.Context[Any] = zmq.Context()
-    broker = FakeBroker(ctx)
-    proc = broker.start_worker(tmp_path)
-    try:
-        broker.welcome(0.2, 20)
-        graph = _one_rank_program()
-        broker.send(encode(Program(graph.digest, graph)))
+    with worker_process(tmp_path) as (broker, proc, graph):
         good = _header(Exec("s", "good", graph.digest, (0,), {}, (0,)))
         for frames in (
             [BATCH_MAGIC + msgpack.packb([])],
@@ -800,18 +806,8 @@ def test_a_worker_process_drops_bad_batches_and_still_serves(tmp_path: Any) -> N
             broker.send_wire(frames)
         broker.wait_dones(1)
         assert [d.job for d in broker.dones] == ["good"] and broker.dones[0].values == {0: 5}
-
-        def counted() -> bool:
-            broker.pump(50)
-            return broker.stats.get("protocol_errors") == 4
-
-        wait_until(counted, 20, "four bad messages counted in a heartbeat")
+        wait_protocol_errors(broker, 4, "four bad messages")
         assert proc.poll() is None
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        broker.router.close(linger=0)
-        ctx.term()
 
 
 def test_gathered_dones_go_before_a_job_handed_to_the_pool(

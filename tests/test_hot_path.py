@@ -17,22 +17,20 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from helpers import decoded_as, raw_broker
+from helpers import decoded_as, joined_workers, raw_broker, session_with_program
 
 from mpl.broker.daemon import Broker
 from mpl.wire import Graph, GraphBuilder
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import MAGIC_FRAME, decode, encode, from_wire, to_wire
-from mpl.wire.control import Heartbeat, Welcome, WorkerHello
+from mpl.wire.control import Heartbeat
 from mpl.wire.hot_spans import done_spans, execs_for_ranks, result_frames
-from mpl.wire.jobs import Done, Exec, JobResult, Lit, Program
+from mpl.wire.jobs import Done, Exec, JobResult, Lit
 from mpl.wire.record import Record
 from mpl.wire.run_stats import pack_stats
 from mpl.wire.sessions import (
     ListRequest,
-    OpenSession,
     Reply,
-    SessionOpened,
     StatusRequest,
     SymbolInfo,
 )
@@ -95,28 +93,16 @@ def test_done_values_reach_the_driver_as_read_and_each_rank_gets_one_exec(
     rig: tuple[Broker, Any],
 ) -> None:
     _, raw = rig
-    workers = [raw() for _ in range(3)]
-    for rank, w in enumerate(workers):
-        w.send(
-            WorkerHello(rank, f"inc{rank}", 100 + rank, "host", f"tcp://127.0.0.1:{rank + 9}", "")
-        )
-        w.wait_for(Welcome)
-    driver = raw()
-    driver.send(OpenSession(1, "", 60.0, "hot"))
-    opened, _ = driver.wait_for(SessionOpened)
-    assert isinstance(opened, SessionOpened)
-    b = GraphBuilder(3)
-    out = b.op("constant", [], ranks=(0, 1, 2), value=1)
-    graph = b.build(out)
-    driver.send(Program(graph.digest, graph))
+    workers = joined_workers(raw, 3)
+    driver, session, digest = session_with_program(raw, "hot", 3, (0, 1, 2))
     # bindings for two ranks: each must get only its own, cut out of the driver's header
     bindings: dict[int, Any] = {0: [Lit("zero")], 2: [Lit("two")]}
-    driver.send(Exec(opened.session, "hot-job", graph.digest, (0, 1, 2), bindings, (0,)))
+    driver.send(Exec(session, "hot-job", digest, (0, 1, 2), bindings, (0,)))
     for rank, w in enumerate(workers):
         exe, _ = w.wait_for(Exec)
         assert isinstance(exe, Exec)
         assert exe.bindings == ({rank: bindings[rank]} if rank in bindings else {})
-        w.sock.send_multipart(to_wire(_done_by_hand(opened.session, "hot-job", rank)))
+        w.sock.send_multipart(to_wire(_done_by_hand(session, "hot-job", rank)))
     result, frames = driver.wait_for(JobResult)
     assert isinstance(result, JobResult) and result.error is None
     assert result.values == {0: {0: 1, 1: 1, 2: 1}}
@@ -218,20 +204,9 @@ def test_a_workers_forged_save_claims_over_the_wire_name_nothing(
     rank's file, a path for a name, a value it shares with rank 0 that rank 0 never
     reported. Nothing is named, each claim is counted, and the job and broker go on."""
     _, raw = rig
-    workers = [raw() for _ in range(3)]
-    for rank, w in enumerate(workers):
-        w.send(
-            WorkerHello(rank, f"inc{rank}", 100 + rank, "host", f"tcp://127.0.0.1:{rank + 9}", "")
-        )
-        w.wait_for(Welcome)
-    driver = raw()
-    driver.send(OpenSession(1, "", 60.0, "claims"))
-    opened, _ = driver.wait_for(SessionOpened)
-    assert isinstance(opened, SessionOpened)
-    b = GraphBuilder(3)
-    graph = b.build(b.op("constant", [], ranks=(0, 1), value=1))
-    driver.send(Program(graph.digest, graph))
-    driver.send(Exec(opened.session, "claims-job", graph.digest, (0, 1), {}, ()))
+    workers = joined_workers(raw, 3)
+    driver, session, digest = session_with_program(raw, "claims", 3, (0, 1))
+    driver.send(Exec(session, "claims-job", digest, (0, 1), {}, ()))
     for w in workers[:2]:
         w.wait_for(Exec)
     claims = [
@@ -239,39 +214,17 @@ def test_a_workers_forged_save_claims_over_the_wire_name_nothing(
         SymbolInfo("../up", "P1", (1,), True, {}),
         SymbolInfo("half", "", (0, 1), False, {}),
     ]
-    workers[1].send(Done(opened.session, "claims-job", 1, saved=claims))
-    workers[0].send(Done(opened.session, "claims-job", 0))
+    workers[1].send(Done(session, "claims-job", 1, saved=claims))
+    workers[0].send(Done(session, "claims-job", 0))
     result, _ = driver.wait_for(JobResult)
     assert isinstance(result, JobResult) and result.error is None
-    driver.send(ListRequest(2, "symbols", opened.session))
+    driver.send(ListRequest(2, "symbols", session))
     listing, _ = driver.wait_for(Reply)
     assert isinstance(listing, Reply) and listing.error is None
     assert listing.value == {"session": [], "persisted": []}
     driver.send(StatusRequest(3))
     status, _ = driver.wait_for(Reply)
     assert isinstance(status, Reply) and status.value["forged_replies"] == 3
-
-
-def _register(raw: Any, world: int) -> list[Raw]:
-    workers = [raw() for _ in range(world)]
-    for rank, w in enumerate(workers):
-        w.send(
-            WorkerHello(rank, f"inc{rank}", 100 + rank, "host", f"tcp://127.0.0.1:{rank + 9}", "")
-        )
-        w.wait_for(Welcome)
-    return workers
-
-
-def _open_with_program(raw: Any, name: str) -> tuple[Raw, str, str]:
-    """A driver socket with a session open and a 3-rank constant program sent."""
-    driver = raw()
-    driver.send(OpenSession(1, "", 60.0, name))
-    opened, _ = driver.wait_for(SessionOpened)
-    assert isinstance(opened, SessionOpened)
-    b = GraphBuilder(3)
-    graph = b.build(b.op("constant", [], ranks=(0, 1, 2), value=1))
-    driver.send(Program(graph.digest, graph))
-    return driver, opened.session, graph.digest
 
 
 def test_an_exec_without_bindings_reaches_every_rank_as_the_drivers_bytes(
@@ -281,8 +234,8 @@ def test_an_exec_without_bindings_reaches_every_rank_as_the_drivers_bytes(
     write differently (timeout_s as a 4-byte float) reaches all three ranks unchanged, and
     each decodes to the driver's Exec."""
     _, raw = rig
-    workers = _register(raw, 3)
-    driver, session, digest = _open_with_program(raw, "fan")
+    workers = joined_workers(raw, 3)
+    driver, session, digest = session_with_program(raw, "fan", 3, (0, 1, 2))
     exe = Exec(session, "fan-job", digest, (0, 1, 2), {}, (0,), 1.5)
     header = encode(exe)[1]
     single = msgpack.packb(1.5, use_single_float=True)  # 0xca + 4 bytes
@@ -306,8 +259,8 @@ def test_a_done_from_another_ranks_socket_is_dropped_and_the_job_waits_for_the_r
     as forged, the stranger's noted), and the result carries rank 1's own value once rank
     1 answers."""
     _, raw = rig
-    workers = _register(raw, 3)
-    driver, session, digest = _open_with_program(raw, "forged")
+    workers = joined_workers(raw, 3)
+    driver, session, digest = session_with_program(raw, "forged", 3, (0, 1, 2))
     driver.send(Exec(session, "forged-job", digest, (0, 1), {}, (0,)))
     for w in workers[:2]:
         w.wait_for(Exec)
@@ -392,8 +345,8 @@ def test_a_malformed_done_on_the_lean_path_is_refused_and_the_job_still_waits(
     from mpl.wire.control import Refused
 
     _, raw = rig
-    workers = _register(raw, 3)
-    driver, session, digest = _open_with_program(raw, "lean")
+    workers = joined_workers(raw, 3)
+    driver, session, digest = session_with_program(raw, "lean", 3, (0, 1, 2))
     driver.send(Exec(session, "lean-job", digest, (0, 1), {}, (0,)))
     for w in workers[:2]:
         w.wait_for(Exec)

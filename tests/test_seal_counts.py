@@ -472,18 +472,25 @@ def test_a_call_sites_sealed_result_is_opened_from_its_fields_with_no_record_bui
     its sealed bindings packed into the header with no Exec record: the output's Value is
     the one object built without __init__ per job (bac702e built the Exec and a JobResult
     too: 3 per job)."""
+    n, count = 20, _Count()
+    _call_site_jobs_counted(n, count)
+    assert count.cipher == {"box_open": 2 * n}  # both ranks' results opened
+    assert count.built == n  # the output's Value: no Exec record, no JobResult
+
+
+def _call_site_jobs_counted(n: int, counter: _Count | _Calls) -> None:
+    """``n`` secure trivial 2p jobs of one warm call site on real daemons, sent under
+    ``counter`` (their results fetched after)."""
     spec = ClusterSpec.simple(2, enable_spu=False)
     with mp.local_cluster(spec, secure=True, timeout=20) as ctx:
         job = mp.function(lambda: mp.simp.pcall((0, 1), lambda: 1))
         for _ in range(3):
             assert mp.fetch(job()) == [1, 1]
-        n, results = 20, []
-        with _Count() as count:
+        results = []
+        with counter:
             for _ in range(n):
                 results.append(job())
         assert [mp.fetch(r) for r in results] == [[1, 1]] * n
-        assert count.cipher == {"box_open": 2 * n}  # both ranks' results opened
-        assert count.built == n  # the output's Value: no Exec record, no JobResult
         ctx.close()
 
 
@@ -496,18 +503,9 @@ def test_a_call_sites_sealed_result_is_opened_from_its_fields_with_no_record_bui
 
 
 def test_a_call_sites_sealed_nones_encode_no_suffix_and_check_no_box_type() -> None:
-    spec = ClusterSpec.simple(2, enable_spu=False)
-    with mp.local_cluster(spec, secure=True, timeout=20) as ctx:
-        job = mp.function(lambda: mp.simp.pcall((0, 1), lambda: 1))
-        for _ in range(3):
-            assert mp.fetch(job()) == [1, 1]
-        n, results = 20, []
-        with _Calls() as count:
-            for _ in range(n):
-                results.append(job())
-        assert [mp.fetch(r) for r in results] == [[1, 1]] * n
-        # a sealed None per rank, and each rank's answer's pad and tag
-        assert count.c["blake2b.digest"] == 6 * n
-        assert count.c["str.encode"] == 3 * n  # the job id, its Exec context, the answer's
-        assert count.c["dict.values"] <= 3 * n  # none to check the boxes are compact
-        ctx.close()
+    n, count = 20, _Calls()
+    _call_site_jobs_counted(n, count)
+    # a sealed None per rank, and each rank's answer's pad and tag
+    assert count.c["blake2b.digest"] == 6 * n
+    assert count.c["str.encode"] == 3 * n  # the job id, its Exec context, the answer's
+    assert count.c["dict.values"] <= 3 * n  # none to check the boxes are compact

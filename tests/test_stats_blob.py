@@ -17,22 +17,21 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
-from helpers import wait_until
+from helpers import joined_workers, session_with_program, wait_until
 from test_hot_path import Raw
 
 import mpl.driver as mp
 from mpl.driver.context import JobRecord
 from mpl.driver.launcher import daemon_command
 from mpl.driver.tracefile import write_trace
-from mpl.wire import GraphBuilder
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import MAGIC_FRAME, to_wire
-from mpl.wire.control import Heartbeat, Welcome, WorkerHello
+from mpl.wire.control import Heartbeat
 from mpl.wire.errors import ProtocolError
-from mpl.wire.jobs import Exec, JobResult, Program
+from mpl.wire.jobs import Exec, JobResult
 from mpl.wire.result_read import read_answer
 from mpl.wire.run_stats import MAX_STATS_BYTES, RunStats, pack_stats, read_stats, run_seconds
-from mpl.wire.sessions import OpenSession, Reply, SessionOpened, StatusRequest
+from mpl.wire.sessions import Reply, StatusRequest
 
 WORLD_SIZE = 2
 
@@ -193,30 +192,19 @@ def test_a_hostile_blob_through_a_real_broker_leaves_the_result_and_the_broker_w
     name: str, spliced: bool, tmp_path: Path, broker_process: tuple[str, Any]
 ) -> None:
     _, raw = broker_process
-    workers = [raw() for _ in range(2)]
-    for rank, w in enumerate(workers):
-        w.send(
-            WorkerHello(rank, f"inc{rank}", 100 + rank, "host", f"tcp://127.0.0.1:{9 + rank}", "")
-        )
-        w.wait_for(Welcome)
-    driver = raw()
-    driver.send(OpenSession(1, "", 60.0, "stats"))
-    opened, _ = driver.wait_for(SessionOpened)
-    assert isinstance(opened, SessionOpened)
-    b = GraphBuilder(2)
-    graph = b.build(b.op("constant", [], ranks=(0, 1), value=1))
-    driver.send(Program(graph.digest, graph))
+    workers = joined_workers(raw, 2)
+    driver, session, digest = session_with_program(raw, "stats", 2, (0, 1))
     good = _bin(pack_stats(2e-5, 1.7e9, [[0, "0 (constant)", 1e-6, 1.5e-5]]))
     for n, job in enumerate(("hostile", "after")):
         for rank, w in enumerate(workers):  # alive, however slow this machine is today
             w.send(Heartbeat(rank=rank))
-        driver.send(Exec(opened.session, job, graph.digest, (0, 1), {}, (0,)))
+        driver.send(Exec(session, job, digest, (0, 1), {}, (0,)))
         for rank, w in enumerate(workers):
             w.wait_for(Exec)
             bad = rank == 1 and n == 0
             values = TUPLE_VALUES if spliced else PLAIN_VALUES
             stats = FIELDS[name] if bad else good
-            w.sock.send_multipart(to_wire(_done(opened.session, job, rank, values, stats)))
+            w.sock.send_multipart(to_wire(_done(session, job, rank, values, stats)))
         _, frames = driver.wait_for(JobResult)
         result = read_answer(frames, safe=True)  # the driver's own reader
         assert isinstance(result, JobResult) and result.job == job and result.error is None

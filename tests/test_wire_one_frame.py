@@ -16,8 +16,7 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
-from helpers import wait_until
-from test_batch import FakeBroker, Raw, _one_rank_program
+from test_batch import Raw, wait_protocol_errors, worker_process
 
 from mpl.driver.client import Client
 from mpl.wire import GraphBuilder
@@ -33,7 +32,7 @@ from mpl.wire.codec import (
 from mpl.wire.control import Refused
 from mpl.wire.data import Move
 from mpl.wire.errors import ProtocolError
-from mpl.wire.jobs import Exec, Program, output_uri
+from mpl.wire.jobs import Exec, output_uri
 from mpl.wire.sessions import Reply, StatusRequest
 from mpl.wire.sockets import MAX_MESSAGE, configure, recv_frames
 from mpl.worker.keyed_mailbox import move_mailbox
@@ -104,31 +103,15 @@ def test_the_broker_process_refuses_each_and_still_serves(make_cluster: Any) -> 
 
 
 def test_the_worker_process_refuses_each_and_still_serves(tmp_path: Any) -> None:
-    ctx: zmq.Context[Any] = zmq.Context()
-    broker = FakeBroker(ctx)
-    proc = broker.start_worker(tmp_path)
-    try:
-        broker.welcome(0.2, 20)
-        graph = _one_rank_program()
-        broker.send(encode(Program(graph.digest, graph)))
+    with worker_process(tmp_path) as (broker, proc, graph):
         hostile = _hostile(encode(Exec("s", "bad", graph.digest, (0,), {}, (0,)))[1])
         for frames in hostile.values():
             broker.send_wire(frames)
         broker.send(encode(Exec("s", "good", graph.digest, (0,), {}, (0,))))
         broker.wait_dones(1)
         assert [d.job for d in broker.dones] == ["good"] and broker.dones[0].values == {0: 5}
-
-        def counted() -> bool:
-            broker.pump(50)
-            return broker.stats.get("protocol_errors") == len(hostile)
-
-        wait_until(counted, 20, f"{len(hostile)} bad messages counted in a heartbeat")
+        wait_protocol_errors(broker, len(hostile), f"{len(hostile)} bad messages")
         assert proc.poll() is None
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        broker.router.close(linger=0)
-        ctx.term()
 
 
 @pytest.mark.parametrize("what", list(_hostile(b"\x90")))

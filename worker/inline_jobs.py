@@ -181,6 +181,10 @@ class InlineJobs:
         except BaseException as exc:
             info = to_info(exc, rank=self.rank, op="inputs", job=job)
             return RunFailed(sid, job, time.monotonic() - t0, info)
+        # Three answers, nested on purpose: a one-op scalar's Done joined from the template,
+        # else one packed from its fields (post_frames), else a record; each sends, then
+        # books (end_inline). Folding the send-and-book into a method would add a Python
+        # call per job to the path tests/test_worker_calls.py counts.
         try:
             scalar = SCALAR_NAMES.get(type(first))
             if scalar is not None and self.post_frame is not None and compiled.only:

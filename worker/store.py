@@ -97,10 +97,16 @@ class ObjectStore:
     def put_outputs(self, session: str, job: str, outputs: list[Any]) -> None:
         """Keep a finished run's ``outputs`` (ABSENT where not held; at least one held) as
         output ``<job>/<index>`` each. The list becomes the store's."""
-        several = len(outputs) != 1
-        held = _Several(outputs) if several else outputs[0]
-        if several and not _held_in(held):
-            return  # none held here
+        if len(outputs) == 1:
+            self.put_output(session, job, outputs[0])
+            return
+        held = _Several(outputs)
+        if _held_in(held):  # else none held here
+            self.put_output(session, job, held, several=True)
+
+    def put_output(self, session: str, job: str, value: Any, several: bool = False) -> None:
+        """Keep a run's one output ``value`` as output ``<job>/0``: no list made for it (the
+        inline path's). ``several``: ``value`` is :meth:`put_outputs`' list of them."""
         lock = self._lock  # not `with` (once per job): acquire and release cost less
         lock.acquire()
         try:
@@ -109,23 +115,9 @@ class ObjectStore:
                 jobs = self._outputs[session] = {}
             if self._extra:  # a job of several held somewhere: this id may name one
                 self._extra -= _extra(jobs.get(job, ABSENT))
-            jobs[job] = held
-            if several:
-                self._extra += _extra(held)
-        finally:
-            lock.release()
-
-    def put_output(self, session: str, job: str, value: Any) -> None:
-        """:meth:`put_outputs` of a run of one output (``value``): no list made for it."""
-        lock = self._lock
-        lock.acquire()
-        try:
-            jobs = self._outputs.get(session)
-            if jobs is None:
-                jobs = self._outputs[session] = {}
-            if self._extra:  # a job of several held somewhere: this id may name one
-                self._extra -= _extra(jobs.get(job, ABSENT))
             jobs[job] = value
+            if several:
+                self._extra += _extra(value)
         finally:
             lock.release()
 
