@@ -277,18 +277,11 @@ class RepeatExecs:
         ``(job id, box)`` if the header is :attr:`last`'s but for that id (as long as its
         own), :attr:`last` had no bindings (as the full read requires of this shape) and the
         box fills the rest, else None, with nothing read or remembered."""
-        head, tail, size = self._head, self._tail, self._size
-        end = len(data)
-        if not head or self._box_at or end <= size + 2 or end >= MAX_CONTAINERS:
+        size, end = self._size, len(data)
+        if end <= size + 2 or end >= MAX_CONTAINERS:
             return None
-        if self._fields["bindings"]:  # a plain Exec with bindings: the full read refuses it
-            return None
-        at = self._id_at
-        if not (
-            data.startswith(head)
-            and data.startswith(tail, size - len(tail))
-            and data[at - 1] == self._id_byte
-        ):
+        job = self._sealed_job(data)
+        if job is None:
             return None
         # the box: a bin8 or bin16 that ends the frame (msgpack_bins.bin_bounds written out:
         # the worker's path for each secure job, a Python call less)
@@ -303,10 +296,6 @@ class RepeatExecs:
             return None
         if stop != end or start == end:
             return None
-        try:  # as repeat_job reads it
-            job = data[at : size - len(tail)].decode()
-        except UnicodeDecodeError:
-            return None
         self.repeats += 1
         return job, data[start:]
 
@@ -317,8 +306,21 @@ class RepeatExecs:
         (``mpl.wire.sealed_exec``: each rank's box after the header; its caller reads
         them and checks the magic). None for anything else, with nothing read or
         remembered."""
+        size = self._size
+        if len(data) <= size:
+            return None
+        job = self._sealed_job(data)
+        if job is None:
+            return None
+        self.repeats += 1
+        return job, size
+
+    def _sealed_job(self, data: bytes) -> str | None:
+        """The job id of ``data`` if it begins with :attr:`last`'s header but for that id
+        (as long as its own) and :attr:`last` is a sealed Exec's header (no bindings, the
+        full read's requirement of that shape; no box inside), else None."""
         head, tail, size = self._head, self._tail, self._size
-        if not head or self._box_at or len(data) <= size or self._fields["bindings"]:
+        if not head or self._box_at or self._fields["bindings"]:
             return None
         at = self._id_at
         if not (
@@ -328,11 +330,9 @@ class RepeatExecs:
         ):
             return None
         try:  # as repeat_job reads it
-            job = data[at : size - len(tail)].decode()
+            return data[at : size - len(tail)].decode()
         except UnicodeDecodeError:
             return None
-        self.repeats += 1
-        return job, size
 
     def record(self, job: str) -> Exec:
         """The record :meth:`repeat` returns for the repeat :meth:`repeat_job` said
