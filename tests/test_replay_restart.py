@@ -121,6 +121,18 @@ class Rig:
         self.broker.join(5)
 
 
+def two_workers(root: Path, drivers: tuple[str, ...]) -> Iterator[Rig]:
+    """A fixture's body: a :class:`Rig` listing ``drivers`` with workers 0 and 1 serving,
+    closed (every process stopped by pid) when the test ends."""
+    made = Rig(root, drivers=drivers)
+    try:
+        made.start_worker(0)
+        made.start_worker(1)
+        yield made
+    finally:
+        made.close()
+
+
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
     made = Rig(tmp_path)

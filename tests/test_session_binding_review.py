@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from helpers import wait_until
-from test_replay_restart import Rig
+from test_replay_restart import Rig, two_workers
 from test_session_driver_binding import (
     _fetched_by,
     _job,
@@ -44,13 +44,7 @@ pytestmark = pytest.mark.daemons
 def rig(tmp_path: Path) -> Iterator[Rig]:
     """A secure cluster of two nodes whose spec lists drivers analyst and mallory (whose
     key the broker's operator holds)."""
-    made = Rig(tmp_path, drivers=("analyst", "mallory"))
-    try:
-        made.start_worker(0)
-        made.start_worker(1)
-        yield made
-    finally:
-        made.close()
+    yield from two_workers(tmp_path, ("analyst", "mallory"))
 
 
 def _fetched(ctx: mp.Context, rank: int, uri: str) -> Any:

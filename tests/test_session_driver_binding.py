@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import zmq
 from helpers import wait_until
-from test_replay_restart import Rig
+from test_replay_restart import Rig, two_workers
 
 import mpl.driver as mp
 from mpl.wire import GraphBuilder
@@ -201,13 +201,7 @@ def test_a_sharee_runs_only_where_the_owners_sealed_word_admits_it(first: str) -
 def rig(tmp_path: Path) -> Iterator[Rig]:
     """A secure cluster of two nodes whose spec lists drivers analyst, auditor and mallory
     (whose key the broker's operator holds)."""
-    made = Rig(tmp_path, drivers=("analyst", "auditor", "mallory"))
-    try:
-        made.start_worker(0)
-        made.start_worker(1)
-        yield made
-    finally:
-        made.close()
+    yield from two_workers(tmp_path, ("analyst", "auditor", "mallory"))
 
 
 def recorded_replies(rig: Rig, *kinds: type[Record]) -> list[Any]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_replay_restart import Rig
+from test_replay_restart import Rig, two_workers
 from test_session_driver_binding import _fetched_by, _job, _runs, _sealers, _value_on
 
 import mpl.driver as mp
@@ -131,13 +131,7 @@ def test_a_grant_without_a_valid_stamp_is_refused(word: dict[str, Any]) -> None:
 def rig(tmp_path: Path) -> Iterator[Rig]:
     """A secure cluster of two nodes whose spec lists drivers analyst, auditor and
     reviewer."""
-    made = Rig(tmp_path, drivers=("analyst", "auditor", "reviewer"))
-    try:
-        made.start_worker(0)
-        made.start_worker(1)
-        yield made
-    finally:
-        made.close()
+    yield from two_workers(tmp_path, ("analyst", "auditor", "reviewer"))
 
 
 def _read(ctx: mp.Context, uri: str, rank: int) -> Any:

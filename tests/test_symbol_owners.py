@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from helpers import wait_until
-from test_replay_restart import Rig
+from test_replay_restart import Rig, two_workers
 from test_session_driver_binding import _value_on, recorded_replies
 
 import mpl.driver as mp
@@ -132,13 +132,7 @@ def test_a_file_without_an_owner_is_no_ones_on_a_secure_worker(tmp_path: Path) -
 def rig(tmp_path: Path) -> Iterator[Rig]:
     """A secure cluster of two nodes, each worker with a data root, listing drivers analyst
     and mallory (whose key the broker's operator holds)."""
-    made = Rig(tmp_path, drivers=("analyst", "mallory"))
-    try:
-        made.start_worker(0)
-        made.start_worker(1)
-        yield made
-    finally:
-        made.close()
+    yield from two_workers(tmp_path, ("analyst", "mallory"))
 
 
 def _kept(ctx: mp.Context) -> None:
