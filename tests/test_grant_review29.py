@@ -121,3 +121,26 @@ def test_a_revoked_sharee_reads_no_persisted_value_of_the_owner(tmp_path: Path) 
         read = None
     leaked = read is not None and _fetched_by(worker, b, "sa", "sym:model") is not None
     assert not leaked
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review w29-a finding 3: where the broker's driver binds the owner's session "
+    "first (a restarted worker, one left out of the open) with a grant admitting the "
+    "owner, the owner's client that attached without share_with acts there as a member: "
+    "its jobs run and their values are sealed for the broker's driver",
+)
+def test_the_owners_member_client_puts_no_value_where_another_driver_bound_its_session() -> None:
+    """a owns "sa"; this worker restarted (or the broker left it out of a's open), so no
+    word of a's reached it. b (the broker's driver) binds "sa" here first, its own grant
+    admitting a. a's jobs as owner are refused (the stated denial of service), but a's
+    other client, attached without share_with, cannot tell it owns the session and claims
+    no say: its job runs here, in a session bound to b, and b's fetch of its value is
+    sealed for b. The README says no value of the owner's is then in that session there."""
+    a, b, node = _sealers()
+    worker = WorkerSeal(node, 0)  # restarted: no binding here
+    assert _runs(worker, _job(b, "sa", worded(None, ["driver:a", "driver:b"], 1))) is None
+    assert _refused(_runs(worker, _job(a, "sa", ["as owner"])))  # denial of service
+    ran = _runs(worker, _job(a, "sa", worded(["a's secret input"], None)))
+    leaked = ran == ["a's secret input"] and _fetched_by(worker, b, "sa", "v") is not None
+    assert not leaked
