@@ -1,0 +1,98 @@
+"""Review w29-b of this round's perf changes on hostile input (secure, fan, tail): the
+findings, each a strict xfail until the lead fixes it.
+
+* Finding 1 (low, tail): a worker's own version is looked up when the first session brings
+  runtime_info, not as it starts: a node whose package was upgraded under a running worker
+  says it runs the new version, and serves sessions that ask for it with the old code.
+* Finding 2 (low, fan): the broker makes a Done reader for any peer whose frame starts as a
+  Done, before it knows the peer is a worker: peers that are no worker evict every worker's
+  reader (a bounded table, first in first out), and the workers' Dones are read in full again.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_broker_counts import STATS, _Shell
+
+from mpl.wire import hot
+from mpl.wire.codec import encode, to_wire
+from mpl.wire.jobs import Done
+from mpl.worker.session_runtime import SessionRuntimes
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review w29-b finding 1: SessionRuntimes looks its version up at the first "
+    "session, not at start: a package upgraded under a running worker is what it claims",
+)
+def test_a_worker_claims_the_version_it_started_with_not_one_installed_since(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    running = version("mpl")
+    runtimes = SessionRuntimes(0, dict)  # a worker starts: it runs `running`
+    # then the node's mpl is upgraded (pip install -U) before any session reaches it
+    newer = tmp_path / "mpl-99.0.dist-info"
+    newer.mkdir()
+    (newer / "METADATA").write_text("Metadata-Version: 2.1\nName: mpl\nVersion: 99.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    assert version("mpl") == "99.0"  # what the package metadata says now
+    # a session asking for 99.0 is refused: this process runs `running`'s code
+    why = runtimes.refusal({"version": "99.0", "platform": "N/A"})
+    assert why is not None and running in why
+
+
+def _done_reads(shell: _Shell, monkeypatch: pytest.MonkeyPatch, jobs: int) -> int:
+    """msgpack reads of Done headers (read_done_header's) in ``jobs`` trivial jobs."""
+    reads = 0
+    real = hot._unpackb
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hot, "_unpackb", counted)
+    try:
+        for _ in range(jobs):
+            shell.job(lambda *_: None)
+    finally:
+        monkeypatch.setattr(hot, "_unpackb", real)
+    return reads
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review w29-b finding 2: a Done reader is made for any peer before it is known "
+    "as a worker; 256 peers that are no worker evict every worker's (perf only)",
+)
+def test_peers_that_are_no_worker_do_not_evict_the_workers_done_readers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shell = _Shell(2)
+    try:
+        for _ in range(3):  # the workers' Dones kept: repeats read by comparison
+            shell.job(lambda *_: None)
+        assert _done_reads(shell, monkeypatch, 2) == 0
+        # 256 connections that are no worker each send one Done (dropped: no worker)
+        junk = Done(shell.sid, "j99999", 0, {0: 1}, STATS, {0: "int64[]"})
+        frame = to_wire(encode(junk))
+        size = sum(len(bytes(part)) for part in frame)
+        routed = shell.broker.state.counters["bytes_routed"]
+        for n in range(256):
+            sock = shell._dealer(b"\x00junk%04d" % n)
+            sock.send_multipart(frame)
+        for _ in range(2000):  # turned until the broker has read every one of them
+            if shell.broker.state.counters["bytes_routed"] - routed >= 256 * size:
+                break
+            shell.broker._turn(float("inf"))
+        assert shell.broker.state.counters["bytes_routed"] - routed >= 256 * size
+        # the workers' repeat Dones are read by comparison still: no msgpack read
+        assert _done_reads(shell, monkeypatch, 4) == 0
+    finally:
+        shell.close()
