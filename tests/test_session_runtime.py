@@ -5,7 +5,9 @@ kernels, and shown by ``mp.sessions()``."""
 from __future__ import annotations
 
 import sys
+import tomllib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +16,7 @@ import mpl.driver as mp
 from mpl.wire import ClusterSpec
 from mpl.wire.errors import ClusterSpecError
 from mpl.wire.limits import MAX_RUNTIME_INFO_ITEMS
-from mpl.wire.runtime_info import incompatibility, matches, own_runtime
+from mpl.wire.runtime_info import MPL_VERSION, incompatibility, matches, own_runtime
 from mpl.worker.kernel_table import runtime_info
 
 
@@ -180,3 +182,11 @@ def test_a_worker_that_refused_on_joining_late_fails_that_sessions_jobs() -> Non
     assert node.of("s2")["zone"] == "b" and node.of("s1")["version"] == "2.5"
     node.closed("s1")
     assert node.failed(Exec("s1", "j3", "d", (1,), {})) is None
+
+
+def test_the_version_a_worker_claims_is_the_packages() -> None:
+    """``MPL_VERSION`` (what a worker says it runs) is pyproject.toml's version: a release
+    that bumps one and not the other fails here."""
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    declared = tomllib.loads(pyproject.read_text())["project"]["version"]
+    assert own_runtime()["version"] == MPL_VERSION == declared

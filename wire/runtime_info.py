@@ -27,6 +27,7 @@ from typing import Any
 from mpl.wire.limits import MAX_RUNTIME_INFO_ITEMS, MAX_RUNTIME_INFO_TEXT
 
 __all__ = [
+    "MPL_VERSION",
     "WILDCARDS",
     "incompatibility",
     "matches",
@@ -35,22 +36,17 @@ __all__ = [
     "own_runtime",
 ]
 
+MPL_VERSION = "0.1.0"  # pyproject.toml's version (a test keeps the two equal)
 WILDCARDS = frozenset({"", "n/a", "simulated", "*", "any"})
 _SEPARATORS = ".-_+"
 _CHECKED = ("version", "platform")
 
 
 def own_runtime() -> dict[str, str]:
-    """What this process runs: ``{"version": mpl's version, "platform": "<os>-<machine>"}``."""
-    # importlib.metadata costs ~20 ms to import: only workers ask, once, when a session
-    # first brings runtime_info to check
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        mpl_version = version("mpl")
-    except PackageNotFoundError:  # running from a source tree that is not installed
-        mpl_version = "0"
-    return {"version": mpl_version, "platform": f"{sys.platform}-{platform.machine()}".lower()}
+    """What this process runs: ``{"version": mpl's version, "platform": "<os>-<machine>"}``.
+    The version is the code's own (:data:`MPL_VERSION`), not the installed package's
+    metadata: a package upgraded under a running worker does not change what it runs."""
+    return {"version": MPL_VERSION, "platform": f"{sys.platform}-{platform.machine()}".lower()}
 
 
 def matches(asked: str, have: str) -> bool:

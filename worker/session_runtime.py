@@ -35,8 +35,8 @@ class SessionRuntimes:
     def __init__(self, rank: int, declared: Callable[[], Mapping[str, Any]]) -> None:
         self.rank = rank
         self._declared = declared
-        # what this process runs: asked of its package metadata (a search of every installed
-        # distribution) when a session first brings runtime_info to check, not at start
+        # what this process runs (its code's version and platform), made when a session
+        # first brings runtime_info to check
         self._own: dict[str, str] | None = None
         # one entry per open session; the broker holds at most MAX_SESSIONS open, and an
         # entry of a session whose close never came is the first to go
