@@ -33,10 +33,12 @@ the sealing process's epoch. No I/O, no state but the keyed hashes set up once p
   constant time) before it makes the pad: nothing unauthenticated is decrypted.
 * **Why it is sound.** Encrypt-then-MAC of an IND-CPA cipher (a PRF keystream under unique
   nonces) with a strongly unforgeable MAC (a PRF tag) under independent keys is an
-  authenticated encryption (Bellare and Namprempre); BLAKE2b keyed by a secret prefix is a
-  PRF and MAC (no length extension, a fixed-length key: RFC 7693 designs keyed BLAKE2b the
-  same way, its key as the first block), and the keys are independent PRF outputs. A
-  128-bit tag, as AES-GCM's.
+  authenticated encryption (Bellare and Namprempre); BLAKE2b over a secret fixed-length
+  prefix is taken as a PRF and MAC (BLAKE2 has no length extension). This is not RFC 7693's
+  keyed mode, which pads the key to a block of its own: here the attacker's bytes share the
+  first compression with the key, so it rests on the compression function being a PRF when
+  keyed through part of its message input, as BLAKE2's mode proofs model it. The keys are
+  independent PRF outputs. A 128-bit tag, as AES-GCM's.
 * **Which cipher.** The ciphertext's length (authenticated by either) says which: at most
   :data:`ETM_MAX` bytes of plaintext, BLAKE2b; more, AES-256-GCM with the same nonce and
   associated data under its own key. A large plaintext would take one BLAKE2b call per 64
