@@ -280,11 +280,9 @@ class RepeatExecs:
         size, end = self._size, len(data)
         if end <= size + 2 or end >= MAX_CONTAINERS:
             return None
-        job = self._sealed_job(data)
-        if job is None:
-            return None
         # the box: a bin8 or bin16 that ends the frame (msgpack_bins.bin_bounds written out:
-        # the worker's path for each secure job, a Python call less)
+        # the worker's path for each secure job, a Python call less); checked before the
+        # header, so a header counted as a repeat is one whose box is good too
         mark = data[size]
         if mark == BIN8:
             start = size + 2
@@ -296,8 +294,8 @@ class RepeatExecs:
             return None
         if stop != end or start == end:
             return None
-        self.repeats += 1
-        return job, data[start:]
+        said = self.repeat_header(data)
+        return None if said is None else (said[0], data[start:])
 
     def repeat_header(self, data: bytes) -> tuple[str, int] | None:
         """``(job id, where the header ends)`` if ``data`` begins with :attr:`last`'s
@@ -306,21 +304,8 @@ class RepeatExecs:
         (``mpl.wire.sealed_exec``: each rank's box after the header; its caller reads
         them and checks the magic). None for anything else, with nothing read or
         remembered."""
-        size = self._size
-        if len(data) <= size:
-            return None
-        job = self._sealed_job(data)
-        if job is None:
-            return None
-        self.repeats += 1
-        return job, size
-
-    def _sealed_job(self, data: bytes) -> str | None:
-        """The job id of ``data`` if it begins with :attr:`last`'s header but for that id
-        (as long as its own) and :attr:`last` is a sealed Exec's header (no bindings, the
-        full read's requirement of that shape; no box inside), else None."""
         head, tail, size = self._head, self._tail, self._size
-        if not head or self._box_at or self._fields["bindings"]:
+        if not head or self._box_at or len(data) <= size or self._fields["bindings"]:
             return None
         at = self._id_at
         if not (
@@ -330,9 +315,11 @@ class RepeatExecs:
         ):
             return None
         try:  # as repeat_job reads it
-            return data[at : size - len(tail)].decode()
+            job = data[at : size - len(tail)].decode()
         except UnicodeDecodeError:
             return None
+        self.repeats += 1
+        return job, size
 
     def record(self, job: str) -> Exec:
         """The record :meth:`repeat` returns for the repeat :meth:`repeat_job` said
