@@ -15,7 +15,8 @@ per owner, ``SessionAdmission.forgotten``.
 * a job of the owner of a session it opened without ``share_with`` (never shared) carries
   no word: its bindings are a list or None, as always (and a sealed None keeps the
   worker's short path). That is the owner's word "this session admits me alone" as it
-  opened it: the oldest grant there is (stamp 0), which any stamped grant overrides; and
+  opened it: binding a session on a worker, a grant of the owner alone stamped with that
+  worker's clock (a later stamped grant overrides it, an older one does not); and
   such a job runs only where the newest grant admits its owner alone (under one admitting
   others its client's view is stale, or the broker gave its open another session's id);
 * a job of a client of the owner that passed ``share_with`` (opening, or re-attaching:

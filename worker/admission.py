@@ -1,12 +1,14 @@
 """Which drivers each session admits on this worker (secure mode), bound to its owner's
 sealed word (``mpl.wire.session_word``), never to the broker's. No I/O.
 
-* A job whose sealer states it owns the session (no word: it alone, as it opened it,
-  stamp 0; or a stamped grant) binds the session to that driver when the session is not
-  bound here yet; in a session bound to that driver it runs, and its grant replaces the
-  session's only if its stamp is higher than the one kept (a job the broker held back
-  carries an older grant: it runs, and the newer grant stands); a session bound to
-  another driver refuses it. One grant is kept per session (its stamp, its list), never a
+* A job whose sealer states it owns the session (no word: it alone, as it opened it; or a
+  stamped grant) binds the session to that driver when the session is not bound here yet
+  (by no word: as a grant admitting the owner alone stamped with this worker's clock, so
+  an older grant of the owner's, a job the broker held back from a session that had the
+  same id, does not share it); in a session bound to that driver it runs, and its grant
+  replaces the session's only if its stamp is higher than the one kept (a job the broker
+  held back carries an older grant: it runs, and the newer grant stands); a session bound
+  to another driver refuses it. One grant is kept per session (its stamp, its list), never a
   history.
 * A job without a word (its client opened the session and made no grant: "it admits me
   alone") never runs under a kept grant that admits anyone else: its client's view is
@@ -43,6 +45,7 @@ was evicted (the drivers the spec lists: only they seal a job that opens).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from mpl.wire.limits import MAX_SESSIONS
 
@@ -54,15 +57,18 @@ SESSIONS_BOUND = 2 * MAX_SESSIONS  # bindings kept, open sessions and closed one
 class SessionAdmission:
     """Sessions bound here: each to its owner and the drivers its owner's word admits."""
 
-    def __init__(self, limit: int = SESSIONS_BOUND, started: int | None = None) -> None:
+    def __init__(
+        self, limit: int = SESSIONS_BOUND, clock: Callable[[], int] = time.time_ns
+    ) -> None:
         self._limit = limit
-        # when this worker started (wall-clock ns): every grant it held before is forgotten
-        self.started = time.time_ns() if started is None else started
+        self._clock = clock  # wall-clock ns, as the owners' grant stamps
+        # when this worker started: every grant it held before is forgotten
+        self.started = clock()
         # owner -> the highest stamp of its bindings evicted here (above started): a grant
         # admitting others and stamped at most this (or started) binds no session anew
         self._forgotten: dict[str, int] = {}
-        # session -> owner, admitted, the stamp of the grant admitting them (0: no grant
-        # stamped yet, the owner alone as it opened the session)
+        # session -> owner, admitted, the stamp of the grant admitting them (bound by a job
+        # without a word: this worker's clock then, the owner alone as it opened it)
         self._bound: dict[str, tuple[str, frozenset[str], int]] = {}
         # session -> owner, for every session bound to its owner alone: a sealed None (no
         # word) of that owner is admitted by one lookup here (WorkerSeal.open_exec)
@@ -120,6 +126,8 @@ class SessionAdmission:
         self._closed.pop(session, None)  # its owner acts in it: not evicted while it may
         if bound is not None and stamp <= bound[2]:  # no newer grant: the kept one stands
             return ""
+        if bound is None and not word_said:  # the owner alone, as of now: no grant of the
+            stamp = self._clock()  # owner's made before (a held-back job's) replaces it
         admitted = frozenset((driver,)) if word is None else word | {driver}
         self._bound[session] = (driver, admitted, stamp)
         if len(admitted) == 1:
