@@ -366,7 +366,11 @@ def connect(
     or re-attaching (a list replaces the previous one; ``[]`` takes the sharing back). In
     secure mode each such call is a grant the workers order by the time it was made (this
     client's clock): they keep the newest, whichever of the owner's clients made it, and a
-    re-attach without ``share_with`` leaves it standing. Another driver attaching raises
+    re-attach without ``share_with`` leaves it standing. A client that opened the session
+    without ``share_with`` has its jobs refused (``SessionAccessError``) once another
+    client of the owner shares it, and a worker that restarted (or evicted the session's
+    closed binding) refuses a grant admitting others made before that: re-attach with
+    ``share_with`` to grant again. Another driver attaching raises
     ``SessionAccessError``. A driver's name is the one its key is pinned to in secure mode;
     in plaintext mode it is ``driver`` (default: a random name, so each connection is a
     driver of its own).

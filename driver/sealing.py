@@ -128,8 +128,10 @@ class DriverSeal:
         sharing back) a grant made now, stamped (``grant_stamp``), admitting the drivers
         named: every job restates it, so a worker the grant's own job missed learns it
         from the next, and a worker keeps the newest grant. Without, as it opened the
-        session, no word (it admits this driver alone until a grant says otherwise).
-        Otherwise nothing but that it acts in it, where its owner's word admits it."""
+        session, no word (it admits this driver alone: a worker refuses its jobs once
+        another client's grant admits others there, and so its open, given the id of a
+        shared session). Otherwise nothing but that it acts in it, where its owner's word
+        admits it."""
         if self.sealer is None:  # it seals no job (exec says why)
             return
         if not owns:

@@ -93,9 +93,10 @@ def test_an_owners_withheld_older_word_does_not_undo_its_later_one() -> None:
     a, b, node = _sealers()
     worker = WorkerSeal(node, 0)
     shared = ["driver:a", "driver:b"]
-    assert _runs(worker, _job(a, "sa", worded([1], shared, 1))) == [1]
-    withheld = _job(a, "sa", worded(None, shared, 1))  # sealed, then kept back by the broker
-    assert _runs(worker, _job(a, "sa", worded(None, ["driver:a"], 2))) is None  # a alone now
+    t = worker.admission.started  # (a's grants are stamped after the worker started)
+    assert _runs(worker, _job(a, "sa", worded([1], shared, t + 1))) == [1]
+    withheld = _job(a, "sa", worded(None, shared, t + 1))  # sealed, then kept back by the broker
+    assert _runs(worker, _job(a, "sa", worded(None, ["driver:a"], t + 2))) is None  # a alone now
     refused = _runs(worker, _job(b, "sa", worded(None, None)))
     assert type(refused) is Failed and refused.error.kind == "SessionAccessError"
     assert _fetched_by(worker, b, "sa", "v") is None

@@ -172,24 +172,28 @@ def test_a_sharee_runs_only_where_the_owners_sealed_word_admits_it(first: str) -
     """a shares "sa" with b (a grant in each job's bindings); b's jobs say they claim no say
     over who it admits. b's first job before a's word reached the worker is refused, saying
     so; after it, b runs and a value may be fetched for b; a's jobs without a word change
-    no grant; once a takes the sharing back (a later grant), b is refused again."""
+    no grant (they are refused under a grant admitting b); once a takes the sharing back
+    (a later grant), b is refused again and a's jobs without a word run."""
     from mpl.wire.session_word import worded
 
     a, b, node = _sealers()
     worker = WorkerSeal(node, 0)
     shared = ["driver:a", "driver:b"]
+    t = worker.admission.started  # (a's grants are stamped after the worker started)
     if first == "sharee":
         early = _runs(worker, _job(b, "sa", worded(None, None)))
         assert type(early) is Failed and early.error.kind == "SessionAccessError"
         assert "has not reached this worker" in early.error.message
-    assert _runs(worker, _job(a, "sa", worded([1], shared, 1))) == [1]
+    assert _runs(worker, _job(a, "sa", worded([1], shared, t + 1))) == [1]
     assert _runs(worker, _job(b, "sa", worded(["v"], None))) == ["v"]
     assert _fetched_by(worker, b, "sa", "v") == "a's secret"
-    claim = _runs(worker, _job(b, "sa", worded(None, ["driver:b"], 9)))  # b claims the session
+    claim = _runs(worker, _job(b, "sa", worded(None, ["driver:b"], t + 9)))  # b claims it
     assert type(claim) is Failed and "belongs to another driver" in claim.error.message
-    assert _runs(worker, _job(a, "sa")) is None  # no word: a runs, its grant stands
+    no_word = _runs(worker, _job(a, "sa"))  # no word: refused under a grant admitting b
+    assert type(no_word) is Failed and no_word.error.kind == "SessionAccessError"
     assert _fetched_by(worker, b, "sa", "v") == "a's secret"
-    assert _runs(worker, _job(a, "sa", worded(None, ["driver:a"], 2))) is None  # taken back
+    assert _runs(worker, _job(a, "sa", worded(None, ["driver:a"], t + 2))) is None  # taken back
+    assert _runs(worker, _job(a, "sa")) is None  # a alone again: a job without a word runs
     assert type(_runs(worker, _job(b, "sa", worded(None, None)))) is Failed
     assert _fetched_by(worker, b, "sa", "v") is None
 

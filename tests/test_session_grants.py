@@ -39,9 +39,10 @@ def test_a_grant_the_broker_tampers_with_or_replays_does_not_undo_a_later_one() 
     runs nowhere; the older one handed on late runs once (a's job) and b stays out."""
     a, b, node = _sealers()
     worker = WorkerSeal(node, 0)
-    assert _runs(worker, _job(a, "sa", worded([1], SHARED, 1))) == [1]
-    old = _job(a, "sa", worded(None, SHARED, 1))  # held back by the broker
-    back = _job(a, "sa", worded(None, ALONE, 2))
+    t = worker.admission.started  # (a's grants are stamped after the worker started)
+    assert _runs(worker, _job(a, "sa", worded([1], SHARED, t + 1))) == [1]
+    old = _job(a, "sa", worded(None, SHARED, t + 1))  # held back by the broker
+    back = _job(a, "sa", worded(None, ALONE, t + 2))
     assert _runs(worker, back) is None
     msg, sealed = old
     assert type(sealed) is bytes
@@ -61,15 +62,16 @@ def test_only_the_bound_owners_grant_counts() -> None:
     (another client of a holding it) changes nothing after the later one."""
     a, b, node = _sealers()
     worker = WorkerSeal(node, 0)
-    assert _runs(worker, _job(a, "sa", worded([1], SHARED, 5))) == [1]
-    for stamp in (6, MAX_STAMP):
+    t = worker.admission.started  # (a's grants are stamped after the worker started)
+    assert _runs(worker, _job(a, "sa", worded([1], SHARED, t + 5))) == [1]
+    for stamp in (t + 6, MAX_STAMP):
         claim = _runs(worker, _job(b, "sa", worded(None, ["driver:b"], stamp)))
         assert _refused(claim) and "belongs to another driver" in claim.error.message
     assert _runs(worker, _job(b, "sa", worded(["v"], None))) == ["v"]  # admitted by a's
-    assert _runs(worker, _job(a, "sa", worded(None, ALONE, 7))) is None
-    for stamp in (8, MAX_STAMP):
+    assert _runs(worker, _job(a, "sa", worded(None, ALONE, t + 7))) is None
+    for stamp in (t + 8, MAX_STAMP):
         assert _refused(_runs(worker, _job(b, "sa", worded(None, SHARED, stamp))))
-    assert _runs(worker, _job(a, "sa", worded(None, SHARED, 5))) is None  # a's other client
+    assert _runs(worker, _job(a, "sa", worded(None, SHARED, t + 5))) is None  # a's other client
     assert _refused(_runs(worker, _job(b, "sa", worded(["v"], None))))
     assert _fetched_by(worker, b, "sa", "v") is None
 
@@ -119,7 +121,7 @@ def test_a_grant_without_a_valid_stamp_is_refused(word: dict[str, Any]) -> None:
     a, b, node = _sealers()
     worker = WorkerSeal(node, 0)
     assert _refused(_runs(worker, _job(b, "sa", word)), "ProtocolError")
-    grant = {"admits": SHARED, "granted": 1, "inputs": [1]}
+    grant = {"admits": SHARED, "granted": worker.admission.started + 1, "inputs": [1]}
     assert _runs(worker, _job(a, "sa", grant)) == [1]
     assert _runs(worker, _job(b, "sa", worded([2], None))) == [2]
 
@@ -179,11 +181,16 @@ def test_a_client_that_opened_the_session_without_sharing_does_not_take_back_a_l
 ) -> None:
     """The analyst opens "collab" without ``share_with`` (its jobs carry no word), then a
     second client of it shares the session with the auditor: the first client's later jobs
-    change no grant, so the auditor reads what they make."""
+    change no grant; they are refused (a job without a word never runs under a grant
+    admitting others: the stated cost), until that client re-attaches with ``share_with``,
+    and the auditor reads what it makes then."""
     with (
         rig.connect(session="collab") as first,
         rig.connect(session="collab", share_with=["auditor"]),
     ):
-        uri = _value_on(first, 0, "made without a word")
-        with rig.connect("auditor", session="collab") as auditor:
-            assert _read(auditor, uri, 0) == "made without a word"
+        with pytest.raises(mp.MplError, match="did not make"):
+            _value_on(first, 0, "made without a word")
+        with rig.connect(session="collab", share_with=["auditor"]) as again:
+            uri = _value_on(again, 0, "made under the grant")
+            with rig.connect("auditor", session="collab") as auditor:
+                assert _read(auditor, uri, 0) == "made under the grant"

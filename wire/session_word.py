@@ -8,12 +8,17 @@ owner's word is a *grant*: who the session admits, stamped with when the owner m
 ``share_with``); a worker keeps the grant with the highest stamp it has seen, never going
 back to an older one (``mpl.worker.admission``). The stamp is sealed with the list, so the
 broker can neither change it nor make an old grant new; it can only hold a job back, and
-a job held back carries the older grant, which loses.
+a job held back carries the older grant, which loses. Nor does an older grant admitting
+others bind anew what a worker forgot (its restart, an evicted binding): a worker's mark
+per owner, ``SessionAdmission.forgotten``.
 
 * a job of the owner of a session it opened without ``share_with`` (never shared) carries
   no word: its bindings are a list or None, as always (and a sealed None keeps the
   worker's short path). That is the owner's word "this session admits me alone" as it
-  opened it: the oldest grant there is (stamp 0), which any stamped grant overrides;
+  opened it: binding a session on a worker, a grant of the owner alone stamped with that
+  worker's clock (a later stamped grant overrides it, an older one does not); and
+  such a job runs only where the newest grant admits its owner alone (under one admitting
+  others its client's view is stale, or the broker gave its open another session's id);
 * a job of a client of the owner that passed ``share_with`` (opening, or re-attaching:
   ``[]`` takes the sharing back) carries ``{"admits": [...], "granted": stamp,
   "inputs": ...}``: the driver identities admitted, sorted, the owner among them, and the

@@ -1,13 +1,29 @@
 """Which drivers each session admits on this worker (secure mode), bound to its owner's
 sealed word (``mpl.wire.session_word``), never to the broker's. No I/O.
 
-* A job whose sealer states it owns the session (no word: it alone, as it opened it,
-  stamp 0; or a stamped grant) binds the session to that driver when the session is not
-  bound here yet; in a session bound to that driver it runs, and its grant replaces the
-  session's only if its stamp is higher than the one kept (a job the broker held back
-  carries an older grant: it runs, and the newer grant stands); a session bound to
-  another driver refuses it. One grant is kept per session (its stamp, its list), never a
+* A job whose sealer states it owns the session (no word: it alone, as it opened it; or a
+  stamped grant) binds the session to that driver when the session is not bound here yet
+  (by no word: as a grant admitting the owner alone stamped with this worker's clock, so
+  an older grant of the owner's, a job the broker held back from a session that had the
+  same id, does not share it); in a session bound to that driver it runs, and its grant
+  replaces the session's only if its stamp is higher than the one kept (a job the broker
+  held back carries an older grant: it runs, and the newer grant stands); a session bound
+  to another driver refuses it. One grant is kept per session (its stamp, its list), never a
   history.
+* A job without a word (its client opened the session and made no grant: "it admits me
+  alone") never runs under a kept grant that admits anyone else: its client's view is
+  stale (another client of the owner shared the session since) or the broker gave it the
+  id of another session of the owner's, a shared one. Refused: the owner's open, whose
+  word job has no word either, fails loudly; its client re-attaches with ``share_with``.
+* A grant older than what this worker forgot does not bind anew: each owner has a mark,
+  this worker's start (wall-clock ns) raised to the stamp of every binding of that owner
+  it evicted. A grant admitting anyone besides its owner binds a session not bound here
+  only if stamped above its owner's mark (a taken-back share, its binding evicted or lost
+  in a restart, is not shared again by an older grant of the owner's other client, or a
+  job the broker held back); the owner re-attaches with ``share_with`` to grant anew. A
+  grant admitting its owner alone, or no word, binds as before: it lets no one in. The
+  mark compares the owner's clock with this worker's: an owner whose clock is behind this
+  worker's by more than the worker has been up has its new grants refused until it is not.
 * A job that claims no say (a sharee's) runs only in a session bound here that admits its
   sealer; in a session not bound yet it is refused, saying the owner's word has not reached
   this worker.
@@ -22,10 +38,14 @@ no value of the owner's is ever in that session there.
 Bounded, failing closed: a binding is never dropped while its session may hold values
 here (dropping it would let the next job bind the session anew): a closed session's
 binding stays, evicted oldest first only to make room, after every later one; with no
-closed one to evict, a new session is refused.
+closed one to evict, a new session is refused. The marks: one int per owner whose binding
+was evicted (the drivers the spec lists: only they seal a job that opens).
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 from mpl.wire.limits import MAX_SESSIONS
 
@@ -37,10 +57,18 @@ SESSIONS_BOUND = 2 * MAX_SESSIONS  # bindings kept, open sessions and closed one
 class SessionAdmission:
     """Sessions bound here: each to its owner and the drivers its owner's word admits."""
 
-    def __init__(self, limit: int = SESSIONS_BOUND) -> None:
+    def __init__(
+        self, limit: int = SESSIONS_BOUND, clock: Callable[[], int] = time.time_ns
+    ) -> None:
         self._limit = limit
-        # session -> owner, admitted, the stamp of the grant admitting them (0: no grant
-        # stamped yet, the owner alone as it opened the session)
+        self._clock = clock  # wall-clock ns, as the owners' grant stamps
+        # when this worker started: every grant it held before is forgotten
+        self.started = clock()
+        # owner -> the highest stamp of its bindings evicted here (above started): a grant
+        # admitting others and stamped at most this (or started) binds no session anew
+        self._forgotten: dict[str, int] = {}
+        # session -> owner, admitted, the stamp of the grant admitting them (bound by a job
+        # without a word: this worker's clock then, the owner alone as it opened it)
         self._bound: dict[str, tuple[str, frozenset[str], int]] = {}
         # session -> owner, for every session bound to its owner alone: a sealed None (no
         # word) of that owner is admitted by one lookup here (WorkerSeal.open_exec)
@@ -76,14 +104,30 @@ class SessionAdmission:
             return ""
         if bound is not None and bound[0] != driver:
             return f"session {session} belongs to another driver here, not to {driver}"
-        if bound is None and session not in self._closed and not self._room():
+        if not word_said and bound is not None and len(bound[1]) > 1:
             return (
-                f"session {session} refused: this worker holds {len(self._bound)} sessions' "
-                "bindings, none closed (close sessions no longer used)"
+                f"session {session} is shared here by a grant of {driver} that this client "
+                "did not make (it opened the session without share_with, or was given "
+                "another session's id): it admits no job without a word; re-attaching with "
+                "share_with states whom the session admits"
             )
+        if bound is None:
+            if word is not None and not word <= {driver} and stamp <= self.forgotten(driver):
+                return (
+                    f"{driver}'s grant for session {session} is older than what this "
+                    "worker remembers of its grants (it restarted, or made room since): "
+                    "it binds nothing; the owner re-attaches with share_with to grant again"
+                )
+            if session not in self._closed and not self._room():
+                return (
+                    f"session {session} refused: this worker holds {len(self._bound)} "
+                    "sessions' bindings, none closed (close sessions no longer used)"
+                )
         self._closed.pop(session, None)  # its owner acts in it: not evicted while it may
         if bound is not None and stamp <= bound[2]:  # no newer grant: the kept one stands
             return ""
+        if bound is None and not word_said:  # the owner alone, as of now: no grant of the
+            stamp = self._clock()  # owner's made before (a held-back job's) replaces it
         admitted = frozenset((driver,)) if word is None else word | {driver}
         self._bound[session] = (driver, admitted, stamp)
         if len(admitted) == 1:
@@ -101,6 +145,12 @@ class SessionAdmission:
         if driver not in bound[1]:
             return f"session {session} does not admit {driver} here (its owner's word)"
         return ""
+
+    def forgotten(self, owner: str) -> int:
+        """The stamp at or below which a grant of ``owner`` admitting others binds no
+        session anew here: this worker's start, or the newest grant of ``owner``'s it
+        evicted."""
+        return self._forgotten.get(owner, self.started)
 
     def owner(self, session: str) -> str:
         """The driver ``session`` is bound to here ("": none), whose persisted values alone
@@ -130,6 +180,8 @@ class SessionAdmission:
             return False
         oldest = next(iter(self._closed))
         del self._closed[oldest]
-        self._bound.pop(oldest, None)
+        evicted = self._bound.pop(oldest, None)
         self.solo.pop(oldest, None)
+        if evicted is not None and evicted[2] > self.forgotten(evicted[0]):
+            self._forgotten[evicted[0]] = evicted[2]  # its grants up to this one: forgotten
         return True
