@@ -63,3 +63,19 @@ def test_a_taken_back_share_stays_taken_back_after_a_restart_via_an_older_solo_g
     assert _grant(admission, "s", ALONE, 50) == ""  # held back: binds a alone
     _grant(admission, "s", SHARED, 60)  # held back, made before the take-back at 70
     assert admission.may_read("s", M) != "", "a share taken back before the restart is back"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review w29-c finding 2: the broker answers the owner's shared open with the id "
+    "of the owner's older private session (its close withheld, its values still here); the "
+    "new grant replaces the private binding and the sharee reads the private session",
+)
+def test_a_shared_open_given_an_old_private_sessions_id_admits_no_sharee_to_it() -> None:
+    admission = SessionAdmission(clock=lambda: 100)
+    old = "proj~0123456789abcdef"
+    assert admission.admit(old, A, None, False) == ""  # a's private "proj", values here
+    # a (any client) later opens "proj" again, shared with mallory (grant stamped 200);
+    # the broker withholds the old close and gives the same id, which names "proj"
+    assert _grant(admission, old, SHARED, 200) == ""
+    assert admission.may_read(old, M) != "", "mallory reads a's private session's values"
