@@ -107,3 +107,22 @@ def test_the_owners_short_path_job_keeps_its_session_from_eviction_as_the_full_p
     assert _runs(worker, _job(b, "g")) is None  # ...and makes room: f, or a's s in use?
     assert type(_runs(worker, _job(b, "s"))) is Failed, "mallory bound a's session in use"
     assert _fetched_by(worker, b, "s", "v") is None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review w29-c finding 4: a sharee's job runs without un-closing its session's "
+    "binding (admit() un-closes only for the owner), so after a forged close a shared "
+    "session in use by its sharee is evicted and another listed driver binds it",
+)
+def test_a_sharees_job_keeps_its_session_from_eviction_as_the_owners_does() -> None:
+    b = "driver:b"
+    admission = SessionAdmission(limit=2, clock=lambda: 100)
+    assert _grant(admission, "s", frozenset((A, b)), 101) == ""  # a shares s with b
+    admission.closed("s")  # forged (and the worker's closed-session memory flushed)
+    assert admission.admit("s", b, None, True) == ""  # b works on in s, making values
+    assert admission.admit("f", M, None, False) == ""  # mallory fills the bound...
+    admission.closed("f")
+    assert admission.admit("g", M, None, False) == ""  # ...and makes room: f, or s in use?
+    assert admission.admit("s", M, None, False) != "", "mallory bound b's session in use"
+    assert admission.may_read("s", M) != ""
