@@ -7,13 +7,19 @@ word binds a session).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from test_session_driver_binding import _fetched_by, _job, _runs, _sealers
 
+from mpl.wire.errors import SessionAccessError
 from mpl.wire.jobs import Failed
-from mpl.wire.sessions import SessionClosed
+from mpl.wire.session_word import worded
+from mpl.wire.sessions import SessionClosed, SymbolInfo
 from mpl.worker.admission import SessionAdmission
 from mpl.worker.sealing import WorkerSeal
+from mpl.worker.store import ObjectStore
+from mpl.worker.symbol_disk import SymbolDisk
 
 A, M = "driver:a", "driver:mallory"
 SHARED = frozenset((A, M))
@@ -126,3 +132,39 @@ def test_a_sharees_job_keeps_its_session_from_eviction_as_the_owners_does() -> N
     assert admission.admit("g", M, None, False) == ""  # ...and makes room: f, or s in use?
     assert admission.admit("s", M, None, False) != "", "mallory bound b's session in use"
     assert admission.may_read("s", M) != ""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review w29-c finding 1 (on the worker, persisted): after the eviction, a's "
+    "held-back grants (alone 102, then shared 103) rebind 'sa' admitting b, and b's fetch "
+    "of a's persisted 'model' in 'sa' is sealed for b",
+)
+def test_a_taken_back_share_leaks_no_persisted_value_via_an_older_solo_grant(
+    tmp_path: Path,
+) -> None:
+    a, b, node = _sealers()  # b: mallory's listed key
+    worker = WorkerSeal(node, 0)
+    worker.admission = SessionAdmission(limit=3)
+    worker._solo = worker.admission.solo
+    store = ObjectStore(SymbolDisk(tmp_path), worker.admission.owner)
+    assert store.disk is not None
+    store.disk.save(SymbolInfo("model", "", (0,), True, {}), "a's model", "driver:a")
+    t = worker.admission.started  # (a's grants are stamped after the worker started)
+    shared, alone = ["driver:a", "driver:b"], ["driver:a"]
+    held = [_job(a, "sa", worded(None, w, t + i)) for i, w in ((2, alone), (3, shared))]
+    for i, w in ((1, shared), (2, alone), (3, shared), (4, alone)):  # share, take back x2
+        assert _runs(worker, _job(a, "sa", worded(None, w, t + i))) is None
+    worker.inbound(SessionClosed("sa", "forged by the broker"))
+    for own in ("m1", "m2", "m3"):
+        assert _runs(worker, _job(b, own)) is None
+    worker.inbound(SessionClosed("m1", "b's own, closed: room for one"))
+    assert worker.admission.owner("sa") == ""  # evicted; a's mark: t + 4
+    for job in held:  # the broker replays them, the older first
+        _runs(worker, job)
+    try:  # what the worker's fetch task reads for a Fetch of sym:model in "sa"
+        read = store.get("sa", "sym:model")
+    except SessionAccessError:
+        read = None
+    leaked = read is not None and _fetched_by(worker, b, "sa", "sym:model") is not None
+    assert not leaked, "b reads a's persisted model after a took the share back"
