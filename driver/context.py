@@ -135,7 +135,8 @@ class Context:
                 # and what its jobs tell the workers of who the session admits: the broker
                 # lets only the owner open it or set share_with
                 owns = not opened.attached or share_with is not None
-                client.seal.speak_for(self.session, owns, share_with)
+                # (a grant of an open answered as new says so: no old binding takes it)
+                client.seal.speak_for(self.session, owns, share_with, not opened.attached)
                 # the owner binds the session to it on every worker before any value exists
                 told = client.seal.word_job(self.session, self.cluster.world_size, owns)
                 if told is not None:

@@ -78,16 +78,16 @@ pin_contexts("mpl.driver.sealing")
 
 
 def _with_word(
-    word: tuple[list[str], int] | None, plain: dict[int, Any], ranks: tuple[int, ...]
+    word: tuple[list[str], int, bool] | None, plain: dict[int, Any], ranks: tuple[int, ...]
 ) -> dict[int, Any]:
     """Every rank's bindings in ``plain`` with a session's word (``mpl.wire.session_word``):
-    ``word``, a grant (admitted, stamp) or None (a member's). Not written in
+    ``word``, a grant (admitted, stamp, opening) or None (a member's). Not written in
     DriverSeal.sealed: a comprehension there would make its variables cells, ~530
     instructions more on every job (measured by callgrind)."""
-    admits, granted = word if word is not None else (None, 0)
+    admits, granted, opening = word if word is not None else (None, 0, False)
     out = {}
     for rank in ranks:
-        out[rank] = worded(plain.get(rank), admits, granted)
+        out[rank] = worded(plain.get(rank), admits, granted, opening)
     return out
 
 
@@ -115,13 +115,16 @@ class DriverSeal:
         self.openers: dict[str, Opener] = {}  # session -> what opens its results
         # session -> this driver's word on who it admits, sealed into every rank's bindings
         # of its jobs (mpl.wire.session_word): its grant (the sorted drivers admitted, the
-        # stamp of when it was made), where this client owns the session and passed
-        # share_with (even []: a grant taking a sharing back); None where it acts in it as
+        # stamp of when it was made, whether the broker answered its open as a new
+        # session), where this client owns the session and passed share_with (even []: a
+        # grant taking a sharing back); None where it acts in it as
         # another's. No entry: it opened the session without share_with (no word: its
         # jobs' sealed Nones stay so)
-        self.words: dict[str, tuple[list[str], int] | None] = {}
+        self.words: dict[str, tuple[list[str], int, bool] | None] = {}
 
-    def speak_for(self, session: str, owns: bool, share_with: list[str] | None) -> None:
+    def speak_for(
+        self, session: str, owns: bool, share_with: list[str] | None, opening: bool = False
+    ) -> None:
         """What this driver's jobs in ``session`` say to the workers on who it admits
         (``words``): ``owns``, when it opened the session or set its ``share_with`` (the
         broker lets only the owner do either). With ``share_with`` (``[]`` too: taking a
@@ -131,7 +134,9 @@ class DriverSeal:
         session, no word (it admits this driver alone: a worker refuses its jobs once
         another client's grant admits others there, and so its open, given the id of a
         shared session). Otherwise nothing but that it acts in it, where its owner's word
-        admits it."""
+        admits it. ``opening``: the broker answered this open as a new session (not
+        attached): the grant says so, sealed, and a worker refuses it where it holds
+        another binding of that id (the broker gave the open an old session's id)."""
         if self.sealer is None:  # it seals no job (exec says why)
             return
         if not owns:
@@ -141,7 +146,7 @@ class DriverSeal:
         else:
             me = self.sealer.identity
             admits = sorted({me, *(driver_identity(name) for name in share_with)})
-            self.words[session] = (admits, grant_stamp())
+            self.words[session] = (admits, grant_stamp(), opening)
 
     def bind(self, layout: ClusterSpec, incarnations: dict[int, str] | None = None) -> None:
         """Learn which rank is which node from a session's layout (the broker's ranks), and

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from test_session_driver_binding import _fetched_by, _job, _runs, _sealers
 
 from mpl.wire.errors import SessionAccessError
@@ -40,12 +39,6 @@ def _evict(admission: SessionAdmission, session: str, filler: int) -> None:
     assert admission.owner(session) == ""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w29-c finding 1: the forgotten mark is checked only when a grant binds "
-    "a session anew; an older grant of the owner alone rebinds first, then an older "
-    "sharing grant replaces it and the taken-back share is back",
-)
 def test_a_taken_back_share_stays_taken_back_after_eviction_via_an_older_solo_grant() -> None:
     admission = SessionAdmission(limit=3, clock=lambda: 100)
     # a shares s with mallory, takes it back, shares again, takes it back (four
@@ -62,11 +55,6 @@ def test_a_taken_back_share_stays_taken_back_after_eviction_via_an_older_solo_gr
     assert admission.admit("s", M, None, True) != ""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w29-c finding 1 (restart): after a worker restart an older grant of the "
-    "owner alone rebinds, then an older sharing grant (made before the start) replaces it",
-)
 def test_a_taken_back_share_stays_taken_back_after_a_restart_via_an_older_solo_grant() -> None:
     admission = SessionAdmission(clock=lambda: 100)  # restarted at 100; grants made before
     assert _grant(admission, "s", SHARED, 60) != ""  # refused alone, by the mark
@@ -75,28 +63,17 @@ def test_a_taken_back_share_stays_taken_back_after_a_restart_via_an_older_solo_g
     assert admission.may_read("s", M) != "", "a share taken back before the restart is back"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w29-c finding 2: the broker answers the owner's shared open with the id "
-    "of the owner's older private session (its close withheld, its values still here); the "
-    "new grant replaces the private binding and the sharee reads the private session",
-)
 def test_a_shared_open_given_an_old_private_sessions_id_admits_no_sharee_to_it() -> None:
     admission = SessionAdmission(clock=lambda: 100)
     old = "proj~0123456789abcdef"
     assert admission.admit(old, A, None, False) == ""  # a's private "proj", values here
     # a (any client) later opens "proj" again, shared with mallory (grant stamped 200);
-    # the broker withholds the old close and gives the same id, which names "proj"
-    assert _grant(admission, old, SHARED, 200) == ""
+    # the broker withholds the old close and gives the same id, which names "proj", as a
+    # fresh open (attached=False): a's grant says so, sealed, and is refused (fail closed)
+    assert admission.admit(old, A, SHARED, True, 200, True) != ""
     assert admission.may_read(old, M) != "", "mallory reads a's private session's values"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w29-c finding 3: the short path (a sealed None in a solo session) runs "
-    "the owner's job without un-closing its binding as admit() does, so after a forged close "
-    "the session in use is evicted first and another listed driver binds it",
-)
 def test_the_owners_short_path_job_keeps_its_session_from_eviction_as_the_full_path() -> None:
     a, b, node = _sealers()  # b: mallory's listed key
     worker = WorkerSeal(node, 0)
@@ -115,12 +92,6 @@ def test_the_owners_short_path_job_keeps_its_session_from_eviction_as_the_full_p
     assert _fetched_by(worker, b, "s", "v") is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w29-c finding 4: a sharee's job runs without un-closing its session's "
-    "binding (admit() un-closes only for the owner), so after a forged close a shared "
-    "session in use by its sharee is evicted and another listed driver binds it",
-)
 def test_a_sharees_job_keeps_its_session_from_eviction_as_the_owners_does() -> None:
     b = "driver:b"
     admission = SessionAdmission(limit=2, clock=lambda: 100)
@@ -134,12 +105,6 @@ def test_a_sharees_job_keeps_its_session_from_eviction_as_the_owners_does() -> N
     assert admission.may_read("s", M) != ""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w29-c finding 1 (on the worker, persisted): after the eviction, a's "
-    "held-back grants (alone 102, then shared 103) rebind 'sa' admitting b, and b's fetch "
-    "of a's persisted 'model' in 'sa' is sealed for b",
-)
 def test_a_taken_back_share_leaks_no_persisted_value_via_an_older_solo_grant(
     tmp_path: Path,
 ) -> None:

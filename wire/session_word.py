@@ -22,7 +22,10 @@ per owner, ``SessionAdmission.forgotten``.
 * a job of a client of the owner that passed ``share_with`` (opening, or re-attaching:
   ``[]`` takes the sharing back) carries ``{"admits": [...], "granted": stamp,
   "inputs": ...}``: the driver identities admitted, sorted, the owner among them, and the
-  grant's stamp (every job of that client restates the same grant);
+  grant's stamp (every job of that client restates the same grant); a client whose open
+  the broker answered as a new session (not attached) adds ``"opening": true``: a worker
+  lets such a grant bind only a session it does not hold yet, or restate itself, never
+  replace another binding (the broker could give the open an old session's id);
 * a job of any other driver in the session (a sharee, or a client of the owner that
   attached without ``share_with`` and so cannot tell it is the owner) carries
   ``{"admits": None, "inputs": ...}``: it claims no say over who the session admits, and
@@ -55,9 +58,10 @@ __all__ = [
 
 MAX_ADMITTED = 1024  # drivers one session may admit (a bound: the word is network input)
 MAX_STAMP = (1 << 63) - 1  # a grant's stamp: a positive int up to this (nanoseconds)
-_ADMITS, _GRANTED, _INPUTS = "admits", "granted", "inputs"
+_ADMITS, _GRANTED, _INPUTS, _OPENING = "admits", "granted", "inputs", "opening"
 _MEMBER_KEYS = frozenset((_ADMITS, _INPUTS))
 _GRANT_KEYS = frozenset((_ADMITS, _GRANTED, _INPUTS))
+_OPENING_KEYS = _GRANT_KEYS | {_OPENING}  # a grant flagged: its session opened anew
 _stamped = [0]  # the last stamp this process gave (grant_stamp)
 _stamping = threading.Lock()
 _ID_TAIL = re.compile(r"~[0-9a-f]{16}")
@@ -84,19 +88,25 @@ def grant_stamp() -> int:
     return stamp
 
 
-def worded(inputs: Any, admits: list[str] | None, granted: int = 0) -> dict[str, Any]:
+def worded(
+    inputs: Any, admits: list[str] | None, granted: int = 0, opening: bool = False
+) -> dict[str, Any]:
     """A rank's bindings ``inputs`` (a list or None) with a word: the owner's grant
-    (``admits``, the sorted identities admitted, stamped ``granted``), or, for
-    ``admits=None``, a member's, claiming no say."""
+    (``admits``, the sorted identities admitted, stamped ``granted``; ``opening``: made by
+    a client whose open the broker answered as a new session), or, for ``admits=None``, a
+    member's, claiming no say."""
     if admits is None:
         return {_ADMITS: None, _INPUTS: inputs}
+    if opening:
+        return {_ADMITS: admits, _GRANTED: granted, _OPENING: True, _INPUTS: inputs}
     return {_ADMITS: admits, _GRANTED: granted, _INPUTS: inputs}
 
 
-def read_word(plain: dict[Any, Any]) -> tuple[frozenset[str] | None, int, Any]:
-    """``(admitted identities or None, the grant's stamp, inputs)`` from bindings that carry
-    a word (a member's: None and 0); raises ``ProtocolError`` for anything else (only a
-    listed driver can seal it: still checked)."""
+def read_word(plain: dict[Any, Any]) -> tuple[frozenset[str] | None, int, bool, Any]:
+    """``(admitted identities or None, the grant's stamp, whether it is flagged as opening
+    its session, inputs)`` from bindings that carry a word (a member's: None, 0, False);
+    raises ``ProtocolError`` for anything else (only a listed driver can seal it: still
+    checked)."""
     keys = plain.keys()
     if keys == _MEMBER_KEYS:
         if plain[_ADMITS] is not None:
@@ -104,8 +114,11 @@ def read_word(plain: dict[Any, Any]) -> tuple[frozenset[str] | None, int, Any]:
                 "a session's word names its drivers without the stamp of the grant (sealed "
                 "by a driver older than this worker?)"
             )
-        return None, 0, plain[_INPUTS]
-    if keys != _GRANT_KEYS:
+        return None, 0, False, plain[_INPUTS]
+    opening = keys == _OPENING_KEYS
+    if opening and plain[_OPENING] is not True:
+        raise ProtocolError("a session's grant flags its opening other than by true")
+    if not opening and keys != _GRANT_KEYS:
         raise ProtocolError("a job's sealed bindings are neither a list nor a session's word")
     admits, stamp = plain[_ADMITS], plain[_GRANTED]
     if type(stamp) is not int or not 0 < stamp <= MAX_STAMP:
@@ -116,4 +129,4 @@ def read_word(plain: dict[Any, Any]) -> tuple[frozenset[str] | None, int, Any]:
         or not all(type(who) is str for who in admits)
     ):
         raise ProtocolError("a session's word names its drivers other than as a list of names")
-    return frozenset(admits), stamp, plain[_INPUTS]
+    return frozenset(admits), stamp, opening, plain[_INPUTS]

@@ -21,9 +21,17 @@ sealed word (``mpl.wire.session_word``), never to the broker's. No I/O.
   only if stamped above its owner's mark (a taken-back share, its binding evicted or lost
   in a restart, is not shared again by an older grant of the owner's other client, or a
   job the broker held back); the owner re-attaches with ``share_with`` to grant anew. A
-  grant admitting its owner alone, or no word, binds as before: it lets no one in. The
+  grant admitting its owner alone, or no word, binds too (it lets no one in), stamped at
+  least at the owner's mark, so no grant at or below the mark replaces it after. The
   mark compares the owner's clock with this worker's: an owner whose clock is behind this
   worker's by more than the worker has been up has its new grants refused until it is not.
+* A grant flagged as opening its session (its client's open the broker answered as new)
+  binds a session not bound here, or restates itself; it never replaces a binding it did
+  not make (refused where it would: the broker gave that open the id of a session held
+  here, an old private one, say, whose values its sharees must not read).
+* A job admitted in a closed session (a close the broker forged) un-closes it, the
+  owner's and a sharee's alike: a session in use is not evicted. A closed session is out
+  of ``solo``, so the short path sends its next job to the full path, which un-closes it.
 * A job that claims no say (a sharee's) runs only in a session bound here that admits its
   sealer; in a session not bound yet it is refused, saying the owner's word has not reached
   this worker.
@@ -69,9 +77,12 @@ class SessionAdmission:
         self._forgotten: dict[str, int] = {}
         # session -> owner, admitted, the stamp of the grant admitting them (bound by a job
         # without a word: this worker's clock then, the owner alone as it opened it)
-        self._bound: dict[str, tuple[str, frozenset[str], int]] = {}
-        # session -> owner, for every session bound to its owner alone: a sealed None (no
-        # word) of that owner is admitted by one lookup here (WorkerSeal.open_exec)
+        # and the stamp of the grant that made it if that grant was flagged as opening the
+        # session (else 0): a flagged grant binds only anew or restating itself
+        self._bound: dict[str, tuple[str, frozenset[str], int, int]] = {}
+        # session -> owner, for every session bound to its owner alone and not closed: a
+        # sealed None (no word) of that owner is admitted by one lookup here
+        # (WorkerSeal.open_exec); a closed one takes the full path, which un-closes it
         self.solo: dict[str, str] = {}
         self._closed: dict[str, None] = {}  # closed sessions still bound, oldest first
 
@@ -85,11 +96,13 @@ class SessionAdmission:
         word: frozenset[str] | None,
         word_said: bool,
         stamp: int = 0,
+        opening: bool = False,
     ) -> str:
         """Why a job of ``session`` that ``driver`` sealed may not run here ("" if it may).
         ``word_said``: its bindings carried a word, ``word`` (the drivers a grant stamped
         ``stamp`` admits, or None: a member's, claiming no say); without one it is the
-        owner's word that the session admits it alone, as it opened it (stamp 0)."""
+        owner's word that the session admits it alone, as it opened it (stamp 0).
+        ``opening``: the grant is of a client whose open the broker answered as new."""
         bound = self._bound.get(session)
         if word_said and word is None:  # a member: only where the owner's word admits it
             if bound is None:
@@ -101,9 +114,19 @@ class SessionAdmission:
                 )
             if driver not in bound[1]:
                 return f"session {session} does not admit {driver} here (its owner's word)"
+            if session in self._closed:  # in use: not evicted while it may make values
+                self._unclose(session)
             return ""
         if bound is not None and bound[0] != driver:
             return f"session {session} belongs to another driver here, not to {driver}"
+        # a grant flagged as opening its session never replaces a binding it did not make
+        # (an older one runs under it: the newer grant stands, as for any grant)
+        if opening and bound is not None and bound[3] != stamp and stamp > bound[2]:
+            return (
+                f"{driver}'s grant for session {session} opens it as a new session, but "
+                "this worker already holds a session of that id: the broker gave this open "
+                "the id of a session this worker holds; open under a new name"
+            )
         if not word_said and bound is not None and len(bound[1]) > 1:
             return (
                 f"session {session} is shared here by a grant of {driver} that this client "
@@ -123,13 +146,17 @@ class SessionAdmission:
                     f"session {session} refused: this worker holds {len(self._bound)} "
                     "sessions' bindings, none closed (close sessions no longer used)"
                 )
-        self._closed.pop(session, None)  # its owner acts in it: not evicted while it may
+        if session in self._closed:  # its owner acts in it: not evicted while it may
+            self._unclose(session)
         if bound is not None and stamp <= bound[2]:  # no newer grant: the kept one stands
             return ""
-        if bound is None and not word_said:  # the owner alone, as of now: no grant of the
-            stamp = self._clock()  # owner's made before (a held-back job's) replaces it
+        granted = stamp if opening else 0  # what a flagged grant restating itself matches
+        if bound is None:  # made anew: at least at the owner's mark, so no grant of the
+            # owner's at or below it (what this worker forgot, a held-back job's, made
+            # before the owner's no-word job bound it now) replaces it
+            stamp = max(stamp if word_said else self._clock(), self.forgotten(driver))
         admitted = frozenset((driver,)) if word is None else word | {driver}
-        self._bound[session] = (driver, admitted, stamp)
+        self._bound[session] = (driver, admitted, stamp, granted)
         if len(admitted) == 1:
             self.solo[session] = driver
         else:
@@ -160,10 +187,11 @@ class SessionAdmission:
 
     def closed(self, session: str) -> None:
         """``session`` closed (the broker's word): its binding stays until room is needed,
-        after every session closed before it."""
+        after every session closed before it; out of ``solo`` until a job un-closes it."""
         if session in self._bound:
             self._closed.pop(session, None)
             self._closed[session] = None
+            self.solo.pop(session, None)
 
     def all_closed(self) -> None:
         """Every session closed at once (a new broker welcomed this worker, which closed
@@ -171,6 +199,16 @@ class SessionAdmission:
         for session in self._bound:
             self._closed.pop(session, None)
             self._closed[session] = None
+        self.solo.clear()
+
+    def _unclose(self, session: str) -> None:
+        """A job admitted in ``session`` (the broker's close was forged, or the session
+        reopened): its binding is not evicted while it may hold values; a session bound to
+        its owner alone is back in ``solo`` (the short path never sees a closed one)."""
+        del self._closed[session]
+        bound = self._bound.get(session)
+        if bound is not None and len(bound[1]) == 1:
+            self.solo[session] = bound[0]
 
     def _room(self) -> bool:
         """Whether one more session can be bound, evicting the oldest closed one if full."""

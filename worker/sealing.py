@@ -264,13 +264,14 @@ class WorkerSeal:
             if replayed:
                 raise _Replayed(f"job {job} refused: {replayed}", replayed)
             word, stamp, said = None, 0, type(mine) is dict  # its sealer's word on who S admits
+            opening = False
             if said:
-                word, stamp, mine = read_word(mine)
+                word, stamp, opening, mine = read_word(mine)
             if mine is not None and type(mine) is not list:
                 raise ProtocolError("a job's sealed bindings are not a list")
             # after admit: a job refused here stays run, and never opens in a session
             # bound here later
-            refused_by = self.admission.admit(session, driver, word, said, stamp)
+            refused_by = self.admission.admit(session, driver, word, said, stamp, opening)
             self._context = _NO_CONTEXT  # a binding may have changed: the short path checks
             if refused_by:
                 raise SessionAccessError(f"job {job} refused: {refused_by}")
