@@ -474,10 +474,11 @@ class Broker(Outbox):
     def _done_reader(self, peer: bytes) -> RepeatDones:
         """A new reader of ``peer``'s repeat Dones (``mpl.wire.done_repeat``), kept for at
         most _DONE_READERS senders (the oldest sender's goes first), and only if ``peer``
-        is a registered worker: a peer that is none gets one for this message alone, so
-        Dones from peers that are no worker evict no worker's reader."""
+        is a registered worker's socket or result channel (where its Dones come from): a
+        peer that is neither gets one for this message alone, so Dones from peers that are
+        no worker evict no worker's reader."""
         reader = RepeatDones()
-        if peer in self.state.registry.by_peer:
+        if self.state.registry.worker(peer) is not None:
             readers = self._done_readers
             if len(readers) >= _DONE_READERS:
                 del readers[next(iter(readers))]

@@ -88,3 +88,33 @@ def test_peers_that_are_no_worker_do_not_evict_the_workers_done_readers(
         assert _done_reads(shell, monkeypatch, 4) == 0
     finally:
         shell.close()
+
+
+def test_a_workers_repeat_dones_on_its_result_channel_are_read_by_comparison(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The workers send their Dones on their result channels, not the socket they
+    registered on: finding 2's fix must keep their readers all the same (the lead's first
+    fix looked for the peer among the registered sockets only: every Done of a real worker
+    then made a reader anew and was read in full, +100k instructions a job)."""
+    import mpl.broker.daemon as broker_daemon
+    import mpl.driver as mp
+
+    reads = 0
+    real = broker_daemon.read_done_header
+
+    def counted(data: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return real(data)
+
+    ctx = mp.Simulator.simple(2)
+    with ctx:
+        both = mp.function(lambda: mp.simp.pcall((0, 1), lambda: 1))
+        for _ in range(5):  # warm: each worker's first Done read in full and kept
+            mp.fetch(both())
+        monkeypatch.setattr(broker_daemon, "read_done_header", counted)
+        for _ in range(20):
+            mp.fetch(both())
+    ctx.close()
+    assert reads == 0, f"{reads} of 40 repeat Dones read in full"
