@@ -101,7 +101,7 @@ def test_a_workers_repeat_dones_on_its_result_channel_are_read_by_comparison(
     import mpl.driver as mp
 
     reads = 0
-    real = broker_daemon.read_done_header
+    real = hot.read_done_header
 
     def counted(data: Any) -> Any:
         nonlocal reads
