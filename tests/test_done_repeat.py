@@ -11,7 +11,9 @@ full read and the checks it always had.
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -139,28 +141,37 @@ def test_a_sender_whose_every_done_differs_backs_off() -> None:
     assert made <= 8
 
 
+@contextlib.contextmanager
+def counted_unpacks(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Count msgpack reads of Done headers (``read_done_header``'s ``hot._unpackb``) made
+    inside the block, in the one-item list it yields; the real reader is back after."""
+    count = [0]
+    real = hot._unpackb
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hot, "_unpackb", counted)
+    try:
+        yield count
+    finally:
+        monkeypatch.setattr(hot, "_unpackb", real)
+
+
 def _counted_reads(world: int, monkeypatch: pytest.MonkeyPatch, jobs: int = 6) -> int:
     """msgpack reads of a Done header (read_done_header's) in ``jobs`` trivial jobs on
     ``world`` ranks through the broker's own loop, after two jobs of warm-up."""
     shell = _Shell(world)
-    reads = 0
-    real = hot._unpackb
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        nonlocal reads
-        reads += 1
-        return real(*args, **kwargs)
-
     try:
         for _ in range(2):
             shell.job(lambda *_: None)
-        monkeypatch.setattr(hot, "_unpackb", counted)
-        for _ in range(jobs):
-            shell.job(lambda *_: None)
+        with counted_unpacks(monkeypatch) as reads:
+            for _ in range(jobs):
+                shell.job(lambda *_: None)
     finally:
-        monkeypatch.setattr(hot, "_unpackb", real)
         shell.close()
-    return reads
+    return reads[0]
 
 
 def test_the_loop_reads_a_repeat_done_without_msgpack(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -172,25 +183,16 @@ def test_a_batch_of_repeat_dones_is_read_without_msgpack(monkeypatch: pytest.Mon
     """Jobs in flight: a worker's Dones come in batches (mpl.wire.batch), each read as if
     it had come alone, by comparison too."""
     shell = _BatchedShell()
-    reads = 0
-    real = hot._unpackb
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        nonlocal reads
-        reads += 1
-        return real(*args, **kwargs)
-
     try:
         shell.hold()
         for _ in range(2):
             shell.batch(None)
-        monkeypatch.setattr(hot, "_unpackb", counted)
-        for _ in range(3):
-            shell.batch(None)  # (it checks every answer)
+        with counted_unpacks(monkeypatch) as reads:
+            for _ in range(3):
+                shell.batch(None)  # (it checks every answer)
     finally:
-        monkeypatch.setattr(hot, "_unpackb", real)
         shell.close()
-    assert reads == 0  # before: one per Done (48 here)
+    assert reads[0] == 0  # before: one per Done (48 here)
 
 
 def test_a_done_for_another_rank_takes_the_full_read_and_is_refused() -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from test_broker_counts import STATS, _Shell
+from test_done_repeat import counted_unpacks
 
 from mpl.wire import hot
 from mpl.wire.codec import encode, to_wire
@@ -46,21 +47,10 @@ def test_a_worker_claims_the_version_it_started_with_not_one_installed_since(
 
 def _done_reads(shell: _Shell, monkeypatch: pytest.MonkeyPatch, jobs: int) -> int:
     """msgpack reads of Done headers (read_done_header's) in ``jobs`` trivial jobs."""
-    reads = 0
-    real = hot._unpackb
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        nonlocal reads
-        reads += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(hot, "_unpackb", counted)
-    try:
+    with counted_unpacks(monkeypatch) as reads:
         for _ in range(jobs):
             shell.job(lambda *_: None)
-    finally:
-        monkeypatch.setattr(hot, "_unpackb", real)
-    return reads
+    return reads[0]
 
 
 def test_peers_that_are_no_worker_do_not_evict_the_workers_done_readers(
