@@ -55,6 +55,24 @@ def _fetched(ctx: mp.Context, rank: int, uri: str) -> Any:
         return None
 
 
+def _read_by_mallory(
+    mallory: mp.Context, replies: list[Any], fetch: Fetch, session: str, rank: int, uri: str
+) -> Any:
+    """What mallory reads of the worker's reply to its forged ``fetch`` (of ``uri`` in
+    ``session`` on ``rank``), recorded in ``replies`` at the tapped broker: None if the
+    worker refused it or sealed it for anyone else."""
+    (reply,) = wait_until(
+        lambda: [r for r in replies if isinstance(r, Reply) and r.req == fetch.req],
+        20,
+        "the forged fetch's reply",
+    )
+    if reply.error is not None:
+        return None
+    seal = mallory.client.seal
+    assert seal is not None
+    return seal.fetched(session, rank, uri, fetch.ticket, reply.value)
+
+
 def test_a_new_shared_session_given_a_private_sessions_id_does_not_admit_its_sharee_there(
     rig: Rig,
 ) -> None:
@@ -148,14 +166,7 @@ def test_an_owners_withheld_older_job_does_not_share_the_session_again_on_a_work
             with contextlib.suppress(SessionAccessError, AuthenticationError):
                 mallory.client.fetch(mallory.session, 0, decoy)
             (fetch,) = forged
-            (reply,) = wait_until(
-                lambda: [r for r in replies if r.req == fetch.req], 20, "the forged fetch's reply"
-            )
-            read = None
-            if reply.error is None:
-                seal = mallory.client.seal
-                assert seal is not None
-                read = seal.fetched(owner.session, 0, secret, fetch.ticket, reply.value)
+            read = _read_by_mallory(mallory, replies, fetch, owner.session, 0, secret)
             assert read is None, f"mallory read {read!r}"
 
 
@@ -218,12 +229,7 @@ def test_a_live_worker_the_broker_leaves_out_of_the_open_does_not_serve_the_owne
             with contextlib.suppress(mp.MplError):  # its own fetch's answer: no matter
                 mallory.client.fetch(mallory.session, 1, decoy)
             (fetch,) = forged
-            (reply,) = wait_until(
-                lambda: [r for r in replies if r.req == fetch.req], 20, "the forged fetch's reply"
-            )
-            read = None
-            if reply.error is None:
-                read = seal.fetched(owner.session, 1, secret, fetch.ticket, reply.value)
+            read = _read_by_mallory(mallory, replies, fetch, owner.session, 1, secret)
             assert read is None, f"mallory read {read!r}"
 
 
@@ -239,8 +245,6 @@ def test_a_forged_save_cannot_carry_another_drivers_value_out_of_its_session(rig
     with rig.connect() as owner, rig.connect("mallory") as mallory:
         secret = _value_on(owner, 0, "the analyst's secret")
         decoy = _value_on(mallory, 0, "mallory's own")
-        seal = mallory.client.seal
-        assert seal is not None
         save = SaveSymbol(owner.session, 424242, secret, SymbolInfo("loot", "P0", (0,), True, {}))
 
         def persist(msg: Any) -> list[Any] | None:  # first: the analyst's value, persisted
@@ -272,14 +276,7 @@ def test_a_forged_save_cannot_carry_another_drivers_value_out_of_its_session(rig
         with contextlib.suppress(mp.MplError):  # its own fetch's answer: no matter
             mallory.client.fetch(mallory.session, 0, decoy)
         (fetch,) = forged
-        (reply,) = wait_until(
-            lambda: [m for m in got if isinstance(m, Reply) and m.req == fetch.req],
-            20,
-            "the forged fetch's reply",
-        )
-        read = None
-        if reply.error is None:
-            read = seal.fetched(mallory.session, 0, "sym:loot", fetch.ticket, reply.value)
+        read = _read_by_mallory(mallory, got, fetch, mallory.session, 0, "sym:loot")
         assert read is None, f"mallory read {read!r}"
 
 
@@ -411,14 +408,7 @@ def test_an_owners_other_client_does_not_share_again_what_the_owner_took_back(
             with contextlib.suppress(mp.MplError):
                 mallory.client.fetch(mallory.session, 0, decoy)
             (fetch,) = forged
-            (reply,) = wait_until(
-                lambda: [r for r in replies if r.req == fetch.req], 20, "the forged fetch's reply"
-            )
-            read = None
-            if reply.error is None:
-                seal = mallory.client.seal
-                assert seal is not None
-                read = seal.fetched(first.session, 0, secret, fetch.ticket, reply.value)
+            read = _read_by_mallory(mallory, replies, fetch, first.session, 0, secret)
             assert read is None, f"mallory read {read!r}"
 
 
