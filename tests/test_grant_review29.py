@@ -15,6 +15,7 @@ from test_session_driver_binding import _fetched_by, _job, _runs, _sealers
 
 from mpl.wire.errors import SessionAccessError
 from mpl.wire.jobs import Failed
+from mpl.wire.seal import Sealer
 from mpl.wire.session_word import worded
 from mpl.wire.sessions import SessionClosed, SymbolInfo
 from mpl.worker.admission import SessionAdmission
@@ -87,18 +88,25 @@ def test_a_taken_back_share_sticks_when_the_broker_has_the_binding_evicted() -> 
     assert _fetched_by(worker, b, "sa", "v") is None
 
 
+def worker_with_a_model(node: Sealer, root: Path) -> tuple[WorkerSeal, ObjectStore]:
+    """A worker's seal holding at most 3 sessions' bindings, and its store on ``root``
+    where driver a persisted "model" from a private session (a's)."""
+    worker = WorkerSeal(node, 0)
+    worker.admission = SessionAdmission(limit=3)
+    worker._solo = worker.admission.solo
+    store = ObjectStore(SymbolDisk(root), worker.admission.owner)
+    assert store.disk is not None
+    store.disk.save(SymbolInfo("model", "", (0,), True, {}), "a's model", "driver:a")
+    return worker, store
+
+
 def test_a_revoked_sharee_reads_no_persisted_value_of_the_owner(tmp_path: Path) -> None:
     """As in the test above, on a worker with a data root where a persisted "model" (owner
     a, saved from a private session of a). Once the broker has the binding evicted and a's
     first client rebinds "sa" with its older grant, the worker reads a's "model" for a
     fetch in "sa" (the session is bound to a: its owner) and seals the answer for b."""
     a, b, node = _sealers()
-    worker = WorkerSeal(node, 0)
-    worker.admission = SessionAdmission(limit=3)
-    worker._solo = worker.admission.solo
-    store = ObjectStore(SymbolDisk(tmp_path), worker.admission.owner)
-    assert store.disk is not None
-    store.disk.save(SymbolInfo("model", "", (0,), True, {}), "a's model", "driver:a")
+    worker, store = worker_with_a_model(node, tmp_path)
     t = worker.admission.started  # (a's grants are stamped after the worker started)
     first_client = _job(a, "sa", worded(None, SHARED, t + 1))
     assert _runs(worker, _job(a, "sa", worded(None, SHARED, t + 1))) is None

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from test_grant_review29 import worker_with_a_model
 from test_session_driver_binding import _fetched_by, _job, _runs, _sealers
 
 from mpl.wire.errors import SessionAccessError
 from mpl.wire.jobs import Failed
 from mpl.wire.session_word import worded
-from mpl.wire.sessions import SessionClosed, SymbolInfo
+from mpl.wire.sessions import SessionClosed
 from mpl.worker.admission import SessionAdmission
 from mpl.worker.sealing import WorkerSeal
-from mpl.worker.store import ObjectStore
-from mpl.worker.symbol_disk import SymbolDisk
 
 A, M = "driver:a", "driver:mallory"
 SHARED = frozenset((A, M))
@@ -109,12 +108,7 @@ def test_a_taken_back_share_leaks_no_persisted_value_via_an_older_solo_grant(
     tmp_path: Path,
 ) -> None:
     a, b, node = _sealers()  # b: mallory's listed key
-    worker = WorkerSeal(node, 0)
-    worker.admission = SessionAdmission(limit=3)
-    worker._solo = worker.admission.solo
-    store = ObjectStore(SymbolDisk(tmp_path), worker.admission.owner)
-    assert store.disk is not None
-    store.disk.save(SymbolInfo("model", "", (0,), True, {}), "a's model", "driver:a")
+    worker, store = worker_with_a_model(node, tmp_path)
     t = worker.admission.started  # (a's grants are stamped after the worker started)
     shared, alone = ["driver:a", "driver:b"], ["driver:a"]
     held = [_job(a, "sa", worded(None, w, t + i)) for i, w in ((2, alone), (3, shared))]
