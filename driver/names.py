@@ -49,8 +49,15 @@ def save(value: Value, name: str, *, persist: bool = False) -> None:
     if ctx.client.seal is not None:  # secure: the workers save on this driver's sealed word
         b = GraphBuilder(ctx.cluster.world_size, name="save")
         held = b.input(value.parties)
-        b.op("save", [held], ranks=value.parties, nout=0, symbol=name, persist=persist,
-             device=value.device or "")  # fmt: skip
+        b.op(
+            "save",
+            [held],
+            ranks=value.parties,
+            nout=0,
+            symbol=name,
+            persist=persist,
+            device=value.device or "",
+        )
         ctx.run(b.build([]), {rank: [value._uri] for rank in value.parties})
         return
     info = SymbolInfo(name, value.device or "", value.parties, persist, {"meta": value._meta})

@@ -72,7 +72,7 @@ def test_save_runs_on_exactly_the_holders_and_load_is_held_where_it_runs() -> No
 class _Job:
     """A job's context for the interpreter alone: a real store, nothing else."""
 
-    session, job, deadline = "s", "j", 0.0
+    session, job, deadline, sealer = "s", "j", 0.0, ""
 
     def __init__(self, rank: int, store: ObjectStore) -> None:
         self.rank, self.store = rank, store

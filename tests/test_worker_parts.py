@@ -143,6 +143,7 @@ class FakeJob:
     # declared for JobContext only: the graphs run here neither save nor load
     store: ObjectStore
     saved: list[SymbolInfo]
+    sealer = ""
 
     def report(self, now: float) -> None:
         assert self.position is not None

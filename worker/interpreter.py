@@ -40,6 +40,7 @@ class JobContext(Protocol):
     started: float  # time.monotonic() when the job started
     store: ObjectStore  # this worker's values: ``save`` and ``load`` ops use it
     saved: list[SymbolInfo]  # names this rank's ``save`` ops wrote, listed in its Done
+    sealer: str  # the driver that sealed this job here ("" in plaintext): a save's owner
 
     def send(self, dst: int, op: int, seq: int, value: Any) -> None: ...
 

@@ -36,10 +36,7 @@ __all__ = ["load_op", "save_op", "unsave_op"]
 def _writer(ctx: JobContext) -> str | None:
     """Who writes for ``ctx``'s job: on a secure worker (one whose store reads persisted
     values by their owner) the driver that sealed the job; None on a plaintext one."""
-    if ctx.store.owner_of is None:
-        return None
-    sealer: str = getattr(ctx, "sealer", "")
-    return sealer
+    return None if ctx.store.owner_of is None else ctx.sealer
 
 
 @kernel("save")
