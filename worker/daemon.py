@@ -566,7 +566,7 @@ class Worker(BrokerMessages, ResultChannel):
             elif isinstance(action, CloseAll):
                 self.jobs.close_all(action.reason)
                 if self.seal is not None:  # (not through its inbound: no SessionClosed)
-                    self.seal.admission.all_closed()
+                    self.seal.all_closed()
             elif isinstance(action, Joined):
                 log.info("rank %d: joined broker %s", self.rank, action.broker_id)
                 self.bindings.welcomed(self.state.cluster)

@@ -363,7 +363,16 @@ class WorkerSeal:
             self._fetches[msg.req] = msg
         elif isinstance(msg, SessionClosed):
             self.admission.closed(msg.session)
+            # the short path's cached context skips the solo lookup: the next job takes it
+            # (a closed session is out of solo: the full path un-closes it)
+            self._context = _NO_CONTEXT
         return msg, None
+
+    def all_closed(self) -> None:
+        """Every session closed at once (a new broker welcomed this worker): as for one
+        session's close, the next job takes the full path, which un-closes its session."""
+        self.admission.all_closed()
+        self._context = _NO_CONTEXT
 
     def outbound(self, msg: Record) -> Record:
         """Seal what ``msg`` carries for its driver (results, fetch replies).

@@ -1,0 +1,61 @@
+"""Review w30 (red team) of secure mode at 6010789: attacks by a hostile broker whose
+operator holds a listed driver key (driver b), a hostile party, or an outsider, each
+written against the pure cores or real daemons. A finding fixed on this branch has its
+test passing; one left to its module's owner is a strict xfail saying what to change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from test_session_driver_binding import _fetched_by, _job, _runs, _sealers
+
+from mpl.wire.jobs import Exec
+from mpl.wire.seal import Sealer, exec_context
+from mpl.wire.sessions import SessionClosed
+from mpl.worker.admission import SessionAdmission
+from mpl.worker.sealing import WorkerSeal
+
+
+def _repeat_of(driver: Sealer, last: Exec, job: str) -> Any:
+    """``driver``'s sealed None for job ``job`` of ``last``'s program (a repeat: the worker
+    reads it against ``last``, the same record each time, as ``RepeatExecs.last``)."""
+    context = exec_context(last.session, job, last.digest, last.ranks, last.inline, last.timeout_s)
+    return driver.seal(None, "node:n0", context, safe=False)
+
+
+@pytest.mark.parametrize("close", ["one", "all"])
+def test_a_forged_close_is_undone_by_the_owners_next_short_path_job(close: str) -> None:
+    """Finding 1 (high). a runs one program again and again in "sa" (sealed Nones: the
+    worker's short path, ``WorkerSeal.open_exec``, which caches the last Exec's context
+    with the driver whose session it checked). The broker forges "sa"'s close on the
+    worker: the binding becomes evictable and "sa" leaves ``solo``. a's next job arrives
+    as a repeat of the same Exec record: the cached context skips the ``solo`` lookup, so
+    the job runs without the full path that un-closes the session. (On a daemon the job
+    state refuses a closed session's jobs only while it remembers the close: an LRU of
+    1,024, which the broker flushes with forged closes of other ids.) a's values are made
+    in a session still closed; the broker's driver b binds sessions of its own until the
+    worker evicts "sa", binds "sa" itself and has a's value fetched for b.
+
+    Fixed: a close (one session, or all) clears the cached context, so the next job takes
+    the ``solo`` lookup and the full path, which un-closes the session."""
+    a, b, node = _sealers()
+    worker = WorkerSeal(node, 0)
+    worker.admission = SessionAdmission(limit=2)  # the bound, made small (20,000 real)
+    worker._solo = worker.admission.solo
+    last = Exec("sa", "j0", "d", (0,), {}, (0,), 5.0)
+    for job in ("a1", "a2", "a3"):  # full path, then the short path (context cached)
+        assert worker.open_exec(last, job, _repeat_of(a, last, job)) is None
+    if close == "one":
+        worker.inbound(SessionClosed("sa", "forged by the broker"))
+    else:  # a new broker (or the same, saying it is new) welcomed the worker
+        worker.all_closed()
+    assert worker.open_exec(last, "a4", _repeat_of(a, last, "a4")) is None  # a's next job
+    for own in ("m1", "m2"):  # b's own sessions: the second evicts "sa" if still closed
+        _runs(worker, _job(b, own))
+    worker.inbound(SessionClosed("m1", "b's own, closed: room for one"))
+    took = _runs(worker, _job(b, "sa")) is None  # b binds "sa" to itself
+    assert not (took and _fetched_by(worker, b, "sa", "a4/0") is not None), "a's value for b"
+    assert "sa" in worker.admission.solo  # a's, in use: un-closed
