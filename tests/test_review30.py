@@ -6,17 +6,20 @@ test passing; one left to its module's owner is a strict xfail saying what to ch
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from test_session_driver_binding import _fetched_by, _job, _runs, _sealers
 
+from mpl.wire.errors import SessionAccessError
 from mpl.wire.jobs import Exec
 from mpl.wire.seal import Sealer, exec_context
-from mpl.wire.sessions import SessionClosed
+from mpl.wire.sessions import SessionClosed, SymbolInfo
 from mpl.worker.admission import SessionAdmission
 from mpl.worker.sealing import WorkerSeal
+from mpl.worker.symbol_disk import SymbolDisk
 
 
 def _repeat_of(driver: Sealer, last: Exec, job: str) -> Any:
@@ -59,3 +62,18 @@ def test_a_forged_close_is_undone_by_the_owners_next_short_path_job(close: str) 
     took = _runs(worker, _job(b, "sa")) is None  # b binds "sa" to itself
     assert not (took and _fetched_by(worker, b, "sa", "a4/0") is not None), "a's value for b"
     assert "sa" in worker.admission.solo  # a's, in use: un-closed
+
+
+def test_the_brokers_delete_symbol_deletes_no_file_without_an_owner(tmp_path: Path) -> None:
+    """Finding 2 (low). A secure worker holds a file without an owner (persisted by an mpl
+    before owners, or by the same data root run in plaintext): README, "no one's on a secure
+    worker: neither read, replaced nor deleted", and "a DeleteSymbol deletes no file on a
+    secure worker (refused while the file is there)". The broker's ``DeleteSymbol`` is
+    ``SymbolDisk.delete(name, "")`` there (``Jobs._unsave``), and ``refuse_write`` let
+    writer "" delete owner "" (``owner == writer``): the broker destroyed the file its
+    operator was to hand back to its owner. Fixed: only a named writer matches an owner."""
+    SymbolDisk(tmp_path).save(SymbolInfo("kept", "", (0,), True, {}), 7)  # no owner
+    disk = SymbolDisk(tmp_path)
+    with pytest.raises(SessionAccessError):
+        disk.delete("kept", "")  # the broker's word, as a secure worker's _unsave gives it
+    assert disk.load("kept") == 7  # still there, whole

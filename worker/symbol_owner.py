@@ -52,8 +52,8 @@ def refuse_write(name: str, owner: str | None, writer: str | None) -> str:
     """Why ``writer`` (a sealed job's driver; None: plaintext, no rule) may not replace or
     delete what is persisted as ``name``, owned by ``owner`` (None: nothing there; "": a
     file without an owner), or "" if it may."""
-    if writer is None or owner is None or owner == writer:
-        return ""
+    if writer is None or owner is None or (writer and owner == writer):
+        return ""  # ("" == "": the broker's word is no owner's, not even a file's without one)
     if not writer:
         return f"the value persisted as {name!r} is replaced or deleted only by its owner"
     if not owner:
