@@ -47,7 +47,7 @@ from mpl.wire.jobs import Cancel, Exec, JobResult, Program
 from mpl.wire.record import pinned_fields
 from mpl.wire.remote import from_info
 from mpl.wire.routing import check_driver_name
-from mpl.wire.safe_values import WORKER, pickles_allowed
+from mpl.wire.safe_values import BROKER, WORKER, pickles_allowed
 from mpl.wire.session_word import id_of_session_named
 from mpl.wire.sessions import (
     CloseNamed,
@@ -206,7 +206,14 @@ class Client(BrokerCalls):
         self._trusted = value
         # Results come from other parties: pickled ones load only if this driver's own spec
         # says trusted (never because the broker says so). Worked out here, not per answer.
-        self.safe = not pickles_allowed(WORKER, trusted=value)  # decode answers safely?
+        # In secure mode every answer is the broker's, which ships no code however trusted
+        # the parties are: decoded safely, its sealed values opened (and, trusted, unpickled)
+        # by the seal once a worker's key authenticated them (DriverSeal.safe)
+        secure = self.curve is not None
+        self.safe = not (
+            pickles_allowed(WORKER, trusted=value)
+            and pickles_allowed(BROKER, trusted=value, secure=secure)
+        )
 
     # -- sessions -------------------------------------------------------------------------
     def open_session(

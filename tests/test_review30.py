@@ -6,17 +6,24 @@ test passing; one left to its module's owner is a strict xfail saying what to ch
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import fractions
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
-
+from helpers import wait_until
+from test_replay_restart import Rig
 from test_session_driver_binding import _fetched_by, _job, _runs, _sealers
 
+import mpl.driver as mp
 from mpl.wire.errors import SessionAccessError
 from mpl.wire.jobs import Exec
+from mpl.wire.record import Record
 from mpl.wire.seal import Sealer, exec_context
-from mpl.wire.sessions import SessionClosed, SymbolInfo
+from mpl.wire.sessions import SessionClosed, SessionOpened, SymbolInfo
 from mpl.worker.admission import SessionAdmission
 from mpl.worker.sealing import WorkerSeal
 from mpl.worker.symbol_disk import SymbolDisk
@@ -77,3 +84,61 @@ def test_the_brokers_delete_symbol_deletes_no_file_without_an_owner(tmp_path: Pa
     with pytest.raises(SessionAccessError):
         disk.delete("kept", "")  # the broker's word, as a secure worker's _unsave gives it
     assert disk.load("kept") == 7  # still there, whole
+
+
+class _Planted:
+    """A value whose unpickling creates a directory: code a hostile broker ships."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.mkdir, (self.path,))
+
+
+@pytest.mark.daemons
+def test_a_hostile_broker_cannot_make_a_trusted_secure_driver_unpickle(tmp_path: Path) -> None:
+    """Finding 3 (medium). A cluster of one organisation declares ``trusted: true`` so that
+    values between its parties may be pickles; it still runs secure mode, whose broker is
+    not trusted: ``pickles_allowed(BROKER, trusted=True, secure=True)`` is False ("trusted
+    never lets an untrusted broker ship code"), and the worker decodes the broker's clear
+    traffic so. The driver did not: ``Client.safe`` is worked out from ``trusted`` alone
+    (the WORKER rule), and every answer the broker sends (an open's ``SessionOpened``, a
+    ``JobResult``'s header) was decoded with pickles allowed. The broker's operator put a
+    pickle in ``SessionOpened`` and ran code in the driver's process at ``mp.connect``.
+    Fixed: a secure driver decodes what the broker sends in the safe format; sealed values
+    are opened (and unpickled, where trusted) only once a worker's seal authenticated."""
+    rig = Rig(tmp_path / "rig")
+    planted = tmp_path / "planted"
+
+    def plant(msg: Record) -> list[Record] | None:
+        if isinstance(msg, SessionOpened):
+            rig.tap.alter = None
+            return [dataclasses.replace(msg, cluster={**msg.cluster, "x": _Planted(str(planted))})]
+        return None
+
+    try:
+        rig.tap.alter = plant
+        with contextlib.suppress(mp.MplError), rig.connect(trusted=True):
+            pass
+    finally:
+        rig.close()
+    assert not planted.exists(), "the broker's pickle ran in the driver"
+
+
+@pytest.mark.daemons
+def test_a_trusted_secure_driver_still_reads_pickled_results(tmp_path: Path) -> None:
+    """Finding 3's fix keeps what ``trusted: true`` is for: a worker's pickled result
+    (a small one, a compact box; a large one, a ``Sealed`` record) reaches the trusted
+    secure driver, unpickled by the seal after it authenticated."""
+    rig = Rig(tmp_path / "rig")
+    try:
+        proc = rig.d.start_worker(0, extra=["--trusted"], name="worker0-trusted")
+        wait_until(lambda: rig.serving(0) == proc.pid, 30, "worker 0 to register")
+        with rig.connect(trusted=True):
+            small = mp.device("P0")(lambda: fractions.Fraction(1, 3))
+            large = mp.device("P0")(lambda: [fractions.Fraction(i, 7) for i in range(4000)])
+            assert mp.fetch(small()) == fractions.Fraction(1, 3)
+            assert mp.fetch(large())[-1] == fractions.Fraction(3999, 7)
+    finally:
+        rig.close()
