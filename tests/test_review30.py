@@ -166,3 +166,59 @@ def test_another_drivers_jobs_do_not_push_out_a_running_jobs_recipient() -> None
         assert _runs(worker, _job(b, "sb")) is None
     done = worker.outbound(Done("sa", long_job[0].job, 0, {0: 5}))
     assert type(done) is Done, done
+
+
+@pytest.mark.daemons
+@pytest.mark.xfail(
+    strict=True,
+    reason="review w30 finding 5: on a worker run with --code any (the default), any "
+    "listed driver's job runs Python in the worker process, which holds every session's "
+    "values: session admission and value owners bind a listed driver (so a broker operator "
+    "holding one) only on --code kernels workers, and the README does not say so",
+)
+def test_a_listed_drivers_code_reads_no_value_of_another_drivers_session(
+    tmp_path: Path,
+) -> None:
+    """Finding 5 (high, a gap in the stated trust model). The rules of "Who may do what"
+    (sessions belong to drivers, a fetch is sealed only for a driver the session admits,
+    a persisted value is read only in its owner's sessions) are kept by the worker's code
+    around the jobs; but on a worker with ``--code any`` a job is any function its driver
+    ships, run in that same process. mallory (a listed driver: the broker's operator, say)
+    runs a function on P0 that walks its threads' frames to the store and returns the
+    analyst's value from the analyst's private session. Fix: say it (README, Who may do
+    what and Limitations: those rules hold against a listed driver only on workers run with
+    ``--code kernels``; a party that lists another organisation's driver with ``--code
+    any`` trusts it with everything on the worker), or let a node's own spec say per driver
+    whether it may ship code (``drivers: [{name, curve_key, code: kernels}]``), so a
+    party lists foreign drivers as kernels-only."""
+    rig = Rig(tmp_path / "rig", drivers=("analyst", "mallory"))
+    secret = 918273645
+
+    def steal() -> list[int]:
+        import sys
+
+        from mpl.worker.store import ObjectStore
+
+        found: list[int] = []
+        for frame in sys._current_frames().values():  # the worker's threads, to their roots
+            while frame is not None:
+                for local in list(frame.f_locals.values()):
+                    store = getattr(local, "store", None)
+                    if type(store) is ObjectStore:
+                        for jobs in store._outputs.values():
+                            found += [v for v in jobs.values() if type(v) is int]
+                frame = frame.f_back
+        return found
+
+    try:
+        rig.start_worker(0)
+        rig.start_worker(1)
+        with rig.connect() as analyst, rig.connect("mallory") as mallory:
+            with analyst:
+                kept = mp.device("P0")(lambda: secret)()  # stays on P0, in its session
+            with mallory:
+                stolen = mp.fetch(mp.device("P0")(steal)())
+            assert secret not in stolen, "mallory's job read the analyst's value"
+            del kept
+    finally:
+        rig.close()
