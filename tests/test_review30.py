@@ -19,11 +19,12 @@ from test_replay_restart import Rig
 from test_session_driver_binding import _fetched_by, _job, _runs, _sealers
 
 import mpl.driver as mp
+from mpl.wire.data import Fetch
 from mpl.wire.errors import SessionAccessError
 from mpl.wire.jobs import Done, Exec
 from mpl.wire.record import Record
-from mpl.wire.seal import Sealer, exec_context
-from mpl.wire.sessions import SessionClosed, SessionOpened, SymbolInfo
+from mpl.wire.seal import Sealer, exec_context, fetch_context
+from mpl.wire.sessions import Reply, SessionClosed, SessionOpened, SymbolInfo
 from mpl.worker.admission import SessionAdmission
 from mpl.worker.sealing import WorkerSeal
 from mpl.worker.symbol_disk import SymbolDisk
@@ -222,3 +223,42 @@ def test_a_listed_drivers_code_reads_no_value_of_another_drivers_session(
             del kept
     finally:
         rig.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review w30 finding 6: WorkerSeal matches a fetch's reply to the Fetch it keeps "
+    "by the broker's req alone, in an LRU of 4,096: a pending fetch pushed out and its req "
+    "reused for a fetch in the broker's own session has the first fetch's value (another "
+    "driver's) sealed for the broker's driver",
+)
+def test_a_fetchs_value_is_sealed_by_that_fetchs_session_not_a_later_one_of_its_req() -> None:
+    """Finding 6 (high). a's fetch F1 (req 7) of its job's output waits on the worker: its
+    session's task queue holds it behind a's long job (a fetch of a value not stored yet is
+    a session task). The broker sends 4,096 more fetches that wait too (in a's session,
+    behind the same job): ``_fetches`` (an LRU) drops F1. It then sends F2, req 7 again, in
+    b's session "sb" (bound to b, the broker's driver; F2 waits behind a job of b's that
+    blocks: a move the broker withholds) with ``reply_to`` b. a's job ends; F1's task reads
+    a's value and posts ``Reply(7, value)``; ``outbound`` pops req 7, finds F2, checks that
+    "sb" admits b, and seals a's value for b under F2's context, which b opens. Fix: bind
+    the reply to the Fetch the job shell read, not to its req (the job shell hands the seal
+    its Fetch with the reply, so ``_fetches`` only dedupes reqs); or fail closed: never
+    drop a pending fetch (refuse new ones while 4,096 are pending)."""
+    a, b, node = _sealers()
+    worker = WorkerSeal(node, 0)
+    assert _runs(worker, _job(a, "sa", [1])) == [1]  # a's session, bound to a
+    assert _runs(worker, _job(b, "sb", [2])) == [2]  # b's own
+    first = Fetch("sa", 7, 0, "a-job/0", "driver:a", "a's ticket")
+    assert worker.inbound(first) == (first, None)  # waits behind a's long job
+    for req in range(1000, 1000 + 4096):  # wait too, and push F1 out
+        forged = Fetch("sa", req, 0, f"x{req}/0", "driver:a", "t")
+        assert worker.inbound(forged) == (forged, None)
+    second = Fetch("sb", 7, 0, "b-job/0", "driver:b", "b's ticket")
+    worker.inbound(second)  # waits behind b's blocked job
+    reply = worker.outbound(Reply(7, "a's secret"))  # F1's task: a's value
+    assert type(reply) is Reply
+    read = None
+    if reply.error is None:
+        context = fetch_context("sb", 0, "b-job/0", "b's ticket")
+        read = b.open(reply.value, context, sender="node:n0")[1]
+    assert read != "a's secret", "a's value sealed for b"
