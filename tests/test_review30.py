@@ -10,6 +10,8 @@ import contextlib
 import dataclasses
 import fractions
 import os
+import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -262,3 +264,42 @@ def test_a_fetchs_value_is_sealed_by_that_fetchs_session_not_a_later_one_of_its_
         context = fetch_context("sb", 0, "b-job/0", "b's ticket")
         read = b.open(reply.value, context, sender="node:n0")[1]
     assert read != "a's secret", "a's value sealed for b"
+
+
+def test_an_outsider_cannot_make_the_metrics_port_start_a_thread_per_connection() -> None:
+    """Finding 7 (low; an outsider, where the metrics port is reachable). The metrics
+    server (``mpl.wire.httpd``, every daemon's ``--metrics-port``, whose clients nobody
+    authenticates) starts a thread per connection; its bound (8) is on requests served at
+    once, checked only once a request line arrived. Connections that send nothing each
+    hold a thread for the 10 s client timeout, however many there are, and are renewed as
+    fast as they time out. Fixed: at most ``_MAX_CONNECTIONS`` connections have a thread;
+    one past them is closed at once."""
+    from prometheus_client import CollectorRegistry
+
+    from mpl.wire import httpd
+
+    server = httpd.MetricsServer(CollectorRegistry())
+    before = threading.active_count()
+    opened = [socket.create_connection((server.host, server.port)) for _ in range(64)]
+    try:
+        for sock in opened:
+            sock.settimeout(0.01)
+
+        def closed_by_server(sock: socket.socket) -> bool:
+            try:
+                return sock.recv(1) == b""
+            except (TimeoutError, ConnectionResetError):
+                return False
+
+        gone: set[int] = set()
+
+        def settled() -> bool:
+            gone.update(i for i, s in enumerate(opened) if i not in gone and closed_by_server(s))
+            return threading.active_count() - before + len(gone) >= len(opened)
+
+        wait_until(settled, 15, "every connection to get a thread or be closed")
+        assert threading.active_count() - before <= 32
+    finally:
+        for sock in opened:
+            sock.close()
+        server.close()

@@ -21,6 +21,10 @@ __all__ = ["MetricsServer"]
 
 log = logging.getLogger("mpl.metrics")
 _MAX_CONCURRENT = 8  # requests served at once; more get 503 (scrapers and a few browsers)
+# connections holding a thread at once (a request served, or one awaited for up to the
+# client timeout); one past them is closed unread: nobody's connections authenticate, so
+# a client that sends nothing must not make a thread per connection
+_MAX_CONNECTIONS = 32
 _CLIENT_TIMEOUT_S = 10.0
 
 
@@ -44,6 +48,7 @@ class MetricsServer:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         busy = threading.BoundedSemaphore(_MAX_CONCURRENT)
+        connected = threading.BoundedSemaphore(_MAX_CONNECTIONS)
 
         class Handler(BaseHTTPRequestHandler):
             timeout = _CLIENT_TIMEOUT_S  # a client that stalls cannot hold a thread forever
@@ -93,6 +98,23 @@ class MetricsServer:
             address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
             daemon_threads = True
             allow_reuse_address = True
+            request_queue_size = _MAX_CONNECTIONS  # a burst waits accepted, not in SYN retries
+
+            def process_request(self, request: Any, client_address: Any) -> None:
+                if not connected.acquire(blocking=False):  # bounded: closed at once
+                    self.shutdown_request(request)
+                    return
+                try:
+                    super().process_request(request, client_address)  # its thread releases
+                except BaseException:
+                    connected.release()
+                    raise
+
+            def process_request_thread(self, request: Any, client_address: Any) -> None:
+                try:
+                    super().process_request_thread(request, client_address)
+                finally:
+                    connected.release()
 
         self._httpd = Server((host, port), Handler)
         self.host = host
