@@ -21,12 +21,17 @@ from test_replay_restart import Rig
 from test_session_driver_binding import _fetched_by, _job, _runs, _sealers
 
 import mpl.driver as mp
+from mpl.broker.state import BrokerState
+from mpl.wire import ClusterSpec, GraphBuilder
+from mpl.wire.control import WorkerHello
 from mpl.wire.data import Fetch
 from mpl.wire.errors import SessionAccessError
-from mpl.wire.jobs import Done, Exec
+from mpl.wire.jobs import Done, Exec, Failed, JobResult, Program
 from mpl.wire.record import Record
+from mpl.wire.remote import ErrorInfo
+from mpl.wire.replay import UNKNOWN_STREAM, refusal_facts
 from mpl.wire.seal import Sealer, exec_context, fetch_context
-from mpl.wire.sessions import Reply, SessionClosed, SessionOpened, SymbolInfo
+from mpl.wire.sessions import OpenSession, Reply, SessionClosed, SessionOpened, SymbolInfo
 from mpl.worker.admission import SessionAdmission
 from mpl.worker.sealing import WorkerSeal
 from mpl.worker.symbol_disk import SymbolDisk
@@ -303,3 +308,44 @@ def test_an_outsider_cannot_make_the_metrics_port_start_a_thread_per_connection(
         for sock in opened:
             sock.close()
         server.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review w30 finding 8: the broker forwards a worker's Failed with the error's "
+    "rank as that worker wrote it: a party's worker has the driver take its forged "
+    "stream refusal for another rank's (the driver renews its seal for that rank's node, "
+    "to the incarnation and floor the party chose)",
+)
+def test_a_workers_failure_speaks_only_for_its_own_rank() -> None:
+    """Finding 8 (low: a denial of service by a party). The broker checks that a Failed's
+    rank is the sender's, then hands its ``error`` to the driver as it came. The driver's
+    ``DriverSeal.refused`` reads the refusing rank from ``error.rank``. Rank 1's worker (a
+    party, in a job with rank 0) answers every such job with a stream refusal "from rank 0"
+    naming an incarnation and floor it chose: the driver seals rank 0's next job for a
+    process that does not exist (refused: one lost job per forgery, jobs of rank 0 alone
+    too), and raises its epochs for node 0 to the floor given; with floors near 2**63 and
+    1,024 streams evicted at rank 0, every client of the driver is refused there until that
+    worker restarts. Fix (broker, ``_on_failed``): an error naming another rank than the
+    Failed's is forged: drop it (counted in ``forged_replies``) or rewrite its rank to the
+    Failed's before forwarding it."""
+    spec = ClusterSpec.simple(2, enable_spu=False)
+    state = BrokerState(spec, now=0.0, broker_id="B")
+    for rank, peer in enumerate((b"w0", b"w1")):
+        state.handle(peer, WorkerHello(rank, f"s{rank}", 100, "h", f"tcp://x:{rank}", ""), 0.0)
+    driver = b"drv:alice/1"
+    out = state.handle(driver, OpenSession(1, "", 60.0, "alice"), 0.0)
+    sid = next(a.msg.session for a in out if isinstance(a.msg, SessionOpened))
+    builder = GraphBuilder(2)
+    graph = builder.build([builder.op("constant", [], ranks=(0, 1), value=1)[0]])
+    state.handle(driver, Program(graph.digest, graph), 0.0)
+    state.handle(driver, Exec(sid, "j", graph.digest, (0, 1), {}), 0.1)
+    forged = ErrorInfo(
+        "AuthenticationError",
+        "refused" + refusal_facts("0" * 16, (1 << 63) - 2),
+        rank=0,
+        op=UNKNOWN_STREAM,
+    )
+    out = state.handle(b"w1", Failed(sid, "j", 1, forged), 0.2)
+    (result,) = [a.msg for a in out if isinstance(a.msg, JobResult)]
+    assert result.error is None or result.error.rank == 1, "rank 1 spoke for rank 0"
