@@ -325,7 +325,7 @@ def test_a_workers_failure_speaks_only_for_its_own_rank() -> None:
     naming an incarnation and floor it chose: the driver seals rank 0's next job for a
     process that does not exist (refused: one lost job per forgery, jobs of rank 0 alone
     too), and raises its epochs for node 0 to the floor given; with floors near 2**63 and
-    1,024 streams evicted at rank 0, every client of the driver is refused there until that
+    1,024 streams evicted at rank 0, every new client of the driver is refused there until that
     worker restarts. Fix (broker, ``_on_failed``): an error naming another rank than the
     Failed's is forged: drop it (counted in ``forged_replies``) or rewrite its rank to the
     Failed's before forwarding it."""
