@@ -39,7 +39,6 @@ from mpl.wire.progress import Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import from_info
 from mpl.wire.result_read import read_answer
-from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.sockets import drain, send_frames
 
 if TYPE_CHECKING:
@@ -252,7 +251,7 @@ class JobPump:
         # drain checks ZMQ_EVENTS between receives: no zmq.Again built at the end of each
         # wake-up; it stops after _DRAIN messages so queued sends are not held back long.
         # A batch of answers (mpl.wire.batch) is split and each read as if it came alone.
-        safe = not pickles_allowed(WORKER, trusted=self._client.trusted)  # once per wake-up
+        safe = self._client.safe  # the client's rule (secure: the broker's answers, safely)
         # Futures are settled once the whole batch is read, in one pass: each settled
         # future may wake the thread waiting on it, which would otherwise contend for the
         # GIL with this loop for every result still to read (a futex wait and wake each time).

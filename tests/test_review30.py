@@ -135,6 +135,36 @@ def test_a_hostile_broker_cannot_make_a_trusted_secure_driver_unpickle(tmp_path:
 
 
 @pytest.mark.daemons
+def test_a_hostile_broker_cannot_make_a_trusted_secure_drivers_pump_unpickle(
+    tmp_path: Path,
+) -> None:
+    """Finding 3, on the job pump's path (``submit_async``: jobs in flight), which worked
+    out its own ``safe`` from ``trusted`` alone: the broker puts a pickle in a
+    ``JobResult``'s header and the pump thread loads it. Fixed with the client's rule."""
+    rig = Rig(tmp_path / "rig")
+    planted = tmp_path / "planted"
+
+    def plant(msg: Record) -> list[Record] | None:
+        if isinstance(msg, JobResult):
+            rig.tap.alter = None
+            return [dataclasses.replace(msg, metas={0: _Planted(str(planted))})]
+        return None
+
+    try:
+        rig.start_worker(0)
+        with rig.connect(trusted=True) as ctx:
+            builder = GraphBuilder(ctx.cluster.world_size)
+            graph = builder.build([builder.op("constant", [], ranks=(0,), value=1)[0]])
+            rig.tap.alter = plant
+            future = ctx.client.submit_async(ctx.session, graph, {}, inline=(0,), timeout=3)
+            with contextlib.suppress(Exception):
+                future.result(timeout=10)
+    finally:
+        rig.close()
+    assert not planted.exists(), "the broker's pickle ran in the driver's pump"
+
+
+@pytest.mark.daemons
 def test_a_trusted_secure_driver_still_reads_pickled_results(tmp_path: Path) -> None:
     """Finding 3's fix keeps what ``trusted: true`` is for: a worker's pickled result
     (a small one, a compact box; a large one, a ``Sealed`` record) reaches the trusted
