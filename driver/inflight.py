@@ -251,12 +251,12 @@ class JobPump:
         # drain checks ZMQ_EVENTS between receives: no zmq.Again built at the end of each
         # wake-up; it stops after _DRAIN messages so queued sends are not held back long.
         # A batch of answers (mpl.wire.batch) is split and each read as if it came alone.
-        safe = self._client.safe  # the client's rule (secure: the broker's answers, safely)
         # Futures are settled once the whole batch is read, in one pass: each settled
         # future may wake the thread waiting on it, which would otherwise contend for the
         # GIL with this loop for every result still to read (a futex wait and wake each time).
         ready: list[tuple[JobFuture, Any]] = []
         inflight, client = self._inflight, self._client
+        safe = client.safe  # the client's rule (secure: the broker's answers, safely)
         end, plain = client.progress.end, client.seal is None
         try:
             for wired in drain(sock, _DRAIN):
