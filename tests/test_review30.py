@@ -147,7 +147,8 @@ def test_a_hostile_broker_cannot_make_a_trusted_secure_drivers_pump_unpickle(
     def plant(msg: Record) -> list[Record] | None:
         if isinstance(msg, JobResult):
             rig.tap.alter = None
-            return [dataclasses.replace(msg, metas={0: _Planted(str(planted))})]
+            metas: dict[int, Any] = {0: _Planted(str(planted))}  # where a str belongs
+            return [dataclasses.replace(msg, metas=metas)]
         return None
 
     try:
@@ -238,7 +239,8 @@ def test_a_listed_drivers_code_reads_no_value_of_another_drivers_session(
         from mpl.worker.store import ObjectStore
 
         found: list[int] = []
-        for frame in sys._current_frames().values():  # the worker's threads, to their roots
+        for top in sys._current_frames().values():  # the worker's threads, to their roots
+            frame: Any = top
             while frame is not None:
                 for local in list(frame.f_locals.values()):
                     store = getattr(local, "store", None)
