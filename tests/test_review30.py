@@ -27,9 +27,11 @@ from mpl.wire.control import WorkerHello
 from mpl.wire.data import Fetch
 from mpl.wire.errors import SessionAccessError
 from mpl.wire.jobs import Done, Exec, Failed, JobResult, Program
+from mpl.wire.limits import check_symbol_name
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.replay import UNKNOWN_STREAM, refusal_facts
+from mpl.wire.routing import check_driver_name
 from mpl.wire.seal import Sealer, exec_context, fetch_context
 from mpl.wire.sessions import OpenSession, Reply, SessionClosed, SessionOpened, SymbolInfo
 from mpl.worker.admission import SessionAdmission
@@ -381,3 +383,16 @@ def test_a_workers_failure_speaks_only_for_its_own_rank() -> None:
     out = state.handle(b"w1", Failed(sid, "j", 1, forged), 0.2)
     (result,) = [a.msg for a in out if isinstance(a.msg, JobResult)]
     assert result.error is None or result.error.rank == 1, "rank 1 spoke for rank 0"
+
+
+@pytest.mark.parametrize("check", [check_symbol_name, check_driver_name])
+def test_a_name_ending_in_a_newline_is_no_valid_name(check: Any) -> None:
+    """Finding 9 (low). Value names and driver names are checked by a pattern anchored
+    with ``$``, which also matches before a final newline: ``"model\\n"`` passed as a value
+    name (a listed driver persisted a file ``model\\n.sym`` that any listing shows as
+    ``model``, beside the owner's own) and ``"alice\\n"`` as a driver name. Fixed: the
+    patterns end with ``\\Z``."""
+    assert check("model") == "model"
+    for bad in ("model\n", "model\r\n", "model\nx"):
+        with pytest.raises(ValueError, match=r"bad .* name"):
+            check(bad)

@@ -122,7 +122,7 @@ MAX_RUNTIME_INFO_TEXT = 64 * 1024
 
 # A saved value's name: it becomes a file name on the workers that persist it, so it can
 # never climb out of their data root (``sym:../x``).
-_SYMBOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_SYMBOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")  # \Z: no final newline
 
 
 # Names one rank may save inside one job (``save`` ops), and so list in its ``Done``: the

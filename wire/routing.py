@@ -24,7 +24,7 @@ __all__ = ["ANONYMOUS_PREFIX", "check_driver_name", "driver_routing_id", "plaint
 
 ANONYMOUS_PREFIX = "~"
 _PREFIX = b"drv:"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")  # \Z: no final newline
 
 
 def check_driver_name(name: str) -> str:
