@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from helpers import wait_until
 from test_replay_restart import Rig
@@ -34,7 +35,9 @@ from mpl.wire.replay import UNKNOWN_STREAM, refusal_facts
 from mpl.wire.routing import check_driver_name
 from mpl.wire.seal import Sealer, exec_context, fetch_context
 from mpl.wire.sessions import OpenSession, Reply, SessionClosed, SessionOpened, SymbolInfo
+from mpl.worker import io_kernels
 from mpl.worker.admission import SessionAdmission
+from mpl.worker.kernel_table import _DATA_ROOT
 from mpl.worker.sealing import WorkerSeal
 from mpl.worker.symbol_disk import SymbolDisk
 
@@ -396,3 +399,26 @@ def test_a_name_ending_in_a_newline_is_no_valid_name(check: Any) -> None:
     for bad in ("model\n", "model\r\n", "model\nx"):
         with pytest.raises(ValueError, match=r"bad .* name"):
             check(bad)
+
+
+def test_a_file_kernel_cannot_replace_another_drivers_persisted_value(tmp_path: Path) -> None:
+    """Finding 10 (medium). A worker keeps persisted values under ``<data-root>/symbols``,
+    and mpl's file kernels (``mpl.io.write_npy``/``write_csv``, which any listed driver may
+    call, under ``--code kernels`` too: the mode where the rules between drivers hold)
+    write anywhere under the same data root. mallory's ``write_npy("symbols/model.sym")``
+    replaced the analyst's persisted ``model``, which only its owner's sealed jobs may
+    replace or delete: the file no longer reads (a denial of service on the owner's data;
+    a kernel writing a file of the symbol format would forge one). Fixed: the file kernels
+    refuse paths inside the worker's symbols folder, as paths outside the data root."""
+    disk = SymbolDisk(tmp_path)
+    disk.save(SymbolInfo("model", "", (0,), True, {}), np.arange(3.0), "driver:analyst")
+    token = _DATA_ROOT.set(tmp_path)  # as KernelTable runs a kernel on this worker
+    try:
+        for path in ("symbols/model.sym", "./symbols/../symbols/model.sym", "symbols/x.npy"):
+            with pytest.raises(PermissionError):
+                io_kernels.write_npy(path, np.zeros(2))
+        with pytest.raises(PermissionError):
+            io_kernels.read_npy("symbols/model.sym")
+    finally:
+        _DATA_ROOT.reset(token)
+    assert SymbolDisk(tmp_path).load("model", "driver:analyst").tolist() == [0.0, 1.0, 2.0]

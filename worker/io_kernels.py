@@ -6,7 +6,9 @@ Registered as entry points (group ``mpl.kernels``) under the kernel ids ``mpl.io
 
 Every path is relative to the worker's ``--data-root`` and must stay inside it: an absolute
 path, ``..`` or a symbolic link leading out raises ``PermissionError``. A party thus decides
-which files a program may touch by what it puts under its data root.
+which files a program may touch by what it puts under its data root. The worker's own
+``symbols`` folder there (persisted values, ``mpl.worker.symbol_disk``) is out of bounds
+too: only a value's owner replaces or deletes it, by its sealed jobs.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from mpl.worker.kernel_table import data_root
+from mpl.worker.symbol_disk import SYMBOLS
 
 __all__ = ["read_csv", "read_npy", "write_csv", "write_npy"]
 
@@ -30,6 +33,8 @@ def _confined(path: str) -> Path:
     target = (root / path).resolve()
     if not target.is_relative_to(root):
         raise PermissionError(f"{path!r} leads outside the worker's data root")
+    if target.is_relative_to(root / SYMBOLS):  # persisted values: their owners' alone
+        raise PermissionError(f"{path!r} is in the worker's persisted values' folder")
     return target
 
 

@@ -40,10 +40,11 @@ from mpl.wire.safe_values import unsafe
 from mpl.wire.sessions import SymbolInfo
 from mpl.worker.symbol_owner import refuse_read, refuse_write
 
-__all__ = ["CACHE_BYTES", "SymbolDisk", "check_name"]
+__all__ = ["CACHE_BYTES", "SYMBOLS", "SymbolDisk", "check_name"]
 
 log = logging.getLogger("mpl.worker")
 
+SYMBOLS = "symbols"  # the folder under the data root (the file kernels stay out of it)
 _SUFFIX = ".sym"
 _LOCKS = 64  # stripes: saves of different names rarely share one
 CACHE_BYTES = 256 * 1024 * 1024  # loaded values kept in memory, at most
@@ -55,7 +56,7 @@ class SymbolDisk:
     """Persisted values of one worker (see the module docstring)."""
 
     def __init__(self, root: Path, *, cache_bytes: int = CACHE_BYTES) -> None:
-        self.dir = root / "symbols"
+        self.dir = root / SYMBOLS
         self.dir.mkdir(parents=True, exist_ok=True)
         self._locks = [threading.Lock() for _ in range(_LOCKS)]
         self._cache_lock = threading.Lock()
