@@ -422,3 +422,31 @@ def test_a_file_kernel_cannot_replace_another_drivers_persisted_value(tmp_path: 
     finally:
         _DATA_ROOT.reset(token)
     assert SymbolDisk(tmp_path).load("model", "driver:analyst").tolist() == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review w30 finding 11: the file kernels share one data root among every listed "
+    "driver: a file one driver's job writes, any other driver's job reads (and replaces), "
+    "whatever sessions and owners say",
+)
+def test_a_file_one_driver_wrote_is_not_read_by_another_drivers_kernel(tmp_path: Path) -> None:
+    """Finding 11 (medium, by design so far but not stated). The analyst's job (on a
+    ``--code kernels`` worker) writes its private result with ``mpl.io.write_npy("out.npy")``;
+    mallory's job calls ``mpl.io.read_npy("out.npy")`` on the same worker and gets it back,
+    sealed for mallory. ``KernelTable`` sets the same data root for every driver's kernel.
+    Fix: give each driver (the job's sealer) a folder of its own under the data root for
+    the file kernels (``<data-root>/drivers/<name>/``, the party's own files shared read-only
+    from elsewhere if it wants), or say in "Who may do what" that the data root is shared
+    by every listed driver."""
+    token = _DATA_ROOT.set(tmp_path)  # the analyst's kernel
+    try:
+        io_kernels.write_npy("out.npy", np.array([4.0, 2.0]))
+    finally:
+        _DATA_ROOT.reset(token)
+    token = _DATA_ROOT.set(tmp_path)  # mallory's kernel, on the same worker
+    try:
+        with pytest.raises((PermissionError, FileNotFoundError)):
+            io_kernels.read_npy("out.npy")
+    finally:
+        _DATA_ROOT.reset(token)
