@@ -60,7 +60,10 @@ def test_a_forged_close_is_undone_by_the_owners_next_short_path_job(close: str) 
     state refuses a closed session's jobs only while it remembers the close: an LRU of
     1,024, which the broker flushes with forged closes of other ids.) a's values are made
     in a session still closed; the broker's driver b binds sessions of its own until the
-    worker evicts "sa", binds "sa" itself and has a's value fetched for b.
+    worker evicts "sa", binds "sa" itself and has a's value fetched for b. (The short
+    path serves ``--code any`` workers only, where finding 5 lets a listed driver read
+    more directly; by the admission's own rules, and for any per-driver code policy, it
+    is a leak.)
 
     Fixed: a close (one session, or all) clears the cached context, so the next job takes
     the ``solo`` lookup and the full path, which un-closes the session."""
