@@ -70,8 +70,8 @@ class SessionTable:
         """Create a session owned by ``owner``, or attach ``client`` to the named one (the
         caller checks first that ``owner`` may). Returns (entry, attached).
 
-        A new session's id is ``<name>~<16 random hex digits><32 hex digits naming its
-        owner>`` (``mpl.wire.session_word.session_id``): the driver, which chooses the name
+        A new session's id is ``<name>~<8 random characters><16 naming its owner>``
+        (base64url, ``mpl.wire.session_word.session_id``): the driver, which chooses the name
         (a fresh random one for a session of its own), checks that the id it is answered
         with is one of that name's, and of its own when it opened it (``mpl.driver.client``);
         the random part keeps each opening's id new, as workers remember closed sessions by

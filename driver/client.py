@@ -225,9 +225,10 @@ class Client(BrokerCalls):
         ``cluster`` (a spec's dict form) gives the session its own devices over named nodes
         of the broker's cluster; the broker refuses it with ``ClusterSpecError``.
 
-        A session's id is its name and a tail (``<name>~<48 hex digits>``: a random part
-        and its owner's tag, ``mpl.wire.session_word.session_id``); this driver names a
-        session opened without one itself (``s`` and 16 random hex digits). Raises
+        A session's id is its name and a tail (``<name>~<24 base64url characters>``: a
+        random part and its owner's tag, ``mpl.wire.session_word.session_id``); this
+        driver names a session opened without one itself (``s`` and 16 random hex
+        digits). Raises
         ``AuthenticationError`` when the broker answers with an id of another name, says a
         freshly named session already existed, or answers an open as new, or one with
         ``share_with``, with an id naming another driver as its owner (secure mode): a
