@@ -70,17 +70,20 @@ class SessionTable:
         """Create a session owned by ``owner``, or attach ``client`` to the named one (the
         caller checks first that ``owner`` may). Returns (entry, attached).
 
-        A new named session's id is ``<name>~<16 random hex digits>``: the driver, which
-        chooses the name (a fresh random one for a session of its own), checks that the id
-        it is answered with is one of that name's (``mpl.driver.client``); the random part
-        keeps each opening's id new, as workers remember closed sessions by id. An unnamed
-        open (an older driver) gets ``s<16 random hex digits>``."""
+        A new session's id is ``<name>~<8 random characters><16 naming its owner>``
+        (base64url, ``mpl.wire.session_word.session_id``): the driver, which chooses the name
+        (a fresh random one for a session of its own), checks that the id it is answered
+        with is one of that name's, and of its own when it opened it (``mpl.driver.client``);
+        the random part keeps each opening's id new, as workers remember closed sessions by
+        id; the owner's part lets no other driver bind the id on a worker
+        (``mpl.worker.admission``). An unnamed open (an older driver) is named
+        ``s<16 random hex digits>``."""
         entry = self.named(name)
         attached = entry is not None
         if entry is None:
             sid = ""
             while not sid or sid in self.by_id:
-                sid = session_id(name) if name else f"s{secrets.token_hex(8)}"
+                sid = session_id(name or f"s{secrets.token_hex(8)}", owner)
             entry = self.by_id[sid] = SessionEntry(sid, name, lease_s, now, owner=owner)
             if name:
                 self.by_name[name] = sid

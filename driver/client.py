@@ -48,7 +48,7 @@ from mpl.wire.record import pinned_fields
 from mpl.wire.remote import from_info
 from mpl.wire.routing import check_driver_name
 from mpl.wire.safe_values import BROKER, WORKER, pickles_allowed
-from mpl.wire.session_word import id_of_session_named
+from mpl.wire.session_word import binds_owner, id_of_session_named
 from mpl.wire.sessions import (
     CloseNamed,
     CloseSession,
@@ -232,12 +232,15 @@ class Client(BrokerCalls):
         ``cluster`` (a spec's dict form) gives the session its own devices over named nodes
         of the broker's cluster; the broker refuses it with ``ClusterSpecError``.
 
-        A session's id is its name and a random tail (``<name>~<16 hex digits>``); this
-        driver names a session opened without one itself (``s`` and 16 random hex digits).
-        Raises ``AuthenticationError`` when the broker answers with an id of another name,
-        or says a freshly named session already existed: a broker putting this driver's
-        values in a session it did not ask for. Nothing was done in that session; check
-        which broker you reach (its operator may be hostile).
+        A session's id is its name and a tail (``<name>~<24 base64url characters>``: a
+        random part and its owner's tag, ``mpl.wire.session_word.session_id``); this
+        driver names a session opened without one itself (``s`` and 16 random hex
+        digits). Raises
+        ``AuthenticationError`` when the broker answers with an id of another name, says a
+        freshly named session already existed, or answers an open as new, or one with
+        ``share_with``, with an id naming another driver as its owner (secure mode): a
+        broker putting this driver's values in a session it did not ask for. Nothing was
+        done in that session; check which broker you reach (its operator may be hostile).
         """
         fresh = not name
         if fresh:  # the id is chosen here, not by the broker: see the check below
@@ -257,12 +260,22 @@ class Client(BrokerCalls):
                 else ProtocolError("the broker answered an open with something else")
             )
         assert isinstance(opened, SessionOpened)
-        if not id_of_session_named(opened.session, name) or (fresh and opened.attached):
+        sid = opened.session
+        # owned: opened now, or share_with set (the broker lets only the owner do either),
+        # so its id must name this driver as its owner (a worker lets no one else bind it)
+        sealer = None if self.seal is None else self.seal.sealer
+        not_owned = (
+            sealer is not None
+            and (not opened.attached or share is not None)
+            and not binds_owner(sid, sealer.identity)
+        )
+        if not id_of_session_named(sid, name) or (fresh and opened.attached) or not_owned:
             self._send(CloseSession(name, self.client_id))  # what an honest broker opened
             raise AuthenticationError(
                 f"the broker answered the open of session {name!r} with session "
-                f"{opened.session!r}{' (attached)' if opened.attached else ''}: not the one "
-                "asked for, so this driver will not act in it"
+                f"{sid!r}{' (attached)' if opened.attached else ''}: not the one asked for"
+                f"{', its id naming another owner' if not_owned else ''}, so this driver "
+                "will not act in it"
             )
         if opened.broker_id != self.broker_id:
             self.broker_id = opened.broker_id

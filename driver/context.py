@@ -133,7 +133,10 @@ class Context:
             if client.seal is not None:  # secure mode: which rank is which node, for keys
                 client.seal.bind(self.cluster, opened.incarnations)
                 # and what its jobs tell the workers of who the session admits: the broker
-                # lets only the owner open it or set share_with
+                # lets only the owner open it or set share_with (and then the id names this
+                # driver as its owner: open_session checks, and workers let no one else
+                # bind it, so a member's jobs, claiming no say, run only where it is bound
+                # to its owner)
                 owns = not opened.attached or share_with is not None
                 # (a grant of an open answered as new says so: no old binding takes it)
                 client.seal.speak_for(self.session, owns, share_with, not opened.attached)

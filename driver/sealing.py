@@ -154,17 +154,25 @@ class DriverSeal:
 
         Only nodes of this driver's own spec get a rank here: the others have no key this
         driver trusts, so nothing is sealed for them. Every session of one broker has the
-        same ranks; a layout that moves a known node to another rank is refused. The
+        same ranks; a layout that moves a known node to another rank, or puts it at a
+        second one, is refused (a node's key is what pins its values to its rank). The
         incarnations are the broker's word: a wrong one only makes that worker refuse the
         next job, telling its own (:meth:`refused`).
         """
         ranks = {n.rank: node_identity(n.name) for n in layout.nodes if n.name in self._own}
+        # a node at one rank only: its key is what pins a sealed value to its rank
+        # (Done contexts name none), so one node at two ranks would read as either
+        at = {who: rank for rank, who in self._nodes.items()}
         for rank, who in ranks.items():
-            if self._nodes.setdefault(rank, who) != who:
+            had = self._nodes.get(rank, who)
+            if had != who or at.get(who, rank) != rank:
+                where = f"{had}" if had != who else f"it at rank {at[who]}"
                 raise AuthenticationError(
                     f"the broker puts {who} at rank {rank}, where an earlier session had "
-                    f"{self._nodes[rank]}: a node's rank never changes on one broker"
+                    f"{where}: a node's rank never changes on one broker"
                 )
+        for rank, who in ranks.items():
+            self._nodes[rank] = who
             if rank not in self._targets:
                 self._target_is(rank, who, "")
         for rank, incarnation in (incarnations or {}).items():

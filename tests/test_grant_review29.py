@@ -2,22 +2,40 @@
 broker whose operator holds a listed driver key (driver b, "mallory"), and what a grant
 lets a driver read of the owner's persisted values (``mpl.worker.symbol_owner``).
 
-Findings 1 and 2 are closed and their tests pass; finding 3 stays a strict xfail (a
-known gap, README "Limitations").
+Findings 1, 2 and 3 are closed and their tests pass (finding 3 by a session id that
+names its owner, ``mpl.wire.session_word.session_id``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
-from test_session_driver_binding import _fetched_by, _job, _runs, _sealers
+from helpers import wait_until
+from test_replay_restart import Rig, two_workers
+from test_session_binding_review import _read_by_mallory
+from test_session_driver_binding import (
+    _fetched_by,
+    _job,
+    _runs,
+    _sealers,
+    _value_on,
+    recorded_replies,
+)
 
-from mpl.wire.errors import SessionAccessError
-from mpl.wire.jobs import Failed
+import mpl.driver as mp
+from mpl.wire import GraphBuilder
+from mpl.wire.data import Fetch
+from mpl.wire.errors import AuthenticationError, SessionAccessError
+from mpl.wire.jobs import Exec, Failed
 from mpl.wire.seal import Sealer
-from mpl.wire.session_word import worded
-from mpl.wire.sessions import SessionClosed, SymbolInfo
+from mpl.wire.session_word import binds_owner, session_id, worded
+from mpl.wire.sessions import Reply, SessionClosed, SessionOpened, SymbolInfo
 from mpl.worker.admission import SessionAdmission
 from mpl.worker.sealing import WorkerSeal
 from mpl.worker.store import ObjectStore
@@ -124,24 +142,136 @@ def test_a_revoked_sharee_reads_no_persisted_value_of_the_owner(tmp_path: Path) 
     assert not leaked
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w29-a finding 3: where the broker's driver binds the owner's session "
-    "first (a restarted worker, one left out of the open) with a grant admitting the "
-    "owner, the owner's client that attached without share_with acts there as a member: "
-    "its jobs run and their values are sealed for the broker's driver",
-)
 def test_the_owners_member_client_puts_no_value_where_another_driver_bound_its_session() -> None:
     """a owns "sa"; this worker restarted (or the broker left it out of a's open), so no
     word of a's reached it. b (the broker's driver) binds "sa" here first, its own grant
-    admitting a. a's jobs as owner are refused (the stated denial of service), but a's
-    other client, attached without share_with, cannot tell it owns the session and claims
-    no say: its job runs here, in a session bound to b, and b's fetch of its value is
-    sealed for b. The README says no value of the owner's is then in that session there."""
+    admitting a. a's jobs as owner would be refused (a denial of service), and a's other
+    client, attached without share_with, cannot tell it owns the session and claims no
+    say: its job ran here, in a session bound to b, and b's fetch of its value was sealed
+    for b.
+
+    Fixed: the session's id names its owner (``session_id``: the broker draws it for the
+    driver that opened it, which checks it), so b binds it nowhere, by no word, a grant or
+    one flagged as opening; a's member job is refused (the owner's word has not reached
+    this worker) and b's fetch is sealed for no one."""
     a, b, node = _sealers()
+    sa = session_id("sa", "driver:a")  # the id a's open checked: it names a
     worker = WorkerSeal(node, 0)  # restarted: no binding here
-    assert _runs(worker, _job(b, "sa", worded(None, ["driver:a", "driver:b"], 1))) is None
-    assert _refused(_runs(worker, _job(a, "sa", ["as owner"])))  # denial of service
-    ran = _runs(worker, _job(a, "sa", worded(["a's secret input"], None)))
-    leaked = ran == ["a's secret input"] and _fetched_by(worker, b, "sa", "v") is not None
-    assert not leaked
+    for bindings in (
+        worded(None, SHARED, time.time_ns()),
+        worded(None, SHARED, time.time_ns(), opening=True),
+        worded(None, ["driver:b"], time.time_ns()),
+        None,
+    ):
+        took = _runs(worker, _job(b, sa, bindings))
+        assert _refused(took) and "names another driver as its owner" in took.error.message
+    assert worker.admission.owner(sa) == "" and len(worker.admission) == 0
+    ran = _runs(worker, _job(a, sa, worded(["a's secret input"], None)))
+    assert _refused(ran) and "has not reached this worker" in ran.error.message
+    assert _fetched_by(worker, b, sa, "v") is None
+    # a's own word binds it, and then a's member client runs there, admitted by a alone
+    assert _runs(worker, _job(a, sa, worded(None, ALONE, time.time_ns()))) is None
+    assert _runs(worker, _job(a, sa, worded(["a's input"], None))) == ["a's input"]
+    assert _fetched_by(worker, b, sa, "v") is None
+
+
+# -- against real mpl-worker processes (CURVE), the broker tapped ----------------------------
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    """A secure cluster of two nodes whose spec lists drivers analyst and mallory (whose
+    key the broker's operator holds)."""
+    yield from two_workers(tmp_path, ("analyst", "mallory"))
+
+
+@pytest.mark.daemons
+def test_the_broker_cannot_bind_the_owners_session_to_its_driver_on_a_restarted_worker(
+    rig: Rig,
+) -> None:
+    """Finding 3 with real daemons: the analyst opens "sa" (bound to it on both workers);
+    worker 1 restarts, so no word of the analyst's is there. The broker hands worker 1,
+    ahead of mallory's own job, a job of mallory's sealed for the analyst's session with a
+    grant admitting the analyst: it bound the session to mallory there. The analyst's
+    second client, attached without share_with (a member), then ran its job on worker 1,
+    and mallory's forged fetch of its value was sealed for mallory. Now the worker refuses
+    mallory's job (the id names the analyst), the member's job is refused, and mallory
+    reads nothing."""
+    replies: list[Reply] = recorded_replies(rig)
+    with rig.connect(session="sa") as owner:
+        rig.stop_worker(1)
+        rig.start_worker(1)  # a new process: no binding of "sa"
+        with rig.connect("mallory") as mallory:
+            seal = mallory.client.seal
+            assert seal is not None
+            b = GraphBuilder(2)
+            g = b.build([b.op("constant", [], ranks=(1,), value="mallory's")[0]])
+            mallory.client.submit(mallory.session, g, {})  # its program cached on P1
+            seal.speak_for(owner.session, True, ["analyst"])  # mallory's grant, sealed
+            binding = seal.exec(Exec(owner.session, "bind", g.digest, (1,), {}, (1,), 30.0))
+
+            def add(msg: Any) -> list[Any] | None:  # mallory's next Exec, "bind" first
+                if isinstance(msg, Exec) and msg.session == mallory.session:
+                    rig.tap.alter = None
+                    return [binding, msg]
+                return None
+
+            rig.tap.alter = add
+            mallory.client.submit(mallory.session, g, {})
+            got = wait_until(
+                lambda: [m for m in rig.tap.received if getattr(m, "job", "") == "bind"],
+                20,
+                "the worker's answer to mallory's binding job",
+            )
+            assert [type(m) for m in got] == [Failed], got
+            assert "names another driver as its owner" in got[0].error.message
+            refusal = ""
+            with rig.connect(session="sa") as member:  # attached, no share_with
+                try:
+                    made: str | None = _value_on(member, 1, "the analyst's secret")
+                except mp.SessionError as exc:
+                    refusal, made = str(exc), None
+            read = None
+            if made is not None:  # the broker forges mallory's next fetch for it
+                forged: list[Fetch] = []
+                decoy = _value_on(mallory, 1, "mallory's own")
+
+                def forge(msg: Any) -> list[Any] | None:
+                    if isinstance(msg, Fetch) and msg.uri == decoy:
+                        rig.tap.alter = None
+                        forged.append(replace(msg, session=owner.session, uri=made))
+                        return forged
+                    return None
+
+                rig.tap.alter = forge
+                with contextlib.suppress(mp.MplError):
+                    mallory.client.fetch(mallory.session, 1, decoy)
+                (fetch,) = forged
+                read = _read_by_mallory(mallory, replies, fetch, owner.session, 1, made)
+            assert read is None, f"mallory read {read!r}"
+            assert made is None and "has not reached this worker" in refusal
+
+
+@pytest.mark.daemons
+def test_a_driver_acts_in_a_session_it_owns_only_under_an_id_naming_it(rig: Rig) -> None:
+    """The broker answers an open as new, or an attach with share_with (both the owner's
+    alone), with an id of the session's name but naming mallory as its owner: the
+    analyst's driver refuses it (its grant would bind nothing on a worker, and the id is
+    not of its session), and acts once the broker answers honestly."""
+    with rig.connect(session="p"):
+        shares: tuple[tuple[str, list[str] | None], ...] = (("q", None), ("p", []))
+        for name, share in shares:
+
+            def lie(msg: Any, name: str = name) -> list[Any] | None:
+                if isinstance(msg, SessionOpened):
+                    rig.tap.alter = None
+                    return [replace(msg, session=session_id(name, "driver:mallory"))]
+                return None
+
+            rig.tap.alter = lie
+            with pytest.raises(AuthenticationError, match="naming another owner"):
+                rig.connect(session=name, share_with=share)
+            assert rig.tap.alter is None  # the broker did lie
+        with rig.connect(session="p", share_with=[]) as honest:
+            assert binds_owner(honest.session, "driver:analyst")
+            assert _value_on(honest, 0, "made") and _value_on(honest, 1, "made")

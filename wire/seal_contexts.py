@@ -6,7 +6,9 @@ output slot, direction or worker process does not open.
 * ``exec|job|tail|incarnation``: one rank's bindings of a job, everything else in the
   ``Exec`` and the recipient worker's public incarnation; ``tail`` stands for
   ``session|digest|ranks|inline|timeout``, by a hash of it (:class:`ExecTails`).
-* ``done|session|job|index``: one inline output of a job.
+* ``done|session|job|index``: one inline output of a job. No rank: the sender's key pins
+  it (a worker is one rank; the driver opens a rank's value only as its node's, and keeps
+  each node at one rank: ``DriverSeal.bind``), so no Done grows by a rank per job.
 * ``fetch|session|rank|uri|ticket``: one fetch's reply.
 
 The driver's and the worker's hot paths write the Exec and Done contexts out themselves

@@ -31,6 +31,10 @@ per owner, ``SessionAdmission.forgotten``.
   ``{"admits": None, "inputs": ...}``: it claims no say over who the session admits, and
   runs only where the owner's grant admits it.
 
+The session's id names its owner (:func:`session_id`): a worker lets no other driver's job
+bind the session, by any of these words (``mpl.worker.admission``), and a driver refuses an
+id naming another owner for a session it owns (``mpl.driver.client``).
+
 A worker older than the stamp refuses a grant (three keys) as malformed; a worker of this
 kind refuses an older driver's unstamped list the same way (``ProtocolError``). Jobs
 without a word, and members' words, read the same on both.
@@ -38,10 +42,12 @@ without a word, and members' words, read the same on both.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 import threading
 import time
+from base64 import urlsafe_b64encode
 from typing import Any
 
 from mpl.wire.errors import ProtocolError
@@ -49,6 +55,7 @@ from mpl.wire.errors import ProtocolError
 __all__ = [
     "MAX_ADMITTED",
     "MAX_STAMP",
+    "binds_owner",
     "grant_stamp",
     "id_of_session_named",
     "read_word",
@@ -64,18 +71,52 @@ _GRANT_KEYS = frozenset((_ADMITS, _GRANTED, _INPUTS))
 _OPENING_KEYS = _GRANT_KEYS | {_OPENING}  # a grant flagged: its session opened anew
 _stamped = [0]  # the last stamp this process gave (grant_stamp)
 _stamping = threading.Lock()
-_ID_TAIL = re.compile(r"~[0-9a-f]{16}")
+_NONCE_BYTES, _TAG_BYTES = 6, 12  # an id's tail: a random part, then its owner's tag
+_NONCE_CHARS = _NONCE_BYTES * 4 // 3  # base64url, both multiples of 3 bytes: no padding
+_TAIL_CHARS = _NONCE_CHARS + _TAG_BYTES * 4 // 3
+_ID_TAIL = re.compile(rf"~[A-Za-z0-9_-]{{{_TAIL_CHARS}}}")
+_OWNER_PERSON = b"mpl-sess-owner/1"  # keeps these hashes apart from any other BLAKE2b use
 
 
-def session_id(name: str) -> str:
-    """A new id for the session called ``name`` (the broker's choice of its random part):
-    the word binds to the id, so a driver checks it names the session it asked for."""
-    return f"{name}~{secrets.token_hex(8)}"
+def _owner_tag(owner: str, name: str, nonce: str) -> str:
+    """The tag of a session id naming ``owner``: a 96-bit BLAKE2b hash of the owner's
+    identity, the session's name (each after its length) and the id's random part, in
+    base64url. The broker draws that part (48 bits): a nonce under which two drivers' tags
+    agree, or a driver name whose tag agrees with another's, costs it about 2**96 tries."""
+    fields = f"{len(owner)}:{owner}|{len(name)}:{name}|{nonce}".encode()
+    digest = hashlib.blake2b(fields, digest_size=_TAG_BYTES, person=_OWNER_PERSON).digest()
+    return urlsafe_b64encode(digest).decode()
+
+
+def session_id(name: str, owner: str) -> str:
+    """A new id for the session called ``name`` that the driver identity ``owner`` opens:
+    ``<name>~<8 random characters><16 naming the owner>`` (base64url; the broker's choice
+    of its random part). The word binds to the id, so a driver checks it names the
+    session it asked for; and the id names its owner, so a worker lets no other driver
+    bind it (:func:`binds_owner`) and a driver checks that a session it opened is its own.
+
+    24 characters, 16 more than a random tail alone: a Done's context writes the session
+    out (``done|session|job|index``), and a trivial job's box tag input, for a session a
+    driver named itself (``s<16 hex>``), stays within one BLAKE2b block
+    (``mpl.wire.seal_box``); hex, 32 more, took it to two."""
+    nonce = urlsafe_b64encode(secrets.token_bytes(_NONCE_BYTES)).decode()
+    return f"{name}~{nonce}{_owner_tag(owner, name, nonce)}"
 
 
 def id_of_session_named(sid: str, name: str) -> bool:
     """Whether ``sid`` is an id :func:`session_id` gives the session called ``name``."""
     return sid.startswith(name) and _ID_TAIL.fullmatch(sid, len(name)) is not None
+
+
+def binds_owner(sid: str, driver: str) -> bool:
+    """Whether ``driver`` may own session ``sid``: the id names it as its owner, or names
+    no owner (not of :func:`session_id`'s form: an id no driver of this kind acts in, as
+    it checks every id it is answered with). Read from the end: the tail, then the name."""
+    cut = len(sid) - _TAIL_CHARS
+    if cut < 1 or _ID_TAIL.fullmatch(sid, cut - 1) is None:
+        return True
+    nonce = sid[cut : cut + _NONCE_CHARS]
+    return sid[cut + _NONCE_CHARS :] == _owner_tag(driver, sid[: cut - 1], nonce)
 
 
 def grant_stamp() -> int:

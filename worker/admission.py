@@ -1,6 +1,11 @@
 """Which drivers each session admits on this worker (secure mode), bound to its owner's
 sealed word (``mpl.wire.session_word``), never to the broker's. No I/O.
 
+* Only the driver a session's id names as its owner (``mpl.wire.session_word.session_id``:
+  the broker draws it for the driver that opened the session, which checks it) binds the
+  session here; a job of any other driver stating it owns the session, by any word, is
+  refused. An id naming no owner (not of that form: an older broker's; no driver of this
+  kind acts in one) binds to whichever owner's job comes first, as the rules below say.
 * A job whose sealer states it owns the session (no word: it alone, as it opened it; or a
   stamped grant) binds the session to that driver when the session is not bound here yet
   (by no word: as a grant admitting the owner alone stamped with this worker's clock, so
@@ -38,10 +43,13 @@ sealed word (``mpl.wire.session_word``), never to the broker's. No I/O.
 * A fetch's reply is sealed only for a driver the session admits here.
 
 So a hostile broker holding a listed driver key can no longer run that driver's jobs in
-another's session, or have its values sealed for that driver. What it can still do is bind
-a session id to its own driver on a worker before the owner's first job reaches it: the
-owner's jobs there are then refused (a denial of service, which it can always cause), and
-no value of the owner's is ever in that session there.
+another's session, or have its values sealed for that driver, nor bind another's session
+to that driver on a worker the owner's word has not reached (a worker that restarted, or
+that the broker left out of the owner's open): the id names the owner. There the session
+stays unbound until the owner's job comes, and its sharees' jobs (a client of the owner
+attached without ``share_with`` too: it claims no say) are refused (a denial of service,
+which the broker can always cause); no value of theirs is ever in a session bound to
+another driver.
 
 Bounded, failing closed: a binding is never dropped while its session may hold values
 here (dropping it would let the next job bind the session anew): a closed session's
@@ -56,6 +64,7 @@ import time
 from collections.abc import Callable
 
 from mpl.wire.limits import MAX_SESSIONS
+from mpl.wire.session_word import binds_owner
 
 __all__ = ["SESSIONS_BOUND", "SessionAdmission"]
 
@@ -135,6 +144,11 @@ class SessionAdmission:
                 "share_with states whom the session admits"
             )
         if bound is None:
+            if not binds_owner(session, driver):  # (the short path never binds: no cost)
+                return (
+                    f"session {session}'s id names another driver as its owner, not "
+                    f"{driver}: only its owner binds it here"
+                )
             if word is not None and not word <= {driver} and stamp <= self.forgotten(driver):
                 return (
                     f"{driver}'s grant for session {session} is older than what this "
