@@ -283,21 +283,19 @@ class Broker(Outbox):
                     counters["bytes_routed"] += len(one)
                     if one.startswith(DONE_FRAME_PREFIX):
                         read: DoneRead | Exec | None
-                        if secure:  # its values are boxes, sealed anew for every job
+                        # a repeat of this sender's last Done (most; in secure mode its
+                        # value's box, sealed anew for every job, taken as it comes) by
+                        # comparison, else read in full and perhaps kept to compare the
+                        # next ones with
+                        dones = done_readers.get(peer) or self._done_reader(peer)
+                        read = dones.repeat(one)
+                        if read is None:
                             data = one[4:]
                             read = read_done_header(data)
+                            if read is not None:
+                                dones.keep(one, read)
                         else:
-                            # a repeat of this sender's last Done (most) by comparison, else
-                            # read in full and perhaps kept to compare the next ones with
-                            dones = done_readers.get(peer) or self._done_reader(peer)
-                            read = dones.repeat(one)
-                            if read is None:
-                                data = one[4:]
-                                read = read_done_header(data)
-                                if read is not None:
-                                    dones.keep(one, read)
-                            else:
-                                data = b""  # (a Done read: its header goes nowhere else)
+                            data = b""  # (a Done read: its header goes nowhere else)
                     elif one.startswith(_EXEC_FRAME_PREFIX):
                         # a repeat of this sender's last Exec (most) compared as the frame
                         # came (RepeatExecs.repeat_frame: what repeat reads, without the
@@ -446,21 +444,19 @@ class Broker(Outbox):
         self.state.counters["batches_received"] += 1
         done_read, exec_read = self.state.dones.read, self.state.exec_read
         received = self.ledger.received
-        # the sender's repeat Dones read by comparison, as in _turn (plaintext only)
-        dones = None if self.secure else self._done_readers.get(peer)
+        # the sender's repeat Dones read by comparison, as in _turn
+        dones = self._done_readers.get(peer)
         for header in headers:
             # read_hot's checks of a message of the codec's magic and this header, written
             # out: a Done's header read by read_done_header, as read_hot_header would
             read: DoneRead | Exec | None
             if header.startswith(DONE_PREFIX) and len(header) < MAX_CONTAINERS:
-                done = None
-                if not self.secure:
-                    one = MAGIC_FRAME + header  # as the Done would have come alone
-                    dones = dones or self._done_reader(peer)
-                    done = dones.repeat(one)
+                one = MAGIC_FRAME + header  # as the Done would have come alone
+                dones = dones or self._done_reader(peer)
+                done = dones.repeat(one)
                 if done is None:
                     done = read_done_header(header)
-                    if done is not None and dones is not None:
+                    if done is not None:
                         dones.keep(one, done)
                 read = done
                 if done is not None:
@@ -499,7 +495,7 @@ class Broker(Outbox):
         is a registered worker's socket or result channel (where its Dones come from): a
         peer that is neither gets one for this message alone, so Dones from peers that are
         no worker evict no worker's reader."""
-        reader = RepeatDones()
+        reader = RepeatDones(boxes=self.secure)  # in secure mode each value a new box
         if self.state.registry.worker(peer) is not None:
             readers = self._done_readers
             if len(readers) >= _DONE_READERS:
