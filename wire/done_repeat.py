@@ -67,7 +67,16 @@ def _pack(value: Any) -> bytes:
 class RepeatDones:
     """One sender's last Done read in full, and how to read its repeats by comparison."""
 
-    __slots__ = ("_back_off", "_blob", "_boxes", "_hits", "_misses", "_shape", "_skip", "repeats")
+    __slots__ = (
+        "_back_off",
+        "_blob",
+        "_boxes",
+        "_kept_at",
+        "_misses",
+        "_shape",
+        "_skip",
+        "repeats",
+    )
 
     def __init__(self, boxes: bool = False) -> None:
         """``boxes``: a Done whose one value is a blob keeps that blob's bytes out of the
@@ -82,7 +91,9 @@ class RepeatDones:
         # bytes from there up to the stats blob's, and the value's index (the layout's
         # middle then ends where the blob starts); None: its values are compared
         self._blob: tuple[int, int, bytes, int] | None = None
-        self._hits = self._misses = 0  # the kept layout's matches, and misses in a row
+        # repeats when the kept layout was made (it matched if they differ now), and its
+        # misses in a row
+        self._kept_at = self._misses = 0
         self._skip = 0  # Dones still to read in full before a layout is made (backing off)
         self._back_off = _FIRST_BACK_OFF  # how long the next back-off is
         self.repeats = 0  # Dones read by comparison (for tests and counts)
@@ -95,6 +106,7 @@ class RepeatDones:
         if shape is None:
             return None
         head, id_at, id_end, middle, stats_at, tail, size, kept = shape
+        tail_at = size - len(tail)
         blob = self._blob
         # slices compared, not startswith and endswith: their arguments' parsing costs more
         # than the copies (callgrind)
@@ -106,7 +118,7 @@ class RepeatDones:
                 if blob is None
                 else one[id_end : blob[0]] == middle and one[blob[1] : stats_at] == blob[2]
             )
-            and one[size - len(tail) :] == tail
+            and one[tail_at:] == tail
         ):
             try:
                 job = one[id_at:id_end].decode()
@@ -115,17 +127,16 @@ class RepeatDones:
             # the kept read itself, its spans this Done's: its other fields are this
             # Done's already, and its reader holds it no longer than the Done's handling
             # (the broker's gathering keeps none of it)
-            kept.job, kept.stats = job, one[stats_at : size - len(tail)]
+            kept.job, kept.stats = job, one[stats_at:tail_at]
             if blob is not None:  # the one value's bytes, as the bin holds them
                 kept.values = {blob[3]: one[blob[0] : blob[1]]}
-            self._hits += 1
             self._misses = 0
             self.repeats += 1
             return kept
         self._misses += 1
         if self._misses >= _MISSES:  # the sender's Dones changed: kept no longer
             self._shape = self._blob = None
-            if self._hits:
+            if self.repeats != self._kept_at:  # it matched
                 self._skip, self._back_off = 0, _FIRST_BACK_OFF
             else:
                 self._skip = self._back_off
@@ -183,4 +194,5 @@ class RepeatDones:
                 middle = one[id_end:blob_at]
                 self._blob = (blob_at, blob_end, one[blob_end:stats_at], index)
         self._shape = (head, id_at, id_end, middle, stats_at, tail, len(one), read)
-        self._hits = self._misses = self._skip = 0
+        self._misses = self._skip = 0
+        self._kept_at = self.repeats  # (it matched once they differ)
