@@ -113,6 +113,7 @@ _EXEC_FRAME_PREFIX = MAGIC_FRAME + EXEC_PREFIX
 # a longer one is read in full each time, as before the readers)
 _EXEC_READERS = 64
 _KEPT_BELOW = 1024
+_KEPT_FRAME_BELOW = len(MAGIC_FRAME) + _KEPT_BELOW  # the same, for a frame as received
 # senders whose last Done is kept to read the next by comparison (mpl.wire.done_repeat), at
 # most (a rank's worker each; the oldest goes first): each keeps under 20 KB of objects
 # (RepeatDones.keep), so 256 keep under 6 MB whoever sends them
@@ -239,7 +240,8 @@ class Broker(Outbox):
         # written out below for the compiled socket: each rank's Done is one
         mapped = None if self.monitor is None else self._peer_fd
         secure, counters, done_read = self.secure, self.state.counters, self.state.dones.read
-        done_readers = self._done_readers
+        done_readers, exec_readers = self._done_readers, self._exec_readers
+        exec_read = self.state.exec_read
         while True:
             try:
                 if recv is None:
@@ -281,24 +283,31 @@ class Broker(Outbox):
                     counters["bytes_routed"] += len(one)
                     if one.startswith(DONE_FRAME_PREFIX):
                         read: DoneRead | Exec | None
-                        if secure:  # its values are boxes, sealed anew for every job
+                        # a repeat of this sender's last Done (most; in secure mode its
+                        # value's box, sealed anew for every job, taken as it comes) by
+                        # comparison, else read in full and perhaps kept to compare the
+                        # next ones with
+                        dones = done_readers.get(peer) or self._done_reader(peer)
+                        read = dones.repeat(one)
+                        if read is None:
                             data = one[4:]
                             read = read_done_header(data)
+                            if read is not None:
+                                dones.keep(one, read)
                         else:
-                            # a repeat of this sender's last Done (most) by comparison, else
-                            # read in full and perhaps kept to compare the next ones with
-                            dones = done_readers.get(peer) or self._done_reader(peer)
-                            read = dones.repeat(one)
-                            if read is None:
-                                data = one[4:]
-                                read = read_done_header(data)
-                                if read is not None:
-                                    dones.keep(one, read)
-                            else:
-                                data = b""  # (a Done read: its header goes nowhere else)
+                            data = b""  # (a Done read: its header goes nowhere else)
                     elif one.startswith(_EXEC_FRAME_PREFIX):
-                        data = one[4:]
-                        read = self._exec_of(peer, data)
+                        # a repeat of this sender's last Exec (most) compared as the frame
+                        # came (RepeatExecs.repeat_frame: what repeat reads, without the
+                        # frame's cut and three calls), else _exec_of
+                        execs = exec_readers.get(peer)
+                        data, read = one[4:], None
+                        if execs is not None and len(one) < _KEPT_FRAME_BELOW:
+                            job = execs.repeat_frame(one)
+                            if job is not None:
+                                read = execs.record(job)
+                        if read is None:
+                            read = self._exec_of(peer, data)
                     else:
                         data = one[4:]
                         read = read_hot_header(one[:4], data)
@@ -309,8 +318,19 @@ class Broker(Outbox):
                 except Exception as exc:
                     self._contain(peer, None, exc)
                 else:
-                    if type(read) is not DoneRead:
-                        self._handle(peer, [one[:4], data], now, who, batch_ok=True, read=read)
+                    if type(read) is not DoneRead:  # (a Done was handed to the state above)
+                        if type(read) is Exec:  # _handle's Exec case, without its call
+                            try:  # one message's failure stays that message's failure
+                                self._accounts.append((self.ledger.received, read, now))
+                                actions = exec_read(peer, read, now, [MAGIC_FRAME, data], who)
+                                if len(jobs) == 1 and not self._outbox:
+                                    self._fan_out(actions)  # nothing it could be batched with
+                                else:
+                                    self._perform(actions)
+                            except Exception as exc:
+                                self._contain(peer, read, exc)
+                        else:
+                            self._handle(peer, [one[:4], data], now, who, batch_ok=True, read=read)
             # With one job or none in flight nothing queued could share a batch with what
             # this message asks to send: skip the receive that would find nothing (a
             # system call and a zmq.Again on the one-job-at-a-time path).
@@ -424,21 +444,19 @@ class Broker(Outbox):
         self.state.counters["batches_received"] += 1
         done_read, exec_read = self.state.dones.read, self.state.exec_read
         received = self.ledger.received
-        # the sender's repeat Dones read by comparison, as in _turn (plaintext only)
-        dones = None if self.secure else self._done_readers.get(peer)
+        # the sender's repeat Dones read by comparison, as in _turn
+        dones = self._done_readers.get(peer)
         for header in headers:
             # read_hot's checks of a message of the codec's magic and this header, written
             # out: a Done's header read by read_done_header, as read_hot_header would
             read: DoneRead | Exec | None
             if header.startswith(DONE_PREFIX) and len(header) < MAX_CONTAINERS:
-                done = None
-                if not self.secure:
-                    one = MAGIC_FRAME + header  # as the Done would have come alone
-                    dones = dones or self._done_reader(peer)
-                    done = dones.repeat(one)
+                one = MAGIC_FRAME + header  # as the Done would have come alone
+                dones = dones or self._done_reader(peer)
+                done = dones.repeat(one)
                 if done is None:
                     done = read_done_header(header)
-                    if done is not None and dones is not None:
+                    if done is not None:
                         dones.keep(one, done)
                 read = done
                 if done is not None:
@@ -477,7 +495,7 @@ class Broker(Outbox):
         is a registered worker's socket or result channel (where its Dones come from): a
         peer that is neither gets one for this message alone, so Dones from peers that are
         no worker evict no worker's reader."""
-        reader = RepeatDones()
+        reader = RepeatDones(boxes=self.secure)  # in secure mode each value a new box
         if self.state.registry.worker(peer) is not None:
             readers = self._done_readers
             if len(readers) >= _DONE_READERS:

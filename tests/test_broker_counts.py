@@ -500,8 +500,9 @@ def test_python_calls_per_added_rank_in_the_brokers_loop() -> None:
     print(f"loop: {small} calls per job at world 2, {large} at 16: {per_rank} per rank")
     assert per_rank <= 2.5  # bac702e made 4, 209cfaa 3
     # main (e7b802d) made 76; f226f8d 52, bac702e 52, 209cfaa 49, 371bb90 43, 2357d5f 41,
-    # w28flight 39
-    assert small <= 39.5
+    # w28flight 39; w30-broker 36 (a repeat Exec compared as its frame came, and handed
+    # to the state in the loop: no _exec_of, repeat, repeat_job or _handle call)
+    assert small <= 36.5
 
 
 def _clock_reads(world: int, monkeypatch: pytest.MonkeyPatch, jobs: int = 5) -> float:

@@ -96,6 +96,63 @@ def test_a_mutated_repeat_is_read_as_the_full_read_reads_it_or_left_to_it() -> N
     assert checked > 500  # the job id's and the stats' bytes: mutations a repeat reads
 
 
+def _box(i: int, size: int = 59) -> bytes:
+    """A stand-in for a compact box: bytes of one length, different for every job."""
+    return random.Random(i).randbytes(size)
+
+
+def _boxed(job: str, i: int, rank: int = 1, size: int = 59, index: int = 0) -> bytes:
+    """A secure trivial job's Done: its one value a box, sealed anew for every job."""
+    return _one(Done("s" * 34, job, rank, {index: _box(i, size)}, _stats(i), {index: "int"}))
+
+
+def test_a_repeat_whose_one_value_is_a_new_box_reads_as_the_full_read() -> None:
+    """Secure mode: the box differs every job, as the job id and the stats do. The
+    repeat takes its bytes as they come, as the full read does."""
+    reader = RepeatDones(boxes=True)
+    first = _boxed("j0000000000000000", 0)
+    read = read_done_header(first[4:])
+    assert read is not None
+    reader.keep(first, read)
+    for i in range(1, 20):
+        one = _boxed(f"j{i:016d}", i)
+        full = _full(one)
+        got = _fields(reader.repeat(one))
+        assert got is not None and got == full
+        assert full[3] == {0: _box(i)}  # (full: a read, its values this job's box)
+    assert reader.repeats == 19
+    # a box of another length, or at another index: another layout, no repeat
+    assert reader.repeat(_boxed("j0000000000000099", 99, size=60)) is None
+    assert reader.repeat(_boxed("j0000000000000099", 99, index=1)) is None
+    assert reader.repeat(_boxed("j0000000000000099", 99, rank=2)) is None
+    # a plaintext reader compares a blob value with the rest: another blob, no repeat
+    plain = RepeatDones()
+    again = read_done_header(first[4:])  # (the first read is the boxes reader's now)
+    assert again is not None
+    plain.keep(first, again)
+    assert plain.repeat(_boxed("j0000000000000001", 1)) is None
+    assert plain.repeat(_boxed("j0000000000000001", 0)) is not None
+
+
+def test_a_mutated_repeat_of_a_boxed_done_is_read_as_the_full_read_reads_it_or_left_to_it() -> None:
+    rng = random.Random(30)
+    checked = 0
+    first = _boxed("jfirst0000000000", 0)
+    base = _boxed("jnext00000000000", 1)
+    for _ in range(3000):
+        reader = RepeatDones(boxes=True)
+        kept = read_done_header(first[4:])
+        assert kept is not None
+        reader.keep(first, kept)
+        one = mutated(base, rng)
+        full = _full(one)
+        got = _fields(reader.repeat(one))
+        if got is not None:  # read by comparison: exactly what the full read reads
+            checked += 1
+            assert got == full, one
+    assert checked > 600  # the job id's, the box's and the stats' bytes (918 seen)
+
+
 def test_a_job_id_that_is_not_utf8_is_no_repeat() -> None:
     reader = RepeatDones()
     first = _one(Done("sess", "jaaaa", 0, {0: 1}, STATS, {0: "int64[]"}))
@@ -139,6 +196,25 @@ def test_a_sender_whose_every_done_differs_backs_off() -> None:
         reader.keep(one, read)
         made += reader._shape is not before and reader._shape is not None
     assert made <= 8
+
+
+def test_a_one_off_first_done_holds_up_the_repeats_after_it_briefly() -> None:
+    """A sender's first Done differs from all after it (a secure session's set-up job):
+    its layout is dropped after 8 misses, and the back-off before the next is made is 16
+    Dones, not 64 (before: 72 Dones read in full before the first repeat)."""
+    reader = RepeatDones()
+    dones = [_one(Done("sess", "j0000", 0, {0: None}, STATS, {0: "NoneType"}))]
+    dones += [_one(Done("sess", f"j{i:04d}", 0, {0: 1}, STATS, {0: "int"})) for i in range(1, 60)]
+    full_reads = 0
+    for one in dones:
+        if reader.repeat(one) is not None:
+            break
+        full_reads += 1
+        read = read_done_header(one[4:])
+        assert read is not None
+        reader.keep(one, read)
+    assert full_reads == 1 + 8 + 16
+    assert reader.repeats == 1
 
 
 @contextlib.contextmanager
