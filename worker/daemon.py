@@ -255,7 +255,7 @@ class Worker(BrokerMessages, ResultChannel):
             post_frames=self._post_done_frames,
             post_frame=self._post_done_frame,
             seal_scalars=self.seal.sealed_scalars if self.seal is not None else None,
-            sealer_of=self.seal.recipient if self.seal is not None else None,
+            sealers=self.seal,
             extensions=services,
             job_timeout_s=job_timeout_s,
             spu=self.spu_links,
