@@ -99,6 +99,12 @@ INLINE_RUN_S = 0.001  # a program whose last run took at most this may run witho
 INLINE_OPCODES = frozenset({"pcall", "constant", "getitem", "converge"})
 _HELLO_FIRST, _HELLO_MAX = 0.05, 2.0  # quick retries while a broker starts up
 _MEMORY = 1024  # closed sessions, aborted and SPU jobs, quick programs remembered
+_NO_PROGRAM: tuple[str, Graph | None, int, tuple[str, bool, bool]] = (
+    "",
+    None,
+    -1,
+    ("", True, False),
+)
 # a delete naming at most this many values here is done at once (a driver batches 256)
 DELETE_NOW_MAX = 1024
 
@@ -139,10 +145,11 @@ class WorkerState:
         self.directory: dict[int, PeerInfo] = {}
         # programs
         self.programs: SizedLRU[str, Program] = SizedLRU(PROGRAM_SLOTS, WORKER_PROGRAM_BYTES)
-        # the program begin_inline found last (digest, graph) and the count of programs' puts
-        # and gets then: while no other was made, it is still the newest there (a get would
-        # only make it the newest again), so its next job looks no further
-        self._newest: tuple[str, Graph | None, int] = ("", None, -1)
+        # the program begin_inline found last (digest, graph), the count of programs' puts
+        # and gets then and its jobs' entry in jobs: while no other was made, it is still the
+        # newest there (a get would only make it the newest again), so its next job looks
+        # no further
+        self._newest: tuple[str, Graph | None, int, tuple[str, bool, bool]] = _NO_PROGRAM
         self._program_moves = 0  # puts and gets of programs but begin_inline's own
         self.broken: LRU[str, str] = LRU(PROGRAM_SLOTS)  # programs that did not load here, why
         self.refused_code: LRU[str, str] = LRU(256)  # programs the code policy refused, why
@@ -359,16 +366,15 @@ class WorkerState:
                 return None
             self.clean = (sid, digest, stops)
         newest = self._newest
-        if newest[0] is digest and newest[2] == self._program_moves:  # (most)
-            graph = newest[1]
-        else:
+        if newest[0] is not digest or newest[2] != self._program_moves:  # (most: is)
             program = self.programs.get(digest)
             graph = program.graph if program is not None else None
             if graph is None:
                 return None
-            self._newest = (digest, graph, self._program_moves)
+            newest = self._newest = (digest, graph, self._program_moves, (digest, True, False))
         self.last_heard = now
-        self.jobs[key] = (digest, True, False)
+        self.jobs[key] = newest[3]  # (digest, local, pooled): one tuple per program
+        graph = newest[1]
         self.inline += 1
         return graph
 
@@ -396,7 +402,8 @@ class WorkerState:
                 self.quick.move_to_end(digest)
             else:
                 self.quick[digest] = quick
-        self.aborted.pop(key, None)
+        if self.aborted:  # (most often empty: no call; its entries are made under the lock)
+            self.aborted.pop(key, None)
 
     def _ended(self, sid: str, job: str, seconds: float) -> list[Action]:
         """Bookkeeping common to every end of a run; the job's stop reason is forgotten."""
