@@ -6,7 +6,9 @@ here, what it hands the broker for a driver is sealed here. No I/O.
   ``AuthenticationError``.
 * An ``Exec`` runs only with its bindings sealed for this rank and this (session, job,
   digest) by such a driver: the broker cannot start a job, replay one into another job, or
-  swap one rank's inputs for another's. That driver is remembered as the job's recipient.
+  swap one rank's inputs for another's. That driver is remembered as the job's recipient
+  (the last 4,096 jobs opened; held for as long as the job pool holds the job, however
+  many open meanwhile: ``hold``, ``release``).
   Nor can it replay a job: the bindings carry their sealer's sequence number, and a window
   of those per stream (``mpl.wire.replay``) lets each run once, however many jobs ran since
   and whether or not its session is still open; they are sealed for this worker process
