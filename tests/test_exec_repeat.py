@@ -22,7 +22,7 @@ from mpl.wire.errors import ProtocolError
 from mpl.wire.exec_repeat import RepeatExecs
 from mpl.wire.hot import read_exec
 from mpl.wire.jobs import Exec
-from mpl.wire.sealed_exec import split_own
+from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC, split_own
 
 
 def _programs() -> list[Exec]:
@@ -286,6 +286,58 @@ def test_a_sealed_repeat_is_read_only_as_the_full_read_reads_it() -> None:
                 raise AssertionError(f"a repeat the full read refuses: {data!r}") from None
             assert box == said[1]
             assert decoded_exec([MAGIC_FRAME, header]) == dataclasses.replace(first, job=said[0])
+
+
+def test_a_sealed_repeat_frame_is_read_only_as_the_full_read_reads_it() -> None:
+    """The same, for the frame as the worker receives it (``repeat_sealed_frame``: the
+    magic, the header and the box in one frame), mutated magic and all: whatever the
+    comparison takes is a sealed Exec (its magic) that the full read takes too, as the same
+    job and box; and it says what ``repeat_sealed`` says of the frame without its magic."""
+    assert exec_repeat._SEALED_MAGIC == SEALED_EXEC_MAGIC  # (kept apart: an import cycle)
+    rng = random.Random(12)
+    first = Exec("s" * 16, "j" * 24, "d" * 64, (0, 1), {}, (0,), 5.0)
+    reader = RepeatExecs()
+    header, _ = split_own(_sealed(first, b"b" * 70))
+    assert reader.read_in_full([MAGIC_FRAME, header]) is not None
+    taken = 0
+    for size in (70, 300):  # a bin8 box and a bin16 one
+        genuine = SEALED_EXEC_MAGIC + _sealed(
+            dataclasses.replace(first, job="k" * 24), b"\x01" * size
+        )
+        assert reader.repeat_sealed_frame(genuine) == ("k" * 24, b"\x01" * size)
+        for _ in range(2000):
+            data = mutated(genuine, rng)
+            said = reader.repeat_sealed_frame(data)
+            if data[:4] == SEALED_EXEC_MAGIC:
+                assert said == reader.repeat_sealed(data[4:])
+            if said is None:
+                continue
+            taken += 1
+            assert data[:4] == SEALED_EXEC_MAGIC, f"a repeat without the magic: {data!r}"
+            try:
+                header, box = split_own(data[4:])
+            except ProtocolError:
+                raise AssertionError(f"a repeat the full read refuses: {data!r}") from None
+            assert box == said[1]
+            assert decoded_exec([MAGIC_FRAME, header]) == dataclasses.replace(first, job=said[0])
+    assert taken > 100
+
+
+def test_no_sealed_repeat_frame_after_a_plain_exec_with_bindings() -> None:
+    # as below, for the frame as received: a header remembered with bindings keeps none
+    execs = RepeatExecs()
+    first = bytes(encode(Exec("s", "job-0001", "d", (0,), {0: ["mpl://x"]}, (0,), 0.0))[1])
+    assert execs.read_in_full([MAGIC_FRAME, first]) is not None  # remembered
+    again = bytes(encode(Exec("s", "job-0002", "d", (0,), {0: ["mpl://x"]}, (0,), 0.0))[1])
+    assert execs.repeat_sealed_frame(SEALED_EXEC_MAGIC + again + msgpack.packb(b"b" * 20)) is None
+    bare = bytes(encode(Exec("s", "job-0003", "d", (0,), {}, (0,), 0.0))[1])
+    assert execs.read_in_full([MAGIC_FRAME, bare]) is not None  # remembered, no bindings
+    plain_magic = MAGIC_FRAME + bare.replace(b"job-0003", b"job-0004") + msgpack.packb(b"b" * 20)
+    assert execs.repeat_sealed_frame(plain_magic) is None  # a plaintext magic: not sealed
+    assert execs.repeat_sealed_frame(SEALED_EXEC_MAGIC + plain_magic[4:]) == (
+        "job-0004",
+        b"b" * 20,
+    )
 
 
 def test_a_sealed_repeat_is_not_read_after_a_plain_exec_with_bindings() -> None:

@@ -76,7 +76,7 @@ def _jobs(rank: int, seal: WorkerSeal | None) -> tuple[Jobs, _Wire]:
     shell = Jobs(state, ObjectStore(), move_mailbox(), wire, lambda msg: None)  # type: ignore[arg-type]
     # (set after construction: the same test runs, and shows the leak, on code before
     # moves carried their sealer)
-    shell.sealer_of = seal.recipient if seal is not None else None
+    shell.sealers = seal
     return shell, wire
 
 

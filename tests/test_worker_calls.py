@@ -18,6 +18,7 @@ from typing import Any
 
 import msgpack
 import pytest
+import zmq
 from helpers import wait_until
 
 import mpl.driver as mp
@@ -29,6 +30,7 @@ from mpl.wire.done_pack import OneSpanDone
 from mpl.wire.hot import read_exec
 from mpl.wire.keys import load_keypair, write_keypair
 from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC, is_sealed_exec, split_own
+from mpl.worker import daemon
 from mpl.worker.daemon import Worker
 
 _JOBS = 40
@@ -73,40 +75,88 @@ def sim() -> Iterator[mp.Simulator]:
 
 
 @contextlib.contextmanager
-def _exec_calls(worker: Worker) -> Iterator[tuple[Counter[str], list[list[Any]]]]:
+def _exec_calls(
+    worker: Worker, forged: list[bytes] | None = None
+) -> Iterator[tuple[Counter[str], list[list[bytes]], list[Counter[str]]]]:
     """While inside: the worker-side Python calls (``mpl.worker``, the Done packing, the
-    repeat reader and the stats blob, by ``file:function``) made while ``worker``'s I/O
-    thread handled each Exec, and the frames of the Execs it handled."""
+    repeat reader and the stats blob, by ``file:function``; and the records built) made in
+    the turns of ``worker``'s I/O thread that received a sealed Exec; those Execs as the
+    broker sent them (magic, then the rest); and the calls of each such turn that did not
+    also run the timers. ``forged``: one-frame messages the I/O thread receives first,
+    just before the next sealed Exec, as if the broker had sent them (then emptied).
+
+    The Execs are read at the receive itself (a program's next one is recognised in the
+    frame as received: ``Worker._turn``); the worker is kept from resting meanwhile (a
+    rest's receive is another, counted by the tests of the rest)."""
     calls: Counter[str] = Counter()
-    execs: list[list[Any]] = []
-    handle = worker._on_frames
-    built = [0]
+    execs: list[list[bytes]] = []
+    quiet: list[Counter[str]] = []
+    real_recv: Any = daemon._raw_recv
+    real_turn, real_quiet = worker._turn, worker._quiet
+    queued: list[Any] = []
+    seen = {"exec": False, "more": False, "turns": 0}
 
-    def count(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call":
-            path = frame.f_code.co_filename.replace("\\", "/")
-            if "/mpl/worker/" in path or path.endswith(_WIRE_COUNTED):
-                calls[f"{path.rsplit('/', 1)[-1]}:{frame.f_code.co_name}"] += 1
-        elif event == "c_call" and arg is object.__new__:  # a record built (no __init__)
-            built[0] += 1
+    def recv(sock: Any, flags: int, copy: bool) -> Any:
+        if sock is not worker.dealer:
+            return real_recv(sock, flags, copy)
+        frame: Any = queued.pop(0) if queued else real_recv(sock, flags, copy)
+        first, seen["more"] = not seen["more"], frame.more
+        if first and not frame.more and frame.bytes.startswith(SEALED_EXEC_MAGIC):
+            if forged:  # the forgeries first, then this one
+                queued.extend([*(zmq.Frame(f) for f in forged), frame])
+                forged.clear()
+                frame = queued.pop(0)
+            seen["exec"] = True
+            execs.append([frame.bytes[:4], frame.bytes[4:]])
+        return frame
 
-    def counted(frames: list[Any]) -> None:
-        if read_exec(frames) is None and not is_sealed_exec(frames):  # a heartbeat: not a job
-            handle(frames)
-            return
-        execs.append(frames)
+    def turn(next_timers: float) -> float:
+        counted: Counter[str] = Counter()
+        built = [0]
+
+        def count(frame: FrameType, event: str, arg: Any) -> None:
+            if event == "call":
+                path = frame.f_code.co_filename.replace("\\", "/")
+                if "/mpl/worker/" in path or path.endswith(_WIRE_COUNTED):
+                    counted[f"{path.rsplit('/', 1)[-1]}:{frame.f_code.co_name}"] += 1
+            elif event == "c_call" and arg is object.__new__:  # a record built (no __init__)
+                built[0] += 1
+
+        seen["exec"] = False
         sys.setprofile(count)
         try:
-            handle(frames)
+            return real_turn(next_timers)
         finally:
             sys.setprofile(None)
+            seen["turns"] += 1
+            if seen["exec"]:
+                calls.update(counted)
+                calls[_BUILT] += built[0]
+                if not counted["jobs.py:report_progress"]:
+                    quiet.append(counted)
 
-    worker._on_frames = counted  # type: ignore[method-assign]  # the handler, counted
+    worker._quiet = lambda: False  # type: ignore[method-assign]  # awake while counted
+    worker._resting = False
+    daemon._raw_recv = recv  # type: ignore[assignment]  # the dealer's receives, read
+    worker._turn = turn  # type: ignore[method-assign]  # the I/O thread's turns, counted
     try:
-        yield calls, execs
+        worker._wake()  # out of a rest, if it was in one
+        turns = seen["turns"]
+        wait_until(lambda: seen["turns"] > turns + 1, what="a turn of the counted loop")
+        yield calls, execs, quiet
+        # the last job's answer goes out before its turn ends: that turn is counted too
+        turns = seen["turns"]
+        wait_until(lambda: seen["turns"] > turns, what="the last job's turn to end")
     finally:
-        calls[_BUILT] = built[0]
-        worker._on_frames = handle  # type: ignore[method-assign]  # put back
+        worker._turn = real_turn  # type: ignore[method-assign]  # put back
+        daemon._raw_recv = real_recv
+        worker._quiet = real_quiet  # type: ignore[method-assign]
+
+
+def _per_turn(quiet: list[Counter[str]]) -> float:
+    """Calls per turn that received a sealed Exec and ran no timers."""
+    assert len(quiet) >= _JOBS // 2  # (the timers run every 100 ms at most)
+    return sum(sum(n for name, n in t.items() if name != _BUILT) for t in quiet) / len(quiet)
 
 
 def _worker_calls(sim: mp.Simulator, rank: int, job: Any) -> tuple[float, Counter[str]]:
@@ -219,7 +269,10 @@ def secure(tmp_path: Path) -> Iterator[tuple[Broker, list[Worker], Any]]:
 # seal's inbound and _on_exec; its Done built as a record, posted, sealed by outbound and
 # packed again); read by job id and box and opened without a record, its small results
 # sealed in one call and its Done packed from its fields: 13. A program of one call made
-# by the job shell (no InlineRun.run): 12 (2357d5f counts 13). Half a call of margin.
+# by the job shell (no InlineRun.run): 12 (2357d5f counts 13). Then counted per turn of
+# the I/O thread that received a sealed Exec (``Worker._turn`` +1), its repeat recognised
+# in the frame as received, header and box in one call (repeat_sealed_frame for
+# repeat_sealed and repeat_header, -1): 12 (6010789 counts 13 so). Half a call of margin.
 _MAX_SEALED_CALLS_PER_JOB = 12.5
 
 
@@ -247,22 +300,25 @@ def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
         assert mp.fetch(job()) == 1
     assert worker.seal is not None
     repeats, refused = worker._execs.repeats, worker.seal.refusals
-    with _exec_calls(worker) as (calls, execs):
+    with _exec_calls(worker) as (calls, execs, quiet):
         for _ in range(_JOBS):
             assert mp.fetch(job()) == 1
     assert worker._execs.repeats - repeats == _JOBS  # none read in full
-    assert calls["broker_messages.py:_read"] == 0
-    # its header by its job id, its box where it follows the header (no record of the
-    # Exec, no general message path; bac702e made a record of every one and took it
-    # through _on_broker, inbound and _on_exec; 634fe27 compared the box inside bindings)
-    assert calls["exec_repeat.py:repeat_sealed"] == _JOBS
+    assert calls["broker_messages.py:_read"] == calls["broker_messages.py:_on_frames"] == 0
+    # its header by its job id, its box where it follows the header, in the frame as
+    # received (no record of the Exec, no general message path; bac702e made a record of
+    # every one and took it through _on_broker, inbound and _on_exec; 634fe27 compared the
+    # box inside bindings; 6010789 cut the frame in two for _on_frames first)
+    assert calls["exec_repeat.py:repeat_sealed_frame"] == _JOBS
+    assert calls["exec_repeat.py:repeat_sealed"] == calls["exec_repeat.py:repeat_header"] == 0
     assert calls["exec_repeat.py:repeat_box"] == calls["exec_repeat.py:repeat"] == 0
     assert calls["broker_messages.py:_on_broker"] == calls["broker_messages.py:_on_exec"] == 0
+    assert calls["broker_messages.py:_on_sealed_repeat"] == _JOBS
     assert calls["sealing.py:open_exec"] == _JOBS  # every one opened by the seal
     # no record built: its Done is packed from its fields (bac702e built the Exec's and the
     # Done's)
     assert calls[_BUILT] == 0
-    per_job = sum(n for name, n in calls.items() if name != _BUILT) / _JOBS
+    per_job = _per_turn(quiet)
     assert per_job <= _MAX_SEALED_CALLS_PER_JOB, f"{per_job:.2f} calls: {sorted(calls.items())}"
     # its sealed value is short bytes: its Done joined from the program's template, as in
     # plaintext (2357d5f packed it from its fields: a stats blob and a header packed apart)
@@ -273,21 +329,11 @@ def test_a_sealed_repeat_job_is_read_by_comparison_and_still_opened_by_the_seal(
     done = int(worker.jobs.stats()["jobs_done"])
     previous = execs[-1]
     forged = _tampered(previous, "f" * len(_box_of(previous)[2]))
-    sent: list[list[bytes]] = []
-    handle = worker._on_frames
-
-    def forged_first(frames: list[Any]) -> None:
-        if not sent and is_sealed_exec(frames):
-            sent.append(forged)
-            handle(forged)
-        handle(frames)
-
-    worker._on_frames = forged_first  # type: ignore[method-assign]  # a forgery first
-    try:
+    pending = [b"".join(forged)]
+    with _exec_calls(worker, pending) as (calls, _, _):
         assert mp.fetch(job()) == 1
-    finally:
-        worker._on_frames = handle  # type: ignore[method-assign]  # put back
-    assert sent and worker.seal is not None and worker.seal.refusals == refused + 1
+    assert not pending and worker.seal is not None and worker.seal.refusals == refused + 1
+    assert calls["exec_repeat.py:repeat_sealed_frame"] == 2  # both read in the frame
     assert worker._execs.repeats - repeats == _JOBS + 2  # the forged one, and the next
     # the genuine one alone ran (its end is booked just after its answer went out)
     wait_until(lambda: int(worker.jobs.stats()["jobs_done"]) > done, what="the job booked")
@@ -319,25 +365,14 @@ def test_a_hostile_brokers_sealed_exec_forgeries_are_refused_and_run_nothing(
     job = mp.function(lambda: mp.simp.pcall((0, 1), lambda: 1))
     for _ in range(3):
         assert mp.fetch(job()) == [1, 1]
-    seen: list[list[list[Any]]] = [[], []]
-    handles = [worker._on_frames for worker in workers]
-
-    def recorder(rank: int) -> Any:
-        def record(frames: list[Any]) -> None:
-            if is_sealed_exec(frames):
-                seen[rank].append([bytes(memoryview(f)) for f in frames])
-            handles[rank](frames)
-
-        return record
-
-    for rank, worker in enumerate(workers):
-        worker._on_frames = recorder(rank)  # type: ignore[method-assign]  # recorded
-    try:
+    seen: list[list[list[bytes]]] = []
+    with (
+        _exec_calls(workers[0]) as (_, mine_seen, _),
+        _exec_calls(workers[1]) as (_, other_seen, _),
+    ):
         for _ in range(2):
             assert mp.fetch(job()) == [1, 1]
-    finally:
-        for rank, worker in enumerate(workers):
-            worker._on_frames = handles[rank]  # type: ignore[method-assign]  # put back
+        seen = [mine_seen, other_seen]
     mine, other = seen[0][-1], seen[1][-1]
     header, box, job_id = _box_of(mine)
     _, other_box, _ = _box_of(other)
@@ -366,21 +401,9 @@ def test_a_hostile_brokers_sealed_exec_forgeries_are_refused_and_run_nothing(
     # the last job's end is booked just after its answer went out: wait for it
     wait_until(lambda: not worker.jobs.state.jobs, what="the last job booked")
     done = int(worker.jobs.stats()["jobs_done"])
-    handle = handles[0]
-    pending = list(forgeries.values())
-
-    def forged_first(frames: list[Any]) -> None:
-        if pending and is_sealed_exec(frames):
-            for forged in pending:
-                handle(forged)
-            pending.clear()
-        handle(frames)
-
-    worker._on_frames = forged_first  # type: ignore[method-assign]  # forgeries first
-    try:
+    pending = [b"".join(forged) for forged in forgeries.values()]  # each one frame
+    with _exec_calls(worker, pending):  # forgeries first
         assert mp.fetch(job()) == [1, 1]
-    finally:
-        worker._on_frames = handle  # type: ignore[method-assign]  # put back
     assert not pending
     assert worker.seal.refusals == refused + len(shaped)  # each one refused by the seal
     assert worker.protocol_errors == errors + len(forgeries)  # and counted, the last unread
@@ -403,10 +426,10 @@ def test_a_sealed_quick_jobs_done_is_joined_from_its_template_as_in_plaintext(
     job = mp.device("P0")(lambda: 1)
     for _ in range(3):
         assert mp.fetch(job()) == 1
-    with _exec_calls(worker) as (calls, _):
+    with _exec_calls(worker) as (calls, _, quiet):
         for _ in range(_JOBS):
             assert mp.fetch(job()) == 1  # opened by the driver: sealed for it
-    per_job = sum(calls.values()) / _JOBS
+    per_job = _per_turn(quiet)
     assert per_job <= _MAX_SEALED_CALLS_PER_JOB, (
         f"{per_job:.1f} worker calls per sealed job: {sorted(calls.items())}"
     )
@@ -439,7 +462,7 @@ def test_a_sealed_answer_the_template_does_not_frame_goes_as_a_record_sealed_aga
     job = mp.device("P0")(lambda: 7)
     for _ in range(3):
         assert mp.fetch(job()) == 7
-    with _exec_calls(worker) as (calls, _):
+    with _exec_calls(worker) as (calls, _, _):
         for _ in range(_JOBS):
             assert mp.fetch(job()) == 7
     assert calls["sealing.py:sealed_scalars"] == _JOBS  # sealed for the template first

@@ -37,12 +37,15 @@ _GENEROUS_S = 10.0  # the inline threshold: no run on a busy machine may count a
 # descriptors and a program's next Exec recognised in it as received (no list of frames,
 # no two slices: 37 builtins), and a program of one call without arguments made that call
 # in the job shell, its value stored as it is (no compiled run's loop, no list of
-# outputs): 12 and 34 (2357d5f counts 13 and 39).
-_MAX_PYTHON_CALLS = 12.5
+# outputs): 12 and 34 (2357d5f counts 13 and 39). Then a program's next job took the
+# graph the state found for the last one while no program was put or looked up since (no
+# program cache lookup, its call and its two builtins), and an empty table of aborted jobs
+# was not asked to pop the job that ended: 11 and 31 (6010789 counts 12 and 34).
+_MAX_PYTHON_CALLS = 11.5
 # Left out: the receive timeout's reset (pyzmq's option lookup, in enum.py), which comes
 # as often as the clock says (every 5 ms of turns), not once per job.
 _CLOCKED = "enum.py"
-_MAX_BUILTIN_CALLS = 34.5
+_MAX_BUILTIN_CALLS = 31.5
 
 
 @pytest.fixture

@@ -265,6 +265,36 @@ def test_the_hot_path_decides_a_repeat_quick_job_as_handle_does() -> None:
     assert by_hot_path.inline == 1 and by_hot_path.done == 2
 
 
+def test_a_programs_repeats_on_the_hot_path_keep_the_program_cache_as_handle_does() -> None:
+    # a program's next jobs take the graph found for the last one while no program was
+    # put or looked up since: the cache's order stays what handle's lookups make it
+    by_events, by_hot_path = _state(), _state()
+    for s in (by_events, by_hot_path):
+        s.inline_s = 0.05
+        s.handle(_exec("s", "1", LOCAL), 1.0)
+        s.handle(_done("s", "1"), 1.1)  # quick: its next runs are inline
+    last = _exec("s", "1", LOCAL)  # the program's last Exec, its next jobs by their ids
+    other = _graph("constant", name="other")
+    steps: list[Any] = [
+        _exec("t", "m1", MOVING),  # another program looked up
+        Program(other.digest, other),  # another put
+        Program(LOCAL.digest, LOCAL),  # this one put again
+        None,
+    ]
+    for n, step in enumerate(steps):
+        for i in range(3):
+            job = f"{n}-{i}"
+            by_events.handle(_exec("s", job, LOCAL), 1.2)
+            assert by_hot_path.begin_inline(last, 1.2, job) is LOCAL
+            assert list(by_hot_path.programs._items) == list(by_events.programs._items)
+            by_events.handle(_done("s", job), 1.3)
+            by_hot_path.end_inline("s", job, 0.01)
+        if step is not None:
+            for s in (by_events, by_hot_path):
+                s.handle(step, 1.4)
+            assert list(by_hot_path.programs._items) == list(by_events.programs._items)
+
+
 def test_the_hot_path_leaves_every_other_job_to_handle_untouched() -> None:
     s = _state()
     s.inline_s = 0.05

@@ -112,29 +112,8 @@ class BrokerMessages:
                 return
             else:  # the codec's shape: the box inside the header (large inputs)
                 read = execs.repeat_box(frames)
-            if read is not None and (last := execs.last) is not None:  # (kept with it)
-                job, rank, box = read
-                try:  # _on_broker and _on_exec, written out (two calls and a record less)
-                    # inbound's bindings.get(rank): a box keyed for another rank is none
-                    mine = self.seal.open_exec(last, job, box if rank == self.rank else None)
-                    if type(mine) is Failed:
-                        self._send(mine)
-                        self.protocol_errors += 1
-                        log.warning(
-                            "rank %d: refused a %s that did not authenticate", self.rank, Exec.TAG
-                        )
-                    elif mine is not None or self.runtimes.refused_sessions:
-                        self._on_exec(_with_job(last, job, {} if mine is None else {rank: mine}))
-                    elif not self.jobs.run_now(  # _unbound(last), its common case written out
-                        bare[1] if (bare := self._bare)[0] is last else self._unbound(last), job
-                    ):
-                        self._send_gathered()  # Dones gathered go before a job thread's
-                        self._perform(self.jobs.handle(_with_job(last, job, {})))
-                except Exception as exc:
-                    record = _with_job(last, job, {})
-                    reply = self.guard.internal("the broker", record, exc, rank=self.rank)
-                    if reply is not None:
-                        self._send(reply)
+            if read is not None and execs.last is not None:  # (kept with it)
+                self._on_sealed_repeat(*read)
                 return
         elif is_sealed_exec(frames):  # its box after its header (mpl.wire.sealed_exec)
             self._on_sealed_exec(frames)
@@ -170,6 +149,33 @@ class BrokerMessages:
                 self._perform(self.jobs.handle(record))
         except Exception as exc:
             record = execs.record(job)
+            reply = self.guard.internal("the broker", record, exc, rank=self.rank)
+            if reply is not None:
+                self._send(reply)
+
+    def _on_sealed_repeat(self, job: str, rank: int, box: bytes) -> None:
+        """A program's next sealed ``Exec``, said by its job id and the box keyed for
+        ``rank`` (the last one read but for those: ``RepeatExecs.repeat_sealed_frame``,
+        ``repeat_sealed`` or ``repeat_box``): opened by the seal (``WorkerSeal.open_exec``)
+        or refused, then run inline or handed on as a record of it. Its failure stays its
+        own (guarded)."""
+        last: Exec = self._execs.last  # type: ignore[assignment]  # (said with it)
+        try:  # _on_broker and _on_exec, written out (two calls and a record less)
+            # inbound's bindings.get(rank): a box keyed for another rank is none
+            mine = self.seal.open_exec(last, job, box if rank == self.rank else None)  # type: ignore[union-attr]
+            if type(mine) is Failed:
+                self._send(mine)
+                self.protocol_errors += 1
+                log.warning("rank %d: refused a %s that did not authenticate", self.rank, Exec.TAG)
+            elif mine is not None or self.runtimes.refused_sessions:
+                self._on_exec(_with_job(last, job, {} if mine is None else {rank: mine}))
+            elif not self.jobs.run_now(  # _unbound(last), its common case written out
+                bare[1] if (bare := self._bare)[0] is last else self._unbound(last), job
+            ):
+                self._send_gathered()  # Dones gathered go before a job thread's
+                self._perform(self.jobs.handle(_with_job(last, job, {})))
+        except Exception as exc:
+            record = _with_job(last, job, {})
             reply = self.guard.internal("the broker", record, exc, rank=self.rank)
             if reply is not None:
                 self._send(reply)

@@ -255,7 +255,7 @@ class Worker(BrokerMessages, ResultChannel):
             post_frames=self._post_done_frames,
             post_frame=self._post_done_frame,
             seal_scalars=self.seal.sealed_scalars if self.seal is not None else None,
-            sealer_of=self.seal.recipient if self.seal is not None else None,
+            sealers=self.seal,
             extensions=services,
             job_timeout_s=job_timeout_s,
             spu=self.spu_links,
@@ -286,6 +286,8 @@ class Worker(BrokerMessages, ResultChannel):
         self._gathered: list[list[Any]] | None = None
         # the broker's Execs: a program's next job is read by comparison with its last one
         self._execs = RepeatExecs()
+        self._sealed_repeat = self._execs.repeat_sealed_frame  # (secure mode's, per job)
+        self._any_code = code == "any"  # sealed repeats run by job id (else: _on_broker)
         # only now: what arrives on the link reaches self.state and self.jobs, built above
         self.spu_links.start()
 
@@ -376,12 +378,18 @@ class Worker(BrokerMessages, ResultChannel):
                 pass
         if one is not None:
             self._resting = False
-            # a program's next Exec (plaintext) is recognised in the frame as received
-            job = self._execs.repeat_frame(one) if self.seal is None else None
-            if job is not None:
-                self._on_repeat(job)
+            # a program's next Exec is recognised in the frame as received (secure mode:
+            # by its header and box, under --code any; kernels: _on_frames reads it)
+            if self.seal is None:
+                job = self._execs.repeat_frame(one)
+                if job is not None:
+                    self._on_repeat(job)
+                else:
+                    self._on_frames([one[:4], one[4:]])  # the magic and the header, cut in two
+            elif (got := self._sealed_repeat(one) if self._any_code else None) is not None:
+                self._on_sealed_repeat(got[0], self.rank, got[1])
             else:
-                self._on_frames([one[:4], one[4:]])  # the magic and the header, cut in two
+                self._on_frames([one[:4], one[4:]])
         elif frames is not None:
             self._resting = False
             first = frames[0]  # the magic and the header (wire v4): cut in two

@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from mpl.wire.codec import check_safe
 from mpl.wire.data import Delete, Fetch, Move
@@ -86,11 +86,24 @@ from mpl.worker.state_events import (
 )
 from mpl.worker.store import ObjectStore, symbol_uri
 
-__all__ = ["DEFAULT_JOB_TIMEOUT_S", "Jobs"]
+__all__ = ["DEFAULT_JOB_TIMEOUT_S", "JobSealers", "Jobs"]
 
 log = logging.getLogger("mpl.worker")
 DEFAULT_JOB_TIMEOUT_S = 600.0
 RunEnd = RunFinished | RunFailed | RunAborted
+
+
+class JobSealers(Protocol):
+    """Secure mode: who sealed each job opened here (``mpl.worker.sealing.WorkerSeal``)."""
+
+    def recipient(self, session: str, job: str) -> str:
+        """The driver that sealed the job here ("" none): its moves carry it."""
+
+    def hold(self, session: str, job: str) -> str:
+        """Keep the job's driver while the job pool holds the job (queued or running)."""
+
+    def release(self, session: str, job: str) -> None:
+        """The job pool is done with the job (its answer, if any, was sealed)."""
 
 
 class _JobRun:
@@ -116,8 +129,8 @@ class _JobRun:
         self._reported: tuple[int, int] | None = None
         # the driver that sealed this job here ("" in plaintext): its moves carry it and
         # only moves carrying it are taken (wire.data.Move)
-        sealer_of = jobs.sealer_of
-        self.sealer = sealer_of(session, job) if sealer_of is not None else ""
+        sealers = jobs.sealers
+        self.sealer = sealers.recipient(session, job) if sealers is not None else ""
 
     def report(self, now: float) -> None:
         """Send where the job is if a report is due and says something new. Called by the
@@ -170,7 +183,7 @@ class Jobs(InlineJobs):
         post_frames: Callable[[list[Any]], None] | None = None,
         post_frame: Callable[[bytes], None] | None = None,
         seal_scalars: Callable[[str, str, dict[int, Any]], dict[int, bytes] | None] | None = None,
-        sealer_of: Callable[[str, str], str] | None = None,
+        sealers: JobSealers | None = None,
         extensions: dict[str, Callable[[], Any]] | None = None,
         job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
         spu: SpuLinks | None = None,
@@ -193,8 +206,8 @@ class Jobs(InlineJobs):
         # secure mode: seals an inline Done's values for post_frames (WorkerSeal.sealed_scalars)
         self.seal_scalars = seal_scalars
         # secure mode: the driver that sealed a job opened here (WorkerSeal.recipient), which
-        # its moves carry and must carry to reach it
-        self.sealer_of = sealer_of
+        # its moves carry and must carry to reach it; held for the jobs the pool holds
+        self.sealers = sealers
         self.spu = spu
         self.job_timeout_s = job_timeout_s
         self._factories = dict(extensions or {})
@@ -271,6 +284,8 @@ class Jobs(InlineJobs):
                 if action.inline:
                     self.report(self._timed_run(msg, graph))
                 else:
+                    if self.sealers is not None:  # its sealer kept until _pooled is done
+                        self.sealers.hold(msg.session, msg.job)
                     self._pool.submit(msg.session, functools.partial(self._pooled, msg, graph))
             elif isinstance(action, Post):
                 self.post(action.msg)
@@ -302,7 +317,11 @@ class Jobs(InlineJobs):
 
     # -- runs -----------------------------------------------------------------------------
     def _pooled(self, msg: Exec, graph: Graph) -> None:
-        self.report(self._timed_run(msg, graph))  # its report also ends the pool's task
+        try:
+            self.report(self._timed_run(msg, graph))  # its report also ends the pool's task
+        finally:  # its answer was sealed and posted by the report: its sealer let go
+            if self.sealers is not None:
+                self.sealers.release(msg.session, msg.job)
 
     def _plan(self, digest: str, graph: Graph) -> Plan:
         """The plan of ``graph`` (program ``digest``) for this rank, built once."""
@@ -477,7 +496,7 @@ class Jobs(InlineJobs):
 
     def _save(self, msg: SaveSymbol) -> None:
         try:
-            if self.sealer_of is not None:  # secure: saves come in a driver's sealed job
+            if self.sealers is not None:  # secure: saves come in a driver's sealed job
                 raise AuthenticationError(
                     "a SaveSymbol is the broker's word, not a driver's: a secure worker saves "
                     "a value only by a driver's sealed job (mp.save runs one)"
@@ -500,7 +519,7 @@ class Jobs(InlineJobs):
             if msg.persist and self.store.disk is not None:
                 # secure: the broker's word deletes no file (its owner's sealed job does,
                 # then this only settles the broker's table); plaintext: no rule
-                by = "" if self.sealer_of is not None else None
+                by = "" if self.sealers is not None else None
                 self.store.disk.delete(msg.name, by)
             self.post(Ack(msg.req, self.rank))
         except Exception as exc:  # a bad name, a disk error: the driver hears of it

@@ -6,7 +6,9 @@ here, what it hands the broker for a driver is sealed here. No I/O.
   ``AuthenticationError``.
 * An ``Exec`` runs only with its bindings sealed for this rank and this (session, job,
   digest) by such a driver: the broker cannot start a job, replay one into another job, or
-  swap one rank's inputs for another's. That driver is remembered as the job's recipient.
+  swap one rank's inputs for another's. That driver is remembered as the job's recipient
+  (the last 4,096 jobs opened; held for as long as the job pool holds the job, however
+  many open meanwhile: ``hold``, ``release``).
   Nor can it replay a job: the bindings carry their sealer's sequence number, and a window
   of those per stream (``mpl.wire.replay``) lets each run once, however many jobs ran since
   and whether or not its session is still open; they are sealed for this worker process
@@ -34,6 +36,7 @@ the seal hides them from the check it makes on the outer message.
 
 from __future__ import annotations
 
+import threading
 from hmac import compare_digest
 from typing import Any
 
@@ -69,6 +72,7 @@ from mpl.worker.code_policy import open_sealed
 __all__ = ["WorkerSeal"]
 
 _MEMORY = 4096  # jobs' recipients, fetches and refused programs remembered (bounded)
+_HELD = 4096  # recipients held for jobs the job pool holds (its queued and running jobs)
 _HEADS = 256  # streams whose next sealed None opens on open_exec's short path (each
 # keeps its replay window, 4 KiB, alive while it is here)
 _TAG = 16  # a sealed None's tag (mpl.wire.seal): its box's last bytes
@@ -144,6 +148,14 @@ class WorkerSeal:
         # the next one is read, so most jobs never enter _opened. Written by the I/O thread
         # alone (open_exec, sealed_scalars); any thread reads it before _opened (recipient).
         self._fresh: tuple[str, str, str] = _NO_JOB
+        # (session, job) of the jobs handed to the job pool (queued or running) -> their
+        # recipient, held from the hand-off until the pool is done with the job (release):
+        # _opened forgets its oldest as jobs open, so a long or long-queued job would lose
+        # its sealer (its moves carry it) and its Done's recipient. As many as the pool
+        # holds; past _HELD (a pool far behind) the oldest goes. Held and released under
+        # _held_lock (job threads release); read by single lookups from any thread.
+        self._held: dict[tuple[str, str], str] = {}
+        self._held_lock = threading.Lock()
         # the _fresh that forget cleared (by identity: each opened job has its own tuple)
         self._dropped: tuple[str, str, str] = _NO_JOB
         # the _fresh whose answer sealed_scalars sealed last: its Done is packed from its
@@ -325,7 +337,30 @@ class WorkerSeal:
         fresh = self._fresh  # read first: it is booked before it is replaced
         if fresh[1] == job and fresh[0] == session:  # the newest opened
             return "" if fresh is self._dropped else fresh[2]
-        return self._opened.get((session, job), "")
+        driver = self._opened.get((session, job))
+        if driver is None:  # not among the last opened: perhaps a job the pool holds
+            return self._held.get((session, job), "")
+        return driver
+
+    def hold(self, session: str, job: str) -> str:
+        """Hold the recipient of job ``job`` of ``session``, handed to the job pool, until
+        :meth:`release`: it stays the job's however many jobs open meanwhile, while it
+        waits its turn and while it runs (its moves carry it; its Done is sealed for it).
+        Returns it ("" and nothing held for a job with none: :meth:`recipient`)."""
+        driver = self.recipient(session, job)
+        if driver:
+            with self._held_lock:
+                held = self._held
+                held[(session, job)] = driver
+                if len(held) > _HELD:
+                    held.pop(next(iter(held)), None)
+        return driver
+
+    def release(self, session: str, job: str) -> None:
+        """The job pool is done with job ``job`` of ``session`` (its answer, if any, was
+        sealed): its recipient is held no longer. Any thread."""
+        with self._held_lock:
+            self._held.pop((session, job), None)
 
     def _learn_head(self, driver: str, sealed: bytes) -> None:
         """Keep the head of a sealed None that authenticated and was admitted here, for
@@ -386,7 +421,9 @@ class WorkerSeal:
         if fresh[1] == job and fresh[0] == session:
             driver = "" if fresh is self._dropped else fresh[2]
         else:
-            driver = self._opened.get((session, job), "")
+            booked = self._opened.get((session, job))
+            # not among the last opened: perhaps a job the pool holds
+            driver = self._held.get((session, job), "") if booked is None else booked
             answered = self._answered  # sealed inline, its Done not packed (rare)
             if not driver and answered[1] == job and answered[0] == session:
                 driver = "" if answered is self._dropped else answered[2]
@@ -510,6 +547,8 @@ class WorkerSeal:
         answered = self._answered  # sealed inline, its Done perhaps still to seal
         if answered[1] == job and answered[0] == session:
             self._dropped = answered
+        if self._held:  # held for the pool no more (a job that gets no Done)
+            self.release(session, job)
         fresh = self._fresh
         if fresh[1] == job and fresh[0] == session:  # opened last, perhaps being booked now:
             self._dropped = fresh  # booked cleared from now on,

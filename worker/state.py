@@ -99,6 +99,12 @@ INLINE_RUN_S = 0.001  # a program whose last run took at most this may run witho
 INLINE_OPCODES = frozenset({"pcall", "constant", "getitem", "converge"})
 _HELLO_FIRST, _HELLO_MAX = 0.05, 2.0  # quick retries while a broker starts up
 _MEMORY = 1024  # closed sessions, aborted and SPU jobs, quick programs remembered
+_NO_PROGRAM: tuple[str, Graph | None, int, tuple[str, bool, bool]] = (
+    "",
+    None,
+    -1,
+    ("", True, False),
+)
 # a delete naming at most this many values here is done at once (a driver batches 256)
 DELETE_NOW_MAX = 1024
 
@@ -139,6 +145,12 @@ class WorkerState:
         self.directory: dict[int, PeerInfo] = {}
         # programs
         self.programs: SizedLRU[str, Program] = SizedLRU(PROGRAM_SLOTS, WORKER_PROGRAM_BYTES)
+        # the program begin_inline found last (digest, graph), the count of programs' puts
+        # and gets then and its jobs' entry in jobs: while no other was made, it is still the
+        # newest there (a get would only make it the newest again), so its next job looks
+        # no further
+        self._newest: tuple[str, Graph | None, int, tuple[str, bool, bool]] = _NO_PROGRAM
+        self._program_moves = 0  # puts and gets of programs but begin_inline's own
         self.broken: LRU[str, str] = LRU(PROGRAM_SLOTS)  # programs that did not load here, why
         self.refused_code: LRU[str, str] = LRU(256)  # programs the code policy refused, why
         self.refused_programs = 0  # programs whose digest did not match their graph
@@ -173,6 +185,7 @@ class WorkerState:
         return reason
 
     def program(self, digest: str) -> Program | None:
+        self._program_moves += 1
         return self.programs.get(digest)
 
     # -- the one entry point ------------------------------------------------------------
@@ -263,6 +276,7 @@ class WorkerState:
                     f"{msg.graph.digest}; refused"
                 )
             return []
+        self._program_moves += 1
         self.programs.put(msg.digest, msg, program_nbytes(msg))
         self.broken.pop(msg.digest, None)
         return []
@@ -287,6 +301,7 @@ class WorkerState:
                 remote_type="PermissionError", job=job,
             )  # fmt: skip
             return [Send(Failed(sid, job, self.rank, info))]
+        self._program_moves += 1
         program = self.programs.get(msg.digest)
         graph = program.graph if program is not None else None
         if graph is None:
@@ -325,12 +340,14 @@ class WorkerState:
         program's next job, as the job shell reads it: ``Jobs.run_now``).
 
         Called by the I/O thread without the lock (a lock round per job less): it writes
-        only what no other thread writes (the program cache's order, ``last_heard``, the
-        ``inline`` count, a new key of ``jobs``), and it reads the rest by single lookups,
-        each atomic. The other threads (job threads, the peer thread) only end jobs, drop
-        queued counts, make programs slow and abort jobs: read a moment early, each of
-        these leaves the job to ``handle`` or to the check after its run, as it would a
-        moment later."""
+        only what no other thread writes (the program cache's order and the program it
+        found last, ``last_heard``, the ``inline`` count, a new key of ``jobs``), and it
+        reads the rest by single lookups, each atomic. A program's next job takes the graph
+        it found last while no program was put or looked up since (``_program_moves``): the
+        program is still the newest in the cache, where a lookup would leave it. The other
+        threads (job threads, the peer thread) only end jobs, drop queued counts, make
+        programs slow and abort jobs: read a moment early, each of these leaves the job to
+        ``handle`` or to the check after its run, as it would a moment later."""
         sid, digest = msg.session, msg.digest
         key = (sid, msg.job if job is None else job)
         stops = self.stops  # first: an entry made after this moves it (stopped_inline)
@@ -348,12 +365,16 @@ class WorkerState:
             if sid in self.closed or digest in self.refused_code:
                 return None
             self.clean = (sid, digest, stops)
-        program = self.programs.get(digest)
-        graph = program.graph if program is not None else None
-        if graph is None:
-            return None
+        newest = self._newest
+        if newest[0] is not digest or newest[2] != self._program_moves:  # (most: is)
+            program = self.programs.get(digest)
+            graph = program.graph if program is not None else None
+            if graph is None:
+                return None
+            newest = self._newest = (digest, graph, self._program_moves, (digest, True, False))
         self.last_heard = now
-        self.jobs[key] = (digest, True, False)
+        self.jobs[key] = newest[3]  # (digest, local, pooled): one tuple per program
+        graph = newest[1]
         self.inline += 1
         return graph
 
@@ -381,7 +402,8 @@ class WorkerState:
                 self.quick.move_to_end(digest)
             else:
                 self.quick[digest] = quick
-        self.aborted.pop(key, None)
+        if self.aborted:  # (most often empty: no call; its entries are made under the lock)
+            self.aborted.pop(key, None)
 
     def _ended(self, sid: str, job: str, seconds: float) -> list[Action]:
         """Bookkeeping common to every end of a run; the job's stop reason is forgotten."""
