@@ -191,12 +191,6 @@ def test_a_trusted_secure_driver_still_reads_pickled_results(tmp_path: Path) -> 
         rig.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w30 finding 4: WorkerSeal keeps the recipients of the last 4,096 jobs "
-    "opened, whoever sealed them; another listed driver's jobs push out a running job's "
-    "recipient, and its Done is then sealed for no one",
-)
 def test_another_drivers_jobs_do_not_push_out_a_running_jobs_recipient() -> None:
     """Finding 4 (low: a denial of service by a party, not only by the broker). a's job
     runs long on the worker; b (any listed driver, in a session of its own) sends 4,097
@@ -204,11 +198,14 @@ def test_another_drivers_jobs_do_not_push_out_a_running_jobs_recipient() -> None
     oldest entry and went: its Done fails "no authenticated driver here to seal its results
     for". Fix: book a job's recipient until its Done or Failed (or Abort) is sealed, bounded
     by the jobs this worker holds (a refused job is never booked), or keep the bound per
-    driver, so one driver's jobs push out only its own."""
+    driver, so one driver's jobs push out only its own. Fixed by w30-worker: the job shell
+    holds a pooled job's recipient (``WorkerSeal.hold``) until its answer is sealed."""
     a, b, node = _sealers()
     worker = WorkerSeal(node, 0)
     long_job = _job(a, "sa", [1])
     assert _runs(worker, long_job) == [1]
+    # a long job goes to the job pool, and the job shell holds its recipient there
+    assert worker.hold("sa", long_job[0].job) == "driver:a"
     for _ in range(4097):
         assert _runs(worker, _job(b, "sb")) is None
     done = worker.outbound(Done("sa", long_job[0].job, 0, {0: 5}))
