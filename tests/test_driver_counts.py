@@ -234,7 +234,7 @@ def test_a_call_sites_answer_with_buffer_frames_is_received_whole(
 
     import mpl.driver.job_site as job_site
 
-    asked: list[int] = []
+    asked: list[Any] = []
     get = job_site._get
 
     def counted(*args: Any) -> Any:
