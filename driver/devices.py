@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import Any
 
+from mpl.driver import context as _context
 from mpl.driver import eager
 from mpl.driver import spu as _spu
 from mpl.driver.context import ENTERED, STACK, current
@@ -108,9 +109,10 @@ class DeviceCall:
                 and not kwargs
                 and not (TRACING[0] and TRACES.recorders)
             ):
-                # current(), its common case read here (ENTERED: any thread's with ctx:)
+                # current(), its common cases read here (ENTERED: any thread's with ctx:;
+                # else the default context, read from its module: a Python call less)
                 contexts = STACK.contexts if ENTERED[0] else None
-                ctx = contexts[-1] if contexts else current()
+                ctx = contexts[-1] if contexts else (_context._default or current())
                 if bare[0] is ctx.cluster:  # an eager call without arguments, planned
                     eager.stats["replayed"] += 1
                     outs = bare[1].run(ctx, [])

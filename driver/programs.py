@@ -16,6 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from mpl.driver import context as _context
 from mpl.driver.context import ENTERED, STACK, Context, current
 from mpl.driver.job_site import JobSite
 from mpl.driver.recorder import TRACES, TRACING, Ranks, Recorder, bind, tracing, wrap
@@ -240,9 +241,10 @@ class Function:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if TRACING[0] and TRACES.recorders:  # inside another trace (active()): inline it
             return self.fn(*args, **kwargs)
-        # current(), its common case read here (ENTERED: any thread's with ctx:)
+        # current(), its common cases read here (ENTERED: any thread's with ctx:; else the
+        # default context, read from its module: a Python call less)
         contexts = STACK.contexts if ENTERED[0] else None
-        ctx = contexts[-1] if contexts else current()
+        ctx = contexts[-1] if contexts else (_context._default or current())
         bare = self._bare
         if bare is not None and not args and not kwargs and bare[0] is ctx.cluster:
             return bare[1].run(ctx, args, kwargs, [])
