@@ -242,7 +242,16 @@ def test_a_call_sites_answer_with_buffer_frames_is_received_whole(
         asked.append(more)
         return more
 
+    received: list[type] = []
+    recv = job_site._recv
+
+    def typed(*args: Any) -> Any:
+        got = recv(*args)
+        received.append(type(got))
+        return got
+
     monkeypatch.setattr(job_site, "_get", counted)
+    monkeypatch.setattr(job_site, "_recv", typed)
     array = mp.function(lambda: mp.device("P0")(lambda: np.arange(20.0))())
     small = mp.function(lambda: mp.device("P0")(lambda: 7)())
     for _ in range(3):
@@ -251,6 +260,8 @@ def test_a_call_sites_answer_with_buffer_frames_is_received_whole(
         assert mp.fetch(small()) == 7
     assert asked == [1, 0] * 2  # each array's answer after the first: one more frame
     asked.clear()
+    received.clear()
     for _ in range(5):
         assert mp.fetch(small()) == 7
     assert asked == []  # read alone
+    assert received == [bytes] * 5  # received as bytes: no zmq.Frame built for it
