@@ -35,6 +35,7 @@ from mpl.driver.calls import BrokerCalls
 from mpl.driver.inflight import JobPump, Pending
 from mpl.driver.job_future import JobFuture
 from mpl.driver.job_progress import ProgressBoard
+from mpl.driver.sent_programs import SentPrograms
 from mpl.driver.watch import BrokerWatch
 from mpl.wire.codec import to_wire
 from mpl.wire.control import HEARTBEAT_S
@@ -179,7 +180,7 @@ class Client(BrokerCalls):
         super().__init__()
         self._reqs = itertools.count(1)
         self._job_ids = _JobIds()
-        self._programs: set[str] = set()
+        self._programs = SentPrograms()  # bounded: see mpl.driver.sent_programs
         self.sessions: set[str] = set()
         self.progress = ProgressBoard()  # jobs in flight: where their ranks are
         self.broker_id = ""

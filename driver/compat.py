@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from mpl.driver import devices
 from mpl.driver.context import Context, connect, current, set_context
-from mpl.driver.recorder import TRACES
+from mpl.driver.recorder import TRACES, TRACING
 from mpl.driver.values import Value
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.errors import ClusterSpecError
@@ -129,7 +129,7 @@ def fetch(*args: Any, context: Context | None = None, timeout: float | None = No
     """
     if len(args) == 1 and context is None:  # mp.fetch(value): no context to enter
         x = args[0]
-        if type(x) is Value and not TRACES.recorders:  # one Value, outside a trace
+        if type(x) is Value and not (TRACING[0] and TRACES.recorders):  # one, untraced
             return devices.fetch_one(x, timeout)
         return devices.fetch(x, timeout=timeout)
     if len(args) == 2 and isinstance(args[0], Context):

@@ -13,7 +13,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -28,7 +27,16 @@ from mpl.wire.run_stats import RunStats, read_stats
 from mpl.wire.session_cluster import session_cluster
 from mpl.wire.status import format_status
 
-__all__ = ["STACK", "Context", "Status", "connect", "current", "get_context", "set_context"]
+__all__ = [
+    "ENTERED",
+    "STACK",
+    "Context",
+    "Status",
+    "connect",
+    "current",
+    "get_context",
+    "set_context",
+]
 
 _DELETE_BATCH = 256
 _DELETE_EVERY_S = 1.0
@@ -43,12 +51,17 @@ class _Stack(threading.local):
 _stack = _Stack()
 # the same, for a hot path that reads ``STACK.contexts`` itself before calling current()
 STACK = _stack
+# contexts entered (``with ctx:``) over all threads, changed under _counting: while none
+# is, no thread's stack holds one, and current() and the hot paths skip the thread-local
+# (~500 instructions an attribute); a thread counts itself before it pushes
+ENTERED = [0]
+_counting = threading.Lock()
 _default: Context | None = None
 
 
 def current() -> Context:
     """The current context: the innermost ``with ctx:`` of this thread, else the default."""
-    if _stack.contexts:
+    if ENTERED[0] and _stack.contexts:
         return _stack.contexts[-1]
     if _default is not None:
         return _default
@@ -102,7 +115,10 @@ class JobRecord(NamedTuple):
         return out
 
 
-_record = partial(tuple.__new__, JobRecord)
+# what a job keeps for mp.trace: a JobRecord's fields as a plain tuple (built at no cost:
+# one per job; tuple.__new__ of a JobRecord took ~900 instructions), made a JobRecord
+# when the trace is written
+JobRow = tuple[str, str, float, float, dict[int, bytes]]
 
 
 class Context:
@@ -152,7 +168,7 @@ class Context:
         # collected while a flush runs on the same thread never waits for it
         self._released: deque[tuple[tuple[int, ...], str]] = deque()
         self._flushed = time.monotonic()
-        self.jobs: deque[JobRecord] = deque(maxlen=_JOB_MEMORY)
+        self._job_rows: deque[JobRow] = deque(maxlen=_JOB_MEMORY)
         self.closed = False
 
     def _bind_on_workers(self, graph: Graph, inline: tuple[int, ...]) -> None:
@@ -179,14 +195,21 @@ class Context:
     # -- activation -----------------------------------------------------------------------
     def __enter__(self) -> Context:
         self._check_open()
+        with _counting:
+            ENTERED[0] += 1
         _stack.contexts.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if _stack.contexts and _stack.contexts[-1] is self:
-            _stack.contexts.pop()
-        elif self in _stack.contexts:
-            _stack.contexts.remove(self)
+        contexts = _stack.contexts
+        if contexts and contexts[-1] is self:
+            contexts.pop()
+        elif self in contexts:
+            contexts.remove(self)
+        else:
+            return
+        with _counting:
+            ENTERED[0] -= 1
 
     def close(self) -> None:
         """End the session; the workers free every value it held. Idempotent."""
@@ -232,10 +255,8 @@ class Context:
         result = self.client.submit(
             self.session, graph, bindings, inline=inline, timeout=timeout, again=again
         )
-        # JobRecord(...) without the NamedTuple's Python-level __new__: one per job
-        self.jobs.append(
-            _record((result.job, graph.name, wall, time.monotonic() - start, result.stats))
-        )
+        row = (result.job, graph.name, wall, time.monotonic() - start, result.stats)
+        self._job_rows.append(row)
         return result
 
     def submit(
@@ -258,10 +279,10 @@ class Context:
         released = self._released
         if released and (len(released) >= _DELETE_BATCH or start - self._flushed > _DELETE_EVERY_S):
             self.flush()
-        jobs, name = self.jobs, graph.name
+        jobs, name = self._job_rows, graph.name
 
         def record(result: JobResult) -> Any:  # on the pump thread
-            jobs.append(_record((result.job, name, wall, time.monotonic() - start, result.stats)))
+            jobs.append((result.job, name, wall, time.monotonic() - start, result.stats))
             return finish(result)
 
         return self.client.submit_async(
@@ -334,12 +355,17 @@ class Context:
         report["progress"] = self.client.progress.running()
         return report
 
+    @property
+    def jobs(self) -> list[JobRecord]:
+        """The records of the last jobs (at most 64), oldest first: a new list each time."""
+        return [JobRecord._make(row) for row in self._job_rows]
+
     def trace(self, path: str, *, last: int | None = None) -> str:
         """Write a Chrome/Perfetto trace of the last jobs (all kept, or the ``last`` few) to
         ``path``; returns ``path``."""
         from mpl.driver.tracefile import write_trace
 
-        jobs = list(self.jobs)
+        jobs = self.jobs
         return write_trace(jobs[-last:] if last else jobs, self.cluster, path)
 
     def __repr__(self) -> str:

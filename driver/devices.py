@@ -19,10 +19,20 @@ from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import Any
 
+from mpl.driver import context as _context
 from mpl.driver import eager
 from mpl.driver import spu as _spu
-from mpl.driver.context import STACK, current
-from mpl.driver.recorder import TRACES, Out, Recorder, active, call_template, cluster_now, emit
+from mpl.driver.context import ENTERED, STACK, current
+from mpl.driver.recorder import (
+    TRACES,
+    TRACING,
+    Out,
+    Recorder,
+    active,
+    call_template,
+    cluster_now,
+    emit,
+)
 from mpl.driver.tree import NO_ARGS, flatten_call, tree_map
 from mpl.driver.values import NOT_CACHED, Value
 from mpl.wire.cluster import ClusterSpec, Device
@@ -93,9 +103,16 @@ class DeviceCall:
         @functools.wraps(fn)
         def on_device(*args: Any, **kwargs: Any) -> Any:
             bare = site.bare
-            if bare is not None and not args and not kwargs and not TRACES.recorders:
-                contexts = STACK.contexts  # current(), its common case read here
-                ctx = contexts[-1] if contexts else current()
+            if (
+                bare is not None
+                and not args
+                and not kwargs
+                and not (TRACING[0] and TRACES.recorders)
+            ):
+                # current(), its common cases read here (ENTERED: any thread's with ctx:;
+                # else the default context, read from its module: a Python call less)
+                contexts = STACK.contexts if ENTERED[0] else None
+                ctx = contexts[-1] if contexts else (_context._default or current())
                 if bare[0] is ctx.cluster:  # an eager call without arguments, planned
                     eager.stats["replayed"] += 1
                     outs = bare[1].run(ctx, [])
@@ -301,7 +318,7 @@ def fetch(x: Any, *, timeout: float | None = None) -> Any:
     None where a rank holds nothing. An SPU value is reconstructed here: that reveals the
     secret to whoever runs the driver. Inside ``@mp.function`` it returns its input.
     """
-    if TRACES.recorders:  # active()
+    if TRACING[0] and TRACES.recorders:  # active()
         return x
     if type(x) is Value:  # the common case: one Value, no tree to walk
         return fetch_one(x, timeout)

@@ -16,9 +16,10 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from mpl.driver.context import STACK, Context, current
+from mpl.driver import context as _context
+from mpl.driver.context import ENTERED, STACK, Context, current
 from mpl.driver.job_site import JobSite
-from mpl.driver.recorder import TRACES, Ranks, Recorder, bind, tracing, wrap
+from mpl.driver.recorder import TRACES, TRACING, Ranks, Recorder, bind, tracing, wrap
 from mpl.driver.tree import LEAF, NO_ARGS, flatten, flatten_call, unflatten
 from mpl.driver.values import Value, output_value
 from mpl.wire.cluster import ClusterSpec
@@ -238,10 +239,12 @@ class Function:
         self.traces = 0  # how many times the function was traced (cache misses)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if TRACES.recorders:  # called inside another trace (active()): inline it there
+        if TRACING[0] and TRACES.recorders:  # inside another trace (active()): inline it
             return self.fn(*args, **kwargs)
-        contexts = STACK.contexts  # current(), its common case read here
-        ctx = contexts[-1] if contexts else current()
+        # current(), its common cases read here (ENTERED: any thread's with ctx:; else the
+        # default context, read from its module: a Python call less)
+        contexts = STACK.contexts if ENTERED[0] else None
+        ctx = contexts[-1] if contexts else (_context._default or current())
         bare = self._bare
         if bare is not None and not args and not kwargs and bare[0] is ctx.cluster:
             return bare[1].run(ctx, args, kwargs, [])

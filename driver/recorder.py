@@ -26,7 +26,7 @@ from mpl.wire.graph import Arg, Graph, GraphBuilder
 from mpl.wire.jobs import Lit, output_uri
 from mpl.wire.lru import LRU
 
-__all__ = ["TRACES", "Recorder", "active", "emit"]
+__all__ = ["TRACES", "TRACING", "Recorder", "active", "emit"]
 
 Ranks = tuple[int, ...]
 Out = tuple[int, str | None]  # (symbol, device) of one result
@@ -41,10 +41,17 @@ class _Active(threading.local):
 _active = _Active()
 # the same, for a hot path that reads ``TRACES.recorders`` itself instead of calling active()
 TRACES = _active
+# recorders active over all threads (changed under _counting): while none is, no thread
+# traces, and a hot path reads TRACING[0] first (a thread-local's attribute costs ~500
+# instructions); a thread that traces counts itself before it pushes, so it sees its own
+TRACING = [0]
+_counting = threading.Lock()
 
 
 def active() -> Recorder | None:
     """The recorder of the trace being built in this thread, if any."""
+    if not TRACING[0]:
+        return None
     return _active.recorders[-1] if _active.recorders else None
 
 
@@ -315,8 +322,12 @@ class tracing:
         self.rec = rec
 
     def __enter__(self) -> Recorder:
+        with _counting:
+            TRACING[0] += 1
         _active.recorders.append(self.rec)
         return self.rec
 
     def __exit__(self, *exc: object) -> None:
         _active.recorders.pop()
+        with _counting:
+            TRACING[0] -= 1

@@ -221,3 +221,47 @@ def test_an_output_value_is_the_value_init_makes() -> None:
     assert [getattr(made, s) for s in slots] == [getattr(init, s) for s in slots]
     empty = output_value(None, (0, 1), None, "j/1", None, "")  # type: ignore[arg-type]
     assert empty._cache == {} and empty.cached(0) is NOT_CACHED
+
+
+def test_a_call_sites_answer_with_buffer_frames_is_received_whole(
+    counted_ctx: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The call site reads its answer's first frame without asking whether more follow
+    only when msgpack alone reads it (no buffer referred to); an answer carrying an array
+    inline (its data a buffer frame) is received whole (more frames asked for), and the
+    next job's answer is its own."""
+    import numpy as np
+
+    import mpl.driver.job_site as job_site
+
+    asked: list[Any] = []
+    get = job_site._get
+
+    def counted(*args: Any) -> Any:
+        more = get(*args)
+        asked.append(more)
+        return more
+
+    received: list[type] = []
+    recv = job_site._recv
+
+    def typed(*args: Any) -> Any:
+        got = recv(*args)
+        received.append(type(got))
+        return got
+
+    monkeypatch.setattr(job_site, "_get", counted)
+    monkeypatch.setattr(job_site, "_recv", typed)
+    array = mp.function(lambda: mp.device("P0")(lambda: np.arange(20.0))())
+    small = mp.function(lambda: mp.device("P0")(lambda: 7)())
+    for _ in range(3):
+        got = mp.fetch(array())
+        assert got.shape == (20,) and got[-1] == 19.0
+        assert mp.fetch(small()) == 7
+    assert asked == [1, 0] * 2  # each array's answer after the first: one more frame
+    asked.clear()
+    received.clear()
+    for _ in range(5):
+        assert mp.fetch(small()) == 7
+    assert asked == []  # read alone
+    assert received == [bytes] * 5  # received as bytes: no zmq.Frame built for it

@@ -17,7 +17,7 @@ from mpl.wire.codec import MAGIC_FRAME
 from mpl.wire.control import Heartbeat
 from mpl.wire.jobs import JobResult
 from mpl.wire.remote import ErrorInfo
-from mpl.wire.result_read import read_answer, read_result
+from mpl.wire.result_read import RESULT_HEAD, answer_fields, read_answer, read_result
 from mpl.wire.run_stats import pack_stats
 
 STATS = {  # each rank's stats blob, as its worker packs it
@@ -242,6 +242,26 @@ def test_a_jobs_own_result_is_read_as_read_answer_reads_it(result: JobResult) ->
                 assert mine is None
     assert read_result(frames, msgpack.packb("other"), safe=True) is None  # another job's
     assert read_result(encode(Heartbeat({})), msgpack.packb(result.job), safe=True) is None
+
+
+@pytest.mark.parametrize("result", RESULTS, ids=range(len(RESULTS)))
+def test_a_first_frame_read_alone_is_never_one_that_buffer_frames_follow(result: JobResult) -> None:
+    """The driver's call site reads its answer's first frame without asking whether more
+    follow (``alone``): a header that refers to buffer frames (or needs the Decoder for
+    anything else) is left to the caller's full read, and what is read alone is what the
+    full read makes of it."""
+    frames = encode(result)
+    first = bytes(frames[0]) + bytes(frames[1])
+    head = RESULT_HEAD + msgpack.packb(result.job)
+    for safe in (True, False):
+        alone = answer_fields(first, head, safe=safe, alone=True)
+        if len(frames) > 2 or result.error is not None:
+            assert alone is None
+        if result is RESULTS[0]:  # a trivial job's: read alone
+            assert alone is not None
+        if alone is not None:
+            assert repr(alone) == repr(answer_fields(first, head, safe=safe))
+        assert answer_fields(first, RESULT_HEAD + msgpack.packb("other"), safe=safe) is None
 
 
 @pytest.mark.timeout(60)

@@ -187,17 +187,23 @@ def result_fields(frames: Sequence[Any], head: bytes, *, safe: bool) -> list[Any
     return _fields_of(read_answer(frames, safe=safe))  # which refuses its magic
 
 
-def answer_fields(one: bytes, head: bytes, *, safe: bool) -> list[Any] | None:
+def answer_fields(one: bytes, head: bytes, *, safe: bool, alone: bool = False) -> list[Any] | None:
     """:func:`result_fields` of a message as it arrives in one frame (wire v4: the magic,
     then the header, no buffer frames), as the driver receives a job's answer: the header
-    is cut from it once, and only once it starts with ``head`` (this job's)."""
+    is cut from it once, and only once it starts with ``head`` (this job's).
+
+    ``alone``: the caller has not asked whether more frames follow ``one`` (that costs a
+    driver as much as the rest of the read): only a header msgpack reads alone is read
+    (no extension: an honest message's buffer frames are referenced by extensions, so one
+    read so has none), and None comes back for any other, which the caller then reads
+    whole, its frames received (:func:`result_fields`)."""
     if not one.startswith(head, 4):
         return None
     # a short header is read by msgpack alone (bounded: fewer than _COUNT_BELOW bytes build
     # fewer containers than that, nested at most as deep as msgpack's own stack); whether it
     # nests too deep is judged below, once its fields are known
     if not one.startswith(MAGIC_FRAME) or len(one) - 4 >= _COUNT_BELOW:
-        return _fields_of(read_answer([one[:4], one[4:]], safe=safe))
+        return None if alone else _fields_of(read_answer([one[:4], one[4:]], safe=safe))
     data = one[4:]
     try:
         items: list[Any] = msgpack.unpackb(
@@ -209,7 +215,7 @@ def answer_fields(one: bytes, head: bytes, *, safe: bool) -> list[Any] | None:
             max_map_len=MAX_HEADER_ITEMS,
         )
     except _NeedsDecoder:  # an extension only the Decoder reads
-        return _fields_of(read_answer([one[:4], data], safe=safe))
+        return None if alone else _fields_of(read_answer([one[:4], data], safe=safe))
     except Exception as exc:  # msgpack's errors mean "malformed", as in decode
         raise ProtocolError(f"malformed header: {type(exc).__name__}: {exc}") from exc
     # a fixarray of seven (the prefix), its job id a str (the prefix too), no ErrorInfo (an
@@ -250,7 +256,7 @@ def answer_fields(one: bytes, head: bytes, *, safe: bool) -> list[Any] | None:
     # than the rest of the read for a trivial job's answer, per rank). Otherwise the count
     # of _counted_length decides, and a header it does not clear goes to the Decoder.
     if nests and len(data) - len(data.translate(None, _CONTAINER_MARKERS)) >= MAX_NESTING:
-        return _fields_of(read_answer([one[:4], data], safe=safe))
+        return None if alone else _fields_of(read_answer([one[:4], data], safe=safe))
     return items
 
 
