@@ -80,7 +80,7 @@ from mpl.wire.limits import (
 )
 from mpl.wire.lru import LRU, SizedLRU
 from mpl.wire.progress import EVERY_S, Progress
-from mpl.wire.record import Record
+from mpl.wire.record import Record, replaced
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC
 from mpl.wire.sessions import (
@@ -398,8 +398,16 @@ class BrokerState:
         job = self.calls.jobs.get(msg.job)
         if job is None or msg.rank not in job.ranks or msg.session != job.session:
             return []
-        self._note(f"job {msg.job} failed on rank {msg.rank}: {msg.error.message[:200]}")
-        return self._fail_call(job, msg.error, failed=msg.rank)
+        error = msg.error
+        if error.rank != msg.rank:  # the worker speaks for its own rank alone: a driver
+            # reads the refusing rank from the error (DriverSeal.refused), so the rank
+            # checked above is the one forwarded
+            if error.rank is not None:  # a lie: counted, as a forged answer is
+                self.counters["forged_replies"] += 1
+                self._note(f"rewrote rank {error.rank} as {msg.rank} in rank {msg.rank}'s Failed")
+            error = replaced(error, rank=msg.rank)
+        self._note(f"job {msg.job} failed on rank {msg.rank}: {error.message[:200]}")
+        return self._fail_call(job, error, failed=msg.rank)
 
     def _on_progress(
         self, peer: bytes, msg: Progress, now: float, who: str | None = None

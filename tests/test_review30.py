@@ -19,15 +19,22 @@ import numpy as np
 import pytest
 from helpers import wait_until
 from test_replay_restart import Rig
-from test_session_driver_binding import _fetched_by, _job, _runs, _sealers
+from test_session_driver_binding import (
+    _fetched_by,
+    _job,
+    _runs,
+    _sealers,
+    _value_on,
+    recorded_replies,
+)
 
 import mpl.driver as mp
 from mpl.broker.state import BrokerState
 from mpl.wire import ClusterSpec, GraphBuilder
 from mpl.wire.control import WorkerHello
 from mpl.wire.data import Fetch
-from mpl.wire.errors import SessionAccessError
-from mpl.wire.jobs import Done, Exec, Failed, JobResult, Program
+from mpl.wire.errors import AuthenticationError, SessionAccessError
+from mpl.wire.jobs import Abort, Done, Exec, Failed, JobResult, Program, output_uri
 from mpl.wire.limits import check_symbol_name
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
@@ -269,43 +276,146 @@ def test_a_listed_drivers_code_reads_no_value_of_another_drivers_session(
         rig.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w30 finding 6: WorkerSeal matches a fetch's reply to the Fetch it keeps "
-    "by the broker's req alone, in an LRU of 4,096: a pending fetch pushed out and its req "
-    "reused for a fetch in the broker's own session has the first fetch's value (another "
-    "driver's) sealed for the broker's driver",
-)
 def test_a_fetchs_value_is_sealed_by_that_fetchs_session_not_a_later_one_of_its_req() -> None:
     """Finding 6 (high). a's fetch F1 (req 7) of its job's output waits on the worker: its
     session's task queue holds it behind a's long job (a fetch of a value not stored yet is
     a session task). The broker sends 4,096 more fetches that wait too (in a's session,
-    behind the same job): ``_fetches`` (an LRU) drops F1. It then sends F2, req 7 again, in
+    behind the same job): ``_fetches`` (an LRU) dropped F1. It then sends F2, req 7 again, in
     b's session "sb" (bound to b, the broker's driver; F2 waits behind a job of b's that
     blocks: a move the broker withholds) with ``reply_to`` b. a's job ends; F1's task reads
-    a's value and posts ``Reply(7, value)``; ``outbound`` pops req 7, finds F2, checks that
-    "sb" admits b, and seals a's value for b under F2's context, which b opens. Fix: bind
-    the reply to the Fetch the job shell read, not to its req (the job shell hands the seal
-    its Fetch with the reply, so ``_fetches`` only dedupes reqs); or fail closed: never
-    drop a pending fetch (refuse new ones while 4,096 are pending)."""
+    a's value and posts ``Reply(7, value)``; ``outbound`` popped req 7, found F2, checked
+    that "sb" admits b, and sealed a's value for b under F2's context, which b opened.
+
+    Fixed: the job shell hands the seal the Fetch it read with the value that answers it
+    (``WorkerSeal.reply``): the value is sealed by F1's session, driver and ticket, and no
+    table keyed by the broker's number is left to confuse; a Reply with a value that did
+    not come so is sent as an error."""
     a, b, node = _sealers()
     worker = WorkerSeal(node, 0)
     assert _runs(worker, _job(a, "sa", [1])) == [1]  # a's session, bound to a
     assert _runs(worker, _job(b, "sb", [2])) == [2]  # b's own
     first = Fetch("sa", 7, 0, "a-job/0", "driver:a", "a's ticket")
     assert worker.inbound(first) == (first, None)  # waits behind a's long job
-    for req in range(1000, 1000 + 4096):  # wait too, and push F1 out
+    for req in range(1000, 1000 + 4096):  # wait too (and pushed F1 out of the old table)
         forged = Fetch("sa", req, 0, f"x{req}/0", "driver:a", "t")
         assert worker.inbound(forged) == (forged, None)
     second = Fetch("sb", 7, 0, "b-job/0", "driver:b", "b's ticket")
     worker.inbound(second)  # waits behind b's blocked job
-    reply = worker.outbound(Reply(7, "a's secret"))  # F1's task: a's value
-    assert type(reply) is Reply
-    read = None
-    if reply.error is None:
-        context = fetch_context("sb", 0, "b-job/0", "b's ticket")
-        read = b.open(reply.value, context, sender="node:n0")[1]
-    assert read != "a's secret", "a's value sealed for b"
+    # F1's task: a's value, as the job shell answers F1 (the Fetch it read)
+    reply = worker.outbound(worker.reply(first, "a's secret"))
+    assert isinstance(reply, Reply) and reply.error is None
+    with pytest.raises(AuthenticationError):
+        b.open(reply.value, fetch_context("sb", 0, "b-job/0", "b's ticket"), sender="node:n0")
+    context = fetch_context("sa", 0, "a-job/0", "a's ticket")
+    assert a.open(reply.value, context, sender="node:n0")[1] == "a's secret"  # F1's, for a
+    # the reviewer's step: a's value posted by req alone is sealed for no one, nor sent
+    plain = worker.outbound(Reply(7, "a's secret"))
+    assert type(plain) is Reply and plain.value is None and plain.error is not None
+
+
+def _blocks_until(flag: str, result: str) -> Any:
+    """A job's function that returns ``result`` once file ``flag`` exists (at most 60 s)."""
+
+    def blocked() -> str:
+        import os
+        import time
+
+        end = time.monotonic() + 60
+        while not os.path.exists(flag) and time.monotonic() < end:
+            time.sleep(0.01)
+        return result
+
+    return blocked
+
+
+@pytest.mark.daemons
+def test_a_fetchs_value_is_sealed_by_that_fetchs_session_on_a_worker(tmp_path: Path) -> None:
+    """Finding 6 against a real worker, by a hostile broker (the tap) whose operator holds
+    mallory's key. mallory's job blocks on P0 (its session's tasks wait behind it). The
+    analyst's job runs long on P0; after its Exec the broker sends the fetch F1 of its
+    output (req R, for the analyst: it waits behind the job), 4,096 fetches that wait too,
+    then F2 of mallory's job's output with req R again, for mallory, and a fetch of a held
+    value (answered at once: the worker read all before it). The analyst's job ends: F1's
+    reply must be sealed for the analyst under F1's context, never for mallory under F2's
+    (the base sealed it so: mallory opened the analyst's value)."""
+    rig = Rig(tmp_path / "rig", drivers=("analyst", "mallory"))
+    replies: list[Reply] = recorded_replies(rig)
+    analyst_go, mallory_go = str(tmp_path / "analyst-go"), str(tmp_path / "mallory-go")
+    secret, req = "the analyst's long job's secret", 987_654_321
+    try:
+        rig.start_worker(0)
+        rig.start_worker(1)
+        with rig.connect() as owner, rig.connect("mallory") as mallory:
+            held = _value_on(owner, 0, "held")
+            mallorys: list[Exec] = []
+            sent: list[Fetch] = []
+
+            def seen(msg: Any) -> list[Any] | None:  # mallory's blocking job, on its way
+                if isinstance(msg, Exec) and msg.session == mallory.session:
+                    rig.tap.alter = None
+                    mallorys.append(msg)
+                return None
+
+            def fetches(msg: Any) -> list[Any] | None:  # after the analyst's job: the fetches
+                if isinstance(msg, Exec) and msg.session == owner.session and 0 in msg.bindings:
+                    rig.tap.alter = None
+                    first = Fetch(
+                        owner.session, req, 0, output_uri(msg.job, 0), "driver:analyst", "a"
+                    )
+                    more = [
+                        Fetch(
+                            owner.session,
+                            req + 10 + i,
+                            0,
+                            output_uri("gone", i),
+                            "driver:analyst",
+                            "t",
+                        )
+                        for i in range(4096)
+                    ]
+                    mine = output_uri(mallorys[0].job, 0)
+                    second = Fetch(mallory.session, req, 0, mine, "driver:mallory", "m")
+                    last = Fetch(owner.session, req + 1, 0, held, "driver:analyst", "h")
+                    sent.extend([first, second])
+                    return [msg, first, *more, second, last]
+                return None
+
+            def graph(flag: str, result: str) -> Any:
+                b = GraphBuilder(2)
+                return b.build(
+                    [b.op("pcall", [], ranks=(0,), fn=b.fn(_blocks_until(flag, result)))[0]]
+                )
+
+            rig.tap.alter = seen
+            blocked = mallory.client.submit_async(mallory.session, graph(mallory_go, "m"), {})
+            wait_until(lambda: mallorys, 20, "mallory's job sent to P0")
+            rig.tap.alter = fetches
+            long_job = owner.client.submit_async(owner.session, graph(analyst_go, secret), {})
+            wait_until(
+                lambda: [r for r in replies if r.req == req + 1], 60, "the last fetch's reply"
+            )
+            Path(analyst_go).write_text("go")
+            assert long_job.result(60) is not None
+            (reply,) = wait_until(lambda: [r for r in replies if r.req == req], 60, "F1's reply")
+            first, second = sent
+            read = None
+            if reply.error is None:
+                with contextlib.suppress(AuthenticationError):
+                    read = mallory.client.seal.fetched(  # type: ignore[union-attr]
+                        second.session, 0, second.uri, second.ticket, reply.value
+                    )
+            assert read != secret, "the analyst's value sealed for mallory"
+            assert reply.error is None, reply.error
+            opened = owner.client.seal.fetched(  # type: ignore[union-attr]
+                first.session, 0, first.uri, first.ticket, reply.value
+            )
+            assert opened == secret  # F1's reply, for the analyst under F1's context
+            Path(mallory_go).write_text("go")
+            assert blocked.result(60) is not None
+    finally:
+        Path(analyst_go).write_text("go")
+        Path(mallory_go).write_text("go")
+        rig.close()
 
 
 def test_an_outsider_cannot_make_the_metrics_port_start_a_thread_per_connection() -> None:
@@ -347,13 +457,6 @@ def test_an_outsider_cannot_make_the_metrics_port_start_a_thread_per_connection(
         server.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w30 finding 8: the broker forwards a worker's Failed with the error's "
-    "rank as that worker wrote it: a party's worker has the driver take its forged "
-    "stream refusal for another rank's (the driver renews its seal for that rank's node, "
-    "to the incarnation and floor the party chose)",
-)
 def test_a_workers_failure_speaks_only_for_its_own_rank() -> None:
     """Finding 8 (low: a denial of service by a party). The broker checks that a Failed's
     rank is the sender's, then hands its ``error`` to the driver as it came. The driver's
@@ -363,9 +466,9 @@ def test_a_workers_failure_speaks_only_for_its_own_rank() -> None:
     process that does not exist (refused: one lost job per forgery, jobs of rank 0 alone
     too), and raises its epochs for node 0 to the floor given; with floors near 2**63 and
     1,024 streams evicted at rank 0, every new client of the driver is refused there until that
-    worker restarts. Fix (broker, ``_on_failed``): an error naming another rank than the
-    Failed's is forged: drop it (counted in ``forged_replies``) or rewrite its rank to the
-    Failed's before forwarding it."""
+    worker restarts. Fixed (broker, ``_on_failed``): the error goes on with the rank the
+    broker checked, the Failed's (counted in ``forged_replies`` when it named another):
+    the job still fails at once, as rank 1 said, and the driver renews nothing for rank 0."""
     spec = ClusterSpec.simple(2, enable_spu=False)
     state = BrokerState(spec, now=0.0, broker_id="B")
     for rank, peer in enumerate((b"w0", b"w1")):
@@ -383,9 +486,14 @@ def test_a_workers_failure_speaks_only_for_its_own_rank() -> None:
         rank=0,
         op=UNKNOWN_STREAM,
     )
+    forged_before = state.counters["forged_replies"]
     out = state.handle(b"w1", Failed(sid, "j", 1, forged), 0.2)
     (result,) = [a.msg for a in out if isinstance(a.msg, JobResult)]
     assert result.error is None or result.error.rank == 1, "rank 1 spoke for rank 0"
+    assert result.error is not None and result.error.message == forged.message
+    assert state.counters["forged_replies"] == forged_before + 1
+    aborted = [a.peer for a in out if isinstance(a.msg, Abort)]
+    assert aborted == [b"w0"]  # the job ends on rank 0 too; rank 1 failed it itself
 
 
 @pytest.mark.parametrize("check", [check_symbol_name, check_driver_name])

@@ -71,8 +71,8 @@ def _fetched_by(worker: WorkerSeal, b: Sealer, session: str, uri: str) -> Any:
     it chose. What b reads of the worker's answer (None: nothing)."""
     forged = Fetch(session, 7, 0, uri, "driver:b", "chosen")
     assert worker.inbound(forged) == (forged, None)
-    reply = worker.outbound(Reply(7, "a's secret"))
-    assert type(reply) is Reply
+    reply = worker.outbound(worker.reply(forged, "a's secret"))  # as the job shell answers it
+    assert isinstance(reply, Reply)
     if reply.error is not None:
         assert reply.error.kind == "SessionAccessError", reply.error
         return None
@@ -107,23 +107,30 @@ def test_another_listed_drivers_job_cannot_run_in_a_session_it_is_not_admitted_t
 
 
 def test_a_reply_is_sealed_for_its_own_fetch_or_not_sent_at_all() -> None:
-    """The worker keeps each Fetch by the broker's ``req`` to seal its reply for. A second
-    Fetch of a pending ``req`` (its reply would be sealed for the second's driver and
-    context) is dropped; a reply whose Fetch is no longer known (4,096 others since) goes
-    as an error, never as the plain value."""
+    """The job shell hands the seal the Fetch it read with the value that answers it: the
+    value is sealed for that Fetch's driver and context, whatever other Fetch the broker
+    sent with the same ``req`` (each reply is sealed for its own). A Reply with a value
+    that did not come so (no Fetch to seal it for) goes as an error, never as the plain
+    value; an error goes as it is."""
     a, b, node = _sealers()
     worker = WorkerSeal(node, 0)
     assert _runs(worker, _job(a, "sa", [1])) == [1]
     assert _runs(worker, _job(b, "sb", [1])) == [1]
     first = Fetch("sa", 7, 0, "v", "driver:a", "t")
     assert worker.inbound(first) == (first, None)
-    assert worker.inbound(Fetch("sb", 7, 0, "w", "driver:b", "t")) == (None, None)
-    reply = worker.outbound(Reply(7, "a's secret"))
-    assert type(reply) is Reply and reply.error is None
+    second = Fetch("sb", 7, 0, "w", "driver:b", "t")
+    assert worker.inbound(second) == (second, None)
+    reply = worker.outbound(worker.reply(first, "a's secret"))
+    assert isinstance(reply, Reply) and reply.error is None
     assert a.open(reply.value, fetch_context("sa", 0, "v", "t"), sender="node:n0")[1] == (
         "a's secret"
     )
-    lost = worker.outbound(Reply(8, "a's secret"))  # no Fetch 8 known here
+    with pytest.raises(AuthenticationError):  # not for b, whose Fetch has the same req
+        b.open(reply.value, fetch_context("sb", 0, "w", "t"), sender="node:n0")
+    own = worker.outbound(worker.reply(second, "b's own"))
+    assert isinstance(own, Reply) and own.error is None
+    assert b.open(own.value, fetch_context("sb", 0, "w", "t"), sender="node:n0")[1] == "b's own"
+    lost = worker.outbound(Reply(8, "a's secret"))  # no Fetch sealed it
     assert type(lost) is Reply
     assert lost.value is None and lost.error is not None
     assert lost.error.kind == "AuthenticationError" and lost.error.op == "fetch"

@@ -184,6 +184,7 @@ class Jobs(InlineJobs):
         post_frame: Callable[[bytes], None] | None = None,
         seal_scalars: Callable[[str, str, dict[int, Any]], dict[int, bytes] | None] | None = None,
         sealers: JobSealers | None = None,
+        seal_reply: Callable[[Fetch, Any], Reply] | None = None,
         extensions: dict[str, Callable[[], Any]] | None = None,
         job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
         spu: SpuLinks | None = None,
@@ -208,6 +209,9 @@ class Jobs(InlineJobs):
         # secure mode: the driver that sealed a job opened here (WorkerSeal.recipient), which
         # its moves carry and must carry to reach it; held for the jobs the pool holds
         self.sealers = sealers
+        # secure mode: a fetch's Reply, its value sealed for the Fetch read here and answered
+        # (WorkerSeal.reply), not for whatever the broker's req names by then
+        self.seal_reply = seal_reply
         self.spu = spu
         self.job_timeout_s = job_timeout_s
         self._factories = dict(extensions or {})
@@ -488,11 +492,13 @@ class Jobs(InlineJobs):
             value = self.store.get(msg.session, msg.uri)
             if not self.trusted:  # refuse here, with a reason, rather than fail to encode
                 check_safe(value, f"to the driver (fetch of {msg.uri} from rank {self.rank})")
-            return Reply(msg.req, value=value)
         except Exception as exc:
             return Reply(
                 msg.req, error=to_info(exc, rank=self.rank, op="fetch", with_traceback=False)
             )
+        if self.seal_reply is not None:
+            return self.seal_reply(msg, value)
+        return Reply(msg.req, value=value)
 
     def _save(self, msg: SaveSymbol) -> None:
         try:

@@ -18,7 +18,9 @@ here, what it hands the broker for a driver is sealed here. No I/O.
   ``WorkerSeal.open_exec`` itself, by one lookup of their head (the same tag and window
   checks; anything else takes the full path, which says why it refuses).
 * ``Done`` values and fetch ``Reply`` values are sealed for the driver that asked, bound to
-  the job and output index, or to the fetch's ticket.
+  the job and output index, or to the fetch's ticket. A fetch's value is sealed by the
+  ``Fetch`` the job shell read and answered (:meth:`WorkerSeal.reply`), never looked up by
+  its ``req``: that number is the broker's to choose, and may name another fetch by then.
 * Who a session admits is its owner's sealed word, never the broker's
   (``mpl.worker.admission``): an Exec that opened runs only if the session is bound here to
   its sealer, or to an owner whose word admits it (the first job of a session binds it); a
@@ -71,7 +73,7 @@ from mpl.worker.code_policy import open_sealed
 
 __all__ = ["WorkerSeal"]
 
-_MEMORY = 4096  # jobs' recipients, fetches and refused programs remembered (bounded)
+_MEMORY = 4096  # jobs' recipients and refused programs remembered (bounded)
 _HELD = 4096  # recipients held for jobs the job pool holds (its queued and running jobs)
 _HEADS = 256  # streams whose next sealed None opens on open_exec's short path (each
 # keeps its replay window, 4 KiB, alive while it is here)
@@ -115,6 +117,12 @@ class _Unopened(AuthenticationError):
     sealed for another process on this rank (this one restarted, or the driver learnt no
     incarnation yet). Its message ends with the facts the driver needs to seal for this
     one (``mpl.wire.replay.refusal_facts``)."""
+
+
+class _SealedReply(Reply):
+    """A fetch's ``Reply`` whose value :meth:`WorkerSeal.reply` sealed for the ``Fetch`` it
+    answers (the same record on the wire): the only kind of ``Reply`` with a value that
+    :meth:`WorkerSeal.outbound` lets go."""
 
 
 class WorkerSeal:
@@ -167,7 +175,6 @@ class WorkerSeal:
         # sessions admitting their owner alone (open_exec's short path: one lookup)
         self.admission = SessionAdmission()
         self._solo = self.admission.solo
-        self._fetches: LRU[int, Fetch] = LRU(_MEMORY)
         self._refused: LRU[str, str] = LRU(_MEMORY)  # program digest -> why it did not open
         self.refusals = 0
         self._tails = ExecTails()  # what exec_context writes after the job
@@ -392,11 +399,7 @@ class WorkerSeal:
     def _inbound_other(self, msg: Record) -> tuple[Record | None, Record | None]:
         if isinstance(msg, Program):
             return self._program(msg), None
-        if isinstance(msg, Fetch):
-            if msg.req in self._fetches:  # (an honest broker numbers each request anew)
-                return None, None  # kept: the first one's reply is sealed for it alone
-            self._fetches[msg.req] = msg
-        elif isinstance(msg, SessionClosed):
+        if isinstance(msg, SessionClosed):
             self.admission.closed(msg.session)
             # the short path's cached context skips the solo lookup: the next job takes it
             # (a closed session is out of solo: the full path un-closes it)
@@ -410,7 +413,9 @@ class WorkerSeal:
         self._context = _NO_CONTEXT
 
     def outbound(self, msg: Record) -> Record:
-        """Seal what ``msg`` carries for its driver (results, fetch replies).
+        """Seal what ``msg`` carries for its driver (results). A fetch's ``Reply`` goes only
+        as :meth:`reply` sealed it (or with an error and no value): one with a plain value is
+        answered with an error instead.
 
         A ``Done`` is sealed here, in this method, for the same reason as ``inbound``: it
         comes back itself, its values replaced by their sealed boxes."""
@@ -478,14 +483,10 @@ class WorkerSeal:
     def _outbound_other(self, msg: Record) -> Record:
         if isinstance(msg, Failed):
             self.forget(msg.session, msg.job)
-        if isinstance(msg, Reply):
-            fetch = self._fetches.pop(msg.req, None)
-            if fetch is not None:
-                return self._reply(msg, fetch)
-            if msg.error is None:  # its Fetch forgotten (4,096 since): sealed for no one,
-                why = f"fetch {msg.req}'s request is no longer known here: its value not sent"
-                info = ErrorInfo("AuthenticationError", why, rank=self.rank, op="fetch")
-                return Reply(msg.req, error=info)  # so never sent as it is
+        elif type(msg) is Reply and msg.error is None:  # a value not sealed by reply():
+            why = f"fetch {msg.req}'s value was not sealed for the Fetch it answers: not sent"
+            info = ErrorInfo("AuthenticationError", why, rank=self.rank, op="fetch")
+            return Reply(msg.req, error=info)  # so never sent as it is
         return msg
 
     # -- inbound --------------------------------------------------------------------------
@@ -512,17 +513,21 @@ class WorkerSeal:
         return open_sealed(self.sealer, sealed, context)  # decoded once unless refused
 
     # -- outbound -------------------------------------------------------------------------
-    def _reply(self, msg: Reply, fetch: Fetch) -> Reply:
-        if msg.error is not None:
-            return msg
+    def reply(self, fetch: Fetch, value: Any) -> Reply:
+        """The ``Reply`` to ``fetch`` (the Fetch the job shell read, and answers: any thread)
+        with ``value`` sealed for its driver under its context, if its session admits that
+        driver; else one saying why, with no value. Bound to this Fetch itself, not to its
+        ``req``: the broker numbers requests, and may reuse a number for a fetch in another
+        session before this one is answered."""
+        req = fetch.req
         refused_by = self.admission.may_read(fetch.session, fetch.reply_to)
         if refused_by:  # (the broker wrote reply_to: only the session's owner's word counts)
             why = f"a fetch of {fetch.uri} refused: {refused_by}"
             info = ErrorInfo("SessionAccessError", why, rank=self.rank, op="fetch")
-            return Reply(msg.req, error=info)
+            return Reply(req, error=info)
         if not self.sealer.knows(fetch.reply_to) or not fetch.ticket:
             return Reply(
-                msg.req,
+                req,
                 error=ErrorInfo(
                     "AuthenticationError",
                     f"a fetch of {fetch.uri} asks for a reply to {fetch.reply_to!r}, which is "
@@ -533,13 +538,9 @@ class WorkerSeal:
             )
         context = fetch_context(fetch.session, self.rank, fetch.uri, fetch.ticket)
         try:
-            return Reply(
-                msg.req, self.sealer.seal(msg.value, fetch.reply_to, context, safe=self.safe)
-            )
+            return _SealedReply(req, self.sealer.seal(value, fetch.reply_to, context, self.safe))
         except Exception as exc:
-            return Reply(
-                msg.req, error=to_info(exc, rank=self.rank, op="fetch", with_traceback=False)
-            )
+            return Reply(req, error=to_info(exc, rank=self.rank, op="fetch", with_traceback=False))
 
     def forget(self, session: str, job: str) -> None:
         """A job that ends without ``Done`` (failed, aborted) has no recipient any more (and
