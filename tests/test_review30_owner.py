@@ -16,6 +16,9 @@ it draws every id and relays everything.
 * Finding 2 (medium, open, documented under Limitations): an attach without
   ``share_with`` (the owner's other client, or a sharee) takes an id of its name naming
   any owner, so the broker can seat it in a session its own driver bound (strict xfail).
+* Finding 3 (info, open): the fetch context's ``|`` separators; the Exec context hashes
+  its fields each after its length, and a Done's ends in the job id and index, of fixed
+  forms, so only the fetch's two free fields can trade characters (strict xfail).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from test_session_driver_binding import _fetched_by, _job, _runs, _sealers, _val
 import mpl.broker.sessions as broker_sessions
 from mpl.wire.errors import AuthenticationError
 from mpl.wire.jobs import Failed
+from mpl.wire.seal_contexts import fetch_context
 from mpl.wire.session_word import binds_owner, id_of_session_named, session_id, worded
 from mpl.wire.sessions import SessionOpened
 from mpl.worker.sealing import WorkerSeal
@@ -243,3 +247,29 @@ def test_the_owners_other_client_refuses_an_id_naming_another_owner(rig: Rig) ->
         _answer_with(rig, lambda honest: session_id(honest[:-TAIL], "driver:mallory"))
         with pytest.raises(AuthenticationError, match="another owner"):
             rig.connect(session="p").close()
+
+
+# -- the contexts' separators ---------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "finding 3 (info): fetch|session|rank|uri|ticket is not length-prefixed, and a "
+        "session's name may hold '|' (and job ids, so uris, are any string a listed driver "
+        "seals): a's fetch of its own value, in a session whose NAME holds b's session id "
+        "and '|rank|', shares its context with a fetch of b's value whose uri holds the rest "
+        "(b's job id chosen so), in b's session shared with a; the broker rewrites the "
+        "Fetch and a reads b's value as its own. Needs a's name to embed b's id: not a "
+        "practical attack. Proposed fix (a wire change, workers and drivers together): "
+        "write the fetch context as the Exec tail is, each of session and uri after its "
+        "length (mpl.wire.seal_contexts.fetch_context)"
+    ),
+)
+def test_no_two_fetches_of_one_ticket_read_alike() -> None:
+    theirs = session_id("x", B)  # b's session, shared with a
+    mine = session_id(f"{theirs}|0|y", A)  # a's, named after b's id and a rank
+    uri = "0123456789abcdef01234567/0"  # a's value, output 0 of its job
+    rest = mine[len(theirs) + len("|0|") :]
+    forged_uri = f"{rest}|0|{uri}"  # b's job id: f"{rest}|0|0123...", output 0
+    assert fetch_context(mine, 0, uri, "t") != fetch_context(theirs, 0, forged_uri, "t")
