@@ -271,7 +271,9 @@ class Client(BrokerCalls):
             and not binds_owner(sid, sealer.identity)
         )
         if not id_of_session_named(sid, name) or (fresh and opened.attached) or not_owned:
-            self._send(CloseSession(name, self.client_id))  # what an honest broker opened
+            # detach from what an honest (older) broker opened: by its id, as the broker
+            # reads a close (a name finds nothing: the session stayed open to its lease)
+            self._send(CloseSession(sid, self.client_id))
             raise AuthenticationError(
                 f"the broker answered the open of session {name!r} with session "
                 f"{sid!r}{' (attached)' if opened.attached else ''}: not the one asked for"

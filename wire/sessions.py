@@ -56,7 +56,7 @@ class OpenSession(Record, tag="open"):
     """
 
     req: int
-    # the session's name (at most 128 characters); its id is ``<name>~<16 hex>``
+    # the session's name (at most 128 characters); its id is ``<name>~<24 base64url>``
     # (``mpl.wire.session_word.session_id``); "": the broker picks an id (older drivers:
     # a driver names even its own fresh session, to check the id it is answered with)
     name: str
