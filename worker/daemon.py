@@ -55,9 +55,7 @@ from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.snapshot import SnapshotSlot
 from mpl.wire.sockets import MAX_MESSAGE, configure, drain, recv_frames, send_frames
 from mpl.worker.broker_messages import BrokerMessages
-from mpl.worker.code_policy import (
-    CODE_POLICIES,
-)
+from mpl.worker.code_policy import CODE_POLICIES, driver_code_policy
 from mpl.worker.holding import held_moves, held_spu
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
 from mpl.worker.kernel_table import KernelTable, NodeBindings
@@ -136,6 +134,8 @@ class Worker(BrokerMessages, ResultChannel):
         if code not in CODE_POLICIES:
             raise ValueError(f"code policy must be one of {', '.join(CODE_POLICIES)}, got {code!r}")
         self.code = code
+        # drivers this node's own spec holds to named kernels on this --code any worker
+        kernels_drivers = driver_code_policy(curve.cluster if curve is not None else None, code)
         self.broker_url = broker
         self.rank = rank
         self.trusted = trusted  # this party's own choice: pickles may cross between parties
@@ -167,6 +167,7 @@ class Worker(BrokerMessages, ResultChannel):
                 trusted=trusted,
                 code=code,
                 incarnation=public_incarnation(self.incarnation),
+                kernels_drivers=kernels_drivers,
             )
         self.mailbox = move_mailbox(held_moves(curve, lambda: self.state.world_size))
         self.intake = PeerIntake(
@@ -233,7 +234,9 @@ class Worker(BrokerMessages, ResultChannel):
         self.runtimes = SessionRuntimes(
             rank, lambda: node_runtime_info(own or self.state.cluster, rank)
         )
-        kernel_table = KernelTable(self.bindings, kernels, data_root, self.runtimes.of)
+        kernel_table = KernelTable(  # secure mode: file kernels keep to their driver's folder
+            self.bindings, kernels, data_root, self.runtimes.of, per_driver=curve is not None
+        )
         services: dict[str, Callable[[], Any]] = {
             "spu": lambda: SpuService(
                 self.spu_links,
