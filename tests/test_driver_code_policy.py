@@ -128,7 +128,7 @@ def test_a_kernels_drivers_code_is_refused_and_its_kernels_run() -> None:
 def test_a_code_program_is_refused_to_a_kernels_driver_only_while_it_is_held() -> None:
     """The record of a's program of code lives with its graph (the worker's program
     cache holds it): a program no one holds any more names nothing runnable here."""
-    a, b, node = _sealers()
+    a, _, node = _sealers()
     worker = WorkerSeal(node, 0, kernels_drivers=frozenset({"driver:b"}))
     code = _graph(_secret)
     opened, _ = worker.inbound(_program(a, code))
@@ -162,3 +162,18 @@ def test_without_kernels_entries_the_seal_opens_as_before() -> None:
     assert _runs(worker, _job_of(a, code.digest, [fractions.Fraction(2)])) == [
         fractions.Fraction(2)
     ]
+
+
+def test_a_program_under_another_programs_digest_refuses_no_one_elses_jobs() -> None:
+    """b (kernels) seals a program of code under the digest of a program of kernels: it is
+    dropped, but records nothing against that digest, whose own program b's jobs (and any
+    kernels driver's) still run."""
+    a, b, node = _sealers()
+    worker = WorkerSeal(node, 0, kernels_drivers=frozenset({"driver:b"}))
+    kernels = _graph(KernelRef("mpl.io.read_npy"))
+    code = _graph(_secret)
+    forged = b.seal_record(code, "node:n0", program_context(kernels.digest), safe=False)
+    worker.inbound(Program(kernels.digest, None, {0: forged}))
+    opened, _ = worker.inbound(_program(b, kernels))
+    assert type(opened) is Program
+    assert _runs(worker, _job_of(b, kernels.digest)) is None

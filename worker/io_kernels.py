@@ -42,7 +42,8 @@ def _inside(base: Path, path: str, root: Path) -> Path:
         raise PermissionError(f"{path!r}: paths are relative to the worker's data root")
     target = (base / path).resolve()
     if not target.is_relative_to(base):
-        raise PermissionError(f"{path!r} leads outside the folders this job may use here")
+        where = "the worker's data root" if base == root else "this driver's folder"
+        raise PermissionError(f"{path!r} leads outside {where}")
     if target.is_relative_to(root / SYMBOLS):  # persisted values: their owners' alone
         raise PermissionError(f"{path!r} is in the worker's persisted values' folder")
     return target

@@ -514,7 +514,8 @@ class WorkerSeal:
             self._refused[msg.digest] = f"{type(exc).__name__}: {exc}"
             return None
         self._refused.pop(msg.digest, None)
-        if self.kernels_drivers and holds_pickle(graph):  # opened screened (_open)
+        # (a graph under another's digest is the state's to refuse: it names nothing here)
+        if self.kernels_drivers and holds_pickle(graph) and graph.digest == msg.digest:
             if driver in self.kernels_drivers:  # dropped: its jobs are refused saying why
                 self._code_refused[msg.digest] = REFUSAL.format(
                     what=f"program {graph.name or msg.digest}"
@@ -522,7 +523,7 @@ class WorkerSeal:
                 return None
             # an allowed driver's program of code: opened in full, and kept from
             # kernels_drivers' jobs for as long as its graph lives here
-            try:
+            try:  # (the plaintext that opened above: its digest is checked)
                 graph = self.sealer.open(sealed, context, safe=False)[1]
             except (AuthenticationError, ProtocolError) as exc:  # it does not load here
                 self.refusals += 1
