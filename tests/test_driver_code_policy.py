@@ -168,7 +168,7 @@ def test_a_program_under_another_programs_digest_refuses_no_one_elses_jobs() -> 
     """b (kernels) seals a program of code under the digest of a program of kernels: it is
     dropped, but records nothing against that digest, whose own program b's jobs (and any
     kernels driver's) still run."""
-    a, b, node = _sealers()
+    _, b, node = _sealers()
     worker = WorkerSeal(node, 0, kernels_drivers=frozenset({"driver:b"}))
     kernels = _graph(KernelRef("mpl.io.read_npy"))
     code = _graph(_secret)

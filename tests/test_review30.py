@@ -277,6 +277,7 @@ def test_a_listed_drivers_code_reads_no_value_of_another_drivers_session(
                     mp.fetch(mp.device("P0")(steal)())
                 saved = mp.device("P0")(write_npy)("mine.npy", np.array([1.0, 2.0]))
                 assert mp.fetch(mp.device("P0")(read_npy)(saved)).tolist() == [1.0, 2.0]
+            assert (rig.d.root / "data0" / "drivers" / "mallory" / "mine.npy").is_file()
             with analyst:
                 assert mp.fetch(kept) == secret  # the analyst's own code still runs here
     finally:

@@ -22,7 +22,9 @@ In secure mode (``curve``) every socket runs CurveZMQ with keys from the worker'
 of the cluster spec: its DEALERs pin the broker's key, its peer links pin each rank's key,
 and its data and SPU sockets admit only the spec's nodes (a :class:`Gatekeeper`). A move
 whose ``src`` is not the rank its connection authenticated as is counted and dropped
-(``peer_intake.py``).
+(``peer_intake.py``). The same spec says per driver what its jobs may run here (a driver
+listed ``code: kernels``: named kernels only, ``sealing.py``), and the file kernels keep
+each driver to its own folder under the data root (``kernel_table.driver_root``).
 """
 
 from __future__ import annotations
