@@ -7,9 +7,11 @@ code, on the same short path as before. Written against the pure cores (``Worker
 from __future__ import annotations
 
 import fractions
+from pathlib import Path
 from typing import Any
 
 import pytest
+from deployment import Deployment
 from test_session_driver_binding import _job, _runs, _sealers
 
 from mpl.wire import ClusterSpec, GraphBuilder
@@ -177,3 +179,21 @@ def test_a_program_under_another_programs_digest_refuses_no_one_elses_jobs() -> 
     opened, _ = worker.inbound(_program(b, kernels))
     assert type(opened) is Program
     assert _runs(worker, _job_of(b, kernels.digest)) is None
+
+
+@pytest.mark.daemons
+def test_a_kernels_worker_does_not_start_with_a_driver_listed_code_any(tmp_path: Path) -> None:
+    """``mpl-worker --code kernels`` binds every driver: an entry cannot loosen it, and a
+    spec that tries says so at start rather than run a policy the operator did not mean."""
+    d = Deployment(tmp_path)
+    data = d.spec.to_dict()
+    data["drivers"][0]["code"] = "any"
+    own = tmp_path / "own.yaml"
+    own.write_text(ClusterSpec.from_dict(data).to_yaml())
+    d.address = "tcp://127.0.0.1:9"  # never dialled: the worker stops before
+    try:
+        proc = d.start_worker(0, extra=["--code", "kernels"], cluster=own)
+        assert proc.wait(60) != 0
+        assert "code: any" in d.log("worker0")
+    finally:
+        d.close()
