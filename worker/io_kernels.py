@@ -68,7 +68,7 @@ def _readable(path: str) -> Path:
         return mine
     shared = _inside(root, path, root)  # the operator's files, read by every driver
     if shared.is_relative_to(root / DRIVERS):
-        raise PermissionError(f"{path!r} is in another driver's folder")
+        raise PermissionError(f"{path!r} is in the drivers' folders, each its driver's alone")
     return shared
 
 
