@@ -34,11 +34,20 @@ the daemon decodes broker traffic with the safe format, and sealed plaintext is 
 only after it authenticated. Under ``--code kernels`` a driver's sealed program or bindings
 holding pickles open with the pickles left opaque, for the daemon to refuse by its policy:
 the seal hides them from the check it makes on the outer message.
+
+A driver the worker's own spec lists with ``code: kernels`` (``kernels_drivers``) is held
+to that policy on a ``--code any`` worker too, by its authenticated sealer: its program or
+bindings are opened as under ``--code kernels`` (a program holding pickles is dropped, a job
+whose bindings hold one fails with the policy's reason, ``RemotePermissionError``), and its
+job runs only a program that held no pickle when it opened here (another driver's program
+of code is refused to it the same way). Its jobs always take :meth:`open_exec`'s full path,
+which makes those checks; the other drivers' jobs pay nothing for it.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from hmac import compare_digest
 from typing import Any
 
@@ -69,7 +78,7 @@ from mpl.wire.sealed import BOX_MAGIC
 from mpl.wire.session_word import read_word
 from mpl.wire.sessions import Reply, SessionClosed
 from mpl.worker.admission import SessionAdmission
-from mpl.worker.code_policy import open_sealed
+from mpl.worker.code_policy import REFUSAL, holds_pickle, open_sealed
 
 __all__ = ["WorkerSeal"]
 
@@ -138,12 +147,24 @@ class WorkerSeal:
         trusted: bool = False,
         code: str = "any",
         incarnation: str = "",
+        kernels_drivers: frozenset[str] = frozenset(),
     ) -> None:
         self.sealer = sealer
         self.rank = rank
         self.incarnation = incarnation
         self._bound = incarnation_suffix(incarnation)  # what ends an Exec context for us
         self._kernels_only = code == "kernels"  # mpl-worker --code kernels
+        # drivers this worker's own spec lists with ``code: kernels`` (identities): on a
+        # --code any worker their payloads open screened, as every one does under kernels
+        self.kernels_drivers = frozenset() if self._kernels_only else frozenset(kernels_drivers)
+        self._screens = self._kernels_only or bool(self.kernels_drivers)
+        # digest -> graph of the programs that held pickles when they opened here (for an
+        # allowed driver): refused to kernels_drivers' jobs. Weak: an entry lives as long as
+        # its graph does (the worker's program cache, a job running it), no longer.
+        self._code_programs: weakref.WeakValueDictionary[str, Graph] = weakref.WeakValueDictionary()
+        # digest -> why: programs a kernels driver sealed that held pickles (dropped); its
+        # jobs naming them are refused saying why (no other driver's jobs are affected)
+        self._code_refused: LRU[str, str] = LRU(256)
         self.safe = not pickles_allowed(WORKER, trusted=trusted)  # results leave this party
         # (session, job) of the jobs opened here last -> the driver that sealed it, its
         # results' recipient ("" once the job failed or was aborted): a plain dict, oldest
@@ -271,7 +292,7 @@ class WorkerSeal:
             tail = self._tails[(session, msg.digest, msg.ranks, msg.inline, msg.timeout_s)]
             context = f"exec|{job}{tail}{self._bound}"
             try:  # (no cost in Python 3.11 unless it raises)
-                if self._kernels_only:
+                if self._screens:
                     driver, mine = self._open(sealed, context)
                 elif type(sealed) is bytes:  # a compact box (every job without large inputs)
                     driver, mine = self.sealer.open_box(sealed, context, "", False, True)
@@ -282,6 +303,10 @@ class WorkerSeal:
             replayed = self.replays.admit(driver, sealed)  # authenticated: counted as run
             if replayed:
                 raise _Replayed(f"job {job} refused: {replayed}", replayed)
+            if self.kernels_drivers and driver in self.kernels_drivers:
+                refused_code = self._refused_code(msg.digest, job, mine)
+                if refused_code is not None:  # (run: stays refused; binds no session)
+                    return Failed(session, job, self.rank, refused_code)
             word, stamp, said = None, 0, type(mine) is dict  # its sealer's word on who S admits
             opening = False
             if said:
@@ -314,9 +339,32 @@ class WorkerSeal:
             self._book_fresh(fresh)
             self._fresh = _NO_JOB
         self._book(session, job, driver)
-        if mine is None and not self._kernels_only and type(sealed) is bytes:
+        # (a kernels driver's jobs keep to the full path, which checks their program)
+        if (
+            mine is None
+            and not self._kernels_only
+            and type(sealed) is bytes
+            and driver not in self.kernels_drivers
+        ):
             self._learn_head(driver, sealed)
         return mine
+
+    def _refused_code(self, digest: str, job: str, mine: Any) -> ErrorInfo | None:
+        """Why a job of a ``code: kernels`` driver may not run here (None: it may): its
+        bindings hold pickles (opened opaque), or its program held some when it opened."""
+        if holds_pickle(mine):
+            why = REFUSAL.format(what="the job's inputs")
+        elif (held := self._code_programs.get(digest)) is not None:
+            why = REFUSAL.format(what=f"program {held.name or digest}")
+        elif (refused := self._code_refused.get(digest)) is not None:
+            why = refused
+        else:
+            return None
+        why = f"{why} (this worker's spec lists its driver with code: kernels)"
+        return ErrorInfo(
+            "RemoteError", why, rank=self.rank, op="program", remote_type="PermissionError",
+            job=job,
+        )  # fmt: skip
 
     def _book(self, session: str, job: str, driver: str) -> None:
         """Remember the recipient of a job opened here (the newest opened: its sealer numbers
@@ -491,8 +539,12 @@ class WorkerSeal:
 
     # -- inbound --------------------------------------------------------------------------
     def _program(self, msg: Program) -> Program | None:
+        sealed, context = msg.sealed.get(self.rank), program_context(msg.digest)
         try:
-            _, graph = self._open(msg.sealed.get(self.rank), program_context(msg.digest))
+            if self.kernels_drivers:  # screened, whoever sealed it: does it hold code?
+                driver, graph = open_sealed(self.sealer, sealed, context)
+            else:
+                driver, graph = self._open(sealed, context)
             if not isinstance(graph, Graph):
                 raise ProtocolError(f"program {msg.digest} holds a {type(graph).__name__}")
         except (AuthenticationError, ProtocolError) as exc:
@@ -500,17 +552,39 @@ class WorkerSeal:
             self._refused[msg.digest] = f"{type(exc).__name__}: {exc}"
             return None
         self._refused.pop(msg.digest, None)
+        # (a graph under another's digest is the state's to refuse: it names nothing here)
+        if self.kernels_drivers and holds_pickle(graph) and graph.digest == msg.digest:
+            if driver in self.kernels_drivers:  # dropped: its jobs are refused saying why
+                self._code_refused[msg.digest] = REFUSAL.format(
+                    what=f"program {graph.name or msg.digest}"
+                )
+                return None
+            # an allowed driver's program of code: opened in full, and kept from
+            # kernels_drivers' jobs for as long as its graph lives here
+            try:  # (the plaintext that opened above: its digest is checked)
+                graph = self.sealer.open(sealed, context, safe=False)[1]
+            except (AuthenticationError, ProtocolError) as exc:  # it does not load here
+                self.refusals += 1
+                self._refused[msg.digest] = f"{type(exc).__name__}: {exc}"
+                return None
+            self._code_programs[msg.digest] = graph
         return Program(msg.digest, graph)
 
     def _open(self, sealed: Any, context: str) -> tuple[str, Any]:
         """Open what a driver sealed for this rank (pickles allowed: it is an allowed
-        driver). Under ``--code kernels`` nothing in it is unpickled: a payload holding
-        pickles comes back with them opaque, for the daemon to refuse by its policy; any
-        other payload, holding none, opens as usual."""
-        if not self._kernels_only:
-            result: tuple[str, Any] = self.sealer.open(sealed, context, safe=False)
-            return result
-        return open_sealed(self.sealer, sealed, context)  # decoded once unless refused
+        driver). Under ``--code kernels``, and for a driver listed with ``code: kernels``,
+        nothing in it is unpickled: a payload holding pickles comes back with them opaque,
+        for the caller to refuse; any other payload, holding none, opens as usual. Which
+        driver sealed it is read from its claim before it opens: opening authenticates
+        exactly that sender, or fails."""
+        if self._kernels_only or (self._screens and self._claims_kernels_driver(sealed)):
+            return open_sealed(self.sealer, sealed, context)  # decoded once unless refused
+        result: tuple[str, Any] = self.sealer.open(sealed, context, safe=False)
+        return result
+
+    def _claims_kernels_driver(self, sealed: Any) -> bool:
+        claimed = claimed_stream(sealed)
+        return claimed is not None and claimed[0] in self.kernels_drivers
 
     # -- outbound -------------------------------------------------------------------------
     def reply(self, fetch: Fetch, value: Any) -> Reply:
