@@ -358,7 +358,9 @@ class Context:
     @property
     def jobs(self) -> list[JobRecord]:
         """The records of the last jobs (at most 64), oldest first: a new list each time."""
-        return [JobRecord._make(row) for row in self._job_rows]
+        # the rows copied first, in one C call: the pump thread records async jobs as they
+        # end, and a row appended while the records are made would stop the deque's iterator
+        return [JobRecord._make(row) for row in tuple(self._job_rows)]
 
     def trace(self, path: str, *, last: int | None = None) -> str:
         """Write a Chrome/Perfetto trace of the last jobs (all kept, or the ``last`` few) to
