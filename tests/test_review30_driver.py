@@ -209,6 +209,7 @@ def test_a_child_forked_while_another_thread_counts_can_count(owner: Any, counts
 @pytest.mark.timeout(60)
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="finding 3 (low): the call site asks whether more frames follow only when its "
     "first frame is not read alone, so a broker's answer with frames after it is taken as "
     "the job's (the general read refuses it: a frame no header refers to), and the frames "
@@ -256,7 +257,8 @@ def test_an_answer_with_frames_after_it_is_not_taken_as_the_jobs(
                 got: Any = mp.fetch(job())
             except MplError as exc:  # refused, or waited out
                 got = exc
-            assert sent  # the hostile answer went out
+            if not sent:  # not an xfail: the hostile answer must have gone out
+                pytest.fail("the broker sent the answer another way: nothing was tested")
             assert not isinstance(got, int), "an answer with a stray frame was taken"
     finally:
         sim.close()
