@@ -8,7 +8,8 @@ here, what it hands the broker for a driver is sealed here. No I/O.
   digest) by such a driver: the broker cannot start a job, replay one into another job, or
   swap one rank's inputs for another's. That driver is remembered as the job's recipient
   (the last 4,096 jobs opened; held for as long as the job pool holds the job, however
-  many open meanwhile: ``hold``, ``release``).
+  many open meanwhile, up to 4,096 per driver, so no driver's jobs push out another's:
+  ``hold``, ``release``).
   Nor can it replay a job: the bindings carry their sealer's sequence number, and a window
   of those per stream (``mpl.wire.replay``) lets each run once, however many jobs ran since
   and whether or not its session is still open; they are sealed for this worker process
@@ -181,9 +182,12 @@ class WorkerSeal:
         # recipient, held from the hand-off until the pool is done with the job (release):
         # _opened forgets its oldest as jobs open, so a long or long-queued job would lose
         # its sealer (its moves carry it) and its Done's recipient. As many as the pool
-        # holds; past _HELD (a pool far behind) the oldest goes. Held and released under
+        # holds; past _HELD of one driver's (a pool far behind) that driver's oldest goes,
+        # so one driver's queued jobs push out no other driver's (_held_by: each driver's,
+        # oldest first; the drivers are the listed ones). Held and released under
         # _held_lock (job threads release); read by single lookups from any thread.
         self._held: dict[tuple[str, str], str] = {}
+        self._held_by: dict[str, dict[tuple[str, str], None]] = {}
         self._held_lock = threading.Lock()
         # the _fresh that forget cleared (by identity: each opened job has its own tuple)
         self._dropped: tuple[str, str, str] = _NO_JOB
@@ -404,18 +408,34 @@ class WorkerSeal:
         Returns it ("" and nothing held for a job with none: :meth:`recipient`)."""
         driver = self.recipient(session, job)
         if driver:
+            key = (session, job)
             with self._held_lock:
-                held = self._held
-                held[(session, job)] = driver
-                if len(held) > _HELD:
-                    held.pop(next(iter(held)), None)
+                self._let_go(key)  # (held again: as the newest, of its driver now)
+                self._held[key] = driver
+                mine = self._held_by.get(driver)
+                if mine is None:
+                    mine = self._held_by[driver] = {}
+                mine[key] = None
+                if len(mine) > _HELD:  # this driver's oldest, never another driver's
+                    oldest = next(iter(mine))
+                    del mine[oldest]
+                    self._held.pop(oldest, None)
         return driver
 
     def release(self, session: str, job: str) -> None:
         """The job pool is done with job ``job`` of ``session`` (its answer, if any, was
         sealed): its recipient is held no longer. Any thread."""
         with self._held_lock:
-            self._held.pop((session, job), None)
+            self._let_go((session, job))
+
+    def _let_go(self, key: tuple[str, str]) -> None:
+        """:meth:`release`'s work, under ``_held_lock``."""
+        driver = self._held.pop(key, None)
+        if driver is not None:
+            mine = self._held_by[driver]
+            del mine[key]
+            if not mine:
+                del self._held_by[driver]
 
     def _learn_head(self, driver: str, sealed: bytes) -> None:
         """Keep the head of a sealed None that authenticated and was admitted here, for
