@@ -9,17 +9,23 @@ the round's own tests did not already (a hostile sender's bytes through the brok
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import wait_until
+import zmq
+from helpers import mutated, wait_until
 from test_session_driver_binding import _sealers
 
 from mpl.wire import GraphBuilder
+from mpl.wire.batch import is_batch, split_batch
+from mpl.wire.codec import MAGIC_FRAME, decode, encode, from_wire
 from mpl.wire.control import Welcome, WorkerHello
-from mpl.wire.jobs import Done, Exec, Program
+from mpl.wire.done_repeat import RepeatDones
+from mpl.wire.hot import DONE_PREFIX, read_done_header
+from mpl.wire.jobs import Done, Exec, Program, output_uri
 from mpl.wire.record import Record
 from mpl.wire.seal import Sealer, exec_context
 from mpl.worker.jobs import Jobs
@@ -133,3 +139,104 @@ def test_another_drivers_queued_jobs_do_not_push_out_a_held_recipient(
     assert value == 7
     gates["blocker"].open.set()
     wait_until(lambda: not worker.seal._held, what="every held sealer let go", timeout=60)
+
+
+def test_the_held_recipients_stay_bounded_per_driver() -> None:
+    """Finding 1's bound: each driver's held jobs at most _HELD (its oldest goes), another
+    driver's untouched; a job released or forgotten lets its go."""
+    a, b, node = _sealers()
+    seal = WorkerSeal(node, 0)
+
+    def opened(driver: Sealer, session: str, job: str) -> None:
+        msg = Exec(session, job, "d", (0,), {}, (0,), 5.0)
+        context = exec_context(session, job, "d", (0,), (0,), 5.0)
+        assert seal.open_exec(msg, job, driver.seal(None, _NODE, context, safe=False)) is None
+
+    opened(a, "sa", "a0")
+    assert seal.hold("sa", "a0") == "driver:a"
+    for i in range(_HELD + 5):
+        opened(b, "sb", f"b{i}")
+        assert seal.hold("sb", f"b{i}") == "driver:b"
+    assert seal.recipient("sa", "a0") == "driver:a"  # a's, however many of b's
+    assert seal.recipient("sb", "b0") == ""  # b's oldest, past b's bound
+    assert len(seal._held) == _HELD + 1
+    seal.release("sa", "a0")
+    seal.forget("sb", f"b{_HELD + 4}")
+    assert len(seal._held) == _HELD - 1 and set(seal._held_by) == {"driver:b"}
+
+
+def _frame(msg: Exec) -> bytes:
+    return b"".join(bytes(f) for f in encode(msg))
+
+
+def test_an_intruders_repeat_execs_in_a_session_not_its_own_are_refused(
+    make_cluster: Any,
+) -> None:
+    """Found sound. The broker's loop reads a sender's repeat Exec of one frame by
+    comparison (``RepeatExecs.repeat_frame``) and hands it to ``exec_read`` itself: an
+    intruder's repeats naming the owner's session and program, sent from a raw socket, are
+    read that way (counted) and refused as the full read's are; the owner's session is
+    untouched."""
+    cluster = make_cluster("inproc")
+    owner = cluster.client()
+    sid = owner.open_session("private").session
+    b = GraphBuilder(2)
+    graph = b.build([b.op("constant", [], ranks=(1,), value=[4, 2])[0]])
+    job = owner.submit(sid, graph, {}).job
+    sock = cluster.impl.ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.ROUTING_ID, b"intruder")
+    try:
+        sock.connect(cluster.address)
+        for i in range(4):  # the same header but for the job id: 3 repeats
+            sock.send(_frame(Exec(sid, f"x{i:07d}", graph.digest, (0, 1), {}, (1,), 5.0)))
+        answers: list[Record] = []
+        while len(answers) < 4:
+            assert sock.poll(20000), f"{len(answers)} of 4 answers"
+            answer = from_wire(sock.recv_multipart(copy=False))
+            inner = split_batch(answer) if is_batch(answer) else [answer]
+            answers += [decode(one, unpickle=False) for one in inner]
+        assert all("SessionAccessError" in repr(a) for a in answers), answers
+        assert cluster.impl.broker._exec_readers[b"intruder"].repeats == 3
+    finally:
+        sock.close(linger=0)
+    assert owner.fetch(sid, 1, output_uri(job, 0)) == [4, 2]
+    assert {s["name"] for s in owner.status()["sessions"]} == {"private"}
+
+
+def _secure_done(job: str, rank: int, box: bytes, stats: bytes, index: int = 0) -> bytes:
+    frames = encode(Done("s" * 34, job, rank, {index: box}, stats, {index: "int"}))
+    assert len(frames) == 2
+    return b"".join(bytes(f) for f in frames)
+
+
+def _fields(read: Any) -> tuple[Any, ...]:
+    return (read.session, read.job, read.rank, dict(read.values), read.stats)
+
+
+def test_a_secure_done_stream_is_read_as_the_full_read_reads_it() -> None:
+    """Found sound. One sender's stream of Dones (in secure mode each value a new box)
+    through one ``RepeatDones(boxes=True)``, as the broker's loop feeds it: repeats, boxes
+    of another rank, length, index, layout, and random byte changes, interleaved. Every
+    Done read by comparison reads exactly as the full read reads the same bytes."""
+    rng = random.Random(3030)
+    reader = RepeatDones(boxes=True)
+    compared = 0
+    for i in range(6000):
+        box = rng.randbytes(rng.choice((59, 59, 59, 60, 300)))
+        rank = rng.choice((1, 1, 1, 2))
+        index = rng.choice((0, 0, 0, 1))
+        one = _secure_done(f"j{i:016d}", rank, box, rng.randbytes(24), index)
+        if rng.random() < 0.3:
+            one = mutated(one, rng)
+        got = reader.repeat(one)
+        full = read_done_header(one[4:]) if one[:4] == MAGIC_FRAME else None
+        if got is None:
+            if full is not None and one.startswith(MAGIC_FRAME + DONE_PREFIX):
+                reader.keep(one, full)
+            continue
+        compared += 1
+        assert full is not None, f"a repeat the full read refuses: {one!r}"
+        assert _fields(got) == _fields(full) and got.metas == full.metas, one
+        assert got.saved == full.saved == []
+    assert compared > 300  # (589 seen)
