@@ -25,8 +25,9 @@ from mpl.wire.codec import MAGIC_FRAME, decode, encode, from_wire
 from mpl.wire.control import Welcome, WorkerHello
 from mpl.wire.done_repeat import RepeatDones
 from mpl.wire.hot import DONE_PREFIX, read_done_header
-from mpl.wire.jobs import Done, Exec, Program, output_uri
+from mpl.wire.jobs import Abort, Done, Exec, Failed, Program, output_uri
 from mpl.wire.record import Record
+from mpl.wire.remote import ErrorInfo
 from mpl.wire.seal import Sealer, exec_context
 from mpl.worker.jobs import Jobs
 from mpl.worker.keyed_mailbox import move_mailbox
@@ -60,6 +61,10 @@ def _victims() -> int:
 
 def _blockers() -> int:
     return _GATES["blocker"]()
+
+
+def _fails() -> int:
+    raise ValueError("this job fails")
 
 
 @pytest.fixture
@@ -139,6 +144,26 @@ def test_another_drivers_queued_jobs_do_not_push_out_a_held_recipient(
     assert value == 7
     gates["blocker"].open.set()
     wait_until(lambda: not worker.seal._held, what="every held sealer let go", timeout=60)
+
+
+def test_a_held_recipient_is_let_go_when_its_job_fails_or_is_aborted_queued(
+    gates: dict[str, _Gate],
+) -> None:
+    """Found sound. ``release`` is reached on the error paths too: a pooled job that
+    raises (its Failed sealed, then released), and one aborted while it waits its turn
+    (the pool still runs its task, which reports the abort and releases)."""
+    worker = _TwoDrivers()
+    worker.run(worker.a, "sa", "fails", worker.program(_fails))
+    assert type(worker.answer("fails")) is Failed
+    blockers = worker.program(_blockers)
+    worker.run(worker.a, "sq", "first", blockers)
+    assert gates["blocker"].started.wait(10)
+    worker.run(worker.a, "sq", "queued", blockers)  # waits behind "first"
+    assert set(worker.seal._held) == {("sq", "first"), ("sq", "queued")}
+    worker.jobs.handle(Abort("sq", "queued", ErrorInfo("RemoteError", "aborted")))
+    gates["blocker"].open.set()
+    wait_until(lambda: not worker.seal._held, what="every held sealer let go")
+    assert not worker.seal._held_by
 
 
 def test_the_held_recipients_stay_bounded_per_driver() -> None:
