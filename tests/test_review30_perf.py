@@ -267,22 +267,16 @@ def test_a_secure_done_stream_is_read_as_the_full_read_reads_it() -> None:
     assert compared > 300  # (589 seen)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w30-perf finding 2: the worker's refusal of an Exec that did not open "
-    "(a replay, a box that does not authenticate) is a Failed naming the job the broker "
-    "chose, and sealing it (WorkerSeal.outbound) forgets that job's recipient, held or "
-    "not: the broker's replay of a running job's own Exec has its Done sealed for no one",
-)
 def test_a_refused_replay_of_a_running_jobs_exec_keeps_its_recipient() -> None:
     """Finding 2 (low: a denial of service by the broker alone, which could drop the
     Done anyway; w30-worker's hold is undone the same way). a's job runs on the pool, its
     recipient held. The broker sends a's sealed Exec of that job again: the replay guard
     refuses it with a Failed for (session, job), and ``outbound`` of that Failed calls
-    ``forget``, which clears the job's booked recipient and releases the held one. Fix: a
-    refusal of an Exec that did not open forgets nothing (``open_exec`` and ``inbound``
-    mark the Failed they make, e.g. keep it by identity, and ``_outbound_other`` forgets
-    only for another Failed: a run's or an abort's)."""
+    ``forget``, which clears the job's booked recipient and releases the held one: its
+    Done failed "no authenticated driver here to seal its results for". Fixed: a refusal
+    of an Exec that did not open forgets nothing (``open_exec``, which ``inbound`` calls
+    too, keeps the Failed it made by identity; ``outbound`` forgets the job of any other
+    Failed: a run's)."""
     a, _, node = _sealers()
     seal = WorkerSeal(node, 0)
     msg = Exec("sa", "victim", "d", (0,), {}, (0,), 5.0)

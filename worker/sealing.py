@@ -195,6 +195,10 @@ class WorkerSeal:
         # fields, unless they do not pack (a stats blob of 1 KiB or more): then outbound
         # seals the Done record, and finds its recipient here
         self._answered: tuple[str, str, str] = _NO_JOB
+        # the last refusal open_exec made (by identity): the refused Exec named a job the
+        # broker chose, perhaps one that opened before and runs, so sealing it forgets
+        # nothing (the I/O thread sends each refusal as soon as it is made)
+        self._refusal: Failed | None = None
         self.replays = ReplayGuard()  # which sealed Execs ran: each runs once
         # which drivers each session admits here, by its owner's sealed word; and its
         # sessions admitting their owner alone (open_exec's short path: one lookup)
@@ -337,7 +341,8 @@ class WorkerSeal:
             elif type(exc) is _Unopened:  # perhaps sealed for another incarnation of ours
                 kind, op = "AuthenticationError", UNKNOWN_STREAM
             info = ErrorInfo(kind, message, rank=self.rank, op=op, job=job)
-            return Failed(session, job, self.rank, info)
+            refusal = self._refusal = Failed(session, job, self.rank, info)
+            return refusal
         fresh = self._fresh
         if fresh[2]:  # opened before this one: booked first
             self._book_fresh(fresh)
@@ -549,7 +554,8 @@ class WorkerSeal:
         return self.sealer.seal_scalars(values, driver, f"done|{session}|{job}|")
 
     def _outbound_other(self, msg: Record) -> Record:
-        if isinstance(msg, Failed):
+        # a job's failure: no recipient any more; an Exec's refusal changes no job's
+        if isinstance(msg, Failed) and msg is not self._refusal:
             self.forget(msg.session, msg.job)
         elif type(msg) is Reply and msg.error is None:  # a value not sealed by reply():
             why = f"fetch {msg.req}'s value was not sealed for the Fetch it answers: not sent"
