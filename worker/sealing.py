@@ -314,7 +314,8 @@ class WorkerSeal:
             if self.kernels_drivers and driver in self.kernels_drivers:
                 refused_code = self._refused_code(msg.digest, job, mine)
                 if refused_code is not None:  # (run: stays refused; binds no session)
-                    return Failed(session, job, self.rank, refused_code)
+                    refusal = self._refusal = Failed(session, job, self.rank, refused_code)
+                    return refusal
             word, stamp, said = None, 0, type(mine) is dict  # its sealer's word on who S admits
             opening = False
             if said:
