@@ -13,9 +13,10 @@ it draws every id and relays everything.
 * Finding 1 (low, fixed): a refused open detached by the session's name, which the broker
   does not look sessions up by: the session an honest (older) broker opened for it stayed
   open, the client attached, until its lease ran out.
-* Finding 2 (medium, open, documented under Limitations): an attach without
-  ``share_with`` (the owner's other client, or a sharee) takes an id of its name naming
-  any owner, so the broker can seat it in a session its own driver bound (strict xfail).
+* Finding 2 (medium, fixed by ``owner=``; without it still under Limitations): an attach
+  without ``share_with`` (the owner's other client, or a sharee) took an id of its name
+  naming any owner, so the broker could seat it in a session its own driver bound; given
+  the owner it means (``mp.connect(..., owner=NAME)``) it refuses an id naming another.
 * Finding 3 (info, open): the fetch context's ``|`` separators; the Exec context hashes
   its fields each after its length, and a Done's ends in the job id and index, of fixed
   forms, so only the fetch's two free fields can trade characters (strict xfail).
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_until
 from test_replay_restart import Rig, two_workers
 from test_session_driver_binding import _fetched_by, _job, _runs, _sealers, _value_on
 
@@ -185,14 +187,16 @@ def test_the_driver_acts_as_owner_only_in_an_id_of_its_name_naming_it(rig: Rig) 
     """Every way the driver comes to own a session (a named open answered as new, a fresh
     name, an attach with ``share_with``), answered with each bent id: refused, before any
     job. An attach without ``share_with`` (a member) refuses an id of another form or
-    name; one naming another owner it takes (finding 2), and one naming no listed driver
-    (the tag bent) too: no worker lets anyone bind it, so its jobs are refused there."""
+    name; without ``owner=``, one naming another owner it takes (finding 2), and one
+    naming no listed driver (the tag bent) too: no worker lets anyone bind it, so its
+    jobs are refused there. Given ``owner=``, it refuses every bent id."""
     with rig.connect(session="p") as own:
         paths: tuple[dict[str, Any], ...] = (
             {"session": "q"},  # answered as new (a new name each time, below)
             {},  # a fresh name
             {"session": "p", "share_with": []},  # its own, attached with share_with
             {"session": "p"},  # attached without: a member
+            {"session": "p", "owner": "analyst"},  # a member naming the owner it means
         )
         for n, (how, what) in enumerate(itertools.product(paths, _bent(own.session))):
             if how == {"session": "p"} and what in _MEMBER_TAKES:
@@ -229,24 +233,36 @@ def test_a_refused_open_leaves_no_session_of_an_honest_older_broker_open(
 
 
 @pytest.mark.daemons
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "finding 2 (documented: 'An attach without share_with joins the session the broker "
-        "names'): a client that attaches without share_with acts as a member in an id of "
-        "its name naming any owner, so the broker seats the owner's other client (or a "
-        "sharee) in a session its own driver bound with a grant admitting it, and reads "
-        "its values. Proposed fix: mp.connect(session=..., owner=NAME) (the owner's own "
-        "name for its other clients, the sharer's for a sharee): Client.open_session "
-        "refuses an id for which binds_owner(sid, driver_identity(owner)) fails; "
-        "this test then passes owner='analyst'"
-    ),
-)
 def test_the_owners_other_client_refuses_an_id_naming_another_owner(rig: Rig) -> None:
+    """Finding 2. The analyst's other client attaches to its "p" without ``share_with``;
+    the broker (holding mallory's key) answers with mallory's session of the name, which
+    mallory shared with the analyst: a member there, the client ran its jobs in a session
+    mallory bound, and mallory read their values. Given the owner it means (``owner=``),
+    the client refuses an id naming any other, and detaches from it."""
     with rig.connect(session="p"):
         _answer_with(rig, lambda honest: session_id(honest[:-TAIL], "driver:mallory"))
-        with pytest.raises(AuthenticationError, match="another owner"):
-            rig.connect(session="p").close()
+        with pytest.raises(AuthenticationError, match="another owner than 'analyst'"):
+            rig.connect(session="p", owner="analyst").close()
+        assert rig.tap.alter is None  # the broker did bend it
+
+
+@pytest.mark.daemons
+def test_an_attach_naming_its_owner_joins_that_owners_session_only(rig: Rig) -> None:
+    """With an honest broker: the owner's other client (``owner`` its own name) and a
+    sharee (``owner`` the sharer's) attach and run; an attach naming another owner than
+    the session's is refused, and so is one whose open the broker answers as a new
+    session of the attaching driver's own (no such session open yet), which the client
+    closes again."""
+    with rig.connect(session="p", share_with=["mallory"]) as own:
+        with rig.connect(session="p", owner="analyst") as other:
+            assert other.session == own.session and _value_on(other, 0, "the analyst's")
+        with rig.connect("mallory", session="p", owner="analyst") as sharee:
+            assert sharee.session == own.session and _value_on(sharee, 1, "mallory's")
+        with pytest.raises(AuthenticationError, match="another owner than 'mallory'"):
+            rig.connect(session="p", owner="mallory")
+    with pytest.raises(AuthenticationError, match="another owner than 'analyst'"):
+        rig.connect("mallory", session="q", owner="analyst")
+    wait_until(lambda: rig.broker.state.sessions.named("q") is None, 10, "q to close")
 
 
 # -- the contexts' separators ---------------------------------------------------------------
