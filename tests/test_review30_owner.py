@@ -17,9 +17,9 @@ it draws every id and relays everything.
   without ``share_with`` (the owner's other client, or a sharee) took an id of its name
   naming any owner, so the broker could seat it in a session its own driver bound; given
   the owner it means (``mp.connect(..., owner=NAME)``) it refuses an id naming another.
-* Finding 3 (info, open): the fetch context's ``|`` separators; the Exec context hashes
-  its fields each after its length, and a Done's ends in the job id and index, of fixed
-  forms, so only the fetch's two free fields can trade characters (strict xfail).
+* Finding 3 (info, fixed): the fetch context's ``|`` separators let its two free fields
+  (session, uri) trade characters; they are now each written after its length, as the
+  Exec context's hashed fields are (a Done's ends in the job id and index, of fixed forms).
 """
 
 from __future__ import annotations
@@ -268,24 +268,39 @@ def test_an_attach_naming_its_owner_joins_that_owners_session_only(rig: Rig) -> 
 # -- the contexts' separators ---------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "finding 3 (info): fetch|session|rank|uri|ticket is not length-prefixed, and a "
-        "session's name may hold '|' (and job ids, so uris, are any string a listed driver "
-        "seals): a's fetch of its own value, in a session whose NAME holds b's session id "
-        "and '|rank|', shares its context with a fetch of b's value whose uri holds the rest "
-        "(b's job id chosen so), in b's session shared with a; the broker rewrites the "
-        "Fetch and a reads b's value as its own. Needs a's name to embed b's id: not a "
-        "practical attack. Proposed fix (a wire change, workers and drivers together): "
-        "write the fetch context as the Exec tail is, each of session and uri after its "
-        "length (mpl.wire.seal_contexts.fetch_context)"
-    ),
-)
 def test_no_two_fetches_of_one_ticket_read_alike() -> None:
+    """Finding 3 (fixed). Written bare, a's fetch of its own value, in a session whose NAME
+    holds b's session id and '|rank|', shared its context with a fetch of b's value whose
+    uri holds the rest (b's job id chosen so), in b's session shared with a: the broker
+    could rewrite the Fetch and a read b's value as its own. The session and uri are now
+    each written after its length."""
     theirs = session_id("x", B)  # b's session, shared with a
     mine = session_id(f"{theirs}|0|y", A)  # a's, named after b's id and a rank
     uri = "0123456789abcdef01234567/0"  # a's value, output 0 of its job
     rest = mine[len(theirs) + len("|0|") :]
     forged_uri = f"{rest}|0|{uri}"  # b's job id: f"{rest}|0|0123...", output 0
     assert fetch_context(mine, 0, uri, "t") != fetch_context(theirs, 0, forged_uri, "t")
+
+
+def _read_fetch_context(context: str) -> tuple[str, int, str, str]:
+    """The one way a fetch context reads: each free field after its length."""
+    head, rest = context.split("|", 1)
+    assert head == "fetch"
+    size, rest = rest.split(":", 1)
+    session, rest = rest[: int(size)], rest[int(size) :]
+    _, rank, rest = rest.split("|", 2)
+    size, rest = rest.split(":", 1)
+    uri, rest = rest[: int(size)], rest[int(size) :]
+    sep, ticket = rest[:1], rest[1:]
+    assert sep == "|"
+    return session, int(rank), uri, ticket
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_fetch_context_reads_back_as_the_fetch_it_is_of(name: str) -> None:
+    for fields in (
+        (session_id(name, A), 0, "0123456789abcdef01234567/0", secrets.token_hex(12)),
+        (session_id(name, B), 12, f"{name}|3|x/1", "t|5:|"),
+        (name, 1, "", ""),
+    ):
+        assert _read_fetch_context(fetch_context(*fields)) == fields
