@@ -39,6 +39,7 @@ from test_replay_restart import Rig, two_workers
 from test_session_driver_binding import _fetched_by, _job, _runs, _sealers, _value_on
 
 import mpl.broker.sessions as broker_sessions
+import mpl.driver as mp
 from mpl.wire.errors import AuthenticationError
 from mpl.wire.jobs import Failed
 from mpl.wire.seal_contexts import fetch_context
@@ -263,6 +264,18 @@ def test_an_attach_naming_its_owner_joins_that_owners_session_only(rig: Rig) -> 
     with pytest.raises(AuthenticationError, match="another owner than 'analyst'"):
         rig.connect("mallory", session="q", owner="analyst")
     wait_until(lambda: rig.broker.state.sessions.named("q") is None, 10, "q to close")
+
+
+@pytest.mark.daemons
+def test_owner_is_checked_in_plaintext_too(tmp_path: Path) -> None:
+    """Plaintext ids name their owner too (``driver:<declared name>``), so ``owner=`` is
+    checked there as well: a consistency check, not a defence (names are declared)."""
+    with mp.local_cluster(2, run_dir=tmp_path) as ctx:
+        me, name = ctx.client.driver, ctx.session[:-TAIL]
+        with mp.connect(ctx.address, session=name, driver=me, owner=me) as other:
+            assert other.session == ctx.session
+        with pytest.raises(AuthenticationError, match="another owner than 'someone'"):
+            mp.connect(ctx.address, session=name, driver=me, owner="someone")
 
 
 # -- the contexts' separators ---------------------------------------------------------------
