@@ -241,7 +241,6 @@ class Broker(Outbox):
         mapped = None if self.monitor is None else self._peer_fd
         secure, counters, done_read = self.secure, self.state.counters, self.state.dones.read
         done_readers, exec_readers = self._done_readers, self._exec_readers
-        exec_read = self.state.exec_read
         while True:
             try:
                 if recv is None:
@@ -322,7 +321,9 @@ class Broker(Outbox):
                         if type(read) is Exec:  # _handle's Exec case, without its call
                             try:  # one message's failure stays that message's failure
                                 self._accounts.append((self.ledger.received, read, now))
-                                actions = exec_read(peer, read, now, [MAGIC_FRAME, data], who)
+                                actions = self.state.exec_read(
+                                    peer, read, now, [MAGIC_FRAME, data], who
+                                )
                                 if len(jobs) == 1 and not self._outbox:
                                     self._fan_out(actions)  # nothing it could be batched with
                                 else:

@@ -8,6 +8,7 @@ no ``with`` active. ``ctx.close()`` ends the session: the workers free everythin
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections import deque
@@ -57,6 +58,19 @@ STACK = _stack
 ENTERED = [0]
 _counting = threading.Lock()
 _default: Context | None = None
+
+
+def _recount_in_child() -> None:
+    """A forked child runs this thread alone: a lock another thread held at the fork would
+    never be released there (its first ``with ctx:`` would block for ever), and only this
+    thread's entered contexts are the child's."""
+    global _counting
+    _counting = threading.Lock()
+    ENTERED[0] = len(_stack.contexts)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_recount_in_child)
 
 
 def current() -> Context:
@@ -360,7 +374,9 @@ class Context:
     @property
     def jobs(self) -> list[JobRecord]:
         """The records of the last jobs (at most 64), oldest first: a new list each time."""
-        return [JobRecord._make(row) for row in self._job_rows]
+        # the rows copied first, in one C call: the pump thread records async jobs as they
+        # end, and a row appended while the records are made would stop the deque's iterator
+        return [JobRecord._make(row) for row in tuple(self._job_rows)]
 
     def trace(self, path: str, *, last: int | None = None) -> str:
         """Write a Chrome/Perfetto trace of the last jobs (all kept, or the ``last`` few) to

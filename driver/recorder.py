@@ -13,6 +13,7 @@ call's graph does not depend on the data it is given, and is cached and sent onc
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -46,6 +47,19 @@ TRACES = _active
 # instructions); a thread that traces counts itself before it pushes, so it sees its own
 TRACING = [0]
 _counting = threading.Lock()
+
+
+def _recount_in_child() -> None:
+    """A forked child runs this thread alone: a lock another thread held at the fork would
+    never be released there (its first trace would block for ever), and only this thread's
+    recorders are the child's."""
+    global _counting
+    _counting = threading.Lock()
+    TRACING[0] = len(_active.recorders)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_recount_in_child)
 
 
 def active() -> Recorder | None:

@@ -4,6 +4,8 @@ Alice (P0) and Bob (P1) each keep a CSV of their sales under their worker's --da
 `mp.kernel("mpl.io.read_csv")` reads it where it lives: the call names a kernel the workers
 installed, so no function travels and the path cannot leave the party's data root. Their
 joint total is computed under MPC, revealed to Alice only, and stored on her side as .npy.
+On a secure worker a job's files go to its driver's own folder there (drivers/<name>); a
+file the operator places at the data root itself is read by every driver the spec lists.
 
     python examples/party_files.py [--url URL | --sim]
 """

@@ -124,9 +124,11 @@ class Deployment:
         extra: Sequence[str] = (),
         prefix: Sequence[str] = (),
         name: str = "",
+        cluster: Path | None = None,  # the node's own copy, when it differs from the others'
     ) -> subprocess.Popen[bytes]:
         cmd = [*daemon_command("mpl-worker"), "--broker", self.address, "--rank", str(rank)]
-        cmd += ["--key", str(self.key(key or f"node{rank}")), "--cluster", str(self.cluster_file)]
+        cmd += ["--key", str(self.key(key or f"node{rank}"))]
+        cmd += ["--cluster", str(cluster or self.cluster_file)]
         cmd += ["--data-root", str(self.root / f"data{rank}"), *extra]
         return self.start(name or f"worker{rank}", cmd, prefix)
 

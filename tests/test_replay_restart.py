@@ -94,8 +94,8 @@ class Rig:
         self.d.address = self.broker.address
         self.workers: dict[int, subprocess.Popen[bytes]] = {}
 
-    def start_worker(self, rank: int) -> None:
-        proc = self.d.start_worker(rank, name=f"worker{rank}-{len(self.d.procs)}")
+    def start_worker(self, rank: int, cluster: Path | None = None) -> None:
+        proc = self.d.start_worker(rank, name=f"worker{rank}-{len(self.d.procs)}", cluster=cluster)
         self.workers[rank] = proc
         wait_until(lambda: self.serving(rank) == proc.pid, 30, f"worker {rank} to register")
 

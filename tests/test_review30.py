@@ -44,7 +44,7 @@ from mpl.wire.seal import Sealer, exec_context, fetch_context
 from mpl.wire.sessions import OpenSession, Reply, SessionClosed, SessionOpened, SymbolInfo
 from mpl.worker import io_kernels
 from mpl.worker.admission import SessionAdmission
-from mpl.worker.kernel_table import _DATA_ROOT
+from mpl.worker.kernel_table import _DATA_ROOT, KernelTable
 from mpl.worker.sealing import WorkerSeal
 from mpl.worker.symbol_disk import SymbolDisk
 
@@ -219,14 +219,19 @@ def test_another_drivers_jobs_do_not_push_out_a_running_jobs_recipient() -> None
     assert type(done) is Done, done
 
 
+def _own_spec(rig: Rig, **codes: str) -> Path:
+    """A node's own copy of the rig's spec, its drivers listed with ``codes`` (name ->
+    ``code:``), written beside the shared one."""
+    data = rig.d.spec.to_dict()
+    for entry in data["drivers"]:
+        if entry["name"] in codes:
+            entry["code"] = codes[entry["name"]]
+    path = rig.d.root / f"own-{len(list(rig.d.root.glob('own-*.yaml')))}.yaml"
+    path.write_text(ClusterSpec.from_dict(data).to_yaml())
+    return path
+
+
 @pytest.mark.daemons
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w30 finding 5: on a worker run with --code any (the default), any "
-    "listed driver's job runs Python in the worker process, which holds every session's "
-    "values: session admission and value owners bind a listed driver (so a broker operator "
-    "holding one) only on --code kernels workers, and the README does not say so",
-)
 def test_a_listed_drivers_code_reads_no_value_of_another_drivers_session(
     tmp_path: Path,
 ) -> None:
@@ -236,16 +241,17 @@ def test_a_listed_drivers_code_reads_no_value_of_another_drivers_session(
     around the jobs; but on a worker with ``--code any`` a job is any function its driver
     ships, run in that same process. mallory (a listed driver: the broker's operator, say)
     runs a function on P0 that walks its threads' frames to the store and returns the
-    analyst's value from the analyst's private session. Fix: say it (README, Who may do
-    what and Limitations: those rules hold against a listed driver only on workers run with
-    ``--code kernels``; a party that lists another organisation's driver with ``--code
-    any`` trusts it with everything on the worker), or let a node's own spec say per driver
-    whether it may ship code (``drivers: [{name, curve_key, code: kernels}]``), so a
-    party lists foreign drivers as kernels-only."""
+    analyst's value from the analyst's private session.
+
+    Fixed: a node's own spec says per driver whether it may ship code (``drivers: [{name,
+    curve_key, code: kernels}]``), enforced by the job's authenticated sealer: the parties
+    list mallory (another organisation's driver) as kernels-only, and its function is
+    refused unloaded (``RemotePermissionError``) while the analyst's code runs on the
+    same ``--code any`` workers, and mallory's named kernels run too."""
     rig = Rig(tmp_path / "rig", drivers=("analyst", "mallory"))
     secret = 918273645
 
-    def steal() -> list[int]:
+    def steal() -> list[int]:  # a closure: travels by value, as a user's function would
         import sys
 
         from mpl.worker.store import ObjectStore
@@ -262,16 +268,22 @@ def test_a_listed_drivers_code_reads_no_value_of_another_drivers_session(
                 frame = frame.f_back
         return found
 
+    write_npy, read_npy = mp.kernel("mpl.io.write_npy"), mp.kernel("mpl.io.read_npy")
     try:
-        rig.start_worker(0)
-        rig.start_worker(1)
+        own = _own_spec(rig, mallory="kernels")
+        rig.start_worker(0, cluster=own)
+        rig.start_worker(1, cluster=own)
         with rig.connect() as analyst, rig.connect("mallory") as mallory:
             with analyst:
                 kept = mp.device("P0")(lambda: secret)()  # stays on P0, in its session
             with mallory:
-                stolen = mp.fetch(mp.device("P0")(steal)())
-            assert secret not in stolen, "mallory's job read the analyst's value"
-            del kept
+                with pytest.raises(PermissionError, match="code: kernels"):
+                    mp.fetch(mp.device("P0")(steal)())
+                saved = mp.device("P0")(write_npy)("mine.npy", np.array([1.0, 2.0]))
+                assert mp.fetch(mp.device("P0")(read_npy)(saved)).tolist() == [1.0, 2.0]
+            assert (rig.d.root / "data0" / "drivers" / "mallory" / "mine.npy").is_file()
+            with analyst:
+                assert mp.fetch(kept) == secret  # the analyst's own code still runs here
     finally:
         rig.close()
 
@@ -532,29 +544,44 @@ def test_a_file_kernel_cannot_replace_another_drivers_persisted_value(tmp_path: 
     assert SymbolDisk(tmp_path).load("model", "driver:analyst").tolist() == [0.0, 1.0, 2.0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review w30 finding 11: the file kernels share one data root among every listed "
-    "driver: a file one driver's job writes, any other driver's job reads (and replaces), "
-    "whatever sessions and owners say",
-)
 def test_a_file_one_driver_wrote_is_not_read_by_another_drivers_kernel(tmp_path: Path) -> None:
     """Finding 11 (medium, by design so far but not stated). The analyst's job (on a
     ``--code kernels`` worker) writes its private result with ``mpl.io.write_npy("out.npy")``;
     mallory's job calls ``mpl.io.read_npy("out.npy")`` on the same worker and gets it back,
-    sealed for mallory. ``KernelTable`` sets the same data root for every driver's kernel.
-    Fix: give each driver (the job's sealer) a folder of its own under the data root for
-    the file kernels (``<data-root>/drivers/<name>/``, the party's own files shared read-only
-    from elsewhere if it wants), or say in "Who may do what" that the data root is shared
-    by every listed driver."""
-    token = _DATA_ROOT.set(tmp_path)  # the analyst's kernel
-    try:
-        io_kernels.write_npy("out.npy", np.array([4.0, 2.0]))
-    finally:
-        _DATA_ROOT.reset(token)
-    token = _DATA_ROOT.set(tmp_path)  # mallory's kernel, on the same worker
-    try:
-        with pytest.raises((PermissionError, FileNotFoundError)):
-            io_kernels.read_npy("out.npy")
-    finally:
-        _DATA_ROOT.reset(token)
+    sealed for mallory. ``KernelTable`` set the same data root for every driver's kernel.
+
+    Fixed: on a secure worker each driver (the job's sealer) has a folder of its own under
+    the data root for the file kernels (``<data-root>/drivers/<name>/``): its jobs write
+    there and read there first; a read falls back to the operator's files at the data root
+    itself, never into another driver's folder."""
+    (tmp_path / "books.csv").write_text("1,2\n")  # the operator's own file, for every driver
+    table = KernelTable(lambda: {}, root=tmp_path, per_driver=True)
+
+    def run(driver: str, kernel: str, *args: Any) -> Any:
+        return table.resolve(kernel, "s", f"driver:{driver}")(*args)
+
+    run("analyst", "mpl.io.write_npy", "out.npy", np.array([4.0, 2.0]))
+    assert run("analyst", "mpl.io.read_npy", "out.npy").tolist() == [4.0, 2.0]
+    with pytest.raises(FileNotFoundError):
+        run("mallory", "mpl.io.read_npy", "out.npy")
+    for path in ("drivers/analyst/out.npy", "../analyst/out.npy"):
+        with pytest.raises(PermissionError):
+            run("mallory", "mpl.io.read_npy", path)
+    run("mallory", "mpl.io.write_npy", "out.npy", np.zeros(1))  # its own, beside the other
+    assert run("analyst", "mpl.io.read_npy", "out.npy").tolist() == [4.0, 2.0]
+    for driver in ("analyst", "mallory"):
+        assert run(driver, "mpl.io.read_csv", "books.csv").tolist() == [[1.0, 2.0]]
+    run("mallory", "mpl.io.write_csv", "books.csv", np.array([[6.0, 6.0]]))  # its own copy
+    assert run("analyst", "mpl.io.read_csv", "books.csv").tolist() == [[1.0, 2.0]]
+    assert (tmp_path / "books.csv").read_text() == "1,2\n"  # the operator's, untouched
+    with pytest.raises(PermissionError, match="no folder"):  # a job no driver is known for
+        table.resolve("mpl.io.read_csv", "s", "")("books.csv")
+
+
+def test_a_plaintext_workers_drivers_share_its_data_root(tmp_path: Path) -> None:
+    """Finding 11, plaintext: drivers are not authenticated there (their names are their
+    word), so the file kernels keep today's one folder for all of them."""
+    table = KernelTable(lambda: {}, root=tmp_path)
+    table.resolve("mpl.io.write_npy", "s", "")("out.npy", np.array([3.0]))
+    assert (tmp_path / "out.npy").exists()
+    assert table.resolve("mpl.io.read_npy", "s", "")("out.npy").tolist() == [3.0]

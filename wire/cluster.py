@@ -21,6 +21,13 @@ Secure mode (ARCHITECTURE.md section 6) pins every party's CURVE public key (z85
       - {name: alice, curve_key: "<z85>"}
     drivers:
       - {name: analyst, curve_key: "<z85>"}
+      - {name: partner, curve_key: "<z85>", code: kernels}
+
+A driver's ``code`` is what this copy's holder (a node's operator) lets that driver's jobs
+run on its worker: ``kernels`` (named kernels and built-in ops only, anything pickled
+refused) or ``any`` (any function it ships); absent, the worker's ``mpl-worker --code``
+decides. Each worker honours its own copy: list another organisation's driver with
+``code: kernels``. Drivers and the broker ignore it.
 
 Either the broker, every node and at least one driver have keys, or nothing has: a spec
 with some keys is refused rather than half secure.
@@ -42,6 +49,7 @@ from mpl.wire.keys import is_z85_key
 from mpl.wire.runtime_info import oversize
 
 __all__ = [
+    "DRIVER_CODE",
     "SPU_FIELDS",
     "SPU_PROTOCOLS",
     "ClusterSpec",
@@ -53,6 +61,7 @@ __all__ = [
 ]
 
 SPU_PROTOCOLS = ("SEMI2K", "ABY3", "CHEETAH")
+DRIVER_CODE = ("", "any", "kernels")  # a driver entry's code ("": the worker's --code)
 SPU_FIELDS = ("FM64", "FM128")
 DEVICE_KINDS = ("PPU", "SPU")
 _PPU_ALIASES = ("LOCAL",)  # other spellings of a PPU, read as PPU
@@ -89,10 +98,14 @@ class Node:
 
 @dataclass(frozen=True)
 class DriverKey:
-    """A driver allowed to use a secure cluster, and the public key it proves itself with."""
+    """A driver allowed to use a secure cluster, and the public key it proves itself with.
+
+    ``code``: what its jobs may run on a worker holding this spec (``"kernels"`` or
+    ``"any"``; ``""``: as the worker's ``--code`` says)."""
 
     name: str
     curve_key: str
+    code: str = ""
 
 
 @dataclass(frozen=True)
@@ -352,7 +365,7 @@ class ClusterSpec:
         if self.broker_key:
             out["broker"] = {"curve_key": self.broker_key}
         if self.drivers:
-            out["drivers"] = [{"name": d.name, "curve_key": d.curve_key} for d in self.drivers]
+            out["drivers"] = [_driver_dict(d) for d in self.drivers]
         return out
 
     def with_keys(
@@ -365,7 +378,10 @@ class ClusterSpec:
         for node, key in zip(data["nodes"], nodes, strict=True):
             node["curve_key"] = key
         data["broker"] = {"curve_key": broker}
-        data["drivers"] = [{"name": n, "curve_key": k} for n, k in drivers.items()]
+        codes = {d.name: d.code for d in self.drivers}  # kept for the names listed here
+        data["drivers"] = [
+            _driver_dict(DriverKey(n, k, codes.get(n, ""))) for n, k in drivers.items()
+        ]
         return ClusterSpec.from_dict(data)
 
     def to_yaml(self) -> str:
@@ -446,7 +462,20 @@ def _parse_driver(raw: Any, index: int) -> DriverKey:
     key = _key(_require(raw, "curve_key", where), f"{where}.curve_key")
     if not key:
         raise ClusterSpecError(f"{where}.curve_key: missing key")
-    return DriverKey(name, key)
+    code = raw.get("code", "")
+    if code not in DRIVER_CODE:
+        raise ClusterSpecError(
+            f"{where}.code: expected one of {', '.join(DRIVER_CODE[1:])} (or no code: the "
+            f"worker's --code), got {code!r}"
+        )
+    return DriverKey(name, key, code)
+
+
+def _driver_dict(driver: DriverKey) -> dict[str, str]:
+    out = {"name": driver.name, "curve_key": driver.curve_key}
+    if driver.code:
+        out["code"] = driver.code
+    return out
 
 
 def _text(value: Any, where: str) -> str:

@@ -52,7 +52,9 @@ def _a_number(ctx: click.Context, param: click.Parameter, value: float | None) -
 @click.option(
     "--data-root",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Directory for values saved with persist=True (and SPU logs). Default: .mpl/data/rank<R>.",
+    help="Directory for values saved with persist=True, SPU logs, and the files mpl.io "
+    "kernels read and write (secure mode: each driver's under drivers/<name>, the files "
+    "placed here read by every driver). Default: .mpl/data/rank<R>.",
 )
 @click.option(
     "--host",
@@ -89,7 +91,9 @@ def _a_number(ctx: click.Context, param: click.Parameter, value: float | None) -
     default="any",
     show_default=True,
     help="What this party runs: 'any' function the driver sends, or only 'kernels' "
-    "(named kernels installed here, and the built-in ops; anything pickled is refused).",
+    "(named kernels installed here, and the built-in ops; anything pickled is refused). "
+    "Secure mode: a driver the cluster spec lists with code: kernels is held to kernels "
+    "under 'any' too.",
 )
 @click.option(
     "--kernels",

@@ -15,6 +15,10 @@ refused here as well, so keep such a party's part of a program to kernels and bu
 
 A refused program is remembered (boundedly) by digest, and every job that runs it fails
 with a ``RemotePermissionError`` (a ``RemoteError`` that is also a ``PermissionError``).
+
+Per driver (secure mode): the node's own spec may list a driver with ``code: kernels``
+(:func:`driver_code_policy`); on a ``--code any`` worker that driver's jobs, by the driver
+that sealed them, are held to this policy (``mpl.worker.sealing``), the others' run any code.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import Pickled, decode
 from mpl.wire.data import Move
 from mpl.wire.errors import ProtocolError
+from mpl.wire.identity import driver_identity
 from mpl.wire.jobs import Exec, Program
 from mpl.wire.record import Record, record_fields
 from mpl.wire.remote import ErrorInfo
@@ -35,6 +41,7 @@ __all__ = [
     "CODE_POLICIES",
     "REFUSAL",
     "HoldsPickles",
+    "driver_code_policy",
     "holds_pickle",
     "open_sealed",
     "pickled",
@@ -50,6 +57,26 @@ REFUSAL = (
     "call an installed kernel with mp.kernel(name) instead"
 )
 _MAX_DEPTH = 64
+
+
+def driver_code_policy(own: ClusterSpec | None, code: str) -> frozenset[str]:
+    """The drivers (identities) a worker run with ``--code code`` holds to named kernels by
+    its own spec ``own`` (its drivers listed ``code: kernels``), beyond what ``code`` says.
+    Empty under ``--code kernels`` (every driver is held to it); a driver listed ``code:
+    any`` there raises ``ValueError``: the flag is the worker's bound, an entry only
+    narrows it (run ``--code any`` and list the others ``code: kernels``)."""
+    if own is None:
+        return frozenset()
+    if code == "kernels":
+        loose = [d.name for d in own.drivers if d.code == "any"]
+        if loose:
+            raise ValueError(
+                f"the cluster spec lists driver(s) {', '.join(loose)} with code: any, but this "
+                "worker runs --code kernels (named kernels only, for every driver): run it "
+                "with --code any and list the other drivers with code: kernels"
+            )
+        return frozenset()
+    return frozenset(driver_identity(d.name) for d in own.drivers if d.code == "kernels")
 
 
 def holds_pickle(value: Any, depth: int = 0) -> bool:

@@ -22,7 +22,9 @@ In secure mode (``curve``) every socket runs CurveZMQ with keys from the worker'
 of the cluster spec: its DEALERs pin the broker's key, its peer links pin each rank's key,
 and its data and SPU sockets admit only the spec's nodes (a :class:`Gatekeeper`). A move
 whose ``src`` is not the rank its connection authenticated as is counted and dropped
-(``peer_intake.py``).
+(``peer_intake.py``). The same spec says per driver what its jobs may run here (a driver
+listed ``code: kernels``: named kernels only, ``sealing.py``), and the file kernels keep
+each driver to its own folder under the data root (``kernel_table.driver_root``).
 """
 
 from __future__ import annotations
@@ -55,9 +57,7 @@ from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.snapshot import SnapshotSlot
 from mpl.wire.sockets import MAX_MESSAGE, configure, drain, recv_frames, send_frames
 from mpl.worker.broker_messages import BrokerMessages
-from mpl.worker.code_policy import (
-    CODE_POLICIES,
-)
+from mpl.worker.code_policy import CODE_POLICIES, driver_code_policy
 from mpl.worker.holding import held_moves, held_spu
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
 from mpl.worker.kernel_table import KernelTable, NodeBindings
@@ -136,6 +136,8 @@ class Worker(BrokerMessages, ResultChannel):
         if code not in CODE_POLICIES:
             raise ValueError(f"code policy must be one of {', '.join(CODE_POLICIES)}, got {code!r}")
         self.code = code
+        # drivers this node's own spec holds to named kernels on this --code any worker
+        kernels_drivers = driver_code_policy(curve.cluster if curve is not None else None, code)
         self.broker_url = broker
         self.rank = rank
         self.trusted = trusted  # this party's own choice: pickles may cross between parties
@@ -167,6 +169,7 @@ class Worker(BrokerMessages, ResultChannel):
                 trusted=trusted,
                 code=code,
                 incarnation=public_incarnation(self.incarnation),
+                kernels_drivers=kernels_drivers,
             )
         self.mailbox = move_mailbox(held_moves(curve, lambda: self.state.world_size))
         self.intake = PeerIntake(
@@ -233,7 +236,9 @@ class Worker(BrokerMessages, ResultChannel):
         self.runtimes = SessionRuntimes(
             rank, lambda: node_runtime_info(own or self.state.cluster, rank)
         )
-        kernel_table = KernelTable(self.bindings, kernels, data_root, self.runtimes.of)
+        kernel_table = KernelTable(  # secure mode: file kernels keep to their driver's folder
+            self.bindings, kernels, data_root, self.runtimes.of, per_driver=curve is not None
+        )
         services: dict[str, Callable[[], Any]] = {
             "spu": lambda: SpuService(
                 self.spu_links,

@@ -170,7 +170,7 @@ def run_graph(plan: Plan, inputs: Sequence[Any], ctx: JobContext) -> list[Any]:
 def _pcall(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> list[Any]:
     fn = graph.fns[op.attrs["fn"]]
     if isinstance(fn, KernelRef):  # mp.kernel(name): this node's installed implementation
-        fn = ctx.extension("kernels").resolve(fn.name, ctx.session)
+        fn = ctx.extension("kernels").resolve(fn.name, ctx.session, ctx.sealer)
     attrs = op.attrs
     if "args" in attrs or "kwargs" in attrs:
         template, named = attrs.get("args", ()), attrs.get("kwargs", {})

@@ -20,8 +20,11 @@ party. A Welcome that disagrees is counted (``bindings_overridden``) and logged 
 worker without its own spec (plaintext) binds by the Welcome, as the broker is trusted there.
 
 While a kernel runs, :func:`data_root` is the worker's ``--data-root``, so file kernels can
-keep their paths inside it, and :func:`runtime_info` is this node's ``runtime_info`` in the
-job's session (the session's own spec's, else the cluster's).
+keep their paths inside it; :func:`driver_root` the folder of the job's driver there (a
+secure worker's ``<data-root>/drivers/<name>``, by the driver that sealed the job: what one
+driver's job writes, another's does not read; a plaintext worker's data root itself, as its
+drivers are not authenticated); and :func:`runtime_info` is this node's ``runtime_info`` in
+the job's session (the session's own spec's, else the cluster's).
 """
 
 from __future__ import annotations
@@ -36,13 +39,17 @@ from pathlib import Path
 from typing import Any
 
 from mpl.wire.cluster import ClusterSpec
+from mpl.wire.identity import driver_name
+from mpl.wire.routing import check_driver_name
 from mpl.wire.runtime_info import node_runtime_info
 
 __all__ = [
+    "DRIVERS",
     "ENTRY_POINT_GROUP",
     "KernelTable",
     "NodeBindings",
     "data_root",
+    "driver_root",
     "module_kernels",
     "node_bindings",
     "runtime_info",
@@ -57,6 +64,10 @@ _DATA_ROOT: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
 _RUNTIME_INFO: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "mpl_runtime_info", default=None
 )
+# the driver that sealed the running kernel's job (secure mode; "": none known here), or
+# None: a plaintext worker, whose drivers share the data root
+_DRIVER: contextvars.ContextVar[str | None] = contextvars.ContextVar("mpl_driver", default=None)
+DRIVERS = "drivers"  # <data-root>/drivers/<name>: each driver's own files (secure mode)
 
 
 def data_root() -> Path:
@@ -65,6 +76,24 @@ def data_root() -> Path:
     if root is None:
         raise RuntimeError("this worker has no data root (start it with --data-root)")
     return root
+
+
+def driver_root() -> Path:
+    """The folder of the running job's driver under the data root (only while a kernel
+    runs): ``<data-root>/drivers/<name>`` on a secure worker, by the driver that sealed the
+    job (made when first written to); the data root itself on a plaintext worker. Raises
+    ``PermissionError`` on a secure worker for a job whose driver is not known here."""
+    root = data_root()
+    driver = _DRIVER.get()
+    if driver is None:
+        return root
+    name = driver_name(driver) or ""
+    try:
+        return root / DRIVERS / check_driver_name(name)
+    except ValueError:
+        raise PermissionError(
+            f"this job's driver ({driver or 'none known here'}) has no folder on this worker"
+        ) from None
 
 
 def runtime_info() -> dict[str, Any]:
@@ -141,7 +170,9 @@ class KernelTable:
     """One worker's kernels: entry points (loaded on first use) and ``--kernels`` modules.
 
     ``bindings`` returns this node's current op_bindings (they come with the cluster spec);
-    ``runtime`` this node's runtime_info in a session (see :func:`runtime_info`).
+    ``runtime`` this node's runtime_info in a session (see :func:`runtime_info`);
+    ``per_driver``: a secure worker's, whose kernels see their job's driver's folder
+    (:func:`driver_root`).
     """
 
     def __init__(
@@ -150,10 +181,13 @@ class KernelTable:
         modules: Sequence[str] = (),
         root: Path | None = None,
         runtime: Callable[[str], dict[str, Any]] | None = None,
+        *,
+        per_driver: bool = False,
     ) -> None:
         self._bindings = bindings
         self._root = root
         self._runtime = runtime
+        self._per_driver = per_driver
         self._lock = threading.Lock()
         self._entry_points: dict[str, Any] | None = None  # scanned on first use
         self._loaded: dict[str, Callable[..., Any]] = {}
@@ -178,9 +212,10 @@ class KernelTable:
         bound = {name for name, kid in self._bindings().items() if kid in ids}
         return sorted(bound | ids)
 
-    def resolve(self, name: str, session: str = "") -> Callable[..., Any]:
-        """The function ``mp.kernel(name)`` runs here in ``session``, wrapped to see
-        :func:`data_root` and :func:`runtime_info`."""
+    def resolve(self, name: str, session: str = "", sealer: str = "") -> Callable[..., Any]:
+        """The function ``mp.kernel(name)`` runs here in ``session`` for a job ``sealer``
+        sealed (secure mode; "" in plaintext), wrapped to see :func:`data_root`,
+        :func:`driver_root` and :func:`runtime_info`."""
         bindings = self._bindings()
         kernel_id = bindings.get(name, name)
         fn = self._load(kernel_id)
@@ -195,13 +230,16 @@ class KernelTable:
             )
         root = self._root
         info = self._runtime(session) if self._runtime is not None else {}
+        driver = sealer if self._per_driver else None
 
         def call(*args: Any, **kwargs: Any) -> Any:
             token = _DATA_ROOT.set(root)
             info_token = _RUNTIME_INFO.set(info)
+            driver_token = _DRIVER.set(driver)
             try:
                 return fn(*args, **kwargs)
             finally:
+                _DRIVER.reset(driver_token)
                 _RUNTIME_INFO.reset(info_token)
                 _DATA_ROOT.reset(token)
 

@@ -8,7 +8,8 @@ here, what it hands the broker for a driver is sealed here. No I/O.
   digest) by such a driver: the broker cannot start a job, replay one into another job, or
   swap one rank's inputs for another's. That driver is remembered as the job's recipient
   (the last 4,096 jobs opened; held for as long as the job pool holds the job, however
-  many open meanwhile: ``hold``, ``release``).
+  many open meanwhile, up to 4,096 per driver, so no driver's jobs push out another's:
+  ``hold``, ``release``).
   Nor can it replay a job: the bindings carry their sealer's sequence number, and a window
   of those per stream (``mpl.wire.replay``) lets each run once, however many jobs ran since
   and whether or not its session is still open; they are sealed for this worker process
@@ -34,11 +35,20 @@ the daemon decodes broker traffic with the safe format, and sealed plaintext is 
 only after it authenticated. Under ``--code kernels`` a driver's sealed program or bindings
 holding pickles open with the pickles left opaque, for the daemon to refuse by its policy:
 the seal hides them from the check it makes on the outer message.
+
+A driver the worker's own spec lists with ``code: kernels`` (``kernels_drivers``) is held
+to that policy on a ``--code any`` worker too, by its authenticated sealer: its program or
+bindings are opened as under ``--code kernels`` (a program holding pickles is dropped, a job
+whose bindings hold one fails with the policy's reason, ``RemotePermissionError``), and its
+job runs only a program that held no pickle when it opened here (another driver's program
+of code is refused to it the same way). Its jobs always take :meth:`open_exec`'s full path,
+which makes those checks; the other drivers' jobs pay nothing for it.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from hmac import compare_digest
 from typing import Any
 
@@ -69,7 +79,7 @@ from mpl.wire.sealed import BOX_MAGIC
 from mpl.wire.session_word import read_word
 from mpl.wire.sessions import Reply, SessionClosed
 from mpl.worker.admission import SessionAdmission
-from mpl.worker.code_policy import open_sealed
+from mpl.worker.code_policy import REFUSAL, holds_pickle, open_sealed
 
 __all__ = ["WorkerSeal"]
 
@@ -138,12 +148,24 @@ class WorkerSeal:
         trusted: bool = False,
         code: str = "any",
         incarnation: str = "",
+        kernels_drivers: frozenset[str] = frozenset(),
     ) -> None:
         self.sealer = sealer
         self.rank = rank
         self.incarnation = incarnation
         self._bound = incarnation_suffix(incarnation)  # what ends an Exec context for us
         self._kernels_only = code == "kernels"  # mpl-worker --code kernels
+        # drivers this worker's own spec lists with ``code: kernels`` (identities): on a
+        # --code any worker their payloads open screened, as every one does under kernels
+        self.kernels_drivers = frozenset() if self._kernels_only else frozenset(kernels_drivers)
+        self._screens = self._kernels_only or bool(self.kernels_drivers)
+        # digest -> graph of the programs that held pickles when they opened here (for an
+        # allowed driver): refused to kernels_drivers' jobs. Weak: an entry lives as long as
+        # its graph does (the worker's program cache, a job running it), no longer.
+        self._code_programs: weakref.WeakValueDictionary[str, Graph] = weakref.WeakValueDictionary()
+        # digest -> why: programs a kernels driver sealed that held pickles (dropped); its
+        # jobs naming them are refused saying why (no other driver's jobs are affected)
+        self._code_refused: LRU[str, str] = LRU(256)
         self.safe = not pickles_allowed(WORKER, trusted=trusted)  # results leave this party
         # (session, job) of the jobs opened here last -> the driver that sealed it, its
         # results' recipient ("" once the job failed or was aborted): a plain dict, oldest
@@ -160,9 +182,12 @@ class WorkerSeal:
         # recipient, held from the hand-off until the pool is done with the job (release):
         # _opened forgets its oldest as jobs open, so a long or long-queued job would lose
         # its sealer (its moves carry it) and its Done's recipient. As many as the pool
-        # holds; past _HELD (a pool far behind) the oldest goes. Held and released under
+        # holds; past _HELD of one driver's (a pool far behind) that driver's oldest goes,
+        # so one driver's queued jobs push out no other driver's (_held_by: each driver's,
+        # oldest first; the drivers are the listed ones). Held and released under
         # _held_lock (job threads release); read by single lookups from any thread.
         self._held: dict[tuple[str, str], str] = {}
+        self._held_by: dict[str, dict[tuple[str, str], None]] = {}
         self._held_lock = threading.Lock()
         # the _fresh that forget cleared (by identity: each opened job has its own tuple)
         self._dropped: tuple[str, str, str] = _NO_JOB
@@ -170,6 +195,10 @@ class WorkerSeal:
         # fields, unless they do not pack (a stats blob of 1 KiB or more): then outbound
         # seals the Done record, and finds its recipient here
         self._answered: tuple[str, str, str] = _NO_JOB
+        # the last refusal open_exec made (by identity): the refused Exec named a job the
+        # broker chose, perhaps one that opened before and runs, so sealing it forgets
+        # nothing (the I/O thread sends each refusal as soon as it is made)
+        self._refusal: Failed | None = None
         self.replays = ReplayGuard()  # which sealed Execs ran: each runs once
         # which drivers each session admits here, by its owner's sealed word; and its
         # sessions admitting their owner alone (open_exec's short path: one lookup)
@@ -271,7 +300,7 @@ class WorkerSeal:
             tail = self._tails[(session, msg.digest, msg.ranks, msg.inline, msg.timeout_s)]
             context = f"exec|{job}{tail}{self._bound}"
             try:  # (no cost in Python 3.11 unless it raises)
-                if self._kernels_only:
+                if self._screens:
                     driver, mine = self._open(sealed, context)
                 elif type(sealed) is bytes:  # a compact box (every job without large inputs)
                     driver, mine = self.sealer.open_box(sealed, context, "", False, True)
@@ -282,6 +311,11 @@ class WorkerSeal:
             replayed = self.replays.admit(driver, sealed)  # authenticated: counted as run
             if replayed:
                 raise _Replayed(f"job {job} refused: {replayed}", replayed)
+            if self.kernels_drivers and driver in self.kernels_drivers:
+                refused_code = self._refused_code(msg.digest, job, mine)
+                if refused_code is not None:  # (run: stays refused; binds no session)
+                    refusal = self._refusal = Failed(session, job, self.rank, refused_code)
+                    return refusal
             word, stamp, said = None, 0, type(mine) is dict  # its sealer's word on who S admits
             opening = False
             if said:
@@ -308,15 +342,39 @@ class WorkerSeal:
             elif type(exc) is _Unopened:  # perhaps sealed for another incarnation of ours
                 kind, op = "AuthenticationError", UNKNOWN_STREAM
             info = ErrorInfo(kind, message, rank=self.rank, op=op, job=job)
-            return Failed(session, job, self.rank, info)
+            refusal = self._refusal = Failed(session, job, self.rank, info)
+            return refusal
         fresh = self._fresh
         if fresh[2]:  # opened before this one: booked first
             self._book_fresh(fresh)
             self._fresh = _NO_JOB
         self._book(session, job, driver)
-        if mine is None and not self._kernels_only and type(sealed) is bytes:
+        # (a kernels driver's jobs keep to the full path, which checks their program)
+        if (
+            mine is None
+            and not self._kernels_only
+            and type(sealed) is bytes
+            and driver not in self.kernels_drivers
+        ):
             self._learn_head(driver, sealed)
         return mine
+
+    def _refused_code(self, digest: str, job: str, mine: Any) -> ErrorInfo | None:
+        """Why a job of a ``code: kernels`` driver may not run here (None: it may): its
+        bindings hold pickles (opened opaque), or its program held some when it opened."""
+        if holds_pickle(mine):
+            why = REFUSAL.format(what="the job's inputs")
+        elif (held := self._code_programs.get(digest)) is not None:
+            why = REFUSAL.format(what=f"program {held.name or digest}")
+        elif (refused := self._code_refused.get(digest)) is not None:
+            why = refused
+        else:
+            return None
+        why = f"{why} (this worker's spec lists its driver with code: kernels)"
+        return ErrorInfo(
+            "RemoteError", why, rank=self.rank, op="program", remote_type="PermissionError",
+            job=job,
+        )  # fmt: skip
 
     def _book(self, session: str, job: str, driver: str) -> None:
         """Remember the recipient of a job opened here (the newest opened: its sealer numbers
@@ -356,18 +414,34 @@ class WorkerSeal:
         Returns it ("" and nothing held for a job with none: :meth:`recipient`)."""
         driver = self.recipient(session, job)
         if driver:
+            key = (session, job)
             with self._held_lock:
-                held = self._held
-                held[(session, job)] = driver
-                if len(held) > _HELD:
-                    held.pop(next(iter(held)), None)
+                self._let_go(key)  # (held again: as the newest, of its driver now)
+                self._held[key] = driver
+                mine = self._held_by.get(driver)
+                if mine is None:
+                    mine = self._held_by[driver] = {}
+                mine[key] = None
+                if len(mine) > _HELD:  # this driver's oldest, never another driver's
+                    oldest = next(iter(mine))
+                    del mine[oldest]
+                    self._held.pop(oldest, None)
         return driver
 
     def release(self, session: str, job: str) -> None:
         """The job pool is done with job ``job`` of ``session`` (its answer, if any, was
         sealed): its recipient is held no longer. Any thread."""
         with self._held_lock:
-            self._held.pop((session, job), None)
+            self._let_go((session, job))
+
+    def _let_go(self, key: tuple[str, str]) -> None:
+        """:meth:`release`'s work, under ``_held_lock``."""
+        driver = self._held.pop(key, None)
+        if driver is not None:
+            mine = self._held_by[driver]
+            del mine[key]
+            if not mine:
+                del self._held_by[driver]
 
     def _learn_head(self, driver: str, sealed: bytes) -> None:
         """Keep the head of a sealed None that authenticated and was admitted here, for
@@ -481,7 +555,8 @@ class WorkerSeal:
         return self.sealer.seal_scalars(values, driver, f"done|{session}|{job}|")
 
     def _outbound_other(self, msg: Record) -> Record:
-        if isinstance(msg, Failed):
+        # a job's failure: no recipient any more; an Exec's refusal changes no job's
+        if isinstance(msg, Failed) and msg is not self._refusal:
             self.forget(msg.session, msg.job)
         elif type(msg) is Reply and msg.error is None:  # a value not sealed by reply():
             why = f"fetch {msg.req}'s value was not sealed for the Fetch it answers: not sent"
@@ -491,8 +566,12 @@ class WorkerSeal:
 
     # -- inbound --------------------------------------------------------------------------
     def _program(self, msg: Program) -> Program | None:
+        sealed, context = msg.sealed.get(self.rank), program_context(msg.digest)
         try:
-            _, graph = self._open(msg.sealed.get(self.rank), program_context(msg.digest))
+            if self.kernels_drivers:  # screened, whoever sealed it: does it hold code?
+                driver, graph = open_sealed(self.sealer, sealed, context)
+            else:
+                driver, graph = self._open(sealed, context)
             if not isinstance(graph, Graph):
                 raise ProtocolError(f"program {msg.digest} holds a {type(graph).__name__}")
         except (AuthenticationError, ProtocolError) as exc:
@@ -500,17 +579,39 @@ class WorkerSeal:
             self._refused[msg.digest] = f"{type(exc).__name__}: {exc}"
             return None
         self._refused.pop(msg.digest, None)
+        # (a graph under another's digest is the state's to refuse: it names nothing here)
+        if self.kernels_drivers and holds_pickle(graph) and graph.digest == msg.digest:
+            if driver in self.kernels_drivers:  # dropped: its jobs are refused saying why
+                self._code_refused[msg.digest] = REFUSAL.format(
+                    what=f"program {graph.name or msg.digest}"
+                )
+                return None
+            # an allowed driver's program of code: opened in full, and kept from
+            # kernels_drivers' jobs for as long as its graph lives here
+            try:  # (the plaintext that opened above: its digest is checked)
+                graph = self.sealer.open(sealed, context, safe=False)[1]
+            except (AuthenticationError, ProtocolError) as exc:  # it does not load here
+                self.refusals += 1
+                self._refused[msg.digest] = f"{type(exc).__name__}: {exc}"
+                return None
+            self._code_programs[msg.digest] = graph
         return Program(msg.digest, graph)
 
     def _open(self, sealed: Any, context: str) -> tuple[str, Any]:
         """Open what a driver sealed for this rank (pickles allowed: it is an allowed
-        driver). Under ``--code kernels`` nothing in it is unpickled: a payload holding
-        pickles comes back with them opaque, for the daemon to refuse by its policy; any
-        other payload, holding none, opens as usual."""
-        if not self._kernels_only:
-            result: tuple[str, Any] = self.sealer.open(sealed, context, safe=False)
-            return result
-        return open_sealed(self.sealer, sealed, context)  # decoded once unless refused
+        driver). Under ``--code kernels``, and for a driver listed with ``code: kernels``,
+        nothing in it is unpickled: a payload holding pickles comes back with them opaque,
+        for the caller to refuse; any other payload, holding none, opens as usual. Which
+        driver sealed it is read from its claim before it opens: opening authenticates
+        exactly that sender, or fails."""
+        if self._kernels_only or (self._screens and self._claims_kernels_driver(sealed)):
+            return open_sealed(self.sealer, sealed, context)  # decoded once unless refused
+        result: tuple[str, Any] = self.sealer.open(sealed, context, safe=False)
+        return result
+
+    def _claims_kernels_driver(self, sealed: Any) -> bool:
+        claimed = claimed_stream(sealed)
+        return claimed is not None and claimed[0] in self.kernels_drivers
 
     # -- outbound -------------------------------------------------------------------------
     def reply(self, fetch: Fetch, value: Any) -> Reply:
