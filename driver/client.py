@@ -44,6 +44,7 @@ from mpl.wire.data import Fetch
 from mpl.wire.errors import AuthenticationError, MplError, MplTimeoutError, ProtocolError
 from mpl.wire.exec_pack import delete_frames
 from mpl.wire.graph import Graph
+from mpl.wire.identity import driver_identity
 from mpl.wire.jobs import Cancel, Exec, JobResult, Program
 from mpl.wire.record import pinned_fields
 from mpl.wire.remote import from_info
@@ -224,6 +225,7 @@ class Client(BrokerCalls):
         lease_s: float = 60.0,
         share_with: list[str] | None = None,
         cluster: dict[str, Any] | None = None,
+        owner: str | None = None,
     ) -> SessionOpened:
         """Open a session, or attach to the named one.
 
@@ -239,15 +241,21 @@ class Client(BrokerCalls):
         digits). Raises
         ``AuthenticationError`` when the broker answers with an id of another name, says a
         freshly named session already existed, or answers an open as new, or one with
-        ``share_with``, with an id naming another driver as its owner (secure mode): a
+        ``share_with``, with an id naming another driver as its owner (secure mode), or,
+        given ``owner`` (a driver name), with an id not naming that driver as its owner: a
         broker putting this driver's values in a session it did not ask for. Nothing was
         done in that session; check which broker you reach (its operator may be hostile).
+        ``owner`` is what an attach without ``share_with`` (the owner's other client, a
+        sharee) knows of whose session it means; without it such an attach takes the
+        session of its name whatever driver the id names (README, Limitations).
         """
         fresh = not name
         if fresh:  # the id is chosen here, not by the broker: see the check below
             name = f"s{secrets.token_hex(8)}"
         req = next(self._reqs)
         share = None if share_with is None else [check_driver_name(n) for n in share_with]
+        # the owner asked for, as the broker names owners (driver:<name>, in either mode)
+        meant = None if owner is None else driver_identity(check_driver_name(owner))
         opened = self._call(
             OpenSession(req, name, lease_s, self.client_id, share, cluster),
             lambda m: isinstance(m, (SessionOpened, Reply)) and m.req == req,
@@ -270,6 +278,11 @@ class Client(BrokerCalls):
             and (not opened.attached or share is not None)
             and not binds_owner(sid, sealer.identity)
         )
+        # an id naming another owner than the one asked for (the owner's own name: its other
+        # clients; the sharer's: a sharee) is a session of another driver's the broker
+        # seats this client in, where it would act as a member (README, Limitations)
+        not_meant = meant is not None and not binds_owner(sid, meant)
+        not_owned = not_owned or not_meant
         if not id_of_session_named(sid, name) or (fresh and opened.attached) or not_owned:
             # detach from what an honest (older) broker opened: by its id, as the broker
             # reads a close (a name finds nothing: the session stayed open to its lease)
@@ -277,7 +290,8 @@ class Client(BrokerCalls):
             raise AuthenticationError(
                 f"the broker answered the open of session {name!r} with session "
                 f"{sid!r}{' (attached)' if opened.attached else ''}: not the one asked for"
-                f"{', its id naming another owner' if not_owned else ''}, so this driver "
+                f"{', its id naming another owner' if not_owned else ''}"
+                f"{f' than {owner!r}' if not_meant else ''}, so this driver "
                 "will not act in it"
             )
         if opened.broker_id != self.broker_id:

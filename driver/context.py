@@ -146,6 +146,7 @@ class Context:
         lease_s: float = 60.0,
         share_with: list[str] | None = None,
         cluster: ClusterSpec | None = None,
+        owner: str | None = None,
     ) -> None:
         self.client = client
         opened = client.open_session(
@@ -153,6 +154,7 @@ class Context:
             lease_s=lease_s,
             share_with=share_with,
             cluster=None if cluster is None else cluster.to_dict(),
+            owner=owner,
         )
         self.session = opened.session
         self.name = session
@@ -403,11 +405,13 @@ def connect(
     broker_key: str | None = None,
     share_with: list[str] | None = None,
     driver: str | None = None,
+    owner: str | None = None,
 ) -> Context:
     """Attach to a running broker. ``session="name"`` creates or re-attaches that session.
 
     A session belongs to the driver that opened it. ``share_with=["auditor"]`` lets the
-    named drivers attach to it too (``mp.connect(url, session="s")`` as ``auditor``) and
+    named drivers attach to it too (``mp.connect(url, session="s", owner=...)`` as
+    ``auditor``, naming the owner) and
     run, fetch, save, load, delete and close in it; only the owner may set it, when opening
     or re-attaching (a list replaces the previous one; ``[]`` takes the sharing back). In
     secure mode each such call is a grant the workers order by the time it was made (this
@@ -417,9 +421,21 @@ def connect(
     client of the owner shares it, and a worker that restarted (or evicted the session's
     closed binding) refuses a grant admitting others made before that: re-attach with
     ``share_with`` to grant again. Another driver attaching raises
-    ``SessionAccessError``. A driver's name is the one its key is pinned to in secure mode;
-    in plaintext mode it is ``driver`` (default: a random name, so each connection is a
-    driver of its own).
+    ``SessionAccessError``.
+
+    ``owner="NAME"`` says whose session ``session`` is meant to be: the owner's own driver
+    name for its other clients, the sharer's for a sharee (``mp.connect(url, session="s",
+    owner="alice")`` as ``auditor``). A session's id names its owner, and an answer whose
+    id names another raises ``AuthenticationError`` (nothing was done in it; checked in
+    either mode, though a plaintext owner's name is declared, not proven). Without it an
+    attach without ``share_with`` takes the session of that name whoever owns it: a hostile
+    broker holding a listed driver's key can seat the client in that driver's session of
+    the name, shared with it, and read what it computes there. Pass it on every attach
+    without ``share_with``; an open or an attach with ``share_with`` is checked against
+    this driver's own name anyway (secure mode).
+
+    A driver's name is the one its key is pinned to in secure mode; in plaintext mode it is
+    ``driver`` (default: a random name, so each connection is a driver of its own).
 
     ``cluster`` (a ``ClusterSpec`` or a path) is the session's own spec: its nodes are named
     nodes of the broker's cluster (any subset, any order: each keeps the broker's rank; in
@@ -447,7 +463,12 @@ def connect(
     )
     try:
         return Context(
-            client, session=session or "", lease_s=lease_s, share_with=share_with, cluster=spec
+            client,
+            session=session or "",
+            lease_s=lease_s,
+            share_with=share_with,
+            cluster=spec,
+            owner=owner,
         )
     except BaseException:
         client.close()

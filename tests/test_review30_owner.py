@@ -13,12 +13,13 @@ it draws every id and relays everything.
 * Finding 1 (low, fixed): a refused open detached by the session's name, which the broker
   does not look sessions up by: the session an honest (older) broker opened for it stayed
   open, the client attached, until its lease ran out.
-* Finding 2 (medium, open, documented under Limitations): an attach without
-  ``share_with`` (the owner's other client, or a sharee) takes an id of its name naming
-  any owner, so the broker can seat it in a session its own driver bound (strict xfail).
-* Finding 3 (info, open): the fetch context's ``|`` separators; the Exec context hashes
-  its fields each after its length, and a Done's ends in the job id and index, of fixed
-  forms, so only the fetch's two free fields can trade characters (strict xfail).
+* Finding 2 (medium, fixed by ``owner=``; without it still under Limitations): an attach
+  without ``share_with`` (the owner's other client, or a sharee) took an id of its name
+  naming any owner, so the broker could seat it in a session its own driver bound; given
+  the owner it means (``mp.connect(..., owner=NAME)``) it refuses an id naming another.
+* Finding 3 (info, fixed): the fetch context's ``|`` separators let its two free fields
+  (session, uri) trade characters; they are now each written after its length, as the
+  Exec context's hashed fields are (a Done's ends in the job id and index, of fixed forms).
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_until
 from test_replay_restart import Rig, two_workers
 from test_session_driver_binding import _fetched_by, _job, _runs, _sealers, _value_on
 
 import mpl.broker.sessions as broker_sessions
+import mpl.driver as mp
 from mpl.wire.errors import AuthenticationError
 from mpl.wire.jobs import Failed
 from mpl.wire.seal_contexts import fetch_context
@@ -185,14 +188,16 @@ def test_the_driver_acts_as_owner_only_in_an_id_of_its_name_naming_it(rig: Rig) 
     """Every way the driver comes to own a session (a named open answered as new, a fresh
     name, an attach with ``share_with``), answered with each bent id: refused, before any
     job. An attach without ``share_with`` (a member) refuses an id of another form or
-    name; one naming another owner it takes (finding 2), and one naming no listed driver
-    (the tag bent) too: no worker lets anyone bind it, so its jobs are refused there."""
+    name; without ``owner=``, one naming another owner it takes (finding 2), and one
+    naming no listed driver (the tag bent) too: no worker lets anyone bind it, so its
+    jobs are refused there. Given ``owner=``, it refuses every bent id."""
     with rig.connect(session="p") as own:
         paths: tuple[dict[str, Any], ...] = (
             {"session": "q"},  # answered as new (a new name each time, below)
             {},  # a fresh name
             {"session": "p", "share_with": []},  # its own, attached with share_with
             {"session": "p"},  # attached without: a member
+            {"session": "p", "owner": "analyst"},  # a member naming the owner it means
         )
         for n, (how, what) in enumerate(itertools.product(paths, _bent(own.session))):
             if how == {"session": "p"} and what in _MEMBER_TAKES:
@@ -229,47 +234,86 @@ def test_a_refused_open_leaves_no_session_of_an_honest_older_broker_open(
 
 
 @pytest.mark.daemons
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "finding 2 (documented: 'An attach without share_with joins the session the broker "
-        "names'): a client that attaches without share_with acts as a member in an id of "
-        "its name naming any owner, so the broker seats the owner's other client (or a "
-        "sharee) in a session its own driver bound with a grant admitting it, and reads "
-        "its values. Proposed fix: mp.connect(session=..., owner=NAME) (the owner's own "
-        "name for its other clients, the sharer's for a sharee): Client.open_session "
-        "refuses an id for which binds_owner(sid, driver_identity(owner)) fails; "
-        "this test then passes owner='analyst'"
-    ),
-)
 def test_the_owners_other_client_refuses_an_id_naming_another_owner(rig: Rig) -> None:
+    """Finding 2. The analyst's other client attaches to its "p" without ``share_with``;
+    the broker (holding mallory's key) answers with mallory's session of the name, which
+    mallory shared with the analyst: a member there, the client ran its jobs in a session
+    mallory bound, and mallory read their values. Given the owner it means (``owner=``),
+    the client refuses an id naming any other, and detaches from it."""
     with rig.connect(session="p"):
         _answer_with(rig, lambda honest: session_id(honest[:-TAIL], "driver:mallory"))
-        with pytest.raises(AuthenticationError, match="another owner"):
-            rig.connect(session="p").close()
+        with pytest.raises(AuthenticationError, match="another owner than 'analyst'"):
+            rig.connect(session="p", owner="analyst").close()
+        assert rig.tap.alter is None  # the broker did bend it
+
+
+@pytest.mark.daemons
+def test_an_attach_naming_its_owner_joins_that_owners_session_only(rig: Rig) -> None:
+    """With an honest broker: the owner's other client (``owner`` its own name) and a
+    sharee (``owner`` the sharer's) attach and run; an attach naming another owner than
+    the session's is refused, and so is one whose open the broker answers as a new
+    session of the attaching driver's own (no such session open yet), which the client
+    closes again."""
+    with rig.connect(session="p", share_with=["mallory"]) as own:
+        with rig.connect(session="p", owner="analyst") as other:
+            assert other.session == own.session and _value_on(other, 0, "the analyst's")
+        with rig.connect("mallory", session="p", owner="analyst") as sharee:
+            assert sharee.session == own.session and _value_on(sharee, 1, "mallory's")
+        with pytest.raises(AuthenticationError, match="another owner than 'mallory'"):
+            rig.connect(session="p", owner="mallory")
+    with pytest.raises(AuthenticationError, match="another owner than 'analyst'"):
+        rig.connect("mallory", session="q", owner="analyst")
+    wait_until(lambda: rig.broker.state.sessions.named("q") is None, 10, "q to close")
+
+
+@pytest.mark.daemons
+def test_owner_is_checked_in_plaintext_too(tmp_path: Path) -> None:
+    """Plaintext ids name their owner too (``driver:<declared name>``), so ``owner=`` is
+    checked there as well: a consistency check, not a defence (names are declared)."""
+    with mp.local_cluster(2, run_dir=tmp_path) as ctx:
+        me, name = ctx.client.driver, ctx.session[:-TAIL]
+        with mp.connect(ctx.address, session=name, driver=me, owner=me) as other:
+            assert other.session == ctx.session
+        with pytest.raises(AuthenticationError, match="another owner than 'someone'"):
+            mp.connect(ctx.address, session=name, driver=me, owner="someone")
 
 
 # -- the contexts' separators ---------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "finding 3 (info): fetch|session|rank|uri|ticket is not length-prefixed, and a "
-        "session's name may hold '|' (and job ids, so uris, are any string a listed driver "
-        "seals): a's fetch of its own value, in a session whose NAME holds b's session id "
-        "and '|rank|', shares its context with a fetch of b's value whose uri holds the rest "
-        "(b's job id chosen so), in b's session shared with a; the broker rewrites the "
-        "Fetch and a reads b's value as its own. Needs a's name to embed b's id: not a "
-        "practical attack. Proposed fix (a wire change, workers and drivers together): "
-        "write the fetch context as the Exec tail is, each of session and uri after its "
-        "length (mpl.wire.seal_contexts.fetch_context)"
-    ),
-)
 def test_no_two_fetches_of_one_ticket_read_alike() -> None:
+    """Finding 3 (fixed). Written bare, a's fetch of its own value, in a session whose NAME
+    holds b's session id and '|rank|', shared its context with a fetch of b's value whose
+    uri holds the rest (b's job id chosen so), in b's session shared with a: the broker
+    could rewrite the Fetch and a read b's value as its own. The session and uri are now
+    each written after its length."""
     theirs = session_id("x", B)  # b's session, shared with a
     mine = session_id(f"{theirs}|0|y", A)  # a's, named after b's id and a rank
     uri = "0123456789abcdef01234567/0"  # a's value, output 0 of its job
     rest = mine[len(theirs) + len("|0|") :]
     forged_uri = f"{rest}|0|{uri}"  # b's job id: f"{rest}|0|0123...", output 0
     assert fetch_context(mine, 0, uri, "t") != fetch_context(theirs, 0, forged_uri, "t")
+
+
+def _read_fetch_context(context: str) -> tuple[str, int, str, str]:
+    """The one way a fetch context reads: each free field after its length."""
+    head, rest = context.split("|", 1)
+    assert head == "fetch"
+    size, rest = rest.split(":", 1)
+    session, rest = rest[: int(size)], rest[int(size) :]
+    _, rank, rest = rest.split("|", 2)
+    size, rest = rest.split(":", 1)
+    uri, rest = rest[: int(size)], rest[int(size) :]
+    sep, ticket = rest[:1], rest[1:]
+    assert sep == "|"
+    return session, int(rank), uri, ticket
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_fetch_context_reads_back_as_the_fetch_it_is_of(name: str) -> None:
+    for fields in (
+        (session_id(name, A), 0, "0123456789abcdef01234567/0", secrets.token_hex(12)),
+        (session_id(name, B), 12, f"{name}|3|x/1", "t|5:|"),
+        (name, 1, "", ""),
+    ):
+        assert _read_fetch_context(fetch_context(*fields)) == fields

@@ -9,7 +9,7 @@ output slot, direction or worker process does not open.
 * ``done|session|job|index``: one inline output of a job. No rank: the sender's key pins
   it (a worker is one rank; the driver opens a rank's value only as its node's, and keeps
   each node at one rank: ``DriverSeal.bind``), so no Done grows by a rank per job.
-* ``fetch|session|rank|uri|ticket``: one fetch's reply.
+* ``fetch|<len>:session|rank|<len>:uri|ticket``: one fetch's reply (:func:`fetch_context`).
 
 The driver's and the worker's hot paths write the Exec and Done contexts out themselves
 (a Python call less per job); :func:`pin_contexts` checks at their import that they write
@@ -119,4 +119,15 @@ def pin_contexts(user: str) -> None:
 
 
 def fetch_context(session: str, rank: int, uri: str, ticket: str) -> str:
-    return f"fetch|{session}|{rank}|{uri}|{ticket}"
+    """The session and uri each after its length, as the Exec tail's fields are: both are
+    free (a session's name may hold ``|``, a job id, so a uri, is any string a listed
+    driver seals), so written bare, one fetch's fields could be split as another's (a
+    session named after another's id and a rank, against a uri holding the rest) and the
+    broker could have a driver open another fetch's reply as its own. The rank is an int
+    and the ticket comes last, so with these two prefixed every context reads one way.
+    Written out, not hashed: a fetch's key derivation (a keyed BLAKE2b of the 16-byte salt
+    and this context, ``mpl.wire.seal``) stays in one block for a session ``mp.connect``
+    names (``s`` and 16 hex digits: 124 bytes of 128, at a rank below 10, of an output
+    below 10 of a job, with this driver's 24-character ticket), and names up to 21
+    characters (27 before the prefixes)."""
+    return f"fetch|{len(session)}:{session}|{rank}|{len(uri)}:{uri}|{ticket}"
