@@ -9,10 +9,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_driver_code_policy import _job_of, _program, _refused_for_code
+from test_session_driver_binding import _runs, _sealers
 
-from mpl.wire import ClusterSpec
+from mpl.wire import ClusterSpec, GraphBuilder
 from mpl.wire.errors import ClusterSpecError
+from mpl.wire.jobs import Program
 from mpl.worker.kernel_table import KernelTable
+from mpl.worker.sealing import WorkerSeal
 
 __all__: list[str] = []
 
@@ -72,3 +76,27 @@ def test_a_spec_lists_no_two_drivers_whose_names_differ_only_by_case() -> None:
     }
     with pytest.raises(ClusterSpecError, match=r"drivers\[1\]\.name: duplicate"):
         ClusterSpec.from_dict(data)
+
+
+def _walk() -> int:
+    return 1  # stands for a function of a's (a ``code: any`` driver)
+
+
+def test_an_allowed_drivers_program_with_a_function_in_a_set_opens_beside_a_kernels_entry() -> None:
+    """Finding 3 (low: a legit program refused). With any driver listed ``code: kernels``,
+    every program opens screened first; one holding a pickle only inside a set (a constant
+    ``frozenset({fn})``) was taken for malformed, as ``holds_pickle`` did not look in sets:
+    a's program was refused here for every job (a ``ProtocolError``), though a ships code
+    here, and opened on the same worker without the entry. Under ``--code kernels`` such a
+    program or input was refused as malformed rather than for its code. Fixed:
+    ``holds_pickle`` looks in sets too."""
+    a, b, node = _sealers()
+    builder = GraphBuilder(1)
+    (out,) = builder.op("constant", [], ranks=(0,), value=frozenset({_walk}))
+    graph = builder.build([out])
+    worker = WorkerSeal(node, 0, kernels_drivers=frozenset({"driver:b"}))
+    opened, _ = worker.inbound(_program(a, graph))
+    assert type(opened) is Program and opened.graph is not None
+    assert _runs(worker, _job_of(a, graph.digest)) is None  # a's job runs it
+    assert _refused_for_code(_runs(worker, _job_of(b, graph.digest)))  # b's may not
+    assert _refused_for_code(_runs(worker, _job_of(b, graph.digest, [frozenset({_walk})])))
