@@ -14,7 +14,8 @@ from test_session_driver_binding import _runs, _sealers
 
 from mpl.wire import ClusterSpec, GraphBuilder
 from mpl.wire.errors import ClusterSpecError
-from mpl.wire.jobs import Program
+from mpl.wire.jobs import Exec, Failed, Program
+from mpl.wire.seal import Sealer, exec_context
 from mpl.worker.kernel_table import KernelTable
 from mpl.worker.sealing import WorkerSeal
 
@@ -100,3 +101,35 @@ def test_an_allowed_drivers_program_with_a_function_in_a_set_opens_beside_a_kern
     assert _runs(worker, _job_of(a, graph.digest)) is None  # a's job runs it
     assert _refused_for_code(_runs(worker, _job_of(b, graph.digest)))  # b's may not
     assert _refused_for_code(_runs(worker, _job_of(b, graph.digest, [frozenset({_walk})])))
+
+
+def _job_named(driver: Sealer, session: str, job: str, bindings: Any = None) -> tuple[Exec, Any]:
+    context = exec_context(session, job, "d", (0,), (0,), 5.0)
+    msg = Exec(session, job, "d", (0,), {}, (0,), 5.0)
+    return msg, driver.seal(bindings, "node:n0", context, safe=False)
+
+
+def test_a_sharee_cannot_take_over_the_recipient_of_a_job_the_pool_holds() -> None:
+    """Finding 4 (medium; a hostile broker holding a sharee's key). a shares its session
+    with b (listed ``code: kernels`` or not). a's job ``j1`` is handed to the job pool
+    (``hold``: its sealer is a). b seals a job of its own under the same id in the same
+    session, which the broker delivers while a's waits or runs (an honest broker refuses
+    a job id in flight; this one does not): it opened, and from then on the worker took b
+    for the recipient of a's job too: a's job, starting, ran with b's folder for the file
+    kernels (a's files written where b reads them, b's files read as a's), its moves
+    carried b, and its Done was sealed for b (a's call never answered).
+
+    Fixed: a job the pool holds for one driver is refused to another under its id."""
+    from mpl.wire.session_word import worded
+
+    a, b, node = _sealers()
+    worker = WorkerSeal(node, 0, kernels_drivers=frozenset({"driver:b"}))
+    t = worker.admission.started
+    assert _runs(worker, _job_named(a, "sa", "j1", worded([1], ["driver:a", "driver:b"], t + 1)))
+    assert worker.hold("sa", "j1") == "driver:a"  # handed to the pool
+    taken = _runs(worker, _job_named(b, "sa", "j1", worded([2], None)))
+    assert type(taken) is Failed
+    assert worker.recipient("sa", "j1") == "driver:a"
+    assert _runs(worker, _job_named(b, "sa", "j2", worded([3], None))) == [3]  # its own run
+    assert worker.recipient("sa", "j1") == "driver:a"
+    worker.release("sa", "j1")

@@ -319,6 +319,10 @@ class WorkerSeal:
             self._context = _NO_CONTEXT  # a binding may have changed: the short path checks
             if refused_by:
                 raise SessionAccessError(f"job {job} refused: {refused_by}")
+            # a job the pool holds keeps its sealer: another driver's job under its id (a
+            # sharee's, the broker's doing) would take its recipient, its folder and Done
+            if self._held and (held := self._held.get((session, job))) and held != driver:
+                raise SessionAccessError(f"job {job} refused: its id is another driver's job here")
         except (AuthenticationError, ProtocolError, SessionAccessError) as exc:
             self.refusals += 1
             kind, op = type(exc).__name__, "inputs"
