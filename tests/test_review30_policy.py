@@ -9,13 +9,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_driver_code_policy import _job_of, _program, _refused_for_code
+from test_driver_code_policy import _graph, _job_of, _program, _refused_for_code
 from test_session_driver_binding import _runs, _sealers
 
 from mpl.wire import ClusterSpec, GraphBuilder
 from mpl.wire.errors import ClusterSpecError
 from mpl.wire.jobs import Exec, Failed, Program
-from mpl.wire.seal import Sealer, exec_context
+from mpl.wire.kernels import KernelRef
+from mpl.wire.seal import Sealer, exec_context, program_context
 from mpl.worker.kernel_table import KernelTable
 from mpl.worker.sealing import WorkerSeal
 
@@ -133,3 +134,28 @@ def test_a_sharee_cannot_take_over_the_recipient_of_a_job_the_pool_holds() -> No
     assert _runs(worker, _job_named(b, "sa", "j2", worded([3], None))) == [3]  # its own run
     assert worker.recipient("sa", "j1") == "driver:a"
     worker.release("sa", "j1")
+
+
+def test_another_drivers_copy_that_does_not_open_refuses_no_job_of_a_program_that_did() -> None:
+    """Finding 5 (low-medium: a denial of service on a program, by any listed driver that
+    knows its digest). a's program opened here and is cached. b seals something that is
+    no graph (or does not decode) under that digest, for this rank: the worker recorded the
+    digest as refused, and from then on refused every job naming it, a's included ("program
+    ... was refused"), though a's copy was cached and the broker never sends a's again (its
+    mirror of the worker's cache is keyed by digest). Fixed: a copy that does not open
+    refuses nothing of a digest whose program opened here as itself."""
+    a, b, node = _sealers()
+    worker = WorkerSeal(node, 0)
+    graph = _graph(KernelRef("mpl.io.read_npy"))
+    opened, _ = worker.inbound(_program(a, graph))
+    assert type(opened) is Program
+    context = program_context(graph.digest)
+    for junk in (42, {"not": "a graph"}):
+        bogus = b.seal_record(junk, "node:n0", context, safe=False)
+        assert worker.inbound(Program(graph.digest, None, {0: bogus})) == (None, None)
+    assert _runs(worker, _job_of(a, graph.digest)) is None  # a's job still runs
+    assert _runs(worker, _job_of(b, graph.digest)) is None  # (and b's, of the same graph)
+    fresh = WorkerSeal(node, 0)  # no genuine copy opened yet: refused, saying why
+    fresh.inbound(Program(graph.digest, None, {0: b.seal_record(42, "node:n0", context)}))
+    refused = _runs(fresh, _job_of(a, graph.digest))
+    assert type(refused) is Failed and "was refused" in refused.error.message

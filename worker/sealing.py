@@ -197,6 +197,9 @@ class WorkerSeal:
         self.admission = SessionAdmission()
         self._solo = self.admission.solo
         self._refused: LRU[str, str] = LRU(_MEMORY)  # program digest -> why it did not open
+        # digests whose program opened here as itself (its graph's own digest): a copy that
+        # does not open later (another driver's, sealed under that digest) refuses no job
+        self._genuine: LRU[str, bool] = LRU(_MEMORY)
         self.refusals = 0
         self._tails = ExecTails()  # what exec_context writes after the job
         # a sealed None's head (magic, driver, epoch) -> (the replay guard, the driver, its
@@ -553,9 +556,12 @@ class WorkerSeal:
                 raise ProtocolError(f"program {msg.digest} holds a {type(graph).__name__}")
         except (AuthenticationError, ProtocolError) as exc:
             self.refusals += 1
-            self._refused[msg.digest] = f"{type(exc).__name__}: {exc}"
+            if msg.digest not in self._genuine:  # (a genuine copy stays usable)
+                self._refused[msg.digest] = f"{type(exc).__name__}: {exc}"
             return None
         self._refused.pop(msg.digest, None)
+        if graph.digest == msg.digest:
+            self._genuine[msg.digest] = True
         # (a graph under another's digest is the state's to refuse: it names nothing here)
         if self.kernels_drivers and holds_pickle(graph) and graph.digest == msg.digest:
             if driver in self.kernels_drivers:  # dropped: its jobs are refused saying why
