@@ -120,16 +120,24 @@ def test_a_sharee_cannot_take_over_the_recipient_of_a_job_the_pool_holds() -> No
     kernels (a's files written where b reads them, b's files read as a's), its moves
     carried b, and its Done was sealed for b (a's call never answered).
 
-    Fixed: a job the pool holds for one driver is refused to another under its id."""
+    Fixed: a job the pool holds for one driver is refused to another under its id, and a
+    refused Exec's answer forgets nothing (it cleared the held job's recipient: its Done
+    then went to no one)."""
     from mpl.wire.session_word import worded
 
     a, b, node = _sealers()
     worker = WorkerSeal(node, 0, kernels_drivers=frozenset({"driver:b"}))
     t = worker.admission.started
-    assert _runs(worker, _job_named(a, "sa", "j1", worded([1], ["driver:a", "driver:b"], t + 1)))
+    first = _job_named(a, "sa", "j1", worded([1], ["driver:a", "driver:b"], t + 1))
+    assert _runs(worker, first) == [1]
     assert worker.hold("sa", "j1") == "driver:a"  # handed to the pool
     taken = _runs(worker, _job_named(b, "sa", "j1", worded([2], None)))
     assert type(taken) is Failed
+    assert worker.recipient("sa", "j1") == "driver:a"
+    worker.outbound(taken)  # the refusal goes out: a's job is not forgotten by it
+    assert worker.recipient("sa", "j1") == "driver:a"
+    replayed = _runs(worker, first)  # the broker replays a's own box: refused as run
+    assert type(replayed) is Failed and type(worker.outbound(replayed)) is Failed
     assert worker.recipient("sa", "j1") == "driver:a"
     assert _runs(worker, _job_named(b, "sa", "j2", worded([3], None))) == [3]  # its own run
     assert worker.recipient("sa", "j1") == "driver:a"

@@ -201,6 +201,7 @@ class WorkerSeal:
         # does not open later (another driver's, sealed under that digest) refuses no job
         self._genuine: LRU[str, bool] = LRU(_MEMORY)
         self.refusals = 0
+        self._refused_exec: Failed | None = None  # the last Exec refused (_refusal)
         self._tails = ExecTails()  # what exec_context writes after the job
         # a sealed None's head (magic, driver, epoch) -> (the replay guard, the driver, its
         # None's tag hash, its streams in the guard, the stream's epoch, its window, the
@@ -309,7 +310,7 @@ class WorkerSeal:
             if self.kernels_drivers and driver in self.kernels_drivers:
                 refused_code = self._refused_code(msg.digest, job, mine)
                 if refused_code is not None:  # (run: stays refused; binds no session)
-                    return Failed(session, job, self.rank, refused_code)
+                    return self._refusal(Failed(session, job, self.rank, refused_code))
             word, stamp, said = None, 0, type(mine) is dict  # its sealer's word on who S admits
             opening = False
             if said:
@@ -340,7 +341,7 @@ class WorkerSeal:
             elif type(exc) is _Unopened:  # perhaps sealed for another incarnation of ours
                 kind, op = "AuthenticationError", UNKNOWN_STREAM
             info = ErrorInfo(kind, message, rank=self.rank, op=op, job=job)
-            return Failed(session, job, self.rank, info)
+            return self._refusal(Failed(session, job, self.rank, info))
         fresh = self._fresh
         if fresh[2]:  # opened before this one: booked first
             self._book_fresh(fresh)
@@ -535,9 +536,17 @@ class WorkerSeal:
             return None
         return self.sealer.seal_scalars(values, driver, f"done|{session}|{job}|")
 
+    def _refusal(self, failed: Failed) -> Failed:
+        """``failed``, the answer to an Exec refused here: it was never booked, so when it
+        goes out it forgets nothing (another job's under its id, the broker's doing, keeps
+        its recipient)."""
+        self._refused_exec = failed
+        return failed
+
     def _outbound_other(self, msg: Record) -> Record:
         if isinstance(msg, Failed):
-            self.forget(msg.session, msg.job)
+            if msg is not self._refused_exec:  # (a refusal: nothing of it was booked)
+                self.forget(msg.session, msg.job)
         elif type(msg) is Reply and msg.error is None:  # a value not sealed by reply():
             why = f"fetch {msg.req}'s value was not sealed for the Fetch it answers: not sent"
             info = ErrorInfo("AuthenticationError", why, rank=self.rank, op="fetch")
