@@ -569,8 +569,6 @@ class WorkerSeal:
                 self._refused[msg.digest] = f"{type(exc).__name__}: {exc}"
             return None
         self._refused.pop(msg.digest, None)
-        if graph.digest == msg.digest:
-            self._genuine[msg.digest] = True
         # (a graph under another's digest is the state's to refuse: it names nothing here)
         if self.kernels_drivers and holds_pickle(graph) and graph.digest == msg.digest:
             if driver in self.kernels_drivers:  # dropped: its jobs are refused saying why
@@ -587,6 +585,8 @@ class WorkerSeal:
                 self._refused[msg.digest] = f"{type(exc).__name__}: {exc}"
                 return None
             self._code_programs[msg.digest] = graph
+        if graph.digest == msg.digest:  # handed on to be cached, as itself
+            self._genuine[msg.digest] = True
         return Program(msg.digest, graph)
 
     def _open(self, sealed: Any, context: str) -> tuple[str, Any]:
