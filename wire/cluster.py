@@ -577,7 +577,7 @@ def _validate(spec: ClusterSpec) -> None:
 
 
 def _validate_keys(spec: ClusterSpec) -> None:
-    """All keys or none, and no key or driver name used twice."""
+    """All keys or none, and no key or driver name (by case too) used twice."""
     keyed = [f"nodes[{n.rank}].curve_key" for n in spec.nodes if n.curve_key]
     if spec.broker_key:
         keyed.append("broker.curve_key")
@@ -601,8 +601,12 @@ def _validate_keys(spec: ClusterSpec) -> None:
             raise ClusterSpecError(f"{where}: the same key as {owners[key]}")
         owners[key] = where
     for i, d in enumerate(spec.drivers):
-        if d.name in names:
+        # by case too: each names a folder of the worker's (kernel_table.driver_root), one
+        # folder for both on a file system that folds case
+        folded = d.name.lower()  # (a driver name is ASCII)
+        if folded in names:
             raise ClusterSpecError(
-                f"drivers[{i}].name: duplicate driver {d.name!r} (also drivers[{names[d.name]}])"
+                f"drivers[{i}].name: duplicate driver {d.name!r} (also drivers[{names[folded]}]"
+                ", names compared without case)"
             )
-        names[d.name] = i
+        names[folded] = i

@@ -87,7 +87,7 @@ def holds_pickle(value: Any, depth: int = 0) -> bool:
         return True
     if isinstance(value, Record):
         return any(holds_pickle(v, depth + 1) for v in record_fields(value))
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, set, frozenset)):  # (a set's items: the SET ext)
         return any(holds_pickle(v, depth + 1) for v in value)
     if isinstance(value, dict):
         return any(

@@ -22,6 +22,7 @@ itself, for every driver, as before.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,28 @@ def _inside(base: Path, path: str, root: Path) -> Path:
     if not target.is_relative_to(base):
         where = "the worker's data root" if base == root else "this driver's folder"
         raise PermissionError(f"{path!r} leads outside {where}")
-    if target.is_relative_to(root / SYMBOLS):  # persisted values: their owners' alone
+    if _under(root, target, SYMBOLS):  # persisted values: their owners' alone
         raise PermissionError(f"{path!r} is in the worker's persisted values' folder")
     return target
+
+
+def _under(root: Path, target: Path, folder: str) -> bool:
+    """Whether ``target`` (resolved) is in the data root's ``folder`` by any name a file
+    system may take for it: its first part below ``root`` casefolded (a case-insensitive
+    file system reads ``Drivers`` or ``driver\u017f`` as ``drivers``; Windows drops a
+    trailing dot or space), or the same folder on disk (a short name, say)."""
+    if not target.is_relative_to(root):
+        return False
+    parts = target.relative_to(root).parts
+    if not parts:
+        return False
+    first = parts[0]
+    if first.rstrip(". ").casefold() == folder.casefold():
+        return True
+    try:
+        return os.path.samefile(root / first, root / folder)
+    except OSError:  # either is missing: nothing of the folder's is read through it
+        return False
 
 
 def _roots() -> tuple[Path, Path]:
@@ -67,7 +87,7 @@ def _readable(path: str) -> Path:
     if mine.exists():
         return mine
     shared = _inside(root, path, root)  # the operator's files, read by every driver
-    if shared.is_relative_to(root / DRIVERS):
+    if _under(root, shared, DRIVERS):
         raise PermissionError(f"{path!r} is in the drivers' folders, each its driver's alone")
     return shared
 

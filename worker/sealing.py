@@ -195,17 +195,20 @@ class WorkerSeal:
         # fields, unless they do not pack (a stats blob of 1 KiB or more): then outbound
         # seals the Done record, and finds its recipient here
         self._answered: tuple[str, str, str] = _NO_JOB
-        # the last refusal open_exec made (by identity): the refused Exec named a job the
-        # broker chose, perhaps one that opened before and runs, so sealing it forgets
-        # nothing (the I/O thread sends each refusal as soon as it is made)
-        self._refusal: Failed | None = None
         self.replays = ReplayGuard()  # which sealed Execs ran: each runs once
         # which drivers each session admits here, by its owner's sealed word; and its
         # sessions admitting their owner alone (open_exec's short path: one lookup)
         self.admission = SessionAdmission()
         self._solo = self.admission.solo
         self._refused: LRU[str, str] = LRU(_MEMORY)  # program digest -> why it did not open
+        # digests whose program opened here as itself (its graph's own digest): a copy that
+        # does not open later (another driver's, sealed under that digest) refuses no job
+        self._genuine: LRU[str, bool] = LRU(_MEMORY)
         self.refusals = 0
+        # the last refusal open_exec made (by identity): the refused Exec named a job the
+        # broker chose, perhaps one that opened before and runs, so sealing it forgets
+        # nothing (the I/O thread sends each refusal as soon as it is made)
+        self._refused_exec: Failed | None = None
         self._tails = ExecTails()  # what exec_context writes after the job
         # a sealed None's head (magic, driver, epoch) -> (the replay guard, the driver, its
         # None's tag hash, its streams in the guard, the stream's epoch, its window, the
@@ -314,8 +317,7 @@ class WorkerSeal:
             if self.kernels_drivers and driver in self.kernels_drivers:
                 refused_code = self._refused_code(msg.digest, job, mine)
                 if refused_code is not None:  # (run: stays refused; binds no session)
-                    refusal = self._refusal = Failed(session, job, self.rank, refused_code)
-                    return refusal
+                    return self._refusal(Failed(session, job, self.rank, refused_code))
             word, stamp, said = None, 0, type(mine) is dict  # its sealer's word on who S admits
             opening = False
             if said:
@@ -328,6 +330,10 @@ class WorkerSeal:
             self._context = _NO_CONTEXT  # a binding may have changed: the short path checks
             if refused_by:
                 raise SessionAccessError(f"job {job} refused: {refused_by}")
+            # a job the pool holds keeps its sealer: another driver's job under its id (a
+            # sharee's, the broker's doing) would take its recipient, its folder and Done
+            if self._held and (held := self._held.get((session, job))) and held != driver:
+                raise SessionAccessError(f"job {job} refused: its id is another driver's job here")
         except (AuthenticationError, ProtocolError, SessionAccessError) as exc:
             self.refusals += 1
             kind, op = type(exc).__name__, "inputs"
@@ -342,8 +348,7 @@ class WorkerSeal:
             elif type(exc) is _Unopened:  # perhaps sealed for another incarnation of ours
                 kind, op = "AuthenticationError", UNKNOWN_STREAM
             info = ErrorInfo(kind, message, rank=self.rank, op=op, job=job)
-            refusal = self._refusal = Failed(session, job, self.rank, info)
-            return refusal
+            return self._refusal(Failed(session, job, self.rank, info))
         fresh = self._fresh
         if fresh[2]:  # opened before this one: booked first
             self._book_fresh(fresh)
@@ -554,10 +559,17 @@ class WorkerSeal:
             return None
         return self.sealer.seal_scalars(values, driver, f"done|{session}|{job}|")
 
+    def _refusal(self, failed: Failed) -> Failed:
+        """``failed``, the answer to an Exec refused here: it was never booked, so when it
+        goes out it forgets nothing (another job's under its id, the broker's doing, keeps
+        its recipient)."""
+        self._refused_exec = failed
+        return failed
+
     def _outbound_other(self, msg: Record) -> Record:
-        # a job's failure: no recipient any more; an Exec's refusal changes no job's
-        if isinstance(msg, Failed) and msg is not self._refusal:
-            self.forget(msg.session, msg.job)
+        if isinstance(msg, Failed):
+            if msg is not self._refused_exec:  # (a refusal: nothing of it was booked)
+                self.forget(msg.session, msg.job)
         elif type(msg) is Reply and msg.error is None:  # a value not sealed by reply():
             why = f"fetch {msg.req}'s value was not sealed for the Fetch it answers: not sent"
             info = ErrorInfo("AuthenticationError", why, rank=self.rank, op="fetch")
@@ -576,7 +588,8 @@ class WorkerSeal:
                 raise ProtocolError(f"program {msg.digest} holds a {type(graph).__name__}")
         except (AuthenticationError, ProtocolError) as exc:
             self.refusals += 1
-            self._refused[msg.digest] = f"{type(exc).__name__}: {exc}"
+            if msg.digest not in self._genuine:  # (a genuine copy stays usable)
+                self._refused[msg.digest] = f"{type(exc).__name__}: {exc}"
             return None
         self._refused.pop(msg.digest, None)
         # (a graph under another's digest is the state's to refuse: it names nothing here)
@@ -595,6 +608,8 @@ class WorkerSeal:
                 self._refused[msg.digest] = f"{type(exc).__name__}: {exc}"
                 return None
             self._code_programs[msg.digest] = graph
+        if graph.digest == msg.digest:  # handed on to be cached, as itself
+            self._genuine[msg.digest] = True
         return Program(msg.digest, graph)
 
     def _open(self, sealed: Any, context: str) -> tuple[str, Any]:
