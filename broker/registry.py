@@ -18,12 +18,26 @@ from mpl.wire.incarnation import public_incarnation
 from mpl.wire.limits import PROGRAM_MIRROR_BYTES
 from mpl.wire.lru import SizedLRU
 
-__all__ = ["PROGRAM_SLOTS", "Registry", "WorkerEntry", "public_incarnation"]
+__all__ = ["PROGRAM_SLOTS", "ProgramKey", "Registry", "WorkerEntry", "public_incarnation"]
 
 # The broker mirrors each worker's program LRU. Both see the same sequence of programs, and
 # the worker keeps at least as many (and as many bytes: mpl.wire.limits), so whatever the
 # broker believes is cached really is.
 PROGRAM_SLOTS = 256
+
+# A mirror entry: the driver whose copy was sent, and the program's digest. The worker
+# caches by digest alone, and a copy may be junk under another's digest (the broker cannot
+# see whether a sealed copy opens), so each driver's own copy goes to a worker once: one
+# driver's copy never stands in for another's there. Several keys of one digest stand for
+# one worker entry; each key's get or put is matched at the worker by a touch or put of
+# that entry (or by nothing, when it holds no genuine copy), so the entry is never older
+# than its newest key, and the mirror, with more keys in no more room, drops a key no later
+# than the worker drops the entry: it errs only towards sending a program again. (Genuine
+# copies of a digest are one graph, so its keys are charged alike. A junk copy is charged
+# its own size, yet its sender's jobs keep fresh a genuine entry the worker holds for
+# another driver: only the worker's larger byte budget, mpl.wire.limits, covers that
+# difference, as it did when junk went under a digest the mirror had already dropped.)
+ProgramKey = tuple[str, str]
 
 
 @dataclass
@@ -34,25 +48,26 @@ class WorkerEntry:
     joined: float
     last_seen: float
     stats: dict[str, int] = field(default_factory=dict)
-    programs: SizedLRU[str, bool] = field(
+    programs: SizedLRU[ProgramKey, bool] = field(
         default_factory=lambda: SizedLRU(PROGRAM_SLOTS, PROGRAM_MIRROR_BYTES)
     )
-    # The digest this mirror used last (None: none yet). It is the newest entry of
+    # The key this mirror used last (None: none yet). It is the newest entry of
     # ``programs`` as long as only needs_program uses the mirror, so a job of the same
     # program as the last one needs no look-up and no reorder: the order stays the
     # worker's (nothing else changes the mirror; a repeated hello hands both on).
-    last_program: str | None = None
+    last_program: ProgramKey | None = None
 
-    def needs_program(self, digest: str, nbytes: Callable[[], int] = lambda: 0) -> bool:
-        """True if ``digest`` (``nbytes()`` as the worker's cache counts it, at most; asked
-        only then) must be sent first; records it as sent either way."""
-        if digest == self.last_program:
+    def needs_program(self, key: ProgramKey, nbytes: Callable[[], int] = lambda: 0) -> bool:
+        """True if the program of ``key`` (driver, digest) (``nbytes()`` as the worker's
+        cache counts it, at most; asked only then) must be sent first; records it as sent
+        either way."""
+        if key == self.last_program:
             return False
-        self.last_program = digest
-        if self.programs.get(digest):
+        self.last_program = key
+        if self.programs.get(key):
             return False
         # put may refuse it (larger than the whole budget): it is sent again next time
-        if not self.programs.put(digest, True, nbytes()):
+        if not self.programs.put(key, True, nbytes()):
             self.last_program = None
         return True
 

@@ -362,8 +362,8 @@ class BrokerState:
         for entry in workers:
             assert entry is not None  # None in workers was answered above
             # the same program as this worker's last job: no call (needs_program's check)
-            if entry.last_program != digest and entry.needs_program(
-                digest, partial(program_nbytes, program, entry.rank)
+            if entry.last_program != key and entry.needs_program(
+                key, partial(program_nbytes, program, entry.rank)
             ):
                 out.append(Send(entry.peer, program))
         peers = list(map(_peer_of, workers))

@@ -77,11 +77,41 @@ def test_program_caches_count_bytes_and_the_broker_mirror_stays_in_step(
             p = made[-1]
         else:
             p = rng.choice(made)
-        if mirror.needs_program(p.digest, partial(program_nbytes, p, 1)):
+        if mirror.needs_program(("d", p.digest), partial(program_nbytes, p, 1)):
             worker.handle(Program(p.digest, p.graph), 0.0)  # what the broker forwards
         assert worker.program(p.digest) is not None  # the job finds its program
         assert worker.programs.nbytes <= 60_000 and mirror.programs.nbytes <= 40_000
     assert len(worker.programs) < len(made)  # before, 512 entries of any size were kept
+
+
+def test_a_mirror_keyed_by_driver_only_errs_towards_sending_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Several drivers' keys stand for one worker entry (the worker caches by digest), and a
+    # copy may be junk under a digest it does not have (the worker refuses it and keeps any
+    # genuine one). Whatever the mirror believes a worker holds of a genuine copy, it does.
+    monkeypatch.setattr(registry, "PROGRAM_MIRROR_BYTES", 40_000)
+    monkeypatch.setattr(worker_state, "WORKER_PROGRAM_BYTES", 60_000)
+    mirror = WorkerEntry(1, b"w1", WorkerHello(1, "i", 1, "h", "tcp://d", ""), 0.0, 0.0)
+    worker = WorkerState(WorkerHello(1, "i", 1, "h", "tcp://d", ""), now=0.0, heartbeat_s=1.0)
+    rng = random.Random(11)
+    made = [_program(rng.randrange(200, 6_000), step) for step in range(40)]
+    index = {p.digest: n for n, p in enumerate(made)}
+    junk = _program(300, 999).graph  # b's copy of every other digest: another graph
+    sent = 0
+    for _ in range(1_500):
+        n = rng.randrange(len(made))
+        p, driver = made[n], rng.choice("abc")
+        genuine = driver != "b" or n % 2 == 0
+        copy = Program(p.digest, p.graph if genuine else junk)
+        if mirror.needs_program((driver, p.digest), partial(program_nbytes, copy, 1)):
+            sent += 1
+            worker.handle(copy, 0.0)
+        held = worker.program(p.digest)  # the job's look-up (it touches the entry)
+        assert held is not None or not genuine  # a genuine copy's job finds it
+        for (owner, digest), _ in mirror.programs.items():  # what the broker believes
+            assert digest in worker.programs or (owner == "b" and index[digest] % 2)
+    assert 0 < sent < 1_500 and mirror.programs.dropped > 0
 
 
 def test_the_broker_refuses_a_program_beyond_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -169,19 +169,6 @@ def test_another_drivers_copy_that_does_not_open_refuses_no_job_of_a_program_tha
     assert type(refused) is Failed and "was refused" in refused.error.message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="finding 5, the broker's half (open): its mirror of a worker's program cache "
-    "(WorkerEntry.programs, last_program) is keyed by digest alone, so once one driver's "
-    "copy went to a worker no other driver's copy of that digest is sent there. In secure "
-    "mode the broker cannot see whether a sealed copy opened: b's junk under a's digest, "
-    "sent first (b knows the digest), leaves a's jobs on that worker failing ('program ... "
-    "was refused' or 'not cached') for as long as the mirror holds the digest. Proposed "
-    "fix: key the mirror and last_program by (identity, digest), as the broker's program "
-    "store is (broker/state.py _on_exec): a's own copy then goes once per worker, and "
-    "opens there (the worker keeps a genuine copy usable against junk sent after it)",
-)
 def test_each_drivers_copy_of_a_program_goes_to_a_worker() -> None:
     from test_broker_state import W0, W1, hello, sent
 
@@ -195,11 +182,16 @@ def test_each_drivers_copy_of_a_program_goes_to_a_worker() -> None:
     (out,) = builder.op("pcall", [], ranks=(0,), fn=builder.fn(abs))
     graph = builder.build([out])
     program = Program(graph.digest, graph)
-    copies = []
+    copies, sids = [], []
     for n, peer in enumerate((b"drv:b/1", b"drv:a/1")):
         opened = state.handle(peer, OpenSession(1, f"s{n}", 60.0, peer.decode()[4:5]), 0.0)
-        sid = sent(opened, SessionOpened, peer)[0].session
+        sids.append(sent(opened, SessionOpened, peer)[0].session)
         state.handle(peer, program, 0.0)
-        answer = state.handle(peer, Exec(sid, f"j{n}", graph.digest, (0,), {}), 0.0)
+        answer = state.handle(peer, Exec(sids[n], f"j{n}", graph.digest, (0,), {}), 0.0)
         copies.append(len(sent(answer, Program, W0)))
     assert copies == [1, 1]  # b's copy, then a's: a's own opens there
+    # the same worker process from a new socket keeps its cache: neither copy goes again
+    state.handle(b"w0b", hello(0), 0.0)
+    for n, peer in enumerate((b"drv:b/1", b"drv:a/1", b"drv:b/1")):
+        answer = state.handle(peer, Exec(sids[n % 2], f"k{n}", graph.digest, (0,), {}), 0.0)
+        assert sent(answer, Exec, b"w0b") and not sent(answer, Program)
