@@ -27,9 +27,10 @@ from mpl.wire.control import Welcome, WorkerHello
 from mpl.wire.jobs import Done, Exec, Program
 from mpl.wire.record import Record
 from mpl.wire.seal import Sealer, exec_context
+from mpl.worker.held_recipients import HELD_PER_DRIVER as _HELD
 from mpl.worker.jobs import Jobs
 from mpl.worker.keyed_mailbox import move_mailbox
-from mpl.worker.sealing import _HELD, _MEMORY, WorkerSeal
+from mpl.worker.sealing import _MEMORY, WorkerSeal
 from mpl.worker.state import WorkerState
 from mpl.worker.store import ObjectStore
 

@@ -29,9 +29,10 @@ from mpl.wire.jobs import Abort, Done, Exec, Failed, Program, output_uri
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.seal import Sealer, exec_context
+from mpl.worker.held_recipients import HELD_PER_DRIVER as _HELD
 from mpl.worker.jobs import Jobs
 from mpl.worker.keyed_mailbox import move_mailbox
-from mpl.worker.sealing import _HELD, WorkerSeal
+from mpl.worker.sealing import WorkerSeal
 from mpl.worker.state import WorkerState
 from mpl.worker.store import ObjectStore
 
@@ -163,7 +164,7 @@ def test_a_held_recipient_is_let_go_when_its_job_fails_or_is_aborted_queued(
     worker.jobs.handle(Abort("sq", "queued", ErrorInfo("RemoteError", "aborted")))
     gates["blocker"].open.set()
     wait_until(lambda: not worker.seal._held, what="every held sealer let go")
-    assert not worker.seal._held_by
+    assert not worker.seal._held_recipients.by_driver
 
 
 def test_the_held_recipients_stay_bounded_per_driver() -> None:
@@ -187,7 +188,7 @@ def test_the_held_recipients_stay_bounded_per_driver() -> None:
     assert len(seal._held) == _HELD + 1
     seal.release("sa", "a0")
     seal.forget("sb", f"b{_HELD + 4}")
-    assert len(seal._held) == _HELD - 1 and set(seal._held_by) == {"driver:b"}
+    assert len(seal._held) == _HELD - 1 and set(seal._held_recipients.by_driver) == {"driver:b"}
 
 
 def _frame(msg: Exec) -> bytes:

@@ -47,7 +47,6 @@ which makes those checks; the other drivers' jobs pay nothing for it.
 
 from __future__ import annotations
 
-import threading
 import weakref
 from hmac import compare_digest
 from typing import Any
@@ -80,11 +79,11 @@ from mpl.wire.session_word import read_word
 from mpl.wire.sessions import Reply, SessionClosed
 from mpl.worker.admission import SessionAdmission
 from mpl.worker.code_policy import REFUSAL, holds_pickle, open_sealed
+from mpl.worker.held_recipients import HeldRecipients
 
 __all__ = ["WorkerSeal"]
 
 _MEMORY = 4096  # jobs' recipients and refused programs remembered (bounded)
-_HELD = 4096  # recipients held for jobs the job pool holds (its queued and running jobs)
 _HEADS = 256  # streams whose next sealed None opens on open_exec's short path (each
 # keeps its replay window, 4 KiB, alive while it is here)
 _TAG = 16  # a sealed None's tag (mpl.wire.seal): its box's last bytes
@@ -178,17 +177,11 @@ class WorkerSeal:
         # the next one is read, so most jobs never enter _opened. Written by the I/O thread
         # alone (open_exec, sealed_scalars); any thread reads it before _opened (recipient).
         self._fresh: tuple[str, str, str] = _NO_JOB
-        # (session, job) of the jobs handed to the job pool (queued or running) -> their
-        # recipient, held from the hand-off until the pool is done with the job (release):
-        # _opened forgets its oldest as jobs open, so a long or long-queued job would lose
-        # its sealer (its moves carry it) and its Done's recipient. As many as the pool
-        # holds; past _HELD of one driver's (a pool far behind) that driver's oldest goes,
-        # so one driver's queued jobs push out no other driver's (_held_by: each driver's,
-        # oldest first; the drivers are the listed ones). Held and released under
-        # _held_lock (job threads release); read by single lookups from any thread.
-        self._held: dict[tuple[str, str], str] = {}
-        self._held_by: dict[str, dict[tuple[str, str], None]] = {}
-        self._held_lock = threading.Lock()
+        # the recipients of the jobs handed to the job pool (queued or running), held until
+        # the pool is done with each: _opened forgets its oldest as jobs open
+        # (mpl.worker.held_recipients); _held is its table, read by single lookups
+        self._held_recipients = HeldRecipients()
+        self._held = self._held_recipients.by_job
         # the _fresh that forget cleared (by identity: each opened job has its own tuple)
         self._dropped: tuple[str, str, str] = _NO_JOB
         # the _fresh whose answer sealed_scalars sealed last: its Done is packed from its
@@ -419,34 +412,13 @@ class WorkerSeal:
         Returns it ("" and nothing held for a job with none: :meth:`recipient`)."""
         driver = self.recipient(session, job)
         if driver:
-            key = (session, job)
-            with self._held_lock:
-                self._let_go(key)  # (held again: as the newest, of its driver now)
-                self._held[key] = driver
-                mine = self._held_by.get(driver)
-                if mine is None:
-                    mine = self._held_by[driver] = {}
-                mine[key] = None
-                if len(mine) > _HELD:  # this driver's oldest, never another driver's
-                    oldest = next(iter(mine))
-                    del mine[oldest]
-                    self._held.pop(oldest, None)
+            self._held_recipients.hold((session, job), driver)
         return driver
 
     def release(self, session: str, job: str) -> None:
         """The job pool is done with job ``job`` of ``session`` (its answer, if any, was
         sealed): its recipient is held no longer. Any thread."""
-        with self._held_lock:
-            self._let_go((session, job))
-
-    def _let_go(self, key: tuple[str, str]) -> None:
-        """:meth:`release`'s work, under ``_held_lock``."""
-        driver = self._held.pop(key, None)
-        if driver is not None:
-            mine = self._held_by[driver]
-            del mine[key]
-            if not mine:
-                del self._held_by[driver]
+        self._held_recipients.release((session, job))
 
     def _learn_head(self, driver: str, sealed: bytes) -> None:
         """Keep the head of a sealed None that authenticated and was admitted here, for
