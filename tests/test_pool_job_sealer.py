@@ -50,12 +50,11 @@ class _Gated:
         return 7
 
 
-class _Worker:
-    """Rank 0's seal and job shell (one job thread unless said), its answers sealed by
-    the seal as the daemon's result channel seals them."""
+class SealedShell:
+    """Rank 0's seal (``node``'s) and job shell, wired as the daemon wires them, its
+    answers sealed by the seal as the daemon's result channel seals them."""
 
-    def __init__(self, threads: int = 1) -> None:
-        self.driver, node = sealer_pair("driver:a", _NODE)
+    def __init__(self, node: Sealer, threads: int = 1) -> None:
         self.seal = WorkerSeal(node, 0)
         state = WorkerState(WorkerHello(0, "inc", 1, "h", "tcp://d", "", []), now=0.0)
         state.handle(Welcome(0, 1, "B1", 1.0, {}), 0.0)
@@ -76,6 +75,22 @@ class _Worker:
         graph = b.build(b.op("pcall", [], ranks=(0,), fn=b.fn(call)))
         self.jobs.handle(Program(graph.digest, graph))
         return graph.digest
+
+    def answer(self, job: str) -> Record:
+        """The answer posted for ``job`` (waits for it)."""
+        answer: Record = wait_until(
+            lambda: next((m for m in self.posted if getattr(m, "job", "") == job), None),
+            what=f"{job}'s answer",
+        )
+        return answer
+
+
+class _Worker(SealedShell):
+    """A shell whose one driver is a (one job thread unless said)."""
+
+    def __init__(self, threads: int = 1) -> None:
+        self.driver, node = sealer_pair("driver:a", _NODE)
+        super().__init__(node, threads)
 
     def opened(self, session: str, job: str, digest: str) -> Exec:
         """The driver's job ``job`` of ``digest``, opened by the seal (no inputs)."""
@@ -103,13 +118,6 @@ class _Worker:
         """The sealer the running job's context carries (what its moves carry)."""
         run = wait_until(lambda: self.jobs._runs.get((session, job)), what=f"{job} to run")
         return str(run.sealer)
-
-    def answer(self, job: str) -> Record:
-        answer: Record = wait_until(
-            lambda: next((m for m in self.posted if getattr(m, "job", "") == job), None),
-            what=f"{job}'s answer",
-        )
-        return answer
 
 
 # the gates of the calls below, by name (a program's functions go by reference, not

@@ -17,24 +17,20 @@ from typing import Any
 import pytest
 import zmq
 from helpers import mutated, wait_until
+from test_pool_job_sealer import SealedShell
 from test_session_driver_binding import _sealers
 
 from mpl.wire import GraphBuilder
 from mpl.wire.batch import is_batch, split_batch
 from mpl.wire.codec import MAGIC_FRAME, decode, encode, from_wire
-from mpl.wire.control import Welcome, WorkerHello
 from mpl.wire.done_repeat import RepeatDones
 from mpl.wire.hot import DONE_PREFIX, read_done_header
-from mpl.wire.jobs import Abort, Done, Exec, Failed, Program, output_uri
+from mpl.wire.jobs import Abort, Done, Exec, Failed, output_uri
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.seal import Sealer, exec_context
 from mpl.worker.held_recipients import HELD_PER_DRIVER as _HELD
-from mpl.worker.jobs import Jobs
-from mpl.worker.keyed_mailbox import move_mailbox
 from mpl.worker.sealing import WorkerSeal
-from mpl.worker.state import WorkerState
-from mpl.worker.store import ObjectStore
 
 _NODE = "node:n0"
 
@@ -77,31 +73,13 @@ def gates() -> Iterator[dict[str, _Gate]]:
         gate.open.set()
 
 
-class _TwoDrivers:
+class _TwoDrivers(SealedShell):
     """Rank 0's seal and job shell (two job threads), wired as the daemon wires them, with
     two listed drivers a and b; answers sealed as the result channel seals them."""
 
     def __init__(self) -> None:
         self.a, self.b, node = _sealers()
-        self.seal = WorkerSeal(node, 0)
-        state = WorkerState(WorkerHello(0, "inc", 1, "h", "tcp://d", "", []), now=0.0)
-        state.handle(Welcome(0, 1, "B1", 1.0, {}), 0.0)
-        self.posted: list[Record] = []
-        self.jobs = Jobs(
-            state,
-            ObjectStore(),
-            move_mailbox(),
-            None,  # type: ignore[arg-type]  # (no moves: one rank)
-            lambda msg: self.posted.append(self.seal.outbound(msg)),
-            sealers=self.seal,
-            job_threads=2,
-        )
-
-    def program(self, call: Any) -> str:
-        b = GraphBuilder(1)
-        graph = b.build(b.op("pcall", [], ranks=(0,), fn=b.fn(call)))
-        self.jobs.handle(Program(graph.digest, graph))
-        return graph.digest
+        super().__init__(node, threads=2)
 
     def run(self, driver: Sealer, session: str, job: str, digest: str) -> None:
         """``driver``'s sealed job, opened by the seal and handed to the job shell, as the
@@ -110,13 +88,6 @@ class _TwoDrivers:
         context = exec_context(session, job, digest, (0,), (0,), 60.0)
         assert self.seal.open_exec(msg, job, driver.seal(None, _NODE, context, safe=False)) is None
         assert not self.jobs.handle(msg)
-
-    def answer(self, job: str) -> Record:
-        found: Record = wait_until(
-            lambda: next((m for m in self.posted if getattr(m, "job", "") == job), None),
-            what=f"{job}'s answer",
-        )
-        return found
 
 
 def test_another_drivers_queued_jobs_do_not_push_out_a_held_recipient(
