@@ -134,9 +134,9 @@ def test_a_code_program_is_refused_to_a_kernels_driver_only_while_it_is_held() -
     worker = WorkerSeal(node, 0, kernels_drivers=frozenset({"driver:b"}))
     code = _graph(_secret)
     opened, _ = worker.inbound(_program(a, code))
-    assert code.digest in worker._code_programs
+    assert code.digest in worker._kernels.code_programs
     del opened
-    assert code.digest not in worker._code_programs  # (CPython: freed with its last holder)
+    assert code.digest not in worker._kernels.code_programs  # (CPython: freed with its last holder)
 
 
 def test_a_kernels_drivers_repeats_keep_to_the_full_path_and_others_take_the_short_one() -> None:
@@ -160,7 +160,7 @@ def test_without_kernels_entries_the_seal_opens_as_before() -> None:
     opened, _ = worker.inbound(_program(a, code))
     assert type(opened) is Program and opened.graph is not None
     assert opened.graph.fns[0] is _secret
-    assert len(worker._code_programs) == 0
+    assert len(worker._kernels.code_programs) == 0
     assert _runs(worker, _job_of(a, code.digest, [fractions.Fraction(2)])) == [
         fractions.Fraction(2)
     ]

@@ -37,17 +37,13 @@ holding pickles open with the pickles left opaque, for the daemon to refuse by i
 the seal hides them from the check it makes on the outer message.
 
 A driver the worker's own spec lists with ``code: kernels`` (``kernels_drivers``) is held
-to that policy on a ``--code any`` worker too, by its authenticated sealer: its program or
-bindings are opened as under ``--code kernels`` (a program holding pickles is dropped, a job
-whose bindings hold one fails with the policy's reason, ``RemotePermissionError``), and its
-job runs only a program that held no pickle when it opened here (another driver's program
-of code is refused to it the same way). Its jobs always take :meth:`open_exec`'s full path,
-which makes those checks; the other drivers' jobs pay nothing for it.
+to that policy on a ``--code any`` worker too, by its authenticated sealer
+(``mpl.worker.kernels_drivers``). Its jobs always take :meth:`open_exec`'s full path, which
+makes those checks; the other drivers' jobs pay nothing for it.
 """
 
 from __future__ import annotations
 
-import weakref
 from hmac import compare_digest
 from typing import Any
 
@@ -78,8 +74,9 @@ from mpl.wire.sealed import BOX_MAGIC
 from mpl.wire.session_word import read_word
 from mpl.wire.sessions import Reply, SessionClosed
 from mpl.worker.admission import SessionAdmission
-from mpl.worker.code_policy import REFUSAL, holds_pickle, open_sealed
+from mpl.worker.code_policy import holds_pickle, open_sealed
 from mpl.worker.held_recipients import HeldRecipients
+from mpl.worker.kernels_drivers import KernelsDrivers
 
 __all__ = ["WorkerSeal"]
 
@@ -158,13 +155,7 @@ class WorkerSeal:
         # --code any worker their payloads open screened, as every one does under kernels
         self.kernels_drivers = frozenset() if self._kernels_only else frozenset(kernels_drivers)
         self._screens = self._kernels_only or bool(self.kernels_drivers)
-        # digest -> graph of the programs that held pickles when they opened here (for an
-        # allowed driver): refused to kernels_drivers' jobs. Weak: an entry lives as long as
-        # its graph does (the worker's program cache, a job running it), no longer.
-        self._code_programs: weakref.WeakValueDictionary[str, Graph] = weakref.WeakValueDictionary()
-        # digest -> why: programs a kernels driver sealed that held pickles (dropped); its
-        # jobs naming them are refused saying why (no other driver's jobs are affected)
-        self._code_refused: LRU[str, str] = LRU(256)
+        self._kernels = KernelsDrivers(self.kernels_drivers)  # what they may not run here
         self.safe = not pickles_allowed(WORKER, trusted=trusted)  # results leave this party
         # (session, job) of the jobs opened here last -> the driver that sealed it, its
         # results' recipient ("" once the job failed or was aborted): a plain dict, oldest
@@ -308,7 +299,7 @@ class WorkerSeal:
             if replayed:
                 raise _Replayed(f"job {job} refused: {replayed}", replayed)
             if self.kernels_drivers and driver in self.kernels_drivers:
-                refused_code = self._refused_code(msg.digest, job, mine)
+                refused_code = self._kernels.refusal(msg.digest, job, mine, self.rank)
                 if refused_code is not None:  # (run: stays refused; binds no session)
                     return self._refusal(Failed(session, job, self.rank, refused_code))
             word, stamp, said = None, 0, type(mine) is dict  # its sealer's word on who S admits
@@ -356,23 +347,6 @@ class WorkerSeal:
         ):
             self._learn_head(driver, sealed)
         return mine
-
-    def _refused_code(self, digest: str, job: str, mine: Any) -> ErrorInfo | None:
-        """Why a job of a ``code: kernels`` driver may not run here (None: it may): its
-        bindings hold pickles (opened opaque), or its program held some when it opened."""
-        if holds_pickle(mine):
-            why = REFUSAL.format(what="the job's inputs")
-        elif (held := self._code_programs.get(digest)) is not None:
-            why = REFUSAL.format(what=f"program {held.name or digest}")
-        elif (refused := self._code_refused.get(digest)) is not None:
-            why = refused
-        else:
-            return None
-        why = f"{why} (this worker's spec lists its driver with code: kernels)"
-        return ErrorInfo(
-            "RemoteError", why, rank=self.rank, op="program", remote_type="PermissionError",
-            job=job,
-        )  # fmt: skip
 
     def _book(self, session: str, job: str, driver: str) -> None:
         """Remember the recipient of a job opened here (the newest opened: its sealer numbers
@@ -567,9 +541,7 @@ class WorkerSeal:
         # (a graph under another's digest is the state's to refuse: it names nothing here)
         if self.kernels_drivers and holds_pickle(graph) and graph.digest == msg.digest:
             if driver in self.kernels_drivers:  # dropped: its jobs are refused saying why
-                self._code_refused[msg.digest] = REFUSAL.format(
-                    what=f"program {graph.name or msg.digest}"
-                )
+                self._kernels.drop(msg.digest, graph)
                 return None
             # an allowed driver's program of code: opened in full, and kept from
             # kernels_drivers' jobs for as long as its graph lives here
@@ -579,7 +551,7 @@ class WorkerSeal:
                 self.refusals += 1
                 self._refused[msg.digest] = f"{type(exc).__name__}: {exc}"
                 return None
-            self._code_programs[msg.digest] = graph
+            self._kernels.keep_code(msg.digest, graph)
         if graph.digest == msg.digest:  # handed on to be cached, as itself
             self._genuine[msg.digest] = True
         return Program(msg.digest, graph)
@@ -591,16 +563,11 @@ class WorkerSeal:
         for the caller to refuse; any other payload, holding none, opens as usual. Which
         driver sealed it is read from its claim before it opens: opening authenticates
         exactly that sender, or fails."""
-        if self._kernels_only or (self._screens and self._claims_kernels_driver(sealed)):
+        if self._kernels_only or (self._screens and self._kernels.claims(sealed)):
             return open_sealed(self.sealer, sealed, context)  # decoded once unless refused
         result: tuple[str, Any] = self.sealer.open(sealed, context, safe=False)
         return result
 
-    def _claims_kernels_driver(self, sealed: Any) -> bool:
-        claimed = claimed_stream(sealed)
-        return claimed is not None and claimed[0] in self.kernels_drivers
-
-    # -- outbound -------------------------------------------------------------------------
     def reply(self, fetch: Fetch, value: Any) -> Reply:
         """The ``Reply`` to ``fetch`` (the Fetch the job shell read, and answers: any thread)
         with ``value`` sealed for its driver under its context, if its session admits that
