@@ -217,6 +217,23 @@ def test_a_one_off_first_done_holds_up_the_repeats_after_it_briefly() -> None:
     assert reader.repeats == 1
 
 
+def full_done_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """From now on, count the broker loop's full reads of a Done header (its
+    ``read_done_header``, called where no repeat was recognised) in the one-item list it
+    returns; the monkeypatch puts the real reader back after the test."""
+    import mpl.broker.daemon as broker_daemon
+
+    count = [0]
+    real = hot.read_done_header  # (the broker loop's, imported from here)
+
+    def counted(data: Any) -> Any:
+        count[0] += 1
+        return real(data)
+
+    monkeypatch.setattr(broker_daemon, "read_done_header", counted)
+    return count
+
+
 @contextlib.contextmanager
 def counted_unpacks(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Count msgpack reads of Done headers (``read_done_header``'s ``hot._unpackb``) made

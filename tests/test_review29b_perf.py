@@ -16,13 +16,11 @@ from __future__ import annotations
 import importlib
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
 
 import pytest
 from test_broker_counts import STATS, _Shell
-from test_done_repeat import counted_unpacks
+from test_done_repeat import counted_unpacks, full_done_reads
 
-from mpl.wire import hot
 from mpl.wire.codec import encode, to_wire
 from mpl.wire.jobs import Done
 from mpl.worker.session_runtime import SessionRuntimes
@@ -87,24 +85,15 @@ def test_a_workers_repeat_dones_on_its_result_channel_are_read_by_comparison(
     registered on: finding 2's fix must keep their readers all the same (the lead's first
     fix looked for the peer among the registered sockets only: every Done of a real worker
     then made a reader anew and was read in full, +100k instructions a job)."""
-    import mpl.broker.daemon as broker_daemon
     import mpl.driver as mp
-
-    reads = 0
-    real = hot.read_done_header
-
-    def counted(data: Any) -> Any:
-        nonlocal reads
-        reads += 1
-        return real(data)
 
     ctx = mp.Simulator.simple(2)
     with ctx:
         both = mp.function(lambda: mp.simp.pcall((0, 1), lambda: 1))
         for _ in range(5):  # warm: each worker's first Done read in full and kept
             mp.fetch(both())
-        monkeypatch.setattr(broker_daemon, "read_done_header", counted)
+        reads = full_done_reads(monkeypatch)
         for _ in range(20):
             mp.fetch(both())
     ctx.close()
-    assert reads == 0, f"{reads} of 40 repeat Dones read in full"
+    assert reads[0] == 0, f"{reads[0]} of 40 repeat Dones read in full"

@@ -10,14 +10,13 @@ broker's own loop (its compiled socket, no stand-in).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
+from test_done_repeat import full_done_reads
 
-import mpl.broker.daemon as broker_daemon
 import mpl.driver as mp
 from mpl.broker.daemon import Broker
-from mpl.wire import ClusterSpec, hot
+from mpl.wire import ClusterSpec
 from mpl.wire.curve import Curve
 from mpl.wire.keys import load_keypair, write_keypair
 from mpl.worker.daemon import Worker
@@ -35,14 +34,7 @@ def test_a_secure_workers_repeat_dones_are_read_by_comparison(
     curves = {n: Curve(load_keypair(made[n][1]), spec) for n in names[:3]}
     broker = Broker(spec, "tcp://127.0.0.1:0", curve=curves["broker"]).start()
     workers: list[Worker] = []
-    reads = 0
-    real = hot.read_done_header
-
-    def counted(data: Any) -> Any:
-        nonlocal reads
-        reads += 1
-        return real(data)
-
+    reads = [0]
     try:
         for rank in range(2):
             worker = Worker(
@@ -59,17 +51,17 @@ def test_a_secure_workers_repeat_dones_are_read_by_comparison(
             # the next one kept
             for _ in range(30):
                 assert mp.fetch(both()) == [1, 1]
-            monkeypatch.setattr(broker_daemon, "read_done_header", counted)
+            reads = full_done_reads(monkeypatch)
             for _ in range(20):
                 assert mp.fetch(both()) == [1, 1]
         ctx.close()
     finally:
-        monkeypatch.setattr(broker_daemon, "read_done_header", real)
+        monkeypatch.undo()  # the real Done reader back before the daemons stop
         for worker in workers:
             worker.stop()
         for worker in workers:
             worker.join(5)
         broker.stop()
         broker.join(5)
-    assert reads == 0, f"{reads} of 40 secure repeat Dones read in full"
+    assert reads[0] == 0, f"{reads[0]} of 40 secure repeat Dones read in full"
     assert sum(r.repeats for r in broker._done_readers.values()) >= 40
