@@ -3,7 +3,7 @@ here, what it hands the broker for a driver is sealed here. No I/O.
 
 * A ``Program`` opens only if a driver of this worker's own spec sealed it for this rank
   and this digest; otherwise it is never cached, and a job naming it fails with
-  ``AuthenticationError``.
+  ``AuthenticationError`` (``mpl.worker.sealed_programs``).
 * An ``Exec`` runs only with its bindings sealed for this rank and this (session, job,
   digest) by such a driver: the broker cannot start a job, replay one into another job, or
   swap one rank's inputs for another's. That driver is remembered as the job's recipient
@@ -49,9 +49,7 @@ from typing import Any
 
 from mpl.wire.data import Fetch
 from mpl.wire.errors import AuthenticationError, ProtocolError, SessionAccessError
-from mpl.wire.graph import Graph
 from mpl.wire.jobs import Done, Exec, Failed, Program
-from mpl.wire.lru import LRU
 from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import ErrorInfo, to_info
 from mpl.wire.replay import (
@@ -68,19 +66,19 @@ from mpl.wire.seal import (
     fetch_context,
     incarnation_suffix,
     pin_contexts,
-    program_context,
 )
 from mpl.wire.sealed import BOX_MAGIC
 from mpl.wire.session_word import read_word
 from mpl.wire.sessions import Reply, SessionClosed
 from mpl.worker.admission import SessionAdmission
-from mpl.worker.code_policy import holds_pickle, open_sealed
+from mpl.worker.code_policy import open_sealed
 from mpl.worker.held_recipients import HeldRecipients
 from mpl.worker.kernels_drivers import KernelsDrivers
+from mpl.worker.sealed_programs import SealedPrograms
 
 __all__ = ["WorkerSeal"]
 
-_MEMORY = 4096  # jobs' recipients and refused programs remembered (bounded)
+_MEMORY = 4096  # jobs' recipients remembered (bounded)
 _HEADS = 256  # streams whose next sealed None opens on open_exec's short path (each
 # keeps its replay window, 4 KiB, alive while it is here)
 _TAG = 16  # a sealed None's tag (mpl.wire.seal): its box's last bytes
@@ -184,11 +182,12 @@ class WorkerSeal:
         # sessions admitting their owner alone (open_exec's short path: one lookup)
         self.admission = SessionAdmission()
         self._solo = self.admission.solo
-        self._refused: LRU[str, str] = LRU(_MEMORY)  # program digest -> why it did not open
-        # digests whose program opened here as itself (its graph's own digest): a copy that
-        # does not open later (another driver's, sealed under that digest) refuses no job
-        self._genuine: LRU[str, bool] = LRU(_MEMORY)
-        self.refusals = 0
+        # the programs sealed for this rank: each opened as it arrives, and which were
+        # refused, why (mpl.worker.sealed_programs); _refused is its table of those, read by
+        # single lookups (open_exec's short path: whether it is empty)
+        self._programs = SealedPrograms(sealer, rank, self._kernels)
+        self._refused = self._programs.refused
+        self._exec_refusals = 0  # Execs refused here (refusals: programs too)
         # the last refusal open_exec made (by identity): the refused Exec named a job the
         # broker chose, perhaps one that opened before and runs, so sealing it forgets
         # nothing (the I/O thread sends each refusal as soon as it is made)
@@ -203,6 +202,11 @@ class WorkerSeal:
         # the driver whose sealed None opened for it, its session bound here to it alone
         # (unset whenever a binding may change: _open_exec)
         self._context: tuple[Exec | None, bytes, bytes, str] = _NO_CONTEXT
+
+    @property
+    def refusals(self) -> int:
+        """Execs and programs refused here."""
+        return self._exec_refusals + self._programs.refusals
 
     def inbound(self, msg: Record) -> tuple[Record | None, Record | None]:
         """``(message to act on, or None; answer for the broker, or None)``.
@@ -319,7 +323,7 @@ class WorkerSeal:
             if self._held and (held := self._held.get((session, job))) and held != driver:
                 raise SessionAccessError(f"job {job} refused: its id is another driver's job here")
         except (AuthenticationError, ProtocolError, SessionAccessError) as exc:
-            self.refusals += 1
+            self._exec_refusals += 1
             kind, op = type(exc).__name__, "inputs"
             message = str(exc)
             if type(exc) is SessionAccessError:  # its owner's word does not admit it here
@@ -423,7 +427,7 @@ class WorkerSeal:
 
     def _inbound_other(self, msg: Record) -> tuple[Record | None, Record | None]:
         if isinstance(msg, Program):
-            return self._program(msg), None
+            return self._programs.open(msg, self._open), None
         if isinstance(msg, SessionClosed):
             self.admission.closed(msg.session)
             # the short path's cached context skips the solo lookup: the next job takes it
@@ -523,39 +527,6 @@ class WorkerSeal:
         return msg
 
     # -- inbound --------------------------------------------------------------------------
-    def _program(self, msg: Program) -> Program | None:
-        sealed, context = msg.sealed.get(self.rank), program_context(msg.digest)
-        try:
-            if self.kernels_drivers:  # screened, whoever sealed it: does it hold code?
-                driver, graph = open_sealed(self.sealer, sealed, context)
-            else:
-                driver, graph = self._open(sealed, context)
-            if not isinstance(graph, Graph):
-                raise ProtocolError(f"program {msg.digest} holds a {type(graph).__name__}")
-        except (AuthenticationError, ProtocolError) as exc:
-            self.refusals += 1
-            if msg.digest not in self._genuine:  # (a genuine copy stays usable)
-                self._refused[msg.digest] = f"{type(exc).__name__}: {exc}"
-            return None
-        self._refused.pop(msg.digest, None)
-        # (a graph under another's digest is the state's to refuse: it names nothing here)
-        if self.kernels_drivers and holds_pickle(graph) and graph.digest == msg.digest:
-            if driver in self.kernels_drivers:  # dropped: its jobs are refused saying why
-                self._kernels.drop(msg.digest, graph)
-                return None
-            # an allowed driver's program of code: opened in full, and kept from
-            # kernels_drivers' jobs for as long as its graph lives here
-            try:  # (the plaintext that opened above: its digest is checked)
-                graph = self.sealer.open(sealed, context, safe=False)[1]
-            except (AuthenticationError, ProtocolError) as exc:  # it does not load here
-                self.refusals += 1
-                self._refused[msg.digest] = f"{type(exc).__name__}: {exc}"
-                return None
-            self._kernels.keep_code(msg.digest, graph)
-        if graph.digest == msg.digest:  # handed on to be cached, as itself
-            self._genuine[msg.digest] = True
-        return Program(msg.digest, graph)
-
     def _open(self, sealed: Any, context: str) -> tuple[str, Any]:
         """Open what a driver sealed for this rank (pickles allowed: it is an allowed
         driver). Under ``--code kernels``, and for a driver listed with ``code: kernels``,
