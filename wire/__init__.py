@@ -12,7 +12,8 @@ cloudpickle are imported here and nowhere else.
 Modules: ``errors`` (the error tree), ``record`` (tagged dataclasses), ``codec`` (record <->
 frames), ``exec_pack`` (the driver's Exec frames from cached parts), ``remote`` (errors
 on the wire), one module per message family (``control``,
-``sessions``, ``jobs``, ``data``), ``cluster`` (ClusterSpec), ``graph`` (the IR),
+``sessions``, ``jobs``, ``data``), ``cluster`` (ClusterSpec; its entries read by
+``cluster_entries``), ``graph`` (the IR),
 ``sockets`` (socket options every part applies), ``persist`` (values in files), ``shares``
 (SPU shares), ``lru`` (the bounded caches every part keeps), ``kernels`` (named kernels: a
 call by name, no code), ``decoder`` (the decoding half of the codec), ``safe_values`` (the

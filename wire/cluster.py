@@ -34,19 +34,36 @@ with some keys is refused rather than half secure.
 
 ``from_dict(to_dict(spec)) == spec`` always holds. Every validation failure raises
 :class:`ClusterSpecError` naming the field, e.g. ``devices.P0.members: a PPU has exactly one
-member, got 2``.
+member, got 2``. Each entry (a node, driver, device, an SPU's settings) is read and checked
+by ``mpl.wire.cluster_entries``; what holds across them is checked here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mpl.wire.cluster_entries import (
+    DEVICE_KINDS,
+    DRIVER_CODE,
+    SPU_FIELDS,
+    SPU_PROTOCOLS,
+    Device,
+    DriverKey,
+    Node,
+    RuntimeInfo,
+    SPUConfig,
+    driver_dict,
+    parse_device,
+    parse_driver,
+    parse_node,
+    read_key,
+    require,
+    spu_config,
+)
 from mpl.wire.errors import ClusterSpecError
-from mpl.wire.keys import is_z85_key
-from mpl.wire.runtime_info import oversize
 
 __all__ = [
     "DRIVER_CODE",
@@ -60,75 +77,8 @@ __all__ = [
     "SPUConfig",
 ]
 
-SPU_PROTOCOLS = ("SEMI2K", "ABY3", "CHEETAH")
-DRIVER_CODE = ("", "any", "kernels")  # a driver entry's code ("": the worker's --code)
-SPU_FIELDS = ("FM64", "FM128")
-DEVICE_KINDS = ("PPU", "SPU")
-_PPU_ALIASES = ("LOCAL",)  # other spellings of a PPU, read as PPU
 # Members each protocol runs with: ABY3 is 3-party replicated sharing, CHEETAH is 2-party only.
 _PROTOCOL_PARTIES = {"ABY3": 3, "CHEETAH": 2}
-_LINK_KEYS = (
-    "recv_timeout_ms",
-    "connect_retry_times",
-    "connect_retry_interval_ms",
-    "http_max_payload_size",
-)
-
-
-@dataclass(frozen=True)
-class RuntimeInfo:
-    """What a node reports about itself; extra keys are kept and re-emitted flat."""
-
-    version: str = "N/A"
-    platform: str = "N/A"
-    op_bindings: dict[str, str] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Node:
-    """One party. Its rank is its index in the cluster's node list."""
-
-    name: str
-    rank: int
-    endpoint: str = ""
-    runtime_info: RuntimeInfo = field(default_factory=RuntimeInfo)
-    curve_key: str = ""  # its worker's CURVE public key (z85); "" in plaintext mode
-
-
-@dataclass(frozen=True)
-class DriverKey:
-    """A driver allowed to use a secure cluster, and the public key it proves itself with.
-
-    ``code``: what its jobs may run on a worker holding this spec (``"kernels"`` or
-    ``"any"``; ``""``: as the worker's ``--code`` says)."""
-
-    name: str
-    curve_key: str
-    code: str = ""
-
-
-@dataclass(frozen=True)
-class SPUConfig:
-    """An SPU device's MPC settings, with defaults filled in."""
-
-    protocol: str = "SEMI2K"
-    field: str = "FM128"  # mplang's default
-    fxp_fraction_bits: int = 18
-    recv_timeout_ms: int = 30_000
-    connect_retry_times: int = 30
-    connect_retry_interval_ms: int = 100
-    http_max_payload_size: int = 32 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Device:
-    """A logical device: a PPU (one party, plaintext) or an SPU (several parties, MPC)."""
-
-    name: str
-    kind: str
-    members: tuple[str, ...]
-    config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -187,7 +137,7 @@ class ClusterSpec:
         d = self.device(device)
         if d.kind != "SPU":
             raise ValueError(f"device {device!r} is a {d.kind}, not an SPU")
-        return _spu_config(d.config, f"devices.{device}.config")
+        return spu_config(d.config, f"devices.{device}.config")
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
@@ -284,14 +234,14 @@ class ClusterSpec:
         """Parse mplang's dict form; see the module docstring."""
         if not isinstance(data, Mapping):
             raise ClusterSpecError(f"cluster: expected a mapping, got {type(data).__name__}")
-        raw_nodes = _require(data, "nodes", "cluster")
-        raw_devices = _require(data, "devices", "cluster")
+        raw_nodes = require(data, "nodes", "cluster")
+        raw_devices = require(data, "devices", "cluster")
         if not isinstance(raw_nodes, list) or not raw_nodes:
             raise ClusterSpecError("nodes: expected a non-empty list")
         if not isinstance(raw_devices, Mapping):
             raise ClusterSpecError("devices: expected a mapping of name to device")
-        nodes = tuple(_parse_node(n, i) for i, n in enumerate(raw_nodes))
-        devices = {str(k): _parse_device(str(k), v) for k, v in raw_devices.items()}
+        nodes = tuple(parse_node(n, i) for i, n in enumerate(raw_nodes))
+        devices = {str(k): parse_device(str(k), v) for k, v in raw_devices.items()}
         cluster_id = data.get("cluster_id") or f"cluster_{len(nodes)}"
         if not isinstance(cluster_id, str):
             raise ClusterSpecError("cluster_id: expected a string")
@@ -308,8 +258,8 @@ class ClusterSpec:
             cluster_id=cluster_id,
             nodes=nodes,
             devices=devices,
-            broker_key=_key(broker.get("curve_key"), "broker.curve_key"),
-            drivers=tuple(_parse_driver(d, i) for i, d in enumerate(raw_drivers)),
+            broker_key=read_key(broker.get("curve_key"), "broker.curve_key"),
+            drivers=tuple(parse_driver(d, i) for i, d in enumerate(raw_drivers)),
             trusted=trusted,
         )
 
@@ -365,7 +315,7 @@ class ClusterSpec:
         if self.broker_key:
             out["broker"] = {"curve_key": self.broker_key}
         if self.drivers:
-            out["drivers"] = [_driver_dict(d) for d in self.drivers]
+            out["drivers"] = [driver_dict(d) for d in self.drivers]
         return out
 
     def with_keys(
@@ -380,7 +330,7 @@ class ClusterSpec:
         data["broker"] = {"curve_key": broker}
         codes = {d.name: d.code for d in self.drivers}  # kept for the names listed here
         data["drivers"] = [
-            _driver_dict(DriverKey(n, k, codes.get(n, ""))) for n, k in drivers.items()
+            driver_dict(DriverKey(n, k, codes.get(n, ""))) for n, k in drivers.items()
         ]
         return ClusterSpec.from_dict(data)
 
@@ -402,135 +352,6 @@ def _simple_bindings(
     if len(op_bindings) != world_size:
         raise ClusterSpecError(f"op_bindings: {len(op_bindings)} given for {world_size} nodes")
     return [dict(b or {}) for b in op_bindings]
-
-
-def _require(data: Mapping[str, Any], key: str, where: str) -> Any:
-    if key not in data:
-        raise ClusterSpecError(f"{where}.{key}: missing key")
-    return data[key]
-
-
-def _name(raw: Mapping[str, Any], where: str) -> str:
-    name = _require(raw, "name", where)
-    if not isinstance(name, str) or not name:
-        raise ClusterSpecError(f"{where}.name: expected a non-empty string")
-    return name
-
-
-def _parse_node(raw: Any, rank: int) -> Node:
-    where = f"nodes[{rank}]"
-    if not isinstance(raw, Mapping):
-        raise ClusterSpecError(f"{where}: expected a mapping")
-    name = _name(raw, where)
-    endpoint = raw.get("endpoint", "") or ""
-    if not isinstance(endpoint, str):
-        raise ClusterSpecError(f"{where}.endpoint: expected a string")
-    info = raw.get("runtime_info") or {}
-    if not isinstance(info, Mapping):
-        raise ClusterSpecError(f"{where}.runtime_info: expected a mapping")
-    if (too_big := oversize(info)) is not None:  # it may come from a driver (a session's spec)
-        raise ClusterSpecError(f"{where}.runtime_info: {too_big}")
-    bindings = info.get("op_bindings") or {}
-    if not isinstance(bindings, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in bindings.items()
-    ):
-        raise ClusterSpecError(f"{where}.runtime_info.op_bindings: expected str -> str")
-    # YAML reads `version: 1.0` as a number: mplang accepts it, so keep its text.
-    version = _text(info.get("version", "N/A"), f"{where}.runtime_info.version")
-    platform = _text(info.get("platform", "N/A"), f"{where}.runtime_info.platform")
-    extra = {k: v for k, v in info.items() if k not in ("version", "platform", "op_bindings")}
-    key = _key(raw.get("curve_key"), f"{where}.curve_key")
-    return Node(name, rank, endpoint, RuntimeInfo(version, platform, dict(bindings), extra), key)
-
-
-def _key(value: Any, where: str) -> str:
-    if value is None or value == "":
-        return ""
-    if not is_z85_key(value):
-        raise ClusterSpecError(
-            f"{where}: expected a 40-character z85 public key (see `mpl-keys show FILE`), "
-            f"got {str(value)[:60]!r}"
-        )
-    return str(value)
-
-
-def _parse_driver(raw: Any, index: int) -> DriverKey:
-    where = f"drivers[{index}]"
-    if not isinstance(raw, Mapping):
-        raise ClusterSpecError(f"{where}: expected a mapping {{name, curve_key}}")
-    name = _name(raw, where)
-    key = _key(_require(raw, "curve_key", where), f"{where}.curve_key")
-    if not key:
-        raise ClusterSpecError(f"{where}.curve_key: missing key")
-    code = raw.get("code", "")
-    if code not in DRIVER_CODE:
-        raise ClusterSpecError(
-            f"{where}.code: expected one of {', '.join(DRIVER_CODE[1:])} (or no code: the "
-            f"worker's --code), got {code!r}"
-        )
-    return DriverKey(name, key, code)
-
-
-def _driver_dict(driver: DriverKey) -> dict[str, str]:
-    out = {"name": driver.name, "curve_key": driver.curve_key}
-    if driver.code:
-        out["code"] = driver.code
-    return out
-
-
-def _text(value: Any, where: str) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    raise ClusterSpecError(f"{where}: expected a string or a number, got {value!r}")
-
-
-def _parse_device(name: str, raw: Any) -> Device:
-    where = f"devices.{name}"
-    if not isinstance(raw, Mapping):
-        raise ClusterSpecError(f"{where}: expected a mapping")
-    kind = _require(raw, "kind", where)
-    if isinstance(kind, str) and kind.upper() in _PPU_ALIASES:
-        kind = "PPU"  # mplang v1's per-node `local` devices are plaintext single-party devices
-    if not isinstance(kind, str) or kind.upper() not in DEVICE_KINDS:
-        raise ClusterSpecError(
-            f"{where}.kind: unknown kind {kind!r}; expected PPU (or local) or SPU"
-        )
-    members = _require(raw, "members", where)
-    if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
-        raise ClusterSpecError(f"{where}.members: expected a list of node names")
-    config = raw.get("config") or {}
-    if not isinstance(config, Mapping):
-        raise ClusterSpecError(f"{where}.config: expected a mapping")
-    return Device(name, kind.upper(), tuple(members), dict(config))
-
-
-def _spu_config(config: Mapping[str, Any], where: str) -> SPUConfig:
-    # mplang nests runtime settings under runtime_config and link settings under link_desc.
-    flat = {**config.get("runtime_config", {}), **config.get("link_desc", {}), **config}
-    protocol = flat.get("protocol", "SEMI2K")
-    if not isinstance(protocol, str) or protocol.upper() not in SPU_PROTOCOLS:
-        raise ClusterSpecError(
-            f"{where}.protocol: unknown SPU protocol {protocol!r}; expected one of "
-            f"{', '.join(SPU_PROTOCOLS)}"
-        )
-    fld = flat.get("field", "FM128")
-    if not isinstance(fld, str) or fld.upper() not in SPU_FIELDS:
-        raise ClusterSpecError(
-            f"{where}.field: unknown SPU field {fld!r}; expected one of {', '.join(SPU_FIELDS)}"
-        )
-    ints: dict[str, int] = {}
-    for key in ("fxp_fraction_bits", *_LINK_KEYS):
-        if key in flat:
-            value = flat[key]
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ClusterSpecError(f"{where}.{key}: expected a positive int, got {value!r}")
-            ints[key] = value
-    bits = ints.get("fxp_fraction_bits", 18)
-    if bits >= (62 if fld.upper() == "FM64" else 126):
-        raise ClusterSpecError(f"{where}.fxp_fraction_bits: {bits} is too large for {fld}")
-    return SPUConfig(protocol=protocol.upper(), field=fld.upper(), **ints)
 
 
 def _validate(spec: ClusterSpec) -> None:
@@ -562,7 +383,7 @@ def _validate(spec: ClusterSpec) -> None:
                 f"{where}.members: a PPU has exactly one member, got {len(dev.members)}"
             )
         if dev.kind == "SPU":
-            cfg = _spu_config(dev.config, f"{where}.config")
+            cfg = spu_config(dev.config, f"{where}.config")
             if len(dev.members) < 2:
                 raise ClusterSpecError(
                     f"{where}.members: an SPU needs a world size of at least 2, "
