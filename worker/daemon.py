@@ -261,7 +261,6 @@ class Worker(BrokerMessages, ResultChannel):
             post_frame=self._post_done_frame,
             seal_scalars=self.seal.sealed_scalars if self.seal is not None else None,
             sealers=self.seal,
-            seal_reply=self.seal.reply if self.seal is not None else None,
             extensions=services,
             job_timeout_s=job_timeout_s,
             spu=self.spu_links,

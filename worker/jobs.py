@@ -94,7 +94,8 @@ RunEnd = RunFinished | RunFailed | RunAborted
 
 
 class JobSealers(Protocol):
-    """Secure mode: who sealed each job opened here (``mpl.worker.sealing.WorkerSeal``)."""
+    """Secure mode: who sealed each job opened here, and a fetch's value sealed for the
+    driver that asked (``mpl.worker.sealing.WorkerSeal``)."""
 
     def recipient(self, session: str, job: str) -> str:
         """The driver that sealed the job here ("" none): its moves carry it."""
@@ -104,6 +105,10 @@ class JobSealers(Protocol):
 
     def release(self, session: str, job: str) -> None:
         """The job pool is done with the job (its answer, if any, was sealed)."""
+
+    def reply(self, fetch: Fetch, value: Any) -> Reply:
+        """The Reply to ``fetch``, ``value`` sealed for the Fetch read here and answered,
+        not for whatever the broker's req names by then (or an error, no value)."""
 
 
 class _JobRun:
@@ -184,7 +189,6 @@ class Jobs(InlineJobs):
         post_frame: Callable[[bytes], None] | None = None,
         seal_scalars: Callable[[str, str, dict[int, Any]], dict[int, bytes] | None] | None = None,
         sealers: JobSealers | None = None,
-        seal_reply: Callable[[Fetch, Any], Reply] | None = None,
         extensions: dict[str, Callable[[], Any]] | None = None,
         job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S,
         spu: SpuLinks | None = None,
@@ -207,11 +211,9 @@ class Jobs(InlineJobs):
         # secure mode: seals an inline Done's values for post_frames (WorkerSeal.sealed_scalars)
         self.seal_scalars = seal_scalars
         # secure mode: the driver that sealed a job opened here (WorkerSeal.recipient), which
-        # its moves carry and must carry to reach it; held for the jobs the pool holds
+        # its moves carry and must carry to reach it; held for the jobs the pool holds; and
+        # a fetch's Reply, its value sealed for the Fetch read here and answered (reply)
         self.sealers = sealers
-        # secure mode: a fetch's Reply, its value sealed for the Fetch read here and answered
-        # (WorkerSeal.reply), not for whatever the broker's req names by then
-        self.seal_reply = seal_reply
         self.spu = spu
         self.job_timeout_s = job_timeout_s
         self._factories = dict(extensions or {})
@@ -496,8 +498,8 @@ class Jobs(InlineJobs):
             return Reply(
                 msg.req, error=to_info(exc, rank=self.rank, op="fetch", with_traceback=False)
             )
-        if self.seal_reply is not None:
-            return self.seal_reply(msg, value)
+        if self.sealers is not None:
+            return self.sealers.reply(msg, value)
         return Reply(msg.req, value=value)
 
     def _save(self, msg: SaveSymbol) -> None:
