@@ -8,7 +8,6 @@ names its owner, ``mpl.wire.session_word.session_id``).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 from helpers import wait_until
 from test_replay_restart import Rig, two_workers
-from test_session_binding_review import _read_by_mallory
+from test_session_binding_review import _forged_fetch_read
 from test_session_driver_binding import (
     _fetched_by,
     _job,
@@ -30,7 +29,6 @@ from test_session_driver_binding import (
 
 import mpl.driver as mp
 from mpl.wire import GraphBuilder
-from mpl.wire.data import Fetch
 from mpl.wire.errors import AuthenticationError, SessionAccessError
 from mpl.wire.jobs import Exec, Failed
 from mpl.wire.seal import Sealer
@@ -233,21 +231,8 @@ def test_the_broker_cannot_bind_the_owners_session_to_its_driver_on_a_restarted_
                     refusal, made = str(exc), None
             read = None
             if made is not None:  # the broker forges mallory's next fetch for it
-                forged: list[Fetch] = []
                 decoy = _value_on(mallory, 1, "mallory's own")
-
-                def forge(msg: Any) -> list[Any] | None:
-                    if isinstance(msg, Fetch) and msg.uri == decoy:
-                        rig.tap.alter = None
-                        forged.append(replace(msg, session=owner.session, uri=made))
-                        return forged
-                    return None
-
-                rig.tap.alter = forge
-                with contextlib.suppress(mp.MplError):
-                    mallory.client.fetch(mallory.session, 1, decoy)
-                (fetch,) = forged
-                read = _read_by_mallory(mallory, replies, fetch, owner.session, 1, made)
+                read = _forged_fetch_read(rig, mallory, replies, 1, decoy, owner.session, made)
             assert read is None, f"mallory read {read!r}"
             assert made is None and "has not reached this worker" in refusal
 

@@ -73,6 +73,34 @@ def _read_by_mallory(
     return seal.fetched(session, rank, uri, fetch.ticket, reply.value)
 
 
+def _forged_fetch_read(
+    rig: Rig,
+    mallory: mp.Context,
+    replies: list[Any],
+    rank: int,
+    decoy: str,
+    session: str,
+    uri: str,
+) -> Any:
+    """The broker turns mallory's next fetch of its own ``decoy`` on ``rank`` into a fetch
+    of ``uri`` in ``session`` (mallory's reply_to and ticket kept): what mallory reads of
+    the worker's reply (:func:`_read_by_mallory`; None: refused, or sealed for another)."""
+    forged: list[Fetch] = []
+
+    def forge(msg: Any) -> list[Any] | None:
+        if isinstance(msg, Fetch) and msg.uri == decoy:
+            rig.tap.alter = None
+            forged.append(replace(msg, session=session, uri=uri))
+            return forged
+        return None
+
+    rig.tap.alter = forge
+    with contextlib.suppress(mp.MplError):  # its own fetch's answer: no matter
+        mallory.client.fetch(mallory.session, rank, decoy)
+    (fetch,) = forged
+    return _read_by_mallory(mallory, replies, fetch, session, rank, uri)
+
+
 def test_a_new_shared_session_given_a_private_sessions_id_does_not_admit_its_sharee_there(
     rig: Rig,
 ) -> None:
@@ -216,20 +244,7 @@ def test_a_live_worker_the_broker_leaves_out_of_the_open_does_not_serve_the_owne
                 owner.client.submit(owner.session, b.build([y]), {})
             (job,) = [m.job for m in stolen]
             secret = output_uri(job, 0)
-            forged: list[Fetch] = []
-
-            def forge(msg: Any) -> list[Any] | None:
-                if isinstance(msg, Fetch) and msg.uri == decoy:
-                    rig.tap.alter = None
-                    forged.append(replace(msg, session=owner.session, uri=secret))
-                    return forged
-                return None
-
-            rig.tap.alter = forge
-            with contextlib.suppress(mp.MplError):  # its own fetch's answer: no matter
-                mallory.client.fetch(mallory.session, 1, decoy)
-            (fetch,) = forged
-            read = _read_by_mallory(mallory, replies, fetch, owner.session, 1, secret)
+            read = _forged_fetch_read(rig, mallory, replies, 1, decoy, owner.session, secret)
             assert read is None, f"mallory read {read!r}"
 
 
@@ -263,20 +278,8 @@ def test_a_forged_save_cannot_carry_another_drivers_value_out_of_its_session(rig
             0,
             "save",
         ), ack.error
-        forged: list[Fetch] = []
-
-        def forge(msg: Any) -> list[Any] | None:  # then: mallory's fetch of that name
-            if isinstance(msg, Fetch) and msg.uri == decoy:
-                rig.tap.alter = None
-                forged.append(replace(msg, uri="sym:loot"))
-                return forged
-            return None
-
-        rig.tap.alter = forge
-        with contextlib.suppress(mp.MplError):  # its own fetch's answer: no matter
-            mallory.client.fetch(mallory.session, 0, decoy)
-        (fetch,) = forged
-        read = _read_by_mallory(mallory, got, fetch, mallory.session, 0, "sym:loot")
+        # then: mallory's fetch of that name, in its own session
+        read = _forged_fetch_read(rig, mallory, got, 0, decoy, mallory.session, "sym:loot")
         assert read is None, f"mallory read {read!r}"
 
 
@@ -395,20 +398,7 @@ def test_an_owners_other_client_does_not_share_again_what_the_owner_took_back(
         with rig.connect(session="collab", share_with=[]) as second:  # the sharing taken back
             secret = _value_on(second, 0, "made after the sharing was taken back")
             _value_on(first, 0, "the first client's next job")
-            forged: list[Fetch] = []
-
-            def forge(msg: Any) -> list[Any] | None:
-                if isinstance(msg, Fetch) and msg.uri == decoy:
-                    rig.tap.alter = None
-                    forged.append(replace(msg, session=first.session, uri=secret))
-                    return forged
-                return None
-
-            rig.tap.alter = forge
-            with contextlib.suppress(mp.MplError):
-                mallory.client.fetch(mallory.session, 0, decoy)
-            (fetch,) = forged
-            read = _read_by_mallory(mallory, replies, fetch, first.session, 0, secret)
+            read = _forged_fetch_read(rig, mallory, replies, 0, decoy, first.session, secret)
             assert read is None, f"mallory read {read!r}"
 
 
