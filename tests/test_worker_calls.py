@@ -238,20 +238,27 @@ def test_a_repeat_quick_job_costs_the_worker_few_python_calls(sim: mp.Simulator)
     assert calls["jobs.py:stopped"] == 0 and calls["state.py:stopped"] == 0
 
 
-@pytest.fixture
-def secure(tmp_path: Path) -> Iterator[tuple[Broker, list[Worker], Any]]:
-    """A secure cluster of two ranks on threads (CurveZMQ, sealing) and a driver of it."""
+@contextlib.contextmanager
+def secure_threads(
+    tmp_path: Path, base: ClusterSpec, data_roots: bool = False
+) -> Iterator[tuple[Broker, list[Worker], Any]]:
+    """A secure cluster of ``base``'s two ranks on threads (CurveZMQ, sealing), its keys
+    made in ``tmp_path``, and a driver of it (the analyst's); each worker with a data root
+    of its own there if ``data_roots``. The driver closed, then every daemon stopped."""
     names = ("broker", "node0", "node1", "analyst")
     made = {name: write_keypair(tmp_path / "keys", name) for name in names}
-    spec = ClusterSpec.simple(2, enable_spu=False).with_keys(
+    spec = base.with_keys(
         made["broker"][2], [made["node0"][2], made["node1"][2]], {"analyst": made["analyst"][2]}
     )
     curves = {name: Curve(load_keypair(made[name][1]), spec) for name in names[:3]}
     broker = Broker(spec, "tcp://127.0.0.1:0", curve=curves["broker"]).start()
-    workers = [
-        Worker(broker.address, rank, curve=curves[f"node{rank}"]).start() for rank in range(2)
-    ]
+    workers: list[Worker] = []
     try:
+        for rank in range(2):
+            root = tmp_path / f"d{rank}" if data_roots else None
+            workers.append(
+                Worker(broker.address, rank, curve=curves[f"node{rank}"], data_root=root).start()
+            )
         for worker in workers:
             assert worker.joined.wait(15), "worker did not join"
         with mp.connect(broker.address, key=made["analyst"][1], cluster=spec, timeout=20) as ctx:
@@ -263,6 +270,13 @@ def secure(tmp_path: Path) -> Iterator[tuple[Broker, list[Worker], Any]]:
             worker.join(5)
         broker.stop()
         broker.join(5)
+
+
+@pytest.fixture
+def secure(tmp_path: Path) -> Iterator[tuple[Broker, list[Worker], Any]]:
+    """A secure cluster of two ranks on threads (CurveZMQ, sealing) and a driver of it."""
+    with secure_threads(tmp_path, ClusterSpec.simple(2, enable_spu=False)) as made:
+        yield made
 
 
 # bac702e made 17 calls per sealed repeat here (the repeat's record, then _on_broker, the
