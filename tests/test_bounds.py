@@ -62,13 +62,20 @@ def _program(size: int, tag: int) -> Program:
     return Program(g.digest, g)
 
 
-def test_program_caches_count_bytes_and_the_broker_mirror_stays_in_step(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _mirrored_worker(monkeypatch: pytest.MonkeyPatch) -> tuple[WorkerEntry, WorkerState]:
+    """The broker's entry of rank 1's worker (its mirror of the worker's program cache) and
+    that worker's state, their caches bounded at 40,000 and 60,000 bytes."""
     monkeypatch.setattr(registry, "PROGRAM_MIRROR_BYTES", 40_000)
     monkeypatch.setattr(worker_state, "WORKER_PROGRAM_BYTES", 60_000)
     mirror = WorkerEntry(1, b"w1", WorkerHello(1, "i", 1, "h", "tcp://d", ""), 0.0, 0.0)
     worker = WorkerState(WorkerHello(1, "i", 1, "h", "tcp://d", ""), now=0.0, heartbeat_s=1.0)
+    return mirror, worker
+
+
+def test_program_caches_count_bytes_and_the_broker_mirror_stays_in_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mirror, worker = _mirrored_worker(monkeypatch)
     rng = random.Random(7)
     made: list[Program] = []
     for step in range(400):  # new programs of many sizes, and jobs reusing older ones
@@ -90,10 +97,7 @@ def test_a_mirror_keyed_by_driver_only_errs_towards_sending_again(
     # Several drivers' keys stand for one worker entry (the worker caches by digest), and a
     # copy may be junk under a digest it does not have (the worker refuses it and keeps any
     # genuine one). Whatever the mirror believes a worker holds of a genuine copy, it does.
-    monkeypatch.setattr(registry, "PROGRAM_MIRROR_BYTES", 40_000)
-    monkeypatch.setattr(worker_state, "WORKER_PROGRAM_BYTES", 60_000)
-    mirror = WorkerEntry(1, b"w1", WorkerHello(1, "i", 1, "h", "tcp://d", ""), 0.0, 0.0)
-    worker = WorkerState(WorkerHello(1, "i", 1, "h", "tcp://d", ""), now=0.0, heartbeat_s=1.0)
+    mirror, worker = _mirrored_worker(monkeypatch)
     rng = random.Random(11)
     made = [_program(rng.randrange(200, 6_000), step) for step in range(40)]
     index = {p.digest: n for n, p in enumerate(made)}

@@ -48,6 +48,37 @@ def _full(one: bytes) -> tuple[Any, ...] | None:
     return _fields(read_done_header(one[4:]))
 
 
+def _keep(reader: RepeatDones, one: bytes) -> None:
+    """``reader`` keeps ``one`` (a Done's frame, read in full) to compare the next with."""
+    read = read_done_header(one[4:])
+    assert read is not None
+    reader.keep(one, read)
+
+
+def _kept(first: bytes, boxes: bool = False) -> RepeatDones:
+    """A new reader (of boxed Dones if ``boxes``) that kept ``first``."""
+    reader = RepeatDones(boxes=boxes)
+    _keep(reader, first)
+    return reader
+
+
+def _mutants_read_alike(
+    first: bytes, base: bytes, rng: random.Random, times: int, boxes: bool = False
+) -> int:
+    """``times`` mutations of ``base``, each given to a reader that kept ``first``: every one
+    it reads as a repeat reads exactly as the full read reads it. How many it read so."""
+    checked = 0
+    for _ in range(times):
+        reader = _kept(first, boxes)
+        one = mutated(base, rng)
+        full = _full(one)
+        got = _fields(reader.repeat(one))
+        if got is not None:  # read by comparison: exactly what the full read reads
+            checked += 1
+            assert got == full, one
+    return checked
+
+
 def _stats(i: int) -> bytes:
     return pack_stats(1e-5 * (i + 1), 1.7e9 + i, [[0, "pcall", 1e-6 * i, 1.1e-5 + i]])
 
@@ -63,11 +94,7 @@ _SHAPES: list[tuple[str, int, dict[int, Any], dict[int, str]]] = [
 @pytest.mark.parametrize("shape", _SHAPES)
 def test_a_repeat_reads_as_the_full_read(shape: tuple[Any, ...]) -> None:
     session, rank, values, metas = shape
-    reader = RepeatDones()
-    first = _one(Done(session, "j0000000000000000", rank, values, _stats(0), metas))
-    read = read_done_header(first[4:])
-    assert read is not None
-    reader.keep(first, read)
+    reader = _kept(_one(Done(session, "j0000000000000000", rank, values, _stats(0), metas)))
     for i in range(1, 20):
         one = _one(Done(session, f"j{i:016d}", rank, values, _stats(i), metas))
         full = _full(one)
@@ -82,17 +109,7 @@ def test_a_mutated_repeat_is_read_as_the_full_read_reads_it_or_left_to_it() -> N
     for session, rank, values, metas in _SHAPES:
         first = _one(Done(session, "jfirst0000000000", rank, values, _stats(0), metas))
         base = _one(Done(session, "jnext00000000000", rank, values, _stats(1), metas))
-        for _ in range(1500):
-            reader = RepeatDones()
-            kept = read_done_header(first[4:])
-            assert kept is not None
-            reader.keep(first, kept)
-            one = mutated(base, rng)
-            full = _full(one)
-            got = _fields(reader.repeat(one))
-            if got is not None:  # read by comparison: exactly what the full read reads
-                checked += 1
-                assert got == full, one
+        checked += _mutants_read_alike(first, base, rng, 1500)
     assert checked > 500  # the job id's and the stats' bytes: mutations a repeat reads
 
 
@@ -109,11 +126,8 @@ def _boxed(job: str, i: int, rank: int = 1, size: int = 59, index: int = 0) -> b
 def test_a_repeat_whose_one_value_is_a_new_box_reads_as_the_full_read() -> None:
     """Secure mode: the box differs every job, as the job id and the stats do. The
     repeat takes its bytes as they come, as the full read does."""
-    reader = RepeatDones(boxes=True)
     first = _boxed("j0000000000000000", 0)
-    read = read_done_header(first[4:])
-    assert read is not None
-    reader.keep(first, read)
+    reader = _kept(first, boxes=True)
     for i in range(1, 20):
         one = _boxed(f"j{i:016d}", i)
         full = _full(one)
@@ -126,39 +140,21 @@ def test_a_repeat_whose_one_value_is_a_new_box_reads_as_the_full_read() -> None:
     assert reader.repeat(_boxed("j0000000000000099", 99, index=1)) is None
     assert reader.repeat(_boxed("j0000000000000099", 99, rank=2)) is None
     # a plaintext reader compares a blob value with the rest: another blob, no repeat
-    plain = RepeatDones()
-    again = read_done_header(first[4:])  # (the first read is the boxes reader's now)
-    assert again is not None
-    plain.keep(first, again)
+    plain = _kept(first)  # (read again: the first read is the boxes reader's now)
     assert plain.repeat(_boxed("j0000000000000001", 1)) is None
     assert plain.repeat(_boxed("j0000000000000001", 0)) is not None
 
 
 def test_a_mutated_repeat_of_a_boxed_done_is_read_as_the_full_read_reads_it_or_left_to_it() -> None:
     rng = random.Random(30)
-    checked = 0
     first = _boxed("jfirst0000000000", 0)
     base = _boxed("jnext00000000000", 1)
-    for _ in range(3000):
-        reader = RepeatDones(boxes=True)
-        kept = read_done_header(first[4:])
-        assert kept is not None
-        reader.keep(first, kept)
-        one = mutated(base, rng)
-        full = _full(one)
-        got = _fields(reader.repeat(one))
-        if got is not None:  # read by comparison: exactly what the full read reads
-            checked += 1
-            assert got == full, one
+    checked = _mutants_read_alike(first, base, rng, 3000, boxes=True)
     assert checked > 600  # the job id's, the box's and the stats' bytes (918 seen)
 
 
 def test_a_job_id_that_is_not_utf8_is_no_repeat() -> None:
-    reader = RepeatDones()
-    first = _one(Done("sess", "jaaaa", 0, {0: 1}, STATS, {0: "int64[]"}))
-    kept = read_done_header(first[4:])
-    assert kept is not None
-    reader.keep(first, kept)
+    reader = _kept(_one(Done("sess", "jaaaa", 0, {0: 1}, STATS, {0: "int64[]"})))
     good = _one(Done("sess", "jbbbb", 0, {0: 1}, STATS, {0: "int64[]"}))
     at = good.index(b"jbbbb")
     bad = good[:at] + b"j\xff\xfebb" + good[at + 5 :]
@@ -175,10 +171,7 @@ def test_no_layout_is_kept_for_values_that_nest_or_a_header_not_packed_as_msgpac
     at = plain.index(b"\xa4sess")
     str8 = plain[:at] + b"\xd9\x04sess" + plain[at + 5 :]
     for one in (nested, str8):
-        read = read_done_header(one[4:])
-        assert read is not None
-        reader = RepeatDones()
-        reader.keep(one, read)
+        reader = _kept(one)
         assert reader.repeat(one) is None  # not even the same bytes: nothing kept
 
 
@@ -190,10 +183,8 @@ def test_a_sender_whose_every_done_differs_backs_off() -> None:
     for i in range(400):
         one = _one(Done("sess", f"j{i:04d}", 0, {0: 1000 + i}, STATS, {0: "int64[]"}))
         assert reader.repeat(one) is None
-        read = read_done_header(one[4:])
-        assert read is not None
         before = reader._shape
-        reader.keep(one, read)
+        _keep(reader, one)
         made += reader._shape is not before and reader._shape is not None
     assert made <= 8
 
@@ -210,9 +201,7 @@ def test_a_one_off_first_done_holds_up_the_repeats_after_it_briefly() -> None:
         if reader.repeat(one) is not None:
             break
         full_reads += 1
-        read = read_done_header(one[4:])
-        assert read is not None
-        reader.keep(one, read)
+        _keep(reader, one)
     assert full_reads == 1 + 8 + 16
     assert reader.repeats == 1
 

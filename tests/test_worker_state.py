@@ -249,12 +249,19 @@ def _snapshot(s: WorkerState) -> Any:
     )  # fmt: skip
 
 
-def test_the_hot_path_decides_a_repeat_quick_job_as_handle_does() -> None:
-    by_events, by_hot_path = _state(), _state()
-    for s in (by_events, by_hot_path):
+def _quick_twice() -> tuple[WorkerState, WorkerState]:
+    """Two states alike, each having run job 1 of session "s" (program LOCAL) quickly:
+    one to take the next jobs by events (handle), one by the hot path (begin_inline)."""
+    states = _state(), _state()
+    for s in states:
         s.inline_s = 0.05
         s.handle(_exec("s", "1", LOCAL), 1.0)
         s.handle(_done("s", "1"), 1.1)  # quick: its next runs are inline
+    return states
+
+
+def test_the_hot_path_decides_a_repeat_quick_job_as_handle_does() -> None:
+    by_events, by_hot_path = _quick_twice()
     job = _exec("s", "2", LOCAL)
     assert _of(by_events.handle(job, 1.2), Run) == [Run(job, LOCAL, inline=True)]
     assert by_hot_path.begin_inline(job, 1.2) is LOCAL
@@ -268,11 +275,7 @@ def test_the_hot_path_decides_a_repeat_quick_job_as_handle_does() -> None:
 def test_a_programs_repeats_on_the_hot_path_keep_the_program_cache_as_handle_does() -> None:
     # a program's next jobs take the graph found for the last one while no program was
     # put or looked up since: the cache's order stays what handle's lookups make it
-    by_events, by_hot_path = _state(), _state()
-    for s in (by_events, by_hot_path):
-        s.inline_s = 0.05
-        s.handle(_exec("s", "1", LOCAL), 1.0)
-        s.handle(_done("s", "1"), 1.1)  # quick: its next runs are inline
+    by_events, by_hot_path = _quick_twice()
     last = _exec("s", "1", LOCAL)  # the program's last Exec, its next jobs by their ids
     other = _graph("constant", name="other")
     steps: list[Any] = [
