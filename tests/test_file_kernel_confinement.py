@@ -210,3 +210,9 @@ def test_the_worker_takes_its_quota_from_the_command_line() -> None:
         size.convert("1.5G", None, None)
     with pytest.raises(ValueError, match=">= 0"):
         KernelTable(lambda: {}, per_driver=True, quota=-1)
+
+
+def test_a_write_makes_a_missing_data_root_as_before(tmp_path: Path) -> None:
+    run = _runner(tmp_path / "not-yet")
+    run("mallory", "mpl.io.write_npy", "a.npy", np.arange(3.0))
+    assert run("mallory", "mpl.io.read_npy", "a.npy").tolist() == [0.0, 1.0, 2.0]

@@ -295,6 +295,7 @@ def _write(path: str, dump: Callable[[Any], None]) -> str:
     ``dump(file)``: into a new file beside it, renamed over it once whole; on any failure
     (the quota among them) neither that file nor a folder this write made is left."""
     parts = _parts(path)
+    os.makedirs(data_root(), exist_ok=True)  # the operator's folder, made as before
     root = _open_root()
     try:
         own = _own_parts()
@@ -352,7 +353,7 @@ def _write_in(
 
         if quota > 0 and room < BLOCK:
             raise refusal()
-        temp = f".{name[:64]}.{secrets.token_hex(8)}.part"
+        temp = f".mpl-write.{secrets.token_hex(8)}.part"  # a new name: O_EXCL makes it
         fd = os.open(temp, _NEW, 0o644, dir_fd=parent)
         try:
             with os.fdopen(fd, "wb") as raw:
