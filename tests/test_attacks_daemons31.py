@@ -10,12 +10,15 @@ key, and each test checks the daemons still serve and nothing leaked or changed:
 - a junk program under another driver's digest (review w30-policy finding 5, the broker's
   mirror keyed by driver and the worker's copy kept);
 - a hostile broker's ``DeleteSymbol`` of a persisted file without an owner (finding 2);
-- a party's worker failing a job in another rank's name (finding 8).
+- a party's worker failing a job in another rank's name (finding 8);
+- a broker holding a sharee's key sealing a job under the id of one the job pool holds
+  for the session's owner (review w30-policy finding 4).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,16 +27,21 @@ from typing import Any
 import numpy as np
 import pytest
 import zmq
-from helpers import wait_until
+from helpers import compact_box, wait_until
 from test_authz_daemons import Raw, impostor
 from test_replay_restart import Rig
 
 import mpl.driver as mp
 from mpl.wire import GraphBuilder
 from mpl.wire.codec import decode, from_wire
-from mpl.wire.jobs import Exec, Failed, JobResult, Program
+from mpl.wire.incarnation import public_incarnation
+from mpl.wire.jobs import Exec, Failed, JobResult, Lit, Program
+from mpl.wire.kernels import KernelRef
+from mpl.wire.keys import load_keypair
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
+from mpl.wire.seal import Sealer, exec_context
+from mpl.wire.session_word import worded
 from mpl.wire.sessions import Ack, DeleteSymbol, OpenSession, SessionOpened, SymbolInfo
 from mpl.worker.symbol_disk import SymbolDisk
 
@@ -212,3 +220,105 @@ def test_a_partys_worker_cannot_fail_a_job_in_another_ranks_name(make_cluster: A
         assert watcher.submit(sid2, g, {}, inline=(0,)).values[0] == {0: 5}
     finally:
         zctx.destroy(linger=0)
+
+
+_KERNELS = '''
+import os
+import time
+
+import numpy as np
+
+from mpl.worker.kernel_table import driver_root
+
+
+def wait_for(flag):
+    """Wait (at most 60 s) for the file ``flag``: the session's next jobs queue behind."""
+    end = time.monotonic() + 60
+    while not os.path.exists(flag) and time.monotonic() < end:
+        time.sleep(0.01)
+    return 0
+
+
+def write_out(tag):
+    """Write out.npy in the job's driver's folder: whose job the worker took it for."""
+    folder = driver_root()
+    folder.mkdir(parents=True, exist_ok=True)
+    np.save(folder / "out.npy", np.array([1.0]))
+    return 1
+'''
+
+
+def _kernel_job(name: str) -> Any:
+    b = GraphBuilder(2)
+    (out,) = b.op("pcall", [b.input((0,))], ranks=(0,), fn=b.fn(KernelRef(f"kernels31:{name}")))
+    return b.build([out])
+
+
+def test_a_sharee_key_broker_cannot_take_over_a_job_the_pool_holds(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """Review w30-policy finding 4 (medium), on real workers. The analyst shares its
+    session with mallory, whose key the broker's operator holds. The analyst's job waits
+    in P0's job pool behind another of its jobs (which blocks until a flag file exists);
+    right behind its Exec the broker sends P0 a job mallory sealed under the same job id,
+    in the same session, which an honest broker would refuse as in flight. Before the fix
+    the worker then took mallory for the recipient of the analyst's job: the job ran with
+    mallory's folder for its files (and its Done was sealed for mallory). Now the forged
+    Exec is refused and the analyst's job writes in the analyst's folder."""
+    rig.d.add_module("kernels31", _KERNELS)
+    rig.start_worker(0, extra=["--kernels", "kernels31"])
+    rig.start_worker(1)
+    flag = tmp_path / "go"
+    keys = load_keypair(rig.d.key("mallory"))
+    nodes = {f"node:node{r}": rig.d.spec.nodes[r].curve_key for r in range(2)}
+    mallory_seals = Sealer(keys.secret, "driver:mallory", nodes)
+    blocking, writing = _kernel_job("wait_for"), _kernel_job("write_out")
+    forged: list[Exec] = []
+
+    def add_forgery(msg: Record) -> list[Record] | None:
+        if not (isinstance(msg, Exec) and msg.digest == writing.digest and 0 in msg.bindings):
+            return None
+        rig.tap.alter = None
+        hello = rig.broker.state.registry.by_rank[0].hello
+        context = exec_context(
+            msg.session,
+            msg.job,
+            msg.digest,
+            msg.ranks,
+            msg.inline,
+            msg.timeout_s,
+            public_incarnation(hello.incarnation),
+        )
+        word = worded([Lit("m")], None)  # a member's word: no say, as mallory's is
+        box = mallory_seals.seal(word, "node:node0", context, safe=False)
+        forged.append(dataclasses.replace(msg, bindings={0: compact_box(box)}))
+        return [msg, forged[0]]
+
+    def refusals() -> list[Failed]:
+        got = [m for m in rig.tap.received if isinstance(m, Failed)]
+        return [m for m in got if forged and m.job == forged[0].job and m.rank == 0]
+
+    analyst = rig.connect(share_with=["mallory"])
+    try:
+        with analyst:
+            mp.fetch(mp.device("P0")(lambda: 0)())  # the session bound on P0, mallory listed
+        rig.tap.alter = add_forgery
+        first = analyst.client.submit_async(analyst.session, blocking, {0: [Lit(str(flag))]})
+        second = analyst.client.submit_async(analyst.session, writing, {0: [Lit("a")]})
+        wait_until(lambda: forged, 20, "the analyst's job and the forgery sent to P0")
+        with contextlib.suppress(AssertionError):  # the base answered none: see the file
+            wait_until(refusals, 10, "P0's refusal of the forgery")
+        flag.write_text("go")
+        assert first.result(60) is not None
+        with contextlib.suppress(mp.MplError):  # the refusal may fail the analyst's call
+            second.result(60)
+        drivers = rig.d.root / "data0" / "drivers"
+        wait_until(lambda: list(drivers.glob("*/out.npy")), 60, "the job's file")
+        folders = [p.parent.name for p in drivers.glob("*/out.npy")]
+        assert folders == ["analyst"], f"the analyst's job ran as {folders}'s"
+        assert "another driver's job" in refusals()[0].error.message
+        with analyst:
+            assert mp.fetch(mp.device("P0")(lambda: 7)()) == 7
+    finally:
+        flag.write_text("go")
+        analyst.close()
