@@ -9,6 +9,7 @@ add a channel speaking for it.
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from mpl.wire.lru import LRU
 __all__ = [
     "PROGRAM_SLOTS",
     "REMEMBERED_DIGESTS",
+    "SIZE_BUCKETS",
     "ProgramKey",
     "ProgramMirror",
     "Registry",
@@ -46,18 +48,25 @@ PROGRAM_SLOTS = 256
 # entry fresh there, so every key of a digest is charged the largest copy sent under it
 # (ProgramMirror), not its own copy's size.
 ProgramKey = tuple[str, str]
-# Digests whose largest copy the mirror remembers after their last key went: the worker
-# may still hold such a program (the mirror's keys took more room than its one entry), and
-# a junk copy of that digest would make it the worker's newest entry again.
+# Digests whose largest copy the mirror remembers exactly after their last key went: the
+# worker may still hold such a program (the mirror's keys took more room than its one
+# entry), and a junk copy of that digest would make it the worker's newest entry again.
 REMEMBERED_DIGESTS = 4 * PROGRAM_SLOTS
+# Past those (a flood of junk under digests the worker never held pushes them out, and
+# none of the worker's entries), each digest's largest copy is bounded from above by
+# SIZE_BUCKETS buckets in each of two rows, each holding the largest copy sent under any
+# digest hashed to it, never lowered: the smaller of a digest's two buckets. Another
+# digest in both its buckets overstates its size (it is sent again sooner), never less.
+SIZE_BUCKETS = 4096
 
 
 class ProgramMirror:
     """The broker's copy of one worker's program cache: keys (driver, digest) in the order
     the worker's entries are used, bounded in keys and in bytes like ``SizedLRU``, each key
-    charged the largest copy this mirror sent under its digest while it remembers it (the
-    newest REMEMBERED_DIGESTS digests: at least every digest of a key held). The worker
-    counts its entry as the genuine copy it holds, one of those: never more than a key."""
+    charged the largest copy this mirror ever sent under its digest: exactly for the newest
+    REMEMBERED_DIGESTS digests (at least every digest of a key held), else at most the
+    smaller of its two SIZE_BUCKETS buckets says. The worker counts its entry as the
+    genuine copy it holds, one of those: never more than a key."""
 
     def __init__(self, max_keys: int, max_bytes: int) -> None:
         self.max_entries = max_keys
@@ -67,6 +76,7 @@ class ProgramMirror:
         self._keys: OrderedDict[ProgramKey, None] = OrderedDict()
         self._largest: LRU[str, int] = LRU(REMEMBERED_DIGESTS)  # digest -> largest copy
         self._held: dict[str, int] = {}  # digest -> its keys held here
+        self._buckets = (array("q", bytes(8 * SIZE_BUCKETS)), array("q", bytes(8 * SIZE_BUCKETS)))
 
     def get(self, key: ProgramKey) -> bool | None:
         """True, the key made the newest, if it is held; else None."""
@@ -81,7 +91,15 @@ class ProgramMirror:
         digest is too large to hold."""
         digest = key[1]
         self.pop(key)
-        largest = max(size, self._largest.get(digest, 0))
+        known = self._largest.get(digest)
+        if known is None:  # forgotten, or never sent: what the buckets say it may be
+            known = min(
+                row[hash((digest, n)) % SIZE_BUCKETS] for n, row in enumerate(self._buckets)
+            )
+        largest = max(size, known)
+        for n, row in enumerate(self._buckets):
+            at = hash((digest, n)) % SIZE_BUCKETS
+            row[at] = max(row[at], size)
         if largest > self.max_bytes:
             self.dropped += 1
             return False

@@ -112,6 +112,36 @@ def test_entries_the_mirror_forgot_and_junk_copies_revived_are_charged_their_siz
         _believed_held(mirror, worker, {big.digest for big in bigs})
 
 
+def test_a_flood_of_junk_digests_does_not_make_the_mirror_forget_a_held_programs_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As above, but b first sends junk under more digests than the mirror remembers
+    exactly (REMEMBERED_DIGESTS; the worker holds none of them, so they push nothing out
+    of its cache): what it remembers past them may overstate a size, never understate it."""
+    mirror, worker = _pair(monkeypatch)
+    monkeypatch.setattr(worker_state, "WORKER_PROGRAM_BYTES", 2 * BUDGET)
+    worker = WorkerState(WorkerHello(1, "i", 1, "h", "tcp://d", ""), now=0.0, heartbeat_s=1.0)
+    bigs = [_program(12_000, n) for n in range(5)]
+    junk = _program(100, 99).graph
+    for big in bigs:
+        assert _job(mirror, worker, "a", big)
+    n = 10
+    while any(("a", big.digest) in mirror.programs for big in bigs):
+        assert _job(mirror, worker, "a", _program(3_000, n))
+        n += 1
+    orphans = [big for big in bigs if big.digest in worker.programs]
+    assert len(orphans) >= 3
+    flood = [f"{m:032x}" for m in range(registry.REMEMBERED_DIGESTS + 10)]
+    for digest in flood:  # junk alone, under new digests
+        assert not _job(mirror, worker, "b", Program(digest, junk))
+    assert all(big.digest in worker.programs for big in orphans)  # none pushed out
+    for m in range(30):
+        for big in orphans:
+            _job(mirror, worker, "b", Program(big.digest, junk))
+        assert _job(mirror, worker, "a", _program(3_000, 100 + m))
+        _believed_held(mirror, worker, {big.digest for big in bigs} | set(flood))
+
+
 def test_random_drivers_and_junk_with_equal_budgets_never_fool_the_mirror(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
