@@ -9,6 +9,8 @@ add a channel speaking for it.
 
 from __future__ import annotations
 
+from array import array
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,9 +18,18 @@ from mpl.wire.control import Directory, PeerInfo, WorkerHello
 from mpl.wire.errors import RegistrationError
 from mpl.wire.incarnation import public_incarnation
 from mpl.wire.limits import PROGRAM_MIRROR_BYTES
-from mpl.wire.lru import SizedLRU
+from mpl.wire.lru import LRU
 
-__all__ = ["PROGRAM_SLOTS", "ProgramKey", "Registry", "WorkerEntry", "public_incarnation"]
+__all__ = [
+    "PROGRAM_SLOTS",
+    "REMEMBERED_DIGESTS",
+    "SIZE_BUCKETS",
+    "ProgramKey",
+    "ProgramMirror",
+    "Registry",
+    "WorkerEntry",
+    "public_incarnation",
+]
 
 # The broker mirrors each worker's program LRU. Both see the same sequence of programs, and
 # the worker keeps at least as many (and as many bytes: mpl.wire.limits), so whatever the
@@ -32,12 +43,102 @@ PROGRAM_SLOTS = 256
 # one worker entry; each key's get or put is matched at the worker by a touch or put of
 # that entry (or by nothing, when it holds no genuine copy), so the entry is never older
 # than its newest key, and the mirror, with more keys in no more room, drops a key no later
-# than the worker drops the entry: it errs only towards sending a program again. (Genuine
-# copies of a digest are one graph, so its keys are charged alike. A junk copy is charged
-# its own size, yet its sender's jobs keep fresh a genuine entry the worker holds for
-# another driver: only the worker's larger byte budget, mpl.wire.limits, covers that
-# difference, as it did when junk went under a digest the mirror had already dropped.)
+# than the worker drops the entry: it errs only towards sending a program again. That needs
+# each key charged no less than the worker's entry: a junk copy's key keeps a genuine
+# entry fresh there, so every key of a digest is charged the largest copy sent under it
+# (ProgramMirror), not its own copy's size.
 ProgramKey = tuple[str, str]
+# Digests whose largest copy the mirror remembers exactly after their last key went: the
+# worker may still hold such a program (the mirror's keys took more room than its one
+# entry), and a junk copy of that digest would make it the worker's newest entry again.
+REMEMBERED_DIGESTS = 4 * PROGRAM_SLOTS
+# Past those (a flood of junk under digests the worker never held pushes them out, and
+# none of the worker's entries), each digest's largest copy is bounded from above by
+# SIZE_BUCKETS buckets in each of two rows, each holding the largest copy sent under any
+# digest hashed to it, never lowered: the smaller of a digest's two buckets. Another
+# digest in both its buckets overstates its size (it is sent again sooner), never less.
+SIZE_BUCKETS = 4096
+
+
+class ProgramMirror:
+    """The broker's copy of one worker's program cache: keys (driver, digest) in the order
+    the worker's entries are used, bounded in keys and in bytes like ``SizedLRU``, each key
+    charged the largest copy this mirror ever sent under its digest: exactly for the newest
+    REMEMBERED_DIGESTS digests (at least every digest of a key held), else at most the
+    smaller of its two SIZE_BUCKETS buckets says. The worker counts its entry as the
+    genuine copy it holds, one of those: never more than a key."""
+
+    def __init__(self, max_keys: int, max_bytes: int) -> None:
+        self.max_entries = max_keys
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self.dropped = 0  # keys evicted or refused, for status
+        self._keys: OrderedDict[ProgramKey, None] = OrderedDict()
+        self._largest: LRU[str, int] = LRU(REMEMBERED_DIGESTS)  # digest -> largest copy
+        self._held: dict[str, int] = {}  # digest -> its keys held here
+        self._buckets = (array("q", bytes(8 * SIZE_BUCKETS)), array("q", bytes(8 * SIZE_BUCKETS)))
+
+    def get(self, key: ProgramKey) -> bool | None:
+        """True, the key made the newest, if it is held; else None."""
+        if key not in self._keys:
+            return None
+        self._keys.move_to_end(key)
+        self._largest.touch(key[1])
+        return True
+
+    def put(self, key: ProgramKey, value: bool, size: int) -> bool:
+        """Hold ``key``, whose copy counts ``size``, as the newest; False if a copy of its
+        digest is too large to hold."""
+        digest = key[1]
+        self.pop(key)
+        known = self._largest.get(digest)
+        if known is None:  # forgotten, or never sent: what the buckets say it may be
+            known = min(
+                row[hash((digest, n)) % SIZE_BUCKETS] for n, row in enumerate(self._buckets)
+            )
+        largest = max(size, known)
+        for n, row in enumerate(self._buckets):
+            at = hash((digest, n)) % SIZE_BUCKETS
+            row[at] = max(row[at], size)
+        if largest > self.max_bytes:
+            self.dropped += 1
+            return False
+        # the digest's keys held before are charged this copy's size too, if it is larger
+        self.nbytes += self._held.get(digest, 0) * (largest - self._largest.get(digest, 0))
+        self._largest[digest] = largest
+        self._keys[key] = None
+        self._held[digest] = self._held.get(digest, 0) + 1
+        self.nbytes += largest
+        while len(self._keys) > self.max_entries or self.nbytes > self.max_bytes:
+            self._drop(next(iter(self._keys)))
+            self.dropped += 1
+        return True
+
+    def pop(self, key: ProgramKey) -> bool | None:
+        if key not in self._keys:
+            return None
+        self._drop(key)
+        return True
+
+    def _drop(self, key: ProgramKey) -> None:
+        del self._keys[key]
+        digest = key[1]
+        self.nbytes -= self._largest.get(digest, 0)
+        left = self._held[digest] - 1
+        if left:
+            self._held[digest] = left
+        else:
+            del self._held[digest]  # its size stays remembered (see REMEMBERED_DIGESTS)
+
+    def items(self) -> list[tuple[ProgramKey, bool]]:
+        """The keys, least recently used first (a copy: for listings)."""
+        return [(key, True) for key in self._keys]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
 
 @dataclass
@@ -48,8 +149,8 @@ class WorkerEntry:
     joined: float
     last_seen: float
     stats: dict[str, int] = field(default_factory=dict)
-    programs: SizedLRU[ProgramKey, bool] = field(
-        default_factory=lambda: SizedLRU(PROGRAM_SLOTS, PROGRAM_MIRROR_BYTES)
+    programs: ProgramMirror = field(
+        default_factory=lambda: ProgramMirror(PROGRAM_SLOTS, PROGRAM_MIRROR_BYTES)
     )
     # The key this mirror used last (None: none yet). It is the newest entry of
     # ``programs`` as long as only needs_program uses the mirror, so a job of the same

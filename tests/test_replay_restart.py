@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +94,12 @@ class Rig:
         self.d.address = self.broker.address
         self.workers: dict[int, subprocess.Popen[bytes]] = {}
 
-    def start_worker(self, rank: int, cluster: Path | None = None) -> None:
-        proc = self.d.start_worker(rank, name=f"worker{rank}-{len(self.d.procs)}", cluster=cluster)
+    def start_worker(
+        self, rank: int, cluster: Path | None = None, extra: Sequence[str] = ()
+    ) -> None:
+        proc = self.d.start_worker(
+            rank, name=f"worker{rank}-{len(self.d.procs)}", cluster=cluster, extra=extra
+        )
         self.workers[rank] = proc
         wait_until(lambda: self.serving(rank) == proc.pid, 30, f"worker {rank} to register")
 

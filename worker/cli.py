@@ -35,6 +35,23 @@ def _port_option(flag: str, carries: str) -> Callable[[F], F]:
 
 
 _HOUR_MS = 3_600_000.0
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+class ByteSize(click.ParamType):  # type: ignore[type-arg]
+    """A number of bytes: digits, optionally followed by K, M, G or T (powers of 1024; a
+    trailing B or iB is allowed: 10G, 10GB and 10GiB are alike)."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().upper().removesuffix("IB").removesuffix("B")
+        digits, unit = (text[:-1], text[-1]) if text[-1:] in "KMGT" and text else (text, "")
+        if not digits.isdigit():
+            self.fail(f"{value!r} is not a size (bytes, or a number with K, M, G or T)", param, ctx)
+        return int(digits) * _UNITS[unit]
 
 
 def _a_number(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
@@ -105,6 +122,17 @@ def _a_number(ctx: click.Context, param: click.Parameter, value: float | None) -
     "the 'mpl.kernels' entry points.",
 )
 @click.option(
+    "--driver-quota",
+    type=ByteSize(),
+    default="1G",  # kernel_table.DEFAULT_DRIVER_QUOTA (not imported here: a fast --help)
+    show_default=True,
+    metavar="SIZE",
+    help="Secure mode: the bytes each driver's folder under the data root (drivers/<name>) "
+    "may hold, written by the mpl.io write kernels; a write that would pass it fails its job "
+    "(DriverQuotaError) and leaves nothing. Bytes, or with K, M, G or T (powers of 1024); "
+    "each file and folder counts its size in whole 4 KiB blocks. 0: no quota.",
+)
+@click.option(
     "--inline-ms",
     type=click.FloatRange(min=0.0, max=_HOUR_MS),
     callback=_a_number,
@@ -131,6 +159,7 @@ def main(
     trusted: bool,
     code: str,
     kernel_modules: tuple[str, ...],
+    driver_quota: int,
     inline_ms: float | None,
     verbose: int,
     log_format: str,
@@ -190,6 +219,7 @@ def main(
             max_message=max_message,
             code=code,
             kernels=kernel_modules,
+            driver_quota=driver_quota,
         )
     except Exception as exc:  # a bad endpoint, an unusable data root
         raise click.ClickException(f"cannot start: {exc}") from exc

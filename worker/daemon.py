@@ -60,7 +60,7 @@ from mpl.worker.broker_messages import BrokerMessages
 from mpl.worker.code_policy import CODE_POLICIES, driver_code_policy
 from mpl.worker.holding import held_moves, held_spu
 from mpl.worker.jobs import DEFAULT_JOB_TIMEOUT_S, Jobs
-from mpl.worker.kernel_table import KernelTable, NodeBindings
+from mpl.worker.kernel_table import DEFAULT_DRIVER_QUOTA, KernelTable, NodeBindings
 from mpl.worker.keyed_mailbox import move_mailbox
 from mpl.worker.metrics import rss_bytes
 from mpl.worker.peer_intake import PeerIntake
@@ -132,6 +132,7 @@ class Worker(BrokerMessages, ResultChannel):
         max_message: int = MAX_MESSAGE,
         code: str = "any",
         kernels: Sequence[str] = (),
+        driver_quota: int = DEFAULT_DRIVER_QUOTA,
     ) -> None:
         if code not in CODE_POLICIES:
             raise ValueError(f"code policy must be one of {', '.join(CODE_POLICIES)}, got {code!r}")
@@ -237,7 +238,12 @@ class Worker(BrokerMessages, ResultChannel):
             rank, lambda: node_runtime_info(own or self.state.cluster, rank)
         )
         kernel_table = KernelTable(  # secure mode: file kernels keep to their driver's folder
-            self.bindings, kernels, data_root, self.runtimes.of, per_driver=curve is not None
+            self.bindings,
+            kernels,
+            data_root,
+            self.runtimes.of,
+            per_driver=curve is not None,
+            quota=driver_quota,
         )
         services: dict[str, Callable[[], Any]] = {
             "spu": lambda: SpuService(

@@ -5,10 +5,16 @@ Registered as entry points (group ``mpl.kernels``) under the kernel ids ``mpl.io
 ``mp.kernel("mpl.io.read_npy")`` or bind a logical name to them in ``op_bindings``.
 
 Every path is relative to the worker's ``--data-root`` and must stay inside it: an absolute
-path, ``..`` or a symbolic link leading out raises ``PermissionError``. A party thus decides
-which files a program may touch by what it puts under its data root. The worker's own
-``symbols`` folder there (persisted values, ``mpl.worker.symbol_disk``) is out of bounds
-too: only a value's owner replaces or deletes it, by its sealed jobs.
+path, a ``..`` part or a symbolic link at any part raises ``PermissionError``. A party thus
+decides which files a program may touch by what it puts under its data root. The worker's
+own ``symbols`` folder there (persisted values, ``mpl.worker.symbol_disk``) is out of
+bounds too: only a value's owner replaces or deletes it, by its sealed jobs.
+
+No path is resolved and then opened by name (a link swapped in between would be followed):
+the data root is opened once, as the operator gave it, and each part below it is opened
+relative to its parent's descriptor with ``O_NOFOLLOW``, so a link is refused whenever it
+appeared. A file read must be a regular file (a FIFO would block the job's thread). A write
+goes to a new temporary file in the target's folder, renamed over the target when whole.
 
 On a secure worker each driver has a folder of its own, ``<data-root>/drivers/<name>``
 (``kernel_table.driver_root``, by the driver that sealed the job): a job writes there, and
@@ -16,106 +22,376 @@ reads there first, so what one driver's job wrote no other driver's job reads or
 A read of a path the driver's folder does not hold falls back to the data root itself,
 outside ``drivers`` and ``symbols``: the operator's files, read (never written) by every
 driver its spec lists. The operator places a file for one driver alone in that driver's
-folder. A plaintext worker (drivers not authenticated) reads and writes the data root
-itself, for every driver, as before.
+folder. A driver's folder holds at most the worker's ``--driver-quota`` bytes
+(``kernel_table.driver_quota``; each file and folder counted by its size rounded up to
+4 KiB blocks): a write that would pass it raises :class:`DriverQuotaError` and leaves
+nothing behind. A plaintext worker (drivers not authenticated) reads and writes the data
+root itself, for every driver, as before, without a quota.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
-from pathlib import Path
+import secrets
+import stat
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from mpl.worker.kernel_table import DRIVERS, data_root, driver_root
+from mpl.worker.kernel_table import (
+    DEFAULT_DRIVER_QUOTA,
+    DRIVERS,
+    data_root,
+    driver_quota,
+    driver_root,
+)
 from mpl.worker.symbol_disk import SYMBOLS
 
-__all__ = ["read_csv", "read_npy", "write_csv", "write_npy"]
+__all__ = [
+    "BLOCK",
+    "DEFAULT_DRIVER_QUOTA",
+    "MAX_PATH_PARTS",
+    "DriverQuotaError",
+    "read_csv",
+    "read_npy",
+    "write_csv",
+    "write_npy",
+]
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: an open of a FIFO for reading would wait for a writer; the file is checked
+# to be a regular one before it is read
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+MAX_PATH_PARTS = 64  # folders a path may name: bounds the depth a quota count walks
+BLOCK = 4096  # a file system's usual block: what an empty file or a folder takes at least
+_ROOT_WHERE = "the worker's data root"
+_OWN_WHERE = "this driver's folder"
 
 
-def _inside(base: Path, path: str, root: Path) -> Path:
-    """``path`` under ``base`` (resolved), refused if it leads out of ``base`` or into the
-    data root ``root``'s persisted values."""
+class DriverQuotaError(OSError):
+    """A write kernel's file would take its driver's folder past the worker's byte quota
+    (``mpl-worker --driver-quota``); nothing of it was kept."""
+
+
+def _parts(path: str) -> list[str]:
+    """``path``'s parts below its folder: relative, no ``..``, at most MAX_PATH_PARTS."""
     if not isinstance(path, str) or not path:
         raise TypeError(f"a path must be a non-empty string, got {path!r}")
-    if Path(path).is_absolute():
+    if "\0" in path:
+        raise ValueError(f"{path!r}: a path holds no NUL character")
+    if path.startswith("/") or os.path.isabs(path):
         raise PermissionError(f"{path!r}: paths are relative to the worker's data root")
-    target = (base / path).resolve()
-    if not target.is_relative_to(base):
-        where = "the worker's data root" if base == root else "this driver's folder"
-        raise PermissionError(f"{path!r} leads outside {where}")
-    if _under(root, target, SYMBOLS):  # persisted values: their owners' alone
-        raise PermissionError(f"{path!r} is in the worker's persisted values' folder")
-    return target
-
-
-def _under(root: Path, target: Path, folder: str) -> bool:
-    """Whether ``target`` (resolved) is in the data root's ``folder`` by any name a file
-    system may take for it: its first part below ``root`` casefolded (a case-insensitive
-    file system reads ``Drivers`` or ``driver\u017f`` as ``drivers``; Windows drops a
-    trailing dot or space), or the same folder on disk (a short name, say)."""
-    if not target.is_relative_to(root):
-        return False
-    parts = target.relative_to(root).parts
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise PermissionError(f"{path!r}: a '..' part may lead outside the worker's data root")
     if not parts:
-        return False
-    first = parts[0]
-    if first.rstrip(". ").casefold() == folder.casefold():
-        return True
+        raise PermissionError(f"{path!r} names no file")
+    if len(parts) > MAX_PATH_PARTS:
+        raise PermissionError(f"{path!r} has more than {MAX_PATH_PARTS} parts")
+    return parts
+
+
+def _is_link(dir_fd: int, name: str) -> bool:
     try:
-        return os.path.samefile(root / first, root / folder)
-    except OSError:  # either is missing: nothing of the folder's is read through it
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
         return False
 
 
-def _roots() -> tuple[Path, Path]:
-    """(the data root, the job's driver's folder: the data root itself in plaintext)."""
-    return data_root().resolve(), driver_root().resolve()
+def _link_refused(path: str, part: str, where: str) -> PermissionError:
+    return PermissionError(
+        f"{path!r}: {part!r} is a symbolic link, which the file kernels never follow "
+        f"(it could lead outside {where})"
+    )
 
 
-def _writable(path: str) -> Path:
-    root, own = _roots()
-    return _inside(own, path, root)
+def _open_dir(dir_fd: int, name: str, path: str, where: str, create: bool) -> tuple[int, bool]:
+    """(the folder ``name`` in ``dir_fd`` opened without following a link, whether this
+    call made it). Missing: made when ``create``, else FileNotFoundError."""
+    made = False
+    if create:
+        try:
+            os.mkdir(name, 0o755, dir_fd=dir_fd)
+            made = True
+        except FileExistsError:
+            pass
+    try:
+        return os.open(name, _DIR, dir_fd=dir_fd), made
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(dir_fd, name):
+            raise _link_refused(path, name, where) from None
+        if exc.errno == errno.ENOTDIR:  # a file where a folder is named: no such file
+            raise FileNotFoundError(errno.ENOENT, f"{path!r}: {name!r} is not a folder") from None
+        raise
 
 
-def _readable(path: str) -> Path:
-    root, own = _roots()
-    if own == root:  # plaintext: one folder for every driver
-        return _inside(root, path, root)
-    mine = _inside(own, path, root)
-    if mine.exists():
-        return mine
-    shared = _inside(root, path, root)  # the operator's files, read by every driver
-    if _under(root, shared, DRIVERS):
-        raise PermissionError(f"{path!r} is in the drivers' folders, each its driver's alone")
-    return shared
+def _walk(
+    start: int,
+    names: Sequence[str],
+    path: str,
+    where: str,
+    made: list[str] | None = None,
+    below: Sequence[str] = (),
+) -> int:
+    """A new descriptor of the folder ``names`` below ``start`` (``start`` stays open),
+    each part opened by its parent's descriptor; with ``made`` (a write), missing folders
+    are made and their paths (below the data root: ``start`` is ``below`` there) added to
+    it as they are made."""
+    fd = os.dup(start)
+    try:
+        for n, name in enumerate(names):
+            child, new = _open_dir(fd, name, path, where, made is not None)
+            os.close(fd)
+            fd = child
+            if new and made is not None:
+                made.append("/".join([*below, *names[: n + 1]]))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_root() -> int:
+    """The data root, opened as the operator gave it (it may itself be a link)."""
+    return os.open(data_root(), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def _own_parts() -> tuple[str, ...]:
+    """The job's driver's folder below the data root: ``("drivers", name)`` on a secure
+    worker, ``()`` on a plaintext one (one folder, the data root, for every driver)."""
+    return driver_root().relative_to(data_root()).parts
+
+
+def _refuse_reserved(root_fd: int, parts: list[str], path: str, folders: Sequence[str]) -> None:
+    """Refuse a path at the data root whose first part is one of ``folders`` by any name a
+    file system may take for it: casefolded (a case-insensitive file system reads
+    ``Drivers`` or ``driver\u017f`` as ``drivers``; Windows drops a trailing dot or
+    space), or the same folder on disk."""
+    first = parts[0]
+    for folder in folders:
+        what = (
+            "the worker's persisted values' folder"
+            if folder == SYMBOLS
+            else "the drivers' folders, each its driver's alone"
+        )
+        if first.rstrip(". ").casefold() == folder.casefold():
+            raise PermissionError(f"{path!r} is in {what}")
+        try:
+            mine = os.stat(first, dir_fd=root_fd, follow_symlinks=False)
+            theirs = os.stat(folder, dir_fd=root_fd, follow_symlinks=False)
+        except OSError:  # either is missing: nothing of the folder's is read through it
+            continue
+        if (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino):
+            raise PermissionError(f"{path!r} is in {what}")
+
+
+def _open_file(folder: int, parts: list[str], path: str, where: str) -> int:
+    """A descriptor of the regular file ``parts`` below ``folder``, read only."""
+    parent = _walk(folder, parts[:-1], path, where)
+    try:
+        fd = os.open(parts[-1], _READ, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _link_refused(path, parts[-1], where) from None
+        raise
+    finally:
+        os.close(parent)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PermissionError(f"{path!r} is not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_readable(path: str) -> int:
+    """A read-only descriptor of ``path``: the driver's own file, else the operator's."""
+    parts = _parts(path)
+    root = _open_root()
+    try:
+        own = _own_parts()
+        if not own:  # plaintext: one folder for every driver
+            _refuse_reserved(root, parts, path, (SYMBOLS,))
+            return _open_file(root, parts, path, _ROOT_WHERE)
+        try:
+            folder: int | None = _walk(root, own, path, _OWN_WHERE)
+        except FileNotFoundError:  # no folder yet: nothing of its own to read
+            folder = None
+        if folder is not None:
+            try:
+                return _open_file(folder, parts, path, _OWN_WHERE)
+            except FileNotFoundError:
+                pass  # not the driver's: the operator's files, read by every driver
+            finally:
+                os.close(folder)
+        _refuse_reserved(root, parts, path, (SYMBOLS, DRIVERS))
+        return _open_file(root, parts, path, _ROOT_WHERE)
+    finally:
+        os.close(root)
+
+
+def _charge(nbytes: int) -> int:
+    """What a file of ``nbytes`` (or a folder) counts against a quota: whole blocks, one
+    at least."""
+    return max(1, -(-nbytes // BLOCK)) * BLOCK
+
+
+def _usage(folder: int) -> int:
+    """The bytes ``folder``'s files and folders count against its quota (links are not
+    followed; each entry is counted as :func:`_charge` says)."""
+    total = 0
+    for _, dirs, files, fd in os.fwalk(".", dir_fd=folder, follow_symlinks=False):
+        total += BLOCK * len(dirs)
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += _charge(os.stat(name, dir_fd=fd, follow_symlinks=False).st_size)
+    return total
+
+
+class _Capped:
+    """A binary file that refuses to grow past ``room`` bytes (as :func:`_charge` counts)."""
+
+    def __init__(self, raw: Any, room: int, refusal: Callable[[], DriverQuotaError]) -> None:
+        self.raw = raw
+        self.room = room
+        self.written = 0
+        self._refusal = refusal
+
+    def write(self, data: Any) -> int:
+        nbytes = memoryview(data).nbytes  # TypeError for a str: numpy then writes bytes
+        if self.room >= 0 and _charge(self.written + nbytes) > self.room:
+            raise self._refusal()
+        self.written += nbytes
+        written: int = self.raw.write(data)
+        return written
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+
+_LOCKS_GUARD = threading.Lock()
+_LOCKS: dict[tuple[str, ...], threading.Lock] = {}  # one per driver's folder (spec-bound)
+
+
+@contextlib.contextmanager
+def _writing(own: tuple[str, ...]) -> Iterator[None]:
+    """One write at a time per folder, so that a quota's count and the write it allows
+    are not raced by another of the driver's jobs."""
+    with _LOCKS_GUARD:
+        lock = _LOCKS.setdefault(own, threading.Lock())
+    with lock:
+        yield
+
+
+def _write(path: str, dump: Callable[[Any], None]) -> str:
+    """Write ``path`` in the job's driver's folder (the data root in plaintext) through
+    ``dump(file)``: into a new file beside it, renamed over it once whole; on any failure
+    (the quota among them) neither that file nor a folder this write made is left."""
+    parts = _parts(path)
+    os.makedirs(data_root(), exist_ok=True)  # the operator's folder, made as before
+    root = _open_root()
+    try:
+        own = _own_parts()
+        if not own:
+            _refuse_reserved(root, parts, path, (SYMBOLS,))
+        where = _OWN_WHERE if own else _ROOT_WHERE
+        quota = driver_quota() if own else 0
+        with _writing(own):
+            made: list[str] = []  # folders this write made, below the data root
+            folder = _walk(root, own, path, where, made)
+            try:
+                _write_in(folder, parts, path, where, quota, own, made, dump)
+            except BaseException:
+                for sub in reversed(made):  # innermost first; empty, as the write failed
+                    with contextlib.suppress(OSError):
+                        os.rmdir(sub, dir_fd=root)
+                raise
+            finally:
+                os.close(folder)
+    finally:
+        os.close(root)
+    return path
+
+
+def _write_in(
+    folder: int,
+    parts: list[str],
+    path: str,
+    where: str,
+    quota: int,
+    own: tuple[str, ...],
+    made: list[str],
+    dump: Callable[[Any], None],
+) -> None:
+    parent = _walk(folder, parts[:-1], path, where, made, own)
+    name = parts[-1]
+    try:
+        try:
+            old = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            old = None
+        if old is not None and stat.S_ISDIR(old.st_mode):
+            raise PermissionError(f"{path!r} is a folder, not a file to write")
+        room = -1
+        if quota > 0:
+            replaced = _charge(old.st_size) if old is not None else 0
+            room = quota - (_usage(folder) - replaced)
+
+        def refusal() -> DriverQuotaError:
+            return DriverQuotaError(
+                errno.EDQUOT,
+                f"{path!r}: writing it would take driver {own[-1]}'s folder past its quota "
+                f"of {quota} bytes (mpl-worker --driver-quota); nothing was written",
+            )
+
+        if quota > 0 and room < BLOCK:
+            raise refusal()
+        temp = f".mpl-write.{secrets.token_hex(8)}.part"  # a new name: O_EXCL makes it
+        fd = os.open(temp, _NEW, 0o644, dir_fd=parent)
+        try:
+            with os.fdopen(fd, "wb") as raw:
+                dump(_Capped(raw, room, refusal))
+            os.replace(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=parent)
+            raise
+    finally:
+        os.close(parent)
 
 
 def read_npy(path: str) -> Any:
     """The array stored in ``path`` (no pickled objects: ``allow_pickle=False``)."""
-    return np.load(_readable(path), allow_pickle=False)
+    with os.fdopen(_open_readable(path), "rb") as f:
+        value = np.load(f, allow_pickle=False)
+        if isinstance(value, np.lib.npyio.NpzFile):  # read now: the file closes here
+            with value:
+                return {key: value[key] for key in value.files}
+        return value
 
 
 def write_npy(path: str, array: Any) -> str:
     """Store ``array`` in ``path`` (parent folders are made); returns ``path``."""
-    target = _writable(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target, "wb") as f:  # a file object: np.save would append ".npy" to a name
-        np.save(f, np.asarray(array), allow_pickle=False)
-    return path
+    value = np.asarray(array)
+    return _write(path, lambda f: np.save(f, value, allow_pickle=False))
 
 
 def read_csv(path: str, *, delimiter: str = ",", skip_header: int = 0) -> Any:
     """A numeric CSV file as a 2-D float array (``skip_header`` lines skipped)."""
-    return np.loadtxt(
-        _readable(path), delimiter=delimiter, skiprows=skip_header, ndmin=2, dtype=np.float64
-    )
+    with os.fdopen(_open_readable(path), "rb") as f:
+        return np.loadtxt(f, delimiter=delimiter, skiprows=skip_header, ndmin=2, dtype=np.float64)
 
 
 def write_csv(path: str, array: Any, *, delimiter: str = ",", header: str = "") -> str:
     """Store a 1-D or 2-D numeric array as CSV in ``path``; returns ``path``."""
-    target = _writable(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    np.savetxt(target, np.asarray(array), delimiter=delimiter, header=header, comments="")
-    return path
+    value = np.asarray(array)
+    return _write(
+        path, lambda f: np.savetxt(f, value, delimiter=delimiter, header=header, comments="")
+    )

@@ -23,7 +23,8 @@ While a kernel runs, :func:`data_root` is the worker's ``--data-root``, so file 
 keep their paths inside it; :func:`driver_root` the folder of the job's driver there (a
 secure worker's ``<data-root>/drivers/<name>``, by the driver that sealed the job: what one
 driver's job writes, another's does not read; a plaintext worker's data root itself, as its
-drivers are not authenticated); and :func:`runtime_info` is this node's ``runtime_info`` in
+drivers are not authenticated); :func:`driver_quota` the bytes that folder may hold (a
+secure worker's ``--driver-quota``); and :func:`runtime_info` is this node's ``runtime_info`` in
 the job's session (the session's own spec's, else the cluster's).
 """
 
@@ -44,11 +45,13 @@ from mpl.wire.routing import check_driver_name
 from mpl.wire.runtime_info import node_runtime_info
 
 __all__ = [
+    "DEFAULT_DRIVER_QUOTA",
     "DRIVERS",
     "ENTRY_POINT_GROUP",
     "KernelTable",
     "NodeBindings",
     "data_root",
+    "driver_quota",
     "driver_root",
     "module_kernels",
     "node_bindings",
@@ -68,6 +71,11 @@ _RUNTIME_INFO: contextvars.ContextVar[dict[str, Any] | None] = contextvars.Conte
 # None: a plaintext worker, whose drivers share the data root
 _DRIVER: contextvars.ContextVar[str | None] = contextvars.ContextVar("mpl_driver", default=None)
 DRIVERS = "drivers"  # <data-root>/drivers/<name>: each driver's own files (secure mode)
+# The bytes one driver's folder may hold (mpl-worker --driver-quota): enough for a job's
+# working files, small enough that one listed driver cannot fill a worker's disk alone.
+DEFAULT_DRIVER_QUOTA = 1 << 30
+# the running kernel's driver's folder's quota in bytes (0: none)
+_QUOTA: contextvars.ContextVar[int] = contextvars.ContextVar("mpl_driver_quota", default=0)
 
 
 def data_root() -> Path:
@@ -94,6 +102,13 @@ def driver_root() -> Path:
         raise PermissionError(
             f"this job's driver ({driver or 'none known here'}) has no folder on this worker"
         ) from None
+
+
+def driver_quota() -> int:
+    """The bytes the running job's driver's folder (:func:`driver_root`) may hold, its
+    files and folders each counted in whole 4 KiB blocks (only while a kernel runs; a
+    secure worker's ``--driver-quota``; 0: no quota, as on a plaintext worker)."""
+    return _QUOTA.get()
 
 
 def runtime_info() -> dict[str, Any]:
@@ -172,7 +187,8 @@ class KernelTable:
     ``bindings`` returns this node's current op_bindings (they come with the cluster spec);
     ``runtime`` this node's runtime_info in a session (see :func:`runtime_info`);
     ``per_driver``: a secure worker's, whose kernels see their job's driver's folder
-    (:func:`driver_root`).
+    (:func:`driver_root`), holding at most ``quota`` bytes (:func:`driver_quota`; 0: no
+    quota).
     """
 
     def __init__(
@@ -183,8 +199,12 @@ class KernelTable:
         runtime: Callable[[str], dict[str, Any]] | None = None,
         *,
         per_driver: bool = False,
+        quota: int = DEFAULT_DRIVER_QUOTA,
     ) -> None:
+        if quota < 0:
+            raise ValueError(f"a driver's folder quota is a number of bytes >= 0, got {quota}")
         self._bindings = bindings
+        self._quota = quota if per_driver else 0
         self._root = root
         self._runtime = runtime
         self._per_driver = per_driver
@@ -231,14 +251,17 @@ class KernelTable:
         root = self._root
         info = self._runtime(session) if self._runtime is not None else {}
         driver = sealer if self._per_driver else None
+        quota = self._quota
 
         def call(*args: Any, **kwargs: Any) -> Any:
             token = _DATA_ROOT.set(root)
             info_token = _RUNTIME_INFO.set(info)
             driver_token = _DRIVER.set(driver)
+            quota_token = _QUOTA.set(quota)
             try:
                 return fn(*args, **kwargs)
             finally:
+                _QUOTA.reset(quota_token)
                 _DRIVER.reset(driver_token)
                 _RUNTIME_INFO.reset(info_token)
                 _DATA_ROOT.reset(token)

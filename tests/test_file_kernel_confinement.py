@@ -1,0 +1,218 @@
+"""The file kernels (``mpl.io.*``) keep a secure worker's driver to its own folder by file
+descriptors, not by resolving a path and opening it later (w31-sec, items 1 and 2).
+
+Attack: a symbolic link swapped in between the folder check and the open (an operator's
+kernel that makes links in a driver's folder, or anything else that writes there) made the
+open follow it out of the folder. Now every part of a path is opened relative to its
+parent's descriptor with ``O_NOFOLLOW``, from a descriptor of the data root: a link at any
+part is refused, whenever it appeared. And a driver's folder has a byte quota, so its jobs
+cannot fill the worker's disk through the write kernels.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mpl.worker import io_kernels
+from mpl.worker.kernel_table import KernelTable
+
+
+def _runner(root: Path, **kw: Any) -> Callable[..., Any]:
+    table = KernelTable(lambda: {}, root=root, per_driver=True, **kw)
+
+    def run(driver: str, kernel: str, *args: Any, **kwargs: Any) -> Any:
+        return table.resolve(kernel, "s", f"driver:{driver}")(*args, **kwargs)
+
+    return run
+
+
+def _layout(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(the data root, mallory's folder holding sub/x.npy = [1.0], a folder outside the
+    data root holding x.npy = [666.0], the analyst's secret say)."""
+    root = tmp_path / "data"
+    own = root / "drivers" / "mallory"
+    (own / "sub").mkdir(parents=True)
+    np.save(own / "sub" / "x.npy", np.array([1.0]))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    np.save(outside / "x.npy", np.array([666.0]))
+    return root, own, outside
+
+
+def test_a_symlink_swapped_in_between_check_and_open_is_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race made deterministic: the swap happens as the kernel starts reading, after any
+    check of the path. Before: ``np.load`` opened the checked path by name and followed the
+    new link out of the folder, reading the file outside (666)."""
+    root, own, outside = _layout(tmp_path)
+    run = _runner(root)
+    real_load = np.load
+    swapped: list[bool] = []
+
+    def swap_then_load(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if not swapped:
+            (own / "sub").rename(own / "sub.kept")
+            (own / "sub").symlink_to(outside, target_is_directory=True)
+            swapped.append(True)
+        return real_load(file, *args, **kwargs)
+
+    monkeypatch.setattr(np, "load", swap_then_load)
+    try:
+        got = run("mallory", "mpl.io.read_npy", "sub/x.npy")
+    except PermissionError:
+        got = None  # refused: also no escape
+    assert swapped, "the swap happened before the read"
+    assert got is None or got.tolist() == [1.0], "the read followed a link out of the folder"
+
+
+@pytest.mark.parametrize("path", ["alias/x.npy", "link.npy", "sub/../sub/x.npy"])
+def test_a_path_through_a_symlink_at_any_part_is_refused_even_inside(
+    tmp_path: Path, path: str
+) -> None:
+    """A link placed before the call, even one that stays inside the folder: the walk opens
+    no link at any part, so whatever a link points to when the file is opened, it is not
+    followed. Before: a link whose target resolved inside was followed."""
+    root, own, _ = _layout(tmp_path)
+    (own / "alias").symlink_to(own / "sub", target_is_directory=True)
+    (own / "link.npy").symlink_to(own / "sub" / "x.npy")
+    run = _runner(root)
+    with pytest.raises(PermissionError):
+        run("mallory", "mpl.io.read_npy", path)
+    assert run("mallory", "mpl.io.read_npy", "sub/x.npy").tolist() == [1.0]
+
+
+def test_a_write_follows_no_symlink_and_a_link_out_stays_refused(tmp_path: Path) -> None:
+    root, own, outside = _layout(tmp_path)
+    (own / "alias").symlink_to(own / "sub", target_is_directory=True)
+    (own / "out").symlink_to(outside, target_is_directory=True)
+    run = _runner(root)
+    for path in ("alias/y.npy", "out/x.npy", "out/new/y.npy"):
+        with pytest.raises(PermissionError):
+            run("mallory", "mpl.io.write_npy", path, np.zeros(2))
+        with pytest.raises(PermissionError):
+            run("mallory", "mpl.io.write_csv", path, np.zeros((1, 2)))
+    for path in ("out/x.npy", "alias/x.npy"):
+        with pytest.raises(PermissionError):
+            run("mallory", "mpl.io.read_npy", path)
+    assert not (own / "sub" / "y.npy").exists()
+    assert sorted(p.name for p in outside.iterdir()) == ["x.npy"]
+    assert np.load(outside / "x.npy").tolist() == [666.0]
+
+
+def test_the_drivers_folder_itself_is_walked_without_following_links(tmp_path: Path) -> None:
+    """``drivers`` or ``drivers/<name>`` made a link (to another driver's folder, say) is
+    refused too: only the data root itself is opened as the operator gave it."""
+    root = _layout(tmp_path)[0]
+    (root / "drivers" / "analyst").mkdir()
+    np.save(root / "drivers" / "analyst" / "secret.npy", np.array([7.0]))
+    (root / "drivers" / "eve").symlink_to(root / "drivers" / "analyst")
+    run = _runner(root)
+    with pytest.raises(PermissionError):
+        run("eve", "mpl.io.read_npy", "secret.npy")
+    with pytest.raises(PermissionError):
+        run("eve", "mpl.io.write_npy", "planted.npy", np.zeros(1))
+    assert not (root / "drivers" / "analyst" / "planted.npy").exists()
+
+
+def test_a_write_replaces_a_file_whole_by_a_rename_in_its_folder(tmp_path: Path) -> None:
+    root, own, _ = _layout(tmp_path)
+    run = _runner(root)
+    run("mallory", "mpl.io.write_npy", "sub/x.npy", np.array([2.0, 3.0]))
+    run("mallory", "mpl.io.write_csv", "t/u/v.csv", np.array([[1.0, 2.0]]), header="a,b")
+    assert np.load(own / "sub" / "x.npy").tolist() == [2.0, 3.0]
+    assert (own / "t" / "u" / "v.csv").read_text().startswith("a,b\n")
+    assert run("mallory", "mpl.io.read_csv", "t/u/v.csv", skip_header=1).tolist() == [[1.0, 2.0]]
+    assert sorted(p.name for p in (own / "sub").iterdir()) == ["x.npy"]  # no temp file left
+    with pytest.raises(PermissionError):  # a folder is not a file to replace
+        run("mallory", "mpl.io.write_npy", "sub", np.zeros(1))
+
+
+def test_a_fifo_in_a_folder_does_not_block_the_read(tmp_path: Path) -> None:
+    """An open of a FIFO for reading waits for a writer: forever, on a job thread."""
+    root, own, _ = _layout(tmp_path)
+    os.mkfifo(own / "pipe.npy")
+    with pytest.raises(PermissionError, match="not a regular file"):
+        _runner(root)("mallory", "mpl.io.read_npy", "pipe.npy")
+
+
+# -- item 2: a byte quota per driver folder -------------------------------------------------
+
+
+def test_a_driver_cannot_write_past_its_folders_quota(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    root.mkdir()
+    quota = 64 * 1024
+    run = _runner(root, quota=quota)
+    run("mallory", "mpl.io.write_npy", "a.npy", np.zeros(4_000))  # 32 KiB and a header
+    for kernel, value in (
+        ("mpl.io.write_npy", np.zeros(4_000)),
+        ("mpl.io.write_csv", np.zeros((2_000, 2))),
+    ):
+        with pytest.raises(io_kernels.DriverQuotaError, match="quota of 65536 bytes") as info:
+            run("mallory", kernel, "more/b.out", value)
+        assert info.value.errno is not None
+        assert "--driver-quota" in str(info.value)
+    own = root / "drivers" / "mallory"
+    assert sorted(p.name for p in own.iterdir()) == ["a.npy"]  # nothing partial, no folder
+    run("mallory", "mpl.io.write_npy", "a.npy", np.ones(4_000))  # a replacement fits
+    assert np.load(own / "a.npy")[0] == 1.0
+    run("analyst", "mpl.io.write_npy", "a.npy", np.zeros(4_000))  # a quota of its own
+    with pytest.raises(io_kernels.DriverQuotaError):
+        run("mallory", "mpl.io.write_npy", "c.npy", np.zeros(5_000))
+    assert sorted(p.name for p in own.iterdir()) == ["a.npy"]
+
+
+def test_many_small_files_count_against_the_quota_too(tmp_path: Path) -> None:
+    """Each file and folder counts at least one 4 KiB block: empty files fill a disk's
+    inodes and blocks as well."""
+    root = tmp_path / "data"
+    root.mkdir()
+    run = _runner(root, quota=10 * 4096)
+    for n in range(5):  # a folder and a file each: 10 blocks
+        run("mallory", "mpl.io.write_csv", f"d{n}/e.csv", np.zeros((0, 2)))
+    with pytest.raises(io_kernels.DriverQuotaError):
+        run("mallory", "mpl.io.write_csv", "d5/e.csv", np.zeros((0, 2)))
+    assert not (root / "drivers" / "mallory" / "d5").exists()
+
+
+def test_a_quota_of_zero_is_none_and_the_default_is_a_gibibyte(tmp_path: Path) -> None:
+    assert io_kernels.DEFAULT_DRIVER_QUOTA == 1 << 30
+    root = tmp_path / "data"
+    root.mkdir()
+    run = _runner(root, quota=0)
+    run("mallory", "mpl.io.write_npy", "a.npy", np.zeros(100_000))
+    assert (root / "drivers" / "mallory" / "a.npy").stat().st_size > 800_000
+
+
+def test_the_worker_takes_its_quota_from_the_command_line() -> None:
+    from click.testing import CliRunner
+
+    from mpl.worker import cli
+
+    assert "--driver-quota" in CliRunner().invoke(cli.main, ["--help"]).output
+    (option,) = [p for p in cli.main.params if p.name == "driver_quota"]
+    size = cli.ByteSize()
+    assert size.convert(option.default, None, None) == io_kernels.DEFAULT_DRIVER_QUOTA
+    assert [size.convert(v, None, None) for v in ("0", "512K", "10GiB", "3m")] == [
+        0,
+        512 << 10,
+        10 << 30,
+        3 << 20,
+    ]
+    with pytest.raises(Exception, match="not a size"):
+        size.convert("1.5G", None, None)
+    with pytest.raises(ValueError, match=">= 0"):
+        KernelTable(lambda: {}, per_driver=True, quota=-1)
+
+
+def test_a_write_makes_a_missing_data_root_as_before(tmp_path: Path) -> None:
+    run = _runner(tmp_path / "not-yet")
+    run("mallory", "mpl.io.write_npy", "a.npy", np.arange(3.0))
+    assert run("mallory", "mpl.io.read_npy", "a.npy").tolist() == [0.0, 1.0, 2.0]
