@@ -9,6 +9,11 @@ Arrow IPC is a data format: decoding it runs no code of the sender's choosing (p
 14.0.1 no longer unpickles extension types). pandas' own metadata in the schema (index,
 column order, dtypes) is JSON interpreted by pyarrow.
 
+Nor may a table stand for more than its bytes: Arrow lets rows take none (a null column, a
+run-end encoded one, list views of shared items, lists of size 0, structs of no fields),
+which ``to_pandas`` would build row by row, so those types are refused at any depth and a
+table declares no more cells than its stream can hold (``_check_size``).
+
 pyarrow is an optional extra (``pip install mpl[tables]``). pandas and pyarrow are imported
 only when a message holds a table, or when the value being sent is one of theirs (looked up
 in ``sys.modules``, so sending other values never imports them).
@@ -95,6 +100,7 @@ def from_ipc(kind: Any, buf: Any) -> Any:
         with pa.ipc.open_stream(data) as reader:
             table = reader.read_all()
         table.validate(full=True)  # hostile offsets must fail here, not crash a reader later
+        _check_size(pa, table, data.size)
         if kind == TABLE:
             return table
         frame = table.to_pandas()
@@ -108,6 +114,59 @@ def from_ipc(kind: Any, buf: Any) -> Any:
         raise
     except BaseException as exc:  # pyarrow and pandas raise many types; all mean malformed
         raise ProtocolError(f"malformed Arrow table: {type(exc).__name__}: {exc}") from exc
+
+
+# Cells (rows times columns) a table may declare per byte of its stream: a bool cell is a
+# bit, every other kind of cell kept below at least that; plus a few for small tables.
+_CELLS_PER_BYTE, _CELLS_FREE = 8, 4096
+
+
+def _check_size(pa: Any, table: Any, nbytes: int) -> None:
+    """Refuse (``ProtocolError``) a table whose rows or items need not be in its stream: a
+    column of type null, run-end encoded, a list view, a fixed-size list of size 0, a
+    struct of no fields, or a dictionary of nested values, at any depth, and more cells
+    than its bytes can hold. Such a table of a few hundred bytes declared millions of rows
+    (20 million: 160 MB from 224 bytes by ``to_pandas``, and without end as a peer's move
+    or a result), where every other column's rows and items take at least a bit each."""
+    cells = table.num_rows * table.num_columns
+    if cells > _CELLS_PER_BYTE * nbytes + _CELLS_FREE:
+        raise ProtocolError(
+            f"an Arrow table of {nbytes} bytes declares {cells} cells: more than its bytes hold"
+        )
+    for column in table.schema:
+        why = _no_bytes(pa, column.type)
+        if why:
+            raise ProtocolError(
+                f"an Arrow table's column {column.name!r} is of a type whose {why}: refused, "
+                "as it may stand for any amount of data (send it as plain values)"
+            )
+
+
+def _no_bytes(pa: Any, kind: Any) -> str:
+    """Why rows or items of the Arrow type ``kind`` may take no bytes of a stream ("": none
+    may)."""
+    types = pa.types
+    if types.is_null(kind):
+        return "rows are all null, with no bytes"
+    if types.is_run_end_encoded(kind):
+        return "runs stand for any number of rows"
+    if types.is_list_view(kind) or types.is_large_list_view(kind):
+        return "rows may all view the same items"
+    if types.is_fixed_size_list(kind) and kind.list_size == 0:
+        return "rows are empty lists, with no bytes"
+    if types.is_struct(kind) and kind.num_fields == 0:
+        return "rows are empty structs, with no bytes"
+    if isinstance(kind, pa.BaseExtensionType):
+        return _no_bytes(pa, kind.storage_type)
+    if types.is_dictionary(kind):
+        if kind.value_type.num_fields:
+            return "rows may all name one nested value"
+        return _no_bytes(pa, kind.value_type)
+    for index in range(kind.num_fields):
+        why = _no_bytes(pa, kind.field(index).type)
+        if why:
+            return why
+    return ""
 
 
 def _compressed(meta: bytes) -> bool:
