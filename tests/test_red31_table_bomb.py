@@ -4,10 +4,11 @@ A table travels between parties in the safe value format (a peer's move, decoded
 worker's peer thread as it arrives, before its job is known; a result or fetched value,
 decoded by the driver). Arrow lets rows take no bytes: a column of type null, a run-end
 encoded one (one run for any number of rows), list views that all view the same items, a
-list of size 0, a struct of no fields. ``to_pandas`` then builds every row: a 224-byte
-stream of 20 million null rows became 160 MB, and 2**31 rows would be 16 GiB from one
-message of a hostile party (or broker, to a driver). Now such types are refused at any
-depth, and a table may not declare more cells than its bytes can hold.
+list of size 0, a struct of no fields; and string views may all view one string.
+``to_pandas`` then builds every row: a 224-byte stream of 20 million null rows became 160
+MB, and 2**31 rows would be 16 GiB from one message of a hostile party (or broker, to a
+driver). Now such types are refused at any depth, and a table may not declare more cells
+than its bytes can hold.
 """
 
 from __future__ import annotations
@@ -44,6 +45,22 @@ def _bombs() -> dict[str, Any]:
         "list of nulls": pa.table({"a": one_list}),
         "struct of none": pa.table({"a": pa.array([{}] * 8, pa.struct([]))}),
     }
+
+
+def _views_of_one_string(rows: int, size: int) -> Any:
+    """``rows`` string views of one ``size``-byte string: the stream holds it once."""
+    import struct
+
+    view = struct.pack("<i4sii", size, b"xxxx", 0, 0)  # length, prefix, buffer 0, offset 0
+    buffers = [None, pa.py_buffer(view * rows), pa.py_buffer(b"x" * size)]
+    return pa.table({"a": pa.Array.from_buffers(pa.string_view(), rows, buffers)})
+
+
+def test_string_views_of_one_string_are_refused_not_built() -> None:
+    stream = _stream(_views_of_one_string(200, 1 << 20))  # 1 MiB: 210 MB once built
+    for kind in (DATAFRAME, TABLE):
+        with pytest.raises(ProtocolError, match="view the same bytes"):
+            from_ipc(kind, stream)
 
 
 @pytest.mark.parametrize("name", ["null column", "run-end encoded", "list of nulls"])

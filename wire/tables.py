@@ -10,9 +10,9 @@ Arrow IPC is a data format: decoding it runs no code of the sender's choosing (p
 column order, dtypes) is JSON interpreted by pyarrow.
 
 Nor may a table stand for more than its bytes: Arrow lets rows take none (a null column, a
-run-end encoded one, list views of shared items, lists of size 0, structs of no fields),
-which ``to_pandas`` would build row by row, so those types are refused at any depth and a
-table declares no more cells than its stream can hold (``_check_size``).
+run-end encoded one, list or string views of shared items, lists of size 0, structs of no
+fields), which ``to_pandas`` would build row by row, so those types are refused at any
+depth and a table declares no more cells than its stream can hold (``_check_size``).
 
 pyarrow is an optional extra (``pip install mpl[tables]``). pandas and pyarrow are imported
 only when a message holds a table, or when the value being sent is one of theirs (looked up
@@ -123,11 +123,12 @@ _CELLS_PER_BYTE, _CELLS_FREE = 8, 4096
 
 def _check_size(pa: Any, table: Any, nbytes: int) -> None:
     """Refuse (``ProtocolError``) a table whose rows or items need not be in its stream: a
-    column of type null, run-end encoded, a list view, a fixed-size list of size 0, a
-    struct of no fields, or a dictionary of nested values, at any depth, and more cells
-    than its bytes can hold. Such a table of a few hundred bytes declared millions of rows
-    (20 million: 160 MB from 224 bytes by ``to_pandas``, and without end as a peer's move
-    or a result), where every other column's rows and items take at least a bit each."""
+    column of type null, run-end encoded, a list, string or binary view, a fixed-size list
+    of size 0, a struct of no fields, or a dictionary of nested values, at any depth, and
+    more cells than its bytes can hold. Such a table of a few hundred bytes declared
+    millions of rows (20 million: 160 MB from 224 bytes by ``to_pandas``, and without end
+    as a peer's move or a result; 200 string views of one 1 MiB string: 210 MB), where
+    every other column's rows and items take at least a bit each."""
     cells = table.num_rows * table.num_columns
     if cells > _CELLS_PER_BYTE * nbytes + _CELLS_FREE:
         raise ProtocolError(
@@ -152,6 +153,8 @@ def _no_bytes(pa: Any, kind: Any) -> str:
         return "runs stand for any number of rows"
     if types.is_list_view(kind) or types.is_large_list_view(kind):
         return "rows may all view the same items"
+    if types.is_string_view(kind) or types.is_binary_view(kind):
+        return "rows may all view the same bytes"
     if types.is_fixed_size_list(kind) and kind.list_size == 0:
         return "rows are empty lists, with no bytes"
     if types.is_struct(kind) and kind.num_fields == 0:
