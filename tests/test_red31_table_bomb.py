@@ -21,7 +21,7 @@ pa = pytest.importorskip("pyarrow")
 pytest.importorskip("pandas")
 
 from mpl.wire.codec import decode, encode  # noqa: E402
-from mpl.wire.errors import ProtocolError  # noqa: E402
+from mpl.wire.errors import ProtocolError, UnsafeValueError  # noqa: E402
 from mpl.wire.jobs import Lit  # noqa: E402
 from mpl.wire.tables import DATAFRAME, TABLE, from_ipc, to_ipc  # noqa: E402
 
@@ -73,7 +73,9 @@ def test_a_table_of_rows_without_bytes_is_refused_not_built(name: str) -> None:
 
 
 def test_a_move_holding_such_a_table_is_refused_by_the_safe_decoder() -> None:
-    frames = encode(Lit(pa.table({"a": pa.nulls(_ROWS)})), safe=True)
+    # a hostile sender's frames: an ordinary table's, its stream swapped for the bomb
+    frames = list(encode(Lit(pa.table({"a": pa.array([1.0])})), safe=True))
+    frames[-1] = _stream(_bombs()["null column"])
     with pytest.raises(ProtocolError, match="Arrow table"):
         decode(frames, safe=True)
 
@@ -100,3 +102,12 @@ def test_ordinary_tables_still_travel() -> None:
     assert from_ipc(TABLE, to_ipc(flags, TABLE)).equals(flags)
     lists = pa.table({"l": pa.array([[1, 2, 3]] * 1000)})
     assert from_ipc(TABLE, to_ipc(lists, TABLE)).equals(lists)
+
+
+def test_the_sender_refuses_such_a_table_first() -> None:
+    import pandas as pd
+
+    with pytest.raises(UnsafeValueError, match="all-None column"):
+        to_ipc(pd.DataFrame({"a": [None] * 10, "b": range(10)}), DATAFRAME)
+    with pytest.raises(UnsafeValueError, match="view the same bytes"):
+        to_ipc(_views_of_one_string(4, 100), TABLE)

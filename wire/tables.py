@@ -12,7 +12,8 @@ column order, dtypes) is JSON interpreted by pyarrow.
 Nor may a table stand for more than its bytes: Arrow lets rows take none (a null column, a
 run-end encoded one, list or string views of shared items, lists of size 0, structs of no
 fields), which ``to_pandas`` would build row by row, so those types are refused at any
-depth and a table declares no more cells than its stream can hold (``_check_size``).
+depth and a table declares no more cells than its stream can hold (``_bulk``; the sender
+refuses such a table first, as ``UnsafeValueError``).
 
 pyarrow is an optional extra (``pip install mpl[tables]``). pandas and pyarrow are imported
 only when a message holds a table, or when the value being sent is one of theirs (looked up
@@ -75,12 +76,19 @@ def to_ipc(obj: Any, kind: int) -> Any:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
-        return sink.getvalue()
+        stream = sink.getvalue()
+        why = _bulk(pa, table, stream.size)  # refused here, as the receiver would refuse it
     except (pa.ArrowException, TypeError, ValueError) as exc:
         raise UnsafeValueError(
             f"cannot send this {type(obj).__name__} as an Arrow table ({exc}); columns of "
             "Python objects do not travel between parties: convert them to numbers or strings"
         ) from exc
+    if why:
+        raise UnsafeValueError(
+            f"cannot send this {type(obj).__name__} as an Arrow table: {why} (an all-None "
+            "column: give it a dtype, say float with NaN)"
+        )
+    return stream
 
 
 def from_ipc(kind: Any, buf: Any) -> Any:
@@ -100,7 +108,9 @@ def from_ipc(kind: Any, buf: Any) -> Any:
         with pa.ipc.open_stream(data) as reader:
             table = reader.read_all()
         table.validate(full=True)  # hostile offsets must fail here, not crash a reader later
-        _check_size(pa, table, data.size)
+        why = _bulk(pa, table, data.size)
+        if why:
+            raise ProtocolError(why)
         if kind == TABLE:
             return table
         frame = table.to_pandas()
@@ -121,26 +131,25 @@ def from_ipc(kind: Any, buf: Any) -> Any:
 _CELLS_PER_BYTE, _CELLS_FREE = 8, 4096
 
 
-def _check_size(pa: Any, table: Any, nbytes: int) -> None:
-    """Refuse (``ProtocolError``) a table whose rows or items need not be in its stream: a
-    column of type null, run-end encoded, a list, string or binary view, a fixed-size list
-    of size 0, a struct of no fields, or a dictionary of nested values, at any depth, and
-    more cells than its bytes can hold. Such a table of a few hundred bytes declared
-    millions of rows (20 million: 160 MB from 224 bytes by ``to_pandas``, and without end
-    as a peer's move or a result; 200 string views of one 1 MiB string: 210 MB), where
-    every other column's rows and items take at least a bit each."""
+def _bulk(pa: Any, table: Any, nbytes: int) -> str:
+    """Why a table whose stream is ``nbytes`` long may stand for more than its bytes ("":
+    it may not): a column of type null, run-end encoded, a list, string or binary view, a
+    fixed-size list of size 0, a struct of no fields, or a dictionary of nested values, at
+    any depth, or more cells than its bytes can hold. Such a table of a few hundred bytes
+    declared millions of rows (20 million: 160 MB from 224 bytes by ``to_pandas``, and
+    without end as a peer's move or a result; 200 string views of one 1 MiB string: 210
+    MB), where every other column's rows and items take at least a bit each."""
     cells = table.num_rows * table.num_columns
     if cells > _CELLS_PER_BYTE * nbytes + _CELLS_FREE:
-        raise ProtocolError(
-            f"an Arrow table of {nbytes} bytes declares {cells} cells: more than its bytes hold"
-        )
+        return f"an Arrow table of {nbytes} bytes declares {cells} cells: more than its bytes hold"
     for column in table.schema:
         why = _no_bytes(pa, column.type)
         if why:
-            raise ProtocolError(
+            return (
                 f"an Arrow table's column {column.name!r} is of a type whose {why}: refused, "
                 "as it may stand for any amount of data (send it as plain values)"
             )
+    return ""
 
 
 def _no_bytes(pa: Any, kind: Any) -> str:
