@@ -8,7 +8,8 @@ Every path is relative to the worker's ``--data-root`` and must stay inside it: 
 path, ``..`` or a symbolic link leading out raises ``PermissionError``. A party thus decides
 which files a program may touch by what it puts under its data root. The worker's own
 ``symbols`` folder there (persisted values, ``mpl.worker.symbol_disk``) is out of bounds
-too: only a value's owner replaces or deletes it, by its sealed jobs.
+too: only a value's owner replaces or deletes it, by its sealed jobs; and so is the worker's
+SPU log there (``spu.log``), which is no operator's file.
 
 On a secure worker each driver has a folder of its own, ``<data-root>/drivers/<name>``
 (``kernel_table.driver_root``, by the driver that sealed the job): a job writes there, and
@@ -28,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from mpl.worker.kernel_table import DRIVERS, data_root, driver_root
+from mpl.worker.kernel_table import DRIVERS, SPU_LOG, data_root, driver_root
 from mpl.worker.symbol_disk import SYMBOLS
 
 __all__ = ["read_csv", "read_npy", "write_csv", "write_npy"]
@@ -47,6 +48,10 @@ def _inside(base: Path, path: str, root: Path) -> Path:
         raise PermissionError(f"{path!r} leads outside {where}")
     if _under(root, target, SYMBOLS):  # persisted values: their owners' alone
         raise PermissionError(f"{path!r} is in the worker's persisted values' folder")
+    # the worker's own SPU log: no operator's file (a driver's read_csv of it, its lines
+    # quoted by the errors of a parse, read out what the worker's MPC runs logged)
+    if _under(root, target, SPU_LOG):
+        raise PermissionError(f"{path!r} is the worker's SPU log")
     return target
 
 

@@ -46,6 +46,7 @@ from mpl.wire.runtime_info import node_runtime_info
 __all__ = [
     "DRIVERS",
     "ENTRY_POINT_GROUP",
+    "SPU_LOG",
     "KernelTable",
     "NodeBindings",
     "data_root",
@@ -68,6 +69,7 @@ _RUNTIME_INFO: contextvars.ContextVar[dict[str, Any] | None] = contextvars.Conte
 # None: a plaintext worker, whose drivers share the data root
 _DRIVER: contextvars.ContextVar[str | None] = contextvars.ContextVar("mpl_driver", default=None)
 DRIVERS = "drivers"  # <data-root>/drivers/<name>: each driver's own files (secure mode)
+SPU_LOG = "spu.log"  # <data-root>/spu.log: libspu's log, the worker's (no kernel reads it)
 
 
 def data_root() -> Path:
