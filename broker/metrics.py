@@ -95,7 +95,7 @@ def serve_metrics(broker: Broker, host: str = "127.0.0.1", port: int = 0) -> Met
     from prometheus_client import CollectorRegistry, ProcessCollector
 
     from mpl.broker.page import render_page
-    from mpl.broker.status_view import anonymous
+    from mpl.broker.status_view import anonymous, anonymous_ledger
     from mpl.wire.httpd import MetricsServer
 
     registry = CollectorRegistry(auto_describe=False)
@@ -106,11 +106,16 @@ def serve_metrics(broker: Broker, host: str = "127.0.0.1", port: int = 0) -> Met
 
     def shown() -> dict[str, Any] | None:
         """The snapshot as an unauthenticated HTTP client may see it: in secure mode the
-        sessions are drivers' business (only counted), as in ``mpl-broker status``."""
+        sessions are drivers' business (only counted), as in ``mpl-broker status``, and
+        so is which session and job each recent job of the ledger was."""
         snap = broker.snapshots.get(_WAIT_S)
         if snap is None or not secure:
             return snap
-        return {**snap, "status": anonymous(snap["status"])}
+        return {
+            **snap,
+            "status": anonymous(snap["status"]),
+            "ledger": anonymous_ledger(snap["ledger"]),
+        }
 
     def page() -> str | None:
         snap = shown()

@@ -107,11 +107,12 @@ def timeline_svg(recent: list[dict[str, Any]], world_size: int, now: float) -> s
                 continue
             x = _LEFT + (float(start) - begin) * scale
             w = max(float(seconds) * scale, 2.0)
+            job = j.get("job", "")  # (not told on a secure broker's page)
             label = escape(
-                f"job {j['job']} on rank {rank}: {float(seconds) * 1000:.1f} ms, {j['outcome']}"
+                f"job {job} on rank {rank}: {float(seconds) * 1000:.1f} ms, {j['outcome']}"
             )
             parts.append(
-                f'<rect class="job" data-job="{escape(str(j["job"]))}" data-rank="{rank}" '
+                f'<rect class="job" data-job="{escape(str(job))}" data-rank="{rank}" '
                 f'x="{x:.1f}" y="{rank * _ROW_H + 6}" width="{w:.1f}" height="{_ROW_H - 10}" '
                 f'fill="{colour}"><title>{label}</title></rect>'
             )
@@ -136,7 +137,8 @@ def render_page(snap: dict[str, Any], now: float | None = None) -> str:
         if errors
         else '<p id="errors">none</p>'
     )
-    last = ledger["recent"][-1]["job"] if ledger["recent"] else ""
+    # (a secure broker's page is not told which job: status_view.anonymous_ledger)
+    last = ledger["recent"][-1].get("job", "-") if ledger["recent"] else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="refresh" content="{REFRESH_S}">

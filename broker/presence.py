@@ -9,7 +9,8 @@ families of handlers are.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import re
+from typing import TYPE_CHECKING, Any
 
 from mpl.broker.actions import Send
 from mpl.broker.calls import lost_rank_error
@@ -21,7 +22,30 @@ from mpl.wire.remote import ErrorInfo
 if TYPE_CHECKING:
     from mpl.broker.state import BrokerState
 
-__all__ = ["Presence"]
+__all__ = ["MAX_WORKER_STATS", "Presence", "worker_counters"]
+
+# Counters kept from a worker's heartbeat (it sends a few dozen): each status the broker
+# builds copies them into the worker's row, for drivers and the metrics page.
+MAX_WORKER_STATS = 128
+_COUNTER_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}\Z")
+# a rank row's own fields (mpl.broker.status_view): the broker's word, not the worker's
+_ROW_FIELDS = frozenset(
+    ("rank", "state", "pid", "host", "heartbeat_age_s", "incarnation", "reason")
+)
+
+
+def worker_counters(stats: dict[str, Any]) -> dict[str, Any]:
+    """What the broker keeps of a heartbeat's counters: at most ``MAX_WORKER_STATS``, named
+    by short identifiers, none a field of the rank's row. A worker's heartbeat could hold
+    millions (kept, and copied into every status), and spread into its row after the
+    broker's fields it rewrote them: its rank, its heartbeat's age (red team w31, R5)."""
+    kept: dict[str, Any] = {}
+    for name, value in stats.items():
+        if name not in _ROW_FIELDS and _COUNTER_NAME.match(name):
+            kept[name] = value
+            if len(kept) >= MAX_WORKER_STATS:
+                break
+    return kept
 
 
 class Presence:
@@ -87,7 +111,7 @@ class Presence:
         state = self.state
         worker = state.registry.by_peer.get(peer)
         if worker is not None:
-            worker.stats = msg.stats
+            worker.stats = worker_counters(msg.stats)
             return []
         if msg.rank >= 0:  # a worker we do not know: we restarted, or it was dropped
             return [Send(peer, Reregister(state.broker_id))]

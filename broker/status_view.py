@@ -16,7 +16,9 @@ from mpl.wire.incarnation import public_incarnation
 if TYPE_CHECKING:
     from mpl.broker.state import BrokerState
 
-__all__ = ["anonymous", "build_status"]
+__all__ = ["anonymous", "anonymous_ledger", "build_status"]
+
+_NAMING = ("session", "job")  # what names a recent job of the ledger (JobSpan.to_dict)
 
 
 def _rank_rows(state: BrokerState, now: float) -> list[dict[str, Any]]:
@@ -73,10 +75,22 @@ def build_status(state: BrokerState, now: float, viewer: str | None = None) -> d
 
 def anonymous(status: dict[str, Any]) -> dict[str, Any]:
     """``status`` for a viewer nobody authenticated (the status page and ``/status.json``
-    of a secure broker): every session only counted, no recent errors, no names."""
+    of a secure broker): every session only counted, no recent errors, no names (its
+    ledger: :func:`anonymous_ledger`)."""
     out = dict(status)
     out["other_sessions"] = status.get("other_sessions", 0) + len(status.get("sessions", []))
     out["sessions"] = []
     out["errors"] = []
     out["persisted_symbols"] = []
     return out
+
+
+def anonymous_ledger(ledger: dict[str, Any]) -> dict[str, Any]:
+    """The job ledger's snapshot (``JobLedger.snapshot``) for a viewer nobody authenticated:
+    its counts, and each recent job's outcome and timings, but not which session and job it
+    was (a session's id is its name and its owner's tag: drivers' business)."""
+    recent = [
+        {key: value for key, value in job.items() if key not in _NAMING}
+        for job in ledger.get("recent", [])
+    ]
+    return {**ledger, "recent": recent}

@@ -25,12 +25,18 @@ def _bases() -> list[Exec]:
 
 
 def _plain(header: bytes) -> bool:
-    """No extension type in the header but tuples of ints (what read_exec reads itself)."""
+    """No extension type in the header but tuples of 32-bit non-negative ints (what
+    read_exec reads itself: tuples of larger ints can flood one hash as a map's keys, and
+    are left to decode, which counts them; red team w31, R1)."""
     ok = [True]
 
     def ext(code: int, data: bytes) -> Any:
         items = msgpack.unpackb(data, raw=False) if code == 4 else None
-        if code != 4 or type(items) is not list or not all(type(i) is int for i in items):
+        if (
+            code != 4
+            or type(items) is not list
+            or not all(type(i) is int and 0 <= i < 1 << 32 for i in items)
+        ):
             ok[0] = False
         return None
 

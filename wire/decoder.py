@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from mpl.wire.errors import ProtocolError
-from mpl.wire.limits import MAX_CONTAINERS, MAX_DEPTH, MAX_HEADER_ITEMS, MAX_NESTING
+from mpl.wire.limits import (
+    MAX_CONTAINERS,
+    MAX_DEPTH,
+    MAX_HEADER_ITEMS,
+    MAX_NESTING,
+    MAX_SAME_HASH,
+    check_spread,
+)
 from mpl.wire.record import Record, record_class, record_from_fields
 from mpl.wire.safe_values import COMPLEX, SET, TABLE, make_set, unpack_complex
 from mpl.wire.tables import from_ipc
@@ -153,7 +160,8 @@ class Decoder:
                 strict_map_key=False,
                 raw=False,
                 list_hook=self._built,
-                object_hook=self._built,
+                # a map is built here, from its pairs, once its keys' hashes are counted
+                object_pairs_hook=self._map,
                 max_array_len=MAX_HEADER_ITEMS,  # refused before msgpack allocates them
                 max_map_len=MAX_HEADER_ITEMS,
             )
@@ -169,6 +177,17 @@ class Decoder:
         if self.containers > MAX_CONTAINERS:
             raise ProtocolError(f"header builds more than {MAX_CONTAINERS} lists and dicts")
         return container
+
+    def _map(self, pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+        """Called by msgpack for each map, with its pairs: counted as ``_built`` counts it,
+        and built only if its keys do not flood one hash (``check_spread``). A header too
+        short to be counted holds too few keys to (MAX_NESTING bytes: under 10 BIGINTs)."""
+        self.containers += 1
+        if self.containers > MAX_CONTAINERS:
+            raise ProtocolError(f"header builds more than {MAX_CONTAINERS} lists and dicts")
+        if len(pairs) > MAX_SAME_HASH:
+            check_spread([key for key, _ in pairs], "map")
+        return dict(pairs)
 
     def take(self, index: Any) -> Any:
         if type(index) is not int or not 0 <= index < len(self.bufs):

@@ -318,6 +318,7 @@ def packed_result(
 _tuples: dict[bytes, tuple[int, ...]] = {}
 _TUPLES_KEPT = 256
 _TUPLE_BYTES_KEPT = 256  # longer ones are read each time
+_TUPLE_INT_END = 1 << 32  # the items of a tuple read here are below this
 
 
 def _small_tuple(code: int, data: bytes) -> Any:
@@ -335,8 +336,17 @@ def _small_tuple(code: int, data: bytes) -> Any:
         made = _tuples[data] = tuple(data[1:])
         return made
     items = msgpack.unpackb(data, raw=False)  # a longer tuple (32 ranks): of ints only here
-    # ints only (decoded by msgpack, each fits 64 bits), no call per item
-    if type(items) is not list or not {*map(type, items)} <= _INT_ONLY:
+    # ints only (decoded by msgpack, each fits 64 bits), no call per item; and of 32 bits,
+    # not negative, as ranks and output indexes are: a tuple of any two 64-bit ints can be
+    # made to share its hash with as many others as fit (its last item solved for it), and
+    # such keys of a bindings map, built before their type is checked, cost the square of
+    # their number (8,000 in a 136 KB header held this reader 0.6 s); decode reads the
+    # others, counting each map's hashes (mpl.wire.limits.check_spread)
+    if (
+        type(items) is not list
+        or not {*map(type, items)} <= _INT_ONLY
+        or (items and not (min(items) >= 0 and max(items) < _TUPLE_INT_END))
+    ):
         raise _ExtSeen
     made = tuple(items)
     if len(data) <= _TUPLE_BYTES_KEPT:

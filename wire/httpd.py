@@ -9,10 +9,12 @@ blocks it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -26,13 +28,18 @@ _MAX_CONCURRENT = 8  # requests served at once; more get 503 (scrapers and a few
 # a client that sends nothing must not make a thread per connection
 _MAX_CONNECTIONS = 32
 _CLIENT_TIMEOUT_S = 10.0
+# what one connection may take in all: the client timeout bounds each read, and a client
+# trickling a byte of its request line every few seconds would never meet it, holding its
+# thread (and with 31 others, the whole port) for as long as it likes
+_CONNECTION_S = 30.0
 
 
 class MetricsServer:
     """Serves a registry on ``/metrics`` and ``page()`` on ``/`` at ``host:port``.
 
     Port 0 picks a free port; :attr:`port` is the one bound. ``status`` returns the JSON
-    served at ``/status.json`` (None: the daemon did not answer in time, 503).
+    served at ``/status.json`` (None: the daemon did not answer in time, 503). A connection
+    is closed after ``connection_s`` in all, whatever it sends meanwhile.
     """
 
     def __init__(
@@ -44,10 +51,12 @@ class MetricsServer:
         page: Callable[[], str | None] | None = None,
         status: Callable[[], dict[str, Any] | None] | None = None,
         name: str = "mpl-metrics",
+        connection_s: float = _CONNECTION_S,
     ) -> None:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         busy = threading.BoundedSemaphore(_MAX_CONCURRENT)
+        deadlines = self._deadlines = _Deadlines(connection_s, f"{name}-deadlines")
         connected = threading.BoundedSemaphore(_MAX_CONNECTIONS)
 
         class Handler(BaseHTTPRequestHandler):
@@ -111,9 +120,11 @@ class MetricsServer:
                     raise
 
             def process_request_thread(self, request: Any, client_address: Any) -> None:
+                deadlines.add(request)  # cut off at connection_s, however it trickles
                 try:
                     super().process_request_thread(request, client_address)
                 finally:
+                    deadlines.remove(request)
                     connected.release()
 
         self._httpd = Server((host, port), Handler)
@@ -126,6 +137,46 @@ class MetricsServer:
         self.url = f"http://{host if ':' not in host else f'[{host}]'}:{self.port}/"
 
     def close(self) -> None:
+        self._deadlines.close()
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(2)
+
+
+class _Deadlines:
+    """The open connections' deadlines, and one thread that ends each connection past its
+    own (a thread for them all: a timer per connection would double the threads)."""
+
+    def __init__(self, seconds: float, name: str) -> None:
+        self._seconds = seconds
+        self._lock = threading.Lock()
+        self._open: dict[Any, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def add(self, request: Any) -> None:
+        with self._lock:
+            self._open[request] = time.monotonic() + self._seconds
+
+    def remove(self, request: Any) -> None:
+        with self._lock:
+            self._open.pop(request, None)
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(1.0, self._seconds / 4)):
+            now = time.monotonic()
+            with self._lock:
+                late = [request for request, at in self._open.items() if at <= now]
+            for request in late:
+                _cut_off(request)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+
+
+def _cut_off(request: socket.socket) -> None:
+    """End a connection that outlived its time: its handler's next read or write ends."""
+    with contextlib.suppress(OSError):  # (already closed)
+        request.shutdown(socket.SHUT_RDWR)

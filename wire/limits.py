@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
+from collections.abc import Iterable
 from typing import Annotated, Any
+
+from mpl.wire.errors import ProtocolError
 
 __all__ = [
     "BIG",
@@ -32,6 +36,7 @@ __all__ = [
     "MAX_PROGRAM_BYTES",
     "MAX_RUNTIME_INFO_ITEMS",
     "MAX_RUNTIME_INFO_TEXT",
+    "MAX_SAME_HASH",
     "MAX_SESSIONS",
     "MAX_SESSION_SYMBOLS",
     "MAX_SPU_PENDING",
@@ -41,6 +46,7 @@ __all__ = [
     "BigInt",
     "check_lease",
     "check_ranks",
+    "check_spread",
     "check_symbol_name",
     "int_fits",
     "job_timeout",
@@ -65,6 +71,13 @@ MAX_CONTAINERS = 1 << 18
 # record starts a payload of its own, bounded by MAX_DEPTH). The encoder refuses the same,
 # so what decodes always re-encodes (msgpack itself packs 511 levels at most).
 MAX_NESTING = 100
+# Keys of one map, or items of one set, that share one hash value. Python's dicts and sets
+# compare a new key with every key of its hash already in, so N keys of one hash cost N**2/2
+# comparisons to build: ints k * (2**61 - 1) + 1 (a BIGINT each), complex numbers, tuples of
+# 64-bit ints whose last item is solved for the hash all collide at will, and a 1.4 MB map of
+# 100,000 such keys held a decoding thread (the broker's loop) for minutes, a 16 MiB header
+# for hours. Real keys share a hash a handful of times at most (64-bit ints: 9 each).
+MAX_SAME_HASH = 32
 # Codec extensions (tuples, records, sets) nested in one another: each is a separate
 # msgpack payload and a level of the decoder's recursion.
 MAX_DEPTH = 64
@@ -143,6 +156,19 @@ def check_symbol_name(name: str) -> str:
 def valid_name(name: str) -> bool:
     """True if ``check_symbol_name`` accepts ``name``."""
     return type(name) is str and _SYMBOL_NAME.match(name) is not None
+
+
+def check_spread(keys: Iterable[Any], what: str) -> None:
+    """Refuse (``ProtocolError``) keys of one map or set (``what``) of which more than
+    ``MAX_SAME_HASH`` share one hash value: building it would cost the square of their
+    number. The hashes are counted in a dict of ints, whose own hashes collide 9 times at
+    most. ``TypeError`` for an unhashable key, as building the map would raise."""
+    counts = Counter(map(hash, keys))
+    if counts and max(counts.values()) > MAX_SAME_HASH:
+        raise ProtocolError(
+            f"a {what} holds more than {MAX_SAME_HASH} keys that share one hash value (a "
+            "hash-collision flood: building it would cost the square of their number)"
+        )
 
 
 def int_fits(value: Any) -> bool:

@@ -41,7 +41,7 @@ from typing import Any, Final, Literal, Protocol
 import msgpack
 
 from mpl.wire.errors import ProtocolError, UnsafeValueError
-from mpl.wire.limits import MAX_DEPTH
+from mpl.wire.limits import MAX_DEPTH, MAX_SAME_HASH, check_spread
 from mpl.wire.tables import table_kind, to_ipc
 
 __all__ = [
@@ -178,6 +178,8 @@ def make_set(spec: Any) -> set[Any] | frozenset[Any]:
     if type(items) is not list:
         raise ProtocolError("malformed set extension")
     try:
+        if len(items) > MAX_SAME_HASH:  # (building a set of one flooded hash is quadratic)
+            check_spread(items, "set")
         return frozenset(items) if frozen else set(items)
     except TypeError as exc:
         raise ProtocolError(f"a set holds an unhashable item: {exc}") from exc

@@ -9,6 +9,12 @@ Arrow IPC is a data format: decoding it runs no code of the sender's choosing (p
 14.0.1 no longer unpickles extension types). pandas' own metadata in the schema (index,
 column order, dtypes) is JSON interpreted by pyarrow.
 
+Nor may a table stand for more than its bytes: Arrow lets rows take none (a null column, a
+run-end encoded one, list or string views of shared items, lists of size 0, structs of no
+fields), which ``to_pandas`` would build row by row, so those types are refused at any
+depth and a table declares no more cells than its stream can hold (``_bulk``; the sender
+refuses such a table first, as ``UnsafeValueError``).
+
 pyarrow is an optional extra (``pip install mpl[tables]``). pandas and pyarrow are imported
 only when a message holds a table, or when the value being sent is one of theirs (looked up
 in ``sys.modules``, so sending other values never imports them).
@@ -70,12 +76,19 @@ def to_ipc(obj: Any, kind: int) -> Any:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
-        return sink.getvalue()
+        stream = sink.getvalue()
+        why = _bulk(pa, table, stream.size)  # refused here, as the receiver would refuse it
     except (pa.ArrowException, TypeError, ValueError) as exc:
         raise UnsafeValueError(
             f"cannot send this {type(obj).__name__} as an Arrow table ({exc}); columns of "
             "Python objects do not travel between parties: convert them to numbers or strings"
         ) from exc
+    if why:
+        raise UnsafeValueError(
+            f"cannot send this {type(obj).__name__} as an Arrow table: {why} (an all-None "
+            "column: give it a dtype, say float with NaN)"
+        )
+    return stream
 
 
 def from_ipc(kind: Any, buf: Any) -> Any:
@@ -95,6 +108,9 @@ def from_ipc(kind: Any, buf: Any) -> Any:
         with pa.ipc.open_stream(data) as reader:
             table = reader.read_all()
         table.validate(full=True)  # hostile offsets must fail here, not crash a reader later
+        why = _bulk(pa, table, data.size)
+        if why:
+            raise ProtocolError(why)
         if kind == TABLE:
             return table
         frame = table.to_pandas()
@@ -108,6 +124,61 @@ def from_ipc(kind: Any, buf: Any) -> Any:
         raise
     except BaseException as exc:  # pyarrow and pandas raise many types; all mean malformed
         raise ProtocolError(f"malformed Arrow table: {type(exc).__name__}: {exc}") from exc
+
+
+# Cells (rows times columns) a table may declare per byte of its stream: a bool cell is a
+# bit, every other kind of cell kept below at least that; plus a few for small tables.
+_CELLS_PER_BYTE, _CELLS_FREE = 8, 4096
+
+
+def _bulk(pa: Any, table: Any, nbytes: int) -> str:
+    """Why a table whose stream is ``nbytes`` long may stand for more than its bytes ("":
+    it may not): a column of type null, run-end encoded, a list, string or binary view, a
+    fixed-size list of size 0, a struct of no fields, or a dictionary of nested values, at
+    any depth, or more cells than its bytes can hold. Such a table of a few hundred bytes
+    declared millions of rows (20 million: 160 MB from 224 bytes by ``to_pandas``, and
+    without end as a peer's move or a result; 200 string views of one 1 MiB string: 210
+    MB), where every other column's rows and items take at least a bit each."""
+    cells = table.num_rows * table.num_columns
+    if cells > _CELLS_PER_BYTE * nbytes + _CELLS_FREE:
+        return f"an Arrow table of {nbytes} bytes declares {cells} cells: more than its bytes hold"
+    for column in table.schema:
+        why = _no_bytes(pa, column.type)
+        if why:
+            return (
+                f"an Arrow table's column {column.name!r} is of a type whose {why}: refused, "
+                "as it may stand for any amount of data (send it as plain values)"
+            )
+    return ""
+
+
+def _no_bytes(pa: Any, kind: Any) -> str:
+    """Why rows or items of the Arrow type ``kind`` may take no bytes of a stream ("": none
+    may)."""
+    types = pa.types
+    if types.is_null(kind):
+        return "rows are all null, with no bytes"
+    if types.is_run_end_encoded(kind):
+        return "runs stand for any number of rows"
+    if types.is_list_view(kind) or types.is_large_list_view(kind):
+        return "rows may all view the same items"
+    if types.is_string_view(kind) or types.is_binary_view(kind):
+        return "rows may all view the same bytes"
+    if types.is_fixed_size_list(kind) and kind.list_size == 0:
+        return "rows are empty lists, with no bytes"
+    if types.is_struct(kind) and kind.num_fields == 0:
+        return "rows are empty structs, with no bytes"
+    if isinstance(kind, pa.BaseExtensionType):
+        return _no_bytes(pa, kind.storage_type)
+    if types.is_dictionary(kind):
+        if kind.value_type.num_fields:
+            return "rows may all name one nested value"
+        return _no_bytes(pa, kind.value_type)
+    for index in range(kind.num_fields):
+        why = _no_bytes(pa, kind.field(index).type)
+        if why:
+            return why
+    return ""
 
 
 def _compressed(meta: bytes) -> bool:

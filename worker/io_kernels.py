@@ -8,7 +8,8 @@ Every path is relative to the worker's ``--data-root`` and must stay inside it: 
 path, a ``..`` part or a symbolic link at any part raises ``PermissionError``. A party thus
 decides which files a program may touch by what it puts under its data root. The worker's
 own ``symbols`` folder there (persisted values, ``mpl.worker.symbol_disk``) is out of
-bounds too: only a value's owner replaces or deletes it, by its sealed jobs.
+bounds too: only a value's owner replaces or deletes it, by its sealed jobs; and so is the
+worker's SPU log there (``spu.log``), which is no operator's file.
 
 No path is resolved and then opened by name (a link swapped in between would be followed):
 the data root is opened once, as the operator gave it, and each part below it is opened
@@ -45,6 +46,7 @@ import numpy as np
 from mpl.worker.kernel_table import (
     DEFAULT_DRIVER_QUOTA,
     DRIVERS,
+    SPU_LOG,
     data_root,
     driver_quota,
     driver_root,
@@ -70,6 +72,14 @@ _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_PATH_PARTS = 64  # folders a path may name: bounds the depth a quota count walks
 BLOCK = 4096  # a file system's usual block: what an empty file or a folder takes at least
 _ROOT_WHERE = "the worker's data root"
+# What no file kernel reaches at the data root, by any spelling: persisted values (their
+# owners' alone), the drivers' own folders, and the worker's SPU log (a driver's read_csv of
+# it, its lines quoted by a parse's errors, would read out what the worker's MPC runs logged)
+_RESERVED = {
+    SYMBOLS: "the worker's persisted values' folder",
+    DRIVERS: "the drivers' folders, each its driver's alone",
+    SPU_LOG: "the worker's SPU log",
+}
 _OWN_WHERE = "this driver's folder"
 
 
@@ -174,11 +184,7 @@ def _refuse_reserved(root_fd: int, parts: list[str], path: str, folders: Sequenc
     space), or the same folder on disk."""
     first = parts[0]
     for folder in folders:
-        what = (
-            "the worker's persisted values' folder"
-            if folder == SYMBOLS
-            else "the drivers' folders, each its driver's alone"
-        )
+        what = _RESERVED[folder]
         if first.rstrip(". ").casefold() == folder.casefold():
             raise PermissionError(f"{path!r} is in {what}")
         try:
@@ -218,7 +224,7 @@ def _open_readable(path: str) -> int:
     try:
         own = _own_parts()
         if not own:  # plaintext: one folder for every driver
-            _refuse_reserved(root, parts, path, (SYMBOLS,))
+            _refuse_reserved(root, parts, path, (SYMBOLS, SPU_LOG))
             return _open_file(root, parts, path, _ROOT_WHERE)
         try:
             folder: int | None = _walk(root, own, path, _OWN_WHERE)
@@ -231,7 +237,7 @@ def _open_readable(path: str) -> int:
                 pass  # not the driver's: the operator's files, read by every driver
             finally:
                 os.close(folder)
-        _refuse_reserved(root, parts, path, (SYMBOLS, DRIVERS))
+        _refuse_reserved(root, parts, path, (SYMBOLS, DRIVERS, SPU_LOG))
         return _open_file(root, parts, path, _ROOT_WHERE)
     finally:
         os.close(root)
@@ -300,7 +306,7 @@ def _write(path: str, dump: Callable[[Any], None]) -> str:
     try:
         own = _own_parts()
         if not own:
-            _refuse_reserved(root, parts, path, (SYMBOLS,))
+            _refuse_reserved(root, parts, path, (SYMBOLS, SPU_LOG))
         where = _OWN_WHERE if own else _ROOT_WHERE
         quota = driver_quota() if own else 0
         with _writing(own):

@@ -48,6 +48,7 @@ __all__ = [
     "DEFAULT_DRIVER_QUOTA",
     "DRIVERS",
     "ENTRY_POINT_GROUP",
+    "SPU_LOG",
     "KernelTable",
     "NodeBindings",
     "data_root",
@@ -76,6 +77,7 @@ DRIVERS = "drivers"  # <data-root>/drivers/<name>: each driver's own files (secu
 DEFAULT_DRIVER_QUOTA = 1 << 30
 # the running kernel's driver's folder's quota in bytes (0: none)
 _QUOTA: contextvars.ContextVar[int] = contextvars.ContextVar("mpl_driver_quota", default=0)
+SPU_LOG = "spu.log"  # <data-root>/spu.log: libspu's log, the worker's (no kernel reads it)
 
 
 def data_root() -> Path:

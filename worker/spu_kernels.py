@@ -24,6 +24,7 @@ from mpl.wire.control import PeerInfo
 from mpl.wire.graph import Graph, Op, fill
 from mpl.wire.lru import LRU
 from mpl.worker.interpreter import ABSENT, JobContext, kernel, split_outputs
+from mpl.worker.kernel_table import SPU_LOG
 from mpl.worker.spu_dtypes import canonical_dtypes, compile_scope, with_canonical_inputs
 from mpl.worker.spu_link import SpuLinks
 
@@ -359,7 +360,7 @@ def _quiet_logs(log_dir: Path | None) -> None:
     lib = libspu()
     options = lib.logging.LogOptions()
     options.enable_console_logger = False
-    options.system_log_path = str(log_dir / "spu.log") if log_dir else "/dev/null"
+    options.system_log_path = str(log_dir / SPU_LOG) if log_dir else "/dev/null"
     options.log_level = lib.logging.LogLevel.WARN
     try:
         lib.logging.setup_logging(options)

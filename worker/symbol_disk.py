@@ -161,9 +161,27 @@ class SymbolDisk:
         lock held): the index says whose file is there."""
         with self._index_lock:
             held = self._index.get(name)
-        refused = refuse_write(name, held[1] if held is not None else None, writer)
+        owner = held[1] if held is not None else self._other_owner(name)
+        refused = refuse_write(name, owner, writer)
         if refused:
             raise SessionAccessError(refused)
+
+    def _other_owner(self, name: str) -> str | None:
+        """The owner of the file that ``name``'s path opens though the index holds no
+        ``name`` (None: no such file, or one that does not read): on a case-insensitive file
+        system (macOS's, Windows') ``report.sym`` opens ``Report.sym``, another name's file,
+        which a save or delete of ``report`` would replace or remove by its index entry's
+        absence alone (red team w31, R4)."""
+        path = self._path(name)
+        if not path.exists():
+            return None
+        try:
+            info, owner = _read_head(path)
+        except (OSError, ProtocolError, ValueError):
+            return None  # damaged (reported when read): as before, replaced by a save
+        if not isinstance(info, SymbolInfo) or info.name == name:
+            return None  # this name's own file the index does not list: as before
+        return owner
 
     def _lock(self, name: str) -> threading.Lock:
         return self._locks[zlib.crc32(name.encode()) % _LOCKS]
