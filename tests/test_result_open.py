@@ -18,7 +18,11 @@ VALUES: list[Any] = [
     7,  # one byte of plaintext: its value from a table
     None,
     True,
+    False,
     -5,
+    -32,  # the fixints' ends
+    127,
+    "",  # one byte of plaintext the table does not hold: read by the codec
     1000,  # a few bytes
     2.5,
     "short text",
@@ -53,7 +57,7 @@ def test_a_known_epochs_box_opens_as_sealer_open_opens_it(value: Any) -> None:
         assert opener(job, {index: {0: sealed}}) == {index: {0: value}}
 
 
-@pytest.mark.parametrize("value", [7, 1000, "short text", "z" * (ETM_MAX + 40)])
+@pytest.mark.parametrize("value", [7, "", 1000, "short text", "z" * (ETM_MAX + 40)])
 def test_every_altered_cut_extended_or_replayed_box_is_refused(value: Any) -> None:
     driver, opener, box = _setup()
     sealed = box("j1", value)

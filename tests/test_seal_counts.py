@@ -195,8 +195,8 @@ def test_an_answer_sealed_inline_leaves_no_recipient_booked_and_others_keep_thei
         assert sealed is not None
         assert driver.open(sealed[0], done_context("s", exec_.job, 0)) == ("node:n0", 1)
     assert worker._opened == booked  # none of the 20 booked
-    # open_exec, sealed_scalars, Sealer.seal_scalars, box_seal
-    assert count.python / 20 == 4
+    # open_exec, sealed_scalars, Sealer.seal_scalars (a small int's box_seal written out)
+    assert count.python / 20 == 3
     assert "AESGCM.encrypt" not in count.c
     assert count.c.pop("list.append") == 20  # the test's own
     assert sum(count.c.values()) / 20 <= _INLINE_C_CALLS
@@ -392,9 +392,11 @@ class _Calls:
 # decrypt was one C call: in it len, the tag's copy, join, update, digest and
 # compare_digest, the pad's copy, update and digest); now 1 and 24 with box_open written
 # out in the opener (no len of the box in it, a one-byte value read from a table by its
-# byte: no dict.get)
+# byte: no dict.get); now 1 and 22 with the box's size read once per rank (one len, not
+# two) and a one-byte box's tag input joined from its nonce and a table's length and
+# ciphertext (no slice of the ciphertext)
 _OPEN_PYTHON_CALLS = 1
-_OPEN_C_CALLS = 24
+_OPEN_C_CALLS = 22
 
 
 def test_a_2p_answer_is_opened_in_one_python_call_finding_each_ranks_epoch_by_its_head() -> None:

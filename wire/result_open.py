@@ -49,6 +49,8 @@ _TAILS = tuple(f"|{index}{_AAD_TAIL}" for index in range(16))  # the commonest i
 
 # a one-byte plaintext's value by its byte (NOT_ONE_BYTE: read by box_value)
 _ONE_BYTE_VALUES = tuple(RAW_ONE_BYTE.get(b, NOT_ONE_BYTE) for b in _ONE_BYTE)
+# a one-byte ciphertext as a box's tag input holds it after the nonce: its length, then it
+_ONE_BYTE_TAGGED = tuple(_LENGTHS[1] + b for b in _ONE_BYTE)
 
 if done_context("s", "j", 3) != "done|s|j|3":  # written out below, as done_context writes it
     raise ImportError("mpl.wire.result_open writes Done contexts unlike mpl.wire.seal")
@@ -72,32 +74,42 @@ def result_opener(
     prefix = f"done|{session}|"
     receiving = sealer._receiving  # the ciphers of epochs that authenticated (open_box)
     open_any = sealer.open
-    one_byte = RAW_ONE_BYTE.get
     # rank -> (where its head is, the head, box ciphers, sender, where its nonce is, where its
-    # ciphertext is, the least size of a box holding one) of the epoch its node's last box
-    # opened under, once authenticated: a box with that head is that epoch's (one per rank:
-    # bounded)
-    heads: dict[int, tuple[slice, bytes, BoxKeys, str, slice, int, int]] = {}
+    # ciphertext is) of the epoch its node's last box opened under, once authenticated: a
+    # box with that head is that epoch's (one per rank: bounded)
+    heads: dict[int, tuple[slice, bytes, BoxKeys, str, slice, int]] = {}
 
     def opened(job: str, sealed: dict[int, dict[int, Any]]) -> dict[int, dict[int, Any]]:
         for index, per_rank in sealed.items():
             tail = _TAILS[index] if 0 <= index < 16 else f"|{index}{_AAD_TAIL}"
             aad = f"{prefix}{job}{tail}".encode()
             for rank, box in per_rank.items():
-                try:  # the epoch its rank's node's last box opened under, from that node
-                    cut, head, keys, who, nonce, at, least = heads[rank]
-                    known = (
-                        type(box) is bytes
-                        and len(box) >= least  # a ciphertext, not a None's tag alone
-                        and box[cut] == head
-                        and who is senders[rank]
-                    )
+                # the epoch its rank's node's last box opened under, from that node: a box
+                # of its head, from that node, holding a ciphertext (not a None's tag alone)
+                try:
+                    cut, head, keys, who, nonce, at = heads[rank]
+                    size = len(box) - at - _TAG if type(box) is bytes else 0
+                    known = size > 0 and box[cut] == head and who is senders[rank]
                 except KeyError:
                     known = False
                 if known:
-                    # box_open, written out for a box of at most ETM_MAX bytes of plaintext
-                    # (a Python call less per rank): its tag checked before its pad is made
-                    size = len(box) - at - _TAG  # at least one (least)
+                    # box_open written out for a box of at most ETM_MAX bytes of
+                    # plaintext (a Python call less per rank): its tag checked before
+                    # its pad is made
+                    if size == 1:  # None, a bool, a small int (most answers)
+                        iv = box[nonce]
+                        mac = keys[1].copy()
+                        mac.update(b"".join((iv, _ONE_BYTE_TAGGED[box[at]], aad)))
+                        if not compare_digest(box[at + 1 :], mac.digest()):
+                            raise _failed(who, f"{prefix}{job}|{index}")
+                        pad = keys[0].copy()
+                        pad.update(iv)
+                        byte = box[at] ^ pad.digest()[0]
+                        value = _ONE_BYTE_VALUES[byte]
+                        if value is NOT_ONE_BYTE:  # a one-byte header the codec reads
+                            value = box_value(who, _ONE_BYTE[byte], safe, True)
+                        per_rank[rank] = value
+                        continue
                     if size <= ETM_MAX:
                         iv = box[nonce]
                         hidden = box[at : at + size]
@@ -107,24 +119,14 @@ def result_opener(
                             raise _failed(who, f"{prefix}{job}|{index}")
                         pad = keys[0].copy()
                         pad.update(iv)
-                        stream = pad.digest()
-                        if size == 1:  # None, a bool, a small int: its value from a table
-                            value = _ONE_BYTE_VALUES[hidden[0] ^ stream[0]]
-                            if value is not NOT_ONE_BYTE:
-                                per_rank[rank] = value
-                                continue
-                            header = _ONE_BYTE[hidden[0] ^ stream[0]]
-                        else:
-                            mask = int.from_bytes(stream[:size])
-                            header = (int.from_bytes(hidden) ^ mask).to_bytes(size)
+                        mask = int.from_bytes(pad.digest()[:size])
+                        header = (int.from_bytes(hidden) ^ mask).to_bytes(size)
                     else:
                         try:
                             header = box_open(keys, box[nonce], box[at:], aad)
                         except InvalidTag:
                             raise _failed(who, f"{prefix}{job}|{index}") from None
-                    value = one_byte(header, NOT_ONE_BYTE)  # None, bools, small ints
-                    if value is NOT_ONE_BYTE:
-                        value = box_value(who, header, safe, True)
+                    value = box_value(who, header, safe, True)  # (two bytes or more)
                     per_rank[rank] = value
                     continue
                 try:
@@ -145,7 +147,6 @@ def result_opener(
                             who,
                             slice(end, at),
                             at,
-                            at + _TAG + 1,
                         )
         return sealed
 

@@ -103,7 +103,7 @@ from mpl.wire.curve import Curve
 from mpl.wire.errors import AuthenticationError
 from mpl.wire.identity import driver_identity, node_identity
 from mpl.wire.replay import epoch_start, epoch_time
-from mpl.wire.seal_box import BoxKeys, box_open, box_seal, epoch_keys
+from mpl.wire.seal_box import _LENGTHS, _ONE_BYTE, BoxKeys, box_open, box_seal, epoch_keys
 from mpl.wire.seal_contexts import (
     ExecTails,
     done_context,
@@ -296,18 +296,31 @@ class Sealer:
         out: dict[int, bytes] = {}
         for index, value in values.items():
             if type(value) is int and -32 <= value < 128:  # the commonest result: no call
-                plain = RAW_FIXINT[value]
-            elif value is None:  # a tag alone, as seal() makes it
+                # box_seal of its one byte (RAW_FIXINT[value], a fixint: value's low byte)
+                # written out, the box joined once: its pad, then its tag over nonce,
+                # length, ciphertext and associated data (the context, then what follows)
+                nonce = _box_nonce(next(counter))
+                pad = keys[0].copy()
+                pad.update(nonce)
+                hidden = _ONE_BYTE[(value & 0xFF) ^ pad.digest()[0]]
+                tag = keys[1].copy()
+                tail = (
+                    _INDEX_AADS[index]
+                    if 0 <= index < _INDEXES
+                    else f"{index}".encode() + _COMPACT_AAD
+                )
+                tag.update(b"".join((nonce, _LENGTH_ONE, hidden, start, tail)))
+                out[index] = b"".join((head, nonce, hidden, tag.digest()))
+                continue
+            if value is None:  # a tag alone, as seal() makes it
                 nonce = _box_nonce(next(counter))
                 tagger = mark.copy()
                 tagger.update(b"".join((nonce, start, str(index).encode())))
                 out[index] = head + nonce + tagger.digest()
                 continue
-            else:
-                raw = raw_scalar(value)
-                if raw is None:
-                    return None
-                plain = raw
+            plain = raw_scalar(value)
+            if plain is None:
+                return None
             nonce = _box_nonce(next(counter))
             # the context and what follows it (the commonest outputs' written once)
             aad = start + (
@@ -578,6 +591,10 @@ _COMPACT_AAD = b"|0" + _layout(1, []) + BOX_MAGIC
 # the end of an answer's associated data after its prefix, by output index (the commonest)
 _INDEXES = 16
 _INDEX_AADS = tuple(f"{index}".encode() + _COMPACT_AAD for index in range(_INDEXES))
+_LENGTH_ONE = _LENGTHS[1]  # a one-byte plaintext's length, as a box's tag input holds it
+# seal_scalars seals a small int's msgpack fixint as its low byte: pinned here
+if any(RAW_FIXINT[value] != _ONE_BYTE[value & 0xFF] for value in RAW_FIXINT):
+    raise ImportError("mpl.wire.seal seals small ints unlike their msgpack bytes")
 
 
 def _failed(who: str, context: str) -> AuthenticationError:
