@@ -75,6 +75,18 @@ def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "cond
         time.sleep(0.02)
 
 
+def blocked_in_wait(thread: threading.Thread, deadline_s: float = 10.0) -> None:
+    """Poll until ``thread`` waits (a ``wait`` of threading's, such as a Condition's), so a
+    test can wake it; returns at the deadline or when the thread ends, for the test's own
+    assertions to judge."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end and thread.is_alive():
+        frame = sys._current_frames().get(thread.ident or -1)
+        if frame is not None and frame.f_code.co_name == "wait":
+            return
+        time.sleep(0.001)
+
+
 def sample_execs() -> list[Exec]:
     """Exec records of every shape the lean Exec readers meet, for their tests against
     ``decode``: with and without a timeout, many ranks, store bindings, a ``Lit`` binding

@@ -4,13 +4,12 @@ pass by :func:`~mpl.driver.job_future.settle` without losing a waiter."""
 
 from __future__ import annotations
 
-import sys
 import threading
-import time
 from concurrent.futures import FIRST_COMPLETED, Future, as_completed, wait
 from typing import Any
 
 import pytest
+from helpers import blocked_in_wait
 
 from mpl.driver.job_future import JobFuture, settle
 
@@ -19,16 +18,6 @@ def _started(target: Any) -> threading.Thread:
     t = threading.Thread(target=target, daemon=True)
     t.start()
     return t
-
-
-def _blocked(thread: threading.Thread, deadline_s: float = 5.0) -> None:
-    """Poll until ``thread`` waits (it has had the time to block), with a deadline."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end and thread.is_alive():
-        frame = sys._current_frames().get(thread.ident or -1)
-        if frame is not None and frame.f_code.co_name == "wait":
-            return
-        time.sleep(0.001)
 
 
 def test_a_job_future_is_a_running_future() -> None:
@@ -42,7 +31,7 @@ def test_settle_wakes_a_thread_blocked_in_result() -> None:
     f = JobFuture()
     got: list[Any] = []
     t = _started(lambda: got.append(f.result(timeout=10)))
-    _blocked(t)
+    blocked_in_wait(t)
     settle([(f, 42)])
     t.join(10)
     assert got == [42]
@@ -57,8 +46,8 @@ def test_settle_wakes_wait_and_as_completed_and_runs_callbacks() -> None:
     order: list[Any] = []
     waiter = _started(lambda: firsts.append(wait(futures, 10, FIRST_COMPLETED)))
     reader = _started(lambda: order.extend(f.result() for f in as_completed(futures, 10)))
-    _blocked(waiter)
-    _blocked(reader)
+    blocked_in_wait(waiter)
+    blocked_in_wait(reader)
     settle([(futures[2], "c")])
     waiter.join(10)
     assert firsts and firsts[0].done == {futures[2]}

@@ -49,7 +49,9 @@ def test_status_watch_redraws_and_stops_on_sigint(make_cluster: Any) -> None:
     reader = threading.Thread(target=read)
     reader.start()
     try:
-        deadline = time.monotonic() + 3.0
+        # a new process (imports, connect) and two frames 0.5 s apart: polled, with room for
+        # a loaded machine, where the process alone may take seconds to start
+        deadline = time.monotonic() + 30.0
         while time.monotonic() < deadline and out.count(CLEAR.encode()) < 2:
             time.sleep(0.05)
         assert out.count(CLEAR.encode()) >= 2, out.decode(errors="replace")

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from helpers import wait_until
+from helpers import blocked_in_wait, wait_until
 
 from mpl.wire import Graph, GraphBuilder, JobAbortedError, MplTimeoutError
 from mpl.wire.control import (
@@ -118,7 +118,7 @@ def test_mailbox_abort_wakes_waiters_and_deadline_is_bounded() -> None:
 
     t = threading.Thread(target=wait)
     t.start()
-    time.sleep(0.05)  # let it block; the assertion below is on how fast abort releases it
+    blocked_in_wait(t)  # the assertion below is on how fast abort releases a blocked take
     start = time.monotonic()
     box.close(("s", "j"), "rank 0 failed")
     t.join(5)
