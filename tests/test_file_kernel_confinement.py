@@ -216,3 +216,15 @@ def test_a_write_makes_a_missing_data_root_as_before(tmp_path: Path) -> None:
     run = _runner(tmp_path / "not-yet")
     run("mallory", "mpl.io.write_npy", "a.npy", np.arange(3.0))
     assert run("mallory", "mpl.io.read_npy", "a.npy").tolist() == [0.0, 1.0, 2.0]
+
+
+def test_a_size_in_other_scripts_digits_is_a_usage_error_not_a_crash() -> None:
+    """``str.isdigit`` accepts '²' and other digits ``int`` cannot read: the option's
+    parser raised a bare ValueError (a traceback at start) instead of naming the option."""
+    import click
+
+    from mpl.worker import cli
+
+    for text in ("²", "1²G", "٣M"):
+        with pytest.raises(click.BadParameter, match="not a size"):
+            cli.ByteSize().convert(text, None, None)
