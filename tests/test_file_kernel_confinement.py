@@ -218,6 +218,83 @@ def test_a_write_makes_a_missing_data_root_as_before(tmp_path: Path) -> None:
     assert run("mallory", "mpl.io.read_npy", "a.npy").tolist() == [0.0, 1.0, 2.0]
 
 
+# -- review w31-rev-sec ---------------------------------------------------------------------
+
+
+def _stats_of_one_write(
+    run: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, path: str, value: Any
+) -> int:
+    """The ``os.stat`` calls one write makes (``os.fwalk`` stats through it too)."""
+    real_stat = os.stat
+    calls = [0]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return real_stat(*args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", counted)
+    try:
+        run("mallory", "mpl.io.write_npy", path, value)
+    finally:
+        monkeypatch.setattr(os, "stat", real_stat)
+    return calls[0]
+
+
+def test_a_write_does_not_look_at_every_file_its_folder_already_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack: a driver limited to kernels (``code: kernels``) fills its folder with
+    small files (up to quota / 4 KiB of them: 262,144 by default), then each of its writes
+    counted the quota by a walk of them all, a stat per file, on the worker's job threads:
+    one cheap job, a quarter million system calls. The count is kept as writes go now;
+    the folder is walked once, not at every write."""
+    root = tmp_path / "data"
+    own = root / "drivers" / "mallory" / "many"
+    own.mkdir(parents=True)
+    for n in range(2_000):  # as earlier writes would have left them
+        (own / f"f{n}").write_bytes(b"x")
+    run = _runner(root)
+    run("mallory", "mpl.io.write_npy", "first.npy", np.zeros(1))  # may count them, once
+    stats = [_stats_of_one_write(run, monkeypatch, f"next{n}.npy", np.zeros(1)) for n in range(5)]
+    assert max(stats) < 100, f"one write made {max(stats)} stat calls"
+
+
+def test_the_quota_still_holds_across_writes_and_sees_room_the_operator_freed(
+    tmp_path: Path,
+) -> None:
+    """With the count kept between writes: a write past the quota is still refused, a
+    replacement is credited what it replaces, and files the operator removes from the
+    folder free their room for the next write (a refusal recounts the folder)."""
+    root = tmp_path / "data"
+    root.mkdir()
+    run = _runner(root, quota=16 * 4096)
+    for n in range(3):
+        run("mallory", "mpl.io.write_npy", f"d/a{n}.npy", np.zeros(900))  # 2 blocks each
+    run("mallory", "mpl.io.write_npy", "d/a0.npy", np.zeros(1_400))  # 3 blocks, replacing 2
+    with pytest.raises(io_kernels.DriverQuotaError):  # 1 + 3 + 2 + 2 = 8 used, 9 asked
+        run("mallory", "mpl.io.write_npy", "big.npy", np.zeros(9 * 512 - 20))
+    run("mallory", "mpl.io.write_npy", "fits.npy", np.zeros(7 * 512 - 20))  # 15 of 16
+    with pytest.raises(io_kernels.DriverQuotaError):
+        run("mallory", "mpl.io.write_npy", "one-more.npy", np.zeros(600))
+    own = root / "drivers" / "mallory"
+    (own / "fits.npy").unlink()  # the operator makes room
+    run("mallory", "mpl.io.write_npy", "one-more.npy", np.zeros(600))  # 10 of 16
+    run("mallory", "mpl.io.write_npy", "d/six.npy", np.zeros(6 * 512 - 16))  # 16 of 16
+    with pytest.raises(io_kernels.DriverQuotaError):
+        run("mallory", "mpl.io.write_npy", "d/last.npy", np.zeros(600))
+    (own / "d" / "a1.npy").unlink()  # deeper down: the driver's folder itself is unchanged
+    run("mallory", "mpl.io.write_npy", "d/last.npy", np.zeros(600))
+    assert sorted(p.name for p in own.iterdir()) == ["d", "one-more.npy"]
+    assert sorted(p.name for p in (own / "d").iterdir()) == [
+        "a0.npy",
+        "a2.npy",
+        "last.npy",
+        "six.npy",
+    ]
+    with pytest.raises(io_kernels.DriverQuotaError):
+        run("mallory", "mpl.io.write_npy", "d/a1.npy", np.zeros(1))
+
+
 def test_a_size_in_other_scripts_digits_is_a_usage_error_not_a_crash() -> None:
     """``str.isdigit`` accepts '²' and other digits ``int`` cannot read: the option's
     parser raised a bare ValueError (a traceback at start) instead of naming the option."""
