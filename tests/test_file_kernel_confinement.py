@@ -305,3 +305,32 @@ def test_a_size_in_other_scripts_digits_is_a_usage_error_not_a_crash() -> None:
     for text in ("²", "1²G", "٣M"):
         with pytest.raises(click.BadParameter, match="not a size"):
             cli.ByteSize().convert(text, None, None)
+
+
+def test_a_long_csv_delimiter_does_not_make_the_worker_build_rows_the_quota_refuses(
+    tmp_path: Path,
+) -> None:
+    """Attack: ``np.savetxt`` builds each row as one string, the delimiter between every
+    two columns, before a byte reaches the file: a delimiter of n characters and a row of
+    m columns cost n * m bytes of memory (16 MiB, a header's limit, times a million
+    columns: the worker is killed), which the quota, counting bytes written, never sees.
+    A delimiter is a few characters now; a longer one is refused before anything is
+    built."""
+    import tracemalloc
+
+    root = tmp_path / "data"
+    root.mkdir()
+    run = _runner(root, quota=64 * 1024)
+    row = np.zeros((1, 1_000))
+    tracemalloc.start()
+    try:
+        with pytest.raises((ValueError, io_kernels.DriverQuotaError)):
+            run("mallory", "mpl.io.write_csv", "wide.csv", row, delimiter="," * 50_000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"a refused write built {peak} bytes"
+    assert not list((root / "drivers" / "mallory").glob("*"))
+    run("mallory", "mpl.io.write_csv", "ok.csv", row, delimiter=" | ")  # a few: as before
+    run("mallory", "mpl.io.write_csv", "ok.csv", row, delimiter=";")
+    assert run("mallory", "mpl.io.read_csv", "ok.csv", delimiter=";").shape == (1, 1_000)

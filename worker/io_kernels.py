@@ -54,6 +54,7 @@ from mpl.worker.symbol_disk import SYMBOLS
 __all__ = [
     "BLOCK",
     "DEFAULT_DRIVER_QUOTA",
+    "MAX_CSV_DELIMITER",
     "MAX_PATH_PARTS",
     "DriverQuotaError",
     "read_csv",
@@ -67,6 +68,7 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # to be a regular one before it is read
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+MAX_CSV_DELIMITER = 16  # characters: see write_csv
 MAX_PATH_PARTS = 64  # folders a path may name: bounds the depth a quota count walks
 BLOCK = 4096  # a file system's usual block: what an empty file or a folder takes at least
 _ROOT_WHERE = "the worker's data root"
@@ -433,7 +435,14 @@ def read_csv(path: str, *, delimiter: str = ",", skip_header: int = 0) -> Any:
 
 
 def write_csv(path: str, array: Any, *, delimiter: str = ",", header: str = "") -> str:
-    """Store a 1-D or 2-D numeric array as CSV in ``path``; returns ``path``."""
+    """Store a 1-D or 2-D numeric array as CSV in ``path``; returns ``path``. The
+    delimiter is at most MAX_CSV_DELIMITER characters."""
+    # np.savetxt builds each row in memory, the delimiter between every two columns,
+    # before the quota sees a byte of it: a long delimiter would multiply a row's size
+    if len(delimiter) > MAX_CSV_DELIMITER:
+        raise ValueError(
+            f"a CSV delimiter is at most {MAX_CSV_DELIMITER} characters, got {len(delimiter)}"
+        )
     value = np.asarray(array)
     return _write(
         path, lambda f: np.savetxt(f, value, delimiter=delimiter, header=header, comments="")
