@@ -334,3 +334,40 @@ def test_a_long_csv_delimiter_does_not_make_the_worker_build_rows_the_quota_refu
     run("mallory", "mpl.io.write_csv", "ok.csv", row, delimiter=" | ")  # a few: as before
     run("mallory", "mpl.io.write_csv", "ok.csv", row, delimiter=";")
     assert run("mallory", "mpl.io.read_csv", "ok.csv", delimiter=";").shape == (1, 1_000)
+
+
+def test_read_npy_does_not_expand_a_zip_a_driver_wrote_with_a_csv_header(
+    tmp_path: Path,
+) -> None:
+    """Attack: ``write_csv`` writes its header's characters as bytes (latin-1), so a
+    driver can write any bytes at all, a zip among them; ``read_npy`` of a zip read every
+    member into memory, and a deflated member expands about a thousand times: a folder's
+    quota of such files is a thousand quotas of memory. ``read_npy`` reads a .npy file
+    only now."""
+    import io
+    import tracemalloc
+    import zipfile
+
+    member = io.BytesIO()
+    np.save(member, np.zeros(12_500_000))  # 100 MB of zeros
+    bomb = io.BytesIO()
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("a.npy", member.getvalue())
+    assert len(bomb.getvalue()) < 200_000
+    del member
+    root = tmp_path / "data"
+    root.mkdir()
+    run = _runner(root)
+    header = bomb.getvalue().decode("latin-1")
+    run("mallory", "mpl.io.write_csv", "bomb.npz", np.zeros((0, 2)), header=header)
+    tracemalloc.start()
+    try:
+        try:
+            got: Any = run("mallory", "mpl.io.read_npy", "bomb.npz")
+        except ValueError:
+            got = None  # refused: nothing expanded
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"reading a {len(header)}-byte file took {peak} bytes"
+    del got

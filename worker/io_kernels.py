@@ -68,6 +68,7 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # to be a regular one before it is read
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_NPY_MAGIC = b"\x93NUMPY"  # how every .npy file starts (numpy.lib.format)
 MAX_CSV_DELIMITER = 16  # characters: see write_csv
 MAX_PATH_PARTS = 64  # folders a path may name: bounds the depth a quota count walks
 BLOCK = 4096  # a file system's usual block: what an empty file or a folder takes at least
@@ -413,13 +414,14 @@ def _put(
 
 
 def read_npy(path: str) -> Any:
-    """The array stored in ``path`` (no pickled objects: ``allow_pickle=False``)."""
+    """The array stored in ``path``, a .npy file (no pickled objects, no .npz archive:
+    a driver can write any bytes through ``write_csv``'s header, and a zip's deflated
+    members would expand about a thousand times in memory)."""
     with os.fdopen(_open_readable(path), "rb") as f:
-        value = np.load(f, allow_pickle=False)
-        if isinstance(value, np.lib.npyio.NpzFile):  # read now: the file closes here
-            with value:
-                return {key: value[key] for key in value.files}
-        return value
+        if f.read(len(_NPY_MAGIC)) != _NPY_MAGIC:
+            raise ValueError(f"{path!r} is not a .npy file")
+        f.seek(0)
+        return np.load(f, allow_pickle=False)
 
 
 def write_npy(path: str, array: Any) -> str:
