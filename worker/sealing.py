@@ -51,6 +51,7 @@ from mpl.wire.data import Fetch
 from mpl.wire.errors import AuthenticationError, ProtocolError, SessionAccessError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Done, Exec, Failed, Program
+from mpl.wire.limits import MAX_DIGEST_CHARS
 from mpl.wire.lru import LRU
 from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import ErrorInfo, to_info
@@ -524,6 +525,9 @@ class WorkerSeal:
 
     # -- inbound --------------------------------------------------------------------------
     def _program(self, msg: Program) -> Program | None:
+        if len(msg.digest) > MAX_DIGEST_CHARS:  # names no program: kept nowhere
+            self.refusals += 1
+            return None
         sealed, context = msg.sealed.get(self.rank), program_context(msg.digest)
         try:
             if self.kernels_drivers:  # screened, whoever sealed it: does it hold code?
