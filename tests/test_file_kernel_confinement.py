@@ -259,6 +259,30 @@ def test_a_write_does_not_look_at_every_file_its_folder_already_holds(
     assert max(stats) < 100, f"one write made {max(stats)} stat calls"
 
 
+def test_a_count_stops_once_it_passes_the_quota_folders_alone_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder of folders and no files (the operator's, or left by writes under a larger
+    quota) is counted no further than the quota either: each folder is a block."""
+    root = tmp_path / "data"
+    own = root / "drivers" / "mallory"
+    for n in range(500):
+        (own / f"d{n}").mkdir(parents=True)
+    run = _runner(root, quota=8 * 4096)
+    real_stat = os.stat
+    calls = [0]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return real_stat(*args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", counted)
+    with pytest.raises(io_kernels.DriverQuotaError):
+        run("mallory", "mpl.io.write_npy", "b.npy", np.zeros(1))
+    monkeypatch.setattr(os, "stat", real_stat)
+    assert calls[0] < 50, f"a refused write made {calls[0]} stat calls"
+
+
 def test_the_quota_still_holds_across_writes_and_sees_room_the_operator_freed(
     tmp_path: Path,
 ) -> None:

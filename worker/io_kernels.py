@@ -254,6 +254,8 @@ def _usage(folder: int, limit: int) -> int:
     total = 0
     for _, dirs, files, fd in os.fwalk(".", dir_fd=folder, follow_symlinks=False):
         total += BLOCK * len(dirs)
+        if total > limit:  # (before its folders are walked in turn)
+            return total
         for name in files:
             with contextlib.suppress(FileNotFoundError):
                 total += _charge(os.stat(name, dir_fd=fd, follow_symlinks=False).st_size)
