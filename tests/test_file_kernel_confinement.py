@@ -395,3 +395,59 @@ def test_read_npy_does_not_expand_a_zip_a_driver_wrote_with_a_csv_header(
         tracemalloc.stop()
     assert peak < 16 << 20, f"reading a {len(header)}-byte file took {peak} bytes"
     del got
+
+
+def test_one_drivers_failed_first_write_does_not_pull_the_drivers_folder_from_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack: a failed write removes the folders it made, and a driver's first write
+    makes ``drivers`` too: eve, failing first writes over and over, removed ``drivers``
+    while bob's write had opened it and not yet made ``drivers/bob`` in it, so bob's
+    write failed (FileNotFoundError). The shared ``drivers`` folder is never removed now.
+    The interleaving is forced with two threads and events."""
+    import threading
+
+    root = tmp_path / "data"
+    root.mkdir()
+    run = _runner(root, quota=4 * 4096)
+    real_open_dir = io_kernels._open_dir
+    eve_made, bob_opened, eve_done = threading.Event(), threading.Event(), threading.Event()
+
+    def ordered(dir_fd: int, name: str, *args: Any) -> Any:
+        if name == "eve":
+            eve_made.set()
+            assert bob_opened.wait(30), "bob never reached its folder"
+        if name == "bob":
+            bob_opened.set()
+            assert eve_done.wait(30), "eve's write never ended"
+        return real_open_dir(dir_fd, name, *args)
+
+    monkeypatch.setattr(io_kernels, "_open_dir", ordered)
+    outcome: dict[str, BaseException | None] = {}
+
+    def eve() -> None:
+        try:
+            run("eve", "mpl.io.write_npy", "big.npy", np.zeros(10_000))  # past its quota
+        except BaseException as exc:
+            outcome["eve"] = exc
+        finally:
+            eve_done.set()
+
+    def bob() -> None:
+        assert eve_made.wait(30)
+        try:
+            run("bob", "mpl.io.write_npy", "x.npy", np.zeros(1))
+            outcome["bob"] = None
+        except BaseException as exc:
+            outcome["bob"] = exc
+
+    threads = [threading.Thread(target=eve), threading.Thread(target=bob)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert isinstance(outcome.get("eve"), io_kernels.DriverQuotaError)
+    assert outcome.get("bob", "absent") is None, f"bob's write failed: {outcome.get('bob')!r}"
+    assert np.load(root / "drivers" / "bob" / "x.npy").tolist() == [0.0]
+    assert not (root / "drivers" / "eve").exists()
