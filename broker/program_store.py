@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from mpl.broker.actions import Send
 from mpl.wire.jobs import Program, program_nbytes
-from mpl.wire.limits import MAX_PROGRAM_BYTES
+from mpl.wire.limits import MAX_DIGEST_CHARS, MAX_PROGRAM_BYTES
 
 if TYPE_CHECKING:
     from mpl.broker.state import BrokerState
@@ -35,6 +35,16 @@ class ProgramStore:
         identity = state.access.driver(peer, who)
         if identity is None:
             return []
+        if len(msg.digest) > MAX_DIGEST_CHARS:  # kept as a key: bounded (wire.limits)
+            state.counters["protocol_errors"] += 1
+            return [
+                state._refuse(
+                    peer,
+                    "ProtocolError",
+                    f"a program's digest has at most {MAX_DIGEST_CHARS} characters, this "
+                    f"one {len(msg.digest)}: refused",
+                )
+            ]
         # Decoded graphs carry the digest of their bytes. A sealed program (secure mode) has
         # no graph in the clear: its recipient checks the digest once it has opened it.
         if msg.graph is not None and msg.graph.digest != msg.digest:

@@ -144,3 +144,38 @@ def test_a_sealed_program_is_counted_alike_decoded_opaque_or_not() -> None:
     at_worker = decoded_as(Program, frames)
     assert program_nbytes(at_broker, 0) == program_nbytes(at_worker, 0) == 4 + 40 + 5016
     assert program_nbytes(at_broker) == 2 * program_nbytes(at_broker, 1)
+
+
+def test_a_programs_digest_is_bounded_in_length_at_the_broker_and_the_worker() -> None:
+    """Attack: a sealed program's digest is its driver's word until a worker opens it, and
+    the program caches count a program's bytes, not its key's: a driver's sealed programs
+    with 16 MiB digests (a header's limit) and 70-byte boxes were kept, 1,024 of them, in
+    the broker's cache (16 GiB charged as 70 KiB), and again in each worker's mirror and
+    in the worker's table of broken programs (the digest twice, in the error text too)."""
+    s = BrokerState(ClusterSpec.simple(2, enable_spu=False), now=0.0, broker_id="B")
+    box = Sealed("d", b"salt", [10], [b"h" * 40, b"c" * 26])
+    long = "f" * 1_000_000
+    out = s.handle(b"d", Program(long, None, {0: box}), 0.0)
+    assert len(out) == 1 and isinstance(out[0].msg, Refused), out
+    assert "digest" in out[0].msg.error.message and long not in out[0].msg.error.message
+    assert len(s.programs) == 0 and s.counters["protocol_errors"] == 1
+    assert s.handle(b"d", Program("f" * 32, None, {0: box}), 0.0) == []  # as frames_digest
+    worker = WorkerState(WorkerHello(1, "i", 1, "h", "tcp://d", ""), now=0.0, heartbeat_s=1.0)
+    worker.handle(Program(long, _program(10, 1).graph), 0.0)  # a hostile broker's, opened
+    assert worker.refused_programs == 1
+    assert long not in worker.broken and not any(long in why for why in worker.broken.values())
+
+
+def test_a_secure_worker_keeps_nothing_under_a_long_digest_a_broker_sent() -> None:
+    """The same from a hostile broker to a secure worker: a sealed program that does not
+    open was remembered under its digest, with the digest in the reason too."""
+    from test_session_driver_binding import _sealers
+
+    from mpl.worker.sealing import WorkerSeal
+
+    worker = WorkerSeal(_sealers()[2], 0)
+    junk = Sealed("d", b"salt", [10], [b"h" * 40, b"c" * 26])
+    long = "f" * 1_000_000
+    assert worker.inbound(Program(long, None, {0: junk})) == (None, None)
+    assert worker.refusals == 1
+    assert not any(len(key) > 64 or len(why) > 4096 for key, why in worker._refused.items())

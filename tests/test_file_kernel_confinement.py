@@ -216,3 +216,238 @@ def test_a_write_makes_a_missing_data_root_as_before(tmp_path: Path) -> None:
     run = _runner(tmp_path / "not-yet")
     run("mallory", "mpl.io.write_npy", "a.npy", np.arange(3.0))
     assert run("mallory", "mpl.io.read_npy", "a.npy").tolist() == [0.0, 1.0, 2.0]
+
+
+# -- review w31-rev-sec ---------------------------------------------------------------------
+
+
+def _stats_of_one_write(
+    run: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, path: str, value: Any
+) -> int:
+    """The ``os.stat`` calls one write makes (``os.fwalk`` stats through it too)."""
+    real_stat = os.stat
+    calls = [0]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return real_stat(*args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", counted)
+    try:
+        run("mallory", "mpl.io.write_npy", path, value)
+    finally:
+        monkeypatch.setattr(os, "stat", real_stat)
+    return calls[0]
+
+
+def test_a_write_does_not_look_at_every_file_its_folder_already_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack: a driver limited to kernels (``code: kernels``) fills its folder with
+    small files (up to quota / 4 KiB of them: 262,144 by default), then each of its writes
+    counted the quota by a walk of them all, a stat per file, on the worker's job threads:
+    one cheap job, a quarter million system calls. The count is kept as writes go now;
+    the folder is walked once, not at every write."""
+    root = tmp_path / "data"
+    own = root / "drivers" / "mallory" / "many"
+    own.mkdir(parents=True)
+    for n in range(2_000):  # as earlier writes would have left them
+        (own / f"f{n}").write_bytes(b"x")
+    run = _runner(root)
+    run("mallory", "mpl.io.write_npy", "first.npy", np.zeros(1))  # may count them, once
+    stats = [_stats_of_one_write(run, monkeypatch, f"next{n}.npy", np.zeros(1)) for n in range(5)]
+    assert max(stats) < 100, f"one write made {max(stats)} stat calls"
+
+
+def test_a_count_stops_once_it_passes_the_quota_folders_alone_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder of folders and no files (the operator's, or left by writes under a larger
+    quota) is counted no further than the quota either: each folder is a block."""
+    root = tmp_path / "data"
+    own = root / "drivers" / "mallory"
+    for n in range(500):
+        (own / f"d{n}").mkdir(parents=True)
+    run = _runner(root, quota=8 * 4096)
+    real_stat = os.stat
+    calls = [0]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return real_stat(*args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", counted)
+    with pytest.raises(io_kernels.DriverQuotaError):
+        run("mallory", "mpl.io.write_npy", "b.npy", np.zeros(1))
+    monkeypatch.setattr(os, "stat", real_stat)
+    assert calls[0] < 50, f"a refused write made {calls[0]} stat calls"
+
+
+def test_the_quota_still_holds_across_writes_and_sees_room_the_operator_freed(
+    tmp_path: Path,
+) -> None:
+    """With the count kept between writes: a write past the quota is still refused, a
+    replacement is credited what it replaces, and files the operator removes from the
+    folder free their room for the next write (a refusal recounts the folder)."""
+    root = tmp_path / "data"
+    root.mkdir()
+    run = _runner(root, quota=16 * 4096)
+    for n in range(3):
+        run("mallory", "mpl.io.write_npy", f"d/a{n}.npy", np.zeros(900))  # 2 blocks each
+    run("mallory", "mpl.io.write_npy", "d/a0.npy", np.zeros(1_400))  # 3 blocks, replacing 2
+    with pytest.raises(io_kernels.DriverQuotaError):  # 1 + 3 + 2 + 2 = 8 used, 9 asked
+        run("mallory", "mpl.io.write_npy", "big.npy", np.zeros(9 * 512 - 20))
+    run("mallory", "mpl.io.write_npy", "fits.npy", np.zeros(7 * 512 - 20))  # 15 of 16
+    with pytest.raises(io_kernels.DriverQuotaError):
+        run("mallory", "mpl.io.write_npy", "one-more.npy", np.zeros(600))
+    own = root / "drivers" / "mallory"
+    (own / "fits.npy").unlink()  # the operator makes room
+    run("mallory", "mpl.io.write_npy", "one-more.npy", np.zeros(600))  # 10 of 16
+    run("mallory", "mpl.io.write_npy", "d/six.npy", np.zeros(6 * 512 - 16))  # 16 of 16
+    with pytest.raises(io_kernels.DriverQuotaError):
+        run("mallory", "mpl.io.write_npy", "d/last.npy", np.zeros(600))
+    (own / "d" / "a1.npy").unlink()  # deeper down: the driver's folder itself is unchanged
+    run("mallory", "mpl.io.write_npy", "d/last.npy", np.zeros(600))
+    assert sorted(p.name for p in own.iterdir()) == ["d", "one-more.npy"]
+    assert sorted(p.name for p in (own / "d").iterdir()) == [
+        "a0.npy",
+        "a2.npy",
+        "last.npy",
+        "six.npy",
+    ]
+    with pytest.raises(io_kernels.DriverQuotaError):
+        run("mallory", "mpl.io.write_npy", "d/a1.npy", np.zeros(1))
+
+
+def test_a_size_in_other_scripts_digits_is_a_usage_error_not_a_crash() -> None:
+    """``str.isdigit`` accepts '²' and other digits ``int`` cannot read: the option's
+    parser raised a bare ValueError (a traceback at start) instead of naming the option."""
+    import click
+
+    from mpl.worker import cli
+
+    for text in ("²", "1²G", "٣M"):
+        with pytest.raises(click.BadParameter, match="not a size"):
+            cli.ByteSize().convert(text, None, None)
+
+
+def test_a_long_csv_delimiter_does_not_make_the_worker_build_rows_the_quota_refuses(
+    tmp_path: Path,
+) -> None:
+    """Attack: ``np.savetxt`` builds each row as one string, the delimiter between every
+    two columns, before a byte reaches the file: a delimiter of n characters and a row of
+    m columns cost n * m bytes of memory (16 MiB, a header's limit, times a million
+    columns: the worker is killed), which the quota, counting bytes written, never sees.
+    A delimiter is a few characters now; a longer one is refused before anything is
+    built."""
+    import tracemalloc
+
+    root = tmp_path / "data"
+    root.mkdir()
+    run = _runner(root, quota=64 * 1024)
+    row = np.zeros((1, 1_000))
+    tracemalloc.start()
+    try:
+        with pytest.raises((ValueError, io_kernels.DriverQuotaError)):
+            run("mallory", "mpl.io.write_csv", "wide.csv", row, delimiter="," * 50_000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"a refused write built {peak} bytes"
+    assert not list((root / "drivers" / "mallory").glob("*"))
+    run("mallory", "mpl.io.write_csv", "ok.csv", row, delimiter=" | ")  # a few: as before
+    run("mallory", "mpl.io.write_csv", "ok.csv", row, delimiter=";")
+    assert run("mallory", "mpl.io.read_csv", "ok.csv", delimiter=";").shape == (1, 1_000)
+
+
+def test_read_npy_does_not_expand_a_zip_a_driver_wrote_with_a_csv_header(
+    tmp_path: Path,
+) -> None:
+    """Attack: ``write_csv`` writes its header's characters as bytes (latin-1), so a
+    driver can write any bytes at all, a zip among them; ``read_npy`` of a zip read every
+    member into memory, and a deflated member expands about a thousand times: a folder's
+    quota of such files is a thousand quotas of memory. ``read_npy`` reads a .npy file
+    only now."""
+    import io
+    import tracemalloc
+    import zipfile
+
+    member = io.BytesIO()
+    np.save(member, np.zeros(12_500_000))  # 100 MB of zeros
+    bomb = io.BytesIO()
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("a.npy", member.getvalue())
+    assert len(bomb.getvalue()) < 200_000
+    del member
+    root = tmp_path / "data"
+    root.mkdir()
+    run = _runner(root)
+    header = bomb.getvalue().decode("latin-1")
+    run("mallory", "mpl.io.write_csv", "bomb.npz", np.zeros((0, 2)), header=header)
+    tracemalloc.start()
+    try:
+        try:
+            got: Any = run("mallory", "mpl.io.read_npy", "bomb.npz")
+        except ValueError:
+            got = None  # refused: nothing expanded
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"reading a {len(header)}-byte file took {peak} bytes"
+    del got
+
+
+def test_one_drivers_failed_first_write_does_not_pull_the_drivers_folder_from_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack: a failed write removes the folders it made, and a driver's first write
+    makes ``drivers`` too: eve, failing first writes over and over, removed ``drivers``
+    while bob's write had opened it and not yet made ``drivers/bob`` in it, so bob's
+    write failed (FileNotFoundError). The shared ``drivers`` folder is never removed now.
+    The interleaving is forced with two threads and events."""
+    import threading
+
+    root = tmp_path / "data"
+    root.mkdir()
+    run = _runner(root, quota=4 * 4096)
+    real_open_dir = io_kernels._open_dir
+    eve_made, bob_opened, eve_done = threading.Event(), threading.Event(), threading.Event()
+
+    def ordered(dir_fd: int, name: str, *args: Any) -> Any:
+        if name == "eve":
+            eve_made.set()
+            assert bob_opened.wait(30), "bob never reached its folder"
+        if name == "bob":
+            bob_opened.set()
+            assert eve_done.wait(30), "eve's write never ended"
+        return real_open_dir(dir_fd, name, *args)
+
+    monkeypatch.setattr(io_kernels, "_open_dir", ordered)
+    outcome: dict[str, BaseException | None] = {}
+
+    def eve() -> None:
+        try:
+            run("eve", "mpl.io.write_npy", "big.npy", np.zeros(10_000))  # past its quota
+        except BaseException as exc:
+            outcome["eve"] = exc
+        finally:
+            eve_done.set()
+
+    def bob() -> None:
+        assert eve_made.wait(30)
+        try:
+            run("bob", "mpl.io.write_npy", "x.npy", np.zeros(1))
+            outcome["bob"] = None
+        except BaseException as exc:
+            outcome["bob"] = exc
+
+    threads = [threading.Thread(target=eve), threading.Thread(target=bob)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert isinstance(outcome.get("eve"), io_kernels.DriverQuotaError)
+    assert outcome.get("bob", "absent") is None, f"bob's write failed: {outcome.get('bob')!r}"
+    assert np.load(root / "drivers" / "bob" / "x.npy").tolist() == [0.0]
+    assert not (root / "drivers" / "eve").exists()

@@ -24,6 +24,7 @@ __all__ = [
     "MAX_CALLS",
     "MAX_CONTAINERS",
     "MAX_DEPTH",
+    "MAX_DIGEST_CHARS",
     "MAX_FRAMES",
     "MAX_HEADER_BYTES",
     "MAX_HEADER_ITEMS",
@@ -121,6 +122,10 @@ MAX_SPU_PENDING_BYTES = 4 << 30
 # worker caches, it does (an LRU fed the same sequence with more room, counting each
 # program no bigger, holds all the smaller one holds).
 MAX_PROGRAM_BYTES = 256 << 20
+# A program's digest: 32 hex characters (mpl.wire.decoder.frames_digest). A sealed one is
+# its driver's word until a worker opens the program, and the caches above count a
+# program's bytes, not its key's, so the broker and the worker refuse a longer one.
+MAX_DIGEST_CHARS = 64
 BROKER_PROGRAM_BYTES = 2 << 30
 PROGRAM_MIRROR_BYTES = 1 << 30
 WORKER_PROGRAM_BYTES = 2 << 30

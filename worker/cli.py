@@ -49,7 +49,7 @@ class ByteSize(click.ParamType):  # type: ignore[type-arg]
             return value
         text = str(value).strip().upper().removesuffix("IB").removesuffix("B")
         digits, unit = (text[:-1], text[-1]) if text[-1:] in "KMGT" and text else (text, "")
-        if not digits.isdigit():
+        if not (digits.isascii() and digits.isdigit()):  # isdigit alone takes '²', int not
             self.fail(f"{value!r} is not a size (bytes, or a number with K, M, G or T)", param, ctx)
         return int(digits) * _UNITS[unit]
 

@@ -56,6 +56,7 @@ from mpl.worker.symbol_disk import SYMBOLS
 __all__ = [
     "BLOCK",
     "DEFAULT_DRIVER_QUOTA",
+    "MAX_CSV_DELIMITER",
     "MAX_PATH_PARTS",
     "DriverQuotaError",
     "read_csv",
@@ -69,6 +70,8 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # to be a regular one before it is read
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_NPY_MAGIC = b"\x93NUMPY"  # how every .npy file starts (numpy.lib.format)
+MAX_CSV_DELIMITER = 16  # characters: see write_csv
 MAX_PATH_PARTS = 64  # folders a path may name: bounds the depth a quota count walks
 BLOCK = 4096  # a file system's usual block: what an empty file or a folder takes at least
 _ROOT_WHERE = "the worker's data root"
@@ -249,22 +252,37 @@ def _charge(nbytes: int) -> int:
     return max(1, -(-nbytes // BLOCK)) * BLOCK
 
 
-def _usage(folder: int) -> int:
+def _usage(folder: int, limit: int) -> int:
     """The bytes ``folder``'s files and folders count against its quota (links are not
-    followed; each entry is counted as :func:`_charge` says)."""
+    followed; each entry is counted as :func:`_charge` says), or some count past ``limit``:
+    the walk stops there, so a folder the operator filled with a million files costs at
+    most limit / BLOCK stats."""
     total = 0
     for _, dirs, files, fd in os.fwalk(".", dir_fd=folder, follow_symlinks=False):
         total += BLOCK * len(dirs)
+        if total > limit:  # (before its folders are walked in turn)
+            return total
         for name in files:
             with contextlib.suppress(FileNotFoundError):
                 total += _charge(os.stat(name, dir_fd=fd, follow_symlinks=False).st_size)
+            if total > limit:
+                return total
     return total
+
+
+# Each driver's folder's count, kept from one write to the next under the folder's
+# _writing lock: a write walks the folder only when it has no count, the count refuses it
+# (files the operator removed free their room then) or the folder is not as the last
+# write left it, not at every write (a walk stats every file: up to quota / BLOCK).
+# By the folder's (st_dev, st_ino), with its st_ctime_ns after that write: a folder
+# removed and made anew may get the same inode number, never the same change time.
+_COUNTED: dict[tuple[int, int], tuple[int, int]] = {}
 
 
 class _Capped:
     """A binary file that refuses to grow past ``room`` bytes (as :func:`_charge` counts)."""
 
-    def __init__(self, raw: Any, room: int, refusal: Callable[[], DriverQuotaError]) -> None:
+    def __init__(self, raw: Any, room: int | None, refusal: Callable[[], DriverQuotaError]) -> None:
         self.raw = raw
         self.room = room
         self.written = 0
@@ -272,7 +290,7 @@ class _Capped:
 
     def write(self, data: Any) -> int:
         nbytes = memoryview(data).nbytes  # TypeError for a str: numpy then writes bytes
-        if self.room >= 0 and _charge(self.written + nbytes) > self.room:
+        if self.room is not None and _charge(self.written + nbytes) > self.room:
             raise self._refusal()
         self.written += nbytes
         written: int = self.raw.write(data)
@@ -316,6 +334,8 @@ def _write(path: str, dump: Callable[[Any], None]) -> str:
                 _write_in(folder, parts, path, where, quota, own, made, dump)
             except BaseException:
                 for sub in reversed(made):  # innermost first; empty, as the write failed
+                    if sub == DRIVERS:  # every driver's: another's write may be in it
+                        continue
                     with contextlib.suppress(OSError):
                         os.rmdir(sub, dir_fd=root)
                 raise
@@ -336,6 +356,8 @@ def _write_in(
     made: list[str],
     dump: Callable[[Any], None],
 ) -> None:
+    before = len(made)
+    here = os.fstat(folder)  # before this write makes a folder in it
     parent = _walk(folder, parts[:-1], path, where, made, own)
     name = parts[-1]
     try:
@@ -345,10 +367,6 @@ def _write_in(
             old = None
         if old is not None and stat.S_ISDIR(old.st_mode):
             raise PermissionError(f"{path!r} is a folder, not a file to write")
-        room = -1
-        if quota > 0:
-            replaced = _charge(old.st_size) if old is not None else 0
-            room = quota - (_usage(folder) - replaced)
 
         def refusal() -> DriverQuotaError:
             return DriverQuotaError(
@@ -357,30 +375,63 @@ def _write_in(
                 f"of {quota} bytes (mpl-worker --driver-quota); nothing was written",
             )
 
-        if quota > 0 and room < BLOCK:
-            raise refusal()
-        temp = f".mpl-write.{secrets.token_hex(8)}.part"  # a new name: O_EXCL makes it
-        fd = os.open(temp, _NEW, 0o644, dir_fd=parent)
+        if quota <= 0:
+            _put(parent, name, None, refusal, dump)
+            return
+        replaced = _charge(old.st_size) if old is not None else 0
+        key = (here.st_dev, here.st_ino)
+        last = _COUNTED.get(key)
+        kept = last[1] if last is not None and last[0] == here.st_ctime_ns else None
+        new_folders = BLOCK * (len(made) - before)  # removed again if the write fails
+        used = _usage(folder, quota) if kept is None else kept + new_folders
         try:
-            with os.fdopen(fd, "wb") as raw:
-                dump(_Capped(raw, room, refusal))
-            os.replace(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp, dir_fd=parent)
-            raise
+            written = _put(parent, name, quota - (used - replaced), refusal, dump)
+        except DriverQuotaError:
+            recount = used if kept is None else _usage(folder, quota)
+            _COUNTED[key] = (here.st_ctime_ns, recount - new_folders)
+            if recount >= used:
+                raise
+            used = recount  # the operator removed files since the count: room again
+            written = _put(parent, name, quota - (used - replaced), refusal, dump)
+        _COUNTED[key] = (os.fstat(folder).st_ctime_ns, used - replaced + _charge(written))
     finally:
         os.close(parent)
 
 
+def _put(
+    parent: int,
+    name: str,
+    room: int | None,
+    refusal: Callable[[], DriverQuotaError],
+    dump: Callable[[Any], None],
+) -> int:
+    """Write ``name`` in ``parent`` through ``dump`` into a new file, renamed over it once
+    whole, in at most ``room`` bytes (None: any); the bytes written."""
+    if room is not None and room < BLOCK:
+        raise refusal()
+    temp = f".mpl-write.{secrets.token_hex(8)}.part"  # a new name: O_EXCL makes it
+    fd = os.open(temp, _NEW, 0o644, dir_fd=parent)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            capped = _Capped(raw, room, refusal)
+            dump(capped)
+        os.replace(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp, dir_fd=parent)
+        raise
+    return capped.written
+
+
 def read_npy(path: str) -> Any:
-    """The array stored in ``path`` (no pickled objects: ``allow_pickle=False``)."""
+    """The array stored in ``path``, a .npy file (no pickled objects, no .npz archive:
+    a driver can write any bytes through ``write_csv``'s header, and a zip's deflated
+    members would expand about a thousand times in memory)."""
     with os.fdopen(_open_readable(path), "rb") as f:
-        value = np.load(f, allow_pickle=False)
-        if isinstance(value, np.lib.npyio.NpzFile):  # read now: the file closes here
-            with value:
-                return {key: value[key] for key in value.files}
-        return value
+        if f.read(len(_NPY_MAGIC)) != _NPY_MAGIC:
+            raise ValueError(f"{path!r} is not a .npy file")
+        f.seek(0)
+        return np.load(f, allow_pickle=False)
 
 
 def write_npy(path: str, array: Any) -> str:
@@ -396,7 +447,14 @@ def read_csv(path: str, *, delimiter: str = ",", skip_header: int = 0) -> Any:
 
 
 def write_csv(path: str, array: Any, *, delimiter: str = ",", header: str = "") -> str:
-    """Store a 1-D or 2-D numeric array as CSV in ``path``; returns ``path``."""
+    """Store a 1-D or 2-D numeric array as CSV in ``path``; returns ``path``. The
+    delimiter is at most MAX_CSV_DELIMITER characters."""
+    # np.savetxt builds each row in memory, the delimiter between every two columns,
+    # before the quota sees a byte of it: a long delimiter would multiply a row's size
+    if len(delimiter) > MAX_CSV_DELIMITER:
+        raise ValueError(
+            f"a CSV delimiter is at most {MAX_CSV_DELIMITER} characters, got {len(delimiter)}"
+        )
     value = np.asarray(array)
     return _write(
         path, lambda f: np.savetxt(f, value, delimiter=delimiter, header=header, comments="")

@@ -19,6 +19,7 @@ from typing import Any
 from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Program
+from mpl.wire.limits import MAX_DIGEST_CHARS
 from mpl.wire.lru import LRU
 from mpl.wire.seal import Sealer, program_context
 from mpl.worker.code_policy import holds_pickle, open_sealed
@@ -58,6 +59,9 @@ class SealedPrograms:
         (refused, saying why, to the jobs naming it) or one of the ``code: kernels``
         drivers sealed it holding code (dropped: ``KernelsDrivers.drop``).
         ``open_payload``: how this worker opens a driver's sealed payload."""
+        if len(msg.digest) > MAX_DIGEST_CHARS:  # names no program: kept nowhere
+            self.refusals += 1
+            return None
         kernels_drivers = self._kernels.names
         sealed, context = msg.sealed.get(self.rank), program_context(msg.digest)
         try:

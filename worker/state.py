@@ -45,7 +45,7 @@ from mpl.wire.data import Delete
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Abort, Exec, Failed, Program, program_nbytes
 from mpl.wire.kernels import KernelRef
-from mpl.wire.limits import WORKER_PROGRAM_BYTES
+from mpl.wire.limits import MAX_DIGEST_CHARS, WORKER_PROGRAM_BYTES
 from mpl.wire.lru import LRU, SizedLRU
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
@@ -270,7 +270,10 @@ class WorkerState:
             return []
         if msg.graph.digest != msg.digest:
             self.refused_programs += 1
-            if msg.digest not in self.programs:  # a genuine copy stays usable
+            # a digest past the bound names no program: nothing kept under it
+            if (
+                msg.digest not in self.programs and len(msg.digest) <= MAX_DIGEST_CHARS
+            ):  # a genuine copy stays usable
                 self.broken[msg.digest] = (
                     f"ProtocolError: the program sent as {msg.digest} has digest "
                     f"{msg.graph.digest}; refused"
