@@ -273,6 +273,7 @@ class Worker(BrokerMessages, ResultChannel):
         # Wakes the I/O thread when it rests (see _turn): a stop, a metrics reader.
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._resting = False
+        self._woken = False  # a _wake() the timers have not served yet (any thread sets it)
         self.snapshots = SnapshotSlot(self._wake)  # copies of stats() for the metrics thread
         self.refusals = RefusalLog(log)
         self._faults: dict[str, int] = {}
@@ -310,7 +311,10 @@ class Worker(BrokerMessages, ResultChannel):
         self._wake()
 
     def _wake(self) -> None:
-        """Wake the I/O thread if it rests (any thread; a signal handler too)."""
+        """Wake the I/O thread if it rests, and have its timers run after its next message
+        if it does not (any thread; a signal handler too): a metrics reader waits for them,
+        which may be a heartbeat away while quick jobs stream in."""
+        self._woken = True
         with contextlib.suppress(OSError):  # full (woken already) or closed (gone)
             os.write(self._wake_w, b"w")
 
@@ -407,11 +411,14 @@ class Worker(BrokerMessages, ResultChannel):
         if self.intake.deferred:
             self.intake.put_deferred()
         now = self._clock = time.monotonic()
-        if now < next_timers:
+        if now < next_timers and not self._woken:
             if frames is None and one is None:  # a wait timed out: rest from the next turn
-                self._resting = self._quiet()  # if all is quiet
+                quiet = self._resting = self._quiet()  # if all is quiet
+                if not quiet:  # work about (a pooled job, say): timers every _POLL_MS
+                    return min(next_timers, now + _POLL_MS / 1000)
             return next_timers
         try:  # timers are guarded like messages: a failing stats() must not stop us
+            self._woken = False  # first: a wake from now on is served by the next run
             if self._handshakes is not None:
                 for event in drain(self._handshakes):
                     self._handshake_failed([frame.bytes for frame in event])
@@ -422,12 +429,17 @@ class Worker(BrokerMessages, ResultChannel):
             self.jobs.report_progress()
         except Exception as exc:
             self.guard.internal("the timers", None, exc)
-        # Rest (sleep until the timers are next due) once a wait for the broker timed out
-        # with nothing else about; until then the timers run every _POLL_MS.
+        # With nothing about that the timers look after more often (_quiet), they are next
+        # due when the state says (a heartbeat away at most); else in _POLL_MS at most.
+        # Between the quick jobs of a stream all is quiet too: timers every _POLL_MS there
+        # cost a reset of the receive timeout every _SLACK_MS (see _turn), a few thousand
+        # instructions per job at a job every few ms. Rest (sleep until they are due) once a
+        # wait for the broker timed out so.
+        quiet = self._quiet()
         if frames is None and one is None:
-            self._resting = self._quiet()
+            self._resting = quiet
         now = self._clock = time.monotonic()
-        cap = self.state.heartbeat_s if self._resting else _POLL_MS / 1000
+        cap = self.state.heartbeat_s if quiet else _POLL_MS / 1000
         return now + min(cap, max(0.0, self.state.next_due() - now))
 
     def _quiet(self) -> bool:
@@ -457,6 +469,7 @@ class Worker(BrokerMessages, ResultChannel):
                 with contextlib.suppress(BlockingIOError):
                     while os.read(self._wake_r, 64):
                         pass
+                self._woken = False  # served here
                 try:
                     self.snapshots.serve(self.stats)
                 except Exception as exc:
