@@ -23,6 +23,7 @@ from mpl.wire.control import Directory, Heartbeat, Welcome, WorkerHello
 from mpl.wire.data import Move
 from mpl.wire.jobs import Exec, Failed, Program
 from mpl.wire.sockets import configure
+from mpl.worker import daemon
 from mpl.worker.daemon import Worker
 
 
@@ -276,3 +277,79 @@ def test_a_resting_worker_serves_metrics_and_stops_at_once(
         worker.stop()
         worker.join(10)  # a stop wakes it: no waiting for its timers
         assert worker._thread is not None and not worker._thread.is_alive()
+
+
+def test_timers_between_quick_messages_wait_for_the_heartbeat(
+    ctx: zmq.Context[Any], broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While messages stream in with nothing else about (as between the quick jobs of a
+    stream: no job in flight), the timers are next due when the state says (a heartbeat
+    away), not every 100 ms: each such run brought them nearer than the receive timeout
+    set, which was then reset every 5 ms (a socket option call per reset, a few thousand
+    instructions). Counted per heartbeat interval that went by, not timed."""
+    heartbeat_s = 0.5
+    worker = _started(ctx, broker, heartbeat_s)
+    runs, resets = [0], [0]
+    report = worker.jobs.report_progress
+
+    def counted_report() -> None:  # once per run of the timers
+        runs[0] += 1
+        report()
+
+    real_set = daemon._raw_set
+
+    def counted_set(sock: Any, option: int, value: int) -> None:
+        if sock is worker.dealer:
+            resets[0] += 1
+        real_set(sock, option, value)
+
+    worker.jobs.report_progress = counted_report  # type: ignore[method-assign]
+    monkeypatch.setattr(daemon, "_raw_set", counted_set)
+    try:
+        wait_until(lambda: runs[0] > 0, what="a first run of the timers")
+        runs[0] = resets[0] = 0
+        started = time.monotonic()
+        # the interval being measured: 100 ms timers would run 20 times in it
+        while time.monotonic() < started + 2.0:
+            for _ in range(20):
+                broker.send(Directory({}))
+            broker.pump(0)
+            time.sleep(0.001)
+        periods = (time.monotonic() - started) / heartbeat_s + 1
+        # per heartbeat interval: the heartbeat and the silence check; a reset every 5 ms
+        # in the last 100 ms before them, and one once they ran
+        assert runs[0] <= 2 * periods, (runs[0], periods)
+        assert resets[0] <= 25 * periods, (resets[0], periods)
+        assert worker.state.joined and broker.beats() > 0
+    finally:
+        worker.jobs.report_progress = report  # type: ignore[method-assign]
+        _stop(worker)
+
+
+def test_a_worker_serves_metrics_while_messages_stream_in(
+    ctx: zmq.Context[Any], broker: FakeBroker
+) -> None:
+    """Its timers a heartbeat away (30 s here) while quiet messages stream in, the worker
+    still serves a metrics reader: the reader's wake has them run after the next
+    message."""
+    worker = _started(ctx, broker, heartbeat_s=30.0)
+    got: list[Any] = []
+    reader = threading.Thread(target=lambda: got.append(worker.snapshots.get(timeout=10.0)))
+    try:
+        wait_until(lambda: worker._resting, what="the worker to rest")  # timers 30 s away
+        deadline = time.monotonic() + 15.0
+        while worker._resting:  # out of its rest: the stream's turns wait in the receive
+            assert time.monotonic() < deadline, "the worker never left its rest"
+            broker.send(Directory({}))
+            broker.pump(0)
+            time.sleep(0.002)
+        reader.start()
+        while reader.is_alive():
+            assert time.monotonic() < deadline, "the reader never returned"
+            broker.send(Directory({}))
+            broker.pump(0)
+            reader.join(0.002)
+        assert got and got[0] is not None and "jobs_done" in got[0]
+    finally:
+        reader.join(15)
+        _stop(worker)

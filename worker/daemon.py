@@ -99,11 +99,6 @@ _raw_set = zmq.backend.Socket.set  # the compiled option setter, as setsockopt i
 _RCVTIMEO = int(zmq.RCVTIMEO)  # a plain int: no enum looked up per reset
 _JOIN_S = 2.0
 _raw_recv = zmq.backend.Socket.recv  # the compiled receive, as mpl.wire.sockets calls it
-# A received frame's fields read by the compiled class's own descriptors: zmq.Frame's
-# Python half defines __getattr__, which sends every attribute read through a slower hook.
-_FrameBase: Any = zmq.backend.Frame
-_frame_more = _FrameBase.more.__get__
-_frame_bytes = _FrameBase.bytes.__get__
 
 
 class Worker(BrokerMessages, ResultChannel):
@@ -278,6 +273,7 @@ class Worker(BrokerMessages, ResultChannel):
         # Wakes the I/O thread when it rests (see _turn): a stop, a metrics reader.
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._resting = False
+        self._woken = False  # a _wake() the timers have not served yet (any thread sets it)
         self.snapshots = SnapshotSlot(self._wake)  # copies of stats() for the metrics thread
         self.refusals = RefusalLog(log)
         self._faults: dict[str, int] = {}
@@ -315,7 +311,10 @@ class Worker(BrokerMessages, ResultChannel):
         self._wake()
 
     def _wake(self) -> None:
-        """Wake the I/O thread if it rests (any thread; a signal handler too)."""
+        """Wake the I/O thread if it rests, and have its timers run after its next message
+        if it does not (any thread; a signal handler too): a metrics reader waits for them,
+        which may be a heartbeat away while quick jobs stream in."""
+        self._woken = True
         with contextlib.suppress(OSError):  # full (woken already) or closed (gone)
             os.write(self._wake_w, b"w")
 
@@ -375,14 +374,18 @@ class Worker(BrokerMessages, ResultChannel):
                 _raw_set(dealer, _RCVTIMEO, wait_ms)
                 self._rcvtimeo_on, self._rcvtimeo_ms = dealer, wait_ms  # a new dealer: unset
             try:  # recv_frames, without its call (the dealer is a socket of ours)
+                # A frame's fields read as attributes: zmq.Frame's Python half defines
+                # __getattr__, whose hook these reads pass through, and yet they cost less
+                # than calls of the compiled class's descriptors (a method-wrapper call each,
+                # about 400 instructions more per message in all, by callgrind)
                 frame = _raw_recv(dealer, 0, False)
-                if _frame_more(frame):
+                if frame.more:
                     frames = [frame]
-                    while _frame_more(frame):  # the rest of the message is there: never blocks
+                    while frame.more:  # the rest of the message is there: never blocks
                         frame = _raw_recv(dealer, 0, False)
                         frames.append(frame)
                 elif len(frame) < SLICE_BELOW:
-                    one = _frame_bytes(frame)  # copied once (from_wire, written out)
+                    one = frame.bytes  # copied once (from_wire, written out)
                 else:
                     frames = [frame]
             except zmq.Again:
@@ -412,11 +415,14 @@ class Worker(BrokerMessages, ResultChannel):
         if self.intake.deferred:
             self.intake.put_deferred()
         now = self._clock = time.monotonic()
-        if now < next_timers:
+        if now < next_timers and not self._woken:
             if frames is None and one is None:  # a wait timed out: rest from the next turn
-                self._resting = self._quiet()  # if all is quiet
+                quiet = self._resting = self._quiet()  # if all is quiet
+                if not quiet:  # work about (a pooled job, say): timers every _POLL_MS
+                    return min(next_timers, now + _POLL_MS / 1000)
             return next_timers
         try:  # timers are guarded like messages: a failing stats() must not stop us
+            self._woken = False  # first: a wake from now on is served by the next run
             if self._handshakes is not None:
                 for event in drain(self._handshakes):
                     self._handshake_failed([frame.bytes for frame in event])
@@ -427,12 +433,17 @@ class Worker(BrokerMessages, ResultChannel):
             self.jobs.report_progress()
         except Exception as exc:
             self.guard.internal("the timers", None, exc)
-        # Rest (sleep until the timers are next due) once a wait for the broker timed out
-        # with nothing else about; until then the timers run every _POLL_MS.
+        # With nothing about that the timers look after more often (_quiet), they are next
+        # due when the state says (a heartbeat away at most); else in _POLL_MS at most.
+        # Between the quick jobs of a stream all is quiet too: timers every _POLL_MS there
+        # cost a reset of the receive timeout every _SLACK_MS (see _turn), a few thousand
+        # instructions per job at a job every few ms. Rest (sleep until they are due) once a
+        # wait for the broker timed out so.
+        quiet = self._quiet()
         if frames is None and one is None:
-            self._resting = self._quiet()
+            self._resting = quiet
         now = self._clock = time.monotonic()
-        cap = self.state.heartbeat_s if self._resting else _POLL_MS / 1000
+        cap = self.state.heartbeat_s if quiet else _POLL_MS / 1000
         return now + min(cap, max(0.0, self.state.next_due() - now))
 
     def _quiet(self) -> bool:
@@ -462,6 +473,7 @@ class Worker(BrokerMessages, ResultChannel):
                 with contextlib.suppress(BlockingIOError):
                     while os.read(self._wake_r, 64):
                         pass
+                self._woken = False  # served here
                 try:
                     self.snapshots.serve(self.stats)
                 except Exception as exc:
