@@ -280,8 +280,8 @@ class Broker(Outbox):
                     # magic's cut (shorter than SLICE_BELOW: short enough for the reader)
                     one = first.bytes
                     counters["bytes_routed"] += len(one)
+                    read: DoneRead | Exec | None
                     if one.startswith(DONE_FRAME_PREFIX):
-                        read: DoneRead | Exec | None
                         # a repeat of this sender's last Done (most; in secure mode its
                         # value's box, sealed anew for every job, taken as it comes) by
                         # comparison, else read in full and perhaps kept to compare the
@@ -293,8 +293,11 @@ class Broker(Outbox):
                             read = read_done_header(data)
                             if read is not None:
                                 dones.keep(one, read)
-                        else:
-                            data = b""  # (a Done read: its header goes nowhere else)
+                        if read is not None:  # handed to the state here, checked there
+                            actions = done_read(peer, read, now, who)
+                            if actions:  # most Dones leave their job waiting on other ranks
+                                self._perform(actions)
+                            data = None  # (its header goes nowhere else)
                     elif one.startswith(_EXEC_FRAME_PREFIX):
                         # a repeat of this sender's last Exec (most) compared as the frame
                         # came (RepeatExecs.repeat_frame: what repeat reads, without the
@@ -310,14 +313,10 @@ class Broker(Outbox):
                     else:
                         data = one[4:]
                         read = read_hot_header(one[:4], data)
-                    if type(read) is DoneRead:
-                        actions = done_read(peer, read, now, who)
-                        if actions:  # most Dones leave their job waiting on other ranks
-                            self._perform(actions)
                 except Exception as exc:
                     self._contain(peer, None, exc)
                 else:
-                    if type(read) is not DoneRead:  # (a Done was handed to the state above)
+                    if data is not None:  # (a Done was handed to the state above)
                         if type(read) is Exec:  # _handle's Exec case, without its call
                             try:  # one message's failure stays that message's failure
                                 self._accounts.append((self.ledger.received, read, now))

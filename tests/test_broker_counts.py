@@ -262,8 +262,9 @@ def _python_calls(rig: _Rig, jobs: int) -> float:
 # 179 -> 177; about 1.4k instructions a job). w28flight: _exec answers a job it does not
 # start through a method, not a closure made per job, and checks its ranks inline (51 ->
 # 50, 177 -> 176; about 2k instructions a job); the ledger's span filled in without its
-# __init__ (-> 49, 175).
-_BOUND = {2: 49.5, 16: 175.5}  # a fraction over: another file's cache may add one
+# __init__ (-> 49, 175). w31-broker: a program used before set in the program_used LRU
+# without the LRU's __setitem__ (49 -> 48, 175 -> 174).
+_BOUND = {2: 48.5, 16: 174.5}  # a fraction over: another file's cache may add one
 
 
 @pytest.mark.parametrize("world", [2, 16])
@@ -506,8 +507,9 @@ def test_python_calls_per_added_rank_in_the_brokers_loop() -> None:
     assert per_rank <= 2.5  # bac702e made 4, 209cfaa 3
     # main (e7b802d) made 76; f226f8d 52, bac702e 52, 209cfaa 49, 371bb90 43, 2357d5f 41,
     # w28flight 39; w30-broker 36 (a repeat Exec compared as its frame came, and handed
-    # to the state in the loop: no _exec_of, repeat, repeat_job or _handle call)
-    assert small <= 36.5
+    # to the state in the loop: no _exec_of, repeat, repeat_job or _handle call);
+    # w31-broker 35 (the program_used LRU set without its __setitem__)
+    assert small <= 35.5
 
 
 def _clock_reads(world: int, monkeypatch: pytest.MonkeyPatch, jobs: int = 5) -> float:
