@@ -23,10 +23,9 @@ it). The clock is read once per wake-up, for its messages and the timers alike. 
 Execs of one program differ in their job ids alone: each is read by comparing it with that
 sender's last one read in full (``mpl.wire.exec_repeat``, a reader per sender, bounded).
 
-A socket monitor reports closed TCP connections; a message's source fd (on every part) maps them
-back to a peer, so a killed worker is noticed in milliseconds rather than after 3 missed
-heartbeats. The kernel reuses fds, so the monitor's queued events are read before a new
-peer's fd is mapped: a closed connection's DISCONNECTED never ends the peer that took its fd.
+A socket monitor reports closed TCP connections, mapped back to their peers by fd
+(``mpl.broker.connections``): a killed worker is noticed in milliseconds rather than after 3
+missed heartbeats.
 
 In secure mode (``curve``) the ROUTER is a CURVE server: a :class:`Gatekeeper` admits only
 the workers and drivers the broker's spec pins, and each message goes to the state with
@@ -44,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from mpl.broker.connections import ConnectionWatch
 from mpl.broker.ledger import JobLedger
 from mpl.broker.outbox import Outbox
 from mpl.broker.state import BrokerState, Send
@@ -122,7 +122,7 @@ _DONE_READERS = 256
 assert SLICE_BELOW <= MAX_CONTAINERS
 
 
-class Broker(Outbox):
+class Broker(Outbox, ConnectionWatch):
     """A broker bound to ``listen`` (``tcp://127.0.0.1:0`` picks a free port).
 
     Run it with :meth:`serve_forever` (blocking) or :meth:`start` (a thread); stop it with
@@ -155,11 +155,7 @@ class Broker(Outbox):
         self._world_size = cluster.world_size  # the most ranks a job can name
         self.router.bind(listen)
         self.address: str = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.monitor: zmq.Socket[Any] | None = None
-        if self.address.startswith("tcp://"):
-            self.monitor = self.router.get_monitor_socket(
-                zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
-            )
+        self._watch_connections(self.address)  # closed TCP connections end their peers
         self.state = BrokerState(
             cluster, now=time.monotonic(), heartbeat_s=heartbeat_s, secure=self.secure
         )
@@ -167,7 +163,6 @@ class Broker(Outbox):
         self.snapshots = SnapshotSlot()  # copies of the state for the metrics thread
         self.refusals = RefusalLog(log)
         self.guard = Guard(log, self.state.counters)  # one bad message never stops the loop
-        self._fd_peer: dict[int, bytes] = {}
         # what this wake-up's messages asked to send, with its frames, in order
         self._outbox: list[tuple[Send, list[Any]]] = []
         # what this wake-up leaves to account for once its sends are out, in the order it
@@ -177,7 +172,6 @@ class Broker(Outbox):
         # batches received, refused (as bad messages) and sent: in the status, with the rest
         for counter in ("batches_received", "batches_refused", "batches_sent"):
             self.state.counters.setdefault(counter, 0)
-        self._peer_fd: dict[bytes, int] = {}
         # each sender's last Exec read in full, to read its next by comparison (_exec_of)
         self._exec_readers: dict[bytes, RepeatExecs] = {}
         # each sender's last Done read in full, to read its next by comparison (_turn)
@@ -280,8 +274,8 @@ class Broker(Outbox):
                     # magic's cut (shorter than SLICE_BELOW: short enough for the reader)
                     one = first.bytes
                     counters["bytes_routed"] += len(one)
+                    read: DoneRead | Exec | None
                     if one.startswith(DONE_FRAME_PREFIX):
-                        read: DoneRead | Exec | None
                         # a repeat of this sender's last Done (most; in secure mode its
                         # value's box, sealed anew for every job, taken as it comes) by
                         # comparison, else read in full and perhaps kept to compare the
@@ -293,8 +287,11 @@ class Broker(Outbox):
                             read = read_done_header(data)
                             if read is not None:
                                 dones.keep(one, read)
-                        else:
-                            data = b""  # (a Done read: its header goes nowhere else)
+                        if read is not None:  # handed to the state here, checked there
+                            actions = done_read(peer, read, now, who)
+                            if actions:  # most Dones leave their job waiting on other ranks
+                                self._perform(actions)
+                            data = None  # (its header goes nowhere else)
                     elif one.startswith(_EXEC_FRAME_PREFIX):
                         # a repeat of this sender's last Exec (most) compared as the frame
                         # came (RepeatExecs.repeat_frame: what repeat reads, without the
@@ -310,14 +307,10 @@ class Broker(Outbox):
                     else:
                         data = one[4:]
                         read = read_hot_header(one[:4], data)
-                    if type(read) is DoneRead:
-                        actions = done_read(peer, read, now, who)
-                        if actions:  # most Dones leave their job waiting on other ranks
-                            self._perform(actions)
                 except Exception as exc:
                     self._contain(peer, None, exc)
                 else:
-                    if type(read) is not DoneRead:  # (a Done was handed to the state above)
+                    if data is not None:  # (a Done was handed to the state above)
                         if type(read) is Exec:  # _handle's Exec case, without its call
                             try:  # one message's failure stays that message's failure
                                 self._accounts.append((self.ledger.received, read, now))
@@ -366,9 +359,7 @@ class Broker(Outbox):
         if self._closed:
             return
         self._closed = True
-        if self.monitor is not None:
-            self.router.disable_monitor()
-            self.monitor.close(linger=0)
+        self._unwatch()
         self.router.close()
         if self.gatekeeper is not None:
             self.gatekeeper.stop()
@@ -385,17 +376,7 @@ class Broker(Outbox):
         if type(peer) is not bytes:
             peer = peer.bytes
         if self.monitor is not None and peer not in self._peer_fd:
-            fd = frames[1].get(zmq.SRCFD)  # every part carries it
-            if fd >= 0:
-                # A connection that closed may have left this fd to this one, and its
-                # DISCONNECTED (queued before this peer's first message could arrive) must
-                # end that peer, not this one: read the monitor's events first.
-                try:
-                    self._drain_monitor()
-                except Exception as exc:
-                    self._contain(None, None, exc)
-                self._fd_peer[fd] = peer
-                self._peer_fd[peer] = fd
+            self._map_peer(peer, frames[1])  # its connection, to end it when that closes
         if now is None:
             now = time.monotonic()
         body = frames[1:]
@@ -598,24 +579,6 @@ class Broker(Outbox):
             self._flush()  # after what was queued for the peer before it
             with contextlib.suppress(Exception):
                 self.router.send_multipart([peer, *to_wire(encode(reply))], zmq.NOBLOCK, copy=False)
-
-    def _drain_monitor(self) -> None:
-        assert self.monitor is not None
-        for frames in drain(self.monitor, look_first=True):  # most often empty
-            # libzmq's monitor event: [uint16 event, uint32 value (the fd)], then the endpoint
-            head = frames[0].bytes
-            if len(head) < 6:
-                continue
-            event, fd = int.from_bytes(head[:2], "little"), int.from_bytes(head[2:6], "little")
-            if event == zmq.EVENT_ACCEPTED:
-                stale = self._fd_peer.pop(fd, None)  # fds are reused
-                if stale is not None:
-                    self._peer_fd.pop(stale, None)
-            elif event == zmq.EVENT_DISCONNECTED:
-                peer = self._fd_peer.pop(fd, None)
-                if peer is not None:
-                    self._peer_fd.pop(peer, None)
-                    self._perform(self.state.disconnected(peer, time.monotonic()))
 
     def _snapshot(self) -> dict[str, Any]:
         return {"status": self.state.status(time.monotonic()), "ledger": self.ledger.snapshot()}

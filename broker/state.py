@@ -26,7 +26,7 @@ stays here is the dispatch and the jobs: started, failed and cancelled.
 from __future__ import annotations
 
 import secrets
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from functools import partial
 from operator import attrgetter
@@ -101,6 +101,8 @@ __all__ = ["BrokerState", "Send"]
 _EMPTY_BIN = b"\xc4\x00"  # msgpack's empty bin: a refused stats blob in a spliced answer
 
 _peer_of = attrgetter("peer")
+# an entry of the program_used LRU set without its __setitem__ (a Python call per job)
+_set_entry = OrderedDict.__setitem__
 PROGRAM_CACHE = 1024
 RECENT_ERRORS = 20
 _FROM_WORKERS: frozenset[type[Record]] = frozenset({Done, Failed, Reply, Ack, Progress})
@@ -340,7 +342,12 @@ class BrokerState:
         program = self.programs.get(key)
         if program is None:
             return self._answer(peer, job_id, None, missing=True)
-        self.program_used[key] = now
+        used = self.program_used  # LRU.__setitem__ written out for a program used before
+        if key in used:  # (most jobs): its time set and made the newest, no eviction due
+            _set_entry(used, key, now)
+            used.move_to_end(key)
+        else:
+            used[key] = now  # the LRU's own: a new entry may push out the oldest
         if job_id in calls.jobs:
             error = _error("ProtocolError", f"job id {job_id!r} is already running")
             return self._answer(peer, job_id, error)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import threading
 import time
 from typing import Any
 
@@ -261,8 +262,9 @@ def _python_calls(rig: _Rig, jobs: int) -> float:
 # 179 -> 177; about 1.4k instructions a job). w28flight: _exec answers a job it does not
 # start through a method, not a closure made per job, and checks its ranks inline (51 ->
 # 50, 177 -> 176; about 2k instructions a job); the ledger's span filled in without its
-# __init__ (-> 49, 175).
-_BOUND = {2: 49.5, 16: 175.5}  # a fraction over: another file's cache may add one
+# __init__ (-> 49, 175). w31-broker: a program used before set in the program_used LRU
+# without the LRU's __setitem__ (49 -> 48, 175 -> 174).
+_BOUND = {2: 48.5, 16: 174.5}  # a fraction over: another file's cache may add one
 
 
 @pytest.mark.parametrize("world", [2, 16])
@@ -505,26 +507,40 @@ def test_python_calls_per_added_rank_in_the_brokers_loop() -> None:
     assert per_rank <= 2.5  # bac702e made 4, 209cfaa 3
     # main (e7b802d) made 76; f226f8d 52, bac702e 52, 209cfaa 49, 371bb90 43, 2357d5f 41,
     # w28flight 39; w30-broker 36 (a repeat Exec compared as its frame came, and handed
-    # to the state in the loop: no _exec_of, repeat, repeat_job or _handle call)
-    assert small <= 36.5
+    # to the state in the loop: no _exec_of, repeat, repeat_job or _handle call);
+    # w31-broker 35 (the program_used LRU set without its __setitem__)
+    assert small <= 35.5
 
 
 def _clock_reads(world: int, monkeypatch: pytest.MonkeyPatch, jobs: int = 5) -> float:
-    """Monotonic clock reads per trivial job at world ``world``, through the loop."""
+    """Monotonic clock reads per trivial job at world ``world``, through the loop.
+
+    Only the reads of this thread count (the loop runs in it, turned by hand): the clock
+    patched is the process's, and any other thread that reads it meanwhile (a daemon
+    thread an earlier test left winding down, a heartbeat) is no read of the loop's; it
+    made this test fail now and then under load. The garbage collector waits too: a
+    finalizer of an earlier test's object may read the clock in this thread."""
     shell = _Shell(world)
     reads: list[int] = []
     real = time.monotonic
+    loop_thread = threading.get_ident()
 
     def counted() -> float:
-        reads.append(1)
+        if threading.get_ident() == loop_thread:
+            reads.append(1)
         return real()
 
     try:
         shell.job(lambda *_: None)  # warm: the ranks' program, first uses
+        gc.collect()
+        gc.disable()
         monkeypatch.setattr(time, "monotonic", counted)
-        for _ in range(jobs):
-            shell.job(lambda *_: None)
-        monkeypatch.setattr(time, "monotonic", real)
+        try:
+            for _ in range(jobs):
+                shell.job(lambda *_: None)
+        finally:
+            monkeypatch.setattr(time, "monotonic", real)
+            gc.enable()
     finally:
         shell.close()
     return len(reads) / jobs
@@ -541,13 +557,16 @@ def test_the_loop_reads_the_clock_once_per_wake_up(monkeypatch: pytest.MonkeyPat
 def _frames_made(world: int, monkeypatch: pytest.MonkeyPatch, jobs: int = 5) -> float:
     """``zmq.Frame`` objects made per trivial job at world ``world``, through the loop
     (pyzmq makes one, by the name ``zmq.Frame``, for every part received with copy=False;
-    the stand-ins for driver and workers receive with copy=True)."""
+    the stand-ins for driver and workers receive with copy=True). Only this thread's
+    count, as in :func:`_clock_reads`: the class patched is the process's."""
     shell = _Shell(world)
     made: list[int] = []
+    loop_thread = threading.get_ident()
 
     class Counted(zmq.Frame):
         def __init__(self, *args: Any, **kw: Any) -> None:
-            made.append(1)
+            if threading.get_ident() == loop_thread:
+                made.append(1)
             super().__init__(*args, **kw)
 
     try:

@@ -75,6 +75,7 @@ class RepeatDones:
         "_misses",
         "_shape",
         "_skip",
+        "_tail_at",
         "repeats",
     )
 
@@ -94,6 +95,7 @@ class RepeatDones:
         # repeats when the kept layout was made (it matched if they differ now), and its
         # misses in a row
         self._kept_at = self._misses = 0
+        self._tail_at = 0  # (set with the layout)
         self._skip = 0  # Dones still to read in full before a layout is made (backing off)
         self._back_off = _FIRST_BACK_OFF  # how long the next back-off is
         self.repeats = 0  # Dones read by comparison (for tests and counts)
@@ -106,7 +108,7 @@ class RepeatDones:
         if shape is None:
             return None
         head, id_at, id_end, middle, stats_at, tail, size, kept = shape
-        tail_at = size - len(tail)
+        tail_at = self._tail_at
         blob = self._blob
         # slices compared, not startswith and endswith: their arguments' parsing costs more
         # than the copies (callgrind)
@@ -194,5 +196,6 @@ class RepeatDones:
                 middle = one[id_end:blob_at]
                 self._blob = (blob_at, blob_end, one[blob_end:stats_at], index)
         self._shape = (head, id_at, id_end, middle, stats_at, tail, len(one), read)
+        self._tail_at = len(one) - len(tail)  # where the tail starts (read per repeat)
         self._misses = self._skip = 0
         self._kept_at = self.repeats  # (it matched once they differ)
