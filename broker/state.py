@@ -103,6 +103,7 @@ _EMPTY_BIN = b"\xc4\x00"  # msgpack's empty bin: a refused stats blob in a splic
 _peer_of = attrgetter("peer")
 PROGRAM_CACHE = 1024
 RECENT_ERRORS = 20
+MAX_NOTE_CHARS = 512  # characters kept of each recent error
 _FROM_WORKERS: frozenset[type[Record]] = frozenset({Done, Failed, Reply, Ack, Progress})
 _FROM_ANYONE: frozenset[type[Record]] = frozenset(
     {WorkerHello, Channel, Heartbeat, Bye, StatusRequest}
@@ -493,4 +494,6 @@ class BrokerState:
         return Reply(req, error=_error(kind, message))
 
     def _note(self, text: str) -> None:
-        self.errors.append(text)
+        # a note quotes what a peer sent (a session id, a host name, a reason): kept short,
+        # or 20 notes of 16 MiB headers' fields would be kept and shown in every status
+        self.errors.append(text[:MAX_NOTE_CHARS])

@@ -51,3 +51,13 @@ def test_a_workers_host_name_is_shown_short() -> None:
     state.handle(b"w0", decode(encode(long_host)), 0.0)
     row = build_status(state, 1.0)["ranks"][0]
     assert row["state"] == "up" and len(row["host"]) <= MAX_REASON_CHARS
+
+
+def test_every_recent_error_is_kept_short() -> None:
+    from mpl.wire.sessions import CloseSession
+
+    state = BrokerState(ClusterSpec.simple(2, enable_spu=False), now=0.0, broker_id="B")
+    for n in range(30):  # 20 kept: each quoted a 16 MiB header's session id whole
+        state.handle(A, decode(encode(CloseSession(f"{n}{_LONG}", "c"))), 0.0)
+    assert len(state.errors) == 20
+    assert all(len(error) <= 512 for error in state.errors), [len(e) for e in state.errors]
