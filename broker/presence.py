@@ -22,11 +22,15 @@ from mpl.wire.remote import ErrorInfo
 if TYPE_CHECKING:
     from mpl.broker.state import BrokerState
 
-__all__ = ["MAX_WORKER_STATS", "Presence", "worker_counters"]
+__all__ = ["MAX_REASON_CHARS", "MAX_WORKER_STATS", "Presence", "worker_counters"]
 
 # Counters kept from a worker's heartbeat (it sends a few dozen): each status the broker
 # builds copies them into the worker's row, for drivers and the metrics page.
 MAX_WORKER_STATS = 128
+# What the broker keeps of a worker's own words about itself (a goodbye's reason, its host
+# name): each is repeated in recent errors, status rows and every later job's error naming
+# its rank, and a header holds 16 MiB of it (second red team w31, B6)
+MAX_REASON_CHARS = 256
 _COUNTER_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}\Z")
 # a rank row's own fields (mpl.broker.status_view): the broker's word, not the worker's
 _ROW_FIELDS = frozenset(
@@ -130,7 +134,8 @@ class Presence:
     def on_bye(self, peer: bytes, msg: Bye, now: float, who: str | None = None) -> list[Send]:
         state = self.state
         if peer in state.registry.by_peer:
-            return self.lose_worker(peer, f"it said goodbye ({msg.reason or 'shutdown'})", now)
+            reason = msg.reason[:MAX_REASON_CHARS] or "shutdown"
+            return self.lose_worker(peer, f"it said goodbye ({reason})", now)
         return state.disconnected(peer, now)
 
     def lose_worker(self, peer: bytes, reason: str, now: float) -> list[Send]:

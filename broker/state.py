@@ -105,6 +105,7 @@ _peer_of = attrgetter("peer")
 _set_entry = OrderedDict.__setitem__
 PROGRAM_CACHE = 1024
 RECENT_ERRORS = 20
+MAX_NOTE_CHARS = 512  # characters kept of each recent error
 _FROM_WORKERS: frozenset[type[Record]] = frozenset({Done, Failed, Reply, Ack, Progress})
 _FROM_ANYONE: frozenset[type[Record]] = frozenset(
     {WorkerHello, Channel, Heartbeat, Bye, StatusRequest}
@@ -500,4 +501,6 @@ class BrokerState:
         return Reply(req, error=_error(kind, message))
 
     def _note(self, text: str) -> None:
-        self.errors.append(text)
+        # a note quotes what a peer sent (a session id, a host name, a reason): kept short,
+        # or 20 notes of 16 MiB headers' fields would be kept and shown in every status
+        self.errors.append(text[:MAX_NOTE_CHARS])

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mpl.broker.listing import session_rows
+from mpl.broker.presence import MAX_REASON_CHARS
 from mpl.wire.incarnation import public_incarnation
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ def _rank_rows(state: BrokerState, now: float) -> list[dict[str, Any]]:
                     "rank": rank,
                     "state": "up",
                     "pid": entry.hello.pid,
-                    "host": entry.hello.host,
+                    "host": entry.hello.host[:MAX_REASON_CHARS],  # the worker's word
                     "heartbeat_age_s": now - entry.last_seen,
                     **entry.stats,
                     # what a secure driver binds its Execs for this rank to (after the
@@ -46,7 +47,7 @@ def _rank_rows(state: BrokerState, now: float) -> list[dict[str, Any]]:
                 "rank": rank,
                 "state": "lost" if lost else "absent",
                 "pid": lost.hello.pid if lost else "",
-                "host": lost.hello.host if lost else "",
+                "host": lost.hello.host[:MAX_REASON_CHARS] if lost else "",
                 "heartbeat_age_s": None,
                 "reason": lost.reason if lost else "",
             }

@@ -64,6 +64,7 @@ from mpl.wire.decoder import (
     ARRAY,
     BIGINT,
     BUFFER,
+    EMPTY_PART,
     PICKLE,
     RECORD,
     SCALAR,
@@ -73,6 +74,7 @@ from mpl.wire.decoder import (
     OpaqueRecord,
     Pickled,
     build_record,
+    empty_part,
     frames_digest,
     set_wire_digest,
 )
@@ -227,6 +229,10 @@ class _Encoder:
         if t is OpaqueRecord:
             return msgpack.ExtType(RECORD, self.pack([obj.tag, *obj.fields]))
         if np is not None and isinstance(obj, np.generic) and not obj.dtype.hasobject:
+            if (obj.dtype.fields is not None or not obj.dtype.itemsize) and empty_part(obj.dtype):
+                raise UnsafeValueError(
+                    f"cannot send a numpy scalar of dtype {obj.dtype}: {EMPTY_PART}"
+                )
             descr = np.lib.format.dtype_to_descr(obj.dtype)
             return msgpack.ExtType(SCALAR, self.pack([descr, obj.tobytes()]))
         extra = encode_extra(obj, self)
@@ -260,10 +266,14 @@ class _Encoder:
     def _array(self, arr: np.ndarray[Any, Any]) -> list[Any]:
         import numpy as np
 
+        dtype = arr.dtype
+        if (dtype.fields is not None or not dtype.itemsize) and empty_part(dtype):
+            # refused here as the receiver refuses it (it may hold any number of items)
+            raise UnsafeValueError(f"cannot send a numpy array of dtype {dtype}: {EMPTY_PART}")
         if not arr.flags.c_contiguous:
             arr = arr.copy(order="C")
-        descr = np.lib.format.dtype_to_descr(arr.dtype)
-        flat = arr.reshape(-1).view(np.uint8) if arr.dtype.itemsize else b""
+        descr = np.lib.format.dtype_to_descr(dtype)
+        flat = arr.reshape(-1).view(np.uint8)
         return [descr, list(arr.shape), self.add(flat)]
 
     def _pickled(self, payload: Any, buffers: list[Any]) -> list[Any]:

@@ -44,6 +44,7 @@ __all__ = [
     "OpaqueRecord",
     "Pickled",
     "build_record",
+    "empty_part",
     "frames_digest",
     "set_wire_digest",
 ]
@@ -298,10 +299,7 @@ class Decoder:
                 f"array buffer holds {memoryview(buf).nbytes} bytes, shape {tuple(shape)} "
                 f"of {dtype} needs {count * dtype.itemsize}"
             )
-        if dtype.itemsize == 0:
-            arr = np.empty(shape, dtype=dtype)
-        else:
-            arr = np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
+        arr = np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)  # (itemsize > 0)
         arr.flags.writeable = False
         return arr
 
@@ -371,7 +369,29 @@ def to_dtype(descr: Any) -> np.dtype[Any]:
         raise ProtocolError(f"bad dtype {descr!r}") from exc
     if dtype.hasobject:
         raise ProtocolError("object arrays cannot travel as raw buffers")
+    if empty_part(dtype):
+        raise ProtocolError(f"bad dtype {descr!r}: {EMPTY_PART}")
     return dtype
+
+
+EMPTY_PART = (
+    "a part of its items takes no bytes (a dtype of size 0, as V0, S0 or U0, or a field or "
+    "subarray of one), so an array of it may stand for any number of items"
+)
+
+
+def empty_part(dtype: Any) -> bool:
+    """Whether ``dtype``, or a field or subarray base within it, is of size 0. An array of
+    such items is refused (as ``EMPTY_PART`` says) by sender and receiver: 2**48 items of
+    V0 took no bytes and copying them (``np.array(x)``) ran for days, as did one 8-byte item
+    holding a 2**30-item subarray of structs with a field of no bytes (10 s per item)."""
+    if dtype.itemsize == 0:
+        return True
+    if dtype.fields is None and dtype.subdtype is None:  # most dtypes: no parts
+        return False
+    if dtype.subdtype is not None:
+        return empty_part(dtype.subdtype[0])
+    return any(empty_part(field[0]) for field in dtype.fields.values())
 
 
 def build_record(items: Any) -> Record:

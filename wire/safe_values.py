@@ -23,7 +23,9 @@ mpl's own records (SPU shares, errors)             RECORD: fields checked per an
 Nothing else: no pickle, no import by name. A value of another type is refused *at the
 sender* with :class:`UnsafeValueError` naming the type, where it was going and the ways out;
 a pickle arriving where safe mode applies is a :class:`ProtocolError` and is never loaded.
-Decoding is bounded: every array must match the frame it views, extension nesting stops at
+Decoding is bounded: every array must match the frame it views (and no part of its dtype
+may be of size 0, which any number of items fills: ``decoder.empty_part``; the codec
+refuses such arrays in every mode, at the sender too), extension nesting stops at
 ``MAX_DEPTH`` and the header at ``codec.MAX_HEADER_BYTES``.
 
 A cluster that one organisation runs end to end may declare ``trusted: true``: then results

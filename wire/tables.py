@@ -10,8 +10,9 @@ Arrow IPC is a data format: decoding it runs no code of the sender's choosing (p
 column order, dtypes) is JSON interpreted by pyarrow.
 
 Nor may a table stand for more than its bytes: Arrow lets rows take none (a null column, a
-run-end encoded one, list or string views of shared items, lists of size 0, structs of no
-fields), which ``to_pandas`` would build row by row, so those types are refused at any
+run-end encoded one, list or string views of shared items, lists of size 0, binary of
+width 0, structs of no fields, a dictionary inside a list or struct, whose items all name
+one value), which ``to_pandas`` would build row by row, so those types are refused at any
 depth and a table declares no more cells than its stream can hold (``_bulk``; the sender
 refuses such a table first, as ``UnsafeValueError``).
 
@@ -134,11 +135,12 @@ _CELLS_PER_BYTE, _CELLS_FREE = 8, 4096
 def _bulk(pa: Any, table: Any, nbytes: int) -> str:
     """Why a table whose stream is ``nbytes`` long may stand for more than its bytes ("":
     it may not): a column of type null, run-end encoded, a list, string or binary view, a
-    fixed-size list of size 0, a struct of no fields, or a dictionary of nested values, at
-    any depth, or more cells than its bytes can hold. Such a table of a few hundred bytes
-    declared millions of rows (20 million: 160 MB from 224 bytes by ``to_pandas``, and
-    without end as a peer's move or a result; 200 string views of one 1 MiB string: 210
-    MB), where every other column's rows and items take at least a bit each."""
+    fixed-size list of size 0, fixed-size binary of width 0, a struct of no fields, a
+    dictionary of nested values, or a dictionary below a column's top level, at any depth,
+    or more cells than its bytes can hold. Such a table of a few hundred bytes declared
+    millions of rows (20 million: 160 MB from 224 bytes by ``to_pandas``, and without end
+    as a peer's move or a result; 200 string views of one 1 MiB string: 210 MB), where
+    every other column's rows and items take at least a bit each."""
     cells = table.num_rows * table.num_columns
     if cells > _CELLS_PER_BYTE * nbytes + _CELLS_FREE:
         return f"an Arrow table of {nbytes} bytes declares {cells} cells: more than its bytes hold"
@@ -152,9 +154,9 @@ def _bulk(pa: Any, table: Any, nbytes: int) -> str:
     return ""
 
 
-def _no_bytes(pa: Any, kind: Any) -> str:
-    """Why rows or items of the Arrow type ``kind`` may take no bytes of a stream ("": none
-    may)."""
+def _no_bytes(pa: Any, kind: Any, nested: bool = False) -> str:
+    """Why rows or items of the Arrow type ``kind`` (``nested``: items of another column's
+    type, not a column's own rows) may take no bytes of a stream ("": none may)."""
     types = pa.types
     if types.is_null(kind):
         return "rows are all null, with no bytes"
@@ -166,16 +168,23 @@ def _no_bytes(pa: Any, kind: Any) -> str:
         return "rows may all view the same bytes"
     if types.is_fixed_size_list(kind) and kind.list_size == 0:
         return "rows are empty lists, with no bytes"
+    if types.is_fixed_size_binary(kind) and kind.byte_width == 0:
+        return "rows are empty bytes, with no bytes"
     if types.is_struct(kind) and kind.num_fields == 0:
         return "rows are empty structs, with no bytes"
     if isinstance(kind, pa.BaseExtensionType):
-        return _no_bytes(pa, kind.storage_type)
+        return _no_bytes(pa, kind.storage_type, nested)
     if types.is_dictionary(kind):
+        # a column's own dictionary becomes a pandas Categorical (its values built once);
+        # items of a list or struct are built one by one, each a copy of the value it
+        # names: one 1 MiB string named by 1,000 one-byte items became 1.1 GB
+        if nested:
+            return "items may all name one value, built again for each"
         if kind.value_type.num_fields:
             return "rows may all name one nested value"
-        return _no_bytes(pa, kind.value_type)
+        return _no_bytes(pa, kind.value_type, True)
     for index in range(kind.num_fields):
-        why = _no_bytes(pa, kind.field(index).type)
+        why = _no_bytes(pa, kind.field(index).type, True)
         if why:
             return why
     return ""

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import secrets
 import stat
 import threading
@@ -84,6 +85,9 @@ _RESERVED = {
     SPU_LOG: "the worker's SPU log",
 }
 _OWN_WHERE = "this driver's folder"
+# libspu's log rotates (spdlog: past 500 MB, ``spu.log`` becomes ``spu.1.log``, up to
+# ``spu.10.log``): each old file is the worker's log as much as the one being written
+_SPU_LOGS = re.compile(r"spu(?:\.\d+)?\.log\Z")
 
 
 class DriverQuotaError(OSError):
@@ -186,9 +190,10 @@ def _refuse_reserved(root_fd: int, parts: list[str], path: str, folders: Sequenc
     ``Drivers`` or ``driver\u017f`` as ``drivers``; Windows drops a trailing dot or
     space), or the same folder on disk."""
     first = parts[0]
+    spelled = first.rstrip(". ").casefold()
     for folder in folders:
         what = _RESERVED[folder]
-        if first.rstrip(". ").casefold() == folder.casefold():
+        if spelled == folder.casefold() or (folder == SPU_LOG and _SPU_LOGS.match(spelled)):
             raise PermissionError(f"{path!r} is in {what}")
         try:
             mine = os.stat(first, dir_fd=root_fd, follow_symlinks=False)
