@@ -5,6 +5,15 @@ It serves ``/metrics`` (Prometheus text format, from a prometheus_client registr
 it is given ask the daemon's I/O loop for a copy (``mpl.wire.snapshot.SnapshotSlot``),
 built on the loop's next tick, so a scrape costs the loop one status build and never
 blocks it.
+
+Nobody's clients authenticate, so what one client may hold is bounded: at most 32
+connections have a thread; each read waits at most 10 s and a connection lives 30 s in
+all, however it trickles. With every slot taken, a new connection takes the slot of the
+oldest one that has not yet sent its whole request (line and headers), which is ended: a
+scraper sends its request within a round trip of connecting, a client holding connections
+idle (or trickling bytes) never does, so it cannot keep the port from everyone else (only
+a flood, 32 new connections within a scraper's round trip, still ends the scraper's). A
+connection whose request arrived is never ended for another.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ import contextlib
 import json
 import logging
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -24,14 +34,18 @@ __all__ = ["MetricsServer"]
 log = logging.getLogger("mpl.metrics")
 _MAX_CONCURRENT = 8  # requests served at once; more get 503 (scrapers and a few browsers)
 # connections holding a thread at once (a request served, or one awaited for up to the
-# client timeout); one past them is closed unread: nobody's connections authenticate, so
-# a client that sends nothing must not make a thread per connection
+# client timeout); one past them takes the slot of the oldest still sending its request,
+# or is closed unread: nobody's connections authenticate, so a client that sends nothing
+# must not make a thread per connection, nor keep the slots from everyone else
 _MAX_CONNECTIONS = 32
 _CLIENT_TIMEOUT_S = 10.0
 # what one connection may take in all: the client timeout bounds each read, and a client
 # trickling a byte of its request line every few seconds would never meet it, holding its
 # thread (and with 31 others, the whole port) for as long as it likes
 _CONNECTION_S = 30.0
+# how long accepting waits for an evicted connection's thread to end (it ends at once: its
+# read returns) before giving up on the new connection, so threads stay within the bound
+_EVICTED_S = 2.0
 
 
 class MetricsServer:
@@ -39,7 +53,9 @@ class MetricsServer:
 
     Port 0 picks a free port; :attr:`port` is the one bound. ``status`` returns the JSON
     served at ``/status.json`` (None: the daemon did not answer in time, 503). A connection
-    is closed after ``connection_s`` in all, whatever it sends meanwhile.
+    is closed after ``connection_s`` in all, whatever it sends meanwhile, and sooner if all
+    slots are taken, it is the oldest that has not sent its whole request, and another
+    connection arrives (see the module).
     """
 
     def __init__(
@@ -56,13 +72,17 @@ class MetricsServer:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         busy = threading.BoundedSemaphore(_MAX_CONCURRENT)
-        deadlines = self._deadlines = _Deadlines(connection_s, f"{name}-deadlines")
-        connected = threading.BoundedSemaphore(_MAX_CONNECTIONS)
+        connections = self._connections = _Connections(
+            _MAX_CONNECTIONS, connection_s, f"{name}-deadlines"
+        )
 
         class Handler(BaseHTTPRequestHandler):
             timeout = _CLIENT_TIMEOUT_S  # a client that stalls cannot hold a thread forever
 
             def do_GET(self) -> None:
+                if not connections.answering(self.request):  # evicted as its request came
+                    self.close_connection = True
+                    return
                 if not busy.acquire(blocking=False):
                     self._reply(503, "text/plain", b"busy\n")
                     return
@@ -110,22 +130,25 @@ class MetricsServer:
             request_queue_size = _MAX_CONNECTIONS  # a burst waits accepted, not in SYN retries
 
             def process_request(self, request: Any, client_address: Any) -> None:
-                if not connected.acquire(blocking=False):  # bounded: closed at once
+                if not connections.admit(request):  # every slot answering: closed unread
                     self.shutdown_request(request)
                     return
                 try:
                     super().process_request(request, client_address)  # its thread releases
                 except BaseException:
-                    connected.release()
+                    connections.release(request)
                     raise
 
             def process_request_thread(self, request: Any, client_address: Any) -> None:
-                deadlines.add(request)  # cut off at connection_s, however it trickles
                 try:
                     super().process_request_thread(request, client_address)
                 finally:
-                    deadlines.remove(request)
-                    connected.release()
+                    connections.release(request)
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                # a client gone mid-reply, or one ended (evicted, or past its time) as it
+                # was sent an error: a line in the debug log, not a traceback on stderr
+                log.debug("connection from %s ended: %r", client_address, sys.exc_info()[1])
 
         self._httpd = Server((host, port), Handler)
         self.host = host
@@ -137,31 +160,61 @@ class MetricsServer:
         self.url = f"http://{host if ':' not in host else f'[{host}]'}:{self.port}/"
 
     def close(self) -> None:
-        self._deadlines.close()
+        self._connections.close()
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(2)
 
 
-class _Deadlines:
-    """The open connections' deadlines, and one thread that ends each connection past its
-    own (a thread for them all: a timer per connection would double the threads)."""
+class _Connections:
+    """The port's open connections: at most ``limit`` of them (each has a thread), each
+    ended past its own deadline by one thread for them all (a timer per connection would
+    double the threads), and with every slot taken, the oldest still sending its request
+    ended to give its slot to a new one."""
 
-    def __init__(self, seconds: float, name: str) -> None:
+    def __init__(self, limit: int, seconds: float, name: str) -> None:
+        self._slots = threading.BoundedSemaphore(limit)
         self._seconds = seconds
         self._lock = threading.Lock()
-        self._open: dict[Any, float] = {}
+        self._open: dict[Any, float] = {}  # each one's deadline, oldest first
+        self._answering: set[Any] = set()  # of them, those whose request arrived
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def add(self, request: Any) -> None:
+    def admit(self, request: Any) -> bool:
+        """Take a slot for a new connection (on the accepting thread): a free one, or the
+        one of the oldest connection not yet answering, which is ended. False: every slot
+        is answering a request, and the new connection is to be closed unread."""
+        if not self._slots.acquire(blocking=False):
+            with self._lock:
+                oldest = next((r for r in self._open if r not in self._answering), None)
+                if oldest is None:
+                    return False
+                del self._open[oldest]  # under the lock: it can no longer start answering
+            _cut_off(oldest)
+            log.debug("every connection taken: ended the oldest not yet answering")
+            if not self._slots.acquire(timeout=_EVICTED_S):  # its thread's, once it ends
+                return False
         with self._lock:
             self._open[request] = time.monotonic() + self._seconds
+        return True
 
-    def remove(self, request: Any) -> None:
+    def answering(self, request: Any) -> bool:
+        """Mark a connection whose request arrived as answering: never evicted from now on.
+        False: it was evicted just before, and gets no answer."""
+        with self._lock:
+            if request not in self._open:
+                return False
+            self._answering.add(request)
+            return True
+
+    def release(self, request: Any) -> None:
+        """Give a connection's slot back, once its thread is done with it."""
         with self._lock:
             self._open.pop(request, None)
+            self._answering.discard(request)
+        self._slots.release()
 
     def _run(self) -> None:
         while not self._stop.wait(min(1.0, self._seconds / 4)):
