@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,6 +51,37 @@ def test_drain_takes_what_waits_and_stops(pair: tuple[zmq.Socket[Any], ...]) -> 
     assert got == [b"0", b"1", b"2"]
     assert [f[1].bytes for f in drain(b)] == [b"3", b"4"]
     assert list(drain(b)) == []
+
+
+def test_drain_looking_first_finds_what_arrives_over_tcp_and_never_blocks() -> None:
+    """The look before the first receive (the broker's timers) sees a message that came
+    over TCP since the last look, whose arrival libzmq learns from its command mailbox, and
+    an empty look returns at once. Over a closed socket it raises, as reading ZMQ_EVENTS did."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    a, b = configure(ctx.socket(zmq.DEALER)), configure(ctx.socket(zmq.DEALER))
+    try:
+        port = b.bind_to_random_port("tcp://127.0.0.1")
+        a.connect(f"tcp://127.0.0.1:{port}")
+        assert list(drain(b, look_first=True)) == []  # nothing yet: returns, no receive
+        for round_ in range(3):
+            sent = [str(round_ * 10 + i).encode() for i in range(4)]
+            for body in sent:
+                send_frames(a, [b"m", body])
+            got: list[bytes] = []
+            deadline = time.monotonic() + 10
+            while len(got) < len(sent) and time.monotonic() < deadline:
+                got += [f[1].bytes for f in drain(b, look_first=True)]
+            assert got == sent
+            assert list(drain(b, look_first=True)) == []
+        b.close(linger=0)
+        with pytest.raises(zmq.ZMQError):
+            list(drain(b, look_first=True))
+        with pytest.raises(zmq.ZMQError):
+            list(drain(b))
+    finally:
+        a.close(linger=0)
+        b.close(linger=0)
+        ctx.term()
 
 
 def test_a_send_with_nowhere_to_go_raises_again_without_blocking() -> None:

@@ -51,6 +51,7 @@ _COPY_BELOW = 64 * 1024  # pyzmq's copy threshold: smaller frames are copied, no
 _raw_send = zmq.backend.Socket.send
 _raw_recv = zmq.backend.Socket.recv
 _raw_get = zmq.backend.Socket.get
+_zmq_poll = zmq.zmq_poll
 _EVENTS = int(zmq.EVENTS)
 assert issubclass(zmq.Socket, zmq.backend.Socket)
 
@@ -83,11 +84,31 @@ def drain(
 ) -> Iterator[list[zmq.Frame]]:
     """Yield the messages waiting on ``sock`` (at most ``limit``) without blocking.
 
-    Checks ZMQ_EVENTS between receives instead of ending on ``zmq.Again``: building that
-    exception costs more than the check (~25k instructions against ~1k: pyzmq adds its
+    Looks whether a message waits between receives instead of ending on ``zmq.Again``:
+    building that exception costs more than the look (~25k instructions: pyzmq adds its
     compiled frames to the traceback). ``look_first``: before the first receive too, for
     a caller that most often finds nothing (the broker's timers).
+
+    The look is a ``zmq_poll`` with no wait on a list built once per call: libzmq reads
+    ZMQ_EVENTS for it (pending commands processed first, so a message that has arrived is
+    seen), as ``Socket.get(EVENTS)`` would, without the option enum pyzmq looks up on every
+    ``get``: about 3k instructions a look instead of 9k (scripts/bench_socket_look.py), for
+    one more system call (a poll of the socket's fd). ZMQ_EVENTS read resets ZMQ_FD's edge,
+    so a caller that waits on ZMQ_FD itself must drain until this ends on its own, not at
+    ``limit``; ours wait in ``zmq_poll`` or in a receive, which read ZMQ_EVENTS again.
     """
+    if isinstance(sock, _Backend) and not sock._closed:
+        watched = [(sock, _POLLIN)]
+        for i in range(limit):
+            if (i or look_first) and not _zmq_poll(watched, 0):
+                return
+            try:
+                yield recv_frames(sock, NOBLOCK)
+            except zmq.Again:
+                return
+        return
+    # a look-alike (a test's wrapper), or a closed socket: ZMQ_EVENTS read as an option,
+    # which raises ENOTSOCK on a closed one (a poll would read the wrong fd)
     raw = _compiled(sock)
     for i in range(limit):
         if i or look_first:

@@ -8,8 +8,9 @@
 Every decision is the state machine's (``state.py``): this shell decodes, feeds it each
 message as an event, and performs the actions it returns (sends, reconnects); the job shell
 (``jobs.py``) performs the rest. How a message from the broker is read and dispatched is
-``broker_messages.py``'s (a part of :class:`Worker`); the sockets, the loop, its timers and
-sending are here. Jobs run on a pool of job threads, so heartbeats and
+``broker_messages.py``'s (a part of :class:`Worker`); its DEALERs to the broker, the watch
+on their handshake and sending on them are ``broker_link.py``'s; the loop and its timers are
+here. Jobs run on a pool of job threads, so heartbeats and
 fetches keep flowing while a job computes; only a quick, purely local program whose last
 run took under a millisecond runs on the I/O thread itself (no hand-off, see ``jobs.py``).
 A batch of broker messages (``mpl.wire.batch``) is handled one message at a time, as if
@@ -43,19 +44,19 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from mpl.wire.codec import SLICE_BELOW, encode, from_wire, to_wire
+from mpl.wire.codec import SLICE_BELOW, from_wire
 from mpl.wire.control import HEARTBEAT_S, Bye, Heartbeat, WorkerHello
 from mpl.wire.curve import Curve, peer_admits
 from mpl.wire.exec_repeat import RepeatExecs
-from mpl.wire.guard import Guard, substitute
+from mpl.wire.guard import Guard
 from mpl.wire.incarnation import public_incarnation
 from mpl.wire.logs import RefusalLog
-from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.runtime_info import node_runtime_info
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.snapshot import SnapshotSlot
-from mpl.wire.sockets import MAX_MESSAGE, configure, drain, recv_frames, send_frames
+from mpl.wire.sockets import MAX_MESSAGE, recv_frames
+from mpl.worker.broker_link import BrokerLink
 from mpl.worker.broker_messages import BrokerMessages
 from mpl.worker.code_policy import CODE_POLICIES, driver_code_policy
 from mpl.worker.holding import held_moves, held_spu
@@ -101,7 +102,7 @@ _JOIN_S = 2.0
 _raw_recv = zmq.backend.Socket.recv  # the compiled receive, as mpl.wire.sockets calls it
 
 
-class Worker(BrokerMessages, ResultChannel):
+class Worker(BrokerMessages, ResultChannel, BrokerLink):
     """One rank's worker, connected to the broker at ``broker``.
 
     ``data_bind`` is where peers reach it (default ``tcp://<host>:0``, a free port);
@@ -182,13 +183,7 @@ class Worker(BrokerMessages, ResultChannel):
         self.data_addr = self.intake.address
         # Results queue while the connection is (re)established rather than being dropped.
         self._results = self._broker_socket()
-        # secure mode: a broker that refuses our key says so only in the handshake, so watch
-        # it (on the result socket, which lives as long as the worker) and give up at once
-        self._handshakes: zmq.Socket[Any] | None = None
-        if curve is not None:
-            self._handshakes = self._results.get_monitor_socket(
-                zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-            )
+        self._watch_handshakes()  # secure mode: a refused key ends the worker at once
         self._results.connect(broker)
         self._results_lock = threading.Lock()
         self._channel_owed = False  # joined, but the Channel could not be queued yet
@@ -423,9 +418,8 @@ class Worker(BrokerMessages, ResultChannel):
             return next_timers
         try:  # timers are guarded like messages: a failing stats() must not stop us
             self._woken = False  # first: a wake from now on is served by the next run
-            if self._handshakes is not None:
-                for event in drain(self._handshakes):
-                    self._handshake_failed([frame.bytes for frame in event])
+            if self._handshakes is not None:  # secure mode (no call otherwise)
+                self._drain_handshakes()
             self._perform(self.jobs.handle(Tick()))
             if self._channel_owed:
                 self._announce_channel()
@@ -488,9 +482,7 @@ class Worker(BrokerMessages, ResultChannel):
         self.peers.close()
         self.spu_links.close()
         with self._results_lock:
-            if self._handshakes is not None:
-                self._results.disable_monitor()
-                self._handshakes.close(linger=0)
+            self._close_handshakes()
             self._results.close()
         self.dealer.close()
         self.intake.close()
@@ -516,68 +508,10 @@ class Worker(BrokerMessages, ResultChannel):
             **self.bindings.stats(),
         }
 
-    # -- sockets --------------------------------------------------------------------------
-    def _broker_socket(self) -> zmq.Socket[Any]:
-        sock = configure(self.ctx.socket(zmq.DEALER), max_message=self._max_message)
-        if self.curve is not None:
-            self.curve.dial(sock, self.curve.broker)  # the broker key of OUR spec
-        return sock
-
-    def _new_dealer(self) -> zmq.Socket[Any]:
-        sock = self._broker_socket()
-        sock.setsockopt(zmq.IMMEDIATE, 1)  # no queueing towards a broker that is not there
-        sock.setsockopt(zmq.RECONNECT_IVL, 100)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        sock.connect(self.broker_url)
-        return sock
-
-    def _send(self, msg: Record) -> None:
-        """Send to the broker from the I/O thread; dropped if the broker is unreachable."""
-        if self.seal is not None:
-            msg = self.seal.outbound(msg)
-        frames = self._encode(msg)
-        if frames is None:
-            return
-        try:
-            send_frames(self.dealer, to_wire(frames))
-        except zmq.Again:
-            log.debug("rank %d: broker unreachable, dropped %s", self.rank, msg.TAG)
-
-    def _encode(self, msg: Record) -> list[Any] | None:
-        """``msg``'s frames; if it cannot be encoded (a result that does not pickle, or is
-        not in the safe value format), the same answer carrying the error instead, so the
-        one waiting learns why.
-
-        Everything a worker sends travels on to the broker or a driver, other parties: in
-        the safe value format unless this party declared the cluster trusted."""
-        safe = not pickles_allowed(WORKER, trusted=self.trusted)
-        try:
-            return encode(msg, safe=safe)
-        except Exception as exc:
-            self.guard.internal("this worker", msg, exc)
-            instead = substitute(msg, exc, self.rank)
-            return encode(instead, safe=safe) if instead is not None else None
-
     # -- messages -------------------------------------------------------------------------
     def _move_refused(self, event: Any) -> None:
         """The peer thread refused a move (``--code kernels``): its job fails."""
         self.jobs.report(event)
-
-    def _handshake_failed(self, event: list[bytes]) -> None:
-        if self.state.joined:
-            return  # a welcomed worker keeps retrying: the broker may come back
-        auth = int.from_bytes(event[0][:2], "little") == zmq.EVENT_HANDSHAKE_FAILED_AUTH
-        why = (
-            "refused this worker's key (it is not a node key in the broker's cluster spec)"
-            if auth
-            else "failed the CURVE handshake (it does not run CURVE, or it is not the "
-            "broker whose key this worker's spec pins)"
-        )
-        self.refused = ErrorInfo(
-            "AuthenticationError", f"the broker at {self.broker_url} {why}", rank=self.rank
-        )
-        log.error("rank %d: %s", self.rank, self.refused.message)
-        self._stopping = True
 
     def _perform(self, actions: list[Action]) -> None:
         """Carry out what the state machine left to the I/O shell."""
