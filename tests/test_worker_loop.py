@@ -353,3 +353,41 @@ def test_a_worker_serves_metrics_while_messages_stream_in(
     finally:
         reader.join(15)
         _stop(worker)
+
+
+def test_a_pooled_job_begun_while_the_timers_are_a_heartbeat_away_has_them_every_100_ms(
+    ctx: zmq.Context[Any], broker: FakeBroker
+) -> None:
+    """A job handed to the pool by a message that came while the worker was quiet (its
+    timers then a heartbeat away: 30 s here) brings them back to _POLL_MS, as work about
+    should (its long ops' progress is reported from there), even while messages stream in
+    so fast that the receive never times out. Review w31-rev-perf: they stayed a heartbeat
+    away, and no timer ran in 10 s."""
+    worker = _started(ctx, broker, heartbeat_s=30.0)
+    runs = [0]
+    report = worker.jobs.report_progress
+
+    def counted_report() -> None:  # once per run of the timers
+        runs[0] += 1
+        report()
+
+    worker.jobs.report_progress = counted_report  # type: ignore[method-assign]
+    b = GraphBuilder(2)
+    x = b.op("pcall", [], ranks=(1,), fn=b.fn(len), args=("x",))[0]
+    y = b.op("shuffle", [x], ranks=(0, 1), routing={0: 1})[0]  # rank 0 waits for rank 1
+    graph = b.build([y])
+    try:
+        wait_until(lambda: worker._resting, what="the worker to rest")  # timers 30 s away
+        runs[0] = 0
+        broker.send(Program(graph.digest, graph))
+        broker.send(Exec("s1", "j1", graph.digest, (0, 1), {}, (), 60.0))
+        deadline = time.monotonic() + 10.0
+        while runs[0] == 0:  # the stream: a message every few ms, no 100 ms without one
+            assert time.monotonic() < deadline, "no timer ran while a pooled job was in flight"
+            broker.send(Directory({}))
+            broker.pump(0)
+            time.sleep(0.002)
+        assert ("s1", "j1") in worker.state.jobs  # (the job still waits for rank 1)
+    finally:
+        worker.jobs.report_progress = report  # type: ignore[method-assign]
+        _stop(worker)

@@ -415,6 +415,14 @@ class Worker(BrokerMessages, ResultChannel, BrokerLink):
                 quiet = self._resting = self._quiet()  # if all is quiet
                 if not quiet:  # work about (a pooled job, say): timers every _POLL_MS
                     return min(next_timers, now + _POLL_MS / 1000)
+            elif next_timers > now + _POLL_MS / 1000:  # set while quiet: is it still?
+                # A message may have brought work the timers look after (a pooled job's
+                # progress, a task, a hello after a Bye): they come back to _POLL_MS at
+                # once, not after a timeout that a stream of messages never lets happen.
+                # Between the quick jobs of a stream none of these holds (a few loads).
+                state = self.state
+                if state.jobs or state.queued or self._channel_owed or not state.joined:
+                    return now + _POLL_MS / 1000
             return next_timers
         try:  # timers are guarded like messages: a failing stats() must not stop us
             self._woken = False  # first: a wake from now on is served by the next run
