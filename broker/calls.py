@@ -30,6 +30,7 @@ class JobCall(Call):
     dataclass's, with a factory call per dict, cost twice as much)."""
 
     job: str
+    sender: str  # the driver identity that sent the Exec (authenticated in secure mode)
     values: dict[int, dict[int, Any]]
     stats: dict[int, Any]  # each rank's stats blob, unread (mpl.wire.run_stats)
     metas: dict[int, str]
@@ -45,10 +46,16 @@ class JobCall(Call):
     lean: bool
 
     def __init__(
-        self, driver: bytes, session: str, ranks: tuple[int, ...], pending: set[int], job: str
+        self,
+        driver: bytes,
+        session: str,
+        ranks: tuple[int, ...],
+        pending: set[int],
+        job: str,
+        sender: str = "",
     ) -> None:
         self.driver, self.session, self.ranks, self.pending = driver, session, ranks, pending
-        self.job = job
+        self.job, self.sender = job, sender
         self.values, self.stats, self.metas = {}, {}, {}
         self.progress_sent, self.saved, self.raw_values, self.raw_stats = {}, {}, {}, {}
         self.lean = True

@@ -181,7 +181,7 @@ def _broker_curve(cluster: ClusterSpec, key_file: Path | None) -> Curve | None:
     "--symbols",
     "show_symbols",
     is_flag=True,
-    help="List the persisted names only, one row per party holding one.",
+    help="List the persisted names only, one row per party holding one (secure mode: yours).",
 )
 def status(
     url: str,

@@ -7,7 +7,10 @@ driver's word is no proof that anything was written. So the only source is each 
 
 * A persisted name is that party's own entry: it is recorded for the reporting rank as soon
   as its ``Done`` arrives (the file is on its disk, whatever the other ranks do next), even
-  when the job has already failed elsewhere.
+  when the job has already failed elsewhere. Its owner (whom a secure broker lists it to)
+  is the authenticated driver that sent the job; a ``Done`` arriving after its job ended
+  names no owner the broker still knows, so that entry is listed to no one until the
+  worker's next hello says whose the file is.
 * A session name becomes a name of the session when the job completes and every rank the
   value spans reported the same value (device and ranks) under it. A name one rank claims
   for others, or that the ranks disagree on, is dropped and counted as forged.
@@ -58,7 +61,9 @@ class JobSaves:
             if info is None:
                 continue
             if info.persist:
-                self.state.persisted.saved(info, (msg.rank,))  # its own entry only
+                # its own entry only, owned by the driver that sent the job (who sealed it,
+                # which the worker wrote into the file)
+                self.state.persisted.saved(info, (msg.rank,), job.sender)
             else:
                 job.saved.setdefault(info.name, {})[msg.rank] = info
         return None
@@ -74,8 +79,8 @@ class JobSaves:
         for claimed in msg.saved:
             if claimed.persist:
                 info = self._plausible(msg.job, world, msg.rank, claimed)
-                if info is not None:
-                    self.state.persisted.saved(info, (msg.rank,))
+                if info is not None:  # whose job it was is forgotten: listed to no one
+                    self.state.persisted.saved(info, (msg.rank,))  # until its next hello
 
     def complete(self, job: JobCall) -> ErrorInfo | None:
         """The job's last rank is done: name in the session what every holder reported."""

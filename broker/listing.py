@@ -4,7 +4,8 @@
 The access rules of :mod:`mpl.broker.access` hold here as everywhere: a caller sees the
 sessions it owns or shares in full and the others only as a count; a session's names
 only when it may act in that session; the programs cached for its own identity only.
-Persisted names are listed for every driver (any session may load them), per party.
+Persisted names are listed per party; in secure mode each only to the driver that owns it
+(:mod:`mpl.broker.persisted`), in plaintext to every driver (no one is authenticated).
 Closing a session by name is for its owner alone, from any of the owner's drivers.
 """
 
@@ -110,7 +111,7 @@ class Listing:
                 if isinstance(session, ErrorInfo):
                     return [Send(peer, Reply(msg.req, error=session))]
                 own = [_symbol_row(i) for _, i in sorted(session.symbols.items())]
-            value = {"session": own, "persisted": self.persisted()}
+            value = {"session": own, "persisted": self.persisted(self.viewer(identity))}
             return [Send(peer, Reply(msg.req, value=value))]
         error = ErrorInfo("ProtocolError", f"unknown listing {msg.what!r}")
         return [Send(peer, Reply(msg.req, error=error))]
@@ -120,12 +121,17 @@ class Listing:
         mine = [s for s in every if s.allows(identity)]
         return {"sessions": session_rows(mine, now, identity), "others": len(every) - len(mine)}
 
-    def persisted(self) -> list[dict[str, Any]]:
-        rows = []
-        for name in self.state.persisted.names():
-            for rank, info in sorted(self.state.persisted.holders(name).items()):
-                rows.append({**_symbol_row(info), "rank": rank})
-        return rows
+    def viewer(self, identity: str) -> str | None:
+        """Whose persisted names ``identity`` may list: its own in secure mode (``""``, no
+        driver: none), every one in plaintext (None)."""
+        return identity if self.state.secure else None
+
+    def persisted(self, viewer: str | None = None) -> list[dict[str, Any]]:
+        """One row per party holding a persisted name ``viewer`` may list (None: all)."""
+        return [
+            {**_symbol_row(info), "rank": rank}
+            for _, rank, info in self.state.persisted.listed(viewer)
+        ]
 
     def programs(self, identity: str, now: float) -> list[dict[str, Any]]:
         """The caller's cached programs, most recently used first, with the seconds since

@@ -87,7 +87,9 @@ class Names:
         if isinstance(info, ErrorInfo):
             return [Send(peer, Reply(msg.req, error=info))]
         if info is None:
-            known = sorted({*session.symbols, *self.state.persisted.names()})
+            viewer = self.state.access.driver(peer, who) or ""
+            persisted = self.state.persisted.names(viewer if self.state.secure else None)
+            known = sorted({*session.symbols, *persisted})  # (secure: only the caller's own)
             where = f" on rank(s) {list(msg.parties)}" if msg.parties else ""
             error = ErrorInfo(
                 "SessionError",
@@ -164,7 +166,9 @@ class Names:
         if info is not None:
             symbols = session.symbols if session is not None else {}
             if call.kind == "save" and info.persist:
-                self.state.persisted.saved(info, call.ranks)  # each rank's own entry
+                # each rank's own entry; the broker's word names no owner (a secure worker
+                # refuses a SaveSymbol: this is a plaintext save, whose owner nobody lists by)
+                self.state.persisted.saved(info, call.ranks)
             elif call.kind == "save":
                 symbols[info.name] = info
             else:

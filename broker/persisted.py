@@ -7,6 +7,19 @@ workers say they hold: a worker's hello (on every registration, so also after a 
 restart) replaces every entry of its rank, and a save or delete acknowledged by a rank
 changes that rank's entries only.
 
+Who may list a name (secure mode): each entry keeps its owner, the driver whose sealed job
+saved it. For a save the broker saw done it is that job's authenticated sender (never a
+field anyone wrote); for what a worker's hello lists (after a broker restart, say) it is
+that worker's word about the files on its own disk, which it wrote the owners into (``""``:
+none recorded, or not a driver of the broker's spec). A value held by several ranks (an
+SPU value's shares, a multi-party value: the entries of one name with the same device and
+ranks) is listed to its owner only when every rank holding it names the same owner, else
+to no one: one rank cannot show another driver a name the other ranks hold for its owner.
+A hostile party's worker can only misreport the owners of the names on its own disk (it
+knows those names anyway), so it can hide them from their owner or show them to another
+driver, but no name another rank holds. Plaintext mode authenticates no one: every entry
+is listed to every driver, as before.
+
 Resolving a name for ``mp.load(name, parties=...)``: the entries of the asked ranks (all
 holders when none are asked) must form one value: an SPU value whose shares are all
 there, or one multi-party value, or, when ranks are asked for explicitly, the values of
@@ -15,6 +28,8 @@ several parties loaded without saying which is ambiguous and refused, listing th
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from mpl.wire.limits import MAX_PERSISTED_NAMES, valid_name
 from mpl.wire.lru import LRU
@@ -25,24 +40,31 @@ __all__ = ["PersistedTable"]
 
 
 class PersistedTable:
-    """``(name, rank) -> SymbolInfo`` for every file the live workers reported."""
+    """``(name, rank) -> (SymbolInfo, owner)`` for every file the live workers reported
+    (owner ``""``: no one known)."""
 
     def __init__(self, limit: int = MAX_PERSISTED_NAMES) -> None:
-        self.entries: LRU[tuple[str, int], SymbolInfo] = LRU(limit)
+        self.entries: LRU[tuple[str, int], tuple[SymbolInfo, str]] = LRU(limit)
 
     # -- what the workers say ---------------------------------------------------------------
-    def replace_rank(self, rank: int, infos: list[SymbolInfo]) -> None:
-        """Rank ``rank`` (re)registered and listed what its disk holds now."""
+    def replace_rank(
+        self, rank: int, infos: list[SymbolInfo], owners: Mapping[str, str] | None = None
+    ) -> None:
+        """Rank ``rank`` (re)registered and listed what its disk holds now, and (``owners``,
+        name -> owner, already checked by the caller) whose each file is."""
         for key in [k for k in self.entries if k[1] == rank]:
             del self.entries[key]
+        owners = owners or {}
         for info in infos:
             # names become file names on the workers; a worker speaks for its own rank only
             if valid_name(info.name) and rank in info.ranks:
-                self.entries[(info.name, rank)] = info
+                self.entries[(info.name, rank)] = (info, owners.get(info.name, ""))
 
-    def saved(self, info: SymbolInfo, ranks: tuple[int, ...]) -> None:
+    def saved(self, info: SymbolInfo, ranks: tuple[int, ...], owner: str = "") -> None:
+        """Ranks ``ranks`` wrote ``info.name`` for ``owner`` (the authenticated driver of
+        the job that saved it; ``""``: no one known, listed to no one in secure mode)."""
         for rank in ranks:
-            self.entries[(info.name, rank)] = info
+            self.entries[(info.name, rank)] = (info, owner)
 
     def deleted(self, name: str, ranks: tuple[int, ...]) -> None:
         for rank in ranks:
@@ -50,10 +72,28 @@ class PersistedTable:
 
     # -- what drivers ask -------------------------------------------------------------------
     def holders(self, name: str) -> dict[int, SymbolInfo]:
-        return {rank: info for (n, rank), info in self.entries.items() if n == name}
+        return {rank: info for (n, rank), (info, _) in self.entries.items() if n == name}
 
-    def names(self) -> list[str]:
-        return sorted({name for name, _ in self.entries})
+    def names(self, viewer: str | None = None) -> list[str]:
+        """Every persisted name (``viewer`` None: plaintext), or those ``viewer`` may list."""
+        if viewer is None:
+            return sorted({name for name, _ in self.entries})
+        return sorted({name for name, _, _ in self.listed(viewer)})
+
+    def listed(self, viewer: str | None) -> list[tuple[str, int, SymbolInfo]]:
+        """``(name, rank, info)`` by name and rank: every entry for ``viewer`` None (plaintext),
+        else the entries of the values ``viewer`` owns (every rank holding one agreeing)."""
+        by_name: dict[str, dict[int, tuple[SymbolInfo, str]]] = {}
+        for (name, rank), entry in self.entries.items():
+            by_name.setdefault(name, {})[rank] = entry
+        rows: list[tuple[str, int, SymbolInfo]] = []
+        for name in sorted(by_name):
+            held = by_name[name]
+            owners = _value_owners(held) if viewer is not None else {}
+            for rank, (info, _) in sorted(held.items()):
+                if viewer is None or (viewer and owners[_value(info)] == viewer):
+                    rows.append((name, rank, info))
+        return rows
 
     def __contains__(self, name: object) -> bool:
         return any(n == name for n, _ in self.entries)
@@ -97,6 +137,23 @@ class PersistedTable:
                 "(or several ranks for a value spanning them)"
             )
         return SymbolInfo(name, "", tuple(sorted(held)), True, {})
+
+
+def _value(info: SymbolInfo) -> tuple[str, tuple[int, ...]]:
+    """Which value of its name an entry is part of: the same device and ranks are one."""
+    return info.device, tuple(info.ranks)
+
+
+def _value_owners(
+    held: dict[int, tuple[SymbolInfo, str]],
+) -> dict[tuple[str, tuple[int, ...]], str]:
+    """The owner of each value among one name's entries, ``""`` when the ranks holding it
+    do not all name the same one."""
+    owners: dict[tuple[str, tuple[int, ...]], str] = {}
+    for info, owner in held.values():
+        key = _value(info)
+        owners[key] = owner if owners.get(key, owner) == owner else ""
+    return owners
 
 
 def _is_spu(info: SymbolInfo) -> bool:

@@ -16,7 +16,7 @@ from mpl.broker.actions import Send
 from mpl.broker.calls import lost_rank_error
 from mpl.wire.control import Bye, Channel, Heartbeat, Refused, Reregister, Welcome, WorkerHello
 from mpl.wire.errors import RegistrationError
-from mpl.wire.identity import node_identity, rank_of
+from mpl.wire.identity import driver_identity, node_identity, rank_of
 from mpl.wire.remote import ErrorInfo
 
 if TYPE_CHECKING:
@@ -78,6 +78,21 @@ class Presence:
         state._note(f"refused {tag!r}: {message}")
         return Send(peer, Refused(ErrorInfo("AuthenticationError", message, rank=rank)))
 
+    def file_owners(self, msg: WorkerHello) -> dict[str, str]:
+        """The owners a hello reports for its own files (name -> driver identity) that the
+        broker keeps: in secure mode those naming a driver of its spec (which also bounds
+        each one), in plaintext none (its drivers are not authenticated; nothing is listed
+        by owner). The worker's word: a hostile party's worker can misreport only the
+        owners of the names on its own disk."""
+        if not self.state.secure or not msg.owners:
+            return {}
+        drivers = {driver_identity(d.name) for d in self.state.cluster.drivers}
+        return {
+            info.name: owner
+            for info in msg.symbols
+            if type(owner := msg.owners.get(info.name)) is str and owner in drivers
+        }
+
     def on_hello(
         self, peer: bytes, msg: WorkerHello, now: float, who: str | None = None
     ) -> list[Send]:
@@ -88,7 +103,8 @@ class Presence:
         except RegistrationError as exc:
             state._note(f"refused rank {msg.rank} (pid {msg.pid} on {msg.host}): {exc}")
             return [Send(peer, Refused(ErrorInfo("RegistrationError", str(exc), rank=msg.rank)))]
-        state.persisted.replace_rank(entry.rank, msg.symbols)  # what its disk holds now
+        # what its disk holds now, and (secure mode) whose each file is
+        state.persisted.replace_rank(entry.rank, msg.symbols, self.file_owners(msg))
         welcome = Welcome(
             entry.rank,
             state.cluster.world_size,

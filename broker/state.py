@@ -357,7 +357,7 @@ class BrokerState:
         if not all(workers):  # a WorkerEntry is always true
             absent = next(r for r, e in zip(ranks, workers, strict=True) if e is None)
             return self._answer(peer, job_id, self._absent(absent, job_id))
-        calls.jobs[job_id] = JobCall(peer, msg.session, ranks, pending, job_id)
+        calls.jobs[job_id] = JobCall(peer, msg.session, ranks, pending, job_id, identity)
         session.jobs.add(job_id)
         # A rank must see only its own bindings (host values are private to their party).
         # When no other rank's bindings are in the message, it goes out as it came: one

@@ -3,7 +3,8 @@
 In plaintext mode (loopback only) the asker sees everything: it is the operator's tool. In
 secure mode the asker is a driver identity, and another driver's sessions are not its
 business: it sees its own sessions (those it owns or shares) in full, the others only as a
-count, and no recent errors (they quote other drivers' failures; the broker's log has them).
+count, no recent errors (they quote other drivers' failures; the broker's log has them),
+and only the persisted names it owns.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def build_status(state: BrokerState, now: float, viewer: str | None = None) -> d
         "sessions": sessions,
         "other_sessions": len(state.sessions.by_id) - len(visible),
         "jobs_in_flight": len(state.calls.jobs),
-        "persisted_symbols": state.persisted.names(),
+        "persisted_symbols": state.persisted.names(viewer),  # in secure mode its own
         "errors": list(state.errors) if viewer is None else [],
         **state.counters,
     }

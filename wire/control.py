@@ -55,7 +55,12 @@ class PeerInfo(Record, tag="peer"):
 
 @dataclass(eq=False, repr=False)
 class WorkerHello(Record, tag="hello"):
-    """A worker asks to serve ``rank``. ``incarnation`` is new for every process start."""
+    """A worker asks to serve ``rank``. ``incarnation`` is new for every process start.
+
+    ``owners`` says whose each of ``symbols`` is (name -> the driver identity a secure
+    worker wrote into the file; a name without one: no owner recorded): a secure broker
+    lists a persisted name only to its owner. The worker's word about its own disk; the
+    broker keeps an owner only when it is a driver of its spec."""
 
     rank: int
     incarnation: str
@@ -65,6 +70,7 @@ class WorkerHello(Record, tag="hello"):
     spu_addr: str
     symbols: list[SymbolInfo] = field(default_factory=list)  # values persisted on its disk
     curve_key: str = ""
+    owners: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(eq=False, repr=False)

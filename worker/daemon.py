@@ -202,6 +202,7 @@ class Worker(BrokerMessages, ResultChannel, BrokerLink):
             holding=held_spu(curve, lambda: self.state.world_size),
             start=False,  # its callbacks read self.state and self.jobs: started below
         )
+        infos, owners = disk.hello_lists() if disk else ([], {})
         hello = WorkerHello(
             rank,
             self.incarnation,
@@ -209,8 +210,9 @@ class Worker(BrokerMessages, ResultChannel, BrokerLink):
             _socket.gethostname(),
             self.data_addr,
             self.spu_links.address,
-            disk.infos() if disk else [],
+            infos,
             curve.keys.public if curve else "",
+            owners,
         )
         self.state = WorkerState(hello, now=time.monotonic(), heartbeat_s=heartbeat_s)
         self.peers = PeerLinks(
@@ -528,7 +530,9 @@ class Worker(BrokerMessages, ResultChannel, BrokerLink):
                 msg = action.msg
                 if isinstance(msg, WorkerHello) and self.store.disk is not None:
                     # the names persisted now, not at start: a restarted broker learns them
-                    msg = dataclasses.replace(msg, symbols=self.store.disk.infos())
+                    # (and whose each is, from the files)
+                    infos, owners = self.store.disk.hello_lists()
+                    msg = dataclasses.replace(msg, symbols=infos, owners=owners)
                 self._send(msg)
             elif isinstance(action, Beat):
                 self._send(Heartbeat(self.stats(), rank=self.rank))

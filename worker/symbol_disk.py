@@ -130,6 +130,15 @@ class SymbolDisk:
         with self._index_lock:
             return [info for info, _ in self._index.values()]
 
+    def hello_lists(self) -> tuple[list[SymbolInfo], dict[str, str]]:
+        """:meth:`infos` and, taken with them, whose each is (name -> owner, for the files
+        that record one): a worker's hello lists both, so that a secure broker lists each
+        name to its owner alone."""
+        with self._index_lock:
+            infos = [info for info, _ in self._index.values()]
+            owners = {name: owner for name, (_, owner) in self._index.items() if owner}
+        return infos, owners
+
     def scan(self) -> list[SymbolInfo]:
         """Read every description from disk afresh; unreadable files are reported (logged
         and counted), never hidden."""
