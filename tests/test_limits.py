@@ -65,7 +65,7 @@ def test_ints_in_record_fields_are_64_bit_unless_declared_big() -> None:
         with pytest.raises(ProtocolError, match="field 'small'"):
             decode(_record("test-limits-counter", _bigint(bad), _p(1)))
     with pytest.raises(ProtocolError, match="field 'rank'"):  # a float field is no way round
-        decode(_record("hello", _bigint(HUGE), *map(_p, ("i", 1, "h", "a", "", [], ""))))
+        decode(_record("hello", _bigint(HUGE), *map(_p, ("i", 1, "h", "a", "", [], "", {}))))
     with pytest.raises(ProtocolError, match="field 'lease_s'"):
         decode(_record("open", _p(1), _p(""), _bigint(HUGE), _p("c"), _p(None), _p(None)))
     assert decoded_as(Lit, encode(Lit(HUGE))).value == HUGE  # values carry ints of any size
