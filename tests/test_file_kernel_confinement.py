@@ -221,10 +221,8 @@ def test_a_write_makes_a_missing_data_root_as_before(tmp_path: Path) -> None:
 # -- review w31-rev-sec ---------------------------------------------------------------------
 
 
-def _stats_of_one_write(
-    run: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, path: str, value: Any
-) -> int:
-    """The ``os.stat`` calls one write makes (``os.fwalk`` stats through it too)."""
+def _stat_calls(monkeypatch: pytest.MonkeyPatch, work: Callable[[], Any]) -> int:
+    """The ``os.stat`` calls ``work()`` makes (``os.fwalk`` stats through it too)."""
     real_stat = os.stat
     calls = [0]
 
@@ -234,10 +232,17 @@ def _stats_of_one_write(
 
     monkeypatch.setattr(os, "stat", counted)
     try:
-        run("mallory", "mpl.io.write_npy", path, value)
+        work()
     finally:
         monkeypatch.setattr(os, "stat", real_stat)
     return calls[0]
+
+
+def _stats_of_one_write(
+    run: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, path: str, value: Any
+) -> int:
+    """The ``os.stat`` calls one write makes."""
+    return _stat_calls(monkeypatch, lambda: run("mallory", "mpl.io.write_npy", path, value))
 
 
 def test_a_write_does_not_look_at_every_file_its_folder_already_holds(
@@ -269,18 +274,13 @@ def test_a_count_stops_once_it_passes_the_quota_folders_alone_too(
     for n in range(500):
         (own / f"d{n}").mkdir(parents=True)
     run = _runner(root, quota=8 * 4096)
-    real_stat = os.stat
-    calls = [0]
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls[0] += 1
-        return real_stat(*args, **kwargs)
+    def refused_write() -> None:
+        with pytest.raises(io_kernels.DriverQuotaError):
+            run("mallory", "mpl.io.write_npy", "b.npy", np.zeros(1))
 
-    monkeypatch.setattr(os, "stat", counted)
-    with pytest.raises(io_kernels.DriverQuotaError):
-        run("mallory", "mpl.io.write_npy", "b.npy", np.zeros(1))
-    monkeypatch.setattr(os, "stat", real_stat)
-    assert calls[0] < 50, f"a refused write made {calls[0]} stat calls"
+    calls = _stat_calls(monkeypatch, refused_write)
+    assert calls < 50, f"a refused write made {calls} stat calls"
 
 
 def test_the_quota_still_holds_across_writes_and_sees_room_the_operator_freed(

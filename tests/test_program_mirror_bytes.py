@@ -85,6 +85,25 @@ def test_a_larger_copy_arriving_later_raises_the_charge_of_the_keys_before_it(
     assert mirror.programs.nbytes <= BUDGET
 
 
+def _orphaned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[WorkerEntry, WorkerState, list[Program], list[Program]]:
+    """A mirror and a worker with twice its room (as deployed) after ``a``'s five large
+    programs were pushed out of the mirror's keys by smaller ones: (mirror, worker, the
+    large programs, those the worker still holds)."""
+    mirror, worker = _pair(monkeypatch)
+    monkeypatch.setattr(worker_state, "WORKER_PROGRAM_BYTES", 2 * BUDGET)
+    worker = WorkerState(WorkerHello(1, "i", 1, "h", "tcp://d", ""), now=0.0, heartbeat_s=1.0)
+    bigs = [_program(12_000, n) for n in range(5)]
+    for big in bigs:
+        assert _job(mirror, worker, "a", big)
+    n = 10
+    while any(("a", big.digest) in mirror.programs for big in bigs):
+        assert _job(mirror, worker, "a", _program(3_000, n))
+        n += 1
+    return mirror, worker, bigs, [big for big in bigs if big.digest in worker.programs]
+
+
 def test_entries_the_mirror_forgot_and_junk_copies_revived_are_charged_their_size(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -92,18 +111,8 @@ def test_entries_the_mirror_forgot_and_junk_copies_revived_are_charged_their_siz
     mirror dropped every key of theirs. Junk copies of those digests make them the worker's
     newest entries again: the mirror remembers the largest copy it sent under each digest,
     and with junk charged its own size the revived programs outgrew the worker's spare room."""
-    mirror, worker = _pair(monkeypatch)
-    monkeypatch.setattr(worker_state, "WORKER_PROGRAM_BYTES", 2 * BUDGET)
-    worker = WorkerState(WorkerHello(1, "i", 1, "h", "tcp://d", ""), now=0.0, heartbeat_s=1.0)
-    bigs = [_program(12_000, n) for n in range(5)]
+    mirror, worker, bigs, orphans = _orphaned(monkeypatch)
     junk = _program(100, 99).graph
-    for big in bigs:
-        assert _job(mirror, worker, "a", big)
-    n = 10
-    while any(("a", big.digest) in mirror.programs for big in bigs):
-        assert _job(mirror, worker, "a", _program(3_000, n))
-        n += 1
-    orphans = [big for big in bigs if big.digest in worker.programs]
     assert len(orphans) >= 3  # held on, unknown to the mirror's keys
     for m in range(30):
         for big in orphans:  # revived, and kept fresh
@@ -118,18 +127,8 @@ def test_a_flood_of_junk_digests_does_not_make_the_mirror_forget_a_held_programs
     """As above, but b first sends junk under more digests than the mirror remembers
     exactly (REMEMBERED_DIGESTS; the worker holds none of them, so they push nothing out
     of its cache): what it remembers past them may overstate a size, never understate it."""
-    mirror, worker = _pair(monkeypatch)
-    monkeypatch.setattr(worker_state, "WORKER_PROGRAM_BYTES", 2 * BUDGET)
-    worker = WorkerState(WorkerHello(1, "i", 1, "h", "tcp://d", ""), now=0.0, heartbeat_s=1.0)
-    bigs = [_program(12_000, n) for n in range(5)]
+    mirror, worker, bigs, orphans = _orphaned(monkeypatch)
     junk = _program(100, 99).graph
-    for big in bigs:
-        assert _job(mirror, worker, "a", big)
-    n = 10
-    while any(("a", big.digest) in mirror.programs for big in bigs):
-        assert _job(mirror, worker, "a", _program(3_000, n))
-        n += 1
-    orphans = [big for big in bigs if big.digest in worker.programs]
     assert len(orphans) >= 3
     flood = [f"{m:032x}" for m in range(registry.REMEMBERED_DIGESTS + 10)]
     for digest in flood:  # junk alone, under new digests
