@@ -5,7 +5,7 @@ with an ``Ack`` (counted only from those ranks), and the driver gets one ``Reply
 ``LoadSymbol`` is answered from the broker's tables; loading a persisted name is also what
 lets the session read it (``sym:<name>``) from then on. Persisted names are per party
 (:mod:`mpl.broker.persisted`): a load or delete says whose, or the holders must make one
-value.
+value. In secure mode a load or delete sees only what the session's owner persisted.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from mpl.broker.actions import Send
 from mpl.broker.admission import refuse_call, refuse_save
 from mpl.broker.calls import RequestCall
 from mpl.broker.session_runtime import OPEN_KIND
+from mpl.broker.sessions import SessionEntry
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import Ack, DeleteSymbol, LoadSymbol, Reply, SaveSymbol, SymbolInfo
@@ -83,7 +84,7 @@ class Names:
         session = self.state.access.session(peer, who, msg.session, now)
         if isinstance(session, ErrorInfo):
             return [Send(peer, Reply(msg.req, error=session))]
-        info = self._resolve(session.symbols, msg.name, tuple(msg.parties))
+        info = self._resolve(session, msg.name, tuple(msg.parties))
         if isinstance(info, ErrorInfo):
             return [Send(peer, Reply(msg.req, error=info))]
         if info is None:
@@ -102,14 +103,18 @@ class Names:
         return [Send(peer, Reply(msg.req, value=info))]
 
     def _resolve(
-        self, symbols: dict[str, SymbolInfo], name: str, parties: tuple[int, ...]
+        self, session: SessionEntry, name: str, parties: tuple[int, ...]
     ) -> SymbolInfo | ErrorInfo | None:
         """The session's own value first (when it is on the ranks asked for), else what
-        those parties persisted under ``name``, each in its own namespace."""
+        those parties persisted under ``name``, each in its own namespace (secure mode:
+        what the session's owner persisted, anyone else's being as if absent)."""
+        symbols = session.symbols
         own = symbols.get(name)
         if own is not None and (not parties or set(parties) == set(own.ranks)):
             return own
-        return self.state.persisted.resolve(name, parties)
+        # secure: only the session owner's entries, as the workers read them only there
+        owner = session.owner if self.state.secure else None
+        return self.state.persisted.resolve(name, parties, owner)
 
     def on_unsave(
         self, peer: bytes, msg: DeleteSymbol, now: float, who: str | None = None
@@ -117,7 +122,7 @@ class Names:
         session = self.state.access.session(peer, who, msg.session, now)
         if isinstance(session, ErrorInfo):
             return [Send(peer, Reply(msg.req, error=session))]
-        info = self._resolve(session.symbols, msg.name, tuple(msg.ranks))
+        info = self._resolve(session, msg.name, tuple(msg.ranks))
         if isinstance(info, ErrorInfo):
             return [Send(peer, Reply(msg.req, error=info))]
         uri = f"sym:{msg.name}"

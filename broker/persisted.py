@@ -25,6 +25,10 @@ holders when none are asked) must form one value: an SPU value whose shares are 
 there, or one multi-party value, or, when ranks are asked for explicitly, the values of
 several parties side by side (a party-level value spanning them). Distinct values of
 several parties loaded without saying which is ambiguous and refused, listing them.
+In secure mode a load resolves only among the values the loading session's owner owns
+(listed to it as above), as a worker reads a persisted value only in its owner's
+sessions: a name persisted by another driver, or of no known owner, answers exactly as a
+name that does not exist: a load (or delete) of a guessed name tells a driver nothing.
 """
 
 from __future__ import annotations
@@ -71,8 +75,18 @@ class PersistedTable:
             self.entries.pop((name, rank), None)
 
     # -- what drivers ask -------------------------------------------------------------------
-    def holders(self, name: str) -> dict[int, SymbolInfo]:
-        return {rank: info for (n, rank), (info, _) in self.entries.items() if n == name}
+    def holders(self, name: str, owner: str | None = None) -> dict[int, SymbolInfo]:
+        """The ranks holding ``name``: all of them for ``owner`` None (plaintext), else those
+        holding a value ``owner`` owns (every rank holding it agreeing), as listed to it."""
+        held = {rank: entry for (n, rank), entry in self.entries.items() if n == name}
+        if owner is None:
+            return {rank: info for rank, (info, _) in held.items()}
+        owners = _value_owners(held)
+        return {
+            rank: info
+            for rank, (info, _) in held.items()
+            if owner and owners[_value(info)] == owner
+        }
 
     def names(self, viewer: str | None = None) -> list[str]:
         """Every persisted name (``viewer`` None: plaintext), or those ``viewer`` may list."""
@@ -98,10 +112,16 @@ class PersistedTable:
     def __contains__(self, name: object) -> bool:
         return any(n == name for n, _ in self.entries)
 
-    def resolve(self, name: str, parties: tuple[int, ...] = ()) -> SymbolInfo | ErrorInfo | None:
+    def resolve(
+        self, name: str, parties: tuple[int, ...] = (), owner: str | None = None
+    ) -> SymbolInfo | ErrorInfo | None:
         """What ``mp.load(name, parties=parties)`` stands for (``()``: every holder); None
-        when no rank holds ``name``; an error when the holders do not make one value."""
-        held = self.holders(name)
+        when no rank holds ``name``; an error when the holders do not make one value.
+
+        ``owner`` (secure mode: the owner of the loading session) sees only the entries
+        :meth:`holders` gives it, so another driver's name, or one of no known owner,
+        resolves as a name no rank holds: no error names its ranks or device."""
+        held = self.holders(name, owner)
         if not held:
             return None
         if parties:

@@ -27,6 +27,7 @@ from mpl.wire.codec import decode, encode
 from mpl.wire.control import Welcome, WorkerHello
 from mpl.wire.jobs import Done, Exec, JobResult, Program
 from mpl.wire.sessions import (
+    DeleteSymbol,
     ListRequest,
     LoadSymbol,
     OpenSession,
@@ -184,3 +185,106 @@ def test_a_workers_hello_reports_the_owner_of_each_file_it_holds(tmp_path: Path)
     assert sorted(i.name for i in infos) == ["owned", "plain"] and owners == {"owned": ALICE}
     hello = _hello(0, infos, owners)
     assert decode(encode(hello), unpickle=False) == hello
+
+
+# -- loading a guessed name (w31-load) --------------------------------------------------------
+
+
+def _open(state: BrokerState, who: str) -> str:
+    peer = who.encode()
+    opened = state.handle(peer, OpenSession(1, "", 60.0, "c"), 0.4, who=who)
+    return next(a.msg.session for a in opened if isinstance(a.msg, SessionOpened))
+
+
+def _load(
+    state: BrokerState, who: str, sid: str, name: str, parties: tuple[int, ...] = ()
+) -> Reply:
+    peer = who.encode()
+    return _reply(state.handle(peer, LoadSymbol(sid, 2, name, parties), 0.5, who=who), peer)
+
+
+def _delete(state: BrokerState, who: str, sid: str, name: str) -> Reply:
+    peer = who.encode()
+    return _reply(state.handle(peer, DeleteSymbol(sid, 3, name, ()), 0.5, who=who), peer)
+
+
+def _without(reply: Reply, name: str) -> str:
+    """The error a reply carries, its kind and text, with ``name`` blanked out."""
+    assert reply.error is not None and reply.value is None, reply
+    return f"{reply.error.kind}: {reply.error.message}".replace(repr(name), "<name>")
+
+
+def test_loading_another_drivers_persisted_name_answers_as_a_name_that_does_not_exist() -> None:
+    """Before w31-load the broker resolved bob's ``mp.load("payroll_cuts")`` from its whole
+    table: bob learnt that alice persisted it, on which rank, with its description (only
+    the read then failed on the worker). Now it answers as for a name no one has."""
+    state = _secure()
+    _alice_saves(state, "payroll_cuts")
+    sid = _open(state, BOB)
+    for parties in [(), (0,), (1,)]:
+        taken = _load(state, BOB, sid, "payroll_cuts", parties)
+        free = _load(state, BOB, sid, "payroll_cutz", parties)
+        assert _without(taken, "payroll_cuts") == _without(free, "payroll_cutz")
+    assert "payroll_cuts" not in state.sessions.by_id[sid].loaded  # nor may bob read it
+    # nor does a delete tell them apart
+    taken, free = _delete(state, BOB, sid, "payroll_cuts"), _delete(state, BOB, sid, "nope")
+    assert _without(taken, "payroll_cuts") == _without(free, "nope")
+    # alice loads it, in a later session of hers
+    later = _open(state, ALICE)
+    value = _load(state, ALICE, later, "payroll_cuts").value
+    assert isinstance(value, SymbolInfo) and value.ranks == (0,)
+    assert "payroll_cuts" in state.sessions.by_id[later].loaded
+
+
+def test_a_name_another_driver_persisted_on_another_party_is_not_in_the_owners_choice() -> None:
+    """Alice's and bob's ``model`` on two parties: each loads its own without saying whose
+    (before w31-load: ambiguous, naming both), and asking for the other's rank answers as
+    if that rank held none."""
+    state = _secure(
+        owners={0: {"model": ALICE}, 2: {"model": BOB}},
+        r0=[_desc("model", "P0", (0,))],
+        r2=[_desc("model", "P2", (2,))],
+    )
+    alice, bob = _open(state, ALICE), _open(state, BOB)
+    mine = _load(state, ALICE, alice, "model").value
+    assert isinstance(mine, SymbolInfo) and mine.ranks == (0,)
+    theirs = _load(state, BOB, bob, "model").value
+    assert isinstance(theirs, SymbolInfo) and theirs.ranks == (2,)
+    # rank 2 (bob's model) answers as rank 1 (no model), naming only alice's own rank 0
+    bobs, nobodys = (
+        _load(state, ALICE, alice, "model", (2,)),
+        _load(state, ALICE, alice, "model", (1,)),
+    )
+    assert _without(bobs, "model").replace("[2]", "[1]") == _without(nobodys, "model")
+    assert "rank 2" not in _without(bobs, "model")
+
+
+def test_a_name_of_no_known_owner_is_loaded_by_no_one() -> None:
+    """A save reported by a Done after its job ended (owner unknown), or shares whose ranks
+    name different owners: no driver loads it (until a hello names one owner)."""
+    state = _secure()
+    state.persisted.saved(_desc("orphan", "P0", (0,)), (0,))
+    spu = _desc("shares", "SP0", (0, 1))
+    state.persisted.saved(spu, (0,), ALICE)
+    state.persisted.saved(spu, (1,), BOB)
+    for who in (ALICE, BOB):
+        sid = _open(state, who)
+        for name in ("orphan", "shares"):
+            reply = _load(state, who, sid, name)
+            assert _without(reply, name) == _without(_load(state, who, sid, "none"), "none")
+    state.handle(
+        W[0], _hello(0, [_desc("orphan", "P0", (0,))], {"orphan": ALICE}), 1.0, who="node:node0"
+    )
+    sid = _open(state, ALICE)
+    assert isinstance(_load(state, ALICE, sid, "orphan").value, SymbolInfo)
+
+
+def test_plaintext_loads_any_drivers_persisted_name() -> None:
+    state = BrokerState(ClusterSpec.simple(2, enable_spu=False), now=0.0, broker_id="B")
+    hello = _hello(0, [_desc("model", "P0", (0,))], {"model": ALICE})
+    assert isinstance(state.handle(W[0], hello, 0.0)[0].msg, Welcome)
+    peer = b"drv:plain/1"
+    opened = state.handle(peer, OpenSession(1, "", 60.0, "c"), 0.4)
+    sid = next(a.msg.session for a in opened if isinstance(a.msg, SessionOpened))
+    reply = _reply(state.handle(peer, LoadSymbol(sid, 2, "model"), 0.5), peer)
+    assert isinstance(reply.value, SymbolInfo) and reply.value.ranks == (0,)

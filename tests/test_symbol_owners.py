@@ -152,12 +152,14 @@ def _read(ctx: mp.Context) -> Any:
 
 @pytest.mark.daemons
 def test_another_drivers_session_cannot_fetch_a_persisted_value(rig: Rig) -> None:
-    """The broker answers mallory's load of the analyst's name (its table lists it); the
-    worker refuses the fetch in mallory's session (on 0f5e5cc it sealed the value for
-    mallory), and serves the analyst's, in a session of its own, after."""
+    """Mallory's load of the analyst's name: the broker answers it as a name no one has
+    (since w31-load; before, it answered from its whole table and the worker refused the
+    fetch in mallory's session, and on 0f5e5cc it sealed the value for mallory); the
+    analyst's own session, a later one, reads it. Mallory's own job reaching the worker
+    is the next test."""
     with rig.connect() as owner, rig.connect("mallory") as mallory:
         _kept(owner)
-        assert _read(mallory) == "SessionAccessError"
+        assert _read(mallory) == "SessionError"
     with rig.connect() as later:
         assert _read(later) == [0.0, 1.0, 2.0]
 
@@ -217,13 +219,14 @@ def test_a_forged_delete_leaves_a_persisted_value_and_its_owner_deletes_it(rig: 
 @pytest.mark.daemons
 def test_a_persisted_value_is_its_owners_after_a_worker_restart(rig: Rig) -> None:
     """The owner is in the file: a restarted P0 serves the analyst's value to the analyst
-    alone (the review tests' broker: mallory's load answered, its fetch refused)."""
+    alone (its hello names the owner, so the broker answers mallory's load as of a name no
+    one has; before w31-load it answered it and the worker refused the fetch)."""
     with rig.connect() as owner:
         _kept(owner)
     rig.stop_worker(0)
     rig.start_worker(0)
     with rig.connect() as owner, rig.connect("mallory") as mallory:
-        assert _read(mallory) == "SessionAccessError"
+        assert _read(mallory) == "SessionError"
         assert _read(owner) == [0.0, 1.0, 2.0]
 
 
