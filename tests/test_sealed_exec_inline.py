@@ -10,14 +10,17 @@ either refuses, it does not take (it answers None, and the loop reads the frame 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import msgpack
 from helpers import mutated
+from test_secure_broker_counts import _BOX, _STATS, _Cluster, _turned_raw
 
-from mpl.wire.codec import encode
+from mpl.wire.codec import encode, to_wire
+from mpl.wire.control import Refused
 from mpl.wire.errors import ProtocolError
-from mpl.wire.jobs import Exec
+from mpl.wire.jobs import Done, Exec, JobResult
 from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC, SealedExecReaders, read_sealed_exec
 
 _SESSION = "s" + "5" * 16 + "~" + "6" * 16
@@ -130,3 +133,57 @@ def test_the_inline_reading_keeps_nothing_and_reads_only_a_kept_senders_repeat()
     # a record of its own: no map shared with the kept one
     kept = readers._readers[b"p"].last
     assert kept is not None and got[0].bindings == {} and got[0].bindings is not kept.bindings
+
+
+def test_the_broker_loop_refuses_a_bad_repeat_as_the_full_path_does(tmp_path: Path) -> None:
+    """A real secure broker (its loop turned by hand, ``test_secure_broker_counts``): after
+    a sender's first sealed Exec of a program (read in full, kept), repeats whose boxes
+    are short, cut or one too many are refused as bad messages, as the full read refuses
+    them, with nothing sent to a rank; a good repeat after them runs; and the same repeat
+    from a worker's connection is refused for who sent it."""
+    cluster = _Cluster(tmp_path)
+    try:
+        sid, digest = cluster.sid, cluster.graph.digest
+        boxes = [_BOX + b"\x00", _BOX + b"\x01"]
+
+        def frame(name: str, these: list[bytes]) -> bytes:
+            header = bytes(encode(Exec(sid, name, digest, (0, 1), {}, (0,)))[1])
+            return SEALED_EXEC_MAGIC + header + b"".join(map(pack, these))
+
+        def run(name: str) -> None:
+            cluster.driver.send_multipart([frame(name, boxes)])
+            for rank, w in enumerate(cluster.workers):
+                got = _turned_raw(cluster.broker, w, None)
+                assert got[0].endswith(pack(boxes[rank]))
+                w.send_multipart(to_wire(encode(Done(sid, name, rank, {0: _BOX}, _STATS))))
+            result = cluster._next(cluster.driver, JobResult, None)
+            assert result.job == name and result.error is None
+
+        run("a" * 24)  # read in full, its header kept
+        reader = cluster.broker._sealed_execs._readers[b"drv:secure-counts/0001"]
+        errors = cluster.broker.state.counters["protocol_errors"]
+        for bad in (
+            frame("b" * 24, boxes[:1]),  # a box short
+            frame("b" * 24, boxes)[:-1],  # the last box cut
+            frame("b" * 24, [*boxes, boxes[0]]),  # a box more
+            frame("b" * 24, boxes) + b"\x00",  # a byte after the last box
+        ):
+            cluster.driver.send_multipart([bad])
+            refused = cluster._next(cluster.driver, Refused, None)
+            assert refused.error.kind == "ProtocolError"
+            assert "bad message" in refused.error.message
+        assert cluster.broker.state.counters["protocol_errors"] == errors + 4
+        assert not any(w.poll(0) for w in cluster.workers)  # nothing went to a rank
+        before = reader.repeats
+        run("c" * 24)  # a good repeat, read inline
+        assert reader.repeats == before + 1
+        # a worker's connection sends the driver's repeat: refused for who it is
+        worker = cluster.workers[0]
+        for name in ("d" * 24, "e" * 24):  # read in full, then as a repeat
+            worker.send_multipart([frame(name, boxes)])
+            refused = cluster._next(worker, Refused, None)
+            assert "may not send" in refused.error.message
+        assert cluster.broker._sealed_execs._readers[b"\x00w0"].repeats == 1  # (inline)
+        assert not cluster.workers[1].poll(0)
+    finally:
+        cluster.close()
