@@ -21,7 +21,8 @@ state in the batch's own loop). The Exec of a job alone in flight, with nothing 
 before it, goes to its ranks at once, skipping the queue (nothing could share a batch with
 it). The clock is read once per wake-up, for its messages and the timers alike. A sender's
 Execs of one program differ in their job ids alone: each is read by comparing it with that
-sender's last one read in full (``mpl.wire.exec_repeat``, a reader per sender, bounded).
+sender's last one read in full (``mpl.wire.exec_repeat``, a reader per sender, bounded);
+a sealed one's boxes are cut in the same walk, in the loop itself (its Exec as the rest).
 
 A socket monitor reports closed TCP connections, mapped back to their peers by fd
 (``mpl.broker.connections``): a killed worker is noticed in milliseconds rather than after 3
@@ -235,6 +236,7 @@ class Broker(Outbox, ConnectionWatch):
         mapped = None if self.monitor is None else self._peer_fd
         secure, counters, done_read = self.secure, self.state.counters, self.state.dones.read
         done_readers, exec_readers = self._done_readers, self._exec_readers
+        sealed_repeat, world = self._sealed_execs.repeat_frame, self._world_size
         while True:
             try:
                 if recv is None:
@@ -275,6 +277,7 @@ class Broker(Outbox, ConnectionWatch):
                     one = first.bytes
                     counters["bytes_routed"] += len(one)
                     read: DoneRead | Exec | None
+                    raw: list[Any] | None = None  # a sealed repeat's frames
                     if one.startswith(DONE_FRAME_PREFIX):
                         # a repeat of this sender's last Done (most; in secure mode its
                         # value's box, sealed anew for every job, taken as it comes) by
@@ -304,6 +307,13 @@ class Broker(Outbox, ConnectionWatch):
                                 read = execs.record(job)
                         if read is None:
                             read = self._exec_of(peer, data)
+                    elif secure and one.startswith(SEALED_EXEC_MAGIC):
+                        # a repeat of this sender's last sealed Exec (most secure jobs) read
+                        # in one walk of the frame, as _handle reads it; else read there
+                        data, read = one[4:], None
+                        sealed = sealed_repeat(peer, one, world)
+                        if sealed is not None:
+                            read, raw = sealed
                     else:
                         data = one[4:]
                         read = read_hot_header(one[:4], data)
@@ -314,9 +324,9 @@ class Broker(Outbox, ConnectionWatch):
                         if type(read) is Exec:  # _handle's Exec case, without its call
                             try:  # one message's failure stays that message's failure
                                 self._accounts.append((self.ledger.received, read, now))
-                                actions = self.state.exec_read(
-                                    peer, read, now, [MAGIC_FRAME, data], who
-                                )
+                                if raw is None:
+                                    raw = [MAGIC_FRAME, data]
+                                actions = self.state.exec_read(peer, read, now, raw, who)
                                 if len(jobs) == 1 and not self._outbox:
                                     self._fan_out(actions)  # nothing it could be batched with
                                 else:

@@ -10,9 +10,11 @@ reading each message's authenticated identity from its frame.
 from __future__ import annotations
 
 import gc
+import sys
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import zmq
 from test_broker_counts import turned_until
 
@@ -25,6 +27,7 @@ from mpl.wire.curve import Curve
 from mpl.wire.jobs import Done, Exec, JobResult, Program
 from mpl.wire.keys import load_keypair, write_keypair
 from mpl.wire.run_stats import pack_stats
+from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC
 from mpl.wire.sessions import OpenSession, SessionOpened
 
 _STATS = pack_stats(1.2e-05, 1.7645e9, [[0, "pcall", 1e-06, 1.1e-05]])
@@ -142,3 +145,79 @@ def test_secure_mode_adds_one_python_call_per_message_at_the_broker(tmp_path: Pa
     assert all("frame_identity" not in names for _, names in counted)
     # 3 messages, one call each, and half a call of slack
     assert secure - plain <= 3.5
+
+
+def _sealed_calls(root: Path, jobs: int = 10) -> tuple[float, dict[str, int]]:
+    """As :func:`_calls`, the driver's Exec in the sealed shape (``mpl.wire.sealed_exec``:
+    one frame, its header then each rank's box, as ``driver/job_site.py`` sends it)."""
+    cluster = _Cluster(root)
+    names: dict[str, int] = {}
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            name = frame.f_code.co_name
+            names[name] = names.get(name, 0) + 1
+
+    def sealed_job(counted: Any) -> None:
+        cluster.jobs += 1
+        name = f"j{cluster.jobs:023d}"  # as long each time: the driver's ids are
+        exe = Exec(cluster.sid, name, cluster.graph.digest, (0, 1), {}, (0,))
+        header = bytes(encode(exe)[1])
+        boxes = [_BOX + bytes([rank, cluster.jobs % 256]) for rank in range(2)]
+        frame = SEALED_EXEC_MAGIC + header + b"".join(map(msgpack.packb, boxes))
+        cluster.driver.send_multipart([frame])
+        for rank, w in enumerate(cluster.workers):
+            got = _turned_raw(cluster.broker, w, counted)
+            # each rank: the magic, the header as it came, its own box alone
+            assert got == [SEALED_EXEC_MAGIC + header + msgpack.packb(boxes[rank])]
+            w.send_multipart(to_wire(encode(Done(cluster.sid, name, rank, {0: _BOX}, _STATS))))
+        result = cluster._next(cluster.driver, JobResult, counted)
+        assert result.job == name and result.error is None
+
+    try:
+        for _ in range(3):  # warm: the ranks' program, the sender's first header kept
+            sealed_job(None)
+        gc.collect()
+        for _ in range(jobs):
+            sealed_job(count)
+    finally:
+        cluster.close()
+    return sum(names.values()) / jobs, names
+
+
+def _turned_raw(broker: Broker, sock: zmq.Socket[Any], count: Any) -> list[bytes]:
+    """The next sealed Exec to ``sock`` as its frames (anything before it skipped: the
+    welcome, the program), ``broker``'s loop turned by hand until it comes (counted by
+    ``count`` if given)."""
+    for _ in range(2000):
+        if sock.poll(0):
+            frames: list[bytes] = sock.recv_multipart()
+            if frames[0].startswith(SEALED_EXEC_MAGIC):
+                return frames
+            continue
+        sys.setprofile(count)
+        try:
+            broker._turn(float("inf"))
+        finally:
+            sys.setprofile(None)
+    raise AssertionError("no message")
+
+
+# A repeat sealed Exec read through _handle (SealedExecReaders.read: read_hot_header,
+# _handle, read, repeat_header, record, _repeat_boxes) made 41.0 calls per job; read in the
+# loop (repeat_frame, repeat_sealed_boxes), 37.0. Half a call of margin.
+def test_a_sealed_repeat_exec_is_read_inline_in_the_loop(tmp_path: Path) -> None:
+    """A driver's repeat sealed Exec is read in the loop itself (one call: the header
+    compared, the boxes cut, in ``RepeatExecs.repeat_sealed_boxes``), not through
+    ``_handle`` and the readers' full-path calls; and costs no more calls than a plain
+    Exec over CurveZMQ."""
+    counted = [_sealed_calls(tmp_path / str(i)) for i in range(3)]
+    per_job = min(per_job for per_job, _ in counted)
+    plain_secure = min(_calls(tmp_path / f"p{i}", jobs=10)[0] for i in range(3))
+    print(f"broker: {per_job} Python calls per sealed job, {plain_secure} per plain secure job")
+    for _, seen in counted:
+        assert seen.get("repeat_sealed_boxes") == 10  # every counted job's Exec, once
+        for slow in ("_handle", "_route", "_repeat_boxes", "repeat_header", "read_sealed_exec"):
+            assert slow not in seen, slow
+    assert per_job <= 37.5
+    assert per_job < plain_secure  # fewer than a plain Exec's (its lean read, its copy)

@@ -26,7 +26,9 @@ A secure Exec of the header-and-boxes shape (``mpl.wire.sealed_exec``) has a pla
 header, its bindings empty, and its box follows the header in the same frame:
 :meth:`RepeatExecs.repeat_sealed` says its repeat by the job id, as for plaintext, and the
 box by where it lies (its caller checks the magic); :meth:`RepeatExecs.repeat_sealed_frame`
-says the same of the frame as received, its magic compared with the header.
+says the same of the frame as received, its magic compared with the header. The broker's
+loop reads a driver's repeat of that shape (a box per rank after the header) in one call,
+:meth:`RepeatExecs.repeat_sealed_boxes`: the header compared and the boxes cut.
 
 One reader per sender: the bytes it compares with came from that sender's connection and
 were accepted there. ``tests/test_exec_repeat.py`` compares it with ``decode`` on mutated
@@ -365,6 +367,66 @@ class RepeatExecs:
             return None
         self.repeats += 1
         return job, size
+
+    def repeat_sealed_boxes(
+        self, data: bytes, magic: bytes, max_ranks: int
+    ) -> tuple[Exec, list[bytes]] | None:
+        """The broker's reading of a driver's sealed Exec frame as received (wire v4: its
+        magic, the header, then each rank's box; ``mpl.wire.sealed_exec``) that repeats
+        :attr:`last` but for the job id: the record :meth:`repeat` would read, and the
+        frames the broker forwards, ``[magic, header, box, ...]`` (each box its msgpack
+        bin head and all). :meth:`repeat_header`'s checks with the magic among the bytes
+        compared, then the boxes as ``sealed_exec._repeat_boxes`` cuts them (a bin8 or
+        bin16 of at least one byte per rank, nothing after the last), and at most
+        ``max_ranks`` ranks: one call, not four. None for anything else, with nothing
+        read or remembered (the caller then reads it as before)."""
+        head = self._sealed_head  # (none unless the last header had no bindings)
+        if not head:
+            return None
+        size, end = self._size + 4, len(data)  # the header's end, four bytes on
+        if end <= size or end - 4 >= MAX_CONTAINERS:
+            return None
+        tail, at = self._tail, self._frame_at
+        if not (
+            data.startswith(head)
+            and data.startswith(tail, size - len(tail))
+            and data[at - 1] == self._id_byte
+        ):
+            return None
+        fields = self._fields
+        ranks = fields["ranks"]
+        if len(ranks) > max_ranks:
+            return None
+        raw = [magic, data[4:size]]
+        box = size
+        try:
+            for _ in ranks:  # a plain loop: no Python call per rank
+                mark = data[box]
+                if mark == BIN8:
+                    start = box + 2
+                    stop = start + data[box + 1]
+                elif mark == BIN16:
+                    start = box + 3
+                    stop = start + int.from_bytes(data[box + 1 : start], "big")
+                else:
+                    return None
+                if stop == start or stop > end:
+                    return None
+                raw.append(data[box:stop])
+                box = stop
+        except IndexError:  # a bin head cut short
+            return None
+        if box != end:
+            return None
+        try:  # as repeat_header reads it
+            job = data[at : size - len(tail)].decode()
+        except UnicodeDecodeError:
+            return None
+        self.repeats += 1
+        msg: Exec = _new(Exec)  # record(job), without its call
+        msg.__dict__.update(fields)
+        msg.__dict__["job"], msg.__dict__["bindings"] = job, {}
+        return msg, raw
 
     def record(self, job: str) -> Exec:
         """The record :meth:`repeat` returns for the repeat :meth:`repeat_job` said

@@ -198,6 +198,21 @@ class SealedExecReaders:
     def __init__(self) -> None:
         self._readers: dict[bytes, RepeatExecs] = {}
 
+    def repeat_frame(
+        self, peer: bytes, data: bytes, max_ranks: int
+    ) -> tuple[Exec, list[bytes]] | None:
+        """The broker loop's reading of a sealed Exec frame as received, ``data`` (its
+        magic, then the rest), from ``peer`` that repeats that sender's last header but
+        for the job id: what :meth:`read` answers for it, as the frames the broker
+        forwards (``[SEALED_EXEC_MAGIC, header, box, ...]``), in one walk
+        (``RepeatExecs.repeat_sealed_boxes``). None for anything else, with nothing read
+        or kept: the caller reads it with :meth:`read`, which says why or reads it in full
+        (``tests/test_sealed_exec_inline.py`` checks both agree on mutated frames)."""
+        reader = self._readers.get(peer)
+        if reader is None:
+            return None
+        return reader.repeat_sealed_boxes(data, SEALED_EXEC_MAGIC, max_ranks)
+
     def read(
         self, peer: bytes, frames: Sequence[Any], max_ranks: int
     ) -> tuple[Exec, bytes, list[bytes]]:
