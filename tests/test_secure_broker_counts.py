@@ -101,6 +101,24 @@ class _Cluster:
         assert result.job == name and result.error is None
         assert result.values == {0: {0: value, 1: value}}
 
+    def sealed_job(self, counted: Any) -> None:
+        """A job whose Exec is in the sealed shape (``mpl.wire.sealed_exec``: one frame,
+        its header then each rank's box, as ``driver/job_site.py`` sends it)."""
+        self.jobs += 1
+        name = f"j{self.jobs:023d}"  # as long each time: the driver's ids are
+        exe = Exec(self.sid, name, self.graph.digest, (0, 1), {}, (0,))
+        header = bytes(encode(exe)[1])
+        boxes = [_BOX + bytes([rank, self.jobs % 256]) for rank in range(2)]
+        frame = SEALED_EXEC_MAGIC + header + b"".join(map(msgpack.packb, boxes))
+        self.driver.send_multipart([frame])
+        for rank, w in enumerate(self.workers):
+            got = _turned_raw(self.broker, w, counted)
+            # each rank: the magic, the header as it came, its own box alone
+            assert got == [SEALED_EXEC_MAGIC + header + msgpack.packb(boxes[rank])]
+            w.send_multipart(to_wire(encode(Done(self.sid, name, rank, {0: _BOX}, _STATS))))
+        result = self._next(self.driver, JobResult, counted)
+        assert result.job == name and result.error is None
+
     def close(self) -> None:
         for sock in self.socks:
             sock.close(linger=0)
@@ -108,9 +126,11 @@ class _Cluster:
         self.ctx.term()
 
 
-def _calls(root: Path | None, jobs: int = 10) -> tuple[float, dict[str, int]]:
-    """Python calls per job at the broker, and how many of them each function made."""
+def _calls(root: Path | None, jobs: int = 10, sealed: bool = False) -> tuple[float, dict[str, int]]:
+    """Python calls per job at the broker, and how many of them each function made;
+    ``sealed``: the driver's Exec in the sealed shape (:meth:`_Cluster.sealed_job`)."""
     cluster = _Cluster(root)
+    job = cluster.sealed_job if sealed else cluster.job
     names: dict[str, int] = {}
 
     def count(frame: Any, event: str, arg: Any) -> None:
@@ -119,13 +139,13 @@ def _calls(root: Path | None, jobs: int = 10) -> tuple[float, dict[str, int]]:
             names[name] = names.get(name, 0) + 1
 
     try:
-        for _ in range(3):  # warm: the ranks' program, first uses
-            cluster.job(None)
+        for _ in range(3):  # warm: the ranks' program, first uses, the first header kept
+            job(None)
         # what earlier tests left for the garbage collector is collected now, not among
         # the counted calls (their __del__s and weakref callbacks: 53.3 in a full run)
         gc.collect()
         for _ in range(jobs):
-            cluster.job(count)
+            job(count)
     finally:
         cluster.close()
     return sum(names.values()) / jobs, names
@@ -145,44 +165,6 @@ def test_secure_mode_adds_one_python_call_per_message_at_the_broker(tmp_path: Pa
     assert all("frame_identity" not in names for _, names in counted)
     # 3 messages, one call each, and half a call of slack
     assert secure - plain <= 3.5
-
-
-def _sealed_calls(root: Path, jobs: int = 10) -> tuple[float, dict[str, int]]:
-    """As :func:`_calls`, the driver's Exec in the sealed shape (``mpl.wire.sealed_exec``:
-    one frame, its header then each rank's box, as ``driver/job_site.py`` sends it)."""
-    cluster = _Cluster(root)
-    names: dict[str, int] = {}
-
-    def count(frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            name = frame.f_code.co_name
-            names[name] = names.get(name, 0) + 1
-
-    def sealed_job(counted: Any) -> None:
-        cluster.jobs += 1
-        name = f"j{cluster.jobs:023d}"  # as long each time: the driver's ids are
-        exe = Exec(cluster.sid, name, cluster.graph.digest, (0, 1), {}, (0,))
-        header = bytes(encode(exe)[1])
-        boxes = [_BOX + bytes([rank, cluster.jobs % 256]) for rank in range(2)]
-        frame = SEALED_EXEC_MAGIC + header + b"".join(map(msgpack.packb, boxes))
-        cluster.driver.send_multipart([frame])
-        for rank, w in enumerate(cluster.workers):
-            got = _turned_raw(cluster.broker, w, counted)
-            # each rank: the magic, the header as it came, its own box alone
-            assert got == [SEALED_EXEC_MAGIC + header + msgpack.packb(boxes[rank])]
-            w.send_multipart(to_wire(encode(Done(cluster.sid, name, rank, {0: _BOX}, _STATS))))
-        result = cluster._next(cluster.driver, JobResult, counted)
-        assert result.job == name and result.error is None
-
-    try:
-        for _ in range(3):  # warm: the ranks' program, the sender's first header kept
-            sealed_job(None)
-        gc.collect()
-        for _ in range(jobs):
-            sealed_job(count)
-    finally:
-        cluster.close()
-    return sum(names.values()) / jobs, names
 
 
 def _turned_raw(broker: Broker, sock: zmq.Socket[Any], count: Any) -> list[bytes]:
@@ -211,7 +193,7 @@ def test_a_sealed_repeat_exec_is_read_inline_in_the_loop(tmp_path: Path) -> None
     compared, the boxes cut, in ``RepeatExecs.repeat_sealed_boxes``), not through
     ``_handle`` and the readers' full-path calls; and costs no more calls than a plain
     Exec over CurveZMQ."""
-    counted = [_sealed_calls(tmp_path / str(i)) for i in range(3)]
+    counted = [_calls(tmp_path / str(i), sealed=True) for i in range(3)]
     per_job = min(per_job for per_job, _ in counted)
     plain_secure = min(_calls(tmp_path / f"p{i}", jobs=10)[0] for i in range(3))
     print(f"broker: {per_job} Python calls per sealed job, {plain_secure} per plain secure job")
