@@ -364,7 +364,8 @@ class JobPump:
         if isinstance(msg, Progress):
             self._client.progress.update(msg)
         elif isinstance(msg, Refused):
-            self._fail_all(type(from_info(msg.error)), msg.error.message)
+            error = from_info(msg.error)  # its text escaped, as any error from the broker
+            self._fail_all(type(error), str(error.args[0]) if error.args else "")
         elif isinstance(msg, Bye):
             self._fail_all(SessionError, f"the broker at {self._client.address} shut down")
 

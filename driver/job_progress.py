@@ -19,12 +19,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mpl.wire.printable import one_line
 from mpl.wire.progress import Progress
 
-__all__ = ["BAR_AFTER_S", "JobProgress", "ProgressBoard", "bars_enabled", "progress"]
+__all__ = [
+    "BAR_AFTER_S",
+    "MAX_BOARD_RANKS",
+    "JobProgress",
+    "ProgressBoard",
+    "bars_enabled",
+    "progress",
+]
 
 BAR_AFTER_S = 1.0  # jobs shorter than this never show a bar
 _REMEMBERED = 4096  # jobs in flight tracked per client (one that ends unseen is forgotten)
+# (job, rank) reports kept over all jobs in flight: a report names any rank (the broker's
+# word), so without it a broker grows the board by one entry per report
+MAX_BOARD_RANKS = 16384
 
 _enabled: bool | None = None  # None: follow MPL_PROGRESS (default on)
 
@@ -129,6 +140,7 @@ class ProgressBoard:
         self._jobs: dict[str, JobProgress] = {}  # only jobs someone reported on or asked for
         self._bars: dict[str, _Bar] = {}
         self._watchers: dict[str, list[Callable[[JobProgress], None]]] = {}
+        self._ranks = 0  # (job, rank) entries over every JobProgress in _jobs
 
     def begin(self, job: str) -> None:
         """A job was submitted."""
@@ -153,7 +165,7 @@ class ProgressBoard:
                 except StopIteration:
                     return
                 started.pop(oldest, None)
-                self._jobs.pop(oldest, None)
+                self._drop(oldest)
                 self._watchers.pop(oldest, None)
 
     def _progress(self, job: str) -> JobProgress | None:
@@ -169,13 +181,29 @@ class ProgressBoard:
                 return None
         return p
 
+    def _drop(self, job: str) -> None:
+        """Forget ``job``'s record and its entries' count (call with the lock held)."""
+        p = self._jobs.pop(job, None)
+        if p is not None:
+            self._ranks -= len(p.ranks)
+
     def update(self, msg: Progress) -> None:
-        """A report arrived (from whichever thread received it)."""
+        """A report arrived (from whichever thread received it).
+
+        Everything in it is the broker's word, unauthenticated (a party's worker's, relayed):
+        its op is shown escaped and cut to one short line (it is drawn on the terminal), and
+        a report naming a rank new to the board is dropped once the board holds
+        MAX_BOARD_RANKS of them (its ``rank`` may be any int)."""
         with self._lock:
             p = self._progress(msg.job)
             if p is None:
                 return
-            p.ranks[msg.rank] = (msg.done, msg.total, msg.op)
+            ranks = p.ranks
+            if msg.rank not in ranks:
+                if self._ranks >= MAX_BOARD_RANKS:
+                    return
+                self._ranks += 1
+            ranks[msg.rank] = (msg.done, msg.total, one_line(msg.op))
             watchers = list(self._watchers.get(msg.job, ()))
         for watch in watchers:
             watch(p)
@@ -197,7 +225,7 @@ class ProgressBoard:
         self._started.pop(job, None)
         if self._jobs or self._watchers or self._bars:  # only a job someone looked at
             with self._lock:
-                self._jobs.pop(job, None)
+                self._drop(job)
                 self._watchers.pop(job, None)
                 bar = self._bars.pop(job, None)
             if bar is not None:

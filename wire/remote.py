@@ -6,6 +6,7 @@ import traceback as _tb
 from dataclasses import dataclass
 
 from mpl.wire import errors as _e
+from mpl.wire.printable import one_line, printable
 from mpl.wire.record import Record
 
 __all__ = ["ErrorInfo", "from_info", "to_info"]
@@ -92,22 +93,27 @@ def to_info(
 
 
 def from_info(info: ErrorInfo) -> _e.MplError:
-    """Rebuild the exception an :class:`ErrorInfo` describes."""
+    """Rebuild the exception an :class:`ErrorInfo` describes.
+
+    Its text is a worker's or the broker's word, printed wherever the exception is: control
+    characters are escaped and the text cut (``wire/printable.py``), so a hostile party or
+    broker cannot drive the reader's terminal through an error."""
+    message = printable(info.message)
     cls = _KINDS.get(info.kind, _e.RemoteError)
     if cls is _e.RemoteError:
         remote = (
             _e.RemotePermissionError if info.remote_type == "PermissionError" else _e.RemoteError
         )
         return remote(
-            info.message,
+            message,
             rank=info.rank,
-            op=info.op,
-            remote_type=info.remote_type,
-            remote_traceback=info.traceback,
-            job=info.job,
+            op=one_line(info.op),
+            remote_type=one_line(info.remote_type),
+            remote_traceback=printable(info.traceback),
+            job=one_line(info.job),
         )
     if cls is _e.WorkerLostError:
-        return _e.WorkerLostError(info.message, rank=info.rank, job=info.job)
+        return _e.WorkerLostError(message, rank=info.rank, job=one_line(info.job))
     if cls is _e.JobAbortedError:
-        return _e.JobAbortedError(info.message, job=info.job, rank=info.rank)
-    return cls(info.message)
+        return _e.JobAbortedError(message, job=one_line(info.job), rank=info.rank)
+    return cls(message)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpl.wire.printable import one_line
+
 __all__ = ["format_status"]
 
 
@@ -19,6 +21,9 @@ def _bytes(n: float) -> str:
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    # every cell is someone's word (a worker's host, a driver's session name, the broker's
+    # own fields): shown on one line, its control characters escaped (wire/printable.py)
+    rows = [[one_line(c) for c in r] for r in rows]
     widths = [
         max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
     ]
@@ -31,8 +36,8 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
 def format_status(status: dict[str, Any]) -> str:
     """Render a status dict as a readable multi-table text."""
     lines = [
-        f"broker {status.get('broker_id', '?')}  up {status.get('uptime_s', 0):.0f} s  "
-        f"world size {status.get('world_size', '?')}  "
+        f"broker {one_line(status.get('broker_id', '?'))}  up {status.get('uptime_s', 0):.0f} s  "
+        f"world size {one_line(status.get('world_size', '?'))}  "
         f"jobs in flight {status.get('jobs_in_flight', 0)}  "
         f"done {status.get('jobs_done', 0)}  failed {status.get('jobs_failed', 0)}  "
         f"routed {_bytes(status.get('bytes_routed', 0))}",
@@ -81,8 +86,9 @@ def format_status(status: dict[str, Any]) -> str:
                 if p.get("rank") is not None
                 else "no report yet"
             )
-            lines.append(f"  {job}: {p.get('elapsed_s', 0):.1f} s, slowest {where}")
+            elapsed = p.get("elapsed_s", 0)
+            lines.append(f"  {one_line(job)}: {elapsed:.1f} s, slowest {one_line(where)}")
     errors = status.get("errors", [])
     lines += ["", f"recent errors ({len(errors)}):" if errors else "recent errors: none"]
-    lines += [f"  {e}" for e in errors]
+    lines += [f"  {one_line(e, 1024)}" for e in errors]
     return "\n".join(lines)
