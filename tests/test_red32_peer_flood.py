@@ -1,0 +1,134 @@
+"""Third red team w32, finding R32-3: a party floods a peer through a job they share.
+
+Moves for a job not known yet wait in the holding area, bounded, with a fair share per
+sender (``worker/holding.py``). But once the job's group is open on the receiver (its Exec
+arrived, it runs), every move for it is kept at once, whatever its op and seq: the
+receiver does not know which moves its program will take, and the only bound is
+``MAX_MOVES_PENDING`` entries over all groups, with no bound in bytes and no share per
+sender. A party taking part in any job with the receiver knows its session, job id and
+sealer (it runs the same job), and its connection proves only its own rank, which is all
+a move needs. So, holding its own node key:
+
+* it keeps, for as long as the job runs (it delays its own genuine move until the job's
+  deadline, 600 s by default), any number of bytes in the receiver's memory: moves of up
+  to ``MAX_MESSAGE`` (4 GiB) each, under op numbers the program never reads;
+* it fills the ``MAX_MOVES_PENDING`` entries, after which every other party's genuine
+  move, for any job of any driver, is dropped (``overflow``) and that job fails.
+
+Both tests use a raw CURVE PUSH holding the party's key against a real peer intake.
+They are strict xfails: the fix is not local. The receiver should keep, in an open group,
+only the moves its program will take (the graph says which ops move a value from which
+source to this rank, and how many times a loop repeats them), counted against the job,
+and refuse the rest as a protocol error charged to the sender; failing that, open groups
+need a per-sender share of entries and bytes like the holding area's, which must not
+drop a genuine big move (promise 6: a 1 GiB move).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+from helpers import wait_until
+
+from mpl.wire import ClusterSpec, encode
+from mpl.wire.codec import to_wire
+from mpl.wire.curve import Curve, peer_admits
+from mpl.wire.data import Move
+from mpl.wire.keys import KeyPair
+from mpl.wire.sockets import MAX_MESSAGE, configure
+from mpl.wire.zap import Gatekeeper
+from mpl.worker.holding import held_moves
+from mpl.worker.keyed_mailbox import KeyedMailbox, MoveKey, move_mailbox
+from mpl.worker.peer_intake import PeerIntake
+
+
+def _pair() -> KeyPair:
+    public, secret = zmq.curve_keypair()
+    return KeyPair(public.decode("ascii"), secret.decode("ascii"))
+
+
+class _Rank0:
+    """Rank 0's peer intake in a secure 3-party cluster, and PUSHes holding ranks 1 and 2's
+    own node keys (rank 2 is the hostile party)."""
+
+    def __init__(self, ctx: zmq.Context[Any], max_entries: int | None = None) -> None:
+        pairs = [_pair() for _ in range(3)]
+        spec = ClusterSpec.simple(3).with_keys(
+            _pair().public, [p.public for p in pairs], {"analyst": _pair().public}
+        )
+        node0 = Curve(pairs[0], spec)
+        self.gatekeeper = Gatekeeper(ctx, peer_admits(spec))
+        self.gatekeeper.start()
+        self.mailbox: KeyedMailbox[MoveKey, tuple[str, str]] = move_mailbox(
+            held_moves(node0, lambda: 0), max_entries=max_entries
+        )
+        self.intake = PeerIntake(
+            ctx, "tcp://127.0.0.1:0", 0, self.mailbox, lambda event: None,
+            curve=node0, trusted=False, code="any", max_message=MAX_MESSAGE,
+        )  # fmt: skip
+        self.intake.start()
+        self.push: dict[int, zmq.Socket[Any]] = {}
+        for rank in (1, 2):
+            sock = configure(ctx.socket(zmq.PUSH), linger_ms=1000)
+            Curve(pairs[rank], spec).dial(sock, pairs[0].public)
+            sock.connect(self.intake.address)
+            self.push[rank] = sock
+
+    def send(self, src: int, move: Move) -> None:
+        self.push[src].send_multipart(to_wire(encode(move)))
+
+    def close(self) -> None:
+        for sock in self.push.values():
+            sock.close()
+        self.intake.stop(5)
+        self.intake.close()
+        self.gatekeeper.stop()
+
+
+@pytest.fixture
+def rank0(zmq_ctx: zmq.Context[Any]) -> Iterator[_Rank0]:
+    r = _Rank0(zmq_ctx)
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+@pytest.mark.xfail(strict=True, reason="R32-3: an open job keeps any move a party sends it")
+def test_a_party_cannot_park_unbounded_bytes_in_a_job_it_shares(rank0: _Rank0) -> None:
+    rank0.mailbox.open(("s", "shared"))  # rank 0 runs a job in which rank 2 takes part
+    chunk = np.zeros(1 << 20, dtype=np.uint8)  # 1 MiB a move; MAX_MESSAGE allows 4 GiB
+    parked = 96
+    for op in range(1000, 1000 + parked):  # ops the program never reads
+        rank0.send(2, Move("s", "shared", op, 0, 2, 0, chunk))
+    seen = rank0.mailbox
+    wait_until(lambda: seen.pending()[0] + seen.dropped >= parked, 30, "the moves to arrive")
+    # what a job's program does not take should not be kept: at most a small bound
+    assert seen.pending()[0] < parked // 2, f"{seen.pending()[0]} unclaimed moves kept"
+
+
+@pytest.mark.xfail(strict=True, reason="R32-3: one party fills the moves' shared entry bound")
+def test_a_party_flooding_a_shared_job_leaves_room_for_another_partys_move(
+    zmq_ctx: zmq.Context[Any],
+) -> None:
+    rank0 = _Rank0(zmq_ctx, max_entries=200)  # MAX_MOVES_PENDING is 100,000: same shape
+    try:
+        rank0.mailbox.open(("s", "shared"))  # a job rank 2 takes part in
+        flood = 300
+        for op in range(flood):
+            rank0.send(2, Move("s", "shared", 5000 + op, 0, 2, 0, b"x"))
+        box = rank0.mailbox
+        wait_until(lambda: box.pending()[0] + box.overflow >= flood, 30, "the flood taken")
+        # another driver's job, between ranks 1 and 0 only: its genuine move arrives
+        rank0.mailbox.open(("t", "other"))
+        rank0.send(1, Move("t", "other", 3, 0, 1, 0, np.arange(4.0)))
+        deadline = time.monotonic() + 10
+        got = rank0.mailbox.take(("t", "other", 3, 0, 1, ""), deadline, "rank 1's move was dropped")
+        assert np.array_equal(got, np.arange(4.0))
+    finally:
+        rank0.close()
