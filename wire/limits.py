@@ -28,6 +28,7 @@ __all__ = [
     "MAX_FRAMES",
     "MAX_HEADER_BYTES",
     "MAX_HEADER_ITEMS",
+    "MAX_HEARTBEAT_S",
     "MAX_JOB_SAVES",
     "MAX_JOB_THREADS",
     "MAX_LEASE_S",
@@ -42,6 +43,7 @@ __all__ = [
     "MAX_SESSION_SYMBOLS",
     "MAX_SPU_PENDING",
     "MAX_SPU_PENDING_BYTES",
+    "MIN_HEARTBEAT_S",
     "PROGRAM_MIRROR_BYTES",
     "WORKER_PROGRAM_BYTES",
     "BigInt",
@@ -49,6 +51,7 @@ __all__ = [
     "check_ranks",
     "check_spread",
     "check_symbol_name",
+    "heartbeat_ok",
     "int_fits",
     "job_timeout",
     "valid_name",
@@ -179,6 +182,20 @@ def check_spread(keys: Iterable[Any], what: str) -> None:
 def int_fits(value: Any) -> bool:
     """True for an int (not a bool) within the 64-bit range of record fields."""
     return type(value) is int and INT_MIN <= value <= INT_MAX
+
+
+# A heartbeat interval a worker takes from its broker's Welcome: the broker's word, so
+# bounded (NaN, infinity or 1e300 made the worker's next wait unrepresentable and stopped
+# its I/O thread; 0 or less had it give up on the broker at every turn)
+MIN_HEARTBEAT_S = 0.01
+MAX_HEARTBEAT_S = 3600.0
+
+
+def heartbeat_ok(heartbeat_s: object) -> bool:
+    """True for a number of seconds within [MIN_HEARTBEAT_S, MAX_HEARTBEAT_S] (so finite)."""
+    if type(heartbeat_s) is not float and type(heartbeat_s) is not int:
+        return False
+    return MIN_HEARTBEAT_S <= heartbeat_s <= MAX_HEARTBEAT_S  # NaN compares False
 
 
 def check_lease(lease_s: float) -> str | None:

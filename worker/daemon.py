@@ -509,7 +509,10 @@ class Worker(BrokerMessages, ResultChannel, BrokerLink):
             **self.jobs.stats(),
             "bytes_in": self.intake.bytes_in,
             "protocol_errors": (
-                self.protocol_errors + self.intake.errors + self.spu_links.protocol_errors
+                self.protocol_errors
+                + self.intake.errors
+                + self.spu_links.protocol_errors
+                + self.state.bad_heartbeats
             ),
             "rss_bytes": rss_bytes(),
             "internal_errors": (

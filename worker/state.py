@@ -45,7 +45,7 @@ from mpl.wire.data import Delete
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Abort, Exec, Failed, Program, program_nbytes
 from mpl.wire.kernels import KernelRef
-from mpl.wire.limits import MAX_DIGEST_CHARS, WORKER_PROGRAM_BYTES
+from mpl.wire.limits import MAX_DIGEST_CHARS, WORKER_PROGRAM_BYTES, heartbeat_ok
 from mpl.wire.lru import LRU, SizedLRU
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
@@ -131,6 +131,7 @@ class WorkerState:
         self.hello = hello
         self.rank = hello.rank
         self.heartbeat_s = heartbeat_s
+        self.bad_heartbeats = 0  # Welcomes whose interval was refused (kept our own)
         self.liveness = liveness
         self.inline_s = inline_s  # 0 sends every job to the pool
         # joining
@@ -228,7 +229,10 @@ class WorkerState:
     def _welcome(self, msg: Welcome, now: float) -> list[Action]:
         self.last_heard = now
         self.joined = True
-        self.heartbeat_s = msg.heartbeat_s
+        if heartbeat_ok(msg.heartbeat_s):  # else the worker's own stays (limits.py)
+            self.heartbeat_s = msg.heartbeat_s
+        else:
+            self.bad_heartbeats += 1
         self.cluster, self.world_size = msg.cluster, msg.world_size
         self.next_beat = now  # report counters at once, then every heartbeat_s
         new = msg.broker_id != self.broker_id
