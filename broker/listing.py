@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from mpl.broker.actions import Send
 from mpl.broker.sessions import SessionEntry
+from mpl.wire.printable import one_line
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import CloseNamed, ListRequest, Reply, SymbolInfo
 
@@ -188,10 +189,12 @@ def format_rows(rows: list[dict[str, Any]], columns: tuple[str, ...], empty: str
 
 
 def _text(value: Any) -> str:
+    # a cell may be a party's word (a persisted name's device and meta, from its worker's
+    # hello): on one line, its control characters escaped (wire/printable.py)
     if value is None:
         return "-"
     if isinstance(value, float):
         return f"{value:.1f}"
     if isinstance(value, list):
-        return ",".join(map(str, value)) or "-"
-    return str(value)
+        return one_line(",".join(map(str, value))) or "-"
+    return one_line(value)

@@ -169,3 +169,14 @@ def test_status_and_error_text_from_the_broker_is_printed_escaped(
     assert "\x1b" not in said and "\x07" not in said and "\u202e" not in said
     assert "boom\\x1b" in said and "\nTraceback\n  line \\x1b" in said  # lines kept
     assert len(said) < (1 << 20)
+
+
+def test_the_brokers_listing_tables_print_text_escaped() -> None:
+    """``mpl-broker status --symbols`` prints a persisted name's ``meta`` and ``device`` as a
+    worker's hello gave them (a party's word about its own disk): escaped, on one line."""
+    from mpl.broker.listing import format_rows
+
+    row = {"name": "model", "rank": 1, "device": f"P1{_ESC}", "meta": f"float64[3]{_ESC}\n"}
+    table = format_rows([row], ("name", "rank", "device", "meta"), "none")
+    assert "\x1b" not in table and "\x07" not in table and "\u202e" not in table
+    assert len(table.splitlines()) == 2  # the header and one row
