@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from mpl.wire.printable import one_line
+
 if TYPE_CHECKING:
     from mpl.driver.context import Context
     from mpl.driver.recorder import Recorder
@@ -80,7 +82,8 @@ class Value:
 
     def __repr__(self) -> str:
         where = ",".join(str(r) for r in self.parties)
-        what = f", {self._meta}" if self._meta else ""
+        # the description is a worker's word, relayed by the broker: escaped, one line
+        what = f", {one_line(self._meta)}" if self._meta else ""
         state = " traced" if self.traced else ""
         return f"Value({self.device or 'simp'} @{where}{what}{state})"
 

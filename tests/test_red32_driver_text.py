@@ -180,3 +180,13 @@ def test_the_brokers_listing_tables_print_text_escaped() -> None:
     table = format_rows([row], ("name", "rank", "device", "meta"), "none")
     assert "\x1b" not in table and "\x07" not in table and "\u202e" not in table
     assert len(table.splitlines()) == 2  # the header and one row
+
+
+def test_a_values_description_from_the_wire_is_shown_escaped() -> None:
+    """A job's answer describes each output (``metas``: ``float64[3]``), in the clear: the
+    worker's word, relayed by the broker. ``repr(v)`` shows it escaped, on one line."""
+    from mpl.driver.values import Value
+
+    shown = repr(Value("P0", (0,), meta=f"float64[3]{_ESC}\n" + "x" * 100_000))
+    assert "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown
+    assert "\n" not in shown and len(shown) < 4 * MAX_LINE_CHARS
