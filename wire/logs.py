@@ -16,8 +16,9 @@ import time
 from typing import Any
 
 from mpl.wire.lru import LRU
+from mpl.wire.printable import one_line
 
-__all__ = ["LOG_FORMATS", "JsonFormatter", "RefusalLog", "configure_logging"]
+__all__ = ["LOG_FORMATS", "JsonFormatter", "RefusalLog", "TextFormatter", "configure_logging"]
 
 LOG_FORMATS = ("text", "json")
 _CONTEXT_KEYS = ("session", "job", "peer")
@@ -54,6 +55,20 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """The human-readable line. A message often quotes what a peer sent (a broker's refusal,
+    a worker's host, a reason): shown on one line with control characters escaped and cut
+    (``wire/printable.py``), so a peer can neither forge log lines with a newline nor drive
+    the terminal of whoever reads the log. An attached traceback follows as usual."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = one_line(record.message, _LOG_LINE_CHARS)
+        return super().formatMessage(record)
+
+
+_LOG_LINE_CHARS = 4096
+
+
 def configure_logging(role: str, verbose: int, log_format: str, rank: int | None = None) -> None:
     """Set up the root logger of a daemon process (``verbose``: 0 warnings, 1 info, 2 debug)."""
     handler = logging.StreamHandler()
@@ -61,7 +76,7 @@ def configure_logging(role: str, verbose: int, log_format: str, rank: int | None
         handler.setFormatter(JsonFormatter(role, rank))
     else:
         who = f"mpl-{role}" if rank is None else f"mpl-{role}[{rank}]"
-        handler.setFormatter(logging.Formatter(f"%(asctime)s {who} %(levelname)s %(message)s"))
+        handler.setFormatter(TextFormatter(f"%(asctime)s {who} %(levelname)s %(message)s"))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
