@@ -15,7 +15,11 @@ a move needs. So, holding its own node key:
 * it fills the ``MAX_MOVES_PENDING`` entries, after which every other party's genuine
   move, for any job of any driver, is dropped (``overflow``) and that job fails.
 
-Both tests use a raw CURVE PUSH holding the party's key against a real peer intake.
+The same holds for the SPU link, for the life of a session (a lane lives that long),
+within a bound of 100,000 messages and 4 GiB shared by every lane.
+
+The tests use a raw CURVE PUSH holding the party's key against a real peer intake and a
+real SPU link.
 They are strict xfails: the fix is not local. The receiver should keep, in an open group,
 only the moves its program will take (the graph says which ops move a value from which
 source to this rank, and how many times a loop repeats them), counted against the job,
@@ -43,8 +47,9 @@ from mpl.wire.keys import KeyPair
 from mpl.wire.sockets import MAX_MESSAGE, configure
 from mpl.wire.zap import Gatekeeper
 from mpl.worker.holding import held_moves
-from mpl.worker.keyed_mailbox import KeyedMailbox, MoveKey, move_mailbox
+from mpl.worker.keyed_mailbox import KeyedMailbox, MoveKey, move_mailbox, spu_mailbox
 from mpl.worker.peer_intake import PeerIntake
+from mpl.worker.spu_link import SPU_MAGIC, SpuLinks
 
 
 def _pair() -> KeyPair:
@@ -132,3 +137,47 @@ def test_a_party_flooding_a_shared_job_leaves_room_for_another_partys_move(
         assert np.array_equal(got, np.arange(4.0))
     finally:
         rank0.close()
+
+
+@pytest.mark.xfail(strict=True, reason="R32-3: an open SPU lane keeps any message a member sends")
+def test_an_spu_member_flooding_its_lane_leaves_room_for_another_lane(
+    zmq_ctx: zmq.Context[Any],
+) -> None:
+    """The SPU link's variant: a lane lives as long as its session, and keeps every
+    message a co-member sends under any libspu key, within one bound shared by all lanes
+    (MAX_SPU_PENDING, 100,000 messages and 4 GiB; 200 here). So a member parks up to 4 GiB
+    in a peer for a whole session, and past the bound every other lane's messages (other
+    drivers' SPU sessions) are dropped."""
+    pairs = [_pair() for _ in range(3)]
+    spec = ClusterSpec.simple(3).with_keys(
+        _pair().public, [p.public for p in pairs], {"analyst": _pair().public}
+    )
+    gatekeeper = Gatekeeper(zmq_ctx, peer_admits(spec))
+    gatekeeper.start()
+    links = SpuLinks(
+        zmq_ctx, "tcp://127.0.0.1:0", 0, dict, curve=Curve(pairs[0], spec), start=False
+    )
+    links.mailbox = spu_mailbox(max_entries=200)  # MAX_SPU_PENDING is 100,000: same shape
+    links.start()
+    push: dict[int, zmq.Socket[Any]] = {}
+    try:
+        for rank in (1, 2):
+            sock = configure(zmq_ctx.socket(zmq.PUSH), linger_ms=1000)
+            Curve(pairs[rank], spec).dial(sock, pairs[0].public)
+            sock.connect(links.address)
+            push[rank] = sock
+        links.open_lane("s~x/SP0/ab/0")  # a session rank 2 is a member of
+        flood = 300
+        for i in range(flood):  # keys libspu never asks for
+            push[2].send_multipart([SPU_MAGIC, b"s~x/SP0/ab/0", b"2", f"junk{i}".encode(), b"x"])
+        box = links.mailbox
+        wait_until(lambda: box.pending()[0] + box.overflow >= flood, 30, "the flood taken")
+        links.open_lane("t~y/SP0/ab/0")  # another driver's session, of ranks 0 and 1
+        push[1].send_multipart([SPU_MAGIC, b"t~y/SP0/ab/0", b"1", b"k", b"genuine"])
+        got = links.recv("t~y/SP0/ab/0", 1, "k", ("t~y", "j"), time.monotonic() + 10)
+        assert got == b"genuine"
+    finally:
+        for sock in push.values():
+            sock.close()
+        links.close()
+        gatekeeper.stop()
