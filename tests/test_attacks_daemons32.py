@@ -18,12 +18,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
+import zmq
+from helpers import double, stats, wait_until
 from test_replay_restart import Rig, two_workers
 
 import mpl.driver as mp
 from mpl.wire import GraphBuilder
+from mpl.wire.codec import decode, encode, to_wire
+from mpl.wire.data import Move
+from mpl.wire.decoder import ARRAY
+from mpl.wire.errors import ProtocolError
 
 pytestmark = pytest.mark.daemons
 
@@ -93,3 +100,137 @@ def test_a_drivers_job_cannot_tell_another_drivers_persisted_name_from_a_free_on
             assert _answer(unsave, "payrolx") == (None,)  # nothing of mallory's to delete
         with analyst:
             assert mp.fetch(mp.load("payroll", parties=0)).tolist() == [0.0, 1.0, 2.0]
+
+
+# -- R2, B1, B2: values that decode to far more than their bytes, to a real worker ----------
+
+
+def _swapped_array(frames: list[Any], descr: Any, shape: list[int], buffer: bytes) -> list[Any]:
+    """``frames`` of a message holding one numpy array, its dtype, shape and buffer swapped
+    as a hostile sender writes them (the ARRAY extension's payload is [descr, shape,
+    index])."""
+    header = msgpack.unpackb(frames[1], raw=False, strict_map_key=False)
+
+    def swap(item: Any) -> Any:
+        if isinstance(item, msgpack.ExtType) and item.code == ARRAY:
+            return msgpack.ExtType(ARRAY, msgpack.packb([descr, shape, 0]))
+        if isinstance(item, list):
+            return [swap(x) for x in item]
+        return item
+
+    return [frames[0], msgpack.packb(swap(header)), buffer]
+
+
+def _bombs(sid: str) -> dict[str, list[Any]]:
+    """A peer's Move to rank 1 of each value: its frames as a hostile party sends them."""
+    pa = pytest.importorskip("pyarrow")
+    from test_red31_table_bomb import _bombs as tables
+    from test_red31_table_bomb import _stream
+    from test_red31b_empty_dtypes import _HIDDEN
+    from test_red31b_table_items import _items_naming_one_string
+
+    def table_move(stream: Any) -> list[Any]:
+        frames = list(encode(Move(sid, "j", 0, 0, 0, 1, [pa.table({"a": [1.0]})]), safe=True))
+        frames[-1] = stream  # an ordinary table's frames, its stream swapped
+        return frames
+
+    array = list(encode(Move(sid, "j", 0, 0, 0, 1, [np.zeros(1)]), safe=True))
+    return {
+        "R2 null rows": table_move(_stream(tables()["null column"])),
+        "R2 run-end rows": table_move(_stream(tables()["run-end encoded"])),
+        "B1 list items of one dictionary value": table_move(
+            _stream(_items_naming_one_string(200, 1 << 20))
+        ),
+        "B2 V0 items": _swapped_array(array, "|V0", [1 << 40], b""),
+        "B2 S0 items": _swapped_array(array, "|S0", [1 << 40], b""),
+        "B2 U0 items": _swapped_array(array, "<U0", [1 << 40], b""),
+        "B2 a field of no bytes in a struct": _swapped_array(array, _HIDDEN, [4], bytes(32)),
+    }
+
+
+# why each is refused (the worker logs its first refusal only): R2's two, B1, B2's four
+_REASONS = {"more than its bytes hold": 2, "name one value": 1, "takes no bytes": 4}
+
+
+def test_each_forged_move_is_refused_for_its_own_reason() -> None:
+    """What the real worker below is sent, each refused by the decoder for the finding it
+    carries, not for another bound (so the count below fails with any one fix reverted)."""
+    reasons: list[str] = []
+    for frames in _bombs("s").values():
+        with pytest.raises(ProtocolError) as refused:
+            decode(frames, safe=True)
+        reasons += [r for r in _REASONS if r in str(refused.value)]
+    assert {r: reasons.count(r) for r in _REASONS} == _REASONS
+
+
+def test_values_bigger_than_their_bytes_sent_to_a_real_worker_are_refused(
+    make_cluster: Any,
+) -> None:
+    """A party's worker (here a raw PUSH on rank 1's data port, as anyone reaching it in
+    plaintext) moves to rank 1 an Arrow table of rows taking no bytes (R2), of list items
+    naming one 1 MiB dictionary value (B1, 210 MB once built) and arrays of 2**48 items
+    of size 0 (B2). Each is refused by the real worker's decoder and counted; the worker
+    still runs a job taking a peer's move."""
+    cluster = make_cluster("tcp")
+    client = cluster.client()
+    sid = client.open_session().session
+    log = (cluster.impl.run_dir / "worker1.log").read_text()
+    data_addr = log.split(" data ", 1)[1].split(",", 1)[0]
+    before = stats(client, 1).get("protocol_errors", 0)
+    bombs = _bombs(sid)
+    ctx: zmq.Context[Any] = zmq.Context()
+    try:
+        peer = ctx.socket(zmq.PUSH)
+        peer.linger = 2000
+        peer.connect(data_addr)
+        for frames in bombs.values():
+            peer.send_multipart(to_wire(frames), copy=False)
+        peer.close()
+    finally:
+        ctx.term()
+    wait_until(
+        lambda: stats(client, 1).get("protocol_errors", 0) >= before + len(bombs),
+        30,
+        "rank 1 to refuse every one",
+    )
+    assert stats(client, 1)["state"] == "up"
+    b = GraphBuilder(2)
+    x = b.op("pcall", [], ranks=(0,), fn=b.fn(double), args=(21,))[0]
+    y = b.op("shuffle", [x], ranks=(0, 1), routing={1: 0})[0]
+    assert client.submit(sid, b.build([y]), {}, inline=(0,), timeout=10).values[0] == {1: 42}
+
+
+# -- B5: persisted names listed to their owner alone, through a real secure broker -----------
+
+
+def test_a_real_secure_broker_lists_a_persisted_name_to_its_owner_alone(rig: Rig) -> None:
+    """The analyst persists ``payroll`` on P0 and mallory ``mine`` on P1, through a real
+    secure broker and real workers: each driver's ``mp.symbols()`` and status list its own
+    name only, and a load of the other's answers as a name no one has (before B5 every
+    listed driver saw every persisted name, with its parties and type). After P0 restarts
+    (its hello reports its files' owners), the same."""
+
+    def names(ctx: mp.Context) -> tuple[list[str], list[str]]:
+        with ctx:
+            listed = sorted(row["name"] for row in mp.symbols()["persisted"])
+            return listed, sorted(ctx.status()["persisted_symbols"])
+
+    def check(analyst: mp.Context, mallory: mp.Context) -> None:
+        assert names(analyst) == (["payroll"], ["payroll"])
+        assert names(mallory) == (["mine"], ["mine"])
+        with mallory, pytest.raises(mp.SessionError) as refused:
+            mp.load("payroll")
+        assert "payroll" in str(refused.value) and "P0" not in str(refused.value)
+        with analyst:
+            assert mp.fetch(mp.load("payroll", parties=0)).tolist() == [0.0, 1.0, 2.0]
+
+    with rig.connect() as analyst, rig.connect("mallory") as mallory:
+        with analyst:
+            mp.save(mp.put("P0", np.arange(3.0)), "payroll", persist=True)
+        with mallory:
+            mp.save(mp.put("P1", np.ones(2)), "mine", persist=True)
+        check(analyst, mallory)
+    rig.stop_worker(0)
+    rig.start_worker(0)
+    with rig.connect() as analyst, rig.connect("mallory") as mallory:
+        check(analyst, mallory)
