@@ -9,11 +9,14 @@ each test checks that the daemons refuse it and still serve:
   (w31's leftover: the worker's read check answered "belongs to another driver");
 - R2/B1/B2: Arrow tables whose rows or items take no bytes, nested dictionaries, and numpy
   dtypes of size 0, sent to a real worker as a peer's move and in a job's inputs;
-- B5: a persisted name listed only to its owner, through a real secure broker.
+- B5: a persisted name listed only to its owner, through a real secure broker;
+- R4: another driver's save, delete or load of an owned name in another case, on real
+  workers whose disk folds case (simulated: this machine's file systems do not).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -234,3 +237,51 @@ def test_a_real_secure_broker_lists_a_persisted_name_to_its_owner_alone(rig: Rig
     rig.start_worker(0)
     with rig.connect() as analyst, rig.connect("mallory") as mallory:
         check(analyst, mallory)
+
+
+# -- R4: names in another case, on real workers of a case-folding disk -----------------------
+
+# This machine's file systems tell case apart (and its kernel mounts none that folds it), so
+# the workers' persisted-values folder folds names as macOS's or Windows' would: each name's
+# path is its lower-cased name's, as in test_red31_symbol_case, here in the real worker.
+_FOLDING = """
+from mpl.worker import symbol_disk
+
+_path = symbol_disk.SymbolDisk._path
+symbol_disk.SymbolDisk._path = lambda self, name: _path(self, name.lower())
+"""
+
+
+def test_another_driver_reaches_no_owned_value_by_its_name_in_another_case(
+    tmp_path: Path,
+) -> None:
+    """The analyst persists ``Report`` on a real worker whose disk folds case; mallory's
+    sealed jobs save ``report`` (before R4's fix: replacing the analyst's file), delete
+    ``REPORT`` (before: removing it) and load ``rePort``. The save is refused, the delete
+    deletes nothing and the load answers as a free name's; the analyst still reads it."""
+    rig = Rig(tmp_path / "rig", drivers=("analyst", "mallory"))
+    try:
+        rig.d.add_module("sitecustomize", _FOLDING)
+        rig.start_worker(0)
+        rig.start_worker(1)
+        with rig.connect() as analyst, rig.connect("mallory") as mallory:
+            with analyst:
+                mp.save(mp.put("P0", np.arange(3.0)), "Report", persist=True)
+            assert os.listdir(rig.d.root / "data0" / "symbols") == ["report.sym"]  # folded
+            with mallory:
+                with pytest.raises(mp.MplError, match="belongs to another driver"):
+                    mp.save(mp.put("P0", np.zeros(3)), "report", persist=True)
+                b = GraphBuilder(2, name="delete")
+                b.op("unsave", [], ranks=(0,), nout=0, symbol="REPORT")
+                mallory.run(b.build([]), {})
+
+                @mp.function
+                def peek() -> Any:
+                    return mp.device("P0")(lambda v: v)(mp.load("rePort", parties="P0"))
+
+                with pytest.raises(mp.MplError, match="no value named 'rePort'"):
+                    mp.fetch(peek())
+            with analyst:
+                assert mp.fetch(mp.load("Report", parties=0)).tolist() == [0.0, 1.0, 2.0]
+    finally:
+        rig.close()
