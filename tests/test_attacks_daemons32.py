@@ -11,7 +11,9 @@ each test checks that the daemons refuse it and still serve:
   dtypes of size 0, sent to a real worker as a peer's move and in a job's inputs;
 - B5: a persisted name listed only to its owner, through a real secure broker;
 - R4: another driver's save, delete or load of an owned name in another case, on real
-  workers whose disk folds case (simulated: this machine's file systems do not).
+  workers whose disk folds case (simulated: this machine's file systems do not);
+- a persisted name a Done reports after its job ended, its owner's (w31's leftover: no
+  one's until the worker registered again).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from helpers import double, stats, wait_until
+from helpers import boom, double, nap, stats, wait_until
 from test_replay_restart import Rig, two_workers
 
 import mpl.driver as mp
@@ -34,6 +36,7 @@ from mpl.wire.codec import decode, encode, to_wire
 from mpl.wire.data import Move
 from mpl.wire.decoder import ARRAY
 from mpl.wire.errors import ProtocolError
+from mpl.wire.jobs import Abort, Done
 
 pytestmark = pytest.mark.daemons
 
@@ -285,3 +288,38 @@ def test_another_driver_reaches_no_owned_value_by_its_name_in_another_case(
                 assert mp.fetch(mp.load("Report", parties=0)).tolist() == [0.0, 1.0, 2.0]
     finally:
         rig.close()
+
+
+# -- a save reported after its job ended (w31's leftover: listed to no one) -----------------
+
+
+def test_a_save_whose_done_comes_after_its_job_failed_stays_its_owners(rig: Rig) -> None:
+    """The analyst's job persists ``late`` on P0 and naps there, while P1 fails at once:
+    the job ends, and the broker's Abort to P0 is held back (a slow link), so P0's Done
+    listing the save comes after the job ended. Before w32-trust the broker kept the name
+    as no one's: the analyst could neither list, load nor delete its own value through the
+    broker until P0 registered again. Now it is the analyst's."""
+    rig.tap.alter = lambda msg: [] if isinstance(msg, Abort) else None
+    with rig.connect() as analyst, analyst:
+
+        @mp.function
+        def job() -> Any:
+            value = mp.device("P0")(lambda: np.arange(3.0))()
+            mp.save(value, "late", persist=True)
+            return mp.device("P0")(nap)(0.5), mp.device("P1")(boom)(1)
+
+        with pytest.raises(mp.MplError, match="boom"):
+            mp.fetch(job())
+        wait_until(
+            lambda: any(isinstance(m, Done) and m.rank == 0 and m.saved for m in rig.tap.received),
+            20,
+            "P0's late Done",
+        )
+        rig.tap.alter = None
+        assert [row["name"] for row in mp.symbols()["persisted"]] == ["late"]
+        assert mp.fetch(mp.load("late", parties=0)).tolist() == [0.0, 1.0, 2.0]
+        mp.delete("late", parties=0)
+        assert mp.symbols()["persisted"] == []
+    assert not (rig.d.root / "data0" / "symbols" / "late.sym").exists()
+    with rig.connect("mallory") as mallory, mallory:
+        assert mp.symbols()["persisted"] == []
