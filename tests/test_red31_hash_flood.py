@@ -25,7 +25,7 @@ from test_batch_nesting import _answer, broker_process  # noqa: F401  (a fixture
 from mpl.wire import hot
 from mpl.wire.codec import MAGIC_FRAME, decode
 from mpl.wire.control import Refused
-from mpl.wire.decoder import BIGINT, TUPLE
+from mpl.wire.decoder import BIGINT, BUFFER, TUPLE
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import JobResult
 from mpl.wire.safe_values import COMPLEX, SET
@@ -245,6 +245,14 @@ def test_the_drivers_short_answer_reader_refuses_bigint_keys_flooding_one_hash()
         decode([MAGIC_FRAME, header], safe=True)
     for answer in _answers(header):
         assert isinstance(answer, ProtocolError) and "share one hash" in str(answer), answer
+    # beside a buffer frame (a bytes value): read by the Decoder, uncounted, before too
+    from mpl.wire.result_read import read_answer
+
+    buffer = msgpack.packb(msgpack.ExtType(BUFFER, msgpack.packb([0, 0])))
+    header = _result_header(b"\x92" + buffer + _map(keys))
+    assert len(header) < 8192 and sum(b in _MARKERS for b in header) < 100
+    with pytest.raises(ProtocolError, match="share one hash"):
+        read_answer([MAGIC_FRAME, header, b"bytes"], safe=True)
 
 
 def test_the_lean_readers_accept_no_map_of_more_one_hash_keys_than_decode() -> None:
