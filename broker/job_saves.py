@@ -8,9 +8,13 @@ driver's word is no proof that anything was written. So the only source is each 
 * A persisted name is that party's own entry: it is recorded for the reporting rank as soon
   as its ``Done`` arrives (the file is on its disk, whatever the other ranks do next), even
   when the job has already failed elsewhere. Its owner (whom a secure broker lists it to)
-  is the authenticated driver that sent the job; a ``Done`` arriving after its job ended
-  names no owner the broker still knows, so that entry is listed to no one until the
-  worker's next hello says whose the file is.
+  is the authenticated driver that sent the job. A ``Done`` arriving after its job ended
+  (failed on another rank, cancelled, timed out) is matched to what the broker kept of
+  that job as it ended (its session, driver and ranks; the last ``ENDED_JOBS_KEPT`` jobs
+  that ended with ranks still to answer): the same session's Done from one of its ranks
+  saves for that driver. One the broker no longer knows names no owner, so its entry is
+  listed to no one (nor loaded or deleted by its owner through the broker) until the
+  worker's next hello says whose the file is; the owner saving it again also settles it.
 * A session name becomes a name of the session when the job completes and every rank the
   value spans reported the same value (device and ranks) under it. A name one rank claims
   for others, or that the ranks disagree on, is dropped and counted as forged.
@@ -27,15 +31,19 @@ from mpl.broker.admission import refuse_save
 from mpl.broker.calls import JobCall
 from mpl.wire.jobs import Done
 from mpl.wire.limits import MAX_JOB_SAVES, MAX_SESSION_SYMBOLS, valid_name
+from mpl.wire.lru import LRU
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import SymbolInfo
 
 if TYPE_CHECKING:
     from mpl.broker.state import BrokerState
 
-__all__ = ["JobSaves"]
+__all__ = ["ENDED_JOBS_KEPT", "JobSaves"]
 
 _META_CHARS = 256  # a description ("float64[3, 2]") the broker keeps per name, at most
+# Jobs that ended with ranks still to answer, kept (session, driver, ranks) for their late
+# Dones' saves: a bounded table, as every one keyed by what peers send
+ENDED_JOBS_KEPT = 4096
 
 
 class JobSaves:
@@ -43,6 +51,15 @@ class JobSaves:
 
     def __init__(self, state: BrokerState) -> None:
         self.state = state
+        # job id -> (session, the driver that sent it, its ranks), for jobs that ended
+        # before every rank answered
+        self.ended: LRU[str, tuple[str, str, tuple[int, ...]]] = LRU(ENDED_JOBS_KEPT)
+
+    def ending(self, job: JobCall) -> None:
+        """``job`` ends (fails) now: if a rank has yet to answer, keep whose it was, for
+        the saves a late Done of that rank reports."""
+        if job.pending:
+            self.ended[job.job] = (job.session, job.sender, job.ranks)
 
     def reported(self, job: JobCall, msg: Done) -> ErrorInfo | None:
         """Take what rank ``msg.rank`` (already authenticated) says it saved; an error
@@ -75,12 +92,15 @@ class JobSaves:
         if len(msg.saved) > MAX_JOB_SAVES:
             self.state.counters["protocol_errors"] += 1
             return
-        world = tuple(range(self.state.cluster.world_size))
+        ranks, owner = tuple(range(self.state.cluster.world_size)), ""
+        ended = self.ended.get(msg.job)
+        if ended is not None and ended[0] == msg.session and msg.rank in ended[2]:
+            _, owner, ranks = ended  # the job's driver sealed it: the file is its
         for claimed in msg.saved:
             if claimed.persist:
-                info = self._plausible(msg.job, world, msg.rank, claimed)
-                if info is not None:  # whose job it was is forgotten: listed to no one
-                    self.state.persisted.saved(info, (msg.rank,))  # until its next hello
+                info = self._plausible(msg.job, ranks, msg.rank, claimed)
+                if info is not None:  # (owner "": whose job it was is forgotten: listed
+                    self.state.persisted.saved(info, (msg.rank,), owner)  # to no one)
 
     def complete(self, job: JobCall) -> ErrorInfo | None:
         """The job's last rank is done: name in the session what every holder reported."""

@@ -451,3 +451,30 @@ def test_one_drivers_failed_first_write_does_not_pull_the_drivers_folder_from_an
     assert outcome.get("bob", "absent") is None, f"bob's write failed: {outcome.get('bob')!r}"
     assert np.load(root / "drivers" / "bob" / "x.npy").tolist() == [0.0]
     assert not (root / "drivers" / "eve").exists()
+
+
+def test_a_file_of_more_than_one_hard_link_is_not_read_on_a_secure_worker(
+    tmp_path: Path,
+) -> None:
+    """No driver's kernel makes a hard link, but an operator's tool may (``cp -al``, a
+    backup, its own kernel): a link in mallory's folder (or at the data root) to the
+    analyst's file read the analyst's bytes through it (w32-trust, item 4). A secure
+    worker now reads files of one link only; a plaintext one (one folder for every driver)
+    as before."""
+    root, own, _ = _layout(tmp_path)
+    theirs = root / "drivers" / "analyst"
+    theirs.mkdir()
+    np.save(theirs / "secret.npy", np.array([42.0]))
+    os.link(theirs / "secret.npy", own / "peek.npy")
+    os.link(theirs / "secret.npy", root / "shared.npy")
+    run = _runner(root)
+    for path in ("peek.npy", "shared.npy"):
+        with pytest.raises(PermissionError, match="hard links"):
+            run("mallory", "mpl.io.read_npy", path)
+    with pytest.raises(PermissionError, match="hard links"):  # nor its owner, while linked
+        run("analyst", "mpl.io.read_npy", "secret.npy")
+    assert run("mallory", "mpl.io.read_npy", "sub/x.npy").tolist() == [1.0]
+    run("mallory", "mpl.io.write_npy", "peek.npy", np.array([7.0]))  # replaces its own name
+    assert np.load(theirs / "secret.npy").tolist() == [42.0]  # never written through
+    plain = KernelTable(lambda: {}, root=root / "drivers" / "analyst", per_driver=False)
+    assert plain.resolve("mpl.io.read_npy", "s", "")("secret.npy").tolist() == [42.0]

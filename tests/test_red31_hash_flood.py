@@ -25,8 +25,9 @@ from test_batch_nesting import _answer, broker_process  # noqa: F401  (a fixture
 from mpl.wire import hot
 from mpl.wire.codec import MAGIC_FRAME, decode
 from mpl.wire.control import Refused
-from mpl.wire.decoder import BIGINT, TUPLE
+from mpl.wire.decoder import BIGINT, BUFFER, TUPLE
 from mpl.wire.errors import ProtocolError
+from mpl.wire.jobs import JobResult
 from mpl.wire.safe_values import COMPLEX, SET
 from mpl.wire.sessions import Reply, StatusRequest
 
@@ -188,3 +189,117 @@ def test_a_real_broker_refuses_a_hash_flood_from_a_raw_socket(
     finally:
         sock.close(linger=0)
         ctx.term()
+
+
+# -- the lean readers (w32-trust, item 2) -----------------------------------------------------
+
+_MARKERS = {*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF}  # msgpack's list and map markers
+
+
+def _one_hash_numbers() -> list[Any]:
+    """Every float ``2**(61*k)`` and 64-bit int ``1 + k*_P``: 41 keys of hash 1, the most
+    of one hash msgpack builds from its own types (no extension)."""
+    keys: list[Any] = [2.0 ** (61 * k) for k in range(-17, 17)]
+    keys += [1 + k * _P for k in range(2, 9)]  # (1 is 1.0 and 1 + _P is 2.0**61)
+    assert len({hash(k) for k in keys}) == 1 and len(set(keys)) == len(keys) == 41
+    return keys
+
+
+def _result_header(inner: bytes) -> bytes:
+    """A JobResult of job ``j1`` whose one value (output 0, rank 0) is ``inner``."""
+    from mpl.wire.result_read import RESULT_HEAD
+
+    job: bytes = msgpack.packb("j1")
+    return RESULT_HEAD + job + b"\x81\x00\x81\x00" + inner + b"\xc0\xc2\x80\x80"
+
+
+def _answers(header: bytes) -> list[Any]:
+    """What each of the driver's readers makes of ``header``: the error it raises, or what
+    it read."""
+    from mpl.wire import result_read
+
+    out: list[Any] = []
+    head = result_read.RESULT_HEAD + msgpack.packb("j1")
+    for read in (
+        lambda: result_read.read_answer([MAGIC_FRAME, header], safe=True),
+        lambda: result_read.answer_fields(MAGIC_FRAME + header, head, safe=True),
+        lambda: result_read.result_fields([MAGIC_FRAME, header], head, safe=True),
+    ):
+        try:
+            out.append(read())
+        except ProtocolError as exc:
+            out.append(exc)
+    return out
+
+
+def test_the_drivers_short_answer_reader_refuses_bigint_keys_flooding_one_hash() -> None:
+    """A broker's answer under 8 KiB with few list and map markers is read without the
+    Decoder's hooks, which count each map's hashes: 600 BIGINT keys of one hash (payloads
+    chosen free of marker bytes) in one map took the driver 2 ms to build (the square of
+    their number) and were accepted, where decode refuses them. Now a map the uncounted
+    read builds holds at most MAX_SAME_HASH keys; a longer one is read counted."""
+    keys = [k for k in _colliding_bigints(900) if not _MARKERS & set(msgpack.packb(k))][:600]
+    header = _result_header(_map(keys))
+    assert len(header) < 8192 and sum(b in _MARKERS for b in header) < 100
+    with pytest.raises(ProtocolError, match="share one hash"):
+        decode([MAGIC_FRAME, header], safe=True)
+    for answer in _answers(header):
+        assert isinstance(answer, ProtocolError) and "share one hash" in str(answer), answer
+    # beside a buffer frame (a bytes value): read by the Decoder, uncounted, before too
+    from mpl.wire.result_read import read_answer
+
+    buffer = msgpack.packb(msgpack.ExtType(BUFFER, msgpack.packb([0, 0])))
+    header = _result_header(b"\x92" + buffer + _map(keys))
+    assert len(header) < 8192 and sum(b in _MARKERS for b in header) < 100
+    with pytest.raises(ProtocolError, match="share one hash"):
+        read_answer([MAGIC_FRAME, header, b"bytes"], safe=True)
+
+
+def test_the_lean_readers_accept_no_map_of_more_one_hash_keys_than_decode() -> None:
+    """41 keys of one hash from msgpack's own types (floats and ints): each lean reader
+    (the driver's answers, the broker's Dones and Execs) built such maps and accepted them,
+    where decode refuses a map of more than MAX_SAME_HASH (a 256 KiB Done of them held the
+    broker's loop 15 ms). Now each leaves them to decode."""
+    flood = _map(_one_hash_numbers())
+    with pytest.raises(ProtocolError, match="share one hash"):
+        decode([MAGIC_FRAME, _result_header(flood)], safe=True)
+    for answer in _answers(_result_header(flood)):
+        assert isinstance(answer, ProtocolError) and "share one hash" in str(answer), answer
+    done = (
+        hot.DONE_PREFIX
+        + b"".join(map(msgpack.packb, ["s", "j", 0]))
+        + b"\x81\x00"
+        + flood
+        + msgpack.packb(b"x")
+        + b"\x80\x90"
+    )
+    assert hot.read_done_header(done) is None
+    with pytest.raises(ProtocolError, match="share one hash"):
+        decode([MAGIC_FRAME, done], unpickle=False)
+    exec_ = _header(
+        *map(msgpack.packb, ["exec", "s", "j", "d", msgpack.ExtType(TUPLE, b"\x91\x00")]),
+        flood,
+        *map(msgpack.packb, [msgpack.ExtType(TUPLE, b"\x90"), 0.0]),
+    )
+    assert hot.read_exec([MAGIC_FRAME, exec_]) is None
+    with pytest.raises(ProtocolError, match="share one hash"):
+        decode([MAGIC_FRAME, exec_], unpickle=False)
+
+
+def test_answers_of_long_maps_of_ordinary_keys_still_read_alike() -> None:
+    """A map of more than MAX_SAME_HASH ordinary keys leaves the short path and reads as
+    decode reads it; one of MAX_SAME_HASH (a result of 32 ranks) stays on it."""
+    from mpl.wire.result_read import RESULT_HEAD, answer_fields
+
+    for n in (32, 33, 500):
+        keys = [i * 7 for i in range(n)] + [float(i) + 0.5 for i in range(n)]
+        header = _result_header(_map(keys))
+        want = decode([MAGIC_FRAME, header], safe=True)
+        assert isinstance(want, JobResult)
+        for got in _answers(header):
+            values = got.values if isinstance(got, JobResult) else got[2]
+            assert values == want.values == {0: {0: dict.fromkeys(keys, 0)}}
+    by_rank = b"\xde\x00\x20" + b"".join(msgpack.packb(r) + b"\x01" for r in range(32))
+    header = RESULT_HEAD + msgpack.packb("j1") + b"\x81\x00" + by_rank + b"\xc0\xc2\x80\x80"
+    head = RESULT_HEAD + msgpack.packb("j1")
+    assert answer_fields(MAGIC_FRAME + header, head, safe=True, alone=True) is not None

@@ -25,7 +25,8 @@ from mpl.broker.state import BrokerState, Send
 from mpl.wire import ClusterSpec, GraphBuilder
 from mpl.wire.codec import decode, encode
 from mpl.wire.control import Welcome, WorkerHello
-from mpl.wire.jobs import Done, Exec, JobResult, Program
+from mpl.wire.jobs import Done, Exec, Failed, JobResult, Program
+from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import (
     DeleteSymbol,
     ListRequest,
@@ -288,3 +289,35 @@ def test_plaintext_loads_any_drivers_persisted_name() -> None:
     sid = next(a.msg.session for a in opened if isinstance(a.msg, SessionOpened))
     reply = _reply(state.handle(peer, LoadSymbol(sid, 2, "model"), 0.5), peer)
     assert isinstance(reply.value, SymbolInfo) and reply.value.ranks == (0,)
+
+
+def test_a_save_reported_after_its_job_failed_is_still_its_drivers() -> None:
+    """Alice's job on ranks 0 and 1 fails on rank 1 while rank 0 persists ``late``: rank 0's
+    Done comes after the job ended. Before w32-trust the broker had forgotten whose job it
+    was and kept the name as no one's: alice could neither list, load nor delete (through
+    the broker) her own value until rank 0's next hello. Now the broker keeps whose each
+    job that ended with ranks still to answer was; the same session's Done of one of its
+    ranks saves for that driver."""
+    state = _secure()
+    peer = ALICE.encode()
+    sid = _open(state, ALICE)
+    b = GraphBuilder(3)
+    b.op("constant", [], ranks=(0, 1), value=1)
+    graph = b.build([])
+    program = decode(encode(Program(graph.digest, graph)), unpickle=False)
+    assert isinstance(program, Program)
+    state.handle(peer, program, 0.1, who=ALICE)
+    state.handle(peer, Exec(sid, "j", program.digest, (0, 1), {}), 0.2, who=ALICE)
+    failed = Failed(sid, "j", 1, ErrorInfo("RemoteError", "boom", rank=1))
+    out = state.handle(W[1], failed, 0.3, who="node:node1")
+    errors = [a.msg.error for a in out if isinstance(a.msg, JobResult)]
+    assert [e.message if e else None for e in errors] == ["boom"]
+    late = Done(sid, "j", 0, saved=[_desc("late", "P0", (0,))])
+    state.handle(W[0], late, 0.4, who="node:node0")
+    assert _listed(state, ALICE) == [("late", 0)] and _listed(state, BOB) == []
+    assert isinstance(_load(state, ALICE, _open(state, ALICE), "late").value, SymbolInfo)
+    # a Done of another session, or a rank outside the job, names no owner
+    for session, rank in (("other~x", 0), (sid, 2)):
+        forged = Done(session, "j", rank, saved=[_desc(f"r{rank}", f"P{rank}", (rank,))])
+        state.handle(W[rank], forged, 0.5, who=f"node:node{rank}")
+    assert _listed(state, ALICE) == [("late", 0)]

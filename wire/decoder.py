@@ -118,10 +118,25 @@ class Decoder:
     ``safe=True`` refuses pickles (a ProtocolError; the payload is never loaded).
     """
 
-    __slots__ = ("bufs", "containers", "counting", "depth", "safe", "taken", "unpickle", "used")
+    __slots__ = (
+        "bufs",
+        "containers",
+        "counting",
+        "depth",
+        "map_len",
+        "safe",
+        "taken",
+        "unpickle",
+        "used",
+    )
 
     def __init__(
-        self, bufs: Sequence[Any], unpickle: bool, safe: bool = False, header_len: int = -1
+        self,
+        bufs: Sequence[Any],
+        unpickle: bool,
+        safe: bool = False,
+        header_len: int = -1,
+        map_len: int = MAX_HEADER_ITEMS,
     ) -> None:
         self.bufs = bufs
         # Every list or dict takes at least one byte of the header, so a header shorter
@@ -129,6 +144,11 @@ class Decoder:
         # decoded without msgpack's hooks (a Python call per container). Longer ones are
         # counted: walking them for their nesting would cost more than the hooks.
         self.counting = not 0 <= header_len < MAX_NESTING
+        # Keys one map may hold when not counting (msgpack's ValueError past it): a caller
+        # that skips the count for a header longer than MAX_NESTING bytes (result_read's
+        # short answers) keeps every map within MAX_SAME_HASH keys, which no map's hashes
+        # can flood; a longer map sends it to a counting Decoder
+        self.map_len = map_len
         self.used = [False] * len(bufs)
         self.taken: list[Any] = []  # buffers in the order the header references them
         self.unpickle = unpickle
@@ -148,7 +168,7 @@ class Decoder:
                     strict_map_key=False,
                     raw=False,
                     max_array_len=MAX_HEADER_ITEMS,
-                    max_map_len=MAX_HEADER_ITEMS,
+                    max_map_len=self.map_len,
                 )
             finally:
                 self.depth -= 1

@@ -31,6 +31,7 @@ from mpl.wire.limits import (
     MAX_HEADER_BYTES,
     MAX_HEADER_ITEMS,
     MAX_NESTING,
+    MAX_SAME_HASH,
 )
 from mpl.wire.record import pinned_fields
 from mpl.wire.run_stats import MAX_STATS_BYTES
@@ -85,10 +86,11 @@ _unpackb = msgpack.unpackb
 _Frame = zmq.Frame
 
 
-def header_unpacker(ext_hook: Any = None) -> Any:
+def header_unpacker(ext_hook: Any = None, map_len: int = MAX_HEADER_ITEMS) -> Any:
     """A new streaming Unpacker under the codec's limits (``ext_hook`` for extension types,
-    if given). Making one costs more than reading a Done header: readers keep one per
-    thread, and drop it when a read fails (it may still hold part of that header)."""
+    if given; ``map_len``: keys one map may hold). Making one costs more than reading a
+    Done header: readers keep one per thread, and drop it when a read fails (it may still
+    hold part of that header)."""
     hooks = {} if ext_hook is None else {"ext_hook": ext_hook}
     return msgpack.Unpacker(
         None,
@@ -96,14 +98,14 @@ def header_unpacker(ext_hook: Any = None) -> Any:
         strict_map_key=False,
         max_buffer_size=MAX_HEADER_BYTES,
         max_array_len=MAX_HEADER_ITEMS,
-        max_map_len=MAX_HEADER_ITEMS,
+        max_map_len=map_len,
         **hooks,
     )
 
 
-def _new_unpacker(slot: str, ext_hook: Any = None) -> Any:
+def _new_unpacker(slot: str, ext_hook: Any = None, map_len: int = MAX_HEADER_ITEMS) -> Any:
     """A new :func:`header_unpacker`, kept as this thread's ``slot``."""
-    unpacker = header_unpacker(ext_hook)
+    unpacker = header_unpacker(ext_hook, map_len)
     setattr(_tls, slot, unpacker)
     return unpacker
 
@@ -244,8 +246,18 @@ def read_done_header(header: bytes) -> DoneRead | None:
     # unpackb, not a kept Unpacker's feed, unpack and two tells (~1.9k instructions more
     # per Done): its default limits are the header's length, which a header shorter than
     # MAX_CONTAINERS reaches before the codec's, and it refuses bytes after the header
+    # maps of at most MAX_SAME_HASH keys (msgpack's ValueError past it): decode counts a
+    # longer one's hashes (check_spread), which keys of one hash flood, each costing as
+    # many comparisons as came before it (a party's 256 KiB Done of float keys of one hash
+    # took this reader 15 ms where decode refused it at its first map)
     try:
-        items = _unpackb(header, raw=False, strict_map_key=False, ext_hook=_no_ext)
+        items = _unpackb(
+            header,
+            raw=False,
+            strict_map_key=False,
+            ext_hook=_no_ext,
+            max_map_len=MAX_SAME_HASH,
+        )
     except Exception:  # anything unexpected: decode reads it, or says why not
         return None
     # the prefix made it a list of _DONE_ITEMS, tag first; each field's type checked by
@@ -382,8 +394,8 @@ def _read_exec(header: bytes) -> Exec | None:
     # this thread's Unpacker for Exec headers: msgpack.unpackb's keyword arguments cost
     # more than reading the header
     unpacker = getattr(_tls, "exec", None)
-    if unpacker is None:
-        unpacker = _new_unpacker("exec", _small_tuple)
+    if unpacker is None:  # maps of at most MAX_SAME_HASH keys, as read_done_header says
+        unpacker = _new_unpacker("exec", _small_tuple, MAX_SAME_HASH)
     base = unpacker.tell()
     unpacker.feed(header)
     try:

@@ -12,8 +12,11 @@ trusted. Any other message goes to ``decode``.
 A short result without buffer frames (a trivial job's: a few scalars, or sealed boxes in
 secure mode) is read by msgpack alone, without a ``Decoder`` (two Python calls and its
 state): with no buffers there is nothing to index or account for, the container count is
-bounded as the Decoder bounds it (:func:`_counted_length`), and the only extension read
-there is the Decoder's own short tuple of small ints. Any other extension (an error's
+bounded as the Decoder bounds it (:func:`_counted_length`), the only extension read
+there is the Decoder's own short tuple of small ints, and no map may hold more keys than
+``MAX_SAME_HASH`` (a longer one goes to the Decoder, which counts its hashes: keys of one
+hash cost the square of their number to build, so this is the Decoder's own bound, met
+without counting). Any other extension (an error's
 ``ErrorInfo``, a pickle, a nested tuple) sends the header to the ``Decoder`` after all, so
 both paths accept and build exactly the same. What msgpack alone read is checked without
 range checks (its ints are all 64-bit) and with exact types (it builds exact dicts and strs).
@@ -48,6 +51,7 @@ from mpl.wire.limits import (
     MAX_HEADER_BYTES,
     MAX_HEADER_ITEMS,
     MAX_NESTING,
+    MAX_SAME_HASH,
 )
 from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import ErrorInfo
@@ -111,15 +115,13 @@ def read_answer(frames: Sequence[Any], *, safe: bool) -> Record:
                     strict_map_key=False,
                     raw=False,
                     max_array_len=MAX_HEADER_ITEMS,
-                    max_map_len=MAX_HEADER_ITEMS,
+                    max_map_len=MAX_SAME_HASH,
                 )
-            except _NeedsDecoder:
-                items = _NOT_READ  # an extension only the Decoder reads
+            except (_NeedsDecoder, ValueError):  # an extension only the Decoder reads, or a
+                items = _NOT_READ  # map past MAX_SAME_HASH keys (or malformed: it says so)
         plain = items is not _NOT_READ
         if not plain:
-            dec = Decoder(frames[2:], True, safe, counted)
-            items = dec.unpack(header)
-            unused = dec.used.count(False)
+            items, unused = _decoded(frames, header, safe, counted)
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack and numpy errors mean "malformed", as in decode
@@ -212,9 +214,16 @@ def answer_fields(one: bytes, head: bytes, *, safe: bool, alone: bool = False) -
             strict_map_key=False,
             raw=False,
             max_array_len=MAX_HEADER_ITEMS,
-            max_map_len=MAX_HEADER_ITEMS,
+            max_map_len=MAX_SAME_HASH,
         )
-    except _NeedsDecoder:  # an extension only the Decoder reads
+    # an extension only the Decoder reads, or a map of more keys than MAX_SAME_HASH, whose
+    # hashes the Decoder counts (msgpack's own ValueError; a malformed header's are its
+    # subclasses, and the Decoder would say the same of them)
+    except _NeedsDecoder:
+        return None if alone else _fields_of(read_answer([one[:4], data], safe=safe))
+    except ValueError as exc:
+        if type(exc) is not ValueError:
+            raise ProtocolError(f"malformed header: {type(exc).__name__}: {exc}") from exc
         return None if alone else _fields_of(read_answer([one[:4], data], safe=safe))
     except Exception as exc:  # msgpack's errors mean "malformed", as in decode
         raise ProtocolError(f"malformed header: {type(exc).__name__}: {exc}") from exc
@@ -258,6 +267,24 @@ def answer_fields(one: bytes, head: bytes, *, safe: bool, alone: bool = False) -
     if nests and len(data) - len(data.translate(None, _CONTAINER_MARKERS)) >= MAX_NESTING:
         return None if alone else _fields_of(read_answer([one[:4], data], safe=safe))
     return items
+
+
+def _decoded(frames: Sequence[Any], header: Any, safe: bool, counted: int) -> tuple[Any, int]:
+    """``header`` read by a :class:`Decoder` over the buffer frames, and how many of those
+    it left unreferenced. Uncounted (``counted`` 0: few containers) its maps may hold at
+    most ``MAX_SAME_HASH`` keys, which no keys can flood one hash of (the check the counting
+    Decoder makes on a longer map, ``check_spread``): 8 KiB of BIGINT, complex or tuple
+    keys of one hash in one map cost the square of their number (red team w31, R1). A
+    longer map has the header read again by a counting Decoder, which checks it."""
+    if counted == 0:
+        dec = Decoder(frames[2:], True, safe, 0, MAX_SAME_HASH)
+        try:
+            return dec.unpack(header), dec.used.count(False)
+        except ValueError as exc:
+            if type(exc) is not ValueError:  # (msgpack's own subclasses: malformed)
+                raise
+    dec = Decoder(frames[2:], True, safe, -1)  # -1: counted, whatever its length
+    return dec.unpack(header), dec.used.count(False)
 
 
 def _fields_of(rec: Record) -> list[Any]:

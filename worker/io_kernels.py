@@ -14,8 +14,11 @@ worker's SPU log there (``spu.log``), which is no operator's file.
 No path is resolved and then opened by name (a link swapped in between would be followed):
 the data root is opened once, as the operator gave it, and each part below it is opened
 relative to its parent's descriptor with ``O_NOFOLLOW``, so a link is refused whenever it
-appeared. A file read must be a regular file (a FIFO would block the job's thread). A write
-goes to a new temporary file in the target's folder, renamed over the target when whole.
+appeared. A file read must be a regular file (a FIFO would block the job's thread), and on
+a secure worker one of a single hard link (another link to it may lie in another driver's
+folder: no driver's kernel makes one, but the operator's tools may). A write goes to a new
+temporary file in the target's folder, renamed over the target when whole (so it never
+writes through a link into another name's file).
 
 On a secure worker each driver has a folder of its own, ``<data-root>/drivers/<name>``
 (``kernel_table.driver_root``, by the driver that sealed the job): a job writes there, and
@@ -204,8 +207,12 @@ def _refuse_reserved(root_fd: int, parts: list[str], path: str, folders: Sequenc
             raise PermissionError(f"{path!r} is in {what}")
 
 
-def _open_file(folder: int, parts: list[str], path: str, where: str) -> int:
-    """A descriptor of the regular file ``parts`` below ``folder``, read only."""
+def _open_file(folder: int, parts: list[str], path: str, where: str, one_link: bool = False) -> int:
+    """A descriptor of the regular file ``parts`` below ``folder``, read only; with
+    ``one_link`` (a secure worker's) a file of more than one hard link is refused: its
+    other names may lie in another driver's folder (no driver's kernel makes a link, but
+    an operator's tool may: ``cp -al``, a backup, a kernel of its own), and the file read
+    through this one would be that driver's."""
     parent = _walk(folder, parts[:-1], path, where)
     try:
         fd = os.open(parts[-1], _READ, dir_fd=parent)
@@ -216,8 +223,14 @@ def _open_file(folder: int, parts: list[str], path: str, where: str) -> int:
     finally:
         os.close(parent)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise PermissionError(f"{path!r} is not a regular file")
+        if one_link and st.st_nlink > 1:
+            raise PermissionError(
+                f"{path!r} has {st.st_nlink} hard links (a secure worker reads a file of one "
+                "only: another could be in another driver's folder); its operator copies it"
+            )
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -240,13 +253,13 @@ def _open_readable(path: str) -> int:
             folder = None
         if folder is not None:
             try:
-                return _open_file(folder, parts, path, _OWN_WHERE)
+                return _open_file(folder, parts, path, _OWN_WHERE, one_link=True)
             except FileNotFoundError:
                 pass  # not the driver's: the operator's files, read by every driver
             finally:
                 os.close(folder)
         _refuse_reserved(root, parts, path, (SYMBOLS, DRIVERS, SPU_LOG))
-        return _open_file(root, parts, path, _ROOT_WHERE)
+        return _open_file(root, parts, path, _ROOT_WHERE, one_link=True)
     finally:
         os.close(root)
 

@@ -11,7 +11,9 @@ the same rules as ``SaveSymbol`` and ``sym:`` reads outside a program:
 * a load reads the session's own value first, else this rank's persisted file;
 * on a secure worker a persisted value is owned by the driver that sealed the job saving
   it, read only in sessions bound here to that driver, and replaced or deleted (the
-  ``unsave`` op, ``mp.delete``'s sealed half) only by its jobs (``mpl.worker.symbol_owner``).
+  ``unsave`` op, ``mp.delete``'s sealed half) only by its jobs (``mpl.worker.symbol_owner``);
+  another driver's ``load`` or ``unsave`` of its name answers as of a name nothing is
+  persisted under.
 
 Each save is recorded on the job (``ctx.saved``) and listed in this rank's ``Done``: that
 is how the broker learns the names a job saved, from the workers that wrote them rather
@@ -66,8 +68,10 @@ def load_op(ctx: JobContext, graph: Graph, k: int, op: Op, args: list[Any]) -> l
     name = check_symbol_name(op.attrs["symbol"])
     try:
         return [ctx.store.get(ctx.session, symbol_uri(name))]
-    except SessionAccessError:  # there, but another driver's: say so
+    except SessionAccessError:  # a file of no owner, or a session bound to none: say so
         raise
+    # none here, or another driver's (SymbolDisk answers that as none, from the same line):
+    # one answer, raised here, so the two differ by the name alone (traceback included)
     except SessionError:  # a damaged file is a ProtocolError, and says so itself
         raise SessionError(
             f"no value named {name!r} in this session or persisted by rank {ctx.rank}'s "

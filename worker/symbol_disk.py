@@ -18,7 +18,8 @@ mpl releases are still read (and replaced by the next save of that name).
 A secure worker writes each file with its owner, the driver whose sealed job saved it,
 and reads, replaces or deletes it only as ``mpl.worker.symbol_owner`` says: the owner is
 kept with the value, in its file (read again after a restart) and in this process's index
-and cache, never taken from anything the broker relays.
+and cache, never taken from anything the broker relays. To any other driver the value is
+none at all: its reads and deletes answer as for a name nothing is persisted under.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from mpl.wire.lru import LRU, SizedLRU
 from mpl.wire.persist import loads, read_owned_head, split_owned_symbol, symbol_chunks
 from mpl.wire.safe_values import unsafe
 from mpl.wire.sessions import SymbolInfo
-from mpl.worker.symbol_owner import refuse_read, refuse_write
+from mpl.worker.symbol_owner import hidden, refuse_read, refuse_write
 
 __all__ = ["CACHE_BYTES", "SYMBOLS", "SymbolDisk", "check_name"]
 
@@ -95,16 +96,26 @@ class SymbolDisk:
 
     def load(self, name: str, reader: str | None = None) -> Any:
         """The value persisted as ``name``, read in a session bound here to ``reader`` (a
-        secure worker's: "" for none; None: a plaintext worker's, no rule)."""
+        secure worker's: "" for none; None: a plaintext worker's, no rule).
+
+        Another driver's value is no value to ``reader`` (``symbol_owner.hidden``): refused
+        by the same ``SessionError``, raised from the same line, as a name nothing is
+        persisted under, so the answer (its traceback too) differs only by the name. The
+        index says whose a file is without reading it: another driver's value is neither
+        read nor cached for this reader."""
         check_name(name)
         with self._cache_lock:
             held = self._cache.get(name)
-        if held is None:
+        if held is None and not hidden(self._indexed_owner(name), reader):
             with self._lock(name):  # not interleaved with a save: the cache never goes stale
-                value, owner, size = self._read(name)
-                held = (value, owner)
-                with self._cache_lock:
-                    self._cache.put(name, held, size)
+                read = self._read(name)
+                if read is not None:
+                    value, owner, size = read
+                    held = (value, owner)
+                    with self._cache_lock:
+                        self._cache.put(name, held, size)
+        if held is None or hidden(held[1], reader):
+            raise SessionError(f"no value named {name!r} on this worker")
         refused = refuse_read(name, held[1], reader)
         if refused:
             raise SessionAccessError(refused)
@@ -112,9 +123,13 @@ class SymbolDisk:
 
     def delete(self, name: str, by: str | None = None) -> None:
         """Delete what is persisted as ``name``, by ``by`` (a secure worker's sealed job's
-        driver, or "": the broker's word; None: a plaintext worker's, no rule)."""
+        driver, or "": the broker's word; None: a plaintext worker's, no rule). Another
+        driver's value is none of ``by``'s (``symbol_owner.hidden``): left whole, answered
+        as a name nothing is persisted under (there is nothing of ``by``'s to delete)."""
         check_name(name)
         with self._lock(name):
+            if hidden(self._owner(name), by):
+                return
             self._may_write(name, by)
             with self._cache_lock:
                 self._cache.pop(name)
@@ -168,12 +183,22 @@ class SymbolDisk:
     def _may_write(self, name: str, writer: str | None) -> None:
         """Refuse (``SessionAccessError``) ``writer`` replacing or deleting ``name`` (its
         lock held): the index says whose file is there."""
-        with self._index_lock:
-            held = self._index.get(name)
-        owner = held[1] if held is not None else self._other_owner(name)
-        refused = refuse_write(name, owner, writer)
+        refused = refuse_write(name, self._owner(name), writer)
         if refused:
             raise SessionAccessError(refused)
+
+    def _owner(self, name: str) -> str | None:
+        """Whose file ``name``'s path opens (None: none; "": no owner recorded), by the
+        index, or by the file another name's index entry stands for (``_other_owner``)."""
+        with self._index_lock:
+            held = self._index.get(name)
+        return held[1] if held is not None else self._other_owner(name)
+
+    def _indexed_owner(self, name: str) -> str | None:
+        """Whose the file the index lists as ``name`` is (None: it lists none)."""
+        with self._index_lock:
+            held = self._index.get(name)
+        return held[1] if held is not None else None
 
     def _other_owner(self, name: str) -> str | None:
         """The owner of the file that ``name``'s path opens though the index holds no
@@ -230,14 +255,15 @@ class SymbolDisk:
         if stale:
             self._sync_dir()
 
-    def _read(self, name: str) -> tuple[Any, str, int]:
-        """The value persisted as ``name``, its owner ("": none) and its file's size."""
+    def _read(self, name: str) -> tuple[Any, str, int] | None:
+        """The value persisted as ``name``, its owner ("": none) and its file's size; None
+        if there is none."""
         path = self._path(name)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            value, size = self._read_legacy(name)
-            return value, "", size
+            legacy = self._read_legacy(name)
+            return None if legacy is None else (legacy[0], "", legacy[1])
         try:
             info, record, owner = split_owned_symbol(data)
             if not isinstance(info, SymbolInfo) or not isinstance(record, Lit):
@@ -246,10 +272,10 @@ class SymbolDisk:
             raise self._damaged(path, exc) from None
         return record.value, owner, len(data)
 
-    def _read_legacy(self, name: str) -> tuple[Any, int]:
+    def _read_legacy(self, name: str) -> tuple[Any, int] | None:
         info_path, path = self._legacy(name)
         if not info_path.exists():
-            raise SessionError(f"no value named {name!r} on this worker")
+            return None
         try:
             data = path.read_bytes()
             record = loads(data)
