@@ -11,12 +11,14 @@ registered socket (``Registry.by_peer``) or its announced channel (``Registry.ch
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import zmq
-from test_worker_calls import secure  # noqa: F401  # the secure cluster on threads
+from test_worker_calls import (  # noqa: F401  # the fixtures: a Simulator, a secure cluster
+    secure,
+    sim,
+)
 
 import mpl.driver as mp
 from mpl.broker.daemon import Broker
@@ -25,14 +27,6 @@ from mpl.worker.daemon import Worker
 
 _JOBS = 20
 _GENEROUS_S = 10.0  # the inline threshold: no run on a busy machine may count as slow
-
-
-@pytest.fixture
-def sim() -> Iterator[mp.Simulator]:
-    ctx = mp.Simulator.simple(2)
-    with ctx:
-        yield ctx
-    ctx.close()
 
 
 def _done_peers(broker: Broker, run: Any, jobs: int) -> tuple[int, int, int]:
@@ -72,7 +66,7 @@ def _inline(workers: list[Worker]) -> int:
 
 
 def test_an_inline_done_comes_back_on_the_connection_its_exec_came_in_on(
-    sim: mp.Simulator,
+    sim: mp.Simulator,  # noqa: F811
 ) -> None:
     workers = sim.runtime.workers
     for worker in workers:
@@ -86,7 +80,7 @@ def test_an_inline_done_comes_back_on_the_connection_its_exec_came_in_on(
     assert (main, channel, other) == (2 * _JOBS, 0, 0)
 
 
-def test_a_pooled_jobs_done_stays_on_the_result_channel(sim: mp.Simulator) -> None:
+def test_a_pooled_jobs_done_stays_on_the_result_channel(sim: mp.Simulator) -> None:  # noqa: F811
     workers = sim.runtime.workers
     for worker in workers:
         worker.jobs.inline_s = 0.0  # never inline: every job on a job thread
@@ -100,7 +94,8 @@ def test_a_pooled_jobs_done_stays_on_the_result_channel(sim: mp.Simulator) -> No
 
 
 def test_a_done_the_dealer_cannot_take_goes_on_the_result_channel(
-    sim: mp.Simulator, monkeypatch: pytest.MonkeyPatch
+    sim: mp.Simulator,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A dealer with no broker connected queues nothing (IMMEDIATE): its send raises
     ``zmq.Again``, and the Done goes to the result channel, which queues it."""
