@@ -7,7 +7,7 @@ so that no answer waits for the I/O thread. While the I/O thread handles a batch
 broker's messages, the Dones of the jobs it runs inline gather and go out in batches
 (``mpl.wire.batch``). An inline run's ``Done``, packed by the job shell itself (plaintext,
 or its small scalars sealed), goes out as one frame (wire v4: the magic and the header)
-by the compiled send.
+by the compiled send, on the I/O thread's own dealer (the connection its Exec came on).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ class ResultChannel:
     rank: int
     incarnation: str
     seal: WorkerSeal | None
+    dealer: zmq.Socket[Any]
     _results: zmq.Socket[Any]
     _results_lock: threading.Lock
     _closed: bool
@@ -84,13 +85,22 @@ class ResultChannel:
     def _post_done_frames(self, frames: list[Any]) -> None:
         """:meth:`_post` for a Done the job shell packed itself (an inline run's, in
         plaintext or with its small scalars sealed): gathered while a batch is handled (the
-        I/O thread's), else sent."""
-        gathered = self._gathered
-        if gathered is not None and threading.get_ident() == self._io_thread:
-            if header_only(frames) is not None:
-                gathered.append(frames)
-                return
-            self._send_gathered()  # what was gathered goes first: the order is kept
+        I/O thread's), else sent: on the I/O thread's own dealer from there (see
+        :meth:`_post_done_frame`), else on the result channel."""
+        if threading.get_ident() == self._io_thread:
+            gathered = self._gathered
+            if gathered is not None:
+                if header_only(frames) is not None:
+                    gathered.append(frames)
+                    return
+                self._send_gathered()  # what was gathered goes first: the order is kept
+            elif not self._closed:
+                magic, header = frames
+                try:
+                    _raw_send(self.dealer, magic + header, _NOBLOCK)  # one frame (wire v4)
+                    return
+                except zmq.Again:  # no broker connected just now: the channel queues it
+                    pass
         magic, header = frames  # send_frames of a header-only message, without its call
         lock = self._results_lock
         lock.acquire()  # not `with`: acquire and release are a third of its cost
@@ -104,11 +114,30 @@ class ResultChannel:
 
     def _post_done_frame(self, frame: bytes) -> None:
         """:meth:`_post_done_frames` for a Done packed as its one frame (wire v4: the magic
-        and the header; a plaintext inline run's, ``mpl.wire.done_pack.OneSpanDone``)."""
-        gathered = self._gathered
-        if gathered is not None and threading.get_ident() == self._io_thread:
-            gathered.append([frame[:4], frame[4:]])  # a batch takes headers
-            return
+        and the header; a plaintext inline run's, ``mpl.wire.done_pack.OneSpanDone``).
+
+        On the I/O thread (an inline run's, all of them) it goes on that thread's own
+        dealer, the connection its Exec came in on, rather than the result channel: the
+        broker takes a Done from either (``Registry.worker``), and on the Exec's own TCP
+        connection the Done carries the acknowledgement of the Exec and the broker's next
+        Exec that of the Done, where a second connection has the kernel send a segment of
+        its own for each (about one and a half more a rank per job at world 8, by
+        ``/proc/net/snmp``); nor is the channel's lock taken. Only the I/O thread sends on
+        its dealer. Dones of different jobs may so arrive in another order than they were
+        sent (as those of different ranks do): each job's answer is gathered by its id. A
+        dealer with no broker connected (it queues nothing) leaves the Done to the channel,
+        which queues it."""
+        if threading.get_ident() == self._io_thread:
+            gathered = self._gathered
+            if gathered is not None:
+                gathered.append([frame[:4], frame[4:]])  # a batch takes headers
+                return
+            if not self._closed:
+                try:
+                    _raw_send(self.dealer, frame, _NOBLOCK)
+                    return
+                except zmq.Again:  # no broker connected just now: the channel queues it
+                    pass
         lock = self._results_lock
         lock.acquire()  # not `with`: acquire and release are a third of its cost
         try:
