@@ -11,18 +11,20 @@ in one call from the Done values the lean reader read.
 
 What a wake-up's messages ask to send is queued and sent at its end (``mpl.broker.outbox``,
 the send side), each peer's messages in order, and only then does the broker do its
-accounting for them (the job ledger's starts,
-ends and spans, the log lines for refusals and failed jobs): the workers and the driver run
-on while it finishes, and every count is in place before the next wake-up reads a message.
-With jobs in flight, a run of Execs to one worker or of JobResults to one driver goes as
-one batch (``mpl.wire.batch``), and a batch that arrives is split and each message in it
-handled as if it had come alone (a Done or an Exec of the hot path read and handed to the
-state in the batch's own loop). The Exec of a job alone in flight, with nothing queued
-before it, goes to its ranks at once, skipping the queue (nothing could share a batch with
-it). The clock is read once per wake-up, for its messages and the timers alike. A sender's
-Execs of one program differ in their job ids alone: each is read by comparing it with that
-sender's last one read in full (``mpl.wire.exec_repeat``, a reader per sender, bounded);
-a sealed one's boxes are cut in the same walk, in the loop itself (its Exec as the rest).
+accounting for them (the job ledger's starts, ends and spans, the log lines for refusals
+and failed jobs): the workers and the driver run on while it finishes, and every count is
+in place before the next wake-up reads a message. With jobs in flight, a run of Execs to
+one worker or of JobResults to one driver goes as one batch (``mpl.wire.batch``), and a
+batch that arrives is split and each message in it handled as if it had come alone (a Done
+or an Exec of the hot path read and handed to the state in the batch's own loop). The
+loop reads a one-part message of the hot path itself; any other, and a batch, is read by
+the receive side past it (``mpl.broker.inbox``). The Exec of a job alone in flight, with
+nothing queued before it, goes to its ranks at once, skipping the queue (nothing could
+share a batch with it). The clock is read once per wake-up, for its messages and the
+timers alike. A sender's Execs of one program differ in their job ids alone: each is read
+by comparing it with that sender's last one read in full (``mpl.wire.exec_repeat``, a
+reader per sender, bounded); a sealed one's boxes are cut in the same walk, in the loop
+itself (its Exec as the rest).
 
 A socket monitor reports closed TCP connections, mapped back to their peers by fd
 (``mpl.broker.connections``): a killed worker is noticed in milliseconds rather than after 3
@@ -45,28 +47,18 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from mpl.broker.connections import ConnectionWatch
+from mpl.broker.inbox import KEPT_FRAME_BELOW, Inbox
 from mpl.broker.ledger import JobLedger
 from mpl.broker.outbox import Outbox
 from mpl.broker.state import BrokerState, Send
-from mpl.wire.batch import batch_headers, is_batch
 from mpl.wire.cluster import ClusterSpec
-from mpl.wire.codec import MAGIC_FRAME, SLICE_BELOW, decode, encode, from_wire, to_wire
+from mpl.wire.codec import MAGIC_FRAME, SLICE_BELOW, encode, to_wire
 from mpl.wire.control import HEARTBEAT_S, Bye
 from mpl.wire.curve import BROKER_DOMAIN, Curve, broker_admits
 from mpl.wire.done_repeat import RepeatDones
-from mpl.wire.errors import ProtocolError
 from mpl.wire.exec_repeat import RepeatExecs
 from mpl.wire.guard import Guard
-from mpl.wire.hot import (
-    DONE_FRAME_PREFIX,
-    DONE_PREFIX,
-    EXEC_PREFIX,
-    DoneRead,
-    read_done_header,
-    read_exec,
-    read_hot,
-    read_hot_header,
-)
+from mpl.wire.hot import DONE_FRAME_PREFIX, EXEC_PREFIX, DoneRead, read_done_header, read_hot_header
 from mpl.wire.identity import USER_ID
 from mpl.wire.jobs import Exec
 from mpl.wire.limits import MAX_CONTAINERS
@@ -74,13 +66,7 @@ from mpl.wire.logs import RefusalLog
 from mpl.wire.record import Record
 from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC, SealedExecReaders
 from mpl.wire.snapshot import SnapshotSlot
-from mpl.wire.sockets import (
-    MAX_MESSAGE,
-    configure,
-    drain,
-    recv_frames,
-    recv_queued,
-)
+from mpl.wire.sockets import MAX_MESSAGE, configure, drain, recv_frames, recv_queued
 
 if TYPE_CHECKING:  # imported where a secure broker starts one: asyncio comes with it
     from mpl.wire.zap import Gatekeeper
@@ -90,7 +76,6 @@ __all__ = ["Broker"]
 # The compiled socket's own send and receive: the broker's loop calls them directly for
 # what it sends and receives on every job (mpl.wire.sockets does the same per call)
 _raw_recv: Any = zmq.backend.Socket.recv
-_Frame = zmq.Frame
 _frame_get: Any = zmq.Frame.get  # a received frame's property: its User-Id (mpl.wire.identity)
 
 log = logging.getLogger("mpl.broker")
@@ -105,25 +90,12 @@ _BATCH = 256  # queued messages handled before the timers, at most
 # in flight, 2 cores: about 1.2 cores busy and 9-10k jobs/s at 64; 1.5 cores and 11.5-11.9k
 # at 16; 12 and 20 were no better than 16)
 _WAKE = 16
-_SEALED_LEN = len(SEALED_EXEC_MAGIC)
 _EXEC_FRAME_PREFIX = MAGIC_FRAME + EXEC_PREFIX
-# senders whose last Exec is kept to read the next by comparison (mpl.wire.exec_repeat), at
-# most; the oldest goes first. Each keeps one header shorter than _KEPT_BELOW, as the objects
-# it was read into: a hostile header of empty containers builds ~75 bytes of objects per
-# byte, so 64 x 1 KiB keep under 5 MB whoever sends them (a 2p job's header: 130-260 bytes;
-# a longer one is read in full each time, as before the readers)
-_EXEC_READERS = 64
-_KEPT_BELOW = 1024
-_KEPT_FRAME_BELOW = len(MAGIC_FRAME) + _KEPT_BELOW  # the same, for a frame as received
-# senders whose last Done is kept to read the next by comparison (mpl.wire.done_repeat), at
-# most (a rank's worker each; the oldest goes first): each keeps under 20 KB of objects
-# (RepeatDones.keep), so 256 keep under 6 MB whoever sends them
-_DONE_READERS = 256
 # the loop reads a Done of one frame shorter than SLICE_BELOW with no check of its length
 assert SLICE_BELOW <= MAX_CONTAINERS
 
 
-class Broker(Outbox, ConnectionWatch):
+class Broker(Outbox, ConnectionWatch, Inbox):
     """A broker bound to ``listen`` (``tcp://127.0.0.1:0`` picks a free port).
 
     Run it with :meth:`serve_forever` (blocking) or :meth:`start` (a thread); stop it with
@@ -301,7 +273,7 @@ class Broker(Outbox, ConnectionWatch):
                         # frame's cut and three calls), else _exec_of
                         execs = exec_readers.get(peer)
                         data, read = one[4:], None
-                        if execs is not None and len(one) < _KEPT_FRAME_BELOW:
+                        if execs is not None and len(one) < KEPT_FRAME_BELOW:
                             job = execs.repeat_frame(one)
                             if job is not None:
                                 read = execs.record(job)
@@ -376,212 +348,7 @@ class Broker(Outbox, ConnectionWatch):
         if self._own_context:
             self.ctx.term()
 
-    # -- loop body ------------------------------------------------------------------------
-    def _route(self, frames: list[Any], now: float | None = None) -> None:
-        """Take one ZeroMQ message from the ROUTER: a message, or a batch of them (each
-        handled as if it had arrived alone, with the batch's authenticated identity).
-        ``now``: the clock as the wake-up that received it read it (else read here). Its
-        routing id comes as bytes (from the loop) or as a ``zmq.Frame``."""
-        peer = frames[0]
-        if type(peer) is not bytes:
-            peer = peer.bytes
-        if self.monitor is not None and peer not in self._peer_fd:
-            self._map_peer(peer, frames[1])  # its connection, to end it when that closes
-        if now is None:
-            now = time.monotonic()
-        body = frames[1:]
-        # the hot messages, header only, are read without the general decode (and, with
-        # the codec's magic, are no batch); a Done of the hot path is taken here, with no
-        # record built (most leave their job waiting on other ranks: nothing to send)
-        try:  # one message's failure stays that message's failure
-            # every frame of a message carries its connection's User-Id; in secure mode a
-            # message without one (not a received frame) speaks for nobody
-            who = None
-            if self.secure:
-                who = _frame_get(body[0], USER_ID) if type(body[0]) is _Frame else ""
-            if len(body) == 1 and type(one := body[0]) is _Frame and len(one) < SLICE_BELOW:
-                # the frame's bytes (copied once, kept by the frame), counted, then cut
-                # into the magic and the header
-                one = one.bytes
-                self.state.counters["bytes_routed"] += len(one)
-                body = [one[:4], one[4:]]
-                read = read_hot_header(*body)
-            else:
-                # received frames: len() is their size in bytes; a large header is viewed
-                self.state.counters["bytes_routed"] += sum(map(len, body))
-                body = from_wire(body)
-                read = read_hot(body)
-            if type(read) is DoneRead:
-                actions = self.state.dones.read(peer, read, now, who)
-                if actions:
-                    self._perform(actions)
-                return
-        except Exception as exc:
-            self._contain(peer, None, exc)
-            return
-        self._handle(peer, body, now, who, batch_ok=True, read=read)
-
-    def _batch(self, peer: bytes, body: list[Any], now: float, who: str | None) -> None:
-        """Handle each message of a batch as if it had arrived alone: a Done or an Exec of
-        the hot path read and handed to the state here (as the loop and :meth:`_handle` do
-        with one that came alone), anything else through :meth:`_handle`, with what
-        ``read_hot`` makes of it."""
-        try:
-            headers = batch_headers(body)
-        except ProtocolError as exc:  # answered and counted as one bad message
-            self.state.counters["batches_refused"] += 1
-            self.refusals.refused(peer.hex(), f"bad message: {exc}")
-            self._perform(self.state.protocol_error(peer, exc), logged=True)
-            return
-        self.state.counters["batches_received"] += 1
-        done_read, exec_read = self.state.dones.read, self.state.exec_read
-        received = self.ledger.received
-        # the sender's repeat Dones read by comparison, as in _turn
-        dones = self._done_readers.get(peer)
-        for header in headers:
-            # read_hot's checks of a message of the codec's magic and this header, written
-            # out: a Done's header read by read_done_header, as read_hot_header would
-            read: DoneRead | Exec | None
-            if header.startswith(DONE_PREFIX) and len(header) < MAX_CONTAINERS:
-                one = MAGIC_FRAME + header  # as the Done would have come alone
-                dones = dones or self._done_reader(peer)
-                done = dones.repeat(one)
-                if done is None:
-                    done = read_done_header(header)
-                    if done is not None:
-                        dones.keep(one, done)
-                read = done
-                if done is not None:
-                    try:  # one message's failure stays that message's failure
-                        actions = done_read(peer, done, now, who)
-                        if actions:  # most Dones leave their job waiting on other ranks
-                            self._perform(actions)
-                    except Exception as exc:
-                        self._contain(peer, None, exc)
-                    continue
-            elif header.startswith(EXEC_PREFIX) and len(header) < SLICE_BELOW:
-                try:
-                    read = exec_ = self._exec_of(peer, header)
-                except Exception as exc:  # (it raises nothing: one message's failure)
-                    self._contain(peer, None, exc)
-                    continue
-                if exec_ is not None:  # _handle's Exec case, without its call and tests
-                    try:  # one message's failure stays that message's failure
-                        self._accounts.append((received, exec_, now))
-                        raw = [MAGIC_FRAME, header]
-                        actions = exec_read(peer, exec_, now, raw, who)
-                        if len(self._jobs) == 1 and not self._outbox:
-                            self._fan_out(actions)  # nothing it could be batched with
-                        else:
-                            self._perform(actions)
-                    except Exception as exc:
-                        self._contain(peer, exec_, exc)
-                    continue
-            else:
-                read = read_hot_header(MAGIC_FRAME, header)
-            self._handle(peer, [MAGIC_FRAME, header], now, who, read=read)
-
-    def _done_reader(self, peer: bytes) -> RepeatDones:
-        """A new reader of ``peer``'s repeat Dones (``mpl.wire.done_repeat``), kept for at
-        most _DONE_READERS senders (the oldest sender's goes first), and only if ``peer``
-        is a registered worker's socket or result channel (where its Dones come from): a
-        peer that is neither gets one for this message alone, so Dones from peers that are
-        no worker evict no worker's reader."""
-        reader = RepeatDones(boxes=self.secure)  # in secure mode each value a new box
-        if self.state.registry.worker(peer) is not None:
-            readers = self._done_readers
-            if len(readers) >= _DONE_READERS:
-                del readers[next(iter(readers))]
-            readers[peer] = reader
-        return reader
-
-    def _exec_of(self, peer: bytes, header: bytes) -> Exec | None:
-        """``read_hot_header`` of an Exec's ``header`` (shorter than SLICE_BELOW) from
-        ``peer``: a repeat of that sender's last Exec read in full (the same program again:
-        most jobs) read by comparing it with that one outside its job id, anything else in
-        full and kept for the next (``mpl.wire.exec_repeat``, which reads exactly what
-        ``read_exec`` reads). What the comparison gives depends on the bytes alone; who may
-        send them is checked per message, after (``BrokerState.exec_read``)."""
-        if len(header) >= _KEPT_BELOW:
-            return read_exec([MAGIC_FRAME, header])
-        readers = self._exec_readers
-        reader = readers.get(peer)
-        if reader is None:
-            if len(readers) >= _EXEC_READERS:  # bounded: the oldest sender's goes
-                del readers[next(iter(readers))]
-            reader = readers[peer] = RepeatExecs()
-        frames = [MAGIC_FRAME, header]
-        return reader.repeat(frames) or reader.read_in_full(frames)
-
-    def _handle(
-        self,
-        peer: bytes,
-        body: list[Any],
-        now: float,
-        who: str | None,
-        batch_ok: bool = False,
-        read: DoneRead | Exec | None = None,
-    ) -> None:
-        """Decode one message, hand it to the state, queue what it asks to send; or, if it
-        is a batch (and ``batch_ok``: not inside one), each message in it. ``read``: what
-        ``read_hot`` made of it (a hot message is not decoded again)."""
-        msg: Record | None = None
-        try:  # one message's failure stays that message's failure
-            if type(read) is DoneRead:  # a Done of the hot path: no record built
-                actions = self.state.dones.read(peer, read, now, who)
-                if actions:  # most Dones leave their job waiting on other ranks
-                    self._perform(actions)
-                return
-            if (  # a secure Exec, its boxes after its header (is_sealed_exec, written out)
-                read is None
-                and len(body) == 2
-                and len(magic := body[0]) == _SEALED_LEN
-                and bytes(magic) == SEALED_EXEC_MAGIC
-            ):
-                try:
-                    if not self.secure:
-                        raise ProtocolError("a sealed Exec, to a broker not in secure mode")
-                    # header on the lean path (a repeat by comparison), then the boxes (at
-                    # most one per cluster rank)
-                    read, head, boxes = self._sealed_execs.read(peer, body, self._world_size)
-                except ProtocolError as exc:
-                    self.refusals.refused(peer.hex(), f"bad message: {exc}")
-                    self._perform(self.state.protocol_error(peer, exc), logged=True)
-                    return
-                # the magic, the header, each rank's box (the state gives each its own)
-                raw = [SEALED_EXEC_MAGIC, head, *boxes]
-            elif type(read) is Exec:  # an Exec: checked and built without the decoder
-                # forwarded as bytes (the header's the read cached, the magic it checked):
-                # a short frame costs less to send copied than as a zmq.Frame
-                header = body[1]
-                raw = [MAGIC_FRAME, header.bytes if hasattr(header, "bytes") else bytes(header)]
-            else:
-                raw = None
-            if raw is not None:
-                assert type(read) is Exec
-                msg = read
-                self._accounts.append((self.ledger.received, read, now))
-                actions = self.state.exec_read(peer, read, now, raw, who)
-                if len(self._jobs) == 1 and not self._outbox:
-                    self._fan_out(actions)  # nothing it could be batched with
-                else:
-                    self._perform(actions)
-                return
-            if batch_ok and is_batch(body):
-                self._batch(peer, body, now, who)
-                return
-            try:
-                msg = decode(body, unpickle=False)
-            except ProtocolError as exc:
-                self.refusals.refused(peer.hex(), f"bad message: {exc}")
-                self._perform(self.state.protocol_error(peer, exc), logged=True)
-                return
-            if type(msg) is Exec:  # the only message the ledger notes on arrival
-                self._accounts.append((self.ledger.received, msg, now))
-            self._perform(self.state.handle(peer, msg, now, body, who=who))
-        except Exception as exc:
-            self._contain(peer, msg, exc)
-
+    # -- failures, the status, the goodbye ------------------------------------------------
     def _contain(self, peer: bytes | None, msg: Record | None, exc: Exception) -> None:
         """Count and log a failure, and answer the sender if it waits for an answer."""
         reply = self.guard.internal(peer.hex() if peer else "the timers", msg, exc)

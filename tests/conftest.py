@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,69 @@ sys.path.insert(0, str(Path(__file__).parent))
 import helpers
 
 pickle_by_value(helpers)  # workers do not have the tests package: ship these functions
+
+
+# -- no driver thread outlives the test that started it -------------------------------------
+# ``with mp.connect(...)`` and ``with mp.Simulator(...)`` only make a context current: a
+# test that never closes it leaves its client's threads (and sockets) running for the rest
+# of the session. A module's or the session's fixture may keep a context across its tests:
+# the threads started while such a fixture is set up are its own, and so are those its
+# client starts later (the job pump starts with the first job submitted ahead).
+_DRIVER_THREADS = "mpl-driver-"  # the client's pump and heartbeat threads
+_FIXTURES_OWN: set[threading.Thread] = set()
+_FIXTURE_CLIENTS: list[Client] = []
+_LEFT_WITHIN_S = 10.0  # a client's close joins each of its threads for at most 5 s
+
+
+def _driver_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith(_DRIVER_THREADS)}
+
+
+def _client_of(value: Any) -> Client | None:
+    """The driver client a fixture's value holds: a client, or a context's."""
+    client = value if isinstance(value, Client) else getattr(value, "client", None)
+    return client if isinstance(client, Client) else None
+
+
+def _fixtures_own() -> set[threading.Thread]:
+    """The driver threads of wider-scoped fixtures (their clients' pump among them)."""
+    own = set(_FIXTURES_OWN)
+    for client in _FIXTURE_CLIENTS:
+        own.add(client.watch._thread)
+        if client._pump is not None:
+            own.add(client._pump._thread)
+    return own
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any]) -> Iterator[Any]:
+    if fixturedef.scope == "function":
+        return (yield)
+    before = _driver_threads()
+    try:
+        value = yield
+    finally:
+        _FIXTURES_OWN.update(_driver_threads() - before)
+    values = value if isinstance(value, tuple) else (value,)
+    _FIXTURE_CLIENTS.extend(c for v in values if (c := _client_of(v)) is not None)
+    return value
+
+
+@pytest.fixture(autouse=True)
+def no_driver_thread_left() -> Iterator[None]:
+    """Fails the test that leaves a driver thread of its own running once it and its
+    fixtures are done (set up first, so torn down last)."""
+    before = _driver_threads()
+    yield
+    deadline = time.monotonic() + _LEFT_WITHIN_S
+    while left := _driver_threads() - before - _fixtures_own():
+        if time.monotonic() > deadline:
+            names = sorted(t.name for t in left)
+            pytest.fail(f"the test left driver threads running: {names} (close its contexts)")
+        time.sleep(0.02)
+    alive = _driver_threads()  # what ended is forgotten
+    _FIXTURES_OWN.intersection_update(alive)
+    _FIXTURE_CLIENTS[:] = [c for c in _FIXTURE_CLIENTS if c.watch._thread in alive]
 
 
 @pytest.fixture

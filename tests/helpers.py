@@ -176,6 +176,67 @@ def raw_broker(world: int, make: Callable[[Any, str], Any]) -> Iterator[tuple[An
         broker.join(5)
 
 
+@contextlib.contextmanager
+def fake_broker(answer: Callable[[zmq.Socket[Any], bytes, list[bytes]], None]) -> Iterator[str]:
+    """A ROUTER on a free loopback port standing in for a broker: on a thread of its own,
+    ``answer(router, peer, frames)`` gets every message it receives (a driver's heartbeats
+    too); yields its address. Thread, socket and context end with the block."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            if router.poll(50):
+                peer, *frames = router.recv_multipart()
+                answer(router, peer, frames)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"tcp://127.0.0.1:{port}"
+    finally:
+        stop.set()
+        thread.join(5)
+        router.close(linger=0)
+        ctx.term()
+
+
+@contextlib.contextmanager
+def pushed_intake(
+    ctx: zmq.Context[Any],
+    mailbox: Any,
+    on_event: Callable[[Any], None] = lambda event: None,
+    *,
+    code: str = "any",
+    peers: int = 1,
+) -> Iterator[tuple[Any, list[zmq.Socket[Any]]]]:
+    """Rank 0's peer intake in plaintext (``mpl.worker.peer_intake``), taking moves into
+    ``mailbox`` and telling ``on_event`` what it refuses, started on a free loopback port;
+    and ``peers`` PUSH sockets connected to it, as other ranks' moves come. Yields both;
+    all are closed at the end."""
+    from mpl.wire.sockets import MAX_MESSAGE, configure
+    from mpl.worker.peer_intake import PeerIntake
+
+    intake = PeerIntake(
+        ctx, "tcp://127.0.0.1:0", 0, mailbox, on_event,
+        curve=None, trusted=False, code=code, max_message=MAX_MESSAGE,
+    )  # fmt: skip
+    pushes = [configure(ctx.socket(zmq.PUSH), linger_ms=1000) for _ in range(peers)]
+    try:
+        intake.start()
+        for push in pushes:
+            push.connect(intake.address)
+        yield intake, pushes
+    finally:
+        for push in pushes:
+            push.close()
+        intake.stop(5)
+        intake.close()
+
+
 def joined_workers(raw: Callable[[], Any], world: int) -> list[Any]:
     """``world`` raw sockets made by ``raw``, each said hello as rank 0, 1, ... and
     welcomed by the broker."""

@@ -42,7 +42,7 @@ from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.seal import Sealer, exec_context
 from mpl.wire.session_word import worded
-from mpl.wire.sessions import Ack, DeleteSymbol, OpenSession, SessionOpened, SymbolInfo
+from mpl.wire.sessions import Ack, DeleteSymbol, SymbolInfo
 from mpl.worker.symbol_disk import SymbolDisk
 
 pytestmark = pytest.mark.daemons
@@ -196,10 +196,7 @@ def test_a_partys_worker_cannot_fail_a_job_in_another_ranks_name(make_cluster: A
     try:
         attacker, _ = impostor(cluster, zctx, 2)
         victim = Raw(zctx, cluster.address)
-        victim.send(OpenSession(1, "", 60.0, "victim"))
-        opened = victim.wait_for(lambda m: isinstance(m, SessionOpened))
-        assert isinstance(opened, SessionOpened)
-        sid = opened.session
+        sid = victim.open_session("victim")
         b = GraphBuilder(3)
         ours = b.op("constant", [], ranks=(0,), value=0)[0]
         theirs = b.op("constant", [], ranks=(2,), value=2)[0]

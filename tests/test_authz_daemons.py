@@ -49,6 +49,13 @@ class Raw:
                     return msg
         raise AssertionError("no matching answer in time")
 
+    def open_session(self, name: str) -> str:
+        """Open a session of ``name`` as a driver does; returns its id."""
+        self.send(OpenSession(1, "", 60.0, name))
+        opened = self.wait_for(lambda m: isinstance(m, SessionOpened))
+        assert isinstance(opened, SessionOpened)
+        return opened.session
+
 
 @pytest.fixture
 def zctx() -> Iterator[zmq.Context[Any]]:
@@ -88,10 +95,7 @@ def test_a_registered_worker_cannot_answer_for_another_rank(make_cluster: Any, z
     watcher = cluster.client()
     attacker, directory = impostor(cluster, zctx, 2)
     victim = Raw(zctx, cluster.address)
-    victim.send(OpenSession(1, "", 60.0, "victim"))
-    opened = victim.wait_for(lambda m: isinstance(m, SessionOpened))
-    assert isinstance(opened, SessionOpened)
-    sid = opened.session
+    sid = victim.open_session("victim")
     b = GraphBuilder(3)
     a = b.op("constant", [], ranks=(0,), value=np.arange(3))[0]
     slow = b.op("pcall", [], ranks=(1,), fn=b.fn(nap_then), args=("genuine", 1.0))[0]

@@ -10,6 +10,7 @@ form (``msgpack.unpackb`` of the whole frame).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import tracemalloc
@@ -83,6 +84,23 @@ def _peak_rss(pid: int) -> int:
     return int(found.group(1)) * 1024
 
 
+@contextlib.contextmanager
+def raw_dealers(address: str, count: int = 1) -> Iterator[list[zmq.Socket[Any]]]:
+    """``count`` raw DEALER sockets connected to the broker at ``address``, on a context of
+    their own: closed, and the context ended, at the end of the block."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    socks = [ctx.socket(zmq.DEALER) for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(address)
+        yield socks
+    finally:
+        for sock in socks:
+            sock.close(linger=0)
+        ctx.term()
+
+
 def _answer(sock: zmq.Socket[Any], kind: type, timeout_ms: int = 60_000) -> Any:
     """The first message of type ``kind`` the broker sends ``sock`` (polled, bounded)."""
     while sock.poll(timeout_ms):
@@ -97,11 +115,7 @@ def test_a_nested_batch_does_not_make_the_broker_build_many_times_its_size(
     broker_process: tuple[str, int],
 ) -> None:
     address, pid = broker_process
-    ctx: zmq.Context[Any] = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    try:
-        sock.connect(address)
+    with raw_dealers(address) as [sock]:
         sock.send_multipart(to_wire(encode(StatusRequest(1))))  # the broker is up and warm
         assert isinstance(_answer(sock, Reply), Reply)
         before = _peak_rss(pid)
@@ -115,9 +129,6 @@ def test_a_nested_batch_does_not_make_the_broker_build_many_times_its_size(
         assert grown <= 8 * size, f"the broker grew {grown >> 20} MiB for {size} B"
         sock.send_multipart(to_wire(encode(StatusRequest(2))))  # and it still serves
         assert isinstance(_answer(sock, Reply), Reply)
-    finally:
-        sock.close(linger=0)
-        ctx.term()
 
 
 @pytest.mark.timeout(120)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterator
 from functools import partial
 
 import pytest
@@ -18,6 +19,7 @@ from mpl.broker.state import BrokerState
 from mpl.wire import ClusterSpec, GraphBuilder
 from mpl.wire.codec import encode
 from mpl.wire.control import Refused, WorkerHello
+from mpl.wire.graph import Graph
 from mpl.wire.jobs import Program, program_nbytes
 from mpl.wire.sealed import Sealed
 from mpl.worker.keyed_mailbox import spu_mailbox
@@ -91,6 +93,19 @@ def test_program_caches_count_bytes_and_the_broker_mirror_stays_in_step(
     assert len(worker.programs) < len(made)  # before, 512 entries of any size were kept
 
 
+def drivers_copies(
+    rng: random.Random, made: list[Program], junk: Graph | None, jobs: int
+) -> Iterator[tuple[str, Program, bool]]:
+    """``jobs`` jobs, each of a program drawn from ``made`` by driver a, b or c: b's copy of
+    every other program of ``made`` is ``junk`` under the genuine digest. Yields the driver,
+    the copy it sends and whether that copy is genuine."""
+    for _ in range(jobs):
+        n = rng.randrange(len(made))
+        p, driver = made[n], rng.choice("abc")
+        genuine = driver != "b" or n % 2 == 0
+        yield driver, Program(p.digest, p.graph if genuine else junk), genuine
+
+
 def test_a_mirror_keyed_by_driver_only_errs_towards_sending_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -103,15 +118,11 @@ def test_a_mirror_keyed_by_driver_only_errs_towards_sending_again(
     index = {p.digest: n for n, p in enumerate(made)}
     junk = _program(300, 999).graph  # b's copy of every other digest: another graph
     sent = 0
-    for _ in range(1_500):
-        n = rng.randrange(len(made))
-        p, driver = made[n], rng.choice("abc")
-        genuine = driver != "b" or n % 2 == 0
-        copy = Program(p.digest, p.graph if genuine else junk)
-        if mirror.needs_program((driver, p.digest), partial(program_nbytes, copy, 1)):
+    for driver, copy, genuine in drivers_copies(rng, made, junk, 1_500):
+        if mirror.needs_program((driver, copy.digest), partial(program_nbytes, copy, 1)):
             sent += 1
             worker.handle(copy, 0.0)
-        held = worker.program(p.digest)  # the job's look-up (it touches the entry)
+        held = worker.program(copy.digest)  # the job's look-up (it touches the entry)
         assert held is not None or not genuine  # a genuine copy's job finds it
         for (owner, digest), _ in mirror.programs.items():  # what the broker believes
             assert digest in worker.programs or (owner == "b" and index[digest] % 2)

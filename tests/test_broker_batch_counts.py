@@ -211,10 +211,10 @@ def test_the_exec_readers_kept_per_sender_are_bounded(
     """A reader per sender of Execs (to read its next one by comparison): a peer with many
     connections (routing ids) cannot grow the table past its bound, and every reader reads
     what the full reader reads."""
-    from mpl.broker import daemon
+    from mpl.broker import inbox
     from mpl.wire.hot import read_hot
 
-    monkeypatch.setattr(daemon, "_EXEC_READERS", 3)
+    monkeypatch.setattr(inbox, "_EXEC_READERS", 3)
     broker = shell.broker
     for n in range(8):
         header = encode(Exec(shell.sid, f"j{n:04d}", shell.graph.digest, (0,), {}, (0,), 9))[1]

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zmq
-from helpers import sealer_pair, wait_until
+from helpers import pushed_intake, sealer_pair, wait_until
 
 import mpl.wire.codec as codec
 from mpl.wire import GraphBuilder, Pickled, encode
@@ -19,10 +19,8 @@ from mpl.wire.data import Move
 from mpl.wire.decoder import Decoder
 from mpl.wire.errors import AuthenticationError, ProtocolError
 from mpl.wire.jobs import Exec, Program
-from mpl.wire.sockets import MAX_MESSAGE, configure
 from mpl.worker.code_policy import HoldsPickles, open_sealed, screen
 from mpl.worker.keyed_mailbox import move_mailbox
-from mpl.worker.peer_intake import PeerIntake
 from mpl.worker.state_events import MoveRefused
 
 LOADED: list[str] = []  # what unpickling a Trap appended: must stay empty
@@ -96,21 +94,7 @@ def test_the_peer_thread_decodes_each_move_once_under_code_kernels(
 ) -> None:
     mailbox = move_mailbox()
     refused: list[Any] = []
-    intake = PeerIntake(
-        zmq_ctx,
-        "tcp://127.0.0.1:0",
-        0,
-        mailbox,
-        refused.append,
-        curve=None,
-        trusted=False,
-        code="kernels",
-        max_message=MAX_MESSAGE,
-    )
-    push = configure(zmq_ctx.socket(zmq.PUSH), linger_ms=1000)
-    try:
-        intake.start()
-        push.connect(intake.address)
+    with pushed_intake(zmq_ctx, mailbox, refused.append, code="kernels") as (_, [push]):
         mailbox.open(("s", "j"))
         frames = encode(Move("s", "j", 0, 0, 1, 0, np.arange(5)))
         trapped = encode(Move("s", "j", 1, 0, 1, 0, Trap("peer")))
@@ -125,10 +109,6 @@ def test_the_peer_thread_decodes_each_move_once_under_code_kernels(
         assert LOADED == []
         got = mailbox.take(("s", "j", 0, 0, 1, ""), 0.0, "lost")
         assert np.array_equal(got, np.arange(5))
-    finally:
-        push.close()
-        intake.stop(5)
-        intake.close()
 
 
 def test_what_a_driver_sealed_is_decoded_once_and_its_pickles_never_loaded(

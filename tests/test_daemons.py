@@ -69,10 +69,13 @@ def test_broker_restart_workers_rejoin_within_3s(make_cluster: Any) -> None:
     client = cluster.client()
     old = client.open_session().session
     cluster.impl.kill_broker()
-    restarted = time.monotonic()
-    cluster.impl.start_broker()
-    cluster.impl.wait_ready(3.0)
-    assert time.monotonic() - restarted < 3.0
+    # the promise is the workers': the new broker's own start (an interpreter and its
+    # imports, seconds on a loaded machine) is waited for, and the 3 s counted from the
+    # moment it listens (start_broker returns once it has printed its address)
+    cluster.impl.start_broker(ready_timeout=60.0)
+    listening = time.monotonic()
+    cluster.impl.wait_ready(30.0)  # polled: a slower rejoin fails the bound below, not this
+    assert time.monotonic() - listening < 3.0
     # the broker or the driver's heartbeat may notice first: either way a SessionError
     with pytest.raises(SessionError, match=r"unknown session|lost session"):
         client.submit(old, one_op(), {}, timeout=5)

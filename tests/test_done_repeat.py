@@ -207,19 +207,22 @@ def test_a_one_off_first_done_holds_up_the_repeats_after_it_briefly() -> None:
 
 
 def full_done_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """From now on, count the broker loop's full reads of a Done header (its
-    ``read_done_header``, called where no repeat was recognised) in the one-item list it
-    returns; the monkeypatch puts the real reader back after the test."""
+    """From now on, count the broker's full reads of a Done header (its
+    ``read_done_header``, called where no repeat was recognised: in the loop, or in a
+    batch's) in the one-item list it returns; the monkeypatch puts the real reader back
+    after the test."""
     import mpl.broker.daemon as broker_daemon
+    import mpl.broker.inbox as broker_inbox
 
     count = [0]
-    real = hot.read_done_header  # (the broker loop's, imported from here)
+    real = hot.read_done_header  # (the broker's, imported from here)
 
     def counted(data: Any) -> Any:
         count[0] += 1
         return real(data)
 
-    monkeypatch.setattr(broker_daemon, "read_done_header", counted)
+    monkeypatch.setattr(broker_daemon, "read_done_header", counted)  # the loop's
+    monkeypatch.setattr(broker_inbox, "read_done_header", counted)  # a batch's
     return count
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zmq
-from helpers import wait_until
+from helpers import pushed_intake, wait_until
 from test_worker_loop import FakeBroker
 
 from mpl.wire import ClusterSpec, GraphBuilder, encode
@@ -272,15 +272,7 @@ def test_a_flood_leaves_room_in_the_peer_threads_second_chances(zmq_ctx: zmq.Con
 
     holding = Holding(max_entries=6, sender_of=sender_of, senders=_three)
     mailbox = move_mailbox(holding)
-    intake = PeerIntake(
-        zmq_ctx, "tcp://127.0.0.1:0", 0, mailbox, lambda event: None,
-        curve=None, trusted=False, code="any", max_message=MAX_MESSAGE,
-    )  # fmt: skip
-    push = [configure(zmq_ctx.socket(zmq.PUSH), linger_ms=1000) for _ in range(2)]
-    try:
-        intake.start()
-        for sock in push:
-            sock.connect(intake.address)
+    with pushed_intake(zmq_ctx, mailbox, peers=2) as (intake, push):
         for i in range(400):  # rank 2 floods: 6 held, the rest refused
             push[1].send_multipart(to_wire(encode(Move("s", f"ghost{i}", 0, 0, 2, 0, i))))
         wait_until(lambda: mailbox.held_dropped >= 394, 15, "the flood refused")
@@ -291,8 +283,3 @@ def test_a_flood_leaves_room_in_the_peer_threads_second_chances(zmq_ctx: zmq.Con
         intake.put_deferred()  # ...and the I/O thread gives the refused moves their chance
         got = [mailbox.take(("s", "real", op, 0, 1, ""), 0.0, f"op {op} lost") for op in range(3)]
         assert got == [0, 1, 2]
-    finally:
-        for sock in push:
-            sock.close()
-        intake.stop(5)
-        intake.close()

@@ -7,6 +7,7 @@ reads each party's own value, and the broker learns the names a job saved from t
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -355,11 +356,12 @@ def test_two_parties_save_one_name_in_a_job_and_both_survive_a_broker_restart(
         mp.save(_on_p(1)(lambda: np.full(2, 7.0))(), "model", persist=True)
         return _on_p(0)(lambda a: a.sum())(mp.load("model", parties=0))  # read back at once
 
-    with mp.connect(cluster.address, driver="writer"):
+    with contextlib.closing(mp.connect(cluster.address, driver="writer")) as writer, writer:
         assert mp.fetch(publish()) == 3
 
     def check() -> None:
-        with mp.connect(cluster.address, driver="reader"):  # another session
+        reader = mp.connect(cluster.address, driver="reader")  # another session
+        with contextlib.closing(reader), reader:
             with pytest.raises(SessionError, match="several parties"):
                 mp.load("model")
             assert mp.fetch(mp.load("model", parties=(0,))).tolist() == [0, 1, 2]

@@ -161,8 +161,10 @@ def test_a_persisted_pickle_is_refused_naming_the_file(tmp_path: Path) -> None:
 
 @pytest.fixture
 def spied_sim() -> Iterator[tuple[mp.Context, dict[int, list[Record]]]]:
-    """A simulator whose workers record every message they receive from the broker."""
-    sim: Simulator = mp.Simulator.simple(3)
+    """A simulator whose workers record every message they receive from the broker. Its
+    waits have room (its workers' join, each call: 10 s and 30 s by default): the first SPU
+    job of a process imports and compiles, tens of seconds on a loaded machine."""
+    sim: Simulator = mp.Simulator.simple(3, ready_timeout=60.0, timeout=120.0)
     got: dict[int, list[Record]] = {w.rank: [] for w in sim.runtime.workers}
     for w in sim.runtime.workers:
         original = w._on_broker

@@ -7,6 +7,7 @@ means or the holders must make one value.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -118,14 +119,14 @@ def test_an_spu_value_loads_only_with_all_its_shares() -> None:
 def test_same_name_from_two_parties_survives_a_broker_restart(make_cluster: Any) -> None:
     cluster = make_cluster("tcp", world_size=2)
     for rank, value in ((0, np.arange(3)), (1, np.full(2, 7.0))):
-        with mp.connect(cluster.address, driver=f"owner{rank}") as ctx:
+        with contextlib.closing(mp.connect(cluster.address, driver=f"owner{rank}")) as ctx, ctx:
             held = mp.device(f"P{rank}")(lambda v: v)(value)
             mp.save(held, "model", persist=True)
             assert ctx.session
     cluster.impl.kill_broker()
     cluster.impl.start_broker()
     cluster.impl.wait_ready(10.0)
-    with mp.connect(cluster.address, driver="reader"):
+    with contextlib.closing(mp.connect(cluster.address, driver="reader")) as reader, reader:
         with pytest.raises(SessionError, match="several parties"):
             mp.load("model")
         mine = mp.load("model", parties=(0,))
@@ -138,7 +139,7 @@ def test_same_name_from_two_parties_survives_a_broker_restart(make_cluster: Any)
 
 
 def test_load_and_save_inside_a_function_are_part_of_the_call(tmp_path: Path) -> None:
-    with mp.Simulator.simple(2, data_root=tmp_path):
+    with contextlib.closing(mp.Simulator.simple(2, data_root=tmp_path)) as sim, sim:
         mp.save(mp.put("P1", np.arange(4.0)), "weights", persist=True)
 
         @mp.function
@@ -155,7 +156,8 @@ def test_load_and_save_inside_a_function_are_part_of_the_call(tmp_path: Path) ->
         # the saves are ops of the job: a future of it names them too
         assert mp.fetch(mp.submit(program, mp.put("P1", 3.0)).result()) == 18.0
         assert mp.fetch(mp.load("scaled")).tolist() == [0.0, 3.0, 6.0, 9.0]
-    with mp.Simulator.simple(2, data_root=tmp_path):  # a new cluster on the same disks
+    again = mp.Simulator.simple(2, data_root=tmp_path)  # a new cluster on the same disks
+    with contextlib.closing(again), again:
         assert mp.fetch(mp.load("kept", parties=(1,))).tolist() == [0.0, 3.0, 6.0, 9.0]
         # traced in the other session: the job's load op reads rank 1's own file
         assert mp.fetch(program(mp.put("P1", 1.0))) == 6.0

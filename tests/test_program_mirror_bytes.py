@@ -15,7 +15,7 @@ import random
 from functools import partial
 
 import pytest
-from test_bounds import _program
+from test_bounds import _program, drivers_copies
 
 from mpl.broker import registry
 from mpl.broker.registry import WorkerEntry
@@ -149,11 +149,8 @@ def test_random_drivers_and_junk_with_equal_budgets_never_fool_the_mirror(
     made = [_program(rng.randrange(200, 9_000), step) for step in range(40)]
     junk = _program(150, 999).graph
     fooled = 0
-    for _ in range(3_000):
-        n = rng.randrange(len(made))
-        p, driver = made[n], rng.choice("abc")
-        genuine = driver != "b" or n % 2 == 0
-        found = _job(mirror, worker, driver, Program(p.digest, p.graph if genuine else junk))
+    for driver, copy, genuine in drivers_copies(rng, made, junk, 3_000):
+        found = _job(mirror, worker, driver, copy)
         fooled += genuine and not found
     assert fooled == 0, f"{fooled} genuine jobs found no program the mirror believed held"
     assert mirror.programs.dropped > 0 and mirror.programs.nbytes <= BUDGET

@@ -19,8 +19,7 @@ from typing import Any
 
 import msgpack
 import pytest
-import zmq
-from test_batch_nesting import _answer, broker_process  # noqa: F401  (a fixture)
+from test_batch_nesting import _answer, broker_process, raw_dealers  # noqa: F401  (a fixture)
 
 from mpl.wire import hot
 from mpl.wire.codec import MAGIC_FRAME, decode
@@ -172,11 +171,7 @@ def test_a_real_broker_refuses_a_hash_flood_from_a_raw_socket(
     broker_process: tuple[str, int],  # noqa: F811
 ) -> None:
     address, _ = broker_process
-    ctx: zmq.Context[Any] = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    try:
-        sock.connect(address)
+    with raw_dealers(address) as [sock]:
         # a status request with a field too many: its map of colliding keys is read first
         flood = _header(msgpack.packb("status"), msgpack.packb(1), _map(_colliding_bigints(3000)))
         sock.send_multipart([MAGIC_FRAME + flood])  # wire v4: magic and header, one frame
@@ -186,9 +181,6 @@ def test_a_real_broker_refuses_a_hash_flood_from_a_raw_socket(
 
         sock.send_multipart(to_wire(encode(StatusRequest(2))))  # and it still serves
         assert isinstance(_answer(sock, Reply), Reply)
-    finally:
-        sock.close(linger=0)
-        ctx.term()
 
 
 # -- the lean readers (w32-trust, item 2) -----------------------------------------------------

@@ -18,9 +18,8 @@ import os
 from typing import Any
 
 import pytest
-import zmq
 from helpers import wait_until
-from test_batch_nesting import _answer, broker_process  # noqa: F401  (a fixture)
+from test_batch_nesting import _answer, broker_process, raw_dealers  # noqa: F401  (a fixture)
 
 from mpl.wire.codec import encode, to_wire
 from mpl.wire.control import Heartbeat, Welcome, WorkerHello
@@ -34,13 +33,7 @@ def test_a_workers_heartbeat_cannot_flood_or_rewrite_its_status_row(
     broker_process: tuple[str, int],  # noqa: F811
 ) -> None:
     address, _ = broker_process
-    ctx: zmq.Context[Any] = zmq.Context()
-    worker = ctx.socket(zmq.DEALER)
-    driver = ctx.socket(zmq.DEALER)
-    for sock in (worker, driver):
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(address)
-    try:
+    with raw_dealers(address, 2) as [worker, driver]:
         hello = WorkerHello(0, "inc-red", os.getpid(), "host", "tcp://127.0.0.1:9", "")
         worker.send_multipart(to_wire(encode(hello)))
         assert isinstance(_answer(worker, Welcome), Welcome)
@@ -62,7 +55,3 @@ def test_a_workers_heartbeat_cannot_flood_or_rewrite_its_status_row(
         shown = wait_until(row, 30, "the heartbeat's counters in the status")
         assert shown["rank"] == 0 and shown["heartbeat_age_s"] != 0, shown  # its own row
         assert len(shown) < 200, f"the row shows {len(shown)} entries"
-    finally:
-        worker.close(linger=0)
-        driver.close(linger=0)
-        ctx.term()

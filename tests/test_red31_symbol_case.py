@@ -38,11 +38,17 @@ def _info(name: str) -> SymbolInfo:
     return SymbolInfo(name, "P0", (0,), True, {})
 
 
+@pytest.fixture
+def disk(tmp_path: Path) -> CaseFoldingDisk:
+    """A case-folding disk holding the analyst's ``Report`` (0, 1, 2)."""
+    made = CaseFoldingDisk(tmp_path)
+    made.save(_info("Report"), np.arange(3.0), A)
+    return made
+
+
 def test_another_driver_cannot_replace_an_owned_value_by_its_name_in_another_case(
-    tmp_path: Path,
+    disk: CaseFoldingDisk, tmp_path: Path
 ) -> None:
-    disk = CaseFoldingDisk(tmp_path)
-    disk.save(_info("Report"), np.arange(3.0), A)
     with pytest.raises(SessionAccessError, match="another driver"):
         disk.save(_info("report"), np.zeros(3), M)
     again = CaseFoldingDisk(tmp_path)  # (no cache: what the file holds)
@@ -50,10 +56,8 @@ def test_another_driver_cannot_replace_an_owned_value_by_its_name_in_another_cas
 
 
 def test_another_driver_cannot_delete_an_owned_value_by_its_name_in_another_case(
-    tmp_path: Path,
+    disk: CaseFoldingDisk, tmp_path: Path
 ) -> None:
-    disk = CaseFoldingDisk(tmp_path)
-    disk.save(_info("Report"), np.arange(3.0), A)
     # (since w32-trust another driver's value is none of mallory's: its delete answers as
     # for a free name, and deletes nothing)
     disk.delete("REPORT", M)
@@ -63,9 +67,7 @@ def test_another_driver_cannot_delete_an_owned_value_by_its_name_in_another_case
     assert CaseFoldingDisk(tmp_path).load("Report", A).tolist() == [0.0, 1.0, 2.0]
 
 
-def test_the_owner_still_replaces_and_deletes_its_own_value(tmp_path: Path) -> None:
-    disk = CaseFoldingDisk(tmp_path)
-    disk.save(_info("Report"), np.arange(3.0), A)
+def test_the_owner_still_replaces_and_deletes_its_own_value(disk: CaseFoldingDisk) -> None:
     disk.save(_info("Report"), np.ones(2), A)
     assert disk.load("Report", A).tolist() == [1.0, 1.0]
     disk.save(_info("other"), np.ones(1), M)  # a name no file of another holds

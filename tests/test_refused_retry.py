@@ -15,6 +15,7 @@ appends to a file.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -45,14 +46,16 @@ class Cluster:
         self.d = Deployment(root)
         self.d.start_broker()
         self.workers = {rank: self.d.start_worker(rank) for rank in (0, 1)}
+        self.contexts: list[mp.Context] = []  # every driver connected: closed with it
         self.watcher = self.connect()  # reads the status: its own client learns from it
         for rank in self.workers:
             wait_until(lambda: self.incarnation(rank), 30, f"rank {rank} up")  # noqa: B023
 
     def connect(self) -> mp.Context:
-        return mp.connect(
-            self.d.address, key=self.d.key("analyst"), cluster=self.d.spec, timeout=30
-        )
+        """A driver's context (``with`` only makes it current: :meth:`close` closes it)."""
+        ctx = mp.connect(self.d.address, key=self.d.key("analyst"), cluster=self.d.spec, timeout=30)
+        self.contexts.append(ctx)
+        return ctx
 
     def incarnation(self, rank: int) -> str:
         """The public incarnation of the worker the broker has up at ``rank`` ("": none)."""
@@ -82,7 +85,9 @@ class Cluster:
         self.start(rank, self.stop(rank))
 
     def close(self) -> None:
-        self.watcher.close()
+        for ctx in self.contexts:  # the watcher among them
+            with contextlib.suppress(Exception):
+                ctx.close()
         self.d.close()  # every process, by pid
 
 

@@ -10,6 +10,7 @@ runs in this process, its ROUTER behind a tap that records and rewrites what it 
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 from collections.abc import Callable, Iterator, Sequence
@@ -93,6 +94,7 @@ class Rig:
         self.broker.start()
         self.d.address = self.broker.address
         self.workers: dict[int, subprocess.Popen[bytes]] = {}
+        self.contexts: list[mp.Context] = []  # every driver connected: closed with the rig
 
     def start_worker(
         self, rank: int, cluster: Path | None = None, extra: Sequence[str] = ()
@@ -115,11 +117,17 @@ class Rig:
         wait_until(lambda: self.serving(rank) != proc.pid, 15, f"worker {rank} to be gone")
 
     def connect(self, driver: str = "analyst", **kw: Any) -> mp.Context:
-        return mp.connect(
+        """A driver's context (``with`` only makes it current: the rig closes it)."""
+        ctx = mp.connect(
             self.broker.address, key=self.d.key(driver), cluster=self.d.spec, timeout=30, **kw
         )
+        self.contexts.append(ctx)
+        return ctx
 
     def close(self) -> None:
+        for ctx in self.contexts:  # its client's threads and sockets, while the broker runs
+            with contextlib.suppress(Exception):
+                ctx.close()
         self.d.close()  # every worker process, by pid
         self.broker.stop()
         self.broker.join(5)

@@ -24,6 +24,7 @@ it draws every id and relays everything.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import secrets
@@ -272,7 +273,8 @@ def test_owner_is_checked_in_plaintext_too(tmp_path: Path) -> None:
     checked there as well: a consistency check, not a defence (names are declared)."""
     with mp.local_cluster(2, run_dir=tmp_path) as ctx:
         me, name = ctx.client.driver, ctx.session[:-TAIL]
-        with mp.connect(ctx.address, session=name, driver=me, owner=me) as other:
+        other = mp.connect(ctx.address, session=name, driver=me, owner=me)
+        with contextlib.closing(other), other:
             assert other.session == ctx.session
         with pytest.raises(AuthenticationError, match="another owner than 'someone'"):
             mp.connect(ctx.address, session=name, driver=me, owner="someone")

@@ -24,7 +24,7 @@ from mpl.wire.batch import is_batch, split_batch
 from mpl.wire.codec import SLICE_BELOW, encode, from_wire
 from mpl.wire.jobs import Exec
 
-_SENDERS = 256  # more than Broker._EXEC_READERS (64): every reader the broker keeps
+_SENDERS = 256  # more than mpl.broker.inbox._EXEC_READERS (64): every reader the broker keeps
 
 
 def _rss_bytes(pid: int) -> int:

@@ -16,12 +16,12 @@ import msgpack
 import zmq
 from test_broker_counts import STATS, _python_calls, _Rig
 
-from mpl.broker import daemon
+from mpl.broker import inbox
 from mpl.wire.codec import encode, to_wire
 from mpl.wire.jobs import Done, Exec
 from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC, split_own
 
-_FRAME_GET = daemon._frame_get
+_FRAME_GET = inbox._frame_get  # (_route's: the rig feeds the broker there)
 BOX = b"mpl-box\x01\x0edriver:analyst" + bytes(range(60))  # a sealed None's length
 
 
@@ -37,13 +37,13 @@ class _SealedRig(_Rig):
         # identity read is a stand-in saying "nobody", its own calls counted and taken off
         # (tests/test_secure_broker_counts.py counts the real read over CURVE)
         self.identity_reads = 0
-        daemon._frame_get = self._no_identity
+        inbox._frame_get = self._no_identity
 
     def _no_identity(self, frame: Any, key: bytes) -> None:
         self.identity_reads += 1
 
     def close(self) -> None:
-        daemon._frame_get = _FRAME_GET
+        inbox._frame_get = _FRAME_GET
         super().close()
 
     def frames(self) -> list[list[Any]]:

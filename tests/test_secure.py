@@ -6,6 +6,7 @@ nothing, while the genuine parties keep working.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 from collections.abc import Iterator
@@ -174,9 +175,10 @@ def test_a_worker_with_another_nodes_key_cannot_take_a_rank(deployment: Deployme
     rows = rank_rows(deployment)
     assert rows[0]["state"] == "up" and rows[0]["pid"] == genuine
     # the genuine rank 0 still works
-    with mp.connect(
+    analyst = mp.connect(
         deployment.address, key=deployment.key("analyst"), cluster=deployment.cluster_file
-    ):
+    )
+    with contextlib.closing(analyst), analyst:
         assert mp.fetch(mp.device("P0")(lambda: 7)()) == 7
 
 

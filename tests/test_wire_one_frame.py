@@ -9,13 +9,13 @@ worker are real processes; the driver's reader is a ``Client`` against a fake br
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
 import msgpack
 import pytest
 import zmq
+from helpers import fake_broker, pushed_intake
 from test_batch import Raw, wait_protocol_errors, worker_process
 
 from mpl.driver.client import Client
@@ -34,9 +34,7 @@ from mpl.wire.data import Move
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Exec, output_uri
 from mpl.wire.sessions import Reply, StatusRequest
-from mpl.wire.sockets import MAX_MESSAGE, configure, recv_frames
 from mpl.worker.keyed_mailbox import move_mailbox
-from mpl.worker.peer_intake import PeerIntake
 
 _OLD = VERSION - 1
 
@@ -118,38 +116,25 @@ def test_the_worker_process_refuses_each_and_still_serves(tmp_path: Any) -> None
 def test_the_driver_drops_each_and_takes_the_answer_after_it(what: str) -> None:
     """A fake broker answers the driver's call with a hostile message, then the answer:
     the driver takes the answer (or, for another wire version, fails at once naming it)."""
-    ctx: zmq.Context[Any] = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    stop = threading.Event()
 
-    def answer() -> None:
-        while not stop.is_set():
-            if router.poll(50):
-                peer, *wired = recv_frames(router)
-                asked = decode(from_wire(wired))
-                if not isinstance(asked, StatusRequest):
-                    continue  # the watch's heartbeats
-                reply = encode(Reply(asked.req, value={"ok": 1}))
-                router.send_multipart([peer, *_hostile(reply[1])[what]])
-                router.send_multipart([peer, MAGIC_FRAME + reply[1]])  # then the answer
+    def answer(router: zmq.Socket[Any], peer: bytes, wired: list[bytes]) -> None:
+        asked = decode(from_wire(wired))
+        if not isinstance(asked, StatusRequest):
+            return  # the watch's heartbeats
+        reply = encode(Reply(asked.req, value={"ok": 1}))
+        router.send_multipart([peer, *_hostile(reply[1])[what]])
+        router.send_multipart([peer, MAGIC_FRAME + reply[1]])  # then the answer
 
-    thread = threading.Thread(target=answer, daemon=True)
-    thread.start()
-    client = Client(f"tcp://127.0.0.1:{port}", timeout=10.0)
-    try:
-        if what.startswith("version 3"):
-            with pytest.raises(ProtocolError, match=f"wire version {_OLD} is not supported"):
-                client.status()
-        else:
-            assert client.status() == {"ok": 1}
-    finally:
-        client.close()
-        stop.set()
-        thread.join(5)
-        router.close(linger=0)
-        ctx.term()
+    with fake_broker(answer) as address:
+        client = Client(address, timeout=10.0)
+        try:
+            if what.startswith("version 3"):
+                with pytest.raises(ProtocolError, match=f"wire version {_OLD} is not supported"):
+                    client.status()
+            else:
+                assert client.status() == {"ok": 1}
+        finally:
+            client.close()
 
 
 def test_a_batch_is_one_frame_on_the_wire() -> None:
@@ -167,21 +152,7 @@ def test_the_worker_peer_intake_refuses_each_and_takes_the_move_after_them(
     """A peer's PUSH to a worker's intake (the moves of a shuffle): the same first frames
     are dropped and counted, and the genuine move after them is taken."""
     mailbox = move_mailbox()
-    intake = PeerIntake(
-        zmq_ctx,
-        "tcp://127.0.0.1:0",
-        0,
-        mailbox,
-        lambda event: None,
-        curve=None,
-        trusted=False,
-        code="any",
-        max_message=MAX_MESSAGE,
-    )
-    push = configure(zmq_ctx.socket(zmq.PUSH), linger_ms=1000)
-    try:
-        intake.start()
-        push.connect(intake.address)
+    with pushed_intake(zmq_ctx, mailbox) as (intake, [push]):
         mailbox.open(("s", "j"))
         move = encode(Move("s", "j", 0, 0, 1, 0, 7))
         hostile = _hostile(move[1])
@@ -190,7 +161,3 @@ def test_the_worker_peer_intake_refuses_each_and_takes_the_move_after_them(
         push.send_multipart([MAGIC_FRAME + move[1]])  # the one-frame form, literally
         got = mailbox.take(("s", "j", 0, 0, 1, ""), time.monotonic() + 15, "the move")
         assert got == 7 and intake.errors == len(hostile)
-    finally:
-        push.close()
-        intake.stop(5)
-        intake.close()

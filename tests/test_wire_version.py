@@ -5,14 +5,13 @@ peer of another wire version gets a ``ProtocolError`` naming both versions, neve
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import msgpack
 import numpy as np
 import pytest
 import zmq
-from helpers import raw_broker
+from helpers import fake_broker, raw_broker
 from test_hot_path import Raw
 
 from mpl.driver.client import Client
@@ -100,31 +99,18 @@ def test_a_broker_answers_a_peer_of_another_version_naming_both_and_serves_on() 
 def test_a_driver_whose_broker_speaks_another_version_fails_at_once_naming_both() -> None:
     """A broker of another wire version (faked: a ROUTER that answers every message in
     that version) fails the driver's first call with the reason, not a timeout."""
-    ctx: zmq.Context[Any] = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    stop = threading.Event()
 
-    def answer() -> None:
-        while not stop.is_set():
-            if router.poll(50):
-                peer, *_ = router.recv_multipart()
-                old = msgpack.packb(["refused", "whatever it says"], use_bin_type=True)
-                router.send_multipart([peer, b"MPL" + bytes([OTHER]), old])
+    def answer(router: zmq.Socket[Any], peer: bytes, _: list[bytes]) -> None:
+        old = msgpack.packb(["refused", "whatever it says"], use_bin_type=True)
+        router.send_multipart([peer, b"MPL" + bytes([OTHER]), old])
 
-    thread = threading.Thread(target=answer, daemon=True)
-    thread.start()
-    client = Client(f"tcp://127.0.0.1:{port}", timeout=30.0)
-    try:
-        with pytest.raises(ProtocolError) as caught:
-            client.open_session("")
-        said = str(caught.value)
-        assert f"wire version {OTHER} is not supported" in said
-        assert f"wire version {VERSION}" in said
-    finally:
-        client.close()
-        stop.set()
-        thread.join(5)
-        router.close(linger=0)
-        ctx.term()
+    with fake_broker(answer) as address:
+        client = Client(address, timeout=30.0)
+        try:
+            with pytest.raises(ProtocolError) as caught:
+                client.open_session("")
+            said = str(caught.value)
+            assert f"wire version {OTHER} is not supported" in said
+            assert f"wire version {VERSION}" in said
+        finally:
+            client.close()

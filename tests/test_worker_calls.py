@@ -261,7 +261,8 @@ def secure_threads(
             )
         for worker in workers:
             assert worker.joined.wait(15), "worker did not join"
-        with mp.connect(broker.address, key=made["analyst"][1], cluster=spec, timeout=20) as ctx:
+        ctx = mp.connect(broker.address, key=made["analyst"][1], cluster=spec, timeout=20)
+        with contextlib.closing(ctx), ctx:
             yield broker, workers, ctx
     finally:
         for worker in workers:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -475,42 +476,43 @@ def jobs() -> Jobs:
     return shell
 
 
-def test_a_session_close_wakes_waiters_frees_values_and_drops_late_moves(jobs: Jobs) -> None:
-    jobs.store.put("s", "job:old/0", 42)
-    jobs.state.handle(_exec("s", "j"), 1.0)  # decided, not run: the test plays the job
-    jobs.mailbox.open(("s", "j"))
-    errors: list[BaseException] = []
+def _waiting_for_a_move(jobs: Jobs, session: str, job: str) -> Callable[[], BaseException]:
+    """A job thread of ``job`` waiting for a move that never comes (its deadline 30 s away),
+    its group open; the callable returned joins it and gives what its wait raised."""
+    jobs.state.handle(_exec(session, job), 1.0)  # decided, not run: the test plays the job
+    jobs.mailbox.open((session, job))
+    raised: list[BaseException] = []
 
     def wait() -> None:
         try:
-            jobs.mailbox.take(("s", "j", 1, 0, 1, ""), time.monotonic() + 30, "never", job="j")
+            jobs.mailbox.take((session, job, 1, 0, 1, ""), time.monotonic() + 30, "never", job=job)
         except BaseException as exc:
-            errors.append(exc)
+            raised.append(exc)
 
     waiter = threading.Thread(target=wait, daemon=True)
     waiter.start()
-    wait_until(lambda: ("s", "j") in jobs.mailbox._open, what="the waiter to wait")
+    wait_until(lambda: (session, job) in jobs.mailbox._open, what="the waiter to wait")
+
+    def outcome() -> BaseException:
+        waiter.join(5)
+        (exc,) = raised
+        return exc
+
+    return outcome
+
+
+def test_a_session_close_wakes_waiters_frees_values_and_drops_late_moves(jobs: Jobs) -> None:
+    jobs.store.put("s", "job:old/0", 42)
+    outcome = _waiting_for_a_move(jobs, "s", "j")
     jobs.handle(SessionClosed("s", "the driver left"))
-    waiter.join(5)
-    assert isinstance(errors[0], JobAbortedError) and "the driver left" in str(errors[0])
+    exc = outcome()
+    assert isinstance(exc, JobAbortedError) and "the driver left" in str(exc)
     assert not jobs.store.has("s", "job:old/0")
     assert not jobs.mailbox.put(("s", "j", 2, 0, 1, ""), "late") and jobs.mailbox.late == 1
 
 
 def test_an_abort_releases_a_job_waiting_for_a_move(jobs: Jobs) -> None:
-    jobs.state.handle(_exec("s", "k"), 1.0)  # decided, not run: the test plays the job
-    jobs.mailbox.open(("s", "k"))
-    got: list[BaseException] = []
-
-    def wait() -> None:
-        try:
-            jobs.mailbox.take(("s", "k", 0, 0, 1, ""), time.monotonic() + 30, "never", job="k")
-        except BaseException as exc:
-            got.append(exc)
-
-    waiter = threading.Thread(target=wait, daemon=True)
-    waiter.start()
-    wait_until(lambda: ("s", "k") in jobs.mailbox._open, what="the waiter to wait")
+    outcome = _waiting_for_a_move(jobs, "s", "k")
     jobs.handle(_abort("s", "k", "rank 1 was lost"))
-    waiter.join(5)
-    assert isinstance(got[0], JobAbortedError) and "rank 1 was lost" in str(got[0])
+    exc = outcome()
+    assert isinstance(exc, JobAbortedError) and "rank 1 was lost" in str(exc)
