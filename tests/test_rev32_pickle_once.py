@@ -7,6 +7,9 @@ code: a driver must load each at most once, however its readers get to the answe
   that builds no map of more than ``MAX_SAME_HASH`` keys, and reads a header holding a
   longer one again with a counting Decoder. A pickle before such a map was loaded by the
   first read and again by the second (its author's own note).
+* A call waiting for its job's answer (``BrokerCalls._mine``) read an answer it refused
+  (a ``ProtocolError``, say an unreferenced buffer frame after the pickle) a second time
+  as "anything else" (``_answers``), so its pickles were loaded twice.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Any
 import msgpack
 import pytest
 
+from mpl.driver.calls import BrokerCalls
+from mpl.driver.job_progress import ProgressBoard
 from mpl.wire.codec import MAGIC_FRAME, encode
 from mpl.wire.jobs import JobResult
 from mpl.wire.limits import MAX_SAME_HASH
@@ -77,3 +82,25 @@ def test_a_short_answer_with_only_short_maps_still_reads_its_pickle() -> None:
     got = read_answer(frames, safe=False)
     assert isinstance(got, JobResult) and got.values[0][0][0] == 1
     assert len(LOADS) == 1
+
+
+class _Calls(BrokerCalls):
+    """The part of a trusted Client that reads its answers, without sockets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.safe = False  # a trusted cluster: pickles load
+        self.progress = ProgressBoard()
+
+
+def test_an_answer_a_waiting_call_refuses_loads_its_pickle_once() -> None:
+    calls = _Calls()
+    # the awaited job's answer, whose pickle loads before a buffer frame nothing references
+    # makes it refused
+    frames = [*_answer_with(_Counted()), b"unreferenced"]
+    assert calls._mine(frames, "j1") is None  # refused: waited for again (logged)
+    assert len(LOADS) == 1
+    # another job's answer (a late one) read while waiting: the same
+    frames = [*_answer_with(_Counted(), job="j0"), b"unreferenced"]
+    assert calls._mine(frames, "j1") is None
+    assert len(LOADS) == 2
