@@ -455,7 +455,7 @@ class BrokerState:
         if isinstance(call, JobCall):
             if self.calls.jobs.pop(call.job, None) is None:
                 return []
-            self.job_saves.ending(call)  # a rank yet to answer may have saved for it
+            self.job_saves.ending(call, failed)  # a rank yet to answer may have saved
             self._session_jobs_discard(call)
             self.counters["jobs_failed"] += 1
             out.append(Send(call.driver, JobResult(call.job, error=error)))
