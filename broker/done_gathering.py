@@ -76,6 +76,8 @@ class DoneGathering:
             return []
         job = self.jobs.get(read.job)
         if job is None or rank not in job.pending or read.session != job.session:
+            if job is None and self.job_saves.ended:  # (a hot Done saved nothing)
+                self.job_saves.answered_late(read.session, read.job, rank)
             return []  # the job already ended (aborted); late answers are dropped
         job.pending.remove(rank)
         # plain msgpack: the answer is packed from the values, unless a decoded Done of
@@ -113,7 +115,7 @@ class DoneGathering:
             return []
         job = self.jobs.get(msg.job)
         if job is None or rank not in job.pending or msg.session != job.session:
-            if job is None and msg.saved:  # its files remain
+            if job is None:  # its files remain (and it answers for its rank: once)
                 self.job_saves.late(msg)
             return []  # the job already ended (aborted); late answers are dropped
         job.pending.discard(rank)

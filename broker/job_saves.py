@@ -10,11 +10,14 @@ driver's word is no proof that anything was written. So the only source is each 
   when the job has already failed elsewhere. Its owner (whom a secure broker lists it to)
   is the authenticated driver that sent the job. A ``Done`` arriving after its job ended
   (failed on another rank, cancelled, timed out) is matched to what the broker kept of
-  that job as it ended (its session, driver and ranks; the last ``ENDED_JOBS_KEPT`` jobs
-  that ended with ranks still to answer): the same session's Done from one of its ranks
-  saves for that driver. One the broker no longer knows names no owner, so its entry is
-  listed to no one (nor loaded or deleted by its owner through the broker) until the
-  worker's next hello says whose the file is; the owner saving it again also settles it.
+  that job as it ended (by its session and id: its driver, ranks and the ranks it still
+  waited for; the last ``ENDED_JOBS_KEPT`` jobs that ended with ranks still to answer):
+  the first late Done of a rank it waited for saves for that driver, as that Done would
+  have while the job ran. Any other (a rank that had answered, or failed the job, or a
+  second late Done) names no owner, nor does one of a job the broker no longer knows: its
+  entry is listed to no one (nor loaded or deleted by its owner through the broker) until
+  the worker's next hello says whose the file is; the owner saving it again also settles
+  it. A job's entry goes when every rank it waited for has answered.
 * A session name becomes a name of the session when the job completes and every rank the
   value spans reported the same value (device and ranks) under it. A name one rank claims
   for others, or that the ranks disagree on, is dropped and counted as forged.
@@ -41,8 +44,8 @@ if TYPE_CHECKING:
 __all__ = ["ENDED_JOBS_KEPT", "JobSaves"]
 
 _META_CHARS = 256  # a description ("float64[3, 2]") the broker keeps per name, at most
-# Jobs that ended with ranks still to answer, kept (session, driver, ranks) for their late
-# Dones' saves: a bounded table, as every one keyed by what peers send
+# Jobs that ended with ranks still to answer, kept for their late Dones' saves: a bounded
+# table, as every one keyed by what peers send
 ENDED_JOBS_KEPT = 4096
 
 
@@ -51,15 +54,35 @@ class JobSaves:
 
     def __init__(self, state: BrokerState) -> None:
         self.state = state
-        # job id -> (session, the driver that sent it, its ranks), for jobs that ended
-        # before every rank answered
-        self.ended: LRU[str, tuple[str, str, tuple[int, ...]]] = LRU(ENDED_JOBS_KEPT)
+        # (session, job id) -> (the driver that sent it, its ranks, the ranks it still
+        # waits for), for jobs that ended before every rank answered. Keyed by the session
+        # too: a job of another session given the same id (a driver chooses its ids) takes
+        # no other's entry
+        self.ended: LRU[tuple[str, str], tuple[str, tuple[int, ...], set[int]]] = LRU(
+            ENDED_JOBS_KEPT
+        )
 
-    def ending(self, job: JobCall) -> None:
-        """``job`` ends (fails) now: if a rank has yet to answer, keep whose it was, for
-        the saves a late Done of that rank reports."""
-        if job.pending:
-            self.ended[job.job] = (job.session, job.sender, job.ranks)
+    def ending(self, job: JobCall, failed: int | None = None) -> None:
+        """``job`` ends now (``failed``: the rank whose Failed ended it, which answered):
+        if a rank has yet to answer, keep whose it was, for the saves its late Done
+        reports."""
+        waiting = job.pending - {failed} if failed is not None else set(job.pending)
+        if waiting:
+            self.ended[(job.session, job.job)] = (job.sender, job.ranks, waiting)
+
+    def answered_late(self, session: str, job: str, rank: int) -> tuple[str, tuple[int, ...]]:
+        """Rank ``rank`` (authenticated) answers ``job`` of ``session`` after it ended: the
+        job's driver and ranks if the job still waited for that rank (which now has
+        answered: once only), else ("", ()). An entry whose every rank answered goes."""
+        key = (session, job)
+        ended = self.ended.get(key)
+        if ended is None or rank not in ended[2]:
+            return "", ()
+        driver, ranks, waiting = ended
+        waiting.discard(rank)
+        if not waiting:
+            del self.ended[key]
+        return driver, ranks
 
     def reported(self, job: JobCall, msg: Done) -> ErrorInfo | None:
         """Take what rank ``msg.rank`` (already authenticated) says it saved; an error
@@ -88,14 +111,16 @@ class JobSaves:
     def late(self, msg: Done) -> None:
         """A ``Done`` for a job that already ended (failed, cancelled, a rank lost): its
         session names are void, but the files its rank persisted are on that rank's disk,
-        and the rank speaks for its own disk as in its hello."""
+        and the rank speaks for its own disk as in its hello. Every late Done (saves or
+        none) is its rank's answer: the ended job waits for that rank no more."""
+        owner, ranks = self.answered_late(msg.session, msg.job, msg.rank)
+        if not msg.saved:
+            return
         if len(msg.saved) > MAX_JOB_SAVES:
             self.state.counters["protocol_errors"] += 1
             return
-        ranks, owner = tuple(range(self.state.cluster.world_size)), ""
-        ended = self.ended.get(msg.job)
-        if ended is not None and ended[0] == msg.session and msg.rank in ended[2]:
-            _, owner, ranks = ended  # the job's driver sealed it: the file is its
+        if not owner:  # whose job it was is forgotten, or this was no answer it waited for
+            ranks = tuple(range(self.state.cluster.world_size))
         for claimed in msg.saved:
             if claimed.persist:
                 info = self._plausible(msg.job, ranks, msg.rank, claimed)

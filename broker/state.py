@@ -75,7 +75,9 @@ from mpl.wire.jobs import (
 )
 from mpl.wire.limits import (
     BROKER_PROGRAM_BYTES,
+    MAX_HEARTBEAT_S,
     MAX_PERSISTED_NAMES,
+    MIN_HEARTBEAT_S,
     check_ranks,
 )
 from mpl.wire.lru import LRU, SizedLRU
@@ -129,6 +131,12 @@ class BrokerState:
         liveness: int = HEARTBEAT_LIVENESS,
         secure: bool = False,
     ) -> None:
+        # its workers would refuse it in the Welcome (NaN compares False)
+        if not MIN_HEARTBEAT_S <= heartbeat_s <= MAX_HEARTBEAT_S:
+            raise ValueError(
+                f"heartbeat_s must be within [{MIN_HEARTBEAT_S}, {MAX_HEARTBEAT_S}] s (the "
+                f"range a worker takes from its broker), got {heartbeat_s!r}"
+            )
         self.cluster = cluster
         # Secure mode: `who` (the authenticated sender) decides who may speak for a rank.
         self.secure = secure
@@ -455,7 +463,7 @@ class BrokerState:
         if isinstance(call, JobCall):
             if self.calls.jobs.pop(call.job, None) is None:
                 return []
-            self.job_saves.ending(call)  # a rank yet to answer may have saved for it
+            self.job_saves.ending(call, failed)  # a rank yet to answer may have saved
             self._session_jobs_discard(call)
             self.counters["jobs_failed"] += 1
             out.append(Send(call.driver, JobResult(call.job, error=error)))

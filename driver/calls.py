@@ -232,8 +232,17 @@ class BrokerCalls:
         on the lean path; anything else is read and acted on as :meth:`_answers` does."""
         try:
             answer = read_answer(frames, safe=self.safe)
-        except ProtocolError:  # a batch (not a message's magic), or refused: said below
-            return self._answers(frames, lambda m: type(m) is JobResult and m.job == job)
+        except ProtocolError as exc:  # a batch (not a message's magic), or refused
+
+            def ours(m: Record) -> bool:
+                return type(m) is JobResult and m.job == job
+
+            if is_batch(frames):
+                return self._answers(frames, ours)
+            # refused: never read again (in a trusted cluster its pickles may have loaded
+            # before the refusal, and a second read would run their code again)
+            self._refused(frames, ours, exc)
+            return None
         if type(answer) is JobResult and answer.job == job:
             if not answer.missing_program:
                 self.progress.end(job, answer.error is None)
@@ -262,12 +271,19 @@ class BrokerCalls:
         try:
             answer = read_answer(frames, safe=self.safe)
         except ProtocolError as exc:
-            if frames and foreign_version(frames[0]) is not None:
-                raise  # a broker of another wire version: nothing it says can be read
-            self._refuse_answer(frames, match, exc)
-            log.warning("bad message from the broker: %s", exc)
+            self._refused(frames, match, exc)
             return None
         return self._take(answer, match)
+
+    def _refused(
+        self, frames: list[Any], match: Callable[[Record], bool], exc: ProtocolError
+    ) -> None:
+        """A message ``read_answer`` refused with ``exc``: fails the call if it was its
+        answer (:meth:`_refuse_answer`), else is logged and dropped."""
+        if frames and foreign_version(frames[0]) is not None:
+            raise exc  # a broker of another wire version: nothing it says can be read
+        self._refuse_answer(frames, match, exc)
+        log.warning("bad message from the broker: %s", exc)
 
     def _take(self, answer: Record, match: Callable[[Record], bool]) -> Record | None:
         """Act on one answer: ``answer`` if it is the awaited one, else None."""

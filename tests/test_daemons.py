@@ -15,7 +15,7 @@ from helpers import double, nap_then, one, stats, wait_until
 
 from mpl.driver.launcher import daemon_command
 from mpl.wire import GraphBuilder, SessionError, WorkerLostError, encode
-from mpl.wire.codec import MAGIC_FRAME
+from mpl.wire.codec import MAGIC_FRAME, to_wire
 from mpl.wire.data import Move
 from mpl.wire.jobs import Lit, output_uri
 from mpl.wire.sessions import SymbolInfo
@@ -105,7 +105,9 @@ def test_garbage_to_broker_and_peer_port_leaves_both_serving(make_cluster: Any) 
         peer.send_multipart([MAGIC_FRAME, b"garbage"])
         peer.send(b"nothing at all")
         # a well-formed move for a job that does not exist is kept out of the way, not crashing
-        peer.send_multipart(encode(Move(sid, "ghost", 0, 0, 0, 1, np.ones(3))), copy=False)
+        # (magic and header in one frame, as a worker sends it: else it is one more bad one)
+        ghost = Move(sid, "ghost", 0, 0, 0, 1, np.ones(3))
+        peer.send_multipart(to_wire(encode(ghost)), copy=False)
         peer.close()
     finally:
         ctx.term()

@@ -16,7 +16,7 @@ from helpers import Point, add, double, make_point, point_x, stats, wait_until
 
 import mpl.driver as mp
 from mpl.wire import GraphBuilder, ProtocolError, RemoteError, encode
-from mpl.wire.codec import MAGIC_FRAME
+from mpl.wire.codec import MAGIC_FRAME, to_wire
 from mpl.wire.data import Move
 from mpl.wire.errors import UnsafeValueError
 from mpl.wire.jobs import Exec, Lit, Program
@@ -56,13 +56,20 @@ def test_a_pickle_sent_to_a_data_port_is_counted_and_never_loaded(
         peer = ctx.socket(zmq.PUSH)  # anyone who can reach the port, not a worker
         peer.linger = 2000
         peer.connect(data_addr)
-        peer.send_multipart(encode(Move(sid, "j", 0, 0, 0, 1, [_Marker(marker)])), copy=False)
+        # a well-formed move as a worker sends it (magic and header in one frame): refused
+        # for its pickle, not as a malformed header
+        move = Move(sid, "j", 0, 0, 0, 1, [_Marker(marker)])
+        peer.send_multipart(to_wire(encode(move)), copy=False)
         peer.close()
     finally:
         ctx.term()
     wait_until(
         lambda: stats(client, 1).get("protocol_errors", 0) > before, what="rank 1 to count it"
     )
+    worker_log = cluster.impl.run_dir / "worker1.log"
+    why = "a pickled value arrived where only the safe value format is accepted"
+    wait_until(lambda: why in worker_log.read_text(), what="rank 1 to log why")
+    assert "malformed header" not in worker_log.read_text()
     assert not marker.exists()
     b = GraphBuilder(2)  # and it keeps serving moves
     x = b.op("pcall", [], ranks=(0,), fn=b.fn(double), args=(21,))[0]

@@ -16,11 +16,12 @@ not would (its path for a name is the lower-cased name's).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from mpl.wire.errors import SessionAccessError
+from mpl.wire.errors import SessionAccessError, SessionError
 from mpl.wire.sessions import SymbolInfo
 from mpl.worker.symbol_disk import SymbolDisk
 
@@ -73,3 +74,26 @@ def test_the_owner_still_replaces_and_deletes_its_own_value(disk: CaseFoldingDis
     disk.save(_info("other"), np.ones(1), M)  # a name no file of another holds
     disk.delete("Report", A)
     assert [i.name for i in disk.infos()] == ["other"]
+
+
+def test_another_drivers_load_in_another_case_reads_and_keeps_nothing(tmp_path: Path) -> None:
+    """(review of w32-trust) Mallory's load of ``report`` found no index entry, so the disk
+    read the file its path opens, the analyst's ``Report``, and cached its value under
+    ``report`` before refusing it: a read of another driver's value the index could have
+    refused unread, and a stale copy the analyst's own later load of ``report`` returned
+    after ``Report`` was saved again."""
+    disk = CaseFoldingDisk(tmp_path)
+    disk.save(_info("Report"), np.arange(3.0), A)
+    reads: list[str] = []
+    read = disk._read
+
+    def counted(name: str) -> Any:
+        reads.append(name)
+        return read(name)
+
+    disk._read = counted  # type: ignore[method-assign]
+    with pytest.raises(SessionError, match="no value named 'report'"):
+        disk.load("report", M)
+    assert reads == []
+    disk.save(_info("Report"), np.ones(2), A)
+    assert disk.load("report", A).tolist() == [1.0, 1.0]  # what the file holds now

@@ -197,7 +197,15 @@ def test_a_short_result_without_buffers_is_read_without_a_decoder(
             made.append(1)
             super().__init__(*args)
 
+    class CountedUncounted(result_read._Uncounted):  # the uncounted read's own Decoder
+        __slots__ = ()
+
+        def __init__(self, *args: Any) -> None:
+            made.append(1)
+            super().__init__(*args)
+
     monkeypatch.setattr(result_read, "Decoder", CountedDecoder)
+    monkeypatch.setattr(result_read, "_Uncounted", CountedUncounted)
     for result, decoders in [
         (RESULTS[0], 0),  # scalars
         (RESULTS[3], 0),  # a short tuple, bytes, None

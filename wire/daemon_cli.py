@@ -14,6 +14,7 @@ import click
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.curve import Curve, plaintext_safe
 from mpl.wire.errors import ClusterSpecError
+from mpl.wire.limits import MAX_HEARTBEAT_S
 from mpl.wire.logs import LOG_FORMATS
 from mpl.wire.sockets import MAX_MESSAGE
 
@@ -62,12 +63,13 @@ def insecure_option(bind_flag: str) -> Callable[[F], F]:
 
 
 def heartbeat_option(help_text: str) -> Callable[[F], F]:
-    """``--heartbeat SECONDS``, 1 by default."""
+    """``--heartbeat SECONDS``, 1 by default, at most what a worker takes from its broker's
+    Welcome (``MAX_HEARTBEAT_S``)."""
     return click.option(
         "--heartbeat",
         default=1.0,
         show_default=True,
-        type=click.FloatRange(min=0.05),
+        type=click.FloatRange(min=0.05, max=MAX_HEARTBEAT_S),
         help=help_text,
     )
 

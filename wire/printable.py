@@ -19,13 +19,19 @@ __all__ = ["MAX_LINE_CHARS", "MAX_TEXT_CHARS", "one_line", "printable"]
 MAX_TEXT_CHARS = 64 * 1024  # an error message or a traceback
 MAX_LINE_CHARS = 256  # a table cell, an op name on a progress bar
 
-# C0 controls, DEL, C1 controls (0x9b is a one-byte CSI on some terminals), and the
-# bidirectional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069)
+# C0 controls, DEL, C1 controls (0x9b is a one-byte CSI on some terminals), the
+# bidirectional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069) and marks
+# (U+061C, U+200E, U+200F), and the line and paragraph separators (U+2028, U+2029: a new
+# line to str.splitlines, so to any Python tool reading a log)
 _CONTROLS = [*range(0x00, 0x20), *range(0x7F, 0xA0)]
-_BIDI = [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_BIDI_AND_SEPARATORS = [
+    *range(0x202A, 0x202F),
+    *range(0x2066, 0x206A),
+    *(0x061C, 0x200E, 0x200F, 0x2028, 0x2029),
+]
 _ESCAPES: dict[int, str] = {
     **{c: f"\\x{c:02x}" for c in _CONTROLS},
-    **{c: f"\\u{c:04x}" for c in _BIDI},
+    **{c: f"\\u{c:04x}" for c in _BIDI_AND_SEPARATORS},
 }
 _MULTI_LINE = {c: e for c, e in _ESCAPES.items() if chr(c) not in "\n\t"}
 

@@ -275,16 +275,36 @@ def _decoded(frames: Sequence[Any], header: Any, safe: bool, counted: int) -> tu
     most ``MAX_SAME_HASH`` keys, which no keys can flood one hash of (the check the counting
     Decoder makes on a longer map, ``check_spread``): 8 KiB of BIGINT, complex or tuple
     keys of one hash in one map cost the square of their number (red team w31, R1). A
-    longer map has the header read again by a counting Decoder, which checks it."""
+    longer map has the header read again by a counting Decoder, which checks it; so does
+    a pickle (trusted answers), met by the uncounted read before it loads it: a second read
+    would load it again, and loading a pickle runs its code."""
     if counted == 0:
-        dec = Decoder(frames[2:], True, safe, 0, MAX_SAME_HASH)
+        short = _Uncounted(frames[2:], True, safe, 0, MAX_SAME_HASH)
         try:
-            return dec.unpack(header), dec.used.count(False)
+            return short.unpack(header), short.used.count(False)
+        except _NeedsCounting:
+            pass
         except ValueError as exc:
             if type(exc) is not ValueError:  # (msgpack's own subclasses: malformed)
                 raise
     dec = Decoder(frames[2:], True, safe, -1)  # -1: counted, whatever its length
     return dec.unpack(header), dec.used.count(False)
+
+
+class _NeedsCounting(Exception):
+    """A pickle met by the uncounted read, unloaded: the header goes to a counting Decoder."""
+
+
+class _Uncounted(Decoder):
+    """The uncounted read of :func:`_decoded`, which may be read again: it loads no pickle
+    (in safe mode one is refused, unloaded, as by any Decoder)."""
+
+    __slots__ = ()
+
+    def _pickle(self, spec: Any) -> Any:
+        if not self.safe:
+            raise _NeedsCounting
+        return super()._pickle(spec)
 
 
 def _fields_of(rec: Record) -> list[Any]:

@@ -101,12 +101,14 @@ class SymbolDisk:
         Another driver's value is no value to ``reader`` (``symbol_owner.hidden``): refused
         by the same ``SessionError``, raised from the same line, as a name nothing is
         persisted under, so the answer (its traceback too) differs only by the name. The
-        index says whose a file is without reading it: another driver's value is neither
-        read nor cached for this reader."""
+        index (or, for a name it lacks, the head of the file its path opens: another name's
+        on a file system that folds case, ``_other_owner``) says whose a file is without
+        reading its value: another driver's value is neither read nor cached for this
+        reader."""
         check_name(name)
         with self._cache_lock:
             held = self._cache.get(name)
-        if held is None and not hidden(self._indexed_owner(name), reader):
+        if held is None and not hidden(self._owner(name), reader):
             with self._lock(name):  # not interleaved with a save: the cache never goes stale
                 read = self._read(name)
                 if read is not None:
@@ -193,12 +195,6 @@ class SymbolDisk:
         with self._index_lock:
             held = self._index.get(name)
         return held[1] if held is not None else self._other_owner(name)
-
-    def _indexed_owner(self, name: str) -> str | None:
-        """Whose the file the index lists as ``name`` is (None: it lists none)."""
-        with self._index_lock:
-            held = self._index.get(name)
-        return held[1] if held is not None else None
 
     def _other_owner(self, name: str) -> str | None:
         """The owner of the file that ``name``'s path opens though the index holds no
