@@ -266,8 +266,11 @@ class JobSite:
         if seal is not None:  # opened from the fields: no JobResult built for it
             session = ctx.session  # DriverSeal.opened, written out: one Python call
             values = (seal.openers.get(session) or seal.opener(session))(job, values)
-        if not stats.keys() <= self._ranks:  # a broker naming other ranks: job_stats
-            stats = job_stats(stats, self._ranks)
+        ranks = self._ranks
+        for rank in stats:  # a loop, no call: the honest answer names only the job's ranks
+            if rank not in ranks:  # a broker naming others: kept only for the job's
+                stats = job_stats(stats, ranks)
+                break
         ctx._job_rows.append((job, graph.name, wall, _now() - start, stats))
         return job, values, metas
 
