@@ -12,7 +12,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -127,6 +127,21 @@ class JobRecord(NamedTuple):
             except ProtocolError as exc:
                 out[rank] = exc
         return out
+
+
+def job_stats(
+    stats: dict[int, bytes], ranks: Collection[int], also: Collection[int] = ()
+) -> dict[int, bytes]:
+    """What a job's record keeps of its answer's ``stats``: the blobs of the job's ranks
+    only (its graph's ``ranks``, and ``also`` those it binds inputs on, as its Exec names
+    them). The answer comes through the broker, which may name any rank (each blob within
+    ``MAX_STATS_BYTES``, which the read refuses past): a context keeps its last
+    ``_JOB_MEMORY`` records, so blobs for ranks beyond the job's would pin memory without
+    bound. ``stats`` itself when it names no other rank (an honest answer)."""
+    for rank in stats:
+        if rank not in ranks and rank not in also:
+            return {r: stats[r] for r in stats if r in ranks or r in also}
+    return stats
 
 
 # what a job keeps for mp.trace: a JobRecord's fields as a plain tuple (built at no cost:
@@ -271,7 +286,12 @@ class Context:
         result = self.client.submit(
             self.session, graph, bindings, inline=inline, timeout=timeout, again=again
         )
-        row = (result.job, graph.name, wall, time.monotonic() - start, result.stats)
+        stats, ranks = result.stats, graph.ranks
+        for rank in stats:  # a loop, no call: an honest answer names only the job's ranks
+            if rank not in ranks and rank not in bindings:
+                stats = job_stats(stats, ranks, bindings)
+                break
+        row = (result.job, graph.name, wall, time.monotonic() - start, stats)
         self._job_rows.append(row)
         return result
 
@@ -295,10 +315,15 @@ class Context:
         released = self._released
         if released and (len(released) >= _DELETE_BATCH or start - self._flushed > _DELETE_EVERY_S):
             self.flush()
-        jobs, name = self._job_rows, graph.name
+        jobs, name, ranks = self._job_rows, graph.name, graph.ranks
 
         def record(result: JobResult) -> Any:  # on the pump thread
-            jobs.append((result.job, name, wall, time.monotonic() - start, result.stats))
+            stats = result.stats
+            for rank in stats:  # as in run: no call for an honest answer
+                if rank not in ranks and rank not in bindings:
+                    stats = job_stats(stats, ranks, bindings)
+                    break
+            jobs.append((result.job, name, wall, time.monotonic() - start, stats))
             return finish(result)
 
         return self.client.submit_async(

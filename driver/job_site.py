@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from mpl.driver.client import _REPORT_GRACE_S, _JobIds
-from mpl.driver.context import _DELETE_BATCH, _DELETE_EVERY_S
+from mpl.driver.context import _DELETE_BATCH, _DELETE_EVERY_S, job_stats
 from mpl.driver.job_progress import _REMEMBERED
 from mpl.wire.codec import MAGIC_FRAME, SLICE_BELOW, from_wire, to_wire
 from mpl.wire.errors import MplError, MplTimeoutError
@@ -266,6 +266,11 @@ class JobSite:
         if seal is not None:  # opened from the fields: no JobResult built for it
             session = ctx.session  # DriverSeal.opened, written out: one Python call
             values = (seal.openers.get(session) or seal.opener(session))(job, values)
+        ranks = self._ranks
+        for rank in stats:  # a loop, no call: the honest answer names only the job's ranks
+            if rank not in ranks:  # a broker naming others: kept only for the job's
+                stats = job_stats(stats, ranks)
+                break
         ctx._job_rows.append((job, graph.name, wall, _now() - start, stats))
         return job, values, metas
 

@@ -9,24 +9,24 @@ inventing sessions. (Through an honest broker a listed driver holds at most 256 
 sessions, ``broker/access.py`` ``MAX_OWNED``: about 17 MB per driver.) An idle worker is
 about 27 MiB.
 
-Strict xfail: a budget needs a decision (total text over all sessions, per driver, and
-what a genuine open gets once a hostile one used it up), at the broker and the worker.
+Closed: a worker keeps all sessions' runtime_info within ``MAX_RUNTIME_INFO_TOTAL``
+(``worker/session_runtime.py``): sessions bringing equal runtime_info share one copy, and
+an open whose runtime_info does not fit is refused with a ``ClusterSpecError`` saying so,
+which fails that open at its driver; sessions already open keep theirs.
 """
 
 from __future__ import annotations
 
 import tracemalloc
 
-import pytest
-
 from mpl.wire.codec import decode, encode
+from mpl.wire.jobs import Exec
 from mpl.wire.sessions import SessionRuntime
 from mpl.worker.session_runtime import SessionRuntimes
 
 _BUDGET = 16 << 20  # what a worker might keep for all sessions' runtime_info
 
 
-@pytest.mark.xfail(strict=True, reason="R32-6: no budget over all sessions' runtime_info")
 def test_sessions_runtime_info_stays_within_a_budget() -> None:
     runtimes = SessionRuntimes(0, lambda: {})
     info = {f"k{i:05d}" + "x" * 56: "v" * 62 for i in range(500)}  # within both bounds
@@ -42,3 +42,29 @@ def test_sessions_runtime_info_stays_within_a_budget() -> None:
         tracemalloc.stop()
     assert len(runtimes) == 400
     assert kept <= _BUDGET, f"{kept >> 20} MiB kept for 400 sessions' runtime_info"
+
+
+def test_an_open_past_the_budget_is_refused_and_the_open_ones_keep_working() -> None:
+    """Distinct runtime_info (nothing to share): the opens past the budget are refused,
+    each with an error for its driver; the sessions kept keep theirs; a close makes room."""
+    budget = 1 << 20
+    runtimes = SessionRuntimes(0, lambda: {}, budget=budget)
+
+    def info(n: int) -> dict[str, str]:
+        return {f"k{i:05d}" + "x" * 56: f"{n:08d}" + "v" * 54 for i in range(500)}
+
+    answers = [runtimes.open(SessionRuntime(f"s{n}", n + 1, info(n))) for n in range(40)]
+    kept = [a for a in answers if a is not None and a.error is None]
+    refused = [a for a in answers if a is not None and a.error is not None]
+    assert kept and refused and len(kept) + len(refused) == 40
+    assert runtimes.weight <= budget and len(runtimes) == len(kept)
+    error = refused[0].error
+    assert error is not None and error.kind == "ClusterSpecError"
+    assert "runtime_info" in error.message and "does not fit" in error.message
+    first_refused = f"s{len(kept)}"
+    assert runtimes.failed(Exec(first_refused, "j", "d", (0,), {}, (), 5.0)) is not None
+    assert runtimes.of("s0") == info(0)  # a session kept keeps its own
+    runtimes.closed("s0")
+    again = runtimes.open(SessionRuntime(first_refused, 99, info(len(kept))))
+    assert again is not None and again.error is None  # the close made room
+    assert runtimes.of(first_refused) == info(len(kept))

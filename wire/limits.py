@@ -38,6 +38,7 @@ __all__ = [
     "MAX_PROGRAM_BYTES",
     "MAX_RUNTIME_INFO_ITEMS",
     "MAX_RUNTIME_INFO_TEXT",
+    "MAX_RUNTIME_INFO_TOTAL",
     "MAX_SAME_HASH",
     "MAX_SESSIONS",
     "MAX_SESSION_SYMBOLS",
@@ -139,6 +140,11 @@ WORKER_PROGRAM_BYTES = 2 << 30
 # MAX_RUNTIME_INFO_TEXT characters of text (op_bindings included).
 MAX_RUNTIME_INFO_ITEMS = 1024
 MAX_RUNTIME_INFO_TEXT = 64 * 1024
+# What a worker keeps of all open sessions' runtime_info together, weighed as
+# ``runtime_info.info_weight`` does (its text, and 64 a key or value): sessions bringing
+# the same runtime_info share one copy; an open past it is refused (a hostile broker could
+# otherwise have a worker keep 64 KiB of text for each of MAX_SESSIONS sessions).
+MAX_RUNTIME_INFO_TOTAL = 16 << 20
 
 
 # A saved value's name: it becomes a file name on the workers that persist it, so it can

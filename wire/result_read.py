@@ -55,6 +55,7 @@ from mpl.wire.limits import (
 )
 from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import ErrorInfo
+from mpl.wire.run_stats import MAX_STATS_BYTES
 
 __all__ = ["RESULT_HEAD", "answer_fields", "read_answer", "read_result", "result_fields"]
 
@@ -69,6 +70,10 @@ _FIELDS = pinned_fields(
 # msgpack's list and map markers: fixmap, fixarray, array 16/32, map 16/32
 _CONTAINER_MARKERS = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
 _COUNT_BELOW = 8192  # longer headers are counted by the Decoder's hooks, as decode does
+# a header read by msgpack alone is shorter than _COUNT_BELOW, so it holds no stats blob
+# longer than MAX_STATS_BYTES: only _fits (a longer header's) needs to look at their sizes
+if _COUNT_BELOW > MAX_STATS_BYTES:
+    raise ImportError("result_read: _COUNT_BELOW must stay within MAX_STATS_BYTES")
 _MISMATCH = f"record {JobResult.TAG!r}: a field does not match its annotation"
 # a fixarray of the tag and six fields, then the tag as a fixstr
 _PREFIX = b"\x97" + bytes([0xA0 | len(JobResult.TAG)]) + JobResult.TAG.encode()
@@ -253,7 +258,9 @@ def answer_fields(one: bytes, head: bytes, *, safe: bool, alone: bool = False) -
             # `in (list, dict)` compares the types with ==, about a fifth of a rank's checks
             if kind is list or kind is dict:
                 nests = True
-    for rank in stats:  # dict[int, bytes]: each rank's blob, read on demand (run_stats)
+    # dict[int, bytes]: each rank's blob, read on demand (run_stats); none is longer than
+    # MAX_STATS_BYTES in a header this short (a longer one is read_answer's: _fits checks)
+    for rank in stats:
         if type(rank) is not int or type(stats[rank]) is not bytes:
             raise ProtocolError(_MISMATCH)
     for index in metas:  # dict[int, str]
@@ -377,7 +384,9 @@ def _fits_plain(values: Any, missing: Any, stats: Any, metas: Any) -> bool:
         for rank in by_rank:
             if type(rank) is not int:
                 return False
-    for rank in stats:  # dict[int, bytes]: each rank's blob, read on demand (run_stats)
+    # dict[int, bytes]: each rank's blob, read on demand (run_stats); none is longer than
+    # MAX_STATS_BYTES here (the header is shorter than _COUNT_BELOW: _fits checks longer)
+    for rank in stats:
         if type(rank) is not int or type(stats[rank]) is not bytes:
             return False
     for index in metas:  # dict[int, str]  # noqa: SIM110 (all() and a generator: calls)
@@ -407,8 +416,13 @@ def _fits(items: Any) -> bool:
         for index in by_output:
             if not (type(index) is int and INT_MIN <= index <= INT_MAX):
                 return False
-    for rank, stat in stats.items():  # dict[int, bytes]
-        if not (type(rank) is int and INT_MIN <= rank <= INT_MAX and isinstance(stat, bytes)):
+    for rank, stat in stats.items():  # dict[int, bytes], each within what a worker sends
+        if not (
+            type(rank) is int
+            and INT_MIN <= rank <= INT_MAX
+            and isinstance(stat, bytes)
+            and len(stat) <= MAX_STATS_BYTES
+        ):
             return False
     for index, meta in metas.items():  # dict[int, str]
         if not (type(index) is int and INT_MIN <= index <= INT_MAX and isinstance(meta, str)):

@@ -30,6 +30,7 @@ __all__ = [
     "MPL_VERSION",
     "WILDCARDS",
     "incompatibility",
+    "info_weight",
     "matches",
     "node_runtime_info",
     "oversize",
@@ -94,6 +95,28 @@ def oversize(info: Any) -> str | None:
         elif isinstance(value, (list, tuple)):
             stack.extend((v, depth + 1) for v in value)
     return None
+
+
+def info_weight(info: Any) -> int:
+    """What keeping ``info`` (a runtime_info :func:`oversize` passed) counts against
+    ``MAX_RUNTIME_INFO_TOTAL``: its characters of text, and 64 for each key, value and
+    container entry (what a small object costs in memory, about)."""
+    weight = 0
+    stack: list[Any] = [info]
+    while stack:
+        value = stack.pop()
+        weight += _ITEM_WEIGHT
+        if isinstance(value, (str, bytes)):
+            weight += len(value)
+        elif isinstance(value, Mapping):
+            stack.extend(value)
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+    return weight
+
+
+_ITEM_WEIGHT = 64
 
 
 def node_runtime_info(cluster: Mapping[str, Any], rank: int) -> dict[str, Any]:

@@ -120,6 +120,7 @@ class Holding:
         self._clock = clock
         self._sender_of = sender_of
         self._senders = senders
+        self.senders = senders  # the mailbox that owns it shares its open groups by it too
         self._groups: dict[Hashable, _Group] = {}  # in order of first arrival
         self._charges: dict[Hashable, _Charge] = {}  # by sender, while it holds anything
         self.entries = 0

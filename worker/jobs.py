@@ -296,7 +296,7 @@ class Jobs(InlineJobs):
             elif isinstance(action, Post):
                 self.post(action.msg)
             elif isinstance(action, Expect):
-                self.mailbox.open(action.job)
+                self.mailbox.open(action.job, action.takes)
             elif isinstance(action, EndJob):
                 self.mailbox.end(action.job)
             elif isinstance(action, StopWaits):

@@ -12,9 +12,20 @@ that id: it waits unclaimed and goes with the job's group), and libspu's message
   announcement, or may be forged for work that will never exist: it waits in a bounded
   :class:`~mpl.worker.holding.Holding` area and is handed over when the group opens, or
   dropped (counted) when that is full or it is a few seconds old.
+* **Only what the work takes.** A group opened with the keys its work takes (a job's
+  moves: ``worker/move_keys.py``, by ``slot_of`` each key) refuses any other, counted in
+  ``unexpected``: a co-party's move for an op the program never reads would otherwise be
+  kept until the job ends (red team w32, R32-3). A group opened without (a lane: libspu's
+  keys are not known ahead; a group a waiting thread opened) keeps any key.
 * **Bounds.** Values waiting in open groups are bounded in entries and, optionally, bytes;
   beyond either a new one is dropped and counted in ``overflow`` (the run that needed it
-  then fails at its deadline).
+  then fails at its deadline). **Each sender has its share** (``sender_of`` a key: the rank
+  its connection proved in secure mode) once the number of ranks is known (``senders``):
+  ``max_entries // senders`` entries and ``max_bytes // senders`` bytes in open groups, so
+  one party filling its lane or job cannot crowd out the others' traffic, nor hold more
+  than its share of memory. One value bigger than the byte share still fits while its
+  sender has nothing else waiting (a genuine big message: promise 6). What a sender sends
+  past its share is dropped and counted in ``overflow`` and, per sender, ``over_share``.
 * **Exactly once, or in order.** With ``once`` a key is delivered at most once per group
   (moves: a repeated copy is a ``duplicate``); without it every value is kept, first in
   first out per key (libspu sends one key several times).
@@ -35,12 +46,13 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Container, Hashable
 from typing import Any, Generic, TypeVar
 
 from mpl.wire.errors import JobAbortedError, MplTimeoutError
 from mpl.wire.lru import LRU
 from mpl.worker.holding import Holding, approx_nbytes
+from mpl.worker.move_keys import MoveSlot
 
 __all__ = ["KeyedMailbox", "MoveKey", "SpuKey", "move_mailbox", "spu_mailbox"]
 
@@ -49,6 +61,26 @@ G = TypeVar("G", bound=Hashable)
 MoveKey = tuple[str, str, int, int, int, str]  # session, job, op, seq, src, sealer
 SpuKey = tuple[str, int, str]  # lane, src, libspu key
 _MEMORY = 4096  # closed or ended groups remembered, to drop their late traffic
+_COUNTED_SENDERS = 256  # senders whose over-share drops are remembered
+
+
+class _Anything:
+    """What an open group takes when its work's keys are not known: any key."""
+
+    def __contains__(self, _slot: object) -> bool:
+        return True
+
+
+_ANY = _Anything()  # looked for by identity: no call per value
+
+
+def _no_sender(_key: Any) -> Hashable:
+    return None
+
+
+def _whole(key: Any) -> Hashable:
+    whole: Hashable = key
+    return whole
 
 
 class KeyedMailbox(Generic[K, G]):
@@ -64,24 +96,34 @@ class KeyedMailbox(Generic[K, G]):
         holding: Holding | None = None,
         size: Callable[[Any], int] = approx_nbytes,
         memory: int = _MEMORY,
+        slot_of: Callable[[K], Hashable] = _whole,
+        sender_of: Callable[[K], Hashable] = _no_sender,
     ) -> None:
         self._group_of = group_of
+        self._slot_of = slot_of
+        self._sender_of = sender_of
         self._once = once
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._size = size if max_bytes is not None else (lambda _value: 0)
         self._cond = threading.Condition()
-        self._items: dict[K, collections.deque[tuple[Any, int]]] = {}
+        self._items: dict[K, collections.deque[tuple[Any, int, Hashable]]] = {}
         self._keys: dict[G, set[K]] = {}  # per group: keys with values (and, once, seen)
-        self._open: LRU[G, bool] = LRU(memory)
+        # open groups: the slots each takes (_ANY: any key)
+        self._open: LRU[G, Container[Hashable]] = LRU(memory)
         self._closed: LRU[G, str] = LRU(memory)  # why; "" when it ended normally
         self._held = holding or Holding()
+        self._senders = self._held.senders  # the ranks that may send: as the holding area's
+        self._charges: dict[Hashable, list[int]] = {}  # sender: [entries, bytes] waiting
         self._arrivals = 0  # tells apart held values that share a key
         self.entries = 0  # values waiting in open groups, and their bytes
         self.nbytes = 0
         self.duplicates = 0  # a key delivered twice (``once`` only)
         self.late = 0  # for groups already closed or ended
         self.overflow = 0  # refused: the bounds were reached
+        self.unexpected = 0  # refused: a key its group's work does not take
+        self.over_share: LRU[Hashable, int] = LRU(_COUNTED_SENDERS)  # sender: refused
+        self.over_shares = 0  # refused past their sender's share, over all senders
 
     # -- counters -------------------------------------------------------------------------
     @property
@@ -91,8 +133,9 @@ class KeyedMailbox(Generic[K, G]):
 
     @property
     def dropped(self) -> int:
-        """Everything refused for lack of room or purpose: held, overflow and late."""
-        return self._held.dropped + self.overflow + self.late
+        """Everything refused for lack of room or purpose: held, overflow, unexpected and
+        late."""
+        return self._held.dropped + self.overflow + self.unexpected + self.late
 
     def held(self) -> int:
         with self._cond:
@@ -104,15 +147,16 @@ class KeyedMailbox(Generic[K, G]):
             return self.entries, self.nbytes
 
     # -- groups ---------------------------------------------------------------------------
-    def open(self, group: G) -> None:
-        """The worker runs this group's work: accept its traffic, including what is held."""
+    def open(self, group: G, takes: Container[Hashable] | None = None) -> None:
+        """The worker runs this group's work: accept its traffic, including what is held;
+        only keys whose ``slot_of`` is in ``takes``, when given."""
         with self._cond:
-            self._open_group(group)
+            self._open_group(group, _ANY if takes is None else takes)
 
-    def _open_group(self, group: G) -> None:
+    def _open_group(self, group: G, takes: Container[Hashable] = _ANY) -> None:
         if group in self._open or group in self._closed:
             return
-        self._open[group] = True
+        self._open[group] = takes
         for held, value in self._held.release(group):
             self._store(group, held[0], value)  # type: ignore[index]  # held as (key, ...)
         self._cond.notify_all()
@@ -156,7 +200,22 @@ class KeyedMailbox(Generic[K, G]):
             queue = self._items.pop(key, None)
             if queue:
                 self.entries -= len(queue)
-                self.nbytes -= sum(size for _value, size in queue)
+                for _value, size, sender in queue:
+                    self.nbytes -= size
+                    self._uncharge(sender, size)
+
+    def _uncharge(self, sender: Hashable, size: int) -> None:
+        charge = self._charges[sender]
+        charge[0] -= 1
+        charge[1] -= size
+        if not charge[0]:
+            del self._charges[sender]
+
+    def waiting_from(self, sender: Hashable) -> tuple[int, int]:
+        """What ``sender`` has waiting in open groups: (entries, bytes)."""
+        with self._cond:
+            charge = self._charges.get(sender)
+            return (charge[0], charge[1]) if charge is not None else (0, 0)
 
     # -- values ---------------------------------------------------------------------------
     def put(self, key: K, value: Any) -> bool:
@@ -180,6 +239,10 @@ class KeyedMailbox(Generic[K, G]):
             return False
 
     def _store(self, group: G, key: K, value: Any) -> bool:
+        takes = self._open.get(group)
+        if takes is not _ANY and self._slot_of(key) not in takes:  # type: ignore[operator]
+            self.unexpected += 1
+            return False
         keys = self._keys.setdefault(group, set())
         if self._once and key in keys:
             self.duplicates += 1
@@ -190,11 +253,36 @@ class KeyedMailbox(Generic[K, G]):
         ):
             self.overflow += 1
             return False
+        sender = self._sender_of(key)
+        charge = self._charges.get(sender)
+        if not self._within_share(sender, charge, size):
+            self.overflow += 1
+            self.over_shares += 1
+            self.over_share[sender] = (self.over_share.get(sender) or 0) + 1
+            return False
+        if charge is None:
+            charge = self._charges[sender] = [0, 0]
+        charge[0] += 1
+        charge[1] += size
         keys.add(key)
-        self._items.setdefault(key, collections.deque()).append((value, size))
+        self._items.setdefault(key, collections.deque()).append((value, size, sender))
         self.entries += 1
         self.nbytes += size
         return True
+
+    def _within_share(self, sender: Hashable, charge: list[int] | None, size: int) -> bool:
+        """Whether one more value of ``size`` from ``sender`` stays within its share (see
+        the module docstring); always, while the number of ranks is not known."""
+        senders = self._senders()
+        if senders <= 0 or sender is None:
+            return True
+        if not (type(sender) is int and 0 <= sender < senders):
+            return False  # no rank of this world: a forged source (plaintext)
+        if charge is None:  # nothing waiting from it: one value of any size fits
+            return True
+        if charge[0] + 1 > max(1, self.max_entries // senders):
+            return False
+        return self.max_bytes is None or charge[1] + size <= self.max_bytes // senders
 
     def take(
         self,
@@ -221,9 +309,10 @@ class KeyedMailbox(Generic[K, G]):
             with self._cond:
                 queue = self._items.get(key)
                 if queue:
-                    value, size = queue.popleft()
+                    value, size, sender = queue.popleft()
                     self.entries -= 1
                     self.nbytes -= size
+                    self._uncharge(sender, size)
                     if not queue:
                         del self._items[key]
                         if not self._once:
@@ -250,20 +339,41 @@ def _job_of(key: MoveKey) -> tuple[str, str]:
     return key[0], key[1]
 
 
+def _slot_of(key: MoveKey) -> MoveSlot:
+    return key[2], key[3], key[4]  # op, seq, src: what worker/move_keys.py lists
+
+
+def _move_src(key: MoveKey) -> Hashable:
+    return key[4]
+
+
 def _lane_of(key: SpuKey) -> str:
     return key[0]
+
+
+def _spu_src(key: SpuKey) -> Hashable:
+    return key[1]
 
 
 def move_mailbox(
     holding: Holding | None = None, *, max_entries: int | None = None
 ) -> KeyedMailbox[MoveKey, tuple[str, str]]:
-    """Peer moves: grouped by (session, job), each key delivered once; bounded in entries
-    (MAX_MOVES_PENDING) but not bytes, since one genuine move may be as big as the job's
-    data."""
+    """Peer moves: grouped by (session, job), each key delivered once, a job's group
+    keeping only the moves its program takes (``open`` with ``move_keys.moves_in``);
+    bounded in entries (MAX_MOVES_PENDING, each sender its share) but not bytes, since one
+    genuine move may be as big as the job's data: the program bounds how many a job
+    takes."""
     from mpl.wire import limits
 
     entries = limits.MAX_MOVES_PENDING if max_entries is None else max_entries
-    return KeyedMailbox(_job_of, once=True, max_entries=entries, holding=holding)
+    return KeyedMailbox(
+        _job_of,
+        once=True,
+        max_entries=entries,
+        holding=holding,
+        slot_of=_slot_of,
+        sender_of=_move_src,
+    )
 
 
 def spu_mailbox(
@@ -273,7 +383,7 @@ def spu_mailbox(
     max_bytes: int | None = None,
 ) -> KeyedMailbox[SpuKey, str]:
     """libspu's messages: grouped by lane, first in first out per key; bounded in entries
-    and bytes (MAX_SPU_PENDING, MAX_SPU_PENDING_BYTES)."""
+    and bytes (MAX_SPU_PENDING, MAX_SPU_PENDING_BYTES), each sender its share."""
     from mpl.wire import limits
 
     return KeyedMailbox(
@@ -283,4 +393,5 @@ def spu_mailbox(
         max_bytes=limits.MAX_SPU_PENDING_BYTES if max_bytes is None else max_bytes,
         holding=holding,
         size=len,
+        sender_of=_spu_src,
     )

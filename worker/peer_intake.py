@@ -182,8 +182,22 @@ class PeerIntake:
             self._refusals.refused("a peer", f"unexpected {msg.TAG} on the peer socket")
             return
         key = (msg.session, msg.job, msg.op, msg.seq, msg.src, msg.sealer)
-        dropped = self.mailbox.held_dropped
-        if self.mailbox.put(key, msg.value) or self.mailbox.held_dropped == dropped:
+        mailbox = self.mailbox
+        dropped, unexpected, over = mailbox.held_dropped, mailbox.unexpected, mailbox.over_shares
+        if mailbox.put(key, msg.value):
+            return
+        if mailbox.unexpected != unexpected or mailbox.over_shares != over:
+            # a move its job's program does not take, or past its sender's share: that
+            # sender's protocol error (its connection proved its rank in secure mode)
+            self.errors += 1
+            what = (
+                "not one its job's program takes"
+                if mailbox.unexpected != unexpected
+                else "past that rank's share of the moves waiting here"
+            )
+            self._refusals.refused(f"rank {msg.src}", f"dropped a move {what}")
+            return
+        if mailbox.held_dropped == dropped:
             return
         self._refusals.refused(
             f"rank {msg.src}",

@@ -8,6 +8,14 @@ runtime this node does not run, by the rule of :mod:`mpl.wire.runtime_info`. Ses
 without their own (and sessions not yet announced) see the node's entry in the spec the
 worker joined with. A session refused when this worker joined late (no driver waits for
 that answer) fails each of its jobs here with the reason instead. No I/O.
+
+All sessions' runtime_info together is kept within a budget (``MAX_RUNTIME_INFO_TOTAL``,
+weighed by ``info_weight``; red team w32, R32-6): each session's is bounded, but a broker
+may announce up to ``MAX_SESSIONS`` of them. Sessions bringing equal runtime_info (a
+driver's sessions over one spec, mostly) share one copy, counted once. A session whose
+runtime_info would take the kept past the budget is refused like an incompatible one: its
+open fails at its driver with a ``ClusterSpecError`` saying so, and sessions already open
+keep theirs.
 """
 
 from __future__ import annotations
@@ -16,13 +24,24 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from mpl.wire.jobs import Exec, Failed
-from mpl.wire.limits import MAX_SESSIONS
+from mpl.wire.limits import MAX_RUNTIME_INFO_TOTAL, MAX_SESSIONS
 from mpl.wire.lru import LRU
 from mpl.wire.remote import ErrorInfo
-from mpl.wire.runtime_info import incompatibility, oversize, own_runtime
+from mpl.wire.runtime_info import incompatibility, info_weight, oversize, own_runtime
 from mpl.wire.sessions import Ack, SessionRuntime
 
 __all__ = ["SessionRuntimes"]
+
+
+class _Kept:
+    """One runtime_info kept, and how many open sessions brought it."""
+
+    __slots__ = ("info", "users", "weight")
+
+    def __init__(self, info: dict[str, Any], weight: int) -> None:
+        self.info = info
+        self.weight = weight
+        self.users = 0
 
 
 class SessionRuntimes:
@@ -32,15 +51,26 @@ class SessionRuntimes:
     sessions without their own see, and a runtime this node is taken to serve.
     """
 
-    def __init__(self, rank: int, declared: Callable[[], Mapping[str, Any]]) -> None:
+    def __init__(
+        self,
+        rank: int,
+        declared: Callable[[], Mapping[str, Any]],
+        *,
+        budget: int = MAX_RUNTIME_INFO_TOTAL,
+    ) -> None:
         self.rank = rank
+        self.budget = budget
+        self.weight = 0  # of every runtime_info kept (each shared copy once)
+        # kept copies by (weight, keys): where an equal one would be
+        self._kept: dict[tuple[int, int], list[_Kept]] = {}
         self._declared = declared
         # what this process runs (its code's version and platform), made when a session
         # first brings runtime_info to check
         self._own: dict[str, str] | None = None
-        # one entry per open session; the broker holds at most MAX_SESSIONS open, and an
-        # entry of a session whose close never came is the first to go
-        self._sessions: LRU[str, dict[str, Any]] = LRU(MAX_SESSIONS)
+        # one entry per open session, in order of its open; the broker holds at most
+        # MAX_SESSIONS open, and an entry of a session whose close never came is the first
+        # to go
+        self._sessions: dict[str, _Kept] = {}
         # session -> why this node refused it (mostly empty: then a job's check makes no call)
         self.refused_sessions: LRU[str, str] = LRU(MAX_SESSIONS)
         self.refused = 0
@@ -49,17 +79,56 @@ class SessionRuntimes:
         """Keep ``msg``'s runtime_info if this node serves it; the answer for the broker
         (None when it asked for none)."""
         why = self.refusal(msg.runtime_info)
+        self._release(msg.session)  # announced again: what it brings now replaces it
         if why is None:
-            self._sessions[msg.session] = dict(msg.runtime_info)
+            why = self._keep(msg.session, msg.runtime_info)
+        if why is None:
             self.refused_sessions.pop(msg.session, None)
         else:
             self.refused += 1
-            self._sessions.pop(msg.session, None)
             self.refused_sessions[msg.session] = why
         if not msg.req:
             return None
         error = None if why is None else ErrorInfo("ClusterSpecError", why, rank=self.rank)
         return Ack(msg.req, self.rank, error)
+
+    def _keep(self, session: str, info: Mapping[str, Any]) -> str | None:
+        """Keep ``session``'s ``info`` within the budget; why not, or None."""
+        weight = info_weight(info)
+        bucket = self._kept.setdefault((weight, len(info)), [])
+        kept = next((k for k in bucket if k.info == info), None)
+        if kept is None:
+            if self.weight + weight > self.budget:
+                if not bucket:
+                    del self._kept[(weight, len(info))]
+                return (
+                    f"rank {self.rank}: this node keeps at most {self.budget} bytes of "
+                    f"open sessions' runtime_info, {self.weight} of which are taken: this "
+                    f"session's ({weight}) does not fit; close sessions that bring their "
+                    "own, or open this one with less (or none: the node's own)"
+                )
+            kept = _Kept(dict(info), weight)
+            bucket.append(kept)
+            self.weight += weight
+        if len(self._sessions) >= MAX_SESSIONS:  # the oldest, whose close never came
+            self._release(next(iter(self._sessions)))
+        kept.users += 1
+        self._sessions[session] = kept
+        return None
+
+    def _release(self, session: str) -> None:
+        kept = self._sessions.pop(session, None)
+        if kept is None:
+            return
+        kept.users -= 1
+        if kept.users:
+            return
+        self.weight -= kept.weight
+        where = (kept.weight, len(kept.info))
+        bucket = self._kept[where]
+        bucket.remove(kept)
+        if not bucket:
+            del self._kept[where]
 
     def refusal(self, info: Any) -> str | None:
         """Why this node refuses a session asking for ``info``, or None if it serves it."""
@@ -83,13 +152,13 @@ class SessionRuntimes:
         return Failed(msg.session, msg.job, self.rank, info)
 
     def closed(self, session: str) -> None:
-        self._sessions.pop(session, None)
+        self._release(session)
         self.refused_sessions.pop(session, None)
 
     def of(self, session: str) -> dict[str, Any]:
         """What kernels of ``session`` see as this node's runtime_info (a copy)."""
-        info = self._sessions.get(session)
-        return dict(info) if info is not None else dict(self._declared())
+        kept = self._sessions.get(session)
+        return dict(kept.info) if kept is not None else dict(self._declared())
 
     def __len__(self) -> int:
         return len(self._sessions)

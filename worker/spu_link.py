@@ -209,7 +209,13 @@ class SpuLinks:
                 self.protocol_errors += 1
                 log.warning("rank %d: dropped an SPU message forging source %d", self.rank, source)
                 return
-            self.mailbox.put((lane.bytes.decode(), source, key.bytes.decode()), data.bytes)
+            mailbox = self.mailbox
+            over = mailbox.over_shares
+            kept = mailbox.put((lane.bytes.decode(), source, key.bytes.decode()), data.bytes)
+            if not kept and mailbox.over_shares != over:  # past its share of the room: its fault
+                self.protocol_errors += 1
+                log.warning("rank %d: dropped an SPU message past rank %d's share",
+                            self.rank, source)  # fmt: skip
         except (ValueError, UnicodeDecodeError):
             self.protocol_errors += 1
             log.warning("rank %d: dropped a malformed SPU link message", self.rank)

@@ -50,6 +50,7 @@ from mpl.wire.lru import LRU, SizedLRU
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import DeleteSymbol, SaveSymbol, SessionClosed
+from mpl.worker.move_keys import MoveSlot, moves_in
 from mpl.worker.state_events import (
     Action,
     Beat,
@@ -162,6 +163,8 @@ class WorkerState:
         self.closed: LRU[str, str] = LRU(_MEMORY)  # closed sessions, why
         self.quick: LRU[str, bool] = LRU(_MEMORY)  # program digest -> its last run was quick
         self.local: LRU[str, bool] = LRU(PROGRAM_SLOTS)  # program digest -> is_local(graph)
+        # program digest -> the moves its runs here take (move_keys.moves_in)
+        self.takes: LRU[str, frozenset[MoveSlot]] = LRU(PROGRAM_SLOTS)
         self.spu_jobs: LRU[JobKey, bool] = LRU(_MEMORY)
         self.spu_counted: LRU[JobKey, bool] = LRU(_MEMORY)
         self.spu_failures: dict[str, int] = {}
@@ -334,7 +337,12 @@ class WorkerState:
         else:  # the pool's task for it ends with the run's report (no TaskDone)
             self.queued[sid] = self.queued.get(sid, 0) + 1
         run = Run(msg, graph, inline=inline)
-        return [run] if local else [Expect((sid, job)), run]  # a local job gets no moves
+        if local:
+            return [run]  # a local job gets no moves
+        takes = self.takes.get(msg.digest)
+        if takes is None:  # cached as local is
+            takes = self.takes[msg.digest] = moves_in(graph, self.rank)
+        return [Expect((sid, job), takes), run]
 
     # -- the hot path: a repeat quick job, without events or actions ---------------------
     def begin_inline(self, msg: Exec, now: float, job: str | None = None) -> Graph | None:

@@ -213,9 +213,11 @@ class DeleteNow:
 
 @dataclass(slots=True)
 class Expect:
-    """Accept the job's moves (and hand over those held)."""
+    """Accept the job's moves (and hand over those held): the ``(op, seq, src)`` of each
+    move its program takes here (``mpl.worker.move_keys.moves_in``), no other."""
 
     job: JobKey
+    takes: frozenset[tuple[int, int, int]] = frozenset()
 
 
 @dataclass(slots=True)
