@@ -103,7 +103,17 @@ from mpl.wire.curve import Curve
 from mpl.wire.errors import AuthenticationError
 from mpl.wire.identity import driver_identity, node_identity
 from mpl.wire.replay import epoch_start, epoch_time
-from mpl.wire.seal_box import _LENGTHS, _ONE_BYTE, BoxKeys, box_open, box_seal, epoch_keys
+from mpl.wire.seal_box import (
+    _LENGTHS,
+    _ONE_BYTE,
+    _RUN_SHIFT,
+    RUN,
+    BoxKeys,
+    box_open,
+    box_seal,
+    epoch_keys,
+    run_pads,
+)
 from mpl.wire.seal_contexts import (
     ExecTails,
     done_context,
@@ -125,7 +135,7 @@ from mpl.wire.seal_payload import (
     raw_scalar,
     scalar_frames,
 )
-from mpl.wire.sealed import BOX_MAGIC, Sealed
+from mpl.wire.sealed import BOX_MAGIC, Sealed, malformed_box
 
 __all__ = [
     "CHUNK",
@@ -297,12 +307,15 @@ class Sealer:
         for index, value in values.items():
             if type(value) is int and -32 <= value < 128:  # the commonest result: no call
                 # box_seal of its one byte (RAW_FIXINT[value], a fixint: value's low byte)
-                # written out, the box joined once: its pad, then its tag over nonce,
-                # length, ciphertext and associated data (the context, then what follows)
-                nonce = _box_nonce(next(counter))
-                pad = keys[0].copy()
-                pad.update(nonce)
-                hidden = _ONE_BYTE[(value & 0xFF) ^ pad.digest()[0]]
+                # written out, the box joined once: its byte of its nonce's run of pads
+                # (hashed once per 64 boxes: run_pads), then its tag over nonce, length,
+                # ciphertext and associated data (the context, then what follows)
+                seq = next(counter)
+                nonce = _box_nonce(seq)
+                run, pads = keys[3][0]
+                if seq >> 6 != run:  # (box_seal's _RUN_SHIFT: pinned below)
+                    pads = run_pads(keys, seq >> 6)
+                hidden = _ONE_BYTE[(value & 0xFF) ^ pads[seq & 63]]
                 tag = keys[1].copy()
                 tail = (
                     _INDEX_AADS[index]
@@ -481,7 +494,7 @@ class Sealer:
                 raise AuthenticationError(f"a payload from {sender} claims to be sealed by {who}")
         else:
             if not head.startswith(BOX_MAGIC):
-                raise AuthenticationError("malformed sealed payload")
+                raise AuthenticationError(malformed_box(head))
             try:
                 who = head[_BOX_START : end - _SALT].decode()
             except UnicodeDecodeError:
@@ -595,6 +608,9 @@ _LENGTH_ONE = _LENGTHS[1]  # a one-byte plaintext's length, as a box's tag input
 # seal_scalars seals a small int's msgpack fixint as its low byte: pinned here
 if any(RAW_FIXINT[value] != _ONE_BYTE[value & 0xFF] for value in RAW_FIXINT):
     raise ImportError("mpl.wire.seal seals small ints unlike their msgpack bytes")
+# seal_scalars and mpl.wire.result_open find a nonce's run and byte as (n >> 6, n & 63)
+if RUN != 64 or _RUN_SHIFT != 6:
+    raise ImportError("mpl.wire.seal finds one-byte pads unlike mpl.wire.seal_box")
 
 
 def _failed(who: str, context: str) -> AuthenticationError:
