@@ -52,6 +52,9 @@ _ONE_BYTE_VALUES = tuple(RAW_ONE_BYTE.get(b, NOT_ONE_BYTE) for b in _ONE_BYTE)
 # a one-byte ciphertext as a box's tag input holds it after the nonce: its length, then it
 _ONE_BYTE_TAGGED = tuple(_LENGTHS[1] + b for b in _ONE_BYTE)
 
+# a nonce's number (big-endian): the bound classmethod made once, not looked up per box
+_number = int.from_bytes
+
 if done_context("s", "j", 3) != "done|s|j|3":  # written out below, as done_context writes it
     raise ImportError("mpl.wire.result_open writes Done contexts unlike mpl.wire.seal")
 
@@ -104,7 +107,7 @@ def result_opener(
                             raise _failed(who, f"{prefix}{job}|{index}")
                         # its byte of its nonce's run of pads (the epoch's last run kept:
                         # hashed once per 64 boxes, run_pads), as box_open takes it
-                        seq = int.from_bytes(iv)
+                        seq = _number(iv)
                         run, pads = keys[3][0]
                         if seq >> 6 != run:  # (pinned in mpl.wire.seal)
                             pads = run_pads(keys, seq >> 6)

@@ -89,6 +89,7 @@ RUN = 64  # nonces per run of one-byte pads: one BLAKE2b-512 output, a byte each
 _RUN_SHIFT = 6  # a nonce's run: its number >> this; its byte in the run: number & (RUN - 1)
 _RUN_INPUT = 13  # a run's number as its pad's input holds it: a byte longer than a nonce
 _NO_RUN = (-1, b"")
+_number = int.from_bytes  # a nonce's number (big-endian), the classmethod bound once
 
 # an epoch's box ciphers: the pad's and the tag's prefix-keyed BLAKE2b (each a hash that
 # has taken its key, set up once: each use copies one), AES-256-GCM for larger boxes, and
@@ -141,7 +142,7 @@ def box_seal(keys: BoxKeys, nonce: bytes, plain: bytes, aad: bytes) -> bytes:
     if size > ETM_MAX:
         return keys[2].encrypt(nonce, plain, aad)
     if size == 1:  # the commonest (a small int, a bool): its byte of its nonce's run
-        seq = int.from_bytes(nonce)
+        seq = _number(nonce)
         run, pads = keys[3][0]
         if seq >> _RUN_SHIFT != run:
             pads = run_pads(keys, seq >> _RUN_SHIFT)
@@ -171,7 +172,7 @@ def box_open(keys: BoxKeys, nonce: bytes, sealed: bytes, aad: bytes) -> bytes:
     if not hmac.compare_digest(sealed[size:], tag.digest()):
         raise InvalidTag
     if size == 1:  # its byte of its nonce's run (authenticated: the nonce is in the tag)
-        seq = int.from_bytes(nonce)
+        seq = _number(nonce)
         run, pads = keys[3][0]
         if seq >> _RUN_SHIFT != run:
             pads = run_pads(keys, seq >> _RUN_SHIFT)
