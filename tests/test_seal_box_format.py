@@ -1,13 +1,14 @@
 """The compact box's byte layout and cipher (``mpl.wire.sealed``, ``mpl.wire.seal``,
 ``mpl.wire.seal_payload``): three bytes of magic, a small scalar's plaintext its msgpack
 bytes alone, sealed by prefix-keyed BLAKE2b (encrypt-then-MAC) up to 64 bytes of plaintext
-and by AES-256-GCM above, the format's version authenticated. Every byte of a box is
-encrypted and authenticated again by CurveZMQ at both ends of every hop, so the layout is
-pinned by size here, and the cipher by bytes computed here from the epoch's keys (not by
-the sealer's own code). Boxes of earlier formats are refused: the first (eight bytes of
-magic, a scalar inside the codec's record), the second (every box under AES-256-GCM, its
-magic not authenticated) and the third (keyed BLAKE2b), by the general path and by a
-driver's and a worker's short paths alike."""
+and by AES-256-GCM above, a one-byte plaintext's pad a byte of a run of 64 nonces' pads, the
+format's version authenticated. Every byte of a box is encrypted and authenticated again by
+CurveZMQ at both ends of every hop, so the layout is pinned by size here, and the cipher by
+bytes computed here from the epoch's keys (not by the sealer's own code). Boxes of earlier
+formats are refused: the first (eight bytes of magic, a scalar inside the codec's record),
+the second (every box under AES-256-GCM, its magic not authenticated), the third (keyed
+BLAKE2b) and the fourth (a pad hashed for every box), by the general path and by a
+driver's and a worker's short paths alike, an earlier format named in the error."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from mpl.worker.sealing import WorkerSeal
 _FIRST_MAGIC = b"mpl-box\x01"  # the first format's
 _SECOND_MAGIC = b"MB\x02"  # the second's: every box AES-256-GCM, its magic unauthenticated
 _THIRD_MAGIC = b"MB\x03"  # the third's: keyed BLAKE2b (its key a whole block) up to 64 bytes
+_FOURTH_MAGIC = b"MB\x04"  # the fourth's: prefix-keyed BLAKE2b, a pad hashed for every box
 
 
 def _epoch(sealer: Sealer, to: str) -> tuple[bytes, bytes]:
@@ -41,26 +43,63 @@ def _key(pair: bytes, epoch: bytes, person: bytes) -> bytes:
 
 
 def _prf(pair: bytes, epoch: bytes, person: bytes, data: bytes, size: int) -> bytes:
-    """The fourth format's PRF: unkeyed BLAKE2b (personalised ``person``) of the epoch's
-    32-byte key of ``person`` followed by ``data``."""
+    """The fourth and fifth formats' PRF: unkeyed BLAKE2b (personalised ``person``) of the
+    epoch's 32-byte key of ``person`` followed by ``data``."""
     key = _key(pair, epoch, person)
     return hashlib.blake2b(key + data, digest_size=size, person=person).digest()
 
 
-def _fourth(sealer: Sealer, to: str, nonce: bytes, plain: bytes, aad: bytes) -> bytes:
-    """Ciphertext and tag of ``plain`` as the fourth format seals it, written out here from
-    the epoch's keys: up to 64 bytes, the plaintext XOR BLAKE2b-512 of the pad key
-    ("mpl-box-pad/4") then the nonce, then BLAKE2b-128 of the tag key ("mpl-box-mac/4") then
-    the nonce, the length byte, the ciphertext and the associated data; above, AES-256-GCM
-    (key "mpl-box-epoch/4"). The associated data ends with the magic."""
+def _fifth(sealer: Sealer, to: str, nonce: bytes, plain: bytes, aad: bytes) -> bytes:
+    """Ciphertext and tag of ``plain`` as the fifth format (this one) seals it, written out
+    here from the epoch's keys: up to 64 bytes, the plaintext XOR its pad, then BLAKE2b-128
+    of the tag key ("mpl-box-mac/5") then the nonce, the length byte, the ciphertext and the
+    associated data; above, AES-256-GCM (key "mpl-box-epoch/5"). The pad of one byte is
+    byte ``n % 64`` of BLAKE2b-512 of the pad key ("mpl-box-pad/5") then ``n // 64`` in 13
+    bytes (``n``: the nonce's number); of more, BLAKE2b-512 of the pad key then the nonce.
+    The associated data ends with the magic."""
     epoch, pair = _epoch(sealer, to)
     aad += BOX_MAGIC
     if len(plain) > 64:
-        return AESGCM(_key(pair, epoch, b"mpl-box-epoch/4")).encrypt(nonce, plain, aad)
+        return AESGCM(_key(pair, epoch, b"mpl-box-epoch/5")).encrypt(nonce, plain, aad)
+    if len(plain) == 1:
+        number = int.from_bytes(nonce, "big")
+        run = _prf(pair, epoch, b"mpl-box-pad/5", (number // 64).to_bytes(13, "big"), 64)
+        pad = run[number % 64 :]
+    else:
+        pad = _prf(pair, epoch, b"mpl-box-pad/5", nonce, 64)
+    hidden = bytes(p ^ k for p, k in zip(plain, pad, strict=False))
+    tag = _prf(pair, epoch, b"mpl-box-mac/5", nonce + bytes([len(plain)]) + hidden + aad, 16)
+    return hidden + tag
+
+
+def _fourth(sealer: Sealer, to: str, nonce: bytes, plain: bytes, aad: bytes) -> bytes:
+    """Ciphertext and tag of ``plain`` (at most 64 bytes) as the fourth format sealed it:
+    the plaintext XOR BLAKE2b-512 of the pad key ("mpl-box-pad/4") then the nonce (for every
+    box), then BLAKE2b-128 of the tag key ("mpl-box-mac/4") then the nonce, the length byte,
+    the ciphertext and the associated data (ending with the fourth format's magic)."""
+    epoch, pair = _epoch(sealer, to)
+    aad += _FOURTH_MAGIC
     pad = _prf(pair, epoch, b"mpl-box-pad/4", nonce, 64)
     hidden = bytes(p ^ k for p, k in zip(plain, pad, strict=False))
     tag = _prf(pair, epoch, b"mpl-box-mac/4", nonce + bytes([len(plain)]) + hidden + aad, 16)
     return hidden + tag
+
+
+def _fourth_format(sealer: Sealer, to: str, plain: bytes, context: str, magic: bytes) -> bytes:
+    """A box of ``plain`` as the fourth format sealed it, under ``magic``, with the sealer's
+    real epoch and next nonce."""
+    nonce = _next_nonce(sealer, to)
+    aad = context.encode() + b"|0/1|"
+    return _head(sealer, to, magic) + nonce + _fourth(sealer, to, nonce, plain, aad)
+
+
+def _fourth_none(sealer: Sealer, to: str, context: str, magic: bytes) -> bytes:
+    """A sealed None as the fourth format made it: BLAKE2b-128 of its key ("mpl-box-mark/4"),
+    nonce and context."""
+    epoch, pair = _epoch(sealer, to)
+    nonce = _next_nonce(sealer, to)
+    tag = _prf(pair, epoch, b"mpl-box-mark/4", nonce + context.encode(), 16)
+    return _head(sealer, to, magic) + nonce + tag
 
 
 def _third(sealer: Sealer, to: str, nonce: bytes, plain: bytes, aad: bytes) -> bytes:
@@ -134,9 +173,7 @@ def test_a_small_scalar_is_sealed_as_its_msgpack_bytes_behind_three_bytes_of_mag
     head = len(BOX_MAGIC) + 1 + len(b"node:n0") + 16
     assert len(box) == head + 12 + 1 + 16  # nonce, one byte of plaintext, tag
     nonce = box[head : head + 12]
-    assert box[head + 12 :] == _fourth(
-        node, "driver:a", nonce, b"\x07", context.encode() + b"|0/1|"
-    )
+    assert box[head + 12 :] == _fifth(node, "driver:a", nonce, b"\x07", context.encode() + b"|0/1|")
     nothing = driver.seal(None, "node:n0", "exec|s|j")  # a sealed None: its tag alone
     head_a = len(BOX_MAGIC) + 1 + len(b"driver:a") + 16
     assert type(nothing) is bytes and len(nothing) == head_a + 12 + 16  # nonce and tag
@@ -152,7 +189,7 @@ def _first_format(node: Sealer, value: int, context: str, magic: bytes) -> bytes
     nonce = _next_nonce(node, "driver:a")
     plain = FIXINT_FRAMES[value][1]
     aad = context.encode() + b"|0/1|"
-    return _head(node, "driver:a", magic) + nonce + _fourth(node, "driver:a", nonce, plain, aad)
+    return _head(node, "driver:a", magic) + nonce + _fifth(node, "driver:a", nonce, plain, aad)
 
 
 def test_a_box_of_the_first_format_is_refused() -> None:
@@ -188,7 +225,7 @@ def test_a_box_of_up_to_64_bytes_is_prefix_keyed_blake2b_and_a_larger_one_aes_gc
         # the plaintext is as long as the ciphertext's part before the tag, either way
         plain = _plain_of(value, node)
         assert len(sealed) == len(plain) + 16
-        assert sealed == _fourth(node, "driver:a", nonce, plain, aad)
+        assert sealed == _fifth(node, "driver:a", nonce, plain, aad)
         assert opener(f"j{job}", {0: {0: box}}) == {0: {0: value}}
         assert driver.open(box, context, sender="node:n0") == ("node:n0", value)
     assert len(_plain_of(list(range(100)), node)) > 64 >= len(_plain_of(list(range(3)), node))
@@ -327,6 +364,66 @@ def test_a_box_of_the_third_format_is_refused_and_a_fourth_relabelled_third_too(
     refused("m0", lambda c: _third_none(driver, "node:n0", c, BOX_MAGIC))
     refused("m1", lambda c: _third_none(driver, "node:n0", c, _THIRD_MAGIC))
     refused("m2", lambda c: _relabelled(driver.seal(None, "node:n0", c), _THIRD_MAGIC))
+    job = "n9"  # and the stream still runs its next None
+    msg = Exec("s", job, "d", (0,), {}, (0,), 5.0)
+    context = exec_context("s", job, "d", (0,), (0,), 5.0)
+    assert worker.open_exec(msg, job, driver.seal(None, "node:n0", context)) is None
+
+
+def test_a_box_of_the_fourth_format_is_refused_naming_its_format_and_a_fifth_relabelled() -> None:
+    """A box as the fourth format sealed it (a pad hashed for every box) does not open under
+    its own magic (refused as a box of format 4, the error says so) nor relabelled as the
+    fifth (other keys: the personalisations name the format); nor does a fifth-format box
+    relabelled as the fourth: at a driver meeting the epoch first, at its short path, and at
+    a worker for bindings and sealed Nones, by its full path and its short path."""
+    driver, node = sealer_pair()
+    first = done_context("s", "j1", 0)
+    with pytest.raises(AuthenticationError, match="a box of format 4, where this process reads"):
+        driver.open(_fourth_format(node, "driver:a", b"\x07", first, _FOURTH_MAGIC), first)
+    with pytest.raises(AuthenticationError, match="failed authentication"):
+        driver.open(_fourth_format(node, "driver:a", b"\x07", first, BOX_MAGIC), first)
+    with pytest.raises(AuthenticationError, match="format 4"):
+        driver.open(_relabelled(node.seal(7, "driver:a", first), _FOURTH_MAGIC), first)
+    good = node.seal(7, "driver:a", first)
+    opener = result_opener(driver, {0: "node:n0"}, "s", True, str)
+    assert opener("j1", {0: {0: good}}) == {0: {0: 7}}  # the epoch known: the short path
+    for i, magic in enumerate((_FOURTH_MAGIC, BOX_MAGIC)):
+        later = done_context("s", f"j{i + 2}", 0)
+        for plain in (b"\x07", b"\xa5hello"):  # a one-byte box, a longer one
+            old = _fourth_format(node, "driver:a", plain, later, magic)
+            with pytest.raises(AuthenticationError):
+                opener(f"j{i + 2}", {0: {0: old}})
+            with pytest.raises(AuthenticationError):
+                driver.open(old, later)
+        relabelled = _relabelled(node.seal(7, "driver:a", later), _FOURTH_MAGIC)
+        with pytest.raises(AuthenticationError, match="format 4"):
+            opener(f"j{i + 2}", {0: {0: relabelled}})
+    worker = WorkerSeal(node, 0)
+
+    def refused(job: str, make: object) -> str:
+        msg = Exec("s", job, "d", (0,), {}, (0,), 5.0)
+        context = exec_context("s", job, "d", (0,), (0,), 5.0)
+        assert callable(make)
+        failed = worker.open_exec(msg, job, make(context))
+        assert type(failed) is Failed
+        return failed.error.message
+
+    for i, magic in enumerate((_FOURTH_MAGIC, BOX_MAGIC)):
+        refused(f"k{i}", lambda c, m=magic: _fourth_format(driver, "node:n0", b"\x91\x01", c, m))
+        refused(f"l{i}", lambda c, m=magic: _fourth_none(driver, "node:n0", c, m))
+    said = refused("l9", lambda c: _fourth_none(driver, "node:n0", c, _FOURTH_MAGIC))
+    assert "a box of format 4" in said
+    refused("k3", lambda c: _relabelled(driver.seal([1], "node:n0", c, safe=False), _FOURTH_MAGIC))
+    refused("l3", lambda c: _relabelled(driver.seal(None, "node:n0", c), _FOURTH_MAGIC))
+    # the stream's Nones known: the worker's short path refuses them too
+    for i in range(3):
+        job = f"n{i}"
+        msg = Exec("s", job, "d", (0,), {}, (0,), 5.0)
+        context = exec_context("s", job, "d", (0,), (0,), 5.0)
+        assert worker.open_exec(msg, job, driver.seal(None, "node:n0", context)) is None
+    refused("m0", lambda c: _fourth_none(driver, "node:n0", c, BOX_MAGIC))
+    refused("m1", lambda c: _fourth_none(driver, "node:n0", c, _FOURTH_MAGIC))
+    refused("m2", lambda c: _relabelled(driver.seal(None, "node:n0", c), _FOURTH_MAGIC))
     job = "n9"  # and the stream still runs its next None
     msg = Exec("s", job, "d", (0,), {}, (0,), 5.0)
     context = exec_context("s", job, "d", (0,), (0,), 5.0)

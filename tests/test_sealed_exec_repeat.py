@@ -16,7 +16,7 @@ from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Exec
 from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC, SealedExecReaders, read_sealed_exec
 
-BOX = b"MB\x04" + bytes(range(70))  # a compact box's length (never opened here)
+BOX = b"MB\x05" + bytes(range(70))  # a compact box's length (never opened here)
 pack = msgpack.packb
 _SESSION = "s" + "5" * 16 + "~" + "6" * 16
 

@@ -1,8 +1,8 @@
 """A ``Sealed`` record whose parts hold an array where a ciphertext goes (a hostile
 broker's answer to a driver, or its Exec to a worker: the safe decode builds arrays) is
-refused as unauthenticated (``Sealer._sizes_match`` takes flat byte buffers only), never
-handed to the cipher, whose TypeError reached the driver as such and the worker as an
-internal error. Found in review; older than wire v4."""
+refused as unauthenticated (``mpl.wire.seal_record.check_record`` takes flat byte buffers
+only), never handed to the cipher, whose TypeError reached the driver as such and the worker
+as an internal error. Found in review; older than wire v4."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from mpl.wire.seal import (
     Sealer,
     _failed,
 )
-from mpl.wire.seal_box import _LENGTHS, _ONE_BYTE, ETM_MAX, BoxKeys, box_open
+from mpl.wire.seal_box import _LENGTHS, _ONE_BYTE, ETM_MAX, BoxKeys, box_open, run_pads
 from mpl.wire.seal_contexts import done_context
 from mpl.wire.seal_payload import NOT_ONE_BYTE, RAW_ONE_BYTE, box_value
 
@@ -51,6 +51,9 @@ _TAILS = tuple(f"|{index}{_AAD_TAIL}" for index in range(16))  # the commonest i
 _ONE_BYTE_VALUES = tuple(RAW_ONE_BYTE.get(b, NOT_ONE_BYTE) for b in _ONE_BYTE)
 # a one-byte ciphertext as a box's tag input holds it after the nonce: its length, then it
 _ONE_BYTE_TAGGED = tuple(_LENGTHS[1] + b for b in _ONE_BYTE)
+
+# a nonce's number (big-endian): the bound classmethod made once, not looked up per box
+_number = int.from_bytes
 
 if done_context("s", "j", 3) != "done|s|j|3":  # written out below, as done_context writes it
     raise ImportError("mpl.wire.result_open writes Done contexts unlike mpl.wire.seal")
@@ -102,9 +105,13 @@ def result_opener(
                         mac.update(b"".join((iv, _ONE_BYTE_TAGGED[box[at]], aad)))
                         if not compare_digest(box[at + 1 :], mac.digest()):
                             raise _failed(who, f"{prefix}{job}|{index}")
-                        pad = keys[0].copy()
-                        pad.update(iv)
-                        byte = box[at] ^ pad.digest()[0]
+                        # its byte of its nonce's run of pads (the epoch's last run kept:
+                        # hashed once per 64 boxes, run_pads), as box_open takes it
+                        seq = _number(iv)
+                        run, pads = keys[3][0]
+                        if seq >> 6 != run:  # (pinned in mpl.wire.seal)
+                            pads = run_pads(keys, seq >> 6)
+                        byte = box[at] ^ pads[seq & 63]
                         value = _ONE_BYTE_VALUES[byte]
                         if value is NOT_ONE_BYTE:  # a one-byte header the codec reads
                             value = box_value(who, _ONE_BYTE[byte], safe, True)

@@ -15,8 +15,9 @@ authenticated for its one recipient:
   (``exec|job|...``, ``done|...``, ``fetch|...|ticket``; ``mpl.wire.seal_contexts``):
   a payload replayed into another job, request, slot or direction derives another key and
   fails to open.
-* **Cipher.** ChaCha20-Poly1305 for a ``Sealed`` record (the ``cryptography`` package,
-  OpenSSL underneath; a compact box's is AES-GCM, below): its ``encrypt_into``/
+* **Cipher.** ChaCha20-Poly1305 for a ``Sealed`` record (``mpl.wire.seal_record``; the
+  ``cryptography`` package, OpenSSL underneath; a compact box's is AES-GCM, below): its
+  ``encrypt_into``/
   ``decrypt_into`` work on buffers, so large arrays are sealed straight from their memory
   in ``CHUNK`` pieces and opened straight into one new buffer, with no extra full copy;
   every piece is authenticated with its index and the whole layout, so pieces cannot be
@@ -93,7 +94,6 @@ from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from zmq.utils import z85
@@ -103,7 +103,17 @@ from mpl.wire.curve import Curve
 from mpl.wire.errors import AuthenticationError
 from mpl.wire.identity import driver_identity, node_identity
 from mpl.wire.replay import epoch_start, epoch_time
-from mpl.wire.seal_box import _LENGTHS, _ONE_BYTE, BoxKeys, box_open, box_seal, epoch_keys
+from mpl.wire.seal_box import (
+    _LENGTHS,
+    _ONE_BYTE,
+    _RUN_SHIFT,
+    RUN,
+    BoxKeys,
+    box_open,
+    box_seal,
+    epoch_keys,
+    run_pads,
+)
 from mpl.wire.seal_contexts import (
     ExecTails,
     done_context,
@@ -119,13 +129,12 @@ from mpl.wire.seal_payload import (
     RAW_ONE_BYTE,
     Payload,
     box_value,
-    flat_size,
-    flat_view,
     payload_value,
     raw_scalar,
     scalar_frames,
 )
-from mpl.wire.sealed import BOX_MAGIC, Sealed
+from mpl.wire.seal_record import CHUNK, SALT, check_record, layout, open_record, seal_record
+from mpl.wire.sealed import BOX_MAGIC, Sealed, malformed_box
 
 __all__ = [
     "CHUNK",
@@ -141,9 +150,8 @@ __all__ = [
     "program_context",
 ]
 
-CHUNK = 1 << 20  # large buffers are sealed in pieces of this size
-_SALT = 16
-_TAG = 16  # Poly1305 tag per piece
+_SALT = SALT  # a record's salt, and a compact box's epoch
+_TAG = 16  # a compact box's tag (and a sealed None's)
 _INFO = b"mpl-seal/1"
 # A compact box stays well below the codec's copy threshold, so it travels inside the
 # message header as bytes (never as a buffer frame, which would arrive as another type).
@@ -172,16 +180,8 @@ os.register_at_fork(after_in_child=_forget_epochs_in_child)
 _Epoch = tuple[bytes, BoxKeys, hashlib.blake2b, "itertools.count[int]"]
 
 
-def _pieces(size: int) -> int:
-    return max(1, -(-size // CHUNK))
-
-
 # a box's nonce: its epoch's counter, 12 bytes big-endian (a counter never reaches 2**64)
 _box_nonce = struct.Struct(">4xQ").pack
-
-
-def _nonce(index: int) -> bytes:
-    return index.to_bytes(12, "big")  # a fresh key per payload: a counter never repeats
 
 
 def _raw_key(z85_key: str) -> bytes:
@@ -297,12 +297,15 @@ class Sealer:
         for index, value in values.items():
             if type(value) is int and -32 <= value < 128:  # the commonest result: no call
                 # box_seal of its one byte (RAW_FIXINT[value], a fixint: value's low byte)
-                # written out, the box joined once: its pad, then its tag over nonce,
-                # length, ciphertext and associated data (the context, then what follows)
-                nonce = _box_nonce(next(counter))
-                pad = keys[0].copy()
-                pad.update(nonce)
-                hidden = _ONE_BYTE[(value & 0xFF) ^ pad.digest()[0]]
+                # written out, the box joined once: its byte of its nonce's run of pads
+                # (hashed once per 64 boxes: run_pads), then its tag over nonce, length,
+                # ciphertext and associated data (the context, then what follows)
+                seq = next(counter)
+                nonce = _box_nonce(seq)
+                run, pads = keys[3][0]
+                if seq >> 6 != run:  # (box_seal's _RUN_SHIFT: pinned below)
+                    pads = run_pads(keys, seq >> 6)
+                hidden = _ONE_BYTE[(value & 0xFF) ^ pads[seq & 63]]
                 tag = keys[1].copy()
                 tail = (
                     _INDEX_AADS[index]
@@ -389,25 +392,8 @@ class Sealer:
         return self._record(encode(Payload(value), safe=safe), os.urandom(_SALT), to, context)
 
     def _record(self, frames: list[Any], salt: bytes, to: str, context: str) -> Sealed:
-        views = [flat_view(b) for b in frames[2:]]
-        sizes = [v.nbytes for v in views]
-        aead = self._aead(to, salt, self.identity, to, context)
-        total = 1 + sum(_pieces(s) for s in sizes)
-        layout = _layout(total, sizes)
-        parts: list[Any] = [aead.encrypt(_nonce(0), frames[1], b"0" + layout)]
-        index = 1
-        for view in views:
-            for start in range(0, max(view.nbytes, 1), CHUNK):
-                piece = view[start : start + CHUNK]
-                aad = str(index).encode() + layout
-                if piece.nbytes + _TAG < ZERO_COPY_BYTES:
-                    parts.append(aead.encrypt(_nonce(index), piece, aad))
-                else:
-                    out = bytearray(piece.nbytes + _TAG)
-                    aead.encrypt_into(_nonce(index), piece, aad, out)
-                    parts.append(memoryview(out))  # travels as a frame, opened without a copy
-                index += 1
-        return Sealed(self.identity, salt, sizes, parts)
+        pair = self._pair_key(to, self.identity, to)
+        return seal_record(pair, self.identity, salt, context, frames)
 
     # -- opening --------------------------------------------------------------------------
     def open(
@@ -437,25 +423,9 @@ class Sealer:
             )
         who = sealed.sender
         self._check_sender(who, sender)
-        sizes, parts = sealed.sizes, sealed.parts
-        if len(sealed.salt) != _SALT or not all(type(s) is int and s >= 0 for s in sizes):
-            raise AuthenticationError("malformed sealed payload")
-        total = 1 + sum(_pieces(s) for s in sizes)
-        if len(parts) != total or not self._sizes_match(sizes, parts):
-            raise AuthenticationError("a sealed payload lost, gained or resized pieces")
-        layout = _layout(total, sizes)
-        aead = self._aead(who, sealed.salt, who, self.identity, context)
+        check_record(sealed)  # its layout, before any key is made (mpl.wire.seal_record)
         try:
-            header = aead.decrypt(_nonce(0), parts[0], b"0" + layout)
-            bufs: list[Any] = []
-            index = 1
-            for size in sizes:
-                out = memoryview(bytearray(size))
-                for start in range(0, max(size, 1), CHUNK):
-                    aad = str(index).encode() + layout
-                    aead.decrypt_into(_nonce(index), parts[index], aad, out[start : start + CHUNK])
-                    index += 1
-                bufs.append(out)
+            header, bufs = open_record(self._pair_key(who, who, self.identity), sealed, context)
         except InvalidTag:
             raise _failed(who, context) from None
         return who, payload_value(who, [MAGIC_FRAME, header, *bufs], safe, unpickle)
@@ -481,7 +451,7 @@ class Sealer:
                 raise AuthenticationError(f"a payload from {sender} claims to be sealed by {who}")
         else:
             if not head.startswith(BOX_MAGIC):
-                raise AuthenticationError("malformed sealed payload")
+                raise AuthenticationError(malformed_box(head))
             try:
                 who = head[_BOX_START : end - _SALT].decode()
             except UnicodeDecodeError:
@@ -531,39 +501,12 @@ class Sealer:
                 "does not list"
             )
 
-    @staticmethod
-    def _sizes_match(sizes: list[int], parts: list[Any]) -> bool:
-        """Whether ``parts`` (as a peer sent them) are flat byte buffers of the sizes a
-        record of payloads ``sizes`` has: anything else (an array a safe decode built,
-        say) is refused here, before the cipher sees it."""
-        try:
-            if flat_size(parts[0]) < _TAG:
-                return False
-            index = 1
-            for size in sizes:
-                for start in range(0, max(size, 1), CHUNK):
-                    want = min(CHUNK, size - start) + _TAG
-                    if flat_size(parts[index]) != want:
-                        return False
-                    index += 1
-        except TypeError:
-            return False
-        return True
-
     def _epoch_keys(
         self, peer: str, epoch: bytes, sender: str, recipient: str
     ) -> tuple[BoxKeys, hashlib.blake2b]:
         """The ciphers of one sealing process's epoch for one direction (its compact
         boxes', ``mpl.wire.seal_box``), and the keyed hash of its sealed Nones' tags."""
         return epoch_keys(self._pair_key(peer, sender, recipient), epoch)
-
-    def _aead(
-        self, peer: str, salt: bytes, sender: str, recipient: str, context: str
-    ) -> ChaCha20Poly1305:
-        pair = self._pair_key(peer, sender, recipient)
-        # and from it a fresh key per payload: keyed BLAKE2b (a PRF) over salt and context
-        key = hashlib.blake2b(salt + context.encode(), key=pair, digest_size=32).digest()
-        return ChaCha20Poly1305(key)
 
     def _pair_key(self, peer: str, sender: str, recipient: str) -> bytes:
         pair = self._pair_keys.get((sender, recipient))
@@ -580,14 +523,10 @@ class Sealer:
         return pair
 
 
-def _layout(total: int, sizes: list[int]) -> bytes:
-    return f"/{total}|{','.join(map(str, sizes))}".encode()
-
-
 # A compact box holds a payload with no buffers: its header is piece 0 of a one-piece
 # layout, as in a ``Sealed`` with no buffers (after the context, in the associated data).
 # Its format's magic ends it: a box is authenticated as of its format.
-_COMPACT_AAD = b"|0" + _layout(1, []) + BOX_MAGIC
+_COMPACT_AAD = b"|0" + layout(1, []) + BOX_MAGIC
 # the end of an answer's associated data after its prefix, by output index (the commonest)
 _INDEXES = 16
 _INDEX_AADS = tuple(f"{index}".encode() + _COMPACT_AAD for index in range(_INDEXES))
@@ -595,6 +534,9 @@ _LENGTH_ONE = _LENGTHS[1]  # a one-byte plaintext's length, as a box's tag input
 # seal_scalars seals a small int's msgpack fixint as its low byte: pinned here
 if any(RAW_FIXINT[value] != _ONE_BYTE[value & 0xFF] for value in RAW_FIXINT):
     raise ImportError("mpl.wire.seal seals small ints unlike their msgpack bytes")
+# seal_scalars and mpl.wire.result_open find a nonce's run and byte as (n >> 6, n & 63)
+if RUN != 64 or _RUN_SHIFT != 6:
+    raise ImportError("mpl.wire.seal finds one-byte pads unlike mpl.wire.seal_box")
 
 
 def _failed(who: str, context: str) -> AuthenticationError:

@@ -13,7 +13,7 @@ from typing import Any
 
 from mpl.wire.record import Record
 
-__all__ = ["BOX_MAGIC", "Sealed", "is_sealed"]
+__all__ = ["BOX_MAGIC", "Sealed", "is_sealed", "malformed_box"]
 
 # A compact box: BOX_MAGIC, the sender identity's length (one byte) and UTF-8 bytes, the
 # sender's 16-byte epoch, the 12-byte nonce (the epoch's counter), then the ciphertext of its
@@ -24,9 +24,10 @@ __all__ = ["BOX_MAGIC", "Sealed", "is_sealed"]
 # earlier formats are refused: the first (magic b"mpl-box\x01", a scalar inside the codec's
 # record) and the second (b"MB\x02", every box under AES-256-GCM, its magic not
 # authenticated; the third (b"MB\x03") sealed a box of at most 64 bytes by keyed BLAKE2b, the
-# fourth by BLAKE2b keyed by a prefix, one compression where keyed BLAKE2b takes two:
-# mpl.wire.seal_box).
-BOX_MAGIC = b"MB\x04"
+# fourth (b"MB\x04") by BLAKE2b keyed by a prefix, one compression where keyed BLAKE2b takes
+# two, with a pad hashed per box; the fifth (this one) takes a one-byte plaintext's pad from
+# a run of 64 nonces' pads hashed once (mpl.wire.seal_box).
+BOX_MAGIC = b"MB\x05"
 
 
 @dataclass(eq=False, repr=False)
@@ -43,3 +44,14 @@ class Sealed(Record, tag="sealed"):
 def is_sealed(value: Any) -> bool:
     """Whether ``value`` is a sealed payload in either form (a record or a compact box)."""
     return type(value) is Sealed or (type(value) is bytes and value.startswith(BOX_MAGIC))
+
+
+def malformed_box(box: bytes) -> str:
+    """Why a box that does not start with :data:`BOX_MAGIC` is refused: a box of an earlier
+    format is named as one (a driver and its workers run different versions of mpl)."""
+    if len(box) > 2 and box[:2] == BOX_MAGIC[:2] and 0 < box[2] < BOX_MAGIC[2]:
+        return (
+            f"malformed sealed payload: a box of format {box[2]}, where this process reads "
+            f"format {BOX_MAGIC[2]} only (drivers and workers must run the same mpl version)"
+        )
+    return "malformed sealed payload"
