@@ -62,7 +62,12 @@ def _a_number(ctx: click.Context, param: click.Parameter, value: float | None) -
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--broker", required=True, help="The broker's endpoint, e.g. tcp://127.0.0.1:5555.")
+@click.option(
+    "--broker",
+    required=True,
+    callback=cli.endpoint(bind=False),
+    help="The broker's endpoint, e.g. tcp://127.0.0.1:5555 (what mpl-broker printed).",
+)
 @click.option(
     "--rank", required=True, type=click.IntRange(min=0), help="The rank this worker serves."
 )
@@ -221,8 +226,8 @@ def main(
             kernels=kernel_modules,
             driver_quota=driver_quota,
         )
-    except Exception as exc:  # a bad endpoint, an unusable data root
-        raise click.ClickException(f"cannot start: {exc}") from exc
+    except Exception as exc:  # a port in use, an unusable data root
+        raise cli.start_failed("cannot start", exc) from exc
 
     if inline_ms is not None:
         worker.jobs.inline_s = inline_ms / 1000
