@@ -14,10 +14,15 @@ import threading
 from pathlib import Path
 
 import pytest
+from helpers import wait_until
 
 import mpl.driver as mp
 from mpl.driver.launcher import daemon_command
+from mpl.wire import ClusterSpec, MplTimeoutError, WorkerLostError
+from mpl.wire.control import Welcome, WorkerHello
 from mpl.wire.endpoints import check_endpoint
+from mpl.worker.state import UNANSWERED_S, WorkerState
+from mpl.worker.state_events import Send, Tick, Unanswered
 
 pytestmark = pytest.mark.daemons
 
@@ -102,3 +107,75 @@ def test_a_busy_port_names_the_way_out(tmp_path: Path) -> None:
         out = _run(*daemon_command("mpl-broker"), "--world-size", "2", "--listen", listen)
     assert out.returncode == 1
     assert "in use" in out.stderr and "0 picks a free one" in out.stderr
+
+
+# -- a broker that is not there ------------------------------------------------------------
+def test_a_driver_without_a_broker_is_told_to_check_it() -> None:
+    url = f"tcp://127.0.0.1:{_free_port()}"
+    with pytest.raises(MplTimeoutError, match="is mpl-broker running at that address"):
+        mp.connect(url, timeout=30)
+
+
+def test_a_worker_whose_hellos_go_unanswered_says_so_once() -> None:
+    """The state machine: one Unanswered after UNANSWERED_S of joining, none before, and one
+    again for the next attempt after a welcome."""
+    state = WorkerState(WorkerHello(0, "inc", 1, "h", "tcp://d", "", []), now=0.0)
+    told: list[float] = []
+    now = 0.0
+    while now < 3 * UNANSWERED_S:
+        out = state.handle(Tick(), now)
+        told += [a.seconds for a in out if isinstance(a, Unanswered)]
+        assert not out or isinstance(out[-1], Send)  # the hellos go on
+        now += 0.05
+    assert len(told) == 1 and UNANSWERED_S <= told[0] < UNANSWERED_S + 2.5
+    state.handle(Welcome(0, 2, "B1", 1.0, {}), now)
+    later = now + 10 * UNANSWERED_S  # the broker fell silent: the worker joins anew
+    again = [state.handle(Tick(), later + i * 0.05) for i in range(int(4 * UNANSWERED_S / 0.05))]
+    assert sum(isinstance(a, Unanswered) for out in again for a in out) == 1
+
+
+def test_a_worker_started_before_its_broker_says_what_to_check(tmp_path: Path) -> None:
+    url = f"tcp://127.0.0.1:{_free_port()}"
+    log = tmp_path / "worker.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [*daemon_command("mpl-worker"), "--broker", url, "--rank", "0"],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            cwd=tmp_path,
+        )
+    try:
+        wait_until(lambda: "no answer from the broker" in log.read_text(), 30, "the warning")
+        text = log.read_text()
+        assert url in text and "--key and --cluster" in text
+        assert proc.poll() is None  # still trying: the broker may yet start
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+# -- a worker that is not there ------------------------------------------------------------
+def test_a_rank_never_started_names_the_command_that_starts_it(tmp_path: Path) -> None:
+    from mpl.driver.launcher import ProcessCluster
+
+    spec = ClusterSpec.simple(2, enable_spu=False)
+    cluster = ProcessCluster(spec, run_dir=tmp_path / "run")
+    try:
+        cluster.kill_worker(1)
+        ctx = mp.connect(cluster.address)
+        try:
+            with ctx:
+                assert mp.fetch(mp.device("P0")(int)(3)) == 3
+
+                def lost() -> bool:
+                    try:
+                        mp.device("P1")(int)(3)
+                    except WorkerLostError as exc:
+                        return "mpl-worker --broker URL --rank 1" in str(exc)
+                    return False
+
+                wait_until(lost, 10, "rank 1's job to fail naming mpl-worker")
+        finally:
+            ctx.close()
+    finally:
+        cluster.close()

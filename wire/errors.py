@@ -195,10 +195,12 @@ class RemotePermissionError(RemoteError, PermissionError):
 
 
 class WorkerLostError(MplError):
-    """A worker the job needed died (its socket closed) or stopped heartbeating for 3 s.
+    """A worker the job needed died (its socket closed) or stopped heartbeating for 3 s, or
+    no worker ever registered for its rank (the message says "never registered").
 
     Attributes ``rank`` and ``reason``. The job's other ranks were released. Restart the
-    worker; it re-registers by itself and the next job can run.
+    worker (or start one: ``mpl-worker --broker URL --rank N``); it registers by itself and
+    the next job can run. ``mpl-broker status URL`` shows which ranks are up.
     """
 
     def __init__(self, message: str, *, rank: int | None = None, job: str = "") -> None:
