@@ -7,20 +7,26 @@ read), run against the real commands, the real daemons on loopback, or the drive
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import socket
 import subprocess
+import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import wait_until
 
 import mpl.driver as mp
+from mpl.broker.query import query_status
 from mpl.driver.launcher import daemon_command
 from mpl.wire import ClusterSpec, MplTimeoutError, WorkerLostError
 from mpl.wire.control import Welcome, WorkerHello
 from mpl.wire.endpoints import check_endpoint
+from mpl.wire.keys import load_keypair, write_keypair
 from mpl.worker.state import UNANSWERED_S, WorkerState
 from mpl.worker.state_events import Send, Tick, Unanswered
 
@@ -179,3 +185,43 @@ def test_a_rank_never_started_names_the_command_that_starts_it(tmp_path: Path) -
             ctx.close()
     finally:
         cluster.close()
+
+
+# -- a context's session -------------------------------------------------------------------
+def _sessions(url: str) -> list[Any]:
+    return list(query_status(url, timeout=5)["sessions"])
+
+
+def test_with_makes_a_context_current_and_close_ends_its_session(make_cluster: Any) -> None:
+    """What the Quick start says: ``with ctx:`` enters (and may enter again), ``close``
+    ends the session on the broker at once, not at its lease."""
+    cluster = make_cluster("tcp")
+    ctx = mp.connect(cluster.address, lease_s=600)
+    with ctx:
+        assert mp.fetch(mp.device("P0")(int)(3)) == 3
+    with ctx:
+        assert mp.fetch(mp.device("P1")(int)(4)) == 4
+    assert [s["session"] for s in _sessions(cluster.address)] == [ctx.session]
+    ctx.close()
+    wait_until(lambda: not _sessions(cluster.address), 10, "the session to close")
+
+
+# -- keys ----------------------------------------------------------------------------------
+def test_a_secret_key_others_may_read_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, secret, _ = write_keypair(tmp_path, "node0")
+    with caplog.at_level(logging.WARNING, logger="mpl.keys"):
+        load_keypair(secret)  # 0600, as mpl-keys made it
+        assert not caplog.records
+        os.chmod(secret, 0o644)
+        load_keypair(secret)
+    (record,) = caplog.records
+    assert "chmod 600" in record.getMessage() and str(secret) in record.getMessage()
+
+
+def test_making_a_key_twice_points_to_force(tmp_path: Path) -> None:
+    keys = [sys.executable, "-c", "from mpl.wire.keytool import main; main()"]
+    assert _run(*keys, "new", "node0", "--dir", str(tmp_path)).returncode == 0
+    again = _run(*keys, "new", "node0", "--dir", str(tmp_path))
+    assert again.returncode == 1 and "--force" in again.stderr
