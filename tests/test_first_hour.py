@@ -225,3 +225,17 @@ def test_making_a_key_twice_points_to_force(tmp_path: Path) -> None:
     assert _run(*keys, "new", "node0", "--dir", str(tmp_path)).returncode == 0
     again = _run(*keys, "new", "node0", "--dir", str(tmp_path))
     assert again.returncode == 1 and "--force" in again.stderr
+
+
+# -- the examples --------------------------------------------------------------------------
+def test_an_example_on_too_small_a_cluster_says_how_many_parties_it_needs(
+    make_cluster: Any,
+) -> None:
+    """Before: a DeviceNotFoundError ('no device P2') or a GraphError ('rank out of range')
+    from deep inside the example, on the 2 workers scripts/cluster-up.sh starts by default."""
+    cluster = make_cluster("tcp")
+    example = Path(__file__).resolve().parent.parent / "examples" / "party_stats.py"
+    out = _run(sys.executable, str(example), "--url", cluster.address, timeout=120)
+    assert out.returncode == 2, out
+    assert "needs 3 parties" in out.stderr and "cluster-up.sh 3" in out.stderr
+    wait_until(lambda: not _sessions(cluster.address), 10, "the example's session to close")
