@@ -14,7 +14,7 @@ import click
 from mpl.wire import daemon_cli as cli
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.curve import Curve
-from mpl.wire.errors import ClusterSpecError, KeyFileError, MplError
+from mpl.wire.errors import ClusterSpecError, KeyFileError, MplError, MplTimeoutError
 from mpl.wire.keys import is_z85_key, load_keypair
 from mpl.wire.lifetime import die_with_parent
 from mpl.wire.logs import configure_logging
@@ -221,6 +221,8 @@ def status(
             report = query_status(url, timeout=timeout, curve=curve, what="symbols")
     except MplError as exc:
         hint = "" if curve else " (a secure broker answers only listed drivers: pass --key)"
+        if isinstance(exc, MplTimeoutError):
+            hint = f": is mpl-broker running at that address?{hint}"
         raise click.ClickException(f"{exc}{hint}") from exc
     if show_sessions or show_symbols:
         _print_listing(report, show_sessions, as_json)

@@ -122,6 +122,12 @@ def test_a_driver_without_a_broker_is_told_to_check_it() -> None:
         mp.connect(url, timeout=30)
 
 
+def test_status_without_a_broker_is_told_to_check_it() -> None:
+    url = f"tcp://127.0.0.1:{_free_port()}"
+    out = _run(*daemon_command("mpl-broker"), "status", url, "--timeout", "0.3")
+    assert out.returncode == 1 and "is mpl-broker running at that address" in out.stderr
+
+
 def test_a_worker_whose_hellos_go_unanswered_says_so_once() -> None:
     """The state machine: one Unanswered after UNANSWERED_S of joining, none before, and one
     again for the next attempt after a welcome."""
@@ -239,3 +245,38 @@ def test_an_example_on_too_small_a_cluster_says_how_many_parties_it_needs(
     assert out.returncode == 2, out
     assert "needs 3 parties" in out.stderr and "cluster-up.sh 3" in out.stderr
     wait_until(lambda: not _sessions(cluster.address), 10, "the example's session to close")
+
+
+# -- the scripts ---------------------------------------------------------------------------
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def test_the_cluster_scripts_help_and_touch_nothing(tmp_path: Path) -> None:
+    """Before: cluster-down.sh --help stopped the running cluster (it took no arguments and
+    read none), and cluster-up.sh --help called --help a bad number of workers."""
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (tmp_path / "worker0.pid").write_text(f"{bystander.pid}\n")
+        env = {**os.environ, "MPL_RUN_DIR": str(tmp_path)}
+        for script in ("cluster-up.sh", "cluster-down.sh"):
+            out = subprocess.run(
+                [str(SCRIPTS / script), "--help"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert out.returncode == 0 and "MPL_RUN_DIR" in out.stdout, out
+        wrong = subprocess.run(
+            [str(SCRIPTS / "cluster-down.sh"), "3"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert wrong.returncode == 2 and "usage" in wrong.stderr
+        assert bystander.poll() is None  # nothing was stopped
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["worker0.pid"]  # nor started
+    finally:
+        bystander.kill()
+        bystander.wait(10)
