@@ -345,6 +345,10 @@ class Client(BrokerCalls):
                 self.progress.end(job, False)
                 self._send(Cancel(session, job, f"the driver stopped waiting after {limit:g} s"))
                 raise
+            except KeyboardInterrupt:  # Ctrl-C: the job's other ranks stop waiting too
+                self.progress.end(job, False)
+                self._send(Cancel(session, job, "the driver was interrupted (Ctrl-C)"))
+                raise
             if not result.missing_program:
                 if result.error is not None:
                     # a worker that forgot our stream: a new one, and the job again (as a

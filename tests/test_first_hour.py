@@ -7,6 +7,7 @@ read), run against the real commands, the real daemons on loopback, or the drive
 
 from __future__ import annotations
 
+import _thread
 import logging
 import os
 import re
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import wait_until
+from helpers import nap_then, wait_until
 
 import mpl.driver as mp
 from mpl.broker.query import query_status
@@ -280,3 +281,36 @@ def test_the_cluster_scripts_help_and_touch_nothing(tmp_path: Path) -> None:
     finally:
         bystander.kill()
         bystander.wait(10)
+
+
+# -- Ctrl-C --------------------------------------------------------------------------------
+def test_ctrl_c_in_a_waiting_driver_cancels_its_job(make_cluster: Any) -> None:
+    """Before: the interrupted job ran on for as long as it took (here a minute), holding
+    its ranks and counted in flight, though no one would read its answer."""
+    cluster = make_cluster("tcp")
+
+    def in_flight() -> int:
+        return int(query_status(cluster.address, timeout=5)["jobs_in_flight"])
+
+    def interrupt_once_running() -> None:
+        wait_until(lambda: in_flight() == 1, 30, "the job to start")
+        _thread.interrupt_main()  # what Ctrl-C does to the waiting main thread
+
+    ctx = mp.connect(cluster.address)
+    try:
+        with ctx:
+
+            @mp.function  # one job: rank 1 waits for rank 0's value, a minute in the making
+            def slow() -> Any:
+                return mp.device("P1")(int)(mp.device("P0")(nap_then)(1, 60.0))
+
+            interrupter = threading.Thread(target=interrupt_once_running, daemon=True)
+            interrupter.start()
+            with pytest.raises(KeyboardInterrupt):
+                mp.fetch(slow())
+            interrupter.join(30)
+            wait_until(lambda: in_flight() == 0, 10, "the broker to drop the job")
+            assert query_status(cluster.address, timeout=5)["jobs_failed"] == 1  # cancelled
+            assert mp.fetch(mp.device("P1")(int)(2)) == 2  # the session goes on
+    finally:
+        ctx.close()
