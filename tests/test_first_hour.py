@@ -116,6 +116,20 @@ def test_a_busy_port_names_the_way_out(tmp_path: Path) -> None:
     assert "in use" in out.stderr and "0 picks a free one" in out.stderr
 
 
+def test_an_unusable_data_root_names_the_option(tmp_path: Path) -> None:
+    (tmp_path / "a_file").write_text("")
+    out = _run(
+        *daemon_command("mpl-worker"),
+        "--broker",
+        f"tcp://127.0.0.1:{_free_port()}",
+        "--rank",
+        "0",
+        "--data-root",
+        str(tmp_path / "a_file" / "rank0"),
+    )
+    assert out.returncode == 2 and "--data-root" in out.stderr, out
+
+
 # -- a broker that is not there ------------------------------------------------------------
 def test_a_driver_without_a_broker_is_told_to_check_it() -> None:
     url = f"tcp://127.0.0.1:{_free_port()}"

@@ -208,6 +208,12 @@ def main(
     # the worker's own spec (secure mode) may declare the cluster trusted too
     own_spec_trusted = curve is not None and curve.cluster is not None and curve.cluster.trusted
     root = data_root or Path(".mpl") / "data" / f"rank{rank}"
+    try:  # the worker makes it anyway: a failure here names the option to fix
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.BadParameter(
+            f"{root}: {exc.strerror or exc}", param_hint="--data-root"
+        ) from exc
     bind_host = f"[{host}]" if ":" in host else host
     try:
         worker = Worker(
