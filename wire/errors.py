@@ -58,7 +58,10 @@ class ProtocolError(MplError):
     missing or extra frames, a field of the wrong type, or an oversize part.
 
     You see it when a peer speaks another mpl version or sends garbage. Daemons log it and
-    keep serving; check that every process runs the same mpl release.
+    keep serving; check that every process runs the same mpl release. A message naming a
+    bound (``header builds more than ...``, ``exceeds 16777216``) is one of
+    ``mpl.wire.limits``: a host value with too many items (a long Python list passed to or
+    returned from a function) passes it; send bulk data as numpy arrays or bytes.
     """
 
 
