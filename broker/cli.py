@@ -14,7 +14,7 @@ import click
 from mpl.wire import daemon_cli as cli
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.curve import Curve
-from mpl.wire.errors import ClusterSpecError, KeyFileError, MplError
+from mpl.wire.errors import ClusterSpecError, KeyFileError, MplError, MplTimeoutError
 from mpl.wire.keys import is_z85_key, load_keypair
 from mpl.wire.lifetime import die_with_parent
 from mpl.wire.logs import configure_logging
@@ -34,6 +34,7 @@ _NO_KEYS = (
     "--listen",
     default="tcp://127.0.0.1:5555",
     show_default=True,
+    callback=cli.endpoint(bind=True),
     help="ZeroMQ endpoint to bind; port 0 picks a free one (the bound address is printed).",
 )
 @cli.cluster_option(
@@ -111,8 +112,8 @@ def main(
         broker = Broker(
             cluster, listen, heartbeat_s=heartbeat, curve=curve, max_message=max_message
         )
-    except Exception as exc:  # a bad endpoint or a port in use
-        raise click.ClickException(f"cannot listen on {listen}: {exc}") from exc
+    except Exception as exc:  # a port in use, an address not of this host
+        raise cli.start_failed(f"cannot listen on {listen}", exc) from exc
     cli.stop_on_signals(broker.stop)
     server = None
     if metrics_port is not None:
@@ -155,7 +156,7 @@ def _broker_curve(cluster: ClusterSpec, key_file: Path | None) -> Curve | None:
 
 
 @main.command()
-@click.argument("url")
+@click.argument("url", callback=cli.endpoint(bind=False))
 @click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for the answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
 @cli.key_option("A driver's secret key file, to ask a secure broker.")
@@ -220,6 +221,8 @@ def status(
             report = query_status(url, timeout=timeout, curve=curve, what="symbols")
     except MplError as exc:
         hint = "" if curve else " (a secure broker answers only listed drivers: pass --key)"
+        if isinstance(exc, MplTimeoutError):
+            hint = f": is mpl-broker running at that address?{hint}"
         raise click.ClickException(f"{exc}{hint}") from exc
     if show_sessions or show_symbols:
         _print_listing(report, show_sessions, as_json)

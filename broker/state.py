@@ -403,7 +403,11 @@ class BrokerState:
         lost = self.registry.lost.get(rank)
         why = f"lost: {lost.reason}" if lost else "never registered"
         return _error(
-            "WorkerLostError", f"rank {rank} has no live worker ({why})", rank=rank, job=job
+            "WorkerLostError",
+            f"rank {rank} has no live worker ({why}); start one with `mpl-worker --broker "
+            f"URL --rank {rank}` (`mpl-broker status URL` shows the ranks that are up)",
+            rank=rank,
+            job=job,
         )
 
     def _on_failed(

@@ -41,6 +41,7 @@ from mpl.wire.codec import to_wire
 from mpl.wire.control import HEARTBEAT_S
 from mpl.wire.curve import Curve
 from mpl.wire.data import Fetch
+from mpl.wire.endpoints import check_endpoint
 from mpl.wire.errors import AuthenticationError, MplError, MplTimeoutError, ProtocolError
 from mpl.wire.exec_pack import delete_frames
 from mpl.wire.graph import Graph
@@ -155,7 +156,7 @@ class Client(BrokerCalls):
         curve: Curve | None = None,
         driver: str | None = None,
     ) -> None:
-        self.address = address
+        self.address = check_endpoint(address)  # a typo must not leave the open waiting
         self.curve = curve
         self.trusted = trusted  # sets self.safe too: how answers are decoded
         # Secure mode seals every payload for its one worker (mpl.driver.sealing); imported
@@ -343,6 +344,10 @@ class Client(BrokerCalls):
             except MplTimeoutError:
                 self.progress.end(job, False)
                 self._send(Cancel(session, job, f"the driver stopped waiting after {limit:g} s"))
+                raise
+            except KeyboardInterrupt:  # Ctrl-C: the job's other ranks stop waiting too
+                self.progress.end(job, False)
+                self._send(Cancel(session, job, "the driver was interrupted (Ctrl-C)"))
                 raise
             if not result.missing_program:
                 if result.error is not None:

@@ -151,7 +151,12 @@ JobRow = tuple[str, str, float, float, dict[int, bytes]]
 
 
 class Context:
-    """One session on a cluster, reached through a broker."""
+    """One session on a cluster, reached through a broker.
+
+    ``with ctx:`` makes it the current context for the block (blocks nest, and may enter
+    it again); it does not end the session: :meth:`close` does (its values are freed on the
+    workers). A context left open keeps its session while this process heartbeats for it.
+    """
 
     def __init__(
         self,

@@ -147,13 +147,22 @@ class BrokerWatch:
                 elif time.monotonic() - heard > self._heartbeat_s * HEARTBEAT_LIVENESS:
                     self.silence = MplTimeoutError(
                         f"no heartbeat from the broker at {self._address} for "
-                        f"{time.monotonic() - heard:.1f} s"
+                        f"{time.monotonic() - heard:.1f} s: {self._silence_hint()}"
                     )
         finally:
             if monitor is not None:
                 sock.disable_monitor()
                 monitor.close(linger=0)
             sock.close()
+
+    def _silence_hint(self) -> str:
+        """What to check when the broker does not answer (never, or no longer)."""
+        if self._curve is not None:
+            return "is mpl-broker running at that address?"
+        return (
+            "is mpl-broker running at that address? (a secure broker answers only a driver "
+            "connected with key= and cluster=)"
+        )
 
     def _forgotten(self, msg: Reregister) -> None:
         """The broker does not know this driver (it restarted, or our leases expired)."""

@@ -29,6 +29,14 @@ def cluster(description: str, world_size: int) -> Iterator[mp.Context]:
     args = parser.parse_args()
     if args.url:
         ctx = mp.connect(args.url, key=args.key, cluster=args.cluster)
+        if ctx.cluster.world_size < world_size:  # say so before a device is missing
+            ctx.close()
+            parser.exit(
+                2,
+                f"{parser.prog}: this example needs {world_size} parties; the cluster at "
+                f"{args.url} has {ctx.cluster.world_size} (start one with "
+                f"scripts/cluster-up.sh {world_size})\n",
+            )
         with ctx:
             try:
                 yield ctx

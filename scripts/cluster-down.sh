@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # Stop the cluster scripts/cluster-up.sh started: SIGTERM each pid, SIGKILL after 5 s.
+# Pids are read from .mpl/run/ (or $MPL_RUN_DIR).   Usage: scripts/cluster-down.sh
 set -euo pipefail
+case "${1:-}" in
+  "") ;;
+  -h|--help) sed -n '2,3p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "usage: $0   (no arguments; the run folder is \$MPL_RUN_DIR or .mpl/run)" >&2; exit 2 ;;
+esac
 RUN="${MPL_RUN_DIR:-$(cd "$(dirname "$0")/.." && pwd)/.mpl/run}"
 shopt -s nullglob
 pidfiles=("$RUN"/*.pid)

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Start a broker and N workers (default 2) in the background on free loopback ports.
-# Logs, pids and the broker URL go to .mpl/run/ (or $MPL_RUN_DIR); the URL is printed on stdout.
+# Start a broker and N workers (default 2; the examples need 3) in the background on free
+# loopback ports. Logs, pids and the broker URL go to .mpl/run/ (or $MPL_RUN_DIR); the URL
+# is printed on stdout.
 # The broker's metrics and status page listen on a free loopback port: see $RUN/metrics.url.
 # Stop them with scripts/cluster-down.sh.   Usage: scripts/cluster-up.sh [N]
 set -euo pipefail
+case "${1:-}" in
+  -h|--help) sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
 source "$(dirname "$0")/_venv.sh"
 ensure_venv
 N="${1:-2}"

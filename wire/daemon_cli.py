@@ -13,6 +13,7 @@ import click
 
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.curve import Curve, plaintext_safe
+from mpl.wire.endpoints import check_endpoint
 from mpl.wire.errors import ClusterSpecError
 from mpl.wire.limits import MAX_HEARTBEAT_S
 from mpl.wire.logs import LOG_FORMATS
@@ -20,6 +21,7 @@ from mpl.wire.sockets import MAX_MESSAGE
 
 __all__ = [
     "cluster_option",
+    "endpoint",
     "guard_plaintext",
     "heartbeat_option",
     "insecure_option",
@@ -27,6 +29,7 @@ __all__ = [
     "load_cluster",
     "max_message_option",
     "metrics_options",
+    "start_failed",
     "start_metrics",
     "stop_on_signals",
     "verbose_option",
@@ -156,3 +159,30 @@ def stop_on_signals(stop: Callable[[], object]) -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+
+
+def endpoint(*, bind: bool) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """A click callback refusing (exit 2) an option or argument that is not an endpoint
+    (``mpl.wire.endpoints.check_endpoint``): a bind address when ``bind``."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is None:
+            return value
+        try:
+            return check_endpoint(value, bind=bind)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from exc
+
+    return check
+
+
+def start_failed(what: str, exc: Exception) -> click.ClickException:
+    """The error a daemon exits with when it cannot start (``what`` failed, ``exc`` says
+    why); a port in use, the usual cause, says what to do about it."""
+    hint = ""
+    if "in use" in str(exc):
+        hint = (
+            ": another process holds that port (an mpl daemon still running?); stop it, or "
+            "choose another port (0 picks a free one)"
+        )
+    return click.ClickException(f"{what}: {exc}{hint}")

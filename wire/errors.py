@@ -58,7 +58,10 @@ class ProtocolError(MplError):
     missing or extra frames, a field of the wrong type, or an oversize part.
 
     You see it when a peer speaks another mpl version or sends garbage. Daemons log it and
-    keep serving; check that every process runs the same mpl release.
+    keep serving; check that every process runs the same mpl release. A message naming a
+    bound (``header builds more than ...``, ``exceeds 16777216``) is one of
+    ``mpl.wire.limits``: a host value with too many items (a long Python list passed to or
+    returned from a function) passes it; send bulk data as numpy arrays or bytes.
     """
 
 
@@ -195,10 +198,12 @@ class RemotePermissionError(RemoteError, PermissionError):
 
 
 class WorkerLostError(MplError):
-    """A worker the job needed died (its socket closed) or stopped heartbeating for 3 s.
+    """A worker the job needed died (its socket closed) or stopped heartbeating for 3 s, or
+    no worker ever registered for its rank (the message says "never registered").
 
     Attributes ``rank`` and ``reason``. The job's other ranks were released. Restart the
-    worker; it re-registers by itself and the next job can run.
+    worker (or start one: ``mpl-worker --broker URL --rank N``); it registers by itself and
+    the next job can run. ``mpl-broker status URL`` shows which ranks are up.
     """
 
     def __init__(self, message: str, *, rank: int | None = None, job: str = "") -> None:

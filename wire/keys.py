@@ -11,8 +11,11 @@ public-only file where the secret is needed, or a mangled key gives the same cle
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import logging
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +32,8 @@ __all__ = [
     "load_public_key",
     "write_keypair",
 ]
+
+log = logging.getLogger("mpl.keys")
 
 KEY_LENGTH = 40  # z85 of 32 bytes
 _Z85 = frozenset(
@@ -92,7 +97,24 @@ def load_keypair(path: str | os.PathLike[str]) -> KeyPair:
         raise KeyFileError(f"{path}: the secret key does not decode ({exc})") from exc
     if derived != public:
         raise KeyFileError(f"{path}: the public key does not belong to the secret key")
+    _warn_if_shared(Path(path))
     return KeyPair(public, secret)
+
+
+def _warn_if_shared(path: Path) -> None:
+    """Warn (not refuse: the key is already out) when others on this host may read a secret
+    key file: whoever reads it can act as its owner. ``mpl-keys new`` makes them 0600."""
+    with contextlib.suppress(OSError):
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            log.warning(
+                "%s is readable by other users of this host (mode %04o): anyone who reads "
+                "it can act as this key's owner. Run `chmod 600 %s`, and make a new key if "
+                "someone may have copied it",
+                path,
+                mode,
+                path,
+            )
 
 
 def _certificate(public: str, secret: str | None, name: str) -> str:
@@ -129,7 +151,11 @@ def write_keypair(
     if not overwrite:
         for f in (public_file, secret_file):
             if f.exists():
-                raise KeyFileError(f"{f}: already exists; remove it first to make a new key")
+                raise KeyFileError(
+                    f"{f}: already exists; remove it first to make a new key (`mpl-keys new "
+                    "--force` replaces it: every party that pinned the old key must then pin "
+                    "the new one)"
+                )
     public, secret = (k.decode("ascii") for k in zmq.curve_keypair())
     for f in (public_file, secret_file):
         f.unlink(missing_ok=True)

@@ -62,7 +62,12 @@ def _a_number(ctx: click.Context, param: click.Parameter, value: float | None) -
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--broker", required=True, help="The broker's endpoint, e.g. tcp://127.0.0.1:5555.")
+@click.option(
+    "--broker",
+    required=True,
+    callback=cli.endpoint(bind=False),
+    help="The broker's endpoint, e.g. tcp://127.0.0.1:5555 (what mpl-broker printed).",
+)
 @click.option(
     "--rank", required=True, type=click.IntRange(min=0), help="The rank this worker serves."
 )
@@ -203,6 +208,12 @@ def main(
     # the worker's own spec (secure mode) may declare the cluster trusted too
     own_spec_trusted = curve is not None and curve.cluster is not None and curve.cluster.trusted
     root = data_root or Path(".mpl") / "data" / f"rank{rank}"
+    try:  # the worker makes it anyway: a failure here names the option to fix
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.BadParameter(
+            f"{root}: {exc.strerror or exc}", param_hint="--data-root"
+        ) from exc
     bind_host = f"[{host}]" if ":" in host else host
     try:
         worker = Worker(
@@ -221,8 +232,8 @@ def main(
             kernels=kernel_modules,
             driver_quota=driver_quota,
         )
-    except Exception as exc:  # a bad endpoint, an unusable data root
-        raise click.ClickException(f"cannot start: {exc}") from exc
+    except Exception as exc:  # a port in use, an unusable data root
+        raise cli.start_failed("cannot start", exc) from exc
 
     if inline_ms is not None:
         worker.jobs.inline_s = inline_ms / 1000

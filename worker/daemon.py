@@ -80,6 +80,7 @@ from mpl.worker.state_events import (
     Send,
     Stop,
     Tick,
+    Unanswered,
 )
 from mpl.worker.store import ObjectStore, SymbolDisk
 
@@ -521,6 +522,20 @@ class Worker(BrokerMessages, ResultChannel, BrokerLink):
             **self.bindings.stats(),
         }
 
+    def _unanswered(self, seconds: float) -> str:
+        """What to check when the broker does not answer this worker's hellos."""
+        mode = (
+            "this worker runs CURVE: check that the broker does too, with the key your spec "
+            "pins as broker.curve_key"
+            if self.curve is not None
+            else "this worker runs plaintext: a secure broker answers only a worker started "
+            "with --key and --cluster"
+        )
+        return (
+            f"no answer from the broker at {self.broker_url} for {seconds:.0f} s; still "
+            f"trying. Is mpl-broker running at that address? ({mode})"
+        )
+
     # -- messages -------------------------------------------------------------------------
     def _move_refused(self, event: Any) -> None:
         """The peer thread refused a move (``--code kernels``): its job fails."""
@@ -543,6 +558,8 @@ class Worker(BrokerMessages, ResultChannel, BrokerLink):
                 log.warning("rank %d: reconnecting to the broker: %s", self.rank, action.reason)
                 self.dealer.close(linger=0)
                 self.dealer = self._new_dealer()
+            elif isinstance(action, Unanswered):
+                log.warning("rank %d: %s", self.rank, self._unanswered(action.seconds))
             elif isinstance(action, CloseAll):
                 self.jobs.close_all(action.reason)
                 if self.seal is not None:  # (not through its inbound: no SessionClosed)

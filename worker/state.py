@@ -81,6 +81,7 @@ from mpl.worker.state_events import (
     Submit,
     TaskDone,
     Tick,
+    Unanswered,
 )
 
 __all__ = [
@@ -99,6 +100,9 @@ INLINE_RUN_S = 0.001  # a program whose last run took at most this may run witho
 # Ops that neither wait on a peer nor reach outside the process.
 INLINE_OPCODES = frozenset({"pcall", "constant", "getitem", "converge"})
 _HELLO_FIRST, _HELLO_MAX = 0.05, 2.0  # quick retries while a broker starts up
+# a broker silent to our hellos this long is worth a word: a wrong address or mode (a
+# plaintext worker and a secure broker) otherwise looks exactly like a slow start
+UNANSWERED_S = 5.0
 _MEMORY = 1024  # closed sessions, aborted and SPU jobs, quick programs remembered
 _NO_PROGRAM: tuple[str, Graph | None, int, tuple[str, bool, bool]] = (
     "",
@@ -143,6 +147,8 @@ class WorkerState:
         self.last_heard = now
         self.next_hello = now
         self.hello_wait = _HELLO_FIRST
+        self.joining_since = now  # this attempt to join began (Unanswered after UNANSWERED_S)
+        self.told_unanswered = False
         self.next_beat = now
         self.directory: dict[int, PeerInfo] = {}
         # programs
@@ -211,6 +217,10 @@ class WorkerState:
                 return []
             self.next_hello = now + self.hello_wait
             self.hello_wait = min(self.hello_wait * 2, _HELLO_MAX)
+            waited = now - self.joining_since
+            if waited >= UNANSWERED_S and not self.told_unanswered:
+                self.told_unanswered = True
+                return [Unanswered(waited), Send(self.hello)]
             return [Send(self.hello)]
         silent = now - self.last_heard
         if silent > self.heartbeat_s * self.liveness:
@@ -268,6 +278,8 @@ class WorkerState:
         self.next_hello = now
         self.hello_wait = _HELLO_FIRST
         self.last_heard = now
+        self.joining_since = now
+        self.told_unanswered = False
 
     # -- programs -----------------------------------------------------------------------
     def _program(self, msg: Program, now: float) -> list[Action]:

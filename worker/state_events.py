@@ -49,6 +49,7 @@ __all__ = [
     "Submit",
     "TaskDone",
     "Tick",
+    "Unanswered",
 ]
 
 JobKey = tuple[str, str]  # session, job
@@ -164,6 +165,14 @@ class Reconnect:
 
 
 @dataclass(slots=True)
+class Unanswered:
+    """The broker has not answered this worker's hellos for ``seconds``: say so once per
+    attempt to join (the worker keeps trying), so a wrong address or mode shows."""
+
+    seconds: float
+
+
+@dataclass(slots=True)
 class Joined:
     """Welcomed by the broker; ``new_broker`` when it is not the one we knew (it restarted,
     so every session it ran is gone)."""
@@ -269,6 +278,7 @@ Action = (
     | Post
     | Beat
     | Reconnect
+    | Unanswered
     | Joined
     | Stop
     | Run
