@@ -204,3 +204,36 @@ def test_an_spu_member_flooding_its_lane_leaves_room_for_another_lane(
             sock.close()
         links.close()
         gatekeeper.stop()
+
+
+def test_a_party_cannot_park_moves_under_its_own_slot_by_naming_other_sealers(
+    rank0: _Rank0,
+) -> None:
+    """Review of R32-3: a group keeps only the (op, seq, src) its program takes, but a
+    move's key also holds its ``sealer``, the sender's word (wire/data.py's Move). A party
+    that sends the one move the program takes from it under many made-up sealers would
+    have each kept as a key of its own until the job ends: one value per slot is all a
+    genuine sender sends, so a second (any sealer) is refused as unexpected."""
+    rank0.mailbox.open(("s", "shared"), _takes(_SHARED, 0))  # op 1, seq 0, from rank 2
+    parked = 50
+    for i in range(parked):
+        rank0.send(2, Move("s", "shared", 1, 0, 2, 0, b"x", f"driver:fake{i}"))
+    seen = rank0.mailbox
+    wait_until(lambda: seen.pending()[0] + seen.dropped >= parked, 30, "the moves to arrive")
+    assert seen.pending()[0] == 1, f"{seen.pending()[0]} moves kept for one slot"
+    assert seen.unexpected == parked - 1
+    assert rank0.intake.errors == parked - 1  # each charged to rank 2 as a protocol error
+
+
+def test_a_genuine_move_sent_twice_is_a_duplicate_not_a_sealer_flood(rank0: _Rank0) -> None:
+    """The same key twice (a resent move) stays a duplicate, not the sender's error; the
+    value is taken as before."""
+    rank0.mailbox.open(("s", "shared"), _takes(_SHARED, 0))
+    for _ in range(2):
+        rank0.send(2, Move("s", "shared", 1, 0, 2, 0, b"v", "driver:analyst"))
+    seen = rank0.mailbox
+    wait_until(lambda: seen.pending()[0] + seen.duplicates >= 2, 30, "both copies")
+    assert (seen.pending()[0], seen.duplicates, seen.unexpected) == (1, 1, 0)
+    assert rank0.intake.errors == 0
+    key = ("s", "shared", 1, 0, 2, "driver:analyst")
+    assert seen.take(key, time.monotonic() + 10, "the move was dropped") == b"v"

@@ -15,8 +15,11 @@ that id: it waits unclaimed and goes with the job's group), and libspu's message
 * **Only what the work takes.** A group opened with the keys its work takes (a job's
   moves: ``worker/move_keys.py``, by ``slot_of`` each key) refuses any other, counted in
   ``unexpected``: a co-party's move for an op the program never reads would otherwise be
-  kept until the job ends (red team w32, R32-3). A group opened without (a lane: libspu's
-  keys are not known ahead; a group a waiting thread opened) keeps any key.
+  kept until the job ends (red team w32, R32-3). With ``once``, such a group keeps one
+  value per slot, whatever the rest of its key: a move's ``sealer`` is its sender's word,
+  so the one move a program takes from a party, sent again under made-up sealers, would
+  otherwise be kept once per name. A group opened without (a lane: libspu's keys are not
+  known ahead; a group a waiting thread opened) keeps any key.
 * **Bounds.** Values waiting in open groups are bounded in entries and, optionally, bytes;
   beyond either a new one is dropped and counted in ``overflow`` (the run that needed it
   then fails at its deadline). **Each sender has its share** (``sender_of`` a key: the rank
@@ -109,6 +112,8 @@ class KeyedMailbox(Generic[K, G]):
         self._cond = threading.Condition()
         self._items: dict[K, collections.deque[tuple[Any, int, Hashable]]] = {}
         self._keys: dict[G, set[K]] = {}  # per group: keys with values (and, once, seen)
+        # per group opened with its slots (and once): the slots a value was kept for
+        self._filled: dict[G, set[Hashable]] = {}
         # open groups: the slots each takes (_ANY: any key)
         self._open: LRU[G, Container[Hashable]] = LRU(memory)
         self._closed: LRU[G, str] = LRU(memory)  # why; "" when it ended normally
@@ -196,6 +201,7 @@ class KeyedMailbox(Generic[K, G]):
         self._closed[group] = reason
         self._open.pop(group, None)
         self._held.release(group)
+        self._filled.pop(group, None)
         for key in self._keys.pop(group, ()):
             queue = self._items.pop(key, None)
             if queue:
@@ -240,13 +246,22 @@ class KeyedMailbox(Generic[K, G]):
 
     def _store(self, group: G, key: K, value: Any) -> bool:
         takes = self._open.get(group)
-        if takes is not _ANY and self._slot_of(key) not in takes:  # type: ignore[operator]
-            self.unexpected += 1
-            return False
+        filled: set[Hashable] | None = None
+        if takes is not _ANY:
+            slot = self._slot_of(key)
+            if slot not in takes:  # type: ignore[operator]
+                self.unexpected += 1
+                return False
         keys = self._keys.setdefault(group, set())
         if self._once and key in keys:
-            self.duplicates += 1
+            self.duplicates += 1  # the same key again (a resent move): no one's error
             return False
+        if self._once and takes is not _ANY:
+            # one value per slot: the same slot under another key (another sealer's name)
+            filled = self._filled.setdefault(group, set())
+            if slot in filled:
+                self.unexpected += 1
+                return False
         size = self._size(value)
         if self.entries >= self.max_entries or (
             self.max_bytes is not None and self.nbytes + size > self.max_bytes
@@ -265,6 +280,8 @@ class KeyedMailbox(Generic[K, G]):
         charge[0] += 1
         charge[1] += size
         keys.add(key)
+        if filled is not None:
+            filled.add(slot)
         self._items.setdefault(key, collections.deque()).append((value, size, sender))
         self.entries += 1
         self.nbytes += size
