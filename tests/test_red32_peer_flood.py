@@ -237,3 +237,32 @@ def test_a_genuine_move_sent_twice_is_a_duplicate_not_a_sealer_flood(rank0: _Ran
     assert rank0.intake.errors == 0
     key = ("s", "shared", 1, 0, 2, "driver:analyst")
     assert seen.take(key, time.monotonic() + 10, "the move was dropped") == b"v"
+
+
+def test_one_oversized_spu_message_leaves_room_for_another_senders_share() -> None:
+    """Review of R32-3's SPU shares: one value bigger than its sender's byte share fits
+    while that sender has nothing else waiting (a genuine big message), but it took room
+    another sender's share needs, the bound over all senders being checked first: in a
+    3-rank world of 300 bytes (a share of 100 each), rank 2 kept 250 bytes in its lane
+    and rank 1's 60 bytes, within its share, were refused. (MAX_SPU_PENDING_BYTES and
+    MAX_MESSAGE are both 4 GiB: rank 2 could keep up to either.) Now a big value fits in
+    the room no other sender's share needs (rank 0, the receiver, sends it nothing)."""
+    box = spu_mailbox(held_spu(None, lambda: 3), max_entries=100, max_bytes=300, own=0)
+    box.open("lane")
+    assert not box.put(("lane", 2, "k"), b"x" * 250)  # would leave rank 1 50 of its 100
+    assert box.over_share[2] == 1
+    assert box.put(("lane", 2, "k"), b"x" * 200)  # alone, twice its share: still kept
+    assert box.put(("lane", 1, "k"), b"y" * 60)  # within rank 1's share of 100
+    assert box.put(("lane", 1, "k"), b"y" * 40)  # all of it
+    assert box.pending() == (3, 300)
+    assert not box.put(("lane", 2, "k"), b"x")  # rank 2 is over its share already
+
+
+def test_an_oversized_spu_message_fits_past_its_share_once_others_are_within_theirs() -> None:
+    """What another sender already holds is not kept free twice: with rank 1's share in
+    use, rank 2's big value may take what is left."""
+    box = spu_mailbox(held_spu(None, lambda: 3), max_entries=100, max_bytes=300, own=0)
+    box.open("lane")
+    assert box.put(("lane", 1, "k"), b"y" * 100)
+    assert box.put(("lane", 2, "k"), b"x" * 200)
+    assert box.pending() == (2, 300)

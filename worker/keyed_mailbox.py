@@ -27,7 +27,10 @@ that id: it waits unclaimed and goes with the job's group), and libspu's message
   ``max_entries // senders`` entries and ``max_bytes // senders`` bytes in open groups, so
   one party filling its lane or job cannot crowd out the others' traffic, nor hold more
   than its share of memory. One value bigger than the byte share still fits while its
-  sender has nothing else waiting (a genuine big message: promise 6). What a sender sends
+  sender has nothing else waiting (a genuine big message: promise 6), in room no other
+  rank's share needs: the bytes every other sender (this rank, ``own``, never sends) has
+  not used of its share stay free for it, so a party's one big value never makes another
+  party's value within its share overflow. What a sender sends
   past its share is dropped and counted in ``overflow`` and, per sender, ``over_share``.
 * **Exactly once, or in order.** With ``once`` a key is delivered at most once per group
   (moves: a repeated copy is a ``duplicate``); without it every value is kept, first in
@@ -101,8 +104,10 @@ class KeyedMailbox(Generic[K, G]):
         memory: int = _MEMORY,
         slot_of: Callable[[K], Hashable] = _whole,
         sender_of: Callable[[K], Hashable] = _no_sender,
+        own: Hashable = None,
     ) -> None:
         self._group_of = group_of
+        self._own = own  # this process's rank: a sender whose share no one needs kept
         self._slot_of = slot_of
         self._sender_of = sender_of
         self._once = once
@@ -296,10 +301,27 @@ class KeyedMailbox(Generic[K, G]):
         if not (type(sender) is int and 0 <= sender < senders):
             return False  # no rank of this world: a forged source (plaintext)
         if charge is None:  # nothing waiting from it: one value of any size fits
-            return True
+            return (
+                self.max_bytes is None
+                or size <= self.max_bytes // senders
+                or size <= self._spare(sender, senders)  # in room others' shares leave
+            )
         if charge[0] + 1 > max(1, self.max_entries // senders):
             return False
         return self.max_bytes is None or charge[1] + size <= self.max_bytes // senders
+
+    def _spare(self, sender: Hashable, senders: int) -> int:
+        """Bytes ``sender`` may take past its share: the room left once every other rank
+        that sends (all but ``sender`` and this one) has the rest of its share kept free.
+        Any value within a sender's share then always fits the bound over all senders."""
+        assert self.max_bytes is not None
+        share = self.max_bytes // senders
+        owed = 0
+        for rank in range(senders):
+            if rank != sender and rank != self._own:
+                charge = self._charges.get(rank)
+                owed += share - min(share, charge[1]) if charge is not None else share
+        return self.max_bytes - self.nbytes - owed
 
     def take(
         self,
@@ -398,9 +420,11 @@ def spu_mailbox(
     *,
     max_entries: int | None = None,
     max_bytes: int | None = None,
+    own: int | None = None,
 ) -> KeyedMailbox[SpuKey, str]:
     """libspu's messages: grouped by lane, first in first out per key; bounded in entries
-    and bytes (MAX_SPU_PENDING, MAX_SPU_PENDING_BYTES), each sender its share."""
+    and bytes (MAX_SPU_PENDING, MAX_SPU_PENDING_BYTES), each sender its share (``own``:
+    this worker's rank, which sends it nothing)."""
     from mpl.wire import limits
 
     return KeyedMailbox(
@@ -411,4 +435,5 @@ def spu_mailbox(
         holding=holding,
         size=len,
         sender_of=_spu_src,
+        own=own,
     )

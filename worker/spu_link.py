@@ -89,7 +89,7 @@ class SpuLinks:
             curve.serve(self.pull, PEER_DOMAIN)
         self.pull.bind(bind)
         self.address: str = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.mailbox: KeyedMailbox[SpuKey, str] = spu_mailbox(holding)
+        self.mailbox: KeyedMailbox[SpuKey, str] = spu_mailbox(holding, own=rank)
         self._push = PushPool(ctx, curve)
         self._lock = threading.Lock()
         self._reading = threading.Lock()  # whoever holds it reads the PULL socket
