@@ -10,8 +10,10 @@ as a job id the I/O thread read by comparison with the program's last ``Exec``
 no record is made on the way (a one-op run's one scalar: joined from the program's
 template, ``OneSpanDone``). So does a secure job's whose outputs are small scalars, sealed
 for the job's driver first (``WorkerSeal.sealed_scalars``; one scalar's box joined from the
-template as its value). The rest of the job shell (events, the pool, tasks) is
-``jobs.py``'s.
+template as its value). A plaintext repeat's common case (a program of one call, no inputs
+here, its template kept) is one call, ``InlineJobs.run_repeat``, whose frame the I/O
+thread's turn sends itself; what it does not take it leaves, untouched, to ``run_now``.
+The rest of the job shell (events, the pool, tasks) is ``jobs.py``'s.
 """
 
 from __future__ import annotations
