@@ -22,7 +22,7 @@ from test_worker_calls import (  # noqa: F401  # the fixtures: a Simulator, a se
 
 import mpl.driver as mp
 from mpl.broker.daemon import Broker
-from mpl.worker import result_channel
+from mpl.worker import daemon, result_channel
 from mpl.worker.daemon import Worker
 
 _JOBS = 20
@@ -116,6 +116,7 @@ def test_a_done_the_dealer_cannot_take_goes_on_the_result_channel(
         return real_send(sock, data, flags)
 
     monkeypatch.setattr(result_channel, "_raw_send", send)
+    monkeypatch.setattr(daemon, "_raw_send", send)  # the turn's own send (Jobs.run_repeat's)
     inline = _inline(workers)
     main, channel, other = _done_peers(sim.runtime.broker, lambda: mp.fetch(job()), _JOBS)
     assert _inline(workers) - inline >= 2 * _JOBS

@@ -148,10 +148,15 @@ class BrokerMessages:
                 self._send_gathered()  # Dones gathered go before a job thread's
                 self._perform(self.jobs.handle(record))
         except Exception as exc:
-            record = execs.record(job)
-            reply = self.guard.internal("the broker", record, exc, rank=self.rank)
-            if reply is not None:
-                self._send(reply)
+            self._repeat_failed(job, exc)
+
+    def _repeat_failed(self, job: str, exc: Exception) -> None:
+        """The guard's answer to a plaintext repeat's failure (:meth:`_on_repeat`'s, or the
+        I/O thread's own run of one: ``Worker._turn``)."""
+        record = self._execs.record(job)
+        reply = self.guard.internal("the broker", record, exc, rank=self.rank)
+        if reply is not None:
+            self._send(reply)
 
     def _on_sealed_repeat(self, job: str, rank: int, box: bytes) -> None:
         """A program's next sealed ``Exec``, said by its job id and the box keyed for

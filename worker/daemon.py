@@ -101,6 +101,8 @@ _raw_set = zmq.backend.Socket.set  # the compiled option setter, as setsockopt i
 _RCVTIMEO = int(zmq.RCVTIMEO)  # a plain int: no enum looked up per reset
 _JOIN_S = 2.0
 _raw_recv = zmq.backend.Socket.recv  # the compiled receive, as mpl.wire.sockets calls it
+_raw_send = zmq.backend.Socket.send  # the compiled send (an inline run's Done, in _turn)
+_NOBLOCK = int(zmq.NOBLOCK)
 
 
 class Worker(BrokerMessages, ResultChannel, BrokerLink):
@@ -394,10 +396,23 @@ class Worker(BrokerMessages, ResultChannel, BrokerLink):
             # by its header and box, under --code any; kernels: _on_frames reads it)
             if self.seal is None:
                 job = self._execs.repeat_frame(one)
-                if job is not None:
-                    self._on_repeat(job)
-                else:
+                if job is None:
                     self._on_frames([one[:4], one[4:]])  # the magic and the header, cut in two
+                elif self.runtimes.refused_sessions:
+                    self._on_repeat(job)
+                else:  # _on_repeat's common case, one call (Jobs.run_repeat) and its send
+                    try:
+                        done = self.jobs.run_repeat(self._execs.last, job)  # type: ignore[arg-type]
+                    except Exception as exc:
+                        self._repeat_failed(job, exc)
+                    else:
+                        if done is None:  # not taken, nothing done: the full path
+                            self._on_repeat(job)
+                        elif done:  # _post_done_frame's send, on this thread's dealer
+                            try:
+                                _raw_send(dealer, done, _NOBLOCK)
+                            except zmq.Again:  # no broker connected: the channel queues it
+                                self._post_done_frame(done)
             elif (got := self._sealed_repeat(one) if self._any_code else None) is not None:
                 self._on_sealed_repeat(got[0], self.rank, got[1])
             else:

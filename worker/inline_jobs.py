@@ -10,8 +10,10 @@ as a job id the I/O thread read by comparison with the program's last ``Exec``
 no record is made on the way (a one-op run's one scalar: joined from the program's
 template, ``OneSpanDone``). So does a secure job's whose outputs are small scalars, sealed
 for the job's driver first (``WorkerSeal.sealed_scalars``; one scalar's box joined from the
-template as its value). The rest of the job shell (events, the pool, tasks) is
-``jobs.py``'s.
+template as its value). A plaintext repeat's common case (a program of one call, no inputs
+here, its template kept) is one call, ``InlineJobs.run_repeat``, whose frame the I/O
+thread's turn sends itself; what it does not take it leaves, untouched, to ``run_now``.
+The rest of the job shell (events, the pool, tasks) is ``jobs.py``'s.
 """
 
 from __future__ import annotations
@@ -100,8 +102,14 @@ class InlineJobs:
             end = self._run(_with_job(msg, job), graph, tracked=False)
         else:
             end = self._run_compiled(msg, job, compiled, t0)
-        if end is None:  # answered as frames, and its end booked
-            return True
+        if end is not None:  # else answered as frames, and its end booked
+            self._end(end)
+        return True
+
+    def _end(self, end: RunEnd | Done) -> None:
+        """Answer and book an inline run that ended as ``end``: a Done posted (as a record)
+        and its end booked, unless the job was stopped meanwhile; else the state's
+        ordinary path (``report``)."""
         if type(end) is Done:
             sid, job = end.session, end.job
             if self._not_stopped(sid, job):
@@ -112,11 +120,95 @@ class InlineJobs:
                     self.state.end_inline(sid, job, run_seconds(end.stats))
                 finally:
                     lock.release()
-                return True
+                return
             self.report(RunFinished(sid, job, run_seconds(end.stats), end))  # stopped meanwhile
-            return True
+            return
         self.report(end)  # failed or aborted: the state's ordinary path
-        return True
+
+    def run_repeat(self, msg: Exec, job: str) -> bytes | None:
+        """:meth:`run_now` for a plaintext program's next ``Exec``, ``msg`` but for job id
+        ``job`` (``RepeatExecs.repeat_frame``), in its common case written out as one call
+        (``Worker._turn``'s, for ``_on_repeat``, ``run_now``, ``_run_compiled`` and the
+        Done's post): a compiled program of one call and one op, no inputs on this rank,
+        the timeout it had last, and a Done template kept for its session. Its checks and
+        bookkeeping are :meth:`run_now`'s, in its order (``WorkerState.begin_inline``, the
+        run, the output stored, the stop check, ``end_inline``); the one difference is that
+        the end is booked just before the send rather than just after it (both on this
+        thread, before the broker's next message is read; a stop landing between the check
+        and the send is one that came after the answer either way).
+
+        Returns the Done's frame for the caller to send on the I/O thread's dealer; b"" if
+        the job was taken and answered otherwise (failed, aborted, stopped meanwhile, or an
+        output the template does not pack: as :meth:`run_now` answers it); None, with
+        nothing done, for a job it does not take (then the full path: ``_on_repeat``).
+        ``tests/test_fused_repeat.py`` compares the two paths' answers byte for byte."""
+        compiled = self._compiled.get(msg.digest)
+        if compiled is None or self.post_frame is None or self.seal_scalars is not None:
+            return None
+        call, only, shape, sid = compiled.call, compiled.only, self._one_span, msg.session
+        asked, cap, _ = self._last_timeout  # the timeout as _run_compiled finds it: kept
+        if (
+            call is None
+            or not only
+            or shape[1] is not compiled
+            or shape[0] != sid
+            or (template := shape[2]) is None
+            or msg.timeout_s != asked
+            or cap != self.job_timeout_s
+            or msg.bindings.get(self.rank)
+        ):
+            return None
+        t0 = time.monotonic()  # the state's clock, and the run's start
+        state = self.state
+        if state.begin_inline(msg, t0, job) is None:  # nothing changed: the full path
+            return None
+        wall = time.time()
+        try:  # _run_compiled's one call, as it makes it
+            try:
+                first = call()
+            except (JobAbortedError, OpFailed):
+                raise
+            except BaseException as exc:  # user code: SystemExit and KeyboardInterrupt too
+                raise OpFailed(only[1], exc) from exc
+        except OpFailed as exc:
+            self._end(self._op_failed(sid, job, exc, t0))
+            return b""
+        except JobAbortedError:
+            self._end(RunAborted(sid, job, time.monotonic() - t0))
+            return b""
+        t1 = time.monotonic()
+        end: RunEnd | Done | None
+        try:
+            scalar = SCALAR_NAMES.get(type(first))
+            held = 0 in msg.inline
+            frame = (
+                None
+                if scalar is None
+                else template.frame(job, first, held, scalar, t1 - t0, wall, 0.0, t1 - t0)
+            )
+            if scalar is None or frame is None:  # not packed: _run_compiled's other answers
+                spans = [[*only, 0.0, t1 - t0]]
+                end = self._answer(msg, job, [first], spans, scalar, t0, t1, wall)
+            else:
+                self.store.put_output(sid, job, first)
+                if state.clean[2] == state.stops or not state.stopped_inline(sid, job):
+                    lock = self._lock
+                    lock.acquire()
+                    try:
+                        state.end_inline(sid, job, t1 - t0)
+                    finally:
+                        lock.release()
+                    return frame
+                # stopped meanwhile: the record run_now reports (RunFinished: freed, unsaid)
+                stats = pack_stats(t1 - t0, wall, [[*only, 0.0, t1 - t0]])
+                values: dict[int, Any] = {0: first} if held else {}
+                end = done_record(sid, job, self.rank, values, stats, {0: scalar}, [])
+        except BaseException as exc:  # the thread must report whatever happened
+            error = to_info(exc, rank=self.rank, op="run", job=job)
+            end = RunFailed(sid, job, time.monotonic() - t0, error)
+        if end is not None:
+            self._end(end)
+        return b""
 
     def _not_stopped(self, sid: str, job: str) -> bool:
         """Whether a job the state began inline is still to be answered: neither aborted
@@ -233,40 +325,60 @@ class InlineJobs:
             if spans is None:  # the one call's run, in full
                 spans = [[*compiled.only, 0.0, t1 - t0]]  # type: ignore[misc]
                 outputs = [first]
-            if scalar is not None:  # one scalar output (most): _store_outputs, written out
-                metas = {0: scalar}
-                values = {0: first} if 0 in msg.inline else {}
-                self.store.put_outputs(sid, job, outputs)
-            else:
-                values, metas = self._store_outputs(sid, job, msg.inline, outputs)
-            stats = pack_stats(t1 - t0, wall, spans)  # one blob, unread on the way
-            post_frames = self.post_frames
-            if post_frames is not None:
-                # secure mode: small scalars sealed here for the job's driver (else, or
-                # without a driver, the Done goes to post, whose seal says why)
-                seal = self.seal_scalars
-                sealed = values if seal is None else seal(sid, job, values)
-                frames = (
-                    own_done_fields(sid, job, self.rank, sealed, stats, metas)
-                    if sealed is not None
-                    else None
-                )
-                state = self.state  # _not_stopped, written out (a call less per job)
-                if frames is not None and (
-                    state.clean[2] == state.stops or not state.stopped_inline(sid, job)
-                ):
-                    post_frames(frames)
-                    lock = self._lock
-                    lock.acquire()
-                    try:
-                        state.end_inline(sid, job, t1 - t0)
-                    finally:
-                        lock.release()
-                    return None
-            return done_record(sid, job, self.rank, values, stats, metas, [])
+            return self._answer(msg, job, outputs, spans, scalar, t0, t1, wall)
         except BaseException as exc:  # the thread must report whatever happened
             error = to_info(exc, rank=self.rank, op="run", job=job)
             return RunFailed(sid, job, time.monotonic() - t0, error)
+
+    def _answer(
+        self,
+        msg: Exec,
+        job: str,
+        outputs: list[Any],
+        spans: list[list[Any]],
+        scalar: str | None,
+        t0: float,
+        t1: float,
+        wall: float,
+    ) -> Done | None:
+        """The answer of a compiled inline run whose Done no template packs: its outputs
+        stored, its Done packed from its fields and posted (``post_frames``) and its end
+        booked (None), else its Done as a record. ``scalar``: the one output's meta, if it
+        is a scalar. Raises what storing or packing raised (its callers report it)."""
+        sid = msg.session
+        metas: dict[int, str]
+        values: dict[int, Any]
+        if scalar is not None:  # one scalar output (most): _store_outputs, written out
+            metas = {0: scalar}
+            values = {0: outputs[0]} if 0 in msg.inline else {}
+            self.store.put_outputs(sid, job, outputs)
+        else:
+            values, metas = self._store_outputs(sid, job, msg.inline, outputs)
+        stats = pack_stats(t1 - t0, wall, spans)  # one blob, unread on the way
+        post_frames = self.post_frames
+        if post_frames is not None:
+            # secure mode: small scalars sealed here for the job's driver (else, or
+            # without a driver, the Done goes to post, whose seal says why)
+            seal = self.seal_scalars
+            sealed = values if seal is None else seal(sid, job, values)
+            frames = (
+                own_done_fields(sid, job, self.rank, sealed, stats, metas)
+                if sealed is not None
+                else None
+            )
+            state = self.state  # _not_stopped, written out (a call less per job)
+            if frames is not None and (
+                state.clean[2] == state.stops or not state.stopped_inline(sid, job)
+            ):
+                post_frames(frames)
+                lock = self._lock
+                lock.acquire()
+                try:
+                    state.end_inline(sid, job, t1 - t0)
+                finally:
+                    lock.release()
+                return None
+        return done_record(sid, job, self.rank, values, stats, metas, [])
 
     def _one_span_done(
         self, sid: str, compiled: InlineRun
