@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import random
 import sys
 import threading
@@ -54,12 +55,17 @@ def run_profiled(
 ) -> list[Any]:
     """``fn()`` ``n`` times with ``profile`` as ``sys.setprofile``'s function: the results."""
     results = []
+    gc.collect()  # no collector run while counting: an old object's finalizer is not fn's
+    collecting = gc.isenabled()
+    gc.disable()
     sys.setprofile(profile)
     try:
         for _ in range(n):
             results.append(fn())
     finally:
         sys.setprofile(None)
+        if collecting:
+            gc.enable()
     return results
 
 
