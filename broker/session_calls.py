@@ -48,7 +48,7 @@ class SessionCalls:
             return [Send(peer, Reply(msg.req, error=error))]
         spec_key: object = None
         if spec is not None and existing is None:  # kept within the budget over all sessions
-            kept = state.sessions.specs.keep(spec)
+            kept = state.sessions.specs.keep(spec, identity)
             if isinstance(kept, str):
                 return [Send(peer, Reply(msg.req, error=ErrorInfo("ClusterSpecError", kept)))]
             spec, spec_key = kept

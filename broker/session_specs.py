@@ -6,8 +6,11 @@ drivers may hold ``MAX_SESSIONS`` sessions: their sum is kept within
 ``MAX_SESSION_SPECS_TOTAL`` (weighed by :func:`mpl.wire.runtime_info.info_weight`).
 Sessions opened with equal specs (a driver's sessions over one spec, mostly) share one
 copy, counted once, found by its fingerprint (:mod:`mpl.wire.fingerprint`: one hash
-lookup). An open whose spec does not fit is refused with a ``ClusterSpecError`` saying
-why; sessions already open keep theirs.
+lookup). On a secure broker each listed driver (the session's owner, by its key) has
+its share, the budget over the number of listed drivers, counting each copy its sessions
+use once: a driver near its 256 sessions with specs near their bounds would otherwise
+take every other driver's room. An open whose spec does not fit is refused with a
+``ClusterSpecError`` saying why; sessions already open keep theirs.
 
 No I/O; the broker's one loop uses it.
 """
@@ -38,19 +41,34 @@ class SessionSpecs:
     """The specs of open sessions: ``keep`` one for a session opening, ``release`` it when
     the session goes."""
 
-    def __init__(self, budget: int = MAX_SESSION_SPECS_TOTAL) -> None:
+    def __init__(self, budget: int = MAX_SESSION_SPECS_TOTAL, *, drivers: int = 0) -> None:
         self.budget = budget
+        self.drivers = drivers  # listed drivers, each its share (0: no shares, plaintext)
         self.weight = 0  # of every spec kept (each shared copy once)
         self.refused = 0
         self._kept: dict[object, _Spec] = {}
+        self._owned: dict[tuple[str, object], int] = {}  # (owner, copy): its sessions on it
+        self._owner_weight: dict[str, int] = {}  # the copies each owner's sessions use
 
-    def keep(self, spec: dict[str, Any]) -> tuple[dict[str, Any], object] | str:
-        """The copy a session opening with ``spec`` keeps, and its key for ``release``; or
-        why it does not fit."""
+    def keep(self, spec: dict[str, Any], owner: str = "") -> tuple[dict[str, Any], object] | str:
+        """The copy a session of ``owner`` opening with ``spec`` keeps, and its key for
+        ``release``; or why it does not fit."""
         key: object = fingerprint(spec)
         kept = self._kept.get(key) if key is not None else None
+        weight = kept.weight if kept is not None else info_weight(spec)
+        if self.drivers and (owner, key) not in self._owned:
+            share = self.budget // self.drivers
+            used = self._owner_weight.get(owner, 0)
+            if used + weight > share:
+                self.refused += 1
+                return (
+                    f"{owner}'s share of the broker's room for open sessions' own cluster "
+                    f"specs is {share} bytes, {used} of which its sessions take: this "
+                    f"session's ({weight}) does not fit; close sessions opened with "
+                    "cluster=, or open this one with a smaller spec (or none: the broker's "
+                    "own)"
+                )
         if kept is None:
-            weight = info_weight(spec)
             if self.weight + weight > self.budget:
                 self.refused += 1
                 return (
@@ -64,13 +82,24 @@ class SessionSpecs:
             kept = self._kept[key] = _Spec(spec, weight)
             self.weight += weight
         kept.users += 1
+        sessions = self._owned.get((owner, key), 0)
+        self._owned[(owner, key)] = sessions + 1
+        if not sessions:
+            self._owner_weight[owner] = self._owner_weight.get(owner, 0) + weight
         return kept.spec, key
 
-    def release(self, key: object) -> None:
-        """A session that kept the spec under ``key`` goes."""
+    def release(self, key: object, owner: str = "") -> None:
+        """A session of ``owner`` that kept the spec under ``key`` goes."""
         kept = self._kept.get(key)
         if kept is None:
             return
+        sessions = self._owned.pop((owner, key), 0) - 1
+        if sessions > 0:
+            self._owned[(owner, key)] = sessions
+        else:
+            left = self._owner_weight.pop(owner, 0) - kept.weight
+            if left > 0:
+                self._owner_weight[owner] = left
         kept.users -= 1
         if not kept.users:
             del self._kept[key]

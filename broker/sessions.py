@@ -58,10 +58,12 @@ class SessionEntry:
 class SessionTable:
     """Open sessions by id and by name."""
 
-    def __init__(self) -> None:
+    def __init__(self, drivers: int = 0) -> None:
         self.by_id: dict[str, SessionEntry] = {}
         self.by_name: dict[str, str] = {}
-        self.specs = SessionSpecs()  # open sessions' own specs, within one budget
+        # open sessions' own specs, within one budget (``drivers``: listed drivers, each
+        # its share; 0 in plaintext, whose driver names are anyone's to take)
+        self.specs = SessionSpecs(drivers=drivers)
 
     def named(self, name: str) -> SessionEntry | None:
         sid = self.by_name.get(name) if name else None
@@ -124,7 +126,7 @@ class SessionTable:
         if entry.name and self.by_name.get(entry.name) == sid:
             del self.by_name[entry.name]
         if entry.spec_key is not None:
-            self.specs.release(entry.spec_key)
+            self.specs.release(entry.spec_key, entry.owner)
         return entry
 
 

@@ -21,7 +21,7 @@ from mpl.broker.state import BrokerState
 from mpl.wire import ClusterSpec
 from mpl.wire.codec import decode, encode
 from mpl.wire.limits import MAX_SESSION_SPECS_TOTAL
-from mpl.wire.sessions import CloseSession, OpenSession, Reply, SessionOpened
+from mpl.wire.sessions import CloseSession, OpenSession, Reply, SessionOpened, SessionRuntime
 
 _CLUSTER = ClusterSpec.simple(3, enable_spu=False)
 
@@ -76,3 +76,54 @@ def test_sessions_opened_with_one_spec_share_one_copy() -> None:
     for n, answer in enumerate(answers):
         state.handle(f"drv:d{n // 200}/1".encode(), CloseSession(answer.session, f"c{n}"), 0.2)
     assert state.sessions.specs.weight == 0 and not state.sessions.by_id
+
+
+def test_one_driver_cannot_take_every_other_drivers_room_for_specs() -> None:
+    """A listed driver may hold 256 sessions; with specs near their bounds (at world 32,
+    32 nodes' 64 KiB runtime_info each) a few fill the budget over all sessions, and no
+    other driver could then open a session with a spec of its own. Each listed driver
+    now has its share (the budget over the number of listed drivers); here a budget of
+    2 MiB stands for the 64 MiB."""
+    from test_red31b_persisted_names import ALICE, BOB, _secure
+
+    state = _secure()  # a secure broker whose spec lists alice and bob
+    state.sessions.specs.budget = 2 << 20
+    base = state.cluster.to_dict()
+
+    def spec(n: int) -> dict[str, Any]:
+        own = {**base, "nodes": [dict(node) for node in base["nodes"]]}
+        for node in own["nodes"]:
+            node["runtime_info"] = {"blob": f"{n:08d}" + "x" * 60_000}
+        return own
+
+    def open_as(who: str, n: int) -> Reply | None:
+        """The refusal, or None: the open goes on (its nodes' workers are asked)."""
+        msg = OpenSession(n + 1, f"{who[7:]}{n}", 60.0, f"c{n}", cluster=spec(n))
+        out = state.handle(who.encode(), msg, 0.1, who=who)
+        refused = [a.msg for a in out if isinstance(a.msg, Reply)]
+        assert refused or any(isinstance(a.msg, SessionRuntime) for a in out)
+        return refused[0] if refused else None
+
+    hers = [open_as(ALICE, n) for n in range(20)]  # 20 x 180 KiB: past the whole budget
+    refused = [a for a in hers if a is not None]
+    assert refused, "alice's 20 opens all fit"
+    assert open_as(BOB, 100) is None, "alice took bob's room too"
+    assert refused[0].error is not None and "driver:alice's share" in refused[0].error.message
+
+
+def test_a_drivers_share_counts_each_copy_it_uses_once_and_is_given_back() -> None:
+    from mpl.broker.session_specs import SessionSpecs
+
+    specs = SessionSpecs(budget=1000, drivers=2)  # a share of 500 each
+    one = {"blob": "x" * 300}  # weighs its 304 characters and 3 items of 64: 496
+    kept = specs.keep(one, "driver:a")
+    assert not isinstance(kept, str)
+    again = specs.keep(dict(one), "driver:a")  # the same copy: not counted twice
+    assert not isinstance(again, str) and again[1] == kept[1]
+    assert isinstance(specs.keep({"blob": "y" * 10}, "driver:a"), str)  # past a's share
+    theirs = specs.keep(dict(one), "driver:b")  # b's share counts the copy it uses too
+    assert not isinstance(theirs, str) and specs.weight == 496
+    for owner in ("driver:a", "driver:a", "driver:b"):
+        specs.release(kept[1], owner)
+    assert specs.weight == 0
+    assert not isinstance(specs.keep({"blob": "y" * 10}, "driver:a"), str)  # room again
