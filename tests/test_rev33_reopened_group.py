@@ -77,3 +77,32 @@ def test_a_reopened_group_still_takes_its_genuine_moves(rank0: _Rank0) -> None:
     rank0.send(2, Move("s", "running", 1, 0, 2, 0, b"late but genuine"))
     assert run.recv(2, 1, 0) == b"late but genuine"
     assert (box.unexpected, box.overflow) == (0, 0)
+
+
+def test_a_group_pushed_out_while_its_thread_waits_is_reopened_with_its_slots(
+    rank0: _Rank0,
+) -> None:
+    """The thread opens its group again at each wake, not only when it starts waiting:
+    pushed out a second time meanwhile, its genuine move (held) still reaches it, and
+    a co-party's junk is still refused."""
+    import threading
+
+    box = rank0.mailbox
+    box.open(("s", "running"), _takes(_SHARED, 0))
+    run = _job_run(rank0, "running")
+    got: list[object] = []
+    waiter = threading.Thread(target=lambda: got.append(run.recv(2, 1, 0)))
+    waiter.start()
+    try:
+        for i in range(_MEMORY):  # pushed out while the thread waits
+            box.open(("s", f"queued{i}"), _takes(_OTHER, 0))
+        for op in range(1000, 1010):
+            rank0.send(2, Move("s", "running", op, 0, 2, 0, b"junk"))
+        rank0.send(2, Move("s", "running", 1, 0, 2, 0, b"genuine"))
+        waiter.join(30)
+    finally:
+        box.close(("s", "running"), "test over")
+        waiter.join(5)
+    assert got == [b"genuine"]
+    wait_until(lambda: box.pending()[0] + box.dropped >= 10, 30, "the junk to arrive")
+    assert box.pending()[0] == 0

@@ -351,11 +351,13 @@ class KeyedMailbox(Generic[K, G]):
         instead of being woken by the receiving thread.
         """
         group = self._group_of(key)
-        with self._cond:
-            if group not in self._open:  # a thread waits for it: the group is real
-                self._open_group(group, _ANY if takes is None else takes())
         while True:
             with self._cond:
+                # a thread waits for it: the group is real (asked at every wake: newer
+                # groups may push it out again while the thread waits, and every open
+                # that pushes one out wakes the waiters)
+                if group not in self._open and group not in self._closed:
+                    self._open_group(group, _ANY if takes is None else takes())
                 queue = self._items.get(key)
                 if queue:
                     value, size, sender = queue.popleft()
