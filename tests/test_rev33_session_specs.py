@@ -14,14 +14,26 @@ Through the broker's real state machine, ``OpenSession`` as a driver sends it.
 
 from __future__ import annotations
 
+import contextlib
 import tracemalloc
 from typing import Any
 
+import pytest
+import zmq
+from test_batch_nesting import _answer, broker_process  # noqa: F401  (a fixture)
+
 from mpl.broker.state import BrokerState
 from mpl.wire import ClusterSpec
-from mpl.wire.codec import decode, encode
+from mpl.wire.codec import decode, encode, from_wire, to_wire
 from mpl.wire.limits import MAX_SESSION_SPECS_TOTAL
-from mpl.wire.sessions import CloseSession, OpenSession, Reply, SessionOpened, SessionRuntime
+from mpl.wire.sessions import (
+    CloseSession,
+    OpenSession,
+    Reply,
+    SessionOpened,
+    SessionRuntime,
+    StatusRequest,
+)
 
 _CLUSTER = ClusterSpec.simple(3, enable_spu=False)
 
@@ -127,3 +139,50 @@ def test_a_drivers_share_counts_each_copy_it_uses_once_and_is_given_back() -> No
         specs.release(kept[1], owner)
     assert specs.weight == 0
     assert not isinstance(specs.keep({"blob": "y" * 10}, "driver:a"), str)  # room again
+
+
+@pytest.mark.timeout(300)
+def test_a_real_broker_refuses_opens_past_its_budget_for_specs(
+    broker_process: tuple[str, int],  # noqa: F811
+) -> None:
+    """The same attack on a real ``mpl-broker`` (2 ranks, plaintext, no workers), from
+    raw DEALERs declaring three drivers: 600 opens of 2 x 60 KiB runtime_info each."""
+    from test_batch_nesting import _peak_rss
+
+    address, pid = broker_process
+    base = ClusterSpec.simple(2, enable_spu=False).to_dict()
+    with contextlib.ExitStack() as stack:
+        ctx: zmq.Context[Any] = zmq.Context()
+        stack.callback(ctx.term)
+        socks = []
+        for d in range(3):
+            sock = ctx.socket(zmq.DEALER)
+            stack.callback(sock.close, 0)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.ROUTING_ID, f"drv:d{d}/1".encode())
+            sock.connect(address)
+            socks.append(sock)
+        socks[0].send_multipart(to_wire(encode(StatusRequest(1))))
+        assert isinstance(_answer(socks[0], Reply), Reply)  # up and warm
+        before = _peak_rss(pid)
+        opened = refused = 0
+        for n in range(600):
+            spec = {**base, "nodes": [dict(node) for node in base["nodes"]]}
+            for node in spec["nodes"]:
+                node["runtime_info"] = {"blob": f"{n:08d}" + "x" * 60_000}
+            sock = socks[n // 200]
+            sock.send_multipart(
+                to_wire(encode(OpenSession(n + 1, f"s{n}", 600.0, "c", cluster=spec)))
+            )
+            assert sock.poll(60_000), f"no answer to open {n}"
+            answer = decode(from_wire(sock.recv_multipart()), unpickle=False)
+            if isinstance(answer, SessionOpened):
+                opened += 1
+            else:
+                assert isinstance(answer, Reply), answer
+                assert answer.error is not None and answer.error.kind == "ClusterSpecError"
+                assert "own cluster specs" in answer.error.message
+                refused += 1
+        grown = _peak_rss(pid) - before
+    assert refused and opened + refused == 600
+    assert grown <= 2 * MAX_SESSION_SPECS_TOTAL, f"the broker grew {grown >> 20} MiB"
