@@ -25,6 +25,7 @@ from test_batch_nesting import _answer, broker_process  # noqa: F401  (a fixture
 from mpl.broker.state import BrokerState
 from mpl.wire import ClusterSpec
 from mpl.wire.codec import decode, encode, from_wire, to_wire
+from mpl.wire.limits import MAX_RUNTIME_INFO_TEXT as MAX_TEXT
 from mpl.wire.limits import MAX_SESSION_SPECS_TOTAL
 from mpl.wire.sessions import (
     CloseSession,
@@ -186,3 +187,27 @@ def test_a_real_broker_refuses_opens_past_its_budget_for_specs(
         grown = _peak_rss(pid) - before
     assert refused and opened + refused == 600
     assert grown <= 2 * MAX_SESSION_SPECS_TOTAL, f"the broker grew {grown >> 20} MiB"
+
+
+def test_runtime_info_holds_no_value_its_bounds_do_not_weigh() -> None:
+    """The bounds on a node's runtime_info (and so both budgets over sessions) count
+    its text and items: an array, an opaque buffer or a huge integer counted as one item
+    of 64 whatever its size. 16 MiB of array in one session's spec was kept by the broker
+    and relayed to the worker as 64. Now runtime_info holds text, numbers, booleans,
+    None, lists and maps only (integers' bytes counted as text)."""
+    import numpy as np
+
+    from mpl.worker.session_runtime import SessionRuntimes
+
+    state = BrokerState(_CLUSTER, now=0.0, broker_id="B")
+    for bad in (np.zeros(16 << 20, dtype=np.uint8), {1, 2}, 3 + 4j, 1 << (8 * MAX_TEXT)):
+        spec = _CLUSTER.to_dict()
+        spec["nodes"][0]["runtime_info"] = {"blob": bad}
+        answer = _open(state, len(state.sessions.by_id) + 100, spec)
+        assert isinstance(answer, Reply) and answer.error is not None, type(bad)
+        assert answer.error.kind == "ClusterSpecError", answer.error
+        assert "runtime_info" in answer.error.message
+    assert not state.sessions.by_id and state.sessions.specs.weight == 0
+    node = SessionRuntimes(0, lambda: {})  # a broker's word reaching a worker: the same
+    assert node.refusal({"blob": np.zeros(4, dtype=np.uint8)}) is not None
+    assert node.refusal({"v": 1, "f": 2.5, "t": True, "n": None, "l": [1, "a"], "b": b"x"}) is None
