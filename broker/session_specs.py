@@ -6,7 +6,9 @@ drivers may hold ``MAX_SESSIONS`` sessions: their sum is kept within
 ``MAX_SESSION_SPECS_TOTAL`` (weighed by :func:`mpl.wire.runtime_info.info_weight`).
 Sessions opened with equal specs (a driver's sessions over one spec, mostly) share one
 copy, counted once, found by its fingerprint (:mod:`mpl.wire.fingerprint`: one hash
-lookup). On a secure broker each listed driver (the session's owner, by its key) has
+lookup); a spec holding anything else than text, numbers, booleans, None, lists and
+maps (an array in a device's config, say, which the weight would count as one item) is
+refused. On a secure broker each listed driver (the session's owner, by its key) has
 its share, the budget over the number of listed drivers, counting each copy its sessions
 use once: a driver near its 256 sessions with specs near their bounds would otherwise
 take every other driver's room. An open whose spec does not fit is refused with a
@@ -53,8 +55,14 @@ class SessionSpecs:
     def keep(self, spec: dict[str, Any], owner: str = "") -> tuple[dict[str, Any], object] | str:
         """The copy a session of ``owner`` opening with ``spec`` keeps, and its key for
         ``release``; or why it does not fit."""
-        key: object = fingerprint(spec)
-        kept = self._kept.get(key) if key is not None else None
+        key = fingerprint(spec)
+        if key is None:  # a value info_weight would count as one item, whatever its size
+            self.refused += 1
+            return (
+                "a session's cluster spec holds text, numbers, booleans, None, lists and "
+                "maps only: it holds a value of another type"
+            )
+        kept = self._kept.get(key)
         weight = kept.weight if kept is not None else info_weight(spec)
         if self.drivers and (owner, key) not in self._owned:
             share = self.budget // self.drivers
@@ -77,8 +85,6 @@ class SessionSpecs:
                     f"({weight}) does not fit; close sessions opened with cluster=, or open "
                     "this one with a smaller spec (or none: the broker's own)"
                 )
-            if key is None:  # a value the fingerprint does not cover: kept unshared
-                key = object()
             kept = self._kept[key] = _Spec(spec, weight)
             self.weight += weight
         kept.users += 1

@@ -211,3 +211,19 @@ def test_runtime_info_holds_no_value_its_bounds_do_not_weigh() -> None:
     node = SessionRuntimes(0, lambda: {})  # a broker's word reaching a worker: the same
     assert node.refusal({"blob": np.zeros(4, dtype=np.uint8)}) is not None
     assert node.refusal({"v": 1, "f": 2.5, "t": True, "n": None, "l": [1, "a"], "b": b"x"}) is None
+
+
+def test_a_sessions_devices_hold_no_value_the_budget_does_not_weigh() -> None:
+    """A device's ``config`` is any mapping: an array there weighed 64 against the
+    budget, whatever its size. A spec holding anything but text, numbers, booleans, None,
+    lists and maps is refused."""
+    import numpy as np
+
+    state = BrokerState(_CLUSTER, now=0.0, broker_id="B")
+    spec = _CLUSTER.to_dict()
+    first = next(iter(spec["devices"]))
+    spec["devices"][first]["config"] = {"blob": np.zeros(16 << 20, dtype=np.uint8)}
+    answer = _open(state, 0, spec)
+    assert isinstance(answer, Reply) and answer.error is not None, "kept at the weight of 64"
+    assert answer.error.kind == "ClusterSpecError" and "type" in answer.error.message
+    assert not state.sessions.by_id and state.sessions.specs.weight == 0

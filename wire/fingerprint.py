@@ -59,9 +59,8 @@ def _encode(value: Any, depth: int) -> bytes:
     if isinstance(value, str):
         text = value.encode("utf-8", "surrogatepass")
         return b"S%d:%s" % (len(text), text)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        data = bytes(value)
-        return b"B%d:%s" % (len(data), data)
+    if isinstance(value, bytes):
+        return b"B%d:%s" % (len(value), value)
     if isinstance(value, (list, tuple)):
         tag = b"L" if isinstance(value, list) else b"U"
         return b"%s%d:%s" % (tag, len(value), b"".join(_encode(v, depth + 1) for v in value))
