@@ -11,7 +11,8 @@ driver's word is no proof that anything was written. So the only source is each 
   is the authenticated driver that sent the job. A ``Done`` arriving after its job ended
   (failed on another rank, cancelled, timed out) is matched to what the broker kept of
   that job as it ended (by its session and id: its driver, ranks and the ranks it still
-  waited for; the last ``ENDED_JOBS_KEPT`` jobs that ended with ranks still to answer):
+  waited for; at most ``ENDED_JOBS_KEPT`` jobs that ended with ranks still to answer, each
+  driver its share: ``broker/ended_jobs.py``):
   the first late Done of a rank it waited for saves for that driver, as that Done would
   have while the job ran. Any other (a rank that had answered, or failed the job, or a
   second late Done) names no owner, nor does one of a job the broker no longer knows: its
@@ -32,9 +33,9 @@ from typing import TYPE_CHECKING
 
 from mpl.broker.admission import refuse_save
 from mpl.broker.calls import JobCall
+from mpl.broker.ended_jobs import ENDED_JOBS_KEPT, EndedJobs
 from mpl.wire.jobs import Done
 from mpl.wire.limits import MAX_JOB_SAVES, MAX_SESSION_SYMBOLS, valid_name
-from mpl.wire.lru import LRU
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import SymbolInfo
 
@@ -44,9 +45,6 @@ if TYPE_CHECKING:
 __all__ = ["ENDED_JOBS_KEPT", "JobSaves"]
 
 _META_CHARS = 256  # a description ("float64[3, 2]") the broker keeps per name, at most
-# Jobs that ended with ranks still to answer, kept for their late Dones' saves: a bounded
-# table, as every one keyed by what peers send
-ENDED_JOBS_KEPT = 4096
 
 
 class JobSaves:
@@ -57,10 +55,8 @@ class JobSaves:
         # (session, job id) -> (the driver that sent it, its ranks, the ranks it still
         # waits for), for jobs that ended before every rank answered. Keyed by the session
         # too: a job of another session given the same id (a driver chooses its ids) takes
-        # no other's entry
-        self.ended: LRU[tuple[str, str], tuple[str, tuple[int, ...], set[int]]] = LRU(
-            ENDED_JOBS_KEPT
-        )
+        # no other's entry; one driver's failures push out its own entries first
+        self.ended = EndedJobs(ENDED_JOBS_KEPT)
 
     def ending(self, job: JobCall, failed: int | None = None) -> None:
         """``job`` ends now (``failed``: the rank whose Failed ended it, which answered):

@@ -42,14 +42,22 @@ class SessionCalls:
         shared, error = state.access.opening(identity, msg)
         if error is not None:
             return [Send(peer, Reply(msg.req, error=error))]
-        spec, error = session_spec(state.cluster, state.sessions.named(msg.name), msg.cluster)
+        existing = state.sessions.named(msg.name)
+        spec, error = session_spec(state.cluster, existing, msg.cluster)
         if error is not None:
             return [Send(peer, Reply(msg.req, error=error))]
+        spec_key: object = None
+        if spec is not None and existing is None:  # kept within the budget over all sessions
+            kept = state.sessions.specs.keep(spec, identity)
+            if isinstance(kept, str):
+                return [Send(peer, Reply(msg.req, error=ErrorInfo("ClusterSpecError", kept)))]
+            spec, spec_key = kept
         entry, attached = state.sessions.open(identity, msg.client, msg.name, msg.lease_s, now)
         if shared is not None:
             entry.shared = shared
         if not attached:
             entry.cluster = spec
+            entry.spec_key = spec_key
         cluster = entry.cluster or state.cluster.to_dict()
         # each live worker's public incarnation: what a secure driver binds its Execs to
         incarnations = {

@@ -15,6 +15,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from mpl.broker.session_specs import SessionSpecs
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.errors import ClusterSpecError
 from mpl.wire.remote import ErrorInfo
@@ -39,6 +40,7 @@ class SessionEntry:
     jobs: set[str] = field(default_factory=set)
     cluster: dict[str, Any] | None = None  # its own spec (dict form); None: the broker's
     named_nodes: frozenset[str] = frozenset()  # the nodes its own spec named
+    spec_key: object = None  # its own spec's key in the table's SessionSpecs
 
     def allows(self, identity: str) -> bool:
         """True when the driver ``identity`` may attach to and act in this session."""
@@ -56,9 +58,12 @@ class SessionEntry:
 class SessionTable:
     """Open sessions by id and by name."""
 
-    def __init__(self) -> None:
+    def __init__(self, drivers: int = 0) -> None:
         self.by_id: dict[str, SessionEntry] = {}
         self.by_name: dict[str, str] = {}
+        # open sessions' own specs, within one budget (``drivers``: listed drivers, each
+        # its share; 0 in plaintext, whose driver names are anyone's to take)
+        self.specs = SessionSpecs(drivers=drivers)
 
     def named(self, name: str) -> SessionEntry | None:
         sid = self.by_name.get(name) if name else None
@@ -116,8 +121,12 @@ class SessionTable:
 
     def remove(self, sid: str) -> SessionEntry | None:
         entry = self.by_id.pop(sid, None)
-        if entry is not None and entry.name and self.by_name.get(entry.name) == sid:
+        if entry is None:
+            return None
+        if entry.name and self.by_name.get(entry.name) == sid:
             del self.by_name[entry.name]
+        if entry.spec_key is not None:
+            self.specs.release(entry.spec_key, entry.owner)
         return entry
 
 

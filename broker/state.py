@@ -145,7 +145,7 @@ class BrokerState:
         self.silence_s = heartbeat_s * liveness
         self.started = now
         self.registry = Registry(cluster.world_size)
-        self.sessions = SessionTable()
+        self.sessions = SessionTable(len(cluster.drivers) if secure else 0)
         self.calls = CallTable()
         self.drivers: dict[bytes, float] = {}  # driver sockets -> last seen
         self.beating: set[bytes] = set()  # driver sockets that heartbeat (and get beats back)

@@ -25,6 +25,7 @@ from mpl.wire.codec import to_wire
 from mpl.wire.control import Welcome, WorkerHello
 from mpl.wire.data import Move
 from mpl.wire.errors import MplTimeoutError
+from mpl.wire.graph import Graph, GraphBuilder
 from mpl.wire.jobs import Exec
 from mpl.wire.seal import Sealer, exec_context
 from mpl.wire.sockets import MAX_MESSAGE
@@ -36,6 +37,20 @@ from mpl.worker.state import WorkerState
 from mpl.worker.store import ObjectStore
 
 _RANKS = (0, 1)
+
+
+def _shuffle_at_op_3() -> Graph:
+    """The jobs' program: its op 3 moves rank 1's value to rank 0 (what a job's thread
+    would reopen its group with, were it pushed out of the mailbox's memory)."""
+    b = GraphBuilder(2)
+    for _ in range(2):
+        b.op("constant", [], ranks=(1,), value=0)
+    x = b.op("constant", [], ranks=(1,), value=1)[0]
+    b.op("shuffle", [x], ranks=(0, 1), routing={0: 1})
+    return b.build([])
+
+
+_GRAPH = _shuffle_at_op_3()
 
 
 class _Wire:
@@ -82,7 +97,7 @@ def _jobs(rank: int, seal: WorkerSeal | None) -> tuple[Jobs, _Wire]:
 
 def _moved(sender: Jobs, wire: _Wire, receiver: Jobs, intake: PeerIntake, job: str) -> None:
     """Rank 1's run of ``job`` sends its value to rank 0, whose peer intake takes it in."""
-    run = _JobRun(sender, "sa", job, time.monotonic() + 5.0, time.monotonic())
+    run = _JobRun(sender, "sa", job, time.monotonic() + 5.0, time.monotonic(), _GRAPH)
     run.send(0, 3, 0, "a's secret")
     (move,) = wire.sent
     wire.sent.clear()
@@ -117,7 +132,7 @@ def test_a_move_of_one_drivers_job_never_reaches_another_drivers_job_of_that_id(
     sender, wire = _jobs(1, seal1)
     intake = intake_for(receiver)
     _moved(sender, wire, receiver, intake, "j7")
-    b_job = _JobRun(receiver, "sa", "j7", time.monotonic() + 0.3, time.monotonic())
+    b_job = _JobRun(receiver, "sa", "j7", time.monotonic() + 0.3, time.monotonic(), _GRAPH)
     try:
         leaked = b_job.recv(1, 3, 0)
     except MplTimeoutError:
@@ -138,7 +153,7 @@ def test_a_move_reaches_the_job_of_its_own_sealer(intake_for: Any) -> None:
     receiver, _ = _jobs(0, seal0)
     sender, wire = _jobs(1, seal1)
     _moved(sender, wire, receiver, intake_for(receiver), "j8")
-    run = _JobRun(receiver, "sa", "j8", time.monotonic() + 5.0, time.monotonic())
+    run = _JobRun(receiver, "sa", "j8", time.monotonic() + 5.0, time.monotonic(), _GRAPH)
     assert run.recv(1, 3, 0) == "a's secret"
 
 
@@ -146,9 +161,9 @@ def test_plaintext_moves_carry_no_sealer_and_are_delivered(intake_for: Any) -> N
     receiver, _ = _jobs(0, None)
     sender, wire = _jobs(1, None)
     intake = intake_for(receiver)
-    run = _JobRun(sender, "s", "j", time.monotonic() + 5.0, time.monotonic())
+    run = _JobRun(sender, "s", "j", time.monotonic() + 5.0, time.monotonic(), _GRAPH)
     run.send(0, 3, 0, 41.5)
     assert wire.sent[0].sealer == ""
     intake._on_frames(to_wire(encode(wire.sent[0])))
-    taker = _JobRun(receiver, "s", "j", time.monotonic() + 5.0, time.monotonic())
+    taker = _JobRun(receiver, "s", "j", time.monotonic() + 5.0, time.monotonic(), _GRAPH)
     assert taker.recv(1, 3, 0) == 41.5

@@ -8,8 +8,9 @@ blocks it.
 
 Nobody's clients authenticate, so what one client may hold is bounded: at most 32
 connections have a thread; each read waits at most 10 s and a connection lives 30 s in
-all, however it trickles. With every slot taken, a new connection takes the slot of the
-oldest one that has not yet sent its whole request (line and headers), which is ended: a
+all, however it trickles, and is read at most 16 KiB (its request line and headers:
+past them a 431, and nothing more read). With every slot taken, a new connection takes
+the slot of the oldest one that has not yet sent its whole request, which is ended: a
 scraper sends its request within a round trip of connecting, a client holding connections
 idle (or trickling bytes) never does, so it cannot keep the port from everyone else (only
 a flood, 32 new connections within a scraper's round trip, still ends the scraper's). A
@@ -19,6 +20,7 @@ connection whose request arrived is never ended for another.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import logging
 import socket
@@ -46,6 +48,11 @@ _CONNECTION_S = 30.0
 # how long accepting waits for an evicted connection's thread to end (it ends at once: its
 # read returns) before giving up on the new connection, so threads stay within the bound
 _EVICTED_S = 2.0
+# what one connection's request (its line and headers; a GET has no body) may take: a
+# scraper's or a browser's is a few hundred bytes to a few KiB; http.server's own limits
+# (a 64 KiB line, 100 header lines) let a client have some 6.5 MB read into memory and
+# parsed per connection, 200 MB over the slots
+_MAX_REQUEST_BYTES = 16 * 1024
 
 
 class MetricsServer:
@@ -78,6 +85,10 @@ class MetricsServer:
 
         class Handler(BaseHTTPRequestHandler):
             timeout = _CLIENT_TIMEOUT_S  # a client that stalls cannot hold a thread forever
+
+            def setup(self) -> None:
+                super().setup()
+                self.rfile = _Capped(self.rfile, _MAX_REQUEST_BYTES)  # type: ignore[assignment]
 
             def do_GET(self) -> None:
                 if not connections.answering(self.request):  # evicted as its request came
@@ -227,6 +238,35 @@ class _Connections:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(2)
+
+
+class _Capped:
+    """A connection's reader that reads at most ``limit`` bytes in all: past them, a read
+    raises ``LineTooLong``, which http.server answers with 431 while reading headers, and
+    ends the connection unanswered while reading the request line."""
+
+    def __init__(self, raw: Any, limit: int) -> None:
+        self._raw = raw
+        self._left = limit
+
+    def readline(self, size: int = -1) -> bytes:
+        if self._left <= 0:
+            raise http.client.LineTooLong(f"a request of more than {_MAX_REQUEST_BYTES} bytes")
+        size = self._left if size < 0 else min(size, self._left)
+        line: bytes = self._raw.readline(size)
+        self._left -= len(line)
+        if self._left <= 0 and not line.endswith(b"\n"):
+            raise http.client.LineTooLong(f"a request of more than {_MAX_REQUEST_BYTES} bytes")
+        return line
+
+    def read(self, size: int = -1) -> bytes:
+        size = self._left if size < 0 else min(size, self._left)
+        data: bytes = self._raw.read(size)
+        self._left -= len(data)
+        return data
+
+    def close(self) -> None:
+        self._raw.close()
 
 
 def _cut_off(request: socket.socket) -> None:

@@ -41,6 +41,7 @@ __all__ = [
     "MAX_RUNTIME_INFO_TOTAL",
     "MAX_SAME_HASH",
     "MAX_SESSIONS",
+    "MAX_SESSION_SPECS_TOTAL",
     "MAX_SESSION_SYMBOLS",
     "MAX_SPU_PENDING",
     "MAX_SPU_PENDING_BYTES",
@@ -145,6 +146,12 @@ MAX_RUNTIME_INFO_TEXT = 64 * 1024
 # the same runtime_info share one copy; an open past it is refused (a hostile broker could
 # otherwise have a worker keep 64 KiB of text for each of MAX_SESSIONS sessions).
 MAX_RUNTIME_INFO_TOTAL = 16 << 20
+# What a broker keeps of all open sessions' own specs together (``mp.connect(url,
+# cluster=spec)``: each named node's runtime_info, the session's devices), weighed as
+# ``runtime_info.info_weight`` does: sessions opened with equal specs share one copy; an
+# open past it is refused (drivers could otherwise have it keep some 190 KiB of text per
+# session of a 3-node cluster, for each of MAX_SESSIONS sessions).
+MAX_SESSION_SPECS_TOTAL = 64 << 20
 
 
 # A saved value's name: it becomes a file name on the workers that persist it, so it can

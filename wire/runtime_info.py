@@ -75,7 +75,12 @@ def incompatibility(asked: Mapping[str, Any], *runs: Mapping[str, Any]) -> str |
 
 
 def oversize(info: Any) -> str | None:
-    """Why ``info`` (a node's runtime_info, from a driver) is too big, or None."""
+    """Why ``info`` (a node's runtime_info, from a driver) is too big, or None.
+
+    It holds text, numbers, booleans, None, lists and maps only, what a spec's YAML or
+    JSON gives: anything else (an array, a set, an undecoded buffer) would count as one
+    item whatever its size, past this bound and both budgets weighed as
+    :func:`info_weight` does. An integer's bytes count as text."""
     items = text = 0
     stack: list[tuple[Any, int]] = [(info, 0)]
     while stack:
@@ -85,8 +90,10 @@ def oversize(info: Any) -> str | None:
             return f"more than {MAX_RUNTIME_INFO_ITEMS} keys and values"
         if depth > 16:
             return "nested more than 16 deep"
-        if isinstance(value, (str, bytes)):
-            text += len(value)
+        if value is None or isinstance(value, (bool, float)):
+            continue
+        if isinstance(value, (str, bytes, int)):
+            text += _text_size(value)
             if text > MAX_RUNTIME_INFO_TEXT:
                 return f"more than {MAX_RUNTIME_INFO_TEXT} characters of text"
         elif isinstance(value, Mapping):
@@ -94,7 +101,19 @@ def oversize(info: Any) -> str | None:
             stack.extend((v, depth + 1) for v in value.values())
         elif isinstance(value, (list, tuple)):
             stack.extend((v, depth + 1) for v in value)
+        else:
+            return (
+                f"a value of type {type(value).__name__}: runtime_info holds text, numbers, "
+                "booleans, None, lists and maps"
+            )
     return None
+
+
+def _text_size(value: str | bytes | int) -> int:
+    """What a text or number counts as text: its characters, or an integer's bytes."""
+    if isinstance(value, int):
+        return (value.bit_length() + 7) // 8
+    return len(value)
 
 
 def info_weight(info: Any) -> int:
@@ -106,8 +125,8 @@ def info_weight(info: Any) -> int:
     while stack:
         value = stack.pop()
         weight += _ITEM_WEIGHT
-        if isinstance(value, (str, bytes)):
-            weight += len(value)
+        if isinstance(value, (str, bytes, int)):
+            weight += _text_size(value)
         elif isinstance(value, Mapping):
             stack.extend(value)
             stack.extend(value.values())

@@ -60,6 +60,7 @@ from mpl.worker.inline_jobs import InlineJobs, done_record
 from mpl.worker.inline_run import InlineRun
 from mpl.worker.interpreter import ABSENT, OpFailed, Plan, op_label, run_graph
 from mpl.worker.keyed_mailbox import KeyedMailbox, MoveKey
+from mpl.worker.move_keys import MoveSlot, moves_in
 from mpl.worker.outputs import SCALAR_NAMES, describe, is_small
 from mpl.worker.peers import PeerLinks
 from mpl.worker.session_pool import SessionPool
@@ -115,12 +116,15 @@ class _JobRun:
     """A job's view of the world (the interpreter's JobContext)."""
 
     __slots__ = (
-        "_jobs", "_reported", "deadline", "job", "next_report", "position", "rank", "saved",
-        "sealer", "session", "spans", "started", "store",
+        "_jobs", "_reported", "deadline", "graph", "job", "next_report", "position", "rank",
+        "saved", "sealer", "session", "spans", "started", "store",
     )  # fmt: skip
 
-    def __init__(self, jobs: Jobs, session: str, job: str, deadline: float, started: float) -> None:
+    def __init__(
+        self, jobs: Jobs, session: str, job: str, deadline: float, started: float, graph: Graph
+    ) -> None:
         self._jobs = jobs
+        self.graph = graph  # the moves it takes, should its group need opening again
         self.session = session
         self.job = job
         self.rank = jobs.rank
@@ -168,7 +172,12 @@ class _JobRun:
             f"the move from rank {src} for op {op} did not arrive in time; the sender may be "
             "slow or dead, or the move was lost"
         )
-        return self._jobs.mailbox.take(key, self.deadline, late, job=self.job)
+        return self._jobs.mailbox.take(key, self.deadline, late, job=self.job, takes=self._takes)
+
+    def _takes(self) -> frozenset[MoveSlot]:
+        """What the job's Expect opened its group with (``WorkerState``): for a thread
+        reopening the group, pushed out of the mailbox's memory by newer jobs."""
+        return moves_in(self.graph, self.rank)
 
     def extension(self, name: str) -> Any:
         return self._jobs.extension(name)
@@ -257,7 +266,7 @@ class Jobs(InlineJobs):
         sid, job, compiled, t0, timeout = self._inline
         run = self._inline_ctx
         if run is None or run.job is not job or run.started != t0:
-            run = self._inline_ctx = _JobRun(self, sid, job, t0 + timeout, t0)
+            run = self._inline_ctx = _JobRun(self, sid, job, t0 + timeout, t0, compiled.plan.graph)
         plan = compiled.plan
         run.position = (done, plan.ops_here, plan.graph, index)
         run.report(now)
@@ -369,7 +378,7 @@ class Jobs(InlineJobs):
             timeout = self._timeout(msg)
             if isinstance(timeout, RunFailed):
                 return timeout
-            run = _JobRun(self, sid, job, started + timeout, started)
+            run = _JobRun(self, sid, job, started + timeout, started, graph)
             if tracked:
                 self._runs[(sid, job)] = run
             try:

@@ -15,11 +15,13 @@ that id: it waits unclaimed and goes with the job's group), and libspu's message
 * **Only what the work takes.** A group opened with the keys its work takes (a job's
   moves: ``worker/move_keys.py``, by ``slot_of`` each key) refuses any other, counted in
   ``unexpected``: a co-party's move for an op the program never reads would otherwise be
-  kept until the job ends (red team w32, R32-3). With ``once``, such a group keeps one
+  kept until the job ends (red team w32, R32-3); a thread waiting in such a group that
+  is no longer open (pushed out by 4,096 newer ones) reopens it with the same keys. With
+  ``once``, such a group keeps one
   value per slot, whatever the rest of its key: a move's ``sealer`` is its sender's word,
   so the one move a program takes from a party, sent again under made-up sealers, would
   otherwise be kept once per name. A group opened without (a lane: libspu's keys are not
-  known ahead; a group a waiting thread opened) keeps any key.
+  known ahead) keeps any key.
 * **Bounds.** Values waiting in open groups are bounded in entries and, optionally, bytes;
   beyond either a new one is dropped and counted in ``overflow`` (the run that needed it
   then fails at its deadline). **Each sender has its share** (``sender_of`` a key: the rank
@@ -332,8 +334,15 @@ class KeyedMailbox(Generic[K, G]):
         stop: Callable[[], str | None] | None = None,
         job: str = "",
         pump: Callable[[float], bool] | None = None,
+        takes: Callable[[], Container[Hashable]] | None = None,
     ) -> Any:
         """The next value for ``key``: waits at most until ``deadline``.
+
+        A group not open (never opened, or pushed out of the memory of open groups by
+        newer ones: a driver's 4,096 queued jobs) is opened here, as the waiting thread's
+        work is real: with the slots ``takes()`` gives, the same its ``open`` was given,
+        so a reopened job's group still refuses every key its program does not take
+        (review w32, B3); without ``takes``, with any key (a lane).
 
         Raises JobAbortedError when the group is closed, or ``stop()`` gives a reason (it
         is asked again on every :meth:`wake`); MplTimeoutError with ``timeout_message`` at
@@ -342,10 +351,13 @@ class KeyedMailbox(Generic[K, G]):
         instead of being woken by the receiving thread.
         """
         group = self._group_of(key)
-        with self._cond:
-            self._open_group(group)  # a thread waits for it: the group is real
         while True:
             with self._cond:
+                # a thread waits for it: the group is real (asked at every wake: newer
+                # groups may push it out again while the thread waits, and every open
+                # that pushes one out wakes the waiters)
+                if group not in self._open and group not in self._closed:
+                    self._open_group(group, _ANY if takes is None else takes())
                 queue = self._items.get(key)
                 if queue:
                     value, size, sender = queue.popleft()

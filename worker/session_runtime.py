@@ -12,7 +12,8 @@ that answer) fails each of its jobs here with the reason instead. No I/O.
 All sessions' runtime_info together is kept within a budget (``MAX_RUNTIME_INFO_TOTAL``,
 weighed by ``info_weight``; red team w32, R32-6): each session's is bounded, but a broker
 may announce up to ``MAX_SESSIONS`` of them. Sessions bringing equal runtime_info (a
-driver's sessions over one spec, mostly) share one copy, counted once. A session whose
+driver's sessions over one spec, mostly) share one copy, counted once, found by its
+fingerprint (one hash lookup, whatever else is kept). A session whose
 runtime_info would take the kept past the budget is refused like an incompatible one: its
 open fails at its driver with a ``ClusterSpecError`` saying so, and sessions already open
 keep theirs.
@@ -23,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from mpl.wire.fingerprint import fingerprint
 from mpl.wire.jobs import Exec, Failed
 from mpl.wire.limits import MAX_RUNTIME_INFO_TOTAL, MAX_SESSIONS
 from mpl.wire.lru import LRU
@@ -34,13 +36,14 @@ __all__ = ["SessionRuntimes"]
 
 
 class _Kept:
-    """One runtime_info kept, and how many open sessions brought it."""
+    """One runtime_info kept, under what key, and how many open sessions brought it."""
 
-    __slots__ = ("info", "users", "weight")
+    __slots__ = ("info", "key", "users", "weight")
 
-    def __init__(self, info: dict[str, Any], weight: int) -> None:
+    def __init__(self, info: dict[str, Any], weight: int, key: object) -> None:
         self.info = info
         self.weight = weight
+        self.key = key
         self.users = 0
 
 
@@ -61,8 +64,10 @@ class SessionRuntimes:
         self.rank = rank
         self.budget = budget
         self.weight = 0  # of every runtime_info kept (each shared copy once)
-        # kept copies by (weight, keys): where an equal one would be
-        self._kept: dict[tuple[int, int], list[_Kept]] = {}
+        # kept copies by fingerprint (mpl.wire.fingerprint): an equal one is one hash
+        # lookup away, whatever a broker announced before (review w32, B4: a search by
+        # comparison cost the square of the number of look-alikes it sent)
+        self._kept: dict[object, _Kept] = {}
         self._declared = declared
         # what this process runs (its code's version and platform), made when a session
         # first brings runtime_info to check
@@ -95,20 +100,19 @@ class SessionRuntimes:
     def _keep(self, session: str, info: Mapping[str, Any]) -> str | None:
         """Keep ``session``'s ``info`` within the budget; why not, or None."""
         weight = info_weight(info)
-        bucket = self._kept.setdefault((weight, len(info)), [])
-        kept = next((k for k in bucket if k.info == info), None)
+        key: object = fingerprint(info)
+        kept = self._kept.get(key) if key is not None else None
         if kept is None:
             if self.weight + weight > self.budget:
-                if not bucket:
-                    del self._kept[(weight, len(info))]
                 return (
                     f"rank {self.rank}: this node keeps at most {self.budget} bytes of "
                     f"open sessions' runtime_info, {self.weight} of which are taken: this "
                     f"session's ({weight}) does not fit; close sessions that bring their "
                     "own, or open this one with less (or none: the node's own)"
                 )
-            kept = _Kept(dict(info), weight)
-            bucket.append(kept)
+            if key is None:  # a value the fingerprint does not cover: kept unshared
+                key = object()
+            kept = self._kept[key] = _Kept(dict(info), weight, key)
             self.weight += weight
         if len(self._sessions) >= MAX_SESSIONS:  # the oldest, whose close never came
             self._release(next(iter(self._sessions)))
@@ -124,11 +128,7 @@ class SessionRuntimes:
         if kept.users:
             return
         self.weight -= kept.weight
-        where = (kept.weight, len(kept.info))
-        bucket = self._kept[where]
-        bucket.remove(kept)
-        if not bucket:
-            del self._kept[where]
+        del self._kept[kept.key]
 
     def refusal(self, info: Any) -> str | None:
         """Why this node refuses a session asking for ``info``, or None if it serves it."""
