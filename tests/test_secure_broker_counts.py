@@ -44,7 +44,7 @@ class _Cluster(HandTurnedBroker):
             curves = {name: Curve(load_keypair(file), spec) for name, file in secrets.items()}
         self.secure = root is not None
         super().__init__(
-            spec, "tcp://127.0.0.1:0", "counts", ranks=(0, 1), curves=curves, turns=2000
+            spec, "tcp://127.0.0.1:0", "secure-counts", ranks=(0, 1), curves=curves, turns=2000
         )
 
     def job(self, count: Any) -> None:
