@@ -239,6 +239,7 @@ def status(
 
 def _print_listing(report: dict[str, Any], sessions: bool, as_json: bool) -> None:
     from mpl.broker.listing import format_rows
+    from mpl.wire.printable import one_line
 
     if sessions:
         rows = report.get("sessions", [])
@@ -259,7 +260,9 @@ def _print_listing(report: dict[str, Any], sessions: bool, as_json: bool) -> Non
         )
         click.echo(format_rows(rows, columns, "no session to show"))
         if report.get("other_sessions"):
-            click.echo(f"(and {report['other_sessions']} session(s) of other drivers)")
+            # the broker's word, as every cell of the table: escaped (wire/printable.py)
+            others = one_line(report["other_sessions"])
+            click.echo(f"(and {others} session(s) of other drivers)")
         return
     rows = report.get("persisted", [])
     if as_json:

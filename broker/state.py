@@ -79,6 +79,7 @@ from mpl.wire.limits import (
     MAX_PERSISTED_NAMES,
     MIN_HEARTBEAT_S,
     check_ranks,
+    heartbeat_ok,
 )
 from mpl.wire.lru import LRU, SizedLRU
 from mpl.wire.progress import EVERY_S, Progress
@@ -131,11 +132,12 @@ class BrokerState:
         liveness: int = HEARTBEAT_LIVENESS,
         secure: bool = False,
     ) -> None:
-        # its workers would refuse it in the Welcome (NaN compares False)
-        if not MIN_HEARTBEAT_S <= heartbeat_s <= MAX_HEARTBEAT_S:
+        # The workers' own test of a Welcome's interval: one they would refuse is refused
+        # here, at the start (a bool is a mistake, not a number of seconds).
+        if not heartbeat_ok(heartbeat_s):
             raise ValueError(
-                f"heartbeat_s must be within [{MIN_HEARTBEAT_S}, {MAX_HEARTBEAT_S}] s (the "
-                f"range a worker takes from its broker), got {heartbeat_s!r}"
+                f"heartbeat_s must be a number within [{MIN_HEARTBEAT_S}, {MAX_HEARTBEAT_S}] s "
+                f"(the range a worker takes from its broker), got {heartbeat_s!r}"
             )
         self.cluster = cluster
         # Secure mode: `who` (the authenticated sender) decides who may speak for a rank.

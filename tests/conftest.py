@@ -6,6 +6,7 @@ LINGER, and waits poll with a deadline instead of sleeping.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -26,6 +27,7 @@ from mpl.wire.codec import pickle_by_value
 
 sys.path.insert(0, str(Path(__file__).parent))
 import helpers
+from deployment import Deployment
 
 pickle_by_value(helpers)  # workers do not have the tests package: ship these functions
 
@@ -91,6 +93,15 @@ def no_driver_thread_left() -> Iterator[None]:
     alive = _driver_threads()  # what ended is forgotten
     _FIXTURES_OWN.intersection_update(alive)
     _FIXTURE_CLIENTS[:] = [c for c in _FIXTURE_CLIENTS if c.watch._thread in alive]
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    """A secure deployment's files in ``tmp_path`` (``tests/deployment.py``: keys, the
+    cluster spec); the daemons a test starts from it are stopped by pid at its end. A
+    module that needs more (a kernels module) asks for this one in its own."""
+    with contextlib.closing(Deployment(tmp_path)) as made:
+        yield made
 
 
 @pytest.fixture

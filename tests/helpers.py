@@ -10,12 +10,14 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import zmq
 
 from mpl.wire import GraphBuilder
+from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import decode
 from mpl.wire.control import Welcome, WorkerHello
 from mpl.wire.errors import ProtocolError
@@ -35,6 +37,19 @@ def sealer_pair(driver: str = "driver:a", node: str = "node:n0") -> tuple[Sealer
         Sealer(d[1].decode(), driver, {node: n[0].decode()}),
         Sealer(n[1].decode(), node, {driver: d[0].decode()}),
     )
+
+
+def two_rank_keys(root: Path, base: ClusterSpec) -> tuple[ClusterSpec, dict[str, Path]]:
+    """``base`` (two ranks) with fresh keys, made in ``root/keys``, for the broker, node0,
+    node1 and the driver ``analyst``; and each one's secret key file, by that name."""
+    from mpl.wire.keys import write_keypair
+
+    names = ("broker", "node0", "node1", "analyst")
+    made = {name: write_keypair(root / "keys", name) for name in names}
+    spec = base.with_keys(
+        made["broker"][2], [made["node0"][2], made["node1"][2]], {"analyst": made["analyst"][2]}
+    )
+    return spec, {name: made[name][1] for name in names}
 
 
 def call_counter(calls: Counter[str], c_calls: bool = True) -> Callable[[Any, str, Any], None]:

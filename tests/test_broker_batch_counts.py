@@ -8,69 +8,36 @@ that saturates first on 2 cores: what it does per message inside a batch is its 
 
 from __future__ import annotations
 
-import sys
+import contextlib
 from typing import Any
 
 import pytest
 import zmq
+from hand_turned_broker import HandTurnedBroker, turned_frames
 
-from mpl.broker.daemon import Broker
-from mpl.wire import GraphBuilder
 from mpl.wire.batch import batch_frames, is_batch, split_batch
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import MAGIC_FRAME, decode, encode, from_wire, to_wire
-from mpl.wire.control import WorkerHello
-from mpl.wire.jobs import Done, Exec, JobResult, Program
+from mpl.wire.jobs import Done, Exec, JobResult
 from mpl.wire.run_stats import pack_stats
-from mpl.wire.sessions import OpenSession, SessionOpened
 
 STATS = pack_stats(1.2e-05, 1.7645e9, [[0, "pcall", 1e-06, 1.1e-05]])
 _IN_A_BATCH = 16  # what the broker sends a peer per wake-up, at most (daemon._WAKE)
 
 
-class _BatchedShell:
+class _BatchedShell(HandTurnedBroker):
     """A real ``Broker`` on inproc, its loop turned by hand, between a DEALER driver that
     sends its Execs in batches and a DEALER worker (rank 0 of 2) that answers each batch of
     Execs with a batch of Dones."""
 
     def __init__(self) -> None:
-        self.ctx: zmq.Context[Any] = zmq.Context()
-        self.broker = Broker(ClusterSpec.simple(2), "inproc://batch-counts", context=self.ctx)
-        self.broker.router.setsockopt(zmq.RCVTIMEO, 0)  # inproc: what was sent is queued
-        self.socks: list[zmq.Socket[Any]] = []
-        self.workers = [self._dealer(b"\x00w%d" % r) for r in range(2)]
-        self.driver = self._dealer(b"drv:batch/0001")
-        for rank, w in enumerate(self.workers):
-            w.send_multipart(
-                to_wire(encode(WorkerHello(rank, f"i{rank}", 1, "h", "tcp://x:1", "")))
-            )
-        self.driver.send_multipart(to_wire(encode(OpenSession(1, "", 600.0, "batch"))))
-        opened = decode(from_wire(self._next(self.driver)), unpickle=False)
-        assert isinstance(opened, SessionOpened)
-        self.sid = opened.session
-        builder = GraphBuilder(2)
-        self.graph = builder.build(builder.op("constant", [], ranks=(0,), value=1))
-        self.driver.send_multipart(to_wire(encode(Program(self.graph.digest, self.graph))))
-        self.jobs = 0
+        # (inproc: what was sent is queued, a turn need not wait)
+        super().__init__(
+            ClusterSpec.simple(2), "inproc://batch-counts", "batch", ranks=(0,), rcvtimeo=0
+        )
 
-    def _dealer(self, identity: bytes) -> zmq.Socket[Any]:
-        sock: zmq.Socket[Any] = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IDENTITY, identity)
-        sock.connect(self.broker.address)
-        self.socks.append(sock)
-        return sock
-
-    def _next(self, sock: zmq.Socket[Any], count: Any = None) -> list[bytes]:
-        for _ in range(1000):
-            if sock.poll(0):
-                return sock.recv_multipart()
-            sys.setprofile(count)
-            try:
-                self.broker._turn(float("inf"))
-            finally:
-                sys.setprofile(None)
-        raise AssertionError("the broker sent nothing")
+    def _frames(self, sock: zmq.Socket[Any], count: Any = None) -> list[bytes]:
+        return turned_frames(self.broker, sock, count=count)
 
     def batch(self, count: Any) -> None:
         """_IN_A_BATCH trivial jobs on rank 0: their Execs in one batch, their Dones in one,
@@ -82,7 +49,7 @@ class _BatchedShell:
         assert self._execs(count) == names
         dones = [encode(Done(self.sid, n, 0, {0: 1}, STATS, {0: "int64[]"})) for n in names]
         self.workers[0].send_multipart(to_wire(batch_frames([h for _, h in dones])))
-        answer = from_wire(self._next(self.driver, count))
+        answer = from_wire(self._frames(self.driver, count))
         assert is_batch(answer)
         results = [decode(inner) for inner in split_batch(answer)]
         assert all(isinstance(r, JobResult) for r in results)
@@ -94,7 +61,7 @@ class _BatchedShell:
         """The jobs of the Execs the worker gets next, _IN_A_BATCH of them, in order."""
         got: list[str] = []
         while len(got) < _IN_A_BATCH:
-            frames = from_wire(self._next(self.workers[0], count))
+            frames = from_wire(self._frames(self.workers[0], count))
             inner = split_batch(frames) if is_batch(frames) else [frames]
             msgs = [decode(one, unpickle=False) for one in inner]
             got += [m.job for m in msgs if type(m) is Exec]  # (its welcome, a program)
@@ -108,21 +75,12 @@ class _BatchedShell:
         self.driver.send_multipart(to_wire(batch_frames([h for _, h in execs])))
         assert self._execs(None) == names
 
-    def close(self) -> None:
-        for sock in self.socks:
-            sock.close(linger=0)
-        self.broker.close()
-        self.ctx.term()
-
 
 @pytest.fixture
 def shell() -> Any:
-    made = _BatchedShell()
-    try:
+    with contextlib.closing(_BatchedShell()) as made:
         made.hold()
         yield made
-    finally:
-        made.close()
 
 
 def _calls_per_job(shell: _BatchedShell, batches: int = 8) -> float:
@@ -178,7 +136,7 @@ def test_a_repeat_exec_is_read_by_comparison_and_a_changed_one_in_full(
     # the same header but for its ranks: (0, 0) names a rank twice
     bad = Exec(shell.sid, "j" + "x" * 22, shell.graph.digest, (0, 0), {}, (0,), 600)
     shell.driver.send_multipart(to_wire(encode(bad)))
-    answer = decode(from_wire(shell._next(shell.driver, count)), unpickle=False)
+    answer = decode(from_wire(shell._frames(shell.driver, count)), unpickle=False)
     assert isinstance(answer, JobResult) and answer.job == bad.job
     assert answer.error is not None and "names a rank twice" in answer.error.message
     assert full_reads == 1

@@ -17,6 +17,7 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
+from hand_turned_broker import HandTurnedBroker
 
 from mpl.broker.daemon import Broker
 from mpl.broker.state import BrokerState
@@ -383,60 +384,14 @@ def test_exec_read_keeps_the_checks_handle_makes_on_an_exec() -> None:
     assert state.calls.jobs == {}
 
 
-def turned_until(
-    broker: Any, sock: zmq.Socket[Any], kind: type[Any], count: Any = None, turns: int = 1000
-) -> Any:
-    """The next message of ``kind`` to ``sock``, ``broker``'s loop turned by hand until it
-    comes (its turns counted by ``count``, a sys.setprofile function, if given)."""
-    for _ in range(turns):  # each turn ends after RCVTIMEO with nothing queued
-        if sock.poll(0):
-            msg = decode(from_wire(sock.recv_multipart()), unpickle=False)
-            if isinstance(msg, kind):
-                return msg
-            continue
-        sys.setprofile(count)
-        try:
-            broker._turn(float("inf"))
-        finally:
-            sys.setprofile(None)
-    raise AssertionError(f"no {kind.__name__}")
-
-
-class _Shell:
+class _Shell(HandTurnedBroker):
     """A real ``Broker`` on inproc, its loop turned by hand (``_turn`` with no timers due),
     fed by DEALER sockets standing in for ``world`` workers and a driver: what the rig
     above leaves out (the receive loop, the sends through the socket) is counted too."""
 
     def __init__(self, world: int) -> None:
-        self.ctx: zmq.Context[Any] = zmq.Context()
-        self.broker = Broker(ClusterSpec.simple(world), f"inproc://shell-{world}", context=self.ctx)
-        # how long a turn waits once nothing is queued (inproc: what was sent is queued)
-        self.broker.router.setsockopt(zmq.RCVTIMEO, 5)
-        self.socks: list[zmq.Socket[Any]] = []
-        self.workers = [self._dealer(b"\x00w%d" % r) for r in range(world)]
-        self.driver = self._dealer(b"drv:shell/0001")
-        for rank, w in enumerate(self.workers):
-            w.send_multipart(
-                to_wire(encode(WorkerHello(rank, f"i{rank}", 1, "h", "tcp://x:1", "")))
-            )
-        self.driver.send_multipart(to_wire(encode(OpenSession(1, "", 600.0, "shell"))))
-        opened = self._next(self.driver, SessionOpened)
-        self.sid = opened.session
-        builder = GraphBuilder(world)
-        self.graph = builder.build(builder.op("constant", [], ranks=tuple(range(world)), value=1))
-        self.driver.send_multipart(to_wire(encode(Program(self.graph.digest, self.graph))))
-        self.jobs = 0
-
-    def _dealer(self, identity: bytes) -> zmq.Socket[Any]:
-        sock: zmq.Socket[Any] = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IDENTITY, identity)
-        sock.connect(self.broker.address)
-        self.socks.append(sock)
-        return sock
-
-    def _next(self, sock: zmq.Socket[Any], kind: type[Any], count: Any = None) -> Any:
-        return turned_until(self.broker, sock, kind, count)
+        # (inproc: what was sent is queued; a turn waits 5 ms once nothing is)
+        super().__init__(ClusterSpec.simple(world), f"inproc://shell-{world}", "shell")
 
     def job(self, count: Any) -> None:
         """One trivial job on every rank, its answer checked; the broker's turns for it
@@ -455,12 +410,6 @@ class _Shell:
         result = self._next(self.driver, JobResult, count)
         assert result.job == name and result.error is None
         assert result.values == {0: dict.fromkeys(ranks, 1)}
-
-    def close(self) -> None:
-        for sock in self.socks:
-            sock.close(linger=0)
-        self.broker.close()
-        self.ctx.term()
 
 
 def _shell_calls(world: int, jobs: int = 10) -> float:

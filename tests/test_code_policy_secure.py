@@ -8,7 +8,6 @@ run only named kernels.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +43,10 @@ class Trap:
 
 
 @pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    d = Deployment(tmp_path)
-    d.add_module("acme_scale", KERNELS)
-    try:
-        yield d
-    finally:
-        d.close()
+def deployment(deployment: Deployment) -> Deployment:
+    """conftest's deployment, with the kernels module its workers import."""
+    deployment.add_module("acme_scale", KERNELS)
+    return deployment
 
 
 def test_a_secure_worker_that_runs_only_kernels_refuses_sealed_pickles(

@@ -9,8 +9,6 @@ spec, count the disagreement and log it once.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,13 +38,10 @@ def _bound(spec: ClusterSpec, kernel_id: str) -> str:
 
 
 @pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    d = Deployment(tmp_path)
-    d.add_module("probe_kernels", KERNELS)
-    try:
-        yield d
-    finally:
-        d.close()
+def deployment(deployment: Deployment) -> Deployment:
+    """conftest's deployment, with the kernels module its workers import."""
+    deployment.add_module("probe_kernels", KERNELS)
+    return deployment
 
 
 def test_a_welcome_that_rebinds_an_op_is_overridden_by_the_workers_own_spec(

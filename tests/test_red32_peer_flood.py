@@ -30,6 +30,7 @@ drop a genuine big move (promise 6: a 1 GiB move).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -120,11 +121,8 @@ _OTHER = _shuffled({0: 1}, 2)  # op 3: rank 0 takes one move from rank 1
 
 @pytest.fixture
 def rank0(zmq_ctx: zmq.Context[Any]) -> Iterator[_Rank0]:
-    r = _Rank0(zmq_ctx)
-    try:
-        yield r
-    finally:
-        r.close()
+    with contextlib.closing(_Rank0(zmq_ctx)) as made:
+        yield made
 
 
 def test_a_party_cannot_park_unbounded_bytes_in_a_job_it_shares(rank0: _Rank0) -> None:

@@ -93,11 +93,8 @@ class Cluster:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    made = Cluster(tmp_path)
-    try:
+    with contextlib.closing(Cluster(tmp_path)) as made:
         yield made
-    finally:
-        made.close()
 
 
 def _lines(path: Path) -> int:

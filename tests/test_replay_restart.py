@@ -136,22 +136,16 @@ class Rig:
 def two_workers(root: Path, drivers: tuple[str, ...]) -> Iterator[Rig]:
     """A fixture's body: a :class:`Rig` listing ``drivers`` with workers 0 and 1 serving,
     closed (every process stopped by pid) when the test ends."""
-    made = Rig(root, drivers=drivers)
-    try:
+    with contextlib.closing(Rig(root, drivers=drivers)) as made:
         made.start_worker(0)
         made.start_worker(1)
         yield made
-    finally:
-        made.close()
 
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
-    made = Rig(tmp_path)
-    try:
+    with contextlib.closing(Rig(tmp_path)) as made:
         yield made
-    finally:
-        made.close()
 
 
 def _runs_after_refusals(fn: Callable[[], Any], expected: Any) -> int:

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from mpl.broker.cli import main
 from mpl.broker.state import BrokerState
 from mpl.wire import ClusterSpec
-from mpl.wire.limits import MAX_HEARTBEAT_S, MIN_HEARTBEAT_S
+from mpl.wire.limits import MAX_HEARTBEAT_S, MIN_HEARTBEAT_S, heartbeat_ok
 
 
 @pytest.mark.parametrize("heartbeat", [7200.0, MAX_HEARTBEAT_S * 1.5, float("inf")])
@@ -33,3 +33,25 @@ def test_a_broker_takes_the_range_its_workers_take() -> None:
     spec = ClusterSpec.simple(2, enable_spu=False)
     for heartbeat in (MIN_HEARTBEAT_S, 1.0, MAX_HEARTBEAT_S):
         assert BrokerState(spec, now=0.0, heartbeat_s=heartbeat).heartbeat_s == heartbeat
+
+
+@pytest.mark.parametrize("heartbeat", [True, False, float("nan"), "1.0", None])
+def test_a_broker_refuses_a_heartbeat_that_is_not_a_number_of_seconds(heartbeat: object) -> None:
+    # True compares as 1 and passed the range written out before; the workers' own test
+    # (limits.heartbeat_ok) refuses a bool, and the broker now shares that test.
+    spec = ClusterSpec.simple(2, enable_spu=False)
+    with pytest.raises(ValueError, match="heartbeat"):
+        BrokerState(spec, now=0.0, heartbeat_s=heartbeat)  # type: ignore[arg-type]
+
+
+def test_the_broker_and_its_workers_take_the_same_intervals() -> None:
+    # one test decides both sides: what a broker starts with, a worker takes in the Welcome
+    spec = ClusterSpec.simple(2, enable_spu=False)
+    for heartbeat in (MIN_HEARTBEAT_S / 2, MIN_HEARTBEAT_S, 1, 1.0, MAX_HEARTBEAT_S, True, 0):
+        try:
+            BrokerState(spec, now=0.0, heartbeat_s=heartbeat)
+        except ValueError:
+            started = False
+        else:
+            started = True
+        assert started == heartbeat_ok(heartbeat), heartbeat

@@ -17,7 +17,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from helpers import wait_until
+from helpers import two_rank_keys, wait_until
 
 import mpl.driver as mp
 from mpl.broker.daemon import Broker
@@ -26,7 +26,7 @@ from mpl.wire.codec import MAGIC_FRAME, Pickled, from_wire, to_wire
 from mpl.wire.curve import Curve
 from mpl.wire.decoder import Opaque, OpaqueRecord
 from mpl.wire.jobs import Exec, Lit, Program
-from mpl.wire.keys import load_keypair, write_keypair
+from mpl.wire.keys import load_keypair
 from mpl.wire.record import Record, record_fields
 from mpl.wire.seal import Sealer, program_context
 from mpl.wire.sealed import BOX_MAGIC, Sealed, is_sealed
@@ -125,15 +125,9 @@ class Setup:
         self.curves: dict[str, Curve | None] = {n: None for n in ("broker", "node0", "node1")}
         self.driver_key: Path | None = None
         if secure:
-            names = ("broker", "node0", "node1", "analyst")
-            made = {n: write_keypair(root / "keys", n) for n in names}
-            spec = spec.with_keys(
-                made["broker"][2],
-                [made["node0"][2], made["node1"][2]],
-                {"analyst": made["analyst"][2]},
-            )
-            self.curves = {n: Curve(load_keypair(made[n][1]), spec) for n in names[:3]}
-            self.driver_key = made["analyst"][1]
+            spec, secrets = two_rank_keys(root, spec)
+            self.curves = {n: Curve(load_keypair(secrets[n]), spec) for n in self.curves}
+            self.driver_key = secrets["analyst"]
         self.spec = spec
         self.broker = Broker(spec, "tcp://127.0.0.1:0", curve=self.curves["broker"])
         self.tap = Tap(self.broker.router)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +31,6 @@ from mpl.wire.sockets import configure
 from mpl.worker.spu_link import SPU_MAGIC
 
 pytestmark = pytest.mark.daemons
-
-
-@pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    d = Deployment(tmp_path)
-    try:
-        yield d
-    finally:
-        d.close()
 
 
 def analyst(d: Deployment) -> Curve:

@@ -10,79 +10,42 @@ reading each message's authenticated identity from its frame.
 from __future__ import annotations
 
 import gc
-import sys
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import zmq
-from test_broker_counts import turned_until
+from hand_turned_broker import HandTurnedBroker, turned_frames
+from helpers import two_rank_keys
 
 from mpl.broker.daemon import Broker
-from mpl.wire import GraphBuilder
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.codec import encode, to_wire
-from mpl.wire.control import WorkerHello
 from mpl.wire.curve import Curve
-from mpl.wire.jobs import Done, Exec, JobResult, Program
-from mpl.wire.keys import load_keypair, write_keypair
+from mpl.wire.jobs import Done, Exec, JobResult
+from mpl.wire.keys import load_keypair
 from mpl.wire.run_stats import pack_stats
 from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC
-from mpl.wire.sessions import OpenSession, SessionOpened
 
 _STATS = pack_stats(1.2e-05, 1.7645e9, [[0, "pcall", 1e-06, 1.1e-05]])
 _BOX = b"mpl-box\x01" + bytes(range(60))  # what a worker's sealed value looks like here
 
 
-class _Cluster:
-    """A broker of two ranks and its three peers; ``job`` runs one trivial job through it,
-    the broker's turns for it counted by a sys.setprofile function."""
+class _Cluster(HandTurnedBroker):
+    """A broker of two ranks and its three peers, in plaintext (``root`` None) or over
+    CurveZMQ with keys made in ``root``; ``job`` runs one trivial job through it, the
+    broker's turns for it counted by a sys.setprofile function."""
 
     def __init__(self, root: Path | None) -> None:
         spec = ClusterSpec.simple(2, enable_spu=False)
         curves: dict[str, Curve] = {}
         if root is not None:
-            names = ("broker", "node0", "node1", "analyst")
-            made = {name: write_keypair(root / "keys", name) for name in names}
-            spec = spec.with_keys(
-                made["broker"][2],
-                [made["node0"][2], made["node1"][2]],
-                {"analyst": made["analyst"][2]},
-            )
-            curves = {name: Curve(load_keypair(made[name][1]), spec) for name in names}
+            spec, secrets = two_rank_keys(root, spec)
+            curves = {name: Curve(load_keypair(file), spec) for name, file in secrets.items()}
         self.secure = root is not None
-        self.ctx: zmq.Context[Any] = zmq.Context()
-        self.broker = Broker(
-            spec, "tcp://127.0.0.1:0", context=self.ctx, curve=curves.get("broker")
+        super().__init__(
+            spec, "tcp://127.0.0.1:0", "secure-counts", ranks=(0, 1), curves=curves, turns=2000
         )
-        self.broker.router.setsockopt(zmq.RCVTIMEO, 5)  # a turn's wait once nothing is queued
-        self.socks: list[zmq.Socket[Any]] = []
-
-        def dealer(identity: bytes, name: str) -> zmq.Socket[Any]:
-            sock: zmq.Socket[Any] = self.ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.IDENTITY, identity)
-            if name in curves:
-                curves[name].dial(sock, spec.broker_key)
-            sock.connect(self.broker.address)
-            self.socks.append(sock)
-            return sock
-
-        self.workers = [dealer(b"\x00w%d" % r, f"node{r}") for r in range(2)]
-        self.driver = dealer(b"drv:secure-counts/0001", "analyst")
-        for rank, w in enumerate(self.workers):
-            w.send_multipart(
-                to_wire(encode(WorkerHello(rank, f"i{rank}", 1, "h", "tcp://x:1", "")))
-            )
-        self.driver.send_multipart(to_wire(encode(OpenSession(1, "", 600.0, "counts"))))
-        self.sid = self._next(self.driver, SessionOpened, None).session
-        builder = GraphBuilder(2)
-        self.graph = builder.build(builder.op("constant", [], ranks=(0, 1), value=1))
-        self.driver.send_multipart(to_wire(encode(Program(self.graph.digest, self.graph))))
-        self.jobs = 0
-
-    def _next(self, sock: zmq.Socket[Any], kind: type[Any], count: Any) -> Any:
-        return turned_until(self.broker, sock, kind, count, turns=2000)
 
     def job(self, count: Any) -> None:
         self.jobs += 1
@@ -118,12 +81,6 @@ class _Cluster:
             w.send_multipart(to_wire(encode(Done(self.sid, name, rank, {0: _BOX}, _STATS))))
         result = self._next(self.driver, JobResult, counted)
         assert result.job == name and result.error is None
-
-    def close(self) -> None:
-        for sock in self.socks:
-            sock.close(linger=0)
-        self.broker.close()
-        self.ctx.term()
 
 
 def _calls(root: Path | None, jobs: int = 10, sealed: bool = False) -> tuple[float, dict[str, int]]:
@@ -171,18 +128,7 @@ def _turned_raw(broker: Broker, sock: zmq.Socket[Any], count: Any) -> list[bytes
     """The next sealed Exec to ``sock`` as its frames (anything before it skipped: the
     welcome, the program), ``broker``'s loop turned by hand until it comes (counted by
     ``count`` if given)."""
-    for _ in range(2000):
-        if sock.poll(0):
-            frames: list[bytes] = sock.recv_multipart()
-            if frames[0].startswith(SEALED_EXEC_MAGIC):
-                return frames
-            continue
-        sys.setprofile(count)
-        try:
-            broker._turn(float("inf"))
-        finally:
-            sys.setprofile(None)
-    raise AssertionError("no message")
+    return turned_frames(broker, sock, lambda f: f[0].startswith(SEALED_EXEC_MAGIC), count, 2000)
 
 
 # A repeat sealed Exec read through _handle (SealedExecReaders.read: read_hot_header,

@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
-from helpers import wait_until
+from helpers import two_rank_keys, wait_until
 
 import mpl.driver as mp
 from mpl.broker.daemon import Broker
@@ -28,7 +28,7 @@ from mpl.wire.codec import MAGIC_FRAME
 from mpl.wire.curve import Curve
 from mpl.wire.done_pack import OneSpanDone
 from mpl.wire.hot import read_exec
-from mpl.wire.keys import load_keypair, write_keypair
+from mpl.wire.keys import load_keypair
 from mpl.wire.sealed_exec import SEALED_EXEC_MAGIC, is_sealed_exec, split_own
 from mpl.worker import daemon
 from mpl.worker.daemon import Worker
@@ -254,12 +254,10 @@ def secure_threads(
     """A secure cluster of ``base``'s two ranks on threads (CurveZMQ, sealing), its keys
     made in ``tmp_path``, and a driver of it (the analyst's); each worker with a data root
     of its own there if ``data_roots``. The driver closed, then every daemon stopped."""
-    names = ("broker", "node0", "node1", "analyst")
-    made = {name: write_keypair(tmp_path / "keys", name) for name in names}
-    spec = base.with_keys(
-        made["broker"][2], [made["node0"][2], made["node1"][2]], {"analyst": made["analyst"][2]}
-    )
-    curves = {name: Curve(load_keypair(made[name][1]), spec) for name in names[:3]}
+    spec, secrets = two_rank_keys(tmp_path, base)
+    curves = {
+        name: Curve(load_keypair(secrets[name]), spec) for name in ("broker", "node0", "node1")
+    }
     broker = Broker(spec, "tcp://127.0.0.1:0", curve=curves["broker"]).start()
     workers: list[Worker] = []
     try:
@@ -270,7 +268,7 @@ def secure_threads(
             )
         for worker in workers:
             assert worker.joined.wait(15), "worker did not join"
-        ctx = mp.connect(broker.address, key=made["analyst"][1], cluster=spec, timeout=20)
+        ctx = mp.connect(broker.address, key=secrets["analyst"], cluster=spec, timeout=20)
         with contextlib.closing(ctx), ctx:
             yield broker, workers, ctx
     finally:

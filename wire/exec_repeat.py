@@ -132,7 +132,8 @@ class RepeatExecs:
         self._frame_head = b""
         self._frame_at = 0
         # the same for a sealed Exec's frame (mpl.wire.sealed_exec: its magic, then a
-        # header with no bindings, then its box), kept for a header with no bindings
+        # header with no bindings, then its box), kept for a header with no bindings, up
+        # to and with its job id's fixstr byte (the id's bytes begin at _frame_at)
         self._sealed_head = b""
         self._fields: dict[str, Any] = {}  # the last record's fields, as read
         # a record of them, what repeat_job compares with (its callers run it by job id)
@@ -286,13 +287,25 @@ class RepeatExecs:
         its bindings empty, then one box as a msgpack bin; its caller checked the magic):
         ``(job id, box)`` if the header is :attr:`last`'s but for that id (as long as its
         own), :attr:`last` had no bindings (as the full read requires of this shape) and the
-        box fills the rest, else None, with nothing read or remembered."""
-        size, end = self._size, len(data)
-        if end <= size + 2 or end >= MAX_CONTAINERS:
+        box fills the rest, else None, with nothing read or remembered. The frame as it came
+        in two parts (the worker's path for a message it did not read as one frame):
+        :meth:`repeat_sealed_frame` reads it with its magic put back."""
+        return self.repeat_sealed_frame(_SEALED_MAGIC + data)
+
+    def repeat_sealed_frame(self, data: bytes) -> tuple[str, bytes] | None:
+        """:meth:`repeat_sealed` for a sealed Exec's frame as it is received (wire v4): its
+        magic (``mpl.wire.sealed_exec.SEALED_EXEC_MAGIC``), the header and the box in one
+        frame, ``data``. The worker's reading of each secure job: one call, the header
+        compared as :meth:`repeat_sealed_boxes` compares it (written out there, for the
+        broker's many boxes), its one box read first, so a header counted as a repeat is
+        one whose box is good too."""
+        head = self._sealed_head  # (none unless the last header had no bindings)
+        if not head:
             return None
-        # the box: a bin8 or bin16 that ends the frame (msgpack_bins.bin_bounds written out:
-        # the worker's path for each secure job, a Python call less); checked before the
-        # header, so a header counted as a repeat is one whose box is good too
+        size, end = self._size + 4, len(data)  # the header's end, four bytes on
+        if end <= size + 2 or end - 4 >= MAX_CONTAINERS:
+            return None
+        # the box: a bin8 or bin16 that ends the frame (msgpack_bins.bin_bounds written out)
         mark = data[size]
         if mark == BIN8:
             start = size + 2
@@ -304,69 +317,15 @@ class RepeatExecs:
             return None
         if stop != end or start == end:
             return None
-        said = self.repeat_header(data)
-        return None if said is None else (said[0], data[start:])
-
-    def repeat_sealed_frame(self, data: bytes) -> tuple[str, bytes] | None:
-        """:meth:`repeat_sealed` for a sealed Exec's frame as it is received (wire v4): its
-        magic (``mpl.wire.sealed_exec.SEALED_EXEC_MAGIC``), the header and the box in one
-        frame, ``data``. The same comparison, with the magic among the bytes compared; the
-        frame is not cut in two first (:meth:`repeat_header`'s checks, written out: a call
-        less per job)."""
-        head = self._sealed_head  # (none unless the last header had no bindings)
-        if not head:
+        tail = self._tail
+        if not (data.startswith(head) and data.startswith(tail, size - len(tail))):
             return None
-        size, end = self._size + 4, len(data)  # the header's end, four bytes on
-        if end <= size + 2 or end - 4 >= MAX_CONTAINERS:
-            return None
-        mark = data[size]  # the box, as repeat_sealed reads it: checked first
-        if mark == BIN8:
-            start = size + 2
-            stop = start + data[size + 1]
-        elif mark == BIN16:
-            start = size + 3
-            stop = start + int.from_bytes(data[size + 1 : start], "big")
-        else:
-            return None
-        if stop != end or start == end:
-            return None
-        tail, at = self._tail, self._frame_at
-        if not (
-            data.startswith(head)
-            and data.startswith(tail, size - len(tail))
-            and data[at - 1] == self._id_byte
-        ):
-            return None
-        try:  # as repeat_header reads it
-            job = data[at : size - len(tail)].decode()
+        try:  # the job id: what lies between (_frame_at: the head's end), as decode reads it
+            job = data[self._frame_at : size - len(tail)].decode()
         except UnicodeDecodeError:
             return None
         self.repeats += 1
         return job, data[start:]
-
-    def repeat_header(self, data: bytes) -> tuple[str, int] | None:
-        """``(job id, where the header ends)`` if ``data`` begins with :attr:`last`'s
-        header but for that id (as long as its own), :attr:`last` had no bindings, and more
-        bytes follow the header: the broker's reading of a sealed Exec from the driver
-        (``mpl.wire.sealed_exec``: each rank's box after the header; its caller reads
-        them and checks the magic). None for anything else, with nothing read or
-        remembered."""
-        head, tail, size = self._head, self._tail, self._size
-        if not head or self._box_at or len(data) <= size or self._fields["bindings"]:
-            return None
-        at = self._id_at
-        if not (
-            data.startswith(head)
-            and data.startswith(tail, size - len(tail))
-            and data[at - 1] == self._id_byte
-        ):
-            return None
-        try:  # as repeat_job reads it
-            job = data[at : size - len(tail)].decode()
-        except UnicodeDecodeError:
-            return None
-        self.repeats += 1
-        return job, size
 
     def repeat_sealed_boxes(
         self, data: bytes, magic: bytes, max_ranks: int
@@ -375,23 +334,21 @@ class RepeatExecs:
         magic, the header, then each rank's box; ``mpl.wire.sealed_exec``) that repeats
         :attr:`last` but for the job id: the record :meth:`repeat` would read, and the
         frames the broker forwards, ``[magic, header, box, ...]`` (each box its msgpack
-        bin head and all). :meth:`repeat_header`'s checks with the magic among the bytes
-        compared, then the boxes as ``sealed_exec._repeat_boxes`` cuts them (a bin8 or
-        bin16 of at least one byte per rank, nothing after the last), and at most
-        ``max_ranks`` ranks: one call, not four. None for anything else, with nothing
-        read or remembered (the caller then reads it as before)."""
+        bin head and all). The header is :attr:`last`'s but for the job id (as long as its
+        own; :attr:`last` had no bindings), with the magic among the bytes compared; the
+        boxes are cut as ``sealed_exec.read_sealed_exec`` cuts them (a bin8 or bin16 of at
+        least one byte per rank, nothing after the last), for at most ``max_ranks`` ranks.
+        The one reader of a repeat's boxes: ``SealedExecReaders`` reads a frame that came
+        in two parts with it too. None for anything else, with nothing read or remembered
+        (the caller then reads it in full)."""
         head = self._sealed_head  # (none unless the last header had no bindings)
         if not head:
             return None
         size, end = self._size + 4, len(data)  # the header's end, four bytes on
         if end <= size or end - 4 >= MAX_CONTAINERS:
             return None
-        tail, at = self._tail, self._frame_at
-        if not (
-            data.startswith(head)
-            and data.startswith(tail, size - len(tail))
-            and data[at - 1] == self._id_byte
-        ):
+        tail = self._tail
+        if not (data.startswith(head) and data.startswith(tail, size - len(tail))):
             return None
         fields = self._fields
         ranks = fields["ranks"]
@@ -418,8 +375,8 @@ class RepeatExecs:
             return None
         if box != end:
             return None
-        try:  # as repeat_header reads it
-            job = data[at : size - len(tail)].decode()
+        try:  # as repeat_sealed_frame reads it
+            job = data[self._frame_at : size - len(tail)].decode()
         except UnicodeDecodeError:
             return None
         self.repeats += 1
@@ -466,8 +423,10 @@ class RepeatExecs:
         else:
             self._head, self._tail = head, header[len(head) + len(job) :]
             self._frame_head = MAGIC_FRAME + head
-            if not bindings:  # the header a sealed Exec's frame carries (repeat_sealed_frame)
-                self._sealed_head = _SEALED_MAGIC + head
+            if not bindings and fixstr:  # a sealed Exec's frame's header (repeat_sealed_frame)
+                # up to the job id's bytes: its fixstr byte (its size) is compared with the
+                # rest, so the id lies between this head and the tail
+                self._sealed_head = _SEALED_MAGIC + head + job[:1]
         self._size, self._fields = len(header), dict(msg.__dict__)
         self.last = self.record(msg.job)
         self._id_at = len(head) + 1 if fixstr else -1

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from mpl.wire.lru import LRU
-from mpl.wire.printable import one_line
+from mpl.wire.printable import one_line, printable
 
 __all__ = ["LOG_FORMATS", "JsonFormatter", "RefusalLog", "TextFormatter", "configure_logging"]
 
@@ -59,11 +59,18 @@ class TextFormatter(logging.Formatter):
     """The human-readable line. A message often quotes what a peer sent (a broker's refusal,
     a worker's host, a reason): shown on one line with control characters escaped and cut
     (``wire/printable.py``), so a peer can neither forge log lines with a newline nor drive
-    the terminal of whoever reads the log. An attached traceback follows as usual."""
+    the terminal of whoever reads the log. An attached traceback keeps its lines, its
+    control characters escaped too, each line indented: its last lines are the exception's
+    text, which may quote a peer (``Guard.internal`` logs one), and a line a newline there
+    starts is never one that begins at the margin, as a log line does."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = one_line(record.message, _LOG_LINE_CHARS)
         return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        shown = printable(super().formatException(ei))
+        return "\n".join(f"  {line}" for line in shown.split("\n"))
 
 
 _LOG_LINE_CHARS = 4096

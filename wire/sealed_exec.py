@@ -189,8 +189,8 @@ class SealedExecReaders:
     """The broker's reading of sealed Execs (:func:`read_sealed_exec`), per sender: a
     sender's last header read in full is kept (``mpl.wire.exec_repeat``), and a frame that
     repeats it but for the job id is read by comparison, its boxes by their bin heads
-    (:func:`_repeat_boxes`): what :func:`read_sealed_exec` answers, without its Unpacker
-    walk and lean read. Anything else is read in full. One reader per sender: the bytes
+    (``RepeatExecs.repeat_sealed_boxes``): what :func:`read_sealed_exec` answers, without
+    its Unpacker walk and lean read. Anything else is read in full. One reader per sender: the bytes
     compared with came from that sender's connection and were accepted there (who may send
     them is checked per message, after). Bounded: at most ``_READERS`` senders. Not
     thread-safe: the broker's loop alone reads."""
@@ -221,14 +221,13 @@ class SealedExecReaders:
         if reader is not None and len(frames) == 2:
             first, raw = frames
             if len(first) == _MAGIC_LEN and bytes(first) == SEALED_EXEC_MAGIC:
+                # the frame as it came in one part, read as repeat_frame reads it
                 data = raw.bytes if type(raw) is Frame else bytes(raw)
-                said = reader.repeat_header(data) if len(data) < MAX_CONTAINERS else None
+                magic = SEALED_EXEC_MAGIC
+                said = reader.repeat_sealed_boxes(magic + data, magic, max_ranks)
                 if said is not None:
-                    job, end = said
-                    read = reader.record(job)
-                    boxes = _repeat_boxes(data, end, len(read.ranks))
-                    if boxes is not None and len(read.ranks) <= max_ranks:
-                        return read, data[:end], boxes
+                    read, parts = said  # [magic, header, box, ...]
+                    return read, parts[1], parts[2:]
         read, head, boxes = read_sealed_exec(frames, max_ranks)
         if len(head) < _KEPT_BELOW:
             if reader is None:
@@ -238,31 +237,6 @@ class SealedExecReaders:
                 reader = readers[peer] = RepeatExecs()
             reader.read_in_full([MAGIC_FRAME, head])  # kept to compare the next ones with
         return read, head, boxes
-
-
-def _repeat_boxes(data: bytes, at: int, count: int) -> list[bytes] | None:
-    """The ``count`` boxes from ``data[at]`` to its end, as :func:`read_sealed_exec` cuts
-    them (each a msgpack bin8 or bin16 of at least one byte, its head and all, nothing
-    after the last); None for anything else (the full read says why)."""
-    size, boxes = len(data), []
-    try:
-        for _ in range(count):
-            mark = data[at]
-            if mark == BIN8:
-                start = at + 2
-                stop = start + data[at + 1]
-            elif mark == BIN16:
-                start = at + 3
-                stop = start + int.from_bytes(data[at + 1 : start], "big")
-            else:
-                return None
-            if stop == start or stop > size:
-                return None
-            boxes.append(data[at:stop])
-            at = stop
-    except IndexError:  # a bin head cut short
-        return None
-    return boxes if at == size else None
 
 
 def split_own(data: bytes) -> tuple[bytes, bytes]:

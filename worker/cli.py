@@ -17,6 +17,7 @@ from mpl.wire.errors import KeyFileError
 from mpl.wire.keys import load_keypair
 from mpl.wire.lifetime import die_with_parent
 from mpl.wire.logs import configure_logging
+from mpl.wire.printable import MAX_TEXT_CHARS, one_line
 
 __all__ = ["main"]
 
@@ -252,7 +253,9 @@ def main(
     sys.stdout.flush()
     worker.serve_forever()
     if worker.refused is not None:
-        click.echo(f"mpl-worker: refused: {worker.refused.message}", err=True)
+        # the broker's word (it may be hostile): escaped, on one line (wire/printable.py)
+        reason = one_line(worker.refused.message, MAX_TEXT_CHARS)
+        click.echo(f"mpl-worker: refused: {reason}", err=True)
         sys.exit(3)
 
 
