@@ -31,6 +31,7 @@ from mpl.wire.curve import Curve
 from mpl.wire.errors import MplError, MplTimeoutError, ProtocolError, SessionError
 from mpl.wire.exec_pack import exec_frames
 from mpl.wire.jobs import Exec, JobResult
+from mpl.wire.printable import one_line
 from mpl.wire.progress import Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import from_info
@@ -257,7 +258,7 @@ class BrokerCalls:
         try:
             inner = split_batch(frames)
         except ProtocolError as exc:
-            log.warning("bad message from the broker: %s", exc)
+            log.warning("bad message from the broker: %s", one_line(exc))
             return None
         found: Record | None = None
         for one in inner:
@@ -283,7 +284,7 @@ class BrokerCalls:
         if frames and foreign_version(frames[0]) is not None:
             raise exc  # a broker of another wire version: nothing it says can be read
         self._refuse_answer(frames, match, exc)
-        log.warning("bad message from the broker: %s", exc)
+        log.warning("bad message from the broker: %s", one_line(exc))
 
     def _take(self, answer: Record, match: Callable[[Record], bool]) -> Record | None:
         """Act on one answer: ``answer`` if it is the awaited one, else None."""

@@ -35,6 +35,7 @@ from mpl.wire.errors import MplError, MplTimeoutError, ProtocolError, SessionErr
 from mpl.wire.exec_pack import exec_frames
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Cancel, Exec, JobResult, Program
+from mpl.wire.printable import one_line
 from mpl.wire.progress import Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import from_info
@@ -270,7 +271,7 @@ class JobPump:
                     try:
                         messages = split_batch(received)
                     except ProtocolError as exc:
-                        log.warning("bad message from the broker: %s", exc)
+                        log.warning("bad message from the broker: %s", one_line(exc))
                         continue
                 else:
                     messages = [received]
@@ -280,7 +281,7 @@ class JobPump:
                         # cluster
                         msg = read_answer(frames, safe=safe)
                     except ProtocolError as exc:
-                        log.warning("bad message from the broker: %s", exc)
+                        log.warning("bad message from the broker: %s", one_line(exc))
                         continue
                     # a plaintext job's value (most): _take's steps for it, without its call
                     if (

@@ -329,3 +329,30 @@ def test_every_error_class_a_worker_or_broker_may_name_is_rebuilt_by_from_info()
                 name == "RemoteError" and isinstance(rebuilt, errors.RemoteError)
             )
             assert_escaped(str(rebuilt), one_line=False)
+
+
+def _bare_names_logged(path: Path) -> list[str]:
+    """``log.<level>(...)`` calls in ``path`` that pass a caught exception (a bare name
+    bound by ``except ... as``) without ``one_line``/``printable`` around it."""
+    tree = ast.parse(path.read_text(), str(path))
+    caught = {h.name for h in ast.walk(tree) if isinstance(h, ast.ExceptHandler) and h.name}
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        if not (isinstance(node.func.value, ast.Name) and node.func.value.id == "log"):
+            continue
+        bare = [a.id for a in node.args[1:] if isinstance(a, ast.Name) and a.id in caught]
+        if bare:
+            found.append(f"{path.relative_to(_ROOT)}:{node.lineno} {bare}")
+    return found
+
+
+def test_the_driver_logs_a_brokers_error_text_escaped() -> None:
+    """The driver logs through the application's own logging, which escapes nothing (the
+    daemons' formatter does, the user's need not): a refused message's error, whose text
+    may quote what the broker sent, is logged through ``one_line``."""
+    found = [
+        f for path in sorted((_ROOT / "driver").rglob("*.py")) for f in _bare_names_logged(path)
+    ]
+    assert found == []
