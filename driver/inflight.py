@@ -424,9 +424,14 @@ class JobPump:
             stopped, self._interrupted = set(self._interrupted), []
         for job, p in list(self._inflight.items()):
             if p.future in stopped:
+                self._client.progress.end(job, False)
+                if p in self._unsent:  # not sent yet (the queue to the broker was full)
+                    self._unsent.remove(p)
+                    del self._inflight[job]
+                    _fail(p, MplError(f"job {job}: {INTERRUPTED} before it was sent"))
+                    continue
                 with contextlib.suppress(zmq.Again):  # best effort, as at a deadline
                     send_frames(sock, to_wire(encode(Cancel(p.msg.session, job, INTERRUPTED))))
-                self._client.progress.end(job, False)
 
     def _fail_all(self, make: Callable[[str], BaseException], text: str) -> None:
         with self._lock:
