@@ -4,11 +4,17 @@ An SPU member keeps one libspu link and Runtime per ``(session, device, members,
 members' incarnations)`` (``worker/spu_kernels.SpuService._lane``) until the session ends or
 one of its SPU jobs fails. ``device`` is the string the driver's program writes in the op's
 attributes, checked only for being a string: no worker compares it with the devices of the
-spec. So a listed driver (``code: kernels`` is enough: ``spu.run`` is a built-in op) that
-names a new device in each job makes every member build and keep a new lane per job, for
-the session's life: about 45 KB per lane on each member with SEMI2K (400 jobs: +17 MB per
-worker), more with a protocol whose set-up is heavier (the op's ``config`` is the driver's
-too), and ``drop_lanes`` scans them all at each failed SPU job or session end.
+spec. So a driver that names a new device in each job makes every member build and keep a
+new lane per job, for the session's life: about 45 KB per lane on each member with SEMI2K
+(400 jobs: +17 MB per worker), more with a protocol whose set-up is heavier (the op's
+``config`` is the driver's too), and ``drop_lanes`` scans them all at each failed SPU job
+or session end.
+
+Who can: only a driver a member lets ship code (``spu.run`` carries a pickled JAX function,
+refused from a ``code: kernels`` driver), which README says is trusted with that whole
+worker anyway; so this is a table keyed by a driver's word without a bound (ARCHITECTURE
+section 6: every table keyed by network input is bounded), hit by a buggy driver as easily
+as by a hostile one, not a way past a trust boundary.
 
 What a fix needs: an SPU op's ``device`` must be a device of the session's cluster spec
 with exactly the members the op names (refused with ``GraphError`` or a ``ProtocolError``
