@@ -33,7 +33,7 @@ import zmq
 
 from mpl.driver.calls import BrokerCalls
 from mpl.driver.inflight import JobPump, Pending
-from mpl.driver.job_future import JobFuture
+from mpl.driver.job_future import INTERRUPTED, JobFuture
 from mpl.driver.job_progress import ProgressBoard
 from mpl.driver.sent_programs import SentPrograms
 from mpl.driver.watch import BrokerWatch
@@ -347,7 +347,7 @@ class Client(BrokerCalls):
                 raise
             except KeyboardInterrupt:  # Ctrl-C: the job's other ranks stop waiting too
                 self.progress.end(job, False)
-                self._send(Cancel(session, job, "the driver was interrupted (Ctrl-C)"))
+                self._send(Cancel(session, job, INTERRUPTED))
                 raise
             if not result.missing_program:
                 if result.error is not None:
@@ -380,7 +380,7 @@ class Client(BrokerCalls):
         or with ``MplError`` if the client closes first.
         """
         msg, limit, deadline = self._exec(session, graph, bindings, inline, timeout)
-        pending = Pending(msg, graph, deadline, limit, JobFuture(), finish, keep)
+        pending = Pending(msg, graph, deadline, limit, JobFuture(self._interrupt), finish, keep)
         if self.seal is not None:
             # the bindings kept, to seal anew if a worker refuses them, only when the job
             # may be sent again then: otherwise they go once sealed
@@ -394,6 +394,12 @@ class Client(BrokerCalls):
         pump.put(pending)
         future = pending.future  # RUNNING already: jobs are not taken back once handed over
         return future
+
+    def _interrupt(self, future: JobFuture) -> None:
+        """Ctrl-C in a wait on ``future``: its job is cancelled (by the pump that sent it)."""
+        pump = self._pump
+        if pump is not None:
+            pump.interrupt(future)
 
     def abandon_jobs(self, reason: str) -> None:
         """Fail every job still in flight from ``submit_async`` with ``MplError(reason)``."""

@@ -22,6 +22,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from mpl.driver.context import current
+from mpl.driver.job_future import interrupted
 from mpl.driver.programs import Function, Program
 from mpl.driver.recorder import active
 from mpl.wire.errors import MplError
@@ -74,7 +75,12 @@ def wait(
     return_when: str = ALL_COMPLETED,
 ) -> tuple[set[Future[Any]], set[Future[Any]]]:
     """``concurrent.futures.wait``: the (done, not_done) sets once ``return_when`` holds."""
-    done, not_done = _cf.wait(list(futures), timeout=timeout, return_when=return_when)
+    waited = list(futures)
+    try:
+        done, not_done = _cf.wait(waited, timeout=timeout, return_when=return_when)
+    except KeyboardInterrupt:  # Ctrl-C: the jobs waited for stop too
+        interrupted(waited)
+        raise
     return set(done), set(not_done)
 
 
@@ -82,4 +88,9 @@ def as_completed(
     futures: Iterable[Future[Any]], timeout: float | None = None
 ) -> Iterator[Future[Any]]:
     """``concurrent.futures.as_completed``: each future as it settles."""
-    return _cf.as_completed(list(futures), timeout=timeout)
+    waited = list(futures)
+    try:
+        yield from _cf.as_completed(waited, timeout=timeout)
+    except KeyboardInterrupt:  # Ctrl-C while it waits: the jobs not settled yet stop too
+        interrupted(waited)
+        raise

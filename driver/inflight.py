@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from mpl.driver.job_future import JobFuture, settle
+from mpl.driver.job_future import INTERRUPTED, JobFuture, settle
 from mpl.wire.batch import coalesce, is_batch, split_batch
 from mpl.wire.codec import SLICE_BELOW, encode, from_wire, to_wire
 from mpl.wire.control import Bye, Refused
@@ -109,6 +109,7 @@ class JobPump:
         os.set_blocking(self._wake_r, False)
         self._woken = False  # a wake byte is on its way: later submits need not write one
         self._closing: str | None = None  # the reason futures still pending fail with
+        self._interrupted: list[JobFuture] = []  # waits on them were interrupted (Ctrl-C)
         self._thread = threading.Thread(target=self._run, name="mpl-driver-pump", daemon=True)
         self._thread.start()
 
@@ -127,6 +128,17 @@ class JobPump:
                 return
             self._woken = True
         os.write(self._wake_w, b"!")
+
+    def interrupt(self, future: JobFuture) -> None:
+        """A wait on ``future`` was interrupted (Ctrl-C, on any thread): the pump cancels
+        its job, on the socket its Exec went out on, so the Cancel cannot overtake it."""
+        with self._lock:
+            self._interrupted.append(future)
+            if self._woken:
+                return
+            self._woken = True
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"!")
 
     def close(self, reason: str) -> None:
         """Fail every pending future with ``reason`` and stop the thread (bounded wait)."""
@@ -160,6 +172,8 @@ class JobPump:
                         with contextlib.suppress(BlockingIOError):
                             os.read(self._wake_r, 4096)
                 self._send_queued(sock)
+                if self._interrupted:
+                    self._cancel_interrupted(sock)
                 if results:
                     self._receive(sock)
                 if time.monotonic() >= self._check_at:
@@ -403,6 +417,22 @@ class JobPump:
             elif p.deadline < soonest:
                 soonest = p.deadline
         self._check_at = soonest
+
+    def _cancel_interrupted(self, sock: zmq.Socket[Any]) -> None:
+        """Cancel the jobs whose waits were interrupted: the broker aborts each on every
+        rank and answers with its error, which settles the future."""
+        with self._lock:
+            stopped, self._interrupted = set(self._interrupted), []
+        for job, p in list(self._inflight.items()):
+            if p.future in stopped:
+                self._client.progress.end(job, False)
+                if p in self._unsent:  # not sent yet (the queue to the broker was full)
+                    self._unsent.remove(p)
+                    del self._inflight[job]
+                    _fail(p, MplError(f"job {job}: {INTERRUPTED} before it was sent"))
+                    continue
+                with contextlib.suppress(zmq.Again):  # best effort, as at a deadline
+                    send_frames(sock, to_wire(encode(Cancel(p.msg.session, job, INTERRUPTED))))
 
     def _fail_all(self, make: Callable[[str], BaseException], text: str) -> None:
         with self._lock:

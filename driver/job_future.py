@@ -17,18 +17,25 @@ and ``exception()`` work on it unchanged, and only shortens three steps:
   value is stored before the state says FINISHED, and the GIL orders the two.
 
 Anything unusual (a timeout, an error, a future not yet finished) takes ``Future``'s own path.
+
+Ctrl-C while a thread waits on a job's future (``result()``, or :func:`interrupted` from
+``mp.wait`` and ``mp.as_completed``) cancels the job, as it does for a synchronous call: the
+future's ``stop`` hook asks the driver's pump to send the broker a ``Cancel`` (red team w33,
+R33-3: the job ran on, holding its ranks, though no one would read its answer).
 """
 
 from __future__ import annotations
 
 import _thread
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from concurrent.futures._base import FINISHED, RUNNING
 from typing import Any
 
-__all__ = ["JobFuture", "settle"]
+__all__ = ["INTERRUPTED", "JobFuture", "interrupted", "settle"]
+
+INTERRUPTED = "the driver was interrupted (Ctrl-C)"
 
 # The attributes Future keeps its state in (CPython 3.11), which JobFuture sets itself.
 _STATE = {"_condition", "_state", "_result", "_exception", "_waiters", "_done_callbacks"}
@@ -39,7 +46,7 @@ if set(vars(Future())) != _STATE or not hasattr(threading.Condition(), "_waiters
 class JobFuture(Future[Any]):
     """A ``Future`` for one job; settled by the driver's pump with :func:`settle`."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop: Callable[[JobFuture], None] | None = None) -> None:
         # Future.__init__'s fields, RUNNING at once and with the C lock the RLock() factory
         # would return anyway
         self._condition = threading.Condition(_thread.RLock())
@@ -48,12 +55,26 @@ class JobFuture(Future[Any]):
         self._exception = None
         self._waiters: list[Any] = []
         self._done_callbacks: list[Any] = []
+        self._stop = stop  # cancels the job (Ctrl-C in a wait on it): the client's pump
 
     def result(self, timeout: float | None = None) -> Any:
         """``Future.result``; a value already there is returned without taking the lock."""
         if self._state == FINISHED and self._exception is None:
             return self._result
-        return super().result(timeout)
+        try:
+            return super().result(timeout)
+        except KeyboardInterrupt:
+            interrupted([self])
+            raise
+
+
+def interrupted(futures: Iterable[Future[Any]]) -> None:
+    """A wait on ``futures`` was interrupted (Ctrl-C): cancel the jobs of those still
+    running, each once (the broker aborts it on every rank; its future then fails)."""
+    for future in futures:
+        if type(future) is JobFuture and future._stop is not None and future._state == RUNNING:
+            stop, future._stop = future._stop, None
+            stop(future)
 
 
 def settle(done: Iterable[tuple[JobFuture, Any]]) -> None:

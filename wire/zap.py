@@ -24,6 +24,9 @@ __all__ = ["Gatekeeper"]
 log = logging.getLogger("mpl.auth")
 _REFUSAL_LOG_EVERY_S = 10.0  # one log line per refused key per this many seconds
 _REFUSALS_REMEMBERED = 256
+# and at most this many lines a second in all: an outsider can draw a new key for every
+# handshake, and the server's public key is in every party's spec (red team w33, R33-2)
+_REFUSAL_LINES_PER_S = 10
 
 
 class Gatekeeper(ThreadAuthenticator):
@@ -32,10 +35,18 @@ class Gatekeeper(ThreadAuthenticator):
     Start it before any CURVE server socket binds (a server without a running handler
     would accept any client that knows its key), and :meth:`stop` it before the context
     terminates. A refused key is counted and logged, at most once per key every 10 s, so
-    a client retrying its handshake cannot flood the log.
+    a client retrying its handshake cannot flood the log, and at most
+    ``_REFUSAL_LINES_PER_S`` lines a second in all, so neither can one drawing a new key
+    for every attempt (the next line written says how many were left out).
     """
 
-    def __init__(self, context: zmq.Context[Any], admits: Mapping[str, Mapping[str, str]]) -> None:
+    def __init__(
+        self,
+        context: zmq.Context[Any],
+        admits: Mapping[str, Mapping[str, str]],
+        *,
+        clock: Any = time.monotonic,
+    ) -> None:
         super().__init__(context, log=logging.getLogger("mpl.auth.zap"))
         self._admits = {
             d: {k.encode("ascii"): who for k, who in m.items()} for d, m in admits.items()
@@ -43,6 +54,10 @@ class Gatekeeper(ThreadAuthenticator):
         self._names = {k: who for m in self._admits.values() for k, who in m.items()}
         self._lock = threading.Lock()
         self._logged: LRU[bytes, float] = LRU(_REFUSALS_REMEMBERED)
+        self._clock = clock
+        self._second = float("-inf")  # when the current second of lines began
+        self._lines = 0  # lines written in it
+        self.unlogged = 0  # refusals past the lines' bound, not yet said in a line
         self.refused = 0
 
     def start(self) -> None:
@@ -56,16 +71,25 @@ class Gatekeeper(ThreadAuthenticator):
             return True
         with self._lock:
             self.refused += 1
-            now = time.monotonic()
+            now = self._clock()
             last = self._logged.get(key)
-            if last is None or now - last > _REFUSAL_LOG_EVERY_S:
-                self._logged[key] = now
-                log.warning(
-                    "refused a connection to %s: key %s is not in this cluster spec (%d refusals)",
-                    domain,
-                    key.decode("ascii", "replace"),
-                    self.refused,
-                )
+            if last is not None and now - last <= _REFUSAL_LOG_EVERY_S:
+                return False
+            if now - self._second >= 1.0:
+                self._second, self._lines = now, 0
+            if self._lines >= _REFUSAL_LINES_PER_S:
+                self.unlogged += 1
+                return False
+            self._lines += 1
+            self._logged[key] = now
+            unlogged, self.unlogged = self.unlogged, 0
+            log.warning(
+                "refused a connection to %s: key %s is not in this cluster spec (%d refusals%s)",
+                domain,
+                key.decode("ascii", "replace"),
+                self.refused,
+                f", {unlogged} refusals not logged since the last line" if unlogged else "",
+            )
         return False
 
     def curve_user_id(self, client_public_key: bytes) -> str:

@@ -34,12 +34,17 @@ from mpl.worker.holding import approx_nbytes
 from mpl.worker.keyed_mailbox import KeyedMailbox, MoveKey
 from mpl.worker.state_events import MoveRefused
 
-__all__ = ["PeerIntake"]
+__all__ = ["MAX_MOVE_NAME_CHARS", "PeerIntake"]
 
 log = logging.getLogger("mpl.worker")
 _BATCH = 256  # moves taken per wake-up
 _DEFER, _DEFER_BYTES = 256, 64 << 20  # moves given a second chance (see _put)
 _DEFER_SHARE = 4  # one sender takes at most this fraction of them: a flood leaves room
+# A move whose session, job or sealer is longer is refused: the holding area counts a
+# move's value, not its key, whose strings the sender writes (red team w33, R33-8: 1 MiB
+# names were held as a few bytes each). A session id is a name of at most 128 characters
+# and a 25-character tail, a job id 24 hex digits, a sealer "driver:" and 64 at most.
+MAX_MOVE_NAME_CHARS = 256
 
 
 class PeerIntake:
@@ -180,6 +185,14 @@ class PeerIntake:
         if not isinstance(msg, Move) or msg.dst != self.rank:
             self.errors += 1
             self._refusals.refused("a peer", f"unexpected {msg.TAG} on the peer socket")
+            return
+        if (
+            len(msg.session) > MAX_MOVE_NAME_CHARS
+            or len(msg.job) > MAX_MOVE_NAME_CHARS
+            or len(msg.sealer) > MAX_MOVE_NAME_CHARS
+        ):
+            self.errors += 1
+            self._refusals.refused(f"rank {msg.src}", "dropped a move with an oversized name")
             return
         key = (msg.session, msg.job, msg.op, msg.seq, msg.src, msg.sealer)
         mailbox = self.mailbox

@@ -35,10 +35,16 @@ from mpl.worker.holding import Holding
 from mpl.worker.keyed_mailbox import KeyedMailbox, SpuKey, spu_mailbox
 from mpl.worker.push_pool import PushPool, send_until
 
-__all__ = ["SPU_MAGIC", "JobStopped", "SpuLinks"]
+__all__ = ["MAX_SPU_NAME_BYTES", "SPU_MAGIC", "JobStopped", "SpuLinks"]
 
 log = logging.getLogger("mpl.worker")
 SPU_MAGIC = b"MPLS"
+# A lane id or libspu key longer than this is refused as malformed. The mailbox and the
+# holding area count a message's payload bytes, not its names, which a peer writes at any
+# length (red team w33, R33-7: 1 MiB keys with empty payloads were kept as 0 bytes each).
+# libspu's keys run about 20 bytes; a lane id is a session id (a name of at most 128
+# characters and a 25-character tail), a device name, 8 hex digits and a count.
+MAX_SPU_NAME_BYTES = 1024
 JobStopped = Callable[[tuple[str, str]], str | None]
 _SEND_RETRY_S = 0.005  # a send to a full queue retries this often, checking aborts each time
 # While SPU runs are under way (a receive within _BUSY_S) the link thread polls briefly, so
@@ -204,6 +210,8 @@ class SpuLinks:
             magic, lane, src, key, data = frames
             if magic.bytes != SPU_MAGIC:
                 raise ValueError("bad magic")
+            if len(lane) > MAX_SPU_NAME_BYTES or len(key) > MAX_SPU_NAME_BYTES:
+                raise ValueError("a lane id or key past MAX_SPU_NAME_BYTES")
             source = int(src.bytes)
             if self._curve is not None and self._curve.sender_rank(magic) != source:
                 self.protocol_errors += 1
