@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from mpl.wire.batch import coalesce, header_only
-from mpl.wire.codec import encode, to_wire
+from mpl.wire.codec import decode, encode, to_wire
 from mpl.wire.control import Channel
 from mpl.wire.done_pack import own_done_frames
 from mpl.wire.jobs import Done
@@ -54,6 +54,7 @@ class ResultChannel:
     _io_thread: int
     _gathered: list[list[Any]] | None
     _encode: Callable[[Record], list[Any] | None]
+    _send_limit: int  # the broker's limit and ours, the lesser: see BrokerLink._encode
 
     def _post(self, msg: Record) -> None:
         """Send to the broker from any thread, on the result channel."""
@@ -62,8 +63,8 @@ class ResultChannel:
         # a Done of plain values (most) is packed without the general encoder; the job
         # shell built its stats, metas and saved list, so only values are checked
         frames = own_done_frames(msg) if type(msg) is Done else None
-        if frames is None:
-            frames = self._encode(msg)
+        if frames is None or len(frames[1]) + 4 > self._send_limit:
+            frames = self._encode(msg)  # which fails a Done too large for the broker
         if frames is None:
             return
         gathered = self._gathered
@@ -86,7 +87,12 @@ class ResultChannel:
         """:meth:`_post` for a Done the job shell packed itself (an inline run's, in
         plaintext or with its small scalars sealed): gathered while a batch is handled (the
         I/O thread's), else sent: on the I/O thread's own dealer from there (see
-        :meth:`_post_done_frame`), else on the result channel."""
+        :meth:`_post_done_frame`), else on the result channel. One too large for the
+        broker goes to :meth:`_post` as its record, which fails it instead."""
+        if len(frames[1]) + 4 > self._send_limit:  # (a one-scalar Done's frame never is)
+            done = decode(frames, safe=True)  # our own packing: plain values only
+            self._post(done)
+            return
         if threading.get_ident() == self._io_thread:
             gathered = self._gathered
             if gathered is not None:
