@@ -123,6 +123,19 @@ def test_a_fetched_list_of_millions_fails_by_its_estimate(small: Any) -> None:
     _still_serving(small)
 
 
+def test_a_fetched_list_of_millions_is_encoded_off_the_io_thread(tmp_path: Any) -> None:
+    """Default limits: 5 million ints pass the size estimate, and encoding them (seconds)
+    ends past the 16 MiB header bound. On a job thread: the I/O thread heartbeats
+    meanwhile, the fetch fails naming the bound, the worker stays (before: encoded on the
+    I/O thread, the broker took the silent worker for lost: WorkerLostError, for good)."""
+    with mp.local_cluster(2, run_dir=tmp_path) as ctx:
+        ctx.client.job_timeout = 60.0
+        value = mp.device("P0")(make_list)(5_000_000)
+        with pytest.raises(MessageTooLargeError, match="exceeds 16777216"):
+            mp.fetch(value, timeout=60)
+        _still_serving(ctx)
+
+
 def test_a_program_over_the_limit_is_refused_before_it_is_sent(small: Any) -> None:
     blob = b"q" * BIG
 
