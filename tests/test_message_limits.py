@@ -136,6 +136,16 @@ def test_a_fetched_list_of_millions_is_encoded_off_the_io_thread(tmp_path: Any) 
         _still_serving(ctx)
 
 
+def test_a_long_python_list_argument_is_one_input(small: Any) -> None:
+    """50,000 ints in a list: one job input (its Exec within the limit: small ints take a
+    byte each), not 50,000 (a program of about a megabyte, past the limit)."""
+    xs = [i % 100 for i in range(50_000)]
+    assert mp.fetch(mp.device("P0")(total)(xs), timeout=30) == sum(xs)
+    # plain data nested in a tuple and a dict too
+    pairs = ([(1, "a")] * 2000, {"k": [None, 2.5] * 1000})
+    assert mp.fetch(mp.device("P0")(size_of)(pairs), timeout=30) == 2
+
+
 def test_a_program_over_the_limit_is_refused_before_it_is_sent(small: Any) -> None:
     blob = b"q" * BIG
 
