@@ -41,7 +41,7 @@ from mpl.wire.limits import MAX_MESSAGE
 from mpl.wire.progress import Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import from_info
-from mpl.wire.result_read import read_answer
+from mpl.wire.result_read import read_answer, refused_answer_job
 from mpl.wire.routing import driver_routing_id
 from mpl.wire.sessions import Reply
 from mpl.wire.sockets import configure, first_oversized, recv_frames, send_frames, too_large
@@ -269,6 +269,10 @@ class BrokerCalls:
 
             if is_batch(frames):
                 return self._answers(frames, ours)
+            if refused_answer_job(frames) == job:  # its answer came, and cannot be taken
+                self.progress.end(job, False)
+                log.warning("bad message from the broker: %s", exc)
+                raise ProtocolError(f"job {job}: the answer could not be accepted: {exc}") from None
             # refused: never read again (in a trusted cluster its pickles may have loaded
             # before the refusal, and a second read would run their code again)
             self._refused(frames, ours, exc)

@@ -38,7 +38,7 @@ from mpl.wire.jobs import Cancel, Exec, JobResult, Program
 from mpl.wire.progress import Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import from_info
-from mpl.wire.result_read import read_answer
+from mpl.wire.result_read import read_answer, refused_answer_job
 from mpl.wire.sockets import drain, send_frames
 
 if TYPE_CHECKING:
@@ -314,6 +314,7 @@ class JobPump:
                         msg = read_answer(frames, safe=safe)
                     except ProtocolError as exc:
                         log.warning("bad message from the broker: %s", exc)
+                        self._refused_answer(frames, exc)
                         continue
                     # a plaintext job's value (most): _take's steps for it, without its call
                     if (
@@ -337,6 +338,15 @@ class JobPump:
                         self._take(sock, msg, ready)
         finally:
             settle(ready)
+
+    def _refused_answer(self, frames: list[Any], exc: ProtocolError) -> None:
+        """An answer refused on reading: if it is a job's in flight (its header says so),
+        that job fails now, not at its deadline: its answer came and cannot be taken."""
+        job = refused_answer_job(frames)
+        if job is None or (p := self._inflight.pop(job, None)) is None:
+            return
+        self._client.progress.end(job, False)
+        _fail(p, ProtocolError(f"job {job}: the answer could not be accepted: {exc}"))
 
     def _take(self, sock: zmq.Socket[Any], msg: Record, ready: list[tuple[JobFuture, Any]]) -> None:
         """Act on one message from the broker: a job's value joins ``ready``, a failure

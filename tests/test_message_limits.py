@@ -23,6 +23,7 @@ import pytest
 import mpl.driver as mp
 from mpl.wire import MessageTooLargeError, MplTimeoutError, RemoteError, WorkerLostError
 from mpl.wire.codec import pickle_by_value
+from mpl.wire.control import Heartbeat
 
 pytestmark = pytest.mark.daemons
 
@@ -221,3 +222,41 @@ def test_a_brokers_announced_limit_is_bounded(announced: int, taken: int) -> Non
     finally:
         client.close()
         broker.close()
+
+
+def test_an_answer_refused_for_its_stats_fails_its_job_at_once() -> None:
+    """A broker's JobResult with stats over ``MAX_STATS_BYTES`` is refused on reading (R32-4);
+    the job waiting for it fails then, naming why, for a waiting call and a future alike
+    (before: each waited out its deadline for an answer that had come)."""
+    from mpl.driver.client import Client
+    from mpl.wire import ProtocolError
+    from mpl.wire.run_stats import MAX_STATS_BYTES
+
+    broker = _fake_broker(LIMIT, stats=b"\x94" + b"s" * MAX_STATS_BYTES)
+    client = Client(f"tcp://127.0.0.1:{broker.port}", timeout=10.0, job_timeout=20.0)
+    try:
+        client.open_session("s")
+        graph, bindings = _one_job(10)
+        with pytest.raises(ProtocolError, match="the answer could not be accepted"):
+            client.submit("s", graph, bindings)
+        future = client.submit_async("s", graph, bindings)
+        with pytest.raises(ProtocolError, match="the answer could not be accepted"):
+            future.result(60)
+    finally:
+        client.close()
+        broker.close()
+
+
+def test_a_refused_answers_job_is_read_from_its_head_alone() -> None:
+    from mpl.wire.codec import encode
+    from mpl.wire.jobs import JobResult
+    from mpl.wire.result_read import refused_answer_job
+
+    for job in ("a" * 24, "j", "x" * 40):  # a fixstr, and a str 8 past 31 characters
+        frames = encode(JobResult(job, {}, None, False, {}, {}))
+        assert refused_answer_job(frames) == job
+        assert refused_answer_job([frames[0], frames[1][:-3]]) == job  # the rest unread
+        cut = frames[1].index(job.encode()) + len(job) - 1
+        assert refused_answer_job([frames[0], frames[1][:cut]]) is None  # the id cut short
+        assert refused_answer_job([b"MPL\x03", frames[1]]) is None  # another version
+    assert refused_answer_job(encode(Heartbeat())) is None
