@@ -260,3 +260,45 @@ def test_a_refused_answers_job_is_read_from_its_head_alone() -> None:
         assert refused_answer_job([frames[0], frames[1][:cut]]) is None  # the id cut short
         assert refused_answer_job([b"MPL\x03", frames[1]]) is None  # another version
     assert refused_answer_job(encode(Heartbeat())) is None
+
+
+class _Sent:
+    """A look-alike socket that keeps what is sent on it."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[Any]] = []
+
+    def send_multipart(self, frames: list[Any], flags: int = 0, copy: bool = True) -> None:
+        self.sent.append(list(frames))
+
+
+def test_an_inline_done_over_the_limit_goes_as_its_jobs_failure() -> None:
+    """The job shell's own packed Done (an inline run's; in secure mode its values sealed
+    already) over the broker's limit: its job's Failed goes instead, never sealed again."""
+    import threading
+
+    from mpl.wire.codec import decode, from_wire
+    from mpl.wire.done_pack import own_done_fields
+    from mpl.wire.jobs import Failed
+    from mpl.worker.result_channel import ResultChannel
+
+    channel: Any = ResultChannel()
+    results = _Sent()
+    channel.__dict__.update(
+        rank=1,
+        seal=None,
+        _results=results,
+        _results_lock=threading.Lock(),
+        _closed=False,
+        _io_thread=-1,  # not this thread
+        _gathered=None,
+        _send_limit=1024,
+    )
+    frames = own_done_fields("s", "job-7", 1, {0: list(range(2000))}, b"", {0: "list"})
+    assert frames is not None and len(frames[1]) > 1024
+    channel._post_done_frames(frames)
+    (sent,) = results.sent
+    failed = decode(from_wire(sent))
+    assert isinstance(failed, Failed) and (failed.job, failed.rank) == ("job-7", 1)
+    assert failed.error.kind == "MessageTooLargeError"
+    assert "1,024-byte limit" in failed.error.message

@@ -23,9 +23,10 @@ from mpl.wire.batch import coalesce, header_only
 from mpl.wire.codec import decode, encode, to_wire
 from mpl.wire.control import Channel
 from mpl.wire.done_pack import own_done_frames
+from mpl.wire.guard import substitute
 from mpl.wire.jobs import Done
 from mpl.wire.record import Record
-from mpl.wire.sockets import send_frames
+from mpl.wire.sockets import send_frames, too_large
 
 if TYPE_CHECKING:  # secure mode's: not imported on a plain start
     from mpl.worker.sealing import WorkerSeal
@@ -90,8 +91,7 @@ class ResultChannel:
         :meth:`_post_done_frame`), else on the result channel. One too large for the
         broker goes to :meth:`_post` as its record, which fails it instead."""
         if len(frames[1]) + 4 > self._send_limit:  # (a one-scalar Done's frame never is)
-            done = decode(frames, safe=True)  # our own packing: plain values only
-            self._post(done)
+            self._post_too_large(frames)
             return
         if threading.get_ident() == self._io_thread:
             gathered = self._gathered
@@ -117,6 +117,18 @@ class ResultChannel:
             log.warning("rank %d: result queue full, dropped Done", self.rank)
         finally:
             lock.release()
+
+    def _post_too_large(self, frames: list[Any]) -> None:
+        """Instead of a Done the job shell packed (its values sealed already, in secure
+        mode) that is over the broker's limit: its job's Failed, saying so."""
+        done = decode(frames, unpickle=False)  # our own packing: for its job's names only
+        size, limit = len(frames[1]) + 4, self._send_limit
+        what = f"the result of job {getattr(done, 'job', '?')} on rank {self.rank}"
+        error = too_large(what, size, limit, "the broker")
+        log.warning("rank %d: %s", self.rank, error)
+        failed = substitute(done, error, self.rank)
+        if failed is not None:
+            self._post_frames(encode(failed), "Failed")
 
     def _post_done_frame(self, frame: bytes) -> None:
         """:meth:`_post_done_frames` for a Done packed as its one frame (wire v4: the magic
