@@ -33,7 +33,7 @@ from mpl.worker.code_policy import HoldsPickles, holds_pickle, refusal, screen, 
 from mpl.worker.jobs import Jobs
 from mpl.worker.session_runtime import SessionRuntimes
 from mpl.worker.state_events import Action, CodeRefused, FetchArrived, ProgramUnloadable
-from mpl.worker.store import ObjectStore
+from mpl.worker.store import ABSENT, ObjectStore
 
 if TYPE_CHECKING:  # secure mode's: not imported on a plain start
     from mpl.worker.sealing import WorkerSeal
@@ -43,6 +43,11 @@ __all__ = ["BrokerMessages"]
 _new = object.__new__
 
 log = logging.getLogger("mpl.worker")
+# A fetched container of more items than this is answered by a job thread, not the I/O
+# thread: encoding a Python list costs per item (5 million: seconds, past the broker's
+# patience with a silent worker); an array or a byte string costs almost nothing.
+QUICK_REPLY_ITEMS = 10_000
+_LONG = frozenset({list, tuple, dict, set, frozenset})
 
 # Dones gathered from one batch go out this many at a time: the broker and the driver work
 # on the first ones while this thread runs the rest (one message of all 64 kept the three
@@ -323,8 +328,10 @@ class BrokerMessages:
         if isinstance(msg, SessionClosed):
             self.runtimes.closed(msg.session)
         event: Any = msg
-        if isinstance(msg, Fetch):  # a value already here is answered at once
-            event = FetchArrived(msg, self.store.has(msg.session, msg.uri))
+        if isinstance(msg, Fetch):  # a value already here (and quick to encode): at once
+            held = self.store.held(msg.session, msg.uri)
+            quick = type(held) not in _LONG or len(held) <= QUICK_REPLY_ITEMS
+            event = FetchArrived(msg, held is not ABSENT and quick)
         self._perform(self.jobs.handle(event))
 
     def _on_exec(self, msg: Exec) -> None:

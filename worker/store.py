@@ -136,6 +136,11 @@ class ObjectStore:
         with self._lock:
             return self._held(session, uri) is not ABSENT
 
+    def held(self, session: str, uri: str) -> Any:
+        """The value under ``uri`` held in memory here (never loaded from disk), or ABSENT."""
+        with self._lock:
+            return self._held(session, uri)
+
     def _held(self, session: str, uri: str) -> Any:
         """The value under ``uri`` in ``session`` held here, or ABSENT (lock held)."""
         objects = self._sessions.get(session)
