@@ -146,13 +146,15 @@ class InlineJobs:
                 return b""
         sid, call, only = msg.session, compiled.call, compiled.only
         spans: list[list[Any]] | None = None  # a run of steps': their spans
-        asked, cap, _ = self._last_timeout  # _timeout's shortcut, without its call
-        if (
-            call is not None
-            and msg.timeout_s == asked  # (NaN never equals)
-            and cap == self.job_timeout_s
-            and not msg.bindings.get(self.rank)
-        ):  # one call, no inputs, the timeout it had last (most): made here
+        asked, cap, timeout = self._last_timeout  # _timeout's shortcut, without its call
+        if msg.timeout_s != asked or cap != self.job_timeout_s:  # (NaN never equals)
+            worked_out = self._timeout_of(msg, job, t0)
+            if isinstance(worked_out, RunFailed):
+                self._end(worked_out)
+                return b""
+            timeout = worked_out
+        if call is not None and not msg.bindings.get(self.rank):
+            # one call, no inputs (most): made here
             wall = time.time()
             try:  # compiled.run's one step, written out (a call and its lists less)
                 try:
@@ -169,7 +171,7 @@ class InlineJobs:
                 return b""
             t1 = time.monotonic()
         else:
-            ran = self._run_steps(msg, job, compiled, t0)
+            ran = self._run_steps(msg, job, compiled, t0, timeout)
             if not isinstance(ran, tuple):
                 self._end(ran)
                 return b""
@@ -273,29 +275,25 @@ class InlineJobs:
         compiled = self._compiled[digest] = InlineRun.compile(self._plan(digest, graph))
         return compiled
 
+    def _timeout_of(self, msg: Exec, job: str, t0: float) -> float | RunFailed:
+        """``_timeout`` for :meth:`run_repeat` (a timeout other than the last one's), or
+        how the job fails: whatever happened, the thread that runs it must report it."""
+        try:
+            return self._timeout(msg, job)
+        except BaseException as exc:
+            info = to_info(exc, rank=self.rank, op="inputs", job=job)
+            return RunFailed(msg.session, job, time.monotonic() - t0, info)
+
     def _run_steps(
-        self, msg: Exec, job: str, compiled: InlineRun, t0: float
-    ) -> tuple[Any, list[Any], list[list[Any]] | None, float, float] | RunEnd:
-        """:meth:`run_repeat`'s run of a compiled program other than its common case (a
-        timeout to work out, inputs on this rank, more than one call): its first output
-        (ABSENT if it has several), its outputs, its spans (None: the one call's, made
-        here), its start on the wall clock and its end; or how it failed."""
+        self, msg: Exec, job: str, compiled: InlineRun, t0: float, timeout: float
+    ) -> tuple[Any, list[Any], list[list[Any]], float, float] | RunEnd:
+        """:meth:`run_repeat`'s run of a compiled program other than one call without
+        inputs (inputs on this rank, several steps; ``timeout``: the job's): its first
+        output (ABSENT if it has several), its outputs, its spans, its start on the wall
+        clock and its end; or how it failed."""
         sid = msg.session
         try:
-            timeout = self._timeout(msg, job)  # its shortcut (the timeout it had last) inside
-            if isinstance(timeout, RunFailed):
-                return timeout
             mine = msg.bindings.get(self.rank)
-            call = compiled.call
-            if call is not None and not mine:  # one call, no inputs: made here
-                wall = time.time()
-                try:
-                    first = call()
-                except (JobAbortedError, OpFailed):
-                    raise
-                except BaseException as exc:  # user code: SystemExit and KeyboardInterrupt too
-                    raise OpFailed(compiled.only[1], exc) from exc  # type: ignore[index]
-                return first, [first], None, wall, time.monotonic()
             inputs: list[Any] | tuple[()] = ()
             if mine:
                 inputs = [self._resolve(sid, b) for b in mine]
