@@ -76,6 +76,7 @@ class BrokerMessages:
     _send: Callable[[Record], None]
     _send_gathered: Callable[[], None]
     _perform: Callable[[list[Action]], None]
+    _post_done_frame: Callable[[bytes], None]
 
     def _on_frames(self, frames: list[Any]) -> None:
         """Handle one ZeroMQ message from the broker: a message, or a batch of them (each
@@ -179,11 +180,15 @@ class BrokerMessages:
                 log.warning("rank %d: refused a %s that did not authenticate", self.rank, Exec.TAG)
             elif mine is not None or self.runtimes.refused_sessions:
                 self._on_exec(_with_job(last, job, {} if mine is None else {rank: mine}))
-            elif not self.jobs.run_now(  # _unbound(last), its common case written out
-                bare[1] if (bare := self._bare)[0] is last else self._unbound(last), job
-            ):
+            elif (  # run_now, without its call: _unbound(last), its common case written out
+                done := self.jobs.run_repeat(
+                    bare[1] if (bare := self._bare)[0] is last else self._unbound(last), job
+                )
+            ) is None:
                 self._send_gathered()  # Dones gathered go before a job thread's
                 self._perform(self.jobs.handle(_with_job(last, job, {})))
+            elif done:  # its Done's frame, its value sealed (WorkerSeal.sealed_scalars)
+                self._post_done_frame(done)
         except Exception as exc:
             record = _with_job(last, job, {})
             reply = self.guard.internal("the broker", record, exc, rank=self.rank)

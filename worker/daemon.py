@@ -411,7 +411,7 @@ class Worker(BrokerMessages, ResultChannel, BrokerLink):
                     except Exception as exc:
                         self._repeat_failed(job, exc)
                     else:
-                        if done is None:  # not taken, nothing done: the full path
+                        if done is None:  # not to run inline, nothing done: a record's path
                             self._on_repeat(job)
                         elif done:  # _post_done_frame's send, on this thread's dealer
                             try:

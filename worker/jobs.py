@@ -266,7 +266,7 @@ class Jobs(InlineJobs):
         """A compiled inline run's progress report, due at an op's start: made by a job
         context as a pooled run's is (made for the run's first report); returns when the
         next is due."""
-        assert self._inline is not None  # set by _run_compiled before the run
+        assert self._inline is not None  # set by _run_steps before the run
         sid, job, compiled, t0, timeout = self._inline
         run = self._inline_ctx
         if run is None or run.job is not job or run.started != t0:
@@ -379,7 +379,7 @@ class Jobs(InlineJobs):
             if tracked and self.stopped((sid, job)):
                 return RunAborted(sid, job, 0.0)
             started, wall = t0, time.time()
-            timeout = self._timeout(msg)
+            timeout = self._timeout(msg, job)
             if isinstance(timeout, RunFailed):
                 return timeout
             run = _JobRun(self, sid, job, started + timeout, started, graph)
@@ -416,18 +416,17 @@ class Jobs(InlineJobs):
             error = to_info(exc, rank=self.rank, op="run", job=msg.job)
             return RunFailed(msg.session, msg.job, time.monotonic() - t0, error)
 
-    def _timeout(self, msg: Exec) -> float | RunFailed:
-        """The job's seconds to wait for peers, capped by this worker's ``--job-timeout``
-        (the jobs of a program ask for the same: worked out once), or why it has none."""
+    def _timeout(self, msg: Exec, job: str) -> float | RunFailed:
+        """The seconds job ``job`` (``msg``, or a repeat of it by that id) waits for peers,
+        capped by this worker's ``--job-timeout`` (the jobs of a program ask for the same:
+        worked out once), or why it has none."""
         asked, cap, timeout = self._last_timeout
         if msg.timeout_s != asked or cap != self.job_timeout_s:  # (NaN never equals)
             try:
                 timeout = job_timeout(msg.timeout_s, self.job_timeout_s)
             except ValueError as exc:
-                error = ErrorInfo(
-                    "ProtocolError", str(exc), rank=self.rank, op="timeout", job=msg.job
-                )
-                return RunFailed(msg.session, msg.job, 0.0, error)
+                error = ErrorInfo("ProtocolError", str(exc), rank=self.rank, op="timeout", job=job)
+                return RunFailed(msg.session, job, 0.0, error)
             # one tuple, so that threads read it whole
             self._last_timeout = (msg.timeout_s, self.job_timeout_s, timeout)
         return timeout

@@ -421,7 +421,8 @@ class WorkerState:
         posted (the job shell found it neither aborted nor its session closed once it had
         run: ``Jobs.run_now``): the same bookkeeping. A stop that came after that answer
         only forgets its reason here, as for any job that ended (its outputs were freed by
-        the stop)."""
+        the stop). Written out in ``Jobs.run_repeat``'s common case (a call per job less):
+        keep the two alike (``tests/test_fused_repeat.py`` compares their books)."""
         self.done += 1
         # _ended for a job begun inline (local, not pooled), written out: a call less
         key = (sid, job)
