@@ -323,6 +323,8 @@ class LocalCluster(Context):
                 timeout=timeout,
                 trusted=cluster.trusted,
                 curve=self.processes.curve,
+                # the driver judges the broker's silence by its own interval: the daemons'
+                heartbeat_s=self.processes.heartbeat_s,
             )
             super().__init__(client)
         except BaseException:
