@@ -59,28 +59,10 @@ def flatten_call_plain(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[l
     input of its program and a binding of its Exec: seconds to build and encode, and a
     program past the broker's limit). The function receives the same value either way."""
     leaves: list[Any] = []
-    positional = tuple(_flatten_plain(x, leaves) for x in args)
+    positional = tuple(_flatten(x, leaves, True) for x in args)
     keys = tuple(kwargs)
-    named = tuple(_flatten_plain(kwargs[k], leaves) for k in keys)
+    named = tuple(_flatten(kwargs[k], leaves, True) for k in keys)
     return leaves, ("tuple", None, (("tuple", None, positional), ("dict", keys, named)))
-
-
-def _flatten_plain(node: Any, leaves: list[Any]) -> TreeDef:
-    t = type(node)
-    if (t is list or t is tuple or t is dict) and _plain(node, 0):
-        leaves.append(node)
-        return _LEAF
-    if t is list:
-        return ("list", None, tuple(_flatten_plain(x, leaves) for x in node))
-    if t is tuple:
-        return ("tuple", None, tuple(_flatten_plain(x, leaves) for x in node))
-    if isinstance(node, tuple) and hasattr(node, "_fields"):
-        return ("namedtuple", t, tuple(_flatten_plain(x, leaves) for x in node))
-    if t is dict:
-        keys = tuple(node)
-        return ("dict", keys, tuple(_flatten_plain(node[k], leaves) for k in keys))
-    leaves.append(node)
-    return _LEAF
 
 
 def _plain(node: Any, depth: int) -> bool:
@@ -103,17 +85,22 @@ def _plain(node: Any, depth: int) -> bool:
     return False
 
 
-def _flatten(node: Any, leaves: list[Any]) -> TreeDef:
+def _flatten(node: Any, leaves: list[Any], plain: bool = False) -> TreeDef:
+    """``node``'s tree definition, its leaves appended to ``leaves``; with ``plain``, a
+    container of plain data (``_plain``) is one leaf."""
     t = type(node)
+    if plain and (t is list or t is tuple or t is dict) and _plain(node, 0):
+        leaves.append(node)
+        return _LEAF
     if t is list:
-        return ("list", None, tuple(_flatten(x, leaves) for x in node))
+        return ("list", None, tuple(_flatten(x, leaves, plain) for x in node))
     if t is tuple:
-        return ("tuple", None, tuple(_flatten(x, leaves) for x in node))
+        return ("tuple", None, tuple(_flatten(x, leaves, plain) for x in node))
     if isinstance(node, tuple) and hasattr(node, "_fields"):
-        return ("namedtuple", t, tuple(_flatten(x, leaves) for x in node))
+        return ("namedtuple", t, tuple(_flatten(x, leaves, plain) for x in node))
     if t is dict:
         keys = tuple(node)
-        return ("dict", keys, tuple(_flatten(node[k], leaves) for k in keys))
+        return ("dict", keys, tuple(_flatten(node[k], leaves, plain) for k in keys))
     leaves.append(node)
     return _LEAF
 
