@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import zmq
 from helpers import sealer_pair, wait_until
 
 from mpl.wire import GraphBuilder
@@ -31,6 +32,7 @@ from mpl.worker.held_recipients import HELD_PER_DRIVER as _HELD
 from mpl.worker.jobs import Jobs
 from mpl.worker.keyed_mailbox import move_mailbox
 from mpl.worker.sealing import _MEMORY, WorkerSeal
+from mpl.worker.session_pool import owner_share
 from mpl.worker.state import WorkerState
 from mpl.worker.store import ObjectStore
 
@@ -199,3 +201,42 @@ def test_the_sealers_held_stay_bounded_and_a_forgotten_job_lets_its_go() -> None
     assert worker.seal.hold("s", "never-opened") == ""  # nothing held for it
     worker.seal.release("s", f"j{_HELD}")
     assert len(worker.seal._held) == _HELD - 2
+
+
+def _quick() -> int:
+    return 7
+
+
+def test_one_drivers_held_jobs_leave_another_driver_threads(gates: dict[str, _Gated]) -> None:
+    """R33-5 in secure mode: the pool is shared out by the key that sealed each job, so a
+    driver whose jobs hold threads (here a gate; a move a party never sends, in the attack)
+    gets its share, and another driver's job still finds one."""
+    a_keys, b_keys, n_keys = zmq.curve_keypair(), zmq.curve_keypair(), zmq.curve_keypair()
+    drivers = {"driver:a": a_keys[0].decode(), "driver:b": b_keys[0].decode()}
+    node = Sealer(n_keys[1].decode(), _NODE, drivers)
+    worker = SealedShell(node, threads=4)
+    share = owner_share(4)
+    assert share == 3
+    sealed_by = {
+        name: Sealer(keys[1].decode(), name, {_NODE: n_keys[0].decode()})
+        for name, keys in (("driver:a", a_keys), ("driver:b", b_keys))
+    }
+
+    def run(driver: str, session: str, job: str, digest: str) -> None:
+        msg = Exec(session, job, digest, (0,), {}, (0,), 60.0)
+        context = exec_context(session, job, digest, (0,), (0,), 60.0)
+        sealed = sealed_by[driver].seal(None, _NODE, context, safe=False)
+        assert worker.seal.open_exec(msg, job, sealed) is None  # admitted
+        assert not worker.jobs.handle(msg)
+
+    held = worker.program(_long)
+    for n in range(share + 1):  # one session each: a session's jobs run one at a time
+        run("driver:a", f"a{n}", f"held{n}", held)
+    wait_until(lambda: len(worker.jobs._runs) == share, what="driver a's share to run")
+    run("driver:b", "b", "quick", worker.program(_quick))
+    assert _opened_value(sealed_by["driver:b"], worker.answer("quick")) == 7
+    assert len(worker.jobs._runs) == share  # driver a's last job parked, not on a thread
+    assert worker.jobs._pool.held() == {"driver:a": share}
+    gates["long"].gate.set()
+    for n in range(share + 1):
+        assert _opened_value(sealed_by["driver:a"], worker.answer(f"held{n}")) == 7

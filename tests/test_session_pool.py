@@ -10,7 +10,7 @@ from typing import Any
 from helpers import nap, wait_until
 
 from mpl.wire import GraphBuilder
-from mpl.worker.session_pool import SessionPool
+from mpl.worker.session_pool import SessionPool, owner_share
 
 
 def test_many_sessions_share_a_bounded_number_of_threads_in_order_per_session() -> None:
@@ -81,3 +81,48 @@ def test_sessions_beyond_the_pool_wait_for_a_thread(make_cluster: Any) -> None:
     for f in futures:
         assert f.result(timeout=30).values[0] == {0: 0.3}
     assert worker.jobs._pool.peak_threads == 2
+
+
+def test_no_owner_holds_more_than_its_share_while_anothers_task_waits() -> None:
+    pool = SessionPool(4)
+    assert pool.share == owner_share(4) == 3
+    gate = threading.Event()
+    ran: list[str] = []
+    lock = threading.Lock()
+
+    def held(name: str) -> None:
+        gate.wait(10)
+        with lock:
+            ran.append(name)
+
+    for n in range(6):  # one owner's tasks that hold their threads, a session each
+        pool.submit(f"a{n}", partial(held, f"a{n}"), "a")
+    wait_until(lambda: pool.held() == {"a": 3}, what="owner a's share to run")
+    other = threading.Event()
+    pool.submit("b", other.set, "b")
+    assert other.wait(10)  # a thread is left for another owner's task
+    assert pool.held() == {"a": 3}  # a's other three parked, on no thread
+    gate.set()
+    wait_until(lambda: not pool.sessions(), what="every task to run")
+    assert sorted(ran) == [f"a{n}" for n in range(6)]
+    assert pool.held() == {} and not pool._parked
+    assert pool.peak_threads <= 4
+
+
+def test_a_parked_sessions_tasks_still_run_in_order() -> None:
+    pool = SessionPool(2)  # share 2: owner a holds both threads, then its third waits
+    gate = threading.Event()
+    ran: list[int] = []
+
+    def task(i: int) -> None:
+        gate.wait(10)
+        ran.append(i)
+
+    for sid in ("x", "y"):
+        pool.submit(sid, partial(task, -1), "a")
+    wait_until(lambda: pool.held() == {"a": 2}, what="both threads taken")
+    for i in range(5):
+        pool.submit("z", partial(task, i), "a")
+    gate.set()
+    wait_until(lambda: not pool.sessions(), what="every task to run")
+    assert [i for i in ran if i >= 0] == [0, 1, 2, 3, 4]

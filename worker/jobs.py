@@ -14,6 +14,17 @@ it overtakes nothing, and a pool task would keep the session's next jobs off the
 path until it ran. Sessions do not wait for each other while
 the pool has a free thread (``job_threads``, MAX_JOB_THREADS by default).
 
+The pool is shared out by driver (``SessionPool.share``: no driver's jobs hold more than
+three quarters of it), so jobs waiting for moves a party never sends, each holding its
+thread until its deadline, leave the rest to other drivers' jobs (red team R33-5). In
+secure mode a job's driver is the key that sealed it here (``JobSealers.hold``), never a
+name the broker wrote. In plaintext no driver identity reaches a worker (a name there is
+anyone's, and the broker passes none), so the share is keyed by the job's ranks, the
+parties it may wait for: jobs waiting on a silent party hold at most the share, and jobs
+with no part for that party keep the rest. A driver that varies its jobs' ranks gets
+several shares; better than nothing where every name is anyone's, not a bound.
+Deletes, saves and fetches (quick, waiting on no peer) share one owner.
+
 Quick jobs skip the hand-off: handing a job to a pool thread and back costs two thread
 wake-ups and a GIL switch, more than a trivial job's whole run on a busy 2-core machine. A
 program runs inline, on the thread that received it, when (1) it is purely local (only the
@@ -303,9 +314,13 @@ class Jobs(InlineJobs):
                 if action.inline:
                     self.report(self._timed_run(msg, graph))
                 else:
-                    if self.sealers is not None:  # its sealer kept until _pooled is done
-                        self.sealers.hold(msg.session, msg.job)
-                    self._pool.submit(msg.session, functools.partial(self._pooled, msg, graph))
+                    # its share of the pool is its driver's (secure: the key that sealed it,
+                    # kept until _pooled is done); plaintext: its ranks (see the docstring)
+                    owner: object = msg.ranks
+                    if self.sealers is not None:
+                        owner = self.sealers.hold(msg.session, msg.job)
+                    run = functools.partial(self._pooled, msg, graph)
+                    self._pool.submit(msg.session, run, owner)
             elif isinstance(action, Post):
                 self.post(action.msg)
             elif isinstance(action, Expect):
