@@ -65,9 +65,18 @@ class SessionPool:
         self.peak_threads = 0  # the most threads alive at once, for status and tests
 
     @property
+    def max_threads(self) -> int:
+        return self._max_threads
+
+    @max_threads.setter
+    def max_threads(self, threads: int) -> None:
+        self._share = owner_share(threads)  # worked out here, not per task
+        self._max_threads = threads
+
+    @property
     def share(self) -> int:
-        """The threads one owner's tasks may hold at once (read as ``max_threads`` is now)."""
-        return owner_share(self.max_threads)
+        """The threads one owner's tasks may hold at once."""
+        return self._share
 
     def submit(self, sid: str, task: Task, owner: Owner = None) -> None:
         """Run ``task`` after ``sid``'s tasks before it, on a thread counted to ``owner``."""
@@ -79,7 +88,7 @@ class SessionPool:
             queue.append((owner, task))
             if self._idle:
                 self._cond.notify()
-            elif self._threads < self.max_threads:
+            elif self._threads < self._max_threads:
                 self._start()
 
     def has_work(self, sid: str) -> bool:
@@ -111,10 +120,25 @@ class SessionPool:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                taken = self._next_task()
-            if taken is None:
-                return
-            sid, owner, task = taken
+                # a session whose next task's owner is under its share; sessions whose owner
+                # holds it are parked (run once one of the owner's threads frees, below)
+                while True:
+                    while not self._ready:
+                        self._idle += 1
+                        woken = self._cond.wait(_IDLE_S)
+                        self._idle -= 1
+                        if not woken and not self._ready:
+                            self._threads -= 1
+                            return
+                    sid = self._ready.popleft()
+                    queue = self._queues[sid]
+                    owner, task = queue[0]
+                    held = self._held.get(owner, 0)
+                    if held < self._share:
+                        break
+                    self._parked.setdefault(owner, collections.deque()).append(sid)
+                queue.popleft()
+                self._held[owner] = held + 1
             try:
                 task()
             except BaseException:  # tasks report their own errors; the thread must not die
@@ -125,37 +149,20 @@ class SessionPool:
                     self._held[owner] = held
                 else:
                     del self._held[owner]
-                parked = self._parked.get(owner)
-                if parked:  # the owner is under its share again: its next session's turn
-                    self._ready.append(parked.popleft())
-                    if not parked:
-                        del self._parked[owner]
-                    self._cond.notify()
-                if self._queues[sid]:
+                if self._parked:
+                    self._unpark(owner)
+                if queue:
                     self._ready.append(sid)  # its turn again after the others waiting
                     self._cond.notify()
                 else:
                     del self._queues[sid]
 
-    def _next_task(self) -> tuple[str, Owner, Task] | None:
-        """Wait for a session whose next task's owner is under its share, and take the task
-        (its thread counted to the owner); sessions whose owner holds its share are parked.
-        None (the thread ends) after a while without such work. Under the lock."""
-        share = self.share
-        while True:
-            while not self._ready:
-                self._idle += 1
-                woken = self._cond.wait(_IDLE_S)
-                self._idle -= 1
-                if not woken and not self._ready:
-                    self._threads -= 1
-                    return None
-            sid = self._ready.popleft()
-            queue = self._queues[sid]
-            owner = queue[0][0]
-            held = self._held.get(owner, 0)
-            if held >= share:  # runs when one of the owner's threads frees (_loop)
-                self._parked.setdefault(owner, collections.deque()).append(sid)
-                continue
-            self._held[owner] = held + 1
-            return sid, owner, queue.popleft()[1]
+    def _unpark(self, owner: Owner) -> None:
+        """One of ``owner``'s threads freed: its first parked session's turn. Under the
+        lock."""
+        parked = self._parked.get(owner)
+        if parked:
+            self._ready.append(parked.popleft())
+            if not parked:
+                del self._parked[owner]
+            self._cond.notify()
