@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpl.wire.fingerprint import fingerprint
+from mpl.wire.fingerprint import MAX_FINGERPRINT_DEPTH, fingerprint
 from mpl.wire.limits import MAX_RUNTIME_INFO_TOTAL, MAX_SESSION_SPECS_TOTAL
 from mpl.wire.runtime_info import info_weight
 
@@ -64,7 +64,9 @@ class SessionSpecs:
             self.refused += 1
             return (
                 "a session's cluster spec holds text, numbers, booleans, None, lists and "
-                "maps only: it holds a value of another type"
+                "maps only, nested at most "
+                f"{MAX_FINGERPRINT_DEPTH} deep: it holds a value of another type, or "
+                "nests deeper"
             )
         kept = self._kept.get(key)
         weight = kept.weight if kept is not None else info_weight(spec)

@@ -21,7 +21,7 @@ from mpl.broker.state import BrokerState
 from mpl.wire import ClusterSpec
 from mpl.wire.codec import decode, encode
 from mpl.wire.fingerprint import fingerprint
-from mpl.wire.sessions import OpenSession, SessionOpened, SessionRuntime
+from mpl.wire.sessions import OpenSession, Reply, SessionOpened, SessionRuntime
 from mpl.worker.session_runtime import SessionRuntimes
 
 _CLUSTER = ClusterSpec.simple(2, enable_spu=False)
@@ -80,3 +80,18 @@ def test_the_specs_table_still_shares_one_copy_of_equal_specs() -> None:
     other = specs.keep(_spec(["k1", "k2"]), "bob")
     assert not isinstance(other, str) and other[1] != kept[1]
     assert specs.weight == 2 * weight
+
+
+def test_a_spec_nested_too_deep_is_refused_saying_so() -> None:
+    """The wire lets a value nest 100 deep; the fingerprint stops at 64, and the broker
+    refused such a spec saying it held "a value of another type", which it did not."""
+    state = BrokerState(_CLUSTER, now=0.0, broker_id="B")
+    spec = _CLUSTER.to_dict()
+    deep: list[Any] = []
+    for _ in range(70):
+        deep = [deep]
+    spec["devices"][next(iter(spec["devices"]))]["config"] = {"deep": deep}
+    msg = decode(encode(OpenSession(1, "s0", 60.0, "c0", cluster=spec)))
+    (out,) = state.handle(b"drv:d0/1", msg, 0.1)
+    assert isinstance(out.msg, Reply) and out.msg.error is not None, out.msg
+    assert "deeper" in out.msg.error.message

@@ -27,9 +27,11 @@ import hashlib
 import struct
 from typing import Any
 
-__all__ = ["fingerprint"]
+__all__ = ["MAX_FINGERPRINT_DEPTH", "fingerprint"]
 
-_MAX_DEPTH = 64  # deeper than any value the wire's limits let through
+# deeper than any cluster spec or runtime_info needs (the wire lets values nest up to
+# limits.MAX_NESTING, 100, in each extension); bounds the recursion
+MAX_FINGERPRINT_DEPTH = 64
 
 
 class _Unknown(Exception):
@@ -37,8 +39,9 @@ class _Unknown(Exception):
 
 
 def fingerprint(value: Any) -> bytes | None:
-    """32 bytes naming ``value`` (see above), or None if it holds a type not covered (a
-    caller then keeps it unshared)."""
+    """32 bytes naming ``value`` (see above), or None if it holds a type not covered or
+    nests deeper than :data:`MAX_FINGERPRINT_DEPTH` (a caller then keeps it unshared, or
+    refuses it)."""
     try:
         encoded = _encode(value, 0)
     except _Unknown:
@@ -47,7 +50,7 @@ def fingerprint(value: Any) -> bytes | None:
 
 
 def _encode(value: Any, depth: int) -> bytes:
-    if depth > _MAX_DEPTH:
+    if depth > MAX_FINGERPRINT_DEPTH:
         raise _Unknown
     if value is None:
         return b"N"
