@@ -95,3 +95,23 @@ def test_a_spec_nested_too_deep_is_refused_saying_so() -> None:
     (out,) = state.handle(b"drv:d0/1", msg, 0.1)
     assert isinstance(out.msg, Reply) and out.msg.error is not None, out.msg
     assert "deeper" in out.msg.error.message
+
+
+def test_a_kernel_changing_its_runtime_info_changes_no_other_sessions() -> None:
+    """Sessions bringing equal runtime_info share one kept copy: what a kernel of one
+    gets from ``runtime_info()`` was a shallow copy, so a kernel changing a list or
+    op_bindings in it changed every other session's (another driver's among them)."""
+    from mpl.worker import kernel_table
+
+    runtimes = SessionRuntimes(0, lambda: {})
+    info = {"op_bindings": {"a": "x:y"}, "tags": ["p"]}
+    for session in ("a", "b"):
+        runtimes.open(SessionRuntime(session, 1, {"op_bindings": {"a": "x:y"}, "tags": ["p"]}))
+    token = kernel_table._RUNTIME_INFO.set(runtimes.of("a"))  # as a kernel of "a" runs
+    try:
+        mine = kernel_table.runtime_info()
+        mine["op_bindings"]["a"] = "evil:kernel"
+        mine["tags"].append("changed")
+    finally:
+        kernel_table._RUNTIME_INFO.reset(token)
+    assert runtimes.of("b") == info
