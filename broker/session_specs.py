@@ -9,9 +9,13 @@ copy, counted once, found by its fingerprint (:mod:`mpl.wire.fingerprint`: one h
 lookup); a spec holding anything else than text, numbers, booleans, None, lists and
 maps (an array in a device's config, say, which the weight would count as one item) is
 refused. On a secure broker each listed driver (the session's owner, by its key) has
-its share, the budget over the number of listed drivers, counting each copy its sessions
-use once: a driver near its 256 sessions with specs near their bounds would otherwise
-take every other driver's room. An open whose spec does not fit is refused with a
+its share, counting each copy its sessions use once: a driver near its 256 sessions with
+specs near their bounds would otherwise take every other driver's room. The share is of
+the smaller of this budget and a worker's over the runtime_info it keeps for its node
+(``MAX_RUNTIME_INFO_TOTAL``, which cannot tell whose a session is), over the number of
+listed drivers: a spec weighs at least each runtime_info it carries, so every driver's
+sessions together stay within each worker's budget, and one driver cannot fill a
+worker's room for all others (review w33). An open whose spec does not fit is refused with a
 ``ClusterSpecError`` saying why; sessions already open keep theirs.
 
 No I/O; the broker's one loop uses it.
@@ -21,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpl.wire.fingerprint import fingerprint
-from mpl.wire.limits import MAX_SESSION_SPECS_TOTAL
+from mpl.wire.fingerprint import MAX_FINGERPRINT_DEPTH, fingerprint
+from mpl.wire.limits import MAX_RUNTIME_INFO_TOTAL, MAX_SESSION_SPECS_TOTAL
 from mpl.wire.runtime_info import info_weight
 
 __all__ = ["SessionSpecs"]
@@ -60,12 +64,14 @@ class SessionSpecs:
             self.refused += 1
             return (
                 "a session's cluster spec holds text, numbers, booleans, None, lists and "
-                "maps only: it holds a value of another type"
+                "maps only, nested at most "
+                f"{MAX_FINGERPRINT_DEPTH} deep: it holds a value of another type, or "
+                "nests deeper"
             )
         kept = self._kept.get(key)
         weight = kept.weight if kept is not None else info_weight(spec)
         if self.drivers and (owner, key) not in self._owned:
-            share = self.budget // self.drivers
+            share = min(self.budget, MAX_RUNTIME_INFO_TOTAL) // self.drivers
             used = self._owner_weight.get(owner, 0)
             if used + weight > share:
                 self.refused += 1

@@ -7,12 +7,16 @@ and a search by comparison then costs the square of their number. Python's own h
 such values is no way out either: integers hash to what the sender chooses.
 
 :func:`fingerprint` is BLAKE2b-256 over an encoding of the value that is injective over
-the types a safe decode gives (None, bool, int, float, str, bytes, list, tuple, and maps
-of them): every item carries its type and, where it varies, its length, so no two
-different values encode the same, and a map's entries are sorted by their encoding, so
-equal maps in any order encode the same. Equal fingerprints therefore mean equal values
-(up to a collision of BLAKE2b-256). Values that compare equal across types (``1``,
-``1.0`` and ``True``) get different fingerprints: they are only not shared.
+the types a safe decode gives (None, bool, int, float, str, bytes, list, tuple, dicts of
+them, and subclasses of those scalars such as numpy's, named by their type): every item
+carries its type and, where it varies, its length, so no two different values encode the
+same. Equal fingerprints therefore mean equal values of the
+same types, maps in the same order (up to a collision of BLAKE2b-256): what a session
+gets from a copy kept for another is what it sent, down to what a kernel can see (a
+map's order, a value's type). So values that compare equal across types (``1``, ``1.0``
+and ``True``; a numpy ``float64`` or ``str_`` and the float or str it equals, which
+subclass them) get different fingerprints, and so do equal maps in another order: they
+are only not shared.
 
 Pure functions, no I/O.
 """
@@ -21,12 +25,13 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["fingerprint"]
+__all__ = ["MAX_FINGERPRINT_DEPTH", "fingerprint"]
 
-_MAX_DEPTH = 64  # deeper than any value the wire's limits let through
+# deeper than any cluster spec or runtime_info needs (the wire lets values nest up to
+# limits.MAX_NESTING, 100, in each extension); bounds the recursion
+MAX_FINGERPRINT_DEPTH = 64
 
 
 class _Unknown(Exception):
@@ -34,8 +39,9 @@ class _Unknown(Exception):
 
 
 def fingerprint(value: Any) -> bytes | None:
-    """32 bytes naming ``value`` (see above), or None if it holds a type not covered (a
-    caller then keeps it unshared)."""
+    """32 bytes naming ``value`` (see above), or None if it holds a type not covered or
+    nests deeper than :data:`MAX_FINGERPRINT_DEPTH` (a caller then keeps it unshared, or
+    refuses it)."""
     try:
         encoded = _encode(value, 0)
     except _Unknown:
@@ -44,7 +50,7 @@ def fingerprint(value: Any) -> bytes | None:
 
 
 def _encode(value: Any, depth: int) -> bytes:
-    if depth > _MAX_DEPTH:
+    if depth > MAX_FINGERPRINT_DEPTH:
         raise _Unknown
     if value is None:
         return b"N"
@@ -52,19 +58,32 @@ def _encode(value: Any, depth: int) -> bytes:
         return b"T"
     if value is False:
         return b"F"
-    if isinstance(value, int):
+    kind = type(value)  # exact types: a subclass is named below
+    if kind is int:
         return b"I%x;" % value  # any size, its sign included
-    if isinstance(value, float):
+    if kind is float:
         return b"D" + struct.pack("<d", value)
-    if isinstance(value, str):
+    if kind is str:
         text = value.encode("utf-8", "surrogatepass")
         return b"S%d:%s" % (len(text), text)
-    if isinstance(value, bytes):
+    if kind is bytes:
         return b"B%d:%s" % (len(value), value)
-    if isinstance(value, (list, tuple)):
-        tag = b"L" if isinstance(value, list) else b"U"
+    if kind is list or kind is tuple:
+        tag = b"L" if kind is list else b"U"
         return b"%s%d:%s" % (tag, len(value), b"".join(_encode(v, depth + 1) for v in value))
-    if isinstance(value, Mapping):
-        entries = sorted(_encode(k, depth + 1) + _encode(v, depth + 1) for k, v in value.items())
-        return b"M%d:%s" % (len(entries), b"".join(entries))
+    if kind is dict:
+        # in the map's own order: equal maps in another order are not shared (a session
+        # would see another's order, and learn that another session sent the same)
+        entries = b"".join(_encode(k, depth + 1) + _encode(v, depth + 1) for k, v in value.items())
+        return b"M%d:%s" % (len(value), entries)
+    for base in _SCALARS:
+        if isinstance(value, base):
+            # a subclass (numpy's float64, str_ and bytes_ are float's, str's and bytes')
+            # equals its base's value but is not the same to a kernel that looks at it:
+            # its type's name first (the types a decode makes have names of their own)
+            name = f"{kind.__module__}.{kind.__qualname__}".encode("utf-8", "surrogatepass")
+            return b"X%d:%s%s" % (len(name), name, _encode(base(value), depth + 1))
     raise _Unknown
+
+
+_SCALARS: tuple[type[Any], ...] = (int, float, str, bytes)

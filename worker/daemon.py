@@ -582,6 +582,7 @@ class Worker(BrokerMessages, ResultChannel, BrokerLink):
                 log.warning("rank %d: %s", self.rank, self._unanswered(action.seconds))
             elif isinstance(action, CloseAll):
                 self.jobs.close_all(action.reason)
+                self.runtimes.close_all()  # their runtime_info too: it held the budget
                 if self.seal is not None:  # (not through its inbound: no SessionClosed)
                     self.seal.all_closed()
             elif isinstance(action, Joined):

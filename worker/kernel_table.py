@@ -31,6 +31,7 @@ the job's session (the session's own spec's, else the cluster's).
 from __future__ import annotations
 
 import contextvars
+import copy
 import importlib
 import inspect
 import logging
@@ -119,7 +120,10 @@ def runtime_info() -> dict[str, Any]:
     info = _RUNTIME_INFO.get()
     if info is None:
         raise RuntimeError("runtime_info() is known only while a kernel runs on a worker")
-    return dict(info)
+    # a deep copy: sessions bringing equal runtime_info share one kept copy
+    # (worker/session_runtime.py), another driver's among them, so a kernel that changes
+    # what it was given (a list, op_bindings) must change no other session's
+    return copy.deepcopy(info)
 
 
 def node_bindings(cluster: Mapping[str, Any], rank: int) -> dict[str, str]:

@@ -16,7 +16,8 @@ driver's sessions over one spec, mostly) share one copy, counted once, found by 
 fingerprint (one hash lookup, whatever else is kept). A session whose
 runtime_info would take the kept past the budget is refused like an incompatible one: its
 open fails at its driver with a ``ClusterSpecError`` saying so, and sessions already open
-keep theirs.
+keep theirs. A new broker (a restart) has none of the sessions announced before: all that
+they kept is freed when it welcomes the worker.
 """
 
 from __future__ import annotations
@@ -154,6 +155,14 @@ class SessionRuntimes:
     def closed(self, session: str) -> None:
         self._release(session)
         self.refused_sessions.pop(session, None)
+
+    def close_all(self) -> None:
+        """A new broker: none of the sessions announced before is open any more (no
+        SessionClosed will come for them), so what they kept is freed."""
+        self._sessions.clear()
+        self._kept.clear()
+        self.weight = 0
+        self.refused_sessions.clear()
 
     def of(self, session: str) -> dict[str, Any]:
         """What kernels of ``session`` see as this node's runtime_info (a copy)."""
