@@ -155,3 +155,37 @@ def test_ctrl_c_in_a_repeated_call_cancels_its_job(make_cluster: Callable[..., A
             assert mp.fetch(mp.device("P1")(int)(2)) == 2  # the session goes on
     finally:
         ctx.close()
+
+
+@pytest.mark.daemons
+def test_ctrl_c_in_a_futures_exception_wait_cancels_its_job(
+    make_cluster: Callable[..., Any],
+) -> None:
+    """``Future.exception()`` waits as ``result()`` does (R33-3 covered ``result``, ``mp.wait``
+    and ``mp.as_completed``): Ctrl-C there left the job running."""
+    cluster = make_cluster("tcp")
+
+    def in_flight() -> int:
+        return int(query_status(cluster.address, timeout=5)["jobs_in_flight"])
+
+    def interrupt_once_running() -> None:
+        wait_until(lambda: in_flight() == 1, 30, "the job to start")
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    @mp.function
+    def slow() -> Any:
+        return mp.device("P1")(int)(mp.device("P0")(nap_then)(1, 60.0))
+
+    ctx = mp.connect(cluster.address)
+    try:
+        with ctx:
+            future = mp.submit(slow)
+            interrupter = threading.Thread(target=interrupt_once_running, daemon=True)
+            interrupter.start()
+            with pytest.raises(KeyboardInterrupt):
+                future.exception()
+            interrupter.join(30)
+            wait_until(lambda: in_flight() == 0, 10, "the broker to drop the job")
+            assert isinstance(future.exception(timeout=30), mp.MplError)
+    finally:
+        ctx.close()
