@@ -130,7 +130,11 @@ class Broker(Outbox, ConnectionWatch, Inbox):
         self.address: str = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
         self._watch_connections(self.address)  # closed TCP connections end their peers
         self.state = BrokerState(
-            cluster, now=time.monotonic(), heartbeat_s=heartbeat_s, secure=self.secure
+            cluster,
+            now=time.monotonic(),
+            heartbeat_s=heartbeat_s,
+            secure=self.secure,
+            max_message=max_message,
         )
         self.ledger = JobLedger()  # job outcomes and durations, for metrics and the page
         self.snapshots = SnapshotSlot()  # copies of the state for the metrics thread

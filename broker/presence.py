@@ -111,6 +111,7 @@ class Presence:
             state.broker_id,
             state.heartbeat_s,
             state.cluster.to_dict(),
+            state.max_message,
         )
         joined = state.runtimes.joined(entry.rank, peer)  # open sessions' runtime_info
         return [Send(peer, welcome), *joined, *self.broadcast_directory()]

@@ -64,7 +64,14 @@ class SessionCalls:
             r: public_incarnation(e.hello.incarnation) for r, e in state.registry.by_rank.items()
         }
         opened = SessionOpened(
-            msg.req, entry.sid, state.broker_id, cluster, state.heartbeat_s, attached, incarnations
+            msg.req,
+            entry.sid,
+            state.broker_id,
+            cluster,
+            state.heartbeat_s,
+            attached,
+            incarnations,
+            state.max_message,
         )
         if not attached and spec is not None:  # its nodes' workers accept it first
             return state.runtimes.announce(peer, entry, msg.cluster or {}, opened)

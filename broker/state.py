@@ -76,6 +76,7 @@ from mpl.wire.jobs import (
 from mpl.wire.limits import (
     BROKER_PROGRAM_BYTES,
     MAX_HEARTBEAT_S,
+    MAX_MESSAGE,
     MAX_PERSISTED_NAMES,
     MIN_HEARTBEAT_S,
     check_ranks,
@@ -131,6 +132,7 @@ class BrokerState:
         heartbeat_s: float = HEARTBEAT_S,
         liveness: int = HEARTBEAT_LIVENESS,
         secure: bool = False,
+        max_message: int = MAX_MESSAGE,
     ) -> None:
         # The workers' own test of a Welcome's interval: one they would refuse is refused
         # here, at the start (a bool is a mistake, not a number of seconds).
@@ -145,6 +147,9 @@ class BrokerState:
         self.broker_id = broker_id or f"b{secrets.token_hex(4)}"
         self.heartbeat_s = heartbeat_s
         self.silence_s = heartbeat_s * liveness
+        # the router's MAXMSGSIZE, announced to drivers and workers (SessionOpened, Welcome)
+        # so they refuse a bigger message before sending it rather than lose the connection
+        self.max_message = max_message
         self.started = now
         self.registry = Registry(cluster.world_size)
         self.sessions = SessionTable(len(cluster.drivers) if secure else 0)

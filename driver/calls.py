@@ -28,17 +28,24 @@ from mpl.wire.batch import is_batch, split_batch
 from mpl.wire.codec import decode, encode, foreign_version, from_wire, to_wire
 from mpl.wire.control import Bye, Refused
 from mpl.wire.curve import Curve
-from mpl.wire.errors import MplError, MplTimeoutError, ProtocolError, SessionError
+from mpl.wire.errors import (
+    MessageTooLargeError,
+    MplError,
+    MplTimeoutError,
+    ProtocolError,
+    SessionError,
+)
 from mpl.wire.exec_pack import exec_frames
 from mpl.wire.jobs import Exec, JobResult
+from mpl.wire.limits import MAX_MESSAGE
 from mpl.wire.printable import one_line
 from mpl.wire.progress import Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import from_info
-from mpl.wire.result_read import read_answer
+from mpl.wire.result_read import read_answer, refused_answer_job
 from mpl.wire.routing import driver_routing_id
 from mpl.wire.sessions import Reply
-from mpl.wire.sockets import configure, recv_frames, send_frames
+from mpl.wire.sockets import configure, first_oversized, recv_frames, send_frames, too_large
 
 __all__ = ["BrokerCalls", "ThreadSocket"]
 
@@ -92,6 +99,9 @@ class BrokerCalls:
     progress: ProgressBoard
 
     def __init__(self) -> None:
+        # the broker's largest frame, as its last SessionOpened announced it (taken for at
+        # least MIN_MAX_MESSAGE): a bigger message is refused here, before it is sent
+        self.max_message = MAX_MESSAGE
         self._local = threading.local()
         self._sockets: set[ThreadSocket] = set()
         self._sockets_lock = threading.Lock()
@@ -119,13 +129,27 @@ class BrokerCalls:
         for s in sockets:
             s.close()
 
+    def _oversized(self, wire: list[Any], what: str) -> MessageTooLargeError | None:
+        """The error for ``wire`` (a message as sent) if a frame of it is over the broker's
+        limit: the broker's socket would drop it with the connection, and the caller wait
+        out its deadline."""
+        size = first_oversized(wire, self.max_message)
+        if not size:
+            return None
+        return too_large(what, size, self.max_message, "the broker")
+
     # -- requests -------------------------------------------------------------------------
     def _send(self, msg: Record) -> None:
         """Send without an answer to wait for; dropped (and logged) if the queue to the
         broker stays full for ``timeout``: a delete or close is then left to the session's
-        end or lease, a program is sent again when the broker asks for it."""
+        end or lease, a program is sent again when the broker asks for it. Raises
+        ``MessageTooLargeError`` for one the broker would not take (a program whose
+        functions captured a large value, say)."""
+        wire = to_wire(encode(msg))
+        if (oversized := self._oversized(wire, f"a {msg.TAG!r} message")) is not None:
+            raise oversized
         try:
-            send_frames(self._socket(), to_wire(encode(msg)), 0)  # blocks at most SNDTIMEO
+            send_frames(self._socket(), wire, 0)  # blocks at most SNDTIMEO
         except zmq.Again:
             log.warning("the broker at %s takes no messages: dropped a %s", self.address, msg.TAG)
 
@@ -162,8 +186,14 @@ class BrokerCalls:
         """
         sock = self._socket()
         job = msg.job
+        wire = to_wire(exec_frames(msg))
+        # one frame (most Execs) under the limit: no call; else the frames are looked at
+        if (len(wire) != 1 or len(wire[0]) > self.max_message) and (
+            oversized := self._oversized(wire, f"the Exec of job {job}")
+        ) is not None:
+            raise oversized
         try:
-            send_frames(sock, to_wire(exec_frames(msg)), 0)  # blocks at most SNDTIMEO
+            send_frames(sock, wire, 0)  # blocks at most SNDTIMEO
         except zmq.Again:
             raise MplTimeoutError(
                 f"job {job}: the broker at {self.address} took no message for "
@@ -240,6 +270,10 @@ class BrokerCalls:
 
             if is_batch(frames):
                 return self._answers(frames, ours)
+            if refused_answer_job(frames) == job:  # its answer came, and cannot be taken
+                self.progress.end(job, False)
+                log.warning("bad message from the broker: %s", one_line(exc))
+                raise ProtocolError(f"job {job}: the answer could not be accepted: {exc}") from None
             # refused: never read again (in a trusted cluster its pickles may have loaded
             # before the refusal, and a second read would run their code again)
             self._refused(frames, ours, exc)

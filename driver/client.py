@@ -65,7 +65,7 @@ from mpl.wire.sessions import (
     StatusRequest,
     SymbolInfo,
 )
-from mpl.wire.sockets import send_frames
+from mpl.wire.sockets import announced_limit, send_frames
 
 if TYPE_CHECKING:
     from mpl.driver.sealing import DriverSeal
@@ -295,6 +295,7 @@ class Client(BrokerCalls):
                 f"{f' than {owner!r}' if not_meant else ''}, so this driver "
                 "will not act in it"
             )
+        self.max_message = announced_limit(opened.max_message)
         if opened.broker_id != self.broker_id:
             self.broker_id = opened.broker_id
             self._programs.clear()

@@ -33,7 +33,7 @@ from mpl.driver.recorder import (
     cluster_now,
     emit,
 )
-from mpl.driver.tree import NO_ARGS, flatten_call, tree_map
+from mpl.driver.tree import MANY_LEAVES, NO_ARGS, flatten_call, flatten_call_plain, tree_map
 from mpl.driver.values import NOT_CACHED, Value
 from mpl.wire.cluster import ClusterSpec, Device
 from mpl.wire.errors import DeviceError, DeviceInferenceError, DeviceNotFoundError
@@ -164,6 +164,8 @@ def _call(
     else:
         if isinstance(fn, KernelRef):
             fn = _session_binding(cluster, dev, fn)
+        if len(leaves) > MANY_LEAVES:  # long plain lists: one input each, not one an item
+            leaves, treedef = flatten_call_plain(args, kwargs)
         outs = _ppu_call(cluster, dev, fn, leaves, treedef, nout, site)
     return outs[0] if nout is None else tuple(outs)
 

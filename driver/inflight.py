@@ -39,7 +39,7 @@ from mpl.wire.printable import one_line
 from mpl.wire.progress import Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import from_info
-from mpl.wire.result_read import read_answer
+from mpl.wire.result_read import read_answer, refused_answer_job
 from mpl.wire.sockets import drain, send_frames
 
 if TYPE_CHECKING:
@@ -228,13 +228,23 @@ class JobPump:
         # for a program) and the program's digest
         messages: list[tuple[list[Any], bool, Pending | None, str]] = []
         planned: set[str] = set()
+        limit = self._client.max_message
         for p in pendings:
             digest = p.graph.digest
             if digest not in programs and digest not in planned:
                 program = seal.program(p.graph) if seal else Program(digest, p.graph)
-                messages.append((encode(program), False, None, digest))
+                frames = encode(program)
+                if self._refused(p, frames, "its program"):
+                    continue
+                messages.append((frames, False, None, digest))
                 planned.add(digest)
-            messages.append((exec_frames(p.msg), True, p, digest))
+            frames = exec_frames(p.msg)
+            # one header within the broker's limit (most): no call
+            if (len(frames) != 2 or len(frames[0]) + len(frames[1]) > limit) and self._refused(
+                p, frames, "its Exec"
+            ):
+                continue
+            messages.append((frames, True, p, digest))
         plan = coalesce([(frames, batchable) for frames, batchable, _, _ in messages])
         at = 0
         for frames, carried in plan:
@@ -258,13 +268,36 @@ class JobPump:
             if with_program:
                 seal = self._client.seal
                 program = seal.program(p.graph) if seal else Program(p.graph.digest, p.graph)
-                send_frames(sock, to_wire(encode(program)))
+                frames = encode(program)
+                if self._refused(p, frames, "its program"):
+                    return
+                send_frames(sock, to_wire(frames))
                 self._client._programs.add(p.graph.digest)
-            send_frames(sock, to_wire(exec_frames(p.msg)))
+            frames = exec_frames(p.msg)
+            if (
+                len(frames) != 2 or len(frames[0]) + len(frames[1]) > self._client.max_message
+            ) and self._refused(p, frames, "its Exec"):
+                return
+            send_frames(sock, to_wire(frames))
         except zmq.Again:
             self._unsent.append(p)
             return
         p.attempts += 1
+
+    def _refused(self, p: Pending, frames: list[Any], what: str) -> bool:
+        """Fail ``p`` at once (True) if ``frames`` (the codec's form of a message it sends)
+        hold a frame over the broker's limit, which would drop it with the connection."""
+        limit = self._client.max_message
+        if len(frames) == 2 and len(frames[0]) + len(frames[1]) <= limit:
+            return False  # a header-only message within the limit (most): no call
+        oversized = self._client._oversized(to_wire(frames), f"{what} (job {p.msg.job})")
+        if oversized is None:
+            return False
+        if self._inflight.get(p.msg.job) is p:
+            del self._inflight[p.msg.job]
+        self._client.progress.end(p.msg.job, False)
+        _fail(p, oversized)
+        return True
 
     def _receive(self, sock: zmq.Socket[Any]) -> None:
         # drain checks ZMQ_EVENTS between receives: no zmq.Again built at the end of each
@@ -300,6 +333,7 @@ class JobPump:
                         msg = read_answer(frames, safe=safe)
                     except ProtocolError as exc:
                         log.warning("bad message from the broker: %s", one_line(exc))
+                        self._refused_answer(frames, exc)
                         continue
                     # a plaintext job's value (most): _take's steps for it, without its call
                     if (
@@ -323,6 +357,15 @@ class JobPump:
                         self._take(sock, msg, ready)
         finally:
             settle(ready)
+
+    def _refused_answer(self, frames: list[Any], exc: ProtocolError) -> None:
+        """An answer refused on reading: if it is a job's in flight (its header says so),
+        that job fails now, not at its deadline: its answer came and cannot be taken."""
+        job = refused_answer_job(frames)
+        if job is None or (p := self._inflight.pop(job, None)) is None:
+            return
+        self._client.progress.end(job, False)
+        _fail(p, ProtocolError(f"job {job}: the answer could not be accepted: {exc}"))
 
     def _take(self, sock: zmq.Socket[Any], msg: Record, ready: list[tuple[JobFuture, Any]]) -> None:
         """Act on one message from the broker: a job's value joins ``ready``, a failure

@@ -48,6 +48,7 @@ from mpl.wire.sealed_exec import BIN8_HEADS, SEALED_EXEC_MAGIC
 from mpl.wire.sockets import send_frames
 
 if TYPE_CHECKING:
+    from mpl.driver.client import Client
     from mpl.driver.context import Context
     from mpl.driver.sealing import DriverSeal
 
@@ -79,6 +80,14 @@ _RESULT_FIELDS = pinned_fields(
 )
 _now = time.monotonic
 _wall = time.time
+
+
+def _within_limit(client: Client, wire: list[Any], job: str) -> None:
+    """Raise ``MessageTooLargeError`` if a frame of ``wire`` (the Exec of ``job``, as sent)
+    is over the broker's limit: its socket would drop it with the connection."""
+    oversized = client._oversized(wire, f"the Exec of job {job}")
+    if oversized is not None:
+        raise oversized
 
 
 def _fields(answer: Any) -> list[Any] | None:
@@ -161,9 +170,11 @@ class JobSite:
                 head, middle, tail = parts
                 # one frame (wire v4): the magic, then the header
                 one = b"".join((MAGIC_FRAME, head, _ID_MARK, job_bytes, middle, packed, tail))
-                if len(one) < _SMALL:
+                size = len(one)
+                if size < _SMALL and size <= client.max_message:
                     _send(sock, one, 0)
-                else:
+                else:  # a long header: within the broker's limit? (its socket drops more)
+                    _within_limit(client, [one], job)
                     send_frames(sock, [one], 0)
             else:
                 bin8 = BIN8_HEADS
@@ -196,7 +207,10 @@ class JobSite:
                     for box in boxes.values():  # a plain loop: a comprehension is a call
                         n = len(box)
                         packed += (bin8[n] if n < 256 else b"\xc5" + n.to_bytes(2, "big"), box)
-                    _send(sock, b"".join(packed), 0)
+                    one = b"".join(packed)
+                    if len(one) > client.max_message:  # (boxes of many ranks, a small limit)
+                        _within_limit(client, [one], job)
+                    _send(sock, one, 0)
                 else:  # a sealed record among them (large inputs): the codec's shape
                     msg = object.__new__(Exec)
                     msg.__dict__.update(
@@ -208,7 +222,9 @@ class JobSite:
                         inline=self.inline,
                         timeout_s=limit,
                     )
-                    send_frames(sock, to_wire(exec_frames(msg)), 0)
+                    wire = to_wire(exec_frames(msg))
+                    _within_limit(client, wire, job)
+                    send_frames(sock, wire, 0)
         except zmq.Again:
             raise MplTimeoutError(
                 f"job {job}: the broker at {client.address} took no message for "

@@ -278,7 +278,8 @@ def main() -> int:
         print("\nlibzmq calls per job on the main thread (receives: turns of the loop)")
         for m in modes:
             for role in roles:
-                if role.startswith("worker") and 1 in files[m][role]:
+                # (a role may have no file in a mode: a process that ended before it wrote)
+                if role.startswith("worker") and 1 in files[m].get(role, {}):
                     calls = zmq_calls(files[m][role][1])
                     per = "".join(f"  {c[4:]} {calls[c] / args.jobs:.2f}" for c in _ZMQ_CALLS)
                     report.setdefault("zmq_calls", {}).setdefault(m, {})[role] = dict(calls)
@@ -286,7 +287,7 @@ def main() -> int:
         if args.top and len(modes) == 2:
             report["changed"] = {}
             for role in roles:
-                a, b = (_all_functions(files[m][role]) for m in modes)
+                a, b = (_all_functions(files[m].get(role, {})) for m in modes)
                 delta = {k: (b[k] - a[k]) / args.jobs for k in a.keys() | b.keys()}
                 top = sorted(delta.items(), key=lambda kv: -abs(kv[1]))[: args.top]
                 a_obj, b_obj = by_object(a), by_object(b)

@@ -8,10 +8,10 @@ takes whatever the answer holds, for any ranks, and keeps it with the job's reco
 stats to the 16 MiB header bound so pins about 1 GiB in every context of the driver.
 
 Closed: the driver's receive path (``wire/result_read.py``) refuses an answer with a blob
-longer than ``MAX_STATS_BYTES`` (logged as a bad message, as any answer it cannot accept:
-the job then fails for want of its answer), and a job's record keeps the blobs of the
-job's ranks only (``mpl.driver.context.job_stats``): at most the job's ranks times the
-bound.
+longer than ``MAX_STATS_BYTES`` (logged as a bad message, as any answer it cannot accept;
+since w33 the job it answers fails at once with ``ProtocolError``), and a job's record keeps
+the blobs of the job's ranks only (``mpl.driver.context.job_stats``): at most the job's
+ranks times the bound.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ from mpl.wire.decoder import (
     frames_digest,
     set_wire_digest,
 )
-from mpl.wire.errors import ProtocolError, UnsafeValueError
+from mpl.wire.errors import MessageTooLargeError, ProtocolError, UnsafeValueError
 from mpl.wire.limits import MAX_DEPTH, MAX_FRAMES, MAX_HEADER_BYTES, MAX_NESTING
 from mpl.wire.record import Record, record_fields
 from mpl.wire.safe_values import encode_extra, host_array, unsafe
@@ -360,9 +360,12 @@ def encode(msg: Record, *, safe: bool = False) -> list[Any]:
     enc = _Encoder(safe)
     header = _pack(enc, [msg.TAG, *record_fields(msg)])
     if len(header) > MAX_HEADER_BYTES:  # every receiver would refuse it: say why, here
-        raise ValueError(
+        raise MessageTooLargeError(
             f"a {msg.TAG!r} message header of {len(header)} bytes exceeds {MAX_HEADER_BYTES}: "
-            "send bulk data as numpy arrays or bytes (they travel outside the header)"
+            "send bulk data as numpy arrays or bytes (they travel outside the header), or "
+            "as files the parties read themselves (mpl.io)",
+            size=len(header),
+            limit=MAX_HEADER_BYTES,
         )
     return [MAGIC_FRAME, header, *enc.bufs]
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mpl.wire.limits import MAX_MESSAGE
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.sessions import SymbolInfo
@@ -75,13 +76,16 @@ class WorkerHello(Record, tag="hello"):
 
 @dataclass(eq=False, repr=False)
 class Welcome(Record, tag="welcome"):
-    """The broker accepted a worker."""
+    """The broker accepted a worker. ``max_message``: the broker's ``--max-message``; the
+    worker fails a job or fetch whose answer has a bigger frame instead of sending it
+    (``MessageTooLargeError``), taking the figure for at least ``MIN_MAX_MESSAGE``."""
 
     rank: int
     world_size: int
     broker_id: str
     heartbeat_s: float
     cluster: dict[str, Any]
+    max_message: int = MAX_MESSAGE
 
 
 @dataclass(eq=False, repr=False)

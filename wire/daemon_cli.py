@@ -17,7 +17,7 @@ from mpl.wire.endpoints import check_endpoint
 from mpl.wire.errors import ClusterSpecError
 from mpl.wire.limits import MAX_HEARTBEAT_S
 from mpl.wire.logs import LOG_FORMATS
-from mpl.wire.sockets import MAX_MESSAGE
+from mpl.wire.sockets import MAX_MESSAGE, MIN_MAX_MESSAGE
 
 __all__ = [
     "cluster_option",
@@ -83,7 +83,7 @@ def max_message_option(fn: F) -> F:
         "--max-message",
         default=MAX_MESSAGE,
         show_default=True,
-        type=click.IntRange(min=1024),
+        type=click.IntRange(min=MIN_MAX_MESSAGE),
         help="Largest frame (bytes) a peer may send; a bigger one drops its connection.",
     )(fn)
 

@@ -4,6 +4,7 @@
 
     MplError
     ├── ProtocolError             malformed or unexpected wire traffic
+    ├── MessageTooLargeError      (also ValueError) a message over the --max-message limit
     ├── UnsafeValueError          (also TypeError) a value the safe format does not carry
     ├── ClusterSpecError          (also ValueError) a bad cluster description
     ├── GraphError                (also ValueError) a graph that fails the checker
@@ -36,6 +37,7 @@ __all__ = [
     "GraphError",
     "JobAbortedError",
     "KeyFileError",
+    "MessageTooLargeError",
     "MplError",
     "MplTimeoutError",
     "ProtocolError",
@@ -63,6 +65,27 @@ class ProtocolError(MplError):
     ``mpl.wire.limits``: a host value with too many items (a long Python list passed to or
     returned from a function) passes it; send bulk data as numpy arrays or bytes.
     """
+
+
+class MessageTooLargeError(MplError, ValueError):
+    """A message was bigger than the largest frame the peer that would receive it takes
+    (its ``--max-message``, 4 GiB by default). You see it at once instead of a job that waits
+    out its deadline: the driver refuses an Exec or program whose arguments or captured data
+    are bigger than the broker's limit (announced in ``SessionOpened``) before sending it,
+    and a worker fails the job (or fetch) whose result, or move to another rank, is bigger
+    than the limit (its own, or the broker's from ``Welcome``) instead of sending it (libzmq
+    would drop the message and the connection with it).
+
+    Attributes ``size`` (bytes, at least; a value may be refused by a cheap lower bound
+    before it is encoded) and ``limit``. Raise ``--max-message`` on the broker and the
+    workers (all alike), or move the data as files the parties read themselves
+    (``mpl.io.read_npy`` and the other ``mpl.io`` kernels) rather than through messages.
+    """
+
+    def __init__(self, message: str, *, size: int = 0, limit: int = 0) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
 
 
 class UnsafeValueError(MplError, TypeError):

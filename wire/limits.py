@@ -32,6 +32,7 @@ __all__ = [
     "MAX_JOB_SAVES",
     "MAX_JOB_THREADS",
     "MAX_LEASE_S",
+    "MAX_MESSAGE",
     "MAX_MOVES_PENDING",
     "MAX_NESTING",
     "MAX_PERSISTED_NAMES",
@@ -46,6 +47,7 @@ __all__ = [
     "MAX_SPU_PENDING",
     "MAX_SPU_PENDING_BYTES",
     "MIN_HEARTBEAT_S",
+    "MIN_MAX_MESSAGE",
     "PROGRAM_MIRROR_BYTES",
     "WORKER_PROGRAM_BYTES",
     "BigInt",
@@ -60,6 +62,12 @@ __all__ = [
 ]
 
 # -- one message --------------------------------------------------------------------------
+# The largest frame a socket that carries values takes (libzmq's MAXMSGSIZE, per frame: a
+# bigger one drops the connection, it is never buffered); `--max-message` changes it, down
+# to MIN_MAX_MESSAGE. The broker announces its own (SessionOpened, Welcome) so that a
+# driver or worker refuses a message over it before sending (MessageTooLargeError).
+MAX_MESSAGE = 4 << 30
+MIN_MAX_MESSAGE = 1024
 # The header is msgpack; bulk data (arrays, bytes from 1 KiB) travels in frames, outside it,
 # unbounded. 16 MiB holds a Python list of about 1.7 million floats.
 MAX_HEADER_BYTES = 16 * 1024 * 1024

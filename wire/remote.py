@@ -33,6 +33,7 @@ _KINDS: dict[str, type[_e.MplError]] = {
     for cls in (
         _e.MplError,
         _e.ProtocolError,
+        _e.MessageTooLargeError,
         _e.UnsafeValueError,
         _e.ClusterSpecError,
         _e.GraphError,

@@ -57,7 +57,14 @@ from mpl.wire.record import Record, pinned_fields
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.run_stats import MAX_STATS_BYTES
 
-__all__ = ["RESULT_HEAD", "answer_fields", "read_answer", "read_result", "result_fields"]
+__all__ = [
+    "RESULT_HEAD",
+    "answer_fields",
+    "read_answer",
+    "read_result",
+    "refused_answer_job",
+    "result_fields",
+]
 
 # Written out by hand in read_answer and _fits: a changed JobResult would otherwise be read
 # wrong, or fall back to decode on every answer, silently. Filled in directly (direct).
@@ -428,3 +435,29 @@ def _fits(items: Any) -> bool:
         if not (type(index) is int and INT_MIN <= index <= INT_MAX and isinstance(meta, str)):
             return False
     return True
+
+
+def refused_answer_job(frames: Sequence[Any]) -> str | None:
+    """The job id a message :func:`read_answer` refused names, if its header starts as a
+    ``JobResult``'s (this version's magic, the tag, then the id as a short str); nothing
+    else of it is read. The driver fails that job at once (its answer came and cannot be
+    accepted: stats over ``MAX_STATS_BYTES``, say) rather than wait out its deadline."""
+    if len(frames) < 2 or bytes(frames[0]) != MAGIC_FRAME:
+        return None
+    head = memoryview(frames[1])[: len(_PREFIX) + 257]  # the tag, a str8 marker, its length
+    at = len(_PREFIX)
+    if head[:at] != _PREFIX or len(head) <= at:
+        return None
+    marker = head[at]
+    if 0xA0 <= marker <= 0xBF:  # fixstr
+        start, size = at + 1, marker & 0x1F
+    elif marker == 0xD9 and len(head) > at + 1:  # str 8
+        start, size = at + 2, head[at + 1]
+    else:
+        return None
+    if len(head) < start + size:
+        return None
+    try:
+        return bytes(head[start : start + size]).decode("ascii")
+    except UnicodeDecodeError:
+        return None

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mpl.wire.limits import MAX_MESSAGE
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 
@@ -73,7 +74,11 @@ class SessionOpened(Record, tag="opened"):
     """``incarnations``: each live worker's public incarnation by rank
     (``mpl.wire.incarnation``), for a secure driver to bind what it seals for that worker
     to it. Only a hint from the broker: a wrong one makes that worker refuse the driver's
-    next job, with its own incarnation in the refusal (``mpl.wire.replay``)."""
+    next job, with its own incarnation in the refusal (``mpl.wire.replay``).
+
+    ``max_message``: the broker's ``--max-message``, the largest frame it takes; the driver
+    refuses a bigger Exec or program before sending it (``MessageTooLargeError``), taking
+    the figure for at least ``MIN_MAX_MESSAGE`` (``mpl.wire.sockets.announced_limit``)."""
 
     req: int
     session: str
@@ -82,6 +87,7 @@ class SessionOpened(Record, tag="opened"):
     heartbeat_s: float
     attached: bool  # True when the session already existed
     incarnations: dict[int, str] = field(default_factory=dict)
+    max_message: int = MAX_MESSAGE
 
 
 @dataclass(eq=False, repr=False)

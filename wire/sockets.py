@@ -16,6 +16,8 @@ from typing import Any
 import zmq
 
 from mpl.wire.codec import decode, encode, frames_nbytes, from_wire, to_wire
+from mpl.wire.errors import MessageTooLargeError
+from mpl.wire.limits import MAX_MESSAGE, MIN_MAX_MESSAGE
 from mpl.wire.record import Record
 
 __all__ = [
@@ -23,20 +25,26 @@ __all__ = [
     "HANDSHAKE_IVL_MS",
     "LINGER_MS",
     "MAX_MESSAGE",
+    "MIN_MAX_MESSAGE",
+    "announced_limit",
     "configure",
     "drain",
+    "encoded_oversized",
+    "first_oversized",
+    "least_encoded_bytes",
     "poll_in",
     "recv_frames",
     "recv_message",
     "recv_queued",
     "send_frames",
     "send_message",
+    "too_large",
 ]
 
 LINGER_MS = 200
 # Frames on sockets that carry values (jobs, fetches, moves, SPU shares) may be this big;
 # `--max-message` changes it. Sockets that carry only control (heartbeats, status) take less.
-MAX_MESSAGE = 4 << 30
+# (MAX_MESSAGE and MIN_MAX_MESSAGE live in mpl.wire.limits: records default to them)
 CONTROL_MAX_MESSAGE = 4 << 20
 HANDSHAKE_IVL_MS = 5_000  # libzmq's default is 30 s: a stalled handshake holds a slot that long
 _HWM = 10_000
@@ -61,6 +69,62 @@ _Backend: Any = zmq.backend.Socket  # Any: a test may hand in a look-alike
 
 def _compiled(sock: object) -> bool:
     return isinstance(sock, _Backend)
+
+
+def announced_limit(value: int) -> int:
+    """The frame limit a peer announced (its ``--max-message``: the broker's in
+    ``SessionOpened`` and ``Welcome``) as this side holds itself to it: never under
+    :data:`MIN_MAX_MESSAGE`. It is the peer's word, only ever used to refuse a message before
+    sending it (which that peer would drop with its connection): a hostile peer's figure
+    makes this side refuse what it would drop anyway, never allocate or wait."""
+    return value if value >= MIN_MAX_MESSAGE else MIN_MAX_MESSAGE
+
+
+def first_oversized(frames: Sequence[Any], limit: int) -> int:
+    """The size of the first of ``frames`` (as sent: ``to_wire``'s) over ``limit`` bytes,
+    else 0. libzmq's MAXMSGSIZE bounds each frame, not their sum."""
+    for frame in frames:
+        size = len(frame) if type(frame) is bytes else memoryview(frame).nbytes
+        if size > limit:
+            return size
+    return 0
+
+
+def encoded_oversized(frames: Sequence[Any], limit: int) -> int:
+    """:func:`first_oversized` for a message in the codec's form (``[magic, header,
+    *buffers]``: the magic and the header go as one frame)."""
+    head = len(frames[0]) + memoryview(frames[1]).nbytes
+    if head > limit:
+        return head
+    return first_oversized(frames[2:], limit) if len(frames) > 2 else 0
+
+
+def least_encoded_bytes(value: Any) -> int:
+    """A lower bound of ``value``'s encoded size, in constant time (nothing is walked): its
+    length for bytes and strings, its bytes for an array, one byte an item for a list,
+    tuple, set or dict (msgpack's least); 0 for anything else. Enough to refuse a value
+    far over a limit before encoding it, and to keep a long container off the worker's
+    I/O thread (encoding a Python list costs per item: seconds for millions)."""
+    if isinstance(value, (bytes, bytearray, str, list, tuple, set, frozenset, dict)):
+        return len(value)
+    nbytes = getattr(value, "nbytes", None)  # an array, a memoryview
+    return nbytes if type(nbytes) is int else 0
+
+
+def too_large(
+    what: str, size: int, limit: int, whose: str, *, at_least: bool = False
+) -> MessageTooLargeError:
+    """The error for a message refused before sending: ``what`` (an Exec of job X, the
+    result of job X on rank N) has a frame of ``size`` bytes (``at_least``: estimated
+    before encoding), over ``whose`` (the broker's, rank N's) limit."""
+    frame = f"at least {size:,} bytes encoded" if at_least else f"a frame of {size:,} bytes"
+    return MessageTooLargeError(
+        f"{what} is too large to send: {frame}, over the {limit:,}-byte "
+        f"limit of {whose} (--max-message). Raise --max-message on the broker and every "
+        "worker, or move the data as files the parties read themselves (mpl.io)",
+        size=size,
+        limit=limit,
+    )
 
 
 def configure(

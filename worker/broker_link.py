@@ -17,11 +17,12 @@ import zmq
 
 from mpl.wire.codec import encode, to_wire
 from mpl.wire.curve import Curve
+from mpl.wire.errors import MessageTooLargeError
 from mpl.wire.guard import Guard, substitute
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.safe_values import WORKER, pickles_allowed
-from mpl.wire.sockets import configure, drain, send_frames
+from mpl.wire.sockets import configure, drain, encoded_oversized, send_frames, too_large
 
 if TYPE_CHECKING:  # secure mode's: not imported on a plain start
     from mpl.worker.sealing import WorkerSeal
@@ -49,6 +50,7 @@ class BrokerLink:
     dealer: zmq.Socket[Any]
     refused: ErrorInfo | None
     _max_message: int
+    _send_limit: int
     _stopping: bool
     _results: zmq.Socket[Any]
     _handshakes: zmq.Socket[Any] | None
@@ -127,7 +129,19 @@ class BrokerLink:
         the safe value format unless this party declared the cluster trusted."""
         safe = not pickles_allowed(WORKER, trusted=self.trusted)
         try:
-            return encode(msg, safe=safe)
+            frames = encode(msg, safe=safe)
+            if size := encoded_oversized(frames, self._send_limit):
+                job = getattr(msg, "job", "")  # a Done's; a fetch's Reply names no job
+                what = f"the result of job {job}" if job else f"the {msg.TAG!r} answer"
+                if msg.TAG == "reply":
+                    what = "the answer to a fetch"
+                what += f" on rank {self.rank}"
+                raise too_large(what, size, self._send_limit, "the broker")
+            return frames
+        except MessageTooLargeError as exc:  # the broker would drop it, with the connection
+            log.warning("rank %d: %s", self.rank, exc)
+            instead = substitute(msg, exc, self.rank)
+            return encode(instead, safe=safe) if instead is not None else None
         except Exception as exc:
             self.guard.internal("this worker", msg, exc)
             instead = substitute(msg, exc, self.rank)

@@ -33,7 +33,7 @@ from mpl.worker.code_policy import HoldsPickles, holds_pickle, refusal, screen, 
 from mpl.worker.jobs import Jobs
 from mpl.worker.session_runtime import SessionRuntimes
 from mpl.worker.state_events import Action, CodeRefused, FetchArrived, ProgramUnloadable
-from mpl.worker.store import ObjectStore
+from mpl.worker.store import ABSENT, ObjectStore
 
 if TYPE_CHECKING:  # secure mode's: not imported on a plain start
     from mpl.worker.sealing import WorkerSeal
@@ -43,6 +43,11 @@ __all__ = ["BrokerMessages"]
 _new = object.__new__
 
 log = logging.getLogger("mpl.worker")
+# A fetched container of more items than this is answered by a job thread, not the I/O
+# thread: encoding a Python list costs per item (5 million: seconds, past the broker's
+# patience with a silent worker); an array or a byte string costs almost nothing.
+QUICK_REPLY_ITEMS = 10_000
+_LONG = frozenset({list, tuple, dict, set, frozenset})
 
 # Dones gathered from one batch go out this many at a time: the broker and the driver work
 # on the first ones while this thread runs the rest (one message of all 64 kept the three
@@ -71,6 +76,7 @@ class BrokerMessages:
     _send: Callable[[Record], None]
     _send_gathered: Callable[[], None]
     _perform: Callable[[list[Action]], None]
+    _post_done_frame: Callable[[bytes], None]
 
     def _on_frames(self, frames: list[Any]) -> None:
         """Handle one ZeroMQ message from the broker: a message, or a batch of them (each
@@ -174,11 +180,15 @@ class BrokerMessages:
                 log.warning("rank %d: refused a %s that did not authenticate", self.rank, Exec.TAG)
             elif mine is not None or self.runtimes.refused_sessions:
                 self._on_exec(_with_job(last, job, {} if mine is None else {rank: mine}))
-            elif not self.jobs.run_now(  # _unbound(last), its common case written out
-                bare[1] if (bare := self._bare)[0] is last else self._unbound(last), job
-            ):
+            elif (  # run_now, without its call: _unbound(last), its common case written out
+                done := self.jobs.run_repeat(
+                    bare[1] if (bare := self._bare)[0] is last else self._unbound(last), job
+                )
+            ) is None:
                 self._send_gathered()  # Dones gathered go before a job thread's
                 self._perform(self.jobs.handle(_with_job(last, job, {})))
+            elif done:  # its Done's frame, its value sealed (WorkerSeal.sealed_scalars)
+                self._post_done_frame(done)
         except Exception as exc:
             record = _with_job(last, job, {})
             reply = self.guard.internal("the broker", record, exc, rank=self.rank)
@@ -323,8 +333,10 @@ class BrokerMessages:
         if isinstance(msg, SessionClosed):
             self.runtimes.closed(msg.session)
         event: Any = msg
-        if isinstance(msg, Fetch):  # a value already here is answered at once
-            event = FetchArrived(msg, self.store.has(msg.session, msg.uri))
+        if isinstance(msg, Fetch):  # a value already here (and quick to encode): at once
+            held = self.store.held(msg.session, msg.uri)
+            quick = type(held) not in _LONG or len(held) <= QUICK_REPLY_ITEMS
+            event = FetchArrived(msg, held is not ABSENT and quick)
         self._perform(self.jobs.handle(event))
 
     def _on_exec(self, msg: Exec) -> None:

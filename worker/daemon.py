@@ -55,7 +55,7 @@ from mpl.wire.remote import ErrorInfo
 from mpl.wire.runtime_info import node_runtime_info
 from mpl.wire.safe_values import WORKER, pickles_allowed
 from mpl.wire.snapshot import SnapshotSlot
-from mpl.wire.sockets import MAX_MESSAGE, recv_frames
+from mpl.wire.sockets import MAX_MESSAGE, announced_limit, recv_frames
 from mpl.worker.broker_link import BrokerLink
 from mpl.worker.broker_messages import BrokerMessages
 from mpl.worker.code_policy import CODE_POLICIES, driver_code_policy
@@ -143,6 +143,9 @@ class Worker(BrokerMessages, ResultChannel, BrokerLink):
         self.trusted = trusted  # this party's own choice: pickles may cross between parties
         self.curve = curve
         self._max_message = max_message
+        # the largest frame this worker sends the broker: the least of its own limit and the
+        # broker's (its Welcome's), so an answer over it fails instead of being dropped
+        self._send_limit = max_message
         self._own_context = context is None
         self.ctx: zmq.Context[Any] = context or zmq.Context()
         self.gatekeeper: Gatekeeper | None = None
@@ -223,6 +226,7 @@ class Worker(BrokerMessages, ResultChannel, BrokerLink):
             lambda: self.state.directory,
             safe=not pickles_allowed(WORKER, trusted=trusted),
             curve=curve,
+            max_message=max_message,  # the peers' limit is taken for ours: set alike
         )
         # secure mode binds logical ops, and reads this node's runtime_info, by our own
         # spec, never by the broker's Welcome
@@ -267,6 +271,7 @@ class Worker(BrokerMessages, ResultChannel, BrokerLink):
             spu=self.spu_links,
             trusted=trusted,
         )
+        self.jobs.send_limit = max_message  # until the broker's Welcome says its own
         self.refused: ErrorInfo | None = None
         self.joined = threading.Event()
         self.protocol_errors = 0
@@ -406,7 +411,7 @@ class Worker(BrokerMessages, ResultChannel, BrokerLink):
                     except Exception as exc:
                         self._repeat_failed(job, exc)
                     else:
-                        if done is None:  # not taken, nothing done: the full path
+                        if done is None:  # not to run inline, nothing done: a record's path
                             self._on_repeat(job)
                         elif done:  # _post_done_frame's send, on this thread's dealer
                             try:
@@ -582,6 +587,8 @@ class Worker(BrokerMessages, ResultChannel, BrokerLink):
             elif isinstance(action, Joined):
                 log.info("rank %d: joined broker %s", self.rank, action.broker_id)
                 self.bindings.welcomed(self.state.cluster)
+                broker_limit = announced_limit(self.state.broker_max_message)
+                self._send_limit = self.jobs.send_limit = min(self._max_message, broker_limit)
                 self._channel_owed = True  # the broker learns our result channel anew
                 self._announce_channel()
                 self.joined.set()

@@ -10,9 +10,10 @@ as a job id the I/O thread read by comparison with the program's last ``Exec``
 no record is made on the way (a one-op run's one scalar: joined from the program's
 template, ``OneSpanDone``). So does a secure job's whose outputs are small scalars, sealed
 for the job's driver first (``WorkerSeal.sealed_scalars``; one scalar's box joined from the
-template as its value). A plaintext repeat's common case (a program of one call, no inputs
-here, its template kept) is one call, ``InlineJobs.run_repeat``, whose frame the I/O
-thread's turn sends itself; what it does not take it leaves, untouched, to ``run_now``.
+template as its value). Every inline run is one call, ``InlineJobs.run_repeat``
+(``run_now`` posts the frame it returns): its common case (a program of one call, no
+inputs here, its template kept) written out, the store's ``put_output`` and the state's
+``end_inline`` with it; a plaintext repeat's frame the I/O thread's turn sends itself.
 The rest of the job shell (events, the pool, tasks) is ``jobs.py``'s.
 """
 
@@ -41,6 +42,7 @@ from mpl.worker.store import ObjectStore
 __all__ = ["InlineJobs", "done_record"]
 
 RunEnd = RunFinished | RunFailed | RunAborted
+_NOT_BEGUN = ("",)  # WorkerState.jobs' entry of a job it does not know (end_inline's)
 
 
 class InlineJobs:
@@ -63,7 +65,7 @@ class InlineJobs:
     report: Callable[[Any], None]
     _plan: Callable[[str, Graph], Plan]
     _run: Callable[..., Done | RunFailed | RunAborted]
-    _timeout: Callable[[Exec], float | RunFailed]
+    _timeout: Callable[[Exec, str], float | RunFailed]
     _resolve: Callable[[str, Any], Any]
     _op_failed: Callable[[str, str, OpFailed, float], RunFailed]
     store: ObjectStore
@@ -75,35 +77,16 @@ class InlineJobs:
         """A repeat quick job, whole, on the calling (I/O) thread, when the state says it
         may run inline with nothing else to decide (``WorkerState.begin_inline``): the run,
         its outputs stored, its ``Done`` posted; no events or actions in between. False for
-        any other job, with nothing done: then :meth:`handle` it.
-
-        The ``Done`` goes out as soon as it is built and the job was not stopped meanwhile;
-        the state's bookkeeping of the job's end follows the send, so the broker (on the
-        other core) reads the answer meanwhile. Nothing the broker sends next can overtake
-        that bookkeeping: this thread reads it only afterwards. A program whose plan
-        compiles (``inline_run.py``) runs compiled, its ``Done`` packed from its fields
-        (plaintext, or small scalars sealed); any other the way a pooled job runs.
+        any other job, with nothing done: then :meth:`handle` it. :meth:`run_repeat`, its
+        Done's frame, if it returns one, posted (``post_frame``).
 
         ``job``: the job to run is ``msg`` but for this job id (a repeat the I/O thread
-        read by its id alone, ``RepeatExecs.repeat_job``); a program that does not
-        compile then runs from a record of it."""
-        if job is None:
-            job = msg.job
-        t0 = time.monotonic()  # the state's clock, and the run's start
-        graph = self.state.begin_inline(msg, t0, job)  # without the lock: see its docstring
-        if graph is None:
+        read by its id alone, ``RepeatExecs.repeat_job``)."""
+        frame = self.run_repeat(msg, msg.job if job is None else job)
+        if frame is None:
             return False
-        digest = msg.digest
-        compiled = self._compiled.get(digest)
-        if compiled is None and digest not in self._compiled:  # its first inline run
-            compiled = self._compile(digest, graph)
-        end: RunEnd | Done | None
-        if compiled is None:
-            end = self._run(_with_job(msg, job), graph, tracked=False)
-        else:
-            end = self._run_compiled(msg, job, compiled, t0)
-        if end is not None:  # else answered as frames, and its end booked
-            self._end(end)
+        if frame:
+            self.post_frame(frame)  # type: ignore[misc]  # (a frame only with post_frame)
         return True
 
     def _end(self, end: RunEnd | Done) -> None:
@@ -126,83 +109,150 @@ class InlineJobs:
         self.report(end)  # failed or aborted: the state's ordinary path
 
     def run_repeat(self, msg: Exec, job: str) -> bytes | None:
-        """:meth:`run_now` for a plaintext program's next ``Exec``, ``msg`` but for job id
-        ``job`` (``RepeatExecs.repeat_frame``), in its common case written out as one call
-        (``Worker._turn``'s, for ``_on_repeat``, ``run_now``, ``_run_compiled`` and the
-        Done's post): a compiled program of one call and one op, no inputs on this rank,
-        the timeout it had last, and a Done template kept for its session. Its checks and
-        bookkeeping are :meth:`run_now`'s, in its order (``WorkerState.begin_inline``, the
-        run, the output stored, the stop check, ``end_inline``); the one difference is that
-        the end is booked just before the send rather than just after it (both on this
-        thread, before the broker's next message is read; a stop landing between the check
-        and the send is one that came after the answer either way).
+        """The one inline run of a job, ``msg`` but for job id ``job`` (a plaintext
+        program's next ``Exec``, ``RepeatExecs.repeat_frame``, or any other the state lets
+        run inline: :meth:`run_now`), called by ``Worker._turn`` itself for a plaintext
+        repeat. The state begins it (``WorkerState.begin_inline``) or declines; it runs
+        compiled (``inline_run.py``) if its plan compiles, else as a pooled job runs; its
+        outputs are stored, its Done answered and its end booked, unless it was stopped
+        meanwhile (then the state's ordinary path: outputs freed, nothing said).
 
-        Returns the Done's frame for the caller to send on the I/O thread's dealer; b"" if
-        the job was taken and answered otherwise (failed, aborted, stopped meanwhile, or an
-        output the template does not pack: as :meth:`run_now` answers it); None, with
-        nothing done, for a job it does not take (then the full path: ``_on_repeat``).
-        ``tests/test_fused_repeat.py`` compares the two paths' answers byte for byte."""
-        compiled = self._compiled.get(msg.digest)
-        if compiled is None or self.post_frame is None or self.seal_scalars is not None:
-            return None
-        call, only, shape, sid = compiled.call, compiled.only, self._one_span, msg.session
-        asked, cap, _ = self._last_timeout  # the timeout as _run_compiled finds it: kept
-        if (
-            call is None
-            or not only
-            or shape[1] is not compiled
-            or shape[0] != sid
-            or (template := shape[2]) is None
-            or msg.timeout_s != asked
-            or cap != self.job_timeout_s
-            or msg.bindings.get(self.rank)
-        ):
-            return None
+        The common case (a compiled program of one call and one op, no inputs on this rank,
+        the timeout it had last, one scalar output and a Done template kept for its
+        session: nearly every repeat quick job) is written out here, the store's
+        ``put_output`` and the state's ``end_inline`` with it: a Python call each is most
+        of what they cost. Its Done's frame is returned for the caller to send (on the I/O
+        thread's dealer; ``run_now``: ``post_frame``), its end booked just before (both on
+        this thread, before the broker's next message is read: a stop landing between the
+        check and the send is one that came after the answer either way).
+
+        Returns that frame; b"" if the job was taken and answered otherwise (failed,
+        aborted, stopped meanwhile, or a Done the template does not pack: posted here);
+        None, with nothing done, for a job the state does not let run inline (then
+        ``handle`` it). ``tests/test_fused_repeat.py`` compares its answers and books, byte
+        for byte, with those of the uncompiled run (the interpreter's, ``Jobs._run``)."""
         t0 = time.monotonic()  # the state's clock, and the run's start
         state = self.state
-        if state.begin_inline(msg, t0, job) is None:  # nothing changed: the full path
+        graph = state.begin_inline(msg, t0, job)  # without the lock: see its docstring
+        if graph is None:
             return None
-        wall = time.time()
-        try:  # _run_compiled's one call, as it makes it
-            try:
-                first = call()
-            except (JobAbortedError, OpFailed):
-                raise
-            except BaseException as exc:  # user code: SystemExit and KeyboardInterrupt too
-                raise OpFailed(only[1], exc) from exc
-        except OpFailed as exc:
-            self._end(self._op_failed(sid, job, exc, t0))
-            return b""
-        except JobAbortedError:
-            self._end(RunAborted(sid, job, time.monotonic() - t0))
-            return b""
-        t1 = time.monotonic()
+        digest = msg.digest
+        compiled = self._compiled.get(digest)
+        if compiled is None:
+            if digest not in self._compiled:  # its first inline run
+                compiled = self._compile(digest, graph)
+            if compiled is None:  # not compilable: the interpreter's run, as a pooled job's
+                self._end(self._run(_with_job(msg, job), graph, tracked=False))
+                return b""
+        sid, call, only = msg.session, compiled.call, compiled.only
+        spans: list[list[Any]] | None = None  # a run of steps': their spans
+        asked, cap, timeout = self._last_timeout  # _timeout's shortcut, without its call
+        if msg.timeout_s != asked or cap != self.job_timeout_s:  # (NaN never equals)
+            worked_out = self._timeout_of(msg, job, t0)
+            if isinstance(worked_out, RunFailed):
+                self._end(worked_out)
+                return b""
+            timeout = worked_out
+        if call is not None and not msg.bindings.get(self.rank):
+            # one call, no inputs (most): made here
+            wall = time.time()
+            try:  # compiled.run's one step, written out (a call and its lists less)
+                try:
+                    first = call()
+                except (JobAbortedError, OpFailed):
+                    raise
+                except BaseException as exc:  # user code: SystemExit and KeyboardInterrupt too
+                    raise OpFailed(only[1], exc) from exc  # type: ignore[index]
+            except OpFailed as exc:
+                self._end(self._op_failed(sid, job, exc, t0))
+                return b""
+            except JobAbortedError:
+                self._end(RunAborted(sid, job, time.monotonic() - t0))
+                return b""
+            t1 = time.monotonic()
+        else:
+            ran = self._run_steps(msg, job, compiled, t0, timeout)
+            if not isinstance(ran, tuple):
+                self._end(ran)
+                return b""
+            first, outputs, spans, wall, t1 = ran
         end: RunEnd | Done | None
+        # Three answers, nested on purpose: a one-op scalar's Done joined from the template,
+        # else one packed from its fields (_answer), else a record; each books its end
+        # (end_inline) and sends. A method for the first would add a call per job to the
+        # path tests/test_worker_calls.py counts.
         try:
             scalar = SCALAR_NAMES.get(type(first))
-            held = 0 in msg.inline
-            frame = (
-                None
-                if scalar is None
-                else template.frame(job, first, held, scalar, t1 - t0, wall, 0.0, t1 - t0)
-            )
-            if scalar is None or frame is None:  # not packed: _run_compiled's other answers
-                spans = [[*only, 0.0, t1 - t0]]
-                end = self._answer(msg, job, [first], spans, scalar, t0, t1, wall)
+            frame: bytes | None = None
+            if scalar is not None and only is not None and self.post_frame is not None:
+                # one op, one scalar output (most): the Done joined from parts (in secure
+                # mode with the value sealed for the job's driver first: its box, bytes)
+                shape = self._one_span
+                if shape[1] is not compiled or shape[0] != sid:
+                    shape = self._one_span_done(sid, compiled)
+                start, stop = (0.0, t1 - t0) if spans is None else spans[0][2:]
+                held, template, seal = 0 in msg.inline, shape[2], self.seal_scalars
+                if template is None:
+                    pass  # packed from the fields: _answer
+                elif seal is None:
+                    frame = template.frame(job, first, held, scalar, t1 - t0, wall, start, stop)
+                else:  # secure mode: the value sealed for the job's driver first (a box)
+                    sealed = seal(sid, job, {0: first} if held else {})
+                    frame = (
+                        None  # not sealed: _answer says why
+                        if sealed is None
+                        # b"": sealed, yet no frame (a long job id, say): the record below
+                        else template.frame(
+                            job, sealed.get(0), held, scalar, t1 - t0, wall, start, stop
+                        )
+                        or b""
+                    )
+            if frame is None:  # not packed from a template: _answer's fields or record
+                if spans is None:  # the one call's run, in full
+                    spans = [[*only, 0.0, t1 - t0]]  # type: ignore[misc]
+                    outputs = [first]
+                end = self._answer(msg, job, outputs, spans, scalar, t0, t1, wall)
             else:
-                self.store.put_output(sid, job, first)
-                if state.clean[2] == state.stops or not state.stopped_inline(sid, job):
+                # ObjectStore.put_output, written out: its one output, under its job id
+                # (a job of several held somewhere: the id may name one, put_output counts)
+                store = self.store
+                lock = store._lock
+                lock.acquire()  # not `with`: acquire and release are a third of its cost
+                try:
+                    several = store._extra
+                    if not several:
+                        held_jobs = store._outputs.get(sid)
+                        if held_jobs is None:
+                            held_jobs = store._outputs[sid] = {}
+                        held_jobs[job] = first
+                finally:
+                    lock.release()
+                if several:
+                    store.put_output(sid, job, first)
+                if frame and (state.clean[2] == state.stops or not state.stopped_inline(sid, job)):
+                    # WorkerState.end_inline, written out (under the state's lock)
                     lock = self._lock
                     lock.acquire()
                     try:
-                        state.end_inline(sid, job, t1 - t0)
+                        state.done += 1
+                        key = (sid, job)
+                        ended = state.jobs.pop(key, _NOT_BEGUN)[0]
+                        if ended:
+                            quick = t1 - t0 <= state.inline_s
+                            if state.quick.get(ended) is quick:
+                                state.quick.move_to_end(ended)
+                            else:
+                                state.quick[ended] = quick
+                        if state.aborted:  # (most often empty: no call)
+                            state.aborted.pop(key, None)
                     finally:
                         lock.release()
                     return frame
-                # stopped meanwhile: the record run_now reports (RunFinished: freed, unsaid)
-                stats = pack_stats(t1 - t0, wall, [[*only, 0.0, t1 - t0]])
+                # stopped meanwhile (or sealed without a frame): a record (the seal's
+                # outbound seals it for the driver it answered: WorkerSeal)
+                stats = pack_stats(t1 - t0, wall, [[*only, start, stop]])  # type: ignore[misc]
                 values: dict[int, Any] = {0: first} if held else {}
-                end = done_record(sid, job, self.rank, values, stats, {0: scalar}, [])
+                end = done_record(sid, job, self.rank, values, stats, {0: scalar}, [])  # type: ignore[dict-item]
         except BaseException as exc:  # the thread must report whatever happened
             error = to_info(exc, rank=self.rank, op="run", job=job)
             end = RunFailed(sid, job, time.monotonic() - t0, error)
@@ -225,47 +275,37 @@ class InlineJobs:
         compiled = self._compiled[digest] = InlineRun.compile(self._plan(digest, graph))
         return compiled
 
-    def _run_compiled(
-        self, msg: Exec, job: str, compiled: InlineRun, t0: float
-    ) -> RunEnd | Done | None:
-        """:meth:`_run` for an inline run of a compiled program (``t0``: its start). In
-        plaintext, and in secure mode when its outputs are small scalars (sealed here for
-        the job's driver), its ``Done`` is packed from its fields and posted here, and the
-        state books its end (None); otherwise its ``Done``, or how it failed, as ``_run`` says.
-        ``job``: the job's id (``msg`` may be an earlier job of the program)."""
+    def _timeout_of(self, msg: Exec, job: str, t0: float) -> float | RunFailed:
+        """``_timeout`` for :meth:`run_repeat` (a timeout other than the last one's), or
+        how the job fails: whatever happened, the thread that runs it must report it."""
+        try:
+            return self._timeout(msg, job)
+        except BaseException as exc:
+            info = to_info(exc, rank=self.rank, op="inputs", job=job)
+            return RunFailed(msg.session, job, time.monotonic() - t0, info)
+
+    def _run_steps(
+        self, msg: Exec, job: str, compiled: InlineRun, t0: float, timeout: float
+    ) -> tuple[Any, list[Any], list[list[Any]], float, float] | RunEnd:
+        """:meth:`run_repeat`'s run of a compiled program other than one call without
+        inputs (inputs on this rank, several steps; ``timeout``: the job's): its first
+        output (ABSENT if it has several), its outputs, its spans, its start on the wall
+        clock and its end; or how it failed."""
         sid = msg.session
         try:
-            asked, cap, timeout = self._last_timeout  # _timeout's shortcut, without its call
-            if msg.timeout_s != asked or cap != self.job_timeout_s:
-                worked_out = self._timeout(msg)
-                if isinstance(worked_out, RunFailed):
-                    return worked_out
-                timeout = worked_out
             mine = msg.bindings.get(self.rank)
-            call = compiled.call
-            spans: list[list[Any]] | None = None  # the one call's: (op, label, 0.0, t1 - t0)
-            if call is not None and not mine:  # one call, no inputs (most): made here
-                wall = time.time()
-                try:  # compiled.run's one step, written out (a call and its lists less)
-                    first = call()
-                except (JobAbortedError, OpFailed):
-                    raise
-                except BaseException as exc:  # user code: SystemExit and KeyboardInterrupt too
-                    raise OpFailed(compiled.only[1], exc) from exc  # type: ignore[index]
-                t1 = time.monotonic()
-            else:
-                inputs: list[Any] | tuple[()] = ()
-                if mine:
-                    inputs = [self._resolve(sid, b) for b in mine]
-                    if len(inputs) != len(compiled.plan.graph.inputs):
-                        raise SessionError(
-                            f"job binds {len(inputs)} inputs on rank {self.rank}, "
-                            f"the graph has {len(compiled.plan.graph.inputs)}"
-                        )
-                self._inline = (sid, job, compiled, t0, timeout)  # for _report_inline
-                wall = time.time()
-                outputs, spans, t1 = compiled.run(inputs, t0, t0 + FIRST_AFTER_S, self._reports)
-                first = outputs[0] if compiled.single else ABSENT
+            inputs: list[Any] | tuple[()] = ()
+            if mine:
+                inputs = [self._resolve(sid, b) for b in mine]
+                if len(inputs) != len(compiled.plan.graph.inputs):
+                    raise SessionError(
+                        f"job binds {len(inputs)} inputs on rank {self.rank}, "
+                        f"the graph has {len(compiled.plan.graph.inputs)}"
+                    )
+            self._inline = (sid, job, compiled, t0, timeout)  # for _report_inline
+            wall = time.time()
+            outputs, spans, t1 = compiled.run(inputs, t0, t0 + FIRST_AFTER_S, self._reports)
+            return outputs[0] if compiled.single else ABSENT, outputs, spans, wall, t1
         except OpFailed as exc:
             return self._op_failed(sid, job, exc, t0)
         except JobAbortedError:
@@ -273,62 +313,6 @@ class InlineJobs:
         except BaseException as exc:
             info = to_info(exc, rank=self.rank, op="inputs", job=job)
             return RunFailed(sid, job, time.monotonic() - t0, info)
-        # Three answers, nested on purpose: a one-op scalar's Done joined from the template,
-        # else one packed from its fields (post_frames), else a record; each sends, then
-        # books (end_inline). Folding the send-and-book into a method would add a Python
-        # call per job to the path tests/test_worker_calls.py counts.
-        try:
-            scalar = SCALAR_NAMES.get(type(first))
-            if scalar is not None and self.post_frame is not None and compiled.only:
-                # one op, one scalar output (most): the Done joined from parts (in secure
-                # mode with the value sealed for the job's driver first: its box, bytes)
-                shape = self._one_span
-                if shape[1] is not compiled or shape[0] != sid:
-                    shape = self._one_span_done(sid, compiled)
-                start, end = (0.0, t1 - t0) if spans is None else spans[0][2:]
-                held, template, seal = 0 in msg.inline, shape[2], self.seal_scalars
-                if template is None:
-                    frame = None
-                elif seal is None:
-                    frame = template.frame(job, first, held, scalar, t1 - t0, wall, start, end)
-                else:  # secure mode: the value sealed for the job's driver first (a box)
-                    sealed = seal(sid, job, {0: first} if held else {})
-                    frame = (
-                        None  # not sealed: the general path below says why
-                        if sealed is None
-                        # b"": sealed, yet no frame (a long job id, say): the record below
-                        else template.frame(
-                            job, sealed.get(0), held, scalar, t1 - t0, wall, start, end
-                        )
-                        or b""
-                    )
-                if frame is not None:
-                    self.store.put_output(sid, job, first)
-                    state = self.state  # _not_stopped, written out
-                    if frame and (
-                        state.clean[2] == state.stops or not state.stopped_inline(sid, job)
-                    ):
-                        self.post_frame(frame)
-                        lock = self._lock
-                        lock.acquire()
-                        try:
-                            state.end_inline(sid, job, t1 - t0)
-                        finally:
-                            lock.release()
-                        return None
-                    # stopped meanwhile (or sealed without a frame): a record, which the
-                    # seal's outbound seals for the driver it answered (WorkerSeal)
-                    metas: dict[int, str] = {0: scalar}
-                    values: dict[int, Any] = {0: first} if held else {}
-                    stats = pack_stats(t1 - t0, wall, [[*compiled.only, start, end]])
-                    return done_record(sid, job, self.rank, values, stats, metas, [])
-            if spans is None:  # the one call's run, in full
-                spans = [[*compiled.only, 0.0, t1 - t0]]  # type: ignore[misc]
-                outputs = [first]
-            return self._answer(msg, job, outputs, spans, scalar, t0, t1, wall)
-        except BaseException as exc:  # the thread must report whatever happened
-            error = to_info(exc, rank=self.rank, op="run", job=job)
-            return RunFailed(sid, job, time.monotonic() - t0, error)
 
     def _answer(
         self,

@@ -44,18 +44,20 @@ from mpl.wire.done_pack import OneSpanDone
 from mpl.wire.errors import (
     AuthenticationError,
     JobAbortedError,
+    MessageTooLargeError,
     SessionError,
     UnsafeValueError,
 )
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Done, Exec, Lit
-from mpl.wire.limits import MAX_JOB_THREADS, check_symbol_name, job_timeout
+from mpl.wire.limits import MAX_JOB_THREADS, MAX_MESSAGE, check_symbol_name, job_timeout
 from mpl.wire.progress import EVERY_S, FIRST_AFTER_S, Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo, to_info
 from mpl.wire.run_stats import pack_stats, run_seconds
 from mpl.wire.safe_values import unsafe
 from mpl.wire.sessions import Ack, DeleteSymbol, Reply, SaveSymbol, SessionClosed, SymbolInfo
+from mpl.wire.sockets import least_encoded_bytes, too_large
 from mpl.worker.inline_jobs import InlineJobs, done_record
 from mpl.worker.inline_run import InlineRun
 from mpl.worker.interpreter import ABSENT, OpFailed, Plan, op_label, run_graph
@@ -207,6 +209,8 @@ class Jobs(InlineJobs):
         self.state = state
         self.rank = state.rank
         self.trusted = trusted  # results to drivers may be pickles (a trusted cluster)
+        # the largest frame an answer may have (the daemon's, once the broker said its own)
+        self.send_limit = MAX_MESSAGE
         self.store = store
         self.mailbox = mailbox
         self.peers = peers
@@ -262,7 +266,7 @@ class Jobs(InlineJobs):
         """A compiled inline run's progress report, due at an op's start: made by a job
         context as a pooled run's is (made for the run's first report); returns when the
         next is due."""
-        assert self._inline is not None  # set by _run_compiled before the run
+        assert self._inline is not None  # set by _run_steps before the run
         sid, job, compiled, t0, timeout = self._inline
         run = self._inline_ctx
         if run is None or run.job is not job or run.started != t0:
@@ -375,7 +379,7 @@ class Jobs(InlineJobs):
             if tracked and self.stopped((sid, job)):
                 return RunAborted(sid, job, 0.0)
             started, wall = t0, time.time()
-            timeout = self._timeout(msg)
+            timeout = self._timeout(msg, job)
             if isinstance(timeout, RunFailed):
                 return timeout
             run = _JobRun(self, sid, job, started + timeout, started, graph)
@@ -412,24 +416,26 @@ class Jobs(InlineJobs):
             error = to_info(exc, rank=self.rank, op="run", job=msg.job)
             return RunFailed(msg.session, msg.job, time.monotonic() - t0, error)
 
-    def _timeout(self, msg: Exec) -> float | RunFailed:
-        """The job's seconds to wait for peers, capped by this worker's ``--job-timeout``
-        (the jobs of a program ask for the same: worked out once), or why it has none."""
+    def _timeout(self, msg: Exec, job: str) -> float | RunFailed:
+        """The seconds job ``job`` (``msg``, or a repeat of it by that id) waits for peers,
+        capped by this worker's ``--job-timeout`` (the jobs of a program ask for the same:
+        worked out once), or why it has none."""
         asked, cap, timeout = self._last_timeout
         if msg.timeout_s != asked or cap != self.job_timeout_s:  # (NaN never equals)
             try:
                 timeout = job_timeout(msg.timeout_s, self.job_timeout_s)
             except ValueError as exc:
-                error = ErrorInfo(
-                    "ProtocolError", str(exc), rank=self.rank, op="timeout", job=msg.job
-                )
-                return RunFailed(msg.session, msg.job, 0.0, error)
+                error = ErrorInfo("ProtocolError", str(exc), rank=self.rank, op="timeout", job=job)
+                return RunFailed(msg.session, job, 0.0, error)
             # one tuple, so that threads read it whole
             self._last_timeout = (msg.timeout_s, self.job_timeout_s, timeout)
         return timeout
 
     def _op_failed(self, sid: str, job: str, exc: OpFailed, t0: float) -> RunFailed:
-        info = to_info(exc.cause, rank=self.rank, op=exc.label, job=job, remote=True)
+        # an answer or move too large to send is the runtime's refusal, not the op's code
+        # raising: it reaches the driver as itself, saying what to do
+        remote = type(exc.cause) is not MessageTooLargeError
+        info = to_info(exc.cause, rank=self.rank, op=exc.label, job=job, remote=remote)
         log.info(
             "job %s failed at op %s: %s",
             job,
@@ -501,6 +507,10 @@ class Jobs(InlineJobs):
     def _fetch_reply(self, msg: Fetch) -> Reply:
         try:
             value = self.store.get(msg.session, msg.uri)
+            least, limit = least_encoded_bytes(value), self.send_limit
+            if least > limit:  # refused before it is walked or encoded, which takes long
+                what = f"the value {msg.uri} on rank {self.rank}"
+                raise too_large(what, least, limit, "the broker", at_least=True)
             if not self.trusted:  # refuse here, with a reason, rather than fail to encode
                 check_safe(value, f"to the driver (fetch of {msg.uri} from rank {self.rank})")
         except Exception as exc:

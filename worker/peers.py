@@ -16,6 +16,8 @@ from mpl.wire.control import PeerInfo
 from mpl.wire.curve import Curve
 from mpl.wire.data import Move
 from mpl.wire.errors import JobAbortedError, MplTimeoutError, WorkerLostError
+from mpl.wire.limits import MAX_MESSAGE
+from mpl.wire.sockets import first_oversized, too_large
 from mpl.worker.push_pool import PushPool, send_until
 
 __all__ = ["PeerLinks"]
@@ -34,8 +36,10 @@ class PeerLinks:
         *,
         safe: bool = True,
         curve: Curve | None = None,
+        max_message: int = MAX_MESSAGE,
     ) -> None:
         self.safe = safe
+        self.max_message = max_message  # a bigger frame would drop the link: refused here
         self._directory = directory
         self._pool = PushPool(ctx, curve)
         self.bytes_out = 0
@@ -48,6 +52,9 @@ class PeerLinks:
             raise WorkerLostError(f"rank {dst} is not in the broker's directory", rank=dst)
         link = self._pool.link(dst, peer.data_addr)
         frames = to_wire(encode(move, safe=self.safe))
+        if size := first_oversized(frames, self.max_message):
+            what = f"the move from rank {move.src} to rank {dst} (op {move.op})"
+            raise too_large(what, size, self.max_message, f"rank {dst}")
         send_until(
             link,
             frames,

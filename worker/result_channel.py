@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from mpl.wire.batch import coalesce, header_only
-from mpl.wire.codec import encode, to_wire
+from mpl.wire.codec import decode, encode, to_wire
 from mpl.wire.control import Channel
 from mpl.wire.done_pack import own_done_frames
+from mpl.wire.guard import substitute
 from mpl.wire.jobs import Done
 from mpl.wire.record import Record
-from mpl.wire.sockets import send_frames
+from mpl.wire.sockets import send_frames, too_large
 
 if TYPE_CHECKING:  # secure mode's: not imported on a plain start
     from mpl.worker.sealing import WorkerSeal
@@ -54,6 +55,7 @@ class ResultChannel:
     _io_thread: int
     _gathered: list[list[Any]] | None
     _encode: Callable[[Record], list[Any] | None]
+    _send_limit: int  # the broker's limit and ours, the lesser: see BrokerLink._encode
 
     def _post(self, msg: Record) -> None:
         """Send to the broker from any thread, on the result channel."""
@@ -62,8 +64,8 @@ class ResultChannel:
         # a Done of plain values (most) is packed without the general encoder; the job
         # shell built its stats, metas and saved list, so only values are checked
         frames = own_done_frames(msg) if type(msg) is Done else None
-        if frames is None:
-            frames = self._encode(msg)
+        if frames is None or len(frames[1]) + 4 > self._send_limit:
+            frames = self._encode(msg)  # which fails a Done too large for the broker
         if frames is None:
             return
         gathered = self._gathered
@@ -86,7 +88,11 @@ class ResultChannel:
         """:meth:`_post` for a Done the job shell packed itself (an inline run's, in
         plaintext or with its small scalars sealed): gathered while a batch is handled (the
         I/O thread's), else sent: on the I/O thread's own dealer from there (see
-        :meth:`_post_done_frame`), else on the result channel."""
+        :meth:`_post_done_frame`), else on the result channel. One too large for the
+        broker goes to :meth:`_post` as its record, which fails it instead."""
+        if len(frames[1]) + 4 > self._send_limit:  # (a one-scalar Done's frame never is)
+            self._post_too_large(frames)
+            return
         if threading.get_ident() == self._io_thread:
             gathered = self._gathered
             if gathered is not None:
@@ -111,6 +117,18 @@ class ResultChannel:
             log.warning("rank %d: result queue full, dropped Done", self.rank)
         finally:
             lock.release()
+
+    def _post_too_large(self, frames: list[Any]) -> None:
+        """Instead of a Done the job shell packed (its values sealed already, in secure
+        mode) that is over the broker's limit: its job's Failed, saying so."""
+        done = decode(frames, unpickle=False)  # our own packing: for its job's names only
+        size, limit = len(frames[1]) + 4, self._send_limit
+        what = f"the result of job {getattr(done, 'job', '?')} on rank {self.rank}"
+        error = too_large(what, size, limit, "the broker")
+        log.warning("rank %d: %s", self.rank, error)
+        failed = substitute(done, error, self.rank)
+        if failed is not None:
+            self._post_frames(encode(failed), "Failed")
 
     def _post_done_frame(self, frame: bytes) -> None:
         """:meth:`_post_done_frames` for a Done packed as its one frame (wire v4: the magic

@@ -45,7 +45,7 @@ from mpl.wire.data import Delete
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Abort, Exec, Failed, Program, program_nbytes
 from mpl.wire.kernels import KernelRef
-from mpl.wire.limits import MAX_DIGEST_CHARS, WORKER_PROGRAM_BYTES, heartbeat_ok
+from mpl.wire.limits import MAX_DIGEST_CHARS, MAX_MESSAGE, WORKER_PROGRAM_BYTES, heartbeat_ok
 from mpl.wire.lru import LRU, SizedLRU
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo
@@ -137,6 +137,8 @@ class WorkerState:
         self.rank = hello.rank
         self.heartbeat_s = heartbeat_s
         self.bad_heartbeats = 0  # Welcomes whose interval was refused (kept our own)
+        # the broker's --max-message, as its last Welcome said (the daemon bounds it)
+        self.broker_max_message = MAX_MESSAGE
         self.liveness = liveness
         self.inline_s = inline_s  # 0 sends every job to the pool
         # joining
@@ -247,6 +249,7 @@ class WorkerState:
         else:
             self.bad_heartbeats += 1
         self.cluster, self.world_size = msg.cluster, msg.world_size
+        self.broker_max_message = msg.max_message
         self.next_beat = now  # report counters at once, then every heartbeat_s
         new = msg.broker_id != self.broker_id
         self.broker_id = msg.broker_id
@@ -418,7 +421,8 @@ class WorkerState:
         posted (the job shell found it neither aborted nor its session closed once it had
         run: ``Jobs.run_now``): the same bookkeeping. A stop that came after that answer
         only forgets its reason here, as for any job that ended (its outputs were freed by
-        the stop)."""
+        the stop). Written out in ``Jobs.run_repeat``'s common case (a call per job less):
+        keep the two alike (``tests/test_fused_repeat.py`` compares their books)."""
         self.done += 1
         # _ended for a job begun inline (local, not pooled), written out: a call less
         key = (sid, job)

@@ -106,7 +106,8 @@ class ObjectStore:
 
     def put_output(self, session: str, job: str, value: Any, several: bool = False) -> None:
         """Keep a run's one output ``value`` as output ``<job>/0``: no list made for it (the
-        inline path's). ``several``: ``value`` is :meth:`put_outputs`' list of them."""
+        inline path's; written out in ``Jobs.run_repeat``'s common case while no job of
+        several is held). ``several``: ``value`` is :meth:`put_outputs`' list of them."""
         lock = self._lock  # not `with` (once per job): acquire and release cost less
         lock.acquire()
         try:
@@ -135,6 +136,11 @@ class ObjectStore:
     def has(self, session: str, uri: str) -> bool:
         with self._lock:
             return self._held(session, uri) is not ABSENT
+
+    def held(self, session: str, uri: str) -> Any:
+        """The value under ``uri`` held in memory here (never loaded from disk), or ABSENT."""
+        with self._lock:
+            return self._held(session, uri)
 
     def _held(self, session: str, uri: str) -> Any:
         """The value under ``uri`` in ``session`` held here, or ABSENT (lock held)."""
