@@ -27,6 +27,7 @@ from mpl.driver.job_future import JobFuture, interrupted
 from mpl.wire.codec import decode, encode, from_wire, to_wire
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Cancel, Exec, JobResult
+from mpl.wire.limits import MAX_MESSAGE
 
 DIGEST = "d" * 64
 
@@ -56,6 +57,7 @@ class _Client:
         self.progress, self.watch = _Progress(), _Watch()
         self.seal = None
         self.safe = True
+        self.max_message = MAX_MESSAGE  # the broker's, as SessionOpened announced it
         self._programs = {DIGEST}  # the program went already: each job is one Exec
         self._sock: zmq.Socket[Any] | None = None
 
