@@ -488,8 +488,11 @@ class JobPump:
                     _fail(p, MplError(f"job {job}: {INTERRUPTED} before it was sent"))
                     continue
                 p.stopped = True  # whatever the broker answers, it is not sent again
-                with contextlib.suppress(zmq.Again):  # best effort, as at a deadline
+                try:
                     send_frames(sock, to_wire(encode(Cancel(p.msg.session, job, INTERRUPTED))))
+                except zmq.Again:  # the queue to the broker is full: next turn, while the
+                    with self._lock:  # job is in flight (a dropped Cancel let it run on)
+                        self._interrupted.append(p.future)
 
     def _fail_all(self, make: Callable[[str], BaseException], text: str) -> None:
         with self._lock:

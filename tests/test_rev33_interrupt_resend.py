@@ -22,12 +22,14 @@ from helpers import nap_then, wait_until
 
 import mpl.driver as mp
 from mpl.broker.query import query_status
+from mpl.driver import inflight
 from mpl.driver.inflight import JobPump, Pending
 from mpl.driver.job_future import JobFuture, interrupted
 from mpl.wire.codec import decode, encode, from_wire, to_wire
 from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import Cancel, Exec, JobResult
 from mpl.wire.limits import MAX_MESSAGE
+from mpl.wire.sockets import send_frames
 
 DIGEST = "d" * 64
 
@@ -191,3 +193,33 @@ def test_ctrl_c_in_a_futures_exception_wait_cancels_its_job(
             assert isinstance(future.exception(timeout=30), mp.MplError)
     finally:
         ctx.close()
+
+
+def test_an_interrupted_jobs_cancel_waits_for_room_rather_than_being_dropped(
+    rig: tuple[zmq.Socket[Any], JobPump], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Cancel goes on the pump's socket, behind the Execs it sent: when that socket's
+    queue was full (``zmq.Again``), the Cancel was dropped, and the job ran on. Here the
+    first Cancel meets a full queue, as a broker slow to read makes it."""
+    broker, pump = rig
+    sends = send_frames
+    full = [True]
+
+    def first_cancel_meets_a_full_queue(sock: Any, frames: Any, *args: Any) -> None:
+        if full[0] and bytes(frames[0])[4:].startswith(_CANCEL_HEAD):
+            full[0] = False
+            raise zmq.Again()
+        sends(sock, frames, *args)
+
+    monkeypatch.setattr(inflight, "send_frames", first_cancel_meets_a_full_queue)  # the pump's
+    future = JobFuture(pump.interrupt)
+    job = Exec("s~x", "k" * 24, DIGEST, (0, 1), {}, (), 60.0)
+    pump.put(Pending(job, _Graph(), time.monotonic() + 60, 60.0, future, lambda r: r))  # type: ignore[arg-type]
+    assert type(_receive(broker)[1]) is Exec
+    interrupted([future])  # Ctrl-C in a wait on it
+    _, cancel = _receive(broker)
+    assert not full[0], "the Cancel never met the full queue"
+    assert type(cancel) is Cancel and cancel.job == job.job
+
+
+_CANCEL_HEAD = bytes([0x90 | 4]) + b"\xa6cancel"  # a Cancel's header: [tag, 3 fields]
