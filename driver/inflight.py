@@ -66,6 +66,7 @@ class Pending:
         "limit",
         "msg",
         "plain",
+        "stopped",
     )
 
     def __init__(
@@ -90,6 +91,9 @@ class Pending:
         # for a worker that refused it (JobPump._take); None for a job that would not be
         # (DriverSeal.may_send_again)
         self.plain: dict[int, Any] | None = None
+        # a wait on its future was interrupted and its Cancel sent: never sent again (an
+        # answer asking for a resend came from a broker the Cancel found no job on)
+        self.stopped = False
 
 
 class JobPump:
@@ -373,6 +377,10 @@ class JobPump:
         if p is None:
             return  # an answer to a job that already timed out
         if msg.missing_program:
+            if p.stopped:  # the broker made no job of it: the Cancel stopped nothing to run
+                self._client.progress.end(msg.job, False)
+                _fail(p, MplError(f"job {msg.job}: {INTERRUPTED}"))
+                return
             if p.attempts < 2:  # the broker lost the graph (or it overtook another socket's)
                 self._inflight[msg.job] = p
                 self._send(sock, p, with_program=True)
@@ -383,7 +391,12 @@ class JobPump:
             seal = self._client.seal
             # a worker that forgot our stream: a new one, and the job sent once more, sealed
             # anew under its own id, if it was sealed for no process (DriverSeal.refused)
-            if seal is not None and seal.refused(msg.error, p.msg.bindings) and p.plain is not None:
+            if (
+                seal is not None
+                and seal.refused(msg.error, p.msg.bindings)
+                and p.plain is not None
+                and not p.stopped  # interrupted: the refusal is its answer (a new stream
+            ):  # was begun above all the same, for the next job)
                 self._again(sock, p, p.plain)
                 return
             self._client.progress.end(msg.job, False)
@@ -474,8 +487,12 @@ class JobPump:
                     del self._inflight[job]
                     _fail(p, MplError(f"job {job}: {INTERRUPTED} before it was sent"))
                     continue
-                with contextlib.suppress(zmq.Again):  # best effort, as at a deadline
+                p.stopped = True  # whatever the broker answers, it is not sent again
+                try:
                     send_frames(sock, to_wire(encode(Cancel(p.msg.session, job, INTERRUPTED))))
+                except zmq.Again:  # the queue to the broker is full: next turn, while the
+                    with self._lock:  # job is in flight (a dropped Cancel let it run on)
+                        self._interrupted.append(p.future)
 
     def _fail_all(self, make: Callable[[str], BaseException], text: str) -> None:
         with self._lock:

@@ -18,10 +18,11 @@ and ``exception()`` work on it unchanged, and only shortens three steps:
 
 Anything unusual (a timeout, an error, a future not yet finished) takes ``Future``'s own path.
 
-Ctrl-C while a thread waits on a job's future (``result()``, or :func:`interrupted` from
-``mp.wait`` and ``mp.as_completed``) cancels the job, as it does for a synchronous call: the
-future's ``stop`` hook asks the driver's pump to send the broker a ``Cancel`` (red team w33,
-R33-3: the job ran on, holding its ranks, though no one would read its answer).
+Ctrl-C while a thread waits on a job's future (``result()``, ``exception()``, or
+:func:`interrupted` from ``mp.wait`` and ``mp.as_completed``) cancels the job, as it does
+for a synchronous call: the future's ``stop`` hook asks the driver's pump to send the broker
+a ``Cancel`` (red team w33, R33-3: the job ran on, holding its ranks, though no one would
+read its answer).
 """
 
 from __future__ import annotations
@@ -63,6 +64,14 @@ class JobFuture(Future[Any]):
             return self._result
         try:
             return super().result(timeout)
+        except KeyboardInterrupt:
+            interrupted([self])
+            raise
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """``Future.exception``, which waits as ``result`` does: Ctrl-C there cancels too."""
+        try:
+            return super().exception(timeout)
         except KeyboardInterrupt:
             interrupted([self])
             raise

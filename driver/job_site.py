@@ -34,6 +34,7 @@ import zmq
 
 from mpl.driver.client import _REPORT_GRACE_S, _JobIds
 from mpl.driver.context import _DELETE_BATCH, _DELETE_EVERY_S, job_stats
+from mpl.driver.job_future import INTERRUPTED
 from mpl.driver.job_progress import _REMEMBERED
 from mpl.wire.codec import MAGIC_FRAME, SLICE_BELOW, from_wire, to_wire
 from mpl.wire.errors import MplError, MplTimeoutError
@@ -238,37 +239,42 @@ class JobSite:
         started[job] = start
         if len(started) > _REMEMBERED:
             progress._forget_oldest()
-        fields: list[Any] | None = None  # the JobResult's, as wire.result_read lists them
-        watch = client.watch
-        if watch.refused is None and watch.silence is None and not watch.lost:
-            try:  # the first slice: a trivial job's answer is here well before it ends
-                # its first frame copied (no Frame built: about 4.7k instructions); whether
-                # more follow is asked (as costly) only when it is not read alone below
-                answer = _recv(sock, 0, True)
-            except zmq.Again:
-                answer = None
-            if answer is not None:
-                head = _ANSWER_HEAD + job_bytes
-                read: list[Any] | None = None  # this job's result's fields, read here
-                if len(answer) < SLICE_BELOW:  # one frame (wire v4), read by msgpack alone
-                    read = answer_fields(answer, head, safe=client.safe, alone=True)
-                if read is None:  # else the whole message, as received, read in full
-                    wired: list[Any] = [answer]
-                    while _get(sock, _RCVMORE):
-                        wired.append(_recv(sock, 0, False))
-                    frames = from_wire(wired)
-                    read = result_fields(frames, head, safe=client.safe)
-                    if read is None:  # a report, a late answer, a batch: as the wait reads
-                        fields = _fields(client._mine(frames, job))
-                if read is not None:
-                    fields = read
-                    if not read[4]:  # not missing_program: ProgressBoard.end, written out
-                        started.pop(job, None)
-                        if progress._jobs or progress._watchers or progress._bars:
-                            progress.end(job, read[3] is None)
-        if fields is None:
-            fields = _fields(self._wait(job, start + limit + _REPORT_GRACE_S, limit))
-            assert fields is not None
+        try:  # Ctrl-C in the wait: the job is cancelled, as Client.submit does
+            fields: list[Any] | None = None  # the JobResult's, as wire.result_read lists them
+            watch = client.watch
+            if watch.refused is None and watch.silence is None and not watch.lost:
+                try:  # the first slice: a trivial job's answer is here well before it ends
+                    # its first frame copied (no Frame built: about 4.7k instructions); whether
+                    # more follow is asked (as costly) only when it is not read alone below
+                    answer = _recv(sock, 0, True)
+                except zmq.Again:
+                    answer = None
+                if answer is not None:
+                    head = _ANSWER_HEAD + job_bytes
+                    read: list[Any] | None = None  # this job's result's fields, read here
+                    if len(answer) < SLICE_BELOW:  # one frame (wire v4), read by msgpack alone
+                        read = answer_fields(answer, head, safe=client.safe, alone=True)
+                    if read is None:  # else the whole message, as received, read in full
+                        wired: list[Any] = [answer]
+                        while _get(sock, _RCVMORE):
+                            wired.append(_recv(sock, 0, False))
+                        frames = from_wire(wired)
+                        read = result_fields(frames, head, safe=client.safe)
+                        if read is None:  # a report, a late answer, a batch: as the wait reads
+                            fields = _fields(client._mine(frames, job))
+                    if read is not None:
+                        fields = read
+                        if not read[4]:  # not missing_program: ProgressBoard.end, written out
+                            started.pop(job, None)
+                            if progress._jobs or progress._watchers or progress._bars:
+                                progress.end(job, read[3] is None)
+            if fields is None:
+                fields = _fields(self._wait(job, start + limit + _REPORT_GRACE_S, limit))
+                assert fields is not None
+        except KeyboardInterrupt:  # the job's other ranks stop waiting too (R33-3)
+            progress.end(job, False)
+            client._send(Cancel(ctx.session, job, INTERRUPTED))
+            raise
         _, _, values, error, missing, stats, metas = fields
         if missing:  # a broker that lost the program: sent again, with a new job
             started.pop(job, None)

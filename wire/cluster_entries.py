@@ -19,6 +19,7 @@ from mpl.wire.runtime_info import oversize
 __all__ = [
     "DEVICE_KINDS",
     "DRIVER_CODE",
+    "MAX_SPEC_NAME_CHARS",
     "SPU_FIELDS",
     "SPU_PROTOCOLS",
     "Device",
@@ -38,6 +39,13 @@ __all__ = [
 SPU_PROTOCOLS = ("SEMI2K", "ABY3", "CHEETAH")
 DRIVER_CODE = ("", "any", "kernels")  # a driver entry's code ("": the worker's --code)
 SPU_FIELDS = ("FM64", "FM128")
+# A driver's or a device's name is at most this many characters. Each crosses between
+# workers inside names a peer's receiver bounds (a move's sealer, ``driver:`` and the name,
+# at most MAX_MOVE_NAME_CHARS; an SPU lane id, the session id and the device name, at most
+# MAX_SPU_NAME_BYTES): a longer name in the spec had every such message of a genuine job
+# refused as malformed, so it is refused here, where its operator sees why. 64: what
+# ``share_with`` and ``owner=`` accept of a driver's name already.
+MAX_SPEC_NAME_CHARS = 64
 DEVICE_KINDS = ("PPU", "SPU")
 _PPU_ALIASES = ("LOCAL",)  # other spellings of a PPU, read as PPU
 _LINK_KEYS = (
@@ -158,7 +166,7 @@ def parse_driver(raw: Any, index: int) -> DriverKey:
     where = f"drivers[{index}]"
     if not isinstance(raw, Mapping):
         raise ClusterSpecError(f"{where}: expected a mapping {{name, curve_key}}")
-    name = _name(raw, where)
+    name = _short(_name(raw, where), f"{where}.name")
     key = read_key(require(raw, "curve_key", where), f"{where}.curve_key")
     if not key:
         raise ClusterSpecError(f"{where}.curve_key: missing key")
@@ -186,7 +194,16 @@ def _text(value: Any, where: str) -> str:
     raise ClusterSpecError(f"{where}: expected a string or a number, got {value!r}")
 
 
+def _short(name: str, where: str) -> str:
+    if len(name) > MAX_SPEC_NAME_CHARS:
+        raise ClusterSpecError(
+            f"{where}: a name of {len(name)} characters; at most {MAX_SPEC_NAME_CHARS}"
+        )
+    return name
+
+
 def parse_device(name: str, raw: Any) -> Device:
+    _short(name, f"devices.{name[:MAX_SPEC_NAME_CHARS]}...")
     where = f"devices.{name}"
     if not isinstance(raw, Mapping):
         raise ClusterSpecError(f"{where}: expected a mapping")

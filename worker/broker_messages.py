@@ -47,7 +47,7 @@ log = logging.getLogger("mpl.worker")
 # thread: encoding a Python list costs per item (5 million: seconds, past the broker's
 # patience with a silent worker); an array or a byte string costs almost nothing.
 QUICK_REPLY_ITEMS = 10_000
-_LONG = frozenset({list, tuple, dict, set, frozenset})
+_CONTAINERS = (list, tuple, dict, set, frozenset)  # and their subclasses (isinstance)
 
 # Dones gathered from one batch go out this many at a time: the broker and the driver work
 # on the first ones while this thread runs the rest (one message of all 64 kept the three
@@ -335,7 +335,7 @@ class BrokerMessages:
         event: Any = msg
         if isinstance(msg, Fetch):  # a value already here (and quick to encode): at once
             held = self.store.held(msg.session, msg.uri)
-            quick = type(held) not in _LONG or len(held) <= QUICK_REPLY_ITEMS
+            quick = not isinstance(held, _CONTAINERS) or _quick_to_encode(held)
             event = FetchArrived(msg, held is not ABSENT and quick)
         self._perform(self.jobs.handle(event))
 
@@ -382,3 +382,27 @@ def _with_job(msg: Exec, job: str, bindings: dict[int, Any]) -> Exec:
     fields.update(msg.__dict__)
     fields["job"], fields["bindings"] = job, bindings
     return other
+
+
+def _quick_to_encode(value: Any) -> bool:
+    """Whether ``value`` holds at most ``QUICK_REPLY_ITEMS`` items in all, at any depth:
+    a walk that stops once past them, so it costs at most that many steps. A long list
+    inside a short dict or tuple costs its encoding (and ``check_safe``'s walk) as much as
+    one at the top (review of w33-limits: ``{"xs": [5 million ints]}`` was encoded on the
+    I/O thread)."""
+    left = QUICK_REPLY_ITEMS
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            left -= 2 * len(item)
+            if left < 0:
+                return False
+            stack += item.keys()
+            stack += item.values()
+        elif isinstance(item, _CONTAINERS):
+            left -= len(item)
+            if left < 0:
+                return False
+            stack += item
+    return True
