@@ -22,6 +22,7 @@ import pytest
 from mpl.driver.calls import BrokerCalls
 from mpl.driver.job_progress import ProgressBoard
 from mpl.wire.codec import MAGIC_FRAME, encode
+from mpl.wire.errors import ProtocolError
 from mpl.wire.jobs import JobResult
 from mpl.wire.limits import MAX_SAME_HASH
 from mpl.wire.result_read import RESULT_HEAD, answer_fields, read_answer, result_fields
@@ -98,7 +99,8 @@ def test_an_answer_a_waiting_call_refuses_loads_its_pickle_once() -> None:
     # the awaited job's answer, whose pickle loads before a buffer frame nothing references
     # makes it refused
     frames = [*_answer_with(_Counted()), b"unreferenced"]
-    assert calls._mine(frames, "j1") is None  # refused: waited for again (logged)
+    with pytest.raises(ProtocolError, match="could not be accepted"):
+        calls._mine(frames, "j1")  # refused: its job fails at once (w33-limits)
     assert len(LOADS) == 1
     # another job's answer (a late one) read while waiting: the same
     frames = [*_answer_with(_Counted(), job="j0"), b"unreferenced"]
