@@ -1,10 +1,11 @@
 """A session's own runtime_info reaching its nodes' workers, before the driver's open ends.
 
 When a session opens with its own spec, every node the spec names is sent that node's
-``runtime_info`` (``SessionRuntime``); the driver gets its ``SessionOpened`` only once every
-one of those workers has accepted it. A worker that refuses (a version or platform it
-cannot serve, :mod:`mpl.wire.runtime_info`) ends the open: the driver gets that worker's
-``ClusterSpecError`` and the session is closed on every worker. A named node whose worker
+``runtime_info`` and the session's SPU devices (``SessionRuntime``); the driver gets its
+``SessionOpened`` only once every one of those workers has accepted it. A worker that
+refuses (a version or platform it cannot serve, :mod:`mpl.wire.runtime_info`) ends the
+open: the driver gets that worker's ``ClusterSpecError`` and the session is closed on
+every worker. A named node whose worker
 is not connected is told when it joins (it answers nothing then; its kernels see the
 session's runtime_info, or the cluster's if it refused).
 
@@ -21,6 +22,7 @@ from mpl.broker.admission import refuse_call
 from mpl.broker.calls import RequestCall
 from mpl.broker.sessions import SessionEntry
 from mpl.wire.runtime_info import node_runtime_info
+from mpl.wire.session_cluster import spu_devices
 from mpl.wire.sessions import Ack, Reply, SessionOpened, SessionRuntime
 
 if TYPE_CHECKING:
@@ -65,6 +67,7 @@ class SessionRuntimes:
         # answers held back for calls that ended otherwise (a worker lost) are dropped here
         for bid in [b for b in self._opening if b not in state.calls.requests]:
             del self._opening[bid]
+        devices = spu_devices(cluster)
         bid = state.calls.new_req()
         state.calls.requests[bid] = RequestCall(
             peer, entry.sid, ranks, set(ranks), req=opened.req, bid=bid, kind=OPEN_KIND
@@ -73,7 +76,7 @@ class SessionRuntimes:
         return [
             Send(
                 state.registry.by_rank[r].peer,
-                SessionRuntime(entry.sid, bid, node_runtime_info(cluster, r)),
+                SessionRuntime(entry.sid, bid, node_runtime_info(cluster, r), devices),
             )
             for r in ranks
         ]
@@ -104,7 +107,6 @@ class SessionRuntimes:
             if cluster is None or not entry.named_nodes or rank >= len(cluster["nodes"]):
                 continue
             if cluster["nodes"][rank].get("name") in entry.named_nodes:
-                out.append(
-                    Send(peer, SessionRuntime(entry.sid, 0, node_runtime_info(cluster, rank)))
-                )
+                info = node_runtime_info(cluster, rank)
+                out.append(Send(peer, SessionRuntime(entry.sid, 0, info, spu_devices(cluster))))
         return out

@@ -1,4 +1,4 @@
-"""Red team w33 (R33-4, open): a driver's SPU ops name any device, and each name is a lane.
+"""Red team w33 (R33-4, closed): a driver's SPU ops named any device, and each name was a lane.
 
 An SPU member keeps one libspu link and Runtime per ``(session, device, members, the
 members' incarnations)`` (``worker/spu_kernels.SpuService._lane``) until the session ends or
@@ -23,11 +23,16 @@ restart of a member); or, failing that, a bound on lanes per session that every 
 applies at the same point. Not made here: the device table a worker should check against
 is the session's own spec (sessions may carry one), which reaches ``SpuService`` nowhere
 today.
+
+Closed: the broker's ``SessionRuntime`` brings each session's SPU devices (name -> members'
+ranks) to the workers of a session with its own spec; other sessions run on the cluster's
+devices. An SPU member refuses (``GraphError`` naming the device) to make a lane for a
+device not among them, or with other members, so a session holds at most one lane per spec
+device (per restart of a member). The check runs once per lane made, not per job.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,8 +42,12 @@ from helpers import one
 
 import mpl.driver as mp
 from mpl.wire import ClusterSpec
-from mpl.wire.errors import MplError
+from mpl.wire.errors import GraphError, MplError
 from mpl.wire.graph import Graph, Op
+from mpl.wire.session_cluster import spu_devices
+from mpl.wire.sessions import SessionRuntime
+from mpl.worker.session_runtime import MAX_SPU_TABLE_ENTRIES, SessionRuntimes
+from mpl.worker.spu_kernels import _check_device
 
 pytestmark = pytest.mark.daemons
 
@@ -64,11 +73,6 @@ def _renamed(graph: Graph, device: str) -> Graph:
     return Graph(graph.world_size, graph.inputs, ops, graph.outputs, graph.fns, graph.name)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="R33-4: an SPU op's device is any string the driver writes, and each new one "
-    "is a lane kept for the session's life on every member; see the docstring",
-)
 def test_a_session_cannot_make_a_lane_per_device_name(make_cluster: Callable[..., Any]) -> None:
     cluster = make_cluster("tcp", spec=ClusterSpec.simple(2))
     ctx = mp.connect(cluster.address)
@@ -76,9 +80,12 @@ def test_a_session_cannot_make_a_lane_per_device_name(make_cluster: Callable[...
         with ctx:
             assert mp.fetch(mp.put("P0", _compare())) is not None  # SP0 works: one lane
             graph = _compare.compile(ctx.cluster).graph
+            refused = 0
             for n in range(JOBS):
-                with contextlib.suppress(MplError):  # a fixed worker refuses the made-up name
+                try:
                     ctx.run(_renamed(graph, f"not-a-device-{n}"), {})
+                except MplError as exc:  # a fixed worker refuses the made-up name
+                    refused += "not an SPU device of this session" in str(exc)
             # the lane counts reach the status with the workers' heartbeats: a loaded machine
             # shows them late, so watch for a while before taking "bounded" for an answer
             deadline = time.monotonic() + 15.0
@@ -88,5 +95,50 @@ def test_a_session_cannot_make_a_lane_per_device_name(make_cluster: Callable[...
                     break
                 time.sleep(0.2)
             assert max(lanes) <= LANES_PER_SESSION, lanes
+            assert refused == JOBS  # each one refused for its device, not another reason
     finally:
         ctx.close()
+
+
+def test_a_member_takes_only_a_spec_device_with_its_members() -> None:
+    spec = ClusterSpec.simple(3, spu_members=[2, 0])
+    devices = {name: tuple(m) for name, m in spu_devices(spec.to_dict()).items()}
+    assert devices == {"SP0": (2, 0)}
+    _check_device(devices, "SP0", (2, 0))  # the driver's own ops: as the spec says
+    with pytest.raises(GraphError, match="'SP9' is not an SPU device"):
+        _check_device(devices, "SP9", (2, 0))
+    with pytest.raises(GraphError, match="members"):
+        _check_device(devices, "SP0", (0, 2))  # other order: another member's local rank
+    with pytest.raises(GraphError, match="not an SPU device"):
+        _check_device(devices, "P0", (0,))  # a PPU is no SPU
+    with pytest.raises(GraphError) as info:
+        _check_device(devices, "x" * 10_000, (2, 0))
+    assert len(str(info.value)) < 300  # the driver's name is cut, not echoed whole
+
+
+def test_a_session_with_its_own_spec_runs_on_its_own_devices() -> None:
+    node = SessionRuntimes(0, dict, cluster=ClusterSpec.simple(2).to_dict)
+    assert dict(node.spu_devices("plain")) == {"SP0": (0, 1)}  # no own spec: the cluster's
+    node.open(SessionRuntime("own", 1, {}, {"S": [1, 0], "T": [0, 1]}))
+    assert dict(node.spu_devices("own")) == {"S": (1, 0), "T": (0, 1)}
+    node.closed("own")
+    assert dict(node.spu_devices("own")) == {"SP0": (0, 1)}
+
+
+def test_a_brokers_device_table_is_bounded() -> None:
+    """The table comes from the broker (a session's own spec): one past the bounds refuses
+    the session as an oversized runtime_info does, and a refused one keeps nothing."""
+    node = SessionRuntimes(0, dict)
+    big = {f"D{n}": [0, 1] for n in range(MAX_SPU_TABLE_ENTRIES // 3 + 1)}
+    answer = node.open(SessionRuntime("big", 1, {}, big))
+    assert answer is not None and answer.error is not None
+    assert "spu_devices" in answer.error.message
+    long_name = node.open(SessionRuntime("long", 2, {}, {"x" * 65: [0, 1]}))
+    assert long_name is not None and long_name.error is not None
+    assert node.spu_entries == 0
+    node.open(SessionRuntime("ok", 3, {}, {"S": [0, 1]}))
+    assert node.spu_entries == 3
+    node.open(SessionRuntime("ok", 0, {}, {"S": [0, 1], "T": [1, 0]}))  # announced again
+    assert node.spu_entries == 6
+    node.close_all()
+    assert node.spu_entries == 0

@@ -20,7 +20,7 @@ from typing import Any
 from mpl.wire.cluster import ClusterSpec
 from mpl.wire.errors import ClusterSpecError
 
-__all__ = ["MAX_SESSION_DEVICES", "session_cluster"]
+__all__ = ["MAX_SESSION_DEVICES", "session_cluster", "spu_devices"]
 
 MAX_SESSION_DEVICES = 1024  # devices one session's spec may declare (it comes from a driver)
 
@@ -81,3 +81,17 @@ def _parse(broker: ClusterSpec, data: Mapping[str, Any]) -> ClusterSpec:
         raise
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise ClusterSpecError(f"cluster: not a valid spec ({exc})") from None
+
+
+def spu_devices(cluster: Mapping[str, Any]) -> dict[str, list[int]]:
+    """The SPU devices of a cluster spec in dict form (a session's or the broker's), each
+    with its members' ranks in member order, as a driver's SPU ops name them (-1 for a
+    member that is no node: no op can match it)."""
+    nodes = cluster.get("nodes") or ()
+    ranks = {n.get("name"): r for r, n in enumerate(nodes) if isinstance(n, Mapping)}
+    devices = cluster.get("devices") or {}
+    return {
+        str(name): [ranks.get(m, -1) for m in d.get("members") or ()]
+        for name, d in (devices.items() if isinstance(devices, Mapping) else ())
+        if isinstance(d, Mapping) and d.get("kind") == "SPU"
+    }

@@ -96,11 +96,14 @@ class SessionRuntime(Record, tag="runtime"):
     that node's ``runtime_info`` in the session. The worker answers with an ``Ack``; an
     error in it (``ClusterSpecError``: a version or platform it cannot serve, see
     :mod:`mpl.wire.runtime_info`) refuses the session, and the driver's open fails with it.
-    ``req`` 0 asks for no answer (a worker that joins after the session opened)."""
+    ``req`` 0 asks for no answer (a worker that joins after the session opened).
+    ``spu_devices``: the session's SPU devices, each with its members' ranks: the only
+    devices a member runs the session's SPU ops on (red team w33, R33-4)."""
 
     session: str
     req: int
     runtime_info: dict[str, Any]
+    spu_devices: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass(eq=False, repr=False)

@@ -234,7 +234,9 @@ class Worker(BrokerMessages, ResultChannel, BrokerLink):
         self.bindings = NodeBindings(rank, curve.cluster if curve is not None else None)
         # each session's runtime_info for this node: checked at open, seen by kernels
         self.runtimes = SessionRuntimes(
-            rank, lambda: node_runtime_info(own or self.state.cluster, rank)
+            rank,
+            lambda: node_runtime_info(own or self.state.cluster, rank),
+            cluster=lambda: own or self.state.cluster,
         )
         kernel_table = KernelTable(  # secure mode: file kernels keep to their driver's folder
             self.bindings,
@@ -249,6 +251,7 @@ class Worker(BrokerMessages, ResultChannel, BrokerLink):
                 self.spu_links,
                 lambda: self.state.directory,
                 lambda session: self.jobs.spu_failures(session),
+                self.runtimes.spu_devices,
                 data_root,
             ),
             "kernels": lambda: kernel_table,

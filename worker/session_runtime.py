@@ -9,6 +9,14 @@ without their own (and sessions not yet announced) see the node's entry in the s
 worker joined with. A session refused when this worker joined late (no driver waits for
 that answer) fails each of its jobs here with the reason instead. No I/O.
 
+The same message brings the session's SPU devices (name -> members' ranks): the only
+devices an SPU member runs the session's ops on (:meth:`SessionRuntimes.spu_devices`; red
+team w33, R33-4: a device name the driver made up would be a libspu lane kept per name).
+Sessions without their own spec run on the cluster's devices. The tables are bounded like
+the runtime_info (a broker's word): at most ``MAX_SESSION_DEVICES`` devices of names of at
+most ``MAX_SPEC_NAME_CHARS`` per session, ``MAX_SPU_TABLE_ENTRIES`` devices and members
+per session and ``MAX_SPU_TABLES_TOTAL`` in all; a session past them is refused alike.
+
 All sessions' runtime_info together is kept within a budget (``MAX_RUNTIME_INFO_TOTAL``,
 weighed by ``info_weight``; red team w32, R32-6): each session's is bounded, but a broker
 may announce up to ``MAX_SESSIONS`` of them. Sessions bringing equal runtime_info (a
@@ -25,15 +33,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from mpl.wire.cluster_entries import MAX_SPEC_NAME_CHARS
 from mpl.wire.fingerprint import fingerprint
 from mpl.wire.jobs import Exec, Failed
 from mpl.wire.limits import MAX_RUNTIME_INFO_TOTAL, MAX_SESSIONS
 from mpl.wire.lru import LRU
 from mpl.wire.remote import ErrorInfo
 from mpl.wire.runtime_info import incompatibility, info_weight, oversize, own_runtime
+from mpl.wire.session_cluster import MAX_SESSION_DEVICES, spu_devices
 from mpl.wire.sessions import Ack, SessionRuntime
 
-__all__ = ["SessionRuntimes"]
+__all__ = ["MAX_SPU_TABLES_TOTAL", "MAX_SPU_TABLE_ENTRIES", "SessionRuntimes"]
+
+MAX_SPU_TABLE_ENTRIES = 1 << 16  # one session's SPU devices and their members, counted
+MAX_SPU_TABLES_TOTAL = 1 << 20  # the same over every open session kept here
 
 
 class _Kept:
@@ -52,7 +65,9 @@ class SessionRuntimes:
     """The runtime_info of each open session on node ``rank``.
 
     ``declared`` gives the node's runtime_info in the spec this worker joined with: what
-    sessions without their own see, and a runtime this node is taken to serve.
+    sessions without their own see, and a runtime this node is taken to serve. ``cluster``
+    gives that spec (dict form; {} for none yet): its SPU devices are those of sessions
+    without their own.
     """
 
     def __init__(
@@ -61,6 +76,7 @@ class SessionRuntimes:
         declared: Callable[[], Mapping[str, Any]],
         *,
         budget: int = MAX_RUNTIME_INFO_TOTAL,
+        cluster: Callable[[], Mapping[str, Any]] = dict,
     ) -> None:
         self.rank = rank
         self.budget = budget
@@ -77,6 +93,11 @@ class SessionRuntimes:
         # MAX_SESSIONS open, and an entry of a session whose close never came is the first
         # to go
         self._sessions: dict[str, _Kept] = {}
+        # the SPU devices of each session in _sessions (its own spec's), kept and dropped
+        # with its entry there: at most MAX_SESSIONS, each of at most MAX_SESSION_DEVICES
+        self._spu_devices: dict[str, dict[str, tuple[int, ...]]] = {}
+        self.spu_entries = 0  # devices and members in _spu_devices
+        self._cluster = cluster
         # session -> why this node refused it (mostly empty: then a job's check makes no call)
         self.refused_sessions: LRU[str, str] = LRU(MAX_SESSIONS)
         self.refused = 0
@@ -87,8 +108,14 @@ class SessionRuntimes:
         why = self.refusal(msg.runtime_info)
         self._release(msg.session)  # announced again: what it brings now replaces it
         if why is None:
+            why = self._spu_table_fault(msg.spu_devices)
+        if why is None:
             why = self._keep(msg.session, msg.runtime_info)
         if why is None:
+            self._spu_devices[msg.session] = {
+                name: tuple(members) for name, members in msg.spu_devices.items()
+            }
+            self.spu_entries += _entries(msg.spu_devices)
             self.refused_sessions.pop(msg.session, None)
         else:
             self.refused += 1
@@ -121,7 +148,27 @@ class SessionRuntimes:
         self._sessions[session] = kept
         return None
 
+    def _spu_table_fault(self, devices: Mapping[str, list[int]]) -> str | None:
+        """Why a session's SPU device table is past the bounds, or None."""
+        entries = _entries(devices)
+        if len(devices) > MAX_SESSION_DEVICES or entries > MAX_SPU_TABLE_ENTRIES:
+            return (
+                f"spu_devices: {len(devices)} devices, {entries} entries; at most "
+                f"{MAX_SESSION_DEVICES} devices, {MAX_SPU_TABLE_ENTRIES} entries"
+            )
+        if any(len(name) > MAX_SPEC_NAME_CHARS for name in devices):
+            return f"spu_devices: a device name of more than {MAX_SPEC_NAME_CHARS} characters"
+        if self.spu_entries + entries > MAX_SPU_TABLES_TOTAL:
+            return (
+                f"rank {self.rank}: this node keeps at most {MAX_SPU_TABLES_TOTAL} entries "
+                f"of open sessions' SPU devices, {self.spu_entries} of which are taken"
+            )
+        return None
+
     def _release(self, session: str) -> None:
+        table = self._spu_devices.pop(session, None)
+        if table is not None:
+            self.spu_entries -= _entries(table)
         kept = self._sessions.pop(session, None)
         if kept is None:
             return
@@ -160,6 +207,8 @@ class SessionRuntimes:
         """A new broker: none of the sessions announced before is open any more (no
         SessionClosed will come for them), so what they kept is freed."""
         self._sessions.clear()
+        self._spu_devices.clear()
+        self.spu_entries = 0
         self._kept.clear()
         self.weight = 0
         self.refused_sessions.clear()
@@ -169,5 +218,18 @@ class SessionRuntimes:
         kept = self._sessions.get(session)
         return dict(kept.info) if kept is not None else dict(self._declared())
 
+    def spu_devices(self, session: str) -> Mapping[str, tuple[int, ...]]:
+        """The SPU devices ``session`` runs on, each with its members' ranks: its own
+        spec's, else the cluster's. Asked only when an SPU member would make a new lane."""
+        own = self._spu_devices.get(session)
+        if own is not None:
+            return own
+        return {name: tuple(m) for name, m in spu_devices(self._cluster()).items()}
+
     def __len__(self) -> int:
         return len(self._sessions)
+
+
+def _entries(devices: Mapping[str, Any]) -> int:
+    """A device table's weight: its devices and their members."""
+    return len(devices) + sum(len(members) for members in devices.values())

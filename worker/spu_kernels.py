@@ -16,11 +16,12 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from mpl.wire.control import PeerInfo
+from mpl.wire.errors import GraphError
 from mpl.wire.graph import Graph, Op, fill
 from mpl.wire.lru import LRU
 from mpl.worker.interpreter import ABSENT, JobContext, kernel, split_outputs
@@ -108,11 +109,14 @@ class SpuService:
         links: SpuLinks,
         directory: Callable[[], dict[int, PeerInfo]],
         failures: Callable[[str], int],
+        devices: Callable[[str], Mapping[str, tuple[int, ...]]],
         log_dir: Path | None = None,
     ) -> None:
         self.links = links
         self._directory = directory
         self._failures = failures  # per session: failed SPU jobs so far (kept by Jobs)
+        # per session: its spec's SPU devices and their members' ranks (SessionRuntimes)
+        self._devices = devices
         self._compiled: LRU[Any, tuple[Any, Any, Any]] = LRU(_COMPILE_CACHE)
         self._lanes: dict[tuple[Any, ...], _Lane] = {}
         self._lock = threading.Lock()
@@ -158,6 +162,11 @@ class SpuService:
             lane = self._lanes.get(key)
             if lane is not None:
                 return lane
+        # a lane only for a device of the session's spec, with its members: a name the
+        # driver made up would be a lane kept per name for the session's life (R33-4).
+        # Asked here, once per lane made, so a job over a lane already made pays nothing.
+        _check_device(self._devices(ctx.session), device, members)
+        with self._lock:
             tag = hashlib.sha1("/".join(incarnations).encode()).hexdigest()[:8]
             lane = _Lane(f"{ctx.session}/{device}/{tag}/{self._failures(ctx.session)}")
         self.links.open_lane(lane.id)  # peers' messages for it are welcome now
@@ -287,6 +296,20 @@ class SpuService:
             self.compiles += 1
             self._compiled[key] = entry
         return entry
+
+
+def _check_device(devices: Mapping[str, tuple[int, ...]], device: str, members: Any) -> None:
+    """Refuse an SPU op whose device is not one of ``devices`` with exactly its members."""
+    known = devices.get(device)
+    if known is not None and tuple(members) == known:
+        return
+    shown = device if len(device) <= 64 else device[:64] + "..."
+    if known is None:
+        names = ", ".join(sorted(devices)[:8]) or "none"
+        why = f"is not an SPU device of this session's cluster spec (its SPU devices: {names})"
+    else:
+        why = f"has members {list(known)} in this session's cluster spec, not {list(members)}"
+    raise GraphError(f"SPU device {shown!r} {why}")
 
 
 _CHANNEL: Any = None
