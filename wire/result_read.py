@@ -16,7 +16,11 @@ bounded as the Decoder bounds it (:func:`_counted_length`), the only extension r
 there is the Decoder's own short tuple of small ints, and no map may hold more keys than
 ``MAX_SAME_HASH`` (a longer one goes to the Decoder, which counts its hashes: keys of one
 hash cost the square of their number to build, so this is the Decoder's own bound, met
-without counting). Any other extension (an error's
+without counting). A job over more ranks than that has per-rank maps as long by right:
+such a header is read again by msgpack alone, each map's pairs checked before it is built
+(:func:`_wide`): a long map whose keys are all ints is built (64-bit ints share a hash 13
+times at most, so they cannot flood one), one with any other key sends the header to the
+Decoder. Any other extension (an error's
 ``ErrorInfo``, a pickle, a nested tuple) sends the header to the ``Decoder`` after all, so
 both paths accept and build exactly the same. What msgpack alone read is checked without
 range checks (its ints are all 64-bit) and with exact types (it builds exact dicts and strs).
@@ -129,8 +133,12 @@ def read_answer(frames: Sequence[Any], *, safe: bool) -> Record:
                     max_array_len=MAX_HEADER_ITEMS,
                     max_map_len=MAX_SAME_HASH,
                 )
-            except (_NeedsDecoder, ValueError):  # an extension only the Decoder reads, or a
-                items = _NOT_READ  # map past MAX_SAME_HASH keys (or malformed: it says so)
+            except _NeedsDecoder:  # an extension only the Decoder reads
+                items = _NOT_READ
+            except ValueError as exc:  # a map past MAX_SAME_HASH keys: a wide job's
+                # per-rank maps, read wide if their keys are ints (malformed: the
+                # Decoder says so)
+                items = _wide(header) if type(exc) is ValueError else _NOT_READ
         plain = items is not _NOT_READ
         if not plain:
             items, unused = _decoded(frames, header, safe, counted)
@@ -236,7 +244,12 @@ def answer_fields(one: bytes, head: bytes, *, safe: bool, alone: bool = False) -
     except ValueError as exc:
         if type(exc) is not ValueError:
             raise ProtocolError(f"malformed header: {type(exc).__name__}: {exc}") from exc
-        return None if alone else _fields_of(read_answer([one[:4], data], safe=safe))
+        # a map past MAX_SAME_HASH keys: a job over more ranks than that has per-rank maps
+        # that long by right, read wide if their keys are ints (_wide)
+        wide = _wide(data)
+        if wide is _NOT_READ:
+            return None if alone else _fields_of(read_answer([one[:4], data], safe=safe))
+        items = wide
     except Exception as exc:  # msgpack's errors mean "malformed", as in decode
         raise ProtocolError(f"malformed header: {type(exc).__name__}: {exc}") from exc
     # a fixarray of seven (the prefix), its job id a str (the prefix too), no ErrorInfo (an
@@ -303,6 +316,43 @@ def _decoded(frames: Sequence[Any], header: Any, safe: bool, counted: int) -> tu
                 raise
     dec = Decoder(frames[2:], True, safe, -1)  # -1: counted, whatever its length
     return dec.unpack(header), dec.used.count(False)
+
+
+def _wide(data: bytes) -> Any:
+    """A short header (fewer than ``_COUNT_BELOW`` bytes, no buffers) with a map longer than
+    ``MAX_SAME_HASH``, read by msgpack alone as a job over more ranks than that needs (its
+    values' and stats' maps hold a key per rank); ``_NOT_READ`` if a long map has a key
+    that is not an int, which the Decoder then reads and counts (check_spread).
+
+    msgpack hands each map's pairs to ``_int_keyed`` before the map is built, so a
+    long map is built only when its keys are all ints (64-bit, msgpack's own): those
+    share a hash value 13 times at most, so no such map can flood one hash, however long
+    (floats, short tuples and strs would need counting). ``_NOT_READ`` too for anything
+    else msgpack refuses: the Decoder reads the header the general way and says why."""
+    try:
+        return msgpack.unpackb(
+            data,
+            ext_hook=_short_tuple,
+            object_pairs_hook=_int_keyed,
+            strict_map_key=False,
+            raw=False,
+            max_array_len=MAX_HEADER_ITEMS,
+            # a pair takes 2 bytes at least: no longer map fits a short header, and msgpack
+            # allocates no more room than this before the pairs arrive
+            max_map_len=_COUNT_BELOW // 2,
+        )
+    except Exception:  # _NeedsDecoder, an extension only the Decoder reads, or malformed
+        return _NOT_READ
+
+
+def _int_keyed(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """The map of ``pairs`` for :func:`_wide`, built only if it holds at most
+    ``MAX_SAME_HASH`` keys or its keys are all exact ints (no flood of one hash)."""
+    if len(pairs) > MAX_SAME_HASH:
+        for key, _ in pairs:
+            if type(key) is not int:
+                raise _NeedsDecoder
+    return dict(pairs)
 
 
 class _NeedsCounting(Exception):
