@@ -29,7 +29,8 @@ from mpl.wire.graph import Graph, GraphBuilder
 from mpl.wire.jobs import Exec
 from mpl.wire.seal import Sealer, exec_context
 from mpl.wire.sockets import MAX_MESSAGE
-from mpl.worker.jobs import Jobs, _JobRun
+from mpl.worker.job_run import JobRun
+from mpl.worker.jobs import Jobs
 from mpl.worker.keyed_mailbox import move_mailbox
 from mpl.worker.peer_intake import PeerIntake
 from mpl.worker.sealing import WorkerSeal
@@ -97,7 +98,7 @@ def _jobs(rank: int, seal: WorkerSeal | None) -> tuple[Jobs, _Wire]:
 
 def _moved(sender: Jobs, wire: _Wire, receiver: Jobs, intake: PeerIntake, job: str) -> None:
     """Rank 1's run of ``job`` sends its value to rank 0, whose peer intake takes it in."""
-    run = _JobRun(sender, "sa", job, time.monotonic() + 5.0, time.monotonic(), _GRAPH)
+    run = JobRun(sender, "sa", job, time.monotonic() + 5.0, time.monotonic(), _GRAPH)
     run.send(0, 3, 0, "a's secret")
     (move,) = wire.sent
     wire.sent.clear()
@@ -132,7 +133,7 @@ def test_a_move_of_one_drivers_job_never_reaches_another_drivers_job_of_that_id(
     sender, wire = _jobs(1, seal1)
     intake = intake_for(receiver)
     _moved(sender, wire, receiver, intake, "j7")
-    b_job = _JobRun(receiver, "sa", "j7", time.monotonic() + 0.3, time.monotonic(), _GRAPH)
+    b_job = JobRun(receiver, "sa", "j7", time.monotonic() + 0.3, time.monotonic(), _GRAPH)
     try:
         leaked = b_job.recv(1, 3, 0)
     except MplTimeoutError:
@@ -153,7 +154,7 @@ def test_a_move_reaches_the_job_of_its_own_sealer(intake_for: Any) -> None:
     receiver, _ = _jobs(0, seal0)
     sender, wire = _jobs(1, seal1)
     _moved(sender, wire, receiver, intake_for(receiver), "j8")
-    run = _JobRun(receiver, "sa", "j8", time.monotonic() + 5.0, time.monotonic(), _GRAPH)
+    run = JobRun(receiver, "sa", "j8", time.monotonic() + 5.0, time.monotonic(), _GRAPH)
     assert run.recv(1, 3, 0) == "a's secret"
 
 
@@ -161,9 +162,9 @@ def test_plaintext_moves_carry_no_sealer_and_are_delivered(intake_for: Any) -> N
     receiver, _ = _jobs(0, None)
     sender, wire = _jobs(1, None)
     intake = intake_for(receiver)
-    run = _JobRun(sender, "s", "j", time.monotonic() + 5.0, time.monotonic(), _GRAPH)
+    run = JobRun(sender, "s", "j", time.monotonic() + 5.0, time.monotonic(), _GRAPH)
     run.send(0, 3, 0, 41.5)
     assert wire.sent[0].sealer == ""
     intake._on_frames(to_wire(encode(wire.sent[0])))
-    taker = _JobRun(receiver, "s", "j", time.monotonic() + 5.0, time.monotonic(), _GRAPH)
+    taker = JobRun(receiver, "s", "j", time.monotonic() + 5.0, time.monotonic(), _GRAPH)
     assert taker.recv(1, 3, 0) == 41.5

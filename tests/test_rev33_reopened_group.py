@@ -9,7 +9,7 @@ under any op number, was kept until the job ended (R32-3 again). Now the waiting
 reopens it with exactly the slots its program takes.
 
 The attack: rank 2's own node key on a raw CURVE PUSH into a real peer intake, and the
-job's real receive (``worker/jobs._JobRun.recv``).
+job's real receive (``worker/job_run.JobRun.recv``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from helpers import wait_until
 from test_red32_peer_flood import _OTHER, _SHARED, _Rank0, _takes
 
 from mpl.wire.data import Move
-from mpl.worker.jobs import _JobRun
+from mpl.worker.job_run import JobRun
 from mpl.worker.keyed_mailbox import _MEMORY
 
 
@@ -38,11 +38,11 @@ def rank0(zmq_ctx: zmq.Context[Any]) -> Iterator[_Rank0]:
         r.close()
 
 
-def _job_run(rank0: _Rank0, job: str) -> _JobRun:
+def _job_run(rank0: _Rank0, job: str) -> JobRun:
     """The running job's context at rank 0, as the worker's job thread makes it."""
     jobs = SimpleNamespace(rank=0, store=None, sealers=None, mailbox=rank0.mailbox)
     now = time.monotonic()
-    return _JobRun(jobs, "s", job, now + 30, now, _SHARED)  # type: ignore[arg-type]
+    return JobRun(jobs, "s", job, now + 30, now, _SHARED)  # type: ignore[arg-type]
 
 
 def test_a_group_reopened_by_its_waiting_thread_keeps_only_its_programs_slots(

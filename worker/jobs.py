@@ -47,33 +47,30 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from mpl.wire.codec import check_safe
-from mpl.wire.data import Delete, Fetch, Move
+from mpl.wire.data import Delete, Fetch
 from mpl.wire.done_pack import OneSpanDone
 from mpl.wire.errors import (
     AuthenticationError,
     JobAbortedError,
     MessageTooLargeError,
     SessionError,
-    UnsafeValueError,
 )
 from mpl.wire.graph import Graph
 from mpl.wire.jobs import Done, Exec, Lit
 from mpl.wire.limits import MAX_JOB_THREADS, MAX_MESSAGE, check_symbol_name, job_timeout
-from mpl.wire.progress import EVERY_S, FIRST_AFTER_S, Progress
 from mpl.wire.record import Record
 from mpl.wire.remote import ErrorInfo, to_info
 from mpl.wire.run_stats import pack_stats, run_seconds
-from mpl.wire.safe_values import unsafe
-from mpl.wire.sessions import Ack, DeleteSymbol, Reply, SaveSymbol, SessionClosed, SymbolInfo
+from mpl.wire.sessions import Ack, DeleteSymbol, Reply, SaveSymbol, SessionClosed
 from mpl.wire.sockets import least_encoded_bytes, too_large
 from mpl.worker.inline_jobs import InlineJobs, done_record
 from mpl.worker.inline_run import InlineRun
-from mpl.worker.interpreter import ABSENT, OpFailed, Plan, op_label, run_graph
+from mpl.worker.interpreter import ABSENT, OpFailed, Plan, run_graph
+from mpl.worker.job_run import JobRun, JobSealers
 from mpl.worker.keyed_mailbox import KeyedMailbox, MoveKey
-from mpl.worker.move_keys import MoveSlot, moves_in
 from mpl.worker.outputs import SCALAR_NAMES, describe, is_small
 from mpl.worker.peers import PeerLinks
 from mpl.worker.session_pool import SessionPool
@@ -100,100 +97,11 @@ from mpl.worker.state_events import (
 )
 from mpl.worker.store import ObjectStore, symbol_uri
 
-__all__ = ["DEFAULT_JOB_TIMEOUT_S", "JobSealers", "Jobs"]
+__all__ = ["DEFAULT_JOB_TIMEOUT_S", "Jobs"]
 
 log = logging.getLogger("mpl.worker")
 DEFAULT_JOB_TIMEOUT_S = 600.0
 RunEnd = RunFinished | RunFailed | RunAborted
-
-
-class JobSealers(Protocol):
-    """Secure mode: who sealed each job opened here, and a fetch's value sealed for the
-    driver that asked (``mpl.worker.sealing.WorkerSeal``)."""
-
-    def recipient(self, session: str, job: str) -> str:
-        """The driver that sealed the job here ("" none): its moves carry it."""
-
-    def hold(self, session: str, job: str) -> str:
-        """Keep the job's driver while the job pool holds the job (queued or running)."""
-
-    def release(self, session: str, job: str) -> None:
-        """The job pool is done with the job (its answer, if any, was sealed)."""
-
-    def reply(self, fetch: Fetch, value: Any) -> Reply:
-        """The Reply to ``fetch``, ``value`` sealed for the Fetch read here and answered,
-        not for whatever the broker's req names by then (or an error, no value)."""
-
-
-class _JobRun:
-    """A job's view of the world (the interpreter's JobContext)."""
-
-    __slots__ = (
-        "_jobs", "_reported", "deadline", "graph", "job", "next_report", "position", "rank",
-        "saved", "sealer", "session", "spans", "started", "store",
-    )  # fmt: skip
-
-    def __init__(
-        self, jobs: Jobs, session: str, job: str, deadline: float, started: float, graph: Graph
-    ) -> None:
-        self._jobs = jobs
-        self.graph = graph  # the moves it takes, should its group need opening again
-        self.session = session
-        self.job = job
-        self.rank = jobs.rank
-        self.deadline = deadline
-        self.started = started
-        self.spans: list[list[Any]] = []
-        self.store = jobs.store
-        self.saved: list[SymbolInfo] = []  # by save ops; listed in Done
-        self.next_report = started + FIRST_AFTER_S  # short jobs report nothing
-        self.position: tuple[int, int, Graph, int] | None = None
-        self._reported: tuple[int, int] | None = None
-        # the driver that sealed this job here ("" in plaintext): its moves carry it and
-        # only moves carrying it are taken (wire.data.Move)
-        sealers = jobs.sealers
-        self.sealer = sealers.recipient(session, job) if sealers is not None else ""
-
-    def report(self, now: float) -> None:
-        """Send where the job is if a report is due and says something new. Called by the
-        interpreter at an op's start once one is due (job thread) and by the I/O thread, so
-        a long op is reported too."""
-        position = self.position
-        if position is None or now < self.next_report:
-            return
-        done, total, graph, index = position
-        if self._reported == (done, index):
-            return
-        self.next_report = now + EVERY_S
-        self._reported = (done, index)
-        label = op_label(graph, index)
-        self._jobs.post(Progress(self.session, self.job, self.rank, done, total, label))
-
-    def send(self, dst: int, op: int, seq: int, value: Any) -> None:
-        move = Move(self.session, self.job, op, seq, self.rank, dst, value, self.sealer)
-        try:
-            self._jobs.peers.send(
-                move, self.deadline, lambda: self._jobs.stopped((self.session, self.job))
-            )
-        except UnsafeValueError as exc:
-            where = f"from rank {self.rank} to rank {dst} (a move for op {op} of job {self.job})"
-            raise unsafe(exc.type_name or "value", where) from None
-
-    def recv(self, src: int, op: int, seq: int) -> Any:
-        key = (self.session, self.job, op, seq, src, self.sealer)
-        late = (
-            f"the move from rank {src} for op {op} did not arrive in time; the sender may be "
-            "slow or dead, or the move was lost"
-        )
-        return self._jobs.mailbox.take(key, self.deadline, late, job=self.job, takes=self._takes)
-
-    def _takes(self) -> frozenset[MoveSlot]:
-        """What the job's Expect opened its group with (``WorkerState``): for a thread
-        reopening the group, pushed out of the mailbox's memory by newer jobs."""
-        return moves_in(self.graph, self.rank)
-
-    def extension(self, name: str) -> Any:
-        return self._jobs.extension(name)
 
 
 class Jobs(InlineJobs):
@@ -247,13 +155,13 @@ class Jobs(InlineJobs):
         self._compiled: dict[str, InlineRun | None] = {}  # the same, compiled (None: not)
         # the inline run going on (on the I/O thread), for its progress reports
         self._inline: tuple[str, str, InlineRun, float, float] | None = None
-        self._inline_ctx: _JobRun | None = None
+        self._inline_ctx: JobRun | None = None
         self._reports = self._report_inline  # one bound method, not one per run
         # the last job's timeout_s, the cap then, and what the job was given
         self._last_timeout = (-1.0, job_timeout_s, 0.0)
         self._lock = threading.Lock()  # the state's, held only while it decides
         self._ext_lock = threading.Lock()
-        self._runs: dict[tuple[str, str], _JobRun] = {}  # running jobs, for progress reports
+        self._runs: dict[tuple[str, str], JobRun] = {}  # running jobs, for progress reports
 
     @property
     def inline_s(self) -> float:
@@ -281,7 +189,7 @@ class Jobs(InlineJobs):
         sid, job, compiled, t0, timeout = self._inline
         run = self._inline_ctx
         if run is None or run.job is not job or run.started != t0:
-            run = self._inline_ctx = _JobRun(self, sid, job, t0 + timeout, t0, compiled.plan.graph)
+            run = self._inline_ctx = JobRun(self, sid, job, t0 + timeout, t0, compiled.plan.graph)
         plan = compiled.plan
         run.position = (done, plan.ops_here, plan.graph, index)
         run.report(now)
@@ -397,7 +305,7 @@ class Jobs(InlineJobs):
             timeout = self._timeout(msg, job)
             if isinstance(timeout, RunFailed):
                 return timeout
-            run = _JobRun(self, sid, job, started + timeout, started, graph)
+            run = JobRun(self, sid, job, started + timeout, started, graph)
             if tracked:
                 self._runs[(sid, job)] = run
             try:
