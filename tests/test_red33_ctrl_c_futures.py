@@ -10,13 +10,12 @@ flight, though no one would read its answer.
 
 from __future__ import annotations
 
-import signal
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from helpers import nap_then, wait_until
+from interrupts import interrupt_once_running, jobs_in_flight
 
 import mpl.driver as mp
 from mpl.broker.query import query_status
@@ -43,25 +42,17 @@ def test_ctrl_c_while_waiting_on_a_future_cancels_its_job(
 ) -> None:
     cluster = make_cluster("tcp")
 
-    def in_flight() -> int:
-        return int(query_status(cluster.address, timeout=5)["jobs_in_flight"])
-
-    def interrupt_once_running() -> None:
-        wait_until(lambda: in_flight() == 1, 30, "the job to start")
-        # Ctrl-C itself: a waiting future blocks in a lock, which only a real signal
-        # interrupts (``_thread.interrupt_main`` waits for the next bytecode)
-        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
-
     ctx = mp.connect(cluster.address)
     try:
         with ctx:
             future = mp.submit(_slow)
-            interrupter = threading.Thread(target=interrupt_once_running, daemon=True)
-            interrupter.start()
+            interrupter = interrupt_once_running(cluster.address)
             with pytest.raises(KeyboardInterrupt):
                 _waits()[how](future)
             interrupter.join(30)
-            wait_until(lambda: in_flight() == 0, 10, "the broker to drop the job")
+            wait_until(
+                lambda: jobs_in_flight(cluster.address) == 0, 10, "the broker to drop the job"
+            )
             assert query_status(cluster.address, timeout=5)["jobs_failed"] == 1  # cancelled
             with pytest.raises(mp.MplError):  # its future says so, promptly
                 future.result(timeout=30)

@@ -10,8 +10,6 @@ was spent. The broker here is a raw ROUTER, the pump the driver's own.
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,6 +17,7 @@ from typing import Any
 import pytest
 import zmq
 from helpers import nap_then, wait_until
+from interrupts import interrupt_once_running, jobs_in_flight
 
 import mpl.driver as mp
 from mpl.broker.query import query_status
@@ -134,13 +133,6 @@ def test_ctrl_c_in_a_repeated_call_cancels_its_job(make_cluster: Callable[..., A
     so the job ran on (here a minute) holding its ranks, as R33-3 found for futures."""
     cluster = make_cluster("tcp")
 
-    def in_flight() -> int:
-        return int(query_status(cluster.address, timeout=5)["jobs_in_flight"])
-
-    def interrupt_once_running() -> None:
-        wait_until(lambda: in_flight() == 1, 30, "the job to start")
-        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
-
     @mp.function  # rank 1 waits for rank 0's value, ``seconds`` in the making
     def slow(seconds: float) -> Any:
         return mp.device("P1")(int)(mp.device("P0")(nap_then)(1, seconds))
@@ -149,12 +141,13 @@ def test_ctrl_c_in_a_repeated_call_cancels_its_job(make_cluster: Callable[..., A
     try:
         with ctx:
             assert mp.fetch(slow(0.0)) == 1  # the first call sends the program
-            interrupter = threading.Thread(target=interrupt_once_running, daemon=True)
-            interrupter.start()
+            interrupter = interrupt_once_running(cluster.address)
             with pytest.raises(KeyboardInterrupt):
                 slow(60.0)  # the call site's own wait
             interrupter.join(30)
-            wait_until(lambda: in_flight() == 0, 10, "the broker to drop the job")
+            wait_until(
+                lambda: jobs_in_flight(cluster.address) == 0, 10, "the broker to drop the job"
+            )
             assert query_status(cluster.address, timeout=5)["jobs_failed"] == 1  # cancelled
             assert mp.fetch(mp.device("P1")(int)(2)) == 2  # the session goes on
     finally:
@@ -169,13 +162,6 @@ def test_ctrl_c_in_a_futures_exception_wait_cancels_its_job(
     and ``mp.as_completed``): Ctrl-C there left the job running."""
     cluster = make_cluster("tcp")
 
-    def in_flight() -> int:
-        return int(query_status(cluster.address, timeout=5)["jobs_in_flight"])
-
-    def interrupt_once_running() -> None:
-        wait_until(lambda: in_flight() == 1, 30, "the job to start")
-        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
-
     @mp.function
     def slow() -> Any:
         return mp.device("P1")(int)(mp.device("P0")(nap_then)(1, 60.0))
@@ -184,12 +170,13 @@ def test_ctrl_c_in_a_futures_exception_wait_cancels_its_job(
     try:
         with ctx:
             future = mp.submit(slow)
-            interrupter = threading.Thread(target=interrupt_once_running, daemon=True)
-            interrupter.start()
+            interrupter = interrupt_once_running(cluster.address)
             with pytest.raises(KeyboardInterrupt):
                 future.exception()
             interrupter.join(30)
-            wait_until(lambda: in_flight() == 0, 10, "the broker to drop the job")
+            wait_until(
+                lambda: jobs_in_flight(cluster.address) == 0, 10, "the broker to drop the job"
+            )
             assert isinstance(future.exception(timeout=30), mp.MplError)
     finally:
         ctx.close()
