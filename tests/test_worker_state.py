@@ -446,9 +446,9 @@ def test_a_compiled_inline_run_reports_progress_as_a_pooled_run_does(
 ) -> None:
     """A quick program's run that turns long reports where it is, as a pooled run does:
     here every op's start is past the first report's time (set to before the run)."""
-    from mpl.worker import inline_jobs, jobs
+    from mpl.worker import inline_jobs, job_run
 
-    for module in (inline_jobs, jobs):  # when the run checks, and when the report says
+    for module in (inline_jobs, job_run):  # when the run checks, and when the report says
         monkeypatch.setattr(module, "FIRST_AFTER_S", -1.0)
     b = GraphBuilder(2)
     (one,) = b.op("pcall", [], ranks=(RANK,), fn=b.fn(_stop_then_seven))
