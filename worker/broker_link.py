@@ -146,3 +146,17 @@ class BrokerLink:
             self.guard.internal("this worker", msg, exc)
             instead = substitute(msg, exc, self.rank)
             return encode(instead, safe=safe) if instead is not None else None
+
+    def _unanswered(self, seconds: float) -> str:
+        """What to check when the broker does not answer this worker's hellos."""
+        mode = (
+            "this worker runs CURVE: check that the broker does too, with the key your spec "
+            "pins as broker.curve_key"
+            if self.curve is not None
+            else "this worker runs plaintext: a secure broker answers only a worker started "
+            "with --key and --cluster"
+        )
+        return (
+            f"no answer from the broker at {self.broker_url} for {seconds:.0f} s; still "
+            f"trying. Is mpl-broker running at that address? ({mode})"
+        )

@@ -545,20 +545,6 @@ class Worker(BrokerMessages, ResultChannel, BrokerLink):
             **self.bindings.stats(),
         }
 
-    def _unanswered(self, seconds: float) -> str:
-        """What to check when the broker does not answer this worker's hellos."""
-        mode = (
-            "this worker runs CURVE: check that the broker does too, with the key your spec "
-            "pins as broker.curve_key"
-            if self.curve is not None
-            else "this worker runs plaintext: a secure broker answers only a worker started "
-            "with --key and --cluster"
-        )
-        return (
-            f"no answer from the broker at {self.broker_url} for {seconds:.0f} s; still "
-            f"trying. Is mpl-broker running at that address? ({mode})"
-        )
-
     # -- messages -------------------------------------------------------------------------
     def _move_refused(self, event: Any) -> None:
         """The peer thread refused a move (``--code kernels``): its job fails."""
